@@ -1,0 +1,262 @@
+"""The batched engine core: one step = schedule → forward → choose → per-token checks
+(SPEC G1, T1–T4, C1–C3, L7; seed 000 §4.3, §4.4, §4.8).
+
+Runs on ONE thread (the engine thread). Other threads only enqueue submissions and call
+``RequestRun.request_cancel`` — both are observed here, at the safe point before ``choose``.
+Each request keeps the core's semantics exactly: the per-token checks are the shared
+:class:`~coda.step.OutputProcessor`, and the endings are the shared :class:`~coda.request.RequestRun`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import tokenizers
+
+from coda import trace as tr
+from coda.engine.runner import ModelRunner, SeqChunk
+from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
+from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from coda.engine.sequence import Sequence
+from coda.errors import BackpressureOverflowError, CodaError, ModelError
+from coda.finish import CancelCause, FinishReason
+from coda.lifecycle import ResourceKind, State
+from coda.request import RequestRun
+from coda.step import OutputProcessor
+from coda.stream import TokenInfo
+from coda.trace import TraceEvent, TraceSink
+
+log = logging.getLogger("coda.engine")
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """Everything the engine holds for one request; released through ``run.ledger`` (L7)."""
+
+    seq: Sequence
+    run: RequestRun
+    processor: OutputProcessor
+    seed: int
+    eos_token_ids: frozenset[int]
+    params: object  # SamplingParams
+    deadline: float | None
+    logprobs: bool
+    grammar: object | None = None            # coda.engine.grammar.GrammarMatcher
+    early_stop: object | None = None         # coda.early_stop.EarlyStopController
+    computed_high: int = 0                   # highest num_computed_tokens reached (L6)
+    scheduled_once: bool = False
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class EngineCore:
+    """Owns scheduler, runner and sampler; :meth:`step` advances every live request once."""
+
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: tokenizers.Tokenizer,
+                 trace: TraceSink, *, sampler: Sampler | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.trace = trace
+        self.sampler = sampler or Sampler()
+        self.clock = clock
+        self.requests: dict[int, EngineRequest] = {}
+        self.num_preemptions_total = 0
+        self._tracing = not isinstance(trace, tr.NullTraceSink)
+
+    # -- admission ---------------------------------------------------------------------------
+    def add(self, req: EngineRequest) -> None:
+        """Register a validated request: QUEUED, holding a scheduler entry, a batch slot and
+        its RNG state (each released exactly once by the ledger)."""
+        seq, run = req.seq, req.run
+        self.scheduler.add(seq)
+        self.requests[seq.seq_id] = req
+        run.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(seq.seq_id))
+        run.acquire(ResourceKind.BATCH_SLOT, lambda: self.requests.pop(seq.seq_id))
+        run.acquire(ResourceKind.RNG_STATE, lambda: req.extra.pop("rng", None))
+        req.extra["rng"] = (req.seed, 0)
+        run.lifecycle.transition(State.QUEUED)
+
+    def _release_kv(self, seq_id: int) -> None:
+        self.scheduler.abort(seq_id)  # frees the blocks, if any, exactly once
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self) -> int:
+        """One engine step; returns the number of tokens computed (0 = nothing runnable)."""
+        self._safe_point()
+        paused = frozenset(sid for sid, r in self.requests.items() if r.run.stream.should_pause)
+        out = self.scheduler.schedule(paused=paused)
+        self.num_preemptions_total += len(out.preempted)
+        if out.is_empty:
+            return 0
+        now = self.clock()
+        for chunk in out.chunks:
+            req = self.requests[chunk.seq.seq_id]
+            if not req.scheduled_once:
+                req.scheduled_once = True
+                req.run.cached_prompt_tokens = chunk.start_pos
+                req.run.lifecycle.transition(State.PREFILLING)
+                req.run.prefill_started = now
+                self._record(req, tr.PREFILL_STARTED, tokens=chunk.seq.num_prompt_tokens,
+                             cached=chunk.start_pos)
+            elif chunk.need_logits and req.run.lifecycle.state is State.DECODING:
+                self._record(req, tr.DECODE_STARTED, t=chunk.seq.num_output_tokens)
+        logits, failed = self._execute(out)
+        self.scheduler.on_step_done(out)
+        for chunk in out.chunks:
+            self._account(chunk)
+        rows: list[tuple[EngineRequest, int]] = []
+        for i, chunk in enumerate(c for c in out.chunks if c.need_logits):
+            req = self.requests.get(chunk.seq.seq_id)
+            if req is None or req.run.lifecycle.is_terminal:
+                continue
+            if chunk.seq.seq_id in failed:
+                self._end_failed(req, failed[chunk.seq.seq_id])
+                continue
+            rows.append((req, i))
+        self._choose(rows, logits)
+        return out.num_batched_tokens
+
+    def _safe_point(self) -> None:
+        """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""
+        now = self.clock()
+        for req in list(self.requests.values()):
+            run = req.run
+            if run.cancel_pending:
+                run.cancel()
+            elif req.deadline is not None and now >= req.deadline:
+                self._finish(req, FinishReason.DEADLINE_EXCEEDED)
+
+    def _execute(self, out: SchedulerOutput) -> tuple[object, dict[int, BaseException]]:
+        """Run the batch; on failure retry each chunk alone so one bad request fails alone."""
+        chunks = [self._seq_chunk(c) for c in out.chunks]
+        try:
+            return self.runner.execute(chunks), {}
+        except Exception as exc:  # isolate the culprit(s)
+            log.warning("batch forward failed (%r); isolating", exc)
+        import torch
+
+        rows: list[torch.Tensor] = []
+        failed: dict[int, BaseException] = {}
+        for sc, chunk in zip(out.chunks, chunks, strict=True):
+            try:
+                res = self.runner.execute([chunk])
+            except Exception as exc:
+                failed[sc.seq.seq_id] = exc
+                res = None
+            if chunk.need_logits:
+                rows.append(res[0] if res is not None else torch.zeros(self.runner.config.vocab_size))
+        return (torch.stack(rows) if rows else torch.empty(0)), failed
+
+    def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
+        return SeqChunk(c.token_ids, c.start_pos, tuple(c.seq.block_table), c.need_logits)
+
+    def _account(self, chunk: ScheduledChunk) -> None:
+        req = self.requests.get(chunk.seq.seq_id)
+        if req is None:
+            return
+        end = chunk.start_pos + chunk.num_tokens
+        if end <= req.computed_high:
+            return  # recomputation after preemption is not counted twice (L6)
+        p = chunk.seq.num_prompt_tokens
+        start = max(chunk.start_pos, req.computed_high)
+        req.run.processed_prompt_tokens += max(0, min(end, p) - max(start, p if start >= p else start))
+        new_out = max(0, end - max(start, p))
+        req.run.processed_output_tokens += new_out
+        req.computed_high = end
+        if new_out and req.run.lifecycle.state is State.DECODING:
+            self._record(req, tr.DECODE_COMPLETED, t=chunk.seq.num_output_tokens,
+                         cache_len=chunk.seq.num_computed_tokens)
+
+    def _choose(self, rows: list[tuple[EngineRequest, int]], logits: object) -> None:
+        import torch
+
+        assert isinstance(logits, torch.Tensor)
+        live: list[tuple[EngineRequest, int]] = []
+        for req, i in rows:
+            run = req.run
+            if run.lifecycle.state is State.PREFILLING:
+                run.lifecycle.transition(State.DECODING)
+                run.decode_started = self.clock()
+                self._record(req, tr.PREFILL_COMPLETED, cache_len=req.seq.num_computed_tokens)
+            # G1: cancel -> deadline -> choose (C2: a step that finished after the cancel is discarded)
+            if run.cancel_pending:
+                run.cancel()
+            elif req.deadline is not None and self.clock() >= req.deadline:
+                self._finish(req, FinishReason.DEADLINE_EXCEEDED)
+            else:
+                live.append((req, i))
+        if not live:
+            return
+        index = torch.tensor([i for _, i in live], dtype=torch.long)
+        sampling_rows = [self._row(req) for req, _ in live]
+        try:
+            decisions = self.sampler.sample(logits.index_select(0, index), sampling_rows)
+        except Exception as exc:
+            for req, _ in live:
+                self._end_failed(req, exc)
+            return
+        for (req, _), dec in zip(live, decisions, strict=True):
+            self._on_decision(req, dec)
+
+    def _row(self, req: EngineRequest) -> SamplingRow:
+        seq = req.seq
+        mask = req.grammar.allowed_mask() if req.grammar is not None else None  # type: ignore[attr-defined]
+        return SamplingRow(params=req.params, seed=req.seed, step=seq.num_output_tokens,  # type: ignore[arg-type]
+                           prompt_token_ids=seq.prompt_token_ids,
+                           output_token_ids=seq.output_token_ids,
+                           eos_token_ids=req.eos_token_ids, allowed_token_ids_mask=mask)
+
+    def _on_decision(self, req: EngineRequest, dec: TokenDecision) -> None:
+        run = req.run
+        req.seq.append_token(dec.token_id)
+        req.extra["rng"] = (req.seed, req.seq.num_output_tokens)
+        if run.first_token_at is None:
+            run.first_token_at = self.clock()
+        if req.grammar is not None:
+            req.grammar.consume(dec.token_id)  # type: ignore[attr-defined]
+        info = (TokenInfo(dec.token_id, dec.logprob, dec.top_logprobs) if req.logprobs
+                else TokenInfo(dec.token_id))
+        try:
+            reason = req.processor.on_token(dec.token_id, info, dec.to_record(), dec.prob)
+        except BackpressureOverflowError as exc:  # P6 (3): past the bound, its own error
+            run.request_cancel(CancelCause.BACKPRESSURE)
+            self._end_failed(req, exc)
+            return
+        if reason is not None:
+            self._finish(req, reason)
+
+    # -- endings -------------------------------------------------------------------------------
+    def _finish(self, req: EngineRequest, reason: FinishReason) -> None:
+        try:
+            req.run.finish(reason)
+        except BackpressureOverflowError as exc:
+            self._end_failed(req, exc)
+
+    def _end_failed(self, req: EngineRequest, exc: BaseException) -> None:
+        err = exc if isinstance(exc, CodaError) else ModelError(f"forward failed: {exc!r}")
+        reason = (FinishReason.TRANSPORT_ERROR if isinstance(exc, BackpressureOverflowError)
+                  else FinishReason.MODEL_ERROR)
+        if req.run.lifecycle.is_terminal:
+            return
+        if req.run.lifecycle.state is State.CANCEL_REQUESTED:
+            req.run.cancel()
+            return
+        req.run.fail(err, reason)
+
+    def abort_all(self, cause: CancelCause) -> None:
+        """Shutdown: every live request ends CANCELLED with a terminal event."""
+        for req in list(self.requests.values()):
+            req.run.request_cancel(cause)
+            req.run.cancel()
+
+    def _record(self, req: EngineRequest, kind: str, **data: object) -> None:
+        if self._tracing:
+            self.trace.record(TraceEvent(req.run.request_id, kind, data))

@@ -1,0 +1,306 @@
+"""Batched token choice with a per-request, counter-based RNG (SPEC T4, L7, O1).
+
+Contract of :meth:`Sampler.sample`: given logits ``[B, V]`` for ``B`` requests and one
+:class:`SamplingRow` per request, return one :class:`TokenDecision` per row. The math is
+vectorised over the batch; per-row Python only builds index tensors. Order of processing:
+
+    raw logits ── repetition / frequency / presence penalties ── logit_bias
+               ── mask (grammar mask, EOS ban while output < min_tokens)
+               ── temperature ── top-k ── top-p ── min-p ── choose
+
+Truncation is by value, so tied tokens are kept or dropped together (top-k may keep more than
+k on a tie); :meth:`Sampler.process` exposes the processed logits for tests and debugging.
+
+Greedy rows (``params.is_greedy``) take the argmax of the processed logits, which is the argmax
+of the penalised, biased, masked logits (truncation always keeps the best token); they go
+through the pipeline at temperature 1 so that ``prob`` is still a meaningful confidence.
+
+Randomness (T4 "RNG cursor"): a sampled row picks ``argmax(processed_logits + G)`` where
+``G[v] = -log(-log(u[v]))`` are Gumbel draws (Gumbel-max trick: the argmax is distributed as
+``softmax(processed_logits)``). The uniforms are a pure function of ``(seed, step, v)``:
+
+    key  = mix64(mix64(seed) XOR step)                (seed taken mod 2**64)
+    h[v] = mix64(key + (v + 1) * GAMMA)               (splitmix64's stream, counter v + 1)
+    u[v] = ((h[v] >>> 41) + 0.5) / 2**23              (23 bits: exact in float32, never 0 or 1)
+
+``mix64`` is the splitmix64 finaliser, computed in wrapping int64 torch ops (``>>>`` is emulated
+with a shift and a mask). No generator state exists, so a request's draw is independent of its
+batch neighbours, row index, arrival order and preemption: resuming at the same ``step`` with
+the same logits yields the same token, and there is no RNG state to release (L7).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from coda.errors import ModelError
+from coda.sampling import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed64(value: int) -> int:
+    """The int64 with the same low 64 bits as ``value`` (torch has no uint64 arithmetic)."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GAMMA = _signed64(0x9E3779B97F4A7C15)
+_MUL1 = _signed64(0xBF58476D1CE4E5B9)
+_MUL2 = _signed64(0x94D049BB133111EB)
+_NEG_INF = float("-inf")
+
+
+def _shr(x: torch.Tensor, shift: int) -> torch.Tensor:
+    # NOTE: torch's >> on int64 is arithmetic; masking off the sign-extended bits makes it logical.
+    return (x >> shift) & ((1 << (64 - shift)) - 1)
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 bit patterns (multiplications wrap mod 2**64)."""
+    x = (x ^ _shr(x, 30)) * _MUL1
+    x = (x ^ _shr(x, 27)) * _MUL2
+    return x ^ _shr(x, 31)
+
+
+def counter_uniforms(seeds: Sequence[int], steps: Sequence[int], vocab_size: int,
+                     device: torch.device | str = "cpu") -> torch.Tensor:
+    """Uniforms in (0, 1), float32 ``[len(seeds), vocab_size]``; row i depends on (seeds[i], steps[i])."""
+    seed_t = torch.tensor([_signed64(s) for s in seeds], dtype=torch.int64, device=device)
+    step_t = torch.tensor([_signed64(s) for s in steps], dtype=torch.int64, device=device)
+    key = mix64(mix64(seed_t) ^ step_t)
+    counters = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=device) * _GAMMA
+    bits = mix64(key[:, None] + counters[None, :])
+    # NOTE: 23 bits, so k + 0.5 is exact in float32's 24-bit mantissa and u < 1 strictly.
+    return (_shr(bits, 41).to(torch.float32) + 0.5) * (2.0**-23)
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """One request at one step. ``step`` is the 0-based index t of the token being chosen and is
+    the RNG counter; ``seed`` is resolved at submit (random when ``params.seed`` is None).
+    ``eos_token_ids`` are banned while ``len(output_token_ids) < params.min_tokens`` (whether EOS
+    stops the request, ``ignore_eos``, is the loop's business). ``allowed_token_ids_mask`` is a
+    bool ``[V]`` tensor from a grammar; None allows every token."""
+
+    params: SamplingParams
+    seed: int
+    step: int
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    eos_token_ids: frozenset[int]
+    allowed_token_ids_mask: torch.Tensor | None = None
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class TokenDecision:
+    """The record of one choice (trace O1, logprobs API, confidence for early stop).
+
+    ``logprob`` and ``top_logprobs`` are under the model's raw distribution (log_softmax of the
+    raw logits); ``prob`` is the chosen token's probability under the final processed one."""
+
+    token_id: int
+    logprob: float
+    prob: float
+    top_logprobs: tuple[tuple[int, float], ...]
+    greedy: bool
+
+    def to_record(self) -> dict[str, object]:
+        """JSON-able dict for the trace; non-finite floats (a -inf logprob) become None."""
+        return {
+            "token_id": self.token_id,
+            "logprob": _finite_or_none(self.logprob),
+            "prob": _finite_or_none(self.prob),
+            "top_logprobs": [[tid, _finite_or_none(lp)] for tid, lp in self.top_logprobs],
+            "greedy": self.greedy,
+        }
+
+
+def _flat_ids(id_lists: Sequence[Sequence[int]], vocab: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token id) index tensors for every id of every row; ids outside [0, vocab) dropped."""
+    lengths = torch.tensor([len(ids) for ids in id_lists], dtype=torch.int64)
+    flat = torch.tensor(list(chain.from_iterable(id_lists)), dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(id_lists)), lengths)
+    # NOTE: an id the logits cannot express cannot be penalised either; ignoring it is exact.
+    keep = (flat >= 0) & (flat < vocab)
+    return rows[keep].to(device), flat[keep].to(device)
+
+
+def _penalise(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Repetition (prompt + output), then frequency and presence (output only); in place."""
+    batch, vocab = x.shape
+    rep = [r.params.repetition_penalty for r in rows]
+    if any(v != 1.0 for v in rep):
+        seen_lists = [list(r.prompt_token_ids) + list(r.output_token_ids) if v != 1.0 else []
+                      for r, v in zip(rows, rep, strict=True)]
+        r_idx, t_idx = _flat_ids(seen_lists, vocab, x.device)
+        seen = torch.zeros(batch, vocab, dtype=torch.bool, device=x.device)
+        seen[r_idx, t_idx] = True
+        penalty = torch.tensor(rep, dtype=x.dtype, device=x.device)[:, None]
+        x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+    pres = [r.params.presence_penalty for r in rows]
+    freq = [r.params.frequency_penalty for r in rows]
+    if any(pres) or any(freq):
+        out_lists = [r.output_token_ids if (p or f) else ()
+                     for r, p, f in zip(rows, pres, freq, strict=True)]
+        r_idx, t_idx = _flat_ids(out_lists, vocab, x.device)
+        counts = torch.zeros(batch, vocab, dtype=x.dtype, device=x.device)
+        counts.index_put_((r_idx, t_idx), torch.ones_like(t_idx, dtype=x.dtype), accumulate=True)
+        freq_t = torch.tensor(freq, dtype=x.dtype, device=x.device)[:, None]
+        pres_t = torch.tensor(pres, dtype=x.dtype, device=x.device)[:, None]
+        x = x - freq_t * counts - pres_t * (counts > 0).to(x.dtype)
+    return x
+
+
+def _add_bias(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    triples = [(i, tid, b) for i, r in enumerate(rows) for tid, b in r.params.logit_bias]
+    if not triples:
+        return x
+    vocab = x.shape[1]
+    if any(tid >= vocab for _, tid, _ in triples):
+        raise ModelError(f"logit_bias names a token id >= vocabulary size {vocab}")
+    r_idx, t_idx, bias = zip(*triples, strict=True)
+    index = (torch.tensor(r_idx, device=x.device), torch.tensor(t_idx, device=x.device))
+    return x.index_put(index, torch.tensor(bias, dtype=x.dtype, device=x.device), accumulate=True)
+
+
+def _allowed(rows: Sequence[SamplingRow], vocab: int, device: torch.device) -> torch.Tensor | None:
+    """Bool ``[B, V]`` of allowed tokens, or None when every token of every row is allowed."""
+    bans = [(i, e) for i, r in enumerate(rows)
+            if len(r.output_token_ids) < r.params.min_tokens
+            for e in sorted(r.eos_token_ids) if 0 <= e < vocab]
+    masks = [r.allowed_token_ids_mask for r in rows]
+    if not bans and all(m is None for m in masks):
+        return None
+    allowed = torch.ones(len(rows), vocab, dtype=torch.bool, device=device)
+    for i, mask in enumerate(masks):
+        if mask is not None:
+            if mask.shape != (vocab,):
+                raise ModelError(f"row {i}: mask shape {tuple(mask.shape)} != ({vocab},)")
+            allowed[i] = mask.to(device=device, dtype=torch.bool)
+    if bans:
+        banned = allowed.clone()
+        b_rows, b_ids = zip(*bans, strict=True)
+        banned[torch.tensor(b_rows, device=device), torch.tensor(b_ids, device=device)] = False
+        # NOTE: min_tokens never overrides the grammar: if only EOS is allowed, EOS stays allowed.
+        allowed = torch.where(banned.any(-1, keepdim=True), banned, allowed)
+    return allowed
+
+
+_TOP_P_WINDOW = 256  # NOTE: top-p first looks at the 256 best tokens; a full sort is the fallback.
+
+
+def _top_k_top_p_floor(x: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
+    """Per-row value threshold ``[B, 1]`` of top-k then top-p (on the top-k survivors).
+
+    Value-based, so ties never depend on the sort's tie-break (nor on the window, hence on the
+    neighbours, T4): top-k keeps ``x >= (k-th best value)``; top-p keeps each value whose
+    strictly-better mass is < p. Tokens are read from a window of the ``width`` best values;
+    a row whose nucleus might extend past the window retries with the whole vocabulary."""
+    vocab, device = x.shape[1], x.device
+    k_eff = [k if 0 < k < vocab else vocab for k in ks]
+    k_t = torch.tensor(k_eff, device=device)[:, None]
+    p_t = torch.tensor(ps, dtype=x.dtype, device=device)[:, None]
+    no_p = p_t >= 1.0  # NOTE: p = 1 must not trip on cumsum rounding.
+    widths = [k for k in k_eff if k < vocab]
+    if any(k == vocab and p < 1.0 for k, p in zip(k_eff, ps, strict=True)):
+        widths.append(min(_TOP_P_WINDOW, vocab))
+    width = max(widths, default=1)
+    while True:
+        vals = torch.topk(x, width, dim=-1).values  # sorted, best first
+        ranks = torch.arange(width, device=device)[None, :]
+        kth = vals.gather(1, (k_t - 1).clamp(max=width - 1))
+        kth = torch.where(k_t >= vocab, _NEG_INF, kth)
+        best = vals[:, :1]
+        denominator = torch.exp(x - best).masked_fill(x < kth, 0.0).sum(-1, keepdim=True)
+        probs = torch.exp(vals - best).masked_fill((ranks >= k_t) | (vals < kth), 0.0)
+        probs = probs / denominator
+        before = torch.cumsum(probs, dim=-1) - probs  # NOTE: mass strictly before each position
+        before[:, 0] = 0.0
+        keep = (ranks < k_t) & ((before < p_t) | no_p)
+        if width == vocab or not bool((keep[:, -1:] & (k_t >= vocab) & ~no_p).any()):
+            break
+        width = vocab  # NOTE: some nucleus reaches the window's edge: redo exactly.
+    floor = vals.gather(1, keep.sum(-1, keepdim=True) - 1)
+    return torch.where((k_t >= vocab) & no_p, _NEG_INF, floor)
+
+
+def _truncate(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """top-k, then top-p, then min-p; removed tokens become -inf."""
+    ks = [r.params.top_k for r in rows]
+    ps = [r.params.top_p for r in rows]
+    if any(k > 0 for k in ks) or any(p < 1.0 for p in ps):
+        x = x.masked_fill(x < _top_k_top_p_floor(x, ks, ps), _NEG_INF)
+    min_ps = [r.params.min_p for r in rows]
+    if any(min_ps):
+        probs = torch.softmax(x, dim=-1)
+        floor = probs.amax(-1, keepdim=True) * torch.tensor(min_ps, device=x.device)[:, None]
+        x = x.masked_fill(probs < floor, _NEG_INF)
+    return x
+
+
+class Sampler:
+    """Stateless: every call is a pure function of (logits, rows); see the module docstring."""
+
+    def process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """The processed float32 logits ``[B, V]`` that :meth:`sample` chooses from: penalised,
+        biased, masked, divided by the temperature (1 for greedy rows) and truncated; a token
+        that may not be chosen is -inf. Raises ModelError on bad shapes, NaN or an empty row."""
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ModelError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
+        vocab, device = logits.shape[1], logits.device
+        x = logits.to(torch.float32, copy=True)  # NOTE: the caller's tensor is never mutated.
+        if torch.isnan(x).any():
+            raise ModelError("logits contain NaN")
+        x = _add_bias(_penalise(x, rows), rows)
+        allowed = _allowed(rows, vocab, device)
+        if allowed is not None:
+            x = x.masked_fill(~allowed, _NEG_INF)
+        dead = (~torch.isfinite(x).any(-1)).nonzero().flatten().tolist()
+        if dead:
+            raise ModelError(f"rows {dead}: no token is allowed (mask or logits all -inf)")
+        temps = [1.0 if r.params.is_greedy else r.params.temperature for r in rows]
+        return _truncate(x / torch.tensor(temps, device=device)[:, None], rows)
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[TokenDecision]:
+        """One decision per row, in row order (the module docstring gives the pipeline)."""
+        if not rows and logits.dim() == 2 and logits.shape[0] == 0:
+            return []
+        x = self.process(logits, rows)
+        vocab, device = x.shape[1], x.device
+        tokens = x.argmax(-1)
+        greedy = [r.params.is_greedy for r in rows]
+        sampled = [i for i, g in enumerate(greedy) if not g]
+        if sampled:
+            u = counter_uniforms([rows[i].seed for i in sampled], [rows[i].step for i in sampled],
+                                 vocab, device)
+            gumbel = -torch.log(-torch.log(u))  # NOTE: Gumbel-max: argmax ~ softmax(x).
+            index = torch.tensor(sampled, device=device)
+            tokens[index] = (x[index] + gumbel).argmax(-1)
+
+        chosen = tokens[:, None]
+        raw_logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        logprob = raw_logprobs.gather(1, chosen).squeeze(1).tolist()
+        prob = torch.softmax(x, dim=-1).gather(1, chosen).squeeze(1).tolist()
+        wanted = [r.params.logprobs or 0 for r in rows]
+        top_ids: list[list[int]] = [[] for _ in rows]
+        top_vals: list[list[float]] = [[] for _ in rows]
+        if max(wanted) > 0:
+            vals, ids = raw_logprobs.topk(min(max(wanted), vocab), dim=-1)
+            top_ids, top_vals = ids.tolist(), vals.tolist()
+        return [
+            TokenDecision(tok, logprob[i], prob[i],
+                          tuple(zip(top_ids[i][: wanted[i]], top_vals[i][: wanted[i]], strict=True)),
+                          greedy[i])
+            for i, tok in enumerate(tokens.tolist())
+        ]

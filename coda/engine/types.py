@@ -1,0 +1,83 @@
+"""Public request/engine types of the batched engine (pure Python, no torch).
+
+:class:`GenerationRequest` is what the HTTP layer (or a Python user) submits; it is validated
+once by the engine at submit time. :class:`EngineConfig` is normalised once and frozen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from coda.early_stop import EarlyStopPolicy
+from coda.sampling import SamplingParams
+from coda.stream import BackpressureConfig
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """Constrained decoding request (issue 5): exactly one of the fields is set.
+
+    - ``json_schema``: a JSON schema (dict); ``json_object`` any JSON object;
+    - ``regex``: a regular expression the whole output must match;
+    - ``lark``: a Lark grammar (llguidance dialect).
+    """
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = None
+    lark: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation request in token space.
+
+    ``max_tokens`` None means "up to the context limit". ``deadline_s`` is relative to submit;
+    past it the request ends ``deadline_exceeded`` (G3). ``stop_token_ids`` are id sequences
+    (a single id is a sequence of length one)."""
+
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    deadline_s: float | None = None
+    early_stop: EarlyStopPolicy | None = None
+    grammar: GrammarSpec | None = None
+    backpressure: BackpressureConfig | None = None
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine knobs, normalised once. ``kv_cache_bytes`` None sizes the cache for
+    ``max_num_seqs`` sequences of the full context (bounded by 25% of RAM)."""
+
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    long_prefill_chunk: int = 512
+    enable_prefix_caching: bool = True
+    max_stop_strings: int = 16
+    max_stop_string_bytes: int = 256
+    default_max_tokens: int = 256
+    trace_path: str | None = None
+    served_model_name: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_blocks: int
+    num_free_blocks: int
+    num_requests_total: int
+    num_preemptions_total: int

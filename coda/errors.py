@@ -1,0 +1,74 @@
+"""Typed errors of Coda (SPEC L4, L5, D1, K3).
+
+Every error a request can end with carries an :class:`ErrorCode`; the HTTP layer maps the
+code to a status and the protocol's own error shape. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Why a request was rejected or ended FAILED. Never free text (L4)."""
+
+    INVALID_REQUEST = "invalid_request"
+    MODEL_NOT_FOUND = "model_not_found"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    MODEL_ERROR = "model_error"
+    DECODING_ERROR = "decoding_error"
+    TRANSPORT_ERROR = "transport_error"
+    BACKPRESSURE_OVERFLOW = "backpressure_overflow"
+    ENGINE_SHUTDOWN = "engine_shutdown"
+    INTERNAL_ERROR = "internal_error"
+
+
+class CodaError(Exception):
+    """Base of every typed Coda error; ``code`` says which kind."""
+
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidRequestError(CodaError):
+    """A request (or policy) that cannot be accepted; ``field`` names the culprit (D1)."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    """The prompt alone does not fit the model's context: rejected before any work."""
+
+    code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
+
+
+class ModelNotFoundError(CodaError):
+    code = ErrorCode.MODEL_NOT_FOUND
+
+
+class DecodingError(CodaError):
+    """Residual bytes at ``finish()`` that cannot form valid UTF-8 text (K3)."""
+
+    code = ErrorCode.DECODING_ERROR
+
+
+class ModelError(CodaError):
+    """The forward pass (or sampling) failed for a request (L5: never a transport error)."""
+
+    code = ErrorCode.MODEL_ERROR
+
+
+class TransportError(CodaError):
+    """The return channel failed; implies nothing about the model (L5)."""
+
+    code = ErrorCode.TRANSPORT_ERROR
+
+
+class BackpressureOverflowError(CodaError):
+    """A slow reader let the bounded stream buffer overflow (P6, policy 3)."""
+
+    code = ErrorCode.BACKPRESSURE_OVERFLOW

@@ -1,0 +1,81 @@
+"""Finish reasons and usage (SPEC L4, L5, L6).
+
+The finish reason is an enum, never free text (L4). The enum is versioned: a member added
+later bumps :data:`FINISH_REASON_VERSION` and is documented here.
+
+Version history
+- 1: the ten reasons of seed 000 §4.10.
+- 2: ``confidence_stop`` — an early stop by confidence (seed 004, SPEC D2). Deadline and user
+  cancel keep their own reasons (deadline_exceeded, cancelled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+FINISH_REASON_VERSION = 2
+
+
+class FinishReason(StrEnum):
+    EOS = "eos"
+    STOP_SEQUENCE = "stop_sequence"
+    GRAMMAR_COMPLETE = "grammar_complete"
+    MAX_OUTPUT_TOKENS = "max_output_tokens"
+    CONTEXT_LIMIT = "context_limit"
+    CANCELLED = "cancelled"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CONTENT_INTERRUPTED = "content_interrupted"
+    MODEL_ERROR = "model_error"
+    TRANSPORT_ERROR = "transport_error"
+    # version 2
+    CONFIDENCE_STOP = "confidence_stop"
+
+    @property
+    def is_normal(self) -> bool:
+        """Reasons that end in FINISHED (after DRAINING): the loop chose to stop."""
+        return self not in _ABNORMAL
+
+
+_ABNORMAL = frozenset(
+    {FinishReason.CANCELLED, FinishReason.MODEL_ERROR, FinishReason.TRANSPORT_ERROR}
+)
+
+
+class CancelCause(StrEnum):
+    """Who asked for a cancel; decides the reported reason (L5, P4, G3)."""
+
+    CLIENT = "client"          # an explicit cancel call -> cancelled
+    DISCONNECT = "disconnect"  # the transport went away (declared policy) -> transport_error
+    SHUTDOWN = "shutdown"      # the server is stopping -> cancelled
+    BACKPRESSURE = "backpressure"  # a reader too slow past the bound -> transport_error
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        if self in (CancelCause.DISCONNECT, CancelCause.BACKPRESSURE):
+            return FinishReason.TRANSPORT_ERROR
+        return FinishReason.CANCELLED
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What was counted, split by meaning (L6).
+
+    - ``selected_tokens``: tokens the sampler chose, EOS and stop tokens included.
+    - ``processed_prompt_tokens`` / ``processed_output_tokens``: tokens whose K/V went into the
+      cache (a prefix-cache hit counts in ``cached_prompt_tokens`` instead; recomputation after
+      preemption is not counted twice).
+    - ``returned_tokens``: selected tokens some of whose bytes reached the stream.
+    EOS and stop sequences make these differ: EOS is selected but never returned nor processed.
+    """
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    selected_tokens: int = 0
+    processed_prompt_tokens: int = 0
+    processed_output_tokens: int = 0
+    returned_tokens: int = 0
+    returned_bytes: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)

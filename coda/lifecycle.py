@@ -1,0 +1,199 @@
+"""Request lifecycle: states, the legal transition graph, the terminal critical section and
+the resource ledger (SPEC L1, L2, L3, L7; seed 000 §4.1, §4.3, §4.10).
+
+Graph (seed §4.1), with the two additions the state table implies::
+
+    CREATED -> QUEUED -> PREFILLING -> DECODING -> DRAINING -> FINISHED
+                  |          |             |           |
+                  +----------+-------------+-----------+--> FAILED
+                  |          |             |
+                  +----------+-------------+--> CANCEL_REQUESTED -> CANCELLED
+
+- CREATED -> FAILED: a request rejected at validation ("reject" in the table).
+- QUEUED/PREFILLING -> DRAINING: a deadline that fires before decoding ("timeout" in the table)
+  takes the same drain path as a deadline during decoding, so it ends FINISHED with
+  deadline_exceeded and is never reported as cancelled (G3).
+
+All transitions of one request happen under one lock. Fixing a terminal state and queueing the
+single terminal event happen in the same critical section (L2), so a cancel racing a normal
+completion yields exactly one terminal. The lock is a ``threading.Lock`` that is never held
+across an ``await``, so it is safe under threads and asyncio alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+log = logging.getLogger("coda.lifecycle")
+
+
+class State(StrEnum):
+    CREATED = "CREATED"
+    QUEUED = "QUEUED"
+    PREFILLING = "PREFILLING"
+    DECODING = "DECODING"
+    DRAINING = "DRAINING"
+    FINISHED = "FINISHED"
+    CANCEL_REQUESTED = "CANCEL_REQUESTED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({State.FINISHED, State.CANCELLED, State.FAILED})
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.CREATED: frozenset({State.QUEUED, State.FAILED}),
+    State.QUEUED: frozenset(
+        {State.PREFILLING, State.DRAINING, State.CANCEL_REQUESTED, State.FAILED}
+    ),
+    State.PREFILLING: frozenset(
+        {State.DECODING, State.DRAINING, State.CANCEL_REQUESTED, State.FAILED}
+    ),
+    State.DECODING: frozenset({State.DRAINING, State.CANCEL_REQUESTED, State.FAILED}),
+    State.DRAINING: frozenset({State.FINISHED, State.FAILED}),
+    State.CANCEL_REQUESTED: frozenset({State.CANCELLED}),
+    State.FINISHED: frozenset(),
+    State.CANCELLED: frozenset(),
+    State.FAILED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A transition outside the §4.1 graph (L1), or out of a terminal state (L2)."""
+
+
+@dataclass
+class Lifecycle:
+    """The state of one request. Every change goes through :meth:`transition` or
+    :meth:`terminate`; ``on_transition`` observes each change (for the trace)."""
+
+    request_id: str
+    on_transition: Callable[[State, State], None] | None = None
+    state: State = State.CREATED
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def transition(self, to: State) -> None:
+        """Move to a non-terminal state; raises IllegalTransition off the graph (L1)."""
+        if to in TERMINAL_STATES:
+            raise IllegalTransition(f"use terminate() to enter {to.value}")
+        with self._lock:
+            self._move(to)
+
+    def try_transition(self, to: State) -> bool:
+        """Like :meth:`transition` but returns False instead of raising when ``to`` is not
+        reachable now (used where a racing terminal may already have won)."""
+        with self._lock:
+            if to not in TRANSITIONS[self.state]:
+                return False
+            self._move(to)
+            return True
+
+    def terminate(self, to: State, emit_terminal: Callable[[], None]) -> bool:
+        """Fix terminal state ``to`` and queue the single terminal event atomically (L2).
+
+        Returns False, changing nothing, if the request is already terminal: the loser of a
+        race (cancel vs completion, deadline vs both) is a no-op. Raises IllegalTransition if
+        ``to`` is not reachable from a non-terminal state.
+        """
+        if to not in TERMINAL_STATES:
+            raise IllegalTransition(f"{to.value} is not a terminal state")
+        with self._lock:
+            if self.state.is_terminal:
+                return False
+            self._move(to)
+            # NOTE: emitted while still holding the lock, so no other terminal can interleave.
+            emit_terminal()
+            return True
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state.is_terminal
+
+    def _move(self, to: State) -> None:
+        frm = self.state
+        if to not in TRANSITIONS[frm]:
+            raise IllegalTransition(f"{self.request_id}: {frm.value} -> {to.value} is not legal")
+        self.state = to
+        if self.on_transition is not None:
+            self.on_transition(frm, to)
+
+
+class ResourceKind(StrEnum):
+    KV_CACHE = "kv_cache"
+    BATCH_SLOT = "batch_slot"
+    RNG_STATE = "rng_state"
+    STREAM_BUFFER = "stream_buffer"
+    TRACE_HANDLE = "trace_handle"
+
+
+class DoubleRelease(RuntimeError):
+    """A resource released twice: the design makes this impossible; raising proves it (L7)."""
+
+
+@dataclass
+class ResourceLedger:
+    """Resources a request holds, each released exactly once on every path (L7).
+
+    ``release`` pops the entry before calling its release function, so a second release of the
+    same kind raises instead of freeing twice. A release function that fails is logged as a
+    background error (``errors`` keeps them) and never reopens the request.
+    """
+
+    request_id: str
+    on_release: Callable[[ResourceKind, bool], None] | None = None
+    errors: list[tuple[ResourceKind, BaseException]] = field(default_factory=list)
+    _held: dict[ResourceKind, Callable[[], None]] = field(default_factory=dict)
+    _released: set[ResourceKind] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def acquire(self, kind: ResourceKind, release: Callable[[], None]) -> None:
+        with self._lock:
+            if kind in self._held or kind in self._released:
+                raise DoubleRelease(f"{self.request_id}: {kind.value} acquired twice")
+            self._held[kind] = release
+
+    def holds(self, kind: ResourceKind) -> bool:
+        return kind in self._held
+
+    def release(self, kind: ResourceKind) -> None:
+        with self._lock:
+            if kind not in self._held:
+                raise DoubleRelease(f"{self.request_id}: {kind.value} is not held")
+            fn = self._held.pop(kind)
+            self._released.add(kind)
+        ok = True
+        try:
+            fn()
+        except Exception as exc:  # L7: log, never reopen
+            ok = False
+            self.errors.append((kind, exc))
+            log.error("request %s: releasing %s failed: %r", self.request_id, kind.value, exc)
+        if self.on_release is not None:
+            self.on_release(kind, ok)
+
+    def release_all(self, kinds: tuple[ResourceKind, ...] | None = None) -> None:
+        """Release every held resource of ``kinds`` (all if None), in acquisition order."""
+        for kind in list(self._held):
+            if kinds is None or kind in kinds:
+                self.release(kind)
+
+    @property
+    def held(self) -> frozenset[ResourceKind]:
+        return frozenset(self._held)
+
+    @property
+    def released(self) -> frozenset[ResourceKind]:
+        return frozenset(self._released)
+
+
+def monotonic_ns() -> int:
+    return time.monotonic_ns()

@@ -1,0 +1,210 @@
+"""Model configuration, normalised once from a Hugging Face ``config.json`` (SPEC T3).
+
+:class:`ModelConfig` is frozen: every architecture quirk (Qwen2's q/k/v bias, Qwen3's per-head
+q/k RMSNorm, SmolLM's tied embeddings, Llama 3's RoPE scaling, Mistral's sliding window) is
+resolved here into plain fields, so model code never looks at the raw dict. This module does
+not import torch (the engine's bookkeeping may use it without loading torch).
+
+Supported ``architectures``: LlamaForCausalLM (also SmolLM/SmolLM2), MistralForCausalLM,
+Qwen2ForCausalLM, Qwen3ForCausalLM. Supported RoPE scaling types: ``llama3``, ``linear`` and
+``dynamic``; anything else raises :class:`UnsupportedModelError`.
+
+Sliding windows (Mistral, Qwen2 with ``use_sliding_window``): attention here is always full
+causal attention, which equals sliding-window attention exactly while the context is no longer
+than the window. So :attr:`ModelConfig.max_context` is capped at the window and the engine must
+never grow a sequence past it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_ARCHS: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class UnsupportedModelError(ValueError):
+    """A ``config.json`` this engine cannot run exactly (unknown architecture or RoPE type)."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling. ``kind`` is ``llama3``, ``linear`` or ``dynamic``.
+
+    ``dynamic`` (NTK) only changes frequencies for sequences longer than
+    ``original_max_position_embeddings``; :attr:`ModelConfig.max_context` never exceeds that
+    length for it, so within our context it is exactly the unscaled RoPE.
+    """
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape and numerics of a decoder-only Llama-family model."""
+
+    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q/k/v projections
+    attention_out_bias: bool  # bias on o_proj (Llama's attention_bias; never for Qwen2)
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    sliding_window: int | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    torch_dtype: str  # "float32" | "bfloat16" | "float16": the checkpoint's dtype
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        """Read ``<path>/config.json``."""
+        with open(Path(path) / "config.json", encoding="utf-8") as f:
+            return cls.from_hf_dict(json.load(f))
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Normalise an HF config dict (old ``rope_scaling`` or v5 ``rope_parameters`` style)."""
+        archs = d.get("architectures") or []
+        arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
+        if arch is None:
+            raise UnsupportedModelError(
+                f"unsupported architectures {archs!r}; supported: {sorted(_ARCHS)}"
+            )
+        num_heads = int(d["num_attention_heads"])
+        hidden = int(d["hidden_size"])
+        head_dim = int(d.get("head_dim") or hidden // num_heads)
+        rope_theta, rope_scaling = _parse_rope(d)
+        sliding = d.get("sliding_window")
+        if arch == "qwen2" and not d.get("use_sliding_window", False):
+            sliding = None  # NOTE: Qwen2 configs carry a window that is off unless enabled
+        eos = d.get("eos_token_id")
+        eos_ids = (
+            tuple(int(e) for e in eos)
+            if isinstance(eos, list)
+            else (() if eos is None else (int(eos),))
+        )
+        dtype = str(d.get("torch_dtype") or d.get("dtype") or "float32")
+        if dtype not in _DTYPE_BYTES:
+            raise UnsupportedModelError(f"unsupported torch_dtype {dtype!r}")
+        bias = bool(d.get("attention_bias", False))
+        return cls(
+            arch=arch,
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or num_heads),
+            head_dim=head_dim,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=True if arch == "qwen2" else bias,
+            attention_out_bias=bias if arch in ("llama", "mistral") else False,
+            mlp_bias=bool(d.get("mlp_bias", False)) if arch == "llama" else False,
+            qk_norm=arch == "qwen3",
+            sliding_window=int(sliding) if sliding is not None else None,
+            bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
+            eos_token_ids=eos_ids,
+            torch_dtype=dtype,
+        )
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_scalars_per_token(self) -> int:
+        """T3: the logical cache grows by 2·L·H_kv·d_h scalars per processed token."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype: str) -> int:
+        """Bytes of K/V cache per token when the cache is held in ``dtype``."""
+        return self.kv_scalars_per_token * _DTYPE_BYTES[dtype]
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence (prompt + output) this engine runs exactly; see module docstring."""
+        limit = self.max_position_embeddings
+        if self.sliding_window is not None:
+            limit = min(limit, self.sliding_window)
+        if self.rope_scaling is not None and self.rope_scaling.kind == "dynamic":
+            limit = min(limit, self.rope_scaling.original_max_position_embeddings)
+        return limit
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameter count (embeddings counted once when tied)."""
+        d, q, kv, f = self.hidden_size, self.q_size, self.kv_size, self.intermediate_size
+        attn = d * q + 2 * d * kv + q * d
+        if self.attention_bias:
+            attn += q + 2 * kv
+        if self.attention_out_bias:
+            attn += d
+        mlp = 3 * d * f + (2 * f + d if self.mlp_bias else 0)
+        norms = 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * (attn + mlp + norms) + emb + d
+
+
+def _parse_rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """Return ``(rope_theta, scaling)`` from either the hub style or transformers v5 style."""
+    params = d.get("rope_parameters")
+    scaling_dict = d.get("rope_scaling")
+    theta = d.get("rope_theta")
+    if isinstance(params, dict):
+        theta = params.get("rope_theta", theta)
+        scaling_dict = scaling_dict or params
+    theta = float(theta if theta is not None else 10000.0)
+    if not scaling_dict:
+        return theta, None
+    kind = scaling_dict.get("rope_type") or scaling_dict.get("type") or "default"
+    if kind == "default":
+        return theta, None
+    if kind not in ("llama3", "linear", "dynamic"):
+        raise UnsupportedModelError(
+            f"unsupported rope scaling type {kind!r}; supported: llama3, linear, dynamic"
+        )
+    max_pos = int(d.get("max_position_embeddings", 2048))
+    return theta, RopeScaling(
+        kind=kind,
+        factor=float(scaling_dict.get("factor", 1.0)),
+        low_freq_factor=float(scaling_dict.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(scaling_dict.get("high_freq_factor", 4.0)),
+        # NOTE: HF falls back to max_position_embeddings (and dynamic NTK always uses it).
+        original_max_position_embeddings=int(
+            max_pos
+            if kind == "dynamic"
+            else scaling_dict.get("original_max_position_embeddings") or max_pos
+        ),
+    )

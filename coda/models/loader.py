@@ -1,0 +1,140 @@
+"""Load HF ``*.safetensors`` weights into :class:`~coda.models.llama.CausalLM`.
+
+Reads a single ``model.safetensors`` or shards listed in ``model.safetensors.index.json``
+with ``safetensors`` directly (``transformers`` is not a runtime dependency). HF tensor names
+map one-to-one onto our parameters except the fused projections, which the table below
+places into row ranges. Every expected tensor must be present with its exact shape; unknown
+tensors are an error (a silently ignored weight would be a silently wrong model).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from coda.models.config import ModelConfig
+from coda.models.llama import CausalLM
+
+# HF projection name -> (our fused module, which shard)
+_FUSED: dict[str, tuple[str, str]] = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF checkpoint of this config holds, by HF name, with its shape."""
+    d, q, kv, f, hd = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, d)}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (d,)
+        shapes[p + "post_attention_layernorm.weight"] = (d,)
+        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            shapes[p + f"self_attn.{name}.weight"] = (rows, d)
+            if cfg.attention_bias:
+                shapes[p + f"self_attn.{name}.bias"] = (rows,)
+        shapes[p + "self_attn.o_proj.weight"] = (d, q)
+        if cfg.attention_out_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (d,)
+        if cfg.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (hd,)
+            shapes[p + "self_attn.k_norm.weight"] = (hd,)
+        for name, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
+            shapes[p + f"mlp.{name}.weight"] = shape
+            if cfg.mlp_bias:
+                shapes[p + f"mlp.{name}.bias"] = (shape[0],)
+    shapes["model.norm.weight"] = (d,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, d)
+    return shapes
+
+
+def _target(cfg: ModelConfig, hf_name: str) -> tuple[str, slice | None]:
+    """Our parameter name for an HF tensor name, and the row range it fills (fused only)."""
+    parts = hf_name.split(".")
+    for i, part in enumerate(parts):
+        if part in _FUSED:
+            fused, shard = _FUSED[part]
+            q, kv, f = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+            rows = {
+                "q": slice(0, q),
+                "k": slice(q, q + kv),
+                "v": slice(q + kv, q + 2 * kv),
+                "gate": slice(0, f),
+                "up": slice(f, 2 * f),
+            }[shard]
+            return ".".join([*parts[:i], fused, *parts[i + 1 :]]), rows
+    return hf_name, None
+
+
+def _tensor_files(model_dir: Path) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file holding it."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        return {name: model_dir / fname for name, fname in weight_map.items()}
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    out: dict[str, Path] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as fh:
+            out.update({name: path for name in fh.keys()})  # noqa: SIM118 (not a dict)
+    return out
+
+
+def load_model(
+    model_dir: str | Path,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+) -> CausalLM:
+    """Build the model for ``model_dir/config.json`` and fill it from its safetensors."""
+    model_dir = Path(model_dir)
+    cfg = ModelConfig.from_dir(model_dir)
+    expected = hf_tensor_shapes(cfg)
+    files = _tensor_files(model_dir)
+    missing = sorted(set(expected) - set(files))
+    if missing:
+        raise ValueError(f"checkpoint {model_dir} lacks tensors: {missing[:5]} ...")
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to_empty(device=device).to(torch_dtype(dtype))
+    params = dict(model.named_parameters())
+    by_file: dict[Path, list[str]] = {}
+    for name, path in files.items():
+        if name.endswith(_IGNORED_SUFFIXES) or (
+            name == "lm_head.weight" and cfg.tie_word_embeddings
+        ):
+            continue  # NOTE: some tied checkpoints still store a copy of the embeddings
+        if name not in expected:
+            raise ValueError(f"unexpected tensor {name!r} in {path.name}")
+        by_file.setdefault(path, []).append(name)
+    with torch.no_grad():
+        for path, names in by_file.items():
+            with safe_open(str(path), framework="pt") as fh:
+                for name in names:
+                    tensor = fh.get_tensor(name)
+                    if tuple(tensor.shape) != expected[name]:
+                        raise ValueError(
+                            f"{name}: shape {tuple(tensor.shape)} != expected {expected[name]}"
+                        )
+                    target, rows = _target(cfg, name)
+                    dst = params[target] if rows is None else params[target][rows]
+                    dst.copy_(tensor)
+    model.eval()
+    return model

@@ -1,0 +1,174 @@
+"""One request's run: lifecycle, resources, stream and the terminal, in one place
+(SPEC L1–L7, C1–C3, G3, P1, P5, O1).
+
+Both drivers — the reference loop (:mod:`coda.loop`) and the batched engine — own one
+:class:`RequestRun` per request and end it through exactly one of :meth:`finish`,
+:meth:`fail` or :meth:`cancel`. Each releases the model resources and then fixes the terminal
+state and queues the terminal event inside the lifecycle's critical section (L2); the stream
+buffer and the trace handle are released after the terminal event is queued.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from coda import trace as tr
+from coda.errors import CodaError, ErrorCode
+from coda.finish import CancelCause, FinishReason, Usage
+from coda.lifecycle import Lifecycle, ResourceKind, ResourceLedger, State
+from coda.stream import RequestStream, Terminal, Timings
+from coda.trace import TraceEvent, TraceSink
+
+if TYPE_CHECKING:
+    from coda.step import OutputProcessor
+
+MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.RNG_STATE)
+STREAM_RESOURCES = (ResourceKind.STREAM_BUFFER, ResourceKind.TRACE_HANDLE)
+
+
+class RequestRun:
+    """Lifecycle + ledger + stream + trace of one request. Thread-safe where it must be:
+    :meth:`request_cancel` may be called from any thread; everything else from the driver."""
+
+    def __init__(self, request_id: str, stream: RequestStream, trace: TraceSink,
+                 *, prompt_tokens: int, arrival: float | None = None) -> None:
+        self.request_id = request_id
+        self.stream = stream
+        self.trace = trace
+        self.prompt_tokens = prompt_tokens
+        self.lifecycle = Lifecycle(request_id, on_transition=self._on_transition)
+        self.ledger = ResourceLedger(request_id, on_release=self._on_release)
+        self.processor: OutputProcessor | None = None
+        self._cancel_lock = threading.Lock()
+        self.cancel_cause: CancelCause | None = None
+        self.cancel_requested_at: float | None = None
+        self.cancel_observed_at: float | None = None
+        self.cancel_effective_at: float | None = None
+        # P5 timings
+        self.arrival = arrival if arrival is not None else time.monotonic()
+        self.prefill_started: float | None = None
+        self.decode_started: float | None = None
+        self.first_token_at: float | None = None
+        self.ended_at: float | None = None
+        # L6 counters the driver maintains
+        self.cached_prompt_tokens = 0
+        self.processed_prompt_tokens = 0
+        self.processed_output_tokens = 0
+
+    # -- resources -------------------------------------------------------------------------
+    def acquire(self, kind: ResourceKind, release: Callable[[], None]) -> None:
+        self.ledger.acquire(kind, release)
+        self._record(tr.RESOURCE_ACQUIRED, resource=kind.value)
+
+    # -- cancellation (C1) -----------------------------------------------------------------
+    def request_cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
+        """Moment 1 of C1: record the request; the driver observes it at its next safe point.
+        Returns False when the request is already terminal (nothing to cancel)."""
+        with self._cancel_lock:
+            if self.lifecycle.is_terminal or self.cancel_cause is not None:
+                return False
+            self.cancel_cause = cause
+            self.cancel_requested_at = time.monotonic()
+        self._record(tr.CANCEL_REQUESTED, cause=cause.value)
+        return True
+
+    @property
+    def cancel_pending(self) -> bool:
+        return self.cancel_cause is not None and not self.lifecycle.is_terminal
+
+    def observe_cancel(self) -> bool:
+        """Moment 2 of C1 at a safe point: mark CANCEL_REQUESTED. False if it lost a race."""
+        if not self.lifecycle.try_transition(State.CANCEL_REQUESTED):
+            return False
+        self.cancel_observed_at = time.monotonic()
+        self._record(tr.CANCEL_OBSERVED)
+        return True
+
+    # -- the three endings -----------------------------------------------------------------
+    def finish(self, reason: FinishReason) -> FinishReason:
+        """Normal end: DRAINING → drain → release → FINISHED(reason) (seed §4.3).
+        A decoding error in the drain ends the request FAILED instead (K3)."""
+        self.lifecycle.transition(State.DRAINING)
+        if self.processor is not None:
+            try:
+                reason = self.processor.drain(reason)
+            except CodaError as exc:
+                self._end(State.FAILED, FinishReason.MODEL_ERROR, exc.code, exc.message)
+                return FinishReason.MODEL_ERROR
+        self._end(State.FINISHED, reason)
+        return reason
+
+    def fail(self, exc: BaseException, reason: FinishReason = FinishReason.MODEL_ERROR) -> None:
+        code = exc.code if isinstance(exc, CodaError) else ErrorCode.MODEL_ERROR
+        if self.processor is not None:
+            self.processor.discard()
+        self._end(State.FAILED, reason, code, str(exc))
+
+    def cancel(self) -> None:
+        """Moment 3 of C1: no more model steps; release at the safe point; CANCELLED."""
+        if self.lifecycle.state is not State.CANCEL_REQUESTED:
+            self.observe_cancel()
+        if self.processor is not None:
+            self.processor.discard()
+        self.ledger.release_all(MODEL_RESOURCES)
+        self.cancel_effective_at = time.monotonic()
+        self._record(tr.CANCEL_EFFECTIVE)
+        cause = self.cancel_cause or CancelCause.CLIENT
+        self._end(State.CANCELLED, cause.finish_reason)
+
+    # -- internals -------------------------------------------------------------------------
+    def _end(self, state: State, reason: FinishReason, code: ErrorCode | None = None,
+             message: str | None = None) -> None:
+        self.ended_at = time.monotonic()
+        self.ledger.release_all(MODEL_RESOURCES)
+        proc = self.processor
+        terminal = Terminal(
+            state=state, finish_reason=reason, usage=self.usage(), error_code=code,
+            error_message=message, stop=proc.hit if proc is not None else None,
+            timings=self.timings(),
+            trailing_tokens=proc.trailing_tokens() if proc is not None else ())
+
+        def emit() -> None:
+            ev = self.stream.close(terminal)
+            self._record(tr.TERMINAL, seq=ev.seq, state=state.value, reason=reason.value,
+                         error=code.value if code else None, usage=terminal.usage.to_dict())
+
+        if not self.lifecycle.terminate(state, emit):
+            return
+        self.ledger.release_all(STREAM_RESOURCES)
+
+    def usage(self) -> Usage:
+        proc = self.processor
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            selected_tokens=proc.generated if proc else 0,
+            processed_prompt_tokens=self.processed_prompt_tokens,
+            processed_output_tokens=self.processed_output_tokens,
+            returned_tokens=proc.returned_tokens if proc else 0,
+            returned_bytes=proc.emitted_bytes if proc else 0,
+        )
+
+    def timings(self) -> Timings:
+        end = self.ended_at or time.monotonic()
+        pre, dec = self.prefill_started, self.decode_started
+        return Timings(
+            queue_s=((pre or end) - self.arrival),
+            prefill_s=((dec or end) - pre) if pre is not None else 0.0,
+            decode_s=(end - dec) if dec is not None else 0.0,
+            stop_buffer_s=self.processor.stop_buffer_s if self.processor else 0.0,
+            first_token_s=(self.first_token_at - self.arrival) if self.first_token_at else None,
+            total_s=end - self.arrival,
+        )
+
+    def _on_transition(self, frm: State, to: State) -> None:
+        self._record(tr.LIFECYCLE, **{"from": frm.value, "to": to.value})
+
+    def _on_release(self, kind: ResourceKind, ok: bool) -> None:
+        self._record(tr.RESOURCE_RELEASED, resource=kind.value, ok=ok)
+
+    def _record(self, kind: str, **data: object) -> None:
+        self.trace.record(TraceEvent(self.request_id, kind, data))

@@ -1,0 +1,97 @@
+"""A scripted model, chooser and tokenizer for exact event-order tests (used *in addition* to
+the real model, never instead of it). Pure Python, no torch.
+
+``scripted_tokenizer({101: b"AB", 102: b"CD"})`` builds a real ``tokenizers.Tokenizer`` (a
+byte-level BPE whose vocabulary maps each scripted id to its bytes), so the real incremental
+detokenizer runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import tokenizers
+
+from coda.loop import Choice
+from coda.stream import TokenInfo
+
+EOS_ID = 0
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's reversible byte → printable-character map used by ByteLevel."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = keep[:]
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(keep, chars, strict=True)}
+
+
+def scripted_tokenizer(table: Mapping[int, bytes], eos_id: int = EOS_ID) -> tokenizers.Tokenizer:
+    """A byte-level tokenizer whose id ``i`` decodes to ``table[i]``; ``eos_id`` is ``<eos>``."""
+    alphabet = _byte_alphabet()
+    vocab = {"".join(alphabet[b] for b in data): i for i, data in table.items()}
+    if len(vocab) != len(table):
+        raise ValueError("two ids share the same bytes")
+    vocab["<eos>"] = eos_id
+    spec = {
+        "version": "1.0",
+        "added_tokens": [{"id": eos_id, "content": "<eos>", "single_word": False,
+                          "lstrip": False, "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "vocab": vocab, "merges": [], "dropout": None,
+                  "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False},
+    }
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
+
+
+@dataclass
+class ScriptedModel:
+    """Returns, as "logits", the id scripted for the next step. ``hooks`` run inside
+    ``decode_one`` at a given step t (between decode.started(t) and decode.completed(t)), e.g.
+    to inject a cancel (experiment B) or raise a model error."""
+
+    script: Sequence[int]
+    hooks: dict[int, Callable[[], None]] = field(default_factory=dict)
+    fail_at: int | None = None
+    calls: list[tuple[str, int]] = field(default_factory=list)
+    released: int = 0
+    _step: int = 0
+
+    def prefill(self, token_ids: Sequence[int]) -> int:
+        self.calls.append(("prefill", len(token_ids)))
+        self._step = 0
+        return self.script[0]
+
+    def decode_one(self, token_id: int, position: int) -> int:
+        self._step += 1
+        t = self._step
+        self.calls.append(("decode", position))
+        if t in self.hooks:
+            self.hooks[t]()
+        if self.fail_at == t:
+            raise RuntimeError(f"injected failure at step {t}")
+        return self.script[t]
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class ScriptedChooser:
+    """Chooses exactly the scripted id; the decision record says so."""
+
+    def choose(self, logits: int, step: int, output_ids: Sequence[int]) -> Choice:
+        return Choice(int(logits), TokenInfo(int(logits), 0.0),
+                      {"rule": "scripted", "step": step})

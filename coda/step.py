@@ -1,0 +1,221 @@
+"""Per-token output processing: the middle of the §4.3 loop, shared by the reference loop and
+the batched engine (SPEC G1, G2, S1–S4, K1–K4, T1, T2, L6, O1; seed 000 §4.3).
+
+After ``choose`` the driver hands the token to :meth:`OutputProcessor.on_token`, which runs, in
+this order (G1): record → EOS → (stop token-id sequences) → detokenize → stop-match → emit →
+stop hit → max tokens → context limit → grammar termination → early-stop policy. It returns the
+finish reason, or None to continue with ``decode_one``. At a normal end :meth:`drain` runs the
+DRAINING step: after a stop hit the detokenizer's tail is discarded and ``finish()`` is not
+called (G2); otherwise ``finish()`` drains the tail, which still passes the stop matcher.
+
+Stop token-id sequences are matched on the id stream; ids that may still be the start of such a
+sequence are held back from the detokenizer, exactly as bytes that may start a stop string are
+held back from the stream, so a matched id sequence never leaks its text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import tokenizers
+
+from coda import trace as tr
+from coda.detokenizer import IncrementalDetokenizer
+from coda.finish import FinishReason
+from coda.stops import StopHit, StopStringMatcher, StopTokenMatcher
+from coda.stream import RequestStream, TokenInfo
+from coda.trace import TraceEvent, TraceSink
+
+# A grammar hook answers "must the output end now?" after the token was consumed.
+GrammarDone = Callable[[], bool]
+# An early-stop hook maps (token count, confidence) to a finish reason or None.
+EarlyStopHook = Callable[[int, float], FinishReason | None]
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Termination rules of one request, normalised once (S1)."""
+
+    max_output_tokens: int
+    context_limit: int
+    prompt_len: int
+    eos_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+class OutputProcessor:
+    """Turns selected tokens into stream deltas and finish decisions for one request."""
+
+    def __init__(self, request_id: str, tokenizer: tokenizers.Tokenizer, spec: OutputSpec,
+                 stream: RequestStream, trace: TraceSink, *,
+                 prompt_token_ids: tuple[int, ...] = (),
+                 grammar_done: GrammarDone | None = None,
+                 early_stop: EarlyStopHook | None = None) -> None:
+        self.request_id = request_id
+        self.spec = spec
+        self.stream = stream
+        self.trace = trace
+        self._tracing = not isinstance(trace, tr.NullTraceSink)
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=spec.skip_special_tokens,
+                                            prompt_token_ids=prompt_token_ids)
+        self.stops = StopStringMatcher(spec.stop_strings,
+                                       include_stop_in_output=spec.include_stop_str_in_output)
+        self.token_stops = StopTokenMatcher(spec.stop_token_ids) if spec.stop_token_ids else None
+        self._grammar_done = grammar_done
+        self._early_stop = early_stop
+        self._held_ids: list[int] = []        # ids that may start a stop id sequence
+        self._pending_tokens: list[TokenInfo] = []  # selected since the last delta
+        self.generated = 0                    # tokens selected (t after choose)
+        self.hit: StopHit | None = None
+        # L6 accounting: visible byte span [start, end) each token produced
+        self._visible = 0
+        self._token_spans: list[tuple[int, int]] = []
+        self.emitted_bytes = 0
+        self.stop_buffer_s = 0.0
+        self._held_since: float | None = None
+        self.last_confidence = 1.0
+
+    # -- the per-token checks of G1 --------------------------------------------------------
+    def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
+                 confidence: float = 1.0) -> FinishReason | None:
+        self.generated += 1
+        self.last_confidence = confidence
+        t = self.generated
+        if self._tracing:
+            self._record(tr.TOKEN_SELECTED, t=t, token_id=token_id, decision=decision or {})
+        self._pending_tokens.append(info)
+        if token_id in self.spec.eos_token_ids and not self.spec.ignore_eos:
+            return FinishReason.EOS
+        if self.token_stops is not None:
+            hit = self.token_stops.push(token_id)
+            if hit is not None:
+                self._held_ids.clear()  # NOTE: the matched ids never reach the detokenizer
+                return self._on_hit(hit)
+            self._held_ids.append(token_id)
+            keep = self._token_prefix_len()
+            release, self._held_ids = self._held_ids[:len(self._held_ids) - keep], \
+                self._held_ids[len(self._held_ids) - keep:]
+        else:
+            release = [token_id]
+        new = b"".join(self._detok_push(i) for i in release)
+        if self._emit(new):
+            return FinishReason.STOP_SEQUENCE
+        if self.generated >= self.spec.max_output_tokens:
+            return FinishReason.MAX_OUTPUT_TOKENS
+        # the cache would hold prompt + t tokens after decoding y_t (seed: logical_length + 1)
+        if self.spec.prompt_len + self.generated >= self.spec.context_limit:
+            return FinishReason.CONTEXT_LIMIT
+        if self._grammar_done is not None and self._grammar_done():
+            return FinishReason.GRAMMAR_COMPLETE
+        if self._early_stop is not None:
+            return self._early_stop(self.generated, confidence)
+        return None
+
+    def drain(self, reason: FinishReason) -> FinishReason:
+        """The DRAINING step for a normal end (G2). May turn the reason into stop_sequence
+        when the drained tail hits a stop; raises DecodingError on an invalid residue (K3)."""
+        if reason is FinishReason.STOP_SEQUENCE:
+            self.detok.discard_pending()
+            self.stops.discard()
+            return reason
+        tail = b"".join(self._detok_push(i) for i in self._held_ids)
+        self._held_ids.clear()
+        tail += self.detok.finish()
+        if self._emit(tail):
+            return FinishReason.STOP_SEQUENCE
+        self._send(self.stops.flush())
+        self._stop_held_clock()
+        return reason
+
+    def discard(self) -> None:
+        """Cancel/failure path: drop everything not yet safe (seed §4.3)."""
+        self.detok.discard_pending()
+        if self.stops.hit is None:
+            self.stops.discard()
+        self._held_ids.clear()
+        self._stop_held_clock()
+
+    # -- accounting ------------------------------------------------------------------------
+    @property
+    def returned_tokens(self) -> int:
+        """Tokens with at least one visible byte that reached the stream (L6)."""
+        return sum(1 for start, end in self._token_spans if end > start
+                   and start < self.emitted_bytes)
+
+    def trailing_tokens(self) -> tuple[TokenInfo, ...]:
+        out = tuple(self._pending_tokens)
+        self._pending_tokens.clear()
+        return out
+
+    # -- internals -------------------------------------------------------------------------
+    def _detok_push(self, token_id: int) -> bytes:
+        data = self.detok.push(token_id)
+        self._token_spans.append((self._visible, self._visible + len(data)))
+        self._visible += len(data)
+        return data
+
+    def _emit(self, new: bytes) -> bool:
+        """Stop-match ``new`` and send the safe part; True on a stop hit (S2, S3)."""
+        if not new:
+            return False
+        safe, hit = self.stops.push(new)
+        if self._tracing:
+            self._record(tr.STOP_STATE, held=len(self.stops.held),
+                         detok_pending=len(self.detok.pending))
+        self._send(safe)
+        if hit is not None:
+            self._on_hit(hit)
+            return True
+        self._track_hold()
+        return False
+
+    def _on_hit(self, hit: StopHit) -> FinishReason:
+        self.hit = hit
+        self._stop_held_clock()
+        if self._tracing:
+            self._record(tr.STOP_HIT, which=hit.kind, index=hit.index, stop=str(hit.stop),
+                         byte_offset=hit.start)
+        return FinishReason.STOP_SEQUENCE
+
+    def _send(self, data: bytes) -> None:
+        if not data:
+            return
+        ev = self.stream.delta(data, tuple(self._pending_tokens))
+        self._pending_tokens.clear()
+        self.emitted_bytes += len(data)
+        if self._tracing:
+            self._record(tr.STREAM_DELTA, seq=ev.seq, nbytes=len(data),
+                         text=data.decode("utf-8", "replace"))
+
+    def _token_prefix_len(self) -> int:
+        """How many trailing held ids are still a prefix of some stop id sequence."""
+        ids = self._held_ids
+        best = 0
+        for seq in self.spec.stop_token_ids:
+            for k in range(min(len(seq) - 1, len(ids)), best, -1):
+                if tuple(ids[-k:]) == seq[:k]:
+                    best = k
+                    break
+        return best
+
+    def _track_hold(self) -> None:
+        now = time.monotonic()
+        if self.stops.held and self._held_since is None:
+            self._held_since = now
+        elif not self.stops.held:
+            self._stop_held_clock(now)
+
+    def _stop_held_clock(self, now: float | None = None) -> None:
+        if self._held_since is not None:
+            self.stop_buffer_s += (now or time.monotonic()) - self._held_since
+            self._held_since = None
+
+    def _record(self, kind: str, **data: Any) -> None:
+        self.trace.record(TraceEvent(self.request_id, kind, data))

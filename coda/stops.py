@@ -1,0 +1,388 @@
+"""Stop matching on the visible byte stream and on the token-id stream (SPEC S1–S4, G2).
+
+Two matchers, both pure bookkeeping (no torch, no text decoding):
+
+* :class:`StopStringMatcher` — stop byte/string sequences on the incrementally detokenized
+  byte stream (S1). It holds back exactly the longest suffix of the output that is still a prefix
+  of some stop string (S2); the first hit is absorbing (S3); simultaneous matches are resolved by
+  the versioned tie rule (S4).
+* :class:`StopTokenMatcher` — stop token-id sequences on the id stream (S1), same tie rule.
+
+Both are Aho–Corasick automata. The byte automaton has a dense transition table (one
+256-entry row per state), so a byte costs one list lookup and one comparison whatever the number
+of stops or the output length. A state is the longest suffix of the output that is a prefix of
+some stop, so **the state depth is the held-back length**.
+
+Tie rule (S4, ``STOP_RULE_VERSION`` "1"): earliest end wins, then the longest stop, then the
+lowest configuration index. Earliest end is automatic because matching stops at the first byte
+(token) where any stop ends; every stop ending there is a suffix of the state's string, so the
+longest one is the state itself or the first terminal on its failure chain, precomputed per state.
+
+Offsets (S3 bookkeeping, O1 trace)::
+
+    stream  | ... emitted or dropped ... | held | new push data ...... |
+    offset  0          emitted + dropped ^                           ^ consumed_bytes
+    hit     start = end - len(stop); end = offset just after the stop's last byte
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+from coda.errors import InvalidRequestError
+
+STOP_RULE_VERSION: str = "1"
+"""S4 tie rule: earliest end -> longest -> configuration order. Bump if the rule changes."""
+
+
+class StopMatcherClosed(RuntimeError):
+    """Output was pushed after the matcher ended (hit, flush or discard): a loop bug (S3)."""
+
+
+@dataclass(frozen=True)
+class StopHit:
+    """The first stop match of a request (S3), chosen by the S4 tie rule.
+
+    ``kind="string"``: ``start``/``end`` are byte offsets in the whole visible output stream,
+    half-open (``end`` is just after the stop's last byte).
+    ``kind="token_ids"``: ``start`` is the index of the first matched token in the pushed id
+    stream and ``end`` the index just after the last one (half-open, same convention).
+    """
+
+    kind: Literal["string", "token_ids"]
+    index: int
+    stop: str | tuple[int, ...]
+    start: int
+    end: int
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready form for the trace (O1)."""
+        stop: object = self.stop if isinstance(self.stop, str) else list(self.stop)
+        return {"kind": self.kind, "index": self.index, "stop": stop,
+                "start": self.start, "end": self.end, "rule_version": STOP_RULE_VERSION}
+
+
+@dataclass(frozen=True)
+class _Trie:
+    """Aho–Corasick skeleton shared by both matchers (sequences of ints: bytes or token ids)."""
+
+    goto: list[dict[int, int]]  # trie edges
+    depth: list[int]
+    fail: list[int]  # longest proper suffix that is a trie node
+    out: list[int]  # config index of the longest stop that is a suffix of the node, else -1
+    order: list[int]  # non-root nodes in BFS order (a node's failure target comes earlier)
+
+
+def _build_trie(seqs: Sequence[Sequence[int]]) -> _Trie:
+    goto: list[dict[int, int]] = [{}]
+    depth = [0]
+    term = [-1]  # lowest config index of a stop equal to this node's string
+    for idx, seq in enumerate(seqs):
+        node = 0
+        for sym in seq:
+            nxt = goto[node].get(sym)
+            if nxt is None:
+                nxt = len(goto)
+                goto[node][sym] = nxt
+                goto.append({})
+                depth.append(depth[node] + 1)
+                term.append(-1)
+            node = nxt
+        if term[node] < 0:
+            term[node] = idx  # NOTE: duplicates keep the first index (config-order tie, S4)
+    fail = [0] * len(goto)
+    out = [-1] * len(goto)
+    order: list[int] = []
+    queue = deque(goto[0].values())
+    while queue:  # BFS: fail[node] is shallower, so out[fail[node]] is already final
+        node = queue.popleft()
+        order.append(node)
+        # NOTE: the node's own stop is the longest suffix stop; else inherit along the fail link.
+        out[node] = term[node] if term[node] >= 0 else out[fail[node]]
+        for sym, child in goto[node].items():
+            f = fail[node]
+            while f and sym not in goto[f]:
+                f = fail[f]
+            fail[child] = goto[f].get(sym, 0) if node else 0
+            queue.append(child)
+    return _Trie(goto, depth, fail, out, order)
+
+
+class _ByteAutomaton:
+    """Immutable compiled stop set, shared by every matcher with the same stops.
+
+    States are renumbered so that live states (no stop ends there) are ``0 .. n_live-1`` and hit
+    states are ``n_live ..``; the hot loop then needs a single ``>=`` to detect a hit, and hit
+    states need no transition row at all.
+    """
+
+    __slots__ = ("delta", "depth", "hit_index", "hit_len", "n_live", "start_search")
+
+    def __init__(self, stops: tuple[bytes, ...]) -> None:
+        trie = _build_trie(stops)
+        goto, depth, fail, out, order = trie.goto, trie.depth, trie.fail, trie.out, trie.order
+        n = len(goto)
+        # Renumber: root, live nodes in BFS order, then hit nodes.
+        live = [0] + [x for x in order if out[x] < 0]
+        hits = [x for x in order if out[x] >= 0]
+        new_id = [0] * n
+        for i, x in enumerate(live + hits):
+            new_id[x] = i
+        self.n_live = len(live)
+        self.depth = [depth[x] for x in live]
+        self.hit_len = [len(stops[out[x]]) for x in hits]
+        self.hit_index = [out[x] for x in hits]
+        # NOTE: the failure target of a live node is live (a hit suffix would make it a hit),
+        # so its row exists when BFS order reaches the node.
+        rows: list[list[int]] = []
+        for x in live:
+            row = list(rows[new_id[fail[x]]]) if x else [0] * 256
+            for b, child in goto[x].items():
+                row[b] = new_id[child]
+            rows.append(row)
+        self.delta = rows
+        # NOTE: only built for a non-empty stop set, so the regex character class is non-empty.
+        starts = b"".join(re.escape(bytes([b])) for b in sorted(goto[0]))
+        self.start_search = re.compile(b"[" + starts + b"]").search
+
+
+@lru_cache(maxsize=128)
+def _compile_bytes(stops: tuple[bytes, ...]) -> _ByteAutomaton:
+    return _ByteAutomaton(stops)
+
+
+class StopStringMatcher:
+    """Streaming stop-string matcher over the visible byte stream (S1–S4, G2).
+
+    Contract: feed every visible byte (including what the detokenizer's ``finish()`` drains, G2)
+    through :meth:`push`, send only what it returns. After a hit, call :meth:`discard` (never
+    :meth:`flush`); at any other normal end call :meth:`flush`; on cancel call :meth:`discard`.
+    The matcher then accepts no more output. Stops are matched as UTF-8 bytes; since a valid stop
+    starts with a lead byte, the held suffix of valid UTF-8 output starts on a character boundary.
+
+    Accounting, always: ``consumed == emitted_bytes + dropped_bytes + len(held)``.
+    """
+
+    def __init__(self, stops: Sequence[str], *, include_stop_in_output: bool = False) -> None:
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise InvalidRequestError("stop strings must be non-empty strings", field="stop")
+        self._stops = tuple(stops)
+        self._include = include_stop_in_output
+        auto = _compile_bytes(tuple(s.encode("utf-8") for s in stops)) if stops else None
+        self._auto = auto
+        # NOTE: the root fast path calls _search first; with no stops it is {}.get (always None,
+        # C speed), and closing swaps in _raise_closed, so push() needs no separate flag test.
+        self._search: Callable[[bytes], re.Match[bytes] | None] = (
+            auto.start_search if auto is not None else _NO_MATCH.get)
+        self._state = 0
+        self._held = b""
+        self._emitted = 0
+        self._dropped = 0
+        self._hit: StopHit | None = None
+        self._tail_after_hit = b""
+        self._closed = False
+
+    @property
+    def held(self) -> bytes:
+        """Bytes held back (S2): the longest output suffix that is a prefix of some stop."""
+        return self._held
+
+    @property
+    def hit(self) -> StopHit | None:
+        return self._hit
+
+    @property
+    def emitted_bytes(self) -> int:
+        """Bytes returned as safe so far by push/flush (the stop itself only if included)."""
+        return self._emitted
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Bytes removed from the stream: the stop (unless included), what followed it, discards."""
+        return self._dropped
+
+    @property
+    def consumed_bytes(self) -> int:
+        """All bytes pushed so far (the stream offset of the next byte)."""
+        return self._emitted + self._dropped + len(self._held)
+
+    @property
+    def tail_after_hit(self) -> bytes:
+        """Bytes of the hitting push that came after the stop: dropped, recorded for K2."""
+        return self._tail_after_hit
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def push(self, data: bytes) -> tuple[bytes, StopHit | None]:
+        """Consume visible bytes; return ``(safe_bytes, hit)``. Raises StopMatcherClosed after end."""
+        s0 = s = self._state
+        pos = 0
+        if s == 0:
+            m = self._search(data)
+            if m is None:  # fast path: no byte here can begin a stop
+                self._emitted += len(data)
+                return data, None
+            pos = m.start()
+        auto = self._auto
+        assert auto is not None  # NOTE: off-root or a start byte implies a compiled stop set
+        delta = auto.delta
+        n_live = auto.n_live
+        for b in data[pos:] if pos else data:
+            s = delta[s][b]
+            if s >= n_live:
+                return self._on_hit(auto, data, s0, pos)
+        self._state = s
+        total = self._held + data if self._held else data
+        keep = auto.depth[s]
+        if keep:
+            cut = len(total) - keep
+            safe, self._held = total[:cut], total[cut:]
+        else:
+            safe, self._held = total, b""
+        self._emitted += len(safe)
+        return safe, None
+
+    def _on_hit(self, auto: _ByteAutomaton, data: bytes, s0: int, pos: int
+                ) -> tuple[bytes, StopHit]:
+        """Cold path: re-run from the push's start state to locate the hit, then close (S3)."""
+        s, i = s0, pos
+        while True:  # NOTE: re-running is cheap and keeps the hot loop free of a counter
+            s = auto.delta[s][data[i]]
+            if s >= auto.n_live:
+                break
+            i += 1
+        k = s - auto.n_live
+        length, index = auto.hit_len[k], auto.hit_index[k]
+        end = self.consumed_bytes + i + 1
+        total = self._held + data[: i + 1]
+        safe = total if self._include else total[: len(total) - length]
+        self._hit = StopHit("string", index, self._stops[index], end - length, end)
+        self._tail_after_hit = data[i + 1:]
+        self._emitted += len(safe)
+        self._dropped += len(self._held) + len(data) - len(safe)
+        self._held = b""
+        self._close()
+        return safe, self._hit
+
+    def _close(self) -> None:
+        self._state = 0
+        self._search = _raise_closed
+        self._closed = True
+
+    def flush(self) -> bytes:
+        """Normal end without a hit: release the held suffix (it matched nothing); close."""
+        out, self._held = self._held, b""
+        self._emitted += len(out)
+        self._close()
+        return out
+
+    def discard(self) -> bytes:
+        """Cancel, or after a hit (G2): drop the held suffix and return it; close."""
+        out, self._held = self._held, b""
+        self._dropped += len(out)
+        self._close()
+        return out
+
+    def snapshot(self) -> dict[str, object]:
+        """Matcher state for the request trace (O1)."""
+        return {"rule_version": STOP_RULE_VERSION, "state": self._state,
+                "depth": len(self._held), "held_hex": self._held.hex(),
+                "consumed_bytes": self.consumed_bytes, "emitted_bytes": self._emitted,
+                "dropped_bytes": self._dropped, "closed": self._closed,
+                "hit": self._hit.as_dict() if self._hit is not None else None}
+
+
+_NO_MATCH: dict[bytes, re.Match[bytes]] = {}
+
+
+def _raise_closed(data: bytes) -> re.Match[bytes] | None:
+    raise StopMatcherClosed("push() after the stop matcher ended (S3)")
+
+
+class _TokenAutomaton:
+    """Aho–Corasick over token ids with sparse goto (vocabularies are large) and failure links."""
+
+    __slots__ = ("depth", "fail", "goto", "out_index", "out_len")
+
+    def __init__(self, seqs: tuple[tuple[int, ...], ...]) -> None:
+        trie = _build_trie(seqs)
+        self.goto = trie.goto
+        self.depth = trie.depth
+        self.fail = trie.fail
+        self.out_index = trie.out
+        self.out_len = [len(seqs[i]) if i >= 0 else 0 for i in trie.out]
+
+
+@lru_cache(maxsize=128)
+def _compile_tokens(seqs: tuple[tuple[int, ...], ...]) -> _TokenAutomaton:
+    return _TokenAutomaton(seqs)
+
+
+class StopTokenMatcher:
+    """Stop token-id sequences matched on the id stream (S1), S4 tie rule, absorbing hit (S3)."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]) -> None:
+        seqs: list[tuple[int, ...]] = []
+        for seq in sequences:
+            ids = tuple(seq)
+            if not ids or any(type(t) is not int or t < 0 for t in ids):
+                raise InvalidRequestError(
+                    "stop token sequences must be non-empty lists of non-negative ids",
+                    field="stop_token_ids")
+            seqs.append(ids)
+        self._seqs = tuple(seqs)
+        self._auto = _compile_tokens(self._seqs) if seqs else None
+        self._state = 0
+        self._count = 0
+        self._hit: StopHit | None = None
+
+    @property
+    def hit(self) -> StopHit | None:
+        return self._hit
+
+    @property
+    def depth(self) -> int:
+        """Length of the current partial match (longest id suffix that is a sequence prefix)."""
+        return self._auto.depth[self._state] if self._auto is not None else 0
+
+    def push(self, token_id: int) -> StopHit | None:
+        """Consume one selected id; return the hit if a sequence ends here (S4 tie rule)."""
+        if self._hit is not None:
+            raise StopMatcherClosed("push() after a stop token sequence hit (S3)")
+        self._count += 1
+        auto = self._auto
+        if auto is None:
+            return None
+        goto, fail = auto.goto, auto.fail
+        s = self._state
+        while True:  # amortised O(1): each failure step undoes an earlier goto step
+            nxt = goto[s].get(token_id)
+            if nxt is not None:
+                s = nxt
+                break
+            if s == 0:
+                break
+            s = fail[s]
+        self._state = s
+        index = auto.out_index[s]
+        if index < 0:
+            return None
+        length = auto.out_len[s]
+        self._hit = StopHit("token_ids", index, self._seqs[index], self._count - length,
+                            self._count)
+        return self._hit
+
+    def snapshot(self) -> dict[str, object]:
+        """Matcher state for the request trace (O1)."""
+        return {"rule_version": STOP_RULE_VERSION, "state": self._state, "depth": self.depth,
+                "tokens": self._count,
+                "hit": self._hit.as_dict() if self._hit is not None else None}
+

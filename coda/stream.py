@@ -1,0 +1,257 @@
+"""The ordered, replayable stream of one request (SPEC P1, P2, P3, P6, L3; seed 000 §4.7, §4.8).
+
+Every event carries a sequence number, strictly increasing from 0 within the request: the
+``start`` event is 0, deltas follow, the single terminal event is last (P1, P2). The log is
+kept so a reconnecting reader can replay from any sequence number (P3); readers dedupe by
+``(request_id, seq)`` with :class:`Deduper`.
+
+Backpressure (P6) is declared per stream by :class:`BackpressureConfig`:
+1. ``PAUSE`` — past ``pause_bytes`` of unacknowledged output, ``should_pause`` tells the
+   scheduler to stop stepping this request until the reader catches up;
+2. ``BUFFER`` — keep generating into the buffer;
+3. in both, the buffer is bounded by ``max_bytes``: a delta that would pass it raises
+   :class:`~coda.errors.BackpressureOverflowError` (nothing is dropped silently) and the owner
+   ends the request with that error. Never an unbounded buffer, never a complete text claimed
+   after a dropped delta.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from coda.errors import BackpressureOverflowError, ErrorCode
+from coda.finish import FinishReason, Usage
+from coda.lifecycle import State
+
+if TYPE_CHECKING:
+    from coda.stops import StopHit
+
+
+class EventType(StrEnum):
+    START = "start"
+    DELTA = "delta"
+    TERMINAL = "terminal"
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """One selected token as the API reports it (logprobs)."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds spent in each phase (P5); network send is measured by the transport."""
+
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    stop_buffer_s: float = 0.0
+    first_token_s: float | None = None  # arrival -> first selected token
+    total_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """What the single terminal event says (P1, L4, L6)."""
+
+    state: State
+    finish_reason: FinishReason
+    usage: Usage
+    error_code: ErrorCode | None = None
+    error_message: str | None = None
+    stop: StopHit | None = None
+    timings: Timings = field(default_factory=Timings)
+    # Tokens selected after the last delta whose bytes never reached a delta (held, EOS, stop).
+    trailing_tokens: tuple[TokenInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    request_id: str
+    seq: int
+    type: EventType
+    data: bytes = b""
+    tokens: tuple[TokenInfo, ...] = ()
+    model: str | None = None
+    terminal: Terminal | None = None
+    ts: float = field(default_factory=time.monotonic)
+
+    @property
+    def text(self) -> str:
+        # NOTE: deltas always end on a UTF-8 character boundary (the detokenizer emits whole
+        # characters and a held stop prefix starts on a lead byte), so this never fails.
+        return self.data.decode("utf-8")
+
+
+class StreamClosed(RuntimeError):
+    """An event offered after the terminal (L3); a programming error, never silently dropped."""
+
+
+class BackpressurePolicy(StrEnum):
+    PAUSE = "pause"
+    BUFFER = "buffer"
+
+
+@dataclass(frozen=True)
+class BackpressureConfig:
+    policy: BackpressurePolicy = BackpressurePolicy.BUFFER
+    pause_bytes: int = 64 * 1024
+    max_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not 0 < self.pause_bytes <= self.max_bytes:
+            raise ValueError("need 0 < pause_bytes <= max_bytes")
+
+
+class RequestStream:
+    """Append-only, sequence-numbered event log of one request; thread-safe.
+
+    Producers append with :meth:`start`, :meth:`delta` and :meth:`close`; readers take
+    :meth:`events_after` and get woken through listeners registered with
+    :meth:`add_listener` (called after every append, from the producer's thread).
+    """
+
+    def __init__(self, request_id: str, backpressure: BackpressureConfig | None = None) -> None:
+        self.request_id = request_id
+        self.backpressure = backpressure or BackpressureConfig()
+        self._events: list[StreamEvent] = []
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._acked_seq = -1
+        self._unacked_bytes = 0
+        self._closed = False
+
+    # -- producer side -------------------------------------------------------------------
+    def start(self, model: str) -> StreamEvent:
+        with self._lock:
+            if self._events:
+                raise StreamClosed("start must be the first event")
+            ev = StreamEvent(self.request_id, 0, EventType.START, model=model)
+            self._events.append(ev)
+        self._notify()
+        return ev
+
+    def delta(self, data: bytes, tokens: tuple[TokenInfo, ...] = ()) -> StreamEvent:
+        """Append a non-empty delta; raises StreamClosed after the terminal (L3) and
+        BackpressureOverflowError past the bound (P6), without appending."""
+        if not data:
+            raise ValueError("empty delta")
+        with self._lock:
+            if self._closed:
+                raise StreamClosed(f"{self.request_id}: delta after the terminal event")
+            if self._unacked_bytes + len(data) > self.backpressure.max_bytes:
+                raise BackpressureOverflowError(
+                    f"{self.request_id}: reader is {self._unacked_bytes} bytes behind "
+                    f"(bound {self.backpressure.max_bytes})"
+                )
+            ev = StreamEvent(self.request_id, len(self._events), EventType.DELTA, data, tokens)
+            self._events.append(ev)
+            self._unacked_bytes += len(data)
+        self._notify()
+        return ev
+
+    def close(self, terminal: Terminal) -> StreamEvent:
+        """Append the single terminal event (P2). Call it from inside the lifecycle's
+        terminal critical section (L2)."""
+        with self._lock:
+            if self._closed:
+                raise StreamClosed(f"{self.request_id}: second terminal event")
+            self._closed = True
+            ev = StreamEvent(self.request_id, len(self._events), EventType.TERMINAL,
+                             terminal=terminal)
+            self._events.append(ev)
+        self._notify()
+        return ev
+
+    # -- reader side ---------------------------------------------------------------------
+    def events_after(self, seq: int) -> list[StreamEvent]:
+        """Events with sequence number > ``seq`` (``-1`` replays everything) (P3)."""
+        with self._lock:
+            return self._events[max(seq + 1, 0):]
+
+    def ack(self, seq: int) -> None:
+        """The reader has consumed everything up to ``seq``: frees backpressure credit."""
+        with self._lock:
+            if seq <= self._acked_seq:
+                return
+            freed = sum(len(e.data) for e in self._events[self._acked_seq + 1: seq + 1])
+            self._acked_seq = seq
+            self._unacked_bytes -= freed
+        self._notify()
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        with self._lock:
+            self._listeners.append(callback)
+
+        def remove() -> None:
+            with self._lock:
+                if callback in self._listeners:
+                    self._listeners.remove(callback)
+
+        return remove
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def last_seq(self) -> int:
+        return len(self._events) - 1
+
+    @property
+    def terminal(self) -> Terminal | None:
+        with self._lock:
+            last = self._events[-1] if self._closed else None
+        return last.terminal if last is not None else None
+
+    @property
+    def unacked_bytes(self) -> int:
+        return self._unacked_bytes
+
+    @property
+    def should_pause(self) -> bool:
+        """P6 policy 1: the scheduler skips this request while True."""
+        return (self.backpressure.policy is BackpressurePolicy.PAUSE
+                and not self._closed
+                and self._unacked_bytes >= self.backpressure.pause_bytes)
+
+    def text(self) -> str:
+        """All delta bytes so far, concatenated in sequence order."""
+        with self._lock:
+            return b"".join(e.data for e in self._events).decode("utf-8")
+
+    def _notify(self) -> None:
+        for cb in list(self._listeners):
+            cb()
+
+
+class Deduper:
+    """Client-side merge of possibly replayed events: keeps each (request_id, seq) once and
+    yields them in sequence order (P3)."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+        self._pending: dict[str, dict[int, StreamEvent]] = {}
+
+    def push(self, event: StreamEvent) -> list[StreamEvent]:
+        rid = event.request_id
+        nxt = self._next.setdefault(rid, 0)
+        if event.seq < nxt:
+            return []
+        pend = self._pending.setdefault(rid, {})
+        pend[event.seq] = event
+        out: list[StreamEvent] = []
+        while nxt in pend:
+            out.append(pend.pop(nxt))
+            nxt += 1
+        self._next[rid] = nxt
+        return out

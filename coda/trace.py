@@ -1,0 +1,185 @@
+"""Trace events, sinks and the invariant checker (SPEC T1, T2, O1, L2, L3, L7, P2).
+
+One trace row per fact: lifecycle transitions, every token selection with its decision record,
+decode start/completion with the cache's logical length, stop-matcher state, every emitted byte
+sequence number, the three cancel moments, resource releases and the terminal. ``check_trace``
+verifies a trace of one or many requests against the invariants; ``coda trace check FILE`` runs
+it over a JSONL file.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from coda.lifecycle import TERMINAL_STATES, TRANSITIONS, State
+
+# Event kinds (the ``kind`` field of a row).
+LIFECYCLE = "lifecycle"
+PREFILL_STARTED = "prefill.started"
+PREFILL_COMPLETED = "prefill.completed"
+TOKEN_SELECTED = "token.selected"
+DECODE_STARTED = "decode.started"
+DECODE_COMPLETED = "decode.completed"
+STOP_STATE = "stop.state"
+STOP_HIT = "stop.hit"
+STREAM_DELTA = "stream.delta"
+CANCEL_REQUESTED = "cancel.requested"
+CANCEL_OBSERVED = "cancel.observed"
+CANCEL_EFFECTIVE = "cancel.effective"
+RESOURCE_ACQUIRED = "resource.acquired"
+RESOURCE_RELEASED = "resource.released"
+TERMINAL = "terminal"
+ERROR = "error"
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One row: ``kind`` names the fact, ``data`` carries its fields (JSON-able)."""
+
+    request_id: str
+    kind: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+    ts_ns: int = field(default_factory=time.monotonic_ns)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "kind": self.kind, "ts_ns": self.ts_ns,
+                **dict(self.data)}
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> TraceEvent:
+        data = {k: v for k, v in row.items() if k not in ("request_id", "kind", "ts_ns")}
+        return cls(str(row["request_id"]), str(row["kind"]), data, int(row.get("ts_ns", 0)))
+
+
+class TraceSink(Protocol):
+    def record(self, event: TraceEvent) -> None: ...
+
+
+class NullTraceSink:
+    def record(self, event: TraceEvent) -> None:
+        return None
+
+
+class ListTraceSink:
+    """Keeps events in memory (tests, the reference loop)."""
+
+    def __init__(self) -> None:
+        self.events: list[TraceEvent] = []
+        self._lock = threading.Lock()
+
+    def record(self, event: TraceEvent) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def kinds(self, request_id: str | None = None) -> list[str]:
+        return [e.kind for e in self.events if request_id is None or e.request_id == request_id]
+
+    def of(self, request_id: str) -> list[TraceEvent]:
+        return [e for e in self.events if e.request_id == request_id]
+
+
+class JsonlTraceSink:
+    """Appends one JSON object per line; thread-safe."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._fh: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+
+    def record(self, event: TraceEvent) -> None:
+        line = json.dumps(event.to_dict(), ensure_ascii=False, default=str)
+        with self._lock:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
+
+
+def read_jsonl(path: str | Path) -> list[TraceEvent]:
+    with open(path, encoding="utf-8") as fh:
+        return [TraceEvent.from_dict(json.loads(line)) for line in fh if line.strip()]
+
+
+_AFTER_TERMINAL_ALLOWED = frozenset({RESOURCE_RELEASED, ERROR})
+
+
+def check_trace(events: Iterable[TraceEvent]) -> list[str]:
+    """Return every invariant violation found (empty list = the trace is sound).
+
+    Per request: lifecycle transitions follow the graph (L1); exactly one terminal and only
+    resource releases after it (L2, L3); stream sequence numbers strictly increasing (P2);
+    selected − decoded ∈ {0, 1} at every point (T1); no selection after a cancel was observed
+    (C3, T2); every acquired resource released exactly once (L7).
+    """
+    by_req: dict[str, list[TraceEvent]] = defaultdict(list)
+    for ev in events:
+        by_req[ev.request_id].append(ev)
+    problems: list[str] = []
+    for rid, evs in by_req.items():
+        problems.extend(f"{rid}: {p}" for p in _check_one(evs))
+    return problems
+
+
+def _check_one(evs: list[TraceEvent]) -> list[str]:
+    out: list[str] = []
+    state = State.CREATED
+    terminals = 0
+    last_seq = -1
+    selected = decoded = 0
+    cancel_observed = False
+    acquired: dict[str, int] = defaultdict(int)
+    released: dict[str, int] = defaultdict(int)
+    for ev in evs:
+        if terminals and ev.kind not in _AFTER_TERMINAL_ALLOWED:
+            out.append(f"{ev.kind} after the terminal event")
+        if ev.kind == LIFECYCLE:
+            frm, to = State(ev.data["from"]), State(ev.data["to"])
+            if frm != state or to not in TRANSITIONS[frm]:
+                out.append(f"illegal transition {frm.value}->{to.value} (state was {state.value})")
+            state = to
+        elif ev.kind == TERMINAL:
+            terminals += 1
+            if terminals > 1:
+                out.append("more than one terminal event")
+            if state not in TERMINAL_STATES:
+                out.append(f"terminal event while state is {state.value}")
+            seq = ev.data.get("seq")
+            if isinstance(seq, int):
+                if seq <= last_seq:
+                    out.append(f"terminal seq {seq} not after {last_seq}")
+                last_seq = seq
+        elif ev.kind == STREAM_DELTA:
+            seq = int(ev.data["seq"])
+            if seq <= last_seq:
+                out.append(f"sequence number {seq} not greater than {last_seq}")
+            last_seq = seq
+        elif ev.kind == TOKEN_SELECTED:
+            if cancel_observed:
+                out.append("token selected after cancel was observed")
+            selected += 1
+            if selected - decoded not in (0, 1):
+                out.append(f"selected {selected} vs decoded {decoded}")
+        elif ev.kind == DECODE_COMPLETED:
+            decoded += 1
+            if selected - decoded not in (0, 1):
+                out.append(f"decoded {decoded} exceeds selected {selected}")
+        elif ev.kind == CANCEL_OBSERVED:
+            cancel_observed = True
+        elif ev.kind == RESOURCE_ACQUIRED:
+            acquired[str(ev.data["resource"])] += 1
+        elif ev.kind == RESOURCE_RELEASED:
+            released[str(ev.data["resource"])] += 1
+    if terminals == 0:
+        out.append("no terminal event")
+    for kind in set(acquired) | set(released):
+        if acquired[kind] != 1 or released[kind] != 1:
+            out.append(f"resource {kind}: acquired {acquired[kind]}x, released {released[kind]}x")
+    return out

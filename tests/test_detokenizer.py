@@ -1,0 +1,233 @@
+"""Incremental detokenizer against tokenizer.decode over real tokenizers (SPEC K1-K4, G2)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from coda.detokenizer import IncrementalDetokenizer
+from coda.errors import DecodingError
+from tests.tokenizer_fixtures import ALL_FAMILIES, SPECIAL_TOKENS
+
+FAMILIES = sorted(ALL_FAMILIES)
+BYTE_FAMILIES = ["byte_level_bpe", "sentencepiece_bpe", "metaspace_bpe"]
+SPACE_FAMILIES = ["sentencepiece_bpe", "metaspace_bpe"]
+FFFD = "\ufffd"
+
+
+def _byte_ids(tok: Tokenizer) -> list[int]:
+    """Ids of the 256 single-byte tokens, indexed by byte value ([] for a text-only family)."""
+    vocab = tok.get_vocab()
+    if "<0x00>" in vocab:
+        return [vocab[f"<0x{b:02X}>"] for b in range(256)]
+    if b"ByteLevel" not in tok.decoder.__getstate__():
+        return []
+    # NOTE: GPT-2 alphabet: printable bytes are themselves, the rest are shifted past 255.
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    keep += list(range(ord("®"), ord("ÿ") + 1))
+    shifted = [b for b in range(256) if b not in keep]
+    char = {b: chr(b) for b in keep} | {b: chr(256 + k) for k, b in enumerate(shifted)}
+    return [vocab[char[b]] for b in range(256)]
+
+
+def _ids_strategy(tok: Tokenizer) -> st.SearchStrategy[int]:
+    """Random ids biased to byte tokens, specials and U+FFFD so partial characters occur."""
+    specials = [tok.get_vocab()[t] for t in SPECIAL_TOKENS]
+    interesting = specials + tok.encode("\ufffd 😀 日本 é").ids
+    byte_ids = _byte_ids(tok)
+    parts = [st.integers(0, tok.get_vocab_size() - 1), st.sampled_from(interesting)]
+    if byte_ids:
+        tricky = [byte_ids[b] for b in (0xE4, 0xB8, 0xAD, 0xF0, 0x9F, 0x98, 0x80, 0x41)]
+        parts += [st.sampled_from(byte_ids), st.sampled_from(tricky)]
+    return st.one_of(*parts)
+
+
+def _run(
+    tok: Tokenizer, ids: list[int], skip: bool, prompt: list[int]
+) -> tuple[list[bytes], bytes | None]:
+    """Push ids; return the chunks and finish()'s bytes (None when finish raised, K3)."""
+    det = IncrementalDetokenizer(tok, skip_special_tokens=skip, prompt_token_ids=prompt)
+    chunks = [det.push(i) for i in ids]
+    try:
+        return chunks, det.finish()
+    except DecodingError:
+        return chunks, None
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_k2_k3_incremental_equals_batch_decode(family: str, skip: bool) -> None:
+    """K2: concat(emitted)+finish() == decode(all); K3: chunks are whole UTF-8 characters and a
+    trailing partial character makes finish() raise, leaving decode() minus its U+FFFD tail."""
+    tok = ALL_FAMILIES[family]()
+
+    @settings(deadline=None, max_examples=120)
+    @given(st.lists(_ids_strategy(tok), max_size=50))
+    def check(ids: list[int]) -> None:
+        chunks, final = _run(tok, ids, skip, [])
+        for chunk in chunks:
+            chunk.decode("utf-8")  # NOTE: strict: every chunk is valid text on its own
+        emitted = b"".join(chunks)
+        full = tok.decode(ids, skip_special_tokens=skip)
+        if final is not None:
+            assert emitted + final == full.encode()
+        else:
+            assert full.endswith(FFFD)
+            rest = full.encode()[len(emitted) :]
+            assert full.encode().startswith(emitted) and set(rest.decode()) == {FFFD}
+
+    check()
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_k4_prompt_context_decodes_as_in_full_sequence(family: str, skip: bool) -> None:
+    """K4: with prompt ids, output bytes are decode(prompt+out) after the prompt's stable text."""
+    tok = ALL_FAMILIES[family]()
+    ids_st = _ids_strategy(tok)
+
+    @settings(deadline=None, max_examples=80)
+    @given(st.lists(ids_st, min_size=1, max_size=12), st.lists(ids_st, max_size=30))
+    def check(prompt: list[int], ids: list[int]) -> None:
+        chunks, final = _run(tok, ids, skip, prompt)
+        bare = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+        head = b"".join(bare.push(i) for i in prompt)  # NOTE: the prompt's own stable text
+        full = tok.decode(prompt + ids, skip_special_tokens=skip).encode()
+        assert tok.decode(prompt, skip_special_tokens=skip).encode().startswith(head)
+        emitted = head + b"".join(chunks)
+        if final is not None:
+            assert emitted + final == full
+        else:
+            assert full.startswith(emitted) and set(full[len(emitted) :].decode()) == {FFFD}
+
+    check()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_k3_genuine_replacement_char_is_emitted_at_once(family: str) -> None:
+    """K3: a real U+FFFD token is text, not a pending byte: it is not held back."""
+    tok = ALL_FAMILIES[family]()
+    ids = tok.encode("ab \ufffd").ids
+    det = IncrementalDetokenizer(tok)
+    chunks = [det.push(i) for i in ids]
+    assert chunks[-1].endswith(FFFD.encode()) and det.pending == b""
+    assert b"".join(chunks) + det.finish() == tok.decode(ids).encode()
+
+
+@pytest.mark.parametrize("family", BYTE_FAMILIES)
+def test_k3_four_byte_emoji_split_across_byte_tokens_waits(family: str) -> None:
+    """K3: F0 9F 98 80 pushed byte by byte emits nothing until the emoji is complete.
+
+    Byte-level BPE emits it with its last byte. A byte-fallback run is decoded as one group
+    (decode() turns a whole invalid run into U+FFFD per byte), so the run is final only when a
+    text token closes it (or at finish()): that holds a complete character a little longer."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    prompt = tok.encode("ok").ids
+    raw = "😀".encode()
+    for closer in ([], [tok.get_vocab()["e"]]):
+        det = IncrementalDetokenizer(tok, prompt_token_ids=prompt)
+        for k, b in enumerate(raw[:-1]):
+            assert det.push(byte_ids[b]) == b""
+            assert det.pending.endswith(raw[: k + 1])
+            assert det.snapshot()["pending_hex"] == det.pending.hex()
+        last = det.push(byte_ids[raw[-1]])
+        if family == "byte_level_bpe":
+            assert last.endswith(raw) and det.pending == b""
+            continue
+        assert last == b"" and det.pending.endswith(raw)
+        rest = det.push(closer[0]) if closer else det.finish()
+        assert raw in rest and det.pending == b""
+        full = tok.decode(prompt + [byte_ids[b] for b in raw] + closer)
+        assert full.encode().endswith(rest)
+
+
+@pytest.mark.parametrize("family", BYTE_FAMILIES)
+def test_k3_invalid_middle_bytes_become_replacement_like_decode(family: str) -> None:
+    """Declared interface: a broken sequence followed by text is emitted as decode() shows it."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    ids = [byte_ids[0x41], byte_ids[0xE4], byte_ids[0xB8], *tok.encode("x").ids]
+    det = IncrementalDetokenizer(tok)
+    out = b"".join(det.push(i) for i in ids)
+    assert FFFD.encode() in out and out + det.finish() == tok.decode(ids).encode()
+    broken = [byte_ids[0x41], byte_ids[0xE4], byte_ids[0x41]]  # NOTE: E4 41 can never complete
+    det = IncrementalDetokenizer(tok)
+    out = b"".join(det.push(i) for i in broken)
+    assert out == tok.decode(broken).encode() and det.pending == b""  # NOTE: not held
+
+
+@pytest.mark.parametrize("family", BYTE_FAMILIES)
+def test_k3_finish_on_partial_character_raises(family: str) -> None:
+    """K3: residue that cannot form valid text at finish() is a DecodingError, recorded (K2)."""
+    tok = ALL_FAMILIES[family]()
+    det = IncrementalDetokenizer(tok)
+    det.push(tok.encode("hi").ids[-1])
+    det.push(_byte_ids(tok)[0xE4])
+    with pytest.raises(DecodingError):
+        det.finish()
+    assert det.removed_spans[-1].reason == "invalid_residue"
+
+
+@pytest.mark.parametrize("family", BYTE_FAMILIES)
+def test_g2_discard_pending_drops_partial_character(family: str) -> None:
+    """G2: after a stop hit the held tail is dropped, returned, recorded; nothing more is emitted."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    det = IncrementalDetokenizer(tok)
+    text_ids = [tok.get_vocab()[c] for c in "ea"]
+    out = b"".join(det.push(i) for i in text_ids)
+    assert det.push(byte_ids[0xF0]) == b"" and det.push(byte_ids[0x9F]) == b""
+    assert det.discard_pending() == b"\xf0\x9f"
+    assert det.pending == b"" and det.removed_spans[-1].reason == "pending_discarded"
+    assert out == tok.decode(text_ids).encode()
+    with pytest.raises(RuntimeError):
+        det.push(byte_ids[0x41])
+
+
+@pytest.mark.parametrize("family", SPACE_FAMILIES)
+def test_k4_metaspace_leading_space_matches_decode(family: str) -> None:
+    """K4: the first output token's ▁ is dropped without context and kept after a prompt."""
+    tok = ALL_FAMILIES[family]()
+    word = next(i for t, i in sorted(tok.get_vocab().items()) if t.startswith("▁") and len(t) > 2)
+    alone = IncrementalDetokenizer(tok)
+    first = alone.push(word)
+    assert first == tok.decode([word]).encode() and not first.startswith(b" ")
+    assert alone.removed_spans[0].reason == "leading_space_cleanup"
+    prompt = tok.encode("Hi").ids
+    ctx = IncrementalDetokenizer(tok, prompt_token_ids=prompt)
+    with_prompt = ctx.push(word)
+    assert with_prompt.startswith(b" ")
+    full, base = tok.decode(prompt + [word]), tok.decode(prompt)
+    assert with_prompt == full[len(base) :].encode()
+    only_bos = IncrementalDetokenizer(tok, prompt_token_ids=[tok.get_vocab()["<s>"]])
+    assert only_bos.push(word) == first  # NOTE: a skipped <s> gives no context
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_k2_skipped_special_tokens_are_recorded(family: str) -> None:
+    """K2: control tokens removed by skip_special_tokens appear in removed_spans."""
+    tok = ALL_FAMILIES[family]()
+    eos = tok.get_vocab()["</s>"]
+    det = IncrementalDetokenizer(tok)
+    assert det.push(eos) == b""
+    assert det.removed_spans[0].reason == "special_token_skipped"
+    assert det.removed_spans[0].data == b"</s>" and det.removed_spans[0].index == 0
+    kept = IncrementalDetokenizer(tok, skip_special_tokens=False)
+    assert kept.push(eos) == tok.decode([eos], skip_special_tokens=False).encode()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_k1_history_suffix_stays_bounded(family: str) -> None:
+    """K1: the kept token history is a bounded suffix (O(1) per token), output stays exact."""
+    tok = ALL_FAMILIES[family]()
+    ids = tok.encode("Café 日本語 😀 the fox. " * 40).ids
+    det = IncrementalDetokenizer(tok)
+    out, longest = b"", 0
+    for i in ids:
+        out += det.push(i)
+        longest = max(longest, int(str(det.snapshot()["history_suffix_len"])))
+    assert out + det.finish() == tok.decode(ids).encode()
+    assert longest <= 16

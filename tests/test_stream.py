@@ -1,0 +1,106 @@
+"""Ordered stream: sequence numbers, single terminal, replay, dedupe, backpressure
+(P1, P2, P3, P6, L3)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coda.errors import BackpressureOverflowError
+from coda.finish import FinishReason, Usage
+from coda.lifecycle import State
+from coda.stream import (
+    BackpressureConfig,
+    BackpressurePolicy,
+    Deduper,
+    EventType,
+    RequestStream,
+    StreamClosed,
+    Terminal,
+)
+
+DONE = Terminal(State.FINISHED, FinishReason.EOS, Usage())
+
+
+def test_p1_p2_start_deltas_terminal_in_order() -> None:
+    s = RequestStream("r")
+    s.start("m")
+    s.delta(b"a")
+    s.delta(b"b")
+    s.close(DONE)
+    evs = s.events_after(-1)
+    assert [e.seq for e in evs] == [0, 1, 2, 3]
+    assert [e.type for e in evs] == [EventType.START, EventType.DELTA, EventType.DELTA,
+                                     EventType.TERMINAL]
+    assert evs[0].model == "m"
+
+
+def test_l3_p2_no_delta_and_no_second_terminal_after_terminal() -> None:
+    s = RequestStream("r")
+    s.start("m")
+    s.close(DONE)
+    with pytest.raises(StreamClosed):
+        s.delta(b"late")
+    with pytest.raises(StreamClosed):
+        s.close(DONE)
+    assert s.last_seq == 1
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.lists(st.binary(min_size=1, max_size=5), max_size=20), st.integers(-1, 25),
+       st.randoms())
+def test_p3_replay_from_any_seq_and_dedupe(chunks: list[bytes], after: int,
+                                           rnd: random.Random) -> None:
+    s = RequestStream("r")
+    s.start("m")
+    for c in chunks:
+        s.delta(c)
+    s.close(DONE)
+    replay = s.events_after(after)
+    assert [e.seq for e in replay] == list(range(max(after + 1, 0), len(chunks) + 2))
+    # a reconnecting reader sees overlapping, shuffled deliveries; dedupe restores one copy
+    full = s.events_after(-1)
+    deliveries = full[: len(full) // 2] + full + replay
+    rnd.shuffle(deliveries)
+    d = Deduper()
+    merged = [e for ev in deliveries for e in d.push(ev)]
+    assert [e.seq for e in merged] == list(range(len(full)))
+    assert b"".join(e.data for e in merged) == b"".join(chunks)
+
+
+def test_p6_bounded_buffer_overflows_with_its_own_error_and_drops_nothing() -> None:
+    s = RequestStream("r", BackpressureConfig(BackpressurePolicy.BUFFER, 4, 8))
+    s.start("m")
+    s.delta(b"12345")
+    with pytest.raises(BackpressureOverflowError):
+        s.delta(b"6789")
+    # nothing was appended for the refused delta
+    assert s.text() == "12345"
+    s.ack(1)
+    s.delta(b"6789")
+    assert s.text() == "123456789"
+
+
+def test_p6_pause_policy_signals_the_scheduler_until_the_reader_acks() -> None:
+    s = RequestStream("r", BackpressureConfig(BackpressurePolicy.PAUSE, 4, 64))
+    s.start("m")
+    s.delta(b"ab")
+    assert not s.should_pause
+    s.delta(b"cd")
+    assert s.should_pause
+    s.ack(s.last_seq)
+    assert not s.should_pause and s.unacked_bytes == 0
+
+
+def test_p2_listeners_are_woken_on_every_append() -> None:
+    s = RequestStream("r")
+    seen: list[int] = []
+    remove = s.add_listener(lambda: seen.append(s.last_seq))
+    s.start("m")
+    s.delta(b"x")
+    remove()
+    s.close(DONE)
+    assert seen == [0, 1]

@@ -40,7 +40,7 @@ def scripted_tokenizer(table: Mapping[int, bytes], eos_id: int = EOS_ID) -> toke
     if len(vocab) != len(table):
         raise ValueError("two ids share the same bytes")
     vocab["<eos>"] = eos_id
-    spec = {
+    spec: dict[str, object] = {
         "version": "1.0",
         "added_tokens": [{"id": eos_id, "content": "<eos>", "single_word": False,
                           "lstrip": False, "rstrip": False, "normalized": False, "special": True}],

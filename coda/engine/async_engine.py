@@ -224,11 +224,17 @@ class AsyncEngine:
                 f"{self.context_length} tokens", field="prompt")
         if req.max_tokens is not None and (isinstance(req.max_tokens, bool) or req.max_tokens < 1):
             raise InvalidRequestError("max_tokens must be an integer >= 1", field="max_tokens")
-        max_tokens = min(req.max_tokens or room, room)
         if req.max_tokens is not None and req.max_tokens > room:
             raise ContextLengthExceededError(
                 f"prompt ({len(prompt)}) + max_tokens ({req.max_tokens}) exceeds the context "
                 f"({self.context_length})", field="max_tokens")
+        capacity = self.runner.num_blocks * self.runner.block_size
+        # NOTE: no max_tokens means "as far as the context and the whole KV cache allow"
+        max_tokens = req.max_tokens or min(room, capacity - len(prompt))
+        if len(prompt) + max_tokens > capacity or max_tokens < 1:
+            raise InvalidRequestError(
+                f"prompt + max_tokens ({len(prompt) + max_tokens}) exceeds the KV cache "
+                f"({capacity} tokens)", field="max_tokens")
         cfg = self.config
         if len(req.stop) > cfg.max_stop_strings:
             raise InvalidRequestError(f"at most {cfg.max_stop_strings} stop strings", field="stop")

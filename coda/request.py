@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coda import trace as tr
-from coda.errors import CodaError, ErrorCode
+from coda.errors import BackpressureOverflowError, CodaError, ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import Lifecycle, ResourceKind, ResourceLedger, State
 from coda.stream import RequestStream, Terminal, Timings
@@ -95,9 +95,11 @@ class RequestRun:
         if self.processor is not None:
             try:
                 reason = self.processor.drain(reason)
-            except CodaError as exc:
-                self._end(State.FAILED, FinishReason.MODEL_ERROR, exc.code, exc.message)
-                return FinishReason.MODEL_ERROR
+            except CodaError as exc:  # K3 decoding error, or P6 overflow while draining
+                failed = (FinishReason.TRANSPORT_ERROR if isinstance(exc, BackpressureOverflowError)
+                          else FinishReason.MODEL_ERROR)
+                self._end(State.FAILED, failed, exc.code, exc.message)
+                return failed
         self._end(State.FINISHED, reason)
         return reason
 

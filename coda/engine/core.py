@@ -227,7 +227,6 @@ class EngineCore:
         try:
             reason = req.processor.on_token(dec.token_id, info, dec.to_record(), dec.prob)
         except BackpressureOverflowError as exc:  # P6 (3): past the bound, its own error
-            run.request_cancel(CancelCause.BACKPRESSURE)
             self._end_failed(req, exc)
             return
         if reason is not None:
@@ -235,10 +234,7 @@ class EngineCore:
 
     # -- endings -------------------------------------------------------------------------------
     def _finish(self, req: EngineRequest, reason: FinishReason) -> None:
-        try:
-            req.run.finish(reason)
-        except BackpressureOverflowError as exc:
-            self._end_failed(req, exc)
+        req.run.finish(reason)
 
     def _end_failed(self, req: EngineRequest, exc: BaseException) -> None:
         err = exc if isinstance(exc, CodaError) else ModelError(f"forward failed: {exc!r}")

@@ -187,6 +187,9 @@ class AsyncEngine:
             raise InvalidRequestError("the engine is shutting down", field=None)
         prompt = tuple(req.prompt_token_ids)
         spec, max_tokens = self._output_spec(req, prompt)
+        # NOTE: everything that can reject the request runs before any resource is acquired
+        grammar = self._grammar(req)
+        controller = EarlyStopController(req.early_stop) if req.early_stop is not None else None
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         stream = RequestStream(rid, req.backpressure)
         run = RequestRun(rid, stream, self.trace, prompt_tokens=len(prompt))
@@ -194,8 +197,6 @@ class AsyncEngine:
         run.acquire(ResourceKind.TRACE_HANDLE, lambda: None)
         seq = Sequence(next(self._ids), list(prompt), len(prompt) + max_tokens)
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
-        controller = EarlyStopController(req.early_stop) if req.early_stop is not None else None
-        grammar = self._grammar(req)
         proc = OutputProcessor(rid, self.tokenizer, spec, stream, self.trace,
                                prompt_token_ids=prompt,
                                grammar_done=grammar.is_terminated if grammar is not None else None,

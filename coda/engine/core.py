@@ -195,8 +195,18 @@ class EngineCore:
                 live.append((req, i))
         if not live:
             return
+        sampling_rows: list[SamplingRow] = []
+        ok: list[tuple[EngineRequest, int]] = []
+        for req, i in live:
+            try:
+                sampling_rows.append(self._row(req))
+                ok.append((req, i))
+            except Exception as exc:  # one broken grammar fails only its own request
+                self._end_failed(req, exc)
+        live = ok
+        if not live:
+            return
         index = torch.tensor([i for _, i in live], dtype=torch.long)
-        sampling_rows = [self._row(req) for req, _ in live]
         try:
             decisions = self.sampler.sample(logits.index_select(0, index), sampling_rows)
         except Exception as exc:
@@ -220,8 +230,9 @@ class EngineCore:
         req.extra["rng"] = (req.seed, req.seq.num_output_tokens)
         if run.first_token_at is None:
             run.first_token_at = self.clock()
-        if req.grammar is not None:
-            req.grammar.consume(dec.token_id)  # type: ignore[attr-defined]
+        if req.grammar is not None and not req.grammar.consume(dec.token_id):  # type: ignore[attr-defined]
+            self._end_failed(req, ModelError(f"grammar rejected token {dec.token_id}"))
+            return
         info = (TokenInfo(dec.token_id, dec.logprob, dec.top_logprobs) if req.logprobs
                 else TokenInfo(dec.token_id))
         try:

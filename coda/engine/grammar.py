@@ -1,0 +1,166 @@
+"""Constrained decoding: a grammar turned into a per-step token mask (SPEC S1, G1, L4; issue 5).
+
+Why llguidance and not xgrammar: both compile JSON schemas, regexes and grammars into token
+masks in native code, but xgrammar's wheel depends on triton (about 1 GB) unless installed with
+``--no-deps``, while llguidance is a small self-contained Rust extension (numpy only) that also
+accepts Lark grammars and regexes directly. We never import ``llguidance.torch``: its helper is
+wrapped in ``torch.compile`` and costs seconds on first call; the mask is unpacked with numpy.
+
+Contract (what the engine relies on):
+
+- :func:`compile_grammar` runs at submit time, on the submitting thread. An invalid schema,
+  regex or grammar raises :class:`~coda.errors.InvalidRequestError` (``field="response_format"``)
+  before anything is queued. Building the llguidance tokenizer is cached per tokenizer object.
+- :class:`GrammarMatcher` is then used on the engine thread only, once per step:
+  ``allowed_mask()`` before choosing (bool ``[vocab_size]``, True = allowed), ``consume(id)``
+  after the choice, and ``is_terminated()`` from the per-token checks (G1: grammar termination
+  comes after max tokens and context limit) — True ends the request ``grammar_complete`` (L4).
+- EOS: llguidance allows the EOS ids exactly when the grammar accepts. When the grammar accepts
+  and cannot continue, the matcher is *stopped*: ``is_terminated()`` is True (so the request
+  ends ``grammar_complete`` without spending a step on EOS) and the mask, if asked, allows only
+  EOS. When it accepts but could continue, EOS is one of the allowed tokens; the model choosing
+  it ends the request ``eos``.
+- Ids at or above the tokenizer's size (a model vocabulary padded past the tokenizer) are never
+  allowed.
+- JSON (``json_schema``, ``json_object``) is compact by default (``whitespace_flexible: false``):
+  free whitespace would let a weak model pad forever; a schema may opt back in with
+  ``"x-guidance": {"whitespace_flexible": true}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from typing import Any
+
+import llguidance as llg
+import numpy as np
+import tokenizers
+import torch
+
+from coda.engine.types import GrammarSpec
+from coda.errors import InvalidRequestError
+
+__all__ = ["GrammarMatcher", "compile_grammar", "grammar_source", "ll_tokenizer"]
+
+log = logging.getLogger("coda.engine.grammar")
+
+FIELD = "response_format"
+# NOTE: compact JSON; applied as llguidance *defaults*, so a schema's x-guidance may override it.
+_JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
+
+_cache_lock = threading.Lock()
+_tokenizer_cache: weakref.WeakKeyDictionary[tokenizers.Tokenizer,
+                                            dict[tuple[int, ...], llg.LLTokenizer]] = (
+    weakref.WeakKeyDictionary())
+
+
+def ll_tokenizer(tokenizer: tokenizers.Tokenizer,
+                 eos_token_ids: frozenset[int]) -> llg.LLTokenizer:
+    """The llguidance tokenizer for ``tokenizer`` with these EOS ids, built once and cached
+    (keyed weakly by the tokenizer object, so a dropped engine frees it)."""
+    eos = tuple(sorted(eos_token_ids))
+    with _cache_lock:
+        per_tok = _tokenizer_cache.setdefault(tokenizer, {})
+        cached = per_tok.get(eos)
+        if cached is None:
+            # NOTE: the HF tokenizer JSON carries the vocabulary, added tokens and pre-tokenizer
+            cached = llg.LLTokenizer(tokenizer.to_str(), eos_token=list(eos) or None)
+            per_tok[eos] = cached
+        return cached
+
+
+def grammar_source(spec: GrammarSpec) -> str:
+    """The llguidance grammar text for ``spec`` (exactly one of its fields must be set)."""
+    chosen = [name for name, on in (("json_schema", spec.json_schema is not None),
+                                    ("json_object", spec.json_object),
+                                    ("regex", spec.regex is not None),
+                                    ("lark", spec.lark is not None)) if on]
+    if len(chosen) != 1:
+        raise InvalidRequestError(
+            f"a grammar needs exactly one of json_schema, json_object, regex, lark; got {chosen}",
+            field=FIELD)
+    try:
+        if spec.json_schema is not None:
+            if not isinstance(spec.json_schema, dict):
+                raise InvalidRequestError("json_schema must be a JSON object", field=FIELD)
+            return llg.LLMatcher.grammar_from_json_schema(json.dumps(spec.json_schema),
+                                                          defaults=_JSON_DEFAULTS)  # type: ignore[arg-type]
+        if spec.json_object:
+            return llg.LLMatcher.grammar_from_json_schema('{"type": "object"}',
+                                                          defaults=_JSON_DEFAULTS)  # type: ignore[arg-type]
+        if spec.regex is not None:
+            return llg.LLMatcher.grammar_from_regex(spec.regex)
+        assert spec.lark is not None
+        return llg.LLMatcher.grammar_from_lark(spec.lark)
+    except (TypeError, ValueError) as exc:  # NOTE: not JSON-serialisable / not an object
+        raise InvalidRequestError(f"invalid {chosen[0]}: {exc}", field=FIELD) from exc
+
+
+def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_size: int,
+                    eos_token_ids: frozenset[int]) -> GrammarMatcher:
+    """Compile ``spec`` for this tokenizer and model vocabulary; raises InvalidRequestError
+    (``field="response_format"``) when the schema, regex or grammar is invalid."""
+    tok = ll_tokenizer(tokenizer, eos_token_ids)
+    matcher = llg.LLMatcher(tok, grammar_source(spec), log_level=0)
+    if matcher.is_error():
+        raise InvalidRequestError(f"invalid grammar: {matcher.get_error().strip()}", field=FIELD)
+    for warning in matcher.get_grammar_warnings():
+        log.warning("grammar warning: %s", warning)
+    return GrammarMatcher(matcher, tok.vocab_size, vocab_size)
+
+
+class GrammarMatcher:
+    """The state of one request's grammar; engine thread only (see the module contract)."""
+
+    def __init__(self, matcher: llg.LLMatcher, tokenizer_size: int, vocab_size: int) -> None:
+        self._m = matcher
+        self.vocab_size = vocab_size
+        # NOTE: ids the tokenizer cannot produce (>= tokenizer_size) stay False in every mask
+        self._n_real = min(tokenizer_size, vocab_size)
+        self._words = np.zeros((tokenizer_size + 31) // 32, dtype=np.int32)
+        self._mask: torch.Tensor | None = None  # cached until the next consume
+        self.num_consumed = 0
+        self.error: str | None = None
+
+    # -- per step --------------------------------------------------------------------------
+    def allowed_mask(self) -> torch.Tensor | None:
+        """Bool ``[vocab_size]`` of the tokens the grammar allows next (a fresh tensor; the
+        caller may keep it). Computed once per state: repeated calls before ``consume`` reuse it."""
+        if self._mask is None:
+            words = self._words
+            # NOTE: fills one bit per tokenizer id, little-endian within each int32 word
+            self._m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            bits = np.unpackbits(words.view(np.uint8), count=self._n_real, bitorder="little")
+            allowed = np.zeros(self.vocab_size, dtype=np.bool_)
+            allowed[: self._n_real] = bits.view(np.bool_)
+            self._mask = torch.from_numpy(allowed)
+        return self._mask.clone()
+
+    def consume(self, token_id: int) -> bool:
+        """Advance past the chosen token. Never raises (it runs inside the engine step):
+        a token the grammar rejects — impossible when its mask was applied — puts the matcher in
+        an error state, logged and kept in :attr:`error`; it then reports terminated."""
+        self._mask = None
+        self.num_consumed += 1
+        ok = (0 <= token_id < self._n_real) and self._m.consume_token(token_id)
+        if not ok and self.error is None:
+            self.error = self._m.get_error() or f"token {token_id} is outside the grammar"
+            log.error("grammar rejected token %d after %d tokens: %s", token_id,
+                      self.num_consumed - 1, self.error)
+        return bool(ok)
+
+    def is_terminated(self) -> bool:
+        """True when the output is complete and nothing but EOS may follow (or on error)."""
+        return self.error is not None or self._m.is_stopped()
+
+    def is_accepting(self) -> bool:
+        """True when the output so far is a complete sentence of the grammar."""
+        return self.error is None and self._m.is_accepting()
+
+    @property
+    def is_closed(self) -> bool:
+        """Closure for the early-stop ``require_closure`` rule (D1): the grammar accepts."""
+        return self.is_accepting()

@@ -16,6 +16,7 @@ held back from the stream, so a matched id sequence never leaks its text.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,9 +75,10 @@ class OutputProcessor:
         self._pending_tokens: list[TokenInfo] = []  # selected since the last delta
         self.generated = 0                    # tokens selected (t after choose)
         self.hit: StopHit | None = None
-        # L6 accounting: visible byte span [start, end) each token produced
+        # L6 accounting: start offsets of visible tokens not yet reached by the stream
         self._visible = 0
-        self._token_spans: list[tuple[int, int]] = []
+        self._unreturned: deque[int] = deque()
+        self.returned_tokens = 0
         self.emitted_bytes = 0
         self.stop_buffer_s = 0.0
         self._held_since: float | None = None
@@ -143,12 +145,6 @@ class OutputProcessor:
         self._stop_held_clock()
 
     # -- accounting ------------------------------------------------------------------------
-    @property
-    def returned_tokens(self) -> int:
-        """Tokens with at least one visible byte that reached the stream (L6)."""
-        return sum(1 for start, end in self._token_spans if end > start
-                   and start < self.emitted_bytes)
-
     def trailing_tokens(self) -> tuple[TokenInfo, ...]:
         out = tuple(self._pending_tokens)
         self._pending_tokens.clear()
@@ -157,8 +153,9 @@ class OutputProcessor:
     # -- internals -------------------------------------------------------------------------
     def _detok_push(self, token_id: int) -> bytes:
         data = self.detok.push(token_id)
-        self._token_spans.append((self._visible, self._visible + len(data)))
-        self._visible += len(data)
+        if data:  # L6: a token counts as returned once its first visible byte is sent
+            self._unreturned.append(self._visible)
+            self._visible += len(data)
         return data
 
     def _emit(self, new: bytes) -> bool:
@@ -190,6 +187,9 @@ class OutputProcessor:
         ev = self.stream.delta(data, tuple(self._pending_tokens))
         self._pending_tokens.clear()
         self.emitted_bytes += len(data)
+        while self._unreturned and self._unreturned[0] < self.emitted_bytes:
+            self._unreturned.popleft()
+            self.returned_tokens += 1
         if self._tracing:
             self._record(tr.STREAM_DELTA, seq=ev.seq, nbytes=len(data),
                          text=data.decode("utf-8", "replace"))

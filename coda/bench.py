@@ -1,0 +1,371 @@
+"""``coda bench``: run a workload on the engine and print throughput and latency (issue 3 item 7,
+issue 5 item 5; SPEC P1, P5, D2).
+
+Workload: ``num_requests`` prompts of mixed lengths, deterministic from ``seed`` (text drawn from
+a small built-in multilingual list, tokenized with the model's own tokenizer), at most
+``concurrency`` in flight, exactly ``max_tokens`` output tokens each (``ignore_eos``; greedy).
+Latencies are taken from the *arrival times of stream events* in the reader's event loop, which
+is what a client sees: TTFT = submit → first delta, ITL = gap between consecutive deltas,
+e2e = submit → terminal. ``--compare-hf`` runs ``transformers.generate`` on the same folder and
+the same prompts in static batches of ``concurrency`` (left padding), in the same process.
+``--early-stop`` reruns the workload with an :class:`~coda.early_stop.EarlyStopPolicy` and
+compares with the plain run (tokens and time saved, answers that differ from the full one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import resource
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.table import Table
+
+from coda.early_stop import EarlyStopPolicy
+from coda.engine.async_engine import AsyncEngine
+from coda.engine.types import EngineConfig, GenerationRequest
+from coda.sampling import SamplingParams
+
+# NOTE: public-domain style sentences written for this file; mixed scripts so that byte-level
+# tokens split characters (CJK, accents, emoji) exactly as in real multilingual traffic.
+TEXTS: tuple[str, ...] = (
+    "The old lighthouse keeper climbed the stairs each evening to light the lamp.",
+    "Rain fell softly on the village, and the river rose slowly through the night.",
+    "She opened the letter, read the first line twice, and smiled at the window.",
+    "Le petit café au coin de la rue ouvre très tôt, même le dimanche matin.",
+    "Über den Bergen zieht ein Gewitter auf, und die Wanderer suchen Schutz.",
+    "El tren llegó tarde a la estación, pero nadie parecía tener prisa.",
+    "春の朝、公園の桜がゆっくりと咲き始めました。",
+    "我们明天早上一起去图书馆看书吧。",
+    "오늘은 날씨가 좋아서 산책을 하기로 했다.",
+    "Η θάλασσα ήταν ήρεμη και ο ουρανός καθαρός.",
+    "Мы долго шли по лесу, пока не увидели озеро.",
+    "Weekend plans: hiking 🥾, a picnic 🧺 and a long nap 😴.",
+    "Once upon a time, in a kingdom by the sea, there lived a curious fox.",
+    "Naïve questions are welcome; déjà vu is not an answer, señor.",
+)
+PROMPT_LENGTHS: tuple[tuple[int, int], ...] = ((4, 16), (16, 48), (48, 128), (128, 256))
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What ``coda bench`` runs; ``model_dir`` None is the embedded default model."""
+
+    model_dir: Path | None = None
+    num_requests: int = 64
+    concurrency: int = 32
+    max_tokens: int = 64
+    dtype: str = "float32"
+    compare_hf: bool = False
+    early_stop: bool = False
+    plot: Path | None = None
+    seed: int = 0
+    # Early-stop policy of the --early-stop run (confidence = chosen token's probability).
+    early_stop_confidence: float = 0.9
+    early_stop_min_fraction: float = 0.25
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1 or self.concurrency < 1 or self.max_tokens < 1:
+            raise ValueError("num_requests, concurrency and max_tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Percentiles:
+        return Percentiles(percentile(values, 50), percentile(values, 90), percentile(values, 99))
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One pass of the workload through the engine (seconds; texts for prefix comparison)."""
+
+    wall_s: float
+    output_tokens: int
+    ttft_s: tuple[float, ...]
+    itl_s: tuple[float, ...]
+    e2e_s: tuple[float, ...]
+    texts: tuple[str, ...]
+    reasons: tuple[str, ...]
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EarlyStopReport:
+    full_tokens: int
+    stopped_tokens: int
+    tokens_saved: int
+    full_wall_s: float
+    stopped_wall_s: float
+    time_saved_s: float
+    requests_stopped: int     # requests that ended with fewer tokens than the full run
+    answers_differ: int       # stopped text != full text
+    not_prefix: int           # stopped text is not a prefix of the full text (divergence)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    num_requests: int
+    concurrency: int
+    max_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+    wall_s: float
+    output_tok_s: float
+    requests_s: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    e2e_ms: Percentiles
+    peak_rss_mb: float
+    hf_wall_s: float | None = None
+    hf_output_tok_s: float | None = None
+    speedup_vs_hf: float | None = None
+    early_stop: EarlyStopReport | None = None
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``numpy.percentile``'s default); NaN when empty."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def make_workload(tokenizer: Any, num_requests: int, seed: int, max_prompt: int
+                  ) -> list[tuple[int, ...]]:
+    """Deterministic mixed-length prompts: each takes a length band, then sentences in turn."""
+    rng = random.Random(seed)
+    prompts: list[tuple[int, ...]] = []
+    for _ in range(num_requests):
+        lo, hi = rng.choice(PROMPT_LENGTHS)
+        want = max(1, min(rng.randint(lo, hi), max_prompt))
+        ids: list[int] = []
+        while len(ids) < want:
+            ids.extend(tokenizer.encode(rng.choice(TEXTS) + " ", add_special_tokens=False).ids)
+        prompts.append(tuple(ids[:want]))
+    return prompts
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # NOTE: Linux reports KiB
+
+
+async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]],
+                         opts: BenchOptions, policy: EarlyStopPolicy | None,
+                         progress: Progress | None) -> RunResult:
+    """Submit every prompt (at most ``opts.concurrency`` in flight) and time its events."""
+    sem = asyncio.Semaphore(opts.concurrency)
+    ttft: list[float] = []
+    itl: list[float] = []
+    e2e: list[float] = []
+    texts = [""] * len(prompts)
+    reasons = [""] * len(prompts)
+    tokens = [0] * len(prompts)
+    task = progress.add_task("requests", total=len(prompts)) if progress is not None else None
+    sampling = SamplingParams(temperature=0.0, ignore_eos=True, seed=opts.seed)
+
+    async def one(i: int) -> None:
+        async with sem:
+            req = GenerationRequest(prompts[i], sampling=sampling, max_tokens=opts.max_tokens,
+                                    early_stop=policy, request_id=f"bench-{i}")
+            t0 = time.perf_counter()
+            handle = engine.submit(req)
+            last: float | None = None
+            chunks: list[bytes] = []
+            async for ev in handle.events():
+                now = time.perf_counter()
+                if ev.terminal is not None:
+                    e2e.append(now - t0)
+                    tokens[i] = ev.terminal.usage.selected_tokens
+                    term = ev.terminal
+                    # NOTE: a random model may end mid-character: K3 makes that a decoding error.
+                    code = f":{term.error_code.value}" if term.error_code is not None else ""
+                    reasons[i] = term.finish_reason.value + code
+                elif ev.data:
+                    if last is None:
+                        ttft.append(now - t0)
+                    else:
+                        itl.append(now - last)
+                    last = now
+                    chunks.append(ev.data)
+            texts[i] = b"".join(chunks).decode("utf-8", "replace")
+        if progress is not None and task is not None:
+            progress.advance(task)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    wall = time.perf_counter() - start
+    return RunResult(wall, sum(tokens), tuple(ttft), tuple(itl), tuple(e2e), tuple(texts),
+                     tuple(reasons), tuple(tokens))
+
+
+def _run(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]], opts: BenchOptions,
+         policy: EarlyStopPolicy | None, console: Console, label: str) -> RunResult:
+    if not opts.show_progress:
+        return asyncio.run(drive_workload(engine, prompts, opts, policy, None))
+    cols = (f"[bold]{label}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, console=console, transient=True) as progress:
+        return asyncio.run(drive_workload(engine, prompts, opts, policy, progress))
+
+
+def run_hf(model_dir: Path, prompts: Sequence[tuple[int, ...]], batch: int, max_tokens: int,
+           dtype: str, pad_id: int) -> tuple[float, int]:
+    """``transformers.generate`` in static batches, left-padded, greedy, exactly ``max_tokens``
+    new tokens per row (``min_new_tokens`` suppresses EOS). Returns (seconds, output tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # NOTE: from_pretrained returns the model in eval mode already
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+    total = 0
+    start = time.perf_counter()
+    for b in range(0, len(prompts), batch):
+        group = prompts[b:b + batch]
+        width = max(map(len, group))
+        ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
+                                 min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad_id)
+        total += int(out.shape[0]) * (int(out.shape[1]) - width)
+    return time.perf_counter() - start, total
+
+
+def _early_stop_report(full: RunResult, stopped: RunResult) -> EarlyStopReport:
+    differ = sum(a != b for a, b in zip(full.texts, stopped.texts, strict=True))
+    not_prefix = sum(not a.startswith(b) for a, b in zip(full.texts, stopped.texts, strict=True))
+    n_stopped = sum(s < f for f, s in zip(full.tokens, stopped.tokens, strict=True))
+    return EarlyStopReport(full.output_tokens, stopped.output_tokens,
+                           full.output_tokens - stopped.output_tokens, full.wall_s,
+                           stopped.wall_s, full.wall_s - stopped.wall_s, n_stopped, differ,
+                           not_prefix)
+
+
+def write_plot(path: Path, run: RunResult) -> None:
+    """PNG with histograms and CDFs of TTFT and inter-token latency (ms)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # NOTE: headless backend; no display on servers
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for col, (name, vals) in enumerate((("TTFT", run.ttft_s), ("inter-token latency", run.itl_s))):
+        ms = sorted(v * 1e3 for v in vals)
+        axes[0][col].hist(ms, bins=40, color="tab:blue")
+        axes[0][col].set_title(f"{name} histogram")
+        axes[0][col].set_xlabel("ms")
+        axes[1][col].plot(ms, [(k + 1) / max(len(ms), 1) for k in range(len(ms))])
+        axes[1][col].set_title(f"{name} CDF")
+        axes[1][col].set_xlabel("ms")
+        axes[1][col].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport:
+    """Run the workload (and the optional comparisons); print a table; return the figures."""
+    console = console or Console()
+    engine = AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
+        dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1)))
+    max_prompt = max(1, min(256, engine.context_length - opts.max_tokens - 1))
+    prompts = make_workload(engine.tokenizer, opts.num_requests, opts.seed, max_prompt)
+    report_hf: tuple[float, int] | None = None
+    with engine:
+        # NOTE: one short warm-up request so that lazy initialisation is not measured.
+        _run(engine, prompts[:1], BenchOptions(num_requests=1, concurrency=1, max_tokens=2,
+                                               show_progress=False), None, console, "warm-up")
+        full = _run(engine, prompts, opts, None, console, "coda")
+        rss = peak_rss_mb()
+        es: EarlyStopReport | None = None
+        if opts.early_stop:
+            policy = EarlyStopPolicy(
+                min_tokens=max(1, int(opts.max_tokens * opts.early_stop_min_fraction)),
+                max_tokens=opts.max_tokens, deadline_ms=3_600_000,
+                confidence_threshold=opts.early_stop_confidence, no_retry_after_first_frame=True)
+            es = _early_stop_report(full, _run(engine, prompts, opts, policy, console,
+                                               "coda + early stop"))
+    if opts.compare_hf:
+        pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
+        with console.status("transformers.generate (static batches)…"):
+            report_hf = run_hf(engine.model_dir, prompts, opts.concurrency, opts.max_tokens,
+                               opts.dtype, pad)
+    reasons: dict[str, int] = {}
+    for r in full.reasons:
+        reasons[r] = reasons.get(r, 0) + 1
+    tok_s = full.output_tokens / full.wall_s
+    hf_tok_s = report_hf[1] / report_hf[0] if report_hf is not None else None
+    report = BenchReport(
+        num_requests=opts.num_requests, concurrency=opts.concurrency, max_tokens=opts.max_tokens,
+        prompt_tokens=sum(map(len, prompts)), output_tokens=full.output_tokens,
+        wall_s=full.wall_s, output_tok_s=tok_s, requests_s=opts.num_requests / full.wall_s,
+        ttft_ms=_ms(full.ttft_s), itl_ms=_ms(full.itl_s), e2e_ms=_ms(full.e2e_s),
+        peak_rss_mb=rss, hf_wall_s=report_hf[0] if report_hf else None, hf_output_tok_s=hf_tok_s,
+        speedup_vs_hf=tok_s / hf_tok_s if hf_tok_s else None, early_stop=es,
+        finish_reasons=reasons)
+    if opts.plot is not None:
+        write_plot(opts.plot, full)
+    console.print(render(report, engine.model_dir, opts))
+    if opts.plot is not None:
+        console.print(f"latency plot written to {opts.plot}")
+    return report
+
+
+def _ms(values: Sequence[float]) -> Percentiles:
+    return Percentiles.of([v * 1e3 for v in values])
+
+
+def render(r: BenchReport, model_dir: Path, opts: BenchOptions) -> Table:
+    """The report as a two-column rich table."""
+    t = Table(title=f"coda bench — {model_dir.name} ({opts.dtype})", show_header=True)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+
+    def pct(p: Percentiles) -> str:
+        return f"{p.p50:.1f} / {p.p90:.1f} / {p.p99:.1f}"
+
+    rows: list[tuple[str, str]] = [
+        ("requests × max tokens", f"{r.num_requests} × {r.max_tokens}"),
+        ("concurrency", str(r.concurrency)),
+        ("prompt tokens (total)", str(r.prompt_tokens)),
+        ("output tokens (total)", str(r.output_tokens)),
+        ("wall time", f"{r.wall_s:.2f} s"),
+        ("output throughput", f"{r.output_tok_s:.1f} tok/s"),
+        ("request throughput", f"{r.requests_s:.2f} req/s"),
+        ("TTFT p50/p90/p99", f"{pct(r.ttft_ms)} ms"),
+        ("ITL p50/p90/p99", f"{pct(r.itl_ms)} ms"),
+        ("e2e p50/p99", f"{r.e2e_ms.p50:.1f} / {r.e2e_ms.p99:.1f} ms"),
+        ("peak RSS", f"{r.peak_rss_mb:.0f} MiB"),
+        ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(r.finish_reasons.items()))),
+    ]
+    if r.hf_output_tok_s is not None and r.hf_wall_s is not None:
+        rows += [("transformers.generate throughput",
+                  f"{r.hf_output_tok_s:.1f} tok/s ({r.hf_wall_s:.2f} s)"),
+                 ("speedup vs transformers", f"{r.speedup_vs_hf:.2f}×")]
+    if (e := r.early_stop) is not None:
+        pct_saved = 100.0 * e.tokens_saved / max(e.full_tokens, 1)
+        rows += [("early stop: tokens saved",
+                  f"{e.tokens_saved} of {e.full_tokens} ({pct_saved:.1f}%)"),
+                 ("early stop: time saved",
+                  f"{e.time_saved_s:.2f} s ({e.full_wall_s:.2f} → {e.stopped_wall_s:.2f} s)"),
+                 ("early stop: requests stopped", f"{e.requests_stopped} of {r.num_requests}"),
+                 ("early stop: answer differs from full", f"{e.answers_differ} of {r.num_requests}"),
+                 ("early stop: not a prefix of full", f"{e.not_prefix} of {r.num_requests}")]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t

@@ -13,3 +13,141 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("coda")
+
+
+# --------------------------------------------------------------------------- live server (issue 4)
+# A real uvicorn server on loopback, in a background thread, over a tiny random checkpoint.
+# Fixtures are named ``server_*``; the engine and server are shared by the session.
+import socket  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+class LiveServer:
+    """uvicorn serving ``app`` on 127.0.0.1:<free port> from a daemon thread."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        from coda.server.app import CodaServer
+
+        self.app = app
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
+                                timeout_graceful_shutdown=5)
+        self.server = CodaServer(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
+                                        daemon=True, name="server-live")
+
+    def start(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("live server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(30)
+        self._sock.close()
+
+
+def server_ascii_tokenizer_json(vocab_size: int = 400) -> str:
+    """A Metaspace BPE over printable ASCII: every token decodes to whole characters, so a
+    random model's output is always valid text (no K3 decoding failures in server tests)."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    alphabet = list(string.ascii_letters + string.digits + string.punctuation + "\n\u2581")
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=alphabet, limit_alphabet=len(alphabet),
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"],
+        show_progress=False)
+    text = ("The quick brown fox jumps over the lazy dog. Hello world! user assistant system\n"
+            "streaming text tokens bytes server model stop sequence 0123456789 {}[]():;,.\n")
+    tok.train_from_iterator([text] * 20, trainer)
+    return tok.to_str()
+
+
+@pytest.fixture(scope="session")
+def server_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from coda.models.random_checkpoint import make_random_checkpoint
+
+    # NOTE: a 512-token context keeps every "up to the context" request short on CPU.
+    root = tmp_path_factory.mktemp("server")
+    (root / "tokenizer.json").write_text(server_ascii_tokenizer_json(), encoding="utf-8")
+    return make_random_checkpoint(root / "tiny-chat", tokenizer_json=str(root / "tokenizer.json"),
+                                  max_position_embeddings=512)
+
+
+@pytest.fixture(scope="session")
+def server_engine(server_checkpoint: Path) -> Iterator[Any]:
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+
+    engine = AsyncEngine.from_model_dir(server_checkpoint, EngineConfig(
+        max_num_seqs=64, default_max_tokens=32, max_stop_strings=4))
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def server_live(server_engine: Any) -> Iterator[LiveServer]:
+    from coda.server.app import create_app
+    from coda.server.state import ServerSettings
+
+    app = create_app(server_engine, settings=ServerSettings(keepalive_s=0.5),
+                     manage_engine=False)
+    live = LiveServer(app).start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def server_settle(server_engine: Any) -> Any:
+    """Call to wait until the engine is idle and every KV block is free (L7)."""
+
+    def settle(timeout: float = 10.0) -> Any:
+        end = time.monotonic() + timeout
+        while True:
+            stats = server_engine.stats()
+            idle = stats.num_running == 0 and stats.num_waiting == 0
+            if (idle and stats.num_free_blocks == stats.num_blocks) or time.monotonic() > end:
+                return stats
+            time.sleep(0.02)
+
+    return settle
+
+
+@pytest.fixture
+def server_spawn(server_engine: Any) -> Iterator[Any]:
+    """``spawn(**create_app_kwargs) -> LiveServer`` on the shared engine; stopped at teardown."""
+    from coda.server.app import create_app
+
+    started: list[LiveServer] = []
+
+    def spawn(**kwargs: Any) -> LiveServer:
+        kwargs.setdefault("manage_engine", False)
+        live = LiveServer(create_app(server_engine, **kwargs)).start()
+        started.append(live)
+        return live
+
+    yield spawn
+    for live in started:
+        live.stop()

@@ -88,7 +88,8 @@ class RequestHandle:
             remove()
 
     async def result(self) -> Terminal:
-        async for ev in self.events(self.stream.last_seq):
+        # NOTE: resume one event early, so a stream that is already closed yields its terminal
+        async for ev in self.events(self.stream.last_seq - 1):
             if ev.terminal is not None:
                 return ev.terminal
         terminal = self.stream.terminal

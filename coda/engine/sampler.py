@@ -68,16 +68,69 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def _mix64_(x: torch.Tensor) -> torch.Tensor:
+    """:func:`mix64` in place, with one scratch tensor (the same integer ops, so the same bits).
+
+    NOTE: at [32, 49152] the out-of-place version allocates ~15 fresh 12 MB tensors; page
+    faults on those made it ~10x slower than the arithmetic."""
+    tmp = torch.empty_like(x)
+    for shift, mul in ((30, _MUL1), (27, _MUL2), (31, None)):
+        torch.bitwise_right_shift(x, shift, out=tmp)
+        tmp &= (1 << (64 - shift)) - 1
+        x ^= tmp
+        if mul is not None:
+            x *= mul
+    return x
+
+
+def _row_keys(seeds: Sequence[int], steps: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    seed_t = torch.tensor([_signed64(s) for s in seeds], dtype=torch.int64, device=device)
+    step_t = torch.tensor([_signed64(s) for s in steps], dtype=torch.int64, device=device)
+    return mix64(mix64(seed_t) ^ step_t)
+
+
+def _uniforms_at(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """``u`` of the module docstring at ``token_ids`` ``[S, n]`` for row keys ``[S]``."""
+    bits = _mix64_((token_ids + 1) * _GAMMA + keys[:, None])
+    bits >>= 41
+    bits &= (1 << 23) - 1
+    # NOTE: 23 bits, so k + 0.5 is exact in float32's 24-bit mantissa and u < 1 strictly.
+    return (bits.to(torch.float32) + 0.5) * (2.0**-23)
+
+
 def counter_uniforms(seeds: Sequence[int], steps: Sequence[int], vocab_size: int,
                      device: torch.device | str = "cpu") -> torch.Tensor:
     """Uniforms in (0, 1), float32 ``[len(seeds), vocab_size]``; row i depends on (seeds[i], steps[i])."""
-    seed_t = torch.tensor([_signed64(s) for s in seeds], dtype=torch.int64, device=device)
-    step_t = torch.tensor([_signed64(s) for s in steps], dtype=torch.int64, device=device)
-    key = mix64(mix64(seed_t) ^ step_t)
-    counters = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=device) * _GAMMA
-    bits = mix64(key[:, None] + counters[None, :])
-    # NOTE: 23 bits, so k + 0.5 is exact in float32's 24-bit mantissa and u < 1 strictly.
-    return (_shr(bits, 41).to(torch.float32) + 0.5) * (2.0**-23)
+    ids = torch.arange(vocab_size, dtype=torch.int64, device=device).expand(len(seeds), -1)
+    return _uniforms_at(_row_keys(seeds, steps, device), ids)
+
+
+def _gumbel_(u: torch.Tensor) -> torch.Tensor:
+    """``-log(-log(u))`` in place (Gumbel-max: argmax(x + G) ~ softmax(x))."""
+    return u.log_().neg_().log_().neg_()
+
+
+# NOTE: subsets are padded to this many candidates so every element goes through the same
+# vectorised log kernel as the full-vocabulary draw (a scalar tail could differ by an ulp).
+_DRAW_ALIGN = 64
+
+
+def _draw(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max token per row of processed logits ``x`` [S, V] (some -inf).
+
+    When truncation left few live tokens, the uniforms are drawn at those tokens only: ``u[v]``
+    is a pure function of (key, v), so the choice is the full draw's, tie-break included."""
+    vocab = x.shape[1]
+    live = int(torch.isfinite(x).sum(-1).max())
+    width = -(-live // _DRAW_ALIGN) * _DRAW_ALIGN
+    if vocab % _DRAW_ALIGN or 4 * width > vocab:
+        ids = torch.arange(vocab, dtype=torch.int64, device=x.device).expand(x.shape[0], -1)
+        return _gumbel_(_uniforms_at(keys, ids)).add_(x).argmax(-1)
+    vals, ids = x.topk(width, dim=-1)  # NOTE: every live token of every row is in here
+    scores = _gumbel_(_uniforms_at(keys, ids)).add_(vals)
+    best = scores.amax(-1, keepdim=True)
+    # NOTE: a full argmax returns the lowest token id among equal maxima; so do we.
+    return torch.where(scores == best, ids, vocab).amin(-1)
 
 
 @dataclass(frozen=True)
@@ -250,57 +303,85 @@ def _truncate(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
 
 
 class Sampler:
-    """Stateless: every call is a pure function of (logits, rows); see the module docstring."""
+    """Stateless: every call is a pure function of (logits, rows); see the module docstring.
+    Neither method modifies the caller's logits."""
+
+    def _shaped(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ModelError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
+        # NOTE: no copy for float32 input: every step below is out of place.
+        return logits.to(torch.float32)
+
+    def _mask(self, raw: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """Penalties, bias and mask; ``raw`` itself when none applies."""
+        x = _add_bias(_penalise(raw, rows), rows)
+        allowed = _allowed(rows, raw.shape[1], raw.device)
+        return x if allowed is None else x.masked_fill(~allowed, _NEG_INF)
+
+    @staticmethod
+    def _raise_bad(raw: torch.Tensor, best: torch.Tensor) -> None:
+        """``best``: row maxima after masking; NaN or -inf there means an unusable row."""
+        bad = ~(best > _NEG_INF)  # NOTE: one reduction catches NaN (max propagates it) and -inf
+        if bool(bad.any()):
+            if bool(torch.isnan(raw).any()):
+                raise ModelError("logits contain NaN")
+            dead = bad.nonzero().flatten().tolist()
+            raise ModelError(f"rows {dead}: no token is allowed (mask or logits all -inf)")
+
+    @staticmethod
+    def _temper(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        temps = [1.0 if r.params.is_greedy else r.params.temperature for r in rows]
+        if all(t == 1.0 for t in temps):
+            return x
+        return x / torch.tensor(temps, device=x.device)[:, None]
 
     def process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         """The processed float32 logits ``[B, V]`` that :meth:`sample` chooses from: penalised,
         biased, masked, divided by the temperature (1 for greedy rows) and truncated; a token
         that may not be chosen is -inf. Raises ModelError on bad shapes, NaN or an empty row."""
-        if logits.dim() != 2 or logits.shape[0] != len(rows):
-            raise ModelError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
-        vocab, device = logits.shape[1], logits.device
-        x = logits.to(torch.float32, copy=True)  # NOTE: the caller's tensor is never mutated.
-        if torch.isnan(x).any():
+        raw = self._shaped(logits, rows)
+        if bool(torch.isnan(raw).any()):
             raise ModelError("logits contain NaN")
-        x = _add_bias(_penalise(x, rows), rows)
-        allowed = _allowed(rows, vocab, device)
-        if allowed is not None:
-            x = x.masked_fill(~allowed, _NEG_INF)
-        dead = (~torch.isfinite(x).any(-1)).nonzero().flatten().tolist()
-        if dead:
-            raise ModelError(f"rows {dead}: no token is allowed (mask or logits all -inf)")
-        temps = [1.0 if r.params.is_greedy else r.params.temperature for r in rows]
-        return _truncate(x / torch.tensor(temps, device=device)[:, None], rows)
+        x = self._mask(raw, rows)
+        self._raise_bad(raw, x.amax(-1))
+        return _truncate(self._temper(x, rows), rows)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[TokenDecision]:
         """One decision per row, in row order (the module docstring gives the pipeline)."""
         if not rows and logits.dim() == 2 and logits.shape[0] == 0:
             return []
-        x = self.process(logits, rows)
+        raw = self._shaped(logits, rows)
+        x = self._mask(raw, rows)
+        # NOTE: truncation always keeps the best token, so this argmax is the greedy choice.
+        best, tokens = x.max(-1)
+        self._raise_bad(raw, best)
+        x = _truncate(self._temper(x, rows), rows)
         vocab, device = x.shape[1], x.device
-        tokens = x.argmax(-1)
         greedy = [r.params.is_greedy for r in rows]
         sampled = [i for i, g in enumerate(greedy) if not g]
         if sampled:
-            u = counter_uniforms([rows[i].seed for i in sampled], [rows[i].step for i in sampled],
-                                 vocab, device)
-            gumbel = -torch.log(-torch.log(u))  # NOTE: Gumbel-max: argmax ~ softmax(x).
+            keys = _row_keys([rows[i].seed for i in sampled], [rows[i].step for i in sampled],
+                             device)
             index = torch.tensor(sampled, device=device)
-            tokens[index] = (x[index] + gumbel).argmax(-1)
+            tokens[index] = _draw(x.index_select(0, index), keys)
 
         chosen = tokens[:, None]
-        raw_logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
-        logprob = raw_logprobs.gather(1, chosen).squeeze(1).tolist()
-        prob = torch.softmax(x, dim=-1).gather(1, chosen).squeeze(1).tolist()
+        raw_lse = torch.logsumexp(raw, -1)
+        if bool(torch.isnan(raw_lse).any()):  # NOTE: a NaN the mask hid from `best`
+            raise ModelError("logits contain NaN")
+        logprob_t = raw.gather(1, chosen).squeeze(1) - raw_lse
+        # NOTE: one logsumexp per row instead of a softmax; x is raw when nothing processed it.
+        prob_t = (logprob_t if x is raw
+                  else x.gather(1, chosen).squeeze(1) - torch.logsumexp(x, -1)).exp()
+        logprob, prob = logprob_t.tolist(), prob_t.tolist()
         wanted = [r.params.logprobs or 0 for r in rows]
-        top_ids: list[list[int]] = [[] for _ in rows]
-        top_vals: list[list[float]] = [[] for _ in rows]
-        if max(wanted) > 0:
-            vals, ids = raw_logprobs.topk(min(max(wanted), vocab), dim=-1)
-            top_ids, top_vals = ids.tolist(), vals.tolist()
-        return [
-            TokenDecision(tok, logprob[i], prob[i],
-                          tuple(zip(top_ids[i][: wanted[i]], top_vals[i][: wanted[i]], strict=True)),
-                          greedy[i])
-            for i, tok in enumerate(tokens.tolist())
-        ]
+        top: list[tuple[tuple[int, float], ...]] = [()] * len(rows)
+        asked = [i for i, w in enumerate(wanted) if w > 0]
+        if asked:
+            index = torch.tensor(asked, device=device)
+            vals, ids = raw.index_select(0, index).topk(min(max(wanted), vocab), dim=-1)
+            vals = vals - raw_lse.index_select(0, index)[:, None]
+            for i, v_row, id_row in zip(asked, vals.tolist(), ids.tolist(), strict=True):
+                top[i] = tuple(zip(id_row[: wanted[i]], v_row[: wanted[i]], strict=True))
+        return [TokenDecision(tok, logprob[i], prob[i], top[i], greedy[i])
+                for i, tok in enumerate(tokens.tolist())]

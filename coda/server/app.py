@@ -1,0 +1,172 @@
+"""The Coda HTTP server: app factory, auth, operational endpoints, stream resume, and the
+uvicorn runner with graceful shutdown (issue 4; SPEC P3, P4, L2).
+
+Graceful shutdown: on SIGTERM (or the end of the lifespan) the engine is shut down first, which
+ends every in-flight request with its single terminal event (cancelled, cause shutdown); open
+SSE streams therefore deliver their final event before the connections close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from coda.server import anthropic_routes, openai_routes, responses_routes
+from coda.server.common import state_of
+from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
+from coda.server.logs import configure_logging
+from coda.server.sse import SSEResponse, parse_position_id
+from coda.server.state import ServerSettings, ServerState
+
+log = logging.getLogger("coda.server")
+
+_OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+
+
+class ApiKeyMiddleware:
+    """``Authorization: Bearer KEY`` or ``x-api-key: KEY``; else 401 in the protocol's shape."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app, self.key = app, api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        bearer = headers.get(b"authorization", b"")
+        given = bearer[7:] if bearer[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        if not hmac.compare_digest(given, self.key):
+            resp = error_response(protocol_of(scope["path"]), 401, "Invalid or missing API key",
+                                  code="invalid_api_key")
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Any, *, api_key: str | None = None,
+               settings: ServerSettings | None = None, manage_engine: bool = True) -> FastAPI:
+    """The FastAPI app serving ``engine``. With ``manage_engine`` the lifespan starts the
+    engine and shuts it down at the end (every in-flight request gets its terminal event)."""
+    state = ServerState(engine, settings or ServerSettings(), api_key)
+    state.manage_engine = manage_engine
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            state.shutting_down = True
+            if manage_engine:
+                await asyncio.to_thread(engine.shutdown)
+            await state.drain_tasks()
+
+    app = FastAPI(title="Coda", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI- and Anthropic-compatible API; see docs/api.md.")
+    app.state.coda = state
+    install_handlers(app)
+    app.include_router(openai_routes.router)
+    app.include_router(responses_routes.router)
+    app.include_router(anthropic_routes.router)
+    _operational_routes(app)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    return app
+
+
+def _model_card(engine: Any) -> dict[str, Any]:
+    return {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
+            "max_model_len": engine.context_length}
+
+
+def _operational_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        st = state_of(request)
+        if st.shutting_down:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        stats = st.engine.stats()
+        return JSONResponse({"status": "ok", "model": st.engine.model_name,
+                             "num_running": stats.num_running,
+                             "num_waiting": stats.num_waiting})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(state_of(request).metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [_model_card(state_of(request).engine)]})
+
+    @app.get("/v1/models/{model_id}")
+    async def get_model(model_id: str, request: Request) -> Response:
+        st = state_of(request)
+        st.check_model(model_id)
+        return JSONResponse(_model_card(st.engine))
+
+    @app.get("/v1/streams/{request_id}")
+    async def resume_stream(request_id: str, request: Request, after: str | None = None
+                            ) -> Response:
+        """Coda extension (P3): replay a chat / completion / message stream after the SSE id
+        given as ``Last-Event-ID`` (or ``after``), then follow it live."""
+        st = state_of(request)
+        record = st.store.get(request_id)
+        if record is None or record.kind == "response":
+            raise ApiError(404, f"No stream found with id '{request_id}'", param="request_id",
+                           code="not_found")
+        raw = after if after is not None else request.headers.get("last-event-id")
+        positions = parse_position_id(raw, len(record.handles))
+        if raw is not None and raw.strip() and positions is None:
+            raise ApiError(400, f"Last-Event-ID must be {len(record.handles)} comma-separated "
+                                "sequence numbers", param="Last-Event-ID")
+        return SSEResponse(record.streams, record.make_renderer(positions),
+                           keepalive_s=st.settings.keepalive_s)
+
+
+class CodaServer(uvicorn.Server):
+    """uvicorn, but every in-flight request ends with its terminal event before connections
+    are drained: the engine is shut down (an app that owns it) or the app's own requests are
+    cancelled with cause shutdown (an app sharing an engine). Open streams thus send their
+    final event and close instead of being cut at the graceful-shutdown timeout."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        app = config.app
+        self._state: ServerState | None = getattr(getattr(app, "state", None), "coda", None)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        st = self._state
+        if st is not None:
+            st.shutting_down = True
+            if st.manage_engine:
+                await asyncio.to_thread(st.engine.shutdown)
+            else:
+                st.cancel_all()
+        await super().shutdown(sockets)
+
+
+def serve(engine: Any, host: str = "127.0.0.1", port: int = 8000, *,
+          api_key: str | None = None, settings: ServerSettings | None = None,
+          log_level: str = "info", json_logs: bool = True) -> None:
+    """Run the server until SIGINT/SIGTERM (blocking)."""
+    configure_logging(log_level, json_lines=json_logs)
+    settings = settings or ServerSettings()
+    app = create_app(engine, api_key=api_key, settings=settings)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                            timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
+                            access_log=False)
+    log.info("serving", extra={"model": engine.model_name, "host": host, "port": port})
+    CodaServer(config).run()

@@ -1,0 +1,96 @@
+"""Helpers shared by the route modules: ids, the per-app state, waiting for a non-streaming
+request while watching its connection (SPEC P4), and reading a finished stream's log."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from coda.server.state import DisconnectPolicy, Record, ServerState
+from coda.stream import EventType, RequestStream, Terminal, TokenInfo
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def state_of(request: Request) -> ServerState:
+    st: ServerState = request.app.state.coda
+    return st
+
+
+class ClientGone(Exception):
+    """The client disconnected while a non-streaming request was running."""
+
+
+async def terminal_of(handle: Any) -> Terminal:
+    """The handle's terminal, waiting for it if needed.
+
+    NOTE: reads with ``events()`` from the start rather than ``handle.result()``: result()
+    resumes after ``last_seq`` and so never returns for an already finished stream."""
+    async for ev in handle.events():
+        if ev.terminal is not None:
+            return ev.terminal
+    terminal = handle.stream.terminal
+    assert terminal is not None
+    return terminal
+
+
+async def wait_results(request: Request, st: ServerState, record: Record,
+                       policy: DisconnectPolicy) -> list[Terminal]:
+    """Wait for every handle's terminal; a disconnect first applies the P4 policy."""
+    results = asyncio.ensure_future(asyncio.gather(*(terminal_of(h) for h in record.handles)))
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({results, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not results.done():
+        st.disconnect_handler(record, policy)()
+        results.cancel()
+        await asyncio.gather(results, watch, return_exceptions=True)
+        raise ClientGone(record.id)
+    await asyncio.gather(watch, return_exceptions=True)
+    return list(results.result())
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What a finished stream returned: text, per-delta tokens, and its terminal."""
+
+    text: str
+    deltas: list[tuple[str, tuple[TokenInfo, ...]]]
+    terminal: Terminal
+
+
+def collect(stream: RequestStream) -> Collected:
+    deltas = [(e.text, e.tokens) for e in stream.events_after(-1) if e.type is EventType.DELTA]
+    terminal = stream.terminal
+    assert terminal is not None, "collect() needs a finished stream"
+    return Collected("".join(t for t, _ in deltas), deltas, terminal)
+
+
+def partial_text(stream: RequestStream) -> str:
+    return "".join(e.text for e in stream.events_after(-1) if e.type is EventType.DELTA)
+
+
+def text_before(stream: RequestStream, seq: int) -> int:
+    """Characters returned by deltas up to and including ``seq`` (for resumed offsets)."""
+    return sum(len(e.text) for e in stream.events_after(-1)
+               if e.type is EventType.DELTA and e.seq <= seq)

@@ -1,0 +1,136 @@
+"""Every error in the protocol's own shape (issue 4 item 5).
+
+OpenAI: ``{"error": {"message", "type", "param", "code"}}``; Anthropic:
+``{"type": "error", "error": {"type", "message"}}``. The protocol is chosen by path
+(``/v1/messages`` is Anthropic). Bad input is always 4xx and names the field; only a fault of
+the server itself is a 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, ModelNotFoundError
+
+log = logging.getLogger("coda.server")
+
+Protocol = Literal["openai", "anthropic"]
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error"}
+
+
+class ApiError(Exception):
+    """Raised by route code; rendered by the app's handler in the caller's protocol."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def protocol_of(path: str) -> Protocol:
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def error_payload(protocol: Protocol, status: int, message: str, *, param: str | None = None,
+                  code: str | None = None) -> dict[str, Any]:
+    if protocol == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
+                                    "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(protocol: Protocol, status: int, message: str, *, param: str | None = None,
+                   code: str | None = None, headers: dict[str, str] | None = None
+                   ) -> JSONResponse:
+    return JSONResponse(error_payload(protocol, status, message, param=param, code=code),
+                        status_code=status, headers=headers)
+
+
+def api_error_from(exc: CodaError, rename: dict[str, str] | None = None) -> ApiError:
+    """A typed engine/validation error as an :class:`ApiError`; ``rename`` maps engine field
+    names (``deadline_s``, ``prompt``) to the protocol's own (``deadline``, ``messages``)."""
+    param = exc.field
+    if param is not None and rename:
+        param = rename.get(param, param)
+    message = exc.message
+    if exc.field and param != exc.field:
+        message = message.replace(exc.field, param or exc.field)
+    if param and param not in message:
+        message = f"{param}: {message}"
+    if isinstance(exc, ModelNotFoundError):
+        return ApiError(404, message, param="model", code="model_not_found")
+    if isinstance(exc, ContextLengthExceededError):
+        return ApiError(400, message, param=param, code="context_length_exceeded")
+    if exc.code is ErrorCode.ENGINE_SHUTDOWN:
+        return ApiError(503, message, code=exc.code.value)
+    return ApiError(400, message, param=param, code=exc.code.value)
+
+
+def _loc_name(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    # NOTE: pydantic puts union-member tags (``str``, ``list[int]``) in the loc; drop them.
+    parts = [p for p in parts if not any(c in p for c in "[]") and p not in ("str", "int")]
+    return ".".join(parts)
+
+
+def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('ctx', {}).get('error', 'parse error')}", None
+    name = _loc_name(tuple(first.get("loc", ())))
+    if not name:
+        return "request body must be a JSON object (malformed JSON or wrong type)", None
+    if first.get("type") == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {name}", name
+    return f"{name}: {first.get('msg', 'invalid value')}", name
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Map every exception a route can raise to the protocol's error shape."""
+
+    @app.exception_handler(ApiError)
+    async def _api(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(protocol_of(request.url.path), exc.status, exc.message,
+                              param=exc.param, code=exc.code)
+
+    @app.exception_handler(CodaError)
+    async def _coda(request: Request, exc: CodaError) -> JSONResponse:
+        err = api_error_from(exc)
+        return error_response(protocol_of(request.url.path), err.status, err.message,
+                              param=err.param, code=err.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation(exc)
+        return error_response(protocol_of(request.url.path), 400, message, param=param,
+                              code="invalid_request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(protocol_of(request.url.path), exc.status_code, str(exc.detail),
+                              headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return error_response(protocol_of(request.url.path), 400, f"malformed JSON body: {exc}")
+
+    @app.exception_handler(Exception)
+    async def _any(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(protocol_of(request.url.path), 500,
+                              f"internal error: {type(exc).__name__}", code="internal_error")

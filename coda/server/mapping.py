@@ -1,0 +1,101 @@
+"""Exact finish reasons → each protocol's closest value, plus the ``coda`` extension object
+that always carries the exact one (SPEC L4, L5, L6, P5; issue 4 item 3).
+
+Closest values: a natural end (eos, stop sequence, grammar) is OpenAI ``stop`` / Anthropic
+``end_turn`` or ``stop_sequence``; every truncation (length, context, deadline, cancel,
+transport, confidence) is ``length`` / ``max_tokens``; a policy interruption is
+``content_filter`` / ``refusal``. A client disconnect is never reported as a natural end (L5):
+its closest value is a truncation and the exact reason ``transport_error`` is in ``coda``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coda.finish import FinishReason
+from coda.stream import Terminal
+
+F = FinishReason
+_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE})
+_LENGTH = frozenset({F.MAX_OUTPUT_TOKENS, F.CONTEXT_LIMIT})
+
+
+def openai_finish_reason(reason: FinishReason) -> str:
+    if reason in _NATURAL:
+        return "stop"
+    if reason is F.CONTENT_INTERRUPTED:
+        return "content_filter"
+    return "length"
+
+
+def anthropic_stop_reason(reason: FinishReason) -> str:
+    if reason is F.STOP_SEQUENCE:
+        return "stop_sequence"
+    if reason in _NATURAL:
+        return "end_turn"
+    if reason is F.CONTENT_INTERRUPTED:
+        return "refusal"
+    return "max_tokens"
+
+
+def responses_status(reason: FinishReason) -> tuple[str, str]:
+    """``(final event type, response.status)`` for a Responses stream (exactly one final)."""
+    if reason in _NATURAL:
+        return "response.completed", "completed"
+    if reason is F.MODEL_ERROR:
+        return "response.failed", "failed"
+    if reason is F.CANCELLED:
+        return "response.incomplete", "cancelled"
+    return "response.incomplete", "incomplete"
+
+
+def responses_incomplete_reason(reason: FinishReason) -> str:
+    if reason in _LENGTH:
+        return "max_output_tokens"
+    if reason is F.CONTENT_INTERRUPTED:
+        return "content_filter"
+    return reason.value
+
+
+def matched_stop(terminal: Terminal) -> str | list[int] | None:
+    if terminal.stop is None:
+        return None
+    stop = terminal.stop.stop
+    return stop if isinstance(stop, str) else list(stop)
+
+
+def is_model_failure(terminal: Terminal) -> bool:
+    """A failure of the model side (L5: a transport error never is one)."""
+    return terminal.finish_reason is F.MODEL_ERROR
+
+
+def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> dict[str, Any]:
+    """The exact outcome of one request: the ``coda`` object on final chunks and objects."""
+    t = terminal.timings
+    timings: dict[str, Any] = {
+        "queue_s": t.queue_s, "prefill_s": t.prefill_s, "decode_s": t.decode_s,
+        "stop_buffer_s": t.stop_buffer_s, "first_token_s": t.first_token_s,
+        "total_s": t.total_s,
+    }
+    if network_send_s is not None:
+        timings["network_send_s"] = network_send_s
+    out: dict[str, Any] = {
+        "finish_reason": terminal.finish_reason.value,
+        "state": terminal.state.value,
+        "matched_stop": matched_stop(terminal),
+        "usage": terminal.usage.to_dict(),
+        "timings": timings,
+    }
+    if terminal.error_code is not None:
+        out["error"] = {"code": terminal.error_code.value, "message": terminal.error_message}
+    return out
+
+
+def openai_usage(terminals: list[Terminal]) -> dict[str, Any]:
+    """OpenAI usage over n choices: the prompt once, completion = selected (billed) tokens."""
+    prompt = terminals[0].usage.prompt_tokens if terminals else 0
+    cached = terminals[0].usage.cached_prompt_tokens if terminals else 0
+    completion = sum(t.usage.selected_tokens for t in terminals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}

@@ -1,0 +1,91 @@
+"""Prometheus metrics with vLLM-style names, one registry per app (issue 4 item 6; SPEC P5, L4).
+
+Latencies are observed once per request, when its terminal event is appended (from the
+stream's listener, on the engine thread; prometheus-client is thread-safe): time to first
+token, inter-token latency (gaps between deltas), queue time, end-to-end latency, and the
+exact finish reason. Gauges (running, waiting, KV usage) are read from the engine at scrape.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from coda.stream import EventType
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
+                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class ServerMetrics:
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram("coda:time_to_first_token_seconds",
+                              "Arrival to first selected token.", registry=r,
+                              buckets=_LATENCY_BUCKETS)
+        self.itl = Histogram("coda:inter_token_latency_seconds",
+                             "Gap between consecutive stream deltas.", registry=r,
+                             buckets=_LATENCY_BUCKETS)
+        self.queue = Histogram("coda:request_queue_time_seconds", "Time spent queued.",
+                               registry=r, buckets=_LATENCY_BUCKETS)
+        self.e2e = Histogram("coda:e2e_request_latency_seconds", "Arrival to terminal event.",
+                             registry=r, buckets=_LATENCY_BUCKETS)
+        self.success = Counter("coda:request_success", "Finished requests by exact reason.",
+                               ["finished_reason"], registry=r)
+        self.prompt_tokens = Counter("coda:prompt_tokens", "Prompt tokens.", registry=r)
+        self.generation_tokens = Counter("coda:generation_tokens",
+                                         "Selected output tokens.", registry=r)
+        self.running = Gauge("coda:num_requests_running", "Requests in the batch.", registry=r)
+        self.waiting = Gauge("coda:num_requests_waiting", "Requests queued.", registry=r)
+        self.kv_usage = Gauge("coda:kv_cache_usage_perc", "KV cache usage (0-1).", registry=r)
+        self.preemptions = Gauge("coda:num_preemptions", "Preemptions so far.", registry=r)
+        self._lock = threading.Lock()
+
+    def track(self, handle: Any) -> None:
+        """Observe ``handle``'s latencies once, when its terminal event is appended."""
+        stream = handle.stream
+        done = [False]
+        remover: list[Any] = []
+
+        def on_append() -> None:
+            if not stream.closed:
+                return
+            with self._lock:
+                if done[0]:
+                    return
+                done[0] = True
+            self._observe(stream)
+            if remover:
+                remover[0]()
+
+        remover.append(stream.add_listener(on_append))
+        on_append()  # NOTE: the request may have ended before the listener was added
+
+    def _observe(self, stream: Any) -> None:
+        events = stream.events_after(-1)
+        terminal = stream.terminal
+        if terminal is None:
+            return
+        t = terminal.timings
+        if t.first_token_s is not None:
+            self.ttft.observe(t.first_token_s)
+        self.queue.observe(t.queue_s)
+        self.e2e.observe(t.total_s)
+        stamps = [e.ts for e in events if e.type is EventType.DELTA]
+        for a, b in zip(stamps, stamps[1:], strict=False):
+            self.itl.observe(max(0.0, b - a))
+        self.success.labels(finished_reason=terminal.finish_reason.value).inc()
+        self.prompt_tokens.inc(terminal.usage.prompt_tokens)
+        self.generation_tokens.inc(terminal.usage.selected_tokens)
+
+    def render(self) -> bytes:
+        stats = self.engine.stats()
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_cache_usage)
+        self.preemptions.set(stats.num_preemptions_total)
+        return generate_latest(self.registry)

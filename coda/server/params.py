@@ -1,0 +1,154 @@
+"""Protocol parameters → :class:`~coda.engine.types.GenerationRequest` (issue 4 item 3).
+
+One place turns every endpoint's knobs (and the Coda extensions) into engine requests, so a
+parameter means the same thing everywhere. Errors are raised as
+:class:`~coda.errors.InvalidRequestError` naming the protocol's field; ``rename`` tells the
+caller how to rename the engine's own field names in errors raised later by ``submit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coda.early_stop import EarlyStopPolicy
+from coda.engine.types import GenerationRequest, GrammarSpec
+from coda.errors import InvalidRequestError
+from coda.sampling import SamplingParams
+from coda.server.schemas import CodaExtensions, ResponseFormat
+from coda.stream import BackpressureConfig, BackpressurePolicy
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Protocol-level values after the protocol's own spelling has been resolved."""
+
+    max_tokens: int | None
+    max_tokens_field: str
+    prompt_field: str
+    stop: str | Sequence[str] | None = None
+    stop_field: str = "stop"
+    n: int = 1
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = None
+    logprobs_field: str = "logprobs"
+    grammar: GrammarSpec | None = None
+
+
+def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_format"
+                        ) -> GrammarSpec | None:
+    """OpenAI ``response_format`` (plus Coda's regex / lark) → :class:`GrammarSpec`."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return GrammarSpec(json_object=True)
+    if fmt.type == "json_schema":
+        spec = fmt.json_schema or {}
+        schema = spec.get("schema", spec if "type" in spec or "properties" in spec else None)
+        if not isinstance(schema, dict):
+            raise InvalidRequestError(f"{field}.json_schema.schema must be a JSON schema object",
+                                      field=f"{field}.json_schema")
+        return GrammarSpec(json_schema=schema)
+    if fmt.type == "regex":
+        if not fmt.regex:
+            raise InvalidRequestError(f"{field}.regex is required", field=f"{field}.regex")
+        return GrammarSpec(regex=fmt.regex)
+    if not fmt.lark:
+        raise InvalidRequestError(f"{field}.lark is required", field=f"{field}.lark")
+    return GrammarSpec(lark=fmt.lark)
+
+
+def _stops(stop: str | Sequence[str] | None, field: str) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    items = (stop,) if isinstance(stop, str) else tuple(stop)
+    for s in items:
+        if not s:
+            raise InvalidRequestError(f"{field}: a stop string must not be empty", field=field)
+    return items
+
+
+def _stop_ids(raw: Sequence[int | Sequence[int]] | None) -> tuple[tuple[int, ...], ...]:
+    if not raw:
+        return ()
+    return tuple((s,) if isinstance(s, int) else tuple(s) for s in raw)
+
+
+def _backpressure(ext: CodaExtensions, default: BackpressureConfig | None
+                  ) -> BackpressureConfig | None:
+    if ext.backpressure is None:
+        return default
+    b = ext.backpressure
+    try:
+        return BackpressureConfig(BackpressurePolicy(b.policy), b.pause_bytes, b.max_bytes)
+    except ValueError as exc:
+        raise InvalidRequestError(f"backpressure: {exc}", field="backpressure") from None
+
+
+def _early_stop(raw: dict[str, Any] | None) -> EarlyStopPolicy | None:
+    if raw is None:
+        return None
+    try:
+        return EarlyStopPolicy.from_dict(raw)
+    except InvalidRequestError as exc:
+        name = f"early_stop.{exc.field}" if exc.field and exc.field != "early_stop" else \
+            "early_stop"
+        raise InvalidRequestError(exc.message, field=name) from None
+
+
+def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int], *,
+                   request_id: str, default_max_tokens: int, context_length: int,
+                   backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
+    """n engine requests for one API call; choice i gets seed ``seed + i`` (issue 4)."""
+    max_tokens = knobs.max_tokens
+    if max_tokens is None:
+        # NOTE: an omitted limit is the configured default, never past the context.
+        max_tokens = max(1, min(default_max_tokens, context_length - len(prompt_ids)))
+    stops = _stops(knobs.stop, knobs.stop_field)
+    early = _early_stop(ext.early_stop)
+    backpressure_cfg = _backpressure(ext, backpressure)
+    grammar = knobs.grammar if knobs.grammar is not None else grammar_from_format(
+        ext.response_format)
+    out: list[GenerationRequest] = []
+    for i in range(knobs.n):
+        seed = knobs.seed + i if knobs.seed is not None else None
+        try:
+            sampling = SamplingParams(
+                temperature=1.0 if knobs.temperature is None else knobs.temperature,
+                top_p=1.0 if knobs.top_p is None else knobs.top_p,
+                top_k=0 if ext.top_k is None else ext.top_k,
+                min_p=0.0 if ext.min_p is None else ext.min_p,
+                repetition_penalty=(1.0 if ext.repetition_penalty is None
+                                    else ext.repetition_penalty),
+                presence_penalty=knobs.presence_penalty or 0.0,
+                frequency_penalty=knobs.frequency_penalty or 0.0,
+                logit_bias=knobs.logit_bias or (), seed=seed, min_tokens=ext.min_tokens,
+                ignore_eos=ext.ignore_eos, logprobs=knobs.logprobs)
+        except InvalidRequestError as exc:
+            field = knobs.logprobs_field if exc.field == "logprobs" else exc.field
+            raise InvalidRequestError(exc.message, field=field) from None
+        out.append(GenerationRequest(
+            prompt_token_ids=tuple(prompt_ids), sampling=sampling, max_tokens=max_tokens,
+            stop=stops, stop_token_ids=_stop_ids(ext.stop_token_ids),
+            include_stop_str_in_output=ext.include_stop_str_in_output,
+            skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,
+            early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
+            request_id=request_id if knobs.n == 1 else f"{request_id}-{i}"))
+    return out
+
+
+def rename_map(knobs: Knobs) -> dict[str, str]:
+    """Engine field names → this protocol's names, for errors raised by ``submit``."""
+    return {"prompt": knobs.prompt_field, "max_tokens": knobs.max_tokens_field,
+            "deadline_s": "deadline", "stop": knobs.stop_field,
+            "logprobs": knobs.logprobs_field}
+
+
+def encode(engine: Any, text: str, *, add_special_tokens: bool) -> list[int]:
+    return list(engine.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)

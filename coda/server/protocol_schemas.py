@@ -1,0 +1,87 @@
+"""Request bodies of ``POST /v1/responses`` and ``POST /v1/messages`` (issue 4 items 2, 5).
+
+Both reuse :class:`~coda.server.schemas.CodaExtensions`, so the Coda fields (deadline,
+on_disconnect, early_stop, ...) mean the same thing on every endpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from coda.server.schemas import CodaExtensions, ResponseFormat, StopField
+
+
+class InputMessage(BaseModel):
+    """A Responses ``input`` item of type ``message`` (``type`` may be omitted)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["message"] = "message"
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")  # NOTE: name/strict/description are informative
+    type: Literal["text", "json_object", "json_schema", "regex", "lark"] = "text"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    regex: str | None = None
+    lark: str | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(CodaExtensions):
+    model: str
+    input: str | list[InputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    include: list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    background: bool = False
+    store: bool = True
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    text: TextConfig | None = None
+    stop: StopField = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    previous_response_id: str | None = None
+
+
+class AnthropicMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class AnthropicRequest(CodaExtensions):
+    model: str
+    max_tokens: int = Field(..., ge=1)
+    messages: list[AnthropicMessage] = Field(..., min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    metadata: dict[str, Any] | None = None
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    # NOTE: top_k is Anthropic's own field; CodaExtensions already declares it.
+
+
+__all__ = ["AnthropicRequest", "ResponseFormat", "ResponsesRequest", "TextFormat"]

@@ -1,0 +1,264 @@
+"""The OpenAI Responses API: ``POST /v1/responses`` (+ ``background``), ``GET
+/v1/responses/{id}`` (+ ``stream=true&starting_after=N`` replay), ``POST
+/v1/responses/{id}/cancel`` (issue 4 item 2; SPEC P1–P4, C1, L2–L5).
+
+The event stream is a pure function of the engine's event log, so ``sequence_number`` (also
+the SSE ``id``) is the same on every replay: ``response.created`` 0, ``response.in_progress``
+1, ``output_item.added`` 2, ``content_part.added`` 3, one ``output_text.delta`` per engine
+delta, then ``output_text.done``, ``content_part.done``, ``output_item.done`` and exactly one of
+``response.completed | response.incomplete | response.failed`` last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from coda.engine.types import GrammarSpec
+from coda.errors import InvalidRequestError
+from coda.finish import CancelCause
+from coda.server import logprobs as lp
+from coda.server.chat import render_chat
+from coda.server.common import (
+    ClientGone,
+    new_id,
+    now,
+    partial_text,
+    state_of,
+    terminal_of,
+    wait_results,
+)
+from coda.server.http_errors import ApiError
+from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
+from coda.server.params import Knobs, build_requests, encode, rename_map
+from coda.server.protocol_schemas import ResponsesRequest, TextFormat
+from coda.server.sse import Frame, Renderer, SSEResponse
+from coda.server.state import Record
+from coda.stream import EventType, RequestStream, StreamEvent
+
+router = APIRouter()
+_ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
+def _item_id(record: Record) -> str:
+    return "msg_" + record.id.removeprefix("resp_")
+
+
+def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
+    """The response as it stands (``initial``: the snapshot of ``response.created``)."""
+    stream: RequestStream = record.handles[0].stream
+    terminal = None if initial else stream.terminal
+    body: dict[str, Any] = {
+        "id": record.id, "object": "response", "created_at": record.created,
+        "model": record.model, "status": "queued" if record.background else "in_progress",
+        "background": record.background, "error": None, "incomplete_details": None,
+        "instructions": record.extra.get("instructions"), "metadata": record.extra["metadata"],
+        "max_output_tokens": record.extra.get("max_output_tokens"), "output": [],
+        "parallel_tool_calls": False, "temperature": record.extra.get("temperature"),
+        "top_p": record.extra.get("top_p"), "tool_choice": "auto", "tools": [],
+        "text": {"format": record.extra["format"]}, "truncation": "disabled", "usage": None,
+    }
+    if initial:
+        return body
+    body["status"] = "in_progress"
+    text = partial_text(stream)
+    item_status = "in_progress"
+    if terminal is not None:
+        _, status = responses_status(terminal.finish_reason)
+        body["status"] = status
+        item_status = "completed" if status == "completed" else "incomplete"
+        u = terminal.usage
+        body["usage"] = {"input_tokens": u.prompt_tokens,
+                         "input_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
+                         "output_tokens": u.selected_tokens,
+                         "output_tokens_details": {"reasoning_tokens": 0},
+                         "total_tokens": u.prompt_tokens + u.selected_tokens}
+        if status == "failed":
+            body["error"] = {"code": "server_error",
+                             "message": terminal.error_message or "model error"}
+        elif status != "completed":
+            body["incomplete_details"] = {
+                "reason": responses_incomplete_reason(terminal.finish_reason)}
+        body["coda"] = coda_extension(terminal)
+    body["output"] = [_message_item(record, text, item_status)]
+    return body
+
+
+def _message_item(record: Record, text: str, status: str) -> dict[str, Any]:
+    return {"type": "message", "id": _item_id(record), "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [],
+                         "logprobs": []}]}
+
+
+class ResponsesRenderer(Renderer):
+    """Deterministic Responses events; frames numbered ``<= starting_after`` are skipped."""
+
+    def __init__(self, record: Record, tokenizer: Any, logprobs: bool,
+                 starting_after: int) -> None:
+        super().__init__(1, [-1])  # NOTE: always regenerate from the start (deterministic)
+        self.r, self.tok, self.logprobs = record, tokenizer, logprobs
+        self.skip, self.seq, self.text = starting_after, 0, ""
+
+    def _emit(self, obj: dict[str, Any]) -> list[Frame]:
+        seq = self.seq
+        self.seq += 1
+        if seq <= self.skip:
+            return []
+        return [Frame({"type": obj["type"], "sequence_number": seq, **obj},
+                      event=obj["type"], id=str(seq))]
+
+    def header(self) -> list[Frame]:
+        snap = response_object(self.r, initial=True)
+        return (self._emit({"type": "response.created", "response": snap})
+                + self._emit({"type": "response.in_progress",
+                              "response": {**snap, "status": "in_progress"}}))
+
+    def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
+        ids = {"item_id": _item_id(self.r), "output_index": 0, "content_index": 0}
+        if ev.type is EventType.START:
+            return (self._emit({"type": "response.output_item.added", "output_index": 0,
+                                "item": _message_item(self.r, "", "in_progress")})
+                    + self._emit({"type": "response.content_part.added", **ids,
+                                  "part": {"type": "output_text", "text": "",
+                                           "annotations": [], "logprobs": []}}))
+        if ev.type is EventType.DELTA:
+            self.text += ev.text
+            entries = lp.chat_entries(self.tok, ev.tokens) if self.logprobs else []
+            return self._emit({"type": "response.output_text.delta", **ids, "delta": ev.text,
+                               "logprobs": entries})
+        assert ev.terminal is not None
+        final = response_object(self.r)
+        kind, _ = responses_status(ev.terminal.finish_reason)
+        item = final["output"][0]
+        return (self._emit({"type": "response.output_text.done", **ids, "text": self.text,
+                            "logprobs": []})
+                + self._emit({"type": "response.content_part.done", **ids,
+                              "part": item["content"][0]})
+                + self._emit({"type": "response.output_item.done", "output_index": 0,
+                              "item": item})
+                + self._emit({"type": kind, "response": final}))
+
+
+def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = []
+    if body.instructions:
+        msgs.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        return [*msgs, {"role": "user", "content": body.input}]
+    if not body.input:
+        raise InvalidRequestError("input: must not be empty", field="input")
+    for i, item in enumerate(body.input):
+        if item.role not in _ROLES:
+            raise InvalidRequestError(f"input.{i}.role must be one of {sorted(_ROLES)}",
+                                      field=f"input.{i}.role")
+        msgs.append({"role": item.role, "content": item.content})
+    return msgs
+
+
+def _grammar(fmt: TextFormat | None) -> GrammarSpec | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return GrammarSpec(json_object=True)
+    if fmt.type == "json_schema":
+        if not isinstance(fmt.schema_, dict):
+            raise InvalidRequestError("text.format.schema is required", field="text.format.schema")
+        return GrammarSpec(json_schema=fmt.schema_)
+    value = fmt.regex if fmt.type == "regex" else fmt.lark
+    if not value:
+        raise InvalidRequestError(f"text.format.{fmt.type} is required",
+                                  field=f"text.format.{fmt.type}")
+    return GrammarSpec(regex=fmt.regex) if fmt.type == "regex" else GrammarSpec(lark=fmt.lark)
+
+
+def _record(request: Request, rid: str) -> Record:
+    record = state_of(request).store.get(rid)
+    if record is None or record.kind != "response":
+        raise ApiError(404, f"No response found with id '{rid}'", param="response_id",
+                       code="not_found")
+    return record
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    """Create a response; ``background`` keeps running without a client (P4)."""
+    st = state_of(request)
+    st.check_model(body.model)
+    if body.tools:
+        raise InvalidRequestError("tools: tool calling is not supported", field="tools")
+    if body.previous_response_id:
+        raise InvalidRequestError("previous_response_id: not supported",
+                                  field="previous_response_id")
+    text = render_chat(st.engine, _messages(body), field="input")
+    fmt = body.text.format if body.text else None
+    logprobs = body.top_logprobs if body.top_logprobs is not None else (
+        0 if body.include and "message.output_text.logprobs" in body.include else None)
+    knobs = Knobs(max_tokens=body.max_output_tokens, max_tokens_field="max_output_tokens",
+                  prompt_field="input", stop=body.stop, seed=body.seed,
+                  temperature=body.temperature, top_p=body.top_p,
+                  presence_penalty=body.presence_penalty,
+                  frequency_penalty=body.frequency_penalty, logprobs=logprobs,
+                  logprobs_field="top_logprobs", grammar=_grammar(fmt))
+    rid = new_id("resp_")
+    reqs = build_requests(body, knobs, encode(st.engine, text, add_special_tokens=False),
+                          request_id=rid, default_max_tokens=st.engine_config.default_max_tokens,
+                          context_length=st.engine.context_length,
+                          backpressure=st.settings.backpressure)
+    handles = st.submit_all(reqs, rename_map(knobs))
+    tok = st.engine.tokenizer
+    fmt_dump = fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}
+    record = Record(rid, "response", handles, now(), st.engine.model_name,
+                    make_renderer=lambda after: ResponsesRenderer(
+                        record, tok, logprobs is not None, -1 if after is None else after[0]),
+                    background=body.background,
+                    extra={"instructions": body.instructions, "metadata": body.metadata or {},
+                           "max_output_tokens": body.max_output_tokens,
+                           "temperature": body.temperature, "top_p": body.top_p,
+                           "format": fmt_dump})
+    st.store.put(record)
+    if body.background:
+        st.keep_draining(handles[0])  # NOTE: acks the log so nobody-reading never overflows
+    policy = body.on_disconnect or st.settings.on_disconnect
+    if body.stream:
+        return SSEResponse(record.streams, record.make_renderer(None),
+                           keepalive_s=st.settings.keepalive_s,
+                           on_disconnect=st.disconnect_handler(record, policy))
+    if body.background:
+        return JSONResponse(response_object(record, initial=True))
+    try:
+        await wait_results(request, st, record, policy)
+    except ClientGone:
+        return Response(status_code=499)
+    return JSONResponse(response_object(record))
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request, stream: bool = False,
+                       starting_after: int | None = None) -> Response:
+    """The stored response; with ``stream=true`` its event stream replayed after
+    ``starting_after`` (or ``Last-Event-ID``), then followed live (P3)."""
+    record = _record(request, response_id)
+    if not stream:
+        return JSONResponse(response_object(record))
+    st = state_of(request)
+    after = starting_after
+    if after is None:
+        header = request.headers.get("last-event-id", "").strip()
+        after = int(header) if header.lstrip("-").isdigit() else -1
+    if after < -1:
+        raise ApiError(400, "starting_after must be >= -1", param="starting_after")
+    # NOTE: a replaying reader never cancels: the original request owns the P4 policy.
+    return SSEResponse(record.streams, record.make_renderer([after]),
+                       keepalive_s=st.settings.keepalive_s)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> Response:
+    """Cancel (C1); idempotent — a finished response is returned unchanged."""
+    record = _record(request, response_id)
+    record.cancel(CancelCause.CLIENT)
+    await asyncio.gather(*(terminal_of(h) for h in record.handles))
+    return JSONResponse(response_object(record))

@@ -1,0 +1,122 @@
+"""Request bodies of the OpenAI-compatible endpoints, plus the Coda extension fields shared by
+every protocol (issue 4 items 3 and 5; SPEC P4, G3, D1).
+
+Unknown top-level fields are rejected (``extra="forbid"``) exactly like the upstream APIs do,
+so a misspelt parameter is a 400 naming it, never silently ignored. Objects the protocols leave
+open (chat messages, ``metadata``) allow extra keys. Range checks that need the model (vocab,
+context, stop limits) happen later, in :mod:`coda.server.params` and the engine's ``submit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+StopField = str | list[str] | None
+StopTokenIds = list[int | list[int]] | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BackpressureBody(_Strict):
+    """P6: how a slow reader is handled (Coda extension)."""
+
+    policy: Literal["pause", "buffer"] = "buffer"
+    pause_bytes: int = Field(65536, ge=1)
+    max_bytes: int = Field(4 * 1024 * 1024, ge=1, le=64 * 1024 * 1024)
+
+
+class ResponseFormat(_Strict):
+    """``text`` | ``json_object`` | ``json_schema`` (OpenAI) and ``regex`` | ``lark`` (Coda)."""
+
+    type: Literal["text", "json_object", "json_schema", "regex", "lark"]
+    json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+    lark: str | None = None
+
+
+class CodaExtensions(_Strict):
+    """Fields every Coda endpoint accepts on top of its protocol (documented in docs/api.md).
+
+    ``deadline`` (seconds from arrival) ends a request ``deadline_exceeded`` (G3, never
+    "cancelled"); ``on_disconnect`` declares the P4 policy of a foreground request.
+    """
+
+    deadline: float | None = Field(None, gt=0, le=86400)
+    include_stop_str_in_output: bool = False
+    on_disconnect: Literal["cancel", "continue"] | None = None
+    early_stop: dict[str, Any] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    skip_special_tokens: bool = True
+    stop_token_ids: StopTokenIds = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    backpressure: BackpressureBody | None = None
+    response_format: ResponseFormat | None = None
+
+
+class _OpenAISampling(CodaExtensions):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=16)
+    seed: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    stop: StopField = None
+    user: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class TextPart(BaseModel):
+    """A text content part; other part kinds (images, audio) are rejected by the renderer."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # NOTE: the protocol allows name, refusal, ...
+    role: str
+    content: str | list[TextPart] | None = None
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=16)
+
+
+_OpenAISampling.model_rebuild()
+ChatCompletionRequest.model_rebuild()
+CompletionRequest.model_rebuild()

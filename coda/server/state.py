@@ -1,0 +1,189 @@
+"""Per-app server state: settings, the engine, the store of recent requests (for replay and
+``GET /v1/responses/{id}``), metrics tracking, and the submit path (issue 4; SPEC P3, P4, C1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from coda.engine.types import EngineConfig, GenerationRequest
+from coda.errors import CodaError, ErrorCode
+from coda.finish import CancelCause
+from coda.server.http_errors import ApiError, api_error_from
+from coda.server.metrics import ServerMetrics
+from coda.stream import BackpressureConfig
+
+log = logging.getLogger("coda.server")
+
+DisconnectPolicy = Literal["cancel", "continue"]
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """HTTP-layer knobs, fixed at app creation.
+
+    ``keepalive_s``: quiet seconds before an SSE keepalive comment. ``max_stored_requests``:
+    how many recent requests stay replayable (oldest evicted first). ``on_disconnect``: the
+    default P4 policy of foreground requests. ``backpressure``: the default P6 policy.
+    """
+
+    keepalive_s: float = 5.0
+    max_stored_requests: int = 1024
+    on_disconnect: DisconnectPolicy = "cancel"
+    backpressure: BackpressureConfig | None = None
+    max_n: int = 16
+    graceful_shutdown_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.keepalive_s > 0:
+            raise ValueError("keepalive_s must be > 0")
+        if self.max_stored_requests < 1:
+            raise ValueError("max_stored_requests must be >= 1")
+
+
+@dataclass
+class Record:
+    """A submitted API request: its n engine handles and what is needed to re-render it."""
+
+    id: str
+    kind: Literal["chat", "completion", "anthropic", "response"]
+    handles: list[Any]
+    created: int
+    model: str
+    make_renderer: Callable[[list[int] | None], Any]
+    background: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def streams(self) -> list[Any]:
+        return [h.stream for h in self.handles]
+
+    @property
+    def done(self) -> bool:
+        return all(h.stream.closed for h in self.handles)
+
+    def cancel(self, cause: CancelCause) -> None:
+        for h in self.handles:
+            h.cancel(cause)
+
+
+class RecordStore:
+    """Bounded map id → :class:`Record`; evicts the oldest finished record first."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: OrderedDict[str, Record] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, record: Record) -> None:
+        with self._lock:
+            self._items[record.id] = record
+            while len(self._items) > self._capacity:
+                victim = next((k for k, r in self._items.items() if r.done), None)
+                self._items.pop(victim if victim is not None else next(iter(self._items)))
+
+    def get(self, rid: str) -> Record | None:
+        with self._lock:
+            return self._items.get(rid)
+
+    def records(self) -> list[Record]:
+        with self._lock:
+            return list(self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class ServerState:
+    def __init__(self, engine: Any, settings: ServerSettings, api_key: str | None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.api_key = api_key
+        self.store = RecordStore(settings.max_stored_requests)
+        self.metrics = ServerMetrics(engine)
+        self.shutting_down = False
+        self.manage_engine = True
+        self._tasks: set[asyncio.Task[None]] = set()
+        cfg = getattr(engine, "config", None)
+        self.engine_config: EngineConfig = cfg if isinstance(cfg, EngineConfig) else EngineConfig()
+
+    def check_model(self, name: str) -> None:
+        if name != self.engine.model_name:
+            raise ApiError(404, f"The model '{name}' does not exist; this server serves "
+                                f"'{self.engine.model_name}'", param="model",
+                           code="model_not_found")
+
+    def submit_all(self, requests: Sequence[GenerationRequest],
+                   rename: dict[str, str]) -> list[Any]:
+        """Submit every request or none (a failure cancels those already queued)."""
+        if self.shutting_down:
+            raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
+        handles: list[Any] = []
+        try:
+            for req in requests:
+                handles.append(self.engine.submit(req))
+        except CodaError as exc:
+            for h in handles:
+                h.cancel(CancelCause.CLIENT)
+            raise api_error_from(exc, rename) from None
+        except (ImportError, ValueError, TypeError) as exc:
+            # NOTE: a grammar (or early-stop policy) the engine cannot compile is bad input,
+            # not a server fault; anything else is re-raised.
+            for h in handles:
+                h.cancel(CancelCause.CLIENT)
+            req = requests[len(handles)]
+            if req.grammar is None and req.early_stop is None:
+                raise
+            field = "response_format" if req.grammar is not None else "early_stop"
+            raise ApiError(400, f"{field}: {exc}", param=field, code="invalid_request") from None
+        for h in handles:
+            self.metrics.track(h)
+            log.info("request submitted", extra={"request_id": h.request_id})
+        return handles
+
+    def cancel_all(self, cause: CancelCause = CancelCause.SHUTDOWN) -> int:
+        """Cancel every stored request still running; returns how many were."""
+        running = [r for r in self.store.records() if not r.done]
+        for record in running:
+            record.cancel(cause)
+        return len(running)
+
+    def keep_draining(self, handle: Any) -> None:
+        """Read (and acknowledge) a background request's log with nobody attached, so its
+        bounded buffer (P6) never overflows for lack of a reader; ends at the terminal."""
+
+        async def drain() -> None:
+            async for _ in handle.events():
+                pass
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain_tasks(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self._tasks)
+
+    def disconnect_handler(self, record: Record, policy: DisconnectPolicy) -> Callable[[], None]:
+        """P4: what a lost client does to ``record`` — cancel (transport_error) or nothing."""
+
+        def on_disconnect() -> None:
+            if record.background or policy == "continue":
+                log.info("client disconnected; request continues",
+                         extra={"request_id": record.id})
+                return
+            if not record.done:
+                log.info("client disconnected; cancelling", extra={"request_id": record.id})
+            record.cancel(CancelCause.DISCONNECT)
+
+        return on_disconnect

@@ -6,13 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
+import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.test_server_openai import MODEL
-
-schemathesis = pytest.importorskip("schemathesis")
 
 BUDGET_S = 45.0
 EXAMPLES = 60

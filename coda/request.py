@@ -57,6 +57,8 @@ class RequestRun:
         self.cached_prompt_tokens = 0
         self.processed_prompt_tokens = 0
         self.processed_output_tokens = 0
+        # seed 004: the early-stop controller's last decision (committed tokens, saved bound)
+        self.early_stop_summary: dict[str, object] | None = None
 
     # -- resources -------------------------------------------------------------------------
     def acquire(self, kind: ResourceKind, release: Callable[[], None]) -> None:
@@ -131,7 +133,8 @@ class RequestRun:
             state=state, finish_reason=reason, usage=self.usage(), error_code=code,
             error_message=message, stop=proc.hit if proc is not None else None,
             timings=self.timings(),
-            trailing_tokens=proc.trailing_tokens() if proc is not None else ())
+            trailing_tokens=proc.trailing_tokens() if proc is not None else (),
+            early_stop=self.early_stop_summary)
 
         def emit() -> None:
             ev = self.stream.close(terminal)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -72,6 +72,8 @@ class Terminal:
     timings: Timings = field(default_factory=Timings)
     # Tokens selected after the last delta whose bytes never reached a delta (held, EOS, stop).
     trailing_tokens: tuple[TokenInfo, ...] = ()
+    # seed 004 (D2): the early-stop decision — committed tokens and the saved upper bound
+    early_stop: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,8 @@ class AsyncEngine:
         sched = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                           config.long_prefill_chunk, config.enable_prefix_caching),
                           blocks)
-        self.core = EngineCore(runner, sched, tokenizer, trace)
+        self.core = EngineCore(runner, sched, tokenizer, trace,
+                               max_forward_retries=config.max_forward_retries)
         self._inbox: deque[EngineRequest] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None

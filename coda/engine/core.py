@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import tokenizers
 
 from coda import trace as tr
+from coda.early_stop import decide_stream_failure
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
@@ -47,6 +48,7 @@ class EngineRequest:
     grammar: object | None = None            # coda.engine.grammar.GrammarMatcher
     early_stop: object | None = None         # coda.early_stop.EarlyStopController
     computed_high: int = 0                   # highest num_computed_tokens reached (L6)
+    retries: int = 0                         # forward retries used (seed 004 D5)
     scheduled_once: bool = False
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -56,6 +58,7 @@ class EngineCore:
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: tokenizers.Tokenizer,
                  trace: TraceSink, *, sampler: Sampler | None = None,
+                 max_forward_retries: int = 1,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
         self.scheduler = scheduler
@@ -65,6 +68,8 @@ class EngineCore:
         self.clock = clock
         self.requests: dict[int, EngineRequest] = {}
         self.num_preemptions_total = 0
+        self.max_forward_retries = max_forward_retries
+        self.num_retries_total = 0
         self._tracing = not isinstance(trace, tr.NullTraceSink)
 
     # -- admission ---------------------------------------------------------------------------
@@ -109,7 +114,8 @@ class EngineCore:
             elif chunk.need_logits and req.run.lifecycle.state is State.DECODING:
                 self._record(req, tr.DECODE_STARTED, t=chunk.seq.num_output_tokens)
         logits, failed = self._execute(out)
-        self.scheduler.on_step_done(out)
+        self._triage_failures(failed)
+        self.scheduler.on_step_done(out, skip=frozenset(failed))
         for chunk in out.chunks:
             self._account(chunk)
         rows: list[tuple[EngineRequest, int]] = []
@@ -118,8 +124,7 @@ class EngineCore:
             if req is None or req.run.lifecycle.is_terminal:
                 continue
             if chunk.seq.seq_id in failed:
-                self._end_failed(req, failed[chunk.seq.seq_id])
-                continue
+                continue  # retried next step (or already ended by the triage)
             rows.append((req, i))
         self._choose(rows, logits)
         return out.num_batched_tokens
@@ -154,6 +159,30 @@ class EngineCore:
             if chunk.need_logits:
                 rows.append(res[0] if res is not None else torch.zeros(self.runner.config.vocab_size))
         return (torch.stack(rows) if rows else torch.empty(0)), failed
+
+    def _triage_failures(self, failed: dict[int, BaseException]) -> None:
+        """Retry a failed forward only before the first frame (seed 004, D5): the step is
+        recomputed next time (the sampler is counter-based, so the output is unchanged).
+        Otherwise the request ends FAILED(model_error) and its committed tokens are billed."""
+        for sid, exc in failed.items():
+            req = self.requests.get(sid)
+            if req is None or req.run.lifecycle.is_terminal:
+                continue
+            policy = req.early_stop.policy if req.early_stop is not None else None  # type: ignore[attr-defined]
+            decision = decide_stream_failure(
+                first_frame_sent=req.run.stream.last_seq > 0,  # seq 0 is the start event
+                error_retryable=req.retries < self.max_forward_retries,
+                no_retry_after_first_frame=(policy.no_retry_after_first_frame
+                                            if policy is not None else True),
+                committed_tokens=req.processor.generated)
+            self._record(req, tr.ERROR, error=repr(exc), retryable=decision.retryable,
+                         decision=decision.reason.value,
+                         committed_tokens=decision.committed_tokens)
+            if decision.retryable:
+                req.retries += 1
+                self.num_retries_total += 1
+            else:
+                self._end_failed(req, exc)
 
     def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
         return SeqChunk(c.token_ids, c.start_pos, tuple(c.seq.block_table), c.need_logits)

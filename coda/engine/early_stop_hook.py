@@ -120,8 +120,8 @@ def make_hook(controller: EarlyStopController, run: RequestRun, grammar: Any,
 
 def _summarise(run: RequestRun, controller: EarlyStopController, decision: EarlyStopDecision,
                confidence: float) -> None:
-    # NOTE: RequestRun is a plain class; the server reads this attribute when it builds usage.
-    run.early_stop_summary = {  # type: ignore[attr-defined]
+    # NOTE: the run copies this into its terminal event; the server reports it with usage.
+    run.early_stop_summary = {
         "reason": decision.reason.value,
         "stopped": decision.stop,
         "committed_tokens": decision.committed_tokens,

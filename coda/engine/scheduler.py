@@ -224,13 +224,17 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self._waiting.appendleft(seq)
 
-    def on_step_done(self, output: SchedulerOutput) -> None:
+    def on_step_done(self, output: SchedulerOutput, skip: frozenset[int] = frozenset()) -> None:
         """Mark each chunk's tokens as in the cache and register full blocks for reuse.
 
-        Chunks of sequences aborted since ``schedule()`` are skipped (their blocks are gone).
+        Chunks of sequences aborted since ``schedule()`` are skipped (their blocks are gone),
+        and so are chunks whose forward failed (``skip``): their K/V is not trusted, is never
+        registered for prefix reuse, and the same chunk is scheduled again (a retry).
         """
         for chunk in output.chunks:
             seq = chunk.seq
+            if seq.seq_id in skip:
+                continue
             if seq.status is not SequenceStatus.RUNNING or self._by_id.get(seq.seq_id) is not seq:
                 continue
             if seq.num_computed_tokens != chunk.start_pos:

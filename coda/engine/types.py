@@ -68,6 +68,7 @@ class EngineConfig:
     max_stop_strings: int = 16
     max_stop_string_bytes: int = 256
     default_max_tokens: int = 256
+    max_forward_retries: int = 1
     trace_path: str | None = None
     served_model_name: str | None = None
 

@@ -86,6 +86,8 @@ def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> d
         "usage": terminal.usage.to_dict(),
         "timings": timings,
     }
+    if terminal.early_stop is not None:
+        out["early_stop"] = dict(terminal.early_stop)
     if terminal.error_code is not None:
         out["error"] = {"code": terminal.error_code.value, "message": terminal.error_message}
     return out

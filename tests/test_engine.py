@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
@@ -97,12 +98,13 @@ def test_c1_c3_cancel_mid_stream_stops_at_a_safe_point() -> None:
     assert check_trace(sink.events) == []
 
 
-def test_g3_deadline_exceeded_in_engine_is_not_cancelled() -> None:
-    engine = AsyncEngine.from_model_dir(tiny_checkpoint(), EngineConfig(num_blocks=128))
+def test_g3_deadline_exceeded_in_engine_is_not_cancelled(server_checkpoint: Path) -> None:
+    # NOTE: the ASCII-tokenizer checkpoint never ends mid-character (no K3 failure at drain)
+    engine = AsyncEngine.from_model_dir(server_checkpoint, EngineConfig(num_blocks=128))
     with engine:
         h = engine.submit(GenerationRequest((5, 6), SamplingParams(temperature=0.0,
                                                                    ignore_eos=True),
-                                            max_tokens=2000, deadline_s=0.2))
+                                            max_tokens=500, deadline_s=0.05))
         t = h.wait(60)
     assert t.finish_reason is FinishReason.DEADLINE_EXCEEDED and t.state is State.FINISHED
 
@@ -196,3 +198,71 @@ def test_p6_pause_policy_keeps_memory_bounded_with_a_reader_that_never_reads() -
         h.cancel()
         t = h.wait(30)
     assert t.state is State.CANCELLED
+
+
+class CancellingRunner(ModelRunner):
+    """Requests a cancel of ``target`` while the forward of step ``at_call`` is in flight."""
+
+    def __init__(self, base: ModelRunner) -> None:
+        super().__init__(base.model, num_blocks=base.num_blocks, block_size=base.block_size)
+        self.calls = 0
+        self.at_call = 4
+        self.target = None
+
+    def execute(self, chunks):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls == self.at_call and self.target is not None:
+            self.target.cancel()
+        return super().execute(chunks)
+
+
+def test_c2_cancel_while_the_forward_is_in_flight_discards_its_result() -> None:
+    """The step in flight completes; its logits are never used: no token is selected after the
+    cancel was requested, no delta follows the terminal (C2, C3, T2)."""
+    sink = ListTraceSink()
+    engine = AsyncEngine.from_model_dir(tiny_checkpoint(), EngineConfig(num_blocks=64),
+                                        trace=sink)
+    runner = CancellingRunner(engine.runner)
+    engine.runner = engine.core.runner = runner
+    with engine:
+        h = engine.submit(GenerationRequest((5, 6), SamplingParams(temperature=0.0,
+                                                                   ignore_eos=True),
+                                            max_tokens=50))
+        runner.target = h
+        t = h.wait(30)
+    assert t.state is State.CANCELLED and t.usage.selected_tokens == runner.at_call - 1
+    kinds = [e.kind for e in sink.events]
+    assert "token.selected" not in kinds[kinds.index("cancel.requested"):]
+    assert check_trace(sink.events) == []
+
+
+@pytest.mark.parametrize("policy", ["buffer", "pause"])
+def test_p6_hundred_readers_that_never_read_stay_bounded(policy: str) -> None:
+    """100 streams nobody reads: memory stays bounded by the per-stream bound; overflow ends
+    with its own error (never a silently dropped delta), pause keeps the request waiting."""
+    from coda.stream import BackpressureConfig, BackpressurePolicy
+
+    bound = 48
+    bp = BackpressureConfig(BackpressurePolicy(policy), pause_bytes=16, max_bytes=bound)
+    engine = AsyncEngine.from_model_dir(tiny_checkpoint(), EngineConfig(num_blocks=512,
+                                                                        max_num_seqs=100))
+    with engine:
+        handles = [engine.submit(GenerationRequest((5, 6 + i % 50), SamplingParams(
+            temperature=0.0, ignore_eos=True), max_tokens=200, backpressure=bp))
+            for i in range(100)]
+        if policy == "buffer":
+            terms = [h.wait(60) for h in handles]
+            assert all(t.error_code is not None and t.error_code.value == "backpressure_overflow"
+                       and t.finish_reason is FinishReason.TRANSPORT_ERROR for t in terms)
+        else:
+            import time
+
+            time.sleep(1.0)
+            assert not any(h.stream.closed for h in handles)
+            for h in handles:
+                h.cancel()
+            terms = [h.wait(60) for h in handles]
+            assert all(t.state is State.CANCELLED for t in terms)
+        assert all(h.stream.unacked_bytes <= bound for h in handles)
+        stats = engine.stats()
+    assert stats.num_free_blocks == stats.num_blocks

@@ -74,8 +74,10 @@ def test_e1_s2_cross_token_stop_exact_event_order() -> None:
     assert [c for c in model.calls if c[0] == "decode"] == [("decode", 2)]
 
 
-def test_c3_cancel_during_decode_step_3() -> None:
-    """Experiment B: cancel injected after decode.started(3), before decode.completed(3) (C1–C3)."""
+def test_c2_c3_c4_cancel_during_decode_step_3() -> None:
+    """Experiment B: cancel injected after decode.started(3), before decode.completed(3)
+    (C1–C3). The in-flight step finishes and its result is discarded (C2); the already-sent
+    prefix stands, with no rollback event — cancel cannot undo what was sent (C4)."""
     holder: dict[str, RequestRun] = {}
     run, sink, model = run_script(
         [107, 107, 107, 107, 107, 107],

@@ -90,12 +90,19 @@ def _row_keys(seeds: Sequence[int], steps: Sequence[int], device: torch.device |
 
 
 def _uniforms_at(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """``u`` of the module docstring at ``token_ids`` ``[S, n]`` for row keys ``[S]``."""
-    bits = _mix64_((token_ids + 1) * _GAMMA + keys[:, None])
+    """``u`` of the module docstring at ``token_ids`` (``[S, n]`` for row keys ``[S]``, or
+    ``[n]`` for per-element keys ``[n]``). In-place integer ops: the same bits as the formula."""
+    bits = token_ids + 1
+    bits *= _GAMMA
+    bits += keys[:, None] if bits.dim() == 2 else keys
+    _mix64_(bits)
     bits >>= 41
     bits &= (1 << 23) - 1
     # NOTE: 23 bits, so k + 0.5 is exact in float32's 24-bit mantissa and u < 1 strictly.
-    return (bits.to(torch.float32) + 0.5) * (2.0**-23)
+    u = bits.to(torch.float32)
+    u += 0.5
+    u *= 2.0**-23
+    return u
 
 
 def counter_uniforms(seeds: Sequence[int], steps: Sequence[int], vocab_size: int,
@@ -115,22 +122,28 @@ def _gumbel_(u: torch.Tensor) -> torch.Tensor:
 _DRAW_ALIGN = 64
 
 
-def _draw(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Gumbel-max token per row of processed logits ``x`` [S, V] (some -inf).
+def _draw(x: torch.Tensor, keys: torch.Tensor, sparse: bool) -> torch.Tensor:
+    """Gumbel-max token per row of processed logits ``x`` [S, V] (-inf = not allowed).
 
-    When truncation left few live tokens, the uniforms are drawn at those tokens only: ``u[v]``
-    is a pure function of (key, v), so the choice is the full draw's, tie-break included."""
-    vocab = x.shape[1]
-    live = int(torch.isfinite(x).sum(-1).max())
-    width = -(-live // _DRAW_ALIGN) * _DRAW_ALIGN
-    if vocab % _DRAW_ALIGN or 4 * width > vocab:
-        ids = torch.arange(vocab, dtype=torch.int64, device=x.device).expand(x.shape[0], -1)
-        return _gumbel_(_uniforms_at(keys, ids)).add_(x).argmax(-1)
-    vals, ids = x.topk(width, dim=-1)  # NOTE: every live token of every row is in here
-    scores = _gumbel_(_uniforms_at(keys, ids)).add_(vals)
-    best = scores.amax(-1, keepdim=True)
-    # NOTE: a full argmax returns the lowest token id among equal maxima; so do we.
-    return torch.where(scores == best, ids, vocab).amin(-1)
+    ``sparse`` (truncation or a mask ran): when few tokens are live, the uniforms are drawn at
+    those tokens only. ``u[v]`` is a pure function of (key, v), so the choice is the full draw's,
+    tie-break (lowest token id among equal maxima) included."""
+    n_rows, vocab = x.shape
+    if sparse and vocab % _DRAW_ALIGN == 0:
+        live = (x > _NEG_INF).nonzero()  # NOTE: row-major, so ids ascend within a row
+        n_live = live.shape[0]
+        if 4 * n_live <= n_rows * vocab:
+            pad = -n_live % _DRAW_ALIGN  # NOTE: dummy entries keep the log off its scalar tail
+            rows = torch.cat((live[:, 0], live.new_zeros(pad)))
+            ids = torch.cat((live[:, 1], live.new_zeros(pad)))
+            scores = _gumbel_(_uniforms_at(keys.index_select(0, rows), ids))[:n_live]
+            rows, ids = rows[:n_live], ids[:n_live]
+            scores += x[rows, ids]
+            best = scores.new_full((n_rows,), _NEG_INF).scatter_reduce(0, rows, scores, "amax")
+            pick = torch.where(scores == best[rows], ids, vocab)
+            return pick.new_full((n_rows,), vocab).scatter_reduce(0, rows, pick, "amin")
+    ids = torch.arange(vocab, dtype=torch.int64, device=x.device).expand(n_rows, -1)
+    return _gumbel_(_uniforms_at(keys, ids)).add_(x).argmax(-1)
 
 
 @dataclass(frozen=True)
@@ -274,13 +287,16 @@ def _top_k_top_p_floor(x: torch.Tensor, ks: list[int], ps: list[float]) -> torch
         ranks = torch.arange(width, device=device)[None, :]
         kth = vals.gather(1, (k_t - 1).clamp(max=width - 1))
         kth = torch.where(k_t >= vocab, _NEG_INF, kth)
+        if all(p >= 1.0 for p in ps):
+            return kth  # NOTE: top-k alone: no mass to add up (the general path gives the same)
         best = vals[:, :1]
         denominator = torch.exp(x - best).masked_fill(x < kth, 0.0).sum(-1, keepdim=True)
         probs = torch.exp(vals - best).masked_fill((ranks >= k_t) | (vals < kth), 0.0)
         probs = probs / denominator
         before = torch.cumsum(probs, dim=-1) - probs  # NOTE: mass strictly before each position
         before[:, 0] = 0.0
-        keep = (ranks < k_t) & ((before < p_t) | no_p)
+        # NOTE: the best token always survives, even when p underflows to 0 in x's dtype
+        keep = (ranks < k_t) & ((before < p_t) | no_p | (ranks == 0))
         if width == vocab or not bool((keep[:, -1:] & (k_t >= vocab) & ~no_p).any()):
             break
         width = vocab  # NOTE: some nucleus reaches the window's edge: redo exactly.
@@ -363,7 +379,9 @@ class Sampler:
             keys = _row_keys([rows[i].seed for i in sampled], [rows[i].step for i in sampled],
                              device)
             index = torch.tensor(sampled, device=device)
-            tokens[index] = _draw(x.index_select(0, index), keys)
+            sparse = any(r.allowed_token_ids_mask is not None or r.params.top_k > 0
+                         or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in rows)
+            tokens[index] = _draw(x.index_select(0, index), keys, sparse)
 
         chosen = tokens[:, None]
         raw_lse = torch.logsumexp(raw, -1)

@@ -11,8 +11,12 @@ Prints figures only (no asserts on time). Run: ``python benchmarks/bench_engine.
   sampling, per-token checks, stream), over pure decode steps with exactly B sequences running,
   at B = 1, 8, 32. The step is timed by wrapping ``engine.core.step`` on the engine thread.
 * **throughput**: 64 mixed-length prompts (:func:`coda.bench.make_workload`), all in flight,
-  ``--max-tokens`` each (greedy, ignore_eos), against ``transformers.generate`` in static
-  left-padded batches of ``--hf-batch`` on the same folder, in the same process.
+  greedy, ignore_eos, against ``transformers.generate`` in static left-padded batches of
+  ``--hf-batch`` on the same folder, in the same process. Two workloads (``--workload``):
+  ``mixed`` (default, with ``equal``): output lengths drawn from ``--min-tokens..--max-tokens``
+  per request, which is what continuous batching is for: a static batch runs until its longest
+  member, and only each request's own tokens count as useful for HF; ``equal`` (also
+  ``--equal-lengths``): exactly ``--max-tokens`` each, the old workload.
 * **memory**: RSS sampled every 10 ms during the 64-request run (peak − before), and KV bytes per
   token: the cache tensor's bytes ÷ its token slots, and blocks in use ÷ tokens resident at the
   fullest step, against the formula 2·L·H_kv·d_h·dtype bytes.
@@ -23,13 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coda.bench import BenchOptions, drive_workload, make_workload, percentile, run_hf
+from coda.bench import BenchOptions, RunResult, drive_workload, make_workload, percentile, run_hf
 from coda.engine.async_engine import DEFAULT_MODEL_DIR, AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.models.random_checkpoint import make_random_checkpoint
@@ -115,7 +120,84 @@ def efficiency(engine: AsyncEngine, probe: StepProbe, batch: int, steps: int,
           f"{batch * len(decode) / wall:7.1f} tok/s over {len(decode)} steps")
 
 
-def bench_model(name: str, model_dir: Path, args: argparse.Namespace, max_tokens: int) -> None:
+def output_lengths(n: int, lo: int, hi: int, seed: int) -> list[int]:
+    """Per-request output lengths, uniform in ``[lo, hi]``, deterministic from ``seed``."""
+    rng = random.Random(seed + 1)
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def drive_mixed(engine: AsyncEngine, prompts: list[tuple[int, ...]], lengths: list[int]
+                ) -> tuple[float, int]:
+    """All requests in flight at once, request i producing exactly ``lengths[i]`` tokens.
+    Returns (seconds, output tokens)."""
+    sampling = SamplingParams(temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    handles = [engine.submit(GenerationRequest(p, sampling=sampling, max_tokens=n))
+               for p, n in zip(prompts, lengths, strict=True)]
+    tokens = sum(h.wait(600).usage.selected_tokens for h in handles)
+    return time.perf_counter() - start, tokens
+
+
+def run_hf_mixed(model_dir: Path, prompts: list[tuple[int, ...]], lengths: list[int], batch: int,
+                 dtype: str, pad_id: int) -> tuple[float, int, int]:
+    """``transformers.generate`` in static left-padded batches of ``batch`` (arrival order); each
+    batch runs until its longest member. Returns (seconds, useful tokens, generated tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+    useful = generated = 0
+    start = time.perf_counter()
+    for b in range(0, len(prompts), batch):
+        group, wants = prompts[b:b + batch], lengths[b:b + batch]
+        width, steps = max(map(len, group)), max(wants)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps,
+                                 min_new_tokens=steps, do_sample=False, pad_token_id=pad_id)
+        generated += int(out.shape[0]) * (int(out.shape[1]) - width)
+        useful += sum(wants)  # NOTE: a row's tokens past its own max_tokens are waste
+    return time.perf_counter() - start, useful, generated
+
+
+def report_mixed(engine: AsyncEngine, model_dir: Path, prompts: list[tuple[int, ...]],
+                 args: argparse.Namespace, lengths: list[int], coda: tuple[float, int]) -> None:
+    wall, tokens = coda
+    tok_s = tokens / wall
+    print(f"throughput, {len(prompts)} requests, mixed prompt lengths "
+          f"({min(map(len, prompts))}..{max(map(len, prompts))}) AND mixed output lengths "
+          f"({min(lengths)}..{max(lengths)}, {sum(lengths)} total), all in flight:")
+    print(f"  coda: {tokens} tokens in {wall:.2f} s = {tok_s:.1f} tok/s")
+    if args.no_hf:
+        return
+    pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
+    hf_s, useful, generated = run_hf_mixed(model_dir, prompts, lengths, args.hf_batch,
+                                           args.dtype, pad)
+    print(f"  transformers.generate (static batches of {args.hf_batch}, left-padded, each to its "
+          f"longest member): {useful} useful tokens ({generated} generated) in {hf_s:.2f} s = "
+          f"{useful / hf_s:.1f} tok/s -> coda is {tok_s / (useful / hf_s):.2f}×")
+
+
+def report_equal(engine: AsyncEngine, model_dir: Path, prompts: list[tuple[int, ...]],
+                 args: argparse.Namespace, max_tokens: int, res: RunResult) -> None:
+    tok_s = res.output_tokens / res.wall_s
+    print(f"throughput, {len(prompts)} mixed-length requests (prompt "
+          f"{min(map(len, prompts))}..{max(map(len, prompts))} tokens, "
+          f"{sum(map(len, prompts))} total) × {max_tokens} tokens each, all in flight:")
+    print(f"  coda: {res.output_tokens} tokens in {res.wall_s:.2f} s = {tok_s:.1f} tok/s; "
+          f"TTFT p50 {percentile(res.ttft_s, 50) * 1e3:.0f} ms, ITL p50 "
+          f"{percentile(res.itl_s, 50) * 1e3:.1f} ms")
+    if not args.no_hf:
+        pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
+        hf_s, hf_tok = run_hf(model_dir, prompts, args.hf_batch, max_tokens, args.dtype, pad)
+        print(f"  transformers.generate (static batches of {args.hf_batch}, left-padded): "
+              f"{hf_tok} tokens in {hf_s:.2f} s = {hf_tok / hf_s:.1f} tok/s -> coda is "
+              f"{tok_s / (hf_tok / hf_s):.2f}×")
+
+
+def bench_model(name: str, model_dir: Path, args: argparse.Namespace, max_tokens: int,
+                mixed_hi: int) -> None:
     print(f"\n=== {name}: {model_dir} ({args.dtype}) ===")
     engine = AsyncEngine.from_model_dir(model_dir, EngineConfig(dtype=args.dtype, max_num_seqs=64))
     mc, runner = engine.runner.config, engine.runner
@@ -130,27 +212,21 @@ def bench_model(name: str, model_dir: Path, args: argparse.Namespace, max_tokens
         print(f"engine efficiency (bare forward ÷ whole step), {args.eff_steps} decode steps:")
         for batch in (1, 8, 32):
             efficiency(engine, probe, batch, args.eff_steps)
-        opts = BenchOptions(num_requests=len(prompts), concurrency=len(prompts),
-                            max_tokens=max_tokens, show_progress=False)
         probe.peak_blocks = 0
         before = rss_bytes()
         sampler = RssSampler()
         sampler.start()
-        res = asyncio.run(drive_workload(engine, prompts, opts, None, None))
-        peak = sampler.stop()
-    tok_s = res.output_tokens / res.wall_s
-    print(f"throughput, {len(prompts)} mixed-length requests (prompt "
-          f"{min(map(len, prompts))}..{max(map(len, prompts))} tokens, "
-          f"{sum(map(len, prompts))} total) × {max_tokens} tokens, all in flight:")
-    print(f"  coda: {res.output_tokens} tokens in {res.wall_s:.2f} s = {tok_s:.1f} tok/s; "
-          f"TTFT p50 {percentile(res.ttft_s, 50) * 1e3:.0f} ms, ITL p50 "
-          f"{percentile(res.itl_s, 50) * 1e3:.1f} ms")
-    if not args.no_hf:
-        pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
-        hf_s, hf_tok = run_hf(model_dir, prompts, args.hf_batch, max_tokens, args.dtype, pad)
-        print(f"  transformers.generate (static batches of {args.hf_batch}, left-padded): "
-              f"{hf_tok} tokens in {hf_s:.2f} s = {hf_tok / hf_s:.1f} tok/s -> coda is "
-              f"{tok_s / (hf_tok / hf_s):.2f}×")
+        lengths = output_lengths(len(prompts), min(args.min_tokens, mixed_hi), mixed_hi, args.seed)
+        mixed = drive_mixed(engine, prompts, lengths) if args.workload != "equal" else None
+        opts = BenchOptions(num_requests=len(prompts), concurrency=len(prompts),
+                            max_tokens=max_tokens, show_progress=False)
+        equal = (asyncio.run(drive_workload(engine, prompts, opts, None, None))
+                 if args.workload != "mixed" else None)
+        peak = sampler.stop()  # NOTE: before transformers loads its own copy of the model
+    if mixed is not None:
+        report_mixed(engine, model_dir, prompts, args, lengths, mixed)
+    if equal is not None:
+        report_equal(engine, model_dir, prompts, args, max_tokens, equal)
     formula = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * DTYPE_BYTES[args.dtype]
     slot = runner.kv.nbytes / (runner.num_blocks * runner.block_size)
     block_bytes = slot * runner.block_size
@@ -172,8 +248,13 @@ def main() -> None:
     ap.add_argument("--smollm", action="store_true", help="also the SmolLM2-135M shape (slow)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--num-requests", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64, help="equal: tokens per request")
+    ap.add_argument("--min-tokens", type=int, default=8, help="mixed: the shortest output")
+    ap.add_argument("--mixed-max-tokens", type=int, default=128, help="mixed: the longest output")
     ap.add_argument("--smollm-max-tokens", type=int, default=16)
+    ap.add_argument("--workload", choices=("mixed", "equal", "both"), default="both")
+    ap.add_argument("--equal-lengths", action="store_const", const="equal", dest="workload",
+                    help="only the old workload: every request --max-tokens tokens")
     ap.add_argument("--eff-steps", type=int, default=32)
     ap.add_argument("--hf-batch", type=int, default=32)
     ap.add_argument("--no-hf", action="store_true")
@@ -189,11 +270,12 @@ def main() -> None:
             else:
                 print("(the embedded default model is absent: using a random 'tiny' checkpoint)")
                 model = make_random_checkpoint(Path(tmp) / "tiny", preset="tiny")
-        bench_model("default model", model, args, args.max_tokens)
+        bench_model("default model", model, args, args.max_tokens, args.mixed_max_tokens)
         if args.smollm:
             smol = make_random_checkpoint(Path(tmp) / "smollm2-135m", arch="smollm",
                                           preset="smollm2-135m")
-            bench_model("SmolLM2-135M shape (random weights)", smol, args, args.smollm_max_tokens)
+            bench_model("SmolLM2-135M shape (random weights)", smol, args, args.smollm_max_tokens,
+                        2 * args.smollm_max_tokens)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.engine.runner import ModelRunner, SeqChunk
+from coda.models import attention as attention_module
 from coda.models.attention import AttentionMetadata, PagedKVCache
 from coda.models.llama import CausalLM
 from coda.models.loader import load_model
@@ -184,3 +185,35 @@ def test_execute_rejects_bad_chunks_and_returns_editable_logits(model: CausalLM)
     logits = runner.execute([SeqChunk((1, 2), 0, (0,), True)])
     logits.add_(1.0)  # NOTE: not an inference tensor, so a sampler may edit it in place
     assert runner.forward_time_s > 0
+
+
+def test_t4_length_split_puts_a_long_outlier_in_its_own_group() -> None:
+    """T4 (performance contract): one long context does not pad every short decode row, and a
+    fresh prompt alone uses the causal flag instead of a mask."""
+    n = 64
+    meta = AttentionMetadata.build(
+        [1] * n, [40] * (n - 1) + [300], [list(range(19))] * n, 16
+    )
+    shapes = sorted((g.num_seqs, g.key_len) for g in meta.groups)
+    assert shapes == [(1, 300), (n - 1, 40)]
+    assert all(g.attn_mask is None for g in meta.groups)  # equal lengths within each group
+    mixed = AttentionMetadata.build([1, 1, 43], [40, 41, 43], [[0, 1, 2], [3, 4, 5], [6, 7, 8]], 16)
+    assert len(mixed.groups) == 2
+    decode, prefill = mixed.groups
+    assert (decode.query_len, prefill.query_len) == (1, 43)
+    assert decode.key_len == 41 and prefill.is_causal and prefill.attn_mask is None
+
+
+@pytest.mark.parametrize("overhead", [0, 512])
+def test_t4_every_grouping_of_decode_rows_preserves_logits(
+    model: CausalLM, monkeypatch: pytest.MonkeyPatch, overhead: int
+) -> None:
+    """T4: with a free split (one group per length bucket, scattered back) or the default one,
+    decode rows of very different lengths next to prefill chunks still equal the solo forward."""
+    monkeypatch.setattr(attention_module, "_GROUP_OVERHEAD_KEYS", overhead)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (2, 9, 33, 70, 3)]
+    decodes = [[rng.randrange(3, VOCAB) for _ in range(5)] for _ in prompts]
+    runner = ModelRunner(model, block_size=2, num_blocks=128)
+    got = run_schedule(runner, prompts, decodes, chunk=7, rng=rng)
+    check_against_alone(model, prompts, decodes, got)

@@ -13,7 +13,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.engine.sampler import Sampler, SamplingRow, TokenDecision, counter_uniforms
+from coda.engine.sampler import (
+    Sampler,
+    SamplingRow,
+    TokenDecision,
+    _draw,
+    _row_keys,
+    _uniforms_at,
+    counter_uniforms,
+)
 from coda.errors import ModelError
 from coda.sampling import SamplingParams
 
@@ -337,3 +345,23 @@ def test_property_choice_is_allowed_by_mask_top_k_top_p_and_min_p(
     mass_before = sum(w for v, w in zip(survivors, weights, strict=True) if v > values[token])
     assert mass_before / sum(weights) < top_p + 1e-5
     assert math.exp((values[token] - survivors[0]) / temperature) >= min_p - 1e-5
+
+
+def test_t4_sparse_draw_equals_the_full_vocabulary_draw() -> None:
+    """T4 RNG cursor: drawing uniforms only at the live tokens picks exactly the token the
+    full-vocabulary Gumbel-max picks, ties (lowest id wins) included."""
+    gen = torch.Generator().manual_seed(21)
+    vocab = 512
+    x = torch.randn(6, vocab, generator=gen)
+    x = torch.where(torch.rand(6, vocab, generator=gen) < 0.95, float("-inf"), x)
+    x[:, 7] = 0.5  # NOTE: every row keeps a token
+    x[2] = float("-inf")
+    x[2, [3, 9]] = 1.0  # NOTE: a two-token row, equal logits: the Gumbel noise decides
+    keys = _row_keys(list(range(6)), [4] * 6, "cpu")
+    for _ in range(3):
+        sparse = _draw(x, keys, sparse=True)
+        assert torch.equal(sparse, _draw(x, keys, sparse=False))
+        ids = torch.arange(vocab).expand(6, -1)
+        full = (-torch.log(-torch.log(_uniforms_at(keys, ids))) + x).argmax(-1)
+        assert torch.equal(sparse, full)
+        keys = keys + 1

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import tokenizers
 
 from coda import trace as tr
-from coda.early_stop import decide_stream_failure
+from coda.early_stop import EarlyStopController, decide_stream_failure
+from coda.engine.grammar import GrammarMatcher
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
@@ -26,6 +27,7 @@ from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.request import RequestRun
+from coda.sampling import SamplingParams
 from coda.step import OutputProcessor
 from coda.stream import TokenInfo
 from coda.trace import TraceEvent, TraceSink
@@ -42,15 +44,16 @@ class EngineRequest:
     processor: OutputProcessor
     seed: int
     eos_token_ids: frozenset[int]
-    params: object  # SamplingParams
+    params: SamplingParams
     deadline: float | None
     logprobs: bool
-    grammar: object | None = None            # coda.engine.grammar.GrammarMatcher
-    early_stop: object | None = None         # coda.early_stop.EarlyStopController
+    grammar: GrammarMatcher | None = None
+    early_stop: EarlyStopController | None = None
     computed_high: int = 0                   # highest num_computed_tokens reached (L6)
     retries: int = 0                         # forward retries used (seed 004 D5)
     scheduled_once: bool = False
-    extra: dict[str, object] = field(default_factory=dict)
+    # the counter-based RNG's cursor (seed, step): the request's whole RNG state (T4, L7)
+    rng_cursor: dict[str, int] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -80,10 +83,13 @@ class EngineCore:
         self.scheduler.add(seq)
         self.requests[seq.seq_id] = req
         run.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(seq.seq_id))
-        run.acquire(ResourceKind.BATCH_SLOT, lambda: self.requests.pop(seq.seq_id))
-        run.acquire(ResourceKind.RNG_STATE, lambda: req.extra.pop("rng", None))
-        req.extra["rng"] = (req.seed, 0)
+        run.acquire(ResourceKind.BATCH_SLOT, lambda: self._release_slot(seq.seq_id))
+        run.acquire(ResourceKind.RNG_STATE, req.rng_cursor.clear)
+        req.rng_cursor.update(seed=req.seed, step=0)
         run.lifecycle.transition(State.QUEUED)
+
+    def _release_slot(self, seq_id: int) -> None:
+        del self.requests[seq_id]
 
     def _release_kv(self, seq_id: int) -> None:
         self.scheduler.abort(seq_id)  # frees the blocks, if any, exactly once
@@ -120,12 +126,12 @@ class EngineCore:
             self._account(chunk)
         rows: list[tuple[EngineRequest, int]] = []
         for i, chunk in enumerate(c for c in out.chunks if c.need_logits):
-            req = self.requests.get(chunk.seq.seq_id)
-            if req is None or req.run.lifecycle.is_terminal:
+            live = self.requests.get(chunk.seq.seq_id)
+            if live is None or live.run.lifecycle.is_terminal:
                 continue
             if chunk.seq.seq_id in failed:
                 continue  # retried next step (or already ended by the triage)
-            rows.append((req, i))
+            rows.append((live, i))
         self._choose(rows, logits)
         return out.num_batched_tokens
 
@@ -168,7 +174,7 @@ class EngineCore:
             req = self.requests.get(sid)
             if req is None or req.run.lifecycle.is_terminal:
                 continue
-            policy = req.early_stop.policy if req.early_stop is not None else None  # type: ignore[attr-defined]
+            policy = req.early_stop.policy if req.early_stop is not None else None
             decision = decide_stream_failure(
                 first_frame_sent=req.run.stream.last_seq > 0,  # seq 0 is the start event
                 error_retryable=req.retries < self.max_forward_retries,
@@ -247,8 +253,8 @@ class EngineCore:
 
     def _row(self, req: EngineRequest) -> SamplingRow:
         seq = req.seq
-        mask = req.grammar.allowed_mask() if req.grammar is not None else None  # type: ignore[attr-defined]
-        return SamplingRow(params=req.params, seed=req.seed, step=seq.num_output_tokens,  # type: ignore[arg-type]
+        mask = req.grammar.allowed_mask() if req.grammar is not None else None
+        return SamplingRow(params=req.params, seed=req.seed, step=seq.num_output_tokens,
                            prompt_token_ids=seq.prompt_token_ids,
                            output_token_ids=seq.output_token_ids,
                            eos_token_ids=req.eos_token_ids, allowed_token_ids_mask=mask)
@@ -256,10 +262,10 @@ class EngineCore:
     def _on_decision(self, req: EngineRequest, dec: TokenDecision) -> None:
         run = req.run
         req.seq.append_token(dec.token_id)
-        req.extra["rng"] = (req.seed, req.seq.num_output_tokens)
+        req.rng_cursor["step"] = req.seq.num_output_tokens
         if run.first_token_at is None:
             run.first_token_at = self.clock()
-        if req.grammar is not None and not req.grammar.consume(dec.token_id):  # type: ignore[attr-defined]
+        if req.grammar is not None and not req.grammar.consume(dec.token_id):
             self._end_failed(req, ModelError(f"grammar rejected token {dec.token_id}"))
             return
         info = (TokenInfo(dec.token_id, dec.logprob, dec.top_logprobs) if req.logprobs

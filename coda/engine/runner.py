@@ -127,7 +127,9 @@ class ModelRunner:
             raise ValueError(f"position {end - 1} exceeds max_context {self.config.max_context}")
         if len(chunk.block_table) * self.block_size < end:
             raise ValueError(f"block table too short for {end} tokens")
-        if any(not 0 <= b < self.num_blocks for b in chunk.block_table):
+        table = chunk.block_table
+        # NOTE: min/max run in C; a per-id Python check cost ~5 µs per sequence per step.
+        if table and (min(table) < 0 or max(table) >= self.num_blocks):
             raise ValueError(f"block id out of range [0, {self.num_blocks})")
 
     def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
@@ -161,7 +163,10 @@ class ModelRunner:
                 self.forward_time_s = time.perf_counter() - start
                 return torch.empty((0, vocab), dtype=torch.float32)
             rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
-            logits = self.model.compute_logits(hidden[rows]).float()
-            self.forward_time_s = time.perf_counter() - start
-        # NOTE: cloned outside inference mode, so callers may edit the logits in place.
-        return logits.cpu().clone()
+            last = hidden.index_select(0, rows)
+        # NOTE: the LM head runs outside inference mode (no_grad instead), so the logits are an
+        # ordinary tensor that callers may edit in place, without a copy.
+        with torch.no_grad():
+            logits = self.model.compute_logits(last).float()
+        self.forward_time_s = time.perf_counter() - start
+        return logits.cpu()

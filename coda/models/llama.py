@@ -56,14 +56,13 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """``x``: [T, H, d]; ``cos``/``sin_signed``: [T, 1, d] (HF's non-interleaved half rotation).
+
+    ``sin_signed`` is ``sin`` with its first half negated, so HF's ``rotate_half(x) * sin`` =
+    ``cat(-x2, x1) * sin`` becomes ``cat(x2, x1) * sin_signed`` (a sign flip is exact)."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x``: [T, H, d]; ``cos``/``sin``: [T, 1, d] (HF's non-interleaved half rotation)."""
-    return x * cos + _rotate_half(x) * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
 class Attention(nn.Module):
@@ -92,13 +91,18 @@ class Attention(nn.Module):
         kv: PagedKVCache,
     ) -> torch.Tensor:
         n_tok = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n_tok, self.num_heads, self.head_dim)
-        k = k.view(n_tok, self.num_kv_heads, self.head_dim)
-        v = v.view(n_tok, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size :].view(n_tok, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # NOTE: Qwen3 normalises per head, pre-RoPE
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = self.q_norm(q.view(n_tok, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(n_tok, self.num_kv_heads, self.head_dim))
+            # NOTE: Qwen3 normalises per head, pre-RoPE
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        else:
+            # NOTE: q and k heads side by side: one RoPE pass over [T, H + H_kv, d]
+            qk = qkv[:, : self.q_size + self.kv_size].view(n_tok, -1, self.head_dim)
+            q, k = torch.split(apply_rope(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
         out = paged_attention(q, k, v, kv.k[self.layer_idx], kv.v[self.layer_idx], meta)
         projected: torch.Tensor = self.o_proj(out)
         return projected
@@ -176,7 +180,9 @@ class CausalLM(nn.Module):
             self._inv_freq = self._inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self._inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, d]
+        half = freqs.shape[-1]
         cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # NOTE: see apply_rope
         for layer in self.model.layers:
             h = layer(h, cos, sin, meta, kv)
         normed: torch.Tensor = self.model.norm(h)

@@ -271,7 +271,8 @@ class EngineCore:
         info = (TokenInfo(dec.token_id, dec.logprob, dec.top_logprobs) if req.logprobs
                 else TokenInfo(dec.token_id))
         try:
-            reason = req.processor.on_token(dec.token_id, info, dec.to_record(), dec.prob)
+            record = dec.to_record() if self._tracing else None  # NOTE: hot path: no dict unless traced
+            reason = req.processor.on_token(dec.token_id, info, record, dec.prob)
         except BackpressureOverflowError as exc:  # P6 (3): past the bound, its own error
             self._end_failed(req, exc)
             return

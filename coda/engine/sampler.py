@@ -15,9 +15,10 @@ Greedy rows (``params.is_greedy``) take the argmax of the processed logits, whic
 of the penalised, biased, masked logits (truncation always keeps the best token); they go
 through the pipeline at temperature 1 so that ``prob`` is still a meaningful confidence.
 
-Randomness (T4 "RNG cursor"): a sampled row picks ``argmax(processed_logits + G)`` where
-``G[v] = -log(-log(u[v]))`` are Gumbel draws (Gumbel-max trick: the argmax is distributed as
-``softmax(processed_logits)``). The uniforms are a pure function of ``(seed, step, v)``:
+Randomness (T4 "RNG cursor"): a sampled row draws one uniform ``u = u[0]`` and picks, by
+inverse CDF, the first token (in id order) whose cumulative probability under
+``softmax(processed_logits)`` reaches ``u`` times the total. The uniforms are a pure function of
+``(seed, step, v)`` (``counter_uniforms`` exposes the whole stream; the draw uses counter 0):
 
     key  = mix64(mix64(seed) XOR step)                (seed taken mod 2**64)
     h[v] = mix64(key + (v + 1) * GAMMA)               (splitmix64's stream, counter v + 1)
@@ -112,38 +113,19 @@ def counter_uniforms(seeds: Sequence[int], steps: Sequence[int], vocab_size: int
     return _uniforms_at(_row_keys(seeds, steps, device), ids)
 
 
-def _gumbel_(u: torch.Tensor) -> torch.Tensor:
-    """``-log(-log(u))`` in place (Gumbel-max: argmax(x + G) ~ softmax(x))."""
-    return u.log_().neg_().log_().neg_()
+def _draw(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF token per row of processed logits ``x`` [S, V] (-inf = not allowed).
 
-
-# NOTE: subsets are padded to this many candidates so every element goes through the same
-# vectorised log kernel as the full-vocabulary draw (a scalar tail could differ by an ulp).
-_DRAW_ALIGN = 64
-
-
-def _draw(x: torch.Tensor, keys: torch.Tensor, sparse: bool) -> torch.Tensor:
-    """Gumbel-max token per row of processed logits ``x`` [S, V] (-inf = not allowed).
-
-    ``sparse`` (truncation or a mask ran): when few tokens are live, the uniforms are drawn at
-    those tokens only. ``u[v]`` is a pure function of (key, v), so the choice is the full draw's,
-    tie-break (lowest token id among equal maxima) included."""
-    n_rows, vocab = x.shape
-    if sparse and vocab % _DRAW_ALIGN == 0:
-        live = (x > _NEG_INF).nonzero()  # NOTE: row-major, so ids ascend within a row
-        n_live = live.shape[0]
-        if 4 * n_live <= n_rows * vocab:
-            pad = -n_live % _DRAW_ALIGN  # NOTE: dummy entries keep the log off its scalar tail
-            rows = torch.cat((live[:, 0], live.new_zeros(pad)))
-            ids = torch.cat((live[:, 1], live.new_zeros(pad)))
-            scores = _gumbel_(_uniforms_at(keys.index_select(0, rows), ids))[:n_live]
-            rows, ids = rows[:n_live], ids[:n_live]
-            scores += x[rows, ids]
-            best = scores.new_full((n_rows,), _NEG_INF).scatter_reduce(0, rows, scores, "amax")
-            pick = torch.where(scores == best[rows], ids, vocab)
-            return pick.new_full((n_rows,), vocab).scatter_reduce(0, rows, pick, "amin")
-    ids = torch.arange(vocab, dtype=torch.int64, device=x.device).expand(n_rows, -1)
-    return _gumbel_(_uniforms_at(keys, ids)).add_(x).argmax(-1)
+    One counter uniform per row (the module docstring's ``u`` at counter 0): the token is the
+    first whose cumulative probability reaches ``u`` times the row's total. A token with zero
+    probability never starts a new cumulative value, so it can never be chosen. Row-wise
+    softmax and cumsum do not depend on the other rows, so neither does the choice (T4)."""
+    u = _uniforms_at(keys, torch.zeros((keys.shape[0], 1), dtype=torch.int64,
+                                       device=x.device))
+    cdf = torch.softmax(x, dim=-1).cumsum_(dim=-1)
+    target = u * cdf[:, -1:]
+    # NOTE: u < 1 strictly and > 0, so 0 < target <= total: the index is always a live token.
+    return torch.searchsorted(cdf, target).squeeze(1).clamp_(max=x.shape[1] - 1)
 
 
 @dataclass(frozen=True)
@@ -299,7 +281,8 @@ def _top_k_top_p_floor(x: torch.Tensor, ks: list[int], ps: list[float]) -> torch
         keep = (ranks < k_t) & ((before < p_t) | no_p | (ranks == 0))
         if width == vocab or not bool((keep[:, -1:] & (k_t >= vocab) & ~no_p).any()):
             break
-        width = vocab  # NOTE: some nucleus reaches the window's edge: redo exactly.
+        # NOTE: some nucleus reaches the window's edge: widen (x4) and redo exactly.
+        width = min(vocab, width * 4)
     floor = vals.gather(1, keep.sum(-1, keepdim=True) - 1)
     return torch.where((k_t >= vocab) & no_p, _NEG_INF, floor)
 
@@ -379,9 +362,7 @@ class Sampler:
             keys = _row_keys([rows[i].seed for i in sampled], [rows[i].step for i in sampled],
                              device)
             index = torch.tensor(sampled, device=device)
-            sparse = any(r.allowed_token_ids_mask is not None or r.params.top_k > 0
-                         or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in rows)
-            tokens[index] = _draw(x.index_select(0, index), keys, sparse)
+            tokens[index] = _draw(x.index_select(0, index), keys)
 
         chosen = tokens[:, None]
         raw_lse = torch.logsumexp(raw, -1)

@@ -70,7 +70,7 @@ def test_chat_streaming_p1_p2_ids_and_usage(server_live: Any, client: openai.Ope
     """P1/P2: SSE ids strictly increase; exactly one final chunk, then usage, then [DONE]."""
     with httpx.stream("POST", server_live.url + "/v1/chat/completions", json={
             "model": MODEL, "messages": MSG, "max_tokens": 8, "stream": True,
-            "stream_options": {"include_usage": True}}) as resp:
+            "ignore_eos": True, "stream_options": {"include_usage": True}}) as resp:
         events = sse_events(resp)
     assert events[-1]["data"] == "[DONE]"
     chunks = [json.loads(e["data"]) for e in events[:-1]]
@@ -251,8 +251,10 @@ def test_keepalive_comments_are_valid_sse(server_spawn: Any) -> None:
 
     live = server_spawn(settings=ServerSettings(keepalive_s=0.001))
     raw = httpx.post(live.url + "/v1/completions", json={
-        "model": MODEL, "prompt": "a", "max_tokens": 30, "stream": True}).text
+        "model": MODEL, "prompt": "a", "max_tokens": 30, "stream": True,
+        "ignore_eos": True}).text
     assert ": keepalive" in raw
     c = openai.OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0)
-    chunks = list(c.completions.create(model=MODEL, prompt="a", max_tokens=30, stream=True))
+    chunks = list(c.completions.create(model=MODEL, prompt="a", max_tokens=30, stream=True,
+                                       extra_body={"ignore_eos": True}))
     assert chunks[-1].choices[0].finish_reason == "length"

@@ -40,12 +40,15 @@ def check_responses_stream(events: list[dict[str, Any]], first: int = 0) -> None
 
 def test_responses_non_streaming_and_stream_p1_p2(client: openai.OpenAI,
                                                   server_live: Any) -> None:
-    r = client.responses.create(model=MODEL, input="Hello", max_output_tokens=5)
+    # NOTE: ignore_eos: an unseeded random model may pick EOS; these assert a length ending
+    r = client.responses.create(model=MODEL, input="Hello", max_output_tokens=5,
+                                extra_body={"ignore_eos": True})
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.model_extra["coda"]["finish_reason"] == "max_output_tokens"
     assert r.usage.output_tokens == 5 and r.output_text
     types = [e.type for e in client.responses.create(model=MODEL, input="Hello",
-                                                     max_output_tokens=4, stream=True)]
+                                                     max_output_tokens=4, stream=True,
+                                                     extra_body={"ignore_eos": True})]
     assert types[:4] == ["response.created", "response.in_progress",
                          "response.output_item.added", "response.content_part.added"]
     assert types[-1] == "response.incomplete"
@@ -111,15 +114,17 @@ def test_responses_bad_input_400(server_live: Any) -> None:
 def test_anthropic_messages_and_stream_event_order(claude: anthropic.Anthropic,
                                                    server_live: Any) -> None:
     m = claude.messages.create(model=MODEL, max_tokens=5,
-                               messages=[{"role": "user", "content": "Hello"}], system="sys")
+                               messages=[{"role": "user", "content": "Hello"}], system="sys",
+                               extra_body={"ignore_eos": True})
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 5
     assert m.model_extra["coda"]["finish_reason"] == "max_output_tokens"
     with claude.messages.stream(model=MODEL, max_tokens=5,
-                                messages=[{"role": "user", "content": "Hello"}]) as s:
+                                messages=[{"role": "user", "content": "Hello"}],
+                                extra_body={"ignore_eos": True}) as s:
         final = s.get_final_message()
     assert final.stop_reason == "max_tokens"
     with httpx.stream("POST", server_live.url + "/v1/messages", json={
-            "model": MODEL, "max_tokens": 4, "stream": True,
+            "model": MODEL, "max_tokens": 4, "stream": True, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Hi"}]}) as resp:
         events = sse_events(resp)
     kinds = [e["event"] for e in events]

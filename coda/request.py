@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coda import trace as tr
-from coda.errors import BackpressureOverflowError, CodaError, ErrorCode
+from coda.errors import BackpressureOverflowError, CodaError, DecodingError, ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import Lifecycle, ResourceKind, ResourceLedger, State
 from coda.stream import RequestStream, Terminal, Timings
@@ -98,8 +98,10 @@ class RequestRun:
             try:
                 reason = self.processor.drain(reason)
             except CodaError as exc:  # K3 decoding error, or P6 overflow while draining
+                # NOTE: a decoding error keeps the reason the loop stopped for (the model did
+                # nothing wrong; the tail could not form text): FAILED, error decoding_error.
                 failed = (FinishReason.TRANSPORT_ERROR if isinstance(exc, BackpressureOverflowError)
-                          else FinishReason.MODEL_ERROR)
+                          else reason if isinstance(exc, DecodingError) else FinishReason.MODEL_ERROR)
                 self._end(State.FAILED, failed, exc.code, exc.message)
                 return failed
         self._end(State.FINISHED, reason)

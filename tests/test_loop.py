@@ -153,6 +153,7 @@ def test_k3_g2_partial_utf8_tail_fails_on_finish_but_not_after_stop() -> None:
     t = run.stream.terminal
     assert t is not None and t.state is State.FAILED and t.error_code is not None
     assert t.error_code.value == "decoding_error" and run.stream.text() == "x"
+    assert t.finish_reason is FinishReason.EOS  # why the loop stopped; the drain then failed
     # a dangling byte still pending when a stop hits is discarded without finish() (G2):
     # stop token ids end the request while the detokenizer holds the first byte of "é"
     run, _, _ = run_script([107, 104, 101, 102], stop_token_ids=((101, 102),))

@@ -37,6 +37,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # NOTE: reuse bench_stops' stop sets
+from bench_stops import NaiveWindow as StopWindow  # noqa: E402
 from bench_stops import make_stops  # noqa: E402
 
 from coda.bench import TEXTS  # noqa: E402
@@ -133,14 +134,14 @@ class NaiveRedecode:
 
 
 class NaiveWindow:
-    """(b) Offsets-based incremental decode + fixed max_len−1 holdback + ``str.find``."""
+    """(b) Offsets-based incremental decode, then bench_stops' fixed max_len−1 holdback +
+    ``str.find`` matcher on the new text."""
 
     def __init__(self, tok: tokenizers.Tokenizer, stops: Sequence[str]) -> None:
-        self.tok, self.stops = tok, list(stops)
-        self.hold = max(map(len, stops)) - 1
+        self.tok = tok
+        self.matcher = StopWindow(stops)
         self.ids: list[int] = []
         self.prefix = self.read = 0
-        self.window = ""
 
     def push(self, t: int) -> tuple[str, bool]:
         self.ids.append(t)
@@ -148,25 +149,13 @@ class NaiveWindow:
         full = self.tok.decode(self.ids[self.prefix:])
         if len(full) <= len(prefix_text) or full.endswith("\ufffd"):
             return "", False
-        new = full[len(prefix_text):]
         self.prefix, self.read = self.read, len(self.ids)
-        w = self.window + new
-        for s in self.stops:
-            at = w.find(s)
-            if at >= 0:
-                self.window = ""
-                return w[:at], True
-        cut = len(w) - self.hold
-        if cut <= 0:
-            self.window = w
-            return "", False
-        self.window = w[cut:]
-        return w[:cut], False
+        return self.matcher.push(full[len(prefix_text):])
 
     def flush(self) -> str:
         tail = self.tok.decode(self.ids[self.prefix:])[len(self.tok.decode(
             self.ids[self.prefix:self.read])):]
-        return self.window + tail
+        return self.matcher.window + tail
 
 
 def run_naive(cls: type[NaiveRedecode] | type[NaiveWindow], tok: tokenizers.Tokenizer,

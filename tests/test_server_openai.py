@@ -258,3 +258,16 @@ def test_keepalive_comments_are_valid_sse(server_spawn: Any) -> None:
     chunks = list(c.completions.create(model=MODEL, prompt="a", max_tokens=30, stream=True,
                                        extra_body={"ignore_eos": True}))
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_l6_usage_counts_every_prompt_of_a_batched_completion(client: openai.OpenAI) -> None:
+    """Usage of a batch of prompts × n choices: each prompt once, every choice's tokens."""
+    one = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=3, seed=1,
+                                    extra_body={"ignore_eos": True})
+    two = client.completions.create(model=MODEL, prompt="World", max_tokens=3, seed=1,
+                                    extra_body={"ignore_eos": True})
+    both = client.completions.create(model=MODEL, prompt=["Hello there", "World"], max_tokens=3,
+                                     n=2, seed=1, extra_body={"ignore_eos": True})
+    assert len(both.choices) == 4
+    assert both.usage.prompt_tokens == one.usage.prompt_tokens + two.usage.prompt_tokens
+    assert both.usage.completion_tokens == 12

@@ -93,10 +93,12 @@ def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> d
     return out
 
 
-def openai_usage(terminals: list[Terminal]) -> dict[str, Any]:
-    """OpenAI usage over n choices: the prompt once, completion = selected (billed) tokens."""
-    prompt = terminals[0].usage.prompt_tokens if terminals else 0
-    cached = terminals[0].usage.cached_prompt_tokens if terminals else 0
+def openai_usage(terminals: list[Terminal], n: int = 1) -> dict[str, Any]:
+    """OpenAI usage over prompts × n choices (each prompt's n choices consecutive): every
+    prompt counted once, completion = selected (billed) tokens of every choice."""
+    firsts = terminals[::max(n, 1)]
+    prompt = sum(t.usage.prompt_tokens for t in firsts)
+    cached = sum(t.usage.cached_prompt_tokens for t in firsts)
     completion = sum(t.usage.selected_tokens for t in terminals)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,

@@ -91,7 +91,8 @@ class OpenAIRenderer(Renderer):
         frames = []
         if self.include_usage and all(t is not None for t in terminals):
             done = [t for t in terminals if t is not None]
-            frames.append(Frame(self._chunk([], usage=openai_usage(done)), id=fid))
+            frames.append(Frame(self._chunk([], usage=openai_usage(done, self.r.extra["n"])),
+                                id=fid))
         frames.append(Frame("[DONE]", id=fid))
         return frames
 
@@ -165,7 +166,8 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
     record = Record(rid, "chat" if chat else "completion", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: OpenAIRenderer(
                         record, tokenizer=tok, include_usage=include_usage,
-                        logprobs=logprobs is not None, after=after))
+                        logprobs=logprobs is not None, after=after),
+                    extra={"n": body.n})
     st.store.put(record)
     policy = body.on_disconnect or st.settings.on_disconnect
     if body.stream:
@@ -211,7 +213,7 @@ def _final_object(record: Record, terminals: list[Terminal], tok: Any,
                             "finish_reason": reason, "coda": ext})
     return {"id": record.id, "object": "chat.completion" if chat else "text_completion",
             "created": record.created, "model": record.model, "choices": choices,
-            "usage": openai_usage(terminals)}
+            "usage": openai_usage(terminals, record.extra["n"])}
 
 
 @router.post("/v1/chat/completions")

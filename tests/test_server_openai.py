@@ -80,7 +80,7 @@ def test_chat_streaming_p1_p2_ids_and_usage(server_live: Any, client: openai.Ope
     assert len(finals) == 1 and chunks.index(finals[0]) == len(chunks) - 2
     assert chunks[-1]["usage"]["completion_tokens"] == 8 and chunks[-1]["choices"] == []
     streamed = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4,
-                                              stream=True)
+                                              stream=True, extra_body={"ignore_eos": True})
     parts = list(streamed)
     assert parts[0].choices[0].delta.role == "assistant"
     assert parts[-1].choices[0].finish_reason == "length"
@@ -120,7 +120,8 @@ def test_stop_strings_never_leak_s3_l3(client: openai.OpenAI) -> None:
 
 
 def test_completions_token_prompt_and_legacy_logprobs(client: openai.OpenAI) -> None:
-    r = client.completions.create(model=MODEL, prompt=[5, 6, 7, 8], max_tokens=5, logprobs=3)
+    r = client.completions.create(model=MODEL, prompt=[5, 6, 7, 8], max_tokens=5, logprobs=3,
+                                  extra_body={"ignore_eos": True})
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == 5
     assert all(len(t) <= 3 for t in lp.top_logprobs) and lp.text_offset == sorted(lp.text_offset)

@@ -13,14 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.engine.sampler import (
-    Sampler,
-    SamplingRow,
-    TokenDecision,
-    _draw,
-    _row_keys,
-    counter_uniforms,
-)
+from coda.engine.rng import counter_uniforms, row_keys
+from coda.engine.sampler import Sampler, SamplingRow, TokenDecision, _draw
 from coda.errors import ModelError
 from coda.sampling import SamplingParams
 
@@ -356,7 +350,7 @@ def test_t4_draw_never_picks_a_banned_token_and_depends_on_the_row_only() -> Non
     x[2, [3, 9]] = 1.0
     x[2, [i for i in range(64) if i not in (3, 9)]] = float("-inf")
     for step in range(200):
-        keys = _row_keys(list(range(6)), [step] * 6, "cpu")
+        keys = row_keys(list(range(6)), [step] * 6, "cpu")
         got = _draw(x, keys)
         assert got[0] == 0 and got[1] % 2 == 1 and int(got[2]) in (3, 9)
         for i in range(6):

@@ -8,8 +8,6 @@ validates synchronously (typed errors, nothing queued on failure) and returns a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import json
 import logging
@@ -18,7 +16,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ import tokenizers
 
 from coda.early_stop import EarlyStopController
 from coda.engine.core import EngineCore, EngineRequest
+from coda.engine.handle import RequestHandle
 from coda.engine.kv_cache import BlockManager
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
@@ -36,78 +34,12 @@ from coda.finish import CancelCause
 from coda.lifecycle import ResourceKind
 from coda.request import RequestRun
 from coda.step import OutputProcessor, OutputSpec
-from coda.stream import EventType, RequestStream, StreamEvent, Terminal
+from coda.stream import RequestStream
 from coda.trace import JsonlTraceSink, NullTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_model"
-
-
-class RequestHandle:
-    """A submitted request: its stream, and the one way to cancel it."""
-
-    def __init__(self, run: RequestRun, wake_engine: Any) -> None:
-        self._run = run
-        self._wake = wake_engine
-        self.request_id = run.request_id
-        self.stream: RequestStream = run.stream
-
-    def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
-        """Request a cancel (C1 moment 1); the engine observes it at its next safe point."""
-        ok = self._run.request_cancel(cause)
-        self._wake()
-        return ok
-
-    async def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
-        """Replay events after ``after`` then follow live ones; ends after the terminal (P3).
-        Acknowledges what it yields, which frees backpressure credit (P6)."""
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-
-        def on_append() -> None:
-            # NOTE: the reader's loop may be closed already; then there is nothing to wake
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
-
-        remove = self.stream.add_listener(on_append)
-        seq = after
-        try:
-            while True:
-                batch = self.stream.events_after(seq)
-                for ev in batch:
-                    yield ev
-                    seq = ev.seq
-                    self.stream.ack(seq)
-                    if ev.type is EventType.TERMINAL:
-                        return
-                if not batch:
-                    await wake.wait()
-                    wake.clear()
-        finally:
-            remove()
-
-    async def result(self) -> Terminal:
-        # NOTE: resume one event early, so a stream that is already closed yields its terminal
-        async for ev in self.events(self.stream.last_seq - 1):
-            if ev.terminal is not None:
-                return ev.terminal
-        terminal = self.stream.terminal
-        assert terminal is not None
-        return terminal
-
-    def wait(self, timeout: float | None = None) -> Terminal:
-        """Blocking wait for the terminal (for synchronous callers)."""
-        done = threading.Event()
-        remove = self.stream.add_listener(lambda: done.set() if self.stream.closed else None)
-        try:
-            if not self.stream.closed and not done.wait(timeout):
-                raise TimeoutError(f"{self.request_id} not finished after {timeout}s")
-        finally:
-            remove()
-        terminal = self.stream.terminal
-        assert terminal is not None
-        return terminal
 
 
 class AsyncEngine:
@@ -345,6 +277,7 @@ def _eos_ids(mc: Any, gen: dict[str, Any], tok: tokenizers.Tokenizer,
     eos = tok_cfg.get("eos_token")
     if isinstance(eos, dict):
         eos = eos.get("content")
-    if isinstance(eos, str) and tok.token_to_id(eos) is not None:
-        ids.add(int(tok.token_to_id(eos)))
+    eos_id = tok.token_to_id(eos) if isinstance(eos, str) else None
+    if eos_id is not None:
+        ids.add(eos_id)
     return frozenset(ids)

@@ -73,6 +73,7 @@ class OutputProcessor:
         self._early_stop = early_stop
         self._held_ids: list[int] = []        # ids that may start a stop id sequence
         self._pending_tokens: list[TokenInfo] = []  # selected since the last delta
+        self._eos_token: TokenInfo | None = None
         self.generated = 0                    # tokens selected (t after choose)
         self.hit: StopHit | None = None
         # L6 accounting: start offsets of visible tokens not yet reached by the stream
@@ -92,9 +93,10 @@ class OutputProcessor:
         t = self.generated
         if self._tracing:
             self._record(tr.TOKEN_SELECTED, t=t, token_id=token_id, decision=decision or {})
-        self._pending_tokens.append(info)
         if token_id in self.spec.eos_token_ids and not self.spec.ignore_eos:
+            self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
+        self._pending_tokens.append(info)
         if self.token_stops is not None:
             hit = self.token_stops.push(token_id)
             if hit is not None:
@@ -146,7 +148,8 @@ class OutputProcessor:
 
     # -- accounting ------------------------------------------------------------------------
     def trailing_tokens(self) -> tuple[TokenInfo, ...]:
-        out = tuple(self._pending_tokens)
+        """Selected tokens that no delta carried: held or textless ones, then EOS if chosen."""
+        out = tuple(self._pending_tokens) + ((self._eos_token,) if self._eos_token else ())
         self._pending_tokens.clear()
         return out
 

@@ -272,3 +272,20 @@ def test_l6_usage_counts_every_prompt_of_a_batched_completion(client: openai.Ope
     assert len(both.choices) == 4
     assert both.usage.prompt_tokens == one.usage.prompt_tokens + two.usage.prompt_tokens
     assert both.usage.completion_tokens == 12
+
+
+def test_l6_logprobs_cover_every_token_of_a_length_limited_output(client: openai.OpenAI) -> None:
+    """Every selected token of a max_tokens ending gets a logprob entry, textless ones too,
+    streamed or not (L6: selected tokens are what is billed)."""
+    for seed in range(6):
+        kw: dict[str, Any] = dict(model=MODEL, prompt=[5, 6, 7, 8], max_tokens=6, logprobs=1,
+                                  seed=seed, extra_body={"ignore_eos": True})
+        r = client.completions.create(**kw)
+        assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens == 6
+        n = sum(len(c.choices[0].logprobs.tokens) for c in client.completions.create(
+            stream=True, **kw) if c.choices and c.choices[0].logprobs)
+        assert n == 6
+        chat = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=6,
+                                              logprobs=True, seed=seed,
+                                              extra_body={"ignore_eos": True})
+        assert len(chat.choices[0].logprobs.content) == 6

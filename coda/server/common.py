@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import Request
 
+from coda.server.logprobs import reported_trailing
 from coda.server.state import DisconnectPolicy, Record, ServerState
 from coda.stream import EventType, RequestStream, Terminal, TokenInfo
 
@@ -83,6 +84,9 @@ def collect(stream: RequestStream) -> Collected:
     deltas = [(e.text, e.tokens) for e in stream.events_after(-1) if e.type is EventType.DELTA]
     terminal = stream.terminal
     assert terminal is not None, "collect() needs a finished stream"
+    trailing = reported_trailing(terminal)
+    if trailing:  # NOTE: textless last tokens still get their logprobs (never the stop itself)
+        deltas.append(("", trailing))
     return Collected("".join(t for t, _ in deltas), deltas, terminal)
 
 

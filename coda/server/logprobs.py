@@ -2,8 +2,10 @@
 Responses ``logprobs``). Tokens are shown by their own bytes (the detokenizer's byte view), so
 a token holding half a UTF-8 character is shown with U+FFFD but its ``bytes`` are exact.
 
-Only tokens whose bytes reached a delta are reported (L6 "returned" tokens); EOS, stop and
-held tokens that never reached the stream (``Terminal.trailing_tokens``) are not.
+Tokens are reported with the delta that carried their bytes. Tokens no delta carried
+(``Terminal.trailing_tokens``: a last token without visible text, bytes held at the end) are
+reported with the final chunk, except when the request ended on EOS or a stop sequence: then
+they are the stop itself, which never reaches the client (S3).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from coda.detokenizer import profile_of
-from coda.stream import TokenInfo
+from coda.finish import FinishReason
+from coda.stream import Terminal, TokenInfo
 
 
 def token_bytes(tokenizer: Any, token_id: int) -> bytes:
@@ -68,3 +71,10 @@ def merge_legacy(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for k in merged:
             merged[k].extend(p[k])
     return merged
+
+
+def reported_trailing(terminal: Terminal) -> tuple[TokenInfo, ...]:
+    """The trailing tokens a client sees logprobs for (see the module docstring)."""
+    if terminal.finish_reason in (FinishReason.EOS, FinishReason.STOP_SEQUENCE):
+        return ()
+    return terminal.trailing_tokens

@@ -70,6 +70,11 @@ class OpenAIRenderer(Renderer):
                                    "finish_reason": reason} if self.chat else
                                   {"index": index, "text": "", "logprobs": None,
                                    "finish_reason": reason})
+        trailing = lp.reported_trailing(terminal)
+        if self.logprobs and trailing:  # textless last tokens: logprobs on the final chunk
+            at = self.offsets[index]
+            choice["logprobs"] = ({"content": lp.chat_entries(self.tok, trailing), "refusal": None}
+                                  if self.chat else lp.legacy_logprobs(self.tok, trailing, at, at))
         return [Frame(self._chunk([choice], coda=ext), id=fid)]
 
     def _delta_choice(self, index: int, ev: StreamEvent) -> dict[str, Any]:

@@ -11,6 +11,8 @@ settings.register_profile(
     deadline=None,
     max_examples=int(os.environ.get("CODA_HYPOTHESIS_EXAMPLES", "100")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    # NOTE: CI explores a fixed, reproducible sample; local runs explore afresh each time.
+    derandomize=os.environ.get("CI", "").lower() == "true",
 )
 settings.load_profile("coda")
 

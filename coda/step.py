@@ -103,9 +103,9 @@ class OutputProcessor:
                 self._held_ids.clear()  # NOTE: the matched ids never reach the detokenizer
                 return self._on_hit(hit)
             self._held_ids.append(token_id)
-            keep = self._token_prefix_len()
-            release, self._held_ids = self._held_ids[:len(self._held_ids) - keep], \
-                self._held_ids[len(self._held_ids) - keep:]
+            # NOTE: hold exactly the ids that may still start a stop sequence (the matcher's depth)
+            cut = len(self._held_ids) - self.token_stops.depth
+            release, self._held_ids = self._held_ids[:cut], self._held_ids[cut:]
         else:
             release = [token_id]
         new = b"".join(self._detok_push(i) for i in release)
@@ -196,17 +196,6 @@ class OutputProcessor:
         if self._tracing:
             self._record(tr.STREAM_DELTA, seq=ev.seq, nbytes=len(data),
                          text=data.decode("utf-8", "replace"))
-
-    def _token_prefix_len(self) -> int:
-        """How many trailing held ids are still a prefix of some stop id sequence."""
-        ids = self._held_ids
-        best = 0
-        for seq in self.spec.stop_token_ids:
-            for k in range(min(len(seq) - 1, len(ids)), best, -1):
-                if tuple(ids[-k:]) == seq[:k]:
-                    best = k
-                    break
-        return best
 
     def _track_hold(self) -> None:
         now = time.monotonic()

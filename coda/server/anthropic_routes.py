@@ -16,12 +16,12 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.server.chat import content_text, render_chat
-from coda.server.common import ClientGone, collect, new_id, now, state_of, wait_results
+from coda.server.common import collect, new_id, now, state_of, stream_or_wait
 from coda.server.http_errors import ApiError
 from coda.server.mapping import anthropic_stop_reason, coda_extension, is_model_failure
 from coda.server.params import Knobs, build_requests, encode, rename_map
 from coda.server.protocol_schemas import AnthropicRequest
-from coda.server.sse import Frame, Renderer, SSEResponse, position_id
+from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record
 from coda.stream import EventType, StreamEvent, Terminal
 
@@ -122,16 +122,11 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
                     make_renderer=lambda after: AnthropicRenderer(record, after),
                     extra={"input_tokens": len(ids)})
     st.store.put(record)
-    policy = body.on_disconnect or st.settings.on_disconnect
-    if body.stream:
-        return SSEResponse(record.streams, record.make_renderer(None),
-                           keepalive_s=st.settings.keepalive_s,
-                           on_disconnect=st.disconnect_handler(record, policy),
-                           headers={"request-id": rid})
-    try:
-        await wait_results(request, st, record, policy)
-    except ClientGone:
-        return Response(status_code=499)
+    done = await stream_or_wait(request, st, record, stream=body.stream,
+                                policy=body.on_disconnect or st.settings.on_disconnect,
+                                headers={"request-id": rid})
+    if isinstance(done, Response):
+        return done
     c = collect(handles[0].stream)
     if is_model_failure(c.terminal):
         raise ApiError(500, c.terminal.error_message or "model error")

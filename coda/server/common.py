@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
+from starlette.responses import Response
 
 from coda.server.logprobs import reported_trailing
+from coda.server.sse import SSEResponse
 from coda.server.state import DisconnectPolicy, Record, ServerState
 from coda.stream import EventType, RequestStream, Terminal, TokenInfo
 
@@ -62,6 +64,21 @@ async def wait_results(request: Request, st: ServerState, record: Record,
         raise ClientGone(record.id)
     await asyncio.gather(watch, return_exceptions=True)
     return list(results.result())
+
+
+async def stream_or_wait(request: Request, st: ServerState, record: Record, *, stream: bool,
+                         policy: DisconnectPolicy,
+                         headers: dict[str, str] | None = None) -> Response | list[Terminal]:
+    """The shared tail of every create route: the SSE response of a streaming call, or the
+    terminals of a non-streaming one (a 499 if the client left first, after the P4 policy)."""
+    if stream:
+        return SSEResponse(record.streams, record.make_renderer(None),
+                           keepalive_s=st.settings.keepalive_s,
+                           on_disconnect=st.disconnect_handler(record, policy), headers=headers)
+    try:
+        return await wait_results(request, st, record, policy)
+    except ClientGone:
+        return Response(status_code=499)
 
 
 async def _disconnected(request: Request) -> None:

@@ -17,12 +17,12 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.server import logprobs as lp
 from coda.server.chat import render_chat
-from coda.server.common import ClientGone, collect, new_id, now, state_of, text_before, wait_results
+from coda.server.common import collect, new_id, now, state_of, stream_or_wait, text_before
 from coda.server.http_errors import ApiError
 from coda.server.mapping import coda_extension, is_model_failure, openai_finish_reason, openai_usage
 from coda.server.params import Knobs, build_requests, encode, rename_map
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
-from coda.server.sse import Frame, Renderer, SSEResponse, position_id
+from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState
 from coda.stream import EventType, StreamEvent, Terminal
 
@@ -174,16 +174,11 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                         logprobs=logprobs is not None, after=after),
                     extra={"n": body.n})
     st.store.put(record)
-    policy = body.on_disconnect or st.settings.on_disconnect
-    if body.stream:
-        return SSEResponse(record.streams, record.make_renderer(None),
-                           keepalive_s=st.settings.keepalive_s,
-                           on_disconnect=st.disconnect_handler(record, policy),
-                           headers={"x-request-id": rid})
-    try:
-        terminals = await wait_results(request, st, record, policy)
-    except ClientGone:
-        return Response(status_code=499)
+    terminals = await stream_or_wait(request, st, record, stream=body.stream,
+                                     policy=body.on_disconnect or st.settings.on_disconnect,
+                                     headers={"x-request-id": rid})
+    if isinstance(terminals, Response):
+        return terminals
     return JSONResponse(_final_object(record, terminals, tok, logprobs is not None),
                         headers={"x-request-id": rid})
 

@@ -23,13 +23,12 @@ from coda.finish import CancelCause
 from coda.server import logprobs as lp
 from coda.server.chat import render_chat
 from coda.server.common import (
-    ClientGone,
     new_id,
     now,
     partial_text,
     state_of,
+    stream_or_wait,
     terminal_of,
-    wait_results,
 )
 from coda.server.http_errors import ApiError
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
@@ -221,18 +220,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     st.store.put(record)
     if body.background:
         st.keep_draining(handles[0])  # NOTE: acks the log so nobody-reading never overflows
-    policy = body.on_disconnect or st.settings.on_disconnect
-    if body.stream:
-        return SSEResponse(record.streams, record.make_renderer(None),
-                           keepalive_s=st.settings.keepalive_s,
-                           on_disconnect=st.disconnect_handler(record, policy))
-    if body.background:
+    if body.background and not body.stream:
         return JSONResponse(response_object(record, initial=True))
-    try:
-        await wait_results(request, st, record, policy)
-    except ClientGone:
-        return Response(status_code=499)
-    return JSONResponse(response_object(record))
+    done = await stream_or_wait(request, st, record, stream=body.stream,
+                                policy=body.on_disconnect or st.settings.on_disconnect)
+    return done if isinstance(done, Response) else JSONResponse(response_object(record))
 
 
 @router.get("/v1/responses/{response_id}")

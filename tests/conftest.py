@@ -153,3 +153,20 @@ def server_spawn(server_engine: Any) -> Iterator[Any]:
     yield spawn
     for live in started:
         live.stop()
+
+
+class SSEAccumulator:
+    """Assembles SSE lines into events (``{"id": ..., "event": ..., "data": ...}``); comment
+    lines (keepalives) are skipped. ``feed`` returns an event when a blank line ends one."""
+
+    def __init__(self) -> None:
+        self._cur: dict[str, str] = {}
+
+    def feed(self, line: str) -> dict[str, str] | None:
+        if not line:
+            done, self._cur = self._cur, {}
+            return done or None
+        if not line.startswith(":"):
+            key, _, value = line.partition(": ")
+            self._cur[key] = value
+        return None

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from tests.conftest import SSEAccumulator
 from tests.test_server_openai import MODEL
 
 N_STREAMS = 240
@@ -21,15 +22,11 @@ FINAL_RESPONSES = {"response.completed", "response.incomplete", "response.failed
 
 
 async def _events(resp: httpx.Response) -> Any:
-    cur: dict[str, str] = {}
+    sse = SSEAccumulator()
     async for line in resp.aiter_lines():
-        if not line:
-            if cur:
-                yield cur
-            cur = {}
-        elif not line.startswith(":"):
-            key, _, value = line.partition(": ")
-            cur[key] = value
+        event = sse.feed(line)
+        if event is not None:
+            yield event
 
 
 def _request(kind: str, i: int, fate: str) -> tuple[str, dict[str, Any]]:

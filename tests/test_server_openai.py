@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import SSEAccumulator
+
 MODEL = "tiny-chat"
 MSG = [{"role": "user", "content": "Hello world"}]
 
@@ -184,15 +186,11 @@ def test_continue_policy_resume_with_last_event_id_p3(server_live: Any) -> None:
 
 
 def sse_events_iter(resp: httpx.Response) -> Any:
-    cur: dict[str, str] = {}
+    sse = SSEAccumulator()
     for line in resp.iter_lines():
-        if not line:
-            if cur:
-                yield cur
-            cur = {}
-        elif not line.startswith(":"):
-            key, _, value = line.partition(": ")
-            cur[key] = value
+        event = sse.feed(line)
+        if event is not None:
+            yield event
 
 
 BAD = [

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import tokenizers
+import torch
 
 from coda import trace as tr
 from coda.early_stop import EarlyStopController, decide_stream_failure
@@ -145,15 +146,13 @@ class EngineCore:
             elif req.deadline is not None and now >= req.deadline:
                 self._finish(req, FinishReason.DEADLINE_EXCEEDED)
 
-    def _execute(self, out: SchedulerOutput) -> tuple[object, dict[int, BaseException]]:
+    def _execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, dict[int, BaseException]]:
         """Run the batch; on failure retry each chunk alone so one bad request fails alone."""
         chunks = [self._seq_chunk(c) for c in out.chunks]
         try:
             return self.runner.execute(chunks), {}
         except Exception as exc:  # isolate the culprit(s)
             log.warning("batch forward failed (%r); isolating", exc)
-        import torch
-
         rows: list[torch.Tensor] = []
         failed: dict[int, BaseException] = {}
         for sc, chunk in zip(out.chunks, chunks, strict=True):
@@ -210,10 +209,7 @@ class EngineCore:
             self._record(req, tr.DECODE_COMPLETED, t=chunk.seq.num_output_tokens,
                          cache_len=chunk.seq.num_computed_tokens)
 
-    def _choose(self, rows: list[tuple[EngineRequest, int]], logits: object) -> None:
-        import torch
-
-        assert isinstance(logits, torch.Tensor)
+    def _choose(self, rows: list[tuple[EngineRequest, int]], logits: torch.Tensor) -> None:
         live: list[tuple[EngineRequest, int]] = []
         for req, i in rows:
             run = req.run

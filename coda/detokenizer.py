@@ -2,7 +2,7 @@
 
 ``IncrementalDetokenizer.push(id)`` returns exactly the new UTF-8 bytes that are final, so that
 ``concat(push...) + finish() == tokenizer.decode(ids).encode()`` (K2; with a prompt, the text is
-decoded in the prompt's context). The declared interface is ``tokenizer.decode``: invalid bytes
+decoded in the prompt's context and never echoed: docs/output-text.md). The declared interface is ``tokenizer.decode``: invalid bytes
 in the middle of the output become U+FFFD exactly as decode() makes them; the one deviation is at
 ``finish()``, where an incomplete or invalid residue raises :class:`DecodingError` (K3) instead
 of producing a trailing U+FFFD.
@@ -181,12 +181,16 @@ class IncrementalDetokenizer:
             start = self._clean_start(prompt, max(0, upto))
             self._window = prompt[start:]
             self._text = self._decode(self._window)
-            unstable = self._analyse_tail()
+            self._analyse_tail()  # NOTE: sets the pending run and its start (_tail_index)
             # NOTE: a held prompt tail must follow rendered context, as in the full decode.
             if start == 0 or self._has_context(self._tail_index):
                 break
             upto = start - 1
-        self._emitted = len(self._text) - unstable  # NOTE: prompt text is context, not output
+        # NOTE: the whole prompt text is context, never output, even a held byte run (K2, K4).
+        self._emitted = len(self._text)
+        # The prompt's own rendering while the output may still change it (see _rebase).
+        self._boundary: str | None = self._text
+        self._base = len(self._text)  # NOTE: chars of the window text that are prompt, not output
         self._any_rendered = self._has_context(len(self._window))
 
     # ---- public API -------------------------------------------------------------------------
@@ -205,6 +209,8 @@ class IncrementalDetokenizer:
         self._window.append(token_id)
         text = self._text = self._tok.decode(self._window, skip_special_tokens=self._skip)
         stable = len(text) - self._analyse_tail()
+        if self._boundary is not None:
+            self._rebase(text)
         out = ""
         if stable > self._emitted:
             out = text[self._emitted : stable]
@@ -217,6 +223,8 @@ class IncrementalDetokenizer:
         """Drain the held tail at a normal end (G2); DecodingError if it is not valid text (K3)."""
         self._closed = True
         tail, pending = self._text[self._emitted :], self._pending
+        if self._count == 0:
+            pending = b""  # NOTE: a residue of the prompt alone is context, not output (K3)
         self._emitted = len(self._text)
         self._pending = b""
         invalid = self._mode is ByteMode.BYTE_LEVEL and bool(pending)
@@ -259,6 +267,30 @@ class IncrementalDetokenizer:
     # ---- internals --------------------------------------------------------------------------
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    def _rebase(self, text: str) -> None:
+        """Prompt/output boundary (K2, K4; docs/output-text.md).
+
+        Output is the decode of prompt + output after the longest common prefix with the
+        decode of the prompt alone. Only the first output tokens can re-render the prompt's
+        end: one that completes a character the prompt ended inside, one that extends the
+        prompt's byte-fallback run (decoded as one group), or a cleanup rule spanning the
+        boundary. Those characters are then output again, whole; nothing else of the prompt is.
+        """
+        ctx = self._boundary
+        assert ctx is not None
+        base = len(ctx)
+        if not text.startswith(ctx):
+            base = 0
+            for a, b in zip(ctx, text, strict=False):
+                if a != b:
+                    break
+                base += 1
+        # NOTE: emitted = base + output chars sent; a transient re-render moves only the base.
+        self._emitted += base - self._base
+        self._base = base
+        if not self._pending:
+            self._boundary = None  # NOTE: no open run or partial character: the prompt is fixed
 
     def _has_context(self, end: int) -> bool:
         return any(self._views[t] is not None for t in self._window[:end])
@@ -353,6 +385,8 @@ class IncrementalDetokenizer:
 
     def _cut_window(self) -> None:
         """Drop old context: keep >= _MIN_CONTEXT rendered ids before the tail (verified)."""
+        if self._boundary is not None:
+            return  # NOTE: the prompt's rendering is still open; its text is the reference
         window = self._window
         rendered = [i for i in range(self._tail_index) if self._views[window[i]] is not None]
         if len(rendered) <= _MIN_CONTEXT:

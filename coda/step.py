@@ -8,9 +8,18 @@ finish reason, or None to continue with ``decode_one``. At a normal end :meth:`d
 DRAINING step: after a stop hit the detokenizer's tail is discarded and ``finish()`` is not
 called (G2); otherwise ``finish()`` drains the tail, which still passes the stop matcher.
 
-Stop token-id sequences are matched on the id stream; ids that may still be the start of such a
-sequence are held back from the detokenizer, exactly as bytes that may start a stop string are
-held back from the stream, so a matched id sequence never leaks its text.
+Both stop kinds see every token at once (S1, S4): each id is pushed to the id-sequence
+matcher and then detokenized, and its bytes go through the string matcher, so a stop string
+inside text whose ids might still start an id sequence ends the request at the token where it
+completes. What such ids hold back is the *sending* of their bytes: bytes owned by the last
+``depth`` ids (the id matcher's partial match) wait, like bytes that may start a stop string.
+Earliest end wins across kinds, counted in selected tokens; an id sequence and a string
+completing at the same token: the id sequence wins (it is checked first, G1). On an id hit the
+bytes of every token before the sequence's first id are sent (they can no longer be part of a
+stop); the sequence's own text never is. Offsets (stream bytes, one owner token each)::
+
+    stream  | sent ... | unsent: string-held or owned by held ids | (next push)
+            0       sent_off                                  consumed
 """
 
 from __future__ import annotations
@@ -71,7 +80,10 @@ class OutputProcessor:
         self.token_stops = StopTokenMatcher(spec.stop_token_ids) if spec.stop_token_ids else None
         self._grammar_done = grammar_done
         self._early_stop = early_stop
-        self._held_ids: list[int] = []        # ids that may start a stop id sequence
+        # stream offset after each of the last pushes (owner boundaries of held ids, S1)
+        self._ends: deque[int] = deque([0])
+        self._stream = bytearray()            # bytes pushed but not yet sent (see module doc)
+        self._sent_off = 0                    # stream offset of self._stream[0]
         self._pending_tokens: list[TokenInfo] = []  # selected since the last delta
         self._eos_token: TokenInfo | None = None
         self.generated = 0                    # tokens selected (t after choose)
@@ -97,19 +109,16 @@ class OutputProcessor:
             self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
         self._pending_tokens.append(info)
+        depth = 0
         if self.token_stops is not None:
             hit = self.token_stops.push(token_id)
-            if hit is not None:
-                self._held_ids.clear()  # NOTE: the matched ids never reach the detokenizer
+            if hit is not None:  # NOTE: its ids never reach the detokenizer (ties: ids first)
+                # NOTE: _ends[-k] is the offset after the k-th last pushed token; the sequence's
+                # first k-1 ids were pushed, so _ends[-k] is where its text would begin.
+                self._release(self._ends[hit.start - hit.end])
                 return self._on_hit(hit)
-            self._held_ids.append(token_id)
-            # NOTE: hold exactly the ids that may still start a stop sequence (the matcher's depth)
-            cut = len(self._held_ids) - self.token_stops.depth
-            release, self._held_ids = self._held_ids[:cut], self._held_ids[cut:]
-        else:
-            release = [token_id]
-        new = b"".join(self._detok_push(i) for i in release)
-        if self._emit(new):
+            depth = self.token_stops.depth
+        if self._emit(self._detok_push(token_id), depth):
             return FinishReason.STOP_SEQUENCE
         if self.generated >= self.spec.max_output_tokens:
             return FinishReason.MAX_OUTPUT_TOKENS
@@ -129,12 +138,10 @@ class OutputProcessor:
             self.detok.discard_pending()
             self.stops.discard()
             return reason
-        tail = b"".join(self._detok_push(i) for i in self._held_ids)
-        self._held_ids.clear()
-        tail += self.detok.finish()
-        if self._emit(tail):
+        if self._emit(self.detok.finish(), 0):
             return FinishReason.STOP_SEQUENCE
-        self._send(self.stops.flush())
+        self.stops.flush()
+        self._release(len(self._stream) + self._sent_off)
         self._stop_held_clock()
         return reason
 
@@ -143,7 +150,7 @@ class OutputProcessor:
         self.detok.discard_pending()
         if self.stops.hit is None:
             self.stops.discard()
-        self._held_ids.clear()
+        self._stream.clear()
         self._stop_held_clock()
 
     # -- accounting ------------------------------------------------------------------------
@@ -161,20 +168,36 @@ class OutputProcessor:
             self._visible += len(data)
         return data
 
-    def _emit(self, new: bytes) -> bool:
-        """Stop-match ``new`` and send the safe part; True on a stop hit (S2, S3)."""
-        if not new:
-            return False
-        safe, hit = self.stops.push(new)
-        if self._tracing:
+    def _emit(self, new: bytes, held_ids: int) -> bool:
+        """Stop-match ``new`` (this token's bytes) and send what is safe: not held by the string
+        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3)."""
+        self._stream += new
+        end = self._sent_off + len(self._stream)
+        self._ends.append(end)
+        # NOTE: keep one boundary per held id plus the one before them, no more
+        while len(self._ends) > held_ids + 2:
+            self._ends.popleft()
+        hit = self.stops.push(new)[1] if new else None
+        if self._tracing and new:
             self._record(tr.STOP_STATE, held=len(self.stops.held),
-                         detok_pending=len(self.detok.pending))
-        self._send(safe)
+                         detok_pending=len(self.detok.pending), ids_held=held_ids)
         if hit is not None:
+            # NOTE: the matcher's emitted count is the stream offset where output stops
+            self._release(self.stops.emitted_bytes)
             self._on_hit(hit)
             return True
-        self._track_hold()
+        self._release(min(self.stops.emitted_bytes, self._ends[-held_ids - 1]))
         return False
+
+    def _release(self, upto: int) -> None:
+        """Send the unsent stream up to offset ``upto`` (nothing if already sent)."""
+        n = upto - self._sent_off
+        if n > 0:
+            data = bytes(self._stream[:n])
+            del self._stream[:n]
+            self._sent_off = upto
+            self._send(data)
+        self._track_hold()
 
     def _on_hit(self, hit: StopHit) -> FinishReason:
         self.hit = hit
@@ -198,10 +221,11 @@ class OutputProcessor:
                          text=data.decode("utf-8", "replace"))
 
     def _track_hold(self) -> None:
+        """stop_buffer_s (P5): time during which some output was held back for a stop."""
         now = time.monotonic()
-        if self.stops.held and self._held_since is None:
+        if self._stream and self._held_since is None:
             self._held_since = now
-        elif not self.stops.held:
+        elif not self._stream:
             self._stop_held_clock(now)
 
     def _stop_held_clock(self, now: float | None = None) -> None:

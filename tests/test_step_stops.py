@@ -1,0 +1,96 @@
+"""Stop strings and stop token-id sequences together, against a brute-force oracle
+(SPEC S1–S4, T2, L6; issue 8 defects 2 and 3), through the reference loop on a scripted model.
+
+The oracle re-reads the whole output after every selected token: an id sequence that is a
+suffix of the ids ends the request there (longest, then configuration order), its text never
+shown; otherwise the earliest-ending stop string in the visible bytes ends it (then longest,
+then configuration order). Earliest end is counted in selected tokens; at the same token the
+id sequence wins (it is checked first in the G1 order). No token is selected after the stop.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coda import trace as tr
+from coda.finish import FinishReason
+from coda.loop import generate
+from coda.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
+from coda.step import OutputSpec
+from coda.trace import ListTraceSink, check_trace
+
+TABLE = {101: b"a", 102: b"b", 103: b"ab", 104: b"ba", 105: b"c", 106: b"bc", 107: b"AB",
+         108: b"CD", 109: b"EF"}
+TOK = scripted_tokenizer(TABLE)
+IDS = sorted(TABLE)
+
+
+def _run(script: list[int], strings: tuple[str, ...], id_seqs: tuple[tuple[int, ...], ...],
+         include: bool = False) -> tuple[bytes, FinishReason, object, int, int]:
+    sink = ListTraceSink()
+    spec = OutputSpec(max_output_tokens=1000, context_limit=10_000, prompt_len=1,
+                      eos_token_ids=frozenset({EOS_ID}), stop_strings=strings,
+                      stop_token_ids=id_seqs, include_stop_str_in_output=include)
+    run = generate([1], spec, ScriptedModel(script + [EOS_ID]), ScriptedChooser(), TOK,
+                   trace=sink)
+    assert check_trace(sink.events) == []
+    term = run.stream.terminal
+    assert term is not None
+    selected = sum(e.kind == tr.TOKEN_SELECTED for e in sink.events)
+    assert selected == term.usage.selected_tokens  # T2: nothing chosen past the end
+    stop = (term.stop.kind, term.stop.index) if term.stop is not None else None
+    return (run.stream.text().encode(), term.finish_reason, stop, selected,
+            term.usage.returned_tokens)
+
+
+def _oracle(script: list[int], strings: tuple[str, ...], id_seqs: tuple[tuple[int, ...], ...],
+            include: bool = False) -> tuple[bytes, FinishReason, object, int, int]:
+    texts = [TABLE[i] for i in script]
+
+    def returned(out: bytes, upto: int) -> int:  # L6: tokens whose first byte was sent
+        off, n = 0, 0
+        for data in texts[:upto]:
+            n += bool(data) and off < len(out)
+            off += len(data)
+        return n
+
+    for t in range(1, len(script) + 1):
+        ids = script[:t]
+        id_hits = [(-len(seq), idx) for idx, seq in enumerate(id_seqs)
+                   if len(seq) <= t and tuple(ids[t - len(seq):]) == seq]
+        if id_hits:
+            neg_len, idx = min(id_hits)
+            out = b"".join(texts[: t + neg_len])
+            return out, FinishReason.STOP_SEQUENCE, ("token_ids", idx), t, returned(out, t)
+        stream = b"".join(texts[:t])
+        found = []
+        for idx, s in enumerate(strings):
+            pos = stream.find(s.encode())
+            if pos >= 0:
+                found.append((pos + len(s), -len(s), idx, pos))
+        if found:
+            end, _, idx, pos = min(found)
+            out = stream[: end if include else pos]
+            return out, FinishReason.STOP_SEQUENCE, ("string", idx), t, returned(out, t)
+    out = b"".join(texts)
+    return out, FinishReason.EOS, None, len(script) + 1, returned(out, len(script))
+
+
+def test_s1_s3_stop_id_hit_keeps_text_held_for_another_sequence() -> None:
+    """S1, S3 (defect 2): 108 ("CD") is held as a possible start of (108, 109); 107 then hits
+    (107,): the held "CD" came before the hit and is returned, not dropped."""
+    got = _run([108, 107], (), ((108, 109), (107,)))
+    assert got[:3] == (b"CD", FinishReason.STOP_SEQUENCE, ("token_ids", 1))
+    assert got == _oracle([108, 107], (), ((108, 109), (107,)))
+
+
+_id_seqs = st.lists(st.lists(st.sampled_from(IDS), min_size=1, max_size=3).map(tuple),
+                    max_size=3)
+
+
+@given(st.lists(st.sampled_from(IDS), max_size=14), _id_seqs)
+def test_s1_s3_id_sequences_alone_equal_brute_force(
+        script: list[int], seqs: list[tuple[int, ...]]) -> None:
+    """S1, S3, S4 (defect 2): the id path alone equals the oracle for any set of sequences."""
+    assert _run(script, (), tuple(seqs)) == _oracle(script, (), tuple(seqs))

@@ -13,8 +13,11 @@ Both are Aho–Corasick automata. The byte automaton has a dense transition tabl
 of stops or the output length. A state is the longest suffix of the output that is a prefix of
 some stop, so **the state depth is the held-back length**.
 
-Tie rule (S4, ``STOP_RULE_VERSION`` "1"): earliest end wins, then the longest stop, then the
-lowest configuration index. Earliest end is automatic because matching stops at the first byte
+Tie rule (S4, ``STOP_RULE_VERSION`` "2"): earliest end wins, then the longest stop, then the
+lowest configuration index. Across the two kinds (:mod:`coda.step`) the end is counted in
+selected tokens, and an id sequence ending at the same token as a stop string wins (ids are
+checked first, G1). Version "1" let ids held for a possible id sequence hide their text from
+the string matcher, so a stop string inside them ended late (issue 8). Earliest end is automatic because matching stops at the first byte
 (token) where any stop ends; every stop ending there is a suffix of the state's string, so the
 longest one is the state itself or the first terminal on its failure chain, precomputed per state.
 
@@ -36,8 +39,9 @@ from typing import Literal
 
 from coda.errors import InvalidRequestError
 
-STOP_RULE_VERSION: str = "1"
-"""S4 tie rule: earliest end -> longest -> configuration order. Bump if the rule changes."""
+STOP_RULE_VERSION: str = "2"
+"""S4 tie rule: earliest end (selected tokens across kinds, then bytes) -> id sequence before
+string at the same token -> longest -> configuration order. Bump if the rule changes."""
 
 
 class StopMatcherClosed(RuntimeError):

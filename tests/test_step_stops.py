@@ -85,8 +85,33 @@ def test_s1_s3_stop_id_hit_keeps_text_held_for_another_sequence() -> None:
     assert got == _oracle([108, 107], (), ((108, 109), (107,)))
 
 
+def test_s4_t2_l6_string_inside_held_ids_ends_first() -> None:
+    """S4, T2, L6 (defect 3): stop "B" and ids (107, 108, 109); 107 = "AB". "B" ends at token 1,
+    so the answer is "A" ending on "B", and no token after 107 is selected."""
+    text, reason, stop, selected, returned = _run([107, 108, 109], ("B",), ((107, 108, 109),))
+    assert (text, reason, stop) == (b"A", FinishReason.STOP_SEQUENCE, ("string", 0))
+    assert selected == 1 and returned == 1
+
+
+def test_s4_same_token_id_sequence_wins_over_string() -> None:
+    """S4 across kinds: both complete at token 3; the id sequence is checked first (G1)."""
+    got = _run([107, 108, 109], ("DEF",), ((108, 109),))
+    assert got[:4] == (b"AB", FinishReason.STOP_SEQUENCE, ("token_ids", 0), 3)
+
+
+_stop_strings = st.lists(st.text(alphabet="abcABCD", min_size=1, max_size=3), max_size=3)
 _id_seqs = st.lists(st.lists(st.sampled_from(IDS), min_size=1, max_size=3).map(tuple),
                     max_size=3)
+
+
+@given(st.lists(st.sampled_from(IDS), max_size=14), _stop_strings, _id_seqs, st.booleans())
+def test_s1_s2_s3_s4_t2_l6_mixed_stops_equal_brute_force(
+        script: list[int], strings: list[str], seqs: list[tuple[int, ...]], include: bool
+) -> None:
+    """S1–S4, T2, L6: for all scripts and any mix of stop strings and id sequences, the text,
+    reason, matched stop, selected and returned token counts equal the brute-force oracle."""
+    got = _run(script, tuple(strings), tuple(seqs), include)
+    assert got == _oracle(script, tuple(strings), tuple(seqs), include)
 
 
 @given(st.lists(st.sampled_from(IDS), max_size=14), _id_seqs)

@@ -108,7 +108,7 @@ def test_s4_same_end_longest_wins() -> None:
 def test_s4_identical_stops_config_order() -> None:
     _, hit = StopStringMatcher(["zz", "ab", "ab"]).push(b"xab")
     assert hit is not None and (hit.index, hit.start, hit.end) == (1, 1, 3)
-    assert STOP_RULE_VERSION == "1"
+    assert STOP_RULE_VERSION == "2"
 
 
 def test_s2_overlapping_stops_abcd_vs_bc_split() -> None:
@@ -158,7 +158,7 @@ def test_s3_hit_is_absorbing_push_raises() -> None:
     assert isinstance(StopMatcherClosed("x"), RuntimeError)
     snap = m.snapshot()
     assert snap["closed"] is True and snap["hit"] == {
-        "kind": "string", "index": 0, "stop": "x", "start": 1, "end": 2, "rule_version": "1"}
+        "kind": "string", "index": 0, "stop": "x", "start": 1, "end": 2, "rule_version": "2"}
 
 
 def test_g2_finish_tail_can_hit_and_flush_releases_on_normal_end() -> None:

@@ -7,6 +7,8 @@ import contextlib
 import itertools
 import random
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -29,22 +31,42 @@ HAPPY = [State.QUEUED, State.PREFILLING, State.DECODING, State.DRAINING]
 
 
 def test_l1_happy_path_and_every_illegal_transition_raises() -> None:
-    lc = Lifecycle("r")
+    """L1: every pair off the graph raises and changes nothing; L2: a terminal state is never
+    left (terminate() from a terminal is a no-op that emits nothing)."""
+    seen: list[tuple[State, State]] = []
+    lc = Lifecycle("r", on_transition=lambda a, b: seen.append((a, b)))
     for s in HAPPY:
         lc.transition(s)
     assert lc.terminate(State.FINISHED, lambda: None)
+    assert seen == list(zip([State.CREATED, *HAPPY], [*HAPPY, State.FINISHED], strict=True))
     for frm, to in itertools.product(State, State):
         if to in TRANSITIONS[frm]:
             continue
         probe = Lifecycle("p", state=frm)
-        with pytest.raises(IllegalTransition):
-            if to in TERMINAL_STATES:
-                # a terminal state can never be left; off-graph terminals raise
-                if frm.is_terminal:
-                    raise IllegalTransition("terminal")
-                probe.terminate(to, lambda: None)
-            else:
+        emitted: list[State] = []
+        if frm.is_terminal and to in TERMINAL_STATES:
+            assert probe.terminate(to, lambda to=to, e=emitted: e.append(to)) is False
+        elif to in TERMINAL_STATES:
+            with pytest.raises(IllegalTransition):
+                probe.terminate(to, lambda to=to, e=emitted: e.append(to))
+        else:
+            with pytest.raises(IllegalTransition):
                 probe.transition(to)
+        assert probe.state is frm and emitted == []
+
+
+def test_l1_each_verb_enters_only_its_own_kind_of_state() -> None:
+    """L1, L2: transition() never enters a terminal state, terminate() never a live one, even
+    where the graph has the edge."""
+    for to in TERMINAL_STATES:
+        with pytest.raises(IllegalTransition):
+            Lifecycle("x", state=State.DRAINING).transition(to)
+    for to in set(State) - TERMINAL_STATES:
+        with pytest.raises(IllegalTransition):
+            Lifecycle("x", state=State.CREATED).terminate(to, lambda: None)
+    lc = Lifecycle("x", state=State.QUEUED)
+    assert lc.try_transition(State.PREFILLING) and lc.state is State.PREFILLING
+    assert not lc.try_transition(State.QUEUED) and lc.state is State.PREFILLING
 
 
 def test_l1_graph_matches_seed_section_4_1() -> None:
@@ -175,3 +197,96 @@ def test_l7_failed_cleanup_is_logged_and_never_reopens(caplog: pytest.LogCapture
     assert "releasing kv_cache failed" in caplog.text
     assert stream.closed and stream.terminal is not None
     assert stream.terminal.finish_reason is FinishReason.EOS
+
+
+@pytest.fixture
+def slow_terminal_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Widen the window between "is it terminal?" and the move, so that without the critical
+    section two racers would both pass the check (L2)."""
+
+    def slow(self: State) -> bool:
+        time.sleep(0.0002)
+        return self in TERMINAL_STATES
+
+    monkeypatch.setattr(State, "is_terminal", property(slow))
+
+
+def _race(n: int, racer: Callable[[int], object]) -> list[BaseException]:
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            racer(i)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted on
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return errors
+
+
+@pytest.mark.usefixtures("slow_terminal_check")
+def test_l2_racers_all_reach_terminate_and_exactly_one_wins() -> None:
+    """L2: four threads call terminate() at once (no gate before it): exactly one returns True,
+    the single terminal event is emitted once, the state is the winner's."""
+    for start, targets in ((State.DRAINING, [State.FINISHED, State.FAILED]),
+                           (State.CANCEL_REQUESTED, [State.CANCELLED]),
+                           (State.DECODING, [State.FAILED])):
+        for _ in range(40):
+            lc = Lifecycle("r", state=start)
+            emitted: list[State] = []
+            wins: list[State] = []
+
+            def racer(i: int, lc: Lifecycle = lc, emitted: list[State] = emitted,
+                      wins: list[State] = wins, targets: list[State] = targets) -> None:
+                to = targets[i % len(targets)]
+                if lc.terminate(to, lambda: emitted.append(to)):
+                    wins.append(to)
+
+            assert _race(4, racer) == []
+            assert len(wins) == 1 and emitted == wins and lc.state is wins[0]
+
+
+@pytest.mark.usefixtures("slow_terminal_check")
+def test_l2_l7_racing_endings_of_a_run_yield_one_terminal_and_one_release() -> None:
+    """L2, L3, L7: several threads end one DRAINING run at once through RequestRun._end: one
+    terminal event, the stream resources released exactly once, a sound trace."""
+    for _ in range(40):
+        stream = RequestStream("r")
+        sink = ListTraceSink()
+        run = RequestRun("r", stream, sink, prompt_tokens=1)
+        run.acquire(ResourceKind.STREAM_BUFFER, lambda: None)
+        run.acquire(ResourceKind.TRACE_HANDLE, lambda: None)
+        stream.start("m")
+        for s in HAPPY:
+            run.lifecycle.transition(s)
+        endings = [(State.FINISHED, FinishReason.EOS), (State.FAILED, FinishReason.MODEL_ERROR)]
+        errors = _race(4, lambda i, run=run, endings=endings: run._end(*endings[i % 2]))
+        assert errors == []
+        kinds = [e.type for e in stream.events_after(-1)]
+        assert kinds.count(EventType.TERMINAL) == 1 and kinds[-1] is EventType.TERMINAL
+        assert check_trace(sink.events) == []
+
+
+def test_l7_ledger_reports_each_release_and_releases_only_the_kinds_asked() -> None:
+    """L7: on_release sees each kind once with ok=True, or ok=False when its clean-up failed;
+    release_all(kinds) leaves the other kinds held."""
+    seen: list[tuple[ResourceKind, bool]] = []
+    led = ResourceLedger("r", on_release=lambda k, ok: seen.append((k, ok)))
+
+    def boom() -> None:
+        raise OSError("gone")
+
+    led.acquire(ResourceKind.KV_CACHE, boom)
+    led.acquire(ResourceKind.BATCH_SLOT, lambda: None)
+    led.acquire(ResourceKind.STREAM_BUFFER, lambda: None)
+    assert led.holds(ResourceKind.KV_CACHE) and not led.holds(ResourceKind.RNG_STATE)
+    led.release_all((ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT))
+    assert seen == [(ResourceKind.KV_CACHE, False), (ResourceKind.BATCH_SLOT, True)]
+    assert led.held == {ResourceKind.STREAM_BUFFER} and not led.holds(ResourceKind.KV_CACHE)
+    assert led.released == {ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT}

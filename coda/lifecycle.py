@@ -114,6 +114,15 @@ class Lifecycle:
             emit_terminal()
             return True
 
+    def while_live(self, fn: Callable[[State], bool]) -> bool:
+        """Run ``fn(state)`` inside the critical section unless the request is terminal, and
+        return its answer (False if terminal). A check and what it records then cannot be
+        split by a racing :meth:`terminate` (L2, O1)."""
+        with self._lock:
+            if self.state.is_terminal:
+                return False
+            return fn(self.state)
+
     @property
     def is_terminal(self) -> bool:
         return self.state.is_terminal

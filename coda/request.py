@@ -10,7 +10,6 @@ buffer and the trace handle are released after the terminal event is queued.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -42,7 +41,6 @@ class RequestRun:
         self.lifecycle = Lifecycle(request_id, on_transition=self._on_transition)
         self.ledger = ResourceLedger(request_id, on_release=self._on_release)
         self.processor: OutputProcessor | None = None
-        self._cancel_lock = threading.Lock()
         self.cancel_cause: CancelCause | None = None
         self.cancel_requested_at: float | None = None
         self.cancel_observed_at: float | None = None
@@ -68,14 +66,20 @@ class RequestRun:
     # -- cancellation (C1) -----------------------------------------------------------------
     def request_cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         """Moment 1 of C1: record the request; the driver observes it at its next safe point.
-        Returns False when the request is already terminal (nothing to cancel)."""
-        with self._cancel_lock:
-            if self.lifecycle.is_terminal or self.cancel_cause is not None:
+        Returns False, recording nothing, when it is late: the request is terminal or DRAINING
+        (which ends FINISHED or FAILED), or a cancel was already requested. The check and the
+        trace row happen in the lifecycle's critical section, so a racing terminal is either
+        after the row or makes this return False (L2, O1)."""
+
+        def note(state: State) -> bool:
+            if state is State.DRAINING or self.cancel_cause is not None:
                 return False
             self.cancel_cause = cause
             self.cancel_requested_at = time.monotonic()
-        self._record(tr.CANCEL_REQUESTED, cause=cause.value)
-        return True
+            self._record(tr.CANCEL_REQUESTED, cause=cause.value)
+            return True
+
+        return self.lifecycle.while_live(note)
 
     @property
     def cancel_pending(self) -> bool:

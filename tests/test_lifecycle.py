@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
+from coda import trace as tr
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import (
     TERMINAL_STATES,
@@ -25,7 +26,7 @@ from coda.lifecycle import (
 )
 from coda.request import RequestRun
 from coda.stream import EventType, RequestStream, StreamClosed
-from coda.trace import ListTraceSink, check_trace
+from coda.trace import ListTraceSink, TraceEvent, check_trace
 
 HAPPY = [State.QUEUED, State.PREFILLING, State.DECODING, State.DRAINING]
 
@@ -271,6 +272,63 @@ def test_l2_l7_racing_endings_of_a_run_yield_one_terminal_and_one_release() -> N
         kinds = [e.type for e in stream.events_after(-1)]
         assert kinds.count(EventType.TERMINAL) == 1 and kinds[-1] is EventType.TERMINAL
         assert check_trace(sink.events) == []
+
+
+class _GateSink(ListTraceSink):
+    """Holds the cancel.requested row until told to go, to expose the check/record window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def record(self, event: TraceEvent) -> None:
+        if event.kind == tr.CANCEL_REQUESTED:
+            self.entered.set()
+            self.go.wait(2)
+        super().record(event)
+
+
+def test_l2_o1_cancel_racing_a_finish_never_records_after_the_terminal() -> None:
+    """L2, O1 (defect 8): request_cancel's check and its trace row are one critical section.
+    A finish racing it either waits for the row (cancel requested first, a sound trace) or wins
+    (the cancel is late: False, nothing recorded) -- never a cancel row after the terminal."""
+    sink = _GateSink()
+    stream = RequestStream("r")
+    run = RequestRun("r", stream, sink, prompt_tokens=1)
+    stream.start("m")
+    for s in HAPPY[:3]:
+        run.lifecycle.transition(s)
+    answer: list[bool] = []
+    canceller = threading.Thread(target=lambda: answer.append(run.request_cancel()))
+    canceller.start()
+    assert sink.entered.wait(2)
+    finisher = threading.Thread(target=run.finish, args=(FinishReason.EOS,))
+    finisher.start()
+    time.sleep(0.05)  # NOTE: unguarded, the finisher ends the run inside this window
+    sink.go.set()
+    canceller.join()
+    finisher.join()
+    kinds = sink.kinds()
+    assert answer == [True] and kinds.index(tr.CANCEL_REQUESTED) < kinds.index(tr.TERMINAL)
+    assert check_trace(sink.events) == []
+
+
+def test_l2_c1_a_late_cancel_returns_false_and_records_nothing() -> None:
+    """L2, C1 (defect 8): a cancel while DRAINING (which can only end FINISHED/FAILED) or after
+    the terminal returns False and leaves no cancel.requested row."""
+    sink = ListTraceSink()
+    stream = RequestStream("r")
+    run = RequestRun("r", stream, sink, prompt_tokens=1)
+    stream.start("m")
+    for s in HAPPY:
+        run.lifecycle.transition(s)
+    assert run.request_cancel() is False and not run.cancel_pending
+    run._end(State.FINISHED, FinishReason.EOS)
+    assert run.request_cancel() is False
+    assert tr.CANCEL_REQUESTED not in sink.kinds() and check_trace(sink.events) == []
+    live = RequestRun("q", RequestStream("q"), ListTraceSink(), prompt_tokens=1)
+    assert live.request_cancel() is True and live.request_cancel() is False
 
 
 def test_l7_ledger_reports_each_release_and_releases_only_the_kinds_asked() -> None:

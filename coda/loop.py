@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import tokenizers
 
 from coda import trace as tr
-from coda.errors import CodaError, ModelError
+from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.request import RequestRun
@@ -120,7 +120,15 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
         output.append(choice.token_id)
         if run.first_token_at is None:
             run.first_token_at = time.monotonic()
-        reason = proc.on_token(choice.token_id, choice.info, choice.decision, choice.confidence)
+        try:
+            reason = proc.on_token(choice.token_id, choice.info, choice.decision,
+                                   choice.confidence)
+        except BackpressureOverflowError as exc:  # P6 (3): past the bound, its own error
+            run.fail(exc, FinishReason.TRANSPORT_ERROR)
+            return run
+        except Exception as exc:  # L7: never leave the run open with its resources held
+            run.fail(exc if isinstance(exc, CodaError) else ModelError(f"step failed: {exc!r}"))
+            return run
         if reason is not None:
             break  # T2: no further logits for a request that terminates here
         t = len(output)

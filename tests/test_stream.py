@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda.engine.handle import RequestHandle
 from coda.errors import BackpressureOverflowError
 from coda.finish import FinishReason, Usage
 from coda.lifecycle import State
+from coda.request import RequestRun
 from coda.stream import (
     BackpressureConfig,
     BackpressurePolicy,
@@ -21,6 +24,7 @@ from coda.stream import (
     StreamClosed,
     Terminal,
 )
+from coda.trace import ListTraceSink
 
 DONE = Terminal(State.FINISHED, FinishReason.EOS, Usage())
 
@@ -104,3 +108,29 @@ def test_p2_listeners_are_woken_on_every_append() -> None:
     remove()
     s.close(DONE)
     assert seen == [0, 1]
+
+
+def test_p3_replay_after_the_terminal_returns_at_once() -> None:
+    """P3 (defect 6): RequestHandle.events(after=n) with n at or past the terminal's sequence
+    number yields nothing and returns (it waited for a wake-up that never came); from any
+    earlier n it replays up to the terminal, which is last."""
+    stream = RequestStream("r")
+    run = RequestRun("r", stream, ListTraceSink(), prompt_tokens=1)
+    stream.start("m")
+    stream.delta(b"ab")
+    for s in (State.QUEUED, State.PREFILLING, State.DECODING):
+        run.lifecycle.transition(s)
+    run.finish(FinishReason.EOS)
+    handle = RequestHandle(run, lambda: None)
+    last = stream.last_seq
+
+    async def collect(after: int) -> list[int]:
+        return [ev.seq async for ev in handle.events(after)]
+
+    async def main() -> dict[int, list[int]]:
+        return {n: await asyncio.wait_for(collect(n), 2) for n in (-1, 0, last - 1, last,
+                                                                    last + 5)}
+
+    got = asyncio.run(main())
+    assert got == {-1: [0, 1, 2], 0: [1, 2], last - 1: [2], last: [], last + 5: []}
+    assert last == 2

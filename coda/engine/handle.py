@@ -30,7 +30,8 @@ class RequestHandle:
 
     async def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
         """Replay events after ``after`` then follow live ones; ends after the terminal (P3).
-        Acknowledges what it yields, which frees backpressure credit (P6)."""
+        Replaying from at or past the terminal's sequence number yields nothing and returns at
+        once. Acknowledges what it yields, which frees backpressure credit (P6)."""
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
@@ -43,6 +44,8 @@ class RequestHandle:
         seq = after
         try:
             while True:
+                # NOTE: read "closed" before the log: a closed log read afterwards is complete
+                closed = self.stream.closed
                 batch = self.stream.events_after(seq)
                 for ev in batch:
                     yield ev
@@ -51,6 +54,8 @@ class RequestHandle:
                     if ev.type is EventType.TERMINAL:
                         return
                 if not batch:
+                    if closed:
+                        return  # NOTE: asked for events after the terminal: there are none
                     await wake.wait()
                     wake.clear()
         finally:

@@ -6,6 +6,8 @@ Closest values: a natural end (eos, stop sequence, grammar) is OpenAI ``stop`` /
 transport, confidence) is ``length`` / ``max_tokens``; a policy interruption is
 ``content_filter`` / ``refusal``. A client disconnect is never reported as a natural end (L5):
 its closest value is a truncation and the exact reason ``transport_error`` is in ``coda``.
+A FAILED request is shown failed by its state, in each protocol's idiom
+(:mod:`coda.server.failures`), whatever its reason.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from coda.finish import FinishReason
+from coda.lifecycle import State
 from coda.stream import Terminal
 
 F = FinishReason
@@ -38,12 +41,14 @@ def anthropic_stop_reason(reason: FinishReason) -> str:
     return "max_tokens"
 
 
-def responses_status(reason: FinishReason) -> tuple[str, str]:
-    """``(final event type, response.status)`` for a Responses stream (exactly one final)."""
+def responses_status(terminal: Terminal) -> tuple[str, str]:
+    """``(final event type, response.status)`` for a Responses stream (exactly one final).
+    A FAILED request is ``failed`` whatever its reason (K3 keeps the loop's reason)."""
+    reason = terminal.finish_reason
+    if terminal.state is State.FAILED or reason is F.MODEL_ERROR:
+        return "response.failed", "failed"
     if reason in _NATURAL:
         return "response.completed", "completed"
-    if reason is F.MODEL_ERROR:
-        return "response.failed", "failed"
     if reason is F.CANCELLED:
         return "response.incomplete", "cancelled"
     return "response.incomplete", "incomplete"
@@ -62,11 +67,6 @@ def matched_stop(terminal: Terminal) -> str | list[int] | None:
         return None
     stop = terminal.stop.stop
     return stop if isinstance(stop, str) else list(stop)
-
-
-def is_model_failure(terminal: Terminal) -> bool:
-    """A failure of the model side (L5: a transport error never is one)."""
-    return terminal.finish_reason is F.MODEL_ERROR
 
 
 def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> dict[str, Any]:

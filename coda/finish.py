@@ -49,6 +49,8 @@ class CancelCause(StrEnum):
     DISCONNECT = "disconnect"  # the transport went away (declared policy) -> transport_error
     SHUTDOWN = "shutdown"      # the server is stopping -> cancelled
     BACKPRESSURE = "backpressure"  # a reader too slow past the bound -> transport_error
+    # the early-stop policy (D6) -> the policy's own reason, which the run carries
+    EARLY_STOP = "early_stop"
 
     @property
     def finish_reason(self) -> FinishReason:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +32,21 @@ from coda.trace import TraceEvent, TraceSink
 
 # A grammar hook answers "must the output end now?" after the token was consumed.
 GrammarDone = Callable[[], bool]
-# An early-stop hook maps (token count, confidence) to a finish reason or None.
-EarlyStopHook = Callable[[int, float], FinishReason | None]
+
+
+@dataclass(frozen=True)
+class EarlyStopVerdict:
+    """What the early-stop policy decided after one token (D2, D6): ``reason`` None to
+    continue, else the stop's own reason, which the driver takes down the *cancel* path
+    (:meth:`coda.request.RequestRun.conclude`); ``summary`` is the policy's state (committed
+    tokens, saved bound, confidence) for the terminal. A decision, never a call back up."""
+
+    reason: FinishReason | None
+    summary: Mapping[str, object]
+
+
+# An early-stop hook maps (token count, confidence) to its verdict.
+EarlyStopHook = Callable[[int, float], EarlyStopVerdict]
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,9 @@ class OutputProcessor:
         self.stop_buffer_s = 0.0
         self._held_since: float | None = None
         self.last_confidence = 1.0
+        # seed 004: the policy's last summary, and whether the policy (not the loop) stopped
+        self.early_stop_summary: Mapping[str, object] | None = None
+        self.stopped_early = False
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -119,7 +135,10 @@ class OutputProcessor:
         if self._grammar_done is not None and self._grammar_done():
             return FinishReason.GRAMMAR_COMPLETE
         if self._early_stop is not None:
-            return self._early_stop(self.generated, confidence)
+            verdict = self._early_stop(self.generated, confidence)
+            self.early_stop_summary = verdict.summary
+            self.stopped_early = verdict.reason is not None  # NOTE: D6: the cancel path
+            return verdict.reason
         return None
 
     def drain(self, reason: FinishReason) -> FinishReason:

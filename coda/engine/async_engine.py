@@ -134,7 +134,7 @@ class AsyncEngine:
         proc = OutputProcessor(rid, self.tokenizer, spec, stream, self.trace,
                                prompt_token_ids=prompt,
                                grammar_done=grammar.is_terminated if grammar is not None else None,
-                               early_stop=_early_stop_hook(controller, run, grammar))
+                               early_stop=_early_stop_hook(controller, run.arrival, grammar))
         run.processor = proc
         deadline = time.monotonic() + req.deadline_s if req.deadline_s is not None else None
         ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
@@ -250,13 +250,13 @@ class AsyncEngine:
         self.core.abort_all(CancelCause.SHUTDOWN)
 
 
-def _early_stop_hook(controller: EarlyStopController | None, run: RequestRun,
+def _early_stop_hook(controller: EarlyStopController | None, arrival: float,
                      grammar: Any) -> Any:
     if controller is None:
         return None
     from coda.engine.early_stop_hook import make_hook  # issue 5
 
-    return make_hook(controller, run, grammar)
+    return make_hook(controller, arrival, grammar)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

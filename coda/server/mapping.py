@@ -1,9 +1,9 @@
 """Exact finish reasons → each protocol's closest value, plus the ``coda`` extension object
 that always carries the exact one (SPEC L4, L5, L6, P5; issue 4 item 3).
 
-Closest values: a natural end (eos, stop sequence, grammar) is OpenAI ``stop`` / Anthropic
-``end_turn`` or ``stop_sequence``; every truncation (length, context, deadline, cancel,
-transport, confidence) is ``length`` / ``max_tokens``; a policy interruption is
+Closest values: a natural end (eos, stop sequence, grammar, a confidence early stop) is OpenAI
+``stop`` / Anthropic ``end_turn`` or ``stop_sequence``; every truncation (length, context,
+deadline, cancel, transport) is ``length`` / ``max_tokens``; a policy interruption is
 ``content_filter`` / ``refusal``. A client disconnect is never reported as a natural end (L5):
 its closest value is a truncation and the exact reason ``transport_error`` is in ``coda``.
 A FAILED request is shown failed by its state, in each protocol's idiom
@@ -19,7 +19,9 @@ from coda.lifecycle import State
 from coda.stream import Terminal
 
 F = FinishReason
-_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE})
+# NOTE: a confidence early stop (D6) ends CANCELLED but reads as a normal end on the wire: the
+# client asked for it; state and exact reason are in ``coda``.
+_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE, F.CONFIDENCE_STOP})
 _LENGTH = frozenset({F.MAX_OUTPUT_TOKENS, F.CONTEXT_LIMIT})
 
 

@@ -168,12 +168,14 @@ class RequestRun:
             error_message=message, stop=proc.hit if proc is not None else None,
             timings=self.timings(),
             trailing_tokens=proc.trailing_tokens() if proc is not None else (),
-            early_stop=self.early_stop_summary)
+            early_stop=self.early_stop_summary,
+            dropped_tail=proc.dropped_tail if proc is not None else b"")
 
         def emit() -> None:
             ev = self.stream.close(terminal)
             self._record(tr.TERMINAL, seq=ev.seq, state=state.value, reason=reason.value,
-                         error=code.value if code else None, usage=terminal.usage.to_dict())
+                         error=code.value if code else None, usage=terminal.usage.to_dict(),
+                         dropped_tail_hex=terminal.dropped_tail.hex())
 
         if not self.lifecycle.terminate(state, emit):
             return

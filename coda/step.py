@@ -25,6 +25,7 @@ import tokenizers
 
 from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
+from coda.errors import DecodingError
 from coda.finish import FinishReason
 from coda.stops import StopHit, StopStringMatcher, StopTokenMatcher
 from coda.stream import RequestStream, TokenInfo
@@ -62,6 +63,9 @@ class OutputSpec:
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # K3 at the drain: "fail" (the seed's rule: FAILED, decoding_error) or "drop" (the
+    # incomplete tail is removed, recorded, and the request ends FINISHED)
+    utf8_tail: str = "fail"
 
 
 class OutputProcessor:
@@ -100,6 +104,7 @@ class OutputProcessor:
         # seed 004: the policy's last summary, and whether the policy (not the loop) stopped
         self.early_stop_summary: Mapping[str, object] | None = None
         self.stopped_early = False
+        self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -150,12 +155,25 @@ class OutputProcessor:
             return reason
         tail = b"".join(self._detok_push(i) for i in self._held_ids)
         self._held_ids.clear()
-        tail += self.detok.finish()
+        tail += self._finish_detokenizer()
         if self._emit(tail):
             return FinishReason.STOP_SEQUENCE
         self._send(self.stops.flush())
         self._stop_held_clock()
         return reason
+
+    def _finish_detokenizer(self) -> bytes:
+        """``finish()`` under the request's ``utf8_tail`` policy: "drop" removes an incomplete
+        UTF-8 tail and records it (K2 removed span) instead of failing (K3)."""
+        pending = self.detok.pending
+        try:
+            return self.detok.finish()
+        except DecodingError:
+            if self.spec.utf8_tail != "drop":
+                raise
+        self.dropped_tail = pending
+        self._record(tr.UTF8_TAIL_DROPPED, nbytes=len(pending), hex=pending.hex())
+        return b""
 
     def discard(self) -> None:
         """Cancel/failure path: drop everything not yet safe (seed §4.3)."""

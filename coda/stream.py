@@ -74,6 +74,8 @@ class Terminal:
     trailing_tokens: tuple[TokenInfo, ...] = ()
     # seed 004 (D2): the early-stop decision — committed tokens and the saved upper bound
     early_stop: Mapping[str, object] | None = None
+    # K2: an incomplete UTF-8 tail removed under utf8_tail="drop" (empty: nothing removed)
+    dropped_tail: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from coda.trace import JsonlTraceSink, NullTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
 
+UTF8_TAIL_POLICIES = ("fail", "drop")
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_model"
 
 
@@ -182,6 +183,9 @@ class AsyncEngine:
                 raise InvalidRequestError("stop_token_ids must be non-empty sequences of valid ids",
                                           field="stop_token_ids")
         req.sampling.validate_for_vocab(vocab)
+        if req.utf8_tail not in UTF8_TAIL_POLICIES:
+            raise InvalidRequestError(f"utf8_tail must be one of {list(UTF8_TAIL_POLICIES)}",
+                                      field="utf8_tail")
         if req.deadline_s is not None and not req.deadline_s > 0:
             raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
         spec = OutputSpec(
@@ -190,7 +194,7 @@ class AsyncEngine:
             ignore_eos=req.sampling.ignore_eos, stop_strings=tuple(req.stop),
             stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens)
+            skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail)
         return spec, max_tokens
 
     def _grammar(self, req: GenerationRequest) -> Any:

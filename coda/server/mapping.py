@@ -90,6 +90,9 @@ def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> d
     }
     if terminal.early_stop is not None:
         out["early_stop"] = dict(terminal.early_stop)
+    if terminal.dropped_tail:  # K2: what utf8_tail="drop" removed, recorded
+        out["utf8_tail_dropped"] = {"bytes": len(terminal.dropped_tail),
+                                    "hex": terminal.dropped_tail.hex()}
     if terminal.error_code is not None:
         out["error"] = {"code": terminal.error_code.value, "message": terminal.error_message}
     return out

@@ -7,6 +7,10 @@ Version history
 - 1: the ten reasons of seed 000 §4.10.
 - 2: ``confidence_stop`` — an early stop by confidence (seed 004, SPEC D2). Deadline and user
   cancel keep their own reasons (deadline_exceeded, cancelled).
+
+The version is emitted with every ending — the terminal event, the API's ``coda`` object and
+the trace's terminal row — beside the stop tie-rule version (S4,
+:data:`coda.stops.STOP_RULE_VERSION`), and ``coda trace check`` verifies both.
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ class FinishReason(StrEnum):
     def is_normal(self) -> bool:
         """Reasons that end in FINISHED (after DRAINING): the loop chose to stop."""
         return self not in _ABNORMAL
+
+
+# Every version's members (values), so a recorded (version, reason) pair can be checked (L4).
+REASONS_BY_VERSION: dict[int, frozenset[str]] = {
+    1: frozenset(r.value for r in FinishReason if r is not FinishReason.CONFIDENCE_STOP),
+    2: frozenset(r.value for r in FinishReason),
+}
 
 
 _ABNORMAL = frozenset(

@@ -175,7 +175,9 @@ class RequestRun:
             ev = self.stream.close(terminal)
             self._record(tr.TERMINAL, seq=ev.seq, state=state.value, reason=reason.value,
                          error=code.value if code else None, usage=terminal.usage.to_dict(),
-                         dropped_tail_hex=terminal.dropped_tail.hex())
+                         dropped_tail_hex=terminal.dropped_tail.hex(),
+                         finish_reason_version=terminal.finish_reason_version,
+                         stop_rule_version=terminal.stop_rule_version)
 
         if not self.lifecycle.terminate(state, emit):
             return

@@ -27,7 +27,7 @@ from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
 from coda.finish import FinishReason
-from coda.stops import StopHit, StopStringMatcher, StopTokenMatcher
+from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
 from coda.stream import RequestStream, TokenInfo
 from coda.trace import TraceEvent, TraceSink
 
@@ -218,7 +218,7 @@ class OutputProcessor:
         self._stop_held_clock()
         if self._tracing:
             self._record(tr.STOP_HIT, which=hit.kind, index=hit.index, stop=str(hit.stop),
-                         byte_offset=hit.start)
+                         byte_offset=hit.start, stop_rule_version=STOP_RULE_VERSION)
         return FinishReason.STOP_SEQUENCE
 
     def _send(self, data: bytes) -> None:

@@ -25,8 +25,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from coda.errors import BackpressureOverflowError, ErrorCode
-from coda.finish import FinishReason, Usage
+from coda.finish import FINISH_REASON_VERSION, FinishReason, Usage
 from coda.lifecycle import State
+from coda.stops import STOP_RULE_VERSION
 
 if TYPE_CHECKING:
     from coda.stops import StopHit
@@ -76,6 +77,9 @@ class Terminal:
     early_stop: Mapping[str, object] | None = None
     # K2: an incomplete UTF-8 tail removed under utf8_tail="drop" (empty: nothing removed)
     dropped_tail: bytes = b""
+    # L4, S4: the versions of the finish-reason enum and of the stop tie rule in force
+    finish_reason_version: int = FINISH_REASON_VERSION
+    stop_rule_version: str = STOP_RULE_VERSION
 
 
 @dataclass(frozen=True)

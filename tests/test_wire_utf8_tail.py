@@ -69,6 +69,7 @@ def test_k2_drop_on_the_wire_is_a_normal_end_with_the_removed_bytes(server: Scri
     coda = choice.model_extra["coda"]  # type: ignore[index]
     assert coda["state"] == "FINISHED" and coda["finish_reason"] == "eos"
     assert coda["utf8_tail_dropped"] == {"bytes": 1, "hex": "c3"}
+    assert coda["versions"] == {"finish_reason": 2, "stop_rule": "1"}  # L4, S4
     bad = httpx.post(server.url + "/v1/chat/completions",
                      json={"model": MODEL, "messages": MSG, "utf8_tail": "keep"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "utf8_tail"

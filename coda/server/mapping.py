@@ -87,6 +87,9 @@ def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> d
         "matched_stop": matched_stop(terminal),
         "usage": terminal.usage.to_dict(),
         "timings": timings,
+        # L4, S4: the finish-reason enum and stop tie rule this outcome was decided under
+        "versions": {"finish_reason": terminal.finish_reason_version,
+                     "stop_rule": terminal.stop_rule_version},
     }
     if terminal.early_stop is not None:
         out["early_stop"] = dict(terminal.early_stop)

@@ -169,7 +169,8 @@ class RequestRun:
             timings=self.timings(),
             trailing_tokens=proc.trailing_tokens() if proc is not None else (),
             early_stop=self.early_stop_summary,
-            dropped_tail=proc.dropped_tail if proc is not None else b"")
+            dropped_tail=proc.dropped_tail if proc is not None else b"",
+            model_snapshot=self.stream.model_snapshot)
 
         def emit() -> None:
             ev = self.stream.close(terminal)

@@ -80,6 +80,8 @@ class Terminal:
     # L4, S4: the versions of the finish-reason enum and of the stop tie rule in force
     finish_reason_version: int = FINISH_REASON_VERSION
     stop_rule_version: str = STOP_RULE_VERSION
+    # P1: the start event's content identity of the model that produced the output
+    model_snapshot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class StreamEvent:
     data: bytes = b""
     tokens: tuple[TokenInfo, ...] = ()
     model: str | None = None
+    model_snapshot: str | None = None  # P1: the content identity (start event only)
     terminal: Terminal | None = None
     ts: float = field(default_factory=time.monotonic)
 
@@ -139,11 +142,13 @@ class RequestStream:
         self._closed = False
 
     # -- producer side -------------------------------------------------------------------
-    def start(self, model: str) -> StreamEvent:
+    def start(self, model: str, model_snapshot: str | None = None) -> StreamEvent:
+        """Event 0: start(request_id, model_snapshot) (P1)."""
         with self._lock:
             if self._events:
                 raise StreamClosed("start must be the first event")
-            ev = StreamEvent(self.request_id, 0, EventType.START, model=model)
+            ev = StreamEvent(self.request_id, 0, EventType.START, model=model,
+                             model_snapshot=model_snapshot)
             self._events.append(ev)
         self._notify()
         return ev
@@ -210,6 +215,11 @@ class RequestStream:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def model_snapshot(self) -> str | None:
+        with self._lock:
+            return self._events[0].model_snapshot if self._events else None
 
     @property
     def last_seq(self) -> int:

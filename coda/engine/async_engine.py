@@ -32,6 +32,8 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.lifecycle import ResourceKind
+from coda.models.identity import ModelIdentity
+from coda.models.loader import folder_identity
 from coda.request import RequestRun
 from coda.step import OutputProcessor, OutputSpec
 from coda.stream import RequestStream
@@ -47,12 +49,16 @@ class AsyncEngine:
     """Loads a model folder, runs the batch loop on one thread, serves many requests."""
 
     def __init__(self, model_dir: Path, runner: ModelRunner, tokenizer: tokenizers.Tokenizer,
-                 config: EngineConfig, *, trace: TraceSink | None = None) -> None:
+                 config: EngineConfig, *, trace: TraceSink | None = None,
+                 identity: ModelIdentity | None = None) -> None:
         self.model_dir = model_dir
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
         self.model_name = config.served_model_name or model_dir.name
+        # P1: the content identity of what produces the output (computed once, at load)
+        self.identity = identity or folder_identity(model_dir, config.dtype)
+        self.model_snapshot = self.identity.snapshot
         self.tokenizer_config: dict[str, Any] = _read_json(model_dir / "tokenizer_config.json")
         self.generation_config: dict[str, Any] = _read_json(model_dir / "generation_config.json")
         mc = runner.config
@@ -89,7 +95,8 @@ class AsyncEngine:
                                       block_size=config.block_size, num_blocks=config.num_blocks,
                                       kv_cache_bytes=config.kv_cache_bytes)
         tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
-        return cls(path, runner, tok, config, trace=trace)
+        return cls(path, runner, tok, config, trace=trace,
+                   identity=folder_identity(path, config.dtype))
 
     # -- lifecycle of the engine itself ----------------------------------------------------
     def start(self) -> None:
@@ -140,7 +147,7 @@ class AsyncEngine:
         deadline = time.monotonic() + req.deadline_s if req.deadline_s is not None else None
         ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
                              req.sampling.logprobs is not None, grammar, controller)
-        stream.start(self.model_name)
+        stream.start(self.model_name, self.model_snapshot)
         with self._cond:
             self._inbox.append(ereq)
             self.num_requests_total += 1

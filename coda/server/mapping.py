@@ -84,6 +84,7 @@ def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> d
     out: dict[str, Any] = {
         "finish_reason": terminal.finish_reason.value,
         "state": terminal.state.value,
+        "model_snapshot": terminal.model_snapshot,
         "matched_stop": matched_stop(terminal),
         "usage": terminal.usage.to_dict(),
         "timings": timings,

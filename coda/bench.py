@@ -10,6 +10,9 @@ e2e = submit → terminal. ``--compare-hf`` runs ``transformers.generate`` on th
 the same prompts in static batches of ``concurrency`` (left padding), in the same process.
 ``--early-stop`` reruns the workload with an :class:`~coda.early_stop.EarlyStopPolicy` and
 compares with the plain run (tokens and time saved, answers that differ from the full one).
+``--utf8-tail fail|drop`` sets every request's K3 tail policy; the report counts the requests
+it affected (``fail``: ended FAILED with decoding_error; ``drop``: ended FINISHED with an
+incomplete UTF-8 tail removed), since ``max_tokens`` may cut a multi-byte character.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class BenchOptions:
     early_stop_confidence: float = 0.9
     early_stop_min_fraction: float = 0.25
     show_progress: bool = True
+    utf8_tail: str = "fail"
 
     def __post_init__(self) -> None:
         if self.num_requests < 1 or self.concurrency < 1 or self.max_tokens < 1:
@@ -99,6 +103,7 @@ class RunResult:
     texts: tuple[str, ...]
     reasons: tuple[str, ...]
     tokens: tuple[int, ...]
+    utf8_tail_affected: int = 0  # requests whose tail policy acted (FAILED, or bytes dropped)
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,8 @@ class BenchReport:
     speedup_vs_hf: float | None = None
     early_stop: EarlyStopReport | None = None
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    utf8_tail: str = "fail"
+    utf8_tail_affected: int = 0
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -176,13 +183,15 @@ async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]]
     texts = [""] * len(prompts)
     reasons = [""] * len(prompts)
     tokens = [0] * len(prompts)
+    affected = [False] * len(prompts)
     task = progress.add_task("requests", total=len(prompts)) if progress is not None else None
     sampling = SamplingParams(temperature=0.0, ignore_eos=True, seed=opts.seed)
 
     async def one(i: int) -> None:
         async with sem:
             req = GenerationRequest(prompts[i], sampling=sampling, max_tokens=opts.max_tokens,
-                                    early_stop=policy, request_id=f"bench-{i}")
+                                    early_stop=policy, request_id=f"bench-{i}",
+                                    utf8_tail=opts.utf8_tail)
             t0 = time.perf_counter()
             handle = engine.submit(req)
             last: float | None = None
@@ -196,6 +205,7 @@ async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]]
                     # NOTE: a random model may end mid-character: K3 makes that a decoding error.
                     code = f":{term.error_code.value}" if term.error_code is not None else ""
                     reasons[i] = term.finish_reason.value + code
+                    affected[i] = bool(term.dropped_tail) or code == ":decoding_error"
                 elif ev.data:
                     if last is None:
                         ttft.append(now - t0)
@@ -211,7 +221,7 @@ async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]]
     await asyncio.gather(*(one(i) for i in range(len(prompts))))
     wall = time.perf_counter() - start
     return RunResult(wall, sum(tokens), tuple(ttft), tuple(itl), tuple(e2e), tuple(texts),
-                     tuple(reasons), tuple(tokens))
+                     tuple(reasons), tuple(tokens), sum(affected))
 
 
 def _run(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]], opts: BenchOptions,
@@ -317,7 +327,8 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
         ttft_ms=_ms(full.ttft_s), itl_ms=_ms(full.itl_s), e2e_ms=_ms(full.e2e_s),
         peak_rss_mb=rss, hf_wall_s=report_hf[0] if report_hf else None, hf_output_tok_s=hf_tok_s,
         speedup_vs_hf=tok_s / hf_tok_s if hf_tok_s else None, early_stop=es,
-        finish_reasons=reasons)
+        finish_reasons=reasons, utf8_tail=opts.utf8_tail,
+        utf8_tail_affected=full.utf8_tail_affected)
     if opts.plot is not None:
         write_plot(opts.plot, full)
     console.print(render(report, engine.model_dir, opts))
@@ -352,6 +363,9 @@ def render(r: BenchReport, model_dir: Path, opts: BenchOptions) -> Table:
         ("e2e p50/p99", f"{r.e2e_ms.p50:.1f} / {r.e2e_ms.p99:.1f} ms"),
         ("peak RSS", f"{r.peak_rss_mb:.0f} MiB"),
         ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(r.finish_reasons.items()))),
+        (f"utf8_tail={r.utf8_tail}: requests affected",
+         f"{r.utf8_tail_affected} of {r.num_requests}"
+         + (" (FAILED decoding_error)" if r.utf8_tail == "fail" else " (tail dropped)")),
     ]
     if r.hf_output_tok_s is not None and r.hf_wall_s is not None:
         rows += [("transformers.generate throughput",

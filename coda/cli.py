@@ -106,13 +106,14 @@ def bench(model: ModelOpt = None,
           compare_hf: Annotated[bool, typer.Option("--compare-hf", help="also run transformers.generate")] = False,
           early_stop: Annotated[bool, typer.Option("--early-stop", help="compare with/without an early-stop policy")] = False,
           plot: Annotated[Optional[Path], typer.Option(help="write a PNG of the latency distributions")] = None,  # noqa: UP045
+          utf8_tail: Annotated[str, typer.Option(help="K3 tail policy of every request: fail | drop")] = "fail",
           seed: int = 0) -> None:
     """Run a workload; print throughput, TTFT and inter-token latency percentiles."""
     from coda.bench import BenchOptions, run_bench
 
     run_bench(BenchOptions(model_dir=model, num_requests=num_requests, concurrency=concurrency,
                            max_tokens=max_tokens, dtype=dtype, compare_hf=compare_hf,
-                           early_stop=early_stop, plot=plot, seed=seed))
+                           early_stop=early_stop, plot=plot, seed=seed, utf8_tail=utf8_tail))
 
 
 @trace_app.command("check")

@@ -7,6 +7,10 @@ Version history
 - 1: the ten reasons of seed 000 §4.10.
 - 2: ``confidence_stop`` — an early stop by confidence (seed 004, SPEC D2). Deadline and user
   cancel keep their own reasons (deadline_exceeded, cancelled).
+
+The version is emitted with every ending — the terminal event, the API's ``coda`` object and
+the trace's terminal row — beside the stop tie-rule version (S4,
+:data:`coda.stops.STOP_RULE_VERSION`), and ``coda trace check`` verifies both.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ class FinishReason(StrEnum):
         return self not in _ABNORMAL
 
 
+# Every version's members (values), so a recorded (version, reason) pair can be checked (L4).
+REASONS_BY_VERSION: dict[int, frozenset[str]] = {
+    1: frozenset(r.value for r in FinishReason if r is not FinishReason.CONFIDENCE_STOP),
+    2: frozenset(r.value for r in FinishReason),
+}
+
+
 _ABNORMAL = frozenset(
     {FinishReason.CANCELLED, FinishReason.MODEL_ERROR, FinishReason.TRANSPORT_ERROR}
 )
@@ -49,6 +60,8 @@ class CancelCause(StrEnum):
     DISCONNECT = "disconnect"  # the transport went away (declared policy) -> transport_error
     SHUTDOWN = "shutdown"      # the server is stopping -> cancelled
     BACKPRESSURE = "backpressure"  # a reader too slow past the bound -> transport_error
+    # the early-stop policy (D6) -> the policy's own reason, which the run carries
+    EARLY_STOP = "early_stop"
 
     @property
     def finish_reason(self) -> FinishReason:

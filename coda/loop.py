@@ -146,5 +146,5 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
         run.cancel()  # C2: whatever the in-flight step produced is discarded
         return run
     assert reason is not None
-    run.finish(reason)
+    run.conclude(reason)  # NOTE: an early stop takes the cancel path (D6)
     return run

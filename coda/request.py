@@ -11,7 +11,7 @@ buffer and the trace handle are released after the terminal event is queued.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from coda import trace as tr
@@ -55,8 +55,7 @@ class RequestRun:
         self.cached_prompt_tokens = 0
         self.processed_prompt_tokens = 0
         self.processed_output_tokens = 0
-        # seed 004: the early-stop controller's last decision (committed tokens, saved bound)
-        self.early_stop_summary: dict[str, object] | None = None
+        self._early_reason: FinishReason | None = None  # D6: an early stop's own reason
 
     # -- resources -------------------------------------------------------------------------
     def acquire(self, kind: ResourceKind, release: Callable[[], None]) -> None:
@@ -93,7 +92,42 @@ class RequestRun:
         self._record(tr.CANCEL_OBSERVED)
         return True
 
+    @property
+    def early_stop_summary(self) -> Mapping[str, object] | None:
+        """seed 004: the early-stop policy's last decision (committed tokens, saved bound)."""
+        return self.processor.early_stop_summary if self.processor is not None else None
+
     # -- the three endings -----------------------------------------------------------------
+    def conclude(self, reason: FinishReason) -> None:
+        """The loop decided to end after a token: an early-stop policy's stop takes the cancel
+        path (:meth:`stop_early`, D6), every other reason the normal drain (:meth:`finish`)."""
+        if self.processor is not None and self.processor.stopped_early:
+            self.stop_early(reason)
+        else:
+            self.finish(reason)
+
+    def stop_early(self, reason: FinishReason) -> None:
+        """D6 (seed 004): the policy decided to stop; closing is the cancellation path. The
+        three C1 moments happen at once; the pending tail and held stop bytes are discarded,
+        ``finish()`` is not called, and the request ends CANCELLED with the policy's reason
+        (confidence_stop, max_output_tokens, deadline_exceeded or cancelled). A cancel
+        requested earlier keeps its own cause and reason."""
+        if self.lifecycle.is_terminal:
+            return
+
+        def note(state: State) -> bool:
+            if self.cancel_cause is not None:  # NOTE: an earlier cancel keeps its own cause
+                return False
+            self.cancel_cause = CancelCause.EARLY_STOP
+            self.cancel_requested_at = time.monotonic()
+            self._early_reason = reason
+            self._record(tr.CANCEL_REQUESTED, cause=CancelCause.EARLY_STOP.value,
+                         reason=reason.value)
+            return True
+
+        self.lifecycle.while_live(note)
+        self.cancel()
+
     def finish(self, reason: FinishReason) -> FinishReason:
         """Normal end: DRAINING → drain → release → FINISHED(reason) (seed §4.3).
         A decoding error in the drain ends the request FAILED instead (K3)."""
@@ -127,7 +161,8 @@ class RequestRun:
         self.cancel_effective_at = time.monotonic()
         self._record(tr.CANCEL_EFFECTIVE)
         cause = self.cancel_cause or CancelCause.CLIENT
-        self._end(State.CANCELLED, cause.finish_reason)
+        reason = self._early_reason if cause is CancelCause.EARLY_STOP else None
+        self._end(State.CANCELLED, reason or cause.finish_reason)
 
     # -- internals -------------------------------------------------------------------------
     def _end(self, state: State, reason: FinishReason, code: ErrorCode | None = None,
@@ -140,12 +175,17 @@ class RequestRun:
             error_message=message, stop=proc.hit if proc is not None else None,
             timings=self.timings(),
             trailing_tokens=proc.trailing_tokens() if proc is not None else (),
-            early_stop=self.early_stop_summary)
+            early_stop=self.early_stop_summary,
+            dropped_tail=proc.dropped_tail if proc is not None else b"",
+            model_snapshot=self.stream.model_snapshot)
 
         def emit() -> None:
             ev = self.stream.close(terminal)
             self._record(tr.TERMINAL, seq=ev.seq, state=state.value, reason=reason.value,
-                         error=code.value if code else None, usage=terminal.usage.to_dict())
+                         error=code.value if code else None, usage=terminal.usage.to_dict(),
+                         dropped_tail_hex=terminal.dropped_tail.hex(),
+                         finish_reason_version=terminal.finish_reason_version,
+                         stop_rule_version=terminal.stop_rule_version)
 
         if not self.lifecycle.terminate(state, emit):
             return

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,15 +34,29 @@ import tokenizers
 
 from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
+from coda.errors import DecodingError
 from coda.finish import FinishReason
-from coda.stops import StopHit, StopStringMatcher, StopTokenMatcher
+from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
 from coda.stream import RequestStream, TokenInfo
 from coda.trace import TraceEvent, TraceSink
 
 # A grammar hook answers "must the output end now?" after the token was consumed.
 GrammarDone = Callable[[], bool]
-# An early-stop hook maps (token count, confidence) to a finish reason or None.
-EarlyStopHook = Callable[[int, float], FinishReason | None]
+
+
+@dataclass(frozen=True)
+class EarlyStopVerdict:
+    """What the early-stop policy decided after one token (D2, D6): ``reason`` None to
+    continue, else the stop's own reason, which the driver takes down the *cancel* path
+    (:meth:`coda.request.RequestRun.conclude`); ``summary`` is the policy's state (committed
+    tokens, saved bound, confidence) for the terminal. A decision, never a call back up."""
+
+    reason: FinishReason | None
+    summary: Mapping[str, object]
+
+
+# An early-stop hook maps (token count, confidence) to its verdict.
+EarlyStopHook = Callable[[int, float], EarlyStopVerdict]
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,9 @@ class OutputSpec:
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # K3 at the drain: "fail" (the seed's rule: FAILED, decoding_error) or "drop" (the
+    # incomplete tail is removed, recorded, and the request ends FINISHED)
+    utf8_tail: str = "fail"
 
 
 class OutputProcessor:
@@ -96,6 +113,10 @@ class OutputProcessor:
         self.stop_buffer_s = 0.0
         self._held_since: float | None = None
         self.last_confidence = 1.0
+        # seed 004: the policy's last summary, and whether the policy (not the loop) stopped
+        self.early_stop_summary: Mapping[str, object] | None = None
+        self.stopped_early = False
+        self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -128,7 +149,10 @@ class OutputProcessor:
         if self._grammar_done is not None and self._grammar_done():
             return FinishReason.GRAMMAR_COMPLETE
         if self._early_stop is not None:
-            return self._early_stop(self.generated, confidence)
+            verdict = self._early_stop(self.generated, confidence)
+            self.early_stop_summary = verdict.summary
+            self.stopped_early = verdict.reason is not None  # NOTE: D6: the cancel path
+            return verdict.reason
         return None
 
     def drain(self, reason: FinishReason) -> FinishReason:
@@ -138,12 +162,25 @@ class OutputProcessor:
             self.detok.discard_pending()
             self.stops.discard()
             return reason
-        if self._emit(self.detok.finish(), 0):
+        if self._emit(self._finish_detokenizer(), 0):
             return FinishReason.STOP_SEQUENCE
         self.stops.flush()
         self._release(len(self._stream) + self._sent_off)
         self._stop_held_clock()
         return reason
+
+    def _finish_detokenizer(self) -> bytes:
+        """``finish()`` under the request's ``utf8_tail`` policy: "drop" removes an incomplete
+        UTF-8 tail and records it (K2 removed span) instead of failing (K3)."""
+        pending = self.detok.pending
+        try:
+            return self.detok.finish()
+        except DecodingError:
+            if self.spec.utf8_tail != "drop":
+                raise
+        self.dropped_tail = pending
+        self._record(tr.UTF8_TAIL_DROPPED, nbytes=len(pending), hex=pending.hex())
+        return b""
 
     def discard(self) -> None:
         """Cancel/failure path: drop everything not yet safe (seed §4.3)."""
@@ -204,7 +241,7 @@ class OutputProcessor:
         self._stop_held_clock()
         if self._tracing:
             self._record(tr.STOP_HIT, which=hit.kind, index=hit.index, stop=str(hit.stop),
-                         byte_offset=hit.start)
+                         byte_offset=hit.start, stop_rule_version=STOP_RULE_VERSION)
         return FinishReason.STOP_SEQUENCE
 
     def _send(self, data: bytes) -> None:

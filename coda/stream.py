@@ -25,8 +25,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from coda.errors import BackpressureOverflowError, ErrorCode
-from coda.finish import FinishReason, Usage
+from coda.finish import FINISH_REASON_VERSION, FinishReason, Usage
 from coda.lifecycle import State
+from coda.stops import STOP_RULE_VERSION
 
 if TYPE_CHECKING:
     from coda.stops import StopHit
@@ -74,6 +75,13 @@ class Terminal:
     trailing_tokens: tuple[TokenInfo, ...] = ()
     # seed 004 (D2): the early-stop decision — committed tokens and the saved upper bound
     early_stop: Mapping[str, object] | None = None
+    # K2: an incomplete UTF-8 tail removed under utf8_tail="drop" (empty: nothing removed)
+    dropped_tail: bytes = b""
+    # L4, S4: the versions of the finish-reason enum and of the stop tie rule in force
+    finish_reason_version: int = FINISH_REASON_VERSION
+    stop_rule_version: str = STOP_RULE_VERSION
+    # P1: the start event's content identity of the model that produced the output
+    model_snapshot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,7 @@ class StreamEvent:
     data: bytes = b""
     tokens: tuple[TokenInfo, ...] = ()
     model: str | None = None
+    model_snapshot: str | None = None  # P1: the content identity (start event only)
     terminal: Terminal | None = None
     ts: float = field(default_factory=time.monotonic)
 
@@ -133,11 +142,13 @@ class RequestStream:
         self._closed = False
 
     # -- producer side -------------------------------------------------------------------
-    def start(self, model: str) -> StreamEvent:
+    def start(self, model: str, model_snapshot: str | None = None) -> StreamEvent:
+        """Event 0: start(request_id, model_snapshot) (P1)."""
         with self._lock:
             if self._events:
                 raise StreamClosed("start must be the first event")
-            ev = StreamEvent(self.request_id, 0, EventType.START, model=model)
+            ev = StreamEvent(self.request_id, 0, EventType.START, model=model,
+                             model_snapshot=model_snapshot)
             self._events.append(ev)
         self._notify()
         return ev
@@ -204,6 +215,11 @@ class RequestStream:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def model_snapshot(self) -> str | None:
+        with self._lock:
+            return self._events[0].model_snapshot if self._events else None
 
     @property
     def last_seq(self) -> int:

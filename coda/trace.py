@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from coda.finish import REASONS_BY_VERSION
 from coda.lifecycle import TERMINAL_STATES, TRANSITIONS, State
+from coda.stops import STOP_RULE_VERSION
 
 # Event kinds (the ``kind`` field of a row).
 LIFECYCLE = "lifecycle"
@@ -30,6 +32,7 @@ DECODE_COMPLETED = "decode.completed"
 STOP_STATE = "stop.state"
 STOP_HIT = "stop.hit"
 STREAM_DELTA = "stream.delta"
+UTF8_TAIL_DROPPED = "utf8_tail.dropped"  # K2: an incomplete tail removed by utf8_tail="drop"
 CANCEL_REQUESTED = "cancel.requested"
 CANCEL_OBSERVED = "cancel.observed"
 CANCEL_EFFECTIVE = "cancel.effective"
@@ -117,7 +120,9 @@ def check_trace(events: Iterable[TraceEvent]) -> list[str]:
     Per request: lifecycle transitions follow the graph (L1); exactly one terminal and only
     resource releases after it (L2, L3); stream sequence numbers strictly increasing (P2);
     selected − decoded ∈ {0, 1} at every point (T1); no selection after a cancel was observed
-    (C3, T2); every acquired resource released exactly once (L7).
+    (C3, T2); every acquired resource released exactly once (L7); the terminal row names a
+    known finish-reason enum version whose members include its reason, and a known stop
+    tie-rule version, as does every stop.hit row (L4, S4).
     """
     by_req: dict[str, list[TraceEvent]] = defaultdict(list)
     for ev in events:
@@ -156,6 +161,9 @@ def _check_one(evs: list[TraceEvent]) -> list[str]:
                 if seq <= last_seq:
                     out.append(f"terminal seq {seq} not after {last_seq}")
                 last_seq = seq
+            out.extend(_check_versions(ev))
+        elif ev.kind == STOP_HIT:
+            out.extend(_check_stop_rule(ev))
         elif ev.kind == STREAM_DELTA:
             seq = int(ev.data["seq"])
             if seq <= last_seq:
@@ -182,4 +190,28 @@ def _check_one(evs: list[TraceEvent]) -> list[str]:
     for kind in set(acquired) | set(released):
         if acquired[kind] != 1 or released[kind] != 1:
             out.append(f"resource {kind}: acquired {acquired[kind]}x, released {released[kind]}x")
+    return out
+
+
+KNOWN_STOP_RULE_VERSIONS = frozenset({STOP_RULE_VERSION})
+
+
+def _check_stop_rule(ev: TraceEvent) -> list[str]:
+    rule = ev.data.get("stop_rule_version")
+    if rule not in KNOWN_STOP_RULE_VERSIONS:
+        return [f"{ev.kind}: unknown or missing stop_rule_version {rule!r} (S4)"]
+    return []
+
+
+def _check_versions(ev: TraceEvent) -> list[str]:
+    """L4/S4: the terminal row says which enum and tie rule decided it, and its reason is a
+    member of that enum version."""
+    out = _check_stop_rule(ev)
+    version = ev.data.get("finish_reason_version")
+    members = REASONS_BY_VERSION.get(version) if isinstance(version, int) else None
+    if members is None:
+        out.append(f"terminal: unknown or missing finish_reason_version {version!r} (L4)")
+    elif ev.data.get("reason") not in members:
+        out.append(f"terminal: reason {ev.data.get('reason')!r} is not in finish-reason "
+                   f"enum version {version} (L4)")
     return out

@@ -68,6 +68,23 @@ def test_d2_bench_early_stop_reports_savings(tiny_dir: Path) -> None:
     assert "early stop: tokens saved" in console.export_text()
 
 
+def test_k3_bench_reports_how_many_requests_each_utf8_tail_policy_affected(tiny_dir: Path
+                                                                          ) -> None:
+    """K3: the same greedy workload under ``fail`` and ``drop`` affects the same requests:
+    FAILED decoding_error under ``fail``, FINISHED with a dropped tail under ``drop``."""
+    reps = {}
+    for policy in ("fail", "drop"):
+        console = Console(width=120, record=True)
+        reps[policy] = run_bench(BenchOptions(model_dir=tiny_dir, num_requests=8, concurrency=4,
+                                              max_tokens=5, utf8_tail=policy,
+                                              show_progress=False), console)
+        assert f"utf8_tail={policy}: requests affected" in console.export_text()
+    fail, drop = reps["fail"], reps["drop"]
+    assert fail.utf8_tail_affected == fail.finish_reasons.get("max_output_tokens:decoding_error", 0)
+    assert drop.utf8_tail_affected == fail.utf8_tail_affected > 0
+    assert set(drop.finish_reasons) == {"max_output_tokens"}
+
+
 def test_p5_workload_is_deterministic_and_mixed(tiny_dir: Path) -> None:
     eng = AsyncEngine.from_model_dir(tiny_dir)
     a = make_workload(eng.tokenizer, 32, 7, 256)

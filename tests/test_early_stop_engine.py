@@ -23,10 +23,7 @@ from coda.engine.types import EngineConfig, GenerationRequest, GrammarSpec
 from coda.finish import FinishReason
 from coda.lifecycle import State
 from coda.models.random_checkpoint import make_random_checkpoint
-from coda.request import RequestRun
 from coda.sampling import SamplingParams
-from coda.stream import RequestStream
-from coda.trace import NullTraceSink
 
 PROMPT = (21, 22, 23, 24)
 SCHEMA = {
@@ -79,12 +76,12 @@ def summary(h: RequestHandle) -> dict[str, object]:
 
 # -- on the engine ----------------------------------------------------------------------------
 def test_d2_l4_confidence_stop_at_min_tokens(engine: AsyncEngine) -> None:
-    """D2: threshold 0 and min_tokens 3 stop at exactly 3 tokens with CONFIDENCE_STOP (L4 v2);
-    committed tokens and the saved upper bound are kept on the run."""
+    """D2: threshold 0 and min_tokens 3 stop at exactly 3 tokens with CONFIDENCE_STOP (L4 v2),
+    on the cancel path (D6: CANCELLED); committed tokens and the saved upper bound are kept."""
     for seed in range(4):
         h = submit(engine, policy(min_tokens=3, max_tokens=50, confidence_threshold=0.0), seed=seed)
         term = h.wait(30)
-        assert term.state is State.FINISHED
+        assert term.state is State.CANCELLED
         assert term.finish_reason is FinishReason.CONFIDENCE_STOP
         assert term.usage.selected_tokens == 3
         s = summary(h)
@@ -99,6 +96,7 @@ def test_d2_policy_max_tokens_is_max_output_tokens(engine: AsyncEngine) -> None:
     assert term.usage.selected_tokens == 5
     assert summary(h)["reason"] == "max-tokens" and summary(h)["saved_tokens_upper_bound"] == 0
     assert term.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
+    assert term.state is State.CANCELLED  # D6: the policy's own stop is a cancel
 
 
 def test_d2_g3_deadline_beats_confidence(model_dir: Path) -> None:
@@ -159,17 +157,19 @@ def test_d1_require_closure_stops_at_first_accepting_token(engine: AsyncEngine,
 
 def test_d1_require_closure_without_grammar_never_confident(engine: AsyncEngine) -> None:
     """Documented choice: no grammar = never closed, so only the budget can stop it.
-    (Free random text may end FAILED on a split UTF-8 character at drain, K3.)"""
+    The budget stop is a cancel (D6): free random text cut inside a UTF-8 character is not
+    drained, so it never ends FAILED (K3)."""
     h = submit(engine, policy(max_tokens=6, confidence_threshold=0.0, require_closure=True),
                max_tokens=30, grammar=None)
     term = h.wait(30)
     assert term.usage.selected_tokens == 6 and summary(h)["reason"] == "max-tokens"
-    assert term.finish_reason in (FinishReason.MAX_OUTPUT_TOKENS, FinishReason.MODEL_ERROR)
+    # D6: the policy's budget stop takes the cancel path, so a cut character never fails it
+    assert term.state is State.CANCELLED
+    assert term.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
 
 
 # -- the hook alone ---------------------------------------------------------------------------
-def make_run() -> RequestRun:
-    return RequestRun("r", RequestStream("r"), NullTraceSink(), prompt_tokens=1, arrival=100.0)
+ARRIVAL = 100.0
 
 
 def test_confidence_signal_is_a_windowed_mean() -> None:
@@ -178,9 +178,9 @@ def test_confidence_signal_is_a_windowed_mean() -> None:
 
     def stop_at(signal: ConfidenceSignal) -> int | None:
         ctl = EarlyStopController(policy(min_tokens=2, confidence_threshold=0.8))
-        hook = make_hook(ctl, make_run(), None, signal=signal, clock=lambda: 100.0)
+        hook = make_hook(ctl, ARRIVAL, None, signal=signal, clock=lambda: 100.0)
         for t, p in enumerate(probs, start=1):
-            if hook(t, p) is FinishReason.CONFIDENCE_STOP:
+            if hook(t, p).reason is FinishReason.CONFIDENCE_STOP:
                 return t
         return None
 
@@ -193,23 +193,23 @@ def test_confidence_signal_is_a_windowed_mean() -> None:
             ConfidenceSignal(window=bad)  # type: ignore[arg-type]
 
 
-def test_d6_user_cancel_goes_through_the_cancel_path() -> None:
-    """D6: a user-cancel decision is no finish reason; it requests the run's cancel (C1)."""
+def test_d6_user_cancel_is_a_decision_not_a_call_back_up() -> None:
+    """D6, issue 11 item 2: a user-cancel decision is returned as a verdict (reason
+    ``cancelled``) that the core takes down the cancel path; the hook touches no run."""
     ctl = EarlyStopController(policy(confidence_threshold=0.0))
-    run = make_run()
-    hook = make_hook(ctl, run, None, clock=lambda: 100.0)
+    hook = make_hook(ctl, ARRIVAL, None, clock=lambda: 100.0)
     ctl.cancel()
-    assert hook(1, 0.5) is None
-    assert run.cancel_pending
-    assert run.early_stop_summary["reason"] == "user-cancel"  # type: ignore[attr-defined]
+    verdict = hook(1, 0.5)
+    assert verdict.reason is FinishReason.CANCELLED
+    assert verdict.summary["reason"] == "user-cancel"
 
 
 def test_deadline_is_measured_from_arrival() -> None:
     ctl = EarlyStopController(policy(deadline_ms=250))
     now = [100.2]
-    hook = make_hook(ctl, make_run(), None, clock=lambda: now[0])
-    assert hook(1, 0.5) is None and ctl.state.elapsed_ms == 200
+    hook = make_hook(ctl, ARRIVAL, None, clock=lambda: now[0])
+    assert hook(1, 0.5).reason is None and ctl.state.elapsed_ms == 200
     now[0] = 100.25
-    assert hook(2, 0.5) is FinishReason.DEADLINE_EXCEEDED
-    assert hook(3, 0.5) is FinishReason.DEADLINE_EXCEEDED  # D2: the first stop is final
+    assert hook(2, 0.5).reason is FinishReason.DEADLINE_EXCEEDED
+    assert hook(3, 0.5).reason is FinishReason.DEADLINE_EXCEEDED  # D2: the first stop is final
     assert ctl.state.tokens == 2

@@ -32,6 +32,8 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.lifecycle import ResourceKind
+from coda.models.identity import ModelIdentity
+from coda.models.loader import folder_identity
 from coda.request import RequestRun
 from coda.step import OutputProcessor, OutputSpec
 from coda.stream import RequestStream
@@ -39,6 +41,7 @@ from coda.trace import JsonlTraceSink, NullTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
 
+UTF8_TAIL_POLICIES = ("fail", "drop")
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_model"
 
 
@@ -46,12 +49,16 @@ class AsyncEngine:
     """Loads a model folder, runs the batch loop on one thread, serves many requests."""
 
     def __init__(self, model_dir: Path, runner: ModelRunner, tokenizer: tokenizers.Tokenizer,
-                 config: EngineConfig, *, trace: TraceSink | None = None) -> None:
+                 config: EngineConfig, *, trace: TraceSink | None = None,
+                 identity: ModelIdentity | None = None) -> None:
         self.model_dir = model_dir
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
         self.model_name = config.served_model_name or model_dir.name
+        # P1: the content identity of what produces the output (computed once, at load)
+        self.identity = identity or folder_identity(model_dir, config.dtype)
+        self.model_snapshot = self.identity.snapshot
         self.tokenizer_config: dict[str, Any] = _read_json(model_dir / "tokenizer_config.json")
         self.generation_config: dict[str, Any] = _read_json(model_dir / "generation_config.json")
         mc = runner.config
@@ -88,7 +95,8 @@ class AsyncEngine:
                                       block_size=config.block_size, num_blocks=config.num_blocks,
                                       kv_cache_bytes=config.kv_cache_bytes)
         tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
-        return cls(path, runner, tok, config, trace=trace)
+        return cls(path, runner, tok, config, trace=trace,
+                   identity=folder_identity(path, config.dtype))
 
     # -- lifecycle of the engine itself ----------------------------------------------------
     def start(self) -> None:
@@ -134,12 +142,12 @@ class AsyncEngine:
         proc = OutputProcessor(rid, self.tokenizer, spec, stream, self.trace,
                                prompt_token_ids=prompt,
                                grammar_done=grammar.is_terminated if grammar is not None else None,
-                               early_stop=_early_stop_hook(controller, run, grammar))
+                               early_stop=_early_stop_hook(controller, run.arrival, grammar))
         run.processor = proc
         deadline = time.monotonic() + req.deadline_s if req.deadline_s is not None else None
         ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
                              req.sampling.logprobs is not None, grammar, controller)
-        stream.start(self.model_name)
+        stream.start(self.model_name, self.model_snapshot)
         with self._cond:
             self._inbox.append(ereq)
             self.num_requests_total += 1
@@ -182,6 +190,9 @@ class AsyncEngine:
                 raise InvalidRequestError("stop_token_ids must be non-empty sequences of valid ids",
                                           field="stop_token_ids")
         req.sampling.validate_for_vocab(vocab)
+        if req.utf8_tail not in UTF8_TAIL_POLICIES:
+            raise InvalidRequestError(f"utf8_tail must be one of {list(UTF8_TAIL_POLICIES)}",
+                                      field="utf8_tail")
         if req.deadline_s is not None and not req.deadline_s > 0:
             raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
         spec = OutputSpec(
@@ -190,7 +201,7 @@ class AsyncEngine:
             ignore_eos=req.sampling.ignore_eos, stop_strings=tuple(req.stop),
             stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens)
+            skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail)
         return spec, max_tokens
 
     def _grammar(self, req: GenerationRequest) -> Any:
@@ -250,13 +261,13 @@ class AsyncEngine:
         self.core.abort_all(CancelCause.SHUTDOWN)
 
 
-def _early_stop_hook(controller: EarlyStopController | None, run: RequestRun,
+def _early_stop_hook(controller: EarlyStopController | None, arrival: float,
                      grammar: Any) -> Any:
     if controller is None:
         return None
     from coda.engine.early_stop_hook import make_hook  # issue 5
 
-    return make_hook(controller, run, grammar)
+    return make_hook(controller, arrival, grammar)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

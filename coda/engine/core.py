@@ -273,7 +273,7 @@ class EngineCore:
             self._end_failed(req, exc)
             return
         if reason is not None:
-            self._finish(req, reason)
+            run.conclude(reason)  # NOTE: an early stop takes the cancel path (D6)
 
     # -- endings -------------------------------------------------------------------------------
     def _finish(self, req: EngineRequest, reason: FinishReason) -> None:

@@ -5,14 +5,19 @@ The processor calls the hook last among the per-token checks (G1), with the numb
 generated so far and the *confidence* of the token just chosen: its probability under the
 processed distribution the sampler chose from (after penalties, grammar mask, temperature and
 truncation; greedy rows use temperature 1). The hook feeds :class:`~coda.early_stop.EarlyStopController`
-and maps its decision to a finish reason:
+and returns its decision as an :class:`~coda.step.EarlyStopVerdict` — a value the core acts on;
+the hook never calls into the run (issue 11 item 2):
 
     confidence   -> FinishReason.CONFIDENCE_STOP   (finish-reason version 2)
     max-tokens   -> FinishReason.MAX_OUTPUT_TOKENS
-    deadline     -> FinishReason.DEADLINE_EXCEEDED (elapsed ms since ``run.arrival``, G3)
-    user-cancel  -> None: the run is sent down the cancel path (``run.request_cancel``), which
-                    the engine observes at its next safe point and ends ``cancelled`` (D6, C1)
+    deadline     -> FinishReason.DEADLINE_EXCEEDED (elapsed ms since the request's arrival, G3)
+    user-cancel  -> FinishReason.CANCELLED
     continue     -> None
+
+Every stop of the policy takes the core's cancel path (D6, seed 004: "stopping is decided here;
+closing is the cancellation path"): :meth:`coda.request.RequestRun.conclude` discards the
+detokenizer's pending tail and the held stop-buffer bytes, does not call ``finish()``, and ends
+the request CANCELLED with the policy's own reason — never FAILED for an incomplete character.
 
 Confidence signal (:class:`ConfidenceSignal`): one token's probability is noisy — a single
 confident token inside an uncertain answer says little — so the signal is the mean probability
@@ -25,8 +30,8 @@ Without a grammar nothing can prove closure, so the output is never closed and a
 stop is impossible (deadline and budget still apply): a client asking for closure on free text
 gets the conservative reading.
 
-Reporting: the hook keeps ``run.early_stop_summary`` (a new attribute on the run, a plain dict)
-up to date after every token it sees: ``reason`` (the controller's reason value), ``stopped``,
+Reporting: every verdict carries the policy's summary (a plain dict), which the processor keeps
+and the run copies into its terminal: ``reason`` (the controller's reason value), ``stopped``,
 ``committed_tokens``, ``saved_tokens_upper_bound``, ``confidence`` (the smoothed signal) and
 ``closed``. When the request ends for another reason on a later token (EOS, stop, grammar), the
 summary describes the last token the policy saw and ``usage.selected_tokens`` is the billed count.
@@ -42,19 +47,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from coda.early_stop import EarlyStopController, EarlyStopDecision, EarlyStopReason
-from coda.finish import CancelCause, FinishReason
-from coda.request import RequestRun
+from coda.finish import FinishReason
+from coda.step import EarlyStopHook, EarlyStopVerdict
 
 __all__ = ["DEFAULT_SIGNAL", "ConfidenceSignal", "EarlyStopHook", "make_hook"]
-
-EarlyStopHook = Callable[[int, float], FinishReason | None]
 
 _REASONS: dict[EarlyStopReason, FinishReason | None] = {
     EarlyStopReason.CONTINUE: None,
     EarlyStopReason.CONFIDENCE: FinishReason.CONFIDENCE_STOP,
     EarlyStopReason.MAX_TOKENS: FinishReason.MAX_OUTPUT_TOKENS,
     EarlyStopReason.DEADLINE: FinishReason.DEADLINE_EXCEEDED,
-    EarlyStopReason.USER_CANCEL: None,  # NOTE: acted on through the cancel path (D6)
+    EarlyStopReason.USER_CANCEL: FinishReason.CANCELLED,
 }
 
 
@@ -90,38 +93,35 @@ class ConfidenceSignal:
 DEFAULT_SIGNAL = ConfidenceSignal()
 
 
-def make_hook(controller: EarlyStopController, run: RequestRun, grammar: Any,
+def make_hook(controller: EarlyStopController, arrival: float, grammar: Any,
               *, signal: ConfidenceSignal = DEFAULT_SIGNAL,
               clock: Callable[[], float] = time.monotonic) -> EarlyStopHook:
     """The per-token early-stop hook for one request (see the module docstring).
 
     ``grammar`` is the request's :class:`~coda.engine.grammar.GrammarMatcher` or None;
-    ``clock`` must be the clock of ``run.arrival`` (time.monotonic seconds)."""
+    ``arrival`` is the request's arrival on ``clock`` (time.monotonic seconds)."""
     smooth = signal.tracker()
     needs_closure = controller.policy.require_closure
     closable: _Closable | None = grammar
 
-    def hook(generated: int, confidence: float) -> FinishReason | None:
+    def hook(generated: int, confidence: float) -> EarlyStopVerdict:
         conf = smooth(confidence)
         if needs_closure and closable is not None and closable.is_closed:
             controller.mark_closed()  # NOTE: sticky in the controller: closed stays closed
-        elapsed_ms = max(0, int((clock() - run.arrival) * 1000))
+        elapsed_ms = max(0, int((clock() - arrival) * 1000))
         # NOTE: count the tokens since the last call, so the controller's count is exact even
         # if some token was not shown to the hook.
         new = max(0, generated - controller.state.tokens)
         decision = controller.on_tokens(new, conf, elapsed_ms)
-        _summarise(run, controller, decision, conf)
-        if decision.reason is EarlyStopReason.USER_CANCEL:
-            run.request_cancel(CancelCause.CLIENT)
-        return _REASONS[decision.reason]
+        return EarlyStopVerdict(_REASONS[decision.reason], _summary(controller, decision, conf))
 
     return hook
 
 
-def _summarise(run: RequestRun, controller: EarlyStopController, decision: EarlyStopDecision,
-               confidence: float) -> None:
+def _summary(controller: EarlyStopController, decision: EarlyStopDecision,
+             confidence: float) -> dict[str, object]:
     # NOTE: the run copies this into its terminal event; the server reports it with usage.
-    run.early_stop_summary = {
+    return {
         "reason": decision.reason.value,
         "stopped": decision.stop,
         "committed_tokens": decision.committed_tokens,

@@ -49,6 +49,7 @@ class GenerationRequest:
     grammar: GrammarSpec | None = None
     backpressure: BackpressureConfig | None = None
     request_id: str | None = None
+    utf8_tail: str = "fail"  # "fail" (K3: FAILED decoding_error) | "drop" (tail removed)
 
 
 @dataclass(frozen=True)

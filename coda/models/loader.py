@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from coda.models.config import ModelConfig
+from coda.models.identity import ModelIdentity, digest_files, model_identity
 from coda.models.llama import CausalLM
 
 # HF projection name -> (our fused module, which shard)
@@ -138,3 +139,23 @@ def load_model(
                     dst.copy_(tensor)
     model.eval()
     return model
+
+
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    """The weight files of an HF folder, in a stable order (shard names sorted)."""
+    return sorted(set(_tensor_files(Path(model_dir)).values()))
+
+
+def folder_identity(model_dir: str | Path, dtype: str) -> ModelIdentity:
+    """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
+    ``tokenizer.json``, its chat template, the serving dtype and the Coda version. Computed
+    once at load by :func:`coda.models.identity.model_identity`."""
+    model_dir = Path(model_dir)
+    tok_cfg_path = model_dir / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_path.read_text(encoding="utf-8")) if tok_cfg_path.is_file() else {}
+    template = tok_cfg.get("chat_template") if isinstance(tok_cfg, dict) else None
+    if template is not None and not isinstance(template, str):  # NOTE: named template lists
+        template = json.dumps(template, sort_keys=True)
+    return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
+                          tokenizer=(model_dir / "tokenizer.json").read_bytes(),
+                          chat_template=template, dtype=dtype)

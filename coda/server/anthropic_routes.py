@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.server.chat import content_text, render_chat
 from coda.server.common import collect, new_id, now, state_of, stream_or_wait
-from coda.server.http_errors import ApiError
-from coda.server.mapping import anthropic_stop_reason, coda_extension, is_model_failure
+from coda.server.failures import anthropic_error, failed_json, is_failed
+from coda.server.mapping import anthropic_stop_reason, coda_extension
 from coda.server.params import Knobs, build_requests, encode, rename_map
 from coda.server.protocol_schemas import AnthropicRequest
 from coda.server.sse import Frame, Renderer, position_id
@@ -69,11 +69,9 @@ class AnthropicRenderer(Renderer):
         terminal = ev.terminal
         assert terminal is not None
         ext = coda_extension(terminal, self.network_send_s)
-        if is_model_failure(terminal):
+        if is_failed(terminal):
             # NOTE: Anthropic's in-band error event; it is this stream's final event.
-            return [self._frame("error", fid, error={
-                "type": "api_error", "message": terminal.error_message or "model error"},
-                coda=ext)]
+            return [self._frame("error", fid, error=anthropic_error(terminal), coda=ext)]
         reason, stop = _stop_fields(terminal)
         return [self._frame("content_block_stop", fid, index=0),
                 self._frame("message_delta", fid,
@@ -128,8 +126,10 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
     if isinstance(done, Response):
         return done
     c = collect(handles[0].stream)
-    if is_model_failure(c.terminal):
-        raise ApiError(500, c.terminal.error_message or "model error")
+    if is_failed(c.terminal):  # defect 4: error status, partial text and outcome, no retry
+        return failed_json({"type": "error", "error": anthropic_error(c.terminal), "id": rid,
+                            "content": [{"type": "text", "text": c.text}],
+                            "coda": coda_extension(c.terminal)}, headers={"request-id": rid})
     reason, stop = _stop_fields(c.terminal)
     return JSONResponse({"id": rid, "type": "message", "role": "assistant",
                          "model": record.model, "content": [{"type": "text", "text": c.text}],

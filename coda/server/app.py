@@ -87,8 +87,12 @@ def create_app(engine: Any, *, api_key: str | None = None,
 
 
 def _model_card(engine: Any) -> dict[str, Any]:
-    return {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
+    card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
             "max_model_len": engine.context_length}
+    identity = getattr(engine, "identity", None)
+    if identity is not None:  # P1: what produces the output, by content
+        card["coda"] = identity.to_dict()
+    return card
 
 
 def _operational_routes(app: FastAPI) -> None:

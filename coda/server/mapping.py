@@ -1,11 +1,13 @@
 """Exact finish reasons → each protocol's closest value, plus the ``coda`` extension object
 that always carries the exact one (SPEC L4, L5, L6, P5; issue 4 item 3).
 
-Closest values: a natural end (eos, stop sequence, grammar) is OpenAI ``stop`` / Anthropic
-``end_turn`` or ``stop_sequence``; every truncation (length, context, deadline, cancel,
-transport, confidence) is ``length`` / ``max_tokens``; a policy interruption is
+Closest values: a natural end (eos, stop sequence, grammar, a confidence early stop) is OpenAI
+``stop`` / Anthropic ``end_turn`` or ``stop_sequence``; every truncation (length, context,
+deadline, cancel, transport) is ``length`` / ``max_tokens``; a policy interruption is
 ``content_filter`` / ``refusal``. A client disconnect is never reported as a natural end (L5):
 its closest value is a truncation and the exact reason ``transport_error`` is in ``coda``.
+A FAILED request is shown failed by its state, in each protocol's idiom
+(:mod:`coda.server.failures`), whatever its reason.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from coda.finish import FinishReason
+from coda.lifecycle import State
 from coda.stream import Terminal
 
 F = FinishReason
-_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE})
+# NOTE: a confidence early stop (D6) ends CANCELLED but reads as a normal end on the wire: the
+# client asked for it; state and exact reason are in ``coda``.
+_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE, F.CONFIDENCE_STOP})
 _LENGTH = frozenset({F.MAX_OUTPUT_TOKENS, F.CONTEXT_LIMIT})
 
 
@@ -38,12 +43,14 @@ def anthropic_stop_reason(reason: FinishReason) -> str:
     return "max_tokens"
 
 
-def responses_status(reason: FinishReason) -> tuple[str, str]:
-    """``(final event type, response.status)`` for a Responses stream (exactly one final)."""
+def responses_status(terminal: Terminal) -> tuple[str, str]:
+    """``(final event type, response.status)`` for a Responses stream (exactly one final).
+    A FAILED request is ``failed`` whatever its reason (K3 keeps the loop's reason)."""
+    reason = terminal.finish_reason
+    if terminal.state is State.FAILED or reason is F.MODEL_ERROR:
+        return "response.failed", "failed"
     if reason in _NATURAL:
         return "response.completed", "completed"
-    if reason is F.MODEL_ERROR:
-        return "response.failed", "failed"
     if reason is F.CANCELLED:
         return "response.incomplete", "cancelled"
     return "response.incomplete", "incomplete"
@@ -64,11 +71,6 @@ def matched_stop(terminal: Terminal) -> str | list[int] | None:
     return stop if isinstance(stop, str) else list(stop)
 
 
-def is_model_failure(terminal: Terminal) -> bool:
-    """A failure of the model side (L5: a transport error never is one)."""
-    return terminal.finish_reason is F.MODEL_ERROR
-
-
 def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> dict[str, Any]:
     """The exact outcome of one request: the ``coda`` object on final chunks and objects."""
     t = terminal.timings
@@ -82,12 +84,19 @@ def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> d
     out: dict[str, Any] = {
         "finish_reason": terminal.finish_reason.value,
         "state": terminal.state.value,
+        "model_snapshot": terminal.model_snapshot,
         "matched_stop": matched_stop(terminal),
         "usage": terminal.usage.to_dict(),
         "timings": timings,
+        # L4, S4: the finish-reason enum and stop tie rule this outcome was decided under
+        "versions": {"finish_reason": terminal.finish_reason_version,
+                     "stop_rule": terminal.stop_rule_version},
     }
     if terminal.early_stop is not None:
         out["early_stop"] = dict(terminal.early_stop)
+    if terminal.dropped_tail:  # K2: what utf8_tail="drop" removed, recorded
+        out["utf8_tail_dropped"] = {"bytes": len(terminal.dropped_tail),
+                                    "hex": terminal.dropped_tail.hex()}
     if terminal.error_code is not None:
         out["error"] = {"code": terminal.error_code.value, "message": terminal.error_message}
     return out

@@ -18,8 +18,8 @@ from coda.errors import InvalidRequestError
 from coda.server import logprobs as lp
 from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, now, state_of, stream_or_wait, text_before
-from coda.server.http_errors import ApiError
-from coda.server.mapping import coda_extension, is_model_failure, openai_finish_reason, openai_usage
+from coda.server.failures import failed_json, is_failed, openai_error
+from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
 from coda.server.params import Knobs, build_requests, encode, rename_map
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
@@ -60,11 +60,9 @@ class OpenAIRenderer(Renderer):
         terminal = ev.terminal
         assert terminal is not None
         ext = {"index": index, **coda_extension(terminal, self.network_send_s)}
-        if is_model_failure(terminal):
-            err = {"message": terminal.error_message or "model error", "type": "server_error",
-                   "param": None, "code": (terminal.error_code.value if terminal.error_code
-                                           else "model_error")}
-            return [Frame({"error": err, "coda": ext}, id=fid)]
+        if is_failed(terminal):
+            # NOTE: the in-band error frame (the openai SDK raises APIError on it), then [DONE]
+            return [Frame({"error": openai_error(terminal), "coda": ext}, id=fid)]
         reason = openai_finish_reason(terminal.finish_reason)
         choice: dict[str, Any] = ({"index": index, "delta": {}, "logprobs": None,
                                    "finish_reason": reason} if self.chat else
@@ -179,17 +177,17 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                                      headers={"x-request-id": rid})
     if isinstance(terminals, Response):
         return terminals
-    return JSONResponse(_final_object(record, terminals, tok, logprobs is not None),
-                        headers={"x-request-id": rid})
+    body = _final_object(record, terminals, tok, logprobs is not None)
+    failed = [t for t in terminals if is_failed(t)]
+    if failed:  # defect 4: an error status that carries the partial text and the outcome
+        body = {"error": openai_error(failed[0]), **body,
+                "coda": coda_extension(failed[0])}
+        return failed_json(body, headers={"x-request-id": rid})
+    return JSONResponse(body, headers={"x-request-id": rid})
 
 
 def _final_object(record: Record, terminals: list[Terminal], tok: Any,
                   with_logprobs: bool) -> dict[str, Any]:
-    failed = [t for t in terminals if is_model_failure(t)]
-    if failed:
-        t = failed[0]
-        raise ApiError(500, t.error_message or "model error",
-                       code=t.error_code.value if t.error_code else "model_error")
     chat = record.kind == "chat"
     choices = []
     for i, h in enumerate(record.handles):

@@ -139,6 +139,7 @@ def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int],
             include_stop_str_in_output=ext.include_stop_str_in_output,
             skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,
             early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
+            utf8_tail=ext.utf8_tail,
             request_id=request_id if knobs.n == 1 else f"{request_id}-{i}"))
     return out
 

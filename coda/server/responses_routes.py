@@ -30,6 +30,7 @@ from coda.server.common import (
     stream_or_wait,
     terminal_of,
 )
+from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.http_errors import ApiError
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
 from coda.server.params import Knobs, build_requests, encode, rename_map
@@ -66,7 +67,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
     text = partial_text(stream)
     item_status = "in_progress"
     if terminal is not None:
-        _, status = responses_status(terminal.finish_reason)
+        _, status = responses_status(terminal)
         body["status"] = status
         item_status = "completed" if status == "completed" else "incomplete"
         u = terminal.usage
@@ -76,8 +77,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
                          "output_tokens_details": {"reasoning_tokens": 0},
                          "total_tokens": u.prompt_tokens + u.selected_tokens}
         if status == "failed":
-            body["error"] = {"code": "server_error",
-                             "message": terminal.error_message or "model error"}
+            body["error"] = {"code": "server_error", "message": error_message(terminal)}
         elif status != "completed":
             body["incomplete_details"] = {
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
@@ -130,7 +130,7 @@ class ResponsesRenderer(Renderer):
                                "logprobs": entries})
         assert ev.terminal is not None
         final = response_object(self.r)
-        kind, _ = responses_status(ev.terminal.finish_reason)
+        kind, _ = responses_status(ev.terminal)
         item = final["output"][0]
         return (self._emit({"type": "response.output_text.done", **ids, "text": self.text,
                             "logprobs": []})
@@ -224,7 +224,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         return JSONResponse(response_object(record, initial=True))
     done = await stream_or_wait(request, st, record, stream=body.stream,
                                 policy=body.on_disconnect or st.settings.on_disconnect)
-    return done if isinstance(done, Response) else JSONResponse(response_object(record))
+    if isinstance(done, Response):
+        return done
+    if is_failed(done[0]):  # defect 4: status failed, and an error status the SDK won't retry
+        return failed_json(response_object(record))
+    return JSONResponse(response_object(record))
 
 
 @router.get("/v1/responses/{response_id}")

@@ -58,6 +58,7 @@ class CodaExtensions(_Strict):
     repetition_penalty: float | None = None
     backpressure: BackpressureBody | None = None
     response_format: ResponseFormat | None = None
+    utf8_tail: Literal["fail", "drop"] = "fail"
 
 
 class _OpenAISampling(CodaExtensions):

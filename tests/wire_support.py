@@ -1,0 +1,71 @@
+"""A scripted model on the real engine and server, for wire tests of exact endings
+(issue 8 defects 4 and 7, the ``utf8_tail`` extension).
+
+:class:`ScriptedRunner` keeps the default model's configuration, KV cache and tokenizer but
+answers every step with logits that force the next token of a chain keyed on the last input
+token, so a request's output is exactly scripted: ``x`` → ``0xC3`` (a lone UTF-8 lead byte) →
+EOS by default. Everything else (scheduler, sampler, detokenizer, stops, lifecycle, HTTP
+routes, SSE) is the product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from coda.engine.async_engine import DEFAULT_MODEL_DIR, AsyncEngine
+from coda.engine.runner import ModelRunner, SeqChunk
+from coda.engine.types import EngineConfig
+from tests.conftest import LiveServer
+
+X_ID, C3_ID, EOS_ID = 90, 130, 2   # "x", the byte 0xC3 alone, <|im_end|> (default model)
+LEAD_BYTE_SCRIPT: Mapping[int, int] = {X_ID: C3_ID, C3_ID: EOS_ID}
+
+
+class ScriptedRunner(ModelRunner):
+    """Forces ``chain[last input token]`` (``first`` after any other token) at every step."""
+
+    def __init__(self, base: ModelRunner, chain: Mapping[int, int], first: int = X_ID) -> None:
+        super().__init__(base.model, num_blocks=base.num_blocks, block_size=base.block_size)
+        self.chain, self.first = dict(chain), first
+
+    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        rows = [c for c in chunks if c.need_logits]
+        logits = torch.zeros((len(rows), self.config.vocab_size), dtype=torch.float32)
+        for i, c in enumerate(rows):
+            # NOTE: 60 nats above every other logit: probability 1 to float precision
+            logits[i, self.chain.get(c.token_ids[-1], self.first)] = 60.0
+        return logits
+
+
+@dataclass
+class ScriptedServer:
+    engine: AsyncEngine
+    live: LiveServer
+
+    @property
+    def url(self) -> str:
+        return self.live.url
+
+
+def scripted_server(chain: Mapping[int, int] = LEAD_BYTE_SCRIPT,
+                    **settings: Any) -> Iterator[ScriptedServer]:
+    """A live server over the scripted default model (use as a fixture body)."""
+    from coda.server.app import create_app
+    from coda.server.state import ServerSettings
+
+    engine = AsyncEngine.from_model_dir(DEFAULT_MODEL_DIR, EngineConfig(num_blocks=64,
+                                                                          max_num_seqs=8))
+    engine.runner = engine.core.runner = ScriptedRunner(engine.runner, chain)
+    engine.start()
+    app = create_app(engine, settings=ServerSettings(keepalive_s=0.5, **settings),
+                     manage_engine=False)
+    live = LiveServer(app).start()
+    try:
+        yield ScriptedServer(engine, live)
+    finally:
+        live.stop()
+        engine.shutdown()

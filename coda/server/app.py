@@ -133,7 +133,8 @@ def _operational_routes(app: FastAPI) -> None:
             raise ApiError(400, f"Last-Event-ID must be {len(record.handles)} comma-separated "
                                 "sequence numbers", param="Last-Event-ID")
         return SSEResponse(record.streams, record.make_renderer(positions),
-                           keepalive_s=st.settings.keepalive_s)
+                           keepalive_s=st.settings.keepalive_s,
+                           write_timeout_s=st.settings.write_timeout_s)
 
 
 class CodaServer(uvicorn.Server):

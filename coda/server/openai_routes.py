@@ -59,7 +59,8 @@ class OpenAIRenderer(Renderer):
             return [Frame(self._chunk([self._delta_choice(index, ev)]), id=fid)]
         terminal = ev.terminal
         assert terminal is not None
-        ext = {"index": index, **coda_extension(terminal, self.network_send_s)}
+        ext = {"index": index, **coda_extension(
+            terminal, self.r.delivery.network_send_s(index, self.network_send_s))}
         if is_model_failure(terminal):
             err = {"message": terminal.error_message or "model error", "type": "server_error",
                    "param": None, "code": (terminal.error_code.value if terminal.error_code

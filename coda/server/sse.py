@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from coda.server.connection import ClientGone, Connection
+from coda.server.replay import merge_order
 from coda.stream import EventType, RequestStream, StreamEvent
 
 log = logging.getLogger("coda.server")
@@ -59,7 +61,9 @@ class Renderer:
 
     def __init__(self, n: int, after: Sequence[int] | None = None) -> None:
         self.after = list(after) if after is not None else [-1] * n
-        self.network_send_s = 0.0  # NOTE: updated by the pump (P5 "network send")
+        # NOTE: updated by the pump (P5 "network send"); rendered through the request's
+        # DeliveryRecord so a replay shows the first delivery's value (P3).
+        self.network_send_s = 0.0
 
     def header(self) -> list[Frame]:
         return []
@@ -118,12 +122,22 @@ class EventSource:
             if self._interrupted:
                 raise ClientGone()
             self._wake.clear()  # NOTE: clear before reading, so no append is missed
+            # NOTE: a consistent cut: an event created before ``cut`` was appended (creation
+            # and append share the stream's lock), so every such event is read now and the
+            # merge order (ts, index, seq) is the same live and in any replay (P3).
+            cut = time.monotonic()
             batch: list[tuple[int, StreamEvent]] = []
+            later = False
             for i, stream in enumerate(self._streams):
                 for ev in stream.events_after(self.positions[i]):
-                    batch.append((i, ev))
+                    if ev.ts < cut:
+                        batch.append((i, ev))
+                    else:
+                        later = True
             if batch:
-                return batch
+                return merge_order(batch)
+            if later:
+                continue
             if self._done():
                 return None
             try:
@@ -206,6 +220,7 @@ class SSEResponse(Response):
                 if frames:
                     # NOTE: one write per batch: a frame group reaches the client whole or not.
                     await conn.write(b"".join(f.encode() for f in frames))
+                    r.network_send_s = conn.send_s
                 # NOTE: credit (P6) only for what reached the socket, never after the client left.
                 source.ack()
             tail = r.footer()

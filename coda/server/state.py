@@ -17,6 +17,7 @@ from coda.errors import CodaError, ErrorCode
 from coda.finish import CancelCause
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
+from coda.server.replay import DeliveryRecord
 from coda.stream import BackpressureConfig
 
 log = logging.getLogger("coda.server")
@@ -64,6 +65,7 @@ class Record:
     make_renderer: Callable[[list[int] | None], Any]
     background: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    delivery: DeliveryRecord = field(default_factory=DeliveryRecord)
 
     @property
     def streams(self) -> list[Any]:

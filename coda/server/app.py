@@ -168,6 +168,6 @@ def serve(engine: Any, host: str = "127.0.0.1", port: int = 8000, *,
     app = create_app(engine, api_key=api_key, settings=settings)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                             timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
-                            access_log=False)
+                            access_log=False, log_config=None)
     log.info("serving", extra={"model": engine.model_name, "host": host, "port": port})
     CodaServer(config).run()

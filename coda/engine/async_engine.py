@@ -195,8 +195,13 @@ class AsyncEngine:
                                       field="utf8_tail")
         if req.deadline_s is not None and not req.deadline_s > 0:
             raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
+        # NOTE: L4: with no max_tokens the context is the limit, and hitting it is
+        # context_limit, not max_output_tokens: the max-tokens check (earlier in G1's order)
+        # must not fire at the same step, so its bound sits one past the context.
+        context_bound = req.max_tokens is None and max_tokens == room
         spec = OutputSpec(
-            max_output_tokens=max_tokens, context_limit=self.context_length,
+            max_output_tokens=max_tokens + 1 if context_bound else max_tokens,
+            context_limit=self.context_length,
             prompt_len=len(prompt), eos_token_ids=self.eos_token_ids,
             ignore_eos=req.sampling.ignore_eos, stop_strings=tuple(req.stop),
             stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),

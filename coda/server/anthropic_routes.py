@@ -68,7 +68,8 @@ class AnthropicRenderer(Renderer):
                                 delta={"type": "text_delta", "text": ev.text})]
         terminal = ev.terminal
         assert terminal is not None
-        ext = coda_extension(terminal, self.network_send_s)
+        ext = coda_extension(
+            terminal, self.r.delivery.network_send_s(index, self.network_send_s))
         if is_failed(terminal):
             # NOTE: Anthropic's in-band error event; it is this stream's final event.
             return [self._frame("error", fid, error=anthropic_error(terminal), coda=ext)]

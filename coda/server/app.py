@@ -137,7 +137,8 @@ def _operational_routes(app: FastAPI) -> None:
             raise ApiError(400, f"Last-Event-ID must be {len(record.handles)} comma-separated "
                                 "sequence numbers", param="Last-Event-ID")
         return SSEResponse(record.streams, record.make_renderer(positions),
-                           keepalive_s=st.settings.keepalive_s)
+                           keepalive_s=st.settings.keepalive_s,
+                           write_timeout_s=st.settings.write_timeout_s)
 
 
 class CodaServer(uvicorn.Server):
@@ -171,6 +172,6 @@ def serve(engine: Any, host: str = "127.0.0.1", port: int = 8000, *,
     app = create_app(engine, api_key=api_key, settings=settings)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                             timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
-                            access_log=False)
+                            access_log=False, log_config=None)
     log.info("serving", extra={"model": engine.model_name, "host": host, "port": port})
     CodaServer(config).run()

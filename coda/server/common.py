@@ -74,6 +74,7 @@ async def stream_or_wait(request: Request, st: ServerState, record: Record, *, s
     if stream:
         return SSEResponse(record.streams, record.make_renderer(None),
                            keepalive_s=st.settings.keepalive_s,
+                           write_timeout_s=st.settings.write_timeout_s,
                            on_disconnect=st.disconnect_handler(record, policy), headers=headers)
     try:
         return await wait_results(request, st, record, policy)

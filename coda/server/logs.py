@@ -1,5 +1,6 @@
 """Structured logs: one JSON object per line with the request id and any ``extra`` fields
-(issue 4 item 6). Route code logs with ``extra={"request_id": ...}``."""
+(issue 4 item 6), uvicorn's own lines included (issue 14 item 6). Route code logs with
+``extra={"request_id": ...}``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import logging
 import time
 
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 _STANDARD = frozenset(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {
     "message", "asctime", "taskName"}
 
@@ -38,3 +40,10 @@ def configure_logging(level: str = "info", *, json_lines: bool = True) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    # NOTE: uvicorn's own lines (startup, errors, access) go the same way; the server passes
+    # ``log_config=None`` so uvicorn does not install its plain-text handlers over these.
+    for name in UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False

@@ -59,7 +59,8 @@ class OpenAIRenderer(Renderer):
             return [Frame(self._chunk([self._delta_choice(index, ev)]), id=fid)]
         terminal = ev.terminal
         assert terminal is not None
-        ext = {"index": index, **coda_extension(terminal, self.network_send_s)}
+        ext = {"index": index, **coda_extension(
+            terminal, self.r.delivery.network_send_s(index, self.network_send_s))}
         if is_failed(terminal):
             # NOTE: the in-band error frame (the openai SDK raises APIError on it), then [DONE]
             return [Frame({"error": openai_error(terminal), "coda": ext}, id=fid)]

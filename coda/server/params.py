@@ -107,9 +107,10 @@ def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int],
                    backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
     """n engine requests for one API call; choice i gets seed ``seed + i`` (issue 4)."""
     max_tokens = knobs.max_tokens
-    if max_tokens is None:
-        # NOTE: an omitted limit is the configured default, never past the context.
-        max_tokens = max(1, min(default_max_tokens, context_length - len(prompt_ids)))
+    if max_tokens is None and default_max_tokens < context_length - len(prompt_ids):
+        # NOTE: an omitted limit is the configured default; where the context comes first the
+        # engine gets no limit, so the request ends context_limit, never max_output_tokens (L4).
+        max_tokens = default_max_tokens
     stops = _stops(knobs.stop, knobs.stop_field)
     early = _early_stop(ext.early_stop)
     backpressure_cfg = _backpressure(ext, backpressure)

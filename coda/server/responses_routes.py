@@ -248,7 +248,8 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
         raise ApiError(400, "starting_after must be >= -1", param="starting_after")
     # NOTE: a replaying reader never cancels: the original request owns the P4 policy.
     return SSEResponse(record.streams, record.make_renderer([after]),
-                       keepalive_s=st.settings.keepalive_s)
+                       keepalive_s=st.settings.keepalive_s,
+                       write_timeout_s=st.settings.write_timeout_s)
 
 
 @router.post("/v1/responses/{response_id}/cancel")

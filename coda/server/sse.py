@@ -3,9 +3,11 @@
 :class:`EventSource` reads one or more :class:`~coda.stream.RequestStream` logs from any
 position (replay + live, P3) and acknowledges what reached the socket (backpressure credit,
 P6). :class:`SSEResponse` is a raw ASGI response that pumps a :class:`Renderer`'s frames,
-writes a keepalive comment whenever the request is quiet (queued, prefilling), and watches
-the connection concurrently: a disconnect is reported to ``on_disconnect`` as a transport
-event (P4) — it never ends the stream as if the model had finished.
+writes a keepalive comment whenever the request is quiet (queued, prefilling), and writes
+through a :class:`~coda.server.connection.Connection`, which watches the client while every
+write is pending and bounds how long one write may block: a disconnect or a stall is reported
+to ``on_disconnect`` at once as a transport event (P4) — it never ends the stream as if the
+model had finished, and no credit is acknowledged after it (P6).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from coda.server.connection import ClientGone, Connection
+from coda.server.replay import merge_order
 from coda.stream import EventType, RequestStream, StreamEvent
 
 log = logging.getLogger("coda.server")
@@ -57,7 +61,9 @@ class Renderer:
 
     def __init__(self, n: int, after: Sequence[int] | None = None) -> None:
         self.after = list(after) if after is not None else [-1] * n
-        self.network_send_s = 0.0  # NOTE: updated by the pump (P5 "network send")
+        # NOTE: updated by the pump (P5 "network send"); rendered through the request's
+        # DeliveryRecord so a replay shows the first delivery's value (P3).
+        self.network_send_s = 0.0
 
     def header(self) -> list[Frame]:
         return []
@@ -93,6 +99,7 @@ class EventSource:
         self.positions = list(after)
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._interrupted = False
         self._removers = [s.add_listener(self._notify) for s in self._streams]
 
     def _notify(self) -> None:  # NOTE: called on the engine thread
@@ -103,21 +110,43 @@ class EventSource:
         return all(s.closed and p >= s.last_seq for s, p in zip(self._streams, self.positions,
                                                                     strict=True))
 
+    def interrupt(self) -> None:
+        """The reader is gone: :meth:`next` raises :class:`ClientGone` from now on."""
+        self._interrupted = True
+        self._wake.set()
+
     async def next(self, timeout: float) -> list[tuple[int, StreamEvent]] | None:
-        """The next events in log order; ``[]`` after ``timeout`` quiet seconds; None at the end."""
+        """The next events in log order; ``[]`` after ``timeout`` quiet seconds; None at the
+        end; raises :class:`ClientGone` once :meth:`interrupt` was called."""
         while True:
+            if self._interrupted:
+                raise ClientGone()
             self._wake.clear()  # NOTE: clear before reading, so no append is missed
+            # NOTE: a consistent cut: an event created before ``cut`` was appended (creation
+            # and append share the stream's lock), so every such event is read now and the
+            # merge order (ts, index, seq) is the same live and in any replay (P3).
+            cut = time.monotonic()
             batch: list[tuple[int, StreamEvent]] = []
+            later = False
             for i, stream in enumerate(self._streams):
                 for ev in stream.events_after(self.positions[i]):
-                    batch.append((i, ev))
+                    if ev.ts < cut:
+                        batch.append((i, ev))
+                    else:
+                        later = True
             if batch:
-                return batch
+                return merge_order(batch)
+            if later:
+                continue
             if self._done():
                 return None
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                # NOTE: not asyncio.wait_for: on 3.11 it can swallow a racing cancellation.
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
+                if self._interrupted:
+                    raise ClientGone() from None
                 return []
 
     def ack(self) -> None:
@@ -137,52 +166,52 @@ class SSEResponse(Response):
 
     def __init__(self, streams: Sequence[RequestStream], renderer: Renderer, *,
                  keepalive_s: float, on_disconnect: Callable[[], None] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, write_timeout_s: float = 30.0) -> None:
         self.status_code = 200
         self.background = None
         self._streams = streams
         self._renderer = renderer
         self._keepalive_s = keepalive_s
         self._on_disconnect = on_disconnect
+        self._write_timeout_s = write_timeout_s
         self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no",
                            "content-type": "text/event-stream; charset=utf-8", **(headers or {})})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        conn = Connection(receive, send, write_timeout_s=self._write_timeout_s)
+        watch = asyncio.ensure_future(conn.watch())
+        lost: ClientGone | None = None
         try:
-            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await self._pump(conn)
+        except ClientGone as exc:
+            lost = exc
         finally:
-            for task in (pump, watch):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(pump, watch, return_exceptions=True)
-        broken = pump.cancelled() or pump.exception() is not None
-        if not pump.cancelled() and not isinstance(pump.exception(), OSError | type(None)):
-            log.error("SSE pump failed", exc_info=pump.exception())
-        if broken and self._on_disconnect is not None:
-            # NOTE: P4: a lost client is a transport event, handled by the declared policy.
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        if lost is None:
+            return
+        log.info("client %s", "stalled past the write bound" if lost.stalled else "gone",
+                 extra={"request_id": ",".join(s.request_id for s in self._streams)})
+        if self._on_disconnect is not None:
+            # NOTE: P4: a lost client is a transport event, handled by the declared policy,
+            # at once: nothing waits for a pump that a stalled socket could hold.
             self._on_disconnect()
 
-    async def _send(self, send: Send, body: bytes) -> None:
-        t0 = time.perf_counter()
-        await send({"type": "http.response.body", "body": body, "more_body": True})
-        self._renderer.network_send_s += time.perf_counter() - t0
-
-    async def _pump(self, send: Send) -> None:
+    async def _pump(self, conn: Connection) -> None:
         r = self._renderer
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await conn.start(200, self.raw_headers)
         source = EventSource(self._streams, r.after)
+        conn.on_gone(source.interrupt)
         try:
             head = r.header()
             if head:
-                await self._send(send, b"".join(f.encode() for f in head))
+                await conn.write(b"".join(f.encode() for f in head))
             while True:
                 batch = await source.next(self._keepalive_s)
                 if batch is None:
                     break
                 if not batch:
-                    await self._send(send, KEEPALIVE)
+                    await conn.write(KEEPALIVE)
                     continue
                 frames: list[Frame] = []
                 for index, ev in batch:
@@ -190,20 +219,15 @@ class SSEResponse(Response):
                     frames.extend(r.on_event(index, ev, list(source.positions)))
                 if frames:
                     # NOTE: one write per batch: a frame group reaches the client whole or not.
-                    await self._send(send, b"".join(f.encode() for f in frames))
+                    await conn.write(b"".join(f.encode() for f in frames))
+                    r.network_send_s = conn.send_s
+                # NOTE: credit (P6) only for what reached the socket, never after the client left.
                 source.ack()
             tail = r.footer()
-            await send({"type": "http.response.body",
-                        "body": b"".join(f.encode() for f in tail), "more_body": False})
+            await conn.write(b"".join(f.encode() for f in tail), more_body=False)
         finally:
+            r.network_send_s = conn.send_s
             source.close()
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def is_terminal(ev: StreamEvent) -> bool:

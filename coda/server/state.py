@@ -17,6 +17,7 @@ from coda.errors import CodaError, ErrorCode
 from coda.finish import CancelCause
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
+from coda.server.replay import DeliveryRecord
 from coda.stream import BackpressureConfig
 
 log = logging.getLogger("coda.server")
@@ -31,6 +32,8 @@ class ServerSettings:
     ``keepalive_s``: quiet seconds before an SSE keepalive comment. ``max_stored_requests``:
     how many recent requests stay replayable (oldest evicted first). ``on_disconnect``: the
     default P4 policy of foreground requests. ``backpressure``: the default P6 policy.
+    ``write_timeout_s``: the longest one SSE write may block on a client that stopped reading;
+    past it the client is treated as disconnected (P4, issue 14).
     """
 
     keepalive_s: float = 5.0
@@ -39,10 +42,13 @@ class ServerSettings:
     backpressure: BackpressureConfig | None = None
     max_n: int = 16
     graceful_shutdown_s: float = 10.0
+    write_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.keepalive_s > 0:
             raise ValueError("keepalive_s must be > 0")
+        if not self.write_timeout_s > 0:
+            raise ValueError("write_timeout_s must be > 0")
         if self.max_stored_requests < 1:
             raise ValueError("max_stored_requests must be >= 1")
 
@@ -59,6 +65,7 @@ class Record:
     make_renderer: Callable[[list[int] | None], Any]
     background: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    delivery: DeliveryRecord = field(default_factory=DeliveryRecord)
 
     @property
     def streams(self) -> list[Any]:

@@ -1,0 +1,126 @@
+"""A client that stalls (stops reading) and then leaves, or never reads again, is noticed
+(issue 14 item 1; SPEC P4, L5, L7, P6), through raw sockets against the live server.
+
+The recipe of the issue: a raw socket with ``SO_RCVBUF=1024`` sends a streamed chat request
+whose frames are large (``top_logprobs`` 20), reads the first bytes, stops reading so the
+server's write blocks, then closes. The request must end ``transport_error`` (never run on to
+its limit, never resume generating), with its resources released.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from coda.server.state import ServerSettings
+from tests.conftest import SSEAccumulator
+
+MODEL = "tiny-chat"
+
+
+def _stalling_client(port: int, body: dict[str, Any]) -> tuple[socket.socket, str]:
+    """Send ``body`` as a streamed chat request on a socket with a tiny receive buffer; read
+    only the response head; return the socket and the request id."""
+    data = json.dumps(body).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+              b"application/json\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(256)
+        assert chunk, "server closed before the response head"
+        head += chunk
+    rid = next(line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+               if line.lower().startswith(b"x-request-id:"))
+    return s, rid
+
+
+def _body(policy: str, max_tokens: int = 480, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens, "ignore_eos": True, "logprobs": True, "top_logprobs": 20,
+            "stream": True, "backpressure": {"policy": policy}, **extra}
+
+
+def _final_coda(url: str, rid: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The replayed final chunk's ``coda`` object (waits for the request to end)."""
+    acc = SSEAccumulator()
+    final: dict[str, Any] = {}
+    with httpx.stream("GET", f"{url}/v1/streams/{rid}", timeout=timeout) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            ev = acc.feed(line)
+            if ev and ev.get("data", "[DONE]") != "[DONE]":
+                chunk = json.loads(ev["data"])
+                if "coda" in chunk:
+                    final = chunk["coda"]
+    return final
+
+
+def _wait_idle(url: str, timeout: float = 20.0) -> dict[str, Any]:
+    end = time.monotonic() + timeout
+    while True:
+        health = httpx.get(url + "/health").json()
+        if health["num_running"] == 0 or time.monotonic() > end:
+            return health  # type: ignore[no-any-return]
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("policy", ["buffer", "pause"])
+def test_p4_l5_l7_stalled_then_closed_client_ends_transport_error(
+        server_spawn: Any, server_settle: Any, policy: str) -> None:
+    """P4/L5/L7: the issue's recipe, three times per backpressure policy: the stalled client's
+    close is noticed while the server's write is blocked; the request ends CANCELLED /
+    transport_error long before its 480 tokens, /health stops counting it, and every KV block
+    is free again."""
+    live = server_spawn(settings=ServerSettings(keepalive_s=0.5, write_timeout_s=60.0))
+    for _ in range(3):
+        s, rid = _stalling_client(live.port, _body(policy))
+        time.sleep(1.5)
+        s.close()
+        assert _wait_idle(live.url)["num_running"] == 0
+        coda = _final_coda(live.url, rid)
+        assert coda["finish_reason"] == "transport_error" and coda["state"] == "CANCELLED"
+        assert coda["usage"]["selected_tokens"] < 480
+    stats = server_settle()
+    assert stats.num_free_blocks == stats.num_blocks
+
+
+def test_p4_p6_client_that_stops_reading_is_cut_after_the_write_bound(
+        server_spawn: Any, server_settle: Any) -> None:
+    """P4/P6/L7: a client that stops reading and never closes: one write may block at most
+    ``write_timeout_s`` (here 1 s); then the client counts as gone and the request ends
+    transport_error (default policy ``cancel``), instead of being held forever."""
+    live = server_spawn(settings=ServerSettings(keepalive_s=0.5, write_timeout_s=1.0))
+    s, rid = _stalling_client(live.port, _body("buffer", n=8))
+    try:
+        t0 = time.monotonic()
+        coda = _final_coda(live.url, rid)
+        assert coda["finish_reason"] == "transport_error"
+        assert coda["usage"]["selected_tokens"] < 480
+        assert time.monotonic() - t0 < 15
+    finally:
+        s.close()
+    stats = server_settle()
+    assert stats.num_free_blocks == stats.num_blocks
+
+
+def test_p4_on_disconnect_continue_keeps_generating_after_a_stall(
+        server_spawn: Any, server_settle: Any) -> None:
+    """P4: under ``on_disconnect: "continue"`` the stalled-then-closed client's request runs
+    to its own end (here max_output_tokens) and stays replayable; nothing is cancelled."""
+    live = server_spawn(settings=ServerSettings(keepalive_s=0.5, write_timeout_s=1.0))
+    s, rid = _stalling_client(live.port, _body("buffer", max_tokens=200,
+                                               on_disconnect="continue"))
+    time.sleep(1.0)
+    s.close()
+    coda = _final_coda(live.url, rid)
+    assert coda["finish_reason"] == "max_output_tokens" and coda["state"] == "FINISHED"
+    assert coda["usage"]["selected_tokens"] == 200
+    server_settle()

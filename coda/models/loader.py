@@ -10,6 +10,7 @@ tensors are an error (a silently ignored weight would be a silently wrong model)
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -111,10 +112,6 @@ def load_model(
     missing = sorted(set(expected) - set(files))
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks tensors: {missing[:5]} ...")
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to_empty(device=device).to(torch_dtype(dtype))
-    params = dict(model.named_parameters())
     by_file: dict[Path, list[str]] = {}
     for name, path in files.items():
         if name.endswith(_IGNORED_SUFFIXES) or (
@@ -124,17 +121,43 @@ def load_model(
         if name not in expected:
             raise ValueError(f"unexpected tensor {name!r} in {path.name}")
         by_file.setdefault(path, []).append(name)
-    with torch.no_grad():
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for path, names in by_file.items():
             with safe_open(str(path), framework="pt") as fh:
                 for name in names:
-                    tensor = fh.get_tensor(name)
-                    if tuple(tensor.shape) != expected[name]:
-                        raise ValueError(
-                            f"{name}: shape {tuple(tensor.shape)} != expected {expected[name]}"
-                        )
-                    target, rows = _target(cfg, name)
-                    dst = params[target] if rows is None else params[target][rows]
-                    dst.copy_(tensor)
+                    yield name, fh.get_tensor(name)
+
+    return build_model(cfg, tensors(), dtype=dtype, device=device)
+
+
+def build_model(
+    cfg: ModelConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+) -> CausalLM:
+    """A :class:`CausalLM` for ``cfg`` in ``dtype`` on ``device``, every parameter filled from
+    ``(hf_name, tensor)`` pairs (any float dtype; cast on copy). Each expected tensor must come
+    exactly once with its exact shape; a missing, unknown or repeated one is a ValueError."""
+    expected = hf_tensor_shapes(cfg)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to_empty(device=device).to(torch_dtype(dtype))
+    params = dict(model.named_parameters())
+    seen: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if name not in expected or name in seen:
+                raise ValueError(f"unexpected or repeated tensor {name!r}")
+            if tuple(tensor.shape) != expected[name]:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != expected {expected[name]}")
+            target, rows = _target(cfg, name)
+            dst = params[target] if rows is None else params[target][rows]
+            dst.copy_(tensor)
+            seen.add(name)
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise ValueError(f"no tensor given for {missing[:5]} ...")
     model.eval()
     return model

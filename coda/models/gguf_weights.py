@@ -35,7 +35,8 @@ def dequantize(t: GGUFTensor) -> torch.Tensor:
     arr = arr.reshape(t.shape)
     if t.row_order is not None:
         arr = arr[t.row_order]
-    return torch.from_numpy(np.ascontiguousarray(arr))
+    # NOTE: F32 tensors are views of the read-only memory map: copy before torch owns them
+    return torch.from_numpy(np.array(arr, copy=not arr.flags.writeable, order="C"))
 
 
 def dequantized_tensors(ckpt: GGUFCheckpoint) -> Iterator[tuple[str, torch.Tensor]]:

@@ -58,9 +58,10 @@ PROMPT_LENGTHS: tuple[tuple[int, int], ...] = ((4, 16), (16, 48), (48, 128), (12
 
 @dataclass(frozen=True)
 class BenchOptions:
-    """What ``coda bench`` runs; ``model_dir`` None is the embedded default model."""
+    """What ``coda bench`` runs; ``model_dir`` None is the embedded default model (any
+    ``--model`` form: folder, ``.gguf``, package name)."""
 
-    model_dir: Path | None = None
+    model_dir: str | Path | None = None
     num_requests: int = 64
     concurrency: int = 32
     max_tokens: int = 64
@@ -74,6 +75,11 @@ class BenchOptions:
     early_stop_min_fraction: float = 0.25
     show_progress: bool = True
     utf8_tail: str = "fail"
+    # Serving knobs (issue 9 item 4), as in EngineConfig.
+    max_model_len: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_cache_memory_fraction: float | None = None
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_requests < 1 or self.concurrency < 1 or self.max_tokens < 1:
@@ -233,7 +239,7 @@ def _run(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]], opts: BenchOpt
         return asyncio.run(drive_workload(engine, prompts, opts, policy, progress))
 
 
-def run_hf(model_dir: Path, prompts: Sequence[tuple[int, ...]], batch: int, max_tokens: int,
+def run_hf(model_path: Path, prompts: Sequence[tuple[int, ...]], batch: int, max_tokens: int,
            dtype: str, pad_id: int) -> tuple[float, int]:
     """``transformers.generate`` in static batches, left-padded, greedy, exactly ``max_tokens``
     new tokens per row (``min_new_tokens`` suppresses EOS). Returns (seconds, output tokens)."""
@@ -241,7 +247,12 @@ def run_hf(model_dir: Path, prompts: Sequence[tuple[int, ...]], batch: int, max_
     from transformers import AutoModelForCausalLM
 
     # NOTE: from_pretrained returns the model in eval mode already
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+    if model_path.suffix == ".gguf":
+        model = AutoModelForCausalLM.from_pretrained(str(model_path.parent),
+                                                     gguf_file=model_path.name,
+                                                     dtype=getattr(torch, dtype))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=getattr(torch, dtype))
     total = 0
     start = time.perf_counter()
     for b in range(0, len(prompts), batch):
@@ -292,7 +303,11 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
     """Run the workload (and the optional comparisons); print a table; return the figures."""
     console = console or Console()
     engine = AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
-        dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1)))
+        dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1), max_model_len=opts.max_model_len,
+        kv_cache_bytes=opts.kv_cache_bytes,
+        kv_cache_memory_fraction=opts.kv_cache_memory_fraction, num_threads=opts.num_threads))
+    for line in engine.describe():
+        console.print(line, style="dim")
     max_prompt = max(1, min(256, engine.context_length - opts.max_tokens - 1))
     prompts = make_workload(engine.tokenizer, opts.num_requests, opts.seed, max_prompt)
     report_hf: tuple[float, int] | None = None

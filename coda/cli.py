@@ -1,4 +1,9 @@
-"""The ``coda`` command: serve, generate, bench, trace check."""
+"""The ``coda`` command: serve, generate, bench, models, trace check.
+
+``--model`` takes an HF folder, a ``.gguf`` file, or an installed package that ships one
+(``coda/models/source.py``). A model that cannot be loaded ends the command with its message
+and exit status 2, never a stack trace.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -15,7 +20,26 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 trace_app = typer.Typer(help="Work with JSONL request traces.")
 app.add_typer(trace_app, name="trace")
 
-ModelOpt = Annotated[Optional[Path], typer.Option("--model", "-m", help="HF model folder (default: the embedded model)")]  # noqa: UP045
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model)")]  # noqa: UP045
+MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="cap the context length (tokens)")]  # noqa: UP045
+KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes (default: a fraction of free memory)")]  # noqa: UP045
+KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default 0.25)")]  # noqa: UP045
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
+
+
+def _load(model: str | None, cfg: Any) -> Any:
+    """Load the engine, print what was loaded (stderr); a load failure exits 2 with its message."""
+    from coda.engine.async_engine import AsyncEngine
+    from coda.models.config import ModelLoadError
+
+    try:
+        engine = AsyncEngine.from_model_dir(model, cfg)
+    except (ModelLoadError, ValueError) as exc:
+        typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    for line in engine.describe():
+        typer.echo(line, err=True)
+    return engine
 
 
 @app.command()
@@ -27,16 +51,21 @@ def serve(model: ModelOpt = None,
           max_num_seqs: int = 64,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
-          log_level: str = "info") -> None:
+          log_level: str = "info",
+          max_model_len: MaxLenOpt = None,
+          kv_cache_bytes: KvBytesOpt = None,
+          kv_cache_fraction: KvFracOpt = None,
+          threads: ThreadsOpt = None) -> None:
     """Serve the OpenAI- and Anthropic-compatible HTTP API."""
-    from coda.engine.async_engine import AsyncEngine
     from coda.engine.types import EngineConfig
     from coda.server.app import serve as run_server
 
     cfg = EngineConfig(dtype=dtype, max_num_seqs=max_num_seqs,
                        served_model_name=served_model_name,
-                       trace_path=str(trace) if trace else None)
-    engine = AsyncEngine.from_model_dir(model, cfg)
+                       trace_path=str(trace) if trace else None, max_model_len=max_model_len,
+                       kv_cache_bytes=kv_cache_bytes, kv_cache_memory_fraction=kv_cache_fraction,
+                       num_threads=threads)
+    engine = _load(model, cfg)
     run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level)
 
 
@@ -50,13 +79,19 @@ def generate(prompt: str,
              stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,  # noqa: UP045
              chat: Annotated[bool, typer.Option(help="wrap the prompt in the chat template")] = False,
              deadline: Annotated[Optional[float], typer.Option(help="seconds")] = None,  # noqa: UP045
-             dtype: str = "float32") -> None:
+             dtype: str = "float32",
+             max_model_len: MaxLenOpt = None,
+             kv_cache_bytes: KvBytesOpt = None,
+             kv_cache_fraction: KvFracOpt = None,
+             threads: ThreadsOpt = None) -> None:
     """Stream one completion to the terminal, then its finish reason, usage and timings."""
-    from coda.engine.async_engine import AsyncEngine
     from coda.engine.types import EngineConfig, GenerationRequest
     from coda.sampling import SamplingParams
 
-    engine = AsyncEngine.from_model_dir(model, EngineConfig(dtype=dtype, max_num_seqs=4))
+    engine = _load(model, EngineConfig(dtype=dtype, max_num_seqs=4, max_model_len=max_model_len,
+                                       kv_cache_bytes=kv_cache_bytes,
+                                       kv_cache_memory_fraction=kv_cache_fraction,
+                                       num_threads=threads))
     text = prompt
     if chat:
         from coda.server.chat import render_chat
@@ -107,13 +142,44 @@ def bench(model: ModelOpt = None,
           early_stop: Annotated[bool, typer.Option("--early-stop", help="compare with/without an early-stop policy")] = False,
           plot: Annotated[Optional[Path], typer.Option(help="write a PNG of the latency distributions")] = None,  # noqa: UP045
           utf8_tail: Annotated[str, typer.Option(help="K3 tail policy of every request: fail | drop")] = "fail",
-          seed: int = 0) -> None:
+          seed: int = 0,
+          max_model_len: MaxLenOpt = None,
+          kv_cache_bytes: KvBytesOpt = None,
+          kv_cache_fraction: KvFracOpt = None,
+          threads: ThreadsOpt = None) -> None:
     """Run a workload; print throughput, TTFT and inter-token latency percentiles."""
     from coda.bench import BenchOptions, run_bench
+    from coda.models.config import ModelLoadError
 
-    run_bench(BenchOptions(model_dir=model, num_requests=num_requests, concurrency=concurrency,
-                           max_tokens=max_tokens, dtype=dtype, compare_hf=compare_hf,
-                           early_stop=early_stop, plot=plot, seed=seed, utf8_tail=utf8_tail))
+    try:
+        run_bench(BenchOptions(model_dir=model, num_requests=num_requests,
+                               concurrency=concurrency, max_tokens=max_tokens, dtype=dtype,
+                               compare_hf=compare_hf, early_stop=early_stop, plot=plot, seed=seed,
+                               utf8_tail=utf8_tail, max_model_len=max_model_len,
+                               kv_cache_bytes=kv_cache_bytes,
+                               kv_cache_memory_fraction=kv_cache_fraction, num_threads=threads))
+    except ModelLoadError as exc:
+        typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folders, .gguf files or packages")] = None) -> None:  # noqa: UP045
+    """List loadable models: the embedded one, installed packages with .gguf files, and PATHS."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from coda.models.catalog import list_models
+
+    table = Table("--model", "kind", "arch", "params", "size", "stored as", "context", "path")
+    for e in list_models(list(paths or [])):
+        if e.error:
+            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", str(e.path))
+            continue
+        table.add_row(e.model, e.kind, e.arch, f"{e.parameters / 1e6:.1f}M",
+                      f"{e.size_bytes / 2**20:.1f} MiB", e.quantization, str(e.context),
+                      str(e.path))
+    Console().print(table)
 
 
 @trace_app.command("check")

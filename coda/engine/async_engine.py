@@ -9,7 +9,6 @@ validates synchronously (typed errors, nothing queued on failure) and returns a
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import secrets
 import threading
@@ -19,11 +18,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import tokenizers
-
 from coda.early_stop import EarlyStopController
 from coda.engine.core import EngineCore, EngineRequest
 from coda.engine.handle import RequestHandle
+from coda.engine.kv_budget import kv_cache_budget
 from coda.engine.kv_cache import BlockManager
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
@@ -32,8 +30,9 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.lifecycle import ResourceKind
-from coda.models.identity import ModelIdentity
-from coda.models.loader import folder_identity
+from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
+from coda.models.source import LoadedModel, open_model, resolve_model
+from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.request import RequestRun
 from coda.step import OutputProcessor, OutputSpec
 from coda.stream import RequestStream
@@ -42,29 +41,30 @@ from coda.trace import JsonlTraceSink, NullTraceSink, TraceSink
 log = logging.getLogger("coda.engine")
 
 UTF8_TAIL_POLICIES = ("fail", "drop")
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_model"
 
 
 class AsyncEngine:
-    """Loads a model folder, runs the batch loop on one thread, serves many requests."""
+    """Loads a model (HF folder, GGUF file or package), runs the batch loop on one thread,
+    serves many requests."""
 
-    def __init__(self, model_dir: Path, runner: ModelRunner, tokenizer: tokenizers.Tokenizer,
-                 config: EngineConfig, *, trace: TraceSink | None = None,
-                 identity: ModelIdentity | None = None) -> None:
-        self.model_dir = model_dir
+    def __init__(self, loaded: LoadedModel, runner: ModelRunner, config: EngineConfig, *,
+                 trace: TraceSink | None = None, kv_reason: str = "") -> None:
+        self.source = loaded.source
+        self.model_dir = loaded.source.path
+        self.loaded = loaded
         self.config = config
         self.runner = runner
-        self.tokenizer = tokenizer
-        self.model_name = config.served_model_name or model_dir.name
+        bundle: TokenizerBundle = loaded.bundle
+        self.chat = bundle
+        self.tokenizer = bundle.tokenizer
+        self.model_name = config.served_model_name or loaded.source.name
         # P1: the content identity of what produces the output (computed once, at load)
-        self.identity = identity or folder_identity(model_dir, config.dtype)
+        self.identity = loaded.identity
         self.model_snapshot = self.identity.snapshot
-        self.tokenizer_config: dict[str, Any] = _read_json(model_dir / "tokenizer_config.json")
-        self.generation_config: dict[str, Any] = _read_json(model_dir / "generation_config.json")
         mc = runner.config
-        self.context_length: int = mc.max_context
-        self.eos_token_ids: frozenset[int] = _eos_ids(mc, self.generation_config, tokenizer,
-                                                      self.tokenizer_config)
+        self.context_length: int = min(mc.max_context, config.max_model_len or mc.max_context)
+        self.eos_token_ids: frozenset[int] = bundle.eos_token_ids
+        self.kv_reason = kv_reason
         if trace is None:
             trace = JsonlTraceSink(config.trace_path) if config.trace_path else NullTraceSink()
         self.trace = trace
@@ -73,7 +73,7 @@ class AsyncEngine:
         sched = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                           config.long_prefill_chunk, config.enable_prefix_caching),
                           blocks)
-        self.core = EngineCore(runner, sched, tokenizer, trace,
+        self.core = EngineCore(runner, sched, self.tokenizer, trace,
                                max_forward_retries=config.max_forward_retries)
         self._inbox: deque[EngineRequest] = deque()
         self._cond = threading.Condition()
@@ -84,19 +84,50 @@ class AsyncEngine:
         self.step_error: BaseException | None = None
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path | None = None,
+    def from_model_dir(cls, model: str | Path | None = None,
                        config: EngineConfig | None = None, *,
                        trace: TraceSink | None = None) -> AsyncEngine:
+        """Load ``model`` (see :func:`coda.models.source.resolve_model`; None = the embedded
+        model). Raises :class:`~coda.models.config.ModelLoadError` naming what is missing."""
         config = config or EngineConfig()
-        path = Path(model_dir) if model_dir is not None else DEFAULT_MODEL_DIR
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} has no config.json (not an HF model folder)")
-        runner = ModelRunner.from_dir(path, dtype=config.dtype, device=config.device,
-                                      block_size=config.block_size, num_blocks=config.num_blocks,
-                                      kv_cache_bytes=config.kv_cache_bytes)
-        tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
-        return cls(path, runner, tok, config, trace=trace,
-                   identity=folder_identity(path, config.dtype))
+        if config.max_model_len is not None and config.max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1")
+        loaded = open_model(resolve_model(model), dtype=config.dtype, device=config.device)
+        mc = loaded.config
+        context = min(mc.max_context, config.max_model_len or mc.max_context)
+        budget = None
+        if config.num_blocks is None:
+            # NOTE: measured after the weights are in memory (the fraction is of what is left)
+            budget = kv_cache_budget(
+                bytes_per_token=mc.kv_bytes_per_token(config.dtype), block_size=config.block_size,
+                context=context, max_num_seqs=config.max_num_seqs,
+                kv_cache_bytes=config.kv_cache_bytes,
+                memory_fraction=config.kv_cache_memory_fraction)
+        runner = ModelRunner(loaded.model, dtype=config.dtype,
+                             device=config.device, block_size=config.block_size,
+                             num_blocks=config.num_blocks,
+                             kv_cache_bytes=budget.num_bytes if budget else None,
+                             num_threads=config.num_threads)
+        return cls(loaded, runner, config, trace=trace,
+                   kv_reason=budget.reason if budget else "num_blocks")
+
+    def describe(self) -> list[str]:
+        """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
+        src, mc, b = self.source, self.runner.config, self.chat
+        origin = f" (package {src.package})" if src.package else ""
+        tokens = self.runner.num_blocks * self.runner.block_size
+        mib = self.runner.kv.nbytes / 2**20
+        return [
+            f"model: {src.path}{origin} [{src.kind}]",
+            f"architecture {mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
+            f"stored {self.loaded.quantization}, running {self.config.dtype}, "
+            f"context {self.context_length}",
+            f"chat template: {b.chat_template_origin}",
+            f"end of generation: {b.describe_eos()}",
+            f"KV cache: {mib:.0f} MiB ({self.kv_reason}) = {tokens} tokens = "
+            f"{tokens // self.context_length} sequences x {self.context_length} context; "
+            f"max_num_seqs {self.config.max_num_seqs}",
+        ]
 
     # -- lifecycle of the engine itself ----------------------------------------------------
     def start(self) -> None:
@@ -273,27 +304,3 @@ def _early_stop_hook(controller: EarlyStopController | None, arrival: float,
     from coda.engine.early_stop_hook import make_hook  # issue 5
 
     return make_hook(controller, arrival, grammar)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else {}
-
-
-def _eos_ids(mc: Any, gen: dict[str, Any], tok: tokenizers.Tokenizer,
-             tok_cfg: dict[str, Any]) -> frozenset[int]:
-    ids: set[int] = set()
-    for src in (gen.get("eos_token_id"), getattr(mc, "eos_token_ids", None)):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, list | tuple | frozenset | set):
-            ids.update(int(i) for i in src)
-    eos = tok_cfg.get("eos_token")
-    if isinstance(eos, dict):
-        eos = eos.get("content")
-    eos_id = tok.token_to_id(eos) if isinstance(eos, str) else None
-    if eos_id is not None:
-        ids.add(eos_id)
-    return frozenset(ids)

@@ -54,14 +54,22 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Engine knobs, normalised once. ``kv_cache_bytes`` None sizes the cache for
-    ``max_num_seqs`` sequences of the full context (bounded by 25% of RAM)."""
+    """Engine knobs, normalised once.
+
+    KV cache size: ``num_blocks`` or ``kv_cache_bytes`` exactly, else
+    ``kv_cache_memory_fraction`` of the memory available after the weights (default 0.25,
+    ``coda/engine/kv_budget.py``), never more than ``max_num_seqs`` full contexts need.
+    ``max_model_len`` caps the context below the model's own; ``num_threads`` None keeps the
+    runner's thread policy (``coda/engine/runner.py``)."""
 
     dtype: str = "float32"
     device: str = "cpu"
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
+    kv_cache_memory_fraction: float | None = None
+    max_model_len: int | None = None
+    num_threads: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     long_prefill_chunk: int = 512

@@ -31,8 +31,14 @@ _ARCHS: dict[str, str] = {
 _DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-class UnsupportedModelError(ValueError):
-    """A ``config.json`` this engine cannot run exactly (unknown architecture or RoPE type)."""
+class ModelLoadError(ValueError):
+    """A model that cannot be loaded; the message names what is missing (the CLI prints it,
+    never a stack trace)."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """A checkpoint this engine cannot run exactly (unknown architecture, RoPE type, GGUF
+    tensor type or tokenizer)."""
 
 
 @dataclass(frozen=True)

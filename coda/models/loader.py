@@ -10,6 +10,7 @@ tensors are an error (a silently ignored weight would be a silently wrong model)
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -112,10 +113,6 @@ def load_model(
     missing = sorted(set(expected) - set(files))
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks tensors: {missing[:5]} ...")
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to_empty(device=device).to(torch_dtype(dtype))
-    params = dict(model.named_parameters())
     by_file: dict[Path, list[str]] = {}
     for name, path in files.items():
         if name.endswith(_IGNORED_SUFFIXES) or (
@@ -125,18 +122,44 @@ def load_model(
         if name not in expected:
             raise ValueError(f"unexpected tensor {name!r} in {path.name}")
         by_file.setdefault(path, []).append(name)
-    with torch.no_grad():
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for path, names in by_file.items():
             with safe_open(str(path), framework="pt") as fh:
                 for name in names:
-                    tensor = fh.get_tensor(name)
-                    if tuple(tensor.shape) != expected[name]:
-                        raise ValueError(
-                            f"{name}: shape {tuple(tensor.shape)} != expected {expected[name]}"
-                        )
-                    target, rows = _target(cfg, name)
-                    dst = params[target] if rows is None else params[target][rows]
-                    dst.copy_(tensor)
+                    yield name, fh.get_tensor(name)
+
+    return build_model(cfg, tensors(), dtype=dtype, device=device)
+
+
+def build_model(
+    cfg: ModelConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+) -> CausalLM:
+    """A :class:`CausalLM` for ``cfg`` in ``dtype`` on ``device``, every parameter filled from
+    ``(hf_name, tensor)`` pairs (any float dtype; cast on copy). Each expected tensor must come
+    exactly once with its exact shape; a missing, unknown or repeated one is a ValueError."""
+    expected = hf_tensor_shapes(cfg)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to_empty(device=device).to(torch_dtype(dtype))
+    params = dict(model.named_parameters())
+    seen: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if name not in expected or name in seen:
+                raise ValueError(f"unexpected or repeated tensor {name!r}")
+            if tuple(tensor.shape) != expected[name]:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != expected {expected[name]}")
+            target, rows = _target(cfg, name)
+            dst = params[target] if rows is None else params[target][rows]
+            dst.copy_(tensor)
+            seen.add(name)
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise ValueError(f"no tensor given for {missing[:5]} ...")
     model.eval()
     return model
 
@@ -146,16 +169,16 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     return sorted(set(_tensor_files(Path(model_dir)).values()))
 
 
-def folder_identity(model_dir: str | Path, dtype: str) -> ModelIdentity:
+def folder_identity(model_dir: str | Path, dtype: str,
+                    chat_template: str | None = None) -> ModelIdentity:
     """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
-    ``tokenizer.json``, its chat template, the serving dtype and the Coda version. Computed
-    once at load by :func:`coda.models.identity.model_identity`."""
+    ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
+    own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
+    and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
+    from coda.models.tokenizer_bundle import folder_chat_template
+
     model_dir = Path(model_dir)
-    tok_cfg_path = model_dir / "tokenizer_config.json"
-    tok_cfg = json.loads(tok_cfg_path.read_text(encoding="utf-8")) if tok_cfg_path.is_file() else {}
-    template = tok_cfg.get("chat_template") if isinstance(tok_cfg, dict) else None
-    if template is not None and not isinstance(template, str):  # NOTE: named template lists
-        template = json.dumps(template, sort_keys=True)
+    template = chat_template if chat_template is not None else folder_chat_template(model_dir)
     return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
                           tokenizer=(model_dir / "tokenizer.json").read_bytes(),
                           chat_template=template, dtype=dtype)

@@ -1,9 +1,11 @@
-"""Chat template rendering from ``tokenizer_config.json`` with jinja2 (issue 4 item 2).
+"""Chat template rendering with jinja2 (issue 4 item 2, issue 9).
 
-The template runs in jinja2's sandbox with the helpers HF templates expect
-(``raise_exception``, ``strftime_now``, ``bos_token``/``eos_token``). Roles are validated
-before rendering; an error the template raises (e.g. "roles must alternate") is a 400 on the
-``messages`` field, never a 5xx. A model without a template gets ChatML.
+The template is the model's own (``engine.chat``: ``chat_template.jinja``, ``chat_template.json``,
+``tokenizer_config.json`` or GGUF metadata, resolved in ``coda/models/tokenizer_bundle.py``;
+ChatML when the model has none, which the CLI says at load). It runs in jinja2's sandbox with
+the helpers HF templates expect (``raise_exception``, ``strftime_now``,
+``bos_token``/``eos_token``). Roles are validated before rendering; an error the template
+raises (e.g. "roles must alternate") is a 400 on the ``messages`` field, never a 5xx.
 """
 
 from __future__ import annotations
@@ -17,14 +19,9 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from coda.errors import InvalidRequestError
+from coda.models.tokenizer_bundle import TokenizerBundle
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-DEFAULT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 
 class TemplateRaised(Exception):
@@ -53,12 +50,6 @@ def _tojson(value: Any, indent: int | None = None) -> str:
     import json
 
     return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def _token_text(value: Any) -> str:
-    if isinstance(value, dict):  # NOTE: some configs store AddedToken dicts
-        return str(value.get("content", ""))
-    return value if isinstance(value, str) else ""
 
 
 def content_text(content: Any, field: str) -> str:
@@ -106,11 +97,7 @@ def render_chat(engine: Any, messages: Sequence[Any], *, add_generation_prompt: 
     With ``continue_final_message`` the last (assistant) message is left open, so the model
     continues it (Anthropic's assistant prefill)."""
     msgs = normalise_messages(messages, field)
-    tok_cfg: dict[str, Any] = getattr(engine, "tokenizer_config", {}) or {}
-    source = tok_cfg.get("chat_template") or DEFAULT_TEMPLATE
-    if isinstance(source, list):  # NOTE: multi-template configs: take the default one
-        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-        source = named.get("default") or next(iter(named.values()), DEFAULT_TEMPLATE)
+    chat: TokenizerBundle = engine.chat
     prefill = ""
     if continue_final_message:
         if msgs[-1]["role"] != "assistant":
@@ -119,10 +106,9 @@ def render_chat(engine: Any, messages: Sequence[Any], *, add_generation_prompt: 
         prefill = msgs.pop()["content"]
         add_generation_prompt = True
     try:
-        text = _compile(source).render(
+        text = _compile(chat.chat_template).render(
             messages=msgs, add_generation_prompt=add_generation_prompt,
-            bos_token=_token_text(tok_cfg.get("bos_token")),
-            eos_token=_token_text(tok_cfg.get("eos_token")), tools=None)
+            bos_token=chat.bos_token, eos_token=chat.eos_token, tools=None)
     except TemplateRaised as exc:
         raise InvalidRequestError(f"{field}: {exc}", field=field) from None
     except jinja2.TemplateError as exc:

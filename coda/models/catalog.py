@@ -1,0 +1,84 @@
+"""``coda models``: what Coda can load here (issue 9 item 1).
+
+Lists the embedded model, every installed Python distribution whose RECORD ships ``.gguf``
+files (found through ``importlib.metadata``; nothing is imported), and the folders or files
+given on the command line, each with architecture, parameter count, file size, stored
+quantization and context length. Reading a GGUF's metadata does not load its tensors.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from dataclasses import dataclass
+from pathlib import Path
+
+from coda.models.config import ModelConfig, ModelLoadError
+from coda.models.source import ModelSource, package_ggufs, resolve_model
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One row of ``coda models``; ``error`` is set (and the figures empty) when unreadable."""
+
+    model: str  # what to pass to --model
+    kind: str
+    path: Path
+    arch: str = ""
+    parameters: int = 0
+    size_bytes: int = 0
+    quantization: str = ""
+    context: int = 0
+    error: str = ""
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.glob("*.safetensors"))
+
+
+def describe_source(model: str, src: ModelSource) -> ModelEntry:
+    """The catalog row of one resolved source."""
+    try:
+        if src.kind == "gguf":
+            from coda.models.gguf_file import open_gguf
+
+            ckpt = open_gguf(src.path)
+            cfg, quant = ckpt.config, ckpt.quantization
+        else:
+            cfg = ModelConfig.from_dir(src.path)
+            quant = cfg.torch_dtype
+    except (ModelLoadError, OSError, ValueError, KeyError) as exc:
+        return ModelEntry(model, src.kind, src.path, error=str(exc))
+    return ModelEntry(model, src.kind, src.path, cfg.arch, cfg.num_parameters, _size(src.path),
+                      quant, cfg.max_context)
+
+
+def gguf_packages() -> list[tuple[str, list[Path]]]:
+    """``(distribution name, its .gguf files)`` for every installed distribution shipping any."""
+    found: dict[str, list[Path]] = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"]
+        if not name or name in found:
+            continue
+        if any(str(f).endswith(".gguf") for f in dist.files or ()):
+            found[name] = package_ggufs(dist)
+    return sorted(found.items())
+
+
+def list_models(extra: list[str]) -> list[ModelEntry]:
+    """The embedded model, GGUF packages, then ``extra`` (folders, files, package names)."""
+    entries = [describe_source("(default)", resolve_model(None))]
+    for name, files in gguf_packages():
+        if len(files) == 1:
+            entries.append(describe_source(name, ModelSource("gguf", files[0], files[0].stem,
+                                                             package=name)))
+        else:  # NOTE: not loadable by package name; each file still is, by its path
+            entries.extend(describe_source(str(f), ModelSource("gguf", f, f.stem, package=name))
+                           for f in files)
+    for spec in extra:
+        try:
+            entries.append(describe_source(spec, resolve_model(spec)))
+        except ModelLoadError as exc:
+            entries.append(ModelEntry(spec, "?", Path(spec), error=str(exc)))
+    return entries

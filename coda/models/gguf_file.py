@@ -1,0 +1,285 @@
+"""A GGUF checkpoint: metadata → :class:`ModelConfig`, tensors by HF name (issue 9 item 1).
+
+The file is read with ``gguf.GGUFReader`` (llama.cpp's own reader, from PyPI), which memory-maps
+it: opening costs the metadata parse only, and each tensor's bytes stay on disk until used.
+:func:`open_gguf` checks everything that can make a load fail *before* any weight is touched
+(architecture, tensor types, tensor names and shapes) and raises
+:class:`~coda.models.config.UnsupportedModelError` naming what is missing.
+
+Tensors come out as :class:`GGUFTensor` records in their **stored** form (quantized blocks,
+``data`` as numpy bytes) with the HF parameter name they fill and, for Llama's q/k
+projections, the row order that undoes llama.cpp's RoPE permutation. Turning them into
+floats is a separate step (:func:`coda.models.gguf_weights.dequantize`), so a packed-weight
+path can take the records as they are::
+
+    ckpt = open_gguf(path)                 # config + tensor table, nothing dequantized
+    for t in ckpt.tensors():               # GGUFTensor(hf_name, qtype, shape, data, row_order)
+        w = dequantize(t)                  # float32 [rows, cols] in HF layout, rows reordered
+
+Supported architectures (``general.architecture``): ``llama`` (also SmolLM/SmolLM2, and
+Mistral, which llama.cpp stores as ``llama``), ``qwen2``, ``qwen3``. This module does not
+import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coda.models.config import ModelConfig, RopeScaling, UnsupportedModelError
+
+# general.architecture -> ModelConfig.arch
+_ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+# Tensor types dequantized at load (gguf.quants implements each in numpy).
+SUPPORTED_QTYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                              "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+# llama.cpp's general.file_type (LLAMA_FTYPE_*) as a label for `coda models`.
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+              10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
+              16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+
+# GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One stored tensor. ``shape`` is the HF ``[rows, cols]`` (or ``[n]``) shape; ``data`` is
+    the reader's memory-mapped view (float array for F32/F16, raw block bytes otherwise);
+    ``row_order`` (when not None) is the permutation of rows that recovers HF's layout."""
+
+    gguf_name: str
+    hf_name: str
+    qtype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    row_order: np.ndarray | None
+
+    @property
+    def num_elements(self) -> int:
+        return int(np.prod(self.shape))
+
+
+@dataclass(frozen=True)
+class GGUFCheckpoint:
+    """An opened GGUF file: its metadata, the normalised config and the tensor table."""
+
+    path: Path
+    metadata: dict[str, Any]  # every scalar/string key; big arrays stay in ``reader``
+    config: ModelConfig
+    gguf_arch: str
+    reader: Any  # gguf.GGUFReader (kept for the tokenizer's arrays and the tensors)
+
+    def field(self, key: str, default: Any = None) -> Any:
+        """Any metadata value, arrays included (``tokenizer.ggml.tokens`` …)."""
+        if key in self.metadata:
+            return self.metadata[key]
+        f = self.reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    @property
+    def quantization(self) -> str:
+        ft = self.metadata.get("general.file_type")
+        return FILE_TYPES.get(int(ft), f"type {ft}") if ft is not None else _majority_qtype(self)
+
+    def tensors(self) -> Iterator[GGUFTensor]:
+        """Every tensor the model uses, by HF name (validated by :func:`open_gguf`)."""
+        for t in self.reader.tensors:
+            hf = hf_name(t.name)
+            if hf is None:
+                continue
+            yield GGUFTensor(t.name, hf, t.tensor_type.name, _hf_shape(t), t.data,
+                             _row_order(self.config, self.gguf_arch, hf))
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """HF parameter name for a GGUF tensor name; None for tensors the model does not use."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def _hf_shape(t: Any) -> tuple[int, ...]:
+    # NOTE: GGUF lists dimensions fastest-first (ne0 = columns); HF lists rows first.
+    return tuple(int(d) for d in reversed(t.shape.tolist()))
+
+
+def _row_order(cfg: ModelConfig, gguf_arch: str, name: str) -> np.ndarray | None:
+    """llama.cpp stores Llama's q/k rows permuted for its interleaved RoPE: within each head,
+    row ``2i + j`` of the file is HF row ``j * d/2 + i``. Qwen files are stored unpermuted."""
+    if gguf_arch not in ("llama", "mistral"):
+        return None
+    if name.endswith("self_attn.q_proj.weight"):
+        heads = cfg.num_heads
+    elif name.endswith("self_attn.k_proj.weight"):
+        heads = cfg.num_kv_heads
+    else:
+        return None
+    half = cfg.head_dim // 2
+    # NOTE: HF row (h, j, i) sits at file row (h, i, j); gather file rows in HF order.
+    idx = np.arange(heads * cfg.head_dim).reshape(heads, half, 2)
+    return idx.transpose(0, 2, 1).reshape(-1)
+
+
+def _majority_qtype(ckpt: GGUFCheckpoint) -> str:
+    counts: dict[str, int] = {}
+    for t in ckpt.reader.tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + int(t.n_elements)
+    return max(counts, key=counts.__getitem__) if counts else "?"
+
+
+def read_metadata(reader: Any) -> dict[str, Any]:
+    """Scalar and string metadata (arrays longer than 64 entries are left in the reader)."""
+    out: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if len(f.data) > 64:
+            continue
+        out[key] = f.contents()
+    return out
+
+
+def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
+                         vocab_size: int | None) -> tuple[ModelConfig, str]:
+    """Build the ModelConfig from GGUF metadata; returns ``(config, gguf_arch)``."""
+    arch = str(meta.get("general.architecture", ""))
+    if arch not in _ARCHS:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported; supported: {sorted(_ARCHS)}")
+    name = str(meta.get("general.name", "")).lower()
+    kind = "mistral" if arch == "llama" and "mistral" in name else _ARCHS[arch]
+
+    def get(key: str, default: Any = None, required: bool = True) -> Any:
+        full = f"{arch}.{key}"
+        if full in meta:
+            return meta[full]
+        if required and default is None:
+            raise UnsupportedModelError(f"GGUF metadata lacks {full!r}")
+        return default
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    kv_heads = int(get("attention.head_count_kv", heads))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    if int(get("attention.value_length", head_dim)) != head_dim:
+        raise UnsupportedModelError("GGUF key_length != value_length is not supported")
+    rope_dim = int(get("rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
+        raise UnsupportedModelError(f"partial RoPE ({rope_dim} of {head_dim} dims) is not supported")
+    if "rope_freqs.weight" in tensor_names:
+        raise UnsupportedModelError(
+            "GGUF tensor 'rope_freqs.weight' (Llama 3.1 RoPE scaling factors) is not supported")
+    vocab = int(get("vocab_size", vocab_size))
+    ctx = int(get("context_length"))
+    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    cfg = ModelConfig(
+        arch=kind,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(get, ctx),
+        max_position_embeddings=ctx,
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        attention_out_bias="blk.0.attn_output.bias" in tensor_names,
+        mlp_bias=False,
+        qk_norm=kind == "qwen3",
+        sliding_window=None,  # NOTE: llama.cpp runs these archs with full attention too
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=() if eos is None else (int(eos),),
+        torch_dtype="float32",
+    )
+    return cfg, arch
+
+
+def _rope_scaling(get: Any, ctx: int) -> RopeScaling | None:
+    kind = get("rope.scaling.type", "none", required=False)
+    if kind in ("none", None):
+        return None
+    if kind != "linear":
+        raise UnsupportedModelError(f"GGUF rope scaling {kind!r} is not supported (only linear)")
+    factor = float(get("rope.scaling.factor", 1.0, required=False))
+    return RopeScaling(kind="linear", factor=factor,
+                       original_max_position_embeddings=int(
+                           get("rope.scaling.original_context_length", ctx, required=False)))
+
+
+def open_gguf(path: str | Path) -> GGUFCheckpoint:
+    """Open and validate a GGUF file (metadata, tensor names, shapes and types)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:  # pragma: no cover - gguf is a runtime dependency
+        raise UnsupportedModelError("reading .gguf files needs the 'gguf' package") from exc
+    path = Path(path)
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise UnsupportedModelError(f"{path} is not a readable GGUF file: {exc}") from None
+    meta = read_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    cfg, arch = config_from_metadata(meta, names, len(tokens.data) if tokens else None)
+    ckpt = GGUFCheckpoint(path, meta, cfg, arch, reader)
+    _validate(ckpt)
+    return ckpt
+
+
+def _validate(ckpt: GGUFCheckpoint) -> None:
+    from coda.models.loader import hf_tensor_shapes  # NOTE: lazy: it imports torch
+
+    want = hf_tensor_shapes(ckpt.config)
+    seen: set[str] = set()
+    for t in ckpt.reader.tensors:
+        hf = hf_name(t.name)
+        if hf is None:
+            if t.name.startswith("blk.") or t.name in ("rope_freqs.weight",):
+                raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no place in a "
+                                            f"{ckpt.config.arch} model")
+            continue
+        qtype = t.tensor_type.name
+        if qtype not in SUPPORTED_QTYPES:
+            raise UnsupportedModelError(
+                f"GGUF tensor {t.name!r} has type {qtype}, which is not supported; "
+                f"supported: {', '.join(sorted(SUPPORTED_QTYPES))}")
+        if hf not in want:
+            raise UnsupportedModelError(f"unexpected GGUF tensor {t.name!r} ({hf})")
+        if _hf_shape(t) != want[hf]:
+            raise UnsupportedModelError(
+                f"GGUF tensor {t.name!r}: shape {_hf_shape(t)} != expected {want[hf]}")
+        seen.add(hf)
+    missing = sorted(set(want) - seen)
+    if missing:
+        raise UnsupportedModelError(f"GGUF file lacks tensors: {missing[:5]}")

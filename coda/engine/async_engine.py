@@ -237,7 +237,8 @@ class AsyncEngine:
             ignore_eos=req.sampling.ignore_eos, stop_strings=tuple(req.stop),
             stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail)
+            skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
+            stops_end_at=(req.stops_end_at or "").encode())
         return spec, max_tokens
 
     def _grammar(self, req: GenerationRequest) -> Any:

@@ -35,7 +35,8 @@ class GenerationRequest:
 
     ``max_tokens`` None means "up to the context limit". ``deadline_s`` is relative to submit;
     past it the request ends ``deadline_exceeded`` (G3). ``stop_token_ids`` are id sequences
-    (a single id is a sequence of length one)."""
+    (a single id is a sequence of length one). ``stops_end_at`` (a tool call's opening tag):
+    stop strings are matched only before and through it, never inside the call (issue 13)."""
 
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -50,6 +51,8 @@ class GenerationRequest:
     backpressure: BackpressureConfig | None = None
     request_id: str | None = None
     utf8_tail: str = "fail"  # "fail" (K3: FAILED decoding_error) | "drop" (tail removed)
+    # stop strings apply only up to the end of this text's first occurrence (step.OutputSpec)
+    stops_end_at: str | None = None
 
 
 @dataclass(frozen=True)

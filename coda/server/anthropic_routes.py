@@ -9,12 +9,14 @@ failed. A final assistant message is a prefill the model continues.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
+from coda.server import tools as tl
 from coda.server.chat import content_text, render_chat
 from coda.server.common import collect, new_id, now, state_of, stream_or_wait
 from coda.server.failures import anthropic_error, failed_json, is_failed
@@ -23,16 +25,24 @@ from coda.server.params import Knobs, build_requests, encode, rename_map
 from coda.server.protocol_schemas import AnthropicRequest
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record
+from coda.server.tool_messages import anthropic_history
 from coda.stream import EventType, StreamEvent, Terminal
 
 router = APIRouter()
 _ROLES = frozenset({"user", "assistant"})
 
 
-def _stop_fields(terminal: Terminal) -> tuple[str, str | None]:
+def _stop_fields(terminal: Terminal, calls: int = 0) -> tuple[str, str | None]:
     reason = anthropic_stop_reason(terminal.finish_reason)
+    if calls and reason == "end_turn":
+        reason = "tool_use"
     stop = terminal.stop.stop if terminal.stop is not None else None
     return reason, stop if isinstance(stop, str) else None
+
+
+def _tool_use(call: tl.ToolCall, rid: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": "toolu_" + call.call_id(rid).removeprefix("call_"),
+            "name": call.name, "input": json.loads(call.arguments)}
 
 
 def _usage(terminal: Terminal | None, input_tokens: int) -> dict[str, int]:
@@ -48,6 +58,16 @@ class AnthropicRenderer(Renderer):
     def __init__(self, record: Record, after: list[int] | None) -> None:
         super().__init__(1, after)
         self.r = record
+        # NOTE: with tools, blocks open lazily: text (index k) or tool_use, one at a time
+        self.parser: tl.ToolCallParser | None = None
+        self.block = -1          # index of the last block started
+        self.text_open = False
+        if record.extra.get("tools"):
+            stream = record.handles[0].stream
+            self.parser = tl.ToolCallParser()
+            for e in stream.events_after(-1):
+                if e.type is EventType.DELTA and e.seq <= self.after[0]:
+                    self._blocks(self.parser.feed(e.text), "")  # NOTE: replays the block state
 
     def _frame(self, kind: str, fid: str, **data: Any) -> Frame:
         return Frame({"type": kind, **data}, event=kind, id=fid)
@@ -59,26 +79,71 @@ class AnthropicRenderer(Renderer):
                        "model": self.r.model, "content": [], "stop_reason": None,
                        "stop_sequence": None,
                        "usage": _usage(None, self.r.extra["input_tokens"])}
+            if self.parser is not None:
+                return [self._frame("message_start", fid, message=message),
+                        self._frame("ping", fid)]
             return [self._frame("message_start", fid, message=message),
                     self._frame("content_block_start", fid, index=0,
                                 content_block={"type": "text", "text": ""}),
                     self._frame("ping", fid)]
         if ev.type is EventType.DELTA:
+            if self.parser is not None:
+                return self._blocks(self.parser.feed(ev.text), fid)
             return [self._frame("content_block_delta", fid, index=0,
                                 delta={"type": "text_delta", "text": ev.text})]
         terminal = ev.terminal
         assert terminal is not None
         ext = coda_extension(
             terminal, self.r.delivery.network_send_s(index, self.network_send_s))
+        frames: list[Frame] = []
+        calls = 0
+        if self.parser is not None:
+            frames = self._blocks(self.parser.finish(), fid)
+            calls = self.parser.calls
+            ext["tool_calls"] = {"count": calls, "removed_bytes": self.parser.removed_bytes}
         if is_failed(terminal):
             # NOTE: Anthropic's in-band error event; it is this stream's final event.
             return [self._frame("error", fid, error=anthropic_error(terminal), coda=ext)]
-        reason, stop = _stop_fields(terminal)
-        return [self._frame("content_block_stop", fid, index=0),
+        reason, stop = _stop_fields(terminal, calls)
+        if self.parser is None:
+            frames.append(self._frame("content_block_stop", fid, index=0))
+        elif self.text_open:
+            frames.append(self._frame("content_block_stop", fid, index=self.block))
+        return [*frames,
                 self._frame("message_delta", fid,
                             delta={"stop_reason": reason, "stop_sequence": stop},
                             usage=_usage(terminal, self.r.extra["input_tokens"]), coda=ext),
                 self._frame("message_stop", fid)]
+
+
+    def _blocks(self, items: list[tl.Item], fid: str) -> list[Frame]:
+        """Frames of text and complete calls (a tool_use block each: start, one
+        ``input_json_delta`` with the whole arguments, stop)."""
+        out: list[Frame] = []
+        for item in items:
+            if isinstance(item, str):
+                if not item:
+                    continue
+                if not self.text_open:
+                    self.block += 1
+                    self.text_open = True
+                    out.append(self._frame("content_block_start", fid, index=self.block,
+                                           content_block={"type": "text", "text": ""}))
+                out.append(self._frame("content_block_delta", fid, index=self.block,
+                                       delta={"type": "text_delta", "text": item}))
+                continue
+            if self.text_open:
+                out.append(self._frame("content_block_stop", fid, index=self.block))
+                self.text_open = False
+            self.block += 1
+            block = {**_tool_use(item, self.r.id), "input": {}}
+            out += [self._frame("content_block_start", fid, index=self.block,
+                                content_block=block),
+                    self._frame("content_block_delta", fid, index=self.block,
+                                delta={"type": "input_json_delta",
+                                       "partial_json": item.arguments}),
+                    self._frame("content_block_stop", fid, index=self.block)]
+        return out
 
 
 def _messages(body: AnthropicRequest) -> list[dict[str, Any]]:
@@ -90,7 +155,7 @@ def _messages(body: AnthropicRequest) -> list[dict[str, Any]]:
             raise InvalidRequestError(
                 f"messages.{i}.role: must be 'user' or 'assistant', got {m.role!r}",
                 field=f"messages.{i}.role")
-        msgs.append({"role": m.role, "content": content_text(m.content, f"messages.{i}")})
+        msgs += anthropic_history(m.role, m.content, f"messages.{i}")
     return msgs
 
 
@@ -99,18 +164,19 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
     """Anthropic Messages (streaming and not) with the Coda extensions."""
     st = state_of(request)
     st.check_model(body.model)
-    if body.tools:
-        raise InvalidRequestError("tools: tool use is not supported", field="tools")
+    plan = tl.anthropic_plan(body.tools, body.tool_choice)
     if body.thinking and body.thinking.get("type") not in (None, "disabled"):
         raise InvalidRequestError("thinking: extended thinking is not supported",
                                   field="thinking")
     msgs = _messages(body)
     prefill = msgs[-1]["role"] == "assistant"
-    text = render_chat(st.engine, msgs, continue_final_message=prefill)
+    text = render_chat(st.engine, msgs, continue_final_message=prefill,
+                       tools=plan.tools if plan else ())
     ids = encode(st.engine, text, add_special_tokens=False)
     knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
                   prompt_field="messages", stop=body.stop_sequences, stop_field="stop_sequences",
-                  seed=body.seed, temperature=body.temperature, top_p=body.top_p)
+                  seed=body.seed, temperature=body.temperature, top_p=body.top_p,
+                  **tl.knob_fields(plan, body.response_format))
     rid = new_id("msg_")
     reqs = build_requests(body, knobs, ids, request_id=rid,
                           default_max_tokens=st.engine_config.default_max_tokens,
@@ -119,7 +185,7 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
     handles = st.submit_all(reqs, rename_map(knobs))
     record = Record(rid, "anthropic", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: AnthropicRenderer(record, after),
-                    extra={"input_tokens": len(ids)})
+                    extra={"input_tokens": len(ids), "tools": bool(plan and plan.active)})
     st.store.put(record)
     done = await stream_or_wait(request, st, record, stream=body.stream,
                                 policy=body.on_disconnect or st.settings.on_disconnect,
@@ -131,9 +197,17 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
         return failed_json({"type": "error", "error": anthropic_error(c.terminal), "id": rid,
                             "content": [{"type": "text", "text": c.text}],
                             "coda": coda_extension(c.terminal)}, headers={"request-id": rid})
-    reason, stop = _stop_fields(c.terminal)
+    ext = coda_extension(c.terminal)
+    content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
+    calls: list[tl.ToolCall] = []
+    if record.extra["tools"]:
+        text, calls, removed = tl.split(c.text)
+        ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
+        content = ([{"type": "text", "text": text}] if text or not calls else []) + [
+            _tool_use(k, rid) for k in calls]
+    reason, stop = _stop_fields(c.terminal, len(calls))
     return JSONResponse({"id": rid, "type": "message", "role": "assistant",
-                         "model": record.model, "content": [{"type": "text", "text": c.text}],
+                         "model": record.model, "content": content,
                          "stop_reason": reason, "stop_sequence": stop,
                          "usage": _usage(c.terminal, len(ids)),
-                         "coda": coda_extension(c.terminal)}, headers={"request-id": rid})
+                         "coda": ext}, headers={"request-id": rid})

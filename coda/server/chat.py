@@ -20,6 +20,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from coda.errors import InvalidRequestError
 from coda.models.tokenizer_bundle import TokenizerBundle
+from coda.server.tool_messages import prepare
+from coda.server.tools import Tool
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -73,11 +75,12 @@ def content_text(content: Any, field: str) -> str:
 
 
 def normalise_messages(messages: Sequence[Any], field: str = "messages",
-                       roles: frozenset[str] = CHAT_ROLES) -> list[dict[str, str]]:
-    """Validate roles and flatten content; ``developer`` renders as ``system``."""
+                       roles: frozenset[str] = CHAT_ROLES) -> list[dict[str, Any]]:
+    """Validate roles and flatten content; ``developer`` renders as ``system``; an assistant's
+    ``tool_calls`` and a tool result's ``tool_call_id`` are kept for templates that use them."""
     if not messages:
         raise InvalidRequestError(f"{field} must not be empty", field=field)
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for i, msg in enumerate(messages):
         data = msg if isinstance(msg, Mapping) else msg.model_dump()
         role = data.get("role")
@@ -86,18 +89,26 @@ def normalise_messages(messages: Sequence[Any], field: str = "messages",
                 f"{field}.{i}.role must be one of {sorted(roles)}, got {role!r}",
                 field=f"{field}.{i}.role")
         text = content_text(data.get("content"), f"{field}.{i}")
-        out.append({"role": "system" if role == "developer" else role, "content": text})
+        item: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                "content": text}
+        for key in ("tool_calls", "tool_call_id"):  # NOTE: see coda.server.tool_messages
+            if data.get(key):
+                item[key] = data[key]
+        out.append(item)
     return out
 
 
 def render_chat(engine: Any, messages: Sequence[Any], *, add_generation_prompt: bool = True,
-                continue_final_message: bool = False, field: str = "messages") -> str:
+                continue_final_message: bool = False, field: str = "messages",
+                tools: Sequence[Tool] = ()) -> str:
     """Render ``messages`` with the engine's chat template.
 
     With ``continue_final_message`` the last (assistant) message is left open, so the model
-    continues it (Anthropic's assistant prefill)."""
-    msgs = normalise_messages(messages, field)
+    continues it (Anthropic's assistant prefill). ``tools`` and tool history are handed to the
+    template as :mod:`coda.server.tool_messages` describes."""
     chat: TokenizerBundle = engine.chat
+    raw, template_tools = prepare(messages, tools, chat.chat_template, field)
+    msgs = normalise_messages(raw, field)
     prefill = ""
     if continue_final_message:
         if msgs[-1]["role"] != "assistant":
@@ -108,7 +119,7 @@ def render_chat(engine: Any, messages: Sequence[Any], *, add_generation_prompt: 
     try:
         text = _compile(chat.chat_template).render(
             messages=msgs, add_generation_prompt=add_generation_prompt,
-            bos_token=chat.bos_token, eos_token=chat.eos_token, tools=None)
+            bos_token=chat.bos_token, eos_token=chat.eos_token, tools=template_tools)
     except TemplateRaised as exc:
         raise InvalidRequestError(f"{field}: {exc}", field=field) from None
     except jinja2.TemplateError as exc:

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.server import logprobs as lp
+from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, now, state_of, stream_or_wait, text_before
 from coda.server.failures import failed_json, is_failed, openai_error
@@ -41,6 +42,12 @@ class OpenAIRenderer(Renderer):
         # NOTE: legacy text_offset continues where a resumed stream left off.
         self.offsets = [text_before(h.stream, a) for h, a in zip(record.handles, self.after,
                                                                   strict=True)]
+        # NOTE: tool calls are parsed out of the text (coda.server.tools); a resumed stream
+        # primes each parser with the text it already sent.
+        self.parsers = ([tl.primed(e.text for e in h.stream.events_after(-1)
+                                   if e.type is EventType.DELTA and e.seq <= a)
+                         for h, a in zip(record.handles, self.after, strict=True)]
+                        if record.extra.get("tools") else None)
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -56,15 +63,24 @@ class OpenAIRenderer(Renderer):
                       "logprobs": None, "finish_reason": None}
             return [Frame(self._chunk([choice]), id=fid)]
         if ev.type is EventType.DELTA:
+            if self.parsers is not None:
+                return self._tool_frames(index, self.parsers[index].feed(ev.text), ev, fid)
             return [Frame(self._chunk([self._delta_choice(index, ev)]), id=fid)]
         terminal = ev.terminal
         assert terminal is not None
         ext = {"index": index, **coda_extension(
             terminal, self.r.delivery.network_send_s(index, self.network_send_s))}
+        frames: list[Frame] = []
+        if self.parsers is not None:
+            parser = self.parsers[index]
+            frames = self._tool_frames(index, parser.finish(), None, fid)
+            ext["tool_calls"] = {"count": parser.calls, "removed_bytes": parser.removed_bytes}
         if is_failed(terminal):
             # NOTE: the in-band error frame (the openai SDK raises APIError on it), then [DONE]
             return [Frame({"error": openai_error(terminal), "coda": ext}, id=fid)]
         reason = openai_finish_reason(terminal.finish_reason)
+        if self.parsers is not None and self.parsers[index].calls and reason == "stop":
+            reason = "tool_calls"
         choice: dict[str, Any] = ({"index": index, "delta": {}, "logprobs": None,
                                    "finish_reason": reason} if self.chat else
                                   {"index": index, "text": "", "logprobs": None,
@@ -74,7 +90,23 @@ class OpenAIRenderer(Renderer):
             at = self.offsets[index]
             choice["logprobs"] = ({"content": lp.chat_entries(self.tok, trailing), "refusal": None}
                                   if self.chat else lp.legacy_logprobs(self.tok, trailing, at, at))
-        return [Frame(self._chunk([choice], coda=ext), id=fid)]
+        return [*frames, Frame(self._chunk([choice], coda=ext), id=fid)]
+
+    def _tool_frames(self, index: int, items: list[tl.Item], ev: StreamEvent | None,
+                     fid: str) -> list[Frame]:
+        """Text and complete calls of a tools request as one chunk (none if both are empty)."""
+        text = tl.texts(items)
+        calls = [tl.openai_call(c, self.r.id, delta=True) for c in items
+                 if isinstance(c, tl.ToolCall)]
+        logprobs = ({"content": lp.chat_entries(self.tok, ev.tokens), "refusal": None}
+                    if self.logprobs and ev is not None else None)
+        if not text and not calls and logprobs is None:
+            return []
+        delta: dict[str, Any] = {"content": text} if text or not calls else {}
+        if calls:
+            delta["tool_calls"] = calls
+        return [Frame(self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
+                                    "finish_reason": None}]), id=fid)]
 
     def _delta_choice(self, index: int, ev: StreamEvent) -> dict[str, Any]:
         text = ev.text
@@ -103,8 +135,6 @@ class OpenAIRenderer(Renderer):
 
 def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
     if isinstance(body, ChatCompletionRequest):
-        if body.tools and body.tool_choice != "none":
-            raise InvalidRequestError("tools: tool calling is not supported", field="tools")
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")
@@ -117,12 +147,13 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         raise InvalidRequestError("best_of: only best_of == n is supported", field="best_of")
 
 
-def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest
-             ) -> list[list[int]]:
+def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
+             plan: tl.ToolPlan | None = None) -> list[list[int]]:
     engine = st.engine
     if isinstance(body, ChatCompletionRequest):
         text = render_chat(engine, body.messages, add_generation_prompt=body.add_generation_prompt,
-                           continue_final_message=body.continue_final_message)
+                           continue_final_message=body.continue_final_message,
+                           tools=plan.tools if plan else ())
         return [encode(engine, text, add_special_tokens=False)]
     p = body.prompt
     if isinstance(p, str):
@@ -144,6 +175,8 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
     _reject_unsupported(body)
     chat = isinstance(body, ChatCompletionRequest)
     rid = new_id("chatcmpl-" if chat else "cmpl-")
+    plan = (tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+            if isinstance(body, ChatCompletionRequest) else None)
     if chat:
         max_tokens = body.max_completion_tokens or body.max_tokens
         mt_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
@@ -155,8 +188,9 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                   seed=body.seed, temperature=body.temperature, top_p=body.top_p,
                   presence_penalty=body.presence_penalty,
                   frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
-                  logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs")
-    prompts = _prompts(st, body)
+                  logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
+                  **tl.knob_fields(plan, body.response_format))
+    prompts = _prompts(st, body, plan)
     requests = []
     for k, ids in enumerate(prompts):
         sub_id = rid if len(prompts) == 1 else f"{rid}-p{k}"
@@ -171,7 +205,7 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                     make_renderer=lambda after: OpenAIRenderer(
                         record, tokenizer=tok, include_usage=include_usage,
                         logprobs=logprobs is not None, after=after),
-                    extra={"n": body.n})
+                    extra={"n": body.n, "tools": bool(plan and plan.active)})
     st.store.put(record)
     terminals = await stream_or_wait(request, st, record, stream=body.stream,
                                      policy=body.on_disconnect or st.settings.on_disconnect,
@@ -198,7 +232,15 @@ def _final_object(record: Record, terminals: list[Terminal], tok: Any,
         if chat:
             logprobs = ({"content": lp.chat_entries(tok, [t for _, ts in c.deltas for t in ts]),
                          "refusal": None} if with_logprobs else None)
-            choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
+            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            if record.extra.get("tools"):
+                text, calls, removed = tl.split(c.text)
+                ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
+                message["content"] = text if text or not calls else None
+                if calls:
+                    message["tool_calls"] = [tl.openai_call(k, record.id) for k in calls]
+                    reason = "tool_calls" if reason == "stop" else reason
+            choices.append({"index": i, "message": message,
                             "logprobs": logprobs, "finish_reason": reason, "coda": ext})
         else:
             legacy = None

@@ -39,6 +39,7 @@ class Knobs:
     logprobs: int | None = None
     logprobs_field: str = "logprobs"
     grammar: GrammarSpec | None = None
+    stops_end_at: str | None = None  # a tool call's opening tag (coda.server.tools)
 
 
 def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_format"
@@ -141,7 +142,8 @@ def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int],
             skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,
             early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
             utf8_tail=ext.utf8_tail,
-            request_id=request_id if knobs.n == 1 else f"{request_id}-{i}"))
+            request_id=request_id if knobs.n == 1 else f"{request_id}-{i}",
+            stops_end_at=knobs.stops_end_at))
     return out
 
 

@@ -22,6 +22,18 @@ class InputMessage(BaseModel):
     content: str | list[dict[str, Any]]
 
 
+class InputToolItem(BaseModel):
+    """A Responses ``function_call`` (a call the model made) or ``function_call_output`` (its
+    result) input item (issue 13)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function_call", "function_call_output"]
+    call_id: str
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
 class TextFormat(BaseModel):
     model_config = ConfigDict(extra="allow")  # NOTE: name/strict/description are informative
     type: Literal["text", "json_object", "json_schema", "regex", "lark"] = "text"
@@ -37,7 +49,7 @@ class TextConfig(BaseModel):
 
 class ResponsesRequest(CodaExtensions):
     model: str
-    input: str | list[InputMessage]
+    input: str | list[InputMessage | InputToolItem]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)

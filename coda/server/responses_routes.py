@@ -21,6 +21,7 @@ from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import CancelCause
 from coda.server import logprobs as lp
+from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import (
     new_id,
@@ -34,9 +35,10 @@ from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.http_errors import ApiError
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
 from coda.server.params import Knobs, build_requests, encode, rename_map
-from coda.server.protocol_schemas import ResponsesRequest, TextFormat
+from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.sse import Frame, Renderer, SSEResponse
 from coda.server.state import Record
+from coda.server.tool_messages import tool_history_item
 from coda.stream import EventType, RequestStream, StreamEvent
 
 router = APIRouter()
@@ -65,6 +67,9 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         return body
     body["status"] = "in_progress"
     text = partial_text(stream)
+    calls: list[tl.ToolCall] = []
+    if record.extra.get("tools"):
+        text, calls, _ = tl.split(text)
     item_status = "in_progress"
     if terminal is not None:
         _, status = responses_status(terminal)
@@ -82,8 +87,18 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
             body["incomplete_details"] = {
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
         body["coda"] = coda_extension(terminal)
-    body["output"] = [_message_item(record, text, item_status)]
+    body["output"] = [_message_item(record, text, item_status),
+                      *(_call_item(record, k, "completed") for k in calls)]
+    if record.extra.get("tools"):
+        body.update(tools=record.extra["tools_echo"], tool_choice=record.extra["tool_choice"],
+                    parallel_tool_calls=record.extra["parallel"])
     return body
+
+
+def _call_item(record: Record, call: tl.ToolCall, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{record.id.removeprefix('resp_')}_{call.index}",
+            "call_id": call.call_id(record.id), "name": call.name,
+            "arguments": call.arguments if status == "completed" else "", "status": status}
 
 
 def _message_item(record: Record, text: str, status: str) -> dict[str, Any]:
@@ -100,6 +115,7 @@ class ResponsesRenderer(Renderer):
         super().__init__(1, [-1])  # NOTE: always regenerate from the start (deterministic)
         self.r, self.tok, self.logprobs = record, tokenizer, logprobs
         self.skip, self.seq, self.text = starting_after, 0, ""
+        self.parser = tl.ToolCallParser() if record.extra.get("tools") else None
 
     def _emit(self, obj: dict[str, Any]) -> list[Frame]:
         seq = self.seq
@@ -124,21 +140,50 @@ class ResponsesRenderer(Renderer):
                                   "part": {"type": "output_text", "text": "",
                                            "annotations": [], "logprobs": []}}))
         if ev.type is EventType.DELTA:
-            self.text += ev.text
             entries = lp.chat_entries(self.tok, ev.tokens) if self.logprobs else []
+            if self.parser is not None:
+                return self._tool_events(self.parser.feed(ev.text), ids, entries)
+            self.text += ev.text
             return self._emit({"type": "response.output_text.delta", **ids, "delta": ev.text,
                                "logprobs": entries})
         assert ev.terminal is not None
+        pre: list[Frame] = []
+        if self.parser is not None:
+            pre = self._tool_events(self.parser.finish(), ids, [])
         final = response_object(self.r)
         kind, _ = responses_status(ev.terminal)
         item = final["output"][0]
-        return (self._emit({"type": "response.output_text.done", **ids, "text": self.text,
+        return (pre + self._emit({"type": "response.output_text.done", **ids, "text": self.text,
                             "logprobs": []})
                 + self._emit({"type": "response.content_part.done", **ids,
                               "part": item["content"][0]})
                 + self._emit({"type": "response.output_item.done", "output_index": 0,
                               "item": item})
                 + self._emit({"type": kind, "response": final}))
+
+
+    def _tool_events(self, items: list[tl.Item], ids: dict[str, Any],
+                     entries: list[Any]) -> list[Frame]:
+        """Text deltas of the message item, and one function_call output item per call
+        (added, the whole arguments as one delta, done)."""
+        out: list[Frame] = []
+        for item in items:
+            if isinstance(item, str):
+                if item:
+                    self.text += item
+                    out += self._emit({"type": "response.output_text.delta", **ids,
+                                       "delta": item, "logprobs": entries})
+                continue
+            at = {"output_index": item.index + 1}
+            added = _call_item(self.r, item, "in_progress")
+            done = _call_item(self.r, item, "completed")
+            out += (self._emit({"type": "response.output_item.added", **at, "item": added})
+                    + self._emit({"type": "response.function_call_arguments.delta", **at,
+                                  "item_id": added["id"], "delta": item.arguments})
+                    + self._emit({"type": "response.function_call_arguments.done", **at,
+                                  "item_id": added["id"], "arguments": item.arguments})
+                    + self._emit({"type": "response.output_item.done", **at, "item": done}))
+        return out
 
 
 def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
@@ -150,6 +195,9 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     if not body.input:
         raise InvalidRequestError("input: must not be empty", field="input")
     for i, item in enumerate(body.input):
+        if isinstance(item, InputToolItem):
+            msgs += tool_history_item(item.model_dump(), f"input.{i}")
+            continue
         if item.role not in _ROLES:
             raise InvalidRequestError(f"input.{i}.role must be one of {sorted(_ROLES)}",
                                       field=f"input.{i}.role")
@@ -186,12 +234,12 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     """Create a response; ``background`` keeps running without a client (P4)."""
     st = state_of(request)
     st.check_model(body.model)
-    if body.tools:
-        raise InvalidRequestError("tools: tool calling is not supported", field="tools")
+    plan = tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
     if body.previous_response_id:
         raise InvalidRequestError("previous_response_id: not supported",
                                   field="previous_response_id")
-    text = render_chat(st.engine, _messages(body), field="input")
+    text = render_chat(st.engine, _messages(body), field="input",
+                       tools=plan.tools if plan else ())
     fmt = body.text.format if body.text else None
     logprobs = body.top_logprobs if body.top_logprobs is not None else (
         0 if body.include and "message.output_text.logprobs" in body.include else None)
@@ -200,7 +248,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                   temperature=body.temperature, top_p=body.top_p,
                   presence_penalty=body.presence_penalty,
                   frequency_penalty=body.frequency_penalty, logprobs=logprobs,
-                  logprobs_field="top_logprobs", grammar=_grammar(fmt))
+                  logprobs_field="top_logprobs",
+                  **(tl.knob_fields(plan, _grammar(fmt), "text.format")
+                     or {"grammar": _grammar(fmt)}))
     rid = new_id("resp_")
     reqs = build_requests(body, knobs, encode(st.engine, text, add_special_tokens=False),
                           request_id=rid, default_max_tokens=st.engine_config.default_max_tokens,
@@ -216,7 +266,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                     extra={"instructions": body.instructions, "metadata": body.metadata or {},
                            "max_output_tokens": body.max_output_tokens,
                            "temperature": body.temperature, "top_p": body.top_p,
-                           "format": fmt_dump})
+                           "format": fmt_dump, "tools": bool(plan and plan.active),
+                           "tools_echo": body.tools or [], "parallel": plan.parallel if plan
+                           else False, "tool_choice": body.tool_choice or "auto"})
     st.store.put(record)
     if body.background:
         st.keep_draining(handles[0])  # NOTE: acks the log so nobody-reading never overflows

@@ -1,0 +1,328 @@
+"""Tool calling: one format, one grammar, one parser for every protocol (issue 13 item 1;
+SPEC S1, K2, L4).
+
+The call syntax is Hermes-style, the format Qwen-like chat templates teach their models::
+
+    <tool_call>
+    {"name": "NAME", "arguments": {...}}
+    </tool_call>
+
+It is also Coda's documented default for models whose template knows no tools (the tool list
+is then described in a system message, see :mod:`coda.server.tool_messages`).
+
+- ``tool_choice`` ``required`` / a named tool: the whole output is one call (or several when
+  ``parallel_tool_calls``) and every call's ``arguments`` are constrained by the tool's JSON
+  schema (llguidance ``%json``), so they always parse and validate.
+- ``auto``: the output is free text that may open a call; the grammar forbids the opening tag
+  anywhere except as the start of a call, and from the tag on the call is constrained exactly as
+  above (the "lazy" part of the grammar: free until the trigger, constrained after it).
+- ``none``: no grammar and no parsing; the text is returned as text.
+
+:class:`ToolCallParser` turns the engine's text deltas into text and complete calls. It holds
+back any suffix that could still be the start of the opening tag, like a stop-string prefix, so
+the tag never leaks as text; the bytes of a call are reported as removed from the text stream
+(``removed_bytes``, K2: the engine's own stream still carries them, the protocol moves them into
+``tool_calls``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from coda.engine.types import GrammarSpec
+from coda.errors import InvalidRequestError
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+Mode = Literal["none", "auto", "required", "named"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One function tool: name, description and its arguments' JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+    def openai_dict(self) -> dict[str, Any]:
+        """The shape ``transformers`` passes to chat templates (OpenAI function tool)."""
+        return {"type": "function", "function": {"name": self.name,
+                                                 "description": self.description,
+                                                 "parameters": dict(self.parameters)}}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """Tools and choice of one request, normalised once."""
+
+    tools: tuple[Tool, ...]
+    mode: Mode = "auto"
+    name: str | None = None  # the forced tool when mode == "named"
+    parallel: bool = True
+
+    @property
+    def active(self) -> bool:
+        """Whether the output may carry calls (parse it and constrain it)."""
+        return bool(self.tools) and self.mode != "none"
+
+    def allowed(self) -> tuple[Tool, ...]:
+        if self.mode == "named":
+            return tuple(t for t in self.tools if t.name == self.name)
+        return self.tools
+
+
+# -- parsing the protocols' tool fields ------------------------------------------------------
+def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidRequestError(
+            f"{field_name}.name must match {_NAME_RE.pattern}, got {name!r}", field=field_name)
+    if params is None:
+        params = {"type": "object", "properties": {}}
+    if not isinstance(params, Mapping):
+        raise InvalidRequestError(f"{field_name}: the parameters schema must be an object",
+                                  field=field_name)
+    return Tool(name, description if isinstance(description, str) else "", dict(params))
+
+
+def _unique(tools: list[Tool], field_name: str) -> tuple[Tool, ...]:
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise InvalidRequestError(f"{field_name}: tool names must be unique", field=field_name)
+    return tuple(tools)
+
+
+def _named(plan_tools: tuple[Tool, ...], name: Any, field_name: str) -> str:
+    if not any(t.name == name for t in plan_tools):
+        raise InvalidRequestError(f"{field_name}: no tool named {name!r} in tools",
+                                  field=field_name)
+    return str(name)
+
+
+def openai_plan(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool | None,
+                *, flat: bool = False) -> ToolPlan | None:
+    """Chat Completions (``flat=False``: ``{"type": "function", "function": {...}}``) or
+    Responses (``flat=True``: ``{"type": "function", "name", "parameters"}``) tools."""
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise InvalidRequestError("tool_choice: needs tools", field="tool_choice")
+        return None
+    parsed: list[Tool] = []
+    for i, t in enumerate(tools):
+        f = f"tools.{i}"
+        if t.get("type") != "function":
+            raise InvalidRequestError(f"{f}.type: only function tools are supported", field=f)
+        spec = t if flat else t.get("function")
+        if not isinstance(spec, Mapping):
+            raise InvalidRequestError(f"{f}.function: required", field=f)
+        parsed.append(_tool(spec.get("name"), spec.get("description"), spec.get("parameters"), f))
+    all_tools = _unique(parsed, "tools")
+    par = True if parallel is None else bool(parallel)
+    if choice is None or choice in ("auto", "none", "required"):
+        return ToolPlan(all_tools, choice or "auto", None, par)
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        name = choice.get("name") if flat else (choice.get("function") or {}).get("name")
+        return ToolPlan(all_tools, "named", _named(all_tools, name, "tool_choice"), par)
+    raise InvalidRequestError("tool_choice: must be none, auto, required or a function",
+                              field="tool_choice")
+
+
+def anthropic_plan(tools: list[dict[str, Any]] | None,
+                   choice: Mapping[str, Any] | None) -> ToolPlan | None:
+    """Anthropic ``tools`` (``name``, ``description``, ``input_schema``) and ``tool_choice``
+    (``auto`` | ``any`` | ``tool`` | ``none``; ``disable_parallel_tool_use``)."""
+    if not tools:
+        if choice and choice.get("type") not in ("auto", "none"):
+            raise InvalidRequestError("tool_choice: needs tools", field="tool_choice")
+        return None
+    parsed = [_tool(t.get("name"), t.get("description"), t.get("input_schema"), f"tools.{i}")
+              for i, t in enumerate(tools)]
+    all_tools = _unique(parsed, "tools")
+    kind = (choice or {}).get("type", "auto")
+    par = not bool((choice or {}).get("disable_parallel_tool_use", False))
+    if kind in ("auto", "none"):
+        return ToolPlan(all_tools, kind, None, par)
+    if kind == "any":
+        return ToolPlan(all_tools, "required", None, par)
+    if kind == "tool":
+        name = _named(all_tools, (choice or {}).get("name"), "tool_choice")
+        return ToolPlan(all_tools, "named", name, par)
+    raise InvalidRequestError("tool_choice.type: must be auto, any, tool or none",
+                              field="tool_choice")
+
+
+# -- the grammar ---------------------------------------------------------------------------
+def _lark_str(text: str) -> str:
+    return json.dumps(text)  # NOTE: a JSON string literal is a valid lark string literal
+
+
+def grammar_for(plan: ToolPlan) -> GrammarSpec | None:
+    """The llguidance grammar that constrains this plan's output (None for ``none``)."""
+    if not plan.active:
+        return None
+    rules = []
+    alts = []
+    for k, t in enumerate(plan.allowed()):
+        head = '{"name": ' + json.dumps(t.name) + ', "arguments": '
+        # NOTE: compact JSON, as for response_format (coda.engine.grammar); a schema may opt out
+        schema = {"x-guidance": {"whitespace_flexible": False}, **t.parameters}
+        rules.append(f"c{k}: {_lark_str(head)} %json {json.dumps(schema)} "
+                     f"{_lark_str('}' + chr(10) + CLOSE_TAG)}")
+        alts.append(f"c{k}")
+    more = f' ({_lark_str(chr(10) + OPEN_TAG)} body)*' if plan.parallel else ""
+    lines = [f"calls: body{more}", f"body: {_lark_str(chr(10))} ({' | '.join(alts)})", *rules]
+    tag = re.escape(OPEN_TAG)
+    if plan.mode == "auto":
+        # NOTE: free text that never contains the tag, or such text ending in the tag + calls
+        lines = ["start: TEXT | TEXT_OPEN calls",
+                 rf"TEXT: /(.|\n)*/ & ~/(.|\n)*{tag}(.|\n)*/",
+                 rf"TEXT_OPEN: /(.|\n)*{tag}/ & ~/(.|\n)*{tag}(.|\n)*{tag}/", *lines]
+    else:
+        lines = [f"start: {_lark_str(OPEN_TAG)} calls", *lines]
+    return GrammarSpec(lark="\n".join(lines) + "\n")
+
+
+# -- parsing the output --------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete call: its 0-based position in the answer, name and arguments (JSON text)."""
+
+    index: int
+    name: str
+    arguments: str
+
+    def call_id(self, request_id: str) -> str:
+        # NOTE: a pure function of the request and position, so replays repeat it (P3)
+        return f"call_{request_id[-16:]}_{self.index}"
+
+
+Item = str | ToolCall
+
+
+def _parse_call(body: str, index: int) -> ToolCall | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # NOTE: some models emit the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return ToolCall(index, obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _tag_prefix_len(text: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of the open tag."""
+    for n in range(min(len(OPEN_TAG) - 1, len(text)), 0, -1):
+        if OPEN_TAG.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ToolCallParser:
+    """Incremental text → text pieces and complete :class:`ToolCall` s (see module doc)."""
+
+    def __init__(self) -> None:
+        self._buf = ""          # held text (a possible tag prefix) or an open call's body
+        self._in_call = False
+        self._after_call = False  # the newline that separates parallel calls may follow
+        self.calls = 0
+        self.removed_bytes = 0  # K2: bytes of calls moved out of the text stream
+
+    def feed(self, text: str) -> list[Item]:
+        out: list[Item] = []
+        self._buf += text
+        while True:
+            if self._in_call:
+                end = self._buf.find(CLOSE_TAG)
+                if end < 0:
+                    return out
+                body, self._buf = self._buf[:end], self._buf[end + len(CLOSE_TAG):]
+                self._in_call = False
+                call = _parse_call(body, self.calls)
+                raw = OPEN_TAG + body + CLOSE_TAG
+                if call is None:  # NOTE: not a call after all: it stays text
+                    out.append(raw)
+                    continue
+                self.calls += 1
+                self.removed_bytes += len(raw.encode())
+                out.append(call)
+                self._after_call = True
+                continue
+            if self._after_call and self._buf:
+                # NOTE: the newline between parallel calls belongs to the call syntax
+                self._after_call = False
+                if self._buf.startswith("\n"):
+                    self._buf = self._buf[1:]
+                    self.removed_bytes += 1
+            start = self._buf.find(OPEN_TAG)
+            if start >= 0:
+                if start:
+                    out.append(self._buf[:start])
+                self._buf = self._buf[start + len(OPEN_TAG):]
+                self._in_call = True
+                continue
+            keep = _tag_prefix_len(self._buf)
+            cut = len(self._buf) - keep
+            if cut:
+                out.append(self._buf[:cut])
+                self._buf = self._buf[cut:]
+            return out
+
+    def finish(self) -> list[Item]:
+        """The end of the output: held text, or an unclosed call (e.g. cut by max_tokens),
+        is returned as text so that nothing the model wrote is lost."""
+        rest = (OPEN_TAG if self._in_call else "") + self._buf
+        self._buf, self._in_call = "", False
+        return [rest] if rest else []
+
+
+def split(text: str) -> tuple[str, list[ToolCall], int]:
+    """A whole output: (text outside calls, calls, bytes removed)."""
+    p = ToolCallParser()
+    items = p.feed(text) + p.finish()
+    return ("".join(i for i in items if isinstance(i, str)),
+            [i for i in items if isinstance(i, ToolCall)], p.removed_bytes)
+
+
+def texts(items: Iterable[Item]) -> str:
+    return "".join(i for i in items if isinstance(i, str))
+
+
+# -- wiring helpers shared by the routes ----------------------------------------------------
+def knob_fields(plan: ToolPlan | None, other_grammar: object | None,
+                format_field: str = "response_format") -> dict[str, Any]:
+    """The :class:`~coda.server.params.Knobs` fields of a tool plan: its grammar, and the rule
+    that stop strings end at the opening tag (a call is never cut by a stop)."""
+    if plan is None or not plan.active:
+        return {}
+    if other_grammar is not None:
+        raise InvalidRequestError(
+            f"{format_field}: cannot be combined with tools unless tool_choice is none",
+            field=format_field)
+    return {"grammar": grammar_for(plan), "stops_end_at": OPEN_TAG}
+
+
+def openai_call(call: ToolCall, request_id: str, *, delta: bool = False) -> dict[str, Any]:
+    """A call as Chat Completions writes it (``delta``: in a streamed chunk, with ``index``)."""
+    out: dict[str, Any] = {"id": call.call_id(request_id), "type": "function",
+                           "function": {"name": call.name, "arguments": call.arguments}}
+    return {"index": call.index, **out} if delta else out
+
+
+def primed(texts_before: Iterable[str]) -> ToolCallParser:
+    """A parser in the state it had after ``texts_before`` (a resumed stream, P3)."""
+    p = ToolCallParser()
+    for t in texts_before:
+        p.feed(t)
+    return p

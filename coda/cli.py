@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -27,8 +28,9 @@ KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help=
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
 
 
-def _load(model: str | None, cfg: Any) -> Any:
-    """Load the engine, print what was loaded (stderr); a load failure exits 2 with its message."""
+def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
+    """Load the engine and tell what was loaded (``say``; default: plain lines on stderr); a
+    load failure exits 2 with its message."""
     from coda.engine.async_engine import AsyncEngine
     from coda.models.config import ModelLoadError
 
@@ -38,7 +40,7 @@ def _load(model: str | None, cfg: Any) -> Any:
         typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     for line in engine.describe():
-        typer.echo(line, err=True)
+        (say or (lambda text: typer.echo(text, err=True)))(line)
     return engine
 
 
@@ -59,13 +61,16 @@ def serve(model: ModelOpt = None,
     """Serve the OpenAI- and Anthropic-compatible HTTP API."""
     from coda.engine.types import EngineConfig
     from coda.server.app import serve as run_server
+    from coda.server.logs import configure_logging
 
     cfg = EngineConfig(dtype=dtype, max_num_seqs=max_num_seqs,
                        served_model_name=served_model_name,
                        trace_path=str(trace) if trace else None, max_model_len=max_model_len,
                        kv_cache_bytes=kv_cache_bytes, kv_cache_memory_fraction=kv_cache_fraction,
                        num_threads=threads)
-    engine = _load(model, cfg)
+    # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
+    configure_logging(log_level)
+    engine = _load(model, cfg, logging.getLogger("coda.server").info)
     run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level)
 
 

@@ -49,6 +49,5 @@ def test_schemathesis_no_5xx(server_live: Any, server_settle: Any) -> None:
     print(f"\n[schemathesis] {len(ops)} operations in {elapsed:.1f}s, 5xx: {len(failures)}, "
           f"status codes {dict(sorted(codes.items()))}")
     assert not failures, failures[:5]
-    assert elapsed < 60
     stats = server_settle(20)
     assert stats.num_free_blocks == stats.num_blocks

@@ -39,13 +39,14 @@ def test_l4_s4_versions_in_terminal_coda_object_and_trace_rows() -> None:
     sink, run = stop_run()
     term = run.stream.terminal  # type: ignore[attr-defined]
     assert term.finish_reason is FinishReason.STOP_SEQUENCE
-    assert (term.finish_reason_version, term.stop_rule_version) == (2, "1")
+    assert (term.finish_reason_version, term.stop_rule_version) == (FINISH_REASON_VERSION, STOP_RULE_VERSION)
     assert coda_extension(term)["versions"] == {"finish_reason": FINISH_REASON_VERSION,
                                                 "stop_rule": STOP_RULE_VERSION}
     row = next(e for e in sink.events if e.kind == tr.TERMINAL)
-    assert row.data["finish_reason_version"] == 2 and row.data["stop_rule_version"] == "1"
+    assert row.data["finish_reason_version"] == FINISH_REASON_VERSION
+    assert row.data["stop_rule_version"] == STOP_RULE_VERSION
     hit = next(e for e in sink.events if e.kind == tr.STOP_HIT)
-    assert hit.data["stop_rule_version"] == "1"
+    assert hit.data["stop_rule_version"] == STOP_RULE_VERSION
     assert check_trace(sink.events) == []
 
 

@@ -14,9 +14,10 @@ import openai
 import pytest
 
 from coda.engine.types import GenerationRequest
-from coda.finish import FinishReason
+from coda.finish import FINISH_REASON_VERSION, FinishReason
 from coda.lifecycle import State
 from coda.sampling import SamplingParams
+from coda.stops import STOP_RULE_VERSION
 from coda.trace import ListTraceSink, check_trace
 from tests.wire_support import ScriptedServer, scripted_server
 
@@ -69,7 +70,8 @@ def test_k2_drop_on_the_wire_is_a_normal_end_with_the_removed_bytes(server: Scri
     coda = choice.model_extra["coda"]  # type: ignore[index]
     assert coda["state"] == "FINISHED" and coda["finish_reason"] == "eos"
     assert coda["utf8_tail_dropped"] == {"bytes": 1, "hex": "c3"}
-    assert coda["versions"] == {"finish_reason": 2, "stop_rule": "1"}  # L4, S4
+    assert coda["versions"] == {"finish_reason": FINISH_REASON_VERSION,
+                              "stop_rule": STOP_RULE_VERSION}  # L4, S4
     bad = httpx.post(server.url + "/v1/chat/completions",
                      json={"model": MODEL, "messages": MSG, "utf8_tail": "keep"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "utf8_tail"

@@ -203,6 +203,7 @@ BAD = [
     ({"model": MODEL, "messages": MSG, "max_tokens": 100000}, "max_tokens"),
     ({"model": MODEL, "messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"model": MODEL, "messages": MSG, "stop": ["x" * 300]}, "stop"),
+    ({"model": MODEL, "messages": MSG, "stop": ["ok\ud800"]}, "stop"),  # S1: lone surrogate
     ({"model": MODEL, "messages": MSG, "n": 0}, "n"),
     ({"model": MODEL, "messages": MSG, "logit_bias": {"99999": 1}}, "logit_bias"),
     ({"model": MODEL, "messages": MSG, "top_logprobs": 2}, "top_logprobs"),
@@ -217,7 +218,9 @@ BAD = [
 @pytest.mark.parametrize(("body", "param"), BAD, ids=[p for _, p in BAD])
 def test_bad_input_is_400_naming_the_field(server_live: Any, body: dict[str, Any],
                                            param: str) -> None:
-    r = httpx.post(server_live.url + "/v1/chat/completions", json=body)
+    # NOTE: ASCII-escaped JSON, so a lone surrogate travels as the client would send it
+    r = httpx.post(server_live.url + "/v1/chat/completions", content=json.dumps(body),
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err

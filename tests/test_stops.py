@@ -13,12 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.errors import InvalidRequestError
+from coda.loop import generate
+from coda.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
+from coda.step import OutputSpec
 from coda.stops import (
     STOP_RULE_VERSION,
     StopHit,
     StopMatcherClosed,
     StopStringMatcher,
     StopTokenMatcher,
+    stop_bytes,
 )
 
 # ---------------------------------------------------------------- brute-force oracles
@@ -292,3 +296,20 @@ def test_s1_s4_token_sequences_match_oracle(ids: list[int], seqs: list[list[int]
     else:
         assert got is not None and (got.index, got.start, got.end) == expected
         assert got.stop == tuple(seqs[expected[0]])
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "ok\udfff", "a\ud83d"])
+def test_s1_stop_with_a_lone_surrogate_is_an_invalid_request(bad: str) -> None:
+    """S1 (issue 8 defect 9): a stop string with no UTF-8 form is InvalidRequestError naming
+    the field, from the matcher and from the reference loop, never a UnicodeEncodeError."""
+    with pytest.raises(InvalidRequestError) as e:
+        StopStringMatcher(["fine", bad])
+    assert e.value.field == "stop"
+    with pytest.raises(InvalidRequestError) as e:
+        stop_bytes(bad, "stop_sequences")
+    assert e.value.field == "stop_sequences"
+    tok = scripted_tokenizer({101: b"AB"})
+    spec = OutputSpec(max_output_tokens=3, context_limit=100, prompt_len=1, stop_strings=(bad,))
+    with pytest.raises(InvalidRequestError) as e:
+        generate([1], spec, ScriptedModel([101, 101, 101]), ScriptedChooser(), tok)
+    assert e.value.field == "stop"

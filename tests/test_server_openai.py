@@ -4,6 +4,7 @@ with the official ``openai`` client and raw SSE (issue 4; SPEC P1–P4, L3–L6,
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -290,3 +291,20 @@ def test_l6_logprobs_cover_every_token_of_a_length_limited_output(client: openai
                                               logprobs=True, seed=seed,
                                               extra_body={"ignore_eos": True})
         assert len(chat.choices[0].logprobs.content) == 6
+
+
+def test_p5_streamed_timings_include_a_measured_network_send(server_live: Any) -> None:
+    """P5: the final chunk's ``coda.timings`` carries every phase; network_send_s is measured
+    (frames were written before it) and no phase exceeds the client's own wall time."""
+    t0 = time.perf_counter()
+    with httpx.stream("POST", server_live.url + "/v1/chat/completions", json={
+            "model": MODEL, "messages": MSG, "max_tokens": 6, "stream": True,
+            "ignore_eos": True}) as resp:
+        events = sse_events(resp)
+    wall = time.perf_counter() - t0
+    chunks = [json.loads(e["data"]) for e in events[:-1]]
+    final = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+    tm = final["coda"]["timings"]
+    assert 0.0 < tm["network_send_s"] < wall
+    assert tm["decode_s"] > 0.0 and tm["prefill_s"] > 0.0 and tm["total_s"] < wall
+    assert abs(tm["queue_s"] + tm["prefill_s"] + tm["decode_s"] - tm["total_s"]) < 1e-6

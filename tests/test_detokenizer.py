@@ -95,7 +95,9 @@ def _check_against_oracle(tok: Tokenizer, prompt: list[int], ids: list[int], ski
     if final is not None:
         assert emitted + final == want
     else:  # K3: a trailing partial character: decode() shows it as U+FFFD, finish() raises
-        assert want.startswith(emitted) and set(want[len(emitted) :].decode()) == {FFFD}
+        # NOTE: the rest may be empty when the prompt's own U+FFFD already covers that tail
+        assert ids and want.startswith(emitted)
+        assert set(want[len(emitted) :].decode()) <= {FFFD}
 
 
 @pytest.mark.parametrize("skip", [True, False])

@@ -9,6 +9,7 @@ from tokenizers import Tokenizer
 
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
+from tests.conftest import examples
 from tests.tokenizer_fixtures import ALL_FAMILIES, SPECIAL_TOKENS
 
 FAMILIES = sorted(ALL_FAMILIES)
@@ -108,7 +109,7 @@ def test_k2_k3_incremental_equals_batch_decode(family: str, skip: bool) -> None:
     Half the cases run after a prompt that may end in a byte-fallback run (K4)."""
     tok = ALL_FAMILIES[family]()
 
-    @settings(deadline=None, max_examples=120)
+    @settings(deadline=None, max_examples=examples(120))
     @given(st.lists(_ids_strategy(tok), max_size=50),
            st.one_of(st.just([]), _prompt_strategy(tok)))
     def check(ids: list[int], prompt: list[int]) -> None:
@@ -124,7 +125,7 @@ def test_k2_k4_prompt_context_bytes_follow_the_prompts_decode(family: str, skip:
     of decode(prompt+out) after decode(prompt): the prompt's tail is never echoed."""
     tok = ALL_FAMILIES[family]()
 
-    @settings(deadline=None, max_examples=80)
+    @settings(deadline=None, max_examples=examples(80))
     @given(_prompt_strategy(tok), st.lists(_ids_strategy(tok), max_size=30))
     def check(prompt: list[int], ids: list[int]) -> None:
         _check_against_oracle(tok, prompt, ids, skip)

@@ -24,6 +24,7 @@ from coda.stops import (
     StopTokenMatcher,
     stop_bytes,
 )
+from tests.conftest import examples
 
 # ---------------------------------------------------------------- brute-force oracles
 
@@ -246,7 +247,7 @@ def split(draw: st.DrawFn, data: bytes) -> list[bytes]:
     return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=examples(200))
 @given(st.data(), texts, stop_sets, st.booleans())
 def test_s2_s3_s4_streamed_equals_oracle_properties(
         data: st.DataObject, text: bytes, stops: list[str], include: bool) -> None:
@@ -280,7 +281,7 @@ def test_s2_s3_s4_streamed_equals_oracle_properties(
     assert m.emitted_bytes == len(out)
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=examples(200))
 @given(st.lists(st.integers(0, 2), max_size=30),
        st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=4), min_size=1, max_size=4))
 def test_s1_s4_token_sequences_match_oracle(ids: list[int], seqs: list[list[int]]) -> None:

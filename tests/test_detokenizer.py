@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
+from coda import detokenizer
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
 from tests.conftest import examples
@@ -295,3 +296,19 @@ def test_k1_history_suffix_stays_bounded(family: str) -> None:
         longest = max(longest, int(str(det.snapshot()["history_suffix_len"])))
     assert out + det.finish() == tok.decode(ids).encode()
     assert longest <= 16
+
+
+@pytest.fixture(autouse=True)
+def _fresh_profiles() -> None:
+    """Each test builds its tokenizer profiles itself (K1), so a profile computed once for the
+    whole session cannot hide a defect in building one."""
+    detokenizer._PROFILES.clear()
+
+
+def test_k2_byte_level_alphabet_is_gpt2s_byte_to_unicode_map() -> None:
+    """K2: the byte view of byte-level BPE tokens uses GPT-2's reversible map: printable
+    Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onwards, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    want = {chr(b): b for b in printable} | {chr(0x100 + k): b for k, b in enumerate(others)}
+    assert detokenizer._byte_level_table() == want and len(want) == 256

@@ -192,6 +192,7 @@ class IncrementalDetokenizer:
         self._boundary: str | None = self._text
         self._base = len(self._text)  # NOTE: chars of the window text that are prompt, not output
         self._any_rendered = self._has_context(len(self._window))
+        self._output_rendered = False  # NOTE: has an output token rendered anything yet?
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -205,6 +206,8 @@ class IncrementalDetokenizer:
             raise RuntimeError("push() after finish()/discard_pending()")
         if self._views[token_id] is None or not self._any_rendered:
             self._note(token_id)
+        if self._views[token_id] is not None:
+            self._output_rendered = True
         self._count += 1
         self._window.append(token_id)
         text = self._text = self._tok.decode(self._window, skip_special_tokens=self._skip)
@@ -223,7 +226,7 @@ class IncrementalDetokenizer:
         """Drain the held tail at a normal end (G2); DecodingError if it is not valid text (K3)."""
         self._closed = True
         tail, pending = self._text[self._emitted :], self._pending
-        if self._count == 0:
+        if not self._output_rendered:
             pending = b""  # NOTE: a residue of the prompt alone is context, not output (K3)
         self._emitted = len(self._text)
         self._pending = b""

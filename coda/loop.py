@@ -64,6 +64,10 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
     """
     sink = trace if trace is not None else NullTraceSink()
     stream = stream if stream is not None else RequestStream(request_id)
+    # NOTE: built first, so a bad stop (InvalidRequestError) raises before anything is held
+    proc = OutputProcessor(request_id, tokenizer, spec, stream, sink,
+                           prompt_token_ids=tuple(prompt_ids), grammar_done=grammar_done,
+                           early_stop=early_stop)
     run = RequestRun(request_id, stream, sink, prompt_tokens=len(prompt_ids))
     run.acquire(ResourceKind.STREAM_BUFFER, lambda: None)
     run.acquire(ResourceKind.TRACE_HANDLE, lambda: None)
@@ -97,9 +101,6 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
     run.processed_prompt_tokens = len(prompt_ids)
     cache_len = len(prompt_ids)
     record(tr.PREFILL_COMPLETED, cache_len=cache_len)
-    proc = OutputProcessor(request_id, tokenizer, spec, stream, sink,
-                           prompt_token_ids=tuple(prompt_ids), grammar_done=grammar_done,
-                           early_stop=early_stop)
     run.processor = proc
     run.lifecycle.transition(State.DECODING)
     run.decode_started = time.monotonic()

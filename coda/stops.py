@@ -44,6 +44,20 @@ STOP_RULE_VERSION: str = "2"
 string at the same token -> longest -> configuration order. Bump if the rule changes."""
 
 
+def stop_bytes(stop: object, field: str = "stop") -> bytes:
+    """The UTF-8 bytes a stop string is matched as (S1). One home for its validation: an empty
+    or non-string stop, or one that has no UTF-8 form (a lone surrogate such as ``"\\ud800"``,
+    which JSON can carry), is an InvalidRequestError naming ``field``, never a UnicodeError."""
+    if not isinstance(stop, str) or not stop:
+        raise InvalidRequestError(f"{field}: stop strings must be non-empty strings", field=field)
+    try:
+        return stop.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError(
+            f"{field}: a stop string must be valid Unicode text (no lone surrogates)",
+            field=field) from None
+
+
 class StopMatcherClosed(RuntimeError):
     """Output was pushed after the matcher ended (hit, flush or discard): a loop bug (S3)."""
 
@@ -173,12 +187,10 @@ class StopStringMatcher:
     """
 
     def __init__(self, stops: Sequence[str], *, include_stop_in_output: bool = False) -> None:
-        for s in stops:
-            if not isinstance(s, str) or not s:
-                raise InvalidRequestError("stop strings must be non-empty strings", field="stop")
+        encoded = tuple(stop_bytes(s) for s in stops)
         self._stops = tuple(stops)
         self._include = include_stop_in_output
-        auto = _compile_bytes(tuple(s.encode("utf-8") for s in stops)) if stops else None
+        auto = _compile_bytes(encoded) if stops else None
         self._auto = auto
         # NOTE: the root fast path calls _search first; with no stops it is {}.get (always None,
         # C speed), and closing swaps in _raise_closed, so push() needs no separate flag test.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from coda.finish import REASONS_BY_VERSION
+from coda.finish import REASONS_BY_VERSION, CancelCause
 from coda.lifecycle import TERMINAL_STATES, TRANSITIONS, State
 from coda.stops import STOP_RULE_VERSION
 
@@ -187,6 +187,7 @@ def _check_one(evs: list[TraceEvent]) -> list[str]:
             released[str(ev.data["resource"])] += 1
     if terminals == 0:
         out.append("no terminal event")
+    out.extend(_check_failure_rows(evs))
     for kind in set(acquired) | set(released):
         if acquired[kind] != 1 or released[kind] != 1:
             out.append(f"resource {kind}: acquired {acquired[kind]}x, released {released[kind]}x")
@@ -214,4 +215,34 @@ def _check_versions(ev: TraceEvent) -> list[str]:
     elif ev.data.get("reason") not in members:
         out.append(f"terminal: reason {ev.data.get('reason')!r} is not in finish-reason "
                    f"enum version {version} (L4)")
+    return out
+
+
+def _check_failure_rows(evs: list[TraceEvent]) -> list[str]:
+    """The §4.12 failure rows a trace can show (O2): EOS returned as text (row 1), a stop
+    string on the stream before its hit (row 2), a cancel reported as another reason, such as
+    a disconnect as eos (row 6). Rows 3, 4 and 7 are the T1, L2 and P2 checks above."""
+    out: list[str] = []
+    text = "".join(str(e.data.get("text", "")) for e in evs if e.kind == STREAM_DELTA)
+    # NOTE: an early stop's cancel row names its own reason (D6); other causes map one to one
+    cancels = [(str(e.data.get("cause")), e.data.get("reason"))
+               for e in evs if e.kind == CANCEL_REQUESTED]
+    for ev in evs:
+        if ev.kind == STOP_HIT and ev.data.get("which") == "string":
+            stop = str(ev.data.get("stop"))
+            # NOTE: include_stop_str_in_output may end the text with it, never show it earlier
+            if 0 <= text.find(stop) < len(text) - len(stop):
+                out.append(f"stop string {stop!r} reached the stream before its hit")
+        elif ev.kind == TERMINAL:
+            usage = ev.data.get("usage") or {}
+            selected = int(usage.get("selected_tokens", 0))
+            returned = int(usage.get("returned_tokens", 0))
+            if ev.data.get("reason") == "eos" and selected and returned >= selected:
+                out.append("eos terminal but every selected token was returned: EOS shown")
+            if ev.data.get("state") == State.CANCELLED.value and cancels:
+                cause, named = cancels[0]
+                want = named or CancelCause(cause).finish_reason.value
+                if ev.data.get("reason") != want:
+                    out.append(f"cancel by {cause} reported as {ev.data.get('reason')}, "
+                               f"not {want}")
     return out

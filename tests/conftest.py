@@ -17,6 +17,12 @@ settings.register_profile(
 settings.load_profile("coda")
 
 
+def examples(n: int) -> int:
+    """An explicit example count ``n`` scaled like the profile's (CODA_HYPOTHESIS_EXAMPLES per
+    100), so one variable bounds every property test (CI, mutation runs)."""
+    return max(1, n * int(os.environ.get("CODA_HYPOTHESIS_EXAMPLES", "100")) // 100)
+
+
 # --------------------------------------------------------------------------- live server (issue 4)
 # A real uvicorn server on loopback, in a background thread, over a tiny random checkpoint.
 # Fixtures are named ``server_*``; the engine and server are shared by the session.

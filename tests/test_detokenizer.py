@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
+from coda import detokenizer
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
+from tests.conftest import examples
 from tests.tokenizer_fixtures import ALL_FAMILIES, SPECIAL_TOKENS
 
 FAMILIES = sorted(ALL_FAMILIES)
@@ -95,7 +97,9 @@ def _check_against_oracle(tok: Tokenizer, prompt: list[int], ids: list[int], ski
     if final is not None:
         assert emitted + final == want
     else:  # K3: a trailing partial character: decode() shows it as U+FFFD, finish() raises
-        assert want.startswith(emitted) and set(want[len(emitted) :].decode()) == {FFFD}
+        # NOTE: the rest may be empty when the prompt's own U+FFFD already covers that tail
+        assert ids and want.startswith(emitted)
+        assert set(want[len(emitted) :].decode()) <= {FFFD}
 
 
 @pytest.mark.parametrize("skip", [True, False])
@@ -106,7 +110,7 @@ def test_k2_k3_incremental_equals_batch_decode(family: str, skip: bool) -> None:
     Half the cases run after a prompt that may end in a byte-fallback run (K4)."""
     tok = ALL_FAMILIES[family]()
 
-    @settings(deadline=None, max_examples=120)
+    @settings(deadline=None, max_examples=examples(120))
     @given(st.lists(_ids_strategy(tok), max_size=50),
            st.one_of(st.just([]), _prompt_strategy(tok)))
     def check(ids: list[int], prompt: list[int]) -> None:
@@ -122,7 +126,7 @@ def test_k2_k4_prompt_context_bytes_follow_the_prompts_decode(family: str, skip:
     of decode(prompt+out) after decode(prompt): the prompt's tail is never echoed."""
     tok = ALL_FAMILIES[family]()
 
-    @settings(deadline=None, max_examples=80)
+    @settings(deadline=None, max_examples=examples(80))
     @given(_prompt_strategy(tok), st.lists(_ids_strategy(tok), max_size=30))
     def check(prompt: list[int], ids: list[int]) -> None:
         _check_against_oracle(tok, prompt, ids, skip)
@@ -292,3 +296,19 @@ def test_k1_history_suffix_stays_bounded(family: str) -> None:
         longest = max(longest, int(str(det.snapshot()["history_suffix_len"])))
     assert out + det.finish() == tok.decode(ids).encode()
     assert longest <= 16
+
+
+@pytest.fixture(autouse=True)
+def _fresh_profiles() -> None:
+    """Each test builds its tokenizer profiles itself (K1), so a profile computed once for the
+    whole session cannot hide a defect in building one."""
+    detokenizer._PROFILES.clear()
+
+
+def test_k2_byte_level_alphabet_is_gpt2s_byte_to_unicode_map() -> None:
+    """K2: the byte view of byte-level BPE tokens uses GPT-2's reversible map: printable
+    Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onwards, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    want = {chr(b): b for b in printable} | {chr(0x100 + k): b for k, b in enumerate(others)}
+    assert detokenizer._byte_level_table() == want and len(want) == 256

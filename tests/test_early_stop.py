@@ -23,6 +23,7 @@ from coda.early_stop import (
     evaluate_stop_economics,
 )
 from coda.errors import ErrorCode, InvalidRequestError
+from tests.conftest import examples
 
 R = EarlyStopReason
 
@@ -226,7 +227,7 @@ def test_d3_token_approximation_cjk_and_ascii(text: str, tokens: int) -> None:
     assert approximate_output_tokens(text) == tokens
 
 
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=examples(150))
 @given(st.text(max_size=60))
 def test_d3_approximation_is_the_ceiling_of_exact_quarters(text: str) -> None:
     from fractions import Fraction
@@ -371,7 +372,7 @@ ops = st.lists(
 )
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=examples(200))
 @given(policies, ops)
 def test_d2_properties_finality_precedence_monotone_and_saved_bound(
     p: EarlyStopPolicy, script: list[tuple[Any, ...]]
@@ -426,7 +427,7 @@ def test_d2_properties_finality_precedence_monotone_and_saved_bound(
         assert ctl.decision is first_stop
 
 
-@settings(deadline=None, max_examples=100)
+@settings(deadline=None, max_examples=examples(100))
 @given(
     st.integers(0, 10_000),
     st.integers(0, 10_000),

@@ -174,6 +174,9 @@ def test_bad_requests_raise_typed_errors_before_any_work() -> None:
     with pytest.raises(InvalidRequestError) as e:
         engine.submit(GenerationRequest((5,), stop=("",)))
     assert e.value.field == "stop"
+    with pytest.raises(InvalidRequestError) as e:  # S1 (issue 8 defect 9): a lone surrogate
+        engine.submit(GenerationRequest((5,), stop=("ok\ud800",)))
+    assert e.value.field == "stop"
     with pytest.raises(InvalidRequestError) as e:
         engine.submit(GenerationRequest((5,), SamplingParams(logit_bias={10**9: 1.0})))
     assert engine.stats().num_requests_total == 0

@@ -162,8 +162,9 @@ def test_k3_g2_partial_utf8_tail_fails_on_finish_but_not_after_stop() -> None:
     assert t.finish_reason is FinishReason.STOP_SEQUENCE and run.stream.text() == "x"
 
 
-def test_g2_finish_tail_still_passes_the_stop_matcher() -> None:
-    """A stop string completed only by the drained tail still hits (G2)."""
+def test_s2_k3_stop_completed_by_a_characters_last_byte() -> None:
+    """S2, K3: "éx" spans a character split over two tokens and a third token: it hits while
+    decoding. (G2's drained-tail case is test_request_run.py's G2 test.)"""
     run, _, _ = run_script([107, 104, 105, 107, EOS_ID], stop_strings=("éx",))
     t = run.stream.terminal
     assert t is not None and t.finish_reason is FinishReason.STOP_SEQUENCE

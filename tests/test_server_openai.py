@@ -4,6 +4,7 @@ with the official ``openai`` client and raw SSE (issue 4; SPEC P1–P4, L3–L6,
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -203,6 +204,7 @@ BAD = [
     ({"model": MODEL, "messages": MSG, "max_tokens": 100000}, "max_tokens"),
     ({"model": MODEL, "messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"model": MODEL, "messages": MSG, "stop": ["x" * 300]}, "stop"),
+    ({"model": MODEL, "messages": MSG, "stop": ["ok\ud800"]}, "stop"),  # S1: lone surrogate
     ({"model": MODEL, "messages": MSG, "n": 0}, "n"),
     ({"model": MODEL, "messages": MSG, "logit_bias": {"99999": 1}}, "logit_bias"),
     ({"model": MODEL, "messages": MSG, "top_logprobs": 2}, "top_logprobs"),
@@ -217,7 +219,9 @@ BAD = [
 @pytest.mark.parametrize(("body", "param"), BAD, ids=[p for _, p in BAD])
 def test_bad_input_is_400_naming_the_field(server_live: Any, body: dict[str, Any],
                                            param: str) -> None:
-    r = httpx.post(server_live.url + "/v1/chat/completions", json=body)
+    # NOTE: ASCII-escaped JSON, so a lone surrogate travels as the client would send it
+    r = httpx.post(server_live.url + "/v1/chat/completions", content=json.dumps(body),
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
@@ -287,3 +291,20 @@ def test_l6_logprobs_cover_every_token_of_a_length_limited_output(client: openai
                                               logprobs=True, seed=seed,
                                               extra_body={"ignore_eos": True})
         assert len(chat.choices[0].logprobs.content) == 6
+
+
+def test_p5_streamed_timings_include_a_measured_network_send(server_live: Any) -> None:
+    """P5: the final chunk's ``coda.timings`` carries every phase; network_send_s is measured
+    (frames were written before it) and no phase exceeds the client's own wall time."""
+    t0 = time.perf_counter()
+    with httpx.stream("POST", server_live.url + "/v1/chat/completions", json={
+            "model": MODEL, "messages": MSG, "max_tokens": 6, "stream": True,
+            "ignore_eos": True}) as resp:
+        events = sse_events(resp)
+    wall = time.perf_counter() - t0
+    chunks = [json.loads(e["data"]) for e in events[:-1]]
+    final = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+    tm = final["coda"]["timings"]
+    assert 0.0 < tm["network_send_s"] < wall
+    assert tm["decode_s"] > 0.0 and tm["prefill_s"] > 0.0 and tm["total_s"] < wall
+    assert abs(tm["queue_s"] + tm["prefill_s"] + tm["decode_s"] - tm["total_s"]) < 1e-6

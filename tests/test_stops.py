@@ -13,13 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.errors import InvalidRequestError
+from coda.loop import generate
+from coda.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
+from coda.step import OutputSpec
 from coda.stops import (
     STOP_RULE_VERSION,
     StopHit,
     StopMatcherClosed,
     StopStringMatcher,
     StopTokenMatcher,
+    stop_bytes,
 )
+from tests.conftest import examples
 
 # ---------------------------------------------------------------- brute-force oracles
 
@@ -242,7 +247,7 @@ def split(draw: st.DrawFn, data: bytes) -> list[bytes]:
     return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=examples(200))
 @given(st.data(), texts, stop_sets, st.booleans())
 def test_s2_s3_s4_streamed_equals_oracle_properties(
         data: st.DataObject, text: bytes, stops: list[str], include: bool) -> None:
@@ -276,7 +281,7 @@ def test_s2_s3_s4_streamed_equals_oracle_properties(
     assert m.emitted_bytes == len(out)
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=examples(200))
 @given(st.lists(st.integers(0, 2), max_size=30),
        st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=4), min_size=1, max_size=4))
 def test_s1_s4_token_sequences_match_oracle(ids: list[int], seqs: list[list[int]]) -> None:
@@ -292,3 +297,20 @@ def test_s1_s4_token_sequences_match_oracle(ids: list[int], seqs: list[list[int]
     else:
         assert got is not None and (got.index, got.start, got.end) == expected
         assert got.stop == tuple(seqs[expected[0]])
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "ok\udfff", "a\ud83d"])
+def test_s1_stop_with_a_lone_surrogate_is_an_invalid_request(bad: str) -> None:
+    """S1 (issue 8 defect 9): a stop string with no UTF-8 form is InvalidRequestError naming
+    the field, from the matcher and from the reference loop, never a UnicodeEncodeError."""
+    with pytest.raises(InvalidRequestError) as e:
+        StopStringMatcher(["fine", bad])
+    assert e.value.field == "stop"
+    with pytest.raises(InvalidRequestError) as e:
+        stop_bytes(bad, "stop_sequences")
+    assert e.value.field == "stop_sequences"
+    tok = scripted_tokenizer({101: b"AB"})
+    spec = OutputSpec(max_output_tokens=3, context_limit=100, prompt_len=1, stop_strings=(bad,))
+    with pytest.raises(InvalidRequestError) as e:
+        generate([1], spec, ScriptedModel([101, 101, 101]), ScriptedChooser(), tok)
+    assert e.value.field == "stop"

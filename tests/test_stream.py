@@ -25,6 +25,7 @@ from coda.stream import (
     Terminal,
 )
 from coda.trace import ListTraceSink
+from tests.conftest import examples
 
 DONE = Terminal(State.FINISHED, FinishReason.EOS, Usage())
 
@@ -53,7 +54,7 @@ def test_l3_p2_no_delta_and_no_second_terminal_after_terminal() -> None:
     assert s.last_seq == 1
 
 
-@settings(deadline=None, max_examples=100)
+@settings(deadline=None, max_examples=examples(100))
 @given(st.lists(st.binary(min_size=1, max_size=5), max_size=20), st.integers(-1, 25),
        st.randoms())
 def test_p3_replay_from_any_seq_and_dedupe(chunks: list[bytes], after: int,

@@ -35,6 +35,7 @@ from coda.models.source import LoadedModel, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.request import RequestRun
 from coda.step import OutputProcessor, OutputSpec
+from coda.stops import stop_bytes
 from coda.stream import RequestStream
 from coda.trace import JsonlTraceSink, NullTraceSink, TraceSink
 
@@ -213,7 +214,7 @@ class AsyncEngine:
         if len(req.stop) > cfg.max_stop_strings:
             raise InvalidRequestError(f"at most {cfg.max_stop_strings} stop strings", field="stop")
         for s in req.stop:
-            if not s or len(s.encode()) > cfg.max_stop_string_bytes:
+            if len(stop_bytes(s)) > cfg.max_stop_string_bytes:  # NOTE: typed error on bad text
                 raise InvalidRequestError(
                     f"each stop string must be 1..{cfg.max_stop_string_bytes} bytes", field="stop")
         for ids in req.stop_token_ids:

@@ -17,6 +17,7 @@ from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.sampling import SamplingParams
 from coda.server.schemas import CodaExtensions, ResponseFormat
+from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig, BackpressurePolicy
 
 
@@ -72,6 +73,7 @@ def _stops(stop: str | Sequence[str] | None, field: str) -> tuple[str, ...]:
     for s in items:
         if not s:
             raise InvalidRequestError(f"{field}: a stop string must not be empty", field=field)
+        stop_bytes(s, field)  # NOTE: a lone surrogate is a 400 naming the field (S1)
     return items
 
 

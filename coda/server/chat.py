@@ -95,7 +95,16 @@ def normalise_messages(messages: Sequence[Any], field: str = "messages",
                 f"{field}.{i}.role must be one of {sorted(roles)}, got {role!r}",
                 field=f"{field}.{i}.role")
         text = content_text(data.get("content"), f"{field}.{i}")
-        out.append({"role": "system" if role == "developer" else role, "content": text})
+        entry = {"role": "system" if role == "developer" else role, "content": text}
+        name = data.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise InvalidRequestError(f"{field}.{i}.name must be a string",
+                                          field=f"{field}.{i}.name")
+            # NOTE: as transformers' apply_chat_template: the template sees ``message.name``
+            # (ChatML and most templates ignore it; templates that use it render it).
+            entry["name"] = name
+        out.append(entry)
     return out
 
 

@@ -33,9 +33,14 @@ class OpenAIRenderer(Renderer):
     """Chunks of one chat / completion call over its n (× prompts) engine streams."""
 
     def __init__(self, record: Record, *, tokenizer: Any, include_usage: bool,
-                 logprobs: bool, after: Sequence[int] | None) -> None:
+                 logprobs: bool, after: Sequence[int] | None,
+                 continuous_usage: bool = False) -> None:
         super().__init__(len(record.handles), after)
         self.r, self.tok = record, tokenizer
+        self.continuous_usage = continuous_usage
+        # NOTE: tokens selected so far per choice (a resumed stream counts what it skipped)
+        self.selected = [sum(len(e.tokens) for e in h.stream.events_after(-1)[:a + 1])
+                         for h, a in zip(record.handles, self.after, strict=True)]
         self.chat = record.kind == "chat"
         self.include_usage, self.logprobs = include_usage, logprobs
         # NOTE: legacy text_offset continues where a resumed stream left off.
@@ -54,9 +59,11 @@ class OpenAIRenderer(Renderer):
                 return []
             choice = {"index": index, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None}
-            return [Frame(self._chunk([choice]), id=fid)]
+            return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
         if ev.type is EventType.DELTA:
-            return [Frame(self._chunk([self._delta_choice(index, ev)]), id=fid)]
+            self.selected[index] += len(ev.tokens)
+            return [Frame(self._chunk([self._delta_choice(index, ev)],
+                                      **self._running_usage(index)), id=fid)]
         terminal = ev.terminal
         assert terminal is not None
         ext = {"index": index, **coda_extension(
@@ -76,7 +83,17 @@ class OpenAIRenderer(Renderer):
             at = self.offsets[index]
             choice["logprobs"] = ({"content": lp.chat_entries(self.tok, trailing), "refusal": None}
                                   if self.chat else lp.legacy_logprobs(self.tok, trailing, at, at))
-        return [Frame(self._chunk([choice], coda=ext), id=fid)]
+        self.selected[index] = terminal.usage.selected_tokens
+        return [Frame(self._chunk([choice], coda=ext, **self._running_usage(index)), id=fid)]
+
+    def _running_usage(self, index: int) -> dict[str, Any]:
+        """vLLM's ``continuous_usage_stats``: the choice's usage so far on every chunk."""
+        if not self.continuous_usage:
+            return {}
+        prompt = self.r.extra["prompt_tokens"][index // self.r.extra["n"]]
+        done = self.selected[index]
+        return {"usage": {"prompt_tokens": prompt, "completion_tokens": done,
+                          "total_tokens": prompt + done}}
 
     def _delta_choice(self, index: int, ev: StreamEvent) -> dict[str, Any]:
         text = ev.text
@@ -104,6 +121,10 @@ class OpenAIRenderer(Renderer):
 
 
 def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
+    if body.stream_options is not None and not body.stream:
+        # NOTE: as OpenAI: stream options without a stream are an error, never ignored.
+        raise InvalidRequestError("stream_options: only allowed when stream is true",
+                                  field="stream_options")
     if isinstance(body, ChatCompletionRequest):
         if body.tools and body.tool_choice != "none":
             raise InvalidRequestError("tools: tool calling is not supported", field="tools")
@@ -168,13 +189,17 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                                    backpressure=st.settings.backpressure)
     handles = st.submit_all(requests, rename_map(knobs))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats)
     tok = st.engine.tokenizer
     record = Record(rid, "chat" if chat else "completion", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: OpenAIRenderer(
                         record, tokenizer=tok, include_usage=include_usage,
-                        logprobs=logprobs is not None, after=after),
-                    extra={"n": body.n})
+                        logprobs=logprobs is not None, after=after,
+                        continuous_usage=continuous),
+                    extra={"n": body.n, "prompt_tokens": [len(p) for p in prompts]})
     st.store.put(record)
+    if chat and body.store is False:  # type: ignore[union-attr]
+        st.forget_when_done(record)  # NOTE: not kept for resume once it ended (privacy)
     terminals = await stream_or_wait(request, st, record, stream=body.stream,
                                      policy=body.on_disconnect or st.settings.on_disconnect,
                                      headers={"x-request-id": rid})

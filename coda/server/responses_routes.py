@@ -30,6 +30,7 @@ from coda.server.common import (
     stream_or_wait,
     terminal_of,
 )
+from coda.server.fields import reject_unhonoured
 from coda.server.http_errors import ApiError
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
 from coda.server.params import Knobs, build_requests, encode, rename_map
@@ -59,6 +60,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         "parallel_tool_calls": False, "temperature": record.extra.get("temperature"),
         "top_p": record.extra.get("top_p"), "tool_choice": "auto", "tools": [],
         "text": {"format": record.extra["format"]}, "truncation": "disabled", "usage": None,
+        "store": record.extra.get("store", True),
     }
     if initial:
         return body
@@ -175,7 +177,7 @@ def _grammar(fmt: TextFormat | None) -> GrammarSpec | None:
 
 def _record(request: Request, rid: str) -> Record:
     record = state_of(request).store.get(rid)
-    if record is None or record.kind != "response":
+    if record is None or record.kind != "response" or not record.extra.get("store", True):
         raise ApiError(404, f"No response found with id '{rid}'", param="response_id",
                        code="not_found")
     return record
@@ -188,6 +190,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     st.check_model(body.model)
     if body.tools:
         raise InvalidRequestError("tools: tool calling is not supported", field="tools")
+    reject_unhonoured(body)
     if body.previous_response_id:
         raise InvalidRequestError("previous_response_id: not supported",
                                   field="previous_response_id")
@@ -216,8 +219,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                     extra={"instructions": body.instructions, "metadata": body.metadata or {},
                            "max_output_tokens": body.max_output_tokens,
                            "temperature": body.temperature, "top_p": body.top_p,
-                           "format": fmt_dump})
+                           "format": fmt_dump, "store": body.store})
     st.store.put(record)
+    if not body.store:
+        st.forget_when_done(record)  # NOTE: store=false: never retrievable, not kept
     if body.background:
         st.keep_draining(handles[0])  # NOTE: acks the log so nobody-reading never overflows
     if body.background and not body.stream:

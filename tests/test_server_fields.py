@@ -135,3 +135,57 @@ def test_p1_harmless_metadata_and_anthropic_cache_control_are_accepted(
             {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}],
         extra_body={"cache_control": {"type": "ephemeral"}})
     assert m.role == "assistant"
+
+
+# --------------------------------------------------------------------------- logprobs (item 3)
+def test_p1_l6_responses_final_output_text_carries_the_logprobs(
+        server_live: Any, client: openai.OpenAI) -> None:
+    """P1/L6: with ``top_logprobs`` and ``include``, the final ``output_text`` (non-streamed,
+    retrieved, and in ``output_text.done`` / ``content_part.done`` / the terminal response)
+    carries every returned token's logprobs — the same entries the deltas carried."""
+    kw: dict[str, Any] = {"model": MODEL, "input": "hi", "max_output_tokens": 6,
+                          "top_logprobs": 2, "include": ["message.output_text.logprobs"],
+                          "extra_body": {"ignore_eos": True}}
+    r = client.responses.create(**kw)
+    final = r.output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert len(final) == 6 and all(len(e.top_logprobs) == 2 for e in final)
+    assert "".join(e.token for e in final) == r.output_text
+    got = client.responses.retrieve(r.id).output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert [e.model_dump() for e in got] == [e.model_dump() for e in final]
+    with client.responses.create(stream=True, **kw) as stream:
+        events = list(stream)
+    deltas = [e.model_dump() for ev in events if ev.type == "response.output_text.delta"
+              for e in ev.logprobs]
+    assert len(deltas) == 6
+    done = next(ev for ev in events if ev.type == "response.output_text.done")
+    part = next(ev for ev in events if ev.type == "response.content_part.done")
+    last = events[-1].response.output[0].content[0]  # type: ignore[union-attr]
+    for entries in (done.logprobs, part.part.logprobs, last.logprobs):  # type: ignore[union-attr]
+        assert [e.model_dump() for e in entries] == deltas
+
+
+def test_p1_completions_text_offset_skips_special_tokens(server_engine: Any,
+                                                         client: openai.OpenAI) -> None:
+    """P1: legacy ``text_offset`` is each token's start in the returned text; a special token
+    the request skips adds no text, so it does not move the offset — streamed and not."""
+    tok = server_engine.tokenizer
+    special = tok.token_to_id("<|im_start|>")
+    bias = {str(tok.token_to_id(t)): 100 for t in (".", "x")} | {str(special): 100}
+    kw: dict[str, Any] = {"model": MODEL, "prompt": "Hello", "max_tokens": 16, "logprobs": 0,
+                          "seed": 3, "temperature": 1.0, "logit_bias": bias,
+                          "extra_body": {"ignore_eos": True}}
+    r = client.completions.create(**kw)
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.text_offset is not None
+    assert "<|im_start|>" in lp.tokens and len(set(lp.tokens)) > 1
+    expected, at = [], 0
+    for t in lp.tokens:
+        expected.append(at)
+        at += 0 if t == "<|im_start|>" else len(t)
+    assert lp.text_offset == expected
+    assert at == len(r.choices[0].text)
+    offsets: list[int] = []
+    for chunk in client.completions.create(stream=True, **kw):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            offsets += chunk.choices[0].logprobs.text_offset or []
+    assert offsets == expected

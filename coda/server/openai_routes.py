@@ -38,6 +38,7 @@ class OpenAIRenderer(Renderer):
         super().__init__(len(record.handles), after)
         self.r, self.tok = record, tokenizer
         self.continuous_usage = continuous_usage
+        self.skip = bool(record.extra.get("skip_special", True))
         # NOTE: tokens selected so far per choice (a resumed stream counts what it skipped)
         self.selected = [sum(len(e.tokens) for e in h.stream.events_after(-1)[:a + 1])
                          for h, a in zip(record.handles, self.after, strict=True)]
@@ -82,7 +83,8 @@ class OpenAIRenderer(Renderer):
         if self.logprobs and trailing:  # textless last tokens: logprobs on the final chunk
             at = self.offsets[index]
             choice["logprobs"] = ({"content": lp.chat_entries(self.tok, trailing), "refusal": None}
-                                  if self.chat else lp.legacy_logprobs(self.tok, trailing, at, at))
+                                  if self.chat else lp.legacy_logprobs(
+                                      self.tok, trailing, at, at, skip_special=self.skip))
         self.selected[index] = terminal.usage.selected_tokens
         return [Frame(self._chunk([choice], coda=ext, **self._running_usage(index)), id=fid)]
 
@@ -104,7 +106,8 @@ class OpenAIRenderer(Renderer):
                     "finish_reason": None}
         start = self.offsets[index]
         self.offsets[index] += len(text)
-        legacy = (lp.legacy_logprobs(self.tok, ev.tokens, start, self.offsets[index])
+        legacy = (lp.legacy_logprobs(self.tok, ev.tokens, start, self.offsets[index],
+                                     skip_special=self.skip)
                   if self.logprobs else None)
         return {"index": index, "text": text, "logprobs": legacy, "finish_reason": None}
 
@@ -196,7 +199,8 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                         record, tokenizer=tok, include_usage=include_usage,
                         logprobs=logprobs is not None, after=after,
                         continuous_usage=continuous),
-                    extra={"n": body.n, "prompt_tokens": [len(p) for p in prompts]})
+                    extra={"n": body.n, "prompt_tokens": [len(p) for p in prompts],
+                           "skip_special": body.skip_special_tokens})
     st.store.put(record)
     if chat and body.store is False:  # type: ignore[union-attr]
         st.forget_when_done(record)  # NOTE: not kept for resume once it ended (privacy)
@@ -232,7 +236,9 @@ def _final_object(record: Record, terminals: list[Terminal], tok: Any,
             if with_logprobs:
                 parts, pos = [], 0
                 for text, toks in c.deltas:
-                    parts.append(lp.legacy_logprobs(tok, toks, pos, pos + len(text)))
+                    parts.append(lp.legacy_logprobs(
+                        tok, toks, pos, pos + len(text),
+                        skip_special=record.extra.get("skip_special", True)))
                     pos += len(text)
                 legacy = lp.merge_legacy(parts)
             choices.append({"index": i, "text": c.text, "logprobs": legacy,

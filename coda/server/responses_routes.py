@@ -84,14 +84,28 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
             body["incomplete_details"] = {
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
         body["coda"] = coda_extension(terminal)
-    body["output"] = [_message_item(record, text, item_status)]
+    body["output"] = [_message_item(record, text, item_status, _logprobs(record, stream))]
     return body
 
 
-def _message_item(record: Record, text: str, status: str) -> dict[str, Any]:
+def _logprobs(record: Record, stream: RequestStream) -> list[dict[str, Any]]:
+    """Every returned token's logprobs so far (the final ``output_text`` carries them all,
+    like the deltas did; trailing tokens as :func:`coda.server.logprobs.reported_trailing`)."""
+    tok = record.extra.get("logprobs_tokenizer")
+    if tok is None:
+        return []
+    tokens = [t for e in stream.events_after(-1) if e.type is EventType.DELTA for t in e.tokens]
+    terminal = stream.terminal
+    if terminal is not None:
+        tokens.extend(lp.reported_trailing(terminal))
+    return lp.chat_entries(tok, tokens)
+
+
+def _message_item(record: Record, text: str, status: str,
+                  logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "message", "id": _item_id(record), "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [],
-                         "logprobs": []}]}
+                         "logprobs": logprobs or []}]}
 
 
 class ResponsesRenderer(Renderer):
@@ -135,7 +149,7 @@ class ResponsesRenderer(Renderer):
         kind, _ = responses_status(ev.terminal.finish_reason)
         item = final["output"][0]
         return (self._emit({"type": "response.output_text.done", **ids, "text": self.text,
-                            "logprobs": []})
+                            "logprobs": item["content"][0]["logprobs"]})
                 + self._emit({"type": "response.content_part.done", **ids,
                               "part": item["content"][0]})
                 + self._emit({"type": "response.output_item.done", "output_index": 0,
@@ -219,7 +233,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                     extra={"instructions": body.instructions, "metadata": body.metadata or {},
                            "max_output_tokens": body.max_output_tokens,
                            "temperature": body.temperature, "top_p": body.top_p,
-                           "format": fmt_dump, "store": body.store})
+                           "format": fmt_dump, "store": body.store,
+                           "logprobs_tokenizer": tok if logprobs is not None else None})
     st.store.put(record)
     if not body.store:
         st.forget_when_done(record)  # NOTE: store=false: never retrievable, not kept

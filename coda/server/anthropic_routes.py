@@ -48,6 +48,8 @@ class AnthropicRenderer(Renderer):
     def __init__(self, record: Record, after: list[int] | None) -> None:
         super().__init__(1, after)
         self.r = record
+        if record.extra.get("verify"):
+            self.enable_verify(record.streams)
 
     def _frame(self, kind: str, fid: str, **data: Any) -> Frame:
         return Frame({"type": kind, **data}, event=kind, id=fid)
@@ -65,7 +67,8 @@ class AnthropicRenderer(Renderer):
                     self._frame("ping", fid)]
         if ev.type is EventType.DELTA:
             return [self._frame("content_block_delta", fid, index=0,
-                                delta={"type": "text_delta", "text": ev.text})]
+                                delta={"type": "text_delta", "text": ev.text},
+                                **self.stamp(index, ev))]
         terminal = ev.terminal
         assert terminal is not None
         ext = coda_extension(
@@ -121,7 +124,7 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
     handles = st.submit_all(reqs, rename_map(knobs))
     record = Record(rid, "anthropic", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: AnthropicRenderer(record, after),
-                    extra={"input_tokens": len(ids)})
+                    extra={"input_tokens": len(ids), "verify": body.stream_verify})
     st.store.put(record)
     done = await stream_or_wait(request, st, record, stream=body.stream,
                                 policy=body.on_disconnect or st.settings.on_disconnect,

@@ -39,6 +39,8 @@ class OpenAIRenderer(Renderer):
         self.r, self.tok = record, tokenizer
         self.continuous_usage = continuous_usage
         self.skip = bool(record.extra.get("skip_special", True))
+        if record.extra.get("verify"):
+            self.enable_verify(record.streams)
         # NOTE: tokens selected so far per choice (a resumed stream counts what it skipped)
         self.selected = [sum(len(e.tokens) for e in h.stream.events_after(-1)[:a + 1])
                          for h, a in zip(record.handles, self.after, strict=True)]
@@ -64,7 +66,8 @@ class OpenAIRenderer(Renderer):
         if ev.type is EventType.DELTA:
             self.selected[index] += len(ev.tokens)
             return [Frame(self._chunk([self._delta_choice(index, ev)],
-                                      **self._running_usage(index)), id=fid)]
+                                      **self._running_usage(index), **self.stamp(index, ev)),
+                          id=fid)]
         terminal = ev.terminal
         assert terminal is not None
         ext = {"index": index, **coda_extension(
@@ -200,7 +203,8 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                         logprobs=logprobs is not None, after=after,
                         continuous_usage=continuous),
                     extra={"n": body.n, "prompt_tokens": [len(p) for p in prompts],
-                           "skip_special": body.skip_special_tokens})
+                           "skip_special": body.skip_special_tokens,
+                           "verify": body.stream_verify})
     st.store.put(record)
     if chat and body.store is False:  # type: ignore[union-attr]
         st.forget_when_done(record)  # NOTE: not kept for resume once it ended (privacy)

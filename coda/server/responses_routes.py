@@ -116,6 +116,8 @@ class ResponsesRenderer(Renderer):
         super().__init__(1, [-1])  # NOTE: always regenerate from the start (deterministic)
         self.r, self.tok, self.logprobs = record, tokenizer, logprobs
         self.skip, self.seq, self.text = starting_after, 0, ""
+        if record.extra.get("verify"):
+            self.enable_verify(record.streams)
 
     def _emit(self, obj: dict[str, Any]) -> list[Frame]:
         seq = self.seq
@@ -143,7 +145,7 @@ class ResponsesRenderer(Renderer):
             self.text += ev.text
             entries = lp.chat_entries(self.tok, ev.tokens) if self.logprobs else []
             return self._emit({"type": "response.output_text.delta", **ids, "delta": ev.text,
-                               "logprobs": entries})
+                               "logprobs": entries, **self.stamp(index, ev)})
         assert ev.terminal is not None
         final = response_object(self.r)
         kind, _ = responses_status(ev.terminal.finish_reason)
@@ -234,7 +236,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                            "max_output_tokens": body.max_output_tokens,
                            "temperature": body.temperature, "top_p": body.top_p,
                            "format": fmt_dump, "store": body.store,
-                           "logprobs_tokenizer": tok if logprobs is not None else None})
+                           "logprobs_tokenizer": tok if logprobs is not None else None,
+                           "verify": body.stream_verify})
     st.store.put(record)
     if not body.store:
         st.forget_when_done(record)  # NOTE: store=false: never retrievable, not kept

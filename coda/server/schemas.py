@@ -58,6 +58,7 @@ class CodaExtensions(_Strict):
     repetition_penalty: float | None = None
     backpressure: BackpressureBody | None = None
     response_format: ResponseFormat | None = None
+    stream_verify: bool = False  # P3: byte offset + running digest on every delta
 
 
 class _OpenAISampling(CodaExtensions):

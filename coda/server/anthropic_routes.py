@@ -68,6 +68,8 @@ class AnthropicRenderer(Renderer):
             for e in stream.events_after(-1):
                 if e.type is EventType.DELTA and e.seq <= self.after[0]:
                     self._blocks(self.parser.feed(e.text), "")  # NOTE: replays the block state
+        if record.extra.get("verify"):
+            self.enable_verify(record.streams)
 
     def _frame(self, kind: str, fid: str, **data: Any) -> Frame:
         return Frame({"type": kind, **data}, event=kind, id=fid)
@@ -90,7 +92,8 @@ class AnthropicRenderer(Renderer):
             if self.parser is not None:
                 return self._blocks(self.parser.feed(ev.text), fid)
             return [self._frame("content_block_delta", fid, index=0,
-                                delta={"type": "text_delta", "text": ev.text})]
+                                delta={"type": "text_delta", "text": ev.text},
+                                **self.stamp(index, ev))]
         terminal = ev.terminal
         assert terminal is not None
         ext = coda_extension(
@@ -185,7 +188,8 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
     handles = st.submit_all(reqs, rename_map(knobs))
     record = Record(rid, "anthropic", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: AnthropicRenderer(record, after),
-                    extra={"input_tokens": len(ids), "tools": bool(plan and plan.active)})
+                    extra={"input_tokens": len(ids), "tools": bool(plan and plan.active),
+                           "verify": body.stream_verify})
     st.store.put(record)
     done = await stream_or_wait(request, st, record, stream=body.stream,
                                 policy=body.on_disconnect or st.settings.on_disconnect,

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from coda.server import anthropic_routes, openai_routes, responses_routes
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
+from coda.server.integrity import resolve_resume
 from coda.server.logs import configure_logging
 from coda.server.sse import SSEResponse, parse_position_id
 from coda.server.state import ServerSettings, ServerState
@@ -122,10 +123,13 @@ def _operational_routes(app: FastAPI) -> None:
         return JSONResponse(_model_card(st.engine))
 
     @app.get("/v1/streams/{request_id}")
-    async def resume_stream(request_id: str, request: Request, after: str | None = None
+    async def resume_stream(request_id: str, request: Request, after: str | None = None,
+                            offset: str | None = None, digest: str | None = None
                             ) -> Response:
         """Coda extension (P3): replay a chat / completion / message stream after the SSE id
-        given as ``Last-Event-ID`` (or ``after``), then follow it live."""
+        given as ``Last-Event-ID`` (or ``after``), then follow it live. ``offset`` (and
+        ``digest``) name the output bytes the client holds; a mismatch is a 409
+        (:mod:`coda.server.integrity`)."""
         st = state_of(request)
         record = st.store.get(request_id)
         if record is None or record.kind == "response":
@@ -136,6 +140,7 @@ def _operational_routes(app: FastAPI) -> None:
         if raw is not None and raw.strip() and positions is None:
             raise ApiError(400, f"Last-Event-ID must be {len(record.handles)} comma-separated "
                                 "sequence numbers", param="Last-Event-ID")
+        positions = resolve_resume(record.streams, positions, offset, digest)
         return SSEResponse(record.streams, record.make_renderer(positions),
                            keepalive_s=st.settings.keepalive_s,
                            write_timeout_s=st.settings.write_timeout_s)

@@ -94,6 +94,14 @@ def normalise_messages(messages: Sequence[Any], field: str = "messages",
         for key in ("tool_calls", "tool_call_id"):  # NOTE: see coda.server.tool_messages
             if data.get(key):
                 item[key] = data[key]
+        name = data.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise InvalidRequestError(f"{field}.{i}.name must be a string",
+                                          field=f"{field}.{i}.name")
+            # NOTE: as transformers' apply_chat_template: the template sees ``message.name``
+            # (ChatML and most templates ignore it; templates that use it render it).
+            item["name"] = name
         out.append(item)
     return out
 

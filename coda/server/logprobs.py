@@ -47,12 +47,16 @@ def chat_entries(tokenizer: Any, tokens: Iterable[TokenInfo]) -> list[dict[str, 
     return out
 
 
-def legacy_logprobs(tokenizer: Any, tokens: Iterable[TokenInfo], start: int, end: int
-                    ) -> dict[str, Any]:
+def legacy_logprobs(tokenizer: Any, tokens: Iterable[TokenInfo], start: int, end: int, *,
+                    skip_special: bool = True) -> dict[str, Any]:
     """Legacy completions ``logprobs`` for the ``tokens`` of one delta whose text spans
-    characters ``[start, end)`` of the choice's text (offsets clamped into that span)."""
+    characters ``[start, end)`` of the choice's text (offsets clamped into that span).
+
+    A special token the request skips (``skip_special_tokens``) adds no text, so it does not
+    move the offset: ``[".", "<|endoftext|>", "user"]`` has offsets ``[0, 1, 1]``."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                            "text_offset": []}
+    skipped = profile_of(tokenizer).special_ids if skip_special else frozenset()
     offset = start
     for t in tokens:
         text = token_text(tokenizer, t.token_id)
@@ -60,7 +64,8 @@ def legacy_logprobs(tokenizer: Any, tokens: Iterable[TokenInfo], start: int, end
         out["token_logprobs"].append(t.logprob)
         out["top_logprobs"].append({token_text(tokenizer, i): lp for i, lp in t.top_logprobs})
         out["text_offset"].append(min(offset, end))
-        offset += len(text)
+        if t.token_id not in skipped:
+            offset += len(text)
     return out
 
 

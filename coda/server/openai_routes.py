@@ -34,9 +34,17 @@ class OpenAIRenderer(Renderer):
     """Chunks of one chat / completion call over its n (× prompts) engine streams."""
 
     def __init__(self, record: Record, *, tokenizer: Any, include_usage: bool,
-                 logprobs: bool, after: Sequence[int] | None) -> None:
+                 logprobs: bool, after: Sequence[int] | None,
+                 continuous_usage: bool = False) -> None:
         super().__init__(len(record.handles), after)
         self.r, self.tok = record, tokenizer
+        self.continuous_usage = continuous_usage
+        self.skip = bool(record.extra.get("skip_special", True))
+        if record.extra.get("verify"):
+            self.enable_verify(record.streams)
+        # NOTE: tokens selected so far per choice (a resumed stream counts what it skipped)
+        self.selected = [sum(len(e.tokens) for e in h.stream.events_after(-1)[:a + 1])
+                         for h, a in zip(record.handles, self.after, strict=True)]
         self.chat = record.kind == "chat"
         self.include_usage, self.logprobs = include_usage, logprobs
         # NOTE: legacy text_offset continues where a resumed stream left off.
@@ -61,11 +69,14 @@ class OpenAIRenderer(Renderer):
                 return []
             choice = {"index": index, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None}
-            return [Frame(self._chunk([choice]), id=fid)]
+            return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
         if ev.type is EventType.DELTA:
+            self.selected[index] += len(ev.tokens)
             if self.parsers is not None:
                 return self._tool_frames(index, self.parsers[index].feed(ev.text), ev, fid)
-            return [Frame(self._chunk([self._delta_choice(index, ev)]), id=fid)]
+            return [Frame(self._chunk([self._delta_choice(index, ev)],
+                                      **self._running_usage(index), **self.stamp(index, ev)),
+                          id=fid)]
         terminal = ev.terminal
         assert terminal is not None
         ext = {"index": index, **coda_extension(
@@ -89,8 +100,20 @@ class OpenAIRenderer(Renderer):
         if self.logprobs and trailing:  # textless last tokens: logprobs on the final chunk
             at = self.offsets[index]
             choice["logprobs"] = ({"content": lp.chat_entries(self.tok, trailing), "refusal": None}
-                                  if self.chat else lp.legacy_logprobs(self.tok, trailing, at, at))
-        return [*frames, Frame(self._chunk([choice], coda=ext), id=fid)]
+                                  if self.chat else lp.legacy_logprobs(
+                                      self.tok, trailing, at, at, skip_special=self.skip))
+        self.selected[index] = terminal.usage.selected_tokens
+        return [*frames,
+                Frame(self._chunk([choice], coda=ext, **self._running_usage(index)), id=fid)]
+
+    def _running_usage(self, index: int) -> dict[str, Any]:
+        """vLLM's ``continuous_usage_stats``: the choice's usage so far on every chunk."""
+        if not self.continuous_usage:
+            return {}
+        prompt = self.r.extra["prompt_tokens"][index // self.r.extra["n"]]
+        done = self.selected[index]
+        return {"usage": {"prompt_tokens": prompt, "completion_tokens": done,
+                          "total_tokens": prompt + done}}
 
     def _tool_frames(self, index: int, items: list[tl.Item], ev: StreamEvent | None,
                      fid: str) -> list[Frame]:
@@ -117,7 +140,8 @@ class OpenAIRenderer(Renderer):
                     "finish_reason": None}
         start = self.offsets[index]
         self.offsets[index] += len(text)
-        legacy = (lp.legacy_logprobs(self.tok, ev.tokens, start, self.offsets[index])
+        legacy = (lp.legacy_logprobs(self.tok, ev.tokens, start, self.offsets[index],
+                                     skip_special=self.skip)
                   if self.logprobs else None)
         return {"index": index, "text": text, "logprobs": legacy, "finish_reason": None}
 
@@ -134,6 +158,10 @@ class OpenAIRenderer(Renderer):
 
 
 def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
+    if body.stream_options is not None and not body.stream:
+        # NOTE: as OpenAI: stream options without a stream are an error, never ignored.
+        raise InvalidRequestError("stream_options: only allowed when stream is true",
+                                  field="stream_options")
     if isinstance(body, ChatCompletionRequest):
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
@@ -200,13 +228,20 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                                    backpressure=st.settings.backpressure)
     handles = st.submit_all(requests, rename_map(knobs))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats)
     tok = st.engine.tokenizer
     record = Record(rid, "chat" if chat else "completion", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: OpenAIRenderer(
                         record, tokenizer=tok, include_usage=include_usage,
-                        logprobs=logprobs is not None, after=after),
-                    extra={"n": body.n, "tools": bool(plan and plan.active)})
+                        logprobs=logprobs is not None, after=after,
+                        continuous_usage=continuous),
+                    extra={"n": body.n, "tools": bool(plan and plan.active),
+                           "prompt_tokens": [len(p) for p in prompts],
+                           "skip_special": body.skip_special_tokens,
+                           "verify": body.stream_verify})
     st.store.put(record)
+    if chat and body.store is False:  # type: ignore[union-attr]
+        st.forget_when_done(record)  # NOTE: not kept for resume once it ended (privacy)
     terminals = await stream_or_wait(request, st, record, stream=body.stream,
                                      policy=body.on_disconnect or st.settings.on_disconnect,
                                      headers={"x-request-id": rid})
@@ -247,7 +282,9 @@ def _final_object(record: Record, terminals: list[Terminal], tok: Any,
             if with_logprobs:
                 parts, pos = [], 0
                 for text, toks in c.deltas:
-                    parts.append(lp.legacy_logprobs(tok, toks, pos, pos + len(text)))
+                    parts.append(lp.legacy_logprobs(
+                        tok, toks, pos, pos + len(text),
+                        skip_special=record.extra.get("skip_special", True)))
                     pos += len(text)
                 legacy = lp.merge_legacy(parts)
             choices.append({"index": i, "text": c.text, "logprobs": legacy,

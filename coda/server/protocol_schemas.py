@@ -93,6 +93,8 @@ class AnthropicRequest(CodaExtensions):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    # NOTE: accepted, no effect needed: Coda caches prompt prefixes automatically (docs/api.md).
+    cache_control: dict[str, Any] | None = None
     # NOTE: top_k is Anthropic's own field; CodaExtensions already declares it.
 
 

@@ -32,6 +32,7 @@ from coda.server.common import (
     terminal_of,
 )
 from coda.server.failures import error_message, failed_json, is_failed
+from coda.server.fields import reject_unhonoured
 from coda.server.http_errors import ApiError
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
 from coda.server.params import Knobs, build_requests, encode, rename_map
@@ -62,6 +63,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         "parallel_tool_calls": False, "temperature": record.extra.get("temperature"),
         "top_p": record.extra.get("top_p"), "tool_choice": "auto", "tools": [],
         "text": {"format": record.extra["format"]}, "truncation": "disabled", "usage": None,
+        "store": record.extra.get("store", True),
     }
     if initial:
         return body
@@ -87,7 +89,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
             body["incomplete_details"] = {
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
         body["coda"] = coda_extension(terminal)
-    body["output"] = [_message_item(record, text, item_status),
+    body["output"] = [_message_item(record, text, item_status, _logprobs(record, stream)),
                       *(_call_item(record, k, "completed") for k in calls)]
     if record.extra.get("tools"):
         body.update(tools=record.extra["tools_echo"], tool_choice=record.extra["tool_choice"],
@@ -101,10 +103,24 @@ def _call_item(record: Record, call: tl.ToolCall, status: str) -> dict[str, Any]
             "arguments": call.arguments if status == "completed" else "", "status": status}
 
 
-def _message_item(record: Record, text: str, status: str) -> dict[str, Any]:
+def _logprobs(record: Record, stream: RequestStream) -> list[dict[str, Any]]:
+    """Every returned token's logprobs so far (the final ``output_text`` carries them all,
+    like the deltas did; trailing tokens as :func:`coda.server.logprobs.reported_trailing`)."""
+    tok = record.extra.get("logprobs_tokenizer")
+    if tok is None:
+        return []
+    tokens = [t for e in stream.events_after(-1) if e.type is EventType.DELTA for t in e.tokens]
+    terminal = stream.terminal
+    if terminal is not None:
+        tokens.extend(lp.reported_trailing(terminal))
+    return lp.chat_entries(tok, tokens)
+
+
+def _message_item(record: Record, text: str, status: str,
+                  logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "message", "id": _item_id(record), "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [],
-                         "logprobs": []}]}
+                         "logprobs": logprobs or []}]}
 
 
 class ResponsesRenderer(Renderer):
@@ -116,6 +132,8 @@ class ResponsesRenderer(Renderer):
         self.r, self.tok, self.logprobs = record, tokenizer, logprobs
         self.skip, self.seq, self.text = starting_after, 0, ""
         self.parser = tl.ToolCallParser() if record.extra.get("tools") else None
+        if record.extra.get("verify"):
+            self.enable_verify(record.streams)
 
     def _emit(self, obj: dict[str, Any]) -> list[Frame]:
         seq = self.seq
@@ -145,7 +163,7 @@ class ResponsesRenderer(Renderer):
                 return self._tool_events(self.parser.feed(ev.text), ids, entries)
             self.text += ev.text
             return self._emit({"type": "response.output_text.delta", **ids, "delta": ev.text,
-                               "logprobs": entries})
+                               "logprobs": entries, **self.stamp(index, ev)})
         assert ev.terminal is not None
         pre: list[Frame] = []
         if self.parser is not None:
@@ -154,7 +172,7 @@ class ResponsesRenderer(Renderer):
         kind, _ = responses_status(ev.terminal)
         item = final["output"][0]
         return (pre + self._emit({"type": "response.output_text.done", **ids, "text": self.text,
-                            "logprobs": []})
+                                  "logprobs": item["content"][0]["logprobs"]})
                 + self._emit({"type": "response.content_part.done", **ids,
                               "part": item["content"][0]})
                 + self._emit({"type": "response.output_item.done", "output_index": 0,
@@ -223,7 +241,7 @@ def _grammar(fmt: TextFormat | None) -> GrammarSpec | None:
 
 def _record(request: Request, rid: str) -> Record:
     record = state_of(request).store.get(rid)
-    if record is None or record.kind != "response":
+    if record is None or record.kind != "response" or not record.extra.get("store", True):
         raise ApiError(404, f"No response found with id '{rid}'", param="response_id",
                        code="not_found")
     return record
@@ -235,6 +253,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     st = state_of(request)
     st.check_model(body.model)
     plan = tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
+    reject_unhonoured(body)
     if body.previous_response_id:
         raise InvalidRequestError("previous_response_id: not supported",
                                   field="previous_response_id")
@@ -268,8 +287,13 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                            "temperature": body.temperature, "top_p": body.top_p,
                            "format": fmt_dump, "tools": bool(plan and plan.active),
                            "tools_echo": body.tools or [], "parallel": plan.parallel if plan
-                           else False, "tool_choice": body.tool_choice or "auto"})
+                           else False, "tool_choice": body.tool_choice or "auto",
+                           "store": body.store,
+                           "logprobs_tokenizer": tok if logprobs is not None else None,
+                           "verify": body.stream_verify})
     st.store.put(record)
+    if not body.store:
+        st.forget_when_done(record)  # NOTE: store=false: never retrievable, not kept
     if body.background:
         st.keep_draining(handles[0])  # NOTE: acks the log so nobody-reading never overflows
     if body.background and not body.stream:

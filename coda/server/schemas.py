@@ -59,6 +59,7 @@ class CodaExtensions(_Strict):
     backpressure: BackpressureBody | None = None
     response_format: ResponseFormat | None = None
     utf8_tail: Literal["fail", "drop"] = "fail"
+    stream_verify: bool = False  # P3: byte offset + running digest on every delta
 
 
 class _OpenAISampling(CodaExtensions):

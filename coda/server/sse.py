@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from coda.server.connection import ClientGone, Connection
+from coda.server.integrity import DeltaIntegrity
 from coda.server.replay import merge_order
 from coda.stream import EventType, RequestStream, StreamEvent
 
@@ -64,6 +65,15 @@ class Renderer:
         # NOTE: updated by the pump (P5 "network send"); rendered through the request's
         # DeliveryRecord so a replay shows the first delivery's value (P3).
         self.network_send_s = 0.0
+
+    verify: DeltaIntegrity | None = None  # NOTE: set when the request opted in (P3)
+
+    def enable_verify(self, streams: Sequence[RequestStream]) -> None:
+        self.verify = DeltaIntegrity(streams, self.after)
+
+    def stamp(self, index: int, ev: StreamEvent) -> dict[str, Any]:
+        """``{"coda": {offset, length, digest}}`` for a delta of an opted-in request, else {}."""
+        return {} if self.verify is None else {"coda": self.verify.stamp(index, ev)}
 
     def header(self) -> list[Frame]:
         return []

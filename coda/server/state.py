@@ -99,6 +99,10 @@ class RecordStore:
         with self._lock:
             return self._items.get(rid)
 
+    def remove(self, rid: str) -> None:
+        with self._lock:
+            self._items.pop(rid, None)
+
     def records(self) -> list[Record]:
         with self._lock:
             return list(self._items.values())
@@ -170,6 +174,20 @@ class ServerState:
                 pass
 
         task = asyncio.get_running_loop().create_task(drain())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def forget_when_done(self, record: Record) -> None:
+        """Drop ``record`` from the store once every handle has its terminal (Responses
+        ``store: false``): after the stream ends nothing of it is kept or retrievable."""
+
+        async def forget() -> None:
+            for h in record.handles:
+                async for _ in h.events():
+                    pass
+            self.store.remove(record.id)
+
+        task = asyncio.get_running_loop().create_task(forget())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

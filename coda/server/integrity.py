@@ -1,0 +1,114 @@
+"""Verifiable resume (issue 8, P3 extension; SPEC P2, P3).
+
+Opt-in with the Coda extension ``stream_verify: true``. Every delta then carries, per choice,
+
+    "coda": {"offset": <bytes of the output before this delta>,
+             "length": <bytes in this delta>,
+             "digest": "<sha256 hex of the output's bytes through this delta>"}
+
+so a client can check that what it holds is a prefix of the output. A resume names what it
+holds: ``GET /v1/streams/{id}?offset=N&digest=HEX`` (n > 1: comma-separated, one per choice;
+``digest`` optional). The server replays from the delta boundary at that byte offset; an offset
+that is not a delta boundary, a digest that differs from the output's bytes up to it, or an
+offset that disagrees with ``Last-Event-ID`` is a 409, never a silent splice.
+
+Offsets count UTF-8 bytes of the returned text (deltas end on character boundaries, K3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from coda.server.http_errors import ApiError
+from coda.stream import EventType, RequestStream, StreamEvent
+
+
+def _hash_through(stream: RequestStream, seq: int) -> tuple[int, Any]:
+    """(bytes, running sha256) of ``stream``'s deltas with sequence number <= ``seq``."""
+    h = hashlib.sha256()
+    n = 0
+    for ev in stream.events_after(-1):
+        if ev.seq > seq:
+            break
+        if ev.type is EventType.DELTA:
+            h.update(ev.data)
+            n += len(ev.data)
+    return n, h
+
+
+class DeltaIntegrity:
+    """Running offset and digest of each choice, starting after the resume positions."""
+
+    def __init__(self, streams: Sequence[RequestStream], after: Sequence[int]) -> None:
+        state = [_hash_through(s, a) for s, a in zip(streams, after, strict=True)]
+        self._offsets = [n for n, _ in state]
+        self._hashes = [h for _, h in state]
+
+    def stamp(self, index: int, ev: StreamEvent) -> dict[str, Any]:
+        """The ``coda`` object of delta ``ev`` of choice ``index`` (call once per delta, in
+        order)."""
+        offset = self._offsets[index]
+        self._hashes[index].update(ev.data)
+        self._offsets[index] += len(ev.data)
+        return {"offset": offset, "length": len(ev.data),
+                "digest": self._hashes[index].hexdigest()}
+
+
+def _split(raw: str, n: int, name: str) -> list[str]:
+    parts = [p.strip() for p in raw.split(",")]
+    if len(parts) != n or not all(parts):
+        raise ApiError(400, f"{name} must be {n} comma-separated values", param=name)
+    return parts
+
+
+def resolve_resume(streams: Sequence[RequestStream], positions: list[int] | None,
+                   offset: str | None, digest: str | None) -> list[int] | None:
+    """The positions to replay after, checked against what the client says it holds.
+
+    ``positions`` come from ``Last-Event-ID`` (None: not given). Returns them unchanged when
+    no ``offset`` is named; raises 400 for malformed values and 409 for any mismatch."""
+    if offset is None:
+        if digest is not None:
+            raise ApiError(400, "digest needs offset", param="digest")
+        return positions
+    n = len(streams)
+    try:
+        offsets = [int(p) for p in _split(offset, n, "offset")]
+    except ValueError:
+        raise ApiError(400, "offset must be integers", param="offset") from None
+    digests = _split(digest, n, "digest") if digest is not None else [None] * n
+    resolved: list[int] = []
+    for i, (stream, want) in enumerate(zip(streams, offsets, strict=True)):
+        seq, held, h = _boundary(stream, want)
+        if seq is None:
+            raise ApiError(409, f"offset {want} of choice {i} is not a delta boundary of this "
+                                f"stream (its output has {held} bytes so far)",
+                           param="offset", code="resume_mismatch")
+        if positions is not None and _hash_through(stream, positions[i])[0] != want:
+            raise ApiError(409, f"offset {want} of choice {i} disagrees with Last-Event-ID",
+                           param="offset", code="resume_mismatch")
+        expected = digests[i]
+        if expected is not None and h.hexdigest() != expected.lower():
+            raise ApiError(409, f"digest of choice {i} does not match the output's first "
+                                f"{want} bytes", param="digest", code="resume_mismatch")
+        resolved.append(seq if positions is None else positions[i])
+    return resolved
+
+
+def _boundary(stream: RequestStream, offset: int) -> tuple[int | None, int, Any]:
+    """The sequence number after which exactly ``offset`` output bytes were sent (the last
+    such event), the bytes seen, and the digest of those bytes; None if no boundary."""
+    h = hashlib.sha256()
+    n = 0
+    found: int | None = None
+    for ev in stream.events_after(-1):
+        if ev.type is EventType.DELTA:
+            if n + len(ev.data) > offset:
+                break
+            h.update(ev.data)
+            n += len(ev.data)
+        if n == offset and ev.type is not EventType.TERMINAL:
+            found = ev.seq  # NOTE: never after the terminal: its frames must be replayed
+    return found, n, h

@@ -1,0 +1,109 @@
+"""Verifiable resume (issue 8, P3 extension; SPEC P2, P3): with ``stream_verify`` every delta
+carries its byte offset and a running SHA-256 of the output; a resume names the offset (and
+digest) it holds; any mismatch is a 409, never a silent splice."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+
+from tests.conftest import SSEAccumulator
+
+MODEL = "tiny-chat"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12,
+        "stream": True, "ignore_eos": True, "seed": 5}
+
+
+def _events(raw: bytes) -> list[dict[str, str]]:
+    acc, out = SSEAccumulator(), []
+    for line in raw.decode().split("\n"):
+        ev = acc.feed(line)
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
+def _check_stamps(stamps: list[tuple[bytes, dict[str, Any]]]) -> None:
+    held = b""
+    for data, coda in stamps:
+        assert coda["offset"] == len(held) and coda["length"] == len(data)
+        held += data
+        assert coda["digest"] == hashlib.sha256(held).hexdigest()
+
+
+def test_p3_every_delta_carries_offset_and_running_digest(server_live: Any) -> None:
+    """P2/P3: per choice (n = 2), each delta chunk's ``coda`` is (offset, length, digest) of
+    the output so far; without the opt-in, deltas carry no ``coda``."""
+    with httpx.stream("POST", server_live.url + "/v1/chat/completions",
+                      json={**CHAT, "n": 2, "stream_verify": True}) as resp:
+        events = _events(resp.read())
+    per: dict[int, list[tuple[bytes, dict[str, Any]]]] = {0: [], 1: []}
+    for ev in events[:-1]:
+        chunk = json.loads(ev["data"])
+        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            choice = chunk["choices"][0]
+            per[choice["index"]].append((choice["delta"]["content"].encode(), chunk["coda"]))
+    assert per[0] and per[1]
+    for stamps in per.values():
+        _check_stamps(stamps)
+    with httpx.stream("POST", server_live.url + "/v1/chat/completions", json=CHAT) as resp:
+        plain = [json.loads(e["data"]) for e in _events(resp.read())[:-1]]
+    assert not any("coda" in c for c in plain if c["choices"] and
+                   c["choices"][0]["delta"].get("content"))
+
+
+def test_p3_resume_by_offset_and_digest_replays_exactly_the_rest(server_live: Any) -> None:
+    """P3: a resume naming (offset, digest) of a delta boundary replays exactly the live
+    suffix after that delta; a wrong digest, an offset inside a delta, or one that disagrees
+    with Last-Event-ID is a 409; malformed values are a 400."""
+    with httpx.stream("POST", server_live.url + "/v1/chat/completions",
+                      json={**CHAT, "stream_verify": True}) as resp:
+        rid = resp.headers["x-request-id"]
+        live = _events(resp.read())
+    deltas = [(k, json.loads(e["data"])["coda"]) for k, e in enumerate(live[:-1])
+              if "offset" in json.loads(e["data"]).get("coda", {})]
+    assert len(deltas) >= 3
+    k, coda = deltas[1]
+    end = coda["offset"] + coda["length"]
+    url = f"{server_live.url}/v1/streams/{rid}"
+    r = httpx.get(url, params={"offset": end, "digest": coda["digest"]})
+    assert r.status_code == 200 and _events(r.content) == live[k + 1:]
+    assert httpx.get(url, params={"offset": 0}).status_code == 200
+    bad = httpx.get(url, params={"offset": end, "digest": "0" * 64})
+    assert bad.status_code == 409 and bad.json()["error"]["param"] == "digest"
+    if deltas[2][1]["length"] > 1:
+        inside = httpx.get(url, params={"offset": end + 1})
+        assert inside.status_code == 409 and inside.json()["error"]["param"] == "offset"
+    other = httpx.get(url, params={"offset": end}, headers={"Last-Event-ID": live[0]["id"]})
+    assert other.status_code == 409
+    assert httpx.get(url, params={"offset": "x"}).status_code == 400
+    assert httpx.get(url, params={"digest": coda["digest"]}).status_code == 400
+
+
+def test_p3_anthropic_and_responses_deltas_are_stamped(server_live: Any) -> None:
+    """P3: the same stamps on Anthropic ``content_block_delta`` and Responses
+    ``output_text.delta`` events (official clients, extra_body)."""
+    ac = anthropic.Anthropic(base_url=server_live.url, api_key="unused", max_retries=0)
+    stamps = []
+    with ac.messages.stream(model=MODEL, max_tokens=8, messages=[{"role": "user",
+                            "content": "hi"}], extra_body={"stream_verify": True,
+                                                           "ignore_eos": True}) as s:
+        for ev in s:
+            if ev.type == "content_block_delta":
+                stamps.append((ev.delta.text.encode(), ev.model_extra["coda"]))  # type: ignore[union-attr]
+    assert stamps
+    _check_stamps(stamps)
+    oc = openai.OpenAI(base_url=server_live.url + "/v1", api_key="unused", max_retries=0)
+    stamps = []
+    with oc.responses.create(model=MODEL, input="hi", max_output_tokens=8, stream=True,
+                             extra_body={"stream_verify": True, "ignore_eos": True}) as s:
+        for ev in s:
+            if ev.type == "response.output_text.delta":
+                stamps.append((ev.delta.encode(), ev.model_extra["coda"]))  # type: ignore[union-attr]
+    assert stamps
+    _check_stamps(stamps)

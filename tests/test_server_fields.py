@@ -4,6 +4,7 @@ refused with a 400 naming it, through the official ``openai`` and ``anthropic`` 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import anthropic
@@ -103,11 +104,10 @@ def test_p1_chat_message_name_reaches_the_template(server_live: Any,
     template that uses it renders it; ChatML ignores it), never silently dropped; a non-string
     name is a 400 naming it."""
 
-    class _Engine:
-        tokenizer_config = {"chat_template": "{% for m in messages %}[{{ m.name }}]"
-                                             "{{ m.content }}{% endfor %}"}
-
-    text = render_chat(_Engine(), [{"role": "user", "content": "hi", "name": "ada"}],
+    template = "{% for m in messages %}[{{ m.name }}]{{ m.content }}{% endfor %}"
+    engine = SimpleNamespace(chat=SimpleNamespace(chat_template=template, bos_token="",
+                                                  eos_token=""))
+    text = render_chat(engine, [{"role": "user", "content": "hi", "name": "ada"}],
                        add_generation_prompt=False)
     assert text == "[ada]hi"
     r = client.chat.completions.create(

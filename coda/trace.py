@@ -29,6 +29,7 @@ DECODE_STARTED = "decode.started"
 DECODE_COMPLETED = "decode.completed"
 STOP_STATE = "stop.state"
 STOP_HIT = "stop.hit"
+GRAMMAR_FORCED = "grammar.forced_close"  # issue 13: steering to the closing path began
 STREAM_DELTA = "stream.delta"
 CANCEL_REQUESTED = "cancel.requested"
 CANCEL_OBSERVED = "cancel.observed"

@@ -123,6 +123,7 @@ class AsyncEngine:
         spec, max_tokens = self._output_spec(req, prompt)
         # NOTE: everything that can reject the request runs before any resource is acquired
         grammar = self._grammar(req)
+        closer = self._closer(req, grammar, max_tokens)
         controller = EarlyStopController(req.early_stop) if req.early_stop is not None else None
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         stream = RequestStream(rid, req.backpressure)
@@ -133,12 +134,16 @@ class AsyncEngine:
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         proc = OutputProcessor(rid, self.tokenizer, spec, stream, self.trace,
                                prompt_token_ids=prompt,
-                               grammar_done=grammar.is_terminated if grammar is not None else None,
-                               early_stop=_early_stop_hook(controller, run, grammar))
+                               grammar_done=(closer.done if closer is not None else
+                                             grammar.is_terminated if grammar is not None
+                                             else None),
+                               early_stop=_early_stop_hook(controller, run, grammar),
+                               grammar_budget_end=closer.budget_end if closer is not None
+                               else None)
         run.processor = proc
         deadline = time.monotonic() + req.deadline_s if req.deadline_s is not None else None
         ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
-                             req.sampling.logprobs is not None, grammar, controller)
+                             req.sampling.logprobs is not None, grammar, controller, closer)
         stream.start(self.model_name)
         with self._cond:
             self._inbox.append(ereq)
@@ -201,6 +206,25 @@ class AsyncEngine:
 
         return compile_grammar(req.grammar, self.tokenizer, self.runner.config.vocab_size,
                                self.eos_token_ids)
+
+    def _closer(self, req: GenerationRequest, grammar: Any, max_tokens: int) -> Any:
+        """Issue 13: the request's closure state, or None. Raises InvalidRequestError naming
+        max_tokens when even the shortest known completion does not fit the budget."""
+        if grammar is None or req.grammar is None or not req.grammar.closes_within_budget:
+            return None
+        from coda.engine.closure import BudgetCloser
+
+        closer = BudgetCloser(grammar, max_tokens)
+        if not closer.closable:
+            return None  # NOTE: a tokenizer that cannot spell every byte: no bound (closure.py)
+        path = closer.initial()
+        if path is None:
+            return None
+        if len(path) > max_tokens:
+            raise InvalidRequestError(
+                f"max_tokens ({max_tokens}) is too small for the grammar: its shortest known "
+                f"completion needs {len(path)} tokens", field="max_tokens")
+        return closer
 
     def stats(self) -> EngineStats:
         bm = self.core.scheduler.block_manager

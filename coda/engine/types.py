@@ -21,12 +21,23 @@ class GrammarSpec:
     - ``json_schema``: a JSON schema (dict); ``json_object`` any JSON object;
     - ``regex``: a regular expression the whole output must match;
     - ``lark``: a Lark grammar (llguidance dialect).
+
+    ``close_within_budget`` (issue 13, :mod:`coda.engine.closure`): steer to a short completion
+    when the budget is about to run out mid-structure; None = the default, on for
+    ``json_schema`` (tool grammars set it on).
     """
 
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
     regex: str | None = None
     lark: str | None = None
+    close_within_budget: bool | None = None
+
+    @property
+    def closes_within_budget(self) -> bool:
+        if self.close_within_budget is not None:
+            return self.close_within_budget
+        return self.json_schema is not None
 
 
 @dataclass(frozen=True)

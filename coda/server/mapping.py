@@ -16,7 +16,9 @@ from coda.finish import FinishReason
 from coda.stream import Terminal
 
 F = FinishReason
-_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE})
+# NOTE: grammar_forced_close is a natural end (valid output, issue 13): the SDKs' parse()
+# raises on "length", which would defeat closing within the budget.
+_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE, F.GRAMMAR_FORCED_CLOSE})
 _LENGTH = frozenset({F.MAX_OUTPUT_TOKENS, F.CONTEXT_LIMIT})
 
 

@@ -58,6 +58,8 @@ class CodaExtensions(_Strict):
     repetition_penalty: float | None = None
     backpressure: BackpressureBody | None = None
     response_format: ResponseFormat | None = None
+    # issue 13: structured output closes within max_tokens (None: on for json_schema and tools)
+    close_within_budget: bool | None = None
 
 
 class _OpenAISampling(CodaExtensions):

@@ -109,10 +109,16 @@ def bench(model: ModelOpt = None,
           seed: int = 0) -> None:
     """Run a workload; print throughput, TTFT and inter-token latency percentiles."""
     from coda.bench import BenchOptions, run_bench
+    from coda.optional import MissingDependency
 
-    run_bench(BenchOptions(model_dir=model, num_requests=num_requests, concurrency=concurrency,
-                           max_tokens=max_tokens, dtype=dtype, compare_hf=compare_hf,
-                           early_stop=early_stop, plot=plot, seed=seed))
+    try:
+        run_bench(BenchOptions(model_dir=model, num_requests=num_requests,
+                               concurrency=concurrency, max_tokens=max_tokens, dtype=dtype,
+                               compare_hf=compare_hf, early_stop=early_stop, plot=plot,
+                               seed=seed))
+    except MissingDependency as exc:  # NOTE: raised before any work starts
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 @trace_app.command("check")

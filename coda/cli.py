@@ -27,15 +27,16 @@ def serve(model: ModelOpt = None,
           max_num_seqs: int = 64,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
+          recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
           log_level: str = "info") -> None:
-    """Serve the OpenAI- and Anthropic-compatible HTTP API."""
+    """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
     from coda.engine.async_engine import AsyncEngine
     from coda.engine.types import EngineConfig
     from coda.server.app import serve as run_server
 
     cfg = EngineConfig(dtype=dtype, max_num_seqs=max_num_seqs,
                        served_model_name=served_model_name,
-                       trace_path=str(trace) if trace else None)
+                       trace_path=str(trace) if trace else None, recent_traces=recent_traces)
     engine = AsyncEngine.from_model_dir(model, cfg)
     run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level)
 

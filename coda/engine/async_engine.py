@@ -35,7 +35,7 @@ from coda.lifecycle import ResourceKind
 from coda.request import RequestRun
 from coda.step import OutputProcessor, OutputSpec
 from coda.stream import RequestStream
-from coda.trace import JsonlTraceSink, NullTraceSink, TraceSink
+from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
 
@@ -60,6 +60,9 @@ class AsyncEngine:
                                                       self.tokenizer_config)
         if trace is None:
             trace = JsonlTraceSink(config.trace_path) if config.trace_path else NullTraceSink()
+            if config.recent_traces > 0:
+                trace = RecentTraceSink(config.recent_traces, inner=None if isinstance(
+                    trace, NullTraceSink) else trace)
         self.trace = trace
         blocks = BlockManager(runner.num_blocks, runner.block_size,
                               enable_prefix_caching=config.enable_prefix_caching)

@@ -84,6 +84,9 @@ class EngineConfig:
     default_max_tokens: int = 256
     max_forward_retries: int = 1
     trace_path: str | None = None
+    # issue 13: keep the trace rows of this many recent requests in memory (0: off); the
+    # server's playground reads them through GET /v1/traces/{id}. ``coda serve`` turns it on.
+    recent_traces: int = 0
     served_model_name: str | None = None
 
 

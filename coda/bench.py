@@ -33,6 +33,7 @@ from rich.table import Table
 from coda.early_stop import EarlyStopPolicy
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
+from coda.optional import require
 from coda.sampling import SamplingParams
 
 # NOTE: public-domain style sentences written for this file; mixed scripts so that byte-level
@@ -302,6 +303,11 @@ def write_plot(path: Path, run: RunResult) -> None:
 def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport:
     """Run the workload (and the optional comparisons); print a table; return the figures."""
     console = console or Console()
+    # NOTE: optional packages are checked before any work (issue 13 item 5)
+    if opts.plot is not None:
+        require("plot")
+    if opts.compare_hf:
+        require("compare_hf")
     engine = AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
         dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1), max_model_len=opts.max_model_len,
         kv_cache_bytes=opts.kv_cache_bytes,

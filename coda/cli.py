@@ -53,12 +53,13 @@ def serve(model: ModelOpt = None,
           max_num_seqs: int = 64,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
+          recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
           log_level: str = "info",
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
           kv_cache_fraction: KvFracOpt = None,
           threads: ThreadsOpt = None) -> None:
-    """Serve the OpenAI- and Anthropic-compatible HTTP API."""
+    """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
     from coda.engine.types import EngineConfig
     from coda.server.app import serve as run_server
     from coda.server.logs import configure_logging
@@ -67,7 +68,7 @@ def serve(model: ModelOpt = None,
                        served_model_name=served_model_name,
                        trace_path=str(trace) if trace else None, max_model_len=max_model_len,
                        kv_cache_bytes=kv_cache_bytes, kv_cache_memory_fraction=kv_cache_fraction,
-                       num_threads=threads)
+                       num_threads=threads, recent_traces=recent_traces)
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
     configure_logging(log_level)
     engine = _load(model, cfg, logging.getLogger("coda.server").info)
@@ -155,6 +156,7 @@ def bench(model: ModelOpt = None,
     """Run a workload; print throughput, TTFT and inter-token latency percentiles."""
     from coda.bench import BenchOptions, run_bench
     from coda.models.config import ModelLoadError
+    from coda.optional import MissingDependency
 
     try:
         run_bench(BenchOptions(model_dir=model, num_requests=num_requests,
@@ -163,6 +165,9 @@ def bench(model: ModelOpt = None,
                                utf8_tail=utf8_tail, max_model_len=max_model_len,
                                kv_cache_bytes=kv_cache_bytes,
                                kv_cache_memory_fraction=kv_cache_fraction, num_threads=threads))
+    except MissingDependency as exc:  # NOTE: raised before any work starts
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     except ModelLoadError as exc:
         typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

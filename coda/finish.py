@@ -7,6 +7,10 @@ Version history
 - 1: the ten reasons of seed 000 §4.10.
 - 2: ``confidence_stop`` — an early stop by confidence (seed 004, SPEC D2). Deadline and user
   cancel keep their own reasons (deadline_exceeded, cancelled).
+- 3: ``grammar_forced_close`` — structured output steered to a short completion because the
+  budget (max tokens or context) was about to run out mid-structure (issue 13; a natural end on
+  the wire, never reported as a truncation). Also when the budget ends exactly as the grammar
+  accepts, with closure on.
 
 The version is emitted with every ending — the terminal event, the API's ``coda`` object and
 the trace's terminal row — beside the stop tie-rule version (S4,
@@ -18,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
-FINISH_REASON_VERSION = 2
+FINISH_REASON_VERSION = 3
 
 
 class FinishReason(StrEnum):
@@ -34,6 +38,8 @@ class FinishReason(StrEnum):
     TRANSPORT_ERROR = "transport_error"
     # version 2
     CONFIDENCE_STOP = "confidence_stop"
+    # version 3
+    GRAMMAR_FORCED_CLOSE = "grammar_forced_close"
 
     @property
     def is_normal(self) -> bool:
@@ -43,8 +49,10 @@ class FinishReason(StrEnum):
 
 # Every version's members (values), so a recorded (version, reason) pair can be checked (L4).
 REASONS_BY_VERSION: dict[int, frozenset[str]] = {
-    1: frozenset(r.value for r in FinishReason if r is not FinishReason.CONFIDENCE_STOP),
-    2: frozenset(r.value for r in FinishReason),
+    1: frozenset(r.value for r in FinishReason if r not in (
+        FinishReason.CONFIDENCE_STOP, FinishReason.GRAMMAR_FORCED_CLOSE)),
+    2: frozenset(r.value for r in FinishReason if r is not FinishReason.GRAMMAR_FORCED_CLOSE),
+    3: frozenset(r.value for r in FinishReason),
 }
 
 

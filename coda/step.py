@@ -40,8 +40,11 @@ from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenM
 from coda.stream import RequestStream, TokenInfo
 from coda.trace import TraceEvent, TraceSink
 
-# A grammar hook answers "must the output end now?" after the token was consumed.
-GrammarDone = Callable[[], bool]
+# A grammar hook answers "must the output end now?" after the token was consumed: True
+# (grammar_complete) or the exact reason (grammar_forced_close, coda.engine.closure).
+GrammarDone = Callable[[], "bool | FinishReason"]
+# At max tokens / context limit: a grammar closed within the budget names its own reason.
+GrammarBudgetEnd = Callable[[], "FinishReason | None"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ class OutputProcessor:
                  stream: RequestStream, trace: TraceSink, *,
                  prompt_token_ids: tuple[int, ...] = (),
                  grammar_done: GrammarDone | None = None,
-                 early_stop: EarlyStopHook | None = None) -> None:
+                 early_stop: EarlyStopHook | None = None,
+                 grammar_budget_end: GrammarBudgetEnd | None = None) -> None:
         self.request_id = request_id
         self.spec = spec
         self.stream = stream
@@ -100,6 +104,7 @@ class OutputProcessor:
                                        include_stop_in_output=spec.include_stop_str_in_output)
         self.token_stops = StopTokenMatcher(spec.stop_token_ids) if spec.stop_token_ids else None
         self._grammar_done = grammar_done
+        self._grammar_budget_end = grammar_budget_end
         self._early_stop = early_stop
         # stream offset after each of the last pushes (owner boundaries of held ids, S1)
         self._ends: deque[int] = deque([0])
@@ -148,18 +153,27 @@ class OutputProcessor:
         if self._emit(self._detok_push(token_id), depth):
             return FinishReason.STOP_SEQUENCE
         if self.generated >= self.spec.max_output_tokens:
-            return FinishReason.MAX_OUTPUT_TOKENS
+            return self._budget_end(FinishReason.MAX_OUTPUT_TOKENS)
         # the cache would hold prompt + t tokens after decoding y_t (seed: logical_length + 1)
         if self.spec.prompt_len + self.generated >= self.spec.context_limit:
-            return FinishReason.CONTEXT_LIMIT
-        if self._grammar_done is not None and self._grammar_done():
-            return FinishReason.GRAMMAR_COMPLETE
+            return self._budget_end(FinishReason.CONTEXT_LIMIT)
+        if self._grammar_done is not None:
+            done = self._grammar_done()
+            if done:
+                return done if isinstance(done, FinishReason) else FinishReason.GRAMMAR_COMPLETE
         if self._early_stop is not None:
             verdict = self._early_stop(self.generated, confidence)
             self.early_stop_summary = verdict.summary
             self.stopped_early = verdict.reason is not None  # NOTE: D6: the cancel path
             return verdict.reason
         return None
+
+    def _budget_end(self, reason: FinishReason) -> FinishReason:
+        # NOTE: still the budget's check (G1 order); only its name changes when the output
+        # closed within it (issue 13, grammar_forced_close)
+        if self._grammar_budget_end is not None:
+            return self._grammar_budget_end() or reason
+        return reason
 
     def drain(self, reason: FinishReason) -> FinishReason:
         """The DRAINING step for a normal end (G2). May turn the reason into stop_sequence

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ DECODE_STARTED = "decode.started"
 DECODE_COMPLETED = "decode.completed"
 STOP_STATE = "stop.state"
 STOP_HIT = "stop.hit"
+GRAMMAR_FORCED = "grammar.forced_close"  # issue 13: steering to the closing path began
 STREAM_DELTA = "stream.delta"
 UTF8_TAIL_DROPPED = "utf8_tail.dropped"  # K2: an incomplete tail removed by utf8_tail="drop"
 CANCEL_REQUESTED = "cancel.requested"
@@ -104,6 +105,46 @@ class JsonlTraceSink:
     def close(self) -> None:
         with self._lock:
             self._fh.close()
+
+
+class RecentTraceSink:
+    """The trace rows of the most recent requests, in memory and bounded (issue 13 item 3: the
+    playground draws a request's timeline from them). ``max_requests`` requests are kept (the
+    oldest dropped first), each with at most ``max_rows`` rows (later rows are counted, not
+    kept, except the terminal row and cancel moments, which are always kept). Rows are also
+    passed on to ``inner`` (e.g. a JSONL file) when given."""
+
+    _ALWAYS = frozenset({"terminal", "cancel.requested", "cancel.observed", "cancel.effective",
+                         "lifecycle"})
+
+    def __init__(self, max_requests: int = 64, max_rows: int = 4096,
+                 inner: TraceSink | None = None) -> None:
+        self.max_requests, self.max_rows = max_requests, max_rows
+        self.inner = inner
+        self._rows: OrderedDict[str, list[TraceEvent]] = OrderedDict()
+        self._dropped: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def record(self, event: TraceEvent) -> None:
+        with self._lock:
+            rows = self._rows.get(event.request_id)
+            if rows is None:
+                rows = self._rows[event.request_id] = []
+                while len(self._rows) > self.max_requests:
+                    old, _ = self._rows.popitem(last=False)
+                    self._dropped.pop(old, None)
+            if len(rows) < self.max_rows or event.kind in self._ALWAYS:
+                rows.append(event)
+            else:
+                self._dropped[event.request_id] = self._dropped.get(event.request_id, 0) + 1
+        if self.inner is not None:
+            self.inner.record(event)
+
+    def rows(self, request_id: str) -> tuple[list[TraceEvent], int] | None:
+        """(rows kept, rows dropped past the bound) of one request, or None if not kept."""
+        with self._lock:
+            rows = self._rows.get(request_id)
+            return None if rows is None else (list(rows), self._dropped.get(request_id, 0))
 
 
 def read_jsonl(path: str | Path) -> list[TraceEvent]:

@@ -282,3 +282,56 @@ def test_s1_stop_string_never_cuts_inside_a_call(oa: openai.OpenAI) -> None:
     assert choice.finish_reason == "tool_calls", choice
     assert choice.message.tool_calls
     _valid("get_time", choice.message.tool_calls[0].function.arguments)
+
+
+# -- the prompt: tools and tool history ------------------------------------------------------
+_TOOL_TEMPLATE = (
+    "{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}CALL {{ c.function.name }} "
+    "{{ c.function.arguments.zone }}{% endfor %}"
+    "{% if m.tool_call_id %} (for {{ m.tool_call_id }}){% endif %}\n{% endfor %}")
+
+
+class _Engine:
+    def __init__(self, template: str | None) -> None:
+        self.tokenizer_config = {"chat_template": template} if template else {}
+
+
+def test_s1_template_with_tools_receives_them_as_transformers_passes_them() -> None:
+    """A template that mentions tools gets tools=[{"type": "function", "function": ...}],
+    assistant tool_calls with arguments as an object, and tool messages with tool_call_id."""
+    from coda.server.chat import render_chat
+
+    plan = tl.openai_plan(OA_TOOLS, "auto", None)
+    assert plan is not None
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    text = render_chat(_Engine(_TOOL_TEMPLATE), history, add_generation_prompt=False,
+                       tools=plan.tools)
+    # NOTE: trim_blocks (as transformers renders) eats the newline after each block tag
+    assert text == ("TOOLS:get_weather;get_time;<user>What is the weather in Paris?"
+                    "<assistant>CALL get_time UTC<tool>12:00 (for c1)")
+
+
+def test_s1_default_template_gets_tool_prompt_and_history_in_call_syntax() -> None:
+    """Without tool support in the template (the default ChatML): a system message lists the
+    tools, a past call is written in the call syntax, a result is a <tool_response> message."""
+    from coda.server.chat import render_chat
+
+    plan = tl.openai_plan(OA_TOOLS, "required", None)
+    assert plan is not None
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    text = render_chat(_Engine(None), history, tools=plan.tools)
+    assert text.startswith("<|im_start|>system\n# Tools")
+    assert '"name": "get_weather"' in text
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": '
+            '{"zone": "UTC"}}\n</tool_call><|im_end|>') in text
+    assert "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>" in text
+    assert tl.split(text.split("<|im_start|>assistant\n")[1])[1] == [
+        tl.ToolCall(0, "get_time", '{"zone": "UTC"}')]

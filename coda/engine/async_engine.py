@@ -37,7 +37,7 @@ from coda.request import RequestRun
 from coda.step import OutputProcessor, OutputSpec
 from coda.stops import stop_bytes
 from coda.stream import RequestStream
-from coda.trace import JsonlTraceSink, NullTraceSink, TraceSink
+from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
 
@@ -68,6 +68,9 @@ class AsyncEngine:
         self.kv_reason = kv_reason
         if trace is None:
             trace = JsonlTraceSink(config.trace_path) if config.trace_path else NullTraceSink()
+            if config.recent_traces > 0:
+                trace = RecentTraceSink(config.recent_traces, inner=None if isinstance(
+                    trace, NullTraceSink) else trace)
         self.trace = trace
         blocks = BlockManager(runner.num_blocks, runner.block_size,
                               enable_prefix_caching=config.enable_prefix_caching)
@@ -163,6 +166,7 @@ class AsyncEngine:
         spec, max_tokens = self._output_spec(req, prompt)
         # NOTE: everything that can reject the request runs before any resource is acquired
         grammar = self._grammar(req)
+        closer = self._closer(req, grammar, max_tokens)
         controller = EarlyStopController(req.early_stop) if req.early_stop is not None else None
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         stream = RequestStream(rid, req.backpressure)
@@ -173,12 +177,16 @@ class AsyncEngine:
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         proc = OutputProcessor(rid, self.tokenizer, spec, stream, self.trace,
                                prompt_token_ids=prompt,
-                               grammar_done=grammar.is_terminated if grammar is not None else None,
-                               early_stop=_early_stop_hook(controller, run.arrival, grammar))
+                               grammar_done=(closer.done if closer is not None else
+                                             grammar.is_terminated if grammar is not None
+                                             else None),
+                               early_stop=_early_stop_hook(controller, run.arrival, grammar),
+                               grammar_budget_end=closer.budget_end if closer is not None
+                               else None)
         run.processor = proc
         deadline = time.monotonic() + req.deadline_s if req.deadline_s is not None else None
         ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
-                             req.sampling.logprobs is not None, grammar, controller)
+                             req.sampling.logprobs is not None, grammar, controller, closer)
         stream.start(self.model_name, self.model_snapshot)
         with self._cond:
             self._inbox.append(ereq)
@@ -249,6 +257,25 @@ class AsyncEngine:
 
         return compile_grammar(req.grammar, self.tokenizer, self.runner.config.vocab_size,
                                self.eos_token_ids)
+
+    def _closer(self, req: GenerationRequest, grammar: Any, max_tokens: int) -> Any:
+        """Issue 13: the request's closure state, or None. Raises InvalidRequestError naming
+        max_tokens when even the shortest known completion does not fit the budget."""
+        if grammar is None or req.grammar is None or not req.grammar.closes_within_budget:
+            return None
+        from coda.engine.closure import BudgetCloser
+
+        closer = BudgetCloser(grammar, max_tokens)
+        if not closer.closable:
+            return None  # NOTE: a tokenizer that cannot spell every byte: no bound (closure.py)
+        path = closer.initial()
+        if path is None:
+            return None
+        if len(path) > max_tokens:
+            raise InvalidRequestError(
+                f"max_tokens ({max_tokens}) is too small for the grammar: its shortest known "
+                f"completion needs {len(path)} tokens", field="max_tokens")
+        return closer
 
     def stats(self) -> EngineStats:
         bm = self.core.scheduler.block_manager

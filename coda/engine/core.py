@@ -19,6 +19,7 @@ import torch
 
 from coda import trace as tr
 from coda.early_stop import EarlyStopController, decide_stream_failure
+from coda.engine.closure import BudgetCloser
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
@@ -50,6 +51,7 @@ class EngineRequest:
     logprobs: bool
     grammar: GrammarMatcher | None = None
     early_stop: EarlyStopController | None = None
+    closer: BudgetCloser | None = None       # issue 13: close within the budget
     computed_high: int = 0                   # highest num_computed_tokens reached (L6)
     retries: int = 0                         # forward retries used (seed 004 D5)
     scheduled_once: bool = False
@@ -244,12 +246,36 @@ class EngineCore:
             for req, _ in live:
                 self._end_failed(req, exc)
             return
-        for (req, _), dec in zip(live, decisions, strict=True):
+        for (req, i), dec in zip(live, decisions, strict=True):
+            if req.closer is not None:
+                try:
+                    dec = self._keep_closable(req, dec, logits[i:i + 1])
+                except Exception as exc:  # NOTE: a closure fault fails only its own request
+                    self._end_failed(req, exc)
+                    continue
             self._on_decision(req, dec)
+
+    def _keep_closable(self, req: EngineRequest, dec: TokenDecision,
+                       logits: torch.Tensor) -> TokenDecision:
+        """Issue 13: a token after which the output could no longer close within the budget is
+        replaced by the same step's draw under the closing path's mask (same counter uniform)."""
+        closer = req.closer
+        assert closer is not None
+        if closer.admits(dec.token_id, req.eos_token_ids):
+            return dec
+        path = closer.force()
+        self._record(req, tr.GRAMMAR_FORCED, rejected=dec.token_id,
+                     path_tokens=len(path) if path is not None else None,
+                     path_text=path.text.decode("utf-8", "replace") if path is not None else None)
+        if path is None or not path.tokens:
+            return dec
+        return self.sampler.sample(logits.clone(), [self._row(req)])[0]
 
     def _row(self, req: EngineRequest) -> SamplingRow:
         seq = req.seq
         mask = req.grammar.allowed_mask() if req.grammar is not None else None
+        if req.closer is not None and req.closer.forcing:
+            mask = req.closer.mask(self.runner.config.vocab_size)
         return SamplingRow(params=req.params, seed=req.seed, step=seq.num_output_tokens,
                            prompt_token_ids=seq.prompt_token_ids,
                            output_token_ids=seq.output_token_ids,

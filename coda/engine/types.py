@@ -21,12 +21,23 @@ class GrammarSpec:
     - ``json_schema``: a JSON schema (dict); ``json_object`` any JSON object;
     - ``regex``: a regular expression the whole output must match;
     - ``lark``: a Lark grammar (llguidance dialect).
+
+    ``close_within_budget`` (issue 13, :mod:`coda.engine.closure`): steer to a short completion
+    when the budget is about to run out mid-structure; None = the default, on for
+    ``json_schema`` (tool grammars set it on).
     """
 
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
     regex: str | None = None
     lark: str | None = None
+    close_within_budget: bool | None = None
+
+    @property
+    def closes_within_budget(self) -> bool:
+        if self.close_within_budget is not None:
+            return self.close_within_budget
+        return self.json_schema is not None
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,9 @@ class EngineConfig:
     default_max_tokens: int = 256
     max_forward_retries: int = 1
     trace_path: str | None = None
+    # issue 13: keep the trace rows of this many recent requests in memory (0: off); the
+    # server's playground reads them through GET /v1/traces/{id}. ``coda serve`` turns it on.
+    recent_traces: int = 0
     served_model_name: str | None = None
 
 

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coda.server import anthropic_routes, openai_routes, responses_routes
+from coda.server import anthropic_routes, openai_routes, playground_routes, responses_routes
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
 from coda.server.integrity import resolve_resume
@@ -41,7 +41,7 @@ class ApiKeyMiddleware:
         self.app, self.key = app, api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS or _open_page(scope["path"]):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -53,6 +53,11 @@ class ApiKeyMiddleware:
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _open_page(path: str) -> bool:
+    # NOTE: the playground's static files hold no data; the page sends the key itself
+    return path in playground_routes.OPEN_PATHS or path.startswith(playground_routes.OPEN_PREFIX)
 
 
 def create_app(engine: Any, *, api_key: str | None = None,
@@ -81,6 +86,7 @@ def create_app(engine: Any, *, api_key: str | None = None,
     app.include_router(openai_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(anthropic_routes.router)
+    app.include_router(playground_routes.router)
     _operational_routes(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)

@@ -20,8 +20,11 @@ from coda.stream import Terminal
 
 F = FinishReason
 # NOTE: a confidence early stop (D6) ends CANCELLED but reads as a normal end on the wire: the
-# client asked for it; state and exact reason are in ``coda``.
-_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE, F.CONFIDENCE_STOP})
+# client asked for it; state and exact reason are in ``coda``. grammar_forced_close is a natural
+# end too (valid output, issue 13): the SDKs' parse() raises on "length", which would defeat
+# closing within the budget.
+_NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE, F.CONFIDENCE_STOP,
+                      F.GRAMMAR_FORCED_CLOSE})
 _LENGTH = frozenset({F.MAX_OUTPUT_TOKENS, F.CONTEXT_LIMIT})
 
 

@@ -9,7 +9,7 @@ caller how to rename the engine's own field names in errors raised later by ``su
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from coda.early_stop import EarlyStopPolicy
@@ -119,6 +119,8 @@ def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int],
     backpressure_cfg = _backpressure(ext, backpressure)
     grammar = knobs.grammar if knobs.grammar is not None else grammar_from_format(
         ext.response_format)
+    if grammar is not None and ext.close_within_budget is not None:
+        grammar = replace(grammar, close_within_budget=ext.close_within_budget)
     out: list[GenerationRequest] = []
     for i in range(knobs.n):
         seed = knobs.seed + i if knobs.seed is not None else None

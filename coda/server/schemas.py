@@ -60,6 +60,8 @@ class CodaExtensions(_Strict):
     response_format: ResponseFormat | None = None
     utf8_tail: Literal["fail", "drop"] = "fail"
     stream_verify: bool = False  # P3: byte offset + running digest on every delta
+    # issue 13: structured output closes within max_tokens (None: on for json_schema and tools)
+    close_within_budget: bool | None = None
 
 
 class _OpenAISampling(CodaExtensions):

@@ -185,7 +185,7 @@ def grammar_for(plan: ToolPlan) -> GrammarSpec | None:
                  rf"TEXT_OPEN: /(.|\n)*{tag}/ & ~/(.|\n)*{tag}(.|\n)*{tag}/", *lines]
     else:
         lines = [f"start: {_lark_str(OPEN_TAG)} calls", *lines]
-    return GrammarSpec(lark="\n".join(lines) + "\n")
+    return GrammarSpec(lark="\n".join(lines) + "\n", close_within_budget=True)
 
 
 # -- parsing the output --------------------------------------------------------------------

@@ -1,0 +1,219 @@
+"""Structured output that closes within the budget (issue 13 item 2; SPEC L4, L5, G1, S1).
+
+A grammar-constrained request may run out of ``max_tokens`` (or context) in the middle of its
+structure — a JSON number, an unterminated string — and return invalid output. With closure
+on (the default for ``json_schema`` and tools), the engine keeps this invariant at every step::
+
+    tokens needed to reach an accepting state  <=  tokens the request may still select
+
+and, the moment a freely sampled token would break it, steers the rest of the output along a
+short completion, ending the request ``grammar_forced_close`` (a natural end on the wire:
+OpenAI ``stop``, Anthropic ``end_turn``; the exact reason in ``coda``).
+
+How "tokens needed" is bounded: :func:`closing_path` walks from the current grammar state to an
+accepting one byte by byte, at each step taking the first byte the grammar allows from a
+fixed preference order (closing quotes and brackets first, then ``0``, then letters, then
+everything else; forced bytes first of all). The walk is a *greedy* completion, not
+necessarily the shortest, so its length is an upper bound on what is needed — which is the
+direction the invariant needs. The byte path is then tokenized canonically and re-checked
+against the grammar; if the grammar rejects that tokenization, the single-byte tokens are
+used. This needs a tokenizer that can spell every byte as one token (byte-level BPE, or byte
+fallback): for such a tokenizer the bound always holds. For a tokenizer that cannot, the
+walk only uses bytes that have their own token; when no accepting state is reachable that way
+the grammar is *not closable*: closure is off for the request (it behaves as before, and may
+end ``max_output_tokens`` mid-structure) and the trace records ``closure: unavailable``.
+
+Admission: when even the initial closing path is longer than the budget, ``submit`` raises
+:class:`~coda.errors.InvalidRequestError` naming ``max_tokens`` (a 400), before anything runs.
+
+Cost: one greedy walk per sampled token (a few ``try_consume_tokens`` per byte of the
+completion, then a rollback): about 0.3–0.5 ms for a 30-byte completion on the default model.
+A rejected token is replaced by resampling the same step (same counter uniform) under a mask
+that allows only the closing path's next token, so the draw stays a pure function of (seed,
+step) and the decision record is the real one.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import llguidance as llg
+import torch
+
+from coda.engine.grammar import GrammarMatcher
+from coda.finish import FinishReason
+
+__all__ = ["BudgetCloser", "ByteTable", "ClosingPath", "byte_table", "closing_path"]
+
+# NOTE: preference order of the greedy walk: end what is open, then the smallest values. Inside
+# free text (a letter is allowed) a quote comes first: there a bracket would be text, not a close.
+# A separator comes before digits: after a number, more digits never bring the end closer.
+_STRUCT = b"}]" + b'"' + b",:" + b"0123456789" + b"a" + b"etnrsilofdu" + b"-." + b" {["
+_IN_TEXT = b'"' + _STRUCT
+# NOTE: then every other byte: a prefix may end inside a UTF-8 character (continuation bytes)
+_REST = bytes(range(32, 127)) + bytes(range(0x80, 0xF5)) + bytes(range(32))
+_ORDER = list(dict.fromkeys(_STRUCT + _REST))
+_ORDER_TEXT = list(dict.fromkeys(_IN_TEXT + _REST))
+_PROBE = ord("a")
+MAX_WALK = 4096  # bytes; a completion longer than this counts as "not closable"
+
+
+@dataclass(frozen=True)
+class ByteTable:
+    """Which token spells each single byte (None where no token does)."""
+
+    ids: tuple[int | None, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Every byte that UTF-8 text can contain (0x00–0xF4) has a token: the closure bound
+        holds (module doc). NOTE: llguidance reserves 0xFF as its special-token marker."""
+        return all(i is not None for i in self.ids[:0xF5])
+
+
+_lock = threading.Lock()
+# NOTE: keyed by id with the tokenizer kept alive (LLTokenizer takes no weak references); the
+# engine's LLTokenizers are themselves cached per tokenizer, so this stays a handful of entries
+_tables: dict[int, tuple[llg.LLTokenizer, ByteTable]] = {}
+
+
+def byte_table(tok: llg.LLTokenizer) -> ByteTable:
+    """The single-byte tokens of ``tok`` (cached per tokenizer)."""
+    with _lock:
+        entry = _tables.get(id(tok))
+        cached = entry[1] if entry is not None and entry[0] is tok else None
+        if cached is None:
+            ids: list[int | None] = [None] * 256
+            for b in range(256):
+                toks = tok.tokenize_bytes(bytes([b]))
+                if len(toks) == 1 and tok.decode_bytes(toks) == bytes([b]) and \
+                        not tok.is_special_token(toks[0]):
+                    ids[b] = toks[0]
+            cached = ByteTable(tuple(ids))
+            _tables[id(tok)] = (tok, cached)
+        return cached
+
+
+@dataclass(frozen=True)
+class ClosingPath:
+    """A completion from the current state to an accepting one, as tokens."""
+
+    tokens: tuple[int, ...]
+    text: bytes
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
+                 limit: int = MAX_WALK) -> ClosingPath | None:
+    """A short completion of ``m``'s output (see the module doc), or None when none is found
+    within ``limit`` bytes. ``m`` is left in the state it was in."""
+    if m.is_error():
+        return None
+    consumed: list[int] = []
+    text = bytearray()
+    try:
+        while not m.is_accepting():
+            if len(text) >= limit:
+                return None
+            forced = m.compute_ff_bytes()
+            if forced:
+                candidates: list[int] = [forced[0]]
+            else:
+                probe = table.ids[_PROBE]
+                in_text = probe is not None and m.validate_tokens([probe]) == 1
+                candidates = _ORDER_TEXT if in_text else _ORDER
+            for b in candidates:
+                tid = table.ids[b]
+                if tid is not None and m.try_consume_tokens([tid]) == 1:
+                    consumed.append(tid)
+                    text.append(b)
+                    break
+            else:
+                return None
+    finally:
+        if consumed:
+            m.rollback(len(consumed))
+    raw = bytes(text)
+    canonical = tok.tokenize_bytes(raw) if raw else []
+    if canonical and len(canonical) < len(consumed) and m.validate_tokens(canonical) == len(
+            canonical) and tok.decode_bytes(canonical) == raw:
+        return ClosingPath(tuple(canonical), raw)
+    return ClosingPath(tuple(consumed), raw)
+
+
+class BudgetCloser:
+    """One request's closure state (engine thread only; see the module doc).
+
+    ``budget`` is the number of tokens the request may select in all (max_tokens, already
+    capped by the context). Before the first token ``len(initial)`` <= budget is checked by the
+    engine's admission; from then on :meth:`admits` keeps the invariant for each sampled token,
+    and :meth:`force` switches to the closing path the moment a token would break it.
+    """
+
+    def __init__(self, grammar: GrammarMatcher, budget: int) -> None:
+        assert grammar.ll_tokenizer is not None, "compile_grammar sets the llguidance tokenizer"
+        self.grammar = grammar
+        self.tok: llg.LLTokenizer = grammar.ll_tokenizer
+        self.budget = budget
+        self.table = byte_table(self.tok)
+        self.path: ClosingPath | None = None   # the forced completion, once forcing started
+        self.forced_at = 0                     # tokens consumed when forcing started
+        self.closable = self.table.complete
+
+    def _left(self) -> int:
+        return self.budget - self.grammar.num_consumed
+
+    def initial(self) -> ClosingPath | None:
+        """The closing path from the current state (admission: from the start)."""
+        return closing_path(self.grammar.matcher, self.tok, self.table)
+
+    @property
+    def forcing(self) -> bool:
+        return self.path is not None
+
+    def admits(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
+        """Whether choosing ``token_id`` keeps a completion within the budget left after it."""
+        if self.path is not None or not self.closable or token_id in eos_token_ids:
+            return True
+        m = self.grammar.matcher
+        if m.try_consume_tokens([token_id]) != 1:
+            return True  # NOTE: the grammar's own check reports it (never happens under the mask)
+        try:
+            after = closing_path(m, self.tok, self.table)
+        finally:
+            m.rollback(1)
+        return after is not None and len(after) <= self._left() - 1
+
+    def force(self) -> ClosingPath | None:
+        """Start forcing the closing path from the current state; None if none is found (the
+        request then continues unforced)."""
+        path = self.initial()
+        if path is not None and path.tokens:
+            self.path, self.forced_at = path, self.grammar.num_consumed
+        return path
+
+    def mask(self, vocab_size: int) -> torch.Tensor | None:
+        """While forcing: only the path's next token is allowed."""
+        if self.path is None:
+            return None
+        pos = self.grammar.num_consumed - self.forced_at
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        if pos < len(self.path.tokens):
+            mask[self.path.tokens[pos]] = True
+        return mask
+
+    def done(self) -> FinishReason | bool:
+        """The grammar hook of the per-token checks (G1): a forced path that reached an
+        accepting state ends ``grammar_forced_close``; otherwise the grammar's own end."""
+        if self.path is not None and self.grammar.is_accepting():
+            return FinishReason.GRAMMAR_FORCED_CLOSE
+        return self.grammar.is_terminated()
+
+    def budget_end(self) -> FinishReason | None:
+        """At max tokens / context limit: an accepting output ends ``grammar_forced_close``."""
+        if self.closable and self.grammar.is_accepting():
+            return FinishReason.GRAMMAR_FORCED_CLOSE
+        return None

@@ -28,33 +28,10 @@ class RequestHandle:
         self._wake()
         return ok
 
-    async def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
+    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
         """Replay events after ``after`` then follow live ones; ends after the terminal (P3).
         Acknowledges what it yields, which frees backpressure credit (P6)."""
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-
-        def on_append() -> None:
-            # NOTE: the reader's loop may be closed already; then there is nothing to wake
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
-
-        remove = self.stream.add_listener(on_append)
-        seq = after
-        try:
-            while True:
-                batch = self.stream.events_after(seq)
-                for ev in batch:
-                    yield ev
-                    seq = ev.seq
-                    self.stream.ack(seq)
-                    if ev.type is EventType.TERMINAL:
-                        return
-                if not batch:
-                    await wake.wait()
-                    wake.clear()
-        finally:
-            remove()
+        return follow(self.stream, after)
 
     async def result(self) -> Terminal:
         # NOTE: resume one event early, so a stream that is already closed yields its terminal
@@ -77,3 +54,34 @@ class RequestHandle:
         terminal = self.stream.terminal
         assert terminal is not None
         return terminal
+
+
+async def follow(stream: RequestStream, after: int = -1) -> AsyncIterator[StreamEvent]:
+    """Replay ``stream`` after ``after``, then follow it live until its terminal (P3);
+    acknowledges each event it yields (P6). The one in-process reader of a stream log."""
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+
+    def on_append() -> None:
+        # NOTE: the reader's loop may be closed already; then there is nothing to wake
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(wake.set)
+
+    remove = stream.add_listener(on_append)
+    seq = after
+    try:
+        while True:
+            batch = stream.events_after(seq)
+            for ev in batch:
+                yield ev
+                seq = ev.seq
+                stream.ack(seq)
+                if ev.type is EventType.TERMINAL:
+                    return
+            if not batch:
+                if stream.closed and seq >= stream.last_seq:
+                    return  # NOTE: resumed at or past the terminal: nothing is left
+                await wake.wait()
+                wake.clear()
+    finally:
+        remove()

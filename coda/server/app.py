@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coda.engine.protocol import Engine
 from coda.server import anthropic_routes, openai_routes, responses_routes
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
@@ -54,7 +55,7 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(engine: Any, *, api_key: str | None = None,
+def create_app(engine: Engine, *, api_key: str | None = None,
                settings: ServerSettings | None = None, manage_engine: bool = True) -> FastAPI:
     """The FastAPI app serving ``engine``. With ``manage_engine`` the lifespan starts the
     engine and shuts it down at the end (every in-flight request gets its terminal event)."""
@@ -86,7 +87,7 @@ def create_app(engine: Any, *, api_key: str | None = None,
     return app
 
 
-def _model_card(engine: Any) -> dict[str, Any]:
+def _model_card(engine: Engine) -> dict[str, Any]:
     return {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
             "max_model_len": engine.context_length}
 
@@ -158,7 +159,7 @@ class CodaServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(engine: Any, host: str = "127.0.0.1", port: int = 8000, *,
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
           api_key: str | None = None, settings: ServerSettings | None = None,
           log_level: str = "info", json_logs: bool = True) -> None:
     """Run the server until SIGINT/SIGTERM (blocking)."""

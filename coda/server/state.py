@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode
 from coda.finish import CancelCause
@@ -53,7 +54,7 @@ class Record:
 
     id: str
     kind: Literal["chat", "completion", "anthropic", "response"]
-    handles: list[Any]
+    handles: list[EngineHandle]
     created: int
     model: str
     make_renderer: Callable[[list[int] | None], Any]
@@ -101,7 +102,7 @@ class RecordStore:
 
 
 class ServerState:
-    def __init__(self, engine: Any, settings: ServerSettings, api_key: str | None) -> None:
+    def __init__(self, engine: Engine, settings: ServerSettings, api_key: str | None) -> None:
         self.engine = engine
         self.settings = settings
         self.api_key = api_key
@@ -120,11 +121,11 @@ class ServerState:
                            code="model_not_found")
 
     def submit_all(self, requests: Sequence[GenerationRequest],
-                   rename: dict[str, str]) -> list[Any]:
+                   rename: dict[str, str]) -> list[EngineHandle]:
         """Submit every request or none (a failure cancels those already queued)."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
-        handles: list[Any] = []
+        handles: list[EngineHandle] = []
         try:
             for req in requests:
                 handles.append(self.engine.submit(req))
@@ -154,7 +155,7 @@ class ServerState:
             record.cancel(cause)
         return len(running)
 
-    def keep_draining(self, handle: Any) -> None:
+    def keep_draining(self, handle: EngineHandle) -> None:
         """Read (and acknowledge) a background request's log with nobody attached, so its
         bounded buffer (P6) never overflows for lack of a reader; ends at the terminal."""
 

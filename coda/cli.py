@@ -27,6 +27,9 @@ def serve(model: ModelOpt = None,
           max_num_seqs: int = 64,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
+          redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
+          log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
+          lease_ttl_s: Annotated[float, typer.Option(help="a silent server's requests are ended after this")] = 10.0,
           log_level: str = "info") -> None:
     """Serve the OpenAI- and Anthropic-compatible HTTP API."""
     from coda.engine.async_engine import AsyncEngine
@@ -37,7 +40,13 @@ def serve(model: ModelOpt = None,
                        served_model_name=served_model_name,
                        trace_path=str(trace) if trace else None)
     engine = AsyncEngine.from_model_dir(model, cfg)
-    run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level)
+    durable = None
+    if redis_url:
+        from coda.server.durable import ServerDurable
+
+        durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
+    run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level,
+               durable=durable)
 
 
 @app.command()

@@ -171,29 +171,38 @@ class RedisStreamLog:
         pipe.sadd(self._open, request_id)
         pipe.execute()
 
-    def append(self, event: StreamEvent, record_id: str | None = None) -> bool:
-        """Append one event (idempotent); raises :class:`Fenced` if a peer took it over."""
-        return self.append_many([event], record_id)[0]
-
     def append_many(self, events: list[StreamEvent], record_id: str | None = None
                     ) -> list[bool]:
         """Append ``events`` (in seq order) in one round trip; True for each newly written."""
+        return [r is True for r in self.append_batch([(ev, record_id) for ev in events])]
+
+    def append_batch(self, items: list[tuple[StreamEvent, str | None]]
+                     ) -> list[bool | Fenced]:
+        """Append events of any requests (each request's in seq order) in one pipelined round
+        trip. Per event: True written, False a duplicate, a :class:`Fenced` if a peer owns the
+        request now; a gap raises (a writer bug)."""
         pipe = self.r.pipeline(transaction=False)
-        for ev in events:
+        for ev, record_id in items:
             rid = ev.request_id
             keys = [self._k("log", rid), self._k("meta", rid), self._open,
                     self._k("rec", record_id) if record_id else ""]
-            args: list[str | int | bytes] = [ev.seq, encode_event(ev), "1" if ev.type is EventType.TERMINAL else "0",
-                    self.retention_ms, self.fence, rid]
+            args: list[str | int | bytes] = [
+                ev.seq, encode_event(ev), "1" if ev.type is EventType.TERMINAL else "0",
+                self.retention_ms, self.fence, rid]
             self._append(keys=keys, args=args, client=pipe)
-        out = []
-        for ev, res in zip(events, pipe.execute(), strict=True):
-            if res == -1:
-                raise Fenced(ev.request_id)
+        out: list[bool | Fenced] = []
+        for (ev, _), res in zip(items, pipe.execute(), strict=True):
             if res == -2:
                 raise RuntimeError(f"{ev.request_id}: append of seq {ev.seq} leaves a gap")
-            out.append(res == 1)
+            out.append(Fenced(ev.request_id) if res == -1 else res == 1)
         return out
+
+    def append(self, event: StreamEvent, record_id: str | None = None) -> bool:
+        """Append one event (idempotent); raises :class:`Fenced` if a peer took it over."""
+        res = self.append_batch([(event, record_id)])[0]
+        if isinstance(res, Fenced):
+            raise res
+        return res
 
     def put_record(self, record_id: str, descriptor: dict[str, Any]) -> None:
         self.r.set(self._k("rec", record_id), json.dumps(descriptor, separators=(",", ":")))

@@ -21,6 +21,7 @@ class RequestHandle:
         self._wake = wake_engine
         self.request_id = run.request_id
         self.stream: RequestStream = run.stream
+        self.prompt_tokens: int = run.prompt_tokens
 
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         """Request a cancel (C1 moment 1); the engine observes it at its next safe point."""

@@ -45,6 +45,7 @@ class EngineHandle(Protocol):
 
     request_id: str
     stream: RequestStream
+    prompt_tokens: int
 
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool: ...
 

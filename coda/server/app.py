@@ -14,7 +14,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,6 +28,9 @@ from coda.server.http_errors import ApiError, error_response, install_handlers, 
 from coda.server.logs import configure_logging
 from coda.server.sse import SSEResponse, parse_position_id
 from coda.server.state import ServerSettings, ServerState
+
+if TYPE_CHECKING:
+    from coda.server.durable import ServerDurable
 
 log = logging.getLogger("coda.server")
 
@@ -56,16 +59,23 @@ class ApiKeyMiddleware:
 
 
 def create_app(engine: Engine, *, api_key: str | None = None,
-               settings: ServerSettings | None = None, manage_engine: bool = True) -> FastAPI:
+               settings: ServerSettings | None = None, manage_engine: bool = True,
+               durable: ServerDurable | None = None) -> FastAPI:
     """The FastAPI app serving ``engine``. With ``manage_engine`` the lifespan starts the
-    engine and shuts it down at the end (every in-flight request gets its terminal event)."""
+    engine and shuts it down at the end (every in-flight request gets its terminal event).
+    ``durable`` (issue 12): mirror every request into the Redis stream log and serve resumes
+    of requests this process does not hold from it."""
     state = ServerState(engine, settings or ServerSettings(), api_key)
     state.manage_engine = manage_engine
+    if durable is not None:
+        state.store.on_put, state.store.loader = durable.watch, durable.load
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_engine:
             engine.start()
+        if durable is not None:
+            await asyncio.to_thread(durable.start, engine.tokenizer)
         try:
             yield
         finally:
@@ -73,6 +83,8 @@ def create_app(engine: Engine, *, api_key: str | None = None,
             if manage_engine:
                 await asyncio.to_thread(engine.shutdown)
             await state.drain_tasks()
+            if durable is not None:
+                await asyncio.to_thread(durable.stop)
 
     app = FastAPI(title="Coda", version="0.1.0", lifespan=lifespan,
                   description="OpenAI- and Anthropic-compatible API; see docs/api.md.")
@@ -161,11 +173,12 @@ class CodaServer(uvicorn.Server):
 
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
           api_key: str | None = None, settings: ServerSettings | None = None,
-          log_level: str = "info", json_logs: bool = True) -> None:
+          log_level: str = "info", json_logs: bool = True,
+          durable: ServerDurable | None = None) -> None:
     """Run the server until SIGINT/SIGTERM (blocking)."""
     configure_logging(log_level, json_lines=json_logs)
     settings = settings or ServerSettings()
-    app = create_app(engine, api_key=api_key, settings=settings)
+    app = create_app(engine, api_key=api_key, settings=settings, durable=durable)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                             timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
                             access_log=False)

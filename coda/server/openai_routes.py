@@ -172,7 +172,8 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                     make_renderer=lambda after: OpenAIRenderer(
                         record, tokenizer=tok, include_usage=include_usage,
                         logprobs=logprobs is not None, after=after),
-                    extra={"n": body.n})
+                    extra={"n": body.n, "include_usage": include_usage,  # NOTE: extras rebuild
+                           "logprobs": logprobs is not None})  # the renderer on any ingress
     st.store.put(record)
     terminals = await stream_or_wait(request, st, record, stream=body.stream,
                                      policy=body.on_disconnect or st.settings.on_disconnect,

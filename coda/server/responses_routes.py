@@ -216,7 +216,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                     extra={"instructions": body.instructions, "metadata": body.metadata or {},
                            "max_output_tokens": body.max_output_tokens,
                            "temperature": body.temperature, "top_p": body.top_p,
-                           "format": fmt_dump})
+                           "format": fmt_dump, "logprobs": logprobs is not None})
     st.store.put(record)
     if body.background:
         st.keep_draining(handles[0])  # NOTE: acks the log so nobody-reading never overflows

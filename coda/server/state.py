@@ -75,14 +75,21 @@ class Record:
 
 
 class RecordStore:
-    """Bounded map id → :class:`Record`; evicts the oldest finished record first."""
+    """Bounded map id → :class:`Record`; evicts the oldest finished record first.
 
-    def __init__(self, capacity: int) -> None:
+    ``on_put`` sees every stored record (the durable log mirrors it); ``loader`` rebuilds a
+    record this process does not hold (from the durable log, issue 12), which is then kept."""
+
+    def __init__(self, capacity: int, *, on_put: Callable[[Record], None] | None = None,
+                 loader: Callable[[str], Record | None] | None = None) -> None:
         self._capacity = capacity
         self._items: OrderedDict[str, Record] = OrderedDict()
         self._lock = threading.Lock()
+        self.on_put, self.loader = on_put, loader
 
     def put(self, record: Record) -> None:
+        if self.on_put is not None:
+            self.on_put(record)
         with self._lock:
             self._items[record.id] = record
             while len(self._items) > self._capacity:
@@ -91,7 +98,13 @@ class RecordStore:
 
     def get(self, rid: str) -> Record | None:
         with self._lock:
-            return self._items.get(rid)
+            record = self._items.get(rid)
+        if record is None and self.loader is not None:
+            record = self.loader(rid)
+            if record is not None:
+                with self._lock:
+                    record = self._items.setdefault(rid, record)
+        return record
 
     def records(self) -> list[Record]:
         with self._lock:

@@ -164,3 +164,26 @@ def test_orphans_of_an_expired_lease_end_once_and_fence_the_owner_l2_l5_l6(
         owner.heartbeat()  # NOTE: a paused owner that comes back is still fenced
         owner.append(StreamEvent(rid, 4, EventType.DELTA, b"zombie"))
     assert owner.terminal(rid) == term
+
+
+@given(runs=st.lists(st.tuples(st.integers(0, 7), st.integers(1, 4)), min_size=1, max_size=20))
+def test_batched_overlapping_appends_write_each_seq_once_p2_p3(
+        redis_server: RedisServer, runs: list[tuple[int, int]]) -> None:
+    """P2/P3: pipelined runs of events that overlap what is written (a writer retrying after a
+    lost reply) write each seq once; a run starting past a gap is refused whole."""
+    log = _log(redis_server)
+    rid = uuid.uuid4().hex
+    evs = _events(rid, 6)
+    log.open(rid, prompt_tokens=1)
+    written = -1
+    for i, k in runs:
+        chunk = evs[i:i + k]
+        if i > written + 1:
+            with pytest.raises(RuntimeError, match="gap"):
+                log.append_many(chunk)
+            continue
+        assert log.append_many(chunk) == [e.seq > written for e in chunk]
+        written = max(written, chunk[-1].seq)
+    assert [(e.seq, e.type, e.data) for e in log.read(rid)] == [
+        (e.seq, e.type, e.data) for e in evs[:written + 1]]
+    assert (log.terminal(rid) is not None) is (written == len(evs) - 1)

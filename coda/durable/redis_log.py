@@ -14,8 +14,9 @@ cluster slot and the log shards by request id):
   (its fencing token, expiring after ``lease_ttl_s`` without a heartbeat); ``fence`` — the
   fencing-token counter.
 
-Exactly once. Every append is one Lua script (atomic in Redis): it refuses an event whose seq
-is not ``last + 1`` (a retried append is a duplicate, returns 0; a gap returns -2), anything
+Exactly once. Every append (a run of consecutive events of one request) is one Lua script,
+atomic in Redis: events whose seq is not above ``last`` are duplicates of a retried append and
+skipped, a run that would leave a gap is refused (-2), anything
 once ``term`` is set (the single terminal, P2), and any writer whose fencing token is not the
 request's current one (-1: a server whose lease expired and whose requests a peer ended). The
 terminal, the ``open`` removal and the retention TTLs are set in the same script. Ending an
@@ -52,24 +53,29 @@ log = logging.getLogger("coda.durable")
 _APPEND = """
 local meta = KEYS[2]
 local fence = redis.call('HGET', meta, 'fence')
-if fence and ARGV[5] ~= '' and fence ~= ARGV[5] then return -1 end
-if redis.call('HEXISTS', meta, 'term') == 1 then return 0 end
+if fence and ARGV[3] ~= '' and fence ~= ARGV[3] then return {-1, 0} end
+if redis.call('HEXISTS', meta, 'term') == 1 then return {0, 0} end
 local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
-local seq = tonumber(ARGV[1])
-if seq <= last then return 0 end
-if seq ~= last + 1 then return -2 end
-redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'e', ARGV[2])
-redis.call('HSET', meta, 'last', seq)
-if ARGV[3] == '1' then
-  redis.call('HSET', meta, 'term', seq)
-  redis.call('SREM', KEYS[3], ARGV[6])
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  redis.call('PEXPIRE', meta, ARGV[4])
+local first = tonumber(ARGV[1])
+if first > last + 1 then return {-2, last} end
+local n = #ARGV - 5
+for i = 0, n - 1 do
+  local seq = first + i
+  if seq > last then redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'e', ARGV[6 + i]) end
+end
+local newlast = first + n - 1
+if newlast <= last then return {1, last} end
+redis.call('HSET', meta, 'last', newlast)
+if ARGV[4] == '1' then
+  redis.call('HSET', meta, 'term', newlast)
+  redis.call('SREM', KEYS[3], ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', meta, ARGV[2])
   if KEYS[4] ~= '' and redis.call('EXISTS', KEYS[4]) == 1 then
-    redis.call('PEXPIRE', KEYS[4], ARGV[4])
+    redis.call('PEXPIRE', KEYS[4], ARGV[2])
   end
 end
-return 1
+return {1, last}
 """
 
 _REAP = """
@@ -179,22 +185,36 @@ class RedisStreamLog:
     def append_batch(self, items: list[tuple[StreamEvent, str | None]]
                      ) -> list[bool | Fenced]:
         """Append events of any requests (each request's in seq order) in one pipelined round
-        trip. Per event: True written, False a duplicate, a :class:`Fenced` if a peer owns the
-        request now; a gap raises (a writer bug)."""
+        trip, one script call per run of consecutive events of one request. Per event: True
+        written, False a duplicate, a :class:`Fenced` if a peer owns the request now; a gap
+        raises (a writer bug)."""
+        runs: list[list[tuple[StreamEvent, str | None]]] = []
+        for item in items:
+            prev = runs[-1][-1][0] if runs else None
+            if (prev is not None and prev.request_id == item[0].request_id
+                    and item[0].seq == prev.seq + 1 and prev.type is not EventType.TERMINAL):
+                runs[-1].append(item)
+            else:
+                runs.append([item])
         pipe = self.r.pipeline(transaction=False)
-        for ev, record_id in items:
+        for run in runs:
+            ev, record_id = run[0]
             rid = ev.request_id
             keys = [self._k("log", rid), self._k("meta", rid), self._open,
                     self._k("rec", record_id) if record_id else ""]
             args: list[str | int | bytes] = [
-                ev.seq, encode_event(ev), "1" if ev.type is EventType.TERMINAL else "0",
-                self.retention_ms, self.fence, rid]
+                ev.seq, self.retention_ms, self.fence,
+                "1" if run[-1][0].type is EventType.TERMINAL else "0", rid,
+                *(encode_event(e) for e, _ in run)]
             self._append(keys=keys, args=args, client=pipe)
         out: list[bool | Fenced] = []
-        for (ev, _), res in zip(items, pipe.execute(), strict=True):
-            if res == -2:
-                raise RuntimeError(f"{ev.request_id}: append of seq {ev.seq} leaves a gap")
-            out.append(Fenced(ev.request_id) if res == -1 else res == 1)
+        for run, (code, prev_last) in zip(runs, pipe.execute(), strict=True):
+            first = run[0][0]
+            if code == -2:
+                raise RuntimeError(f"{first.request_id}: append of seq {first.seq} leaves a gap")
+            for ev, _ in run:
+                out.append(Fenced(ev.request_id) if code == -1
+                           else code == 1 and ev.seq > prev_last)
         return out
 
     def append(self, event: StreamEvent, record_id: str | None = None) -> bool:

@@ -54,6 +54,9 @@ def serve(model: ModelOpt = None,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
           recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
+          redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
+          log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
+          lease_ttl_s: Annotated[float, typer.Option(help="a silent server's requests are ended after this")] = 10.0,
           log_level: str = "info",
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
@@ -72,7 +75,13 @@ def serve(model: ModelOpt = None,
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
     configure_logging(log_level)
     engine = _load(model, cfg, logging.getLogger("coda.server").info)
-    run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level)
+    durable = None
+    if redis_url:
+        from coda.server.durable import ServerDurable
+
+        durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
+    run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level,
+               durable=durable)
 
 
 @app.command()

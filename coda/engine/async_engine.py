@@ -15,14 +15,16 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from coda.early_stop import EarlyStopController
 from coda.engine.core import EngineCore, EngineRequest
-from coda.engine.handle import RequestHandle
+from coda.engine.handle import RequestHandle, follow
 from coda.engine.kv_budget import kv_cache_budget
 from coda.engine.kv_cache import BlockManager
+from coda.engine.protocol import InMemoryStreamLog, ModelInfo
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.sequence import Sequence
@@ -36,7 +38,7 @@ from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.request import RequestRun
 from coda.step import OutputProcessor, OutputSpec
 from coda.stops import stop_bytes
-from coda.stream import RequestStream
+from coda.stream import RequestStream, StreamEvent
 from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
@@ -46,7 +48,7 @@ UTF8_TAIL_POLICIES = ("fail", "drop")
 
 class AsyncEngine:
     """Loads a model (HF folder, GGUF file or package), runs the batch loop on one thread,
-    serves many requests."""
+    serves many requests. Implements :class:`coda.engine.protocol.Engine` in process."""
 
     def __init__(self, loaded: LoadedModel, runner: ModelRunner, config: EngineConfig, *,
                  trace: TraceSink | None = None, kv_reason: str = "") -> None:
@@ -86,6 +88,9 @@ class AsyncEngine:
         self._ids = itertools.count(1)
         self.num_requests_total = 0
         self.step_error: BaseException | None = None
+        self.log = InMemoryStreamLog()  # NOTE: what ``attach`` replays (P3)
+        self._live: dict[str, RequestHandle] = {}  # NOTE: what ``cancel`` by id reaches
+        self._live_lock = threading.Lock()
 
     @classmethod
     def from_model_dir(cls, model: str | Path | None = None,
@@ -187,12 +192,45 @@ class AsyncEngine:
         deadline = time.monotonic() + req.deadline_s if req.deadline_s is not None else None
         ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
                              req.sampling.logprobs is not None, grammar, controller, closer)
+        handle = RequestHandle(run, self._wake)
+        self._track(handle)
         stream.start(self.model_name, self.model_snapshot)
         with self._cond:
             self._inbox.append(ereq)
             self.num_requests_total += 1
             self._cond.notify_all()
-        return RequestHandle(run, self._wake)
+        return handle
+
+    def _track(self, handle: RequestHandle) -> None:
+        stream = handle.stream
+        self.log.register(stream)
+        with self._live_lock:
+            self._live[handle.request_id] = handle
+
+        def forget() -> None:  # NOTE: on the engine thread, after each append
+            if stream.closed:
+                with self._live_lock:
+                    if self._live.get(handle.request_id) is handle:
+                        del self._live[handle.request_id]
+
+        stream.add_listener(forget)
+
+    def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
+        """Replay ``request_id``'s log after ``after_seq``, then follow it (P3); KeyError
+        once the in-memory log has evicted it."""
+        stream = self.log.stream(request_id)
+        if stream is None:
+            raise KeyError(request_id)
+        return follow(stream, after_seq)
+
+    def cancel(self, request_id: str, cause: CancelCause = CancelCause.CLIENT) -> bool:
+        """Cancel a running request by id (C1); False if it is unknown or already ended."""
+        with self._live_lock:
+            handle = self._live.get(request_id)
+        return handle.cancel(cause) if handle is not None else False
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
 
     def _output_spec(self, req: GenerationRequest, prompt: tuple[int, ...]) -> tuple[OutputSpec, int]:
         vocab = self.runner.config.vocab_size

@@ -21,6 +21,7 @@ class RequestHandle:
         self._wake = wake_engine
         self.request_id = run.request_id
         self.stream: RequestStream = run.stream
+        self.prompt_tokens: int = run.prompt_tokens
 
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         """Request a cancel (C1 moment 1); the engine observes it at its next safe point."""
@@ -28,38 +29,11 @@ class RequestHandle:
         self._wake()
         return ok
 
-    async def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
+    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
         """Replay events after ``after`` then follow live ones; ends after the terminal (P3).
         Replaying from at or past the terminal's sequence number yields nothing and returns at
         once. Acknowledges what it yields, which frees backpressure credit (P6)."""
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-
-        def on_append() -> None:
-            # NOTE: the reader's loop may be closed already; then there is nothing to wake
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
-
-        remove = self.stream.add_listener(on_append)
-        seq = after
-        try:
-            while True:
-                # NOTE: read "closed" before the log: a closed log read afterwards is complete
-                closed = self.stream.closed
-                batch = self.stream.events_after(seq)
-                for ev in batch:
-                    yield ev
-                    seq = ev.seq
-                    self.stream.ack(seq)
-                    if ev.type is EventType.TERMINAL:
-                        return
-                if not batch:
-                    if closed:
-                        return  # NOTE: asked for events after the terminal: there are none
-                    await wake.wait()
-                    wake.clear()
-        finally:
-            remove()
+        return follow(self.stream, after)
 
     async def result(self) -> Terminal:
         # NOTE: resume one event early, so a stream that is already closed yields its terminal
@@ -82,3 +56,36 @@ class RequestHandle:
         terminal = self.stream.terminal
         assert terminal is not None
         return terminal
+
+
+async def follow(stream: RequestStream, after: int = -1) -> AsyncIterator[StreamEvent]:
+    """Replay ``stream`` after ``after``, then follow it live until its terminal (P3);
+    acknowledges each event it yields (P6). The one in-process reader of a stream log."""
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+
+    def on_append() -> None:
+        # NOTE: the reader's loop may be closed already; then there is nothing to wake
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(wake.set)
+
+    remove = stream.add_listener(on_append)
+    seq = after
+    try:
+        while True:
+            # NOTE: read "closed" before the log: a closed log read afterwards is complete
+            closed = stream.closed
+            batch = stream.events_after(seq)
+            for ev in batch:
+                yield ev
+                seq = ev.seq
+                stream.ack(seq)
+                if ev.type is EventType.TERMINAL:
+                    return
+            if not batch:
+                if closed:
+                    return  # NOTE: resumed at or past the terminal: nothing is left
+                await wake.wait()
+                wake.clear()
+    finally:
+        remove()

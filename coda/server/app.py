@@ -14,13 +14,14 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coda.engine.protocol import Engine
 from coda.server import anthropic_routes, openai_routes, playground_routes, responses_routes
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
@@ -28,6 +29,9 @@ from coda.server.integrity import resolve_resume
 from coda.server.logs import configure_logging
 from coda.server.sse import SSEResponse, parse_position_id
 from coda.server.state import ServerSettings, ServerState
+
+if TYPE_CHECKING:
+    from coda.server.durable import ServerDurable
 
 log = logging.getLogger("coda.server")
 
@@ -60,17 +64,24 @@ def _open_page(path: str) -> bool:
     return path in playground_routes.OPEN_PATHS or path.startswith(playground_routes.OPEN_PREFIX)
 
 
-def create_app(engine: Any, *, api_key: str | None = None,
-               settings: ServerSettings | None = None, manage_engine: bool = True) -> FastAPI:
+def create_app(engine: Engine, *, api_key: str | None = None,
+               settings: ServerSettings | None = None, manage_engine: bool = True,
+               durable: ServerDurable | None = None) -> FastAPI:
     """The FastAPI app serving ``engine``. With ``manage_engine`` the lifespan starts the
-    engine and shuts it down at the end (every in-flight request gets its terminal event)."""
+    engine and shuts it down at the end (every in-flight request gets its terminal event).
+    ``durable`` (issue 12): mirror every request into the Redis stream log and serve resumes
+    of requests this process does not hold from it."""
     state = ServerState(engine, settings or ServerSettings(), api_key)
     state.manage_engine = manage_engine
+    if durable is not None:
+        state.store.on_put, state.store.loader = durable.watch, durable.load
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_engine:
             engine.start()
+        if durable is not None:
+            await asyncio.to_thread(durable.start, engine.tokenizer)
         try:
             yield
         finally:
@@ -78,6 +89,8 @@ def create_app(engine: Any, *, api_key: str | None = None,
             if manage_engine:
                 await asyncio.to_thread(engine.shutdown)
             await state.drain_tasks()
+            if durable is not None:
+                await asyncio.to_thread(durable.stop)
 
     app = FastAPI(title="Coda", version="0.1.0", lifespan=lifespan,
                   description="OpenAI- and Anthropic-compatible API; see docs/api.md.")
@@ -93,7 +106,7 @@ def create_app(engine: Any, *, api_key: str | None = None,
     return app
 
 
-def _model_card(engine: Any) -> dict[str, Any]:
+def _model_card(engine: Engine) -> dict[str, Any]:
     card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
             "max_model_len": engine.context_length}
     identity = getattr(engine, "identity", None)
@@ -174,13 +187,14 @@ class CodaServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(engine: Any, host: str = "127.0.0.1", port: int = 8000, *,
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
           api_key: str | None = None, settings: ServerSettings | None = None,
-          log_level: str = "info", json_logs: bool = True) -> None:
+          log_level: str = "info", json_logs: bool = True,
+          durable: ServerDurable | None = None) -> None:
     """Run the server until SIGINT/SIGTERM (blocking)."""
     configure_logging(log_level, json_lines=json_logs)
     settings = settings or ServerSettings()
-    app = create_app(engine, api_key=api_key, settings=settings)
+    app = create_app(engine, api_key=api_key, settings=settings, durable=durable)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                             timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
                             access_log=False, log_config=None)

@@ -235,10 +235,12 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                         record, tokenizer=tok, include_usage=include_usage,
                         logprobs=logprobs is not None, after=after,
                         continuous_usage=continuous),
+                    # NOTE: plain data only: the extras rebuild the renderer on any ingress
                     extra={"n": body.n, "tools": bool(plan and plan.active),
                            "prompt_tokens": [len(p) for p in prompts],
                            "skip_special": body.skip_special_tokens,
-                           "verify": body.stream_verify})
+                           "verify": body.stream_verify, "include_usage": include_usage,
+                           "logprobs": logprobs is not None, "continuous_usage": continuous})
     st.store.put(record)
     if chat and body.store is False:  # type: ignore[union-attr]
         st.forget_when_done(record)  # NOTE: not kept for resume once it ended (privacy)

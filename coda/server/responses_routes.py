@@ -106,8 +106,8 @@ def _call_item(record: Record, call: tl.ToolCall, status: str) -> dict[str, Any]
 def _logprobs(record: Record, stream: RequestStream) -> list[dict[str, Any]]:
     """Every returned token's logprobs so far (the final ``output_text`` carries them all,
     like the deltas did; trailing tokens as :func:`coda.server.logprobs.reported_trailing`)."""
-    tok = record.extra.get("logprobs_tokenizer")
-    if tok is None:
+    tok = record.tokenizer
+    if tok is None or not record.extra.get("logprobs"):
         return []
     tokens = [t for e in stream.events_after(-1) if e.type is EventType.DELTA for t in e.tokens]
     terminal = stream.terminal
@@ -281,15 +281,14 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     record = Record(rid, "response", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: ResponsesRenderer(
                         record, tok, logprobs is not None, -1 if after is None else after[0]),
-                    background=body.background,
+                    background=body.background, tokenizer=tok,
                     extra={"instructions": body.instructions, "metadata": body.metadata or {},
                            "max_output_tokens": body.max_output_tokens,
                            "temperature": body.temperature, "top_p": body.top_p,
                            "format": fmt_dump, "tools": bool(plan and plan.active),
                            "tools_echo": body.tools or [], "parallel": plan.parallel if plan
                            else False, "tool_choice": body.tool_choice or "auto",
-                           "store": body.store,
-                           "logprobs_tokenizer": tok if logprobs is not None else None,
+                           "store": body.store, "logprobs": logprobs is not None,
                            "verify": body.stream_verify})
     st.store.put(record)
     if not body.store:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode
 from coda.finish import CancelCause
@@ -59,13 +60,14 @@ class Record:
 
     id: str
     kind: Literal["chat", "completion", "anthropic", "response"]
-    handles: list[Any]
+    handles: list[EngineHandle]
     created: int
     model: str
     make_renderer: Callable[[list[int] | None], Any]
     background: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # NOTE: plain data (the durable log)
     delivery: DeliveryRecord = field(default_factory=DeliveryRecord)
+    tokenizer: Any = None  # renders logprobs; process-local, never serialised
 
     @property
     def streams(self) -> list[Any]:
@@ -81,14 +83,21 @@ class Record:
 
 
 class RecordStore:
-    """Bounded map id → :class:`Record`; evicts the oldest finished record first."""
+    """Bounded map id → :class:`Record`; evicts the oldest finished record first.
 
-    def __init__(self, capacity: int) -> None:
+    ``on_put`` sees every stored record (the durable log mirrors it); ``loader`` rebuilds a
+    record this process does not hold (from the durable log, issue 12), which is then kept."""
+
+    def __init__(self, capacity: int, *, on_put: Callable[[Record], None] | None = None,
+                 loader: Callable[[str], Record | None] | None = None) -> None:
         self._capacity = capacity
         self._items: OrderedDict[str, Record] = OrderedDict()
         self._lock = threading.Lock()
+        self.on_put, self.loader = on_put, loader
 
     def put(self, record: Record) -> None:
+        if self.on_put is not None:
+            self.on_put(record)
         with self._lock:
             self._items[record.id] = record
             while len(self._items) > self._capacity:
@@ -97,7 +106,13 @@ class RecordStore:
 
     def get(self, rid: str) -> Record | None:
         with self._lock:
-            return self._items.get(rid)
+            record = self._items.get(rid)
+        if record is None and self.loader is not None:
+            record = self.loader(rid)
+            if record is not None:
+                with self._lock:
+                    record = self._items.setdefault(rid, record)
+        return record
 
     def remove(self, rid: str) -> None:
         with self._lock:
@@ -112,7 +127,7 @@ class RecordStore:
 
 
 class ServerState:
-    def __init__(self, engine: Any, settings: ServerSettings, api_key: str | None) -> None:
+    def __init__(self, engine: Engine, settings: ServerSettings, api_key: str | None) -> None:
         self.engine = engine
         self.settings = settings
         self.api_key = api_key
@@ -131,11 +146,11 @@ class ServerState:
                            code="model_not_found")
 
     def submit_all(self, requests: Sequence[GenerationRequest],
-                   rename: dict[str, str]) -> list[Any]:
+                   rename: dict[str, str]) -> list[EngineHandle]:
         """Submit every request or none (a failure cancels those already queued)."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
-        handles: list[Any] = []
+        handles: list[EngineHandle] = []
         try:
             for req in requests:
                 handles.append(self.engine.submit(req))
@@ -165,7 +180,7 @@ class ServerState:
             record.cancel(cause)
         return len(running)
 
-    def keep_draining(self, handle: Any) -> None:
+    def keep_draining(self, handle: EngineHandle) -> None:
         """Read (and acknowledge) a background request's log with nobody attached, so its
         bounded buffer (P6) never overflows for lack of a reader; ends at the terminal."""
 

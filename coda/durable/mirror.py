@@ -1,0 +1,189 @@
+"""Copying between an engine's in-memory streams and the durable log (issue 12 item 2; SPEC
+P1–P3, P6).
+
+:class:`LogMirror` writes: every watched :class:`~coda.stream.RequestStream` is copied, in seq
+order, into the :class:`~coda.durable.redis_log.RedisStreamLog` by one writer thread (the
+engine thread never waits on Redis); the events of a wake-up go in one pipelined round trip.
+:class:`LogFollower` reads: it rebuilds a request's stream on another ingress from the log —
+replay, then live with ``XREAD BLOCK`` — into a local ``RequestStream`` that the SSE renderers
+read as if the engine were local.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from coda.durable.redis_log import Fenced, RedisStreamLog
+from coda.stream import BackpressureConfig, EventType, RequestStream, StreamEvent
+
+log = logging.getLogger("coda.durable")
+
+# NOTE: a followed copy is acknowledged by its own readers; its bound is the log's, not P6's
+_UNBOUNDED = BackpressureConfig(pause_bytes=1 << 62, max_bytes=1 << 62)
+
+
+class DurableCopy(RequestStream):
+    """What readers see of a mirrored stream: only events already appended to the log (the
+    first frame a client gets is durable, seed 004). Acknowledging it acknowledges the
+    engine's stream too, so backpressure (P6) still follows the client."""
+
+    def __init__(self, source: RequestStream) -> None:
+        super().__init__(source.request_id, _UNBOUNDED)
+        self.source = source
+
+    def ack(self, seq: int) -> None:
+        super().ack(seq)
+        self.source.ack(seq)
+
+
+def feed(stream: RequestStream, events: list[StreamEvent]) -> None:
+    """Append ``events`` to a local copy in seq order, skipping those it already has."""
+    for ev in events:
+        if ev.seq != stream.last_seq + 1:
+            continue  # NOTE: XREAD may repeat the boundary entry; seq dedupes
+        if ev.type is EventType.START:
+            stream.start(ev.model or "")
+        elif ev.type is EventType.DELTA:
+            stream.delta(ev.data, ev.tokens)
+        else:
+            assert ev.terminal is not None
+            stream.close(ev.terminal)
+
+
+@dataclass
+class _Watched:
+    stream: RequestStream
+    copy: DurableCopy
+    record_id: str
+    on_fenced: Callable[[], None]
+    written: int = -1
+
+
+class LogMirror:
+    """One writer thread copying watched streams into ``log`` (idempotent appends)."""
+
+    def __init__(self, durable: RedisStreamLog) -> None:
+        self.log = durable
+        self._watched: dict[str, _Watched] = {}
+        self._dirty: set[str] = set()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="coda-log-mirror", daemon=True)
+        self._thread.start()
+
+    def watch(self, stream: RequestStream, *, record_id: str, prompt_tokens: int,
+              on_fenced: Callable[[], None]) -> DurableCopy:
+        """Own ``stream`` in the log from now on and copy every event of it (from seq 0);
+        returns the copy readers should read (events reach it once durable)."""
+        rid = stream.request_id
+        self.log.open(rid, prompt_tokens=prompt_tokens, record_id=record_id)
+        copy = DurableCopy(stream)
+        with self._cond:
+            self._watched[rid] = _Watched(stream, copy, record_id, on_fenced)
+            self._dirty.add(rid)
+            self._cond.notify()
+
+        def mark() -> None:  # NOTE: runs on the engine thread after every append
+            with self._cond:
+                self._dirty.add(rid)
+                self._cond.notify()
+
+        stream.add_listener(mark)
+        return copy
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._dirty and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and not self._dirty:
+                    return
+                batch = [self._watched[r] for r in self._dirty if r in self._watched]
+                self._dirty.clear()
+            self._flush(batch)
+
+    def _flush(self, batch: list[_Watched]) -> None:
+        """Everything new in ``batch`` in one pipelined round trip (issue 12 item 6)."""
+        todo = [(w, w.stream.events_after(w.written)) for w in batch]
+        todo = [(w, evs) for w, evs in todo if evs]
+        if not todo:
+            return
+        try:
+            results = self.log.append_batch([(ev, w.record_id) for w, evs in todo for ev in evs])
+        except redis.RedisError:
+            # NOTE: retried at the next append or flush (appends are idempotent)
+            log.exception("stream log append failed")
+            with self._cond:
+                self._dirty.update(w.stream.request_id for w, _ in todo)
+            time.sleep(0.1)
+            return
+        k = 0
+        for w, evs in todo:
+            res, k = results[k:k + len(evs)], k + len(evs)
+            rid = w.stream.request_id
+            if any(isinstance(r, Fenced) for r in res):
+                log.warning("request taken over by a peer; cancelling locally",
+                            extra={"request_id": rid})
+                self._forget(rid)
+                w.on_fenced()
+                continue
+            w.written = evs[-1].seq
+            feed(w.copy, evs)
+            if evs[-1].type is EventType.TERMINAL:
+                self._forget(rid)
+
+    def _forget(self, rid: str) -> None:
+        with self._cond:
+            self._watched.pop(rid, None)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait (up to ``timeout``) until every watched stream's terminal is written, then
+        write what is left and stop the writer."""
+        deadline = time.monotonic() + timeout
+        while self._watched and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self._cond:
+            self._dirty.update(self._watched)
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    @property
+    def num_watched(self) -> int:
+        return len(self._watched)
+
+
+class LogFollower:
+    """A local ``RequestStream`` fed from the log of ``request_id`` by a daemon thread."""
+
+    def __init__(self, durable: RedisStreamLog, request_id: str) -> None:
+        self.log = durable
+        self.stream = RequestStream(request_id, _UNBOUNDED)
+        self._stop = threading.Event()
+        self._feed(durable.read(request_id))
+        if not self.stream.closed:
+            threading.Thread(target=self._run, name="coda-log-follow", daemon=True).start()
+
+    def _feed(self, events: list[StreamEvent]) -> None:
+        feed(self.stream, events)
+
+    def _run(self) -> None:
+        rid = self.stream.request_id
+        while not self._stop.is_set() and not self.stream.closed:
+            try:
+                evs = self.log.wait(rid, self.stream.last_seq, 1.0)
+                if not evs and not self.log.exists(rid):
+                    return  # NOTE: expired (retention) or never written
+                self._feed(evs)
+            except redis.RedisError:
+                log.exception("stream log read failed", extra={"request_id": rid})
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,294 @@
+"""The durable stream log on Redis Streams, with owner leases and fencing (issue 12 item 2, 3;
+SPEC P1–P3, L2, L5, L6).
+
+Keys (``prefix`` default ``coda:``; ``{rid}`` is a hash tag, so one request's keys share a
+cluster slot and the log shards by request id):
+
+- ``log:{rid}`` — a Redis stream, one entry per event, entry id ``0-(seq+1)`` (ids must be above
+  ``0-0``), field ``e`` = :func:`coda.durable.codec.encode_event`;
+- ``meta:{rid}`` — hash: ``last`` (last seq appended), ``term`` (seq of the terminal, once
+  written), ``owner`` (server id), ``fence`` (the owner's fencing token), ``prompt`` (prompt
+  tokens, for billing an orphan), ``rec`` (its record id);
+- ``rec:{id}`` — the JSON descriptor of an API record (what re-renders it on another ingress);
+- ``open`` — the set of request ids without a terminal; ``lease:{server}`` — a server's lease
+  (its fencing token, expiring after ``lease_ttl_s`` without a heartbeat); ``fence`` — the
+  fencing-token counter.
+
+Exactly once. Every append (a run of consecutive events of one request) is one Lua script,
+atomic in Redis: events whose seq is not above ``last`` are duplicates of a retried append and
+skipped, a run that would leave a gap is refused (-2), anything
+once ``term`` is set (the single terminal, P2), and any writer whose fencing token is not the
+request's current one (-1: a server whose lease expired and whose requests a peer ended). The
+terminal, the ``open`` removal and the retention TTLs are set in the same script. Ending an
+orphan (:meth:`RedisStreamLog.reap`) is also one script, which re-checks inside Redis that the
+owner's lease is gone, that no terminal exists and that the log did not move since it was read;
+two servers reaping at once therefore write one terminal between them.
+
+Durability: Redis configured with AOF and ``appendfsync everysec`` (the test fixture and the
+docs' setup do so) loses at most the last second of appends on a Redis crash (power loss or
+kill -9 of Redis); a lost tail is then re-appended by the owner if it is still alive (appends
+are idempotent), or the request is ended by the reaper from what survived. Retention: a
+request's keys expire ``retention_s`` (default 600 s) after its terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from coda.durable.codec import decode_event, encode_event
+from coda.errors import ErrorCode
+from coda.finish import FinishReason, Usage
+from coda.lifecycle import State
+from coda.stream import EventType, StreamEvent, Terminal
+
+log = logging.getLogger("coda.durable")
+
+_APPEND = """
+local meta = KEYS[2]
+local fence = redis.call('HGET', meta, 'fence')
+if fence and ARGV[3] ~= '' and fence ~= ARGV[3] then return {-1, 0} end
+if redis.call('HEXISTS', meta, 'term') == 1 then return {0, 0} end
+local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
+local first = tonumber(ARGV[1])
+if first > last + 1 then return {-2, last} end
+local n = #ARGV - 5
+for i = 0, n - 1 do
+  local seq = first + i
+  if seq > last then redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'e', ARGV[6 + i]) end
+end
+local newlast = first + n - 1
+if newlast <= last then return {1, last} end
+redis.call('HSET', meta, 'last', newlast)
+if ARGV[4] == '1' then
+  redis.call('HSET', meta, 'term', newlast)
+  redis.call('SREM', KEYS[3], ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', meta, ARGV[2])
+  if KEYS[4] ~= '' and redis.call('EXISTS', KEYS[4]) == 1 then
+    redis.call('PEXPIRE', KEYS[4], ARGV[2])
+  end
+end
+return {1, last}
+"""
+
+_REAP = """
+local meta = KEYS[2]
+if redis.call('HEXISTS', meta, 'term') == 1 then return 0 end
+if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
+local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
+if last ~= tonumber(ARGV[1]) - 1 then return -2 end
+redis.call('HSET', meta, 'fence', ARGV[5])
+redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[1]) + 1), 'e', ARGV[2])
+redis.call('HSET', meta, 'last', ARGV[1], 'term', ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[6])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', meta, ARGV[4])
+if KEYS[5] ~= '' and redis.call('EXISTS', KEYS[5]) == 1 then
+  redis.call('PEXPIRE', KEYS[5], ARGV[4])
+end
+return 1
+"""
+
+
+class Fenced(RuntimeError):
+    """This server no longer owns the request: a peer ended it after our lease expired."""
+
+
+class RedisStreamLog:
+    """A :class:`~coda.engine.protocol.StreamLog` on Redis Streams, plus this server's lease.
+
+    ``server_id`` names the lease; :meth:`start` takes it (a fresh fencing token) and runs the
+    heartbeat, which also reaps the requests of servers whose lease expired."""
+
+    def __init__(self, url: str, *, prefix: str = "coda:", retention_s: float = 600.0,
+                 lease_ttl_s: float = 10.0, server_id: str | None = None) -> None:
+        if not retention_s > 0 or not lease_ttl_s > 0:
+            raise ValueError("retention_s and lease_ttl_s must be > 0")
+        # NOTE: typed Any: redis-py annotates replies as bytes | str | Awaitable (sync or async)
+        self.r: Any = redis.Redis.from_url(url)
+        self.prefix = prefix
+        self.retention_ms = int(retention_s * 1000)
+        self.lease_ttl_ms = int(lease_ttl_s * 1000)
+        self.server_id = server_id or uuid.uuid4().hex[:12]
+        self.fence = ""
+        self._append = self.r.register_script(_APPEND)
+        self._reap = self.r.register_script(_REAP)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reaped_total = 0
+
+    # -- keys ----------------------------------------------------------------------------
+    def _k(self, kind: str, rid: str) -> str:
+        return f"{self.prefix}{kind}:{{{rid}}}"
+
+    @property
+    def _open(self) -> str:
+        return f"{self.prefix}open"
+
+    def _lease(self, server: str) -> str:
+        return f"{self.prefix}lease:{server}"
+
+    # -- lease ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Take this server's lease (a new fencing token), reap orphans, start heartbeating."""
+        self.fence = str(self.r.incr(f"{self.prefix}fence"))
+        self.heartbeat()
+        self.reap_orphans()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="coda-lease", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, release: bool = True) -> None:
+        """Stop heartbeating; ``release`` drops the lease at once (a clean shutdown, whose
+        requests all have terminals already)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        if release:
+            self.r.delete(self._lease(self.server_id))
+
+    def heartbeat(self) -> None:
+        self.r.set(self._lease(self.server_id), self.fence, px=self.lease_ttl_ms)
+
+    def _beat(self) -> None:
+        period = self.lease_ttl_ms / 3000
+        while not self._stop.wait(period):
+            try:
+                self.heartbeat()
+                self.reap_orphans()
+            except redis.RedisError:
+                log.exception("lease heartbeat failed")
+
+    # -- producer side -------------------------------------------------------------------
+    def open(self, request_id: str, *, prompt_tokens: int, record_id: str | None = None) -> None:
+        """Declare ``request_id`` owned by this server (before its first append)."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(self._k("meta", request_id), mapping={
+            "owner": self.server_id, "fence": self.fence, "prompt": prompt_tokens,
+            "rec": record_id or ""})
+        pipe.sadd(self._open, request_id)
+        pipe.execute()
+
+    def append_many(self, events: list[StreamEvent], record_id: str | None = None
+                    ) -> list[bool]:
+        """Append ``events`` (in seq order) in one round trip; True for each newly written."""
+        return [r is True for r in self.append_batch([(ev, record_id) for ev in events])]
+
+    def append_batch(self, items: list[tuple[StreamEvent, str | None]]
+                     ) -> list[bool | Fenced]:
+        """Append events of any requests (each request's in seq order) in one pipelined round
+        trip, one script call per run of consecutive events of one request. Per event: True
+        written, False a duplicate, a :class:`Fenced` if a peer owns the request now; a gap
+        raises (a writer bug)."""
+        runs: list[list[tuple[StreamEvent, str | None]]] = []
+        for item in items:
+            prev = runs[-1][-1][0] if runs else None
+            if (prev is not None and prev.request_id == item[0].request_id
+                    and item[0].seq == prev.seq + 1 and prev.type is not EventType.TERMINAL):
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+        pipe = self.r.pipeline(transaction=False)
+        for run in runs:
+            ev, record_id = run[0]
+            rid = ev.request_id
+            keys = [self._k("log", rid), self._k("meta", rid), self._open,
+                    self._k("rec", record_id) if record_id else ""]
+            args: list[str | int | bytes] = [
+                ev.seq, self.retention_ms, self.fence,
+                "1" if run[-1][0].type is EventType.TERMINAL else "0", rid,
+                *(encode_event(e) for e, _ in run)]
+            self._append(keys=keys, args=args, client=pipe)
+        out: list[bool | Fenced] = []
+        for run, (code, prev_last) in zip(runs, pipe.execute(), strict=True):
+            first = run[0][0]
+            if code == -2:
+                raise RuntimeError(f"{first.request_id}: append of seq {first.seq} leaves a gap")
+            for ev, _ in run:
+                out.append(Fenced(ev.request_id) if code == -1
+                           else code == 1 and ev.seq > prev_last)
+        return out
+
+    def append(self, event: StreamEvent, record_id: str | None = None) -> bool:
+        """Append one event (idempotent); raises :class:`Fenced` if a peer took it over."""
+        res = self.append_batch([(event, record_id)])[0]
+        if isinstance(res, Fenced):
+            raise res
+        return res
+
+    def put_record(self, record_id: str, descriptor: dict[str, Any]) -> None:
+        self.r.set(self._k("rec", record_id), json.dumps(descriptor, separators=(",", ":")))
+
+    # -- reader side ---------------------------------------------------------------------
+    def read(self, request_id: str, after_seq: int = -1) -> list[StreamEvent]:
+        rows = self.r.xrange(self._k("log", request_id), min=f"0-{after_seq + 2}")
+        return [decode_event(fields[b"e"]) for _, fields in rows]
+
+    def wait(self, request_id: str, after_seq: int, timeout_s: float) -> list[StreamEvent]:
+        """Events after ``after_seq``, blocking up to ``timeout_s`` for the first one."""
+        res = self.r.xread({self._k("log", request_id): f"0-{after_seq + 1}"},
+                           block=max(1, int(timeout_s * 1000)))
+        return [decode_event(fields[b"e"]) for _, rows in res for _, fields in rows]
+
+    def terminal(self, request_id: str) -> Terminal | None:
+        seq = self.r.hget(self._k("meta", request_id), "term")
+        if seq is None:
+            return None
+        evs = self.read(request_id, int(seq) - 1)
+        return evs[0].terminal if evs else None
+
+    def exists(self, request_id: str) -> bool:
+        return bool(self.r.exists(self._k("meta", request_id)))
+
+    def get_record(self, record_id: str) -> dict[str, Any] | None:
+        raw = self.r.get(self._k("rec", record_id))
+        return None if raw is None else dict(json.loads(raw))
+
+    # -- orphans -------------------------------------------------------------------------
+    def reap_orphans(self, on_reaped: Callable[[str], None] | None = None) -> int:
+        """End (once, ``model_error``, committed tokens billed) every open request whose
+        owner's lease expired; a live peer's requests are never touched (L2, L5, L6)."""
+        n = 0
+        for raw in self.r.smembers(self._open):
+            rid = raw.decode()
+            owner = self.r.hget(self._k("meta", rid), "owner")
+            if owner is None:
+                self.r.srem(self._open, rid)  # NOTE: expired or never opened
+                continue
+            if owner.decode() == self.server_id or self.r.exists(self._lease(owner.decode())):
+                continue
+            if self.reap(rid, owner.decode()):
+                n += 1
+                if on_reaped is not None:
+                    on_reaped(rid)
+        self.reaped_total += n
+        return n
+
+    def reap(self, request_id: str, owner: str) -> bool:
+        """Write the one ``model_error`` terminal of an orphan; False if it was not one."""
+        meta = self.r.hgetall(self._k("meta", request_id))
+        evs = self.read(request_id)
+        committed = sum(len(e.tokens) for e in evs if e.type is EventType.DELTA)
+        returned_bytes = sum(len(e.data) for e in evs if e.type is EventType.DELTA)
+        terminal = Terminal(
+            State.FAILED, FinishReason.MODEL_ERROR,
+            Usage(prompt_tokens=int(meta.get(b"prompt", 0)), selected_tokens=committed,
+                  processed_output_tokens=committed, returned_tokens=committed,
+                  returned_bytes=returned_bytes),
+            ErrorCode.MODEL_ERROR,
+            f"the server that owned this request ({owner}) stopped; its lease expired")
+        ev = StreamEvent(request_id, len(evs), EventType.TERMINAL, terminal=terminal)
+        rec = meta.get(b"rec", b"").decode()
+        keys = [self._k("log", request_id), self._k("meta", request_id), self._open,
+                self._lease(owner), self._k("rec", rec) if rec else ""]
+        res = self._reap(keys=keys, args=[ev.seq, encode_event(ev), 0, self.retention_ms,
+                                          self.fence, request_id])
+        return bool(res == 1)

@@ -1,0 +1,132 @@
+"""The typed seam between the server and an engine (issue 11 item 3; SPEC P1–P3, C1, L2).
+
+The server holds an :class:`Engine` and nothing more specific: ``submit`` a
+:class:`~coda.engine.types.GenerationRequest` and get an :class:`EngineHandle`; ``attach`` to a
+request's log after a sequence number to resume it (P3); ``cancel`` by id (C1); read ``stats``
+and ``model_info``. The in-process :class:`~coda.engine.async_engine.AsyncEngine` implements it;
+a remote engine (another process, a Ray Serve replica) implements the same protocol.
+
+Every message that crosses the seam is plain data: ``GenerationRequest``, ``StreamEvent`` (with
+its ``Terminal``, ``TokenInfo``, ``Usage``, ``Timings``), ``EngineStats`` and :class:`ModelInfo`
+are frozen dataclasses of ``str``/``int``/``float``/``bytes``, string enums and tuples of those.
+They pickle as they are (what Ray sends) and :mod:`coda.durable.codec` writes events as JSON
+(what the Redis stream log stores); nothing on the seam holds a lock, a thread or a tensor.
+
+:class:`StreamLog` is the event log behind resume, as an interface: the in-memory one of a
+single process (:class:`InMemoryStreamLog`, the default) and the durable Redis Streams one
+(:class:`coda.durable.redis_log.RedisStreamLog`, ``coda serve --redis-url``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
+from coda.finish import CancelCause
+from coda.stream import RequestStream, StreamEvent, Terminal
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the server needs to know about the served model (plain data)."""
+
+    name: str
+    context_length: int
+    eos_token_ids: frozenset[int]
+
+
+@runtime_checkable
+class EngineHandle(Protocol):
+    """One submitted request: its replayable stream and the one way to cancel it (P3, C1)."""
+
+    request_id: str
+    stream: RequestStream
+    prompt_tokens: int
+
+    def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool: ...
+
+    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]: ...
+
+    async def result(self) -> Terminal: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the server depends on. ``tokenizer`` and ``tokenizer_config`` are read by the
+    server to render chat templates and encode prompts; ``config`` gives its defaults."""
+
+    model_name: str
+    context_length: int
+    config: EngineConfig
+    tokenizer: Any
+    tokenizer_config: dict[str, Any]
+
+    def start(self) -> None: ...
+
+    def shutdown(self, timeout: float = 30.0) -> None: ...
+
+    def submit(self, req: GenerationRequest) -> EngineHandle: ...
+
+    def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
+        """Events of ``request_id`` after ``after_seq`` (replay, then live); KeyError if the
+        engine no longer knows the request."""
+        ...
+
+    def cancel(self, request_id: str, cause: CancelCause = CancelCause.CLIENT) -> bool: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def model_info(self) -> ModelInfo: ...
+
+
+class StreamLog(Protocol):
+    """The per-request event log (P1–P3): appends are idempotent by ``(request_id, seq)``
+    and a request's log accepts exactly one terminal, after which it accepts nothing."""
+
+    def append(self, event: StreamEvent) -> bool:
+        """Append ``event``; False when it is a duplicate or the log is already closed."""
+        ...
+
+    def read(self, request_id: str, after_seq: int = -1) -> list[StreamEvent]: ...
+
+    def terminal(self, request_id: str) -> Terminal | None: ...
+
+
+class InMemoryStreamLog:
+    """The single-process log: the engine's own :class:`RequestStream` objects, by id, the
+    ``capacity`` most recent kept (oldest finished evicted first). Appends go through the
+    stream itself (the engine is the only producer), so :meth:`append` only checks."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._capacity = capacity
+        self._streams: OrderedDict[str, RequestStream] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def register(self, stream: RequestStream) -> None:
+        with self._lock:
+            self._streams[stream.request_id] = stream
+            while len(self._streams) > self._capacity:
+                victim = next((k for k, s in self._streams.items() if s.closed),
+                              next(iter(self._streams)))
+                self._streams.pop(victim)
+
+    def stream(self, request_id: str) -> RequestStream | None:
+        with self._lock:
+            return self._streams.get(request_id)
+
+    def append(self, event: StreamEvent) -> bool:
+        stream = self.stream(event.request_id)
+        # NOTE: the engine already appended it; anything else is a duplicate by construction
+        return stream is not None and stream.last_seq < event.seq and not stream.closed
+
+    def read(self, request_id: str, after_seq: int = -1) -> list[StreamEvent]:
+        stream = self.stream(request_id)
+        return [] if stream is None else stream.events_after(after_seq)
+
+    def terminal(self, request_id: str) -> Terminal | None:
+        stream = self.stream(request_id)
+        return None if stream is None else stream.terminal

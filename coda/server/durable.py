@@ -1,0 +1,147 @@
+"""The server's side of the durable stream log (issue 12 item 2, 3; SPEC P3, P4, L2).
+
+With ``--redis-url`` every request a route stores is mirrored into the Redis log, with a
+descriptor of its API record (kind, model, extras, the ids of its engine requests). A record
+this ingress does not hold (another ingress made it, or this server restarted) is rebuilt from
+the log: its handles are :class:`LoggedHandle` s whose streams are fed from Redis, so
+``Last-Event-ID``, ``/v1/streams/{id}`` and ``GET /v1/responses/{id}`` (with
+``stream=true&starting_after=n``) serve a resume on any ingress. Without a URL nothing here is
+imported and the in-memory log is the only one (today's behaviour).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from coda.durable.mirror import LogFollower, LogMirror
+from coda.durable.redis_log import RedisStreamLog
+from coda.engine.handle import follow
+from coda.finish import CancelCause
+from coda.server.state import Record
+from coda.stream import RequestStream, StreamEvent, Terminal
+
+log = logging.getLogger("coda.server")
+
+
+class LoggedHandle:
+    """An engine handle rebuilt from the log (an :class:`~coda.engine.protocol.EngineHandle`):
+    readable and resumable; cancel is the owner's and answers False here."""
+
+    def __init__(self, follower: LogFollower) -> None:
+        self._follower = follower
+        self.request_id = follower.stream.request_id
+        self.stream: RequestStream = follower.stream
+        self.prompt_tokens = 0  # NOTE: billed by the owner; the terminal carries it
+
+    def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
+        return False
+
+    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
+        return follow(self.stream, after)
+
+    async def result(self) -> Terminal:
+        async for ev in self.events(-1):
+            if ev.terminal is not None:
+                return ev.terminal
+        raise RuntimeError(f"{self.request_id}: log ended without a terminal")
+
+
+class MirroredHandle:
+    """A local engine handle whose readers see its durable copy (an
+    :class:`~coda.engine.protocol.EngineHandle`); cancel goes to the engine."""
+
+    def __init__(self, inner: Any, copy: RequestStream) -> None:
+        self._inner = inner
+        self.request_id: str = inner.request_id
+        self.prompt_tokens: int = inner.prompt_tokens
+        self.stream = copy
+
+    def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
+        return bool(self._inner.cancel(cause))
+
+    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
+        return follow(self.stream, after)
+
+    async def result(self) -> Terminal:
+        async for ev in self.events(-1):
+            if ev.terminal is not None:
+                return ev.terminal
+        raise RuntimeError(f"{self.request_id}: stream ended without a terminal")
+
+
+def _renderer_factory(record: Record, tokenizer: Any) -> Callable[[list[int] | None], Any]:
+    """The route's renderer for a rebuilt record (imported lazily: routes import state)."""
+    if record.kind in ("chat", "completion"):
+        from coda.server.openai_routes import OpenAIRenderer
+
+        return lambda after: OpenAIRenderer(
+            record, tokenizer=tokenizer, include_usage=bool(record.extra.get("include_usage")),
+            logprobs=bool(record.extra.get("logprobs")), after=after,
+            continuous_usage=bool(record.extra.get("continuous_usage")))
+    if record.kind == "anthropic":
+        from coda.server.anthropic_routes import AnthropicRenderer
+
+        return lambda after: AnthropicRenderer(record, after)
+    from coda.server.responses_routes import ResponsesRenderer
+
+    return lambda after: ResponsesRenderer(record, tokenizer, bool(record.extra.get("logprobs")),
+                                           -1 if after is None else after[0])
+
+
+class ServerDurable:
+    """The lease, the mirror and record rebuilding of one server (ingress)."""
+
+    def __init__(self, url: str, *, retention_s: float = 600.0, lease_ttl_s: float = 10.0,
+                 prefix: str = "coda:") -> None:
+        self.log = RedisStreamLog(url, prefix=prefix, retention_s=retention_s,
+                                  lease_ttl_s=lease_ttl_s)
+        self.mirror: LogMirror | None = None
+        self.tokenizer: Any = None
+
+    def start(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.log.start()
+        self.mirror = LogMirror(self.log)
+
+    def stop(self) -> None:
+        """After the engine has ended every request: write the rest, then drop the lease."""
+        if self.mirror is not None:
+            self.mirror.flush()
+        self.log.stop(release=True)
+
+    def watch(self, record: Record) -> None:
+        """Mirror ``record``'s streams and store its descriptor (called when it is stored).
+        Its handles are swapped for :class:`MirroredHandle` s, so every reader of the record
+        (SSE, the non-streaming wait, replays) sees only what is durably in the log."""
+        if self.mirror is None or isinstance(record.handles[0], LoggedHandle | MirroredHandle):
+            return
+        self.log.put_record(record.id, {
+            "kind": record.kind, "created": record.created, "model": record.model,
+            "background": record.background, "extra": record.extra,
+            "handles": [h.request_id for h in record.handles]})
+        mirrored: list[Any] = []
+        for h in record.handles:
+            def fenced(h: Any = h) -> None:
+                h.cancel(CancelCause.SHUTDOWN)
+
+            copy = self.mirror.watch(h.stream, record_id=record.id,
+                                     prompt_tokens=h.prompt_tokens, on_fenced=fenced)
+            mirrored.append(MirroredHandle(h, copy))
+        record.handles = mirrored
+
+    def load(self, record_id: str) -> Record | None:
+        """Rebuild a record this ingress does not hold from the log (None if unknown)."""
+        desc = self.log.get_record(record_id)
+        if desc is None:
+            return None
+        handles: list[Any] = [LoggedHandle(LogFollower(self.log, rid))
+                              for rid in desc["handles"]]
+        record = Record(record_id, desc["kind"], handles, int(desc["created"]), desc["model"],
+                        make_renderer=lambda after: None, background=bool(desc["background"]),
+                        extra=dict(desc["extra"]))
+        record.make_renderer = _renderer_factory(record, self.tokenizer)
+        record.tokenizer = self.tokenizer
+        log.info("record rebuilt from the stream log", extra={"request_id": record_id})
+        return record

@@ -189,3 +189,14 @@ def test_p1_completions_text_offset_skips_special_tokens(server_engine: Any,
         if chunk.choices and chunk.choices[0].logprobs is not None:
             offsets += chunk.choices[0].logprobs.text_offset or []
     assert offsets == expected
+
+
+def test_p3_chat_store_false_is_not_kept_for_resume(server_live: Any,
+                                                    client: openai.OpenAI) -> None:
+    """P3 (privacy): chat ``store: false`` — once the completion ended it is not kept, so
+    ``/v1/streams/{id}`` is a 404; by default it stays resumable."""
+    kept = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2)
+    assert httpx.get(f"{server_live.url}/v1/streams/{kept.id}").status_code == 200
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2, store=False)
+    assert _gone(server_live, r.id)
+    assert httpx.get(f"{server_live.url}/v1/streams/{r.id}").status_code == 404

@@ -81,7 +81,7 @@ def test_p4_l5_l7_stalled_then_closed_client_ends_transport_error(
     is free again."""
     live = server_spawn(settings=ServerSettings(keepalive_s=0.5, write_timeout_s=60.0))
     for _ in range(3):
-        s, rid = _stalling_client(live.port, _body(policy))
+        s, rid = _stalling_client(live.port, _body(policy, n=8))
         time.sleep(1.5)
         s.close()
         assert _wait_idle(live.url)["num_running"] == 0

@@ -45,6 +45,7 @@ def test_o1_serve_writes_json_lines_only(server_checkpoint: Path) -> None:
     lines = [ln for ln in err.decode().splitlines() if ln.strip()]
     records = [json.loads(ln) for ln in lines]  # raises on any plain-text line
     assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
+    assert not any("\x1b[" in line for line in lines)  # no terminal colour codes
     uvicorn = [r for r in records if r["logger"].startswith("uvicorn")]
     assert any("Uvicorn running" in r["msg"] for r in uvicorn)
     assert any("Shutting down" in r["msg"] or "shutdown" in r["msg"].lower() for r in uvicorn)

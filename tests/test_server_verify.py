@@ -107,3 +107,28 @@ def test_p3_anthropic_and_responses_deltas_are_stamped(server_live: Any) -> None
                 stamps.append((ev.delta.encode(), ev.model_extra["coda"]))  # type: ignore[union-attr]
     assert stamps
     _check_stamps(stamps)
+
+
+def test_p3_responses_resume_by_offset(server_live: Any) -> None:
+    """P3: ``GET /v1/responses/{id}?stream=true&offset=N&digest=HEX`` replays exactly the
+    events after the delta ending at byte N; a wrong digest or an offset that disagrees with
+    ``starting_after`` is a 409."""
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 8, "stream": True,
+            "ignore_eos": True, "stream_verify": True}
+    with httpx.stream("POST", server_live.url + "/v1/responses", json=body) as resp:
+        live = _events(resp.read())
+    rid = json.loads(live[0]["data"])["response"]["id"]
+    deltas = [(k, json.loads(e["data"])["coda"]) for k, e in enumerate(live)
+              if e["event"] == "response.output_text.delta"]
+    assert len(deltas) >= 2
+    k, coda = deltas[1]
+    end = coda["offset"] + coda["length"]
+    url = f"{server_live.url}/v1/responses/{rid}"
+    r = httpx.get(url, params={"stream": "true", "offset": end, "digest": coda["digest"]})
+    assert r.status_code == 200 and _events(r.content) == live[k + 1:]
+    r = httpx.get(url, params={"stream": "true", "offset": 0})
+    assert _events(r.content) == live[deltas[0][0]:]
+    bad = httpx.get(url, params={"stream": "true", "offset": end, "digest": "ab" * 32})
+    assert bad.status_code == 409
+    other = httpx.get(url, params={"stream": "true", "offset": end, "starting_after": 0})
+    assert other.status_code == 409

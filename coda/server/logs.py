@@ -10,7 +10,7 @@ import time
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 _STANDARD = frozenset(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {
-    "message", "asctime", "taskName"}
+    "message", "asctime", "taskName", "color_message"}  # NOTE: uvicorn's ANSI copy of msg
 
 
 class JsonFormatter(logging.Formatter):

@@ -34,6 +34,7 @@ from coda.server.common import (
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.fields import reject_unhonoured
 from coda.server.http_errors import ApiError
+from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
 from coda.server.params import Knobs, build_requests, encode, rename_map
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
@@ -306,11 +307,18 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return JSONResponse(response_object(record))
 
 
+# NOTE: the Responses events before the first delta: created, in_progress (header) and
+# output_item.added, content_part.added (the engine's start event); one event per delta after.
+_EVENTS_BEFORE_DELTAS = 3
+
+
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request, stream: bool = False,
-                       starting_after: int | None = None) -> Response:
+                       starting_after: int | None = None, offset: str | None = None,
+                       digest: str | None = None) -> Response:
     """The stored response; with ``stream=true`` its event stream replayed after
-    ``starting_after`` (or ``Last-Event-ID``), then followed live (P3)."""
+    ``starting_after`` (or ``Last-Event-ID``), then followed live (P3). ``offset`` (and
+    ``digest``) name the output bytes the client holds; a mismatch is a 409."""
     record = _record(request, response_id)
     if not stream:
         return JSONResponse(response_object(record))
@@ -318,7 +326,16 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     after = starting_after
     if after is None:
         header = request.headers.get("last-event-id", "").strip()
-        after = int(header) if header.lstrip("-").isdigit() else -1
+        after = int(header) if header.lstrip("-").isdigit() else None
+    if offset is not None or digest is not None:
+        resolved = resolve_resume(record.streams, None, offset, digest)
+        assert resolved is not None
+        held = resolved[0] + _EVENTS_BEFORE_DELTAS
+        if after is not None and after != held:
+            raise ApiError(409, f"offset {offset} is event {held}, not starting_after {after}",
+                           param="offset", code="resume_mismatch")
+        after = held
+    after = -1 if after is None else after
     if after < -1:
         raise ApiError(400, "starting_after must be >= -1", param="starting_after")
     # NOTE: a replaying reader never cancels: the original request owns the P4 policy.

@@ -27,6 +27,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
+from coda.models.identity import ModelIdentity
+from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.stream import RequestStream, StreamEvent, Terminal
 
 
@@ -56,14 +58,17 @@ class EngineHandle(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the server depends on. ``tokenizer`` and ``tokenizer_config`` are read by the
-    server to render chat templates and encode prompts; ``config`` gives its defaults."""
+    """What the server depends on. ``tokenizer`` and ``chat`` (the chat template, its special
+    tokens and the end-of-generation ids) are read by the server to render chat templates and
+    encode prompts; ``config`` gives its defaults; ``identity`` is the model's content
+    identity (P1), computed once at load."""
 
     model_name: str
     context_length: int
     config: EngineConfig
     tokenizer: Any
-    tokenizer_config: dict[str, Any]
+    chat: TokenizerBundle
+    identity: ModelIdentity
 
     def start(self) -> None: ...
 

@@ -109,9 +109,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
 def _model_card(engine: Engine) -> dict[str, Any]:
     card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
             "max_model_len": engine.context_length}
-    identity = getattr(engine, "identity", None)
-    if identity is not None:  # P1: what produces the output, by content
-        card["coda"] = identity.to_dict()
+    card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
     return card
 
 

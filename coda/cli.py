@@ -198,7 +198,7 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
         table.add_row(e.model, e.kind, e.arch, f"{e.parameters / 1e6:.1f}M",
                       f"{e.size_bytes / 2**20:.1f} MiB", e.quantization, str(e.context),
                       str(e.path))
-    Console().print(table)
+    Console(width=max(Console().width, 160)).print(table)  # NOTE: paths stay readable in pipes
 
 
 @trace_app.command("check")

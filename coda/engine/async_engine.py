@@ -304,11 +304,9 @@ class AsyncEngine:
         from coda.engine.closure import BudgetCloser
 
         closer = BudgetCloser(grammar, max_tokens)
-        if not closer.closable:
-            return None  # NOTE: a tokenizer that cannot spell every byte: no bound (closure.py)
         path = closer.initial()
         if path is None:
-            return None
+            return None  # NOTE: no realizable completion from the start: closure off (closure.py)
         if len(path) > max_tokens:
             raise InvalidRequestError(
                 f"max_tokens ({max_tokens}) is too small for the grammar: its shortest known "

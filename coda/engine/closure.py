@@ -17,11 +17,13 @@ everything else; forced bytes first of all). The walk is a *greedy* completion, 
 necessarily the shortest, so its length is an upper bound on what is needed — which is the
 direction the invariant needs. The byte path is then tokenized canonically and re-checked
 against the grammar; if the grammar rejects that tokenization, the single-byte tokens are
-used. This needs a tokenizer that can spell every byte as one token (byte-level BPE, or byte
-fallback): for such a tokenizer the bound always holds. For a tokenizer that cannot, the
-walk only uses bytes that have their own token; when no accepting state is reachable that way
-the grammar is *not closable*: closure is off for the request (it behaves as before, and may
-end ``max_output_tokens`` mid-structure) and the trace records ``closure: unavailable``.
+used. The walk only takes bytes the tokenizer spells as one token, so every completion it finds
+is realizable and the bound holds for any tokenizer. A tokenizer that spells every byte
+(byte-level BPE, byte fallback) can always be walked; one that lacks some bytes (SmolLM2's GGUF
+vocabulary has no token for six control bytes, 0xC0, 0xC1, 0xF1, 0xF2) is walked around them —
+JSON never needs raw control bytes, and 0xC0/0xC1 never occur in UTF-8. Only when no
+completion is found from the start (a grammar that needs a byte the tokenizer cannot spell) is
+closure off for the request: it then behaves as before and may end ``max_output_tokens``.
 
 Admission: when even the initial closing path is longer than the budget, ``submit`` raises
 :class:`~coda.errors.InvalidRequestError` naming ``max_tokens`` (a 400), before anything runs.
@@ -67,8 +69,9 @@ class ByteTable:
 
     @property
     def complete(self) -> bool:
-        """Every byte that UTF-8 text can contain (0x00–0xF4) has a token: the closure bound
-        holds (module doc). NOTE: llguidance reserves 0xFF as its special-token marker."""
+        """Every byte that UTF-8 text can contain (0x00–0xF4) has a token, so the walk is never
+        restricted (informative; the bound holds either way, module doc). NOTE: llguidance
+        reserves 0xFF as its special-token marker."""
         return all(i is not None for i in self.ids[:0xF5])
 
 
@@ -161,7 +164,8 @@ class BudgetCloser:
         self.table = byte_table(self.tok)
         self.path: ClosingPath | None = None   # the forced completion, once forcing started
         self.forced_at = 0                     # tokens consumed when forcing started
-        self.closable = self.table.complete
+        # NOTE: any tokenizer: the walk only uses bytes that have a token (module doc)
+        self.closable = True
 
     def _left(self) -> int:
         return self.budget - self.grammar.num_consumed

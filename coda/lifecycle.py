@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -144,6 +144,10 @@ class ResourceKind(StrEnum):
     TRACE_HANDLE = "trace_handle"
 
 
+# A release function; it may return what it freed, for the trace row (see ResourceLedger).
+Release = Callable[[], "Mapping[str, object] | None"]
+
+
 class DoubleRelease(RuntimeError):
     """A resource released twice: the design makes this impossible; raising proves it (L7)."""
 
@@ -154,17 +158,31 @@ class ResourceLedger:
 
     ``release`` pops the entry before calling its release function, so a second release of the
     same kind raises instead of freeing twice. A release function that fails is logged as a
-    background error (``errors`` keeps them) and never reopens the request.
+    background error (``errors`` keeps them) and never reopens the request. A release function
+    may return what it freed (a small mapping, e.g. ``{"unacked_bytes": 12}``); ``on_release``
+    receives it with the outcome, so the trace row says what the release did.
+
+    The five kinds and who releases what (nothing here is a placeholder):
+
+    - ``kv_cache``: the sequence's blocks back to the block manager (engine) or the model's
+      cache (reference loop);
+    - ``batch_slot``: the request's entry in the engine's running set;
+    - ``rng_state``: the request's counter-RNG cursor (seed, step) that every sampling row
+      reads; released, it refuses further reads (coda.engine.core.RngCursor);
+    - ``stream_buffer``: the stream's live delivery: its backpressure credit and its listeners
+      (the replay log itself stays, for resume, P3; :meth:`coda.stream.RequestStream.release_live`);
+    - ``trace_handle``: the request's binding to the trace sink, sealed last
+      (:class:`coda.trace.TraceHandle`).
     """
 
     request_id: str
-    on_release: Callable[[ResourceKind, bool], None] | None = None
+    on_release: Callable[[ResourceKind, bool, Mapping[str, object]], None] | None = None
     errors: list[tuple[ResourceKind, BaseException]] = field(default_factory=list)
-    _held: dict[ResourceKind, Callable[[], None]] = field(default_factory=dict)
+    _held: dict[ResourceKind, Release] = field(default_factory=dict)
     _released: set[ResourceKind] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def acquire(self, kind: ResourceKind, release: Callable[[], None]) -> None:
+    def acquire(self, kind: ResourceKind, release: Release) -> None:
         with self._lock:
             if kind in self._held or kind in self._released:
                 raise DoubleRelease(f"{self.request_id}: {kind.value} acquired twice")
@@ -180,14 +198,15 @@ class ResourceLedger:
             fn = self._held.pop(kind)
             self._released.add(kind)
         ok = True
+        detail: Mapping[str, object] = {}
         try:
-            fn()
+            detail = fn() or {}
         except Exception as exc:  # L7: log, never reopen
             ok = False
             self.errors.append((kind, exc))
             log.error("request %s: releasing %s failed: %r", self.request_id, kind.value, exc)
         if self.on_release is not None:
-            self.on_release(kind, ok)
+            self.on_release(kind, ok, detail)
 
     def release_all(self, kinds: tuple[ResourceKind, ...] | None = None) -> None:
         """Release every held resource of ``kinds`` (all if None), in acquisition order."""

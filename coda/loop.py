@@ -21,7 +21,7 @@ from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.request import RequestRun
-from coda.step import EarlyStopHook, GrammarDone, OutputProcessor, OutputSpec
+from coda.step import EarlyStopHook, GrammarDone, OutputSpec
 from coda.stream import RequestStream, TokenInfo
 from coda.trace import NullTraceSink, TraceEvent, TraceSink
 
@@ -50,6 +50,10 @@ class Chooser(Protocol):
     def choose(self, logits: Any, step: int, output_ids: Sequence[int]) -> Choice: ...
 
 
+def _nothing_held() -> dict[str, int]:
+    return {"held": 0}
+
+
 def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser: Chooser,
              tokenizer: tokenizers.Tokenizer, *, request_id: str = "req-0",
              trace: TraceSink | None = None, stream: RequestStream | None = None,
@@ -62,15 +66,13 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
     ``deadline`` is an absolute time on ``clock``. ``on_created`` receives the run before the
     first step, so a test (or a controller) can call ``run.request_cancel()`` at any moment.
     """
-    sink = trace if trace is not None else NullTraceSink()
-    stream = stream if stream is not None else RequestStream(request_id)
-    # NOTE: built first, so a bad stop (InvalidRequestError) raises before anything is held
-    proc = OutputProcessor(request_id, tokenizer, spec, stream, sink,
-                           prompt_token_ids=tuple(prompt_ids), grammar_done=grammar_done,
-                           early_stop=early_stop)
-    run = RequestRun(request_id, stream, sink, prompt_tokens=len(prompt_ids))
-    run.acquire(ResourceKind.STREAM_BUFFER, lambda: None)
-    run.acquire(ResourceKind.TRACE_HANDLE, lambda: None)
+    # NOTE: one constructor; a bad stop (InvalidRequestError) raises before anything is held
+    run = RequestRun.create(request_id, tokenizer, spec,
+                            trace if trace is not None else NullTraceSink(),
+                            prompt_token_ids=tuple(prompt_ids), stream=stream,
+                            grammar_done=grammar_done, early_stop=early_stop)
+    stream, proc, sink = run.stream, run.processor, run.trace
+    assert proc is not None
     if on_created is not None:
         on_created(run)
     run.lifecycle.transition(State.QUEUED)
@@ -91,8 +93,11 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
     run.prefill_started = time.monotonic()
     record(tr.PREFILL_STARTED, tokens=len(prompt_ids))
     run.acquire(ResourceKind.KV_CACHE, model.release)
-    run.acquire(ResourceKind.BATCH_SLOT, lambda: None)
-    run.acquire(ResourceKind.RNG_STATE, lambda: None)
+    # NOTE: the reference loop runs one request with a stateless chooser: it has no batch row
+    # and no RNG cursor to free. It still holds both kinds, so its ledger and trace match the
+    # engine's (L7), and their release rows say honestly that nothing was held (held=0).
+    run.acquire(ResourceKind.BATCH_SLOT, _nothing_held)
+    run.acquire(ResourceKind.RNG_STATE, _nothing_held)
     try:
         logits = model.prefill(prompt_ids)
     except Exception as exc:
@@ -101,7 +106,6 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
     run.processed_prompt_tokens = len(prompt_ids)
     cache_len = len(prompt_ids)
     record(tr.PREFILL_COMPLETED, cache_len=cache_len)
-    run.processor = proc
     run.lifecycle.transition(State.DECODING)
     run.decode_started = time.monotonic()
     output: list[int] = []

@@ -1,8 +1,10 @@
 """One request's run: lifecycle, resources, stream and the terminal, in one place
 (SPEC L1–L7, C1–C3, G3, P1, P5, O1).
 
-Both drivers — the reference loop (:mod:`coda.loop`) and the batched engine — own one
-:class:`RequestRun` per request and end it through exactly one of :meth:`finish`,
+Both drivers — the reference loop (:mod:`coda.loop`) and the batched engine — build one
+:class:`RequestRun` per request with :meth:`RequestRun.create` (stream, trace handle, output
+processor and its grammar/early-stop hooks, in one constructor; nothing is attached later) and
+end it through exactly one of :meth:`finish`,
 :meth:`fail` or :meth:`cancel`. Each releases the model resources and then fixes the terminal
 state and queues the terminal event inside the lifecycle's critical section (L2); the stream
 buffer and the trace handle are released after the terminal event is queued.
@@ -11,36 +13,43 @@ buffer and the trace handle are released after the terminal event is queued.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+
+import tokenizers
 
 from coda import trace as tr
 from coda.errors import BackpressureOverflowError, CodaError, DecodingError, ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
-from coda.lifecycle import Lifecycle, ResourceKind, ResourceLedger, State
-from coda.stream import RequestStream, Terminal, Timings
-from coda.trace import TraceEvent, TraceSink
-
-if TYPE_CHECKING:
-    from coda.step import OutputProcessor
+from coda.lifecycle import Lifecycle, Release, ResourceKind, ResourceLedger, State
+from coda.step import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
+from coda.stream import BackpressureConfig, RequestStream, Terminal, Timings
+from coda.trace import TraceEvent, TraceHandle, TraceSink
 
 MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.RNG_STATE)
 STREAM_RESOURCES = (ResourceKind.STREAM_BUFFER, ResourceKind.TRACE_HANDLE)
 
 
 class RequestRun:
-    """Lifecycle + ledger + stream + trace of one request. Thread-safe where it must be:
-    :meth:`request_cancel` may be called from any thread; everything else from the driver."""
+    """Lifecycle + ledger + stream + output processor + trace handle of one request, built once
+    (issue 11 item 2): nothing is attached after construction. Thread-safe where it must be:
+    :meth:`request_cancel` may be called from any thread; everything else from the driver.
+
+    Construction acquires the two resources every request holds from its first moment: the
+    stream buffer (live delivery and backpressure credit) and the trace handle; the driver
+    acquires the model resources (KV cache, batch slot, RNG state) when it admits the request.
+    ``processor`` is None only for runs that never select a token (tests of the lifecycle)."""
 
     def __init__(self, request_id: str, stream: RequestStream, trace: TraceSink,
-                 *, prompt_tokens: int, arrival: float | None = None) -> None:
+                 processor: OutputProcessor | None = None, *, prompt_tokens: int,
+                 arrival: float | None = None) -> None:
         self.request_id = request_id
         self.stream = stream
-        self.trace = trace
+        # NOTE: a handle passed in (by create, shared with the processor) is kept as it is
+        self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
         self.prompt_tokens = prompt_tokens
+        self._processor = processor  # NOTE: fixed at construction (read-only property)
         self.lifecycle = Lifecycle(request_id, on_transition=self._on_transition)
         self.ledger = ResourceLedger(request_id, on_release=self._on_release)
-        self.processor: OutputProcessor | None = None
         self.cancel_cause: CancelCause | None = None
         self.cancel_requested_at: float | None = None
         self.cancel_observed_at: float | None = None
@@ -56,9 +65,35 @@ class RequestRun:
         self.processed_prompt_tokens = 0
         self.processed_output_tokens = 0
         self._early_reason: FinishReason | None = None  # D6: an early stop's own reason
+        self.acquire(ResourceKind.STREAM_BUFFER, stream.release_live)
+        self.acquire(ResourceKind.TRACE_HANDLE, self.trace.close)
+
+    @classmethod
+    def create(cls, request_id: str, tokenizer: tokenizers.Tokenizer, spec: OutputSpec,
+               trace: TraceSink, *, prompt_token_ids: tuple[int, ...],
+               stream: RequestStream | None = None,
+               backpressure: BackpressureConfig | None = None,
+               grammar_done: GrammarDone | None = None,
+               grammar_budget_end: GrammarBudgetEnd | None = None,
+               early_stop: EarlyStopHook | None = None,
+               arrival: float | None = None) -> RequestRun:
+        """The one constructor both drivers use: the stream (unless given), the trace handle,
+        the output processor with its grammar and early-stop hooks, and the run holding them.
+        Raises InvalidRequestError (a bad stop) before anything is held."""
+        stream = stream if stream is not None else RequestStream(request_id, backpressure)
+        handle = TraceHandle(trace, request_id)
+        proc = OutputProcessor(request_id, tokenizer, spec, stream, handle,
+                               prompt_token_ids=prompt_token_ids, grammar_done=grammar_done,
+                               early_stop=early_stop, grammar_budget_end=grammar_budget_end)
+        return cls(request_id, stream, handle, proc, prompt_tokens=len(prompt_token_ids),
+                   arrival=arrival)
+
+    @property
+    def processor(self) -> OutputProcessor | None:
+        return self._processor
 
     # -- resources -------------------------------------------------------------------------
-    def acquire(self, kind: ResourceKind, release: Callable[[], None]) -> None:
+    def acquire(self, kind: ResourceKind, release: Release) -> None:
         self.ledger.acquire(kind, release)
         self._record(tr.RESOURCE_ACQUIRED, resource=kind.value)
 
@@ -218,8 +253,13 @@ class RequestRun:
     def _on_transition(self, frm: State, to: State) -> None:
         self._record(tr.LIFECYCLE, **{"from": frm.value, "to": to.value})
 
-    def _on_release(self, kind: ResourceKind, ok: bool) -> None:
-        self._record(tr.RESOURCE_RELEASED, resource=kind.value, ok=ok)
+    def _on_release(self, kind: ResourceKind, ok: bool, detail: Mapping[str, object]) -> None:
+        row = TraceEvent(self.request_id, tr.RESOURCE_RELEASED,
+                         {"resource": kind.value, "ok": ok, **detail})
+        if kind is ResourceKind.TRACE_HANDLE:
+            self.trace.record_last(row)  # NOTE: the sealed handle's own row is its last
+        else:
+            self.trace.record(row)
 
     def _record(self, kind: str, **data: object) -> None:
         self.trace.record(TraceEvent(self.request_id, kind, data))

@@ -97,7 +97,7 @@ class OutputProcessor:
         self.spec = spec
         self.stream = stream
         self.trace = trace
-        self._tracing = not isinstance(trace, tr.NullTraceSink)
+        self._tracing = tr.is_tracing(trace)
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=spec.skip_special_tokens,
                                             prompt_token_ids=prompt_token_ids)
         self.stops = StopStringMatcher(spec.stop_strings,

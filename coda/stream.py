@@ -140,6 +140,7 @@ class RequestStream:
         self._acked_seq = -1
         self._unacked_bytes = 0
         self._closed = False
+        self._live = True  # NOTE: until release_live (L7 stream_buffer)
 
     # -- producer side -------------------------------------------------------------------
     def start(self, model: str, model_snapshot: str | None = None) -> StreamEvent:
@@ -198,8 +199,25 @@ class RequestStream:
                 return
             freed = sum(len(e.data) for e in self._events[self._acked_seq + 1: seq + 1])
             self._acked_seq = seq
-            self._unacked_bytes -= freed
+            if self._live:  # NOTE: after release_live the credit was already returned
+                self._unacked_bytes -= freed
         self._notify()
+
+    def release_live(self) -> dict[str, int]:
+        """The L7 ``stream_buffer`` release, after the terminal: live delivery ends. The
+        backpressure credit still owed by slow readers is returned (``unacked_bytes`` drops to
+        0, so nothing can pause or overflow on this stream again) and the listeners are
+        dropped (every one was woken by the terminal; nothing is appended after it). The event
+        log stays: a reader that reconnects later still replays it (P3). Returns what it
+        freed, for the trace row."""
+        with self._lock:
+            if not self._closed:
+                raise StreamClosed(f"{self.request_id}: stream buffer released before the terminal")
+            freed = {"unacked_bytes": self._unacked_bytes, "listeners": len(self._listeners)}
+            self._unacked_bytes = 0
+            self._listeners.clear()
+            self._live = False
+        return freed
 
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         with self._lock:
@@ -230,6 +248,11 @@ class RequestStream:
         with self._lock:
             last = self._events[-1] if self._closed else None
         return last.terminal if last is not None else None
+
+    @property
+    def live(self) -> bool:
+        """False once the stream buffer was released (L7); the log stays readable."""
+        return self._live
 
     @property
     def unacked_bytes(self) -> int:

@@ -10,6 +10,7 @@ it over a JSONL file.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -21,6 +22,8 @@ from typing import IO, Any, Protocol
 from coda.finish import REASONS_BY_VERSION, CancelCause
 from coda.lifecycle import TERMINAL_STATES, TRANSITIONS, State
 from coda.stops import STOP_RULE_VERSION
+
+_log = logging.getLogger("coda.trace")
 
 # Event kinds (the ``kind`` field of a row).
 LIFECYCLE = "lifecycle"
@@ -69,6 +72,50 @@ class TraceSink(Protocol):
 class NullTraceSink:
     def record(self, event: TraceEvent) -> None:
         return None
+
+
+class TraceHandle:
+    """One request's binding to the trace sink: the L7 ``trace_handle`` resource.
+
+    Every row about the request goes through it while it is open. Releasing it (:meth:`close`,
+    the last of the request's releases) seals the request's trace: the handle's own release row
+    is the last row written (:meth:`record_last`); a row offered afterwards is a bug of the
+    caller, so it is not written but counted in ``late_rows`` and logged, and the trace on disk
+    stays one that :func:`check_trace` accepts. It is itself a :class:`TraceSink`."""
+
+    def __init__(self, sink: TraceSink, request_id: str) -> None:
+        self.sink = sink
+        self.request_id = request_id
+        self.enabled = is_tracing(sink)
+        self.rows = 0
+        self.late_rows = 0
+        self._open = True
+
+    def record(self, event: TraceEvent) -> None:
+        if not self._open:
+            self.late_rows += 1
+            _log.warning("trace of %s is closed; dropped a late %s row", self.request_id,
+                         event.kind)
+            return
+        self.rows += 1
+        self.sink.record(event)
+
+    def close(self) -> dict[str, int]:
+        """Seal the trace; returns what the release row reports (rows written so far)."""
+        self._open = False
+        return {"rows": self.rows}
+
+    def record_last(self, event: TraceEvent) -> None:
+        """The handle's own release row: written after :meth:`close`, and the last one."""
+        self.rows += 1
+        self.sink.record(event)
+
+
+def is_tracing(sink: TraceSink) -> bool:
+    """False for a sink that drops everything (callers skip building rows on the hot path)."""
+    if isinstance(sink, TraceHandle):
+        return sink.enabled
+    return not isinstance(sink, NullTraceSink)
 
 
 class ListTraceSink:

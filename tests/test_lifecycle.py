@@ -261,8 +261,6 @@ def test_l2_l7_racing_endings_of_a_run_yield_one_terminal_and_one_release() -> N
         stream = RequestStream("r")
         sink = ListTraceSink()
         run = RequestRun("r", stream, sink, prompt_tokens=1)
-        run.acquire(ResourceKind.STREAM_BUFFER, lambda: None)
-        run.acquire(ResourceKind.TRACE_HANDLE, lambda: None)
         stream.start("m")
         for s in HAPPY:
             run.lifecycle.transition(s)
@@ -335,7 +333,7 @@ def test_l7_ledger_reports_each_release_and_releases_only_the_kinds_asked() -> N
     """L7: on_release sees each kind once with ok=True, or ok=False when its clean-up failed;
     release_all(kinds) leaves the other kinds held."""
     seen: list[tuple[ResourceKind, bool]] = []
-    led = ResourceLedger("r", on_release=lambda k, ok: seen.append((k, ok)))
+    led = ResourceLedger("r", on_release=lambda k, ok, _detail: seen.append((k, ok)))
 
     def boom() -> None:
         raise OSError("gone")

@@ -31,14 +31,13 @@ from coda.engine.sequence import Sequence
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.finish import CancelCause
-from coda.lifecycle import ResourceKind
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.request import RequestRun
-from coda.step import OutputProcessor, OutputSpec
+from coda.step import OutputSpec
 from coda.stops import stop_bytes
-from coda.stream import RequestStream, StreamEvent
+from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
@@ -174,22 +173,20 @@ class AsyncEngine:
         closer = self._closer(req, grammar, max_tokens)
         controller = EarlyStopController(req.early_stop) if req.early_stop is not None else None
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
-        stream = RequestStream(rid, req.backpressure)
-        run = RequestRun(rid, stream, self.trace, prompt_tokens=len(prompt))
-        run.acquire(ResourceKind.STREAM_BUFFER, lambda: None)
-        run.acquire(ResourceKind.TRACE_HANDLE, lambda: None)
+        arrival = time.monotonic()
+        # NOTE: the one constructor: stream, trace handle, processor and hooks, built once
+        run = RequestRun.create(
+            rid, self.tokenizer, spec, self.trace, prompt_token_ids=prompt,
+            backpressure=req.backpressure, arrival=arrival,
+            grammar_done=(closer.done if closer is not None else
+                          grammar.is_terminated if grammar is not None else None),
+            early_stop=_early_stop_hook(controller, arrival, grammar),
+            grammar_budget_end=closer.budget_end if closer is not None else None)
+        stream, proc = run.stream, run.processor
+        assert proc is not None
         seq = Sequence(next(self._ids), list(prompt), len(prompt) + max_tokens)
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
-        proc = OutputProcessor(rid, self.tokenizer, spec, stream, self.trace,
-                               prompt_token_ids=prompt,
-                               grammar_done=(closer.done if closer is not None else
-                                             grammar.is_terminated if grammar is not None
-                                             else None),
-                               early_stop=_early_stop_hook(controller, run.arrival, grammar),
-                               grammar_budget_end=closer.budget_end if closer is not None
-                               else None)
-        run.processor = proc
-        deadline = time.monotonic() + req.deadline_s if req.deadline_s is not None else None
+        deadline = arrival + req.deadline_s if req.deadline_s is not None else None
         ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
                              req.sampling.logprobs is not None, grammar, controller, closer)
         handle = RequestHandle(run, self._wake)

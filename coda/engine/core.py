@@ -55,8 +55,32 @@ class EngineRequest:
     computed_high: int = 0                   # highest num_computed_tokens reached (L6)
     retries: int = 0                         # forward retries used (seed 004 D5)
     scheduled_once: bool = False
-    # the counter-based RNG's cursor (seed, step): the request's whole RNG state (T4, L7)
-    rng_cursor: dict[str, int] = field(default_factory=dict)
+    rng: RngCursor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = RngCursor(self.seed)
+
+
+class RngCursor:
+    """The request's whole RNG state (T4, L7): the counter RNG's ``(seed, step)``, which every
+    sampling row of the request reads (:meth:`EngineCore._row`). The RNG itself keeps no state
+    (coda.engine.rng), so this cursor is what the ``rng_state`` resource holds; releasing it
+    makes any later draw for the request a loud error instead of a silently reused stream."""
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed
+        self.step = 0
+        self.released = False
+
+    @property
+    def seed(self) -> int:
+        if self.released:
+            raise RuntimeError("the request's RNG state was released; no draw may follow")
+        return self._seed
+
+    def release(self) -> dict[str, int]:
+        self.released = True
+        return {"step": self.step}
 
 
 class EngineCore:
@@ -87,8 +111,7 @@ class EngineCore:
         self.requests[seq.seq_id] = req
         run.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(seq.seq_id))
         run.acquire(ResourceKind.BATCH_SLOT, lambda: self._release_slot(seq.seq_id))
-        run.acquire(ResourceKind.RNG_STATE, req.rng_cursor.clear)
-        req.rng_cursor.update(seed=req.seed, step=0)
+        run.acquire(ResourceKind.RNG_STATE, req.rng.release)
         run.lifecycle.transition(State.QUEUED)
 
     def _release_slot(self, seq_id: int) -> None:
@@ -276,7 +299,9 @@ class EngineCore:
         mask = req.grammar.allowed_mask() if req.grammar is not None else None
         if req.closer is not None and req.closer.forcing:
             mask = req.closer.mask(self.runner.config.vocab_size)
-        return SamplingRow(params=req.params, seed=req.seed, step=seq.num_output_tokens,
+        # NOTE: the cursor's step is the number of output tokens (advanced in _on_decision;
+        # kept across preemption and retries, so a recomputed step draws the same uniform)
+        return SamplingRow(params=req.params, seed=req.rng.seed, step=req.rng.step,
                            prompt_token_ids=seq.prompt_token_ids,
                            output_token_ids=seq.output_token_ids,
                            eos_token_ids=req.eos_token_ids, allowed_token_ids_mask=mask)
@@ -284,7 +309,7 @@ class EngineCore:
     def _on_decision(self, req: EngineRequest, dec: TokenDecision) -> None:
         run = req.run
         req.seq.append_token(dec.token_id)
-        req.rng_cursor["step"] = req.seq.num_output_tokens
+        req.rng.step = req.seq.num_output_tokens
         if run.first_token_at is None:
             run.first_token_at = self.clock()
         if req.grammar is not None and not req.grammar.consume(dec.token_id):
@@ -323,5 +348,5 @@ class EngineCore:
             req.run.cancel()
 
     def _record(self, req: EngineRequest, kind: str, **data: object) -> None:
-        if self._tracing:
-            self.trace.record(TraceEvent(req.run.request_id, kind, data))
+        if self._tracing:  # NOTE: through the request's trace handle (L7), never after its seal
+            req.run.trace.record(TraceEvent(req.run.request_id, kind, data))

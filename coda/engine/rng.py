@@ -12,7 +12,8 @@ inverse CDF, the first token (in id order) whose cumulative probability under
 ``mix64`` is the splitmix64 finaliser, computed in wrapping int64 torch ops (``>>>`` is emulated
 with a shift and a mask). No generator state exists, so a request's draw is independent of its
 batch neighbours, row index, arrival order and preemption: resuming at the same ``step`` with
-the same logits yields the same token, and there is no RNG state to release (L7).
+the same logits yields the same token. A request's whole RNG state is its cursor ``(seed,
+step)`` (:class:`coda.engine.core.RngCursor`), the ``rng_state`` resource of its ledger (L7).
 """
 
 from __future__ import annotations

@@ -1,0 +1,110 @@
+"""The five L7 resources of one request each release something real, and say so in the trace;
+the replay log outlives the stream buffer's release (SPEC L7, P3, P6; issue 11 item 2)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coda import trace as tr
+from coda.engine.async_engine import AsyncEngine
+from coda.engine.core import RngCursor
+from coda.engine.types import EngineConfig, GenerationRequest
+from coda.finish import FinishReason
+from coda.lifecycle import ResourceKind, State
+from coda.request import RequestRun
+from coda.sampling import SamplingParams
+from coda.stream import RequestStream, StreamClosed
+from coda.trace import ListTraceSink, TraceEvent, TraceHandle, check_trace
+
+from .engine_support import tiny_checkpoint
+
+HAPPY = (State.QUEUED, State.PREFILLING, State.DECODING)
+
+
+def _released(sink: ListTraceSink, rid: str) -> dict[str, dict[str, object]]:
+    return {str(e.data["resource"]): dict(e.data) for e in sink.of(rid)
+            if e.kind == tr.RESOURCE_RELEASED}
+
+
+def test_l7_p3_engine_releases_are_real_and_traced_and_the_log_stays_replayable() -> None:
+    """L7: every kind is acquired and released once; the RNG row reports the cursor's last
+    step (= selected tokens), the stream buffer row the credit it returned, the trace handle
+    row the rows written before it, and that row is the request's last. P3: after the
+    release the stream is no longer live, yet a resume from -1 replays every event."""
+    sink = ListTraceSink()
+    engine = AsyncEngine.from_model_dir(tiny_checkpoint(), EngineConfig(num_blocks=64),
+                                        trace=sink)
+    with engine:
+        h = engine.submit(GenerationRequest((5, 6, 7), SamplingParams(temperature=0.0,
+                                                                      ignore_eos=True),
+                                            max_tokens=6, request_id="r1"))
+        term = h.wait(30)
+        rows = sink.of("r1")
+        rel = _released(sink, "r1")
+        assert set(rel) == {k.value for k in ResourceKind}
+        assert all(r["ok"] is True for r in rel.values())
+        assert rel["rng_state"]["step"] == term.usage.selected_tokens == 6
+        # NOTE: nobody read the stream, so all output bytes were still owed as credit
+        assert rel["stream_buffer"]["unacked_bytes"] == term.usage.returned_bytes > 0
+        assert rows[-1].kind == tr.RESOURCE_RELEASED and rows[-1].data["resource"] == "trace_handle"
+        assert rel["trace_handle"]["rows"] == len(rows) - 1
+        assert check_trace(sink.events) == []
+        assert not h.stream.live and h.stream.unacked_bytes == 0 and not h.stream.should_pause
+
+        async def replay() -> list[int]:
+            return [ev.seq async for ev in engine.attach("r1", -1)]
+
+        assert asyncio.run(replay()) == list(range(h.stream.last_seq + 1))
+
+
+def test_l7_released_rng_cursor_refuses_a_draw() -> None:
+    """L7, T4: the released RNG state cannot feed another sampling row."""
+    cur = RngCursor(seed=42)
+    cur.step = 3
+    assert cur.seed == 42
+    assert cur.release() == {"step": 3}
+    with pytest.raises(RuntimeError):
+        _ = cur.seed
+
+
+def test_l7_trace_handle_seals_the_request_trace() -> None:
+    """L7: after the trace handle's release a late row for the request is not written (it is
+    counted), so the trace still ends with the handle's own release row."""
+    sink = ListTraceSink()
+    stream = RequestStream("r")
+    run = RequestRun("r", stream, sink, prompt_tokens=1)
+    stream.start("m")
+    for s in HAPPY:
+        run.lifecycle.transition(s)
+    run.finish(FinishReason.EOS)
+    assert isinstance(run.trace, TraceHandle)
+    n = len(sink.events)
+    run.trace.record(TraceEvent("r", tr.ERROR, {"error": "late"}))
+    assert len(sink.events) == n and run.trace.late_rows == 1
+    assert sink.events[-1].data.get("resource") == "trace_handle"
+    assert check_trace(sink.events) == []
+
+
+def test_p6_l7_stream_buffer_release_returns_credit_and_needs_the_terminal() -> None:
+    """P6, L7: the stream buffer is released only after the terminal; the release returns the
+    unacknowledged credit and drops the listeners; a later ack cannot drive it negative, and
+    the log is still readable (P3)."""
+    stream = RequestStream("s")
+    stream.start("m")
+    stream.delta(b"abc")
+    stream.add_listener(lambda: None)
+    with pytest.raises(StreamClosed):
+        stream.release_live()
+    run = RequestRun("s", stream, ListTraceSink(), prompt_tokens=1)
+    for s in HAPPY:
+        run.lifecycle.transition(s)
+    run.finish(FinishReason.EOS)
+    rows = run.trace.sink.events  # type: ignore[attr-defined]
+    buf = next(e.data for e in rows if e.kind == tr.RESOURCE_RELEASED
+               and e.data["resource"] == "stream_buffer")
+    assert buf["unacked_bytes"] == 3 and buf["listeners"] == 1
+    stream.ack(stream.last_seq)
+    assert stream.unacked_bytes == 0
+    assert [e.seq for e in stream.events_after(-1)] == [0, 1, 2]

@@ -104,6 +104,50 @@ class TokenizerProfile:
         self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
         # NOTE: one lazily filled table per skip flag, shared by every request.
         self.views = {flag: _Views(self, flag) for flag in (False, True)}
+        self._pieces: dict[int, bytes] = {}
+        self._anchor_id: int | None | bool = False  # NOTE: False: not looked up yet
+
+    def piece(self, token_id: int) -> bytes:
+        """The exact bytes ``token_id`` adds to a text it continues (logprobs' ``bytes``).
+
+        BYTE_LEVEL tokens and ``<0xNN>`` tokens are their byte view. Any other token is decoded
+        after an anchor token and the anchor's own text removed: decoding a token alone would
+        apply the first-token rules (SentencePiece/Metaspace strip the leading space, so
+        ``▁x`` would read ``x``), which do not hold for a token in the middle of the output."""
+        found = self._pieces.get(token_id)
+        if found is None:
+            found = self._pieces[token_id] = self._piece(token_id)
+        return found
+
+    def _piece(self, token_id: int) -> bytes:
+        view = self.view(token_id)
+        if isinstance(view, bytes):
+            return view
+        if isinstance(view, int) and view >= 0:
+            return bytes([view])
+        alone = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        anchor = self._anchor()
+        if anchor is None:
+            return alone
+        head = self.tokenizer.decode([anchor], skip_special_tokens=False).encode()
+        both = self.tokenizer.decode([anchor, token_id], skip_special_tokens=False).encode()
+        # NOTE: a decoder that rewrites across the boundary: the lone decode is the best answer
+        return both[len(head):] if both.startswith(head) else alone
+
+    def _anchor(self) -> int | None:
+        """A plain letter token (decodes to the same ASCII letter alone and after itself)."""
+        if self._anchor_id is not False:
+            return self._anchor_id
+        self._anchor_id = None
+        for text in ("a", "e", "x", "A", "▁a", "Ġa"):
+            i = self.tokenizer.token_to_id(text)
+            if i is None or i in self.special_ids:
+                continue
+            one = self.tokenizer.decode([i], skip_special_tokens=False)
+            if one.strip().isascii() and one.strip().isalpha():
+                self._anchor_id = i
+                break
+        return self._anchor_id
 
     def view(self, token_id: int) -> bytes | int | None:
         """BYTE_LEVEL: the token's raw bytes. BYTE_FALLBACK: the byte of a <0xNN> token, else -1.
@@ -146,6 +190,11 @@ def profile_of(tokenizer: tokenizers.Tokenizer) -> TokenizerProfile:
     if found is None or found.tokenizer is not tokenizer:
         found = _PROFILES[id(tokenizer)] = TokenizerProfile(tokenizer)
     return found
+
+
+def token_piece(tokenizer: tokenizers.Tokenizer, token_id: int) -> bytes:
+    """The exact bytes of one token inside a text (see :meth:`TokenizerProfile.piece`)."""
+    return profile_of(tokenizer).piece(token_id)
 
 
 def _held_utf8(data: bytes) -> int:

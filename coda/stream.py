@@ -41,11 +41,17 @@ class EventType(StrEnum):
 
 @dataclass(frozen=True)
 class TokenInfo:
-    """One selected token as the API reports it (logprobs)."""
+    """One selected token as the API reports it (logprobs), as plain data: the engine fills
+    in each token's exact bytes in context (``piece``; ``top_pieces`` for the alternatives,
+    in ``top_logprobs`` order) and whether it is a special token, so a reader renders logprobs
+    without a tokenizer (issue 11 item 4)."""
 
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    piece: bytes = b""
+    top_pieces: tuple[bytes, ...] = ()
+    special: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "coda"
 CORE = {"errors", "finish", "lifecycle", "trace", "detokenizer", "stops", "stream", "step",
-        "request", "loop", "early_stop", "sampling", "scripted"}
+        "request", "loop", "early_stop", "sampling", "scripted", "reader"}
 PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types"}
 
 
@@ -48,6 +48,19 @@ def test_engine_never_imports_server() -> None:
         if name.startswith("engine/"):
             bad = {m for m in imports_of(path) if m.startswith("coda.server")}
             assert not bad, f"{name} imports {bad}"
+
+
+def test_server_reads_streams_only_through_the_one_reader() -> None:
+    """Issue 11 item 4: the server imports neither the detokenizer (logprob bytes come on the
+    events) nor the engine's internals, and registers no stream listener of its own: every
+    live read goes through coda.reader."""
+    internals = ("coda.detokenizer", "coda.step", "coda.request", "coda.engine.core",
+                 "coda.engine.handle", "coda.engine.async_engine")
+    for name, path in module_files().items():
+        if name.startswith("server/"):
+            bad = {m for m in imports_of(path) if m.startswith(internals)}
+            assert not bad, f"{name} imports {bad}"
+            assert ".add_listener(" not in path.read_text(encoding="utf-8"), name
 
 
 def test_core_import_does_not_load_torch() -> None:

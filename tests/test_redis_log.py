@@ -30,7 +30,9 @@ def redis_server() -> Iterator[RedisServer]:
 
 _tokens = st.lists(st.builds(
     TokenInfo, st.integers(0, 50000), st.none() | st.floats(-50, 0),
-    st.lists(st.tuples(st.integers(0, 50000), st.floats(-50, 0)), max_size=3).map(tuple)),
+    st.lists(st.tuples(st.integers(0, 50000), st.floats(-50, 0)), max_size=3).map(tuple),
+    piece=st.binary(max_size=6), top_pieces=st.lists(st.binary(max_size=4), max_size=3).map(tuple),
+    special=st.booleans()),
     max_size=4).map(tuple)
 _terminal = st.builds(
     Terminal, st.sampled_from(list(State)), st.sampled_from(list(FinishReason)),

@@ -149,8 +149,9 @@ def test_p1_l6_responses_final_output_text_carries_the_logprobs(
     r = client.responses.create(**kw)
     final = r.output[0].content[0].logprobs  # type: ignore[union-attr]
     assert len(final) == 6 and all(len(e.top_logprobs) == 2 for e in final)
-    # NOTE: not "tokens concatenate to output_text": a Metaspace token's shown text drops its
-    # leading space (token_bytes falls back to a one-token decode); see the issue 14 report.
+    # NOTE: each entry's bytes are the token's exact bytes in context (issue 11 item 4): a
+    # Metaspace token keeps its leading space, so the bytes concatenate to the output text
+    assert b"".join(bytes(e.bytes) for e in final).decode() == r.output_text
     got = client.responses.retrieve(r.id).output[0].content[0].logprobs  # type: ignore[union-attr]
     assert [e.model_dump() for e in got] == [e.model_dump() for e in final]
     with client.responses.create(stream=True, **kw) as stream:

@@ -22,12 +22,21 @@ from coda.stream import EventType, StreamEvent, Terminal, Timings, TokenInfo
 
 
 def _tokens(tokens: tuple[TokenInfo, ...]) -> list[list[Any]]:
-    return [[t.token_id, t.logprob, [list(p) for p in t.top_logprobs]] for t in tokens]
+    return [[t.token_id, t.logprob, [list(p) for p in t.top_logprobs], t.piece.hex(),
+             [p.hex() for p in t.top_pieces], t.special] for t in tokens]
 
 
 def _untokens(raw: list[list[Any]]) -> tuple[TokenInfo, ...]:
-    return tuple(TokenInfo(int(i), lp, tuple((int(a), float(b)) for a, b in top))
-                 for i, lp, top in raw)
+    out = []
+    for row in raw:
+        i, lp, top = row[:3]
+        # NOTE: rows written before pieces were carried have three fields
+        piece, top_pieces, special = row[3:6] if len(row) >= 6 else ("", [], False)
+        out.append(TokenInfo(int(i), lp, tuple((int(a), float(b)) for a, b in top),
+                             piece=bytes.fromhex(piece),
+                             top_pieces=tuple(bytes.fromhex(p) for p in top_pieces),
+                             special=bool(special)))
+    return tuple(out)
 
 
 def _terminal(t: Terminal) -> dict[str, Any]:

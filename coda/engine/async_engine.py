@@ -21,7 +21,7 @@ from typing import Any
 
 from coda.early_stop import EarlyStopController
 from coda.engine.core import EngineCore, EngineRequest
-from coda.engine.handle import RequestHandle, follow
+from coda.engine.handle import RequestHandle
 from coda.engine.kv_budget import kv_cache_budget
 from coda.engine.kv_cache import BlockManager
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo
@@ -34,6 +34,7 @@ from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
+from coda.reader import follow
 from coda.request import RequestRun
 from coda.step import OutputSpec
 from coda.stops import stop_bytes

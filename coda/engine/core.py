@@ -18,6 +18,7 @@ import tokenizers
 import torch
 
 from coda import trace as tr
+from coda.detokenizer import profile_of
 from coda.early_stop import EarlyStopController, decide_stream_failure
 from coda.engine.closure import BudgetCloser
 from coda.engine.grammar import GrammarMatcher
@@ -315,8 +316,7 @@ class EngineCore:
         if req.grammar is not None and not req.grammar.consume(dec.token_id):
             self._end_failed(req, ModelError(f"grammar rejected token {dec.token_id}"))
             return
-        info = (TokenInfo(dec.token_id, dec.logprob, dec.top_logprobs) if req.logprobs
-                else TokenInfo(dec.token_id))
+        info = self._logprob_info(dec) if req.logprobs else TokenInfo(dec.token_id)
         try:
             record = dec.to_record() if self._tracing else None  # NOTE: hot path: no dict unless traced
             reason = req.processor.on_token(dec.token_id, info, record, dec.prob)
@@ -325,6 +325,14 @@ class EngineCore:
             return
         if reason is not None:
             run.conclude(reason)  # NOTE: an early stop takes the cancel path (D6)
+
+    def _logprob_info(self, dec: TokenDecision) -> TokenInfo:
+        """The token with its logprobs and the exact bytes of it and its alternatives."""
+        profile = profile_of(self.tokenizer)
+        return TokenInfo(dec.token_id, dec.logprob, dec.top_logprobs,
+                         piece=profile.piece(dec.token_id),
+                         top_pieces=tuple(profile.piece(i) for i, _ in dec.top_logprobs),
+                         special=dec.token_id in profile.special_ids)
 
     # -- endings -------------------------------------------------------------------------------
     def _finish(self, req: EngineRequest, reason: FinishReason) -> None:

@@ -1,16 +1,15 @@
 """The handle of one submitted request: its replayable stream and the one way to cancel it
-(SPEC P3, P6, C1)."""
+(SPEC P3, P6, C1). It reads its stream through :mod:`coda.reader`, like every other reader."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 
 from coda.finish import CancelCause
+from coda.reader import follow, terminal_of, when_closed
 from coda.request import RequestRun
-from coda.stream import EventType, RequestStream, StreamEvent, Terminal
+from coda.stream import RequestStream, StreamEvent, Terminal
 
 
 class RequestHandle:
@@ -36,56 +35,18 @@ class RequestHandle:
         return follow(self.stream, after)
 
     async def result(self) -> Terminal:
-        # NOTE: resume one event early, so a stream that is already closed yields its terminal
-        async for ev in self.events(self.stream.last_seq - 1):
-            if ev.terminal is not None:
-                return ev.terminal
-        terminal = self.stream.terminal
-        assert terminal is not None
-        return terminal
+        """The terminal, waiting for it (acknowledging what it reads, P6)."""
+        return await terminal_of(self.stream)
 
     def wait(self, timeout: float | None = None) -> Terminal:
         """Blocking wait for the terminal (for synchronous callers)."""
         done = threading.Event()
-        remove = self.stream.add_listener(lambda: done.set() if self.stream.closed else None)
+        remove = when_closed(self.stream, lambda _terminal: done.set())
         try:
-            if not self.stream.closed and not done.wait(timeout):
+            if not done.wait(timeout):
                 raise TimeoutError(f"{self.request_id} not finished after {timeout}s")
         finally:
             remove()
         terminal = self.stream.terminal
         assert terminal is not None
         return terminal
-
-
-async def follow(stream: RequestStream, after: int = -1) -> AsyncIterator[StreamEvent]:
-    """Replay ``stream`` after ``after``, then follow it live until its terminal (P3);
-    acknowledges each event it yields (P6). The one in-process reader of a stream log."""
-    loop = asyncio.get_running_loop()
-    wake = asyncio.Event()
-
-    def on_append() -> None:
-        # NOTE: the reader's loop may be closed already; then there is nothing to wake
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(wake.set)
-
-    remove = stream.add_listener(on_append)
-    seq = after
-    try:
-        while True:
-            # NOTE: read "closed" before the log: a closed log read afterwards is complete
-            closed = stream.closed
-            batch = stream.events_after(seq)
-            for ev in batch:
-                yield ev
-                seq = ev.seq
-                stream.ack(seq)
-                if ev.type is EventType.TERMINAL:
-                    return
-            if not batch:
-                if closed:
-                    return  # NOTE: resumed at or past the terminal: nothing is left
-                await wake.wait()
-                wake.clear()
-    finally:
-        remove()

@@ -7,11 +7,11 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import Request
 from starlette.responses import Response
 
+from coda.reader import terminal_of
 from coda.server.logprobs import reported_trailing
 from coda.server.sse import SSEResponse
 from coda.server.state import DisconnectPolicy, Record, ServerState
@@ -35,23 +35,10 @@ class ClientGone(Exception):
     """The client disconnected while a non-streaming request was running."""
 
 
-async def terminal_of(handle: Any) -> Terminal:
-    """The handle's terminal, waiting for it if needed.
-
-    NOTE: reads with ``events()`` from the start rather than ``handle.result()``: result()
-    resumes after ``last_seq`` and so never returns for an already finished stream."""
-    async for ev in handle.events():
-        if ev.terminal is not None:
-            return ev.terminal
-    terminal = handle.stream.terminal
-    assert terminal is not None
-    return terminal
-
-
 async def wait_results(request: Request, st: ServerState, record: Record,
                        policy: DisconnectPolicy) -> list[Terminal]:
     """Wait for every handle's terminal; a disconnect first applies the P4 policy."""
-    results = asyncio.ensure_future(asyncio.gather(*(terminal_of(h) for h in record.handles)))
+    results = asyncio.ensure_future(asyncio.gather(*(terminal_of(h.stream) for h in record.handles)))
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({results, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -17,8 +17,8 @@ from typing import Any
 
 from coda.durable.mirror import LogFollower, LogMirror
 from coda.durable.redis_log import RedisStreamLog
-from coda.engine.handle import follow
 from coda.finish import CancelCause
+from coda.reader import follow
 from coda.server.state import Record
 from coda.stream import RequestStream, StreamEvent, Terminal
 

@@ -8,11 +8,11 @@ exact finish reason. Gauges (running, waiting, KV usage) are read from the engin
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from coda.reader import when_closed
 from coda.stream import EventType
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
@@ -43,27 +43,11 @@ class ServerMetrics:
         self.waiting = Gauge("coda:num_requests_waiting", "Requests queued.", registry=r)
         self.kv_usage = Gauge("coda:kv_cache_usage_perc", "KV cache usage (0-1).", registry=r)
         self.preemptions = Gauge("coda:num_preemptions", "Preemptions so far.", registry=r)
-        self._lock = threading.Lock()
 
     def track(self, handle: Any) -> None:
         """Observe ``handle``'s latencies once, when its terminal event is appended."""
         stream = handle.stream
-        done = [False]
-        remover: list[Any] = []
-
-        def on_append() -> None:
-            if not stream.closed:
-                return
-            with self._lock:
-                if done[0]:
-                    return
-                done[0] = True
-            self._observe(stream)
-            if remover:
-                remover[0]()
-
-        remover.append(stream.add_listener(on_append))
-        on_append()  # NOTE: the request may have ended before the listener was added
+        when_closed(stream, lambda _terminal: self._observe(stream))
 
     def _observe(self, stream: Any) -> None:
         events = stream.events_after(-1)

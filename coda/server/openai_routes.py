@@ -99,9 +99,9 @@ class OpenAIRenderer(Renderer):
         trailing = lp.reported_trailing(terminal)
         if self.logprobs and trailing:  # textless last tokens: logprobs on the final chunk
             at = self.offsets[index]
-            choice["logprobs"] = ({"content": lp.chat_entries(self.tok, trailing), "refusal": None}
+            choice["logprobs"] = ({"content": lp.chat_entries(trailing), "refusal": None}
                                   if self.chat else lp.legacy_logprobs(
-                                      self.tok, trailing, at, at, skip_special=self.skip))
+                                      trailing, at, at, skip_special=self.skip))
         self.selected[index] = terminal.usage.selected_tokens
         return [*frames,
                 Frame(self._chunk([choice], coda=ext, **self._running_usage(index)), id=fid)]
@@ -121,7 +121,7 @@ class OpenAIRenderer(Renderer):
         text = tl.texts(items)
         calls = [tl.openai_call(c, self.r.id, delta=True) for c in items
                  if isinstance(c, tl.ToolCall)]
-        logprobs = ({"content": lp.chat_entries(self.tok, ev.tokens), "refusal": None}
+        logprobs = ({"content": lp.chat_entries(ev.tokens), "refusal": None}
                     if self.logprobs and ev is not None else None)
         if not text and not calls and logprobs is None:
             return []
@@ -134,13 +134,13 @@ class OpenAIRenderer(Renderer):
     def _delta_choice(self, index: int, ev: StreamEvent) -> dict[str, Any]:
         text = ev.text
         if self.chat:
-            logprobs = ({"content": lp.chat_entries(self.tok, ev.tokens), "refusal": None}
+            logprobs = ({"content": lp.chat_entries(ev.tokens), "refusal": None}
                         if self.logprobs else None)
             return {"index": index, "delta": {"content": text}, "logprobs": logprobs,
                     "finish_reason": None}
         start = self.offsets[index]
         self.offsets[index] += len(text)
-        legacy = (lp.legacy_logprobs(self.tok, ev.tokens, start, self.offsets[index],
+        legacy = (lp.legacy_logprobs(ev.tokens, start, self.offsets[index],
                                      skip_special=self.skip)
                   if self.logprobs else None)
         return {"index": index, "text": text, "logprobs": legacy, "finish_reason": None}
@@ -267,7 +267,7 @@ def _final_object(record: Record, terminals: list[Terminal], tok: Any,
         reason = openai_finish_reason(c.terminal.finish_reason)
         ext = coda_extension(c.terminal)
         if chat:
-            logprobs = ({"content": lp.chat_entries(tok, [t for _, ts in c.deltas for t in ts]),
+            logprobs = ({"content": lp.chat_entries([t for _, ts in c.deltas for t in ts]),
                          "refusal": None} if with_logprobs else None)
             message: dict[str, Any] = {"role": "assistant", "content": c.text}
             if record.extra.get("tools"):
@@ -285,7 +285,7 @@ def _final_object(record: Record, terminals: list[Terminal], tok: Any,
                 parts, pos = [], 0
                 for text, toks in c.deltas:
                     parts.append(lp.legacy_logprobs(
-                        tok, toks, pos, pos + len(text),
+                        toks, pos, pos + len(text),
                         skip_special=record.extra.get("skip_special", True)))
                     pos += len(text)
                 legacy = lp.merge_legacy(parts)

@@ -7,7 +7,7 @@ came live or from a replay. Two things used to differ:
   while the live stream is written. :class:`DeliveryRecord` fixes it once per choice, the first
   time any reader renders that choice's terminal, and every later rendering (a replay, a second
   reader) reads the recorded value instead of measuring its own delivery.
-- **The interleaving of n > 1 choices.** :func:`merge_order` is the one order in which events
+- **The interleaving of n > 1 choices.** :func:`coda.reader.merge_order` is the one order in which events
   of several streams are rendered: by creation time, then choice index, then sequence number.
   It is a function of the logs alone, so the live reader and a replay from any cut agree.
 
@@ -20,9 +20,6 @@ came live or from a replay. Two things used to differ:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-
-from coda.stream import StreamEvent
 
 
 class DeliveryRecord:
@@ -37,8 +34,3 @@ class DeliveryRecord:
         if this is the first rendering of that terminal."""
         with self._lock:
             return self._send_s.setdefault(index, round(measured, 6))
-
-
-def merge_order(batch: Iterable[tuple[int, StreamEvent]]) -> list[tuple[int, StreamEvent]]:
-    """``(index, event)`` pairs in the replayable merge order (ts, index, seq)."""
-    return sorted(batch, key=lambda p: (p[1].ts, p[0], p[1].seq))

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import CancelCause
+from coda.reader import terminal_of
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
@@ -29,7 +30,6 @@ from coda.server.common import (
     partial_text,
     state_of,
     stream_or_wait,
-    terminal_of,
 )
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.fields import reject_unhonoured
@@ -114,7 +114,7 @@ def _logprobs(record: Record, stream: RequestStream) -> list[dict[str, Any]]:
     terminal = stream.terminal
     if terminal is not None:
         tokens.extend(lp.reported_trailing(terminal))
-    return lp.chat_entries(tok, tokens)
+    return lp.chat_entries(tokens)
 
 
 def _message_item(record: Record, text: str, status: str,
@@ -159,7 +159,7 @@ class ResponsesRenderer(Renderer):
                                   "part": {"type": "output_text", "text": "",
                                            "annotations": [], "logprobs": []}}))
         if ev.type is EventType.DELTA:
-            entries = lp.chat_entries(self.tok, ev.tokens) if self.logprobs else []
+            entries = lp.chat_entries(ev.tokens) if self.logprobs else []
             if self.parser is not None:
                 return self._tool_events(self.parser.feed(ev.text), ids, entries)
             self.text += ev.text
@@ -349,5 +349,5 @@ async def cancel_response(response_id: str, request: Request) -> Response:
     """Cancel (C1); idempotent — a finished response is returned unchanged."""
     record = _record(request, response_id)
     record.cancel(CancelCause.CLIENT)
-    await asyncio.gather(*(terminal_of(h) for h in record.handles))
+    await asyncio.gather(*(terminal_of(h.stream) for h in record.handles))
     return JSONResponse(response_object(record))

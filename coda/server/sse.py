@@ -1,8 +1,8 @@
 """Server-sent events over the engine's sequence-numbered streams (SPEC P2, P3, P4, P5, P6).
 
-:class:`EventSource` reads one or more :class:`~coda.stream.RequestStream` logs from any
-position (replay + live, P3) and acknowledges what reached the socket (backpressure credit,
-P6). :class:`SSEResponse` is a raw ASGI response that pumps a :class:`Renderer`'s frames,
+:class:`~coda.reader.StreamReader` (the one stream reader) reads one or more
+:class:`~coda.stream.RequestStream` logs from any position (replay + live, P3); the pump
+acknowledges only what reached the socket (backpressure credit, P6). :class:`SSEResponse` is a raw ASGI response that pumps a :class:`Renderer`'s frames,
 writes a keepalive comment whenever the request is quiet (queued, prefilling), and writes
 through a :class:`~coda.server.connection.Connection`, which watches the client while every
 write is pending and bounds how long one write may block: a disconnect or a stall is reported
@@ -13,10 +13,8 @@ model had finished, and no credit is acknowledged after it (P6).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +22,9 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from coda.reader import ReaderInterrupted, StreamReader
 from coda.server.connection import ClientGone, Connection
 from coda.server.integrity import DeltaIntegrity
-from coda.server.replay import merge_order
 from coda.stream import EventType, RequestStream, StreamEvent
 
 log = logging.getLogger("coda.server")
@@ -101,74 +99,6 @@ def parse_position_id(value: str | None, n: int) -> list[int] | None:
     return parts if len(parts) == n and all(p >= -1 for p in parts) else None
 
 
-class EventSource:
-    """Replay-then-follow reader over ``streams`` on the running event loop (P3)."""
-
-    def __init__(self, streams: Sequence[RequestStream], after: Sequence[int]) -> None:
-        self._streams = list(streams)
-        self.positions = list(after)
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._interrupted = False
-        self._removers = [s.add_listener(self._notify) for s in self._streams]
-
-    def _notify(self) -> None:  # NOTE: called on the engine thread
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._wake.set)
-
-    def _done(self) -> bool:
-        return all(s.closed and p >= s.last_seq for s, p in zip(self._streams, self.positions,
-                                                                    strict=True))
-
-    def interrupt(self) -> None:
-        """The reader is gone: :meth:`next` raises :class:`ClientGone` from now on."""
-        self._interrupted = True
-        self._wake.set()
-
-    async def next(self, timeout: float) -> list[tuple[int, StreamEvent]] | None:
-        """The next events in log order; ``[]`` after ``timeout`` quiet seconds; None at the
-        end; raises :class:`ClientGone` once :meth:`interrupt` was called."""
-        while True:
-            if self._interrupted:
-                raise ClientGone()
-            self._wake.clear()  # NOTE: clear before reading, so no append is missed
-            # NOTE: a consistent cut: an event created before ``cut`` was appended (creation
-            # and append share the stream's lock), so every such event is read now and the
-            # merge order (ts, index, seq) is the same live and in any replay (P3).
-            cut = time.monotonic()
-            batch: list[tuple[int, StreamEvent]] = []
-            later = False
-            for i, stream in enumerate(self._streams):
-                for ev in stream.events_after(self.positions[i]):
-                    if ev.ts < cut:
-                        batch.append((i, ev))
-                    else:
-                        later = True
-            if batch:
-                return merge_order(batch)
-            if later:
-                continue
-            if self._done():
-                return None
-            try:
-                # NOTE: not asyncio.wait_for: on 3.11 it can swallow a racing cancellation.
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
-            except TimeoutError:
-                if self._interrupted:
-                    raise ClientGone() from None
-                return []
-
-    def ack(self) -> None:
-        for stream, pos in zip(self._streams, self.positions, strict=True):
-            if pos >= 0:
-                stream.ack(pos)
-
-    def close(self) -> None:
-        for remove in self._removers:
-            remove()
-
-
 class SSEResponse(Response):
     """Streams ``renderer`` frames for ``streams``; see the module docstring."""
 
@@ -210,14 +140,18 @@ class SSEResponse(Response):
     async def _pump(self, conn: Connection) -> None:
         r = self._renderer
         await conn.start(200, self.raw_headers)
-        source = EventSource(self._streams, r.after)
+        source = StreamReader(self._streams, r.after)
+        positions = list(r.after)  # NOTE: advanced event by event, for the frames' ids
         conn.on_gone(source.interrupt)
         try:
             head = r.header()
             if head:
                 await conn.write(b"".join(f.encode() for f in head))
             while True:
-                batch = await source.next(self._keepalive_s)
+                try:
+                    batch = await source.next(self._keepalive_s)
+                except ReaderInterrupted:
+                    raise ClientGone(stalled=conn.stalled) from None
                 if batch is None:
                     break
                 if not batch:
@@ -225,8 +159,8 @@ class SSEResponse(Response):
                     continue
                 frames: list[Frame] = []
                 for index, ev in batch:
-                    source.positions[index] = ev.seq
-                    frames.extend(r.on_event(index, ev, list(source.positions)))
+                    positions[index] = ev.seq  # NOTE: each frame's id is its own cut (P3)
+                    frames.extend(r.on_event(index, ev, list(positions)))
                 if frames:
                     # NOTE: one write per batch: a frame group reaches the client whole or not.
                     await conn.write(b"".join(f.encode() for f in frames))

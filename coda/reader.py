@@ -1,0 +1,162 @@
+"""The one reader of request streams (SPEC P2, P3, P6; issue 11 item 4).
+
+Every consumer of a :class:`~coda.stream.RequestStream` reads it through this module: the
+engine's handle and ``attach`` (resume) through :func:`follow`, the SSE pump through
+:class:`StreamReader` (several streams merged, with a quiet timeout), non-streaming routes
+through :func:`terminal_of`, and the metrics and blocking waits through :func:`when_closed`.
+Reading is replay-then-follow: events after a position are taken from the log, then the reader
+sleeps until the producer appends (a listener wakes it, from the producer's thread), so a
+reader may start at any sequence number, before or after the terminal (P3).
+
+Acknowledging (P6 backpressure credit) is the reader's choice: :func:`follow` acknowledges
+each event once it was yielded; the SSE pump acknowledges a batch only after its frames
+reached the socket (:meth:`StreamReader.ack`).
+
+Merge order of several streams (n > 1 choices) is :func:`merge_order`: by creation time, then
+stream index, then sequence number. It is a function of the logs alone, so the live reader and
+a replay from any cut render the same interleaving (P3). A batch is a consistent cut: an event
+created before the cut's clock reading was already appended (creation and append share the
+stream's lock), so every such event is read now and later events wait for the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+
+from coda.stream import EventType, RequestStream, StreamEvent, Terminal
+
+
+class ReaderInterrupted(Exception):
+    """The consumer went away (:meth:`StreamReader.interrupt`); the reader stops at once."""
+
+
+def merge_order(batch: Iterable[tuple[int, StreamEvent]]) -> list[tuple[int, StreamEvent]]:
+    """``(index, event)`` pairs in the replayable merge order (ts, index, seq)."""
+    return sorted(batch, key=lambda p: (p[1].ts, p[0], p[1].seq))
+
+
+class StreamReader:
+    """Replay-then-follow reader over ``streams`` from ``after`` (per stream; -1 = from the
+    start), on the running event loop. ``positions`` is where each stream was read up to."""
+
+    def __init__(self, streams: Sequence[RequestStream], after: Sequence[int]) -> None:
+        self._streams = list(streams)
+        self.positions = list(after)
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._interrupted = False
+        self._removers = [s.add_listener(self._notify) for s in self._streams]
+
+    def _notify(self) -> None:  # NOTE: called on the producer's (engine) thread
+        # NOTE: the reader's loop may be closed already; then there is nothing to wake
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _done(self) -> bool:
+        return all(s.closed and p >= s.last_seq
+                   for s, p in zip(self._streams, self.positions, strict=True))
+
+    def interrupt(self) -> None:
+        """The consumer is gone: :meth:`next` raises :class:`ReaderInterrupted` from now on."""
+        self._interrupted = True
+        self._wake.set()
+
+    async def next(self, timeout: float | None = None) -> list[tuple[int, StreamEvent]] | None:
+        """The next events in merge order (positions advanced past them); ``[]`` after
+        ``timeout`` quiet seconds (None: wait as long as it takes); None once every stream
+        was read through its terminal; raises :class:`ReaderInterrupted` after
+        :meth:`interrupt`."""
+        while True:
+            if self._interrupted:
+                raise ReaderInterrupted()
+            self._wake.clear()  # NOTE: clear before reading, so no append is missed
+            cut = time.monotonic()
+            batch: list[tuple[int, StreamEvent]] = []
+            later = False
+            for i, stream in enumerate(self._streams):
+                for ev in stream.events_after(self.positions[i]):
+                    if ev.ts < cut:
+                        batch.append((i, ev))
+                    else:
+                        later = True
+            if batch:
+                ordered = merge_order(batch)
+                for i, ev in ordered:
+                    self.positions[i] = ev.seq
+                return ordered
+            if later:
+                continue
+            if self._done():
+                return None
+            try:
+                # NOTE: not asyncio.wait_for: on 3.11 it can swallow a racing cancellation.
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            except TimeoutError:
+                if self._interrupted:
+                    raise ReaderInterrupted() from None
+                return []
+
+    def ack(self) -> None:
+        """Acknowledge everything read so far (frees backpressure credit, P6)."""
+        for stream, pos in zip(self._streams, self.positions, strict=True):
+            if pos >= 0:
+                stream.ack(pos)
+
+    def close(self) -> None:
+        for remove in self._removers:
+            remove()
+
+
+async def follow(stream: RequestStream, after: int = -1) -> AsyncIterator[StreamEvent]:
+    """Replay ``stream`` after ``after``, then follow it live until its terminal (P3);
+    acknowledges each event once it was yielded (P6). From at or past the terminal's sequence
+    number it yields nothing and returns at once."""
+    reader = StreamReader([stream], [after])
+    try:
+        while (batch := await reader.next()) is not None:
+            for _, ev in batch:
+                yield ev
+                stream.ack(ev.seq)
+                if ev.type is EventType.TERMINAL:
+                    return
+    finally:
+        reader.close()
+
+
+async def terminal_of(stream: RequestStream) -> Terminal:
+    """The stream's terminal, waiting for it if the request is still running."""
+    async for _ in follow(stream, stream.last_seq - 1 if stream.closed else -1):
+        pass
+    terminal = stream.terminal
+    assert terminal is not None
+    return terminal
+
+
+def when_closed(stream: RequestStream, callback: Callable[[Terminal], None]) -> Callable[[], None]:
+    """Call ``callback(terminal)`` exactly once when ``stream`` closes (at once if it is
+    closed), on the thread that closed it; returns a remover. For readers that only need the
+    end (metrics, blocking waits) and must not hold an event loop."""
+    lock = threading.Lock()
+    fired = [False]
+    remover: list[Callable[[], None]] = []
+
+    def check() -> None:
+        terminal = stream.terminal
+        if terminal is None:
+            return
+        with lock:
+            if fired[0]:
+                return
+            fired[0] = True
+        if remover:
+            remover[0]()
+        callback(terminal)
+
+    remover.append(stream.add_listener(check))
+    check()  # NOTE: the stream may have closed before the listener was added
+    return remover[0]

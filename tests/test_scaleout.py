@@ -203,3 +203,20 @@ def test_100_streams_30pct_disconnects_nothing_lost_or_leaked_p1_p2_p4_l7(remote
             assert ids == list(range(ids[0], ids[-1] + 1))  # each event id, none missing
     for rec in records:
         _ids(rec.handles[0])  # contiguous seqs, exactly one terminal
+
+
+def test_shutdown_ends_in_flight_requests_once_l2(remote: Any) -> None:
+    """L2: the ingress's shutdown ends a request running on a replica with one terminal
+    (cancelled, cause shutdown) before it returns."""
+    async def main() -> Any:
+        h = remote.submit(_req(40, 400, "shut"))
+        while h.stream.last_seq < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(remote.shutdown, 60)
+        assert h.stream.closed
+        return h
+
+    h = asyncio.run(main())
+    ids = _ids(h)
+    assert h.stream.terminal.finish_reason is FinishReason.CANCELLED and len(ids) < 400
+    assert not remote.cancel("shut")

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,7 @@ class RemoteEngine:
         self._affinity: dict[int, int] = {}
         self._lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._live: dict[str, RemoteHandle] = {}
         self.num_requests_total = 0
         self.num_resubmits_total = 0
 
@@ -92,7 +94,15 @@ class RemoteEngine:
         return None
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        return None  # NOTE: the replicas belong to the Serve application (coda serve stops it)
+        """End every in-flight request (cancelled, cause shutdown) and wait for its terminal;
+        the replicas themselves belong to the Serve applications (``coda serve`` stops them).
+        Called off the event loop (the pumps keep running on it)."""
+        live = [h for h in list(self._live.values()) if not h.stream.closed]
+        for h in live:
+            h.cancel(CancelCause.SHUTDOWN)
+        deadline = time.monotonic() + timeout
+        while any(not h.stream.closed for h in live) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
@@ -112,9 +122,8 @@ class RemoteEngine:
         raise KeyError(request_id)  # NOTE: resume is the durable log's (--redis-url)
 
     def cancel(self, request_id: str, cause: CancelCause = CancelCause.CLIENT) -> bool:
-        for r in self.replicas:
-            r.cancel.remote(request_id, cause)
-        return True
+        handle = self._live.get(request_id)
+        return handle.cancel(cause) if handle is not None else False
 
     def submit(self, req: GenerationRequest) -> RemoteHandle:
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
@@ -123,12 +132,14 @@ class RemoteEngine:
         handle = RemoteHandle(rid, RequestStream(rid, req.backpressure),
                               len(req.prompt_token_ids), self)
         self.num_requests_total += 1
+        self._live[rid] = handle
         # NOTE: routed at submit, so the decision is known (and logged) before any event
         handle.replica, handle.route = self.choose(req, set())
         log.info("routed", extra={"request_id": rid, **handle.route})
         task = asyncio.get_running_loop().create_task(self._pump(req, handle))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._live.pop(rid, None))
         return handle
 
     # -- routing -------------------------------------------------------------------------

@@ -65,9 +65,7 @@ def main() -> None:
 
     two = start_replicas(2, None, cfg, num_cpus=1, torch_threads=1, local_cpus=2)
     try:
-        from coda.engine.async_engine import DEFAULT_MODEL_DIR
-
-        one = RemoteEngine(two.replicas[:1], DEFAULT_MODEL_DIR, cfg)
+        one = RemoteEngine(two.replicas[:1], cfg)
         r1 = asyncio.run(_load(one, a.requests, a.max_tokens, a.concurrency))
         r2 = asyncio.run(_load(two, a.requests, a.max_tokens, a.concurrency))
     finally:

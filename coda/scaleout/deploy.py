@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from coda.engine.async_engine import DEFAULT_MODEL_DIR
 from coda.engine.types import EngineConfig
 from coda.scaleout.remote import RemoteEngine
 
@@ -27,14 +26,15 @@ def start_replicas(n: int, model_dir: Path | None, config: EngineConfig, *,
         else:
             ray.init(num_cpus=local_cpus, include_dashboard=False, logging_level=logging.ERROR)
     serve.start(http_options={"location": "NoServer"})
-    path = model_dir or DEFAULT_MODEL_DIR
+    # NOTE: None reaches each replica's from_model_dir, which picks the default model itself
+    path = str(model_dir) if model_dir is not None else None
     handles: list[Any] = []
     for i in range(n):
         dep = serve.deployment(EngineReplica, name="replica", num_replicas=1,
                                ray_actor_options={"num_cpus": num_cpus})
-        handles.append(serve.run(dep.bind(str(path), config, torch_threads),
+        handles.append(serve.run(dep.bind(path, config, torch_threads),
                                  name=f"coda-replica-{i}", route_prefix=None))
-    return RemoteEngine(handles, path, config)
+    return RemoteEngine(handles, config)
 
 
 def stop_replicas() -> None:

@@ -14,17 +14,13 @@ it, the request ends exactly once with ``model_error``, billing the committed to
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
-
-import tokenizers
 
 from coda.durable.mirror import feed
 from coda.engine.handle import follow
@@ -68,18 +64,20 @@ class RemoteHandle:
 class RemoteEngine:
     """Routes requests over Serve deployment handles ``replicas`` (one replica each)."""
 
-    def __init__(self, replicas: list[Any], model_dir: Path, config: EngineConfig, *,
+    def __init__(self, replicas: list[Any], config: EngineConfig, *,
                  affinity_slack: int = 256) -> None:
         self.replicas = replicas
         self.config = config
-        info: ModelInfo = replicas[0].model_info.remote().result()
-        self.model_name = info.name
-        self.context_length = info.context_length
-        self.eos_token_ids = info.eos_token_ids
-        self.tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        cfg = model_dir / "tokenizer_config.json"
-        self.tokenizer_config: dict[str, Any] = (
-            json.loads(cfg.read_text(encoding="utf-8")) if cfg.is_file() else {})
+        # NOTE: the ingress holds the replica's own tokenizer and model data (pickled), so it
+        # renders and encodes exactly as a replica would, without loading the weights
+        attrs: dict[str, Any] = replicas[0].serving_attrs.remote().result()
+        self.model_name: str = attrs["model_name"]
+        self.context_length: int = attrs["context_length"]
+        self.eos_token_ids: frozenset[int] = attrs["eos_token_ids"]
+        self.tokenizer: Any = attrs["tokenizer"]
+        for key, value in attrs.items():
+            if not hasattr(self, key):
+                setattr(self, key, value)
         self.affinity_slack = affinity_slack
         self.outstanding = [0] * len(replicas)
         self._affinity: dict[int, int] = {}

@@ -48,3 +48,14 @@ class EngineReplica:
 
     def whoami(self) -> dict[str, Any]:
         return {"pid": self.pid}
+
+    def serving_attrs(self) -> dict[str, Any]:
+        """What the server reads off its engine besides calls (the tokenizer for prompts and
+        logprobs, chat template data, the model's identity), for the ingress to hold locally:
+        every attribute of :data:`SERVED_ATTRS` this engine has, pickled by Ray."""
+        return {k: getattr(self.engine, k) for k in SERVED_ATTRS if hasattr(self.engine, k)}
+
+
+# NOTE: the Engine protocol's data attributes; an engine version lacking one just omits it
+SERVED_ATTRS = ("model_name", "context_length", "eos_token_ids", "tokenizer",
+                "tokenizer_config", "generation_config", "chat", "identity")

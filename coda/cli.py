@@ -57,6 +57,9 @@ def serve(model: ModelOpt = None,
           redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
           log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
           lease_ttl_s: Annotated[float, typer.Option(help="a silent server's requests are ended after this")] = 10.0,
+          replicas: Annotated[int, typer.Option(help="engine replicas on Ray Serve (0: one in-process engine)")] = 0,
+          ray_address: Annotated[Optional[str], typer.Option(help="join this Ray cluster (default: start a local one)")] = None,  # noqa: UP045
+          replica_cpus: Annotated[float, typer.Option(help="Ray CPUs (and torch threads) per replica")] = 1.0,
           log_level: str = "info",
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
@@ -74,14 +77,26 @@ def serve(model: ModelOpt = None,
                        num_threads=threads, recent_traces=recent_traces)
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
     configure_logging(log_level)
-    engine = _load(model, cfg, logging.getLogger("coda.server").info)
+    if replicas > 0:
+        # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
+        from coda.scaleout.deploy import start_replicas, stop_replicas
+
+        engine: Any = start_replicas(replicas, model, cfg, ray_address=ray_address,
+                                     num_cpus=replica_cpus,
+                                     torch_threads=max(1, int(replica_cpus)))
+    else:
+        engine = _load(model, cfg, logging.getLogger("coda.server").info)
     durable = None
     if redis_url:
         from coda.server.durable import ServerDurable
 
         durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
-    run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level,
-               durable=durable)
+    try:
+        run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level,
+                   durable=durable)
+    finally:
+        if replicas > 0:
+            stop_replicas()
 
 
 @app.command()

@@ -17,6 +17,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coda.server.admission import PromptBound
 from coda.server.state import ServerSettings
@@ -49,8 +51,7 @@ def test_413_before_parsing_content_length_and_chunked(guarded: LiveServer) -> N
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.post(guarded.url + "/v1/completions", content=chunks(body),
                    headers={"content-type": "application/json"}, timeout=60)
-    assert r.status_code == 413 and "transfer-encoding" not in r.request.headers.get(
-        "content-length", "")
+    assert r.status_code == 413 and r.request.headers["transfer-encoding"] == "chunked"
     r = httpx.post(guarded.url + "/v1/messages", content=chunks(body),
                    headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
@@ -80,13 +81,55 @@ def test_400_by_byte_length_before_tokenizing(guarded: LiveServer, server_engine
                                messages=[{"role": "user", "content": huge}])
 
 
-def test_prompt_bound_is_a_true_lower_bound(server_engine: Any) -> None:
-    """The byte bound never exceeds the real token count (it may only refuse what cannot fit)."""
-    tok = server_engine.tokenizer
-    bound = PromptBound.of(tok)
-    for text in ("", "a", "Hello world! " * 50, "<|im_start|>user\nhi<|im_end|>" * 20,
-                 "x" * 3000, "The quick brown fox " * 40):
-        assert bound.min_tokens(text) <= max(len(tok.encode(text).ids), 0) or not text
+# NOTE: pieces that stress the bound: special tokens, multi-byte characters, spaces, ▁
+_TEXT = st.lists(st.sampled_from(["a", "b", " ", "\n", ".", "\u2581", "é", "中", "😀",
+                                  "<|im_start|>", "<|im_end|>", "<|endoftext|>", "Hello",
+                                  " world", "xyz"]), max_size=60).map("".join) | st.text(
+    max_size=40)
+
+
+@pytest.fixture(scope="module")
+def tokenizers_under_test(server_checkpoint: Path) -> list[Any]:
+    import tokenizers
+
+    from coda.engine.async_engine import DEFAULT_MODEL_DIR
+
+    return [tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+            for d in (server_checkpoint, DEFAULT_MODEL_DIR)]
+
+
+def test_prompt_bound_is_a_true_lower_bound(tokenizers_under_test: list[Any]) -> None:
+    """For all texts, on a Metaspace BPE and a ByteLevel BPE: the byte bound never exceeds the
+    real token count (brute-force oracle: tokenize), so it only refuses what cannot fit."""
+    bounds = [(tok, PromptBound.of(tok)) for tok in tokenizers_under_test]
+    assert all(b.certain for _, b in bounds)
+
+    @settings(max_examples=min(settings.default.max_examples, 200))
+    @given(_TEXT)
+    def check(text: str) -> None:
+        for tok, bound in bounds:
+            for special in (True, False):
+                assert bound.min_tokens(text) <= len(tok.encode(
+                    text, add_special_tokens=special).ids)
+
+    check()
+
+
+def test_prompt_bound_is_not_certain_where_text_may_vanish() -> None:
+    """A normalizer, a whitespace-dropping pre-tokenizer or fused unknowns void the bound."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    wp = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    wp.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert not PromptBound.of(wp).certain
+    bl = Tokenizer(models.BPE({"a": 0, "<unk>": 1}, [], unk_token="<unk>"))
+    bl.pre_tokenizer = pre_tokenizers.ByteLevel()
+    assert PromptBound.of(bl).certain
+    bl.normalizer = normalizers.Strip()
+    assert not PromptBound.of(bl).certain
+    fused = Tokenizer(models.BPE({"a": 0, "<unk>": 1}, [], unk_token="<unk>", fuse_unk=True))
+    fused.pre_tokenizer = pre_tokenizers.Metaspace()
+    assert not PromptBound.of(fused).certain
 
 
 def stream_gaps(url: str, out: dict[str, Any]) -> None:
@@ -116,16 +159,17 @@ def test_hostile_bodies_do_not_stall_another_stream(guarded: LiveServer,
         stream_gaps(guarded.url, alone)
         base = max(base, max_gap(alone["times"]))
     server_settle()
+    # NOTE: built before the stream starts: the client shares the server's process and GIL
+    huge, long_prompt = big_body(60 << 20), big_body(3 << 20)
     hostile: dict[str, Any] = {}
     t = threading.Thread(target=stream_gaps, args=(guarded.url, hostile))
     t.start()
     time.sleep(0.2)
     statuses = []
-    huge = big_body(60 << 20)
     statuses.append(httpx.post(guarded.url + "/v1/completions", content=chunks(huge, 1 << 20),
                                headers={"content-type": "application/json"},
                                timeout=120).status_code)
-    statuses.append(httpx.post(guarded.url + "/v1/completions", content=big_body(3 << 20),
+    statuses.append(httpx.post(guarded.url + "/v1/completions", content=long_prompt,
                                headers={"content-type": "application/json"},
                                timeout=120).status_code)
     health = httpx.get(guarded.url + "/health", timeout=5).status_code

@@ -10,8 +10,8 @@ Three guards, cheapest first:
    length alone proves it cannot fit the context: each token's text is at most
    ``max_token_bytes`` long, so a prompt of ``b`` bytes has at least ``ceil(b / max_token_bytes)``
    tokens. The bound is only *certain* for tokenizers that drop nothing of the text: no
-   normalizer and a ByteLevel or Metaspace pre-tokenizer (byte-fallback tokens are longer than
-   the byte they stand for, so they only strengthen it). Otherwise only the exact check after
+   normalizer, a ByteLevel or Metaspace pre-tokenizer, and no fused unknown tokens
+   (byte-fallback tokens are longer than the byte they stand for, so they only strengthen it). Otherwise only the exact check after
    tokenizing applies.
 3. **Never block the event loop** — chat templates are rendered and prompts tokenized on a
    worker thread (:func:`off_loop`), so one huge prompt never freezes other streams or
@@ -103,8 +103,10 @@ class PromptBound:
         pre = spec.get("pre_tokenizer") or {}
         kinds = ({p.get("type") for p in pre.get("pretokenizers", [])}
                  if pre.get("type") == "Sequence" else {pre.get("type")})
-        certain = spec.get("normalizer") is None and bool(kinds) and kinds <= \
-            _CERTAIN_PRE_TOKENIZERS
+        # NOTE: fused unknowns let one token stand for any run of unknown characters
+        fused = bool((spec.get("model") or {}).get("fuse_unk"))
+        certain = (spec.get("normalizer") is None and bool(kinds)
+                   and kinds <= _CERTAIN_PRE_TOKENIZERS and not fused)
         n = tokenizer.get_vocab_size(with_added_tokens=True)
         longest = max((len((tokenizer.id_to_token(i) or "").encode()) for i in range(n)),
                       default=1)

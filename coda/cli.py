@@ -53,6 +53,8 @@ def serve(model: ModelOpt = None,
           max_num_seqs: int = 64,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
+          max_body_bytes: Annotated[int, typer.Option(help="larger request bodies get 413, unparsed")] = 16 * 1024 * 1024,
+          max_waiting: Annotated[int, typer.Option(help="requests allowed to wait for a slot; past it 429 + Retry-After (-1: unbounded)")] = 1024,
           recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
           redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
           log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
@@ -69,6 +71,7 @@ def serve(model: ModelOpt = None,
     from coda.engine.types import EngineConfig
     from coda.server.app import serve as run_server
     from coda.server.logs import configure_logging
+    from coda.server.state import ServerSettings
 
     cfg = EngineConfig(dtype=dtype, max_num_seqs=max_num_seqs,
                        served_model_name=served_model_name,
@@ -91,9 +94,11 @@ def serve(model: ModelOpt = None,
         from coda.server.durable import ServerDurable
 
         durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
+    settings = ServerSettings(max_body_bytes=max_body_bytes,
+                              max_waiting=None if max_waiting < 0 else max_waiting)
     try:
         run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level,
-                   durable=durable)
+                   settings=settings, durable=durable)
     finally:
         if replicas > 0:
             stop_replicas()

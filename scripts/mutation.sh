@@ -34,7 +34,7 @@ for stem in "${STEMS[@]}"; do
   work="$ROOT/.mutation/$stem"
   mkdir -p "$work"
   rm -rf "$work/coda" "$work/tests"
-  cp -r "$ROOT/coda" "$ROOT/tests" "$work/"
+  cp -rp "$ROOT/coda" "$ROOT/tests" "$work/"  # NOTE: -p: mtimes tell mutmut what changed
   find "$work" -name __pycache__ -prune -exec rm -rf {} +
   grep -v '^\[tool.mutmut\]' "$ROOT/pyproject.toml" > "$work/pyproject.toml"
   {
@@ -42,6 +42,7 @@ for stem in "${STEMS[@]}"; do
     echo "source_paths=coda"
     echo "only_mutate=coda/$stem.py"
     echo "use_git_change_detection=false"
+    echo "timeout_multiplier=4"  # NOTE: a looping mutant is cut at 4x its tests' clean time
     echo 'do_not_mutate_patterns=\blog\.(debug|info|warning|error|exception)\('
     echo "pytest_add_cli_args="
     # NOTE: the import-structure test reads the mutated file, which imports mutmut's trampoline

@@ -314,3 +314,38 @@ def test_s1_stop_with_a_lone_surrogate_is_an_invalid_request(bad: str) -> None:
     with pytest.raises(InvalidRequestError) as e:
         generate([1], spec, ScriptedModel([101, 101, 101]), ScriptedChooser(), tok)
     assert e.value.field == "stop"
+
+
+def test_s2_s3_discard_drops_the_held_suffix_accounts_for_it_and_closes() -> None:
+    """S2, S3, G2: discard() returns and drops the held bytes (consumed = emitted + dropped +
+    held stays true), and the matcher then refuses output."""
+    m = StopStringMatcher(["xyz"])
+    assert m.push(b"abxy") == (b"ab", None) and m.held == b"xy"
+    assert m.discard() == b"xy"
+    assert (m.emitted_bytes, m.dropped_bytes, m.held, m.consumed_bytes) == (2, 2, b"", 4)
+    assert m.closed
+    with pytest.raises(StopMatcherClosed):
+        m.push(b"z")
+    f = StopStringMatcher(["xyz"])
+    f.push(b"axy")
+    assert f.flush() == b"xy" and (f.emitted_bytes, f.dropped_bytes) == (3, 0) and f.closed
+
+
+@pytest.mark.parametrize("bad", [[[-1]], [[3, -2]], [["7"]], [[]], [[1.0]]])
+def test_s1_stop_token_sequences_must_be_non_negative_int_ids(bad: list[list[object]]) -> None:
+    """S1: every id of a stop sequence is a non-negative int, else a typed invalid request."""
+    with pytest.raises(InvalidRequestError) as e:
+        StopTokenMatcher(bad)  # type: ignore[arg-type]
+    assert e.value.field == "stop_token_ids"
+
+
+def test_s1_a_broken_partial_id_match_restarts_from_scratch() -> None:
+    """S1: (1, 2) must match adjacent ids only: 1, 5, 2 is no match; the failed partial match
+    resets the depth to 0, and 1, 2 afterwards still hits with its stream offsets."""
+    m = StopTokenMatcher([(1, 2)])
+    assert m.push(1) is None and m.depth == 1
+    assert m.push(5) is None and m.depth == 0
+    assert m.push(2) is None and m.depth == 0
+    assert m.push(1) is None and m.depth == 1
+    hit = m.push(2)
+    assert hit is not None and (hit.start, hit.end, hit.index) == (3, 5, 0)

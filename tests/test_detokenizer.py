@@ -312,3 +312,23 @@ def test_k2_byte_level_alphabet_is_gpt2s_byte_to_unicode_map() -> None:
     others = [b for b in range(256) if b not in printable]
     want = {chr(b): b for b in printable} | {chr(0x100 + k): b for k, b in enumerate(others)}
     assert detokenizer._byte_level_table() == want and len(want) == 256
+
+
+@pytest.mark.parametrize("family", BYTE_FAMILIES)
+def test_k1_k2_discarded_tail_and_unknown_ids_are_recorded_exactly(family: str) -> None:
+    """K1, K2, G2: a discarded tail is one removed span (index and token -1: not one token's)
+    after which the snapshot shows everything emitted; an id outside the vocabulary is an
+    unknown_token_id span at its output index."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    det = IncrementalDetokenizer(tok)
+    det.push(tok.get_vocab()["e"])
+    det.push(10**6)  # NOTE: not a token id: decode() ignores it
+    det.push(byte_ids[0xE4])
+    assert det.discard_pending() == b"\xe4"
+    unknown, dropped = det.removed_spans[-2:]
+    assert (unknown.reason, unknown.index, unknown.token_id) == ("unknown_token_id", 1, 10**6)
+    assert (dropped.reason, dropped.index, dropped.token_id) == ("pending_discarded", -1, -1)
+    state = det.snapshot()["cleanup_state"]
+    assert isinstance(state, dict) and state["emitted_chars"] == state["window_chars"]
+    assert state["closed"] is True and det.snapshot()["pending_hex"] == ""

@@ -349,3 +349,13 @@ def test_s1_a_broken_partial_id_match_restarts_from_scratch() -> None:
     assert m.push(1) is None and m.depth == 1
     hit = m.push(2)
     assert hit is not None and (hit.start, hit.end, hit.index) == (3, 5, 0)
+
+
+def test_s3_discard_after_a_hit_keeps_the_drop_count() -> None:
+    """S3, G2: after a hit, discard() (what the DRAINING step calls) drops nothing more and
+    keeps the count of what the hit dropped: consumed = emitted + dropped still holds."""
+    m = StopStringMatcher(["cd"])
+    safe, hit = m.push(b"abcdef")
+    assert safe == b"ab" and hit is not None and m.dropped_bytes == 4
+    assert m.discard() == b"" and m.dropped_bytes == 4
+    assert m.consumed_bytes == 6 == m.emitted_bytes + m.dropped_bytes

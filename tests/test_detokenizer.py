@@ -332,3 +332,62 @@ def test_k1_k2_discarded_tail_and_unknown_ids_are_recorded_exactly(family: str) 
     state = det.snapshot()["cleanup_state"]
     assert isinstance(state, dict) and state["emitted_chars"] == state["window_chars"]
     assert state["closed"] is True and det.snapshot()["pending_hex"] == ""
+
+
+@pytest.mark.parametrize("family", BYTE_FAMILIES)
+def test_k2_k3_finish_closes_and_records_an_invalid_residue_as_not_one_tokens(
+        family: str) -> None:
+    """K2, K3: finish() closes the detokenizer (a later push raises), leaves nothing unemitted
+    in the snapshot, and records an invalid residue with index and token -1."""
+    tok = ALL_FAMILIES[family]()
+    det = IncrementalDetokenizer(tok)
+    det.push(tok.get_vocab()["e"])
+    assert det.finish() == b""
+    state = det.snapshot()["cleanup_state"]
+    assert isinstance(state, dict) and state["closed"] is True
+    assert state["emitted_chars"] == state["window_chars"]
+    with pytest.raises(RuntimeError):
+        det.push(tok.get_vocab()["e"])
+    bad = IncrementalDetokenizer(tok)
+    bad.push(_byte_ids(tok)[0xE4])
+    with pytest.raises(DecodingError):
+        bad.finish()
+    span = bad.removed_spans[-1]
+    assert (span.reason, span.index, span.token_id, span.data) == ("invalid_residue", -1, -1,
+                                                                   b"\xe4")
+
+
+@pytest.mark.parametrize("family", SPACE_FAMILIES)
+def test_k4_only_the_first_rendered_token_loses_its_leading_space(family: str) -> None:
+    """K4, K2: one leading_space_cleanup span, for the first rendered output token only."""
+    tok = ALL_FAMILIES[family]()
+    words = [i for t, i in sorted(tok.get_vocab().items()) if t.startswith("▁") and len(t) > 2]
+    det = IncrementalDetokenizer(tok)
+    out = b"".join(det.push(i) for i in words[:3]) + det.finish()
+    assert out == tok.decode(words[:3]).encode()
+    spans = [s for s in det.removed_spans if s.reason == "leading_space_cleanup"]
+    assert [s.index for s in spans] == [0]
+
+
+def test_k4_a_tokenizer_without_the_space_rule_records_no_space_cleanup() -> None:
+    """K4: a "▁" token of a tokenizer whose decoder keeps it (no Metaspace/Strip) is text."""
+    from tokenizers import models
+
+    tok = Tokenizer(models.WordLevel({"▁x": 0, "y": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    det = IncrementalDetokenizer(tok)
+    assert det.push(0) == tok.decode([0]).encode() and det.removed_spans == []
+
+
+@pytest.mark.parametrize("family", ["sentencepiece_bpe", "metaspace_bpe"])
+def test_k1_k2_long_byte_run_continuing_the_prompts_run(family: str) -> None:
+    """K1, K2: the prompt's byte run stays open across more output byte tokens than the
+    window's cut length; the output is exactly the oracle's (nothing of the prompt again,
+    nothing lost)."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    prompt = tok.encode("the quick brown fox").ids + [byte_ids[b] for b in "中".encode()]
+    out = [byte_ids[b] for b in "文字語".encode()] + tok.encode(" ok").ids
+    det = IncrementalDetokenizer(tok, prompt_token_ids=prompt)
+    got = b"".join(det.push(i) for i in out) + det.finish()
+    assert got == expected_output(tok, prompt, out, True).encode()
+    assert got.startswith("文字語".encode())

@@ -359,3 +359,16 @@ def test_s3_discard_after_a_hit_keeps_the_drop_count() -> None:
     assert safe == b"ab" and hit is not None and m.dropped_bytes == 4
     assert m.discard() == b"" and m.dropped_bytes == 4
     assert m.consumed_bytes == 6 == m.emitted_bytes + m.dropped_bytes
+
+
+def test_s2_a_failed_partial_match_returns_to_the_root_state() -> None:
+    """S2: after "a" (a prefix of "ab") a byte that continues no stop leaves no held bytes, so
+    "axb" never hits "ab"; the fresh matcher is open with no tail; a hit records what came
+    after the stop in its push (dropped, K2)."""
+    m = StopStringMatcher(["ab"])
+    assert not m.closed and m.tail_after_hit == b"" and m.held == b""
+    assert m.push(b"axb") == (b"axb", None) and m.held == b""
+    assert m.push(b"za") == (b"z", None) and m.held == b"a"
+    assert m.push(b"q") == (b"aq", None)
+    safe, hit = m.push(b"xabyz")
+    assert safe == b"x" and hit is not None and m.tail_after_hit == b"yz"

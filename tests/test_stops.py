@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda import stops as stops_module
 from coda.errors import InvalidRequestError
 from coda.loop import generate
 from coda.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
@@ -372,3 +373,23 @@ def test_s2_a_failed_partial_match_returns_to_the_root_state() -> None:
     assert m.push(b"q") == (b"aq", None)
     safe, hit = m.push(b"xabyz")
     assert safe == b"x" and hit is not None and m.tail_after_hit == b"yz"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_automata() -> None:
+    """Each test compiles its stop automata itself: the compile cache must not carry an
+    automaton built earlier in the session past a defect in building one (S1-S4)."""
+    stops_module._compile_bytes.cache_clear()
+    stops_module._compile_tokens.cache_clear()
+
+
+def test_s2_s4_failure_links_follow_a_shorter_stop_inside_a_longer_one() -> None:
+    """S2, S4: "abce" must hit "bce" although "abc" was on the way to "abcd" (the failure link
+    of "abc" is "bc"); "abbc" must not hit "abc" (the failure link of "ab" is the root)."""
+    safe, hit = StopStringMatcher(["abcd", "bce"]).push(b"xabce")
+    assert hit is not None and hit.stop == "bce" and safe == b"xa"
+    assert StopStringMatcher(["abc"]).push(b"abbc") == (b"abbc", None)
+    tokens = StopTokenMatcher([(1, 2, 3, 4), (2, 3, 5)])
+    assert [tokens.push(t) for t in (1, 2, 3)] == [None, None, None]
+    hit = tokens.push(5)
+    assert hit is not None and hit.index == 1 and (hit.start, hit.end) == (1, 4)

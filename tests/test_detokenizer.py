@@ -391,3 +391,18 @@ def test_k1_k2_long_byte_run_continuing_the_prompts_run(family: str) -> None:
     got = b"".join(det.push(i) for i in out) + det.finish()
     assert got == expected_output(tok, prompt, out, True).encode()
     assert got.startswith("文字語".encode())
+
+
+@pytest.mark.parametrize("family", SPACE_FAMILIES)
+def test_k1_g2_finish_drains_a_held_run_and_leaves_nothing_unemitted(family: str) -> None:
+    """K1, G2: a valid byte run held to the end is what finish() returns, after which the
+    snapshot shows every character emitted and nothing pending."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    det = IncrementalDetokenizer(tok, prompt_token_ids=tok.encode("Hi").ids)
+    assert b"".join(det.push(byte_ids[b]) for b in "中".encode()) == b""
+    assert det.finish() == "中".encode()
+    snap = det.snapshot()
+    state = snap["cleanup_state"]
+    assert isinstance(state, dict) and state["emitted_chars"] == state["window_chars"]
+    assert snap["pending_hex"] == ""

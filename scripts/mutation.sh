@@ -22,7 +22,7 @@ declare -A TESTS=(
   [stops]="tests/test_stops.py tests/test_step_stops.py"
   [detokenizer]="tests/test_detokenizer.py"
   [stream]="tests/test_stream.py tests/test_request_run.py"
-  [step]="tests/test_step_stops.py tests/test_loop.py"
+  [step]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py"
   [loop]="tests/test_loop.py tests/test_request_run.py"
   [early_stop]="tests/test_early_stop.py"
@@ -33,8 +33,10 @@ STEMS=("$@")
 for stem in "${STEMS[@]}"; do
   work="$ROOT/.mutation/$stem"
   mkdir -p "$work"
-  rm -rf "$work/coda" "$work/tests"
-  cp -rp "$ROOT/coda" "$ROOT/tests" "$work/"  # NOTE: -p: mtimes tell mutmut what changed
+  # NOTE: a fresh copy every run: mutmut keeps verdicts of unchanged functions even when the
+  # tests changed, so a reused mutants/ would report stale survivors
+  rm -rf "$work/coda" "$work/tests" "$work/mutants"
+  cp -r "$ROOT/coda" "$ROOT/tests" "$work/"
   find "$work" -name __pycache__ -prune -exec rm -rf {} +
   grep -v '^\[tool.mutmut\]' "$ROOT/pyproject.toml" > "$work/pyproject.toml"
   {

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -202,7 +201,3 @@ class ResourceLedger:
     @property
     def released(self) -> frozenset[ResourceKind]:
         return frozenset(self._released)
-
-
-def monotonic_ns() -> int:
-    return time.monotonic_ns()

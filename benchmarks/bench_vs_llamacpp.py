@@ -23,6 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from coda.engine.runner import ModelRunner, SeqChunk
@@ -99,8 +100,8 @@ class LlamaCppRun:
         else:
             lc.llama_kv_self_clear(self.ctx)
 
-    def _decode(self, items: list[tuple[int, int, int, bool]]) -> list[list[float]]:
-        """items: (token, pos, seq, want_logits) -> logits rows of the wanted items, in order."""
+    def _decode(self, items: list[tuple[int, int, int, bool]]) -> list[int]:
+        """items: (token, pos, seq, want_logits) -> argmax of the wanted items' logits, in order."""
         lc = self.lc
         batch = lc.llama_batch_init(len(items), 0, 1)
         wanted = []
@@ -115,7 +116,7 @@ class LlamaCppRun:
         rows = []
         for i in wanted:
             ptr = lc.llama_get_logits_ith(self.ctx, i)
-            rows.append([ptr[j] for j in range(self.vocab)])
+            rows.append(int(np.ctypeslib.as_array(ptr, shape=(self.vocab,)).argmax()))
         lc.llama_batch_free(batch)
         return rows
 
@@ -123,15 +124,14 @@ class LlamaCppRun:
         self._clear()
         t0 = time.perf_counter()
         items = [(t, j, s, j == len(p) - 1) for s, p in enumerate(prompts) for j, t in enumerate(p)]
-        rows = self._decode(items)
-        toks = [[max(range(len(r)), key=r.__getitem__)] for r in rows]
+        toks = [[t] for t in self._decode(items)]
         ttft = time.perf_counter() - t0
         t1 = time.perf_counter()
         for step in range(n_out - 1):
             pos = len(prompts[0]) + step
-            rows = self._decode([(s[-1], pos, i, True) for i, s in enumerate(toks)])
-            for s, r in zip(toks, rows, strict=True):
-                s.append(max(range(len(r)), key=r.__getitem__))
+            nxt = self._decode([(s[-1], pos, i, True) for i, s in enumerate(toks)])
+            for s, t in zip(toks, nxt, strict=True):
+                s.append(t)
         return ttft, time.perf_counter() - t1, toks
 
 

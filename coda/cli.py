@@ -53,10 +53,15 @@ def serve(model: ModelOpt = None,
           max_num_seqs: int = 64,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
+          max_body_bytes: Annotated[int, typer.Option(help="larger request bodies get 413, unparsed")] = 16 * 1024 * 1024,
+          max_waiting: Annotated[int, typer.Option(help="requests allowed to wait for a slot; past it 429 + Retry-After (-1: unbounded)")] = 1024,
           recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
           redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
           log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
           lease_ttl_s: Annotated[float, typer.Option(help="a silent server's requests are ended after this")] = 10.0,
+          replicas: Annotated[int, typer.Option(help="engine replicas on Ray Serve (0: one in-process engine)")] = 0,
+          ray_address: Annotated[Optional[str], typer.Option(help="join this Ray cluster (default: start a local one)")] = None,  # noqa: UP045
+          replica_cpus: Annotated[float, typer.Option(help="Ray CPUs (and torch threads) per replica")] = 1.0,
           log_level: str = "info",
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
@@ -66,6 +71,7 @@ def serve(model: ModelOpt = None,
     from coda.engine.types import EngineConfig
     from coda.server.app import serve as run_server
     from coda.server.logs import configure_logging
+    from coda.server.state import ServerSettings
 
     cfg = EngineConfig(dtype=dtype, max_num_seqs=max_num_seqs,
                        served_model_name=served_model_name,
@@ -74,14 +80,28 @@ def serve(model: ModelOpt = None,
                        num_threads=threads, recent_traces=recent_traces)
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
     configure_logging(log_level)
-    engine = _load(model, cfg, logging.getLogger("coda.server").info)
+    if replicas > 0:
+        # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
+        from coda.scaleout.deploy import start_replicas, stop_replicas
+
+        engine: Any = start_replicas(replicas, model, cfg, ray_address=ray_address,
+                                     num_cpus=replica_cpus,
+                                     torch_threads=max(1, int(replica_cpus)))
+    else:
+        engine = _load(model, cfg, logging.getLogger("coda.server").info)
     durable = None
     if redis_url:
         from coda.server.durable import ServerDurable
 
         durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
-    run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level,
-               durable=durable)
+    settings = ServerSettings(max_body_bytes=max_body_bytes,
+                              max_waiting=None if max_waiting < 0 else max_waiting)
+    try:
+        run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level,
+                   settings=settings, durable=durable)
+    finally:
+        if replicas > 0:
+            stop_replicas()
 
 
 @app.command()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -221,7 +220,3 @@ class ResourceLedger:
     @property
     def released(self) -> frozenset[ResourceKind]:
         return frozenset(self._released)
-
-
-def monotonic_ns() -> int:
-    return time.monotonic_ns()

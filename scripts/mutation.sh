@@ -22,7 +22,7 @@ declare -A TESTS=(
   [stops]="tests/test_stops.py tests/test_step_stops.py"
   [detokenizer]="tests/test_detokenizer.py"
   [stream]="tests/test_stream.py tests/test_request_run.py"
-  [step]="tests/test_step_stops.py tests/test_loop.py"
+  [step]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py"
   [loop]="tests/test_loop.py tests/test_request_run.py"
   [early_stop]="tests/test_early_stop.py"
@@ -33,7 +33,9 @@ STEMS=("$@")
 for stem in "${STEMS[@]}"; do
   work="$ROOT/.mutation/$stem"
   mkdir -p "$work"
-  rm -rf "$work/coda" "$work/tests"
+  # NOTE: a fresh copy every run: mutmut keeps verdicts of unchanged functions even when the
+  # tests changed, so a reused mutants/ would report stale survivors
+  rm -rf "$work/coda" "$work/tests" "$work/mutants"
   cp -r "$ROOT/coda" "$ROOT/tests" "$work/"
   find "$work" -name __pycache__ -prune -exec rm -rf {} +
   grep -v '^\[tool.mutmut\]' "$ROOT/pyproject.toml" > "$work/pyproject.toml"
@@ -42,6 +44,7 @@ for stem in "${STEMS[@]}"; do
     echo "source_paths=coda"
     echo "only_mutate=coda/$stem.py"
     echo "use_git_change_detection=false"
+    echo "timeout_multiplier=4"  # NOTE: a looping mutant is cut at 4x its tests' clean time
     echo 'do_not_mutate_patterns=\blog\.(debug|info|warning|error|exception)\('
     echo "pytest_add_cli_args="
     # NOTE: the import-structure test reads the mutated file, which imports mutmut's trampoline

@@ -264,7 +264,7 @@ def test_k4_metaspace_leading_space_matches_decode(family: str) -> None:
     prompt = tok.encode("Hi").ids
     ctx = IncrementalDetokenizer(tok, prompt_token_ids=prompt)
     with_prompt = ctx.push(word)
-    assert with_prompt.startswith(b" ")
+    assert with_prompt.startswith(b" ") and ctx.removed_spans == []  # NOTE: decode keeps it
     full, base = tok.decode(prompt + [word]), tok.decode(prompt)
     assert with_prompt == full[len(base) :].encode()
     only_bos = IncrementalDetokenizer(tok, prompt_token_ids=[tok.get_vocab()["<s>"]])
@@ -312,3 +312,97 @@ def test_k2_byte_level_alphabet_is_gpt2s_byte_to_unicode_map() -> None:
     others = [b for b in range(256) if b not in printable]
     want = {chr(b): b for b in printable} | {chr(0x100 + k): b for k, b in enumerate(others)}
     assert detokenizer._byte_level_table() == want and len(want) == 256
+
+
+@pytest.mark.parametrize("family", BYTE_FAMILIES)
+def test_k1_k2_discarded_tail_and_unknown_ids_are_recorded_exactly(family: str) -> None:
+    """K1, K2, G2: a discarded tail is one removed span (index and token -1: not one token's)
+    after which the snapshot shows everything emitted; an id outside the vocabulary is an
+    unknown_token_id span at its output index."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    det = IncrementalDetokenizer(tok)
+    det.push(tok.get_vocab()["e"])
+    det.push(10**6)  # NOTE: not a token id: decode() ignores it
+    det.push(byte_ids[0xE4])
+    assert det.discard_pending() == b"\xe4"
+    unknown, dropped = det.removed_spans[-2:]
+    assert (unknown.reason, unknown.index, unknown.token_id) == ("unknown_token_id", 1, 10**6)
+    assert (dropped.reason, dropped.index, dropped.token_id) == ("pending_discarded", -1, -1)
+    state = det.snapshot()["cleanup_state"]
+    assert isinstance(state, dict) and state["emitted_chars"] == state["window_chars"]
+    assert state["closed"] is True and det.snapshot()["pending_hex"] == ""
+
+
+@pytest.mark.parametrize("family", BYTE_FAMILIES)
+def test_k2_k3_finish_closes_and_records_an_invalid_residue_as_not_one_tokens(
+        family: str) -> None:
+    """K2, K3: finish() closes the detokenizer (a later push raises), leaves nothing unemitted
+    in the snapshot, and records an invalid residue with index and token -1."""
+    tok = ALL_FAMILIES[family]()
+    det = IncrementalDetokenizer(tok)
+    det.push(tok.get_vocab()["e"])
+    assert det.finish() == b""
+    state = det.snapshot()["cleanup_state"]
+    assert isinstance(state, dict) and state["closed"] is True
+    assert state["emitted_chars"] == state["window_chars"]
+    with pytest.raises(RuntimeError):
+        det.push(tok.get_vocab()["e"])
+    bad = IncrementalDetokenizer(tok)
+    bad.push(_byte_ids(tok)[0xE4])
+    with pytest.raises(DecodingError):
+        bad.finish()
+    span = bad.removed_spans[-1]
+    assert (span.reason, span.index, span.token_id, span.data) == ("invalid_residue", -1, -1,
+                                                                   b"\xe4")
+
+
+@pytest.mark.parametrize("family", SPACE_FAMILIES)
+def test_k4_only_the_first_rendered_token_loses_its_leading_space(family: str) -> None:
+    """K4, K2: one leading_space_cleanup span, for the first rendered output token only."""
+    tok = ALL_FAMILIES[family]()
+    words = [i for t, i in sorted(tok.get_vocab().items()) if t.startswith("▁") and len(t) > 2]
+    det = IncrementalDetokenizer(tok)
+    out = b"".join(det.push(i) for i in words[:3]) + det.finish()
+    assert out == tok.decode(words[:3]).encode()
+    spans = [s for s in det.removed_spans if s.reason == "leading_space_cleanup"]
+    assert [s.index for s in spans] == [0]
+
+
+def test_k4_a_tokenizer_without_the_space_rule_records_no_space_cleanup() -> None:
+    """K4: a "▁" token of a tokenizer whose decoder keeps it (no Metaspace/Strip) is text."""
+    from tokenizers import models
+
+    tok = Tokenizer(models.WordLevel({"▁x": 0, "y": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    det = IncrementalDetokenizer(tok)
+    assert det.push(0) == tok.decode([0]).encode() and det.removed_spans == []
+
+
+@pytest.mark.parametrize("family", ["sentencepiece_bpe", "metaspace_bpe"])
+def test_k1_k2_long_byte_run_continuing_the_prompts_run(family: str) -> None:
+    """K1, K2: the prompt's byte run stays open across more output byte tokens than the
+    window's cut length; the output is exactly the oracle's (nothing of the prompt again,
+    nothing lost)."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    prompt = tok.encode("the quick brown fox").ids + [byte_ids[b] for b in "中".encode()]
+    out = [byte_ids[b] for b in "文字語".encode()] + tok.encode(" ok").ids
+    det = IncrementalDetokenizer(tok, prompt_token_ids=prompt)
+    got = b"".join(det.push(i) for i in out) + det.finish()
+    assert got == expected_output(tok, prompt, out, True).encode()
+    assert got.startswith("文字語".encode())
+
+
+@pytest.mark.parametrize("family", SPACE_FAMILIES)
+def test_k1_g2_finish_drains_a_held_run_and_leaves_nothing_unemitted(family: str) -> None:
+    """K1, G2: a valid byte run held to the end is what finish() returns, after which the
+    snapshot shows every character emitted and nothing pending."""
+    tok = ALL_FAMILIES[family]()
+    byte_ids = _byte_ids(tok)
+    det = IncrementalDetokenizer(tok, prompt_token_ids=tok.encode("Hi").ids)
+    assert b"".join(det.push(byte_ids[b]) for b in "中".encode()) == b""
+    assert det.finish() == "中".encode()
+    snap = det.snapshot()
+    state = snap["cleanup_state"]
+    assert isinstance(state, dict) and state["emitted_chars"] == state["window_chars"]
+    assert snap["pending_hex"] == ""

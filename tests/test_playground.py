@@ -204,6 +204,8 @@ def test_o1_c1_playground_in_a_real_browser(live: LiveServer, browser_path: str,
             "", timeout=60_000)
         page.click("#cancel")
         expect(page.locator("#finish-reason")).to_have_text("cancelled", timeout=60_000)
+        # NOTE: the timeline comes from the trace endpoint after the stream ends: wait for it
+        expect(page.locator("#cancel-times")).to_contain_text("effective", timeout=60_000)
         times = page.inner_text("#cancel-times")
         for moment in ("requested", "observed", "effective"):
             assert moment in times, times

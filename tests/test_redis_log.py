@@ -46,17 +46,20 @@ _terminal = st.builds(
 
 
 @given(data=st.binary(max_size=40), tokens=_tokens, terminal=st.none() | _terminal,
-       model=st.none() | st.text(max_size=10), seq=st.integers(0, 10**6))
+       model=st.none() | st.text(max_size=10), seq=st.integers(0, 10**6),
+       snapshot=st.none() | st.text(max_size=10))
 def test_codec_round_trips_every_field_p1_p3(data: bytes, tokens: tuple[TokenInfo, ...],
                                               terminal: Terminal | None, model: str | None,
-                                              seq: int) -> None:
+                                              seq: int, snapshot: str | None) -> None:
     """P1/P3: what a resumed reader decodes is the event the producer appended (ts aside)."""
     kind = EventType.TERMINAL if terminal is not None else EventType.DELTA
-    ev = StreamEvent("req-x", seq, kind, data, tokens, model, terminal)
+    ev = StreamEvent("req-x", seq, kind, data, tokens, model=model, model_snapshot=snapshot,
+                     terminal=terminal)
     back = decode_event(encode_event(ev))
     assert (back.request_id, back.seq, back.type, back.data, back.tokens, back.model,
-            back.terminal) == (ev.request_id, ev.seq, ev.type, ev.data, ev.tokens, ev.model,
-                               ev.terminal)
+            back.model_snapshot, back.terminal) == (ev.request_id, ev.seq, ev.type, ev.data,
+                                                    ev.tokens, ev.model, ev.model_snapshot,
+                                                    ev.terminal)
 
 
 def _log(server: RedisServer, **kw: float) -> RedisStreamLog:

@@ -119,3 +119,42 @@ def test_s1_s3_id_sequences_alone_equal_brute_force(
         script: list[int], seqs: list[tuple[int, ...]]) -> None:
     """S1, S3, S4 (defect 2): the id path alone equals the oracle for any set of sequences."""
     assert _run(script, (), tuple(seqs)) == _oracle(script, (), tuple(seqs))
+
+
+def _sent_after_each_token(script: list[int], strings: tuple[str, ...],
+                           id_seqs: tuple[tuple[int, ...], ...]) -> list[bytes]:
+    """The text sent once each token was processed, read from the trace's deltas."""
+    sink = ListTraceSink()
+    spec = OutputSpec(max_output_tokens=1000, context_limit=10_000, prompt_len=1,
+                      eos_token_ids=frozenset({EOS_ID}), stop_strings=strings,
+                      stop_token_ids=id_seqs)
+    generate([1], spec, ScriptedModel(script + [EOS_ID]), ScriptedChooser(), TOK, trace=sink)
+    sent, out = b"", []
+    for e in sink.events:
+        if e.kind == tr.TOKEN_SELECTED and e.data["t"] > 1:
+            out.append(sent)
+        elif e.kind == tr.STREAM_DELTA:
+            sent += str(e.data["text"]).encode()
+    return out
+
+
+@given(st.lists(st.sampled_from(IDS), max_size=10), _stop_strings, _id_seqs)
+def test_s2_s1_each_token_sends_exactly_what_no_stop_can_still_claim(
+        script: list[int], strings: list[str], seqs: list[tuple[int, ...]]) -> None:
+    """S2, S1: after each token that does not end the request, the bytes sent are the whole
+    output minus (a) its longest suffix that is a proper prefix of a stop string and (b) the
+    text of the ids that may still start a stop id sequence -- no more, and no less."""
+    strings_t, seqs_t = tuple(strings), tuple(seqs)
+    end = _oracle(script, strings_t, seqs_t)[3]
+    got = _sent_after_each_token(script, strings_t, seqs_t)
+    for t in range(1, min(end, len(script) + 1)):
+        if t == end:
+            break
+        stream = b"".join(TABLE[i] for i in script[:t])
+        held = max([k for s in strings_t for k in range(1, len(s))
+                    if stream.endswith(s.encode()[:k])], default=0)
+        ids = script[:t]
+        depth = max([k for q in seqs_t for k in range(1, len(q))
+                     if k <= t and tuple(ids[t - k:]) == q[:k]], default=0)
+        boundary = len(b"".join(TABLE[i] for i in script[: t - depth]))
+        assert got[t - 1] == stream[: min(len(stream) - held, boundary)], t

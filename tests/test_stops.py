@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda import stops as stops_module
 from coda.errors import InvalidRequestError
 from coda.loop import generate
 from coda.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
@@ -314,3 +315,81 @@ def test_s1_stop_with_a_lone_surrogate_is_an_invalid_request(bad: str) -> None:
     with pytest.raises(InvalidRequestError) as e:
         generate([1], spec, ScriptedModel([101, 101, 101]), ScriptedChooser(), tok)
     assert e.value.field == "stop"
+
+
+def test_s2_s3_discard_drops_the_held_suffix_accounts_for_it_and_closes() -> None:
+    """S2, S3, G2: discard() returns and drops the held bytes (consumed = emitted + dropped +
+    held stays true), and the matcher then refuses output."""
+    m = StopStringMatcher(["xyz"])
+    assert m.push(b"abxy") == (b"ab", None) and m.held == b"xy"
+    assert m.discard() == b"xy"
+    assert (m.emitted_bytes, m.dropped_bytes, m.held, m.consumed_bytes) == (2, 2, b"", 4)
+    assert m.closed
+    with pytest.raises(StopMatcherClosed):
+        m.push(b"z")
+    f = StopStringMatcher(["xyz"])
+    f.push(b"axy")
+    assert f.flush() == b"xy" and (f.emitted_bytes, f.dropped_bytes) == (3, 0) and f.closed
+
+
+@pytest.mark.parametrize("bad", [[[-1]], [[3, -2]], [["7"]], [[]], [[1.0]]])
+def test_s1_stop_token_sequences_must_be_non_negative_int_ids(bad: list[list[object]]) -> None:
+    """S1: every id of a stop sequence is a non-negative int, else a typed invalid request."""
+    with pytest.raises(InvalidRequestError) as e:
+        StopTokenMatcher(bad)  # type: ignore[arg-type]
+    assert e.value.field == "stop_token_ids"
+
+
+def test_s1_a_broken_partial_id_match_restarts_from_scratch() -> None:
+    """S1: (1, 2) must match adjacent ids only: 1, 5, 2 is no match; the failed partial match
+    resets the depth to 0, and 1, 2 afterwards still hits with its stream offsets."""
+    m = StopTokenMatcher([(1, 2)])
+    assert m.push(1) is None and m.depth == 1
+    assert m.push(5) is None and m.depth == 0
+    assert m.push(2) is None and m.depth == 0
+    assert m.push(1) is None and m.depth == 1
+    hit = m.push(2)
+    assert hit is not None and (hit.start, hit.end, hit.index) == (3, 5, 0)
+
+
+def test_s3_discard_after_a_hit_keeps_the_drop_count() -> None:
+    """S3, G2: after a hit, discard() (what the DRAINING step calls) drops nothing more and
+    keeps the count of what the hit dropped: consumed = emitted + dropped still holds."""
+    m = StopStringMatcher(["cd"])
+    safe, hit = m.push(b"abcdef")
+    assert safe == b"ab" and hit is not None and m.dropped_bytes == 4
+    assert m.discard() == b"" and m.dropped_bytes == 4
+    assert m.consumed_bytes == 6 == m.emitted_bytes + m.dropped_bytes
+
+
+def test_s2_a_failed_partial_match_returns_to_the_root_state() -> None:
+    """S2: after "a" (a prefix of "ab") a byte that continues no stop leaves no held bytes, so
+    "axb" never hits "ab"; the fresh matcher is open with no tail; a hit records what came
+    after the stop in its push (dropped, K2)."""
+    m = StopStringMatcher(["ab"])
+    assert not m.closed and m.tail_after_hit == b"" and m.held == b""
+    assert m.push(b"axb") == (b"axb", None) and m.held == b""
+    assert m.push(b"za") == (b"z", None) and m.held == b"a"
+    assert m.push(b"q") == (b"aq", None)
+    safe, hit = m.push(b"xabyz")
+    assert safe == b"x" and hit is not None and m.tail_after_hit == b"yz"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_automata() -> None:
+    """Each test compiles its stop automata itself: the compile cache must not carry an
+    automaton built earlier in the session past a defect in building one (S1-S4)."""
+    stops_module._compile_bytes.cache_clear()
+    stops_module._compile_tokens.cache_clear()
+
+
+def test_s2_s4_failure_links_follow_a_shorter_stop_inside_a_longer_one() -> None:
+    """S2, S4: "abce" must hit "bce" although "abc" was on the way to "abcd" (the failure link
+    of "abc" is "bc"); "abbc" must not hit "abc" (the failure link of "ab" is the root)."""
+    safe, hit = StopStringMatcher(["abcd", "bce"]).push(b"xabce")
+    assert hit is not None and hit.stop == "bce" and safe == b"xa"
+    assert StopStringMatcher(["abc"]).push(b"abbc") == (b"abbc", None)
+    tokens = StopTokenMatcher([(1, 2, 3, 4), (2, 3, 5)])
+    assert [tokens.push(t) for t in (1, 2, 3)] == [None, None, None]
+    hit = tokens.push(5)
+    assert hit is not None and hit.index == 1 and (hit.start, hit.end) == (1, 4)

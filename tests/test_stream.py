@@ -135,3 +135,54 @@ def test_p3_replay_after_the_terminal_returns_at_once() -> None:
     got = asyncio.run(main())
     assert got == {-1: [0, 1, 2], 0: [1, 2], last - 1: [2], last: [], last + 5: []}
     assert last == 2
+
+
+def test_p6_backpressure_config_bounds() -> None:
+    """P6: 0 < pause_bytes <= max_bytes, both ends included, anything else is refused."""
+    assert BackpressureConfig(BackpressurePolicy.PAUSE, 1, 1).pause_bytes == 1
+    assert BackpressureConfig(BackpressurePolicy.PAUSE, 8, 8).max_bytes == 8
+    for pause, most in ((0, 8), (9, 8), (-1, 8)):
+        with pytest.raises(ValueError):
+            BackpressureConfig(BackpressurePolicy.PAUSE, pause, most)
+
+
+def test_p1_p2_producer_calls_return_their_events_and_refuse_misuse() -> None:
+    """P1, P2: start/delta/close return the event they appended; a second start and an empty
+    delta are refused; closing wakes the listeners."""
+    s = RequestStream("r")
+    woken: list[int] = []
+    s.add_listener(lambda: woken.append(s.last_seq))
+    ev = s.start("m")
+    assert (ev.seq, ev.type, ev.model) == (0, EventType.START, "m")
+    with pytest.raises(StreamClosed):
+        s.start("m")
+    with pytest.raises(ValueError):
+        s.delta(b"")
+    d = s.delta(b"hi")
+    assert (d.seq, d.type, d.data) == (1, EventType.DELTA, b"hi")
+    term = Terminal(State.FINISHED, FinishReason.EOS, Usage(prompt_tokens=1))
+    t = s.close(term)
+    assert (t.seq, t.type, t.terminal) == (2, EventType.TERMINAL, term)
+    assert woken == [0, 1, 2]
+
+
+def test_p6_ack_frees_exactly_the_acknowledged_bytes_once_and_wakes_the_producer() -> None:
+    """P6: ack(n) frees the bytes of the deltas up to n not freed before; a repeated or older
+    ack frees nothing; each ack wakes the listeners (the scheduler resumes a paused request)."""
+    s = RequestStream("r", BackpressureConfig(BackpressurePolicy.PAUSE, 4, 64))
+    s.start("m")
+    for chunk in (b"ab", b"cde", b"fghi"):
+        s.delta(chunk)
+    woken: list[int] = []
+    s.add_listener(lambda: woken.append(s.unacked_bytes))
+    assert s.unacked_bytes == 9 and s.should_pause
+    s.ack(1)
+    assert s.unacked_bytes == 7
+    s.ack(1)
+    s.ack(0)
+    assert s.unacked_bytes == 7
+    s.ack(2)
+    assert s.unacked_bytes == 4 and s.should_pause
+    s.ack(3)
+    assert s.unacked_bytes == 0 and not s.should_pause
+    assert woken[0] == 7 and woken[-1] == 0

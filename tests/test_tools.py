@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import anthropic
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coda.models.tokenizer_bundle import DEFAULT_CHAT_TEMPLATE
 from coda.server import tools as tl
 from tests.conftest import LiveServer
 
@@ -294,8 +296,11 @@ _TOOL_TEMPLATE = (
 
 
 class _Engine:
+    """What render_chat reads off an engine: its chat bundle (ChatML when no template)."""
+
     def __init__(self, template: str | None) -> None:
-        self.tokenizer_config = {"chat_template": template} if template else {}
+        self.chat = SimpleNamespace(chat_template=template or DEFAULT_CHAT_TEMPLATE,
+                                    bos_token="", eos_token="")
 
 
 def test_s1_template_with_tools_receives_them_as_transformers_passes_them() -> None:

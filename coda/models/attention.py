@@ -1,4 +1,4 @@
-"""Paged KV cache and batched varlen attention over it (SPEC T3, T4).
+"""Paged KV cache and batch-invariant varlen attention over it (SPEC T3, T4).
 
 A step's batch is FLATTENED: the new tokens of every sequence are concatenated, grouped by
 sequence, in batch order. Each sequence brings a chunk of ``q_b`` new tokens (a prefill chunk
@@ -14,53 +14,63 @@ The cache is paged: logical position ``p`` of sequence ``b`` lives in physical b
 ``block_tables[b, p // block_size]`` at offset ``p % block_size``; ``slot_mapping[t]`` is that
 flat slot (``block * block_size + offset``) for each new token.
 
-Attention runs in a few :class:`AttentionGroup` calls, never one per sequence (T4):
+Attention is at most TWO calls per layer, whatever the mix of lengths: every decode row
+(``q_b == 1``) in one :class:`AttentionGroup`, every prefill row in another (padded to the
+longest chunk). Both run the same batch-invariant algorithm (T4: a query row's output is a
+function of its own query and its own keys only — never of its neighbours, of the padding, of
+the group it lands in, or of whether its token is prefilled or decoded):
 
-* **decode rows** (``q_b == 1``) attend with one query each: ``[G, H, 1, d]`` against their keys
-  gathered block by block, a length mask only where contexts differ. They are split by key
-  length (a small dynamic programme over a geometric grid of block counts) so that one long
-  context does not pad every short one: a split costs one more call per layer, worth about
-  ``_GROUP_OVERHEAD_KEYS`` padded key rows (measured on CPU).
-* **prefill rows** (``q_b > 1``) form one group padded to ``[G, Q_max]`` queries, with a mask that
-  lets a query at position ``p`` see keys at positions ``<= p`` of its own sequence only (causal
-  within the chunk, full over the cached prefix); a lone fresh prompt uses ``is_causal``.
+1. scores ``q·k`` for every key slot (one matmul whose reduction is over ``head_dim`` only);
+   keys after the row's position are masked to ``-inf``;
+2. ``m`` = the row's max score (a max is exact in any order), ``p = exp(s - m)``;
+3. the keys are cut into fixed splits of :data:`split_size` keys counted from position 0; each
+   split is reduced by a fixed-shape matmul (``p @ V``) and a fixed-length sum (``Σp``);
+4. the splits are combined by ``cumsum`` (a sequential scan: the value at split ``j`` depends on
+   splits ``0..j`` only) and read at the row's own last split.
 
-Each group's outputs are scattered back to flat token order. This module never imports
-``coda.engine``.
+So padding keys, padding splits and padding rows never touch a real row's arithmetic, and a
+token computed in prefill gets exactly the K/V and output it would get in decode (preemption
+by recompute and prefix-cache hits change nothing). Scores and softmax run in float32 whatever
+the cache dtype. This module never imports ``coda.engine``.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-# NOTE: one more attention call per layer (gather K, gather V, SDPA, scatter) costs about as
-# much as this many padded key rows (measured: ~40 µs vs ~0.08 µs per key row, 1 CPU thread).
-_GROUP_OVERHEAD_KEYS = 512
-# NOTE: block counts are rounded up to this ×1.25 grid before grouping, so the programme below
-# sees at most ~30 distinct lengths even for 64k-token contexts.
-_GRID: tuple[int, ...] = tuple(sorted({int(1.25**i + 0.999) for i in range(80)}))
+# NOTE: keys per split. Any fixed value keeps T4; 64 keeps the per-split matmul reasonably
+# sized while wasting at most 63 masked key slots per row.
+_SPLIT_KEYS = 64
+
+
+def split_size(block_size: int) -> int:
+    """Keys per attention split: a whole number of blocks, at least :data:`_SPLIT_KEYS`."""
+    return block_size * -(-_SPLIT_KEYS // block_size)
 
 
 @dataclass(frozen=True)
 class AttentionGroup:
-    """Sequences attended together in one SDPA call: ``num_seqs`` × ``query_len`` query rows
-    (padded) against ``key_len`` keys gathered from ``num_blocks`` blocks per sequence."""
+    """Sequences attended together in one call: ``num_seqs`` × ``query_len`` query rows
+    (padded) against ``num_splits`` × ``split`` key slots gathered block by block."""
 
     num_seqs: int
     query_len: int
-    num_blocks: int
-    key_len: int
-    block_index: torch.Tensor  # LongTensor[G * num_blocks]: the block tables, padded with 0
+    num_splits: int
+    split: int
+    block_index: torch.Tensor  # LongTensor[G * num_splits * split / bs]: tables, padded with 0
     query_index: torch.Tensor | None  # LongTensor[G * Q]: flat token per row; None = all T in order
-    attn_mask: torch.Tensor | None  # BoolTensor[G, 1, Q, key_len] (True = may attend) or None
-    is_causal: bool  # NOTE: only for one fresh chunk (ctx == q), where causal == the mask
+    visible: torch.Tensor  # BoolTensor[1, G, S, Q, 1, split]: key slot <= row position
+    last_split: torch.Tensor  # LongTensor[G, Q]: the split holding each row's own position
     real_rows: torch.Tensor | None  # LongTensor[n]: non-padding rows of [G * Q]; None = all
     out_tokens: torch.Tensor | None  # LongTensor[n]: flat token of each real row
+
+    @property
+    def key_len(self) -> int:
+        return self.num_splits * self.split
 
 
 @dataclass(frozen=True)
@@ -115,17 +125,11 @@ class AttentionMetadata:
                 prefill.append(b)
                 positions.extend(range(ctx - q_len, ctx))
                 _extend_slots(slots, row, ctx - q_len, ctx, bs)
-        groups: list[AttentionGroup] = []
-        if decode:
-            split = _split_by_length([context_lens[b] for b in decode], bs)
-            whole = len(split) == 1 and not prefill  # NOTE: then the rows are flat tokens 0..T-1
-            for part in split:
-                rows = [decode[i] for i in part]
-                groups.append(_decode_group(rows, starts, context_lens, block_tables, bs,
-                                            device, whole))
-        if prefill:
-            groups.append(_prefill_group(prefill, starts, query_lens, context_lens,
-                                         block_tables, bs, device, not decode))
+        groups = [
+            _group(rows, starts, query_lens, context_lens, block_tables, bs, device,
+                   in_order=len(rows) == n)
+            for rows in (decode, prefill) if rows
+        ]
         return cls(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -141,95 +145,46 @@ def _extend_slots(slots: list[int], row: Sequence[int], start: int, end: int, bs
         slots.extend(range(base + lo, base + hi))
 
 
-def _split_by_length(ctx: list[int], bs: int) -> list[list[int]]:
-    """Partition indices of ``ctx`` into groups of similar length (contiguous in sorted order),
-    minimising padded key rows + ``_GROUP_OVERHEAD_KEYS`` per group. One group keeps the
-    original order; several are sorted by length."""
-    order = sorted(range(len(ctx)), key=ctx.__getitem__)
-    buckets: list[tuple[int, list[int]]] = []  # (grid block count, indices)
-    for i in order:
-        size = _GRID[bisect_left(_GRID, -(-ctx[i] // bs))]
-        if buckets and buckets[-1][0] == size:
-            buckets[-1][1].append(i)
-        else:
-            buckets.append((size, [i]))
-    if len(buckets) == 1:
-        return [list(range(len(ctx)))]
-    k = len(buckets)
-    best = [0.0] + [float("inf")] * k
-    cut = [0] * (k + 1)
-    for j in range(1, k + 1):
-        width, count = buckets[j - 1][0] * bs, 0
-        for i in range(j, 0, -1):  # NOTE: buckets i..j (1-based) as one group of width j's
-            count += len(buckets[i - 1][1])
-            cost = best[i - 1] + count * width + _GROUP_OVERHEAD_KEYS
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    parts: list[list[int]] = []
-    j = k
-    while j > 0:
-        parts.append([x for _, idx in buckets[cut[j] - 1 : j] for x in idx])
-        j = cut[j] - 1
-    return parts[::-1] if len(parts) > 1 else [list(range(len(ctx)))]
-
-
-def _table_index(rows: list[int], tables: Sequence[Sequence[int]], n_blocks: int,
-                 device: torch.device | str) -> torch.Tensor:
-    flat: list[int] = []
-    for b in rows:
-        used = tables[b][:n_blocks]
-        flat.extend(used)
-        flat.extend([0] * (n_blocks - len(used)))  # NOTE: block 0 padding is masked out
-    return torch.tensor(flat, dtype=torch.long, device=device)
-
-
-def _decode_group(rows: list[int], starts: list[int], context_lens: Sequence[int],
-                  tables: Sequence[Sequence[int]], bs: int, device: torch.device | str,
-                  whole: bool) -> AttentionGroup:
-    ctx = [context_lens[b] for b in rows]
-    key_len = max(ctx)
-    n_blocks = -(-key_len // bs)
-    mask = None
-    if min(ctx) != key_len:
-        ctx_t = torch.tensor(ctx, dtype=torch.long)
-        mask = (torch.arange(key_len)[None, :] < ctx_t[:, None]).view(len(rows), 1, 1, key_len)
-        mask = mask.to(device)
-    tokens = None if whole else torch.tensor([starts[b] for b in rows], device=device)
-    return AttentionGroup(len(rows), 1, n_blocks, key_len, _table_index(rows, tables, n_blocks, device),
-                          tokens, mask, False, None, tokens)
-
-
-def _prefill_group(rows: list[int], starts: list[int], query_lens: Sequence[int],
-                   context_lens: Sequence[int], tables: Sequence[Sequence[int]], bs: int,
-                   device: torch.device | str, alone: bool) -> AttentionGroup:
+def _group(rows: list[int], starts: list[int], query_lens: Sequence[int],
+           context_lens: Sequence[int], tables: Sequence[Sequence[int]], bs: int,
+           device: torch.device | str, in_order: bool) -> AttentionGroup:
+    """One group over sequences ``rows``; ``in_order``: they are all T flat tokens, in order."""
+    split = split_size(bs)
     q = torch.tensor([query_lens[b] for b in rows], dtype=torch.long)
     ctx = torch.tensor([context_lens[b] for b in rows], dtype=torch.long)
-    q_max, key_len = int(q.max()), int(ctx.max())
-    n_blocks = -(-key_len // bs)
-    index = _table_index(rows, tables, n_blocks, device)
-    if len(rows) == 1:
-        start = starts[rows[0]]
-        tokens = None if alone else torch.arange(start, start + q_max, device=device)
-        if key_len == q_max:  # NOTE: a fresh chunk: queries and keys are the same positions
-            return AttentionGroup(1, q_max, n_blocks, key_len, index, tokens, None, True,
-                                  None, tokens)
-    # NOTE: padded query rows repeat the chunk's last token, so no mask row is all-False
-    # (an all-masked softmax row would be NaN); real_rows drops them afterwards.
+    q_max = int(q.max())
+    n_splits = -(-int(ctx.max()) // split)
+    n_blocks = n_splits * (split // bs)
+    flat_blocks: list[int] = []
+    for b in rows:
+        used = list(tables[b][:n_blocks])
+        flat_blocks.extend(used)
+        flat_blocks.extend([0] * (n_blocks - len(used)))  # NOTE: padding blocks are masked out
+    # NOTE: padded query rows repeat the chunk's last token (a finite, visible row); real_rows
+    # drops them afterwards.
     offset = torch.minimum(torch.arange(q_max)[None, :], q[:, None] - 1)  # [G, Q]
-    query_index = torch.tensor([starts[b] for b in rows])[:, None] + offset
     pos = (ctx - q)[:, None] + offset
-    mask = (torch.arange(key_len)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+    visible = torch.arange(n_splits * split)[None, None, :] <= pos[:, :, None]
+    flat = (torch.tensor([starts[b] for b in rows])[:, None] + offset).flatten()
+    padded = q_max > 1 and bool((q < q_max).any())
     real = (torch.arange(q_max)[None, :] < q[:, None]).flatten().nonzero().flatten()
-    flat = query_index.flatten()
-    return AttentionGroup(len(rows), q_max, n_blocks, key_len, index, flat.to(device),
-                          mask.to(device), False, real.to(device), flat[real].to(device))
+    return AttentionGroup(
+        num_seqs=len(rows), query_len=q_max, num_splits=n_splits, split=split,
+        block_index=torch.tensor(flat_blocks, dtype=torch.long, device=device),
+        query_index=None if in_order and not padded else flat.to(device),
+        visible=visible.view(len(rows), q_max, n_splits, 1, split).transpose(1, 2)[None].to(device),
+        last_split=(pos // split).to(device),
+        real_rows=real.to(device) if padded else None,
+        out_tokens=None if in_order and not padded else flat[real].to(device),
+    )  # fmt: skip
 
 
 class PagedKVCache:
-    """Per-layer K and V tensors shaped ``[num_blocks, block_size, H_kv, d_h]``.
+    """Per-layer K and V tensors shaped ``[H_kv, num_blocks, block_size, d_h]``.
 
-    Zero-initialised: slots not yet written are masked out, and masked values must be finite
-    (a masked NaN would still poison ``softmax @ V``).
+    Head-major, so the keys gathered for a group view as ``[H_kv, G, keys, d_h]`` without a
+    copy and feed one batched matmul. Zero-initialised: slots not yet written are masked out,
+    and masked values must be finite (a masked NaN would still poison ``softmax @ V``).
     """
 
     def __init__(
@@ -243,7 +198,7 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        shape = (num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim)
         self._storage = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -257,22 +212,35 @@ class PagedKVCache:
 
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             g: AttentionGroup) -> torch.Tensor:
-    """One group's attention: padded output rows ``[G * Q, H * d]``."""
-    _, n_heads, head_dim = q.shape
-    _, bs, n_kv, _ = k_cache.shape
-    width = g.num_blocks * bs
-    # NOTE: index_select on whole blocks is ~3x faster than advanced indexing on CPU; the view
-    # puts each sequence's keys in logical order (T4) and the slice drops the padding past key_len.
-    keys = k_cache.index_select(0, g.block_index).view(g.num_seqs, width, n_kv, head_dim)
-    vals = v_cache.index_select(0, g.block_index).view(g.num_seqs, width, n_kv, head_dim)
-    keys, vals = keys[:, : g.key_len].transpose(1, 2), vals[:, : g.key_len].transpose(1, 2)
-    rows = q if g.query_index is None else q.index_select(0, g.query_index)
-    queries = rows.view(g.num_seqs, g.query_len, n_heads, head_dim).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        queries, keys, vals, attn_mask=g.attn_mask, is_causal=g.is_causal,
-        enable_gqa=n_kv != n_heads,
-    )
-    return out.transpose(1, 2).reshape(g.num_seqs * g.query_len, n_heads * head_dim)
+    """One group's attention (the algorithm of the module docstring): rows ``[G * Q, H * d]``.
+
+    Every matmul here has a fixed inner shape per split (``[rows, d] @ [d, split]`` and
+    ``[rows, split] @ [split, d]``); only the number of matrices depends on the batch.
+    """
+    _, n_heads, d = q.shape
+    n_kv = k_cache.shape[0]
+    per_kv = n_heads // n_kv  # NOTE: query head h reads kv head h // per_kv (HF's repeat_kv)
+    n_g, n_q, n_s, split = g.num_seqs, g.query_len, g.num_splits, g.split
+    rows = n_q * per_kv
+    shape = (n_kv, n_g, n_s, split, d)
+    keys = k_cache.index_select(1, g.block_index).view(shape).float()
+    vals = v_cache.index_select(1, g.block_index).view(shape).float()
+    picked = q if g.query_index is None else q.index_select(0, g.query_index)
+    qs = picked.view(n_g, n_q, n_kv, per_kv, d).permute(2, 0, 1, 3, 4).reshape(n_kv, n_g, 1, rows, d)
+    # NOTE: scores [H_kv, G, S, rows, split]; the query is broadcast over the splits.
+    scores = torch.matmul(qs.float(), keys.transpose(-1, -2)).mul_(1.0 / math.sqrt(d))
+    scores = scores.view(n_kv, n_g, n_s, n_q, per_kv, split).masked_fill_(~g.visible, -math.inf)
+    top = scores.amax(dim=(2, 5), keepdim=True)  # NOTE: a max is exact in any order
+    probs = torch.exp(scores - top).view(n_kv, n_g, n_s, rows, split)  # masked -> exactly 0
+    denom = probs.sum(-1).cumsum(2)  # [H_kv, G, S, rows]
+    numer = torch.matmul(probs, vals).cumsum(2)  # [H_kv, G, S, rows, d]
+    last = g.last_split.view(1, n_g, 1, n_q, 1)
+    num = numer.view(n_kv, n_g, n_s, n_q, per_kv * d).gather(
+        2, last.expand(n_kv, n_g, 1, n_q, per_kv * d)).view(n_kv, n_g, n_q, per_kv, d)
+    den = denom.view(n_kv, n_g, n_s, n_q, per_kv).gather(
+        2, last.expand(n_kv, n_g, 1, n_q, per_kv)).view(n_kv, n_g, n_q, per_kv, 1)
+    out = (num / den).to(q.dtype)  # [H_kv, G, Q, per_kv, d]
+    return out.permute(1, 2, 0, 3, 4).reshape(n_g * n_q, n_heads * d)
 
 
 def paged_attention(
@@ -289,13 +257,15 @@ def paged_attention(
     """
     n_tok, n_heads, head_dim = q.shape
     n_kv = k.shape[1]
-    k_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, v)
+    k_cache.view(n_kv, -1, head_dim).index_copy_(1, meta.slot_mapping,
+                                                 k.transpose(0, 1).to(k_cache.dtype))
+    v_cache.view(n_kv, -1, head_dim).index_copy_(1, meta.slot_mapping,
+                                                 v.transpose(0, 1).to(v_cache.dtype))
     groups = meta.groups
-    if len(groups) == 1 and groups[0].query_index is None:
+    if len(groups) == 1 and groups[0].out_tokens is None:
         return _attend(q, k_cache, v_cache, groups[0])
     out = q.new_empty((n_tok, n_heads * head_dim))
-    for g in groups:  # NOTE: a handful of groups per step, never one per sequence
+    for g in groups:  # NOTE: at most two: the decode rows and the prefill rows
         res = _attend(q, k_cache, v_cache, g)
         if g.real_rows is not None:
             res = res.index_select(0, g.real_rows)

@@ -163,6 +163,8 @@ class CausalLM(nn.Module):
         )
         # NOTE: a plain attribute, not a buffer: built on CPU even under a meta-device init.
         self._inv_freq = rope_inv_freq(cfg)
+        # NOTE: a packed head (coda/models/quant.py) replaces the dense one when set.
+        self.logits_head: nn.Module | None = None
 
     def forward(
         self,
@@ -190,5 +192,8 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] (model dtype) for the given hidden rows [N, D]."""
+        if self.logits_head is not None:
+            packed: torch.Tensor = self.logits_head(hidden)
+            return packed
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight)

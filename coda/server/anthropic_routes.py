@@ -17,11 +17,12 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.server import tools as tl
+from coda.server.admission import off_loop
 from coda.server.chat import content_text, render_chat
 from coda.server.common import collect, new_id, now, state_of, stream_or_wait
 from coda.server.failures import anthropic_error, failed_json, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
-from coda.server.params import Knobs, build_requests, encode, rename_map
+from coda.server.params import Knobs, build_requests, rename_map
 from coda.server.protocol_schemas import AnthropicRequest
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record
@@ -173,9 +174,9 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
                                   field="thinking")
     msgs = _messages(body)
     prefill = msgs[-1]["role"] == "assistant"
-    text = render_chat(st.engine, msgs, continue_final_message=prefill,
+    text = await off_loop(render_chat, st.engine, msgs, continue_final_message=prefill,
                        tools=plan.tools if plan else ())
-    ids = encode(st.engine, text, add_special_tokens=False)
+    ids = await off_loop(st.encode, text, add_special_tokens=False, field="messages")
     knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
                   prompt_field="messages", stop=body.stop_sequences, stop_field="stop_sequences",
                   seed=body.seed, temperature=body.temperature, top_p=body.top_p,

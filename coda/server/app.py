@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coda.engine.protocol import Engine
 from coda.server import anthropic_routes, openai_routes, playground_routes, responses_routes
+from coda.server.admission import BodyLimitMiddleware
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
 from coda.server.integrity import resolve_resume
@@ -101,6 +102,8 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(anthropic_routes.router)
     app.include_router(playground_routes.router)
     _operational_routes(app)
+    # NOTE: added before the key check, so the key check runs first (outermost)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return app

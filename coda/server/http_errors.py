@@ -32,9 +32,10 @@ class ApiError(Exception):
     """Raised by route code; rendered by the app's handler in the caller's protocol."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
 
 def protocol_of(path: str) -> Protocol:
@@ -106,7 +107,7 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(protocol_of(request.url.path), exc.status, exc.message,
-                              param=exc.param, code=exc.code)
+                              param=exc.param, code=exc.code, headers=exc.headers)
 
     @app.exception_handler(CodaError)
     async def _coda(request: Request, exc: CodaError) -> JSONResponse:

@@ -17,11 +17,12 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.server import logprobs as lp
 from coda.server import tools as tl
+from coda.server.admission import off_loop
 from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, now, state_of, stream_or_wait, text_before
 from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
-from coda.server.params import Knobs, build_requests, encode, rename_map
+from coda.server.params import Knobs, build_requests, rename_map
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState
@@ -177,22 +178,23 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
 
 def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
              plan: tl.ToolPlan | None = None) -> list[list[int]]:
+    """The prompts' token ids (CPU-bound: runs on a worker thread, never on the event loop)."""
     engine = st.engine
     if isinstance(body, ChatCompletionRequest):
         text = render_chat(engine, body.messages, add_generation_prompt=body.add_generation_prompt,
                            continue_final_message=body.continue_final_message,
                            tools=plan.tools if plan else ())
-        return [encode(engine, text, add_special_tokens=False)]
+        return [st.encode(text, add_special_tokens=False, field="messages")]
     p = body.prompt
     if isinstance(p, str):
-        return [encode(engine, p, add_special_tokens=True)]
+        return [st.encode(p, add_special_tokens=True)]
     if not p:
         raise InvalidRequestError("prompt: must not be empty", field="prompt")
     if all(isinstance(x, int) for x in p):
         return [list(p)]  # type: ignore[arg-type]
     out = []
     for item in p:
-        out.append(encode(engine, item, add_special_tokens=True) if isinstance(item, str)
+        out.append(st.encode(item, add_special_tokens=True) if isinstance(item, str)
                    else list(item))  # type: ignore[arg-type]
     return out
 
@@ -218,7 +220,7 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                   frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
                   logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
                   **tl.knob_fields(plan, body.response_format))
-    prompts = _prompts(st, body, plan)
+    prompts = await off_loop(_prompts, st, body, plan)
     requests = []
     for k, ids in enumerate(prompts):
         sub_id = rid if len(prompts) == 1 else f"{rid}-p{k}"

@@ -157,6 +157,3 @@ def rename_map(knobs: Knobs) -> dict[str, str]:
             "deadline_s": "deadline", "stop": knobs.stop_field,
             "logprobs": knobs.logprobs_field}
 
-
-def encode(engine: Any, text: str, *, add_special_tokens: bool) -> list[int]:
-    return list(engine.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)

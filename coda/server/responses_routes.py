@@ -23,6 +23,7 @@ from coda.finish import CancelCause
 from coda.reader import terminal_of
 from coda.server import logprobs as lp
 from coda.server import tools as tl
+from coda.server.admission import off_loop
 from coda.server.chat import render_chat
 from coda.server.common import (
     new_id,
@@ -36,7 +37,7 @@ from coda.server.fields import reject_unhonoured
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
-from coda.server.params import Knobs, build_requests, encode, rename_map
+from coda.server.params import Knobs, build_requests, rename_map
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.sse import Frame, Renderer, SSEResponse
 from coda.server.state import Record
@@ -258,7 +259,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if body.previous_response_id:
         raise InvalidRequestError("previous_response_id: not supported",
                                   field="previous_response_id")
-    text = render_chat(st.engine, _messages(body), field="input",
+    text = await off_loop(render_chat, st.engine, _messages(body), field="input",
                        tools=plan.tools if plan else ())
     fmt = body.text.format if body.text else None
     logprobs = body.top_logprobs if body.top_logprobs is not None else (
@@ -272,7 +273,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                   **(tl.knob_fields(plan, _grammar(fmt), "text.format")
                      or {"grammar": _grammar(fmt)}))
     rid = new_id("resp_")
-    reqs = build_requests(body, knobs, encode(st.engine, text, add_special_tokens=False),
+    ids = await off_loop(st.encode, text, add_special_tokens=False, field="input")
+    reqs = build_requests(body, knobs, ids,
                           request_id=rid, default_max_tokens=st.engine_config.default_max_tokens,
                           context_length=st.engine.context_length,
                           backpressure=st.settings.backpressure)

@@ -16,6 +16,7 @@ from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode
 from coda.finish import CancelCause
+from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
 from coda.server.replay import DeliveryRecord
@@ -35,6 +36,9 @@ class ServerSettings:
     default P4 policy of foreground requests. ``backpressure``: the default P6 policy.
     ``write_timeout_s``: the longest one SSE write may block on a client that stopped reading;
     past it the client is treated as disconnected (P4, issue 14).
+    ``max_body_bytes``: larger request bodies get 413 before they are parsed.
+    ``max_waiting``: engine requests allowed to wait for a batch slot; past it a request gets
+    429 with ``Retry-After: retry_after_s`` (None: unbounded).
     """
 
     keepalive_s: float = 5.0
@@ -44,8 +48,15 @@ class ServerSettings:
     max_n: int = 16
     graceful_shutdown_s: float = 10.0
     write_timeout_s: float = 30.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_waiting: int | None = 1024
+    retry_after_s: int = 1
 
     def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be >= 1")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0 (or None)")
         if not self.keepalive_s > 0:
             raise ValueError("keepalive_s must be > 0")
         if not self.write_timeout_s > 0:
@@ -138,6 +149,13 @@ class ServerState:
         self._tasks: set[asyncio.Task[None]] = set()
         cfg = getattr(engine, "config", None)
         self.engine_config: EngineConfig = cfg if isinstance(cfg, EngineConfig) else EngineConfig()
+        self.prompt_bound = PromptBound.of(engine.tokenizer)
+
+    def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt") -> list[int]:
+        """Tokenize a prompt (call it off the event loop, :func:`~coda.server.admission.off_loop`);
+        a prompt whose byte length alone exceeds the context is refused untokenized."""
+        self.prompt_bound.check(text, self.engine.context_length, field)
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def check_model(self, name: str) -> None:
         if name != self.engine.model_name:
@@ -150,6 +168,7 @@ class ServerState:
         """Submit every request or none (a failure cancels those already queued)."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
+        self._check_overload(len(requests))
         handles: list[EngineHandle] = []
         try:
             for req in requests:
@@ -172,6 +191,17 @@ class ServerState:
             self.metrics.track(h)
             log.info("request submitted", extra={"request_id": h.request_id})
         return handles
+
+    def _check_overload(self, incoming: int) -> None:
+        """A bounded waiting queue: past ``max_waiting`` a request gets 429 + Retry-After."""
+        bound = self.settings.max_waiting
+        if bound is None:
+            return
+        waiting = self.engine.stats().num_waiting
+        if waiting + incoming > bound:
+            raise ApiError(429, f"server overloaded: {waiting} requests are waiting "
+                                f"(bound {bound}); retry later", code="overloaded",
+                           headers={"retry-after": str(self.settings.retry_after_s)})
 
     def cancel_all(self, cause: CancelCause = CancelCause.SHUTDOWN) -> int:
         """Cancel every stored request still running; returns how many were."""

@@ -1,0 +1,43 @@
+"""Starting N engine replicas on Ray Serve (issue 12 item 1, 4): a local Ray instance, or a
+join to an existing cluster with ``ray_address``; one Serve application per replica so the
+ingress routes itself (least outstanding tokens, prefix affinity)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from coda.engine.types import EngineConfig
+from coda.scaleout.remote import RemoteEngine
+
+
+def start_replicas(n: int, model_dir: Path | None, config: EngineConfig, *,
+                   ray_address: str | None = None, num_cpus: float = 1.0,
+                   torch_threads: int = 1, local_cpus: int | None = None) -> RemoteEngine:
+    import ray
+    from ray import serve
+
+    from coda.scaleout.replica import EngineReplica
+
+    if not ray.is_initialized():
+        if ray_address:
+            ray.init(address=ray_address, logging_level=logging.ERROR)
+        else:
+            ray.init(num_cpus=local_cpus, include_dashboard=False, logging_level=logging.ERROR)
+    serve.start(http_options={"location": "NoServer"})
+    # NOTE: None reaches each replica's from_model_dir, which picks the default model itself
+    path = str(model_dir) if model_dir is not None else None
+    handles: list[Any] = []
+    for i in range(n):
+        dep = serve.deployment(EngineReplica, name="replica", num_replicas=1,
+                               ray_actor_options={"num_cpus": num_cpus})
+        handles.append(serve.run(dep.bind(path, config, torch_threads),
+                                 name=f"coda-replica-{i}", route_prefix=None))
+    return RemoteEngine(handles, config)
+
+
+def stop_replicas() -> None:
+    from ray import serve
+
+    serve.shutdown()

@@ -1,0 +1,206 @@
+"""The ingress's engine: N Ray Serve replicas behind the :class:`~coda.engine.protocol.Engine`
+protocol (issue 12 items 1, 3; SPEC P1–P4, L2, L5, L6, C1).
+
+Routing: least outstanding tokens (the output budget still to produce per replica), with
+prefix-cache affinity — a prompt whose first block was last routed to a replica goes there
+again unless it is ``affinity_slack`` tokens busier than the least loaded one. The decision is
+on the handle (``route``) and in the server log.
+
+Failures: a replica call that fails before the first delta reached the ingress is resubmitted to
+another replica (same request, same seed: the counter RNG makes the output identical); after
+it, the request ends exactly once with ``model_error``, billing the committed tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from coda.durable.mirror import feed
+from coda.engine.protocol import ModelInfo
+from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
+from coda.errors import ErrorCode
+from coda.finish import CancelCause, FinishReason, Usage
+from coda.lifecycle import State
+from coda.reader import follow
+from coda.stream import EventType, RequestStream, StreamEvent, Terminal
+
+log = logging.getLogger("coda.scaleout")
+
+
+@dataclass
+class RemoteHandle:
+    """An :class:`~coda.engine.protocol.EngineHandle` whose events come from a replica."""
+
+    request_id: str
+    stream: RequestStream
+    prompt_tokens: int
+    engine: RemoteEngine
+    route: dict[str, Any] = field(default_factory=dict)
+    replica: int = -1
+
+    def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
+        if self.stream.closed or self.replica < 0:
+            return False
+        self.engine.replicas[self.replica].cancel.remote(self.request_id, cause)
+        return True
+
+    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
+        return follow(self.stream, after)
+
+    async def result(self) -> Terminal:
+        async for ev in self.events(-1):
+            if ev.terminal is not None:
+                return ev.terminal
+        raise RuntimeError(f"{self.request_id}: stream ended without a terminal")
+
+
+class RemoteEngine:
+    """Routes requests over Serve deployment handles ``replicas`` (one replica each)."""
+
+    def __init__(self, replicas: list[Any], config: EngineConfig, *,
+                 affinity_slack: int = 256) -> None:
+        self.replicas = replicas
+        self.config = config
+        # NOTE: the ingress holds the replica's own tokenizer and model data (pickled), so it
+        # renders and encodes exactly as a replica would, without loading the weights
+        attrs: dict[str, Any] = replicas[0].serving_attrs.remote().result()
+        self.model_name: str = attrs["model_name"]
+        self.context_length: int = attrs["context_length"]
+        self.eos_token_ids: frozenset[int] = attrs["eos_token_ids"]
+        self.tokenizer: Any = attrs["tokenizer"]
+        for key, value in attrs.items():
+            if not hasattr(self, key):
+                setattr(self, key, value)
+        self.affinity_slack = affinity_slack
+        self.outstanding = [0] * len(replicas)
+        self._affinity: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._live: dict[str, RemoteHandle] = {}
+        self.num_requests_total = 0
+        self.num_resubmits_total = 0
+
+    # -- Engine protocol -----------------------------------------------------------------
+    def start(self) -> None:
+        return None
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """End every in-flight request (cancelled, cause shutdown) and wait for its terminal;
+        the replicas themselves belong to the Serve applications (``coda serve`` stops them).
+        Called off the event loop (the pumps keep running on it)."""
+        live = [h for h in list(self._live.values()) if not h.stream.closed]
+        for h in live:
+            h.cancel(CancelCause.SHUTDOWN)
+        deadline = time.monotonic() + timeout
+        while any(not h.stream.closed for h in live) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
+
+    def stats(self) -> EngineStats:
+        parts: list[EngineStats] = [r.stats.remote().result(timeout_s=10) for r in self.replicas]
+        return EngineStats(
+            num_running=sum(p.num_running for p in parts),
+            num_waiting=sum(p.num_waiting for p in parts),
+            kv_cache_usage=max(p.kv_cache_usage for p in parts),
+            num_blocks=sum(p.num_blocks for p in parts),
+            num_free_blocks=sum(p.num_free_blocks for p in parts),
+            num_requests_total=self.num_requests_total,
+            num_preemptions_total=sum(p.num_preemptions_total for p in parts))
+
+    def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
+        raise KeyError(request_id)  # NOTE: resume is the durable log's (--redis-url)
+
+    def cancel(self, request_id: str, cause: CancelCause = CancelCause.CLIENT) -> bool:
+        handle = self._live.get(request_id)
+        return handle.cancel(cause) if handle is not None else False
+
+    def submit(self, req: GenerationRequest) -> RemoteHandle:
+        rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
+        req = replace(req, request_id=rid)
+        # NOTE: the same backpressure bound as a local stream (P6)
+        handle = RemoteHandle(rid, RequestStream(rid, req.backpressure),
+                              len(req.prompt_token_ids), self)
+        self.num_requests_total += 1
+        self._live[rid] = handle
+        # NOTE: routed at submit, so the decision is known (and logged) before any event
+        handle.replica, handle.route = self.choose(req, set())
+        log.info("routed", extra={"request_id": rid, **handle.route})
+        task = asyncio.get_running_loop().create_task(self._pump(req, handle))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._live.pop(rid, None))
+        return handle
+
+    # -- routing -------------------------------------------------------------------------
+    def choose(self, req: GenerationRequest, exclude: set[int]) -> tuple[int, dict[str, Any]]:
+        budget = req.max_tokens or self.config.default_max_tokens
+        key = hash(tuple(req.prompt_token_ids[:self.config.block_size]))
+        with self._lock:
+            cands = [i for i in range(len(self.replicas)) if i not in exclude]
+            least = min(cands, key=lambda i: self.outstanding[i])
+            pref = self._affinity.get(key)
+            pick, why = least, "least_outstanding_tokens"
+            if (pref in cands and pref is not None and self.outstanding[pref]
+                    <= self.outstanding[least] + self.affinity_slack):
+                pick, why = pref, "prefix_affinity"
+            self._affinity[key] = pick
+            route = {"replica": pick, "reason": why, "outstanding": list(self.outstanding)}
+            self.outstanding[pick] += budget
+        return pick, route
+
+    def _done(self, idx: int, req: GenerationRequest) -> None:
+        with self._lock:
+            self.outstanding[idx] -= req.max_tokens or self.config.default_max_tokens
+
+    async def _pump(self, req: GenerationRequest, h: RemoteHandle) -> None:
+        tried: set[int] = set()
+        idx = h.replica
+        while True:
+            got_delta = False
+            try:
+                gen = self.replicas[idx].options(stream=True, method_name="generate").remote(req)
+                async for ev in gen:
+                    got_delta = got_delta or ev.type is EventType.DELTA
+                    feed(h.stream, [ev])
+            except Exception as exc:  # NOTE: a dead replica (RayActorError, ...)
+                tried.add(idx)
+                if not got_delta and len(tried) < len(self.replicas):
+                    self.num_resubmits_total += 1
+                    log.warning("replica failed before the first frame; resubmitting",
+                                extra={"request_id": h.request_id, "replica": idx})
+                    self._done(idx, req)
+                    idx, route = self.choose(req, tried)
+                    h.replica, h.route = idx, {**route, "resubmitted_from": sorted(tried)}
+                    log.info("routed", extra={"request_id": h.request_id, **h.route})
+                    continue
+                self._fail(h, exc)
+                self._done(idx, req)
+                return
+            if not h.stream.closed:  # NOTE: a call that ended without a terminal is a failure
+                self._fail(h, RuntimeError("replica stream ended without a terminal"))
+            self._done(idx, req)
+            return
+
+    @staticmethod
+    def _fail(h: RemoteHandle, exc: BaseException) -> None:
+        s = h.stream
+        if s.closed:
+            return
+        if s.last_seq < 0:
+            s.start("")
+        evs = s.events_after(-1)
+        committed = sum(len(e.tokens) for e in evs if e.type is EventType.DELTA)
+        s.close(Terminal(State.FAILED, FinishReason.MODEL_ERROR,
+                         Usage(prompt_tokens=h.prompt_tokens, selected_tokens=committed,
+                               processed_output_tokens=committed, returned_tokens=committed,
+                               returned_bytes=sum(len(e.data) for e in evs)),
+                         ErrorCode.MODEL_ERROR, f"replica lost: {type(exc).__name__}"))

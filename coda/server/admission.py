@@ -1,0 +1,123 @@
+"""Where hostile input stops, before it costs the server anything (issue 11 item 1; SPEC L5).
+
+Three guards, cheapest first:
+
+1. **Body size** — :class:`BodyLimitMiddleware` refuses a request body over
+   ``ServerSettings.max_body_bytes`` with 413 (protocol error shape) *before parsing it*: a
+   ``Content-Length`` over the bound is refused without reading, and the bytes of every body
+   (a chunked one has no ``Content-Length``) are counted as they arrive.
+2. **Prompt bytes** — :class:`PromptBound` rejects, before tokenizing, a prompt whose byte
+   length alone proves it cannot fit the context: each token's text is at most
+   ``max_token_bytes`` long, so a prompt of ``b`` bytes has at least ``ceil(b / max_token_bytes)``
+   tokens. The bound is only *certain* for tokenizers that drop nothing of the text: no
+   normalizer, a ByteLevel or Metaspace pre-tokenizer, and no fused unknown tokens
+   (byte-fallback tokens are longer than the byte they stand for, so they only strengthen it). Otherwise only the exact check after
+   tokenizing applies.
+3. **Never block the event loop** — chat templates are rendered and prompts tokenized on a
+   worker thread (:func:`off_loop`), so one huge prompt never freezes other streams or
+   ``/health``.
+
+Overload (a bounded waiting queue → 429 with ``Retry-After``) is checked at submit time by
+:meth:`coda.server.state.ServerState.submit_all`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from coda.errors import ContextLengthExceededError
+from coda.server.http_errors import error_response, protocol_of
+
+T = TypeVar("T")
+_CERTAIN_PRE_TOKENIZERS = frozenset({"ByteLevel", "Metaspace"})
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run CPU-bound request preparation (template, tokenizer) on a worker thread."""
+    return await asyncio.to_thread(partial(fn, *args, **kwargs))
+
+
+class BodyLimitMiddleware:
+    """413 for a request body over ``max_bytes``, counted as it arrives (see module doc)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:  # NOTE: nothing is parsed; the buffer is dropped
+                chunks.clear()
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        pending: list[Message] = [{"type": "http.request", "body": b"".join(chunks),
+                                   "more_body": False}]
+
+        async def replay() -> Message:
+            # NOTE: the body once, then the real channel (routes watch it for disconnects)
+            return pending.pop() if pending else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        resp = error_response(protocol_of(scope["path"]), 413,
+                              f"request body exceeds {self.max_bytes} bytes",
+                              code="request_too_large", headers={"connection": "close"})
+        await resp(scope, receive, send)
+
+
+@dataclass(frozen=True)
+class PromptBound:
+    """A lower bound on a text's token count from its byte length (see the module doc)."""
+
+    max_token_bytes: int
+    certain: bool
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> PromptBound:
+        spec = json.loads(tokenizer.to_str())
+        pre = spec.get("pre_tokenizer") or {}
+        kinds = ({p.get("type") for p in pre.get("pretokenizers", [])}
+                 if pre.get("type") == "Sequence" else {pre.get("type")})
+        # NOTE: fused unknowns let one token stand for any run of unknown characters
+        fused = bool((spec.get("model") or {}).get("fuse_unk"))
+        certain = (spec.get("normalizer") is None and bool(kinds)
+                   and kinds <= _CERTAIN_PRE_TOKENIZERS and not fused)
+        n = tokenizer.get_vocab_size(with_added_tokens=True)
+        longest = max((len((tokenizer.id_to_token(i) or "").encode()) for i in range(n)),
+                      default=1)
+        return cls(max(longest, 1), certain)
+
+    def min_tokens(self, text: str) -> int:
+        return math.ceil(len(text.encode("utf-8", "surrogatepass")) / self.max_token_bytes)
+
+    def check(self, text: str, context_length: int, field: str) -> None:
+        """Raise ContextLengthExceededError if ``text`` cannot fit, without tokenizing."""
+        if self.certain and self.min_tokens(text) >= context_length:
+            raise ContextLengthExceededError(
+                f"the prompt has at least {self.min_tokens(text)} tokens (by its byte length); "
+                f"this model's context is {context_length} tokens", field=field)

@@ -1,0 +1,222 @@
+"""Engine replicas on Ray Serve (issue 12 items 1, 3, 5; SPEC P1, P2, L2, L5, L6): routing
+with prefix affinity, a replica killed before the first frame (resubmitted, same output) and
+mid-stream (exactly one model_error terminal, committed tokens billed). One Ray instance per
+module, two replicas sharing two cores."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from coda.engine.types import EngineConfig, GenerationRequest  # noqa: E402
+from coda.finish import FinishReason  # noqa: E402
+from coda.sampling import SamplingParams  # noqa: E402
+from coda.stream import EventType  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def remote(server_checkpoint: Path) -> Iterator[Any]:
+    from coda.scaleout.deploy import start_replicas, stop_replicas
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # NOTE: two sequences per replica, so a third request waits in the queue (no first frame)
+    engine = start_replicas(2, server_checkpoint, EngineConfig(max_num_seqs=2,
+                                                               default_max_tokens=32),
+                            num_cpus=1, torch_threads=1, local_cpus=2)
+    yield engine
+    stop_replicas()
+    ray.shutdown()
+
+
+def _kill(replica: int) -> None:
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if f"coda-replica-{replica}" in a["name"] and "REPLICA" in a["name"].upper():
+            ray.kill(ray.get_actor(a["name"], namespace=a["namespace"]), no_restart=False)
+            return
+    raise AssertionError(f"no actor for replica {replica}")
+
+
+def _req(seed: int, n: int, rid: str) -> GenerationRequest:
+    return GenerationRequest((5, 6, 7, 8), SamplingParams(temperature=1.0, seed=seed,
+                                                          ignore_eos=True),
+                             max_tokens=n, request_id=rid)
+
+
+async def _run(engine: Any, req: GenerationRequest, kill_after: int | None = None) -> Any:
+    h = engine.submit(req)
+    if kill_after == 0:
+        _kill(h.route["replica"] if h.route else 0)
+    seen = 0
+    async for ev in h.events():
+        if ev.type is EventType.DELTA:
+            seen += 1
+            if kill_after and seen == kill_after:
+                _kill(h.replica)
+    return h
+
+
+def _ids(h: Any) -> list[int]:
+    evs = h.stream.events_after(-1)
+    assert [e.seq for e in evs] == list(range(len(evs)))  # P1: no gap, no duplicate
+    assert [e.type for e in evs].count(EventType.TERMINAL) == 1  # P2
+    return [t.token_id for e in evs for t in e.tokens]
+
+
+def test_routing_affinity_and_same_seed_same_output_on_both_replicas(remote: Any) -> None:
+    """Same seed → same tokens on either replica (what makes a resubmit exact); the second
+    request with the same prompt prefix follows it to the same replica, recorded."""
+    async def main() -> tuple[Any, Any, list[list[int]]]:
+        a = await _run(remote, _req(11, 12, "aff-a"))
+        b = await _run(remote, _req(11, 12, "aff-b"))
+        outs = []
+        for r in remote.replicas:  # the same request sent to each replica directly
+            gen = r.options(stream=True, method_name="generate").remote(_req(11, 12, None))
+            outs.append([t.token_id async for ev in gen for t in ev.tokens])
+        return a, b, outs
+
+    a, b, outs = asyncio.run(main())
+    assert outs[0] == outs[1] == _ids(a) == _ids(b)
+    assert b.route["replica"] == a.route["replica"] and b.route["reason"] == "prefix_affinity"
+
+
+def test_replica_killed_mid_stream_and_before_first_frame_l2_l5_l6(remote: Any) -> None:
+    """Replica 0 runs two long requests and holds a third in its queue, then is killed: the
+    two running end exactly once with model_error billing their committed tokens (L5, L6);
+    the queued one, which had no frame yet, is resubmitted to replica 1 and its output equals
+    the same request run there from the start (same seed)."""
+    remote.affinity_slack = 10**9  # NOTE: all three follow the shared prefix to one replica
+
+    async def main() -> tuple[list[Any], Any]:
+        hs = [remote.submit(_req(30 + k, 400 if k < 2 else 16, f"kill-{k}")) for k in range(3)]
+        target = hs[0].replica
+        assert [h.replica for h in hs] == [target] * 3
+        while any(not [e for e in h.stream.events_after(0)] for h in hs[:2]):
+            await asyncio.sleep(0.01)  # both running requests have a durable first frame
+        assert hs[2].stream.last_seq <= 0  # the third: at most its start event
+        _kill(target)
+        for h in hs:
+            await h.result()
+        remote.affinity_slack = 256
+        ref = await _run(remote, _req(32, 16, "kill-ref"))
+        return hs, ref
+
+    before = remote.num_resubmits_total
+    hs, ref = asyncio.run(main())
+    for h in hs[:2]:
+        ids = _ids(h)
+        term = h.stream.terminal
+        assert term is not None and term.finish_reason is FinishReason.MODEL_ERROR
+        assert term.usage.selected_tokens == len(ids) and 1 <= len(ids) < 400
+    assert remote.num_resubmits_total == before + 1 and hs[2].replica != hs[0].replica
+    assert hs[2].stream.terminal is not None
+    assert hs[2].stream.terminal.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
+    assert _ids(hs[2]) == _ids(ref)
+
+
+def test_one_ingress_speaks_the_api_over_replicas_p1(remote: Any) -> None:
+    """The HTTP server runs unchanged over the replicas (the Engine seam): the official openai
+    client streams and waits through one ingress."""
+    import openai
+
+    from coda.server.app import create_app
+    from tests.conftest import LiveServer
+
+    live = LiveServer(create_app(remote, manage_engine=False)).start()
+    try:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+        msgs = [{"role": "user", "content": "hi"}]
+        full = client.chat.completions.create(model=remote.model_name, messages=msgs,
+                                              max_tokens=8, seed=4, extra_body={"ignore_eos": True})
+        chunks = list(client.chat.completions.create(
+            model=remote.model_name, messages=msgs, max_tokens=8, seed=4, stream=True,
+            extra_body={"ignore_eos": True}))
+    finally:
+        live.stop()
+    assert full.choices[0].finish_reason == "length"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+
+
+def test_100_streams_30pct_disconnects_nothing_lost_or_leaked_p1_p2_p4_l7(remote: Any) -> None:
+    """100 streams over the two replicas through one ingress, 30% of the clients leave early
+    (P4 cancel): every stream's log has contiguous seqs and one terminal (P1, P2), every
+    complete client saw each event id once, and both replicas end with every KV block free
+    (L7)."""
+    import httpx
+
+    from coda.server.app import create_app
+    from tests.conftest import LiveServer, SSEAccumulator
+
+    app = create_app(remote, manage_engine=False)
+    live = LiveServer(app).start()
+
+    async def one(client: httpx.AsyncClient, k: int) -> tuple[bool, list[dict[str, str]]]:
+        leave = k % 10 < 3
+        body = {"model": remote.model_name, "messages": [{"role": "user", "content": f"q{k}"}],
+                "max_tokens": 12, "seed": k, "stream": True, "ignore_eos": True}
+        acc, out = SSEAccumulator(), []
+        async with client.stream("POST", f"{live.url}/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                ev = acc.feed(line)
+                if ev is not None:
+                    out.append(ev)
+                    if leave and len(out) >= 2:
+                        break
+        return leave, out
+
+    async def main() -> list[tuple[bool, list[dict[str, str]]]]:
+        sem = asyncio.Semaphore(20)
+        async with httpx.AsyncClient(timeout=120) as client:
+            async def guarded(k: int) -> tuple[bool, list[dict[str, str]]]:
+                async with sem:
+                    return await one(client, k)
+            return await asyncio.gather(*(guarded(k) for k in range(100)))
+
+    try:
+        results = asyncio.run(main())
+        deadline = time.monotonic() + 60
+        while True:
+            st = remote.stats()
+            if (st.num_running == st.num_waiting == 0 and st.num_free_blocks == st.num_blocks
+                    and all(r.done for r in app.state.coda.store.records())):
+                break
+            assert time.monotonic() < deadline, f"not settled: {st}"
+            time.sleep(0.2)
+        records = app.state.coda.store.records()
+    finally:
+        live.stop()
+    assert len(records) == 100 and sum(leave for leave, _ in results) == 30
+    for leave, evs in results:
+        if not leave:
+            assert evs[-1]["data"] == "[DONE]"
+            ids = sorted({int(e["id"]) for e in evs if "id" in e})
+            assert ids == list(range(ids[0], ids[-1] + 1))  # each event id, none missing
+    for rec in records:
+        _ids(rec.handles[0])  # contiguous seqs, exactly one terminal
+
+
+def test_shutdown_ends_in_flight_requests_once_l2(remote: Any) -> None:
+    """L2: the ingress's shutdown ends a request running on a replica with one terminal
+    (cancelled, cause shutdown) before it returns."""
+    async def main() -> Any:
+        h = remote.submit(_req(40, 400, "shut"))
+        while h.stream.last_seq < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(remote.shutdown, 60)
+        assert h.stream.closed
+        return h
+
+    h = asyncio.run(main())
+    ids = _ids(h)
+    assert h.stream.terminal.finish_reason is FinishReason.CANCELLED and len(ids) < 400
+    assert not remote.cancel("shut")

@@ -10,7 +10,7 @@ are split across tokens:
 
 * ``coda``      — :class:`~coda.detokenizer.IncrementalDetokenizer` → :class:`~coda.stops.
   StopStringMatcher` (automaton, minimal holdback) → :class:`~coda.stream.RequestStream`.
-* ``coda-step`` — the engine's whole per-token step, :class:`~coda.step.OutputProcessor`
+* ``coda-step`` — the engine's whole per-token step, :class:`~coda.output.OutputProcessor`
   (the three above plus EOS / budget checks and usage spans).
 * ``naive-a``   — re-decode the whole growing id list with ``tokenizer.decode`` every token,
   search every stop in the new tail, hold back max_len−1 chars (quadratic in output length, so
@@ -42,7 +42,7 @@ from bench_stops import make_stops  # noqa: E402
 
 from coda.bench import TEXTS  # noqa: E402
 from coda.detokenizer import IncrementalDetokenizer  # noqa: E402
-from coda.step import OutputProcessor, OutputSpec  # noqa: E402
+from coda.output import OutputProcessor, OutputSpec  # noqa: E402
 from coda.stops import StopStringMatcher  # noqa: E402
 from coda.stream import BackpressureConfig, RequestStream, TokenInfo  # noqa: E402
 from coda.trace import NullTraceSink  # noqa: E402

@@ -3,7 +3,7 @@
 It is the test oracle for the batched engine: same bytes, events and finish reasons. The
 order of checks per step is exactly G1: cancel → deadline → choose → record → EOS →
 detokenize → stop-match → emit → stop hit → max tokens → context limit → grammar termination →
-decode_one. The middle of that list lives in :class:`coda.step.OutputProcessor`; this module
+decode_one. The middle of that list lives in :class:`coda.output.OutputProcessor`; this module
 drives the model, observes cancel and deadline at safe points and ends the run.
 """
 
@@ -20,8 +20,8 @@ from coda import trace as tr
 from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import FinishReason
 from coda.lifecycle import ResourceKind, State
+from coda.output import EarlyStopHook, GrammarDone, OutputSpec
 from coda.request import RequestRun
-from coda.step import EarlyStopHook, GrammarDone, OutputSpec
 from coda.stream import RequestStream, TokenInfo
 from coda.trace import NullTraceSink, TraceEvent, TraceSink
 

@@ -21,7 +21,7 @@ from coda import trace as tr
 from coda.errors import BackpressureOverflowError, CodaError, DecodingError, ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import Lifecycle, Release, ResourceKind, ResourceLedger, State
-from coda.step import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
+from coda.output import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
 from coda.stream import BackpressureConfig, RequestStream, Terminal, Timings
 from coda.trace import TraceEvent, TraceHandle, TraceSink
 

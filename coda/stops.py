@@ -14,7 +14,7 @@ of stops or the output length. A state is the longest suffix of the output that 
 some stop, so **the state depth is the held-back length**.
 
 Tie rule (S4, ``STOP_RULE_VERSION`` "2"): earliest end wins, then the longest stop, then the
-lowest configuration index. Across the two kinds (:mod:`coda.step`) the end is counted in
+lowest configuration index. Across the two kinds (:mod:`coda.output`) the end is counted in
 selected tokens, and an id sequence ending at the same token as a stop string wins (ids are
 checked first, G1). Version "1" let ids held for a possible id sequence hide their text from
 the string matcher, so a stop string inside them ended late (issue 8). Earliest end is automatic because matching stops at the first byte

@@ -2,8 +2,8 @@
 
 Every event carries a sequence number, strictly increasing from 0 within the request: the
 ``start`` event is 0, deltas follow, the single terminal event is last (P1, P2). The log is
-kept so a reconnecting reader can replay from any sequence number (P3); readers dedupe by
-``(request_id, seq)`` with :class:`Deduper`.
+kept so a reconnecting reader can replay from any sequence number (P3); a client merging
+replays dedupes by ``(request_id, seq)``; readers read through :mod:`coda.reader`.
 
 Backpressure (P6) is declared per stream by :class:`BackpressureConfig`:
 1. ``PAUSE`` — past ``pause_bytes`` of unacknowledged output, ``should_pause`` tells the
@@ -279,26 +279,3 @@ class RequestStream:
     def _notify(self) -> None:
         for cb in list(self._listeners):
             cb()
-
-
-class Deduper:
-    """Client-side merge of possibly replayed events: keeps each (request_id, seq) once and
-    yields them in sequence order (P3)."""
-
-    def __init__(self) -> None:
-        self._next: dict[str, int] = {}
-        self._pending: dict[str, dict[int, StreamEvent]] = {}
-
-    def push(self, event: StreamEvent) -> list[StreamEvent]:
-        rid = event.request_id
-        nxt = self._next.setdefault(rid, 0)
-        if event.seq < nxt:
-            return []
-        pend = self._pending.setdefault(rid, {})
-        pend[event.seq] = event
-        out: list[StreamEvent] = []
-        while nxt in pend:
-            out.append(pend.pop(nxt))
-            nxt += 1
-        self._next[rid] = nxt
-        return out

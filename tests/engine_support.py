@@ -9,14 +9,14 @@ from pathlib import Path
 
 import tokenizers
 
-from coda.engine.reference import RunnerModel, SamplerChooser
 from coda.engine.runner import ModelRunner
 from coda.engine.types import GenerationRequest
 from coda.loop import generate
 from coda.models.random_checkpoint import make_random_checkpoint
-from coda.step import OutputSpec
+from coda.output import OutputSpec
 from coda.stream import EventType, RequestStream
 from coda.trace import ListTraceSink, check_trace
+from tests.reference import RunnerModel, SamplerChooser
 
 
 @functools.lru_cache(maxsize=4)

@@ -12,7 +12,6 @@ from coda.engine.kv_cache import (
     BlockManager,
     KVCacheError,
     kv_bytes_per_token,
-    num_blocks_for_memory,
     slot_mapping,
 )
 from coda.engine.sequence import Sequence, SequenceStatus
@@ -274,7 +273,6 @@ def test_check_integrity_detects_corruption() -> None:
 def test_t3_kv_memory_per_token_and_slots() -> None:
     # 2 layers, 2 KV heads, head dim 4, bf16: 2*2*2*4*2 bytes per token.
     assert kv_bytes_per_token(2, 2, 4, 2) == 64
-    assert num_blocks_for_memory(64 * 16 * 10 + 5, block_size=16, bytes_per_token=64) == 10
     assert slot_mapping([3, 0], 4, 2, 4) == [14, 15, 0, 1]
 
 

@@ -13,11 +13,12 @@ from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import State
 from coda.loop import generate
+from coda.output import OutputSpec
 from coda.request import RequestRun
-from coda.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
-from coda.step import OutputSpec
-from coda.stream import BackpressureConfig, BackpressurePolicy, Deduper, RequestStream
+from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream
 from coda.trace import ListTraceSink, TraceEvent, check_trace
+from tests.dedupe import Deduper
+from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
 from tests.tokenizer_fixtures import sentencepiece_bpe
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 104: "é".encode()[:1], 105: "é".encode()[1:],

@@ -1,15 +1,19 @@
 """The five L7 resources of one request each release something real, and say so in the trace;
-the replay log outlives the stream buffer's release (SPEC L7, P3, P6; issue 11 item 2)."""
+the replay log outlives the stream buffer's release; the block manager is checked whenever
+the engine goes idle (SPEC L7, P3, P6; issue 11 items 2 and 5)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import pytest
 
 from coda import trace as tr
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.core import RngCursor
+from coda.engine.kv_cache import KVCacheError
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.finish import FinishReason
 from coda.lifecycle import ResourceKind, State
@@ -108,3 +112,38 @@ def test_p6_l7_stream_buffer_release_returns_credit_and_needs_the_terminal() -> 
     stream.ack(stream.last_seq)
     assert stream.unacked_bytes == 0
     assert [e.seq for e in stream.events_after(-1)] == [0, 1, 2]
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def test_l7_block_manager_integrity_is_checked_whenever_the_engine_goes_idle(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """L7 (issue 11 item 5): each busy -> idle transition runs the block manager's
+    check_integrity in service; a failure is logged and counted, never raised into the loop,
+    and the engine keeps serving."""
+    engine = AsyncEngine.from_model_dir(tiny_checkpoint(), EngineConfig(num_blocks=64))
+    req = GenerationRequest((5, 6, 7), SamplingParams(temperature=0.0, ignore_eos=True),
+                            max_tokens=3)
+    with engine:
+        assert engine.submit(req).wait(30).state is State.FINISHED
+        assert _wait_for(lambda: engine.idle_checks >= 1)
+        assert engine.idle_check_failures == 0
+        bm = engine.core.scheduler.block_manager
+
+        def broken() -> None:
+            raise KVCacheError("block 3 is free and owned")
+
+        bm.check_integrity = broken  # type: ignore[method-assign]
+        before = engine.idle_checks
+        assert engine.submit(req).wait(30).state is State.FINISHED
+        assert _wait_for(lambda: engine.idle_check_failures >= 1)
+        assert engine.idle_checks > before
+        assert "integrity check failed" in caplog.text and "block 3" in caplog.text
+        assert engine.submit(req).wait(30).state is State.FINISHED  # NOTE: still serving

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from coda import stops as stops_module
 from coda.errors import InvalidRequestError
 from coda.loop import generate
-from coda.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
-from coda.step import OutputSpec
+from coda.output import OutputSpec
 from coda.stops import (
     STOP_RULE_VERSION,
     StopHit,
@@ -26,6 +25,7 @@ from coda.stops import (
     stop_bytes,
 )
 from tests.conftest import examples
+from tests.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 # ---------------------------------------------------------------- brute-force oracles
 

@@ -18,7 +18,6 @@ from coda.request import RequestRun
 from coda.stream import (
     BackpressureConfig,
     BackpressurePolicy,
-    Deduper,
     EventType,
     RequestStream,
     StreamClosed,
@@ -26,6 +25,7 @@ from coda.stream import (
 )
 from coda.trace import ListTraceSink
 from tests.conftest import examples
+from tests.dedupe import Deduper
 
 DONE = Terminal(State.FINISHED, FinishReason.EOS, Usage())
 

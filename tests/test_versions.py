@@ -17,11 +17,11 @@ from coda import trace as tr
 from coda.cli import app
 from coda.finish import FINISH_REASON_VERSION, REASONS_BY_VERSION, FinishReason
 from coda.loop import generate
-from coda.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
+from coda.output import OutputSpec
 from coda.server.mapping import coda_extension
-from coda.step import OutputSpec
 from coda.stops import STOP_RULE_VERSION
 from coda.trace import ListTraceSink, TraceEvent, check_trace
+from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 TOK = scripted_tokenizer({101: b"AB", 102: b"CD"})
 

@@ -34,9 +34,9 @@ from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
+from coda.output import OutputSpec
 from coda.reader import follow
 from coda.request import RequestRun
-from coda.step import OutputSpec
 from coda.stops import stop_bytes
 from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
@@ -47,8 +47,10 @@ UTF8_TAIL_POLICIES = ("fail", "drop")
 
 
 class AsyncEngine:
-    """Loads a model (HF folder, GGUF file or package), runs the batch loop on one thread,
-    serves many requests. Implements :class:`coda.engine.protocol.Engine` in process."""
+    """A thread-backed engine: loads a model (HF folder, GGUF file or package) and runs the
+    batch loop on one daemon thread; ``submit``, ``cancel`` and ``attach`` may be called from
+    any thread (or an asyncio loop: they never block on the loop). The name is historical;
+    it is not an asyncio engine. Implements :class:`coda.engine.protocol.Engine` in process."""
 
     def __init__(self, loaded: LoadedModel, runner: ModelRunner, config: EngineConfig, *,
                  trace: TraceSink | None = None, kv_reason: str = "") -> None:
@@ -88,6 +90,8 @@ class AsyncEngine:
         self._ids = itertools.count(1)
         self.num_requests_total = 0
         self.step_error: BaseException | None = None
+        self.idle_checks = 0  # NOTE: block-manager integrity checks run while idle
+        self.idle_check_failures = 0
         self.log = InMemoryStreamLog()  # NOTE: what ``attach`` replays (P3)
         self._live: dict[str, RequestHandle] = {}  # NOTE: what ``cancel`` by id reaches
         self._live_lock = threading.Lock()
@@ -326,7 +330,11 @@ class AsyncEngine:
             self._cond.notify_all()
 
     def _loop(self) -> None:
+        checked = True  # NOTE: nothing has run yet
         while True:
+            if not checked and not self.core.has_work:
+                self._check_when_idle()  # NOTE: once per busy -> idle transition
+                checked = True
             with self._cond:
                 while not self._stopping and not self._inbox and not self.core.has_work:
                     self._cond.wait(0.5)
@@ -334,6 +342,7 @@ class AsyncEngine:
                     return
                 incoming = list(self._inbox)
                 self._inbox.clear()
+            checked = False
             for ereq in incoming:
                 self._admit(ereq)
             try:
@@ -344,6 +353,17 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self.step_error = exc
                 self.core.abort_all(CancelCause.SHUTDOWN)
+
+    def _check_when_idle(self) -> None:
+        """The block manager's bookkeeping invariants, checked each time the engine goes idle
+        (every block free or cached, no owner left): O(blocks), only when nothing runs.
+        A failure is logged and counted, never raised into the loop (issue 11 item 5)."""
+        self.idle_checks += 1
+        try:
+            self.core.scheduler.block_manager.check_integrity()
+        except Exception as exc:
+            self.idle_check_failures += 1
+            log.error("KV cache integrity check failed while idle: %s", exc)
 
     def _admit(self, ereq: EngineRequest) -> None:
         try:

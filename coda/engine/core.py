@@ -4,7 +4,7 @@
 Runs on ONE thread (the engine thread). Other threads only enqueue submissions and call
 ``RequestRun.request_cancel`` — both are observed here, at the safe point before ``choose``.
 Each request keeps the core's semantics exactly: the per-token checks are the shared
-:class:`~coda.step.OutputProcessor`, and the endings are the shared :class:`~coda.request.RequestRun`.
+:class:`~coda.output.OutputProcessor`, and the endings are the shared :class:`~coda.request.RequestRun`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from coda.engine.sequence import Sequence
 from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
+from coda.output import OutputProcessor
 from coda.request import RequestRun
 from coda.sampling import SamplingParams
-from coda.step import OutputProcessor
 from coda.stream import TokenInfo
 from coda.trace import TraceEvent, TraceSink
 

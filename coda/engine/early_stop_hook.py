@@ -1,11 +1,11 @@
-"""The early-stop policy in the engine loop: the per-token hook of :class:`~coda.step.OutputProcessor`
+"""The early-stop policy in the engine loop: the per-token hook of :class:`~coda.output.OutputProcessor`
 (SPEC D1, D2, D6, G1, L4; issue 5 item 2).
 
 The processor calls the hook last among the per-token checks (G1), with the number of tokens
 generated so far and the *confidence* of the token just chosen: its probability under the
 processed distribution the sampler chose from (after penalties, grammar mask, temperature and
 truncation; greedy rows use temperature 1). The hook feeds :class:`~coda.early_stop.EarlyStopController`
-and returns its decision as an :class:`~coda.step.EarlyStopVerdict` — a value the core acts on;
+and returns its decision as an :class:`~coda.output.EarlyStopVerdict` — a value the core acts on;
 the hook never calls into the run (issue 11 item 2):
 
     confidence   -> FinishReason.CONFIDENCE_STOP   (finish-reason version 2)
@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from coda.early_stop import EarlyStopController, EarlyStopDecision, EarlyStopReason
 from coda.finish import FinishReason
-from coda.step import EarlyStopHook, EarlyStopVerdict
+from coda.output import EarlyStopHook, EarlyStopVerdict
 
 __all__ = ["DEFAULT_SIGNAL", "ConfidenceSignal", "EarlyStopHook", "make_hook"]
 

@@ -41,11 +41,6 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
-def num_blocks_for_memory(memory_bytes: int, block_size: int, bytes_per_token: int) -> int:
-    """How many whole blocks fit in ``memory_bytes``."""
-    return memory_bytes // (block_size * bytes_per_token)
-
-
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks covering ``num_tokens`` positions (ceil division)."""
     return -(-num_tokens // block_size)

@@ -82,7 +82,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
         if manage_engine:
             engine.start()
         if durable is not None:
-            await asyncio.to_thread(durable.start, engine.tokenizer)
+            await asyncio.to_thread(durable.start)
         try:
             yield
         finally:

@@ -71,13 +71,13 @@ class MirroredHandle:
         raise RuntimeError(f"{self.request_id}: stream ended without a terminal")
 
 
-def _renderer_factory(record: Record, tokenizer: Any) -> Callable[[list[int] | None], Any]:
+def _renderer_factory(record: Record) -> Callable[[list[int] | None], Any]:
     """The route's renderer for a rebuilt record (imported lazily: routes import state)."""
     if record.kind in ("chat", "completion"):
         from coda.server.openai_routes import OpenAIRenderer
 
         return lambda after: OpenAIRenderer(
-            record, tokenizer=tokenizer, include_usage=bool(record.extra.get("include_usage")),
+            record, include_usage=bool(record.extra.get("include_usage")),
             logprobs=bool(record.extra.get("logprobs")), after=after,
             continuous_usage=bool(record.extra.get("continuous_usage")))
     if record.kind == "anthropic":
@@ -86,7 +86,7 @@ def _renderer_factory(record: Record, tokenizer: Any) -> Callable[[list[int] | N
         return lambda after: AnthropicRenderer(record, after)
     from coda.server.responses_routes import ResponsesRenderer
 
-    return lambda after: ResponsesRenderer(record, tokenizer, bool(record.extra.get("logprobs")),
+    return lambda after: ResponsesRenderer(record, bool(record.extra.get("logprobs")),
                                            -1 if after is None else after[0])
 
 
@@ -98,10 +98,8 @@ class ServerDurable:
         self.log = RedisStreamLog(url, prefix=prefix, retention_s=retention_s,
                                   lease_ttl_s=lease_ttl_s)
         self.mirror: LogMirror | None = None
-        self.tokenizer: Any = None
 
-    def start(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def start(self) -> None:
         self.log.start()
         self.mirror = LogMirror(self.log)
 
@@ -141,7 +139,6 @@ class ServerDurable:
         record = Record(record_id, desc["kind"], handles, int(desc["created"]), desc["model"],
                         make_renderer=lambda after: None, background=bool(desc["background"]),
                         extra=dict(desc["extra"]))
-        record.make_renderer = _renderer_factory(record, self.tokenizer)
-        record.tokenizer = self.tokenizer
+        record.make_renderer = _renderer_factory(record)
         log.info("record rebuilt from the stream log", extra={"request_id": record_id})
         return record

@@ -34,11 +34,11 @@ router = APIRouter()
 class OpenAIRenderer(Renderer):
     """Chunks of one chat / completion call over its n (× prompts) engine streams."""
 
-    def __init__(self, record: Record, *, tokenizer: Any, include_usage: bool,
+    def __init__(self, record: Record, *, include_usage: bool,
                  logprobs: bool, after: Sequence[int] | None,
                  continuous_usage: bool = False) -> None:
         super().__init__(len(record.handles), after)
-        self.r, self.tok = record, tokenizer
+        self.r = record
         self.continuous_usage = continuous_usage
         self.skip = bool(record.extra.get("skip_special", True))
         if record.extra.get("verify"):
@@ -231,10 +231,9 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
     handles = st.submit_all(requests, rename_map(knobs))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats)
-    tok = st.engine.tokenizer
     record = Record(rid, "chat" if chat else "completion", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: OpenAIRenderer(
-                        record, tokenizer=tok, include_usage=include_usage,
+                        record, include_usage=include_usage,
                         logprobs=logprobs is not None, after=after,
                         continuous_usage=continuous),
                     # NOTE: plain data only: the extras rebuild the renderer on any ingress
@@ -251,7 +250,7 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                                      headers={"x-request-id": rid})
     if isinstance(terminals, Response):
         return terminals
-    body = _final_object(record, terminals, tok, logprobs is not None)
+    body = _final_object(record, terminals, logprobs is not None)
     failed = [t for t in terminals if is_failed(t)]
     if failed:  # defect 4: an error status that carries the partial text and the outcome
         body = {"error": openai_error(failed[0]), **body,
@@ -260,7 +259,7 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
     return JSONResponse(body, headers={"x-request-id": rid})
 
 
-def _final_object(record: Record, terminals: list[Terminal], tok: Any,
+def _final_object(record: Record, terminals: list[Terminal],
                   with_logprobs: bool) -> dict[str, Any]:
     chat = record.kind == "chat"
     choices = []

@@ -108,8 +108,7 @@ def _call_item(record: Record, call: tl.ToolCall, status: str) -> dict[str, Any]
 def _logprobs(record: Record, stream: RequestStream) -> list[dict[str, Any]]:
     """Every returned token's logprobs so far (the final ``output_text`` carries them all,
     like the deltas did; trailing tokens as :func:`coda.server.logprobs.reported_trailing`)."""
-    tok = record.tokenizer
-    if tok is None or not record.extra.get("logprobs"):
+    if not record.extra.get("logprobs"):
         return []
     tokens = [t for e in stream.events_after(-1) if e.type is EventType.DELTA for t in e.tokens]
     terminal = stream.terminal
@@ -128,10 +127,9 @@ def _message_item(record: Record, text: str, status: str,
 class ResponsesRenderer(Renderer):
     """Deterministic Responses events; frames numbered ``<= starting_after`` are skipped."""
 
-    def __init__(self, record: Record, tokenizer: Any, logprobs: bool,
-                 starting_after: int) -> None:
+    def __init__(self, record: Record, logprobs: bool, starting_after: int) -> None:
         super().__init__(1, [-1])  # NOTE: always regenerate from the start (deterministic)
-        self.r, self.tok, self.logprobs = record, tokenizer, logprobs
+        self.r, self.logprobs = record, logprobs
         self.skip, self.seq, self.text = starting_after, 0, ""
         self.parser = tl.ToolCallParser() if record.extra.get("tools") else None
         if record.extra.get("verify"):
@@ -279,12 +277,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                           context_length=st.engine.context_length,
                           backpressure=st.settings.backpressure)
     handles = st.submit_all(reqs, rename_map(knobs))
-    tok = st.engine.tokenizer
     fmt_dump = fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}
     record = Record(rid, "response", handles, now(), st.engine.model_name,
                     make_renderer=lambda after: ResponsesRenderer(
-                        record, tok, logprobs is not None, -1 if after is None else after[0]),
-                    background=body.background, tokenizer=tok,
+                        record, logprobs is not None, -1 if after is None else after[0]),
+                    background=body.background,
                     extra={"instructions": body.instructions, "metadata": body.metadata or {},
                            "max_output_tokens": body.max_output_tokens,
                            "temperature": body.temperature, "top_p": body.top_p,

@@ -78,7 +78,6 @@ class Record:
     background: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # NOTE: plain data (the durable log)
     delivery: DeliveryRecord = field(default_factory=DeliveryRecord)
-    tokenizer: Any = None  # renders logprobs; process-local, never serialised
 
     @property
     def streams(self) -> list[Any]:

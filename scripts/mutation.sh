@@ -22,13 +22,13 @@ declare -A TESTS=(
   [stops]="tests/test_stops.py tests/test_step_stops.py"
   [detokenizer]="tests/test_detokenizer.py"
   [stream]="tests/test_stream.py tests/test_request_run.py"
-  [step]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py"
+  [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py"
   [loop]="tests/test_loop.py tests/test_request_run.py"
   [early_stop]="tests/test_early_stop.py"
 )
 STEMS=("$@")
-[ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream step request loop early_stop)
+[ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream output request loop early_stop)
 
 for stem in "${STEMS[@]}"; do
   work="$ROOT/.mutation/$stem"

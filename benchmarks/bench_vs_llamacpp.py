@@ -3,7 +3,7 @@
 
 Both engines get the same token ids (random ids from a fixed seed), the same thread count,
 fixed output lengths (EOS ignored: greedy argmax of the raw logits, no stop), no prefix
-caching, one KV sequence per request and a KV capacity of ``batch × (prompt + decode)`` tokens.
+caching, one KV sequence per request and the same KV capacity (max batch × the longest run).
 Coda runs its :class:`ModelRunner` directly (the forward and logits, like ``llama_decode``);
 repeats are interleaved (coda mode A, coda mode B, llama.cpp, A, B, …) and medians reported,
 with ratios to llama.cpp from the same run. llama-cpp-python is a bench extra
@@ -149,7 +149,10 @@ def main() -> None:
     args = ap.parse_args()
     path = args.gguf or default_gguf()
     batches = [int(b) for b in args.batches.split(",")]
-    cap = max(batches) * (args.prompt_len + args.decode_tokens) + args.ttft_len + 64
+    # NOTE: llama.cpp splits n_ctx evenly over n_seq_max sequences, so every sequence gets room
+    # for the longest run (the TTFT prompt included); Coda gets the same total capacity.
+    per_seq = max(args.prompt_len + args.decode_tokens, args.ttft_len + 2)
+    cap = max(batches) * (-(-per_seq // 256) * 256)
     print(f"model {path.name}; threads {args.threads}; load avg {os.getloadavg()}")
     runs: dict[str, CodaRun | LlamaCppRun] = {}
     for mode in args.modes.split(","):

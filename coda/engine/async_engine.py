@@ -315,11 +315,14 @@ class AsyncEngine:
                 f"completion needs {len(path)} tokens", field="max_tokens")
         return closer
 
+    def num_waiting(self) -> int:
+        return self.core.scheduler.num_waiting + len(self._inbox)
+
     def stats(self) -> EngineStats:
         bm = self.core.scheduler.block_manager
         return EngineStats(
             num_running=self.core.scheduler.num_running,
-            num_waiting=self.core.scheduler.num_waiting + len(self._inbox),
+            num_waiting=self.num_waiting(),
             kv_cache_usage=bm.usage, num_blocks=bm.num_blocks,
             num_free_blocks=bm.num_free_blocks, num_requests_total=self.num_requests_total,
             num_preemptions_total=self.core.num_preemptions_total)

@@ -85,6 +85,11 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def num_waiting(self) -> int:
+        """Accepted requests not yet generating: cheap, non-blocking, callable on the server's
+        event loop (admission's bounded queue, 429). ``stats()`` may block (a remote engine)."""
+        ...
+
     def model_info(self) -> ModelInfo: ...
 
 

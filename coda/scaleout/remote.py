@@ -105,6 +105,11 @@ class RemoteEngine:
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
 
+    def num_waiting(self) -> int:
+        # NOTE: seen from the ingress: accepted, not closed, no delta yet (only seq 0, start)
+        return sum(1 for h in list(self._live.values())
+                   if not h.stream.closed and h.stream.last_seq < 1)
+
     def stats(self) -> EngineStats:
         parts: list[EngineStats] = [r.stats.remote().result(timeout_s=10) for r in self.replicas]
         return EngineStats(

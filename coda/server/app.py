@@ -122,14 +122,15 @@ def _operational_routes(app: FastAPI) -> None:
         st = state_of(request)
         if st.shutting_down:
             return JSONResponse({"status": "shutting_down"}, status_code=503)
-        stats = st.engine.stats()
+        stats = await asyncio.to_thread(st.engine.stats)  # NOTE: a remote engine's may block
         return JSONResponse({"status": "ok", "model": st.engine.model_name,
                              "num_running": stats.num_running,
                              "num_waiting": stats.num_waiting})
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        return Response(state_of(request).metrics.render(),
+        body = await asyncio.to_thread(state_of(request).metrics.render)  # NOTE: see /health
+        return Response(body,
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")

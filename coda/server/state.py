@@ -196,7 +196,7 @@ class ServerState:
         bound = self.settings.max_waiting
         if bound is None:
             return
-        waiting = self.engine.stats().num_waiting
+        waiting = self.engine.num_waiting()
         if waiting + incoming > bound:
             raise ApiError(429, f"server overloaded: {waiting} requests are waiting "
                                 f"(bound {bound}); retry later", code="overloaded",

@@ -24,7 +24,7 @@ declare -A TESTS=(
   [stream]="tests/test_stream.py tests/test_request_run.py"
   [step]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
-  [loop]="tests/test_loop.py tests/test_request_run.py"
+  [loop]="tests/test_loop.py tests/test_request_run.py tests/test_loop_mutants.py"
   [early_stop]="tests/test_early_stop.py"
 )
 STEMS=("$@")

@@ -20,7 +20,7 @@ unset PYTHONPATH  # NOTE: mutmut puts its mutated copy first; an outer PYTHONPAT
 declare -A TESTS=(
   [lifecycle]="tests/test_lifecycle.py tests/test_request_run.py"
   [stops]="tests/test_stops.py tests/test_step_stops.py"
-  [detokenizer]="tests/test_detokenizer.py"
+  [detokenizer]="tests/test_detokenizer.py tests/test_detokenizer_eager.py"
   [stream]="tests/test_stream.py tests/test_request_run.py"
   [step]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"

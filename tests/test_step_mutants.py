@@ -24,7 +24,7 @@ from coda.trace import ListTraceSink, NullTraceSink, check_trace
 from tests.tokenizer_fixtures import sentencepiece_bpe
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 104: "é".encode()[:1], 105: "é".encode()[1:],
-         107: b"x", 110: b"<", 111: b"t>", 112: b"<t>", 115: b"<t", 116: b">"}
+         107: b"x", 110: b"<", 111: b"t>", 112: b"<t>", 115: b"<t", 116: b">", 117: b"t>CD"}
 TOK = scripted_tokenizer(TABLE)
 
 
@@ -75,6 +75,29 @@ def test_l6_returned_tokens_are_those_whose_first_byte_was_sent() -> None:
     t = run.stream.terminal
     assert t is not None and run.stream.text() == "AB"
     assert (t.usage.selected_tokens, t.usage.returned_tokens, t.usage.returned_bytes) == (2, 1, 2)
+    # "B" held for "BX" is sent at the "CD" hit: 2 bytes, still only token 1 returned
+    run, _ = _go([101, 102, EOS_ID], stop_strings=("BX", "CD"))
+    t = run.stream.terminal
+    assert t is not None and run.stream.text() == "AB" and t.usage.returned_tokens == 1
+    # "CD" held for "CDX"; "DE" hits in token 3: "C" is sent, tokens 1 and 2 are returned
+    run, _ = _go([101, 102, 103, EOS_ID], stop_strings=("CDX", "DE"))
+    t = run.stream.terminal
+    assert t is not None and run.stream.text() == "ABC" and t.usage.returned_tokens == 2
+
+
+def test_s1_e1_bytes_held_for_a_string_are_sent_when_only_ids_hold_after_them() -> None:
+    """S1, E1: "B" is held for "BX"; then 102 may start the id sequence (102, 103): "B" can no
+    longer start a stop string and goes out with token 3, while "CD" waits for the ids."""
+    run, _ = _go([101, 101, 102, 101, EOS_ID], stop_strings=("BX",), stop_token_ids=((102, 103),))
+    assert _deltas(run) == [(b"A", (101,)), (b"BA", (101,)), (b"B", (102,)), (b"CDA", (101,)),
+                            (b"B", ())]
+
+
+def test_s1_an_id_sequence_at_the_very_start_sends_nothing() -> None:
+    """S1: an id sequence that is the whole output: none of its text is ever sent."""
+    run, _ = _go([101, 102, EOS_ID], stop_token_ids=((101, 102),))
+    t = run.stream.terminal
+    assert t is not None and run.stream.text() == "" and t.finish_reason is FinishReason.STOP_SEQUENCE
 
 
 # ---------------------------------------------------------------------------------- P5
@@ -229,6 +252,7 @@ def test_o1_trace_records_the_chosen_decision_and_stop_state_per_visible_push() 
     ([110, 111, 102, EOS_ID], ("CD",), "<t>CD", FinishReason.EOS),      # tag split "<" "t>"
     ([115, 116, 102, EOS_ID], ("CD",), "<t>CD", FinishReason.EOS),      # tag split "<t" ">"
     ([101, 112, EOS_ID], ("t>",), "AB<", FinishReason.STOP_SEQUENCE),   # ends with the tag
+    ([110, 117, EOS_ID], ("CD",), "<t>CD", FinishReason.EOS),           # "<" then "t>CD"
 ])
 def test_s1_stop_strings_apply_only_up_to_the_end_of_the_tag(
         script: list[int], stops: tuple[str, ...], text: str, reason: FinishReason) -> None:
@@ -240,6 +264,12 @@ def test_s1_stop_strings_apply_only_up_to_the_end_of_the_tag(
     off = [e.data for e in sink.events if e.kind == tr.STOP_STATE and "stops_off" in e.data]
     if reason is FinishReason.EOS:
         assert off == [{"held": 0, "detok_pending": 0, "stops_off": True}]
+
+
+def test_s1_a_two_byte_tag_split_across_tokens_is_found() -> None:
+    """S1, issue 13: a two-byte ``stops_end_at`` split "<" + "t>" still turns stops off."""
+    run, _ = _go([110, 111, 102, EOS_ID], stop_strings=("CD",), stops_end_at=b"<t")
+    assert run.stream.text() == "<t>CD"
 
 
 # --------------------------------------------------------------------------- K2, K3

@@ -31,7 +31,7 @@ def _final_byte_level(tok: Tokenizer, ids: list[int]) -> bytes:
     """Byte-level: the text of ``ids`` less an incomplete UTF-8 tail."""
     by_char = {chr(c): b for b, c in _char_of_byte(tok).items()}
     specials = {tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    raw = b"".join(bytes(by_char[c] for c in tok.id_to_token(i))
+    raw = b"".join(bytes(by_char[c] for c in tok.id_to_token(i) or "")
                    for i in ids if i not in specials)
     # NOTE: final=False keeps back exactly an incomplete sequence at the end; invalid bytes
     # before it become U+FFFD, as tokenizers' lossy decode renders them.
@@ -40,7 +40,7 @@ def _final_byte_level(tok: Tokenizer, ids: list[int]) -> bytes:
 
 def _char_of_byte(tok: Tokenizer) -> dict[int, int]:
     """Byte value -> code point of its GPT-2 alphabet character (via the byte tokens)."""
-    return {b: ord(tok.id_to_token(i)) for b, i in enumerate(_byte_ids(tok))}
+    return {b: ord(tok.id_to_token(i) or "") for b, i in enumerate(_byte_ids(tok))}
 
 
 def _final_byte_fallback(tok: Tokenizer, ids: list[int]) -> bytes:

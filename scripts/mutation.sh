@@ -20,11 +20,11 @@ unset PYTHONPATH  # NOTE: mutmut puts its mutated copy first; an outer PYTHONPAT
 declare -A TESTS=(
   [lifecycle]="tests/test_lifecycle.py tests/test_request_run.py"
   [stops]="tests/test_stops.py tests/test_step_stops.py"
-  [detokenizer]="tests/test_detokenizer.py"
+  [detokenizer]="tests/test_detokenizer.py tests/test_detokenizer_eager.py"
   [stream]="tests/test_stream.py tests/test_request_run.py"
-  [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py"
-  [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py"
-  [loop]="tests/test_loop.py tests/test_request_run.py"
+  [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py"
+  [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
+  [loop]="tests/test_loop.py tests/test_request_run.py tests/test_loop_mutants.py"
   [early_stop]="tests/test_early_stop.py"
 )
 STEMS=("$@")

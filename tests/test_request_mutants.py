@@ -1,0 +1,190 @@
+"""How a RequestRun ends, seen from outside (issue 8, mutation survivors of coda/request.py):
+the early-stop cancel path (D6, C1), an earlier cancel keeping its cause, what ``finish``
+returns (L4, K3, P6), failures with held output (L7, P5), and the counters and timings of a
+run that is still live or never reached the model (L6, P5). Through the reference loop on a
+scripted model, or a RequestRun driven by hand where the loop ignores a return value.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from coda import trace as tr
+from coda.errors import ErrorCode
+from coda.finish import CancelCause, FinishReason, Usage
+from coda.lifecycle import State
+from coda.loop import generate
+from coda.output import EarlyStopHook, EarlyStopVerdict, OutputProcessor, OutputSpec
+from coda.request import MODEL_RESOURCES, RequestRun
+from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream, Timings, TokenInfo
+from coda.trace import ListTraceSink, check_trace
+from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
+
+TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 107: b"x"}
+TOK = scripted_tokenizer(TABLE)
+
+
+def _spec(**kw: object) -> OutputSpec:
+    base: dict[str, object] = dict(max_output_tokens=50, context_limit=1000, prompt_len=2,
+                                   eos_token_ids=frozenset({EOS_ID}))
+    base.update(kw)
+    return OutputSpec(**base)  # type: ignore[arg-type]
+
+
+def _stop_at(n_stop: int, reason: FinishReason, box: list[RequestRun] | None = None,
+             cancel_first: bool = False) -> EarlyStopHook:
+    def policy(n: int, conf: float) -> EarlyStopVerdict:
+        if n == n_stop and cancel_first and box:
+            box[0].request_cancel()
+        return EarlyStopVerdict(reason if n == n_stop else None, {"n": n})
+    return policy
+
+
+# ---------------------------------------------------------------------------------- D6
+@pytest.mark.parametrize("reason", [FinishReason.CONFIDENCE_STOP, FinishReason.DEADLINE_EXCEEDED])
+def test_d6_c1_early_stop_takes_the_cancel_path_with_the_policys_reason(
+        reason: FinishReason) -> None:
+    """D6, C1: the policy's stop runs the three C1 moments at once (requested with cause
+    early_stop and the reason, observed, effective), discards the held stop prefix, and ends
+    CANCELLED with the policy's own reason; every resource is released once."""
+    sink = ListTraceSink()
+    run = generate([1, 2], _spec(stop_strings=("DX",)), ScriptedModel([101, 102, 103, EOS_ID]),
+                   ScriptedChooser(), TOK, trace=sink, early_stop=_stop_at(2, reason))
+    assert check_trace(sink.events) == []
+    t = run.stream.terminal
+    assert t is not None and t.state is State.CANCELLED and t.finish_reason is reason
+    assert run.stream.text() == "ABC" and run.cancel_cause is CancelCause.EARLY_STOP
+    req = [e.data for e in sink.events if e.kind == tr.CANCEL_REQUESTED]
+    assert req == [{"cause": "early_stop", "reason": reason.value}]
+    kinds = sink.kinds()
+    assert kinds.index(tr.CANCEL_REQUESTED) < kinds.index(tr.CANCEL_OBSERVED) \
+        < kinds.index(tr.CANCEL_EFFECTIVE) < kinds.index(tr.TERMINAL)
+    assert run.cancel_requested_at is not None and run.cancel_effective_at is not None
+    assert run.cancel_requested_at <= run.cancel_effective_at
+    assert run.ledger.held == frozenset() and len(run.ledger.released) == 5
+    # a late stop_early on a terminal run changes nothing
+    n = len(sink.events)
+    run.stop_early(FinishReason.CONFIDENCE_STOP)
+    assert len(sink.events) == n and run.stream.terminal is t
+
+
+def test_d6_c1_an_earlier_cancel_keeps_its_own_cause_and_reason() -> None:
+    """D6, C1: a client cancel requested before the policy's stop keeps its cause: the run
+    ends CANCELLED/cancelled, and no early-stop cancel row is written."""
+    sink = ListTraceSink()
+    box: list[RequestRun] = []
+    run = generate([1, 2], _spec(), ScriptedModel([101, 102, 103, EOS_ID]), ScriptedChooser(),
+                   TOK, trace=sink, on_created=box.append,
+                   early_stop=_stop_at(2, FinishReason.CONFIDENCE_STOP, box, cancel_first=True))
+    t = run.stream.terminal
+    assert t is not None and t.state is State.CANCELLED
+    assert t.finish_reason is FinishReason.CANCELLED and run.cancel_cause is CancelCause.CLIENT
+    assert [e.data["cause"] for e in sink.events if e.kind == tr.CANCEL_REQUESTED] == ["client"]
+
+
+def test_c1_cancel_releases_model_resources_before_it_is_effective() -> None:
+    """C1 moment 3: the model's resources are released at the safe point, before the
+    cancel.effective row; the stream resources after the terminal (L2)."""
+    sink = ListTraceSink()
+    box: list[RequestRun] = []
+
+    def cancel() -> None:
+        box[0].request_cancel()
+
+    model = ScriptedModel([101, 102, 103], hooks={1: cancel})
+    generate([1, 2], _spec(), model, ScriptedChooser(), TOK, trace=sink, on_created=box.append)
+    rel = [i for i, e in enumerate(sink.events) if e.kind == tr.RESOURCE_RELEASED
+           and e.data["resource"] in {k.value for k in MODEL_RESOURCES}]
+    eff = sink.kinds().index(tr.CANCEL_EFFECTIVE)
+    assert len(rel) == 3 and max(rel) < eff
+
+
+# ----------------------------------------------------------------------- L4, K3, P6
+def _by_hand(stream: RequestStream, spec: OutputSpec, script: list[int]
+             ) -> tuple[RequestRun, OutputProcessor]:
+    sink = ListTraceSink()
+    proc = OutputProcessor("r", TOK, spec, stream, sink)
+    # NOTE: the run acquires its stream buffer and trace handle itself; the model's here
+    run = RequestRun("r", stream, sink, proc, prompt_tokens=2)
+    for kind in MODEL_RESOURCES:
+        run.acquire(kind, lambda: None)
+    stream.start("m")
+    for s in (State.QUEUED, State.PREFILLING, State.DECODING):
+        run.lifecycle.transition(s)
+    for i in script:
+        assert proc.on_token(i, TokenInfo(i)) is None
+    return run, proc
+
+
+def test_l4_finish_returns_the_reason_it_ended_with() -> None:
+    """L4: finish returns the terminal's reason: the loop's, or stop_sequence when the drain
+    hits a stop, or transport_error when the drain overflows the stream's bound (P6)."""
+    run, _ = _by_hand(RequestStream("r"), _spec(), [101])
+    assert run.finish(FinishReason.MAX_OUTPUT_TOKENS) is FinishReason.MAX_OUTPUT_TOKENS
+    bounded = RequestStream("r", BackpressureConfig(BackpressurePolicy.BUFFER, 2, 3))
+    # NOTE: "A" and "BA" are sent (3 bytes, the bound); the held "B" overflows at the drain
+    run, _ = _by_hand(bounded, _spec(stop_strings=("BCX",)), [101, 101])
+    assert run.finish(FinishReason.EOS) is FinishReason.TRANSPORT_ERROR
+    t = bounded.terminal
+    assert t is not None and t.state is State.FAILED
+    assert (t.finish_reason, t.error_code) == (FinishReason.TRANSPORT_ERROR,
+                                               ErrorCode.BACKPRESSURE_OVERFLOW)
+
+
+# ------------------------------------------------------------------------------ L7, P5
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _TickingModel(ScriptedModel):
+    clock: _Clock
+
+    def decode_one(self, token_id: int, position: int) -> int:
+        self.clock.now += 1.0
+        return super().decode_one(token_id, position)
+
+
+def test_l7_p5_a_failure_discards_held_output_and_closes_the_stop_buffer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """L7, P5: a model failure at decode 2 while "Bx" is held for "Bxy": the held bytes are
+    never sent, the hold is counted up to the failure (two decode steps), and the timings
+    stay those of the terminal afterwards."""
+    clock = _Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    model = _TickingModel([101, 107, 107], fail_at=2)
+    model.clock = clock
+    run = generate([1, 2], _spec(stop_strings=("Bxy",)), model, ScriptedChooser(), TOK)
+    t = run.stream.terminal
+    assert t is not None and t.state is State.FAILED and t.error_code is ErrorCode.MODEL_ERROR
+    assert run.stream.text() == "A" and t.timings.stop_buffer_s == 2.0
+    clock.now += 10.0
+    assert run.timings() == t.timings
+
+
+# ---------------------------------------------------------------------------------- L6
+def test_l6_p5_a_live_run_without_model_work_counts_nothing() -> None:
+    """L6, P5: read while live (before prefill), a run reports zero usage beyond its prompt,
+    zero phase times and no cancel moments; so does the terminal of a run whose deadline
+    passed before prefill."""
+    seen: list[tuple[Usage, Timings, tuple[object, ...]]] = []
+
+    def look(run: RequestRun) -> None:
+        seen.append((run.usage(), run.timings(), (run.cancel_requested_at,
+                     run.cancel_observed_at, run.cancel_effective_at, run.ended_at)))
+
+    run = generate([1, 2], _spec(), ScriptedModel([101, EOS_ID]), ScriptedChooser(), TOK,
+                   on_created=look, deadline=0.0, clock=lambda: 0.0)
+    usage, tm, moments = seen[0]
+    assert usage == Usage(prompt_tokens=2) and moments == (None, None, None, None)
+    t = run.stream.terminal
+    assert t is not None and t.finish_reason is FinishReason.DEADLINE_EXCEEDED
+    for timings in (tm, t.timings):
+        assert (timings.prefill_s, timings.decode_s, timings.stop_buffer_s,
+                timings.first_token_s) == (0.0, 0.0, 0.0, None)
+    assert t.usage == Usage(prompt_tokens=2)

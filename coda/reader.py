@@ -160,3 +160,18 @@ def when_closed(stream: RequestStream, callback: Callable[[Terminal], None]) -> 
     remover.append(stream.add_listener(check))
     check()  # NOTE: the stream may have closed before the listener was added
     return remover[0]
+
+
+class StreamReading:
+    """The reading half every engine handle shares (in process, rebuilt from the durable log,
+    mirrored, or remote): ``events`` replays after ``after`` then follows live ones, ending
+    after the terminal (at once from at or past it); ``result`` waits for the terminal. Both
+    acknowledge what they read (P3, P6). A handle sets ``stream`` and adds its own cancel."""
+
+    stream: RequestStream
+
+    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
+        return follow(self.stream, after)
+
+    async def result(self) -> Terminal:
+        return await terminal_of(self.stream)

@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from coda.finish import CancelCause
-from coda.reader import follow, terminal_of, when_closed
+from coda.reader import StreamReading, when_closed
 from coda.request import RequestRun
-from coda.stream import RequestStream, StreamEvent, Terminal
+from coda.stream import RequestStream, Terminal
 
 
-class RequestHandle:
-    """A submitted request: its stream, and the one way to cancel it."""
+class RequestHandle(StreamReading):
+    """A submitted request: its stream (read through :class:`coda.reader.StreamReading`), and
+    the one way to cancel it."""
 
     def __init__(self, run: RequestRun, wake_engine: Callable[[], None]) -> None:
         self._run = run
@@ -27,16 +28,6 @@ class RequestHandle:
         ok = self._run.request_cancel(cause)
         self._wake()
         return ok
-
-    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
-        """Replay events after ``after`` then follow live ones; ends after the terminal (P3).
-        Replaying from at or past the terminal's sequence number yields nothing and returns at
-        once. Acknowledges what it yields, which frees backpressure credit (P6)."""
-        return follow(self.stream, after)
-
-    async def result(self) -> Terminal:
-        """The terminal, waiting for it (acknowledging what it reads, P6)."""
-        return await terminal_of(self.stream)
 
     def wait(self, timeout: float | None = None) -> Terminal:
         """Blocking wait for the terminal (for synchronous callers)."""

@@ -28,14 +28,14 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
-from coda.reader import follow
+from coda.reader import StreamReading
 from coda.stream import EventType, RequestStream, StreamEvent, Terminal
 
 log = logging.getLogger("coda.scaleout")
 
 
 @dataclass
-class RemoteHandle:
+class RemoteHandle(StreamReading):
     """An :class:`~coda.engine.protocol.EngineHandle` whose events come from a replica."""
 
     request_id: str
@@ -50,15 +50,6 @@ class RemoteHandle:
             return False
         self.engine.replicas[self.replica].cancel.remote(self.request_id, cause)
         return True
-
-    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
-        return follow(self.stream, after)
-
-    async def result(self) -> Terminal:
-        async for ev in self.events(-1):
-            if ev.terminal is not None:
-                return ev.terminal
-        raise RuntimeError(f"{self.request_id}: stream ended without a terminal")
 
 
 class RemoteEngine:

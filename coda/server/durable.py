@@ -12,20 +12,20 @@ imported and the in-memory log is the only one (today's behaviour).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from coda.durable.mirror import LogFollower, LogMirror
 from coda.durable.redis_log import RedisStreamLog
 from coda.finish import CancelCause
-from coda.reader import follow
+from coda.reader import StreamReading
 from coda.server.state import Record
-from coda.stream import RequestStream, StreamEvent, Terminal
+from coda.stream import RequestStream
 
 log = logging.getLogger("coda.server")
 
 
-class LoggedHandle:
+class LoggedHandle(StreamReading):
     """An engine handle rebuilt from the log (an :class:`~coda.engine.protocol.EngineHandle`):
     readable and resumable; cancel is the owner's and answers False here."""
 
@@ -38,17 +38,8 @@ class LoggedHandle:
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         return False
 
-    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
-        return follow(self.stream, after)
 
-    async def result(self) -> Terminal:
-        async for ev in self.events(-1):
-            if ev.terminal is not None:
-                return ev.terminal
-        raise RuntimeError(f"{self.request_id}: log ended without a terminal")
-
-
-class MirroredHandle:
+class MirroredHandle(StreamReading):
     """A local engine handle whose readers see its durable copy (an
     :class:`~coda.engine.protocol.EngineHandle`); cancel goes to the engine."""
 
@@ -60,15 +51,6 @@ class MirroredHandle:
 
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         return bool(self._inner.cancel(cause))
-
-    def events(self, after: int = -1) -> AsyncIterator[StreamEvent]:
-        return follow(self.stream, after)
-
-    async def result(self) -> Terminal:
-        async for ev in self.events(-1):
-            if ev.terminal is not None:
-                return ev.terminal
-        raise RuntimeError(f"{self.request_id}: stream ended without a terminal")
 
 
 def _renderer_factory(record: Record) -> Callable[[list[int] | None], Any]:

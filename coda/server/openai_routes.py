@@ -250,13 +250,13 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
                                      headers={"x-request-id": rid})
     if isinstance(terminals, Response):
         return terminals
-    body = _final_object(record, terminals, logprobs is not None)
+    answer = _final_object(record, terminals, logprobs is not None)
     failed = [t for t in terminals if is_failed(t)]
     if failed:  # defect 4: an error status that carries the partial text and the outcome
-        body = {"error": openai_error(failed[0]), **body,
-                "coda": coda_extension(failed[0])}
-        return failed_json(body, headers={"x-request-id": rid})
-    return JSONResponse(body, headers={"x-request-id": rid})
+        answer = {"error": openai_error(failed[0]), **answer,
+                  "coda": coda_extension(failed[0])}
+        return failed_json(answer, headers={"x-request-id": rid})
+    return JSONResponse(answer, headers={"x-request-id": rid})
 
 
 def _final_object(record: Record, terminals: list[Terminal],

@@ -88,3 +88,15 @@ def test_k1_k2_k3_each_push_emits_every_character_already_final(family: str) -> 
             assert sent == final(tok, ids[: k + 1]), (ids[: k + 1], sent)
 
     check()
+
+
+def test_k2_a_removed_span_names_the_output_token_it_came_from() -> None:
+    """K2: a skipped special token is recorded with its own output token index (0-based),
+    here the third token's, 2."""
+    tok = ALL_FAMILIES["byte_level_bpe"]()
+    det = IncrementalDetokenizer(tok, skip_special_tokens=True)
+    for i in [*tok.encode("ab").ids, tok.token_to_id("</s>")]:
+        det.push(i)
+    span = det.removed_spans[-1]
+    assert span.reason == "special_token_skipped"
+    assert span.index == len(tok.encode("ab").ids) == 2

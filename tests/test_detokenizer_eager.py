@@ -95,7 +95,9 @@ def test_k2_a_removed_span_names_the_output_token_it_came_from() -> None:
     here the third token's, 2."""
     tok = ALL_FAMILIES["byte_level_bpe"]()
     det = IncrementalDetokenizer(tok, skip_special_tokens=True)
-    for i in [*tok.encode("ab").ids, tok.token_to_id("</s>")]:
+    eos = tok.token_to_id("</s>")
+    assert eos is not None
+    for i in [*tok.encode("ab").ids, eos]:
         det.push(i)
     span = det.removed_spans[-1]
     assert span.reason == "special_token_skipped"

@@ -201,7 +201,24 @@ def _held_utf8(data: bytes) -> int:
     """How many trailing bytes of ``data`` are an incomplete (still valid) UTF-8 character."""
     tail = data[-3:]
     # NOTE: a lead byte restarts decoding, so the last 3 bytes decide; consumed < len = held.
-    return len(tail) - codecs.utf_8_decode(tail, "replace", False)[1]
+    held = len(tail) - codecs.utf_8_decode(tail, "replace", False)[1]
+    # NOTE: CPython also holds ED A0-BF (a surrogate's first two bytes), which no byte can
+    # complete: those are final U+FFFDs now. A partial character completes with 80-BF bytes.
+    if held >= 2 and not _completable(tail[-held:]):
+        return 0
+    return held
+
+
+def _completable(part: bytes) -> bool:
+    """Whether some continuation bytes make ``part`` (a lead byte and 1-2 continuation bytes)
+    one well-formed UTF-8 character."""
+    for n in range(1, 3):
+        try:
+            (part + b"\x80" * n).decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            continue
+    return False
 
 
 class IncrementalDetokenizer:

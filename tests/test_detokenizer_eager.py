@@ -4,8 +4,9 @@ longer than needed would pass them; this property compares what ``push`` returne
 after every push, with the longest prefix of the oracle output that no further token can
 change:
 
-- byte-level BPE: the bytes of every token so far, less an incomplete UTF-8 sequence at the
-  end (the only thing a later byte can still change), decoded with U+FFFD for invalid bytes;
+- byte-level BPE: the text of the bytes so far that every continuation keeps (brute force:
+  continuations that complete any partial character, and one that completes none), so an
+  incomplete but still valid UTF-8 sequence at the end is the only thing held;
 - byte-fallback families (``<0xNN>`` tokens): ``decode`` of the ids up to the last text token
   (a text token closes a byte run; a run is decoded as one unit, so none of it is final yet),
   or of all of them when the open run is already invalid UTF-8 (it renders one U+FFFD per
@@ -14,10 +15,10 @@ change:
 
 from __future__ import annotations
 
-import codecs
+import os
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
@@ -26,16 +27,20 @@ from tests.conftest import examples
 from tests.test_detokenizer import _byte_ids, _ids_strategy
 from tests.tokenizer_fixtures import ALL_FAMILIES, SPECIAL_TOKENS
 
+# Continuations that complete every valid partial UTF-8 character (the second byte's range
+# starts at 0x80, 0x90 or 0xA0 depending on the lead byte) and one that completes none.
+_ENDINGS = (b"A", b"\x80" * 3, b"\x90" * 3, b"\xa0" * 3, b"\xbf" * 3)
+
 
 def _final_byte_level(tok: Tokenizer, ids: list[int]) -> bytes:
-    """Byte-level: the text of ``ids`` less an incomplete UTF-8 tail."""
+    """Byte-level: the longest prefix that every continuation keeps (brute force over
+    continuations that complete any partial character and one that breaks it)."""
     by_char = {chr(c): b for b, c in _char_of_byte(tok).items()}
     specials = {tok.token_to_id(t) for t in SPECIAL_TOKENS}
     raw = b"".join(bytes(by_char[c] for c in tok.id_to_token(i) or "")
                    for i in ids if i not in specials)
-    # NOTE: final=False keeps back exactly an incomplete sequence at the end; invalid bytes
-    # before it become U+FFFD, as tokenizers' lossy decode renders them.
-    return codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=False).encode()
+    texts = [(raw + end).decode("utf-8", "replace") for end in _ENDINGS]
+    return os.path.commonprefix(texts).encode()
 
 
 def _char_of_byte(tok: Tokenizer) -> dict[int, int]:
@@ -58,6 +63,12 @@ def _final_byte_fallback(tok: Tokenizer, ids: list[int]) -> bytes:
     return tok.decode(ids[:upto], skip_special_tokens=True).encode()
 
 
+def _surrogate_start(tok: Tokenizer) -> list[int]:
+    """Byte tokens ED A0: a surrogate's first two bytes, invalid now, never completable."""
+    byte_ids = _byte_ids(tok)
+    return [byte_ids[0xED], byte_ids[0xA0]] if byte_ids else []
+
+
 @pytest.mark.parametrize("family", ["byte_level_bpe", "sentencepiece_bpe", "metaspace_bpe"])
 def test_k1_k2_k3_each_push_emits_every_character_already_final(family: str) -> None:
     """K1, K2, K3: for all id sequences (byte tokens, specials and partial characters
@@ -68,6 +79,7 @@ def test_k1_k2_k3_each_push_emits_every_character_already_final(family: str) -> 
 
     @settings(deadline=None, max_examples=examples(150))
     @given(st.lists(_ids_strategy(tok), max_size=30))
+    @example(_surrogate_start(tok))
     def check(ids: list[int]) -> None:
         det = IncrementalDetokenizer(tok, skip_special_tokens=True)
         sent = b""
@@ -76,3 +88,17 @@ def test_k1_k2_k3_each_push_emits_every_character_already_final(family: str) -> 
             assert sent == final(tok, ids[: k + 1]), (ids[: k + 1], sent)
 
     check()
+
+
+def test_k2_a_removed_span_names_the_output_token_it_came_from() -> None:
+    """K2: a skipped special token is recorded with its own output token index (0-based),
+    here the third token's, 2."""
+    tok = ALL_FAMILIES["byte_level_bpe"]()
+    det = IncrementalDetokenizer(tok, skip_special_tokens=True)
+    eos = tok.token_to_id("</s>")
+    assert eos is not None
+    for i in [*tok.encode("ab").ids, eos]:
+        det.push(i)
+    span = det.removed_spans[-1]
+    assert span.reason == "special_token_skipped"
+    assert span.index == len(tok.encode("ab").ids) == 2

@@ -57,11 +57,12 @@ def test_g3_a_deadline_reached_exactly_ends_the_request(at_call: int, selected: 
         calls[0] += 1
         return 10.0 if calls[0] >= at_call else 0.0
 
-    run = generate([1, 2, 3], SPEC, ScriptedModel([101, 102, EOS_ID]), ScriptedChooser(), TOK,
-                   deadline=10.0, clock=clock)
+    model = ScriptedModel([101, 102, EOS_ID])
+    run = generate([1, 2, 3], SPEC, model, ScriptedChooser(), TOK, deadline=10.0, clock=clock)
     t = run.stream.terminal
     assert t is not None and t.finish_reason is FinishReason.DEADLINE_EXCEEDED
     assert t.usage.selected_tokens == selected
+    assert (("prefill", 3) in model.calls) is (at_call > 1)  # NOTE: before prefill: no model work
 
 
 class _FailingPrefill(ScriptedModel):

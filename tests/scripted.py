@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import tokenizers
 
 from coda.loop import Choice
+from coda.output import OutputSpec
 from coda.stream import TokenInfo
 
 EOS_ID = 0
@@ -95,3 +96,32 @@ class ScriptedChooser:
     def choose(self, logits: int, step: int, output_ids: Sequence[int]) -> Choice:
         return Choice(int(logits), TokenInfo(int(logits), 0.0),
                       {"rule": "scripted", "step": step})
+
+
+def output_spec(**kw: object) -> OutputSpec:
+    """An :class:`~coda.output.OutputSpec` with the scripted tests' defaults (50 tokens, a
+    1000-token context, a 2-token prompt, EOS = :data:`EOS_ID`), overridden by ``kw``."""
+    base: dict[str, object] = dict(max_output_tokens=50, context_limit=1000, prompt_len=2,
+                                   eos_token_ids=frozenset({EOS_ID}))
+    base.update(kw)
+    return OutputSpec(**base)  # type: ignore[arg-type]
+
+
+class ManualClock:
+    """A monotonic clock that only the test advances (``now``); see :class:`TickingModel`."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TickingModel(ScriptedModel):
+    """A scripted model whose every decode step advances ``clock`` by one second (P5)."""
+
+    clock: ManualClock
+
+    def decode_one(self, token_id: int, position: int) -> int:
+        self.clock.now += 1.0
+        return super().decode_one(token_id, position)

@@ -20,17 +20,21 @@ from coda.output import EarlyStopHook, EarlyStopVerdict, OutputProcessor, Output
 from coda.request import MODEL_RESOURCES, RequestRun
 from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream, Timings, TokenInfo
 from coda.trace import ListTraceSink, check_trace
-from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
+from tests.scripted import (
+    EOS_ID,
+    ManualClock,
+    ScriptedChooser,
+    ScriptedModel,
+    TickingModel,
+    output_spec,
+    scripted_tokenizer,
+)
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 107: b"x"}
 TOK = scripted_tokenizer(TABLE)
 
 
-def _spec(**kw: object) -> OutputSpec:
-    base: dict[str, object] = dict(max_output_tokens=50, context_limit=1000, prompt_len=2,
-                                   eos_token_ids=frozenset({EOS_ID}))
-    base.update(kw)
-    return OutputSpec(**base)  # type: ignore[arg-type]
+_spec = output_spec
 
 
 def _stop_at(n_stop: int, reason: FinishReason, box: list[RequestRun] | None = None,
@@ -134,30 +138,15 @@ def test_l4_finish_returns_the_reason_it_ended_with() -> None:
 
 
 # ------------------------------------------------------------------------------ L7, P5
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class _TickingModel(ScriptedModel):
-    clock: _Clock
-
-    def decode_one(self, token_id: int, position: int) -> int:
-        self.clock.now += 1.0
-        return super().decode_one(token_id, position)
-
 
 def test_l7_p5_a_failure_discards_held_output_and_closes_the_stop_buffer(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """L7, P5: a model failure at decode 2 while "Bx" is held for "Bxy": the held bytes are
     never sent, the hold is counted up to the failure (two decode steps), and the timings
     stay those of the terminal afterwards."""
-    clock = _Clock()
+    clock = ManualClock(50.0)
     monkeypatch.setattr(time, "monotonic", clock)
-    model = _TickingModel([101, 107, 107], fail_at=2)
+    model = TickingModel([101, 107, 107], fail_at=2)
     model.clock = clock
     run = generate([1, 2], _spec(stop_strings=("Bxy",)), model, ScriptedChooser(), TOK)
     t = run.stream.terminal

@@ -18,7 +18,7 @@ from coda.request import RequestRun
 from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream
 from coda.trace import ListTraceSink, TraceEvent, check_trace
 from tests.dedupe import Deduper
-from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
+from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, output_spec, scripted_tokenizer
 from tests.tokenizer_fixtures import sentencepiece_bpe
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 104: "é".encode()[:1], 105: "é".encode()[1:],
@@ -26,11 +26,7 @@ TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 104: "é".encode()[:1], 105: "é".e
 TOK = scripted_tokenizer(TABLE)
 
 
-def _spec(**kw: object) -> OutputSpec:
-    base: dict[str, object] = dict(max_output_tokens=50, context_limit=1000, prompt_len=2,
-                                   eos_token_ids=frozenset({EOS_ID}))
-    base.update(kw)
-    return OutputSpec(**base)  # type: ignore[arg-type]
+_spec = output_spec
 
 
 def _go(script: list[int], *, stream: RequestStream | None = None,

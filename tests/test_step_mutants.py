@@ -20,7 +20,15 @@ from coda.output import EarlyStopVerdict, OutputProcessor, OutputSpec
 from coda.request import RequestRun
 from coda.stream import EventType, RequestStream, TokenInfo
 from coda.trace import ListTraceSink, NullTraceSink, check_trace
-from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
+from tests.scripted import (
+    EOS_ID,
+    ManualClock,
+    ScriptedChooser,
+    ScriptedModel,
+    TickingModel,
+    output_spec,
+    scripted_tokenizer,
+)
 from tests.tokenizer_fixtures import sentencepiece_bpe
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 104: "é".encode()[:1], 105: "é".encode()[1:],
@@ -28,11 +36,7 @@ TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 104: "é".encode()[:1], 105: "é".e
 TOK = scripted_tokenizer(TABLE)
 
 
-def _spec(**kw: object) -> OutputSpec:
-    base: dict[str, object] = dict(max_output_tokens=50, context_limit=1000, prompt_len=2,
-                                   eos_token_ids=frozenset({EOS_ID}))
-    base.update(kw)
-    return OutputSpec(**base)  # type: ignore[arg-type]
+_spec = output_spec
 
 
 def _go(script: list[int], model: ScriptedModel | None = None, **kw: object
@@ -101,28 +105,11 @@ def test_s1_an_id_sequence_at_the_very_start_sends_nothing() -> None:
 
 
 # ---------------------------------------------------------------------------------- P5
-class _Clock:
-    """A monotonic clock that only the model's decode steps advance (one second each)."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class _TickingModel(ScriptedModel):
-    clock: _Clock
-
-    def decode_one(self, token_id: int, position: int) -> int:
-        self.clock.now += 1.0
-        return super().decode_one(token_id, position)
-
 
 def _timed(script: list[int], monkeypatch: pytest.MonkeyPatch, **kw: object) -> RequestRun:
-    clock = _Clock()
+    clock = ManualClock(100.0)
     monkeypatch.setattr(time, "monotonic", clock)
-    model = _TickingModel(script, hooks=kw.pop("hooks", {}))  # type: ignore[arg-type]
+    model = TickingModel(script, hooks=kw.pop("hooks", {}))  # type: ignore[arg-type]
     model.clock = clock
     return _go(script, model, **kw)[0]
 

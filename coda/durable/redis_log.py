@@ -50,7 +50,21 @@ from coda.stream import EventType, StreamEvent, Terminal
 
 log = logging.getLogger("coda.durable")
 
-_APPEND = """
+# The terminal's bookkeeping, shared by both scripts: mark it, leave the owner's live set, and
+# start the retention clock on the stream, its meta hash and (if any) its API record.
+_END_REQUEST = """
+local function end_request(stream, meta, live, record, term, owner, ms)
+  redis.call('HSET', meta, 'last', term, 'term', term)
+  redis.call('SREM', live, owner)
+  redis.call('PEXPIRE', stream, ms)
+  redis.call('PEXPIRE', meta, ms)
+  if record ~= '' and redis.call('EXISTS', record) == 1 then
+    redis.call('PEXPIRE', record, ms)
+  end
+end
+"""
+
+_APPEND = _END_REQUEST + """
 local meta = KEYS[2]
 local fence = redis.call('HGET', meta, 'fence')
 if fence and ARGV[3] ~= '' and fence ~= ARGV[3] then return {-1, 0} end
@@ -65,20 +79,15 @@ for i = 0, n - 1 do
 end
 local newlast = first + n - 1
 if newlast <= last then return {1, last} end
-redis.call('HSET', meta, 'last', newlast)
 if ARGV[4] == '1' then
-  redis.call('HSET', meta, 'term', newlast)
-  redis.call('SREM', KEYS[3], ARGV[5])
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', meta, ARGV[2])
-  if KEYS[4] ~= '' and redis.call('EXISTS', KEYS[4]) == 1 then
-    redis.call('PEXPIRE', KEYS[4], ARGV[2])
-  end
+  end_request(KEYS[1], meta, KEYS[3], KEYS[4], newlast, ARGV[5], ARGV[2])
+else
+  redis.call('HSET', meta, 'last', newlast)
 end
 return {1, last}
 """
 
-_REAP = """
+_REAP = _END_REQUEST + """
 local meta = KEYS[2]
 if redis.call('HEXISTS', meta, 'term') == 1 then return 0 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
@@ -86,13 +95,7 @@ local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
 if last ~= tonumber(ARGV[1]) - 1 then return -2 end
 redis.call('HSET', meta, 'fence', ARGV[5])
 redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[1]) + 1), 'e', ARGV[2])
-redis.call('HSET', meta, 'last', ARGV[1], 'term', ARGV[1])
-redis.call('SREM', KEYS[3], ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', meta, ARGV[4])
-if KEYS[5] ~= '' and redis.call('EXISTS', KEYS[5]) == 1 then
-  redis.call('PEXPIRE', KEYS[5], ARGV[4])
-end
+end_request(KEYS[1], meta, KEYS[3], KEYS[5], ARGV[1], ARGV[6], ARGV[4])
 return 1
 """
 

@@ -121,7 +121,6 @@ class OutputProcessor:
         self.emitted_bytes = 0
         self.stop_buffer_s = 0.0
         self._held_since: float | None = None
-        self.last_confidence = 1.0
         # seed 004: the policy's last summary, and whether the policy (not the loop) stopped
         self.early_stop_summary: Mapping[str, object] | None = None
         self.stopped_early = False
@@ -133,7 +132,6 @@ class OutputProcessor:
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
                  confidence: float = 1.0) -> FinishReason | None:
         self.generated += 1
-        self.last_confidence = confidence
         t = self.generated
         if self._tracing:
             self._record(tr.TOKEN_SELECTED, t=t, token_id=token_id, decision=decision or {})

@@ -103,7 +103,7 @@ class Attention(nn.Module):
             # NOTE: q and k heads side by side: one RoPE pass over [T, H + H_kv, d]
             qk = qkv[:, : self.q_size + self.kv_size].view(n_tok, -1, self.head_dim)
             q, k = torch.split(apply_rope(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
-        out = paged_attention(q, k, v, kv.k[self.layer_idx], kv.v[self.layer_idx], meta)
+        out = paged_attention(q, k, v, kv.layers[self.layer_idx], meta)
         projected: torch.Tensor = self.o_proj(out)
         return projected
 

@@ -86,7 +86,9 @@ def _gather(kv_layer: torch.Tensor, index: torch.Tensor, n_seqs: int,
     """Blocks ``index`` of one layer's ``[2, H_kv, blocks, bs, d]`` cache, K and V in one copy,
     as float32 ``[H_kv, G, key_len, d]`` each."""
     two, n_kv, _, _, d = kv_layer.shape
-    both = kv_layer.view(two * n_kv, *kv_layer.shape[2:]).index_select(1, index).float()
+    both = kv_layer.view(two * n_kv, *kv_layer.shape[2:]).index_select(1, index)
+    if both.dtype != torch.float32:
+        both = both.float()
     kv = both.view(two, n_kv, n_seqs, key_len, d)
     return kv[0], kv[1]
 
@@ -133,7 +135,7 @@ def _partials(qs: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, split: i
 def _combine(parts: torch.Tensor) -> torch.Tensor:
     """Steps 4–5: left-to-right float32 sum over the split axis (dim 2), then divide."""
     acc = parts[:, :, 0]
-    for s in range(1, parts.shape[2]):
+    for s in range(1, parts.shape[2]):  # NOTE: S is small: 8 splits at 512 keys
         acc = acc + parts[:, :, s]  # NOTE: never torch.sum: its order is not specified
     return acc[..., :-1] / acc[..., -1:]
 
@@ -232,12 +234,16 @@ def paged_attention(
     n_tok, n_heads, head_dim = q.shape
     n_kv = k.shape[1]
     flat = kv_layer.view(2, n_kv, -1, head_dim)
-    flat[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kv_layer.dtype))
-    flat[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(kv_layer.dtype))
-    qs = q.float() * (1.0 / math.sqrt(head_dim))
+    same = kv_layer.dtype == k.dtype  # NOTE: skip no-op casts: each is a dispatch per layer
+    flat[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1) if same else
+                        k.transpose(0, 1).to(kv_layer.dtype))
+    flat[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1) if same else
+                        v.transpose(0, 1).to(kv_layer.dtype))
+    qs = (q if q.dtype == torch.float32 else q.float()) * (1.0 / math.sqrt(head_dim))
     dec = meta.decode
     if meta.invariant and meta.prefill is None and dec is not None and dec.tokens is None:
-        return _attend_decode(qs, kv_layer, dec).to(q.dtype)  # NOTE: a decode-only step
+        res = _attend_decode(qs, kv_layer, dec)  # NOTE: a decode-only step
+        return res if res.dtype == q.dtype else res.to(q.dtype)
     out = q.new_empty((n_tok, n_heads * head_dim))
     if not meta.invariant:
         _attend_sdpa(qs, kv_layer, meta, out)

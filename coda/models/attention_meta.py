@@ -99,6 +99,7 @@ class AttentionMetadata:
     decode: DecodeRows | None
     prefill: PrefillRows | None
     invariant: bool = True
+    max_position: int = -1  # NOTE: the largest of positions (-1: unknown)
 
     @property
     def num_tokens(self) -> int:
@@ -154,6 +155,7 @@ class AttentionMetadata:
             prefill=_prefill_rows(prefill, starts, query_lens, context_lens, block_tables, bs,
                                   split, device, dense=not invariant) if prefill else None,
             invariant=invariant,
+            max_position=max(context_lens) - 1,
         )  # fmt: skip
 
 
@@ -179,20 +181,22 @@ def _block_index(rows: list[int], tables: Sequence[Sequence[int]], n_blocks: int
 def _decode_rows(rows: list[int], starts: list[int], context_lens: Sequence[int],
                  tables: Sequence[Sequence[int]], bs: int, split: int,
                  device: torch.device | str, in_order: bool) -> DecodeRows:
-    ctx = torch.tensor([context_lens[b] for b in rows], dtype=torch.long)
-    n_splits = -(-int(ctx.max()) // split)
-    g = len(rows)
-    keys = torch.arange(n_splits * split)
-    visible = (keys[None, :] < ctx[:, None]).view(1, g, 1, n_splits * split)
-    dead = (torch.arange(n_splits)[None, :] > ((ctx - 1) // split)[:, None]).view(1, g, n_splits,
-                                                                                   1, 1)
-    any_dead = bool(dead.any())
+    # NOTE: built from Python ints with few tensor ops: this runs every decode step.
+    ctx_list = [context_lens[b] for b in rows]
+    n_splits = -(-max(ctx_list) // split)
+    g, key_len = len(rows), n_splits * split
+    ctx = torch.tensor(ctx_list)
+    visible = (torch.arange(key_len)[None, :] < ctx[:, None]).view(1, g, 1, key_len)
+    lasts = [(c - 1) // split for c in ctx_list]
+    dead = None
+    if min(lasts) < n_splits - 1:
+        dead = (torch.arange(n_splits)[None, :] > torch.tensor(lasts)[:, None]).view(
+            1, g, n_splits, 1, 1).to(device)
     return DecodeRows(
         num_seqs=g, num_splits=n_splits, split=split,
         tokens=None if in_order else torch.tensor([starts[b] for b in rows], device=device),
-        block_index=_block_index(rows, tables, n_splits * split // bs, device),
-        visible=visible.to(device), hidden=(~visible).to(device),
-        dead=dead.to(device) if any_dead else None,
+        block_index=_block_index(rows, tables, key_len // bs, device),
+        visible=visible.to(device), hidden=(~visible).to(device), dead=dead,
     )  # fmt: skip
 
 

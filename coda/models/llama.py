@@ -209,6 +209,7 @@ class CausalLM(nn.Module):
             cos = torch.cat(([table[0]] if table is not None else []) + [c for c, _ in new])
             sin = torch.cat(([table[1]] if table is not None else []) + [s for _, s in new])
             table = self._rope_table = (cos, sin)
+        assert table is not None
         return table[0].index_select(0, positions), table[1].index_select(0, positions)
 
     def _rope_chunk(self, start: int, dtype: torch.dtype,

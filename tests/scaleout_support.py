@@ -5,6 +5,7 @@ append to ``$CODA_FAULT_REPORT``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -70,3 +71,31 @@ class FaultRow:
             with open(path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(asdict(self)) + "\n")
         assert self.lost == self.duplicated == self.bad_terminals == 0, asdict(self)
+
+
+def session_pids(sid: int) -> list[int]:
+    """Every live process of session ``sid`` (a server started with ``start_new_session``:
+    the ingress, its local Ray's daemons and the replica workers)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:  # NOTE: state, ppid, pgrp, session
+            out.append(int(entry))
+    return out
+
+
+def kill_session(sid: int) -> int:
+    """SIGKILL every process of session ``sid`` at once (the whole server); returns how many."""
+    import signal
+
+    pids = session_pids(sid)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)

@@ -9,6 +9,7 @@ row. One Ray instance and one redis-server for the module, two replicas sharing 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from coda.durable.redis_log import RedisStreamLog  # noqa: E402
-from coda.engine.types import EngineConfig, GenerationRequest  # noqa: E402
+from coda.engine.types import GenerationRequest  # noqa: E402
 from coda.finish import FinishReason  # noqa: E402
 from coda.lifecycle import State  # noqa: E402
 from coda.sampling import SamplingParams  # noqa: E402
@@ -45,16 +46,8 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def cluster(server_checkpoint: Path) -> Iterator[Any]:
-    from coda.scaleout.deploy import start_replicas, stop_replicas
-
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    engine = start_replicas(2, server_checkpoint, EngineConfig(
-        max_num_seqs=4, default_max_tokens=32, recent_traces=64),
-        num_cpus=1, torch_threads=1, local_cpus=2)
-    yield engine
-    stop_replicas()
-    ray.shutdown()
+def cluster(replicas: Any) -> Any:
+    return replicas
 
 
 def _engine(cluster: Any) -> Any:
@@ -315,16 +308,20 @@ def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
                 "model": cluster.model_name, "input": "hi", "background": True,
                 "max_output_tokens": 120, "ignore_eos": True, "seed": 7}).json()["id"]
             streams = {}
-            for policy, n in (("continue", 60), ("cancel", 480)):
-                with client.stream("POST", f"{url}/v1/chat/completions", json={
-                        **body, "messages": [{"role": "user", "content": policy}],
-                        "max_tokens": n, "seed": 8, "on_disconnect": policy}) as resp:
+            with contextlib.ExitStack() as held:
+                for policy, n in (("continue", 60), ("cancel", 480)):
+                    # NOTE: held open until the kill: the cancel-policy client is still there
+                    resp = held.enter_context(client.stream(
+                        "POST", f"{url}/v1/chat/completions", json={
+                            **body, "messages": [{"role": "user", "content": policy}],
+                            "max_tokens": n, "seed": 8, "on_disconnect": policy}))
                     streams[policy] = (resp.headers["x-request-id"],
                                        _events(resp, stop_after=3))
-            with client.stream("GET", f"{url}/v1/responses/{bg}?stream=true") as resp:
-                first = _events(resp, stop_after=6)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
+                with client.stream("GET", f"{url}/v1/responses/{bg}?stream=true") as resp:
+                    first = _events(resp, stop_after=6)
+                assert "term" not in _log(redis_server.url).meta(streams["cancel"][0])
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
             other, _ = _ingress(cluster, redis_server.url)
             try:
                 seen = int(first[-1]["id"])

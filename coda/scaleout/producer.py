@@ -65,6 +65,7 @@ class ReplicaLog:
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.closed = False
         self.cancelled_orphans = 0
         threading.Thread(target=self._watch, name="coda-orphan-watch", daemon=True).start()
 
@@ -94,7 +95,20 @@ class ReplicaLog:
             try:
                 self.check_orphans()
             except redis.RedisError:
+                with self._lock:
+                    idle = all(r.handle.stream.closed for r in self._running.values())
+                if idle:  # NOTE: that Redis is gone and nothing here needs it: let go
+                    log.warning("stream log unreachable; closing this replica's use of it")
+                    self.close()
+                    return
                 log.exception("orphan watch failed")
+
+    def close(self) -> None:
+        """Stop the lease, the mirror and the watch (a later request opens a fresh one)."""
+        self.closed = True
+        self._stop.set()
+        self.log.stop(release=False)
+        self.mirror.flush(timeout=1.0)
 
     def check_orphans(self) -> int:
         """Cancel every running request whose ingress's lease is gone and which is not

@@ -65,7 +65,7 @@ class EngineReplica:
 
     def _log(self, spec: DurableSpec) -> ReplicaLog:
         key = (spec.url, spec.prefix)
-        if key not in self._logs:
+        if key not in self._logs or self._logs[key].closed:
             self._logs[key] = ReplicaLog(spec, self.server_id)
             if "fail_appends" in self.faults:
                 _fail_deltas(self._logs[key])

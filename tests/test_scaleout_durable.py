@@ -67,9 +67,12 @@ def _ingress(cluster: Any, url: str) -> tuple[LiveServer, Any]:
     return LiveServer(app).start(), engine
 
 
-def _events(resp: httpx.Response, stop_after: int | None = None) -> list[dict[str, str]]:
+def _events(resp: httpx.Response, stop_after: int | None = None,
+            lines: Iterator[str] | None = None) -> list[dict[str, str]]:
+    """SSE events of ``resp``; ``lines``: an iterator over its lines that the caller keeps
+    (an abandoned iterator closes the connection: a client that left)."""
     acc, out = SSEAccumulator(), []
-    for line in resp.iter_lines():
+    for line in lines if lines is not None else resp.iter_lines():
         ev = acc.feed(line)
         if ev is not None:
             out.append(ev)
@@ -294,6 +297,7 @@ def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
            "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
     gcs = ray.get_runtime_context().gcs_address
+    orphans_before = _orphans_cancelled(cluster)
     proc = subprocess.Popen(
         [sys.executable, "-m", "coda.cli", "serve", "--model", str(server_checkpoint),
          "--port", str(port), "--replicas", "2", "--ray-address", gcs,
@@ -315,8 +319,10 @@ def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
                         "POST", f"{url}/v1/chat/completions", json={
                             **body, "messages": [{"role": "user", "content": policy}],
                             "max_tokens": n, "seed": 8, "on_disconnect": policy}))
+                    lines = resp.iter_lines()
+                    held.callback(lines.close)  # type: ignore[attr-defined]
                     streams[policy] = (resp.headers["x-request-id"],
-                                       _events(resp, stop_after=3))
+                                       _events(resp, stop_after=3, lines=lines))
                 with client.stream("GET", f"{url}/v1/responses/{bg}?stream=true") as resp:
                     first = _events(resp, stop_after=6)
                 assert "term" not in _log(redis_server.url).meta(streams["cancel"][0])
@@ -361,6 +367,7 @@ def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
     assert len(xevs) < 480
     row.add_log(xevs)
     row.report()
+    assert _orphans_cancelled(cluster) == orphans_before + 1  # by a replica's orphan watch
     _wait_for(lambda: _all_free(cluster), timeout=60, what="every KV block free (L7)")
 
 
@@ -375,3 +382,8 @@ def _healthy(client: httpx.Client, url: str, proc: subprocess.Popen[bytes]) -> b
 def _all_free(cluster: Any) -> bool:
     st = cluster.stats()
     return st.num_running == st.num_waiting == 0 and st.num_free_blocks == st.num_blocks
+
+
+def _orphans_cancelled(cluster: Any) -> int:
+    return sum(int(r.whoami.remote().result(timeout_s=30)["orphans_cancelled"])
+               for r in cluster.replicas)

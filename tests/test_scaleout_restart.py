@@ -46,9 +46,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _events(resp: httpx.Response, stop_after: int | None = None) -> list[dict[str, str]]:
+def _events(resp: httpx.Response, stop_after: int | None = None,
+            lines: Iterator[str] | None = None) -> list[dict[str, str]]:
+    """SSE events of ``resp``; ``lines``: an iterator over its lines that the caller keeps
+    (an abandoned iterator closes the connection: a client that left)."""
     acc, out = SSEAccumulator(), []
-    for line in resp.iter_lines():
+    for line in lines if lines is not None else resp.iter_lines():
         ev = acc.feed(line)
         if ev is not None:
             out.append(ev)
@@ -104,7 +107,9 @@ def test_whole_server_sigkilled_two_restarts_end_each_orphan_once_l2_l5_l6(
                                                                             "content": policy}],
                                                               "on_disconnect": policy}))
                 rid = resp.headers["x-request-id"]
-                heads[rid] = _events(resp, stop_after=3)
+                lines = resp.iter_lines()
+                held.callback(lines.close)  # type: ignore[attr-defined]
+                heads[rid] = _events(resp, stop_after=3, lines=lines)
                 chats.append(rid)
             bg = client.post(f"{url}/v1/responses", json={
                 "model": "tiny-chat", "input": "hi", "background": True,

@@ -94,7 +94,8 @@ class EngineReplica:
         return self.engine.model_info()
 
     def whoami(self) -> dict[str, Any]:
-        return {"pid": self.pid, "server_id": self.server_id}
+        return {"pid": self.pid, "server_id": self.server_id,
+                "orphans_cancelled": sum(p.cancelled_orphans for p in self._logs.values())}
 
     def serving_attrs(self) -> dict[str, Any]:
         """What the server reads off its engine besides calls (the tokenizer for prompts and

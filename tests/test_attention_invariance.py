@@ -117,3 +117,21 @@ def test_sdpa_mode_is_close_to_the_invariant_mode() -> None:
             rows.append(paged_attention(q[sl], k[sl], v[sl], kv, meta))
         outs.append(torch.cat(rows))
     assert (outs[0] - outs[1]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("split_keys", [4, 12])
+def test_t4_many_splits_combine_left_to_right(monkeypatch: pytest.MonkeyPatch,
+                                              split_keys: int) -> None:
+    """T4 with dozens of splits per row (small splits): the partials must be added strictly
+    left to right — ``torch.sum`` over the split axis regroups them from 8 terms on, and then
+    a prefill block (its own j + 1 splits) and a decode row (the batch's longest range, -0.0
+    padded) would disagree."""
+    from coda.models import attention_meta
+
+    monkeypatch.setattr(attention_meta, "_SPLIT_KEYS", split_keys)
+    rng = random.Random(split_keys)
+    lengths = [150, 41, 97]
+    seeds = [rng.randrange(1 << 30) for _ in lengths]
+    got = _schedule(lengths, 4, rng, seeds)
+    for n, s, rows in zip(lengths, seeds, got, strict=True):
+        assert torch.equal(rows, _alone(*_qkv(n, s), 4))

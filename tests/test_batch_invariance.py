@@ -76,6 +76,46 @@ def test_t4_crowd_chunking_and_paging_give_identical_logits(
         assert all(torch.equal(a, b) for a, b in zip(rows, ref, strict=True))
 
 
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
+    """SmolLM2-135M's attention shape (9 query heads, 3 KV heads, d_h 64), int4 linears."""
+    path: Path = make_random_checkpoint(
+        tmp_path_factory.mktemp("wide"), arch="llama", hidden_size=576, intermediate_size=256,
+        num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3, vocab_size=VOCAB)
+    m = load_model(path)
+    rng = np.random.default_rng(3)
+    for layer in m.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj, attn.o_proj = _int4_like(attn.qkv_proj, rng), _int4_like(attn.o_proj, rng)
+        mlp.gate_up_proj, mlp.down_proj = (_int4_like(mlp.gate_up_proj, rng),
+                                           _int4_like(mlp.down_proj, rng))
+    values = rng.integers(-128, 128, size=(VOCAB, 576), dtype=np.int32)
+    m.logits_head = Q8Split(values, rng.uniform(0.001, 0.01, (VOCAB, 18)).astype(np.float32))
+    return m
+
+
+def test_t4_real_head_shape_prefill_blocks_crowd_and_chunks_equal_alone(
+    wide_model: CausalLM,
+) -> None:
+    """T4 at the real head shape: prompts spanning several 64-key splits, prefilled in chunks
+    of 37 next to other sequences' decode rows, give exactly the logits of the prompt in one
+    chunk then decode, alone; and the long prompt's last logits equal those of the prompt fed
+    token by token (every position by the decode path, padded gemm rows)."""
+    rng = random.Random(8)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (150, 3, 70)]
+    decodes = [[rng.randrange(3, VOCAB) for _ in range(3)] for _ in prompts]
+    runner = ModelRunner(wide_model, block_size=4, num_blocks=200)
+    got = run_schedule(runner, prompts, decodes, chunk=37, rng=rng)
+    for p, d, rows in zip(prompts, decodes, got, strict=True):
+        ref = _alone_by_decode(wide_model, p, d)
+        assert all(torch.equal(a, b) for a, b in zip(rows, ref, strict=True))
+    by_token = ModelRunner(wide_model, block_size=4, num_blocks=64)
+    table = tuple(range(40))
+    for i, t in enumerate(prompts[0]):
+        last = by_token.execute([SeqChunk((t,), i, table, True)])[0]
+    assert torch.equal(last, got[0][0])
+
+
 def test_t4_recompute_after_preemption_is_bitwise_identical(model: CausalLM) -> None:
     """T4: decoded tokens recomputed as one prefill chunk (preemption by recompute, or a
     prefix-cache miss) leave the next logits bit-for-bit unchanged."""

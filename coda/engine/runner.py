@@ -11,9 +11,13 @@ Threads (``torch.set_num_threads`` is process-wide, so the caller's choice alway
 ``num_threads=N`` sets N. Left at ``None``, the runner changes nothing if ``OMP_NUM_THREADS``
 is set or the thread count was already changed from the value torch had when this module was
 imported; otherwise it uses one fewer than the CPUs this process may run on (at least 1),
-leaving a core to the event loop, detokenizer and HTTP server. Intra-op threads spinning on an
-oversubscribed core cost far more than they gain at small decode batches (measured: a 4.5M
-model on 2 busy cores ran batch-1 decode at 1.5 ms/step with 1 thread, 90 ms/step with 2).
+leaving a core to the event loop, detokenizer and HTTP server. Measured (issue 10,
+``benchmarks/bench_threads.py``, SmolLM2-135M fp32, context 128, the 2-core EPYC shared with
+other jobs at load 8–10): a decode step at batch 1/8/32 took 176/403/1052 ms with 1 thread and
+1712/2980/7784 ms with 2 — 7–10× slower, since an OpenMP barrier waits for whichever thread
+the OS has descheduled. On an idle machine 2 threads gained 5%/26%/48% (issue 10's table,
+bf16). A server always has other work on the cores, and the loss when they are busy dwarfs
+the gain when they are idle, so the default stays at cores − 1 (``--threads`` overrides it).
 """
 
 from __future__ import annotations

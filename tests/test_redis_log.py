@@ -12,7 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coda.durable.codec import decode_event, encode_event
+from coda.durable.codec import (
+    decode_batch,
+    decode_event,
+    encode_batch,
+    encode_event,
+    pack_event,
+    unpack_events,
+)
 from coda.durable.redis_log import Fenced, RedisStreamLog
 from coda.errors import ErrorCode
 from coda.finish import FinishReason, Usage
@@ -55,11 +62,17 @@ def test_codec_round_trips_every_field_p1_p3(data: bytes, tokens: tuple[TokenInf
     kind = EventType.TERMINAL if terminal is not None else EventType.DELTA
     ev = StreamEvent("req-x", seq, kind, data, tokens, model=model, model_snapshot=snapshot,
                      terminal=terminal)
-    back = decode_event(encode_event(ev))
-    assert (back.request_id, back.seq, back.type, back.data, back.tokens, back.model,
-            back.model_snapshot, back.terminal) == (ev.request_id, ev.seq, ev.type, ev.data,
-                                                    ev.tokens, ev.model, ev.model_snapshot,
-                                                    ev.terminal)
+    def fields(e: StreamEvent) -> tuple[object, ...]:
+        return (e.request_id, e.seq, e.type, e.data, e.tokens, e.model, e.model_snapshot,
+                e.terminal)
+
+    assert fields(decode_event(encode_event(ev))) == fields(ev)  # v1 (JSON, still read)
+    plain = StreamEvent("req-x", seq + 1, EventType.DELTA, b"z", (TokenInfo(7, piece=b"z"),))
+    run = unpack_events("req-x", pack_event(ev) + pack_event(plain))  # v2: a run of two
+    assert [fields(e) for e in run] == [fields(ev), fields(plain)]
+    batch = decode_batch(encode_batch([("req-x", [ev]), ("req-y", [])]))
+    assert [(rid, [fields(e) for e in evs]) for rid, evs in batch] == [
+        ("req-x", [fields(ev)]), ("req-y", [])]
 
 
 def _log(server: RedisServer, **kw: float) -> RedisStreamLog:

@@ -9,6 +9,10 @@ on the handle (``route``) and in the server log.
 Failures: a replica call that fails before the first delta reached the ingress is resubmitted to
 another replica (same request, same seed: the counter RNG makes the output identical); after
 it, the request ends exactly once with ``model_error``, billing the committed tokens.
+
+Transport: events come back through one streaming ``feed`` call per replica (and event loop),
+carrying batches of every request's events (:mod:`coda.scaleout.feed`), not one Ray item per
+event.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
 from coda.reader import StreamReading
+from coda.scaleout.feed import FeedClient
 from coda.stream import EventType, RequestStream, StreamEvent, Terminal
 
 log = logging.getLogger("coda.scaleout")
@@ -75,6 +80,7 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: dict[str, RemoteHandle] = {}
+        self._feeds: dict[asyncio.AbstractEventLoop, list[FeedClient]] = {}
         self.num_requests_total = 0
         self.num_resubmits_total = 0
 
@@ -136,6 +142,19 @@ class RemoteEngine:
         task.add_done_callback(lambda _: self._live.pop(rid, None))
         return handle
 
+    def _feed(self, idx: int) -> FeedClient:
+        """Replica ``idx``'s feed on the running loop (opened on first use: a server runs
+        one loop, tests and benchmarks may run several in turn)."""
+        loop = asyncio.get_running_loop()
+        feeds = self._feeds.get(loop)
+        if feeds is None:
+            for old in [lp for lp in self._feeds if lp.is_closed()]:
+                del self._feeds[old]
+            feeds = self._feeds[loop] = [
+                FeedClient(r.options(stream=True, method_name="feed").remote,
+                           r.submit.remote) for r in self.replicas]
+        return feeds[idx]
+
     # -- routing -------------------------------------------------------------------------
     def choose(self, req: GenerationRequest, exclude: set[int]) -> tuple[int, dict[str, Any]]:
         budget = req.max_tokens or self.config.default_max_tokens
@@ -163,8 +182,7 @@ class RemoteEngine:
         while True:
             got_delta = False
             try:
-                gen = self.replicas[idx].options(stream=True, method_name="generate").remote(req)
-                async for ev in gen:
+                async for ev in self._feed(idx).events(req, h.request_id):
                     got_delta = got_delta or ev.type is EventType.DELTA
                     feed(h.stream, [ev])
             except Exception as exc:  # NOTE: a dead replica (RayActorError, ...)

@@ -1,14 +1,18 @@
 """One engine replica: an :class:`~coda.engine.async_engine.AsyncEngine` in a Ray Serve replica
 (issue 12 item 1, 3; SPEC P1–P4, C1).
 
-``generate`` streams the request's plain-data events (pickled by Ray). The engine request is
-owned by the engine thread, not by the generator: when Ray Serve cancels the call because its
-caller went away, only the forwarding stops — the request keeps running (P4
-``on_disconnect=continue``, background responses) until the ingress cancels it by id.
+The ingress submits with ``submit(req, feed_id)`` and reads the events of all its requests on
+this replica through one streaming ``feed(feed_id)`` call (:mod:`coda.scaleout.feed`: batches,
+not one Ray item per event). ``generate`` streams one request's events, one item each (kept
+for direct callers). The engine request is owned by the engine thread, not by a call: when Ray
+Serve cancels a call because its caller went away, only the forwarding stops — the request
+keeps running (P4 ``on_disconnect=continue``, background responses) until the ingress cancels
+it by id.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +21,7 @@ from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
 from coda.reader import follow
+from coda.scaleout.feed import Outbox
 from coda.stream import StreamEvent
 
 
@@ -30,6 +35,29 @@ class EngineReplica:
         self.pid = os.getpid()
         self.engine = AsyncEngine.from_model_dir(model_dir, config)
         self.engine.start()
+        self._outboxes: dict[str, Outbox] = {}
+
+    def _outbox(self, feed_id: str) -> Outbox:
+        box = self._outboxes.get(feed_id)
+        if box is None:
+            box = self._outboxes[feed_id] = Outbox(asyncio.get_running_loop())
+        return box
+
+    async def submit(self, req: GenerationRequest, feed_id: str) -> None:
+        """Queue ``req``; its events go to the ingress reading ``feed(feed_id)``."""
+        handle = self.engine.submit(req)
+        self._outbox(feed_id).forward(handle.stream)
+
+    async def feed(self, feed_id: str) -> AsyncIterator[bytes]:
+        """Batches of the events of every request submitted with ``feed_id`` (one call per
+        ingress); when the caller goes away the outbox is dropped, the requests run on."""
+        box = self._outbox(feed_id)
+        try:
+            async for blob in box.drain():
+                yield blob
+        finally:
+            if self._outboxes.get(feed_id) is box:
+                del self._outboxes[feed_id]
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[StreamEvent]:
         handle = self.engine.submit(req)

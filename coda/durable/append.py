@@ -14,11 +14,10 @@ per flush (not per event) spares the ``NOSCRIPT`` retry after a Redis restart.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 
 from coda.durable import lua
-from coda.durable.codec import pack_event
+from coda.durable.codec import pack_run
 from coda.stream import EventType, StreamEvent
 
 # NOTE: one script call holds at most this many runs (a script blocks Redis while it runs)
@@ -48,12 +47,13 @@ def _bulk(b: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(b), b)
 
 
-def frame(batch: list[Run], prefix: str, retention_ms: int, fence: str) -> Iterator[bytes]:
+def frame(batch: list[Run], prefix: str, retention_ms: int, fence: str) -> list[bytes]:
     """The RESP bytes of the ``EVAL`` calls appending ``batch`` (one per
     :data:`RUNS_PER_CALL` runs); argument layout as :data:`coda.durable.lua.APPEND`."""
     pre = prefix.encode()
     opened = _bulk(pre + b"open")
     head = _bulk(b"%d" % retention_ms) + _bulk(fence.encode())
+    calls = []
     for k in range(0, len(batch), RUNS_PER_CALL):
         chunk = batch[k:k + RUNS_PER_CALL]
         keys: list[bytes] = [opened]
@@ -62,21 +62,23 @@ def frame(batch: list[Run], prefix: str, retention_ms: int, fence: str) -> Itera
             ev, record_id = run[0]
             rid = ev.request_id.encode()
             last = run[-1][0]
-            keys.append(_bulk(b"%slog:{%s}" % (pre, rid)) + _bulk(b"%smeta:{%s}" % (pre, rid))
-                        + _bulk(b"%srec:{%s}" % (pre, record_id.encode())
-                                if record_id and last.type is EventType.TERMINAL else b""))
-            blobs = [pack_event(e) for e, _ in run]
-            offsets, pos = [], 0
-            for blob in blobs[:-1]:
-                pos += len(blob)
-                offsets.append(pos)
-            args.append(_bulk(rid) + _bulk(b"%d" % ev.seq) + _bulk(b"%d" % len(run))
-                        + (b"$1\r\n1\r\n" if last.type is EventType.TERMINAL else b"$1\r\n0\r\n")
-                        + _bulk(b"".join(blobs))
-                        + _bulk(struct.pack(f"<{len(offsets)}I", *offsets)))
+            end = last.type is EventType.TERMINAL
+            rec = b"%srec:{%s}" % (pre, record_id.encode()) if record_id and end else b""
+            # NOTE: one formatting operation per run for its three keys and one for its six
+            # arguments (redis-py's packer is a function call and type checks per argument)
+            n = len(rid) + len(pre) + 6
+            keys.append(b"$%d\r\n%slog:{%s}\r\n$%d\r\n%smeta:{%s}\r\n$%d\r\n%s\r\n"
+                        % (n, pre, rid, n + 1, pre, rid, len(rec), rec))
+            blob, offsets = pack_run([e for e, _ in run])
+            first, count = b"%d" % ev.seq, b"%d" % len(run)
+            args.append(b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$1\r\n%s\r\n"
+                        b"$%d\r\n%s\r\n$%d\r\n%s\r\n"
+                        % (len(rid), rid, len(first), first, len(count), count,
+                           b"1" if end else b"0", len(blob), blob, len(offsets), offsets))
         n_keys = 1 + 3 * len(chunk)
-        yield b"".join([b"*%d\r\n" % (3 + n_keys + 2 + 6 * len(chunk)), _EVAL,
-                        _bulk(b"%d" % n_keys), *keys, *args])
+        calls.append(b"".join([b"*%d\r\n" % (3 + n_keys + 2 + 6 * len(chunk)), _EVAL,
+                               _bulk(b"%d" % n_keys), *keys, *args]))
+    return calls
 
 
 def outcomes(batch: list[Run], replies: list[bytes]) -> Iterator[tuple[Run, int, int]]:

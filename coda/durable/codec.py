@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
+import threading
 from dataclasses import asdict
 from typing import Any
 
@@ -111,6 +113,7 @@ def decode_event(raw: bytes | str) -> StreamEvent:
 
 
 # -- v2: MessagePack ---------------------------------------------------------------------------
+_local = threading.local()
 _KIND = {EventType.START: 0, EventType.DELTA: 1, EventType.TERMINAL: 2}
 _TYPES = (EventType.START, EventType.DELTA, EventType.TERMINAL)
 
@@ -146,6 +149,27 @@ def pack_event(ev: StreamEvent) -> bytes:
     """One event in v2 (without its request id); concatenations form a run."""
     out: bytes = msgpack.packb(_row(ev))
     return out
+
+
+def pack_run(events: list[StreamEvent]) -> tuple[bytes, bytes]:
+    """A run of events in v2 (their concatenation) and the byte offsets of events 1..n-1 in
+    it as little-endian uint32s (where the log's append script may cut a duplicated prefix)."""
+    packer = _packer()
+    ends: list[int] = []
+    for ev in events:
+        packer.pack(_row(ev))
+        ends.append(len(packer.getbuffer()))
+    blob = packer.bytes()
+    packer.reset()
+    return blob, struct.pack(f"<{len(ends) - 1}I", *ends[:-1])
+
+
+def _packer() -> msgpack.Packer:
+    # NOTE: a Packer is not thread-safe; one per thread, reused (building one costs ~1 µs)
+    p: msgpack.Packer | None = getattr(_local, "packer", None)
+    if p is None:
+        p = _local.packer = msgpack.Packer(autoreset=False)
+    return p
 
 
 def unpack_events(request_id: str, blob: bytes) -> list[StreamEvent]:

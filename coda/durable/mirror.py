@@ -37,9 +37,27 @@ class DurableCopy(RequestStream):
         super().__init__(source.request_id, _UNBOUNDED)
         self.source = source
 
+    _quiet = False
+
     def ack(self, seq: int) -> None:
         super().ack(seq)
         self.source.ack(seq)
+
+    def _notify(self) -> None:
+        if not self._quiet:
+            super()._notify()
+
+    def feed(self, events: list[StreamEvent]) -> None:
+        """Append what a flush made durable, waking the readers once for all of it (each
+        wake-up of an SSE reader is a write to its loop's self-pipe)."""
+        # NOTE: only the mirror's writer thread appends here; an ack's wake-up suppressed
+        # meanwhile is covered by the one below
+        self._quiet = True
+        try:
+            feed(self, events)
+        finally:
+            self._quiet = False
+        self._notify()
 
 
 def feed(stream: RequestStream, events: list[StreamEvent]) -> None:
@@ -134,7 +152,7 @@ class LogMirror:
                 w.on_fenced()
                 continue
             w.written = evs[-1].seq
-            feed(w.copy, evs)
+            w.copy.feed(evs)
             if evs[-1].type is EventType.TERMINAL:
                 self._forget(rid)
 

@@ -146,7 +146,7 @@ class RedisStreamLog:
         True written, False a duplicate (or after the terminal), a :class:`Fenced` if a peer
         owns the request now; a gap raises (a writer bug)."""
         batch = append.runs(items)
-        calls = list(append.frame(batch, self.prefix, self.retention_ms, self.fence))
+        calls = append.frame(batch, self.prefix, self.retention_ms, self.fence)
         pool = self.r.connection_pool
         conn = pool.get_connection()
         try:

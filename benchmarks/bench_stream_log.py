@@ -25,6 +25,7 @@ import argparse
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -151,6 +152,7 @@ def main() -> None:
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--step-ms", type=float, default=5.0)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     proc, url, d = (None, a.redis_url, None) if a.redis_url else _start_redis()
     try:
@@ -162,22 +164,29 @@ def main() -> None:
             except Exception:
                 time.sleep(0.1)
         log.fence = str(log.r.incr(f"{log.prefix}fence"))
-        base = in_memory(a.tokens)
-        one = redis_one(log, a.tokens // 4)
-        mirrored = redis_mirror(log, a.tokens, a.streams)
-        p_mem, _, _ = paced(None, a.steps, a.streams, a.step_ms / 1e3)
-        p_prod, p_mirror, p_redis = paced(log, a.steps, a.streams, a.step_ms / 1e3)
-        print(f"load average {os.getloadavg()[0]:.1f}")
-        print(f"in-memory log       {base * 1e6:8.2f} us/token")
-        print(f"redis, 1 trip/event {one * 1e6:8.2f} us/token  (+{(one - base) * 1e6:.2f})")
-        print(f"redis mirror x{a.streams:<4d}  {mirrored * 1e6:8.2f} us/token  "
-              f"(+{(mirrored - base) * 1e6:.2f}; wall time per token over all streams)")
-        extra = p_prod - p_mem + p_mirror
+        one = redis_one(log, a.tokens // 20)
+        rows: list[tuple[float, ...]] = []
+        load = [os.getloadavg()[0]]
+        for _ in range(a.repeats):  # NOTE: interleaved, so a change of load hits all alike
+            base = in_memory(a.tokens)
+            mirrored = redis_mirror(log, a.tokens, a.streams)
+            p_mem, _, _ = paced(None, a.steps, a.streams, a.step_ms / 1e3)
+            p_prod, p_mirror, p_redis = paced(log, a.steps, a.streams, a.step_ms / 1e3)
+            rows.append((base, mirrored, mirrored - base, p_mem, p_prod, p_mirror,
+                         p_prod - p_mem + p_mirror, p_redis))
+            load.append(os.getloadavg()[0])
+        base, mirrored, diff, p_mem, p_prod, p_mirror, extra, p_redis = (
+            statistics.median(col) * 1e6 for col in zip(*rows, strict=True))
+        print(f"medians of {a.repeats} (load average {min(load):.1f}..{max(load):.1f})")
+        print(f"in-memory log       {base:8.2f} us/token")
+        print(f"redis, 1 trip/event {one * 1e6:8.2f} us/token  (one run)")
+        print(f"redis mirror x{a.streams:<4d}  {mirrored:8.2f} us/token  "
+              f"(+{diff:.2f} over in-memory; wall time per token over all streams)")
         print(f"paced x{a.streams} every {a.step_ms:g} ms, CPU per token: appends "
-              f"{p_mem * 1e6:.2f} us in memory, {p_prod * 1e6:.2f} us with the mirror's "
-              f"listener; mirror thread {p_mirror * 1e6:.2f} us; Redis {p_redis * 1e6:.2f} us")
-        print(f"paced: the log costs the serving process +{extra * 1e6:.2f} us/token "
-              f"(listener + mirror thread), Redis {p_redis * 1e6:.2f} us/token")
+              f"{p_mem:.2f} us in memory, {p_prod:.2f} us with the mirror's listener; "
+              f"mirror thread {p_mirror:.2f} us; Redis {p_redis:.2f} us")
+        print(f"paced: the log costs the serving process +{extra:.2f} us/token "
+              f"(listener + mirror thread), Redis {p_redis:.2f} us/token")
     finally:
         if proc is not None:
             proc.terminate()

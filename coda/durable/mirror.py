@@ -91,6 +91,8 @@ class LogMirror:
         self._watched: dict[str, _Watched] = {}
         self._dirty: set[str] = set()
         self._cond = threading.Condition()
+        # NOTE: the writer's wake-up; set by appends without taking the lock (see mark)
+        self._pending = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="coda-log-mirror", daemon=True)
         self._thread.start()
@@ -105,25 +107,29 @@ class LogMirror:
         with self._cond:
             self._watched[rid] = _Watched(stream, copy, record_id, on_fenced)
             self._dirty.add(rid)
-            self._cond.notify()
+        self._pending.set()
 
         def mark() -> None:  # NOTE: runs on the engine thread after every append
-            with self._cond:
-                self._dirty.add(rid)
-                self._cond.notify()
+            # NOTE: no lock: set.add is atomic, and the writer takes the dirty ids only after
+            # clearing _pending, so an append is either in this round's read of the stream
+            # (taken after its mark) or sets _pending again for the next round
+            self._dirty.add(rid)
+            if not self._pending.is_set():
+                self._pending.set()
 
         stream.add_listener(mark)
         return copy
 
     def _run(self) -> None:
         while True:
+            self._pending.wait()
             with self._cond:
-                while not self._dirty and not self._stopping:
-                    self._cond.wait()
+                self._pending.clear()
                 if self._stopping and not self._dirty:
                     return
-                batch = [self._watched[r] for r in self._dirty if r in self._watched]
-                self._dirty.clear()
+                ids = list(self._dirty)  # NOTE: atomic (one C call under the GIL)
+                self._dirty.difference_update(ids)
+                batch = [self._watched[r] for r in ids if r in self._watched]
             self._flush(batch)
 
     def _flush(self, batch: list[_Watched]) -> None:
@@ -139,6 +145,7 @@ class LogMirror:
             log.exception("stream log append failed")
             with self._cond:
                 self._dirty.update(w.stream.request_id for w, _ in todo)
+            self._pending.set()
             time.sleep(0.1)
             return
         k = 0
@@ -169,7 +176,7 @@ class LogMirror:
         with self._cond:
             self._dirty.update(self._watched)
             self._stopping = True
-            self._cond.notify()
+        self._pending.set()
         self._thread.join(timeout)
 
     @property

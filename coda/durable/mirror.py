@@ -37,41 +37,15 @@ class DurableCopy(RequestStream):
         super().__init__(source.request_id, _UNBOUNDED)
         self.source = source
 
-    _quiet = False
-
     def ack(self, seq: int) -> None:
         super().ack(seq)
         self.source.ack(seq)
 
-    def _notify(self) -> None:
-        if not self._quiet:
-            super()._notify()
-
-    def feed(self, events: list[StreamEvent]) -> None:
-        """Append what a flush made durable, waking the readers once for all of it (each
-        wake-up of an SSE reader is a write to its loop's self-pipe)."""
-        # NOTE: only the mirror's writer thread appends here; an ack's wake-up suppressed
-        # meanwhile is covered by the one below
-        self._quiet = True
-        try:
-            feed(self, events)
-        finally:
-            self._quiet = False
-        self._notify()
-
 
 def feed(stream: RequestStream, events: list[StreamEvent]) -> None:
-    """Append ``events`` to a local copy in seq order, skipping those it already has."""
-    for ev in events:
-        if ev.seq != stream.last_seq + 1:
-            continue  # NOTE: XREAD may repeat the boundary entry; seq dedupes
-        if ev.type is EventType.START:
-            stream.start(ev.model or "")
-        elif ev.type is EventType.DELTA:
-            stream.delta(ev.data, ev.tokens)
-        else:
-            assert ev.terminal is not None
-            stream.close(ev.terminal)
+    """Append ``events`` to a local copy in seq order, skipping those it already has (XREAD
+    may repeat the boundary entry; a replica's feed may too)."""
+    stream.extend(events)
 
 
 @dataclass
@@ -159,7 +133,7 @@ class LogMirror:
                 w.on_fenced()
                 continue
             w.written = evs[-1].seq
-            w.copy.feed(evs)
+            w.copy.extend(evs)
             if evs[-1].type is EventType.TERMINAL:
                 self._forget(rid)
 

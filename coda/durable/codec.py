@@ -118,14 +118,20 @@ _KIND = {EventType.START: 0, EventType.DELTA: 1, EventType.TERMINAL: 2}
 _TYPES = (EventType.START, EventType.DELTA, EventType.TERMINAL)
 
 
+def _tokens_v2(tokens: tuple[TokenInfo, ...]) -> list[Any]:
+    return [[t.token_id, t.piece] if t.logprob is None and not t.top_logprobs
+            and not t.top_pieces and not t.special
+            else [t.token_id, t.piece, t.logprob, t.top_logprobs, t.top_pieces, t.special]
+            for t in tokens]
+
+
 def _row(ev: StreamEvent) -> list[Any]:
-    toks: list[Any] | None = None
-    if ev.tokens:
-        toks = [[t.token_id, t.piece] if t.logprob is None and not t.top_logprobs
-                and not t.top_pieces and not t.special
-                else [t.token_id, t.piece, t.logprob, t.top_logprobs, t.top_pieces, t.special]
-                for t in ev.tokens]
-    row = [ev.seq, _KIND[ev.type], ev.data or None, toks, ev.model, ev.model_snapshot,
+    if (ev.type is EventType.DELTA and ev.model is None and ev.model_snapshot is None
+            and ev.terminal is None):  # NOTE: the common case, built directly
+        return ([ev.seq, 1, ev.data, _tokens_v2(ev.tokens)] if ev.tokens
+                else [ev.seq, 1, ev.data or None])
+    row = [ev.seq, _KIND[ev.type], ev.data or None,
+           _tokens_v2(ev.tokens) if ev.tokens else None, ev.model, ev.model_snapshot,
            json.dumps(_terminal(ev.terminal), separators=(",", ":"))
            if ev.terminal is not None else None]
     while row[-1] is None:  # NOTE: seq and kind are never None
@@ -154,21 +160,22 @@ def pack_event(ev: StreamEvent) -> bytes:
 def pack_run(events: list[StreamEvent]) -> tuple[bytes, bytes]:
     """A run of events in v2 (their concatenation) and the byte offsets of events 1..n-1 in
     it as little-endian uint32s (where the log's append script may cut a duplicated prefix)."""
-    packer = _packer()
-    ends: list[int] = []
-    for ev in events:
-        packer.pack(_row(ev))
-        ends.append(len(packer.getbuffer()))
-    blob = packer.bytes()
-    packer.reset()
-    return blob, struct.pack(f"<{len(ends) - 1}I", *ends[:-1])
+    pack = _packer().pack
+    if len(events) == 1:
+        return pack(_row(events[0])), b""
+    blobs = [pack(_row(ev)) for ev in events]
+    offsets, pos = [], 0
+    for blob in blobs[:-1]:
+        pos += len(blob)
+        offsets.append(pos)
+    return b"".join(blobs), struct.pack(f"<{len(offsets)}I", *offsets)
 
 
 def _packer() -> msgpack.Packer:
     # NOTE: a Packer is not thread-safe; one per thread, reused (building one costs ~1 µs)
     p: msgpack.Packer | None = getattr(_local, "packer", None)
     if p is None:
-        p = _local.packer = msgpack.Packer(autoreset=False)
+        p = _local.packer = msgpack.Packer()
     return p
 
 

@@ -114,6 +114,9 @@ class FeedClient:
                 raise
             except Exception as exc:  # NOTE: a dead replica (RayActorError, ...)
                 err = exc
+            if self._routes:
+                log.warning("replica feed failed; failing its %d requests", len(self._routes),
+                            exc_info=err)
             # NOTE: whatever the replica still held for this feed is gone with it: every
             # request routed here ends or is resubmitted by its caller; new ones use a new feed
             routes, self._routes, self._id = self._routes, {}, uuid.uuid4().hex

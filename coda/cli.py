@@ -101,7 +101,7 @@ def serve(model: ModelOpt = None,
                    settings=settings, durable=durable)
     finally:
         if replicas > 0:
-            stop_replicas()
+            stop_replicas(engine)
 
 
 @app.command()

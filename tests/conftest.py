@@ -228,3 +228,24 @@ def smollm_hf(smollm_gguf: Path) -> Any:
 
     return AutoModelForCausalLM.from_pretrained(str(smollm_gguf.parent), gguf_file=smollm_gguf.name,
                                                 dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------- replicas (issue 12)
+@pytest.fixture(scope="session")
+def replicas(server_checkpoint: Path) -> Iterator[Any]:
+    """Two engine replicas on Ray Serve (tiny checkpoint, two sequences each so a third
+    request waits in the queue, in-memory traces on), one local Ray start for the whole
+    session: every replica test module shares it (Ray does not restart reliably in-process)."""
+    pytest.importorskip("ray")
+    import ray
+
+    from coda.engine.types import EngineConfig
+    from coda.scaleout.deploy import start_replicas, stop_replicas
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    engine = start_replicas(2, server_checkpoint, EngineConfig(
+        max_num_seqs=2, default_max_tokens=32, recent_traces=64),
+        num_cpus=1, torch_threads=1, local_cpus=2)
+    yield engine
+    stop_replicas()
+    ray.shutdown()

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.engine.runner import ModelRunner, SeqChunk
-from coda.models import attention as attention_module
+from coda.models import attention_meta as attention_module
 from coda.models.attention import AttentionMetadata, PagedKVCache
 from coda.models.llama import CausalLM
 from coda.models.loader import load_model
@@ -188,20 +188,30 @@ def test_execute_rejects_bad_chunks_and_returns_editable_logits(model: CausalLM)
 
 
 def test_t4_one_decode_call_per_layer_whatever_the_lengths() -> None:
-    """T4 (performance contract): every decode row shares one attention group, whatever the
-    mix of key lengths; prefill rows form a second group; a lone fresh prompt needs no index."""
+    """T4 (performance contract): every decode row shares one attention call, whatever the
+    mix of key lengths; prefill chunks are cut into query blocks by key split, block j
+    attending splits 0..j only; a decode-only batch in order needs no row index."""
     n = 64
     meta = AttentionMetadata.build(
         [1] * n, [40] * (n - 1) + [300], [list(range(19))] * n, 16
     )
-    assert len(meta.groups) == 1
-    (decode,) = meta.groups
-    assert (decode.num_seqs, decode.query_len) == (n, 1) and decode.key_len >= 300
-    assert decode.query_index is None and decode.out_tokens is None  # rows are tokens 0..T-1
-    mixed = AttentionMetadata.build([1, 1, 43], [40, 41, 43], [[0, 1, 2], [3, 4, 5], [6, 7, 8]], 16)
-    assert [(g.num_seqs, g.query_len) for g in mixed.groups] == [(2, 1), (1, 43)]
-    alone = AttentionMetadata.build([43], [43], [[6, 7, 8]], 16)
-    assert alone.groups[0].out_tokens is None and alone.groups[0].real_rows is None
+    assert meta.prefill is None and meta.decode is not None
+    decode = meta.decode
+    assert decode.num_seqs == n and decode.num_splits * decode.split >= 300
+    assert decode.tokens is None  # rows are tokens 0..T-1
+    # NOTE: row 0 (40 keys) lives in split 0: its splits 1.. are dead; row 63 (300 keys) none
+    assert decode.dead is not None
+    assert decode.dead[0, 0, :, 0, 0].tolist() == [False, True, True, True, True]
+    assert not decode.dead[0, n - 1].any()
+    assert AttentionMetadata.build([1, 1], [40, 50], [[0, 1, 2, 3]] * 2, 16).decode.dead is None  # type: ignore[union-attr]
+    mixed = AttentionMetadata.build([1, 1, 43], [40, 41, 143], [list(range(3 * i, 3 * i + 9))
+                                                                for i in range(3)], 16)
+    assert mixed.decode is not None and mixed.decode.num_seqs == 2
+    assert mixed.decode.tokens is not None and mixed.decode.tokens.tolist() == [0, 1]
+    assert mixed.prefill is not None
+    # NOTE: positions 100..142 fall in splits 1 (100..127) and 2 (128..142)
+    blocks = [(b.split_index, b.rows, b.out_tokens.tolist()) for b in mixed.prefill.blocks]
+    assert blocks == [(1, 28, list(range(2, 30))), (2, 15, list(range(30, 45)))]
 
 
 @pytest.mark.parametrize("split_keys", [1, 3, 64])

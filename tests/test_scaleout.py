@@ -6,36 +6,28 @@ module, two replicas sharing two cores."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from coda.engine.types import EngineConfig, GenerationRequest  # noqa: E402
+from coda.engine.types import GenerationRequest  # noqa: E402
 from coda.finish import FinishReason  # noqa: E402
 from coda.sampling import SamplingParams  # noqa: E402
 from coda.stream import EventType  # noqa: E402
+from tests.scaleout_support import FaultRow  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def remote(server_checkpoint: Path) -> Iterator[Any]:
-    from coda.scaleout.deploy import start_replicas, stop_replicas
+def remote(replicas: Any) -> Any:
+    """The session's two replicas (conftest), with this module's own routing state."""
+    from coda.scaleout.remote import RemoteEngine
 
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    # NOTE: two sequences per replica, so a third request waits in the queue (no first frame)
-    engine = start_replicas(2, server_checkpoint, EngineConfig(max_num_seqs=2,
-                                                               default_max_tokens=32),
-                            num_cpus=1, torch_threads=1, local_cpus=2)
-    yield engine
-    stop_replicas()
-    ray.shutdown()
+    return RemoteEngine(replicas.replicas, replicas.config)
 
 
 def _kill(replica: int) -> None:
@@ -121,6 +113,10 @@ def test_replica_killed_mid_stream_and_before_first_frame_l2_l5_l6(remote: Any) 
     assert hs[2].stream.terminal is not None
     assert hs[2].stream.terminal.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
     assert _ids(hs[2]) == _ids(ref)
+    row = FaultRow("replica killed: 2 running, 1 queued (no Redis)")
+    for h in hs:
+        row.add_log(h.stream.events_after(-1))
+    row.report()
 
 
 def test_one_ingress_speaks_the_api_over_replicas_p1(remote: Any) -> None:
@@ -201,8 +197,11 @@ def test_100_streams_30pct_disconnects_nothing_lost_or_leaked_p1_p2_p4_l7(remote
             assert evs[-1]["data"] == "[DONE]"
             ids = sorted({int(e["id"]) for e in evs if "id" in e})
             assert ids == list(range(ids[0], ids[-1] + 1))  # each event id, none missing
+    row = FaultRow("100 streams over 2 replicas, 30% clients leave (no Redis)")
     for rec in records:
         _ids(rec.handles[0])  # contiguous seqs, exactly one terminal
+        row.add_log(rec.handles[0].stream.events_after(-1))
+    row.report()
 
 
 def test_shutdown_ends_in_flight_requests_once_l2(remote: Any) -> None:

@@ -147,3 +147,9 @@ def test_background_response_survives_a_sigkill_l2_l5_l6(
         deltas)
     # NOTE: one token per delta on this ASCII tokenizer: billed == committed, > 0, < 480
     assert 2 <= final["usage"]["output_tokens"] == len(deltas) < 480
+    from coda.durable.redis_log import RedisStreamLog
+    from tests.scaleout_support import FaultRow
+
+    row = FaultRow("single server SIGKILLed mid background response, restarted")
+    row.add_log(RedisStreamLog(redis_server.url).read(rid))
+    row.report()

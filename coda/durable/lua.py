@@ -92,3 +92,17 @@ redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[1]) + 1), 'a', ARGV[1], 'v2',
 end_request(KEYS[1], meta, KEYS[3], KEYS[5], ARGV[1], ARGV[6], ARGV[4])
 return 1
 """
+
+# Ownership moves by compare-and-set on the fencing token (issue 12 item 3): a replica claims a
+# request the ingress opened (expecting the ingress's token); the ingress takes back a request
+# whose replica call failed (expecting the replica's token). The previous owner is kept in
+# ``via``; a request with a terminal is never taken.
+TAKE = """
+local meta = KEYS[1]
+local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
+if redis.call('HEXISTS', meta, 'term') == 1 then return {0, last} end
+if redis.call('HGET', meta, 'fence') ~= ARGV[1] then return {-1, last} end
+redis.call('HSET', meta, 'via', redis.call('HGET', meta, 'owner'), 'owner', ARGV[2],
+           'fence', ARGV[3])
+return {1, last}
+"""

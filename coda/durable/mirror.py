@@ -54,6 +54,7 @@ class _Watched:
     copy: DurableCopy
     record_id: str
     on_fenced: Callable[[], None]
+    ack_on_write: bool = False
     written: int = -1
 
 
@@ -72,14 +73,19 @@ class LogMirror:
         self._thread.start()
 
     def watch(self, stream: RequestStream, *, record_id: str, prompt_tokens: int,
-              on_fenced: Callable[[], None]) -> DurableCopy:
+              on_fenced: Callable[[], None], opened: bool = False,
+              ack_on_write: bool = False) -> DurableCopy:
         """Own ``stream`` in the log from now on and copy every event of it (from seq 0);
-        returns the copy readers should read (events reach it once durable)."""
+        returns the copy readers should read (events reach it once durable). ``opened``: this
+        server already owns the request in the log (it claimed it, :meth:`RedisStreamLog.take`).
+        ``ack_on_write``: the log is the reader (a replica whose caller may be gone), so a
+        durable write acknowledges the engine's stream (P6 then follows the log)."""
         rid = stream.request_id
-        self.log.open(rid, prompt_tokens=prompt_tokens, record_id=record_id)
+        if not opened:
+            self.log.open(rid, prompt_tokens=prompt_tokens, record_id=record_id)
         copy = DurableCopy(stream)
         with self._cond:
-            self._watched[rid] = _Watched(stream, copy, record_id, on_fenced)
+            self._watched[rid] = _Watched(stream, copy, record_id, on_fenced, ack_on_write)
             self._dirty.add(rid)
         self._pending.set()
 
@@ -134,6 +140,8 @@ class LogMirror:
                 continue
             w.written = evs[-1].seq
             w.copy.extend(evs)
+            if w.ack_on_write:
+                w.stream.ack(w.written)
             if evs[-1].type is EventType.TERMINAL:
                 self._forget(rid)
 

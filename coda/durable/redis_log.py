@@ -54,6 +54,18 @@ from coda.stream import EventType, StreamEvent, Terminal
 
 log = logging.getLogger("coda.durable")
 
+def failed_terminal(events: list[StreamEvent], prompt_tokens: int, message: str) -> Terminal:
+    """The one ``model_error`` terminal of a request whose producer is gone: ``FAILED``,
+    billing the committed tokens — those of the deltas in ``events`` (L5, L6)."""
+    deltas = [e for e in events if e.type is EventType.DELTA]
+    committed = sum(len(e.tokens) for e in deltas)
+    return Terminal(State.FAILED, FinishReason.MODEL_ERROR,
+                    Usage(prompt_tokens=prompt_tokens, selected_tokens=committed,
+                          processed_output_tokens=committed, returned_tokens=committed,
+                          returned_bytes=sum(len(e.data) for e in deltas)),
+                    ErrorCode.MODEL_ERROR, message)
+
+
 class Fenced(RuntimeError):
     """This server no longer owns the request: a peer ended it after our lease expired."""
 
@@ -70,12 +82,14 @@ class RedisStreamLog:
             raise ValueError("retention_s and lease_ttl_s must be > 0")
         # NOTE: typed Any: redis-py annotates replies as bytes | str | Awaitable (sync or async)
         self.r: Any = redis.Redis.from_url(url)
+        self.url = url
         self.prefix = prefix
         self.retention_ms = int(retention_s * 1000)
         self.lease_ttl_ms = int(lease_ttl_s * 1000)
         self.server_id = server_id or uuid.uuid4().hex[:12]
         self.fence = ""
         self._reap = self.r.register_script(lua.REAP)
+        self._take = self.r.register_script(lua.TAKE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reaped_total = 0
@@ -124,14 +138,35 @@ class RedisStreamLog:
                 log.exception("lease heartbeat failed")
 
     # -- producer side -------------------------------------------------------------------
-    def open(self, request_id: str, *, prompt_tokens: int, record_id: str | None = None) -> None:
-        """Declare ``request_id`` owned by this server (before its first append)."""
+    def open(self, request_id: str, *, prompt_tokens: int, record_id: str | None = None,
+             detached: bool = False) -> None:
+        """Declare ``request_id`` owned by this server (before its first append).
+        ``detached``: it runs on without a client (P4 ``continue``, background)."""
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self._k("meta", request_id), mapping={
-            "owner": self.server_id, "fence": self.fence, "prompt": prompt_tokens,
-            "rec": record_id or ""})
+        fields: dict[str, str | int] = {"owner": self.server_id, "fence": self.fence,
+                                        "prompt": prompt_tokens, "rec": record_id or ""}
+        if detached:
+            fields["detach"] = 1
+        pipe.hset(self._k("meta", request_id), mapping=fields)
         pipe.sadd(self._open, request_id)
         pipe.execute()
+
+    def take(self, request_id: str, expect_fence: str) -> tuple[int, int]:
+        """Become the request's owner if its fencing token is ``expect_fence`` (one script):
+        ``(1, last)`` taken, ``(0, last)`` it has its terminal, ``(-1, last)`` someone else
+        owns it. ``last`` is the last seq in the log (-1: nothing yet)."""
+        code, last = self._take(keys=[self._k("meta", request_id)],
+                                args=[expect_fence, self.server_id, self.fence])
+        return int(code), int(last)
+
+    def detach(self, request_id: str) -> None:
+        """Mark ``request_id`` as running on without a client (P4 ``continue``)."""
+        self.r.hset(self._k("meta", request_id), "detach", 1)
+
+    def meta(self, request_id: str) -> dict[str, str]:
+        """The request's meta hash, decoded (empty once expired or if never opened)."""
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(
+            self._k("meta", request_id)).items()}
 
     def append_many(self, events: list[StreamEvent], record_id: str | None = None
                     ) -> list[bool]:
@@ -228,14 +263,8 @@ class RedisStreamLog:
         """Write the one ``model_error`` terminal of an orphan; False if it was not one."""
         meta = self.r.hgetall(self._k("meta", request_id))
         evs = self.read(request_id)
-        committed = sum(len(e.tokens) for e in evs if e.type is EventType.DELTA)
-        returned_bytes = sum(len(e.data) for e in evs if e.type is EventType.DELTA)
-        terminal = Terminal(
-            State.FAILED, FinishReason.MODEL_ERROR,
-            Usage(prompt_tokens=int(meta.get(b"prompt", 0)), selected_tokens=committed,
-                  processed_output_tokens=committed, returned_tokens=committed,
-                  returned_bytes=returned_bytes),
-            ErrorCode.MODEL_ERROR,
+        terminal = failed_terminal(
+            evs, int(meta.get(b"prompt", 0)),
             f"the server that owned this request ({owner}) stopped; its lease expired")
         ev = StreamEvent(request_id, len(evs), EventType.TERMINAL, terminal=terminal)
         rec = meta.get(b"rec", b"").decode()

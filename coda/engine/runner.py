@@ -71,8 +71,11 @@ class ModelRunner:
         num_blocks: int | None = None,
         kv_cache_bytes: int | None = None,
         num_threads: int | None = None,
+        invariant_attention: bool = True,
     ) -> None:
         choose_num_threads(num_threads)
+        # NOTE: False = plain SDPA attention: not batch invariant (T4); a measured opt-out.
+        self.invariant_attention = invariant_attention
         self.model = model
         self.config: ModelConfig = model.config
         self.dtype = dtype
@@ -147,6 +150,7 @@ class ModelRunner:
             [c.block_table for c in chunks],
             self.block_size,
             self.device,
+            invariant=self.invariant_attention,
         )
         # NOTE: the last flat token of chunk b is query_start[b] + q_b - 1.
         last_rows: list[int] = []

@@ -1,186 +1,56 @@
-"""Paged KV cache and batch-invariant varlen attention over it (SPEC T3, T4).
+"""Paged KV cache and batch-invariant attention over it (SPEC T3, T4).
 
-A step's batch is FLATTENED: the new tokens of every sequence are concatenated, grouped by
-sequence, in batch order. Each sequence brings a chunk of ``q_b`` new tokens (a prefill chunk
-or one decode token) on top of ``ctx_b - q_b`` tokens already in its cache::
+The step's layout and its metadata are described in ``attention_meta.py``. Attention is at most
+one call for the decode rows and one pass over query blocks for the prefill rows per layer.
+Both run the same batch-invariant arithmetic (T4: a query row's output is a function of its own
+query and its own keys only — never of its neighbours, of the padding, of the group it lands
+in, or of whether its token is prefilled or decoded). For a row at position ``p`` whose own
+split is ``j = p // split``:
 
-    flat token t:    0  1  2 | 3 | 4  5        (B = 3 sequences, T = 6 tokens)
-    seq of t:        0  0  0 | 1 | 2  2
-    query_lens:      3         1   2
-    context_lens:    3         9   6          (cache length AFTER this step)
-    positions:       0  1  2 | 8 | 4  5        ctx_b - q_b + i
+1. ``q`` is scaled by ``1/sqrt(d)``; per key split ``s <= j``, scores ``q·k`` come from one
+   matmul of fixed inner shape (``[M, d] @ [d, split]``), keys after ``p`` masked to ``-inf``;
+2. ``m`` = the row's max score over its splits (a max is exact in any order),
+   ``P = exp(scores - m)`` (masked keys give exactly 0);
+3. per split, ``[P·V | ΣP]`` by a fixed-shape matmul and a fixed-length sum;
+4. the split partials are added LEFT TO RIGHT in float32: ``((x_0 + x_1) + x_2) + … + x_j``;
+   decode rows run over the batch's longest key range, with splits after ``j`` replaced by
+   ``-0.0`` (``x + -0.0 == x`` bit for bit, for every float ``x``);
+5. out = numerator / denominator.
 
-The cache is paged: logical position ``p`` of sequence ``b`` lives in physical block
-``block_tables[b, p // block_size]`` at offset ``p % block_size``; ``slot_mapping[t]`` is that
-flat slot (``block * block_size + offset``) for each new token.
+Matmul rows: MKL's float32 gemm gives a row the same bits for every row count ``M >= 4`` at
+these shapes, but a different kernel (other bits) below 4; so a head group's rows are padded
+with zero rows up to :data:`_MIN_ROWS` (tests/test_batch_invariance.py checks it at the real
+model's dims). Scores and softmax run in float32 whatever the cache dtype. This module never
+imports ``coda.engine``.
 
-Attention is at most TWO calls per layer, whatever the mix of lengths: every decode row
-(``q_b == 1``) in one :class:`AttentionGroup`, every prefill row in another (padded to the
-longest chunk). Both run the same batch-invariant algorithm (T4: a query row's output is a
-function of its own query and its own keys only — never of its neighbours, of the padding, of
-the group it lands in, or of whether its token is prefilled or decoded):
-
-1. scores ``q·k`` for every key slot (one matmul whose reduction is over ``head_dim`` only);
-   keys after the row's position are masked to ``-inf``;
-2. ``m`` = the row's max score (a max is exact in any order), ``p = exp(s - m)``;
-3. the keys are cut into fixed splits of :data:`split_size` keys counted from position 0; each
-   split is reduced by a fixed-shape matmul (``p @ V``) and a fixed-length sum (``Σp``);
-4. the splits are combined by ``cumsum`` (a sequential scan: the value at split ``j`` depends on
-   splits ``0..j`` only) and read at the row's own last split.
-
-So padding keys, padding splits and padding rows never touch a real row's arithmetic, and a
-token computed in prefill gets exactly the K/V and output it would get in decode (preemption
-by recompute and prefix-cache hits change nothing). Scores and softmax run in float32 whatever
-the cache dtype. This module never imports ``coda.engine``.
+``AttentionMetadata(invariant=False)`` selects plain ``F.scaled_dot_product_attention`` over
+the same gathered keys instead: the non-invariant baseline (``benchmarks/bench_attention.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-# NOTE: keys per split. Any fixed value keeps T4; 64 keeps the per-split matmul reasonably
-# sized while wasting at most 63 masked key slots per row.
-_SPLIT_KEYS = 64
+from coda.models.attention_meta import (
+    AttentionMetadata,
+    DecodeRows,
+    PrefillBlock,
+    PrefillRows,
+    split_size,
+)
 
+__all__ = ["AttentionMetadata", "PagedKVCache", "paged_attention", "split_size"]
 
-def split_size(block_size: int) -> int:
-    """Keys per attention split: a whole number of blocks, at least :data:`_SPLIT_KEYS`."""
-    return block_size * -(-_SPLIT_KEYS // block_size)
-
-
-@dataclass(frozen=True)
-class AttentionGroup:
-    """Sequences attended together in one call: ``num_seqs`` × ``query_len`` query rows
-    (padded) against ``num_splits`` × ``split`` key slots gathered block by block."""
-
-    num_seqs: int
-    query_len: int
-    num_splits: int
-    split: int
-    block_index: torch.Tensor  # LongTensor[G * num_splits * split / bs]: tables, padded with 0
-    query_index: torch.Tensor | None  # LongTensor[G * Q]: flat token per row; None = all T in order
-    visible: torch.Tensor  # BoolTensor[1, G, S, Q, 1, split]: key slot <= row position
-    last_split: torch.Tensor  # LongTensor[G, Q]: the split holding each row's own position
-    real_rows: torch.Tensor | None  # LongTensor[n]: non-padding rows of [G * Q]; None = all
-    out_tokens: torch.Tensor | None  # LongTensor[n]: flat token of each real row
-
-    @property
-    def key_len(self) -> int:
-        return self.num_splits * self.split
-
-
-@dataclass(frozen=True)
-class AttentionMetadata:
-    """Where each new token sits, and what each query may see, for one forward step."""
-
-    slot_mapping: torch.Tensor  # LongTensor[T]: flat cache slot of each new token's K/V
-    positions: torch.Tensor  # LongTensor[T]: logical position of each new token
-    groups: tuple[AttentionGroup, ...]
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.slot_mapping.shape[0])
-
-    @classmethod
-    def build(
-        cls,
-        query_lens: Sequence[int],
-        context_lens: Sequence[int],
-        block_tables: Sequence[Sequence[int]],
-        block_size: int,
-        device: torch.device | str = "cpu",
-    ) -> AttentionMetadata:
-        """Build the step's tensors from per-sequence Python lists.
-
-        ``block_tables[b]`` must cover positions ``[0, context_lens[b])``. Raises ValueError
-        on an empty chunk, a chunk longer than its context, or a table that is too short.
-        """
-        n = len(query_lens)
-        if n == 0 or n != len(context_lens) or n != len(block_tables):
-            raise ValueError("need one query_len, context_len and block table per sequence")
-        bs = block_size
-        positions: list[int] = []
-        slots: list[int] = []
-        starts: list[int] = []
-        decode: list[int] = []
-        prefill: list[int] = []
-        for b in range(n):
-            q_len, ctx, row = query_lens[b], context_lens[b], block_tables[b]
-            if not 1 <= q_len <= ctx:
-                raise ValueError(f"need 1 <= query_len ({q_len}) <= context_len ({ctx})")
-            if len(row) * bs < ctx:
-                raise ValueError(
-                    f"block table of {len(row)} blocks cannot hold {ctx} tokens (block_size={bs})"
-                )
-            starts.append(len(positions))
-            if q_len == 1:
-                decode.append(b)
-                positions.append(ctx - 1)
-                slots.append(row[(ctx - 1) // bs] * bs + (ctx - 1) % bs)
-            else:
-                prefill.append(b)
-                positions.extend(range(ctx - q_len, ctx))
-                _extend_slots(slots, row, ctx - q_len, ctx, bs)
-        groups = [
-            _group(rows, starts, query_lens, context_lens, block_tables, bs, device,
-                   in_order=len(rows) == n)
-            for rows in (decode, prefill) if rows
-        ]
-        return cls(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            groups=tuple(groups),
-        )
-
-
-def _extend_slots(slots: list[int], row: Sequence[int], start: int, end: int, bs: int) -> None:
-    """Append the flat slots of positions ``[start, end)``, one ``range`` per block."""
-    for j in range(start // bs, (end - 1) // bs + 1):
-        lo, hi = max(start, j * bs), min(end, (j + 1) * bs)
-        base = row[j] * bs - j * bs
-        slots.extend(range(base + lo, base + hi))
-
-
-def _group(rows: list[int], starts: list[int], query_lens: Sequence[int],
-           context_lens: Sequence[int], tables: Sequence[Sequence[int]], bs: int,
-           device: torch.device | str, in_order: bool) -> AttentionGroup:
-    """One group over sequences ``rows``; ``in_order``: they are all T flat tokens, in order."""
-    split = split_size(bs)
-    q = torch.tensor([query_lens[b] for b in rows], dtype=torch.long)
-    ctx = torch.tensor([context_lens[b] for b in rows], dtype=torch.long)
-    q_max = int(q.max())
-    n_splits = -(-int(ctx.max()) // split)
-    n_blocks = n_splits * (split // bs)
-    flat_blocks: list[int] = []
-    for b in rows:
-        used = list(tables[b][:n_blocks])
-        flat_blocks.extend(used)
-        flat_blocks.extend([0] * (n_blocks - len(used)))  # NOTE: padding blocks are masked out
-    # NOTE: padded query rows repeat the chunk's last token (a finite, visible row); real_rows
-    # drops them afterwards.
-    offset = torch.minimum(torch.arange(q_max)[None, :], q[:, None] - 1)  # [G, Q]
-    pos = (ctx - q)[:, None] + offset
-    visible = torch.arange(n_splits * split)[None, None, :] <= pos[:, :, None]
-    flat = (torch.tensor([starts[b] for b in rows])[:, None] + offset).flatten()
-    padded = q_max > 1 and bool((q < q_max).any())
-    real = (torch.arange(q_max)[None, :] < q[:, None]).flatten().nonzero().flatten()
-    return AttentionGroup(
-        num_seqs=len(rows), query_len=q_max, num_splits=n_splits, split=split,
-        block_index=torch.tensor(flat_blocks, dtype=torch.long, device=device),
-        query_index=None if in_order and not padded else flat.to(device),
-        visible=visible.view(len(rows), q_max, n_splits, 1, split).transpose(1, 2)[None].to(device),
-        last_split=(pos // split).to(device),
-        real_rows=real.to(device) if padded else None,
-        out_tokens=None if in_order and not padded else flat[real].to(device),
-    )  # fmt: skip
+# NOTE: the fewest rows a gemm sees (see the module docstring).
+_MIN_ROWS = 4
 
 
 class PagedKVCache:
-    """Per-layer K and V tensors shaped ``[H_kv, num_blocks, block_size, d_h]``.
+    """Per-layer K and V tensors shaped ``[H_kv, num_blocks, block_size, d_h]``, side by side
+    in ``layers[i]`` = ``[2, H_kv, num_blocks, block_size, d_h]`` (one gather reads both).
 
     Head-major, so the keys gathered for a group view as ``[H_kv, G, keys, d_h]`` without a
     copy and feed one batched matmul. Zero-initialised: slots not yet written are masked out,
@@ -202,6 +72,7 @@ class PagedKVCache:
         self._storage = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.layers: list[torch.Tensor] = [self._storage[i] for i in range(num_layers)]
         self.k: list[torch.Tensor] = [self._storage[i, 0] for i in range(num_layers)]
         self.v: list[torch.Tensor] = [self._storage[i, 1] for i in range(num_layers)]
 
@@ -210,65 +81,175 @@ class PagedKVCache:
         return self._storage.numel() * self._storage.element_size()
 
 
-def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            g: AttentionGroup) -> torch.Tensor:
-    """One group's attention (the algorithm of the module docstring): rows ``[G * Q, H * d]``.
+def _gather(kv_layer: torch.Tensor, index: torch.Tensor, n_seqs: int,
+            key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks ``index`` of one layer's ``[2, H_kv, blocks, bs, d]`` cache, K and V in one copy,
+    as float32 ``[H_kv, G, key_len, d]`` each."""
+    two, n_kv, _, _, d = kv_layer.shape
+    both = kv_layer.view(two * n_kv, *kv_layer.shape[2:]).index_select(1, index)
+    if both.dtype != torch.float32:
+        both = both.float()
+    kv = both.view(two, n_kv, n_seqs, key_len, d)
+    return kv[0], kv[1]
 
-    Every matmul here has a fixed inner shape per split (``[rows, d] @ [d, split]`` and
-    ``[rows, split] @ [split, d]``); only the number of matrices depends on the batch.
-    """
+
+def _rows(q: torch.Tensor, n_kv: int, n_seqs: int, n_tok: int) -> torch.Tensor:
+    """Queries ``[G * R, H, d]`` as ``[H_kv, G, M, d]``: the R tokens × H/H_kv heads that share
+    a KV head, zero rows added up to :data:`_MIN_ROWS`."""
     _, n_heads, d = q.shape
-    n_kv = k_cache.shape[0]
     per_kv = n_heads // n_kv  # NOTE: query head h reads kv head h // per_kv (HF's repeat_kv)
-    n_g, n_q, n_s, split = g.num_seqs, g.query_len, g.num_splits, g.split
-    rows = n_q * per_kv
-    shape = (n_kv, n_g, n_s, split, d)
-    keys = k_cache.index_select(1, g.block_index).view(shape).float()
-    vals = v_cache.index_select(1, g.block_index).view(shape).float()
-    picked = q if g.query_index is None else q.index_select(0, g.query_index)
-    qs = picked.view(n_g, n_q, n_kv, per_kv, d).permute(2, 0, 1, 3, 4).reshape(n_kv, n_g, 1, rows, d)
-    # NOTE: scores [H_kv, G, S, rows, split]; the query is broadcast over the splits.
-    scores = torch.matmul(qs.float(), keys.transpose(-1, -2)).mul_(1.0 / math.sqrt(d))
-    scores = scores.view(n_kv, n_g, n_s, n_q, per_kv, split).masked_fill_(~g.visible, -math.inf)
-    top = scores.amax(dim=(2, 5), keepdim=True)  # NOTE: a max is exact in any order
-    probs = torch.exp(scores - top).view(n_kv, n_g, n_s, rows, split)  # masked -> exactly 0
-    denom = probs.sum(-1).cumsum(2)  # [H_kv, G, S, rows]
-    numer = torch.matmul(probs, vals).cumsum(2)  # [H_kv, G, S, rows, d]
-    last = g.last_split.view(1, n_g, 1, n_q, 1)
-    num = numer.view(n_kv, n_g, n_s, n_q, per_kv * d).gather(
-        2, last.expand(n_kv, n_g, 1, n_q, per_kv * d)).view(n_kv, n_g, n_q, per_kv, d)
-    den = denom.view(n_kv, n_g, n_s, n_q, per_kv).gather(
-        2, last.expand(n_kv, n_g, 1, n_q, per_kv)).view(n_kv, n_g, n_q, per_kv, 1)
-    out = (num / den).to(q.dtype)  # [H_kv, G, Q, per_kv, d]
-    return out.permute(1, 2, 0, 3, 4).reshape(n_g * n_q, n_heads * d)
+    rows = n_tok * per_kv
+    qs = q.view(n_seqs, n_tok, n_kv, per_kv, d).permute(2, 0, 1, 3, 4).reshape(n_kv, n_seqs,
+                                                                               rows, d)
+    if rows < _MIN_ROWS:
+        qs = torch.cat((qs, qs.new_zeros(n_kv, n_seqs, _MIN_ROWS - rows, d)), dim=2)
+    return qs
+
+
+def _partials(qs: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, split: int,
+              hidden: torch.Tensor | None, diag_hidden: torch.Tensor | None,
+              per_kv: int) -> torch.Tensor:
+    """Steps 1–3 over ``S = keys / split`` splits: ``[H_kv, G, S, M, d + 1]`` = ``[P·V | ΣP]``.
+
+    ``qs`` [H_kv, G, M, d]; ``keys``/``vals`` [H_kv, G, S * split, d]. ``hidden`` masks keys
+    for all rows (``[1, G, 1, S * split]``); ``diag_hidden`` masks the last split's keys per
+    token (``[1, G, R, 1, split]``). Scores are ONE matmul over all the keys: a score is a dot
+    product over ``d`` whose bits do not depend on the number of keys (checked by the tests);
+    ``P·V`` must be per split (its reduction runs over keys)."""
+    n_kv, n_seqs, m, d = qs.shape
+    scores = torch.matmul(qs, keys.transpose(-1, -2))  # [H_kv, G, M, S * split]
+    if hidden is not None:
+        scores.masked_fill_(hidden, -math.inf)
+    if diag_hidden is not None:
+        n_tok = diag_hidden.shape[2]
+        # NOTE: a view of the last split's real rows as [R, per_kv]: masked in place
+        diag = scores[:, :, : n_tok * per_kv, -split:].view(n_kv, n_seqs, n_tok, per_kv, split)
+        diag.masked_fill_(diag_hidden, -math.inf)
+    probs = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    n_splits = scores.shape[-1] // split
+    by_split = probs.view(n_kv, n_seqs, m, n_splits, split).transpose(2, 3)  # [H_kv,G,S,M,split]
+    numer = torch.matmul(by_split, vals.view(n_kv, n_seqs, n_splits, split, d))
+    return torch.cat((numer, by_split.sum(-1, keepdim=True)), dim=-1)
+
+
+def _combine(parts: torch.Tensor) -> torch.Tensor:
+    """Steps 4–5: left-to-right float32 sum over the split axis (dim 2), then divide."""
+    acc = parts[:, :, 0]
+    for s in range(1, parts.shape[2]):  # NOTE: S is small: 8 splits at 512 keys
+        acc = acc + parts[:, :, s]  # NOTE: never torch.sum: its order is not specified
+    return acc[..., :-1] / acc[..., -1:]
+
+
+def _heads_out(res: torch.Tensor, n_seqs: int, n_tok: int, n_heads: int) -> torch.Tensor:
+    """``[H_kv, G, M, d]`` -> ``[G * R, H * d]`` (padding rows dropped)."""
+    n_kv, _, _, d = res.shape
+    per_kv = n_heads // n_kv
+    res = res[:, :, : n_tok * per_kv].reshape(n_kv, n_seqs, n_tok, per_kv, d)
+    return res.permute(1, 2, 0, 3, 4).reshape(n_seqs * n_tok, n_heads * d)
+
+
+def _attend_decode(q: torch.Tensor, kv_layer: torch.Tensor, g: DecodeRows) -> torch.Tensor:
+    """All decode rows ``[G, H * d]`` (in ``g.tokens`` order)."""
+    n_kv = kv_layer.shape[1]
+    keys, vals = _gather(kv_layer, g.block_index, g.num_seqs, g.num_splits * g.split)
+    picked = q if g.tokens is None else q.index_select(0, g.tokens)
+    parts = _partials(_rows(picked, n_kv, g.num_seqs, 1), keys, vals, g.split, g.hidden,
+                      None, 0)
+    if g.dead is not None:
+        parts.masked_fill_(g.dead, -0.0)  # NOTE: x + -0.0 == x exactly: splits after j vanish
+    return _heads_out(_combine(parts), g.num_seqs, 1, q.shape[1])
+
+
+def _attend_block(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, split: int,
+                  blk: PrefillBlock) -> torch.Tensor:
+    """One prefill query block ``[G_j * R, H * d]``: key splits ``0..j`` of its sequences."""
+    n_kv, n_heads = keys.shape[0], q.shape[1]
+    if blk.seqs is not None:
+        keys, vals = keys.index_select(1, blk.seqs), vals.index_select(1, blk.seqs)
+    n_keys = (blk.split_index + 1) * split
+    keys, vals = keys[:, :, :n_keys], vals[:, :, :n_keys]
+    n_seqs = keys.shape[1]
+    qs = _rows(q.index_select(0, blk.tokens), n_kv, n_seqs, blk.rows)
+    parts = _partials(qs, keys, vals, split, None, blk.diag_hidden, n_heads // n_kv)
+    return _heads_out(_combine(parts), n_seqs, blk.rows, n_heads)
+
+
+def _attend_prefill(q: torch.Tensor, kv_layer: torch.Tensor, g: PrefillRows,
+                    out: torch.Tensor) -> None:
+    keys, vals = _gather(kv_layer, g.block_index, g.num_seqs, g.num_splits * g.split)
+    for blk in g.blocks:
+        res = _attend_block(q, keys, vals, g.split, blk)
+        if blk.real is not None:
+            res = res.index_select(0, blk.real)
+        out.index_copy_(0, blk.out_tokens, res.to(out.dtype))
+
+
+def _sdpa(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor,
+          visible: torch.Tensor) -> torch.Tensor:
+    """Non-invariant baseline: ``q`` [G, Q, H, d], keys/vals [H_kv, G, L, d]."""
+    n_seqs = keys.shape[1]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(0, 1),
+                                         vals.transpose(0, 1), attn_mask=visible,
+                                         scale=1.0, enable_gqa=True)  # NOTE: q is prescaled
+    return out.transpose(1, 2).reshape(n_seqs * q.shape[1], -1)
+
+
+def _attend_sdpa(q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata,
+                 out: torch.Tensor) -> None:
+    n_heads, d = q.shape[1], q.shape[2]
+    if (g := meta.decode) is not None:
+        keys, vals = _gather(kv_layer, g.block_index, g.num_seqs, g.num_splits * g.split)
+        picked = q if g.tokens is None else q.index_select(0, g.tokens)
+        vis = g.visible.view(g.num_seqs, 1, 1, -1)  # NOTE: True = attend
+        res = _sdpa(picked.view(g.num_seqs, 1, n_heads, d), keys, vals, vis)
+        _place(out, res, g.tokens)
+    if (p := meta.prefill) is not None:
+        assert p.dense_tokens is not None and p.dense_visible is not None
+        keys, vals = _gather(kv_layer, p.block_index, p.num_seqs, p.num_splits * p.split)
+        picked = q.index_select(0, p.dense_tokens).view(p.num_seqs, -1, n_heads, d)
+        res = _sdpa(picked, keys, vals, p.dense_visible)
+        assert p.dense_real is not None and p.dense_out is not None
+        out.index_copy_(0, p.dense_out, res.index_select(0, p.dense_real).to(out.dtype))
+
+
+def _place(out: torch.Tensor, res: torch.Tensor, tokens: torch.Tensor | None) -> None:
+    if tokens is None:
+        out[: res.shape[0]] = res
+    else:
+        out.index_copy_(0, tokens, res.to(out.dtype))
 
 
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_layer: torch.Tensor,
     meta: AttentionMetadata,
 ) -> torch.Tensor:
-    """Write the new K/V at their slots, then attend. ``q``: [T, H, d]; ``k``/``v``: [T, H_kv, d].
+    """Write the new K/V at their slots, then attend. ``q``: [T, H, d]; ``k``/``v``: [T, H_kv, d];
+    ``kv_layer``: one layer's cache ``[2, H_kv, blocks, block_size, d]`` (K, then V).
 
     Returns [T, H * d] in flat token order.
     """
     n_tok, n_heads, head_dim = q.shape
     n_kv = k.shape[1]
-    k_cache.view(n_kv, -1, head_dim).index_copy_(1, meta.slot_mapping,
-                                                 k.transpose(0, 1).to(k_cache.dtype))
-    v_cache.view(n_kv, -1, head_dim).index_copy_(1, meta.slot_mapping,
-                                                 v.transpose(0, 1).to(v_cache.dtype))
-    groups = meta.groups
-    if len(groups) == 1 and groups[0].out_tokens is None:
-        return _attend(q, k_cache, v_cache, groups[0])
+    flat = kv_layer.view(2, n_kv, -1, head_dim)
+    same = kv_layer.dtype == k.dtype  # NOTE: skip no-op casts: each is a dispatch per layer
+    flat[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1) if same else
+                        k.transpose(0, 1).to(kv_layer.dtype))
+    flat[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1) if same else
+                        v.transpose(0, 1).to(kv_layer.dtype))
+    qs = (q if q.dtype == torch.float32 else q.float()) * (1.0 / math.sqrt(head_dim))
+    dec = meta.decode
+    if meta.invariant and meta.prefill is None and dec is not None and dec.tokens is None:
+        res = _attend_decode(qs, kv_layer, dec)  # NOTE: a decode-only step
+        return res if res.dtype == q.dtype else res.to(q.dtype)
     out = q.new_empty((n_tok, n_heads * head_dim))
-    for g in groups:  # NOTE: at most two: the decode rows and the prefill rows
-        res = _attend(q, k_cache, v_cache, g)
-        if g.real_rows is not None:
-            res = res.index_select(0, g.real_rows)
-        assert g.out_tokens is not None
-        out.index_copy_(0, g.out_tokens, res)
+    if not meta.invariant:
+        _attend_sdpa(qs, kv_layer, meta, out)
+    else:
+        if dec is not None:
+            _place(out, _attend_decode(qs, kv_layer, dec), dec.tokens)
+        if meta.prefill is not None:
+            _attend_prefill(qs, kv_layer, meta.prefill, out)
     return out

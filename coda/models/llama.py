@@ -20,6 +20,9 @@ from torch import nn
 from coda.models.attention import AttentionMetadata, PagedKVCache, paged_attention
 from coda.models.config import ModelConfig
 
+# NOTE: RoPE table growth step (positions); 1024 × d_h × 2 floats is 0.5 MiB at d_h = 64.
+_ROPE_CHUNK = 1024
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -29,6 +32,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # NOTE: one fused kernel, the same bits as the three-step formula below (checked
+            # in tests/test_models.py); a row's result never depends on other rows.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
@@ -103,7 +110,7 @@ class Attention(nn.Module):
             # NOTE: q and k heads side by side: one RoPE pass over [T, H + H_kv, d]
             qk = qkv[:, : self.q_size + self.kv_size].view(n_tok, -1, self.head_dim)
             q, k = torch.split(apply_rope(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
-        out = paged_attention(q, k, v, kv.k[self.layer_idx], kv.v[self.layer_idx], meta)
+        out = paged_attention(q, k, v, kv.layers[self.layer_idx], meta)
         projected: torch.Tensor = self.o_proj(out)
         return projected
 
@@ -163,6 +170,8 @@ class CausalLM(nn.Module):
         )
         # NOTE: a plain attribute, not a buffer: built on CPU even under a meta-device init.
         self._inv_freq = rope_inv_freq(cfg)
+        # NOTE: cos and signed sin [positions, 1, d] per position, grown on demand (see _rope)
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         # NOTE: a packed head (coda/models/quant.py) replaces the dense one when set.
         self.logits_head: nn.Module | None = None
 
@@ -178,17 +187,40 @@ class CausalLM(nn.Module):
         Appends each token's K/V at ``meta.slot_mapping`` in every layer (T3).
         """
         h = self.model.embed_tokens(input_ids)
-        if self._inv_freq.device != positions.device:
-            self._inv_freq = self._inv_freq.to(positions.device)
-        freqs = positions.float()[:, None] * self._inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, d]
-        half = freqs.shape[-1]
-        cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # NOTE: see apply_rope
+        top = meta.max_position if meta.max_position >= 0 else int(positions.max())
+        cos, sin = self._rope(positions, h.dtype, top)
         for layer in self.model.layers:
             h = layer(h, cos, sin, meta, kv)
         normed: torch.Tensor = self.model.norm(h)
         return normed
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype,
+              max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin ``[T, 1, d]`` of ``positions``: two gathers from a table of the
+        positions so far, grown in fixed chunks of :data:`_ROPE_CHUNK` positions, each chunk
+        computed by the same ops, so a position's values never depend on when it was added."""
+        table = self._rope_table
+        if table is not None and (table[0].dtype != dtype or table[0].device != positions.device):
+            table = None
+        have = 0 if table is None else table[0].shape[0]
+        if max_position >= have:
+            new = [self._rope_chunk(start, dtype, positions.device)
+                   for start in range(have, max_position + 1, _ROPE_CHUNK)]
+            cos = torch.cat(([table[0]] if table is not None else []) + [c for c, _ in new])
+            sin = torch.cat(([table[1]] if table is not None else []) + [s for _, s in new])
+            table = self._rope_table = (cos, sin)
+        assert table is not None
+        return table[0].index_select(0, positions), table[1].index_select(0, positions)
+
+    def _rope_chunk(self, start: int, dtype: torch.dtype,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = self._inv_freq.to(device)
+        pos = torch.arange(start, start + _ROPE_CHUNK, device=device)
+        freqs = pos.float()[:, None] * inv[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [chunk, 1, d]
+        half = freqs.shape[-1]
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # NOTE: see apply_rope
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] (model dtype) for the given hidden rows [N, D]."""

@@ -45,8 +45,9 @@ class Outbox:
         self._wake = asyncio.Event()
         self.closed = False
 
-    def forward(self, stream: RequestStream) -> None:
-        """Forward every event of ``stream`` (from seq 0) until its terminal."""
+    def forward(self, stream: RequestStream, *, start_only: bool = False) -> None:
+        """Forward every event of ``stream`` (from seq 0) until its terminal; ``start_only``
+        (fault injection, ``stall_forwarding``): the start event and nothing after it."""
         pos = -1
         remover: list[Callable[[], None]] = []
 
@@ -54,6 +55,8 @@ class Outbox:
             nonlocal pos
             with self._lock:
                 evs = stream.events_after(pos)
+                if start_only:
+                    evs = evs[:1] if pos < 0 else []
                 if not evs or self.closed:
                     return
                 pos = evs[-1].seq
@@ -93,7 +96,7 @@ class FeedClient:
     batches to per-request queues, reconnecting after a failure."""
 
     def __init__(self, open_feed: Callable[[str], Any],
-                 submit: Callable[[Any, str], Awaitable[Any]]) -> None:
+                 submit: Callable[..., Awaitable[Any]]) -> None:
         self._open_feed = open_feed
         self._submit = submit
         self._routes: dict[str, asyncio.Queue[list[StreamEvent] | BaseException]] = {}
@@ -124,13 +127,15 @@ class FeedClient:
                 q.put_nowait(err)
             await asyncio.sleep(0.05)
 
-    async def events(self, req: Any, request_id: str) -> AsyncIterator[StreamEvent]:
-        """Submit ``req`` to the replica and yield its events through its terminal; raises
-        what the submit or the feed raised (the replica failed)."""
+    async def events(self, req: Any, request_id: str, *extra: Any
+                     ) -> AsyncIterator[StreamEvent]:
+        """Submit ``req`` (``submit(req, feed_id, *extra)``) to the replica and yield its
+        events through its terminal; raises what the submit or the feed raised (the replica
+        failed)."""
         q: asyncio.Queue[list[StreamEvent] | BaseException] = asyncio.Queue()
         self._routes[request_id] = q
         try:
-            await self._submit(req, self._id)
+            await self._submit(req, self._id, *extra)
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):

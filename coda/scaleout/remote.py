@@ -6,13 +6,17 @@ prefix-cache affinity — a prompt whose first block was last routed to a replic
 again unless it is ``affinity_slack`` tokens busier than the least loaded one. The decision is
 on the handle (``route``) and in the server log.
 
-Failures: a replica call that fails before the first delta reached the ingress is resubmitted to
-another replica (same request, same seed: the counter RNG makes the output identical); after
-it, the request ends exactly once with ``model_error``, billing the committed tokens.
+Failures: a replica call that fails before the request's first frame is resubmitted to another
+replica (same request, same seed: the counter RNG makes the output identical); after it, the
+request ends exactly once with ``model_error``, billing the committed tokens. "The first frame"
+(seed 004) is, with a durable log (:meth:`RemoteEngine.bind_log`), the first delta durably
+appended — the ingress asks the log, never its own copy, and takes the request back by
+compare-and-set on its fencing token before deciding (:mod:`coda.scaleout.producer`); without
+one it is the first delta the ingress received.
 
 Transport: events come back through one streaming ``feed`` call per replica (and event loop),
 carrying batches of every request's events (:mod:`coda.scaleout.feed`), not one Ray item per
-event.
+event; a request starts with a unary ``submit`` call.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
 from coda.reader import StreamReading
 from coda.scaleout.feed import FeedClient
+from coda.scaleout.routing_trace import RoutedTraceSink
 from coda.stream import EventType, RequestStream, StreamEvent, Terminal
 
 log = logging.getLogger("coda.scaleout")
@@ -49,6 +54,13 @@ class RemoteHandle(StreamReading):
     engine: RemoteEngine
     route: dict[str, Any] = field(default_factory=dict)
     replica: int = -1
+    record_id: str = ""  # NOTE: set by the server's durable layer before the first call
+    detach: bool = False  # NOTE: runs on without a client (background): the log says so
+
+    @property
+    def durable(self) -> bool:
+        """The replicas write this request's log themselves (``--redis-url``)."""
+        return self.engine.log is not None
 
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         if self.stream.closed or self.replica < 0:
@@ -83,6 +95,15 @@ class RemoteEngine:
         self._feeds: dict[asyncio.AbstractEventLoop, list[FeedClient]] = {}
         self.num_requests_total = 0
         self.num_resubmits_total = 0
+        self.owns_replicas = True  # NOTE: False when it joined replicas another ingress made
+        self.log: Any = None  # NOTE: a RedisStreamLog once bound (coda.durable is optional)
+        self.trace = RoutedTraceSink(self, config.recent_traces or 64)
+
+    def bind_log(self, durable_log: Any) -> None:
+        """With ``--redis-url``: the replicas write every request's log themselves and the
+        first frame is the first durable delta. ``durable_log`` is this ingress's
+        :class:`~coda.durable.redis_log.RedisStreamLog` (its lease and fencing token)."""
+        self.log = durable_log
 
     # -- Engine protocol -----------------------------------------------------------------
     def start(self) -> None:
@@ -135,6 +156,7 @@ class RemoteEngine:
         self._live[rid] = handle
         # NOTE: routed at submit, so the decision is known (and logged) before any event
         handle.replica, handle.route = self.choose(req, set())
+        self.trace.routed(rid, handle.route)
         log.info("routed", extra={"request_id": rid, **handle.route})
         task = asyncio.get_running_loop().create_task(self._pump(req, handle))
         self._tasks.add(task)
@@ -179,30 +201,100 @@ class RemoteEngine:
     async def _pump(self, req: GenerationRequest, h: RemoteHandle) -> None:
         tried: set[int] = set()
         idx = h.replica
+        if self.log is not None:
+            await asyncio.to_thread(self.log.open, h.request_id, prompt_tokens=h.prompt_tokens,
+                                    record_id=h.record_id, detached=h.detach)
         while True:
             got_delta = False
+            failure: BaseException | None = None
             try:
-                async for ev in self._feed(idx).events(req, h.request_id):
+                async for ev in self._feed(idx).events(req, h.request_id, self._spec(h),
+                                                       h.route):
                     got_delta = got_delta or ev.type is EventType.DELTA
                     feed(h.stream, [ev])
             except Exception as exc:  # NOTE: a dead replica (RayActorError, ...)
-                tried.add(idx)
-                if not got_delta and len(tried) < len(self.replicas):
-                    self.num_resubmits_total += 1
-                    log.warning("replica failed before the first frame; resubmitting",
-                                extra={"request_id": h.request_id, "replica": idx})
-                    self._done(idx, req)
-                    idx, route = self.choose(req, tried)
-                    h.replica, h.route = idx, {**route, "resubmitted_from": sorted(tried)}
-                    log.info("routed", extra={"request_id": h.request_id, **h.route})
-                    continue
-                self._fail(h, exc)
+                failure = exc
+            if failure is None and h.stream.closed:
                 self._done(idx, req)
                 return
-            if not h.stream.closed:  # NOTE: a call that ended without a terminal is a failure
-                self._fail(h, RuntimeError("replica stream ended without a terminal"))
+            failure = failure or RuntimeError("replica stream ended without a terminal")
+            tried.add(idx)
+            can_retry = len(tried) < len(self.replicas)
+            if await self._settle(h, got_delta, failure, can_retry) and can_retry:
+                self.num_resubmits_total += 1
+                log.warning("replica failed before the first frame; resubmitting",
+                            extra={"request_id": h.request_id, "replica": idx})
+                self._done(idx, req)
+                idx, route = self.choose(req, tried)
+                h.replica, h.route = idx, {**route, "rule": route["reason"],
+                                           "reason": "retry_after_failure",
+                                           "resubmitted_from": sorted(tried)}
+                self.trace.routed(h.request_id, h.route)
+                log.info("routed", extra={"request_id": h.request_id, **h.route})
+                continue
             self._done(idx, req)
             return
+
+    def _spec(self, h: RemoteHandle) -> Any:
+        if self.log is None:
+            return None
+        from coda.scaleout.producer import DurableSpec
+
+        return DurableSpec(self.log.url, self.log.prefix, self.log.retention_ms / 1000,
+                           self.log.lease_ttl_ms / 1000, self.log.fence, h.record_id)
+
+    async def _settle(self, h: RemoteHandle, got_delta: bool, exc: BaseException,
+                      can_retry: bool) -> bool:
+        """After a failed replica call: True if the request is to be resubmitted, else it is
+        ended (its copy closed) on return. Without a log: resubmit iff no delta reached the
+        ingress. With one, the log decides (seed 004), :meth:`_settle_from_log`; while Redis
+        cannot be reached the decision waits (up to ``lease_ttl`` × 3, then it ends locally)."""
+        if h.stream.closed:
+            return False
+        if self.log is None:
+            if got_delta or not can_retry:
+                self._fail(h, exc)
+                return False
+            return True
+        deadline = time.monotonic() + 3 * self.log.lease_ttl_ms / 1000
+        while True:
+            try:
+                return await asyncio.to_thread(self._settle_from_log, h, exc, can_retry)
+            except Exception:  # NOTE: redis.RedisError; coda.durable is imported lazily
+                log.exception("stream log unreachable while settling a replica failure",
+                              extra={"request_id": h.request_id})
+                if time.monotonic() > deadline:
+                    self._fail(h, exc)
+                    return False
+                await asyncio.sleep(0.5)
+
+    def _settle_from_log(self, h: RemoteHandle, exc: BaseException, can_retry: bool) -> bool:
+        """Take the request back from the failed replica (compare-and-set on the fencing
+        token it holds, so a replica that is only slow is fenced out). No durable delta and
+        another replica left → True (resubmit). Otherwise write the one ``model_error``
+        terminal billing the durable deltas — unless the log already has a terminal or a peer
+        took it over — and feed the copy from the log up to that terminal (the client sees
+        exactly the log)."""
+        from coda.durable.redis_log import failed_terminal
+
+        rid, dlog = h.request_id, self.log
+        code, last = dlog.take(rid, dlog.meta(rid).get("fence", ""))
+        if code == 1 and last <= 0 and can_retry:
+            return True
+        if code == 1:
+            evs = dlog.read(rid)
+            if not evs:  # NOTE: not even the start event is durable: write it first
+                evs = [StreamEvent(rid, 0, EventType.START, model=self.model_name)]
+                dlog.append(evs[0], h.record_id or None)
+            term = failed_terminal(evs, h.prompt_tokens, f"replica lost: {type(exc).__name__}")
+            dlog.append(StreamEvent(rid, len(evs), EventType.TERMINAL, terminal=term),
+                        h.record_id or None)
+        while not h.stream.closed:
+            evs = dlog.wait(rid, h.stream.last_seq, 1.0)
+            if not evs and not dlog.exists(rid):  # NOTE: expired: nothing left to follow
+                self._fail(h, exc)
+            feed(h.stream, evs)
+        return False
 
     @staticmethod
     def _fail(h: RemoteHandle, exc: BaseException) -> None:

@@ -1,18 +1,30 @@
 """One engine replica: an :class:`~coda.engine.async_engine.AsyncEngine` in a Ray Serve replica
 (issue 12 item 1, 3; SPEC P1–P4, C1).
 
-The ingress submits with ``submit(req, feed_id)`` and reads the events of all its requests on
-this replica through one streaming ``feed(feed_id)`` call (:mod:`coda.scaleout.feed`: batches,
-not one Ray item per event). ``generate`` streams one request's events, one item each (kept
-for direct callers). The engine request is owned by the engine thread, not by a call: when Ray
-Serve cancels a call because its caller went away, only the forwarding stops — the request
-keeps running (P4 ``on_disconnect=continue``, background responses) until the ingress cancels
-it by id.
+The ingress submits with ``submit(req, feed_id, durable, route)`` and reads the events of all
+its requests on this replica through one streaming ``feed(feed_id)`` call
+(:mod:`coda.scaleout.feed`: batches, not one Ray item per event). ``generate`` streams one
+request's events, one item each (kept for direct callers). The engine request is owned by the
+engine thread, not by a call: when Ray Serve cancels a call because its caller went away, only
+the forwarding stops — the request keeps running (P4 ``on_disconnect=continue``, background
+responses) until the ingress cancels it by id.
+
+With a :class:`~coda.scaleout.producer.DurableSpec` (``--redis-url``) the replica claims the
+request in the log and writes it there itself, and forwards only what Redis acknowledged
+(:mod:`coda.scaleout.producer`). The ingress's routing decision arrives with the call and is
+the first row of the request's trace (``route.decided``, O2).
+
+Fault injection (tests, ``scripts/fault_matrix.py``): :meth:`EngineReplica.inject` makes the
+log refuse deltas (``fail_appends``: the mirror keeps retrying, nothing past the start becomes
+durable) or stops forwarding after the start event (``stall_forwarding``: deltas become durable
+but never reach the ingress).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,20 +34,35 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
 from coda.reader import follow
 from coda.scaleout.feed import Outbox
-from coda.stream import StreamEvent
+from coda.scaleout.producer import DurableSpec, ReplicaLog
+from coda.scaleout.routing_trace import ROUTE_DECIDED
+from coda.stream import EventType, RequestStream, StreamEvent
+from coda.trace import TraceEvent
 
 
 class EngineReplica:
     def __init__(self, model_dir: str | None, config: EngineConfig, torch_threads: int) -> None:
-        import os
-
         import torch
 
         torch.set_num_threads(torch_threads)
         self.pid = os.getpid()
         self.engine = AsyncEngine.from_model_dir(model_dir, config)
         self.engine.start()
+        self.server_id = f"replica-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._logs: dict[tuple[str, str], ReplicaLog] = {}
+        self.faults: set[str] = set()
         self._outboxes: dict[str, Outbox] = {}
+
+    async def _start(self, req: GenerationRequest, durable: DurableSpec | None,
+                     route: dict[str, Any] | None) -> RequestStream:
+        """Submit ``req`` (claimed and mirrored by this replica with ``durable``); the stream
+        to forward (durable events only, with a log)."""
+        if route is not None and req.request_id:
+            self.engine.trace.record(TraceEvent(req.request_id, ROUTE_DECIDED, route))
+        if durable is None:
+            return self.engine.submit(req).stream
+        plog = await asyncio.to_thread(self._log, durable)
+        return await asyncio.to_thread(plog.begin, self.engine, req, durable)
 
     def _outbox(self, feed_id: str) -> Outbox:
         box = self._outboxes.get(feed_id)
@@ -43,10 +70,13 @@ class EngineReplica:
             box = self._outboxes[feed_id] = Outbox(asyncio.get_running_loop())
         return box
 
-    async def submit(self, req: GenerationRequest, feed_id: str) -> None:
-        """Queue ``req``; its events go to the ingress reading ``feed(feed_id)``."""
-        handle = self.engine.submit(req)
-        self._outbox(feed_id).forward(handle.stream)
+    async def submit(self, req: GenerationRequest, feed_id: str,
+                     durable: DurableSpec | None = None,
+                     route: dict[str, Any] | None = None) -> None:
+        """Start ``req`` as :meth:`generate` does; its events go to the ingress reading
+        ``feed(feed_id)``."""
+        stream = await self._start(req, durable, route)
+        self._outbox(feed_id).forward(stream, start_only="stall_forwarding" in self.faults)
 
     async def feed(self, feed_id: str) -> AsyncIterator[bytes]:
         """Batches of the events of every request submitted with ``feed_id`` (one call per
@@ -59,11 +89,35 @@ class EngineReplica:
             if self._outboxes.get(feed_id) is box:
                 del self._outboxes[feed_id]
 
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        handle = self.engine.submit(req)
+    async def generate(self, req: GenerationRequest, durable: DurableSpec | None = None,
+                       route: dict[str, Any] | None = None) -> AsyncIterator[StreamEvent]:
+        stream = await self._start(req, durable, route)
         # NOTE: a cancelled generator (caller gone) leaves the engine request running
-        async for ev in follow(handle.stream):
+        async for ev in follow(stream):
+            if "stall_forwarding" in self.faults and ev.type is not EventType.START:
+                await asyncio.Event().wait()  # NOTE: fault injection: never forwarded
             yield ev
+
+    def _log(self, spec: DurableSpec) -> ReplicaLog:
+        key = (spec.url, spec.prefix)
+        if key not in self._logs or self._logs[key].closed:
+            self._logs[key] = ReplicaLog(spec, self.server_id)
+            if "fail_appends" in self.faults:
+                _fail_deltas(self._logs[key])
+        return self._logs[key]
+
+    def inject(self, fault: str) -> None:
+        """Fault injection: ``fail_appends`` or ``stall_forwarding`` from now on."""
+        self.faults.add(fault)
+        if fault == "fail_appends":
+            for plog in self._logs.values():
+                _fail_deltas(plog)
+
+    def trace_rows(self, request_id: str) -> list[dict[str, Any]] | None:
+        """The request's rows in this replica's in-memory trace (None if not kept)."""
+        rows = getattr(self.engine.trace, "rows", None)
+        found = rows(request_id) if rows is not None else None
+        return None if found is None else [e.to_dict() for e in found[0]]
 
     def cancel(self, request_id: str, cause: CancelCause) -> bool:
         return self.engine.cancel(request_id, cause)
@@ -75,7 +129,8 @@ class EngineReplica:
         return self.engine.model_info()
 
     def whoami(self) -> dict[str, Any]:
-        return {"pid": self.pid}
+        return {"pid": self.pid, "server_id": self.server_id,
+                "orphans_cancelled": sum(p.cancelled_orphans for p in self._logs.values())}
 
     def serving_attrs(self) -> dict[str, Any]:
         """What the server reads off its engine besides calls (the tokenizer for prompts and
@@ -87,3 +142,17 @@ class EngineReplica:
 # NOTE: the Engine protocol's data attributes; an engine version lacking one just omits it
 SERVED_ATTRS = ("model_name", "context_length", "eos_token_ids", "tokenizer",
                 "tokenizer_config", "generation_config", "chat", "identity")
+
+
+def _fail_deltas(plog: ReplicaLog) -> None:
+    """Fault injection: every append run holding a delta raises (as a lost Redis would)."""
+    import redis
+
+    inner = plog.log.append_batch
+
+    def failing(items: list[Any]) -> list[Any]:
+        if any(ev.seq >= 1 for ev, _ in items):
+            raise redis.ConnectionError("injected: append refused")
+        return inner(items)
+
+    plog.log.append_batch = failing  # type: ignore[method-assign]

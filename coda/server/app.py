@@ -76,6 +76,10 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     state.manage_engine = manage_engine
     if durable is not None:
         state.store.on_put, state.store.loader = durable.watch, durable.load
+        state.on_detach = durable.detach
+        bind = getattr(engine, "bind_log", None)
+        if bind is not None:  # NOTE: replicas write the log themselves (issue 12 item 2)
+            bind(durable.log)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -58,11 +58,13 @@ async def stream_or_wait(request: Request, st: ServerState, record: Record, *, s
                          headers: dict[str, str] | None = None) -> Response | list[Terminal]:
     """The shared tail of every create route: the SSE response of a streaming call, or the
     terminals of a non-streaming one (a 499 if the client left first, after the P4 policy)."""
+    # NOTE: made up front: a continue policy is recorded in the durable log at once
+    on_disconnect = st.disconnect_handler(record, policy)
     if stream:
         return SSEResponse(record.streams, record.make_renderer(None),
                            keepalive_s=st.settings.keepalive_s,
                            write_timeout_s=st.settings.write_timeout_s,
-                           on_disconnect=st.disconnect_handler(record, policy), headers=headers)
+                           on_disconnect=on_disconnect, headers=headers)
     try:
         return await wait_results(request, st, record, policy)
     except ClientGone:

@@ -101,6 +101,12 @@ class ServerDurable:
             "kind": record.kind, "created": record.created, "model": record.model,
             "background": record.background, "extra": record.extra,
             "handles": [h.request_id for h in record.handles]})
+        if all(getattr(h, "durable", False) for h in record.handles):
+            # NOTE: replicas write these logs themselves (coda.scaleout.producer); their
+            # streams already hold only durable events. Read before the first replica call.
+            for h in record.handles:
+                h.record_id, h.detach = record.id, record.background
+            return
         mirrored: list[Any] = []
         for h in record.handles:
             def fenced(h: Any = h) -> None:
@@ -110,6 +116,14 @@ class ServerDurable:
                                      prompt_tokens=h.prompt_tokens, on_fenced=fenced)
             mirrored.append(MirroredHandle(h, copy))
         record.handles = mirrored
+
+    def detach(self, record: Record) -> None:
+        """P4 ``on_disconnect=continue``: the record's requests run on without a client, also
+        if this ingress dies (a replica then keeps writing their logs, not cancelling them)."""
+        for h in record.handles:
+            if getattr(h, "durable", False):
+                h.detach = True
+                self.log.detach(h.request_id)
 
     def load(self, record_id: str) -> Record | None:
         """Rebuild a record this ingress does not hold from the log (None if unknown)."""

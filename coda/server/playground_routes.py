@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ async def request_trace(request_id: str, request: Request) -> Response:
     if sink is None:
         raise ApiError(404, "the in-memory trace is off (coda serve --recent-traces N)",
                        code="not_found")
-    found = sink.rows(request_id)
+    found = await asyncio.to_thread(sink.rows, request_id)  # NOTE: a replica's may block
     if found is None:
         raise ApiError(404, f"no trace kept for '{request_id}'", param="request_id",
                        code="not_found")

@@ -145,6 +145,8 @@ class ServerState:
         self.metrics = ServerMetrics(engine)
         self.shutting_down = False
         self.manage_engine = True
+        # NOTE: told when a record's P4 policy is continue (the durable log records it)
+        self.on_detach: Callable[[Record], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         cfg = getattr(engine, "config", None)
         self.engine_config: EngineConfig = cfg if isinstance(cfg, EngineConfig) else EngineConfig()
@@ -245,6 +247,8 @@ class ServerState:
 
     def disconnect_handler(self, record: Record, policy: DisconnectPolicy) -> Callable[[], None]:
         """P4: what a lost client does to ``record`` — cancel (transport_error) or nothing."""
+        if policy == "continue" and not record.background and self.on_detach is not None:
+            self.on_detach(record)
 
         def on_disconnect() -> None:
             if record.background or policy == "continue":

@@ -1,0 +1,137 @@
+"""A replica's side of the durable stream log (issue 12 items 2, 3; SPEC P2, P4, L2, L5, L6).
+
+With ``--redis-url`` the replica that runs a request is the one that writes its log: it claims
+the request from the ingress that opened it (compare-and-set on the fencing token,
+:meth:`~coda.durable.redis_log.RedisStreamLog.take`), holds its own lease, and mirrors the
+engine's stream into Redis with its own :class:`~coda.durable.mirror.LogMirror`. The ingress
+receives only what Redis acknowledged, so "the first frame" (seed 004) is the first delta
+durably appended, and the log keeps being written if the ingress dies.
+
+Orphans of a dead ingress: every ``lease_ttl_s / 3`` the replica checks, for each request it
+runs, whether the lease of the ingress that routed it (``via``) still exists. If not, the
+client's connection died with it: a request marked ``detach`` (background, or P4
+``on_disconnect=continue``) runs on and writes its own terminal; any other is cancelled (cause
+disconnect) and gets its ``cancelled`` terminal. A live ingress's requests are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from coda.durable.mirror import DurableCopy, LogMirror
+from coda.durable.redis_log import RedisStreamLog
+from coda.finish import CancelCause
+
+log = logging.getLogger("coda.scaleout")
+
+
+@dataclass(frozen=True)
+class DurableSpec:
+    """What a replica needs to write a request's log: where the log is and how it is kept
+    (the ingress's settings), the fencing token the request carries when it is claimed (its
+    current owner's, normally the ingress's) and the API record it belongs to."""
+
+    url: str
+    prefix: str
+    retention_s: float
+    lease_ttl_s: float
+    fence: str
+    record_id: str = ""
+
+
+class NotOwner(RuntimeError):
+    """The request was ended or taken over before this replica could claim it."""
+
+
+@dataclass
+class _Running:
+    handle: Any
+    ingress: str
+
+
+class ReplicaLog:
+    """One replica's lease, mirror and orphan watch on one Redis (log settings of ``spec``)."""
+
+    def __init__(self, spec: DurableSpec, server_id: str) -> None:
+        self.log = RedisStreamLog(spec.url, prefix=spec.prefix, retention_s=spec.retention_s,
+                                  lease_ttl_s=spec.lease_ttl_s, server_id=server_id)
+        self.log.start()
+        self.mirror = LogMirror(self.log)
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.closed = False
+        self.cancelled_orphans = 0
+        threading.Thread(target=self._watch, name="coda-orphan-watch", daemon=True).start()
+
+    def begin(self, engine: Any, req: Any, spec: DurableSpec) -> DurableCopy:
+        """Claim ``req`` in the log, submit it to ``engine`` and mirror it; returns the copy
+        the call forwards (durable events only). Raises :class:`NotOwner` if the claim fails."""
+        rid = req.request_id
+        code, _ = self.log.take(rid, spec.fence)
+        if code != 1:
+            raise NotOwner(f"{rid}: not claimable (code {code})")
+        ingress = self.log.meta(rid).get("via", "")
+        handle = engine.submit(req)
+
+        def fenced() -> None:
+            handle.cancel(CancelCause.SHUTDOWN)
+
+        copy = self.mirror.watch(handle.stream, record_id=spec.record_id,
+                                 prompt_tokens=len(req.prompt_token_ids), on_fenced=fenced,
+                                 opened=True, ack_on_write=True)
+        with self._lock:
+            self._running[rid] = _Running(handle, ingress)
+        return copy
+
+    def _watch(self) -> None:
+        period = self.log.lease_ttl_ms / 3000
+        while not self._stop.wait(period):
+            try:
+                self.check_orphans()
+            except redis.RedisError:
+                with self._lock:
+                    idle = all(r.handle.stream.closed for r in self._running.values())
+                if idle:  # NOTE: that Redis is gone and nothing here needs it: let go
+                    log.warning("stream log unreachable; closing this replica's use of it")
+                    self.close()
+                    return
+                log.exception("orphan watch failed")
+
+    def close(self) -> None:
+        """Stop the lease, the mirror and the watch (a later request opens a fresh one)."""
+        self.closed = True
+        self._stop.set()
+        self.log.stop(release=False)
+        self.mirror.flush(timeout=1.0)
+
+    def check_orphans(self) -> int:
+        """Cancel every running request whose ingress's lease is gone and which is not
+        detached (P4); returns how many were cancelled."""
+        with self._lock:
+            for rid in [r for r, run in self._running.items() if run.handle.stream.closed]:
+                del self._running[rid]
+            todo = list(self._running.items())
+        if not todo:
+            return 0
+        pipe = self.log.r.pipeline(transaction=False)
+        for rid, run in todo:
+            pipe.exists(self.log._lease(run.ingress))
+            pipe.hget(self.log._k("meta", rid), "detach")
+        replies = pipe.execute()
+        n = 0
+        for k, (rid, run) in enumerate(todo):
+            alive, detached = replies[2 * k], replies[2 * k + 1]
+            if alive or detached is not None or not run.ingress:
+                continue
+            log.warning("the ingress of this request is gone; cancelling (P4 cancel)",
+                        extra={"request_id": rid, "ingress": run.ingress})
+            if run.handle.cancel(CancelCause.DISCONNECT):
+                n += 1
+        self.cancelled_orphans += n
+        return n

@@ -1,0 +1,119 @@
+"""T4 at the attention kernel, at SmolLM2-135M's head shape (9 query heads, 3 KV heads,
+d_h 64): a row's output bits are the bits it gets computed ALONE by decode (the brute-force
+oracle), whatever its batch, its neighbours' lengths, its prompt's chunking into prefill query
+blocks, its block table and its padding. Equality is ``torch.equal``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coda.models import attention
+from coda.models.attention import AttentionMetadata, paged_attention
+from tests.conftest import examples
+
+H, H_KV, D = 9, 3, 64
+
+
+def _qkv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, H, D, generator=g), torch.randn(n, H_KV, D, generator=g),
+            torch.randn(n, H_KV, D, generator=g))
+
+
+def _cache(num_blocks: int, bs: int) -> torch.Tensor:
+    return torch.zeros(2, H_KV, num_blocks, bs, D)
+
+
+def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bs: int) -> torch.Tensor:
+    """Oracle: every row of one sequence, each computed by a decode step of batch 1."""
+    n = q.shape[0]
+    kv = _cache(-(-n // bs), bs)
+    table = list(range(-(-n // bs)))
+    rows = []
+    for p in range(n):
+        meta = AttentionMetadata.build([1], [p + 1], [table], bs)
+        rows.append(paged_attention(q[p:p + 1], k[p:p + 1], v[p:p + 1], kv, meta)[0])
+    return torch.stack(rows)
+
+
+def _schedule(lengths: list[int], bs: int, rng: random.Random,
+              seeds: list[int]) -> list[torch.Tensor]:
+    """All sequences together: random chunks (prefill blocks and single decode tokens mixed
+    in one step), shuffled physical blocks; returns each sequence's rows."""
+    per_seq = [-(-n // bs) for n in lengths]
+    phys = list(range(sum(per_seq)))
+    rng.shuffle(phys)
+    tables, at = [], 0
+    for m in per_seq:
+        tables.append(phys[at:at + m])
+        at += m
+    kv = _cache(len(phys), bs)
+    data = [_qkv(n, s) for n, s in zip(lengths, seeds, strict=True)]
+    done = [0] * len(lengths)
+    out: list[list[torch.Tensor]] = [[] for _ in lengths]
+    while any(d < n for d, n in zip(done, lengths, strict=True)):
+        live = [i for i, n in enumerate(lengths) if done[i] < n]
+        chosen = [i for i in live if rng.random() < 0.7] or live[:1]
+        rng.shuffle(chosen)
+        q_lens = [min(lengths[i] - done[i], rng.choice([1, 1, 2, 5, 64, 130])) for i in chosen]
+        ctx = [done[i] + n for i, n in zip(chosen, q_lens, strict=True)]
+        meta = AttentionMetadata.build(q_lens, ctx, [tables[i] for i in chosen], bs)
+        parts = [[t[done[i]:c] for t in data[i]] for i, c in zip(chosen, ctx, strict=True)]
+        q, k, v = (torch.cat([p[x] for p in parts]) for x in range(3))
+        res = paged_attention(q, k, v, kv, meta)
+        at = 0
+        for i, n in zip(chosen, q_lens, strict=True):
+            out[i].extend(res[at:at + n])
+            at += n
+            done[i] += n
+    return [torch.stack(rows) for rows in out]
+
+
+@settings(max_examples=examples(5))
+@given(seed=st.integers(0, 2**16), bs=st.sampled_from([1, 4, 16]),
+       lengths=st.lists(st.integers(1, 150), min_size=1, max_size=4))
+def test_t4_attention_rows_equal_the_row_alone(seed: int, bs: int, lengths: list[int]) -> None:
+    """T4 (property, brute-force oracle): under random batching, chunking and paging, every
+    attention row equals, bit for bit, the same row decoded alone in a batch of one."""
+    rng = random.Random(seed)
+    seeds = [rng.randrange(1 << 30) for _ in lengths]
+    got = _schedule(lengths, bs, rng, seeds)
+    for n, s, rows in zip(lengths, seeds, got, strict=True):
+        assert torch.equal(rows, _alone(*_qkv(n, s), bs))
+
+
+def test_t4_prefill_blocks_equal_decode_and_need_padded_gemm_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """T4: a 150-token prompt prefilled in one chunk (query blocks of splits 0, 1, 2) gives
+    the decode path's bits; and the zero-row padding to 4 gemm rows is what makes it so at
+    this head shape (3 rows per KV head alone take another MKL kernel)."""
+    q, k, v = _qkv(150, 7)
+    ref = _alone(q, k, v, 16)
+    kv = _cache(10, 16)
+    meta = AttentionMetadata.build([150], [150], [list(range(10))], 16)
+    assert torch.equal(paged_attention(q, k, v, kv, meta), ref)
+    monkeypatch.setattr(attention, "_MIN_ROWS", 1)
+    kv = _cache(10, 16)
+    assert not torch.equal(paged_attention(q, k, v, kv, meta), _alone(q, k, v, 16))
+
+
+def test_sdpa_mode_is_close_to_the_invariant_mode() -> None:
+    """The non-invariant SDPA baseline computes the same attention (to float32 rounding)."""
+    q, k, v = _qkv(90, 3)
+    outs = []
+    for invariant in (True, False):
+        kv = _cache(8, 16)
+        rows = []
+        for start, n in ((0, 70), (70, 1), (71, 19)):
+            meta = AttentionMetadata.build([n], [start + n], [list(range(8))], 16,
+                                           invariant=invariant)
+            sl = slice(start, start + n)
+            rows.append(paged_attention(q[sl], k[sl], v[sl], kv, meta))
+        outs.append(torch.cat(rows))
+    assert (outs[0] - outs[1]).abs().max() < 1e-5

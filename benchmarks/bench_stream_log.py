@@ -8,22 +8,42 @@ as the engine emits them. Three writers of the same events:
 * ``in-memory`` — :meth:`coda.stream.RequestStream.delta` (today's log);
 * ``redis-1``   — one Lua append per event, one round trip each (a writer that never batches);
 * ``redis-mirror`` — :class:`coda.durable.mirror.LogMirror` as the server runs it: ``--streams``
-  concurrent streams, a writer thread pipelining whatever accumulated since its last round trip.
+  concurrent streams, a writer thread sending whatever accumulated since its last round trip;
+  the producer appends as fast as it can (the mirror's flushes grow to hundreds of events), wall
+  time per token;
+* ``paced`` — the same mirror fed like a decoding engine: one token per stream per step, a
+  step every ``--step-ms``, so most flushes carry one event per stream (the worst case for
+  batching). Figures are CPU per token: the producer's appends with and without the mirror's
+  listener, the mirror thread (encoding, the round trip's client side, the durable copy), and
+  Redis's main thread (``INFO cpu``) — what the log costs the serving process and Redis,
+  independent of the machine's other load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
 import uuid
+from typing import Any
 
 from coda.durable.mirror import LogMirror
 from coda.durable.redis_log import RedisStreamLog
-from coda.stream import BackpressureConfig, EventType, RequestStream, StreamEvent, TokenInfo
+from coda.finish import FinishReason, Usage
+from coda.lifecycle import State
+from coda.stream import (
+    BackpressureConfig,
+    EventType,
+    RequestStream,
+    StreamEvent,
+    Terminal,
+    TokenInfo,
+)
 
 _BIG = BackpressureConfig(pause_bytes=1 << 40, max_bytes=1 << 40)
 
@@ -80,11 +100,59 @@ def redis_mirror(log: RedisStreamLog, tokens: int, streams: int) -> float:
     return dt / (per * streams)
 
 
+class _TimedMirror(LogMirror):
+    """The server's mirror, counting the CPU time its writer thread spends flushing."""
+
+    cpu_s = 0.0
+
+    def _flush(self, batch: list[Any]) -> None:
+        t = time.thread_time()
+        super()._flush(batch)
+        self.cpu_s += time.thread_time() - t
+
+
+def _redis_cpu(log: RedisStreamLog) -> float:
+    info = log.r.info("cpu")
+    return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+
+
+def paced(log: RedisStreamLog | None, steps: int, streams: int, step_s: float
+          ) -> tuple[float, float, float]:
+    """CPU per token: (producer appends, mirror thread, Redis main thread); no mirror if
+    ``log`` is None."""
+    mirror = _TimedMirror(log) if log is not None else None
+    ss = [RequestStream(uuid.uuid4().hex, _BIG) for _ in range(streams)]
+    for s in ss:
+        s.start("m")
+        if mirror is not None:
+            mirror.watch(s, record_id="bench", prompt_tokens=1, on_fenced=lambda: None)
+    redis0 = _redis_cpu(log) if log is not None else 0.0
+    produce = 0.0
+    next_step = time.perf_counter()
+    for i in range(steps):
+        t = time.thread_time()
+        for s in ss:
+            s.delta(b" tok", (TokenInfo(i, piece=b" tok"),))
+        produce += time.thread_time() - t
+        next_step += step_s
+        time.sleep(max(0.0, next_step - time.perf_counter()))
+    if mirror is None:
+        return produce / (steps * streams), 0.0, 0.0
+    for s in ss:
+        s.close(Terminal(State.FINISHED, FinishReason.EOS, Usage()))
+    mirror.flush(30)
+    n = steps * streams
+    return produce / n, mirror.cpu_s / n, (_redis_cpu(log) - redis0) / n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=20000)
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--step-ms", type=float, default=5.0)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     proc, url, d = (None, a.redis_url, None) if a.redis_url else _start_redis()
     try:
@@ -96,13 +164,29 @@ def main() -> None:
             except Exception:
                 time.sleep(0.1)
         log.fence = str(log.r.incr(f"{log.prefix}fence"))
-        base = in_memory(a.tokens)
-        one = redis_one(log, a.tokens // 4)
-        mirrored = redis_mirror(log, a.tokens, a.streams)
-        print(f"in-memory log       {base * 1e6:8.2f} us/token")
-        print(f"redis, 1 trip/event {one * 1e6:8.2f} us/token  (+{(one - base) * 1e6:.2f})")
-        print(f"redis mirror x{a.streams:<4d}  {mirrored * 1e6:8.2f} us/token  "
-              f"(+{(mirrored - base) * 1e6:.2f}; wall time per token over all streams)")
+        one = redis_one(log, a.tokens // 20)
+        rows: list[tuple[float, ...]] = []
+        load = [os.getloadavg()[0]]
+        for _ in range(a.repeats):  # NOTE: interleaved, so a change of load hits all alike
+            base = in_memory(a.tokens)
+            mirrored = redis_mirror(log, a.tokens, a.streams)
+            p_mem, _, _ = paced(None, a.steps, a.streams, a.step_ms / 1e3)
+            p_prod, p_mirror, p_redis = paced(log, a.steps, a.streams, a.step_ms / 1e3)
+            rows.append((base, mirrored, mirrored - base, p_mem, p_prod, p_mirror,
+                         p_prod - p_mem + p_mirror, p_redis))
+            load.append(os.getloadavg()[0])
+        base, mirrored, diff, p_mem, p_prod, p_mirror, extra, p_redis = (
+            statistics.median(col) * 1e6 for col in zip(*rows, strict=True))
+        print(f"medians of {a.repeats} (load average {min(load):.1f}..{max(load):.1f})")
+        print(f"in-memory log       {base:8.2f} us/token")
+        print(f"redis, 1 trip/event {one * 1e6:8.2f} us/token  (one run)")
+        print(f"redis mirror x{a.streams:<4d}  {mirrored:8.2f} us/token  "
+              f"(+{diff:.2f} over in-memory; wall time per token over all streams)")
+        print(f"paced x{a.streams} every {a.step_ms:g} ms, CPU per token: appends "
+              f"{p_mem:.2f} us in memory, {p_prod:.2f} us with the mirror's listener; "
+              f"mirror thread {p_mirror:.2f} us; Redis {p_redis:.2f} us")
+        print(f"paced: the log costs the serving process +{extra:.2f} us/token "
+              f"(listener + mirror thread), Redis {p_redis:.2f} us/token")
     finally:
         if proc is not None:
             proc.terminate()

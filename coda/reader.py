@@ -47,11 +47,17 @@ class StreamReader:
         self._streams = list(streams)
         self.positions = list(after)
         self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
         self._wake = asyncio.Event()
         self._interrupted = False
         self._removers = [s.add_listener(self._notify) for s in self._streams]
 
-    def _notify(self) -> None:  # NOTE: called on the producer's (engine) thread
+    def _notify(self) -> None:  # NOTE: called on the producer's thread
+        if threading.get_ident() == self._thread:
+            # NOTE: a producer on the reader's own loop (a remote engine's ingress) needs no
+            # self-pipe write per event
+            self._wake.set()
+            return
         # NOTE: the reader's loop may be closed already; then there is nothing to wake
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._wake.set)

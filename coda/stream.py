@@ -192,6 +192,46 @@ class RequestStream:
         self._notify()
         return ev
 
+    def extend(self, events: list[StreamEvent]) -> int:
+        """Append copies of another log's events of this request (a durable copy, a stream
+        rebuilt from the stream log), skipping those already here (seq at or below
+        ``last_seq``); returns how many were appended. One lock acquisition and one wake-up
+        for all of them. Each copy is stamped with this stream's clock at append time, like
+        every event (the consistent-cut rule of :mod:`coda.reader`). The checks of
+        :meth:`start`, :meth:`delta` and :meth:`close` apply; a seq past the next one is
+        refused (a gap)."""
+        with self._lock:
+            now = time.monotonic()
+            n = 0
+            for ev in events:
+                if ev.seq < len(self._events):
+                    continue
+                if ev.seq > len(self._events):
+                    raise ValueError(f"{self.request_id}: seq {ev.seq} leaves a gap")
+                if self._closed:
+                    raise StreamClosed(f"{self.request_id}: event after the terminal event")
+                if (ev.type is EventType.START) is not (ev.seq == 0):
+                    raise StreamClosed("start must be the first event, and only it")
+                if ev.type is EventType.DELTA:
+                    if not ev.data:
+                        raise ValueError("empty delta")
+                    if self._unacked_bytes + len(ev.data) > self.backpressure.max_bytes:
+                        raise BackpressureOverflowError(
+                            f"{self.request_id}: reader is {self._unacked_bytes} bytes behind "
+                            f"(bound {self.backpressure.max_bytes})")
+                    self._unacked_bytes += len(ev.data)
+                elif ev.type is EventType.TERMINAL:
+                    self._closed = True
+                # NOTE: dataclasses.replace would run __init__ (~2 us an event); a frozen
+                # dataclass keeps its fields in __dict__, so a re-stamped copy is a dict copy
+                copy = object.__new__(StreamEvent)
+                copy.__dict__.update(ev.__dict__, request_id=self.request_id, ts=now)
+                self._events.append(copy)
+                n += 1
+        if n:
+            self._notify()
+        return n
+
     # -- reader side ---------------------------------------------------------------------
     def events_after(self, seq: int) -> list[StreamEvent]:
         """Events with sequence number > ``seq`` (``-1`` replays everything) (P3)."""

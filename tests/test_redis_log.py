@@ -12,7 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coda.durable.codec import decode_event, encode_event
+from coda.durable.codec import (
+    decode_batch,
+    decode_event,
+    encode_batch,
+    encode_event,
+    pack_event,
+    unpack_events,
+)
 from coda.durable.redis_log import Fenced, RedisStreamLog
 from coda.errors import ErrorCode
 from coda.finish import FinishReason, Usage
@@ -55,11 +62,17 @@ def test_codec_round_trips_every_field_p1_p3(data: bytes, tokens: tuple[TokenInf
     kind = EventType.TERMINAL if terminal is not None else EventType.DELTA
     ev = StreamEvent("req-x", seq, kind, data, tokens, model=model, model_snapshot=snapshot,
                      terminal=terminal)
-    back = decode_event(encode_event(ev))
-    assert (back.request_id, back.seq, back.type, back.data, back.tokens, back.model,
-            back.model_snapshot, back.terminal) == (ev.request_id, ev.seq, ev.type, ev.data,
-                                                    ev.tokens, ev.model, ev.model_snapshot,
-                                                    ev.terminal)
+    def fields(e: StreamEvent) -> tuple[object, ...]:
+        return (e.request_id, e.seq, e.type, e.data, e.tokens, e.model, e.model_snapshot,
+                e.terminal)
+
+    assert fields(decode_event(encode_event(ev))) == fields(ev)  # v1 (JSON, still read)
+    plain = StreamEvent("req-x", seq + 1, EventType.DELTA, b"z", (TokenInfo(7, piece=b"z"),))
+    run = unpack_events("req-x", pack_event(ev) + pack_event(plain))  # v2: a run of two
+    assert [fields(e) for e in run] == [fields(ev), fields(plain)]
+    batch = decode_batch(encode_batch([("req-x", [ev]), ("req-y", [])]))
+    assert [(rid, [fields(e) for e in evs]) for rid, evs in batch] == [
+        ("req-x", [fields(ev)]), ("req-y", [])]
 
 
 def _log(server: RedisServer, **kw: float) -> RedisStreamLog:
@@ -192,3 +205,67 @@ def test_batched_overlapping_appends_write_each_seq_once_p2_p3(
     assert [(e.seq, e.type, e.data) for e in log.read(rid)] == [
         (e.seq, e.type, e.data) for e in evs[:written + 1]]
     assert (log.terminal(rid) is not None) is (written == len(evs) - 1)
+
+
+def _oracle_apply(state: dict[str, list[StreamEvent]], done: set[str],
+                  items: list[StreamEvent]) -> tuple[list[bool], bool]:
+    """The log's contract, one event at a time (brute force): a seq right after the last is
+    written, one at or below it is a duplicate, one past it is a gap (refused), nothing after
+    the terminal. Returns the per-event outcomes and whether a gap was refused."""
+    out, gap = [], False
+    for ev in items:
+        log = state.setdefault(ev.request_id, [])
+        if ev.request_id in done or ev.seq <= len(log) - 1:
+            out.append(False)
+        elif ev.seq > len(log):
+            gap = True
+            out.append(False)
+        else:
+            log.append(ev)
+            out.append(True)
+            if ev.type is EventType.TERMINAL:
+                done.add(ev.request_id)
+    return out, gap
+
+
+_batch = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 7), st.integers(1, 5)),
+                  min_size=1, max_size=4)
+
+
+@given(batches=st.lists(_batch, min_size=1, max_size=5), cut=st.integers(-1, 7))
+def test_multi_event_entries_match_a_per_event_oracle_p1_p2_p3(
+        redis_server: RedisServer, batches: list[list[tuple[int, int, int]]], cut: int) -> None:
+    """P1/P2/P3 for runs stored as one entry: any sequence of flushes, each carrying runs of
+    two requests that repeat, overlap (partly or wholly) and skip ahead of what is written,
+    leaves each request's log equal to a per-event oracle of the contract — every seq once,
+    in order, no gap, nothing after the one terminal — with the same per-event outcomes; and
+    a read or wait after any seq (also one inside a stored run) returns exactly the events
+    after it."""
+    log = _log(redis_server)
+    rids = [uuid.uuid4().hex for _ in range(2)]
+    evs = {rid: _events(rid, 5) for rid in rids}  # seqs 0..6, the terminal at 6
+    for rid in rids:
+        log.open(rid, prompt_tokens=1)
+    state: dict[str, list[StreamEvent]] = {}
+    done: set[str] = set()
+    for batch in batches:
+        items = [ev for r, i, k in batch for ev in evs[rids[r]][i:i + k]]
+        want, gap = _oracle_apply(state, done, items)
+        if gap:
+            with pytest.raises(RuntimeError, match="gap"):
+                log.append_many(items)
+        else:
+            assert log.append_many(items) == want
+    for rid in rids:
+        oracle = state.get(rid, [])
+        key = [(e.seq, e.type, e.data, e.tokens) for e in oracle]
+        assert [(e.seq, e.type, e.data, e.tokens) for e in log.read(rid)] == key
+        assert [e.seq for e in log.read(rid, cut)] == [e.seq for e in oracle[cut + 1:]]
+        if cut + 1 < len(oracle):
+            assert [e.seq for e in log.wait(rid, cut, 0.01)] == [e.seq for e in oracle[cut + 1:]]
+        term = log.terminal(rid)
+        assert (term is not None) is (rid in done)
+        # NOTE: each seq is stored once: the entries' events add up to the log, no overlap
+        entries = log.r.xrange(log._k("log", rid))
+        stored = [e.seq for _, f in entries for e in unpack_events(rid, f[b"v2"])]
+        assert stored == [e.seq for e in oracle]

@@ -21,6 +21,7 @@ from coda.stream import (
     EventType,
     RequestStream,
     StreamClosed,
+    StreamEvent,
     Terminal,
 )
 from coda.trace import ListTraceSink
@@ -186,3 +187,44 @@ def test_p6_ack_frees_exactly_the_acknowledged_bytes_once_and_wakes_the_producer
     s.ack(3)
     assert s.unacked_bytes == 0 and not s.should_pause
     assert woken[0] == 7 and woken[-1] == 0
+
+
+@given(chunks=st.lists(st.binary(min_size=1, max_size=4), max_size=8), closed=st.booleans(),
+       cuts=st.lists(st.tuples(st.integers(0, 10), st.integers(1, 4)), max_size=12))
+def test_p1_p2_p3_extend_copies_a_log_exactly_whatever_the_retries(
+        chunks: list[bytes], closed: bool, cuts: list[tuple[int, int]]) -> None:
+    """A copy fed by ``extend`` with any sequence of (re)sent slices of the source log — each
+    starting at or before the copy's next seq — ends equal to the source's prefix it was sent
+    (every field but the clock, the snapshot included), each seq once; one wake-up per call
+    that appended; a slice starting past the next seq is refused as a gap, and nothing is
+    accepted after the terminal (P1, P2, P3)."""
+    src = RequestStream("r")
+    src.start("m", "snap")
+    for c in chunks:
+        src.delta(c)
+    if closed:
+        src.close(DONE)
+    evs = src.events_after(-1)
+    copy = RequestStream("r", BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30))
+    wakes: list[int] = []
+    copy.add_listener(lambda: wakes.append(copy.last_seq))
+    calls = 0
+    for i, k in cuts:
+        part = evs[i:i + k]
+        if not part:
+            continue
+        if part[0].seq > copy.last_seq + 1:
+            with pytest.raises(ValueError, match="gap"):
+                copy.extend(part)
+            continue
+        before = copy.last_seq
+        assert copy.extend(part) == max(0, part[-1].seq - before)
+        calls += part[-1].seq > before
+    fields = [(e.seq, e.type, e.data, e.model, e.model_snapshot, e.terminal)
+              for e in copy.events_after(-1)]
+    assert fields == [(e.seq, e.type, e.data, e.model, e.model_snapshot, e.terminal)
+                      for e in evs[:copy.last_seq + 1]]
+    assert len(wakes) == calls and copy.closed is (copy.last_seq == len(evs) - 1 and closed)
+    if copy.closed:
+        with pytest.raises(StreamClosed):
+            copy.extend([StreamEvent("r", copy.last_seq + 1, EventType.DELTA, b"x")])

@@ -43,17 +43,9 @@ class DurableCopy(RequestStream):
 
 
 def feed(stream: RequestStream, events: list[StreamEvent]) -> None:
-    """Append ``events`` to a local copy in seq order, skipping those it already has."""
-    for ev in events:
-        if ev.seq != stream.last_seq + 1:
-            continue  # NOTE: XREAD may repeat the boundary entry; seq dedupes
-        if ev.type is EventType.START:
-            stream.start(ev.model or "")
-        elif ev.type is EventType.DELTA:
-            stream.delta(ev.data, ev.tokens)
-        else:
-            assert ev.terminal is not None
-            stream.close(ev.terminal)
+    """Append ``events`` to a local copy in seq order, skipping those it already has (XREAD
+    may repeat the boundary entry; a replica's feed may too)."""
+    stream.extend(events)
 
 
 @dataclass
@@ -74,6 +66,8 @@ class LogMirror:
         self._watched: dict[str, _Watched] = {}
         self._dirty: set[str] = set()
         self._cond = threading.Condition()
+        # NOTE: the writer's wake-up; set by appends without taking the lock (see mark)
+        self._pending = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="coda-log-mirror", daemon=True)
         self._thread.start()
@@ -93,25 +87,29 @@ class LogMirror:
         with self._cond:
             self._watched[rid] = _Watched(stream, copy, record_id, on_fenced, ack_on_write)
             self._dirty.add(rid)
-            self._cond.notify()
+        self._pending.set()
 
         def mark() -> None:  # NOTE: runs on the engine thread after every append
-            with self._cond:
-                self._dirty.add(rid)
-                self._cond.notify()
+            # NOTE: no lock: set.add is atomic, and the writer takes the dirty ids only after
+            # clearing _pending, so an append is either in this round's read of the stream
+            # (taken after its mark) or sets _pending again for the next round
+            self._dirty.add(rid)
+            if not self._pending.is_set():
+                self._pending.set()
 
         stream.add_listener(mark)
         return copy
 
     def _run(self) -> None:
         while True:
+            self._pending.wait()
             with self._cond:
-                while not self._dirty and not self._stopping:
-                    self._cond.wait()
+                self._pending.clear()
                 if self._stopping and not self._dirty:
                     return
-                batch = [self._watched[r] for r in self._dirty if r in self._watched]
-                self._dirty.clear()
+                ids = list(self._dirty)  # NOTE: atomic (one C call under the GIL)
+                self._dirty.difference_update(ids)
+                batch = [self._watched[r] for r in ids if r in self._watched]
             self._flush(batch)
 
     def _flush(self, batch: list[_Watched]) -> None:
@@ -127,6 +125,7 @@ class LogMirror:
             log.exception("stream log append failed")
             with self._cond:
                 self._dirty.update(w.stream.request_id for w, _ in todo)
+            self._pending.set()
             time.sleep(0.1)
             return
         k = 0
@@ -140,7 +139,7 @@ class LogMirror:
                 w.on_fenced()
                 continue
             w.written = evs[-1].seq
-            feed(w.copy, evs)
+            w.copy.extend(evs)
             if w.ack_on_write:
                 w.stream.ack(w.written)
             if evs[-1].type is EventType.TERMINAL:
@@ -159,7 +158,7 @@ class LogMirror:
         with self._cond:
             self._dirty.update(self._watched)
             self._stopping = True
-            self._cond.notify()
+        self._pending.set()
         self._thread.join(timeout)
 
     @property

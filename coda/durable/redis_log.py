@@ -4,8 +4,10 @@ SPEC P1–P3, L2, L5, L6).
 Keys (``prefix`` default ``coda:``; ``{rid}`` is a hash tag, so one request's keys share a
 cluster slot and the log shards by request id):
 
-- ``log:{rid}`` — a Redis stream, one entry per event, entry id ``0-(seq+1)`` (ids must be above
-  ``0-0``), field ``e`` = :func:`coda.durable.codec.encode_event`;
+- ``log:{rid}`` — a Redis stream, one entry per run of consecutive events ``a..b`` (a flush of
+  the mirror), entry id ``0-(b+1)`` (ids must be above ``0-0``), fields ``a`` (first seq) and
+  ``v2`` (the events, :func:`coda.durable.codec.pack_event` concatenated) — see
+  :mod:`coda.durable.lua`;
 - ``meta:{rid}`` — hash: ``last`` (last seq appended), ``term`` (seq of the terminal, once
   written), ``owner`` (server id), ``fence`` (the owner's fencing token), ``prompt`` (prompt
   tokens, for billing an orphan), ``rec`` (its record id);
@@ -14,12 +16,13 @@ cluster slot and the log shards by request id):
   (its fencing token, expiring after ``lease_ttl_s`` without a heartbeat); ``fence`` — the
   fencing-token counter.
 
-Exactly once. Every append (a run of consecutive events of one request) is one Lua script,
-atomic in Redis: events whose seq is not above ``last`` are duplicates of a retried append and
-skipped, a run that would leave a gap is refused (-2), anything
-once ``term`` is set (the single terminal, P2), and any writer whose fencing token is not the
-request's current one (-1: a server whose lease expired and whose requests a peer ended). The
-terminal, the ``open`` removal and the retention TTLs are set in the same script. Ending an
+Exactly once. Every append is one Lua script call, atomic in Redis, carrying the runs of all
+requests of one flush: per run, seqs not above ``last`` are duplicates of a retried append and
+skipped (a partly duplicated run is cut at the first new event), a run that would leave a gap
+is refused (-2), anything once ``term`` is set (the single terminal, P2), and any writer whose
+fencing token is not the request's current one (-1: a server whose lease expired and whose
+requests a peer ended). The terminal, the ``open`` removal and the retention TTLs are set in
+the same script. Ending an
 orphan (:meth:`RedisStreamLog.reap`) is also one script, which re-checks inside Redis that the
 owner's lease is gone, that no terminal exists and that the log did not move since it was read;
 two servers reaping at once therefore write one terminal between them.
@@ -42,78 +45,14 @@ from typing import Any
 
 import redis
 
-from coda.durable.codec import decode_event, encode_event
+from coda.durable import append, lua
+from coda.durable.codec import decode_event, pack_event, unpack_events
 from coda.errors import ErrorCode
 from coda.finish import FinishReason, Usage
 from coda.lifecycle import State
 from coda.stream import EventType, StreamEvent, Terminal
 
 log = logging.getLogger("coda.durable")
-
-# The terminal's bookkeeping, shared by both scripts: mark it, leave the owner's live set, and
-# start the retention clock on the stream, its meta hash and (if any) its API record.
-_END_REQUEST = """
-local function end_request(stream, meta, live, record, term, owner, ms)
-  redis.call('HSET', meta, 'last', term, 'term', term)
-  redis.call('SREM', live, owner)
-  redis.call('PEXPIRE', stream, ms)
-  redis.call('PEXPIRE', meta, ms)
-  if record ~= '' and redis.call('EXISTS', record) == 1 then
-    redis.call('PEXPIRE', record, ms)
-  end
-end
-"""
-
-_APPEND = _END_REQUEST + """
-local meta = KEYS[2]
-local fence = redis.call('HGET', meta, 'fence')
-if fence and ARGV[3] ~= '' and fence ~= ARGV[3] then return {-1, 0} end
-if redis.call('HEXISTS', meta, 'term') == 1 then return {0, 0} end
-local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
-local first = tonumber(ARGV[1])
-if first > last + 1 then return {-2, last} end
-local n = #ARGV - 5
-for i = 0, n - 1 do
-  local seq = first + i
-  if seq > last then redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'e', ARGV[6 + i]) end
-end
-local newlast = first + n - 1
-if newlast <= last then return {1, last} end
-if ARGV[4] == '1' then
-  end_request(KEYS[1], meta, KEYS[3], KEYS[4], newlast, ARGV[5], ARGV[2])
-else
-  redis.call('HSET', meta, 'last', newlast)
-end
-return {1, last}
-"""
-
-_REAP = _END_REQUEST + """
-local meta = KEYS[2]
-if redis.call('HEXISTS', meta, 'term') == 1 then return 0 end
-if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
-local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
-if last ~= tonumber(ARGV[1]) - 1 then return -2 end
-redis.call('HSET', meta, 'fence', ARGV[5])
-redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[1]) + 1), 'e', ARGV[2])
-end_request(KEYS[1], meta, KEYS[3], KEYS[5], ARGV[1], ARGV[6], ARGV[4])
-return 1
-"""
-
-
-# Ownership moves by compare-and-set on the fencing token (issue 12 item 3): a replica claims a
-# request the ingress opened (expecting the ingress's token); the ingress takes back a request
-# whose replica call failed (expecting the replica's token). The previous owner is kept in
-# ``via``; a request with a terminal is never taken.
-_TAKE = """
-local meta = KEYS[1]
-local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
-if redis.call('HEXISTS', meta, 'term') == 1 then return {0, last} end
-if redis.call('HGET', meta, 'fence') ~= ARGV[1] then return {-1, last} end
-redis.call('HSET', meta, 'via', redis.call('HGET', meta, 'owner'), 'owner', ARGV[2],
-           'fence', ARGV[3])
-return {1, last}
-"""
-
 
 def failed_terminal(events: list[StreamEvent], prompt_tokens: int, message: str) -> Terminal:
     """The one ``model_error`` terminal of a request whose producer is gone: ``FAILED``,
@@ -149,9 +88,8 @@ class RedisStreamLog:
         self.lease_ttl_ms = int(lease_ttl_s * 1000)
         self.server_id = server_id or uuid.uuid4().hex[:12]
         self.fence = ""
-        self._append = self.r.register_script(_APPEND)
-        self._reap = self.r.register_script(_REAP)
-        self._take = self.r.register_script(_TAKE)
+        self._reap = self.r.register_script(lua.REAP)
+        self._take = self.r.register_script(lua.TAKE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reaped_total = 0
@@ -237,31 +175,25 @@ class RedisStreamLog:
 
     def append_batch(self, items: list[tuple[StreamEvent, str | None]]
                      ) -> list[bool | Fenced]:
-        """Append events of any requests (each request's in seq order) in one pipelined round
-        trip, one script call per run of consecutive events of one request. Per event: True
-        written, False a duplicate, a :class:`Fenced` if a peer owns the request now; a gap
-        raises (a writer bug)."""
-        runs: list[list[tuple[StreamEvent, str | None]]] = []
-        for item in items:
-            prev = runs[-1][-1][0] if runs else None
-            if (prev is not None and prev.request_id == item[0].request_id
-                    and item[0].seq == prev.seq + 1 and prev.type is not EventType.TERMINAL):
-                runs[-1].append(item)
-            else:
-                runs.append([item])
-        pipe = self.r.pipeline(transaction=False)
-        for run in runs:
-            ev, record_id = run[0]
-            rid = ev.request_id
-            keys = [self._k("log", rid), self._k("meta", rid), self._open,
-                    self._k("rec", record_id) if record_id else ""]
-            args: list[str | int | bytes] = [
-                ev.seq, self.retention_ms, self.fence,
-                "1" if run[-1][0].type is EventType.TERMINAL else "0", rid,
-                *(encode_event(e) for e, _ in run)]
-            self._append(keys=keys, args=args, client=pipe)
+        """Append events of any requests (each request's in seq order) in one round trip: one
+        script call for the whole batch (up to ``RUNS_PER_CALL`` runs each), one stream entry
+        per run of consecutive events of one request (:mod:`coda.durable.lua`). Per event:
+        True written, False a duplicate (or after the terminal), a :class:`Fenced` if a peer
+        owns the request now; a gap raises (a writer bug)."""
+        batch = append.runs(items)
+        calls = append.frame(batch, self.prefix, self.retention_ms, self.fence)
+        pool = self.r.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(calls)  # NOTE: a list of chunks, sent in turn
+            replies = [conn.read_response() for _ in calls]
+        except BaseException:
+            conn.disconnect()  # NOTE: replies may be left unread; never reuse the connection
+            raise
+        finally:
+            pool.release(conn)
         out: list[bool | Fenced] = []
-        for run, (code, prev_last) in zip(runs, pipe.execute(), strict=True):
+        for run, code, prev_last in append.outcomes(batch, replies):
             first = run[0][0]
             if code == -2:
                 raise RuntimeError(f"{first.request_id}: append of seq {first.seq} leaves a gap")
@@ -282,14 +214,16 @@ class RedisStreamLog:
 
     # -- reader side ---------------------------------------------------------------------
     def read(self, request_id: str, after_seq: int = -1) -> list[StreamEvent]:
+        """The events after ``after_seq`` (an entry holding seqs on both sides of it is cut)."""
+        # NOTE: an entry's id is its last seq + 1, so this takes every entry with a seq above
         rows = self.r.xrange(self._k("log", request_id), min=f"0-{after_seq + 2}")
-        return [decode_event(fields[b"e"]) for _, fields in rows]
+        return _decode(request_id, rows, after_seq)
 
     def wait(self, request_id: str, after_seq: int, timeout_s: float) -> list[StreamEvent]:
         """Events after ``after_seq``, blocking up to ``timeout_s`` for the first one."""
         res = self.r.xread({self._k("log", request_id): f"0-{after_seq + 1}"},
                            block=max(1, int(timeout_s * 1000)))
-        return [decode_event(fields[b"e"]) for _, rows in res for _, fields in rows]
+        return [ev for _, rows in res for ev in _decode(request_id, rows, after_seq)]
 
     def terminal(self, request_id: str) -> Terminal | None:
         seq = self.r.hget(self._k("meta", request_id), "term")
@@ -336,6 +270,19 @@ class RedisStreamLog:
         rec = meta.get(b"rec", b"").decode()
         keys = [self._k("log", request_id), self._k("meta", request_id), self._open,
                 self._lease(owner), self._k("rec", rec) if rec else ""]
-        res = self._reap(keys=keys, args=[ev.seq, encode_event(ev), 0, self.retention_ms,
+        res = self._reap(keys=keys, args=[ev.seq, pack_event(ev), 0, self.retention_ms,
                                           self.fence, request_id])
         return bool(res == 1)
+
+
+def _decode(request_id: str, rows: list[tuple[bytes, dict[bytes, bytes]]],
+            after_seq: int) -> list[StreamEvent]:
+    """The events of stream entries (v2 runs, or v1 single JSON events), those after
+    ``after_seq`` only."""
+    out: list[StreamEvent] = []
+    for _, fields in rows:
+        blob = fields.get(b"v2")
+        evs = unpack_events(request_id, blob) if blob is not None else [
+            decode_event(fields[b"e"])]
+        out += [ev for ev in evs if ev.seq > after_seq]
+    return out

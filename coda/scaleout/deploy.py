@@ -14,6 +14,9 @@ from typing import Any
 from coda.engine.types import EngineConfig
 from coda.scaleout.remote import RemoteEngine
 
+# NOTE: calls in flight per replica that Serve lets through (its default is 5)
+MAX_ONGOING = 10_000
+
 
 def start_replicas(n: int, model_dir: Path | None, config: EngineConfig, *,
                    ray_address: str | None = None, num_cpus: float = 1.0,
@@ -39,7 +42,11 @@ def start_replicas(n: int, model_dir: Path | None, config: EngineConfig, *,
         if name in running:
             handles.append(serve.get_app_handle(name))
             continue
+        # NOTE: Serve admits only 5 calls per replica by default (queueing the rest at the
+        # caller); the engine has its own admission queue and the ingress routes, so a
+        # replica takes every call it is sent
         dep = serve.deployment(EngineReplica, name="replica", num_replicas=1,
+                               max_ongoing_requests=MAX_ONGOING,
                                ray_actor_options={"num_cpus": num_cpus})
         handles.append(serve.run(dep.bind(path, config, torch_threads), name=name,
                                  route_prefix=None))

@@ -13,6 +13,10 @@ request ends exactly once with ``model_error``, billing the committed tokens. "T
 appended — the ingress asks the log, never its own copy, and takes the request back by
 compare-and-set on its fencing token before deciding (:mod:`coda.scaleout.producer`); without
 one it is the first delta the ingress received.
+
+Transport: events come back through one streaming ``feed`` call per replica (and event loop),
+carrying batches of every request's events (:mod:`coda.scaleout.feed`), not one Ray item per
+event; a request starts with a unary ``submit`` call.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
 from coda.reader import StreamReading
+from coda.scaleout.feed import FeedClient
 from coda.scaleout.routing_trace import RoutedTraceSink
 from coda.stream import EventType, RequestStream, StreamEvent, Terminal
 
@@ -87,6 +92,7 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: dict[str, RemoteHandle] = {}
+        self._feeds: dict[asyncio.AbstractEventLoop, list[FeedClient]] = {}
         self.num_requests_total = 0
         self.num_resubmits_total = 0
         self.owns_replicas = True  # NOTE: False when it joined replicas another ingress made
@@ -158,6 +164,19 @@ class RemoteEngine:
         task.add_done_callback(lambda _: self._live.pop(rid, None))
         return handle
 
+    def _feed(self, idx: int) -> FeedClient:
+        """Replica ``idx``'s feed on the running loop (opened on first use: a server runs
+        one loop, tests and benchmarks may run several in turn)."""
+        loop = asyncio.get_running_loop()
+        feeds = self._feeds.get(loop)
+        if feeds is None:
+            for old in [lp for lp in self._feeds if lp.is_closed()]:
+                del self._feeds[old]
+            feeds = self._feeds[loop] = [
+                FeedClient(r.options(stream=True, method_name="feed").remote,
+                           r.submit.remote) for r in self.replicas]
+        return feeds[idx]
+
     # -- routing -------------------------------------------------------------------------
     def choose(self, req: GenerationRequest, exclude: set[int]) -> tuple[int, dict[str, Any]]:
         budget = req.max_tokens or self.config.default_max_tokens
@@ -189,9 +208,8 @@ class RemoteEngine:
             got_delta = False
             failure: BaseException | None = None
             try:
-                gen = self.replicas[idx].options(stream=True, method_name="generate").remote(
-                    req, self._spec(h), h.route)
-                async for ev in gen:
+                async for ev in self._feed(idx).events(req, h.request_id, self._spec(h),
+                                                       h.route):
                     got_delta = got_delta or ev.type is EventType.DELTA
                     feed(h.stream, [ev])
             except Exception as exc:  # NOTE: a dead replica (RayActorError, ...)

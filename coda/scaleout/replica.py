@@ -1,10 +1,13 @@
 """One engine replica: an :class:`~coda.engine.async_engine.AsyncEngine` in a Ray Serve replica
 (issue 12 item 1, 3; SPEC P1–P4, C1).
 
-``generate`` streams the request's plain-data events (pickled by Ray). The engine request is
-owned by the engine thread, not by the generator: when Ray Serve cancels the call because its
-caller went away, only the forwarding stops — the request keeps running (P4
-``on_disconnect=continue``, background responses) until the ingress cancels it by id.
+The ingress submits with ``submit(req, feed_id, durable, route)`` and reads the events of all
+its requests on this replica through one streaming ``feed(feed_id)`` call
+(:mod:`coda.scaleout.feed`: batches, not one Ray item per event). ``generate`` streams one
+request's events, one item each (kept for direct callers). The engine request is owned by the
+engine thread, not by a call: when Ray Serve cancels a call because its caller went away, only
+the forwarding stops — the request keeps running (P4 ``on_disconnect=continue``, background
+responses) until the ingress cancels it by id.
 
 With a :class:`~coda.scaleout.producer.DurableSpec` (``--redis-url``) the replica claims the
 request in the log and writes it there itself, and forwards only what Redis acknowledged
@@ -30,9 +33,10 @@ from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
 from coda.reader import follow
+from coda.scaleout.feed import Outbox
 from coda.scaleout.producer import DurableSpec, ReplicaLog
 from coda.scaleout.routing_trace import ROUTE_DECIDED
-from coda.stream import EventType, StreamEvent
+from coda.stream import EventType, RequestStream, StreamEvent
 from coda.trace import TraceEvent
 
 
@@ -47,16 +51,47 @@ class EngineReplica:
         self.server_id = f"replica-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._logs: dict[tuple[str, str], ReplicaLog] = {}
         self.faults: set[str] = set()
+        self._outboxes: dict[str, Outbox] = {}
 
-    async def generate(self, req: GenerationRequest, durable: DurableSpec | None = None,
-                       route: dict[str, Any] | None = None) -> AsyncIterator[StreamEvent]:
+    async def _start(self, req: GenerationRequest, durable: DurableSpec | None,
+                     route: dict[str, Any] | None) -> RequestStream:
+        """Submit ``req`` (claimed and mirrored by this replica with ``durable``); the stream
+        to forward (durable events only, with a log)."""
         if route is not None and req.request_id:
             self.engine.trace.record(TraceEvent(req.request_id, ROUTE_DECIDED, route))
         if durable is None:
-            stream = self.engine.submit(req).stream
-        else:
-            plog = await asyncio.to_thread(self._log, durable)
-            stream = await asyncio.to_thread(plog.begin, self.engine, req, durable)
+            return self.engine.submit(req).stream
+        plog = await asyncio.to_thread(self._log, durable)
+        return await asyncio.to_thread(plog.begin, self.engine, req, durable)
+
+    def _outbox(self, feed_id: str) -> Outbox:
+        box = self._outboxes.get(feed_id)
+        if box is None:
+            box = self._outboxes[feed_id] = Outbox(asyncio.get_running_loop())
+        return box
+
+    async def submit(self, req: GenerationRequest, feed_id: str,
+                     durable: DurableSpec | None = None,
+                     route: dict[str, Any] | None = None) -> None:
+        """Start ``req`` as :meth:`generate` does; its events go to the ingress reading
+        ``feed(feed_id)``."""
+        stream = await self._start(req, durable, route)
+        self._outbox(feed_id).forward(stream, start_only="stall_forwarding" in self.faults)
+
+    async def feed(self, feed_id: str) -> AsyncIterator[bytes]:
+        """Batches of the events of every request submitted with ``feed_id`` (one call per
+        ingress); when the caller goes away the outbox is dropped, the requests run on."""
+        box = self._outbox(feed_id)
+        try:
+            async for blob in box.drain():
+                yield blob
+        finally:
+            if self._outboxes.get(feed_id) is box:
+                del self._outboxes[feed_id]
+
+    async def generate(self, req: GenerationRequest, durable: DurableSpec | None = None,
+                       route: dict[str, Any] | None = None) -> AsyncIterator[StreamEvent]:
+        stream = await self._start(req, durable, route)
         # NOTE: a cancelled generator (caller gone) leaves the engine request running
         async for ev in follow(stream):
             if "stall_forwarding" in self.faults and ev.type is not EventType.START:

@@ -9,10 +9,56 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from coda.stream import EventType, StreamEvent
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sse_events(resp: Any, stop_after: int | None = None,
+               lines: Iterator[str] | None = None) -> list[dict[str, str]]:
+    """SSE events of the httpx response ``resp``; ``lines``: an iterator over its lines that
+    the caller keeps (an abandoned iterator closes the connection: a client that left)."""
+    from tests.conftest import SSEAccumulator
+
+    acc, out = SSEAccumulator(), []
+    for line in lines if lines is not None else resp.iter_lines():
+        ev = acc.feed(line)
+        if ev is not None:
+            out.append(ev)
+            if stop_after is not None and len(out) >= stop_after:
+                break
+    return out
+
+
+def wait_for(pred: Any, timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def ingress(replicas: Any, url: str, lease_ttl_s: float) -> tuple[Any, Any]:
+    """A live ingress (uvicorn on loopback) over ``replicas``' replica handles with its own
+    routing state, durable on the Redis at ``url``: (LiveServer, its RemoteEngine)."""
+    from coda.scaleout.remote import RemoteEngine
+    from coda.server.app import create_app
+    from coda.server.durable import ServerDurable
+    from tests.conftest import LiveServer
+
+    engine = RemoteEngine(replicas.replicas, replicas.config)
+    app = create_app(engine, manage_engine=False,
+                     durable=ServerDurable(url, lease_ttl_s=lease_ttl_s))
+    return LiveServer(app).start(), engine
 
 
 def kill_replica(replica: int) -> None:

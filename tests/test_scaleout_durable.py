@@ -1,24 +1,16 @@
-"""Replicas together with the durable log (issue 12 items 1–4; SPEC P1–P4, L2, L5, L6, O2):
-the replicas write every request's log, a stream resumes on another ingress reading the same
-Redis, "the first frame" is the first delta durably appended (seed 004: a replica that dies
-with a delta the log never confirmed is resubmitted; one whose delta is durable but never
-reached the ingress is final), a SIGKILLed ingress's requests on live replicas end exactly once
-(continue → the producer's terminal, cancel → cancelled), and the routing decision is a trace
-row. One Ray instance and one redis-server for the module, two replicas sharing two cores."""
+"""Replicas together with the durable log (issue 12 items 1, 2, 4; SPEC P1–P4, L2, L5, L6,
+O2): the replicas write every request's log, a stream resumes on another ingress reading the
+same Redis, "the first frame" is the first delta durably appended (seed 004: a replica that
+dies with a delta the log never confirmed is resubmitted; one whose delta is durable but never
+reached the ingress is final), and the routing decision is a trace row. The session's two
+replicas (conftest ``replicas``) and one redis-server for the module."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,9 +24,15 @@ from coda.finish import FinishReason  # noqa: E402
 from coda.lifecycle import State  # noqa: E402
 from coda.sampling import SamplingParams  # noqa: E402
 from coda.stream import EventType, StreamEvent  # noqa: E402
-from tests.conftest import LiveServer, SSEAccumulator  # noqa: E402
+from tests.conftest import LiveServer  # noqa: E402
 from tests.redis_support import RedisServer, running_redis  # noqa: E402
-from tests.scaleout_support import FaultRow, kill_replica, wait_replica  # noqa: E402
+from tests.scaleout_support import (  # noqa: E402
+    FaultRow,
+    ingress,
+    kill_replica,
+    sse_events,
+    wait_replica,
+)
 
 pytestmark = pytest.mark.timeout(300)
 LEASE_S = 2.0  # NOTE: short, so orphans end quickly; long enough for a loaded 2-core CI box
@@ -58,27 +56,7 @@ def _engine(cluster: Any) -> Any:
 
 
 def _ingress(cluster: Any, url: str) -> tuple[LiveServer, Any]:
-    from coda.server.app import create_app
-    from coda.server.durable import ServerDurable
-
-    engine = _engine(cluster)
-    app = create_app(engine, manage_engine=False,
-                     durable=ServerDurable(url, lease_ttl_s=LEASE_S))
-    return LiveServer(app).start(), engine
-
-
-def _events(resp: httpx.Response, stop_after: int | None = None,
-            lines: Iterator[str] | None = None) -> list[dict[str, str]]:
-    """SSE events of ``resp``; ``lines``: an iterator over its lines that the caller keeps
-    (an abandoned iterator closes the connection: a client that left)."""
-    acc, out = SSEAccumulator(), []
-    for line in lines if lines is not None else resp.iter_lines():
-        ev = acc.feed(line)
-        if ev is not None:
-            out.append(ev)
-            if stop_after is not None and len(out) >= stop_after:
-                break
-    return out
+    return ingress(cluster, url, LEASE_S)
 
 
 def _chat_text(events: list[dict[str, str]]) -> str:
@@ -96,15 +74,8 @@ def _req(seed: int, n: int, rid: str) -> GenerationRequest:
                              max_tokens=n, request_id=rid)
 
 
-def _wait_for(pred: Any, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 async def _until(pred: Any, timeout: float = 60.0, what: str = "") -> None:
-    """:func:`_wait_for` on the event loop (the ingress's pumps keep running)."""
+    """:func:`wait_for` on the event loop (the ingress's pumps keep running)."""
     deadline = time.monotonic() + timeout
     while not await asyncio.to_thread(pred):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -132,28 +103,28 @@ def test_replicas_write_the_log_and_any_ingress_resumes_p3_p4(
         with httpx.Client(timeout=60) as client:
             with client.stream("POST", f"{a.url}/v1/chat/completions", json=chat) as resp:
                 rid = resp.headers["x-request-id"]
-                head = _events(resp, stop_after=4)
+                head = sse_events(resp, stop_after=4)
             last_id = head[-1]["id"]
             with client.stream("GET", f"{b.url}/v1/streams/{rid}",
                                headers={"Last-Event-ID": last_id}) as resp:
                 assert resp.status_code == 200
-                tail = _events(resp)
+                tail = sse_events(resp)
             with client.stream("GET", f"{b.url}/v1/streams/{rid}") as resp:
-                full = _events(resp)
+                full = sse_events(resp)
             trace = client.get(f"{a.url}/v1/traces/{rid}").json()
             created = client.post(f"{a.url}/v1/responses", json={
                 "model": cluster.model_name, "input": "hi", "background": True,
                 "max_output_tokens": 30, "ignore_eos": True, "seed": 5}).json()
             with client.stream("GET", f"{a.url}/v1/responses/{created['id']}?stream=true"
                                ) as resp:
-                first = _events(resp, stop_after=6)
+                first = sse_events(resp, stop_after=6)
             seen = int(first[-1]["id"])
             with client.stream("GET", f"{b.url}/v1/responses/{created['id']}",
                                params={"stream": "true", "starting_after": seen}) as resp:
-                rest = _events(resp)
+                rest = sse_events(resp)
             with client.stream("GET", f"{b.url}/v1/responses/{created['id']}",
                                params={"stream": "true"}) as resp:
-                replay = _events(resp)
+                replay = sse_events(resp)
     finally:
         a.stop()
         b.stop()
@@ -277,113 +248,3 @@ def test_durable_delta_never_received_is_final_l5_l6(bound: tuple[Any, RedisStre
     row = FaultRow("replica killed after durable deltas the ingress never got (final)")
     row.add_log(evs, [e.seq for e in h.stream.events_after(-1)])
     row.report()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
-        cluster: Any, redis_server: RedisServer, server_checkpoint: Path) -> None:
-    """Item 3: an ingress process joins the module's Ray cluster (sharing its replicas), takes
-    a background response, a continue-policy chat and a cancel-policy chat, and is SIGKILLed
-    mid-stream. The replicas keep the first two running and write their own terminals into
-    the log; the third is cancelled once the dead ingress's lease expired. A second ingress
-    on the same Redis resumes them: every event once, exactly one terminal each, and every KV
-    block free on both replicas."""
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-           "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
-    gcs = ray.get_runtime_context().gcs_address
-    orphans_before = _orphans_cancelled(cluster)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "coda.cli", "serve", "--model", str(server_checkpoint),
-         "--port", str(port), "--replicas", "2", "--ray-address", gcs,
-         "--redis-url", redis_server.url, "--lease-ttl-s", str(LEASE_S),
-         "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    body = {"model": cluster.model_name, "stream": True, "ignore_eos": True}
-    try:
-        with httpx.Client(timeout=60) as client:
-            _wait_for(lambda: _healthy(client, url, proc), timeout=120, what="the ingress")
-            bg = client.post(f"{url}/v1/responses", json={
-                "model": cluster.model_name, "input": "hi", "background": True,
-                "max_output_tokens": 120, "ignore_eos": True, "seed": 7}).json()["id"]
-            streams = {}
-            with contextlib.ExitStack() as held:
-                for policy, n in (("continue", 60), ("cancel", 480)):
-                    # NOTE: held open until the kill: the cancel-policy client is still there
-                    resp = held.enter_context(client.stream(
-                        "POST", f"{url}/v1/chat/completions", json={
-                            **body, "messages": [{"role": "user", "content": policy}],
-                            "max_tokens": n, "seed": 8, "on_disconnect": policy}))
-                    lines = resp.iter_lines()
-                    held.callback(lines.close)  # type: ignore[attr-defined]
-                    streams[policy] = (resp.headers["x-request-id"],
-                                       _events(resp, stop_after=3, lines=lines))
-                with client.stream("GET", f"{url}/v1/responses/{bg}?stream=true") as resp:
-                    first = _events(resp, stop_after=6)
-                assert "term" not in _log(redis_server.url).meta(streams["cancel"][0])
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(10)
-            other, _ = _ingress(cluster, redis_server.url)
-            try:
-                seen = int(first[-1]["id"])
-                with client.stream("GET", f"{other.url}/v1/responses/{bg}",
-                                   params={"stream": "true", "starting_after": seen}) as resp:
-                    rest = _events(resp)
-                with client.stream("GET", f"{other.url}/v1/responses/{bg}",
-                                   params={"stream": "true"}) as resp:
-                    replay = _events(resp)
-                crid, chead = streams["continue"]
-                with client.stream("GET", f"{other.url}/v1/streams/{crid}",
-                                   headers={"Last-Event-ID": chead[-1]["id"]}) as resp:
-                    ctail = _events(resp)
-                dlog = _log(redis_server.url)
-                xrid = streams["cancel"][0]
-                _wait_for(lambda: "term" in dlog.meta(xrid), timeout=60,
-                          what="the cancel-policy orphan's terminal")
-            finally:
-                other.stop()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    row = FaultRow("ingress SIGKILLed, requests on live replicas (continue/background/cancel)")
-    assert [e["data"] for e in replay[seen + 1:]] == [e["data"] for e in rest]
-    kinds = [e["event"] for e in replay]
-    assert kinds.count("response.incomplete") == 1 and "response.failed" not in kinds
-    row.add_log(dlog.read(bg))
-    cevs = dlog.read(crid)
-    assert ctail[-1]["data"] == "[DONE]"
-    assert cevs[-1].terminal is not None
-    assert cevs[-1].terminal.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
-    got = sorted({int(e["id"]) for e in chead + ctail if "id" in e})
-    row.add_log(cevs, got)
-    xevs = dlog.read(xrid)
-    assert xevs[-1].terminal is not None and xevs[-1].terminal.state is State.CANCELLED
-    assert len(xevs) < 480
-    row.add_log(xevs)
-    row.report()
-    assert _orphans_cancelled(cluster) == orphans_before + 1  # by a replica's orphan watch
-    _wait_for(lambda: _all_free(cluster), timeout=60, what="every KV block free (L7)")
-
-
-def _healthy(client: httpx.Client, url: str, proc: subprocess.Popen[bytes]) -> bool:
-    assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
-    try:
-        return client.get(f"{url}/health").status_code == 200
-    except httpx.TransportError:
-        return False
-
-
-def _all_free(cluster: Any) -> bool:
-    st = cluster.stats()
-    return st.num_running == st.num_waiting == 0 and st.num_free_blocks == st.num_blocks
-
-
-def _orphans_cancelled(cluster: Any) -> int:
-    return sum(int(r.whoami.remote().result(timeout_s=30)["orphans_cancelled"])
-               for r in cluster.replicas)

@@ -1,16 +1,20 @@
-"""Restart-and-resume with replicas (issue 12 items 3, 5; SPEC L2, L5, L6, P2, P3): a whole
-``coda serve --replicas 2 --redis-url`` server — the ingress, its local Ray and both replicas
-— is SIGKILLed mid-stream, and two servers start at once on the same Redis. Every request whose
-log had no terminal gets exactly one (``model_error``, the durable tokens billed), written by
-one of the two; each stays replayable from sequence 0 and resumable after what the client saw.
-One Ray start (inside the killed server) for the module."""
+"""Killed front ends with replicas (issue 12 items 3, 5; SPEC P2–P4, L2, L5, L6).
+
+An ingress process that shares the session's replicas (conftest ``replicas``) is SIGKILLed:
+its requests keep running on the live replicas, which end them exactly once (background and
+``continue`` with the producer's own terminal, ``cancel`` cancelled by the replica's orphan
+watch) while another ingress resumes them. Then a whole ``coda serve --replicas 2
+--redis-url`` server — the ingress, its local Ray and both replicas — is SIGKILLed mid-stream
+and two servers start at once on the same Redis: every request whose log had no terminal gets
+exactly one (``model_error``, the durable tokens billed), written by one of the two; each stays
+replayable from sequence 0 and resumable after what the client saw."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import socket
+import signal
 import subprocess
 import sys
 import time
@@ -21,16 +25,25 @@ from typing import Any
 import httpx
 import pytest
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 
 from coda.durable.redis_log import RedisStreamLog  # noqa: E402
 from coda.finish import FinishReason  # noqa: E402
 from coda.lifecycle import State  # noqa: E402
 from coda.server.durable import ServerDurable  # noqa: E402
 from coda.stream import EventType  # noqa: E402
-from tests.conftest import SSEAccumulator  # noqa: E402
 from tests.redis_support import RedisServer, running_redis  # noqa: E402
-from tests.scaleout_support import FaultRow, kill_session, session_pids  # noqa: E402
+from tests.scaleout_support import (  # noqa: E402
+    FaultRow,
+    free_port,
+    ingress,
+    kill_session,
+    session_pids,
+    sse_events,
+    wait_for,
+)
+
+LEASE_S = 2.0  # NOTE: short, so orphans end quickly; long enough for a loaded 2-core CI box
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,28 +53,8 @@ def redis_server() -> Iterator[RedisServer]:
     yield from running_redis()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _events(resp: httpx.Response, stop_after: int | None = None,
-            lines: Iterator[str] | None = None) -> list[dict[str, str]]:
-    """SSE events of ``resp``; ``lines``: an iterator over its lines that the caller keeps
-    (an abandoned iterator closes the connection: a client that left)."""
-    acc, out = SSEAccumulator(), []
-    for line in lines if lines is not None else resp.iter_lines():
-        ev = acc.feed(line)
-        if ev is not None:
-            out.append(ev)
-            if stop_after is not None and len(out) >= stop_after:
-                break
-    return out
-
-
 def _start(server_checkpoint: Path, url: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
            "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
     proc = subprocess.Popen(
@@ -109,13 +102,13 @@ def test_whole_server_sigkilled_two_restarts_end_each_orphan_once_l2_l5_l6(
                 rid = resp.headers["x-request-id"]
                 lines = resp.iter_lines()
                 held.callback(lines.close)  # type: ignore[attr-defined]
-                heads[rid] = _events(resp, stop_after=3, lines=lines)
+                heads[rid] = sse_events(resp, stop_after=3, lines=lines)
                 chats.append(rid)
             bg = client.post(f"{url}/v1/responses", json={
                 "model": "tiny-chat", "input": "hi", "background": True,
                 "max_output_tokens": 480, "ignore_eos": True, "seed": 5}).json()["id"]
             with client.stream("GET", f"{url}/v1/responses/{bg}?stream=true") as resp:
-                heads[bg] = _events(resp, stop_after=6)
+                heads[bg] = sse_events(resp, stop_after=6)
             killed = kill_session(proc.pid)
     finally:
         killed = max(locals().get("killed", 0), kill_session(proc.pid))
@@ -154,10 +147,10 @@ def test_whole_server_sigkilled_two_restarts_end_each_orphan_once_l2_l5_l6(
             if rid == bg:
                 with client.stream("GET", f"{base}/v1/responses/{rid}",
                                    params={"stream": "true"}) as resp:
-                    replay = _events(resp)
+                    replay = sse_events(resp)
                 with client.stream("GET", f"{base}/v1/responses/{rid}",
                                    params={"stream": "true", "starting_after": seen}) as resp:
-                    rest = _events(resp)
+                    rest = sse_events(resp)
                 assert [int(e["id"]) for e in replay] == list(range(len(replay)))
                 assert [e["data"] for e in replay[seen + 1:]] == [e["data"] for e in rest]
                 ends = ("response.completed", "response.incomplete", "response.failed")
@@ -167,7 +160,7 @@ def test_whole_server_sigkilled_two_restarts_end_each_orphan_once_l2_l5_l6(
             else:
                 with client.stream("GET", f"{base}/v1/streams/{rid}",
                                    headers={"Last-Event-ID": str(seen)}) as resp:
-                    tail = _events(resp)
+                    tail = sse_events(resp)
                 got = {int(e["id"]) for e in heads[rid] + tail if "id" in e}
                 assert got == set(range(len(evs)))  # every event id once, head + tail
                 bodies = [json.loads(e["data"]) for e in tail if e["data"] != "[DONE]"]
@@ -177,3 +170,108 @@ def test_whole_server_sigkilled_two_restarts_end_each_orphan_once_l2_l5_l6(
                 assert tail[-1]["data"] == "[DONE]"
     assert sum(d.log.reaped_total for d in durables) == len(orphans)
     row.report()
+
+
+def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
+        replicas: Any, redis_server: RedisServer, server_checkpoint: Path) -> None:
+    """Item 3: an ingress process joins the module's Ray cluster (sharing its replicas), takes
+    a background response, a continue-policy chat and a cancel-policy chat, and is SIGKILLed
+    mid-stream. The replicas keep the first two running and write their own terminals into
+    the log; the third is cancelled once the dead ingress's lease expired. A second ingress
+    on the same Redis resumes them: every event once, exactly one terminal each, and every KV
+    block free on both replicas."""
+    cluster = replicas
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    gcs = ray.get_runtime_context().gcs_address
+    orphans_before = _orphans_cancelled(cluster)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coda.cli", "serve", "--model", str(server_checkpoint),
+         "--port", str(port), "--replicas", "2", "--ray-address", gcs,
+         "--redis-url", redis_server.url, "--lease-ttl-s", str(LEASE_S),
+         "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    body = {"model": cluster.model_name, "stream": True, "ignore_eos": True}
+    try:
+        with httpx.Client(timeout=60) as client:
+            wait_for(lambda: _healthy(client, url, proc), timeout=120, what="the ingress")
+            bg = client.post(f"{url}/v1/responses", json={
+                "model": cluster.model_name, "input": "hi", "background": True,
+                "max_output_tokens": 120, "ignore_eos": True, "seed": 7}).json()["id"]
+            streams = {}
+            with contextlib.ExitStack() as held:
+                for policy, n in (("continue", 60), ("cancel", 480)):
+                    # NOTE: held open until the kill: the cancel-policy client is still there
+                    resp = held.enter_context(client.stream(
+                        "POST", f"{url}/v1/chat/completions", json={
+                            **body, "messages": [{"role": "user", "content": policy}],
+                            "max_tokens": n, "seed": 8, "on_disconnect": policy}))
+                    lines = resp.iter_lines()
+                    held.callback(lines.close)  # type: ignore[attr-defined]
+                    streams[policy] = (resp.headers["x-request-id"],
+                                       sse_events(resp, stop_after=3, lines=lines))
+                with client.stream("GET", f"{url}/v1/responses/{bg}?stream=true") as resp:
+                    first = sse_events(resp, stop_after=6)
+                assert "term" not in RedisStreamLog(redis_server.url).meta(streams["cancel"][0])
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+            other, _ = ingress(cluster, redis_server.url, LEASE_S)
+            try:
+                seen = int(first[-1]["id"])
+                with client.stream("GET", f"{other.url}/v1/responses/{bg}",
+                                   params={"stream": "true", "starting_after": seen}) as resp:
+                    rest = sse_events(resp)
+                with client.stream("GET", f"{other.url}/v1/responses/{bg}",
+                                   params={"stream": "true"}) as resp:
+                    replay = sse_events(resp)
+                crid, chead = streams["continue"]
+                with client.stream("GET", f"{other.url}/v1/streams/{crid}",
+                                   headers={"Last-Event-ID": chead[-1]["id"]}) as resp:
+                    ctail = sse_events(resp)
+                dlog = RedisStreamLog(redis_server.url)
+                xrid = streams["cancel"][0]
+                wait_for(lambda: "term" in dlog.meta(xrid), timeout=60,
+                          what="the cancel-policy orphan's terminal")
+            finally:
+                other.stop()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    row = FaultRow("ingress SIGKILLed, requests on live replicas (continue/background/cancel)")
+    assert [e["data"] for e in replay[seen + 1:]] == [e["data"] for e in rest]
+    kinds = [e["event"] for e in replay]
+    assert kinds.count("response.incomplete") == 1 and "response.failed" not in kinds
+    row.add_log(dlog.read(bg))
+    cevs = dlog.read(crid)
+    assert ctail[-1]["data"] == "[DONE]"
+    assert cevs[-1].terminal is not None
+    assert cevs[-1].terminal.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
+    got = sorted({int(e["id"]) for e in chead + ctail if "id" in e})
+    row.add_log(cevs, got)
+    xevs = dlog.read(xrid)
+    assert xevs[-1].terminal is not None and xevs[-1].terminal.state is State.CANCELLED
+    assert len(xevs) < 480
+    row.add_log(xevs)
+    row.report()
+    assert _orphans_cancelled(cluster) == orphans_before + 1  # by a replica's orphan watch
+    wait_for(lambda: _all_free(cluster), timeout=60, what="every KV block free (L7)")
+
+
+def _healthy(client: httpx.Client, url: str, proc: subprocess.Popen[bytes]) -> bool:
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+    try:
+        return client.get(f"{url}/health").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _all_free(cluster: Any) -> bool:
+    st = cluster.stats()
+    return st.num_running == st.num_waiting == 0 and st.num_free_blocks == st.num_blocks
+
+
+def _orphans_cancelled(cluster: Any) -> int:
+    return sum(int(r.whoami.remote().result(timeout_s=30)["orphans_cancelled"])
+               for r in cluster.replicas)

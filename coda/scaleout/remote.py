@@ -202,8 +202,16 @@ class RemoteEngine:
         tried: set[int] = set()
         idx = h.replica
         if self.log is not None:
-            await asyncio.to_thread(self.log.open, h.request_id, prompt_tokens=h.prompt_tokens,
-                                    record_id=h.record_id, detached=h.detach)
+            try:
+                await asyncio.to_thread(self.log.open, h.request_id,
+                                        prompt_tokens=h.prompt_tokens, record_id=h.record_id,
+                                        detached=h.detach)
+            except Exception as exc:  # NOTE: redis.RedisError: nothing was sent, nothing seen
+                log.exception("stream log unreachable; request not started",
+                              extra={"request_id": h.request_id})
+                self._fail(h, exc)
+                self._done(idx, req)
+                return
         while True:
             got_delta = False
             failure: BaseException | None = None

@@ -31,6 +31,7 @@ from tests.scaleout_support import (  # noqa: E402
     ingress,
     kill_replica,
     sse_events,
+    wait_for,
     wait_replica,
 )
 
@@ -247,4 +248,31 @@ def test_durable_delta_never_received_is_final_l5_l6(bound: tuple[Any, RedisStre
     assert term.usage.selected_tokens == committed and 3 <= committed < 400
     row = FaultRow("replica killed after durable deltas the ingress never got (final)")
     row.add_log(evs, [e.seq for e in h.stream.events_after(-1)])
+    row.report()
+
+
+def test_cancel_through_another_ingress_c1_p2(cluster: Any, redis_server: RedisServer) -> None:
+    """C1 across ingresses: a background response made on ingress A is cancelled through
+    ingress B, which only knows it from the log (a rebuilt record): the replica running it
+    ends it, once, cancelled, and both ingresses then show that one terminal."""
+    a, _ = _ingress(cluster, redis_server.url)
+    b, _ = _ingress(cluster, redis_server.url)
+    try:
+        with httpx.Client(timeout=60) as client:
+            rid = client.post(f"{a.url}/v1/responses", json={
+                "model": cluster.model_name, "input": "cancel me", "background": True,
+                "max_output_tokens": 480, "ignore_eos": True, "seed": 9}).json()["id"]
+            got = client.post(f"{b.url}/v1/responses/{rid}/cancel").json()
+            wait_for(lambda: client.get(f"{a.url}/v1/responses/{rid}").json()["status"]
+                     != "in_progress", what="ingress A's copy to end")
+            seen_a = client.get(f"{a.url}/v1/responses/{rid}").json()
+    finally:
+        a.stop()
+        b.stop()
+    assert got["status"] == seen_a["status"] == "cancelled"
+    evs = _log(redis_server.url).read(rid)
+    assert evs[-1].terminal is not None and evs[-1].terminal.state is State.CANCELLED
+    assert got["usage"]["output_tokens"] == sum(len(e.tokens) for e in evs) < 480
+    row = FaultRow("cancel through an ingress that did not submit it (replicas + Redis)")
+    row.add_log(evs)
     row.report()

@@ -163,6 +163,12 @@ class RedisStreamLog:
         """Mark ``request_id`` as running on without a client (P4 ``continue``)."""
         self.r.hset(self._k("meta", request_id), "detach", 1)
 
+    def request_cancel(self, request_id: str, cause: str) -> None:
+        """Record a cancel for whichever server runs ``request_id`` (C1 from an ingress that
+        does not own it); the owner applies it when it claims the request or at its next
+        check."""
+        self.r.hset(self._k("meta", request_id), "cancel", cause)
+
     def meta(self, request_id: str) -> dict[str, str]:
         """The request's meta hash, decoded (empty once expired or if never opened)."""
         return {k.decode(): v.decode() for k, v in self.r.hgetall(

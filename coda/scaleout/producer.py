@@ -7,6 +7,10 @@ engine's stream into Redis with its own :class:`~coda.durable.mirror.LogMirror`.
 receives only what Redis acknowledged, so "the first frame" (seed 004) is the first delta
 durably appended, and the log keeps being written if the ingress dies.
 
+Cancels through another ingress (a record rebuilt from the log) are broadcast to the replicas
+and also recorded in the request's meta (``cancel``), applied when the request is claimed or at
+the next check, so a cancel that overtakes the request is not lost.
+
 Orphans of a dead ingress: every ``lease_ttl_s / 3`` the replica checks, for each request it
 runs, whether the lease of the ingress that routed it (``via``) still exists. If not, the
 client's connection died with it: a request marked ``detach`` (background, or P4
@@ -76,8 +80,11 @@ class ReplicaLog:
         code, _ = self.log.take(rid, spec.fence)
         if code != 1:
             raise NotOwner(f"{rid}: not claimable (code {code})")
-        ingress = self.log.meta(rid).get("via", "")
+        meta = self.log.meta(rid)
         handle = engine.submit(req)
+        if "cancel" in meta:  # NOTE: cancelled through another ingress before it got here
+            handle.cancel(CancelCause(meta["cancel"]))
+        ingress = meta.get("via", "")
 
         def fenced() -> None:
             handle.cancel(CancelCause.SHUTDOWN)
@@ -122,11 +129,14 @@ class ReplicaLog:
         pipe = self.log.r.pipeline(transaction=False)
         for rid, run in todo:
             pipe.exists(self.log._lease(run.ingress))
-            pipe.hget(self.log._k("meta", rid), "detach")
+            pipe.hmget(self.log._k("meta", rid), "detach", "cancel")
         replies = pipe.execute()
         n = 0
         for k, (rid, run) in enumerate(todo):
-            alive, detached = replies[2 * k], replies[2 * k + 1]
+            alive, (detached, cancel) = replies[2 * k], replies[2 * k + 1]
+            if cancel is not None:  # NOTE: a cancel recorded by another ingress (C1)
+                run.handle.cancel(CancelCause(cancel.decode()))
+                continue
             if alive or detached is not None or not run.ingress:
                 continue
             log.warning("the ingress of this request is gone; cancelling (P4 cancel)",

@@ -65,6 +65,7 @@ class RemoteHandle(StreamReading):
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         if self.stream.closed or self.replica < 0:
             return False
+        self.engine.mark_cancel(self.request_id, cause)
         self.engine.replicas[self.replica].cancel.remote(self.request_id, cause)
         return True
 
@@ -145,6 +146,30 @@ class RemoteEngine:
     def cancel(self, request_id: str, cause: CancelCause = CancelCause.CLIENT) -> bool:
         handle = self._live.get(request_id)
         return handle.cancel(cause) if handle is not None else False
+
+    def mark_cancel(self, request_id: str, cause: CancelCause) -> None:
+        """With a log, record the cancel there too: a cancel that overtakes the replica's
+        claim is applied when the replica claims the request (C1)."""
+        if self.log is None:
+            return
+        try:
+            self.log.request_cancel(request_id, cause.value)
+        except Exception:  # NOTE: redis.RedisError: the direct cancel still goes out
+            log.warning("cancel not recorded in the stream log", exc_info=True,
+                        extra={"request_id": request_id})
+
+    def cancel_anywhere(self, request_id: str, cause: CancelCause = CancelCause.CLIENT
+                        ) -> bool:
+        """Cancel ``request_id`` on whichever replica runs it, also one another ingress
+        submitted (a record rebuilt from the log): the cancel goes to every replica, the one
+        running it ends it and writes the terminal into the log (C1)."""
+        if self.cancel(request_id, cause):
+            return True
+        self.mark_cancel(request_id, cause)
+        calls = [r.cancel.remote(request_id, cause) for r in self.replicas]
+        # NOTE: resolved off the event loop (a Serve call left unresolved may not be delivered)
+        threading.Thread(target=_resolve, args=(calls,), daemon=True).start()
+        return True
 
     def submit(self, req: GenerationRequest) -> RemoteHandle:
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
@@ -318,3 +343,11 @@ class RemoteEngine:
                                processed_output_tokens=committed, returned_tokens=committed,
                                returned_bytes=sum(len(e.data) for e in evs)),
                          ErrorCode.MODEL_ERROR, f"replica lost: {type(exc).__name__}"))
+
+
+def _resolve(calls: list[Any]) -> None:
+    for call in calls:
+        try:
+            call.result(timeout_s=30)
+        except Exception:  # NOTE: a dead replica: nothing of the request is left there
+            log.warning("cancel not delivered to a replica", exc_info=True)

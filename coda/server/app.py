@@ -80,6 +80,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
         bind = getattr(engine, "bind_log", None)
         if bind is not None:  # NOTE: replicas write the log themselves (issue 12 item 2)
             bind(durable.log)
+            durable.cancel_remote = getattr(engine, "cancel_anywhere", None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

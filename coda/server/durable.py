@@ -27,16 +27,22 @@ log = logging.getLogger("coda.server")
 
 class LoggedHandle(StreamReading):
     """An engine handle rebuilt from the log (an :class:`~coda.engine.protocol.EngineHandle`):
-    readable and resumable; cancel is the owner's and answers False here."""
+    readable and resumable. Cancel reaches the request only where this ingress shares the
+    producer's engines (``--replicas``: any replica may run it, ``cancel_remote``); else it is
+    the owning server's and answers False here."""
 
-    def __init__(self, follower: LogFollower) -> None:
+    def __init__(self, follower: LogFollower,
+                 cancel_remote: Callable[[str, CancelCause], bool] | None = None) -> None:
         self._follower = follower
+        self._cancel_remote = cancel_remote
         self.request_id = follower.stream.request_id
         self.stream: RequestStream = follower.stream
         self.prompt_tokens = 0  # NOTE: billed by the owner; the terminal carries it
 
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
-        return False
+        if self._cancel_remote is None or self.stream.closed:
+            return False
+        return self._cancel_remote(self.request_id, cause)
 
 
 class MirroredHandle(StreamReading):
@@ -80,6 +86,8 @@ class ServerDurable:
         self.log = RedisStreamLog(url, prefix=prefix, retention_s=retention_s,
                                   lease_ttl_s=lease_ttl_s)
         self.mirror: LogMirror | None = None
+        # NOTE: set by the app when its engine can cancel a request it did not submit
+        self.cancel_remote: Callable[[str, CancelCause], bool] | None = None
 
     def start(self) -> None:
         self.log.start()
@@ -130,7 +138,7 @@ class ServerDurable:
         desc = self.log.get_record(record_id)
         if desc is None:
             return None
-        handles: list[Any] = [LoggedHandle(LogFollower(self.log, rid))
+        handles: list[Any] = [LoggedHandle(LogFollower(self.log, rid), self.cancel_remote)
                               for rid in desc["handles"]]
         record = Record(record_id, desc["kind"], handles, int(desc["created"]), desc["model"],
                         make_renderer=lambda after: None, background=bool(desc["background"]),

@@ -115,8 +115,14 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
 
 # Modes ``auto`` may pick for a GGUF, fastest first; each must be batch-invariant and keep the
 # file's values up to rounding (so not q4-int8head, whose head requantization is an opt-in).
-# Decode step of SmolLM2-135M Q4_1 on the 2-core AVX2 EPYC, ModelRunner, 1 thread
-# (benchmarks/bench_vs_llamacpp.py): see docs/quantization.md for the figures.
+# Measured on the 2-core AVX2 EPYC (torch 2.13 CPU, 1 thread, SmolLM2-135M Q4_1 shapes):
+# - every projection of one decode step, batch 1 (issue 10): int4 3.4 ms, int8 5.1 ms,
+#   bf16 12 ms, fp32 33 ms; only int4/int8 rows are batch-invariant (M = 1..300 checked);
+# - the 49152x576 head alone, ms per call at batch 1 / 8 / 32, one run on a loaded machine
+#   (load avg ~9): Q8Split (q4) 33 / 158 / 712, Int8Linear (q4-int8head) 28 / 229 / 335,
+#   fp32 49 / 114 / 273, bf16 37 / 223 / 810. The int4 kernel costs linear in the rows here
+#   (AVX2, no AVX-512), so q4 wins at small batches and loses to fp32 at 32: a packed kernel
+#   that amortises the weights over the batch (issue 10's "packed" mode) goes first once in.
 AUTO_ORDER: tuple[str, ...] = ("q4",)
 DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)

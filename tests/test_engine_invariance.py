@@ -62,30 +62,21 @@ def test_t4_scenarios_really_preempt_and_hit(report: InvarianceReport) -> None:
     assert report.preemptions > 0 and report.cached_prompt_tokens > 0, report.lines()
 
 
-# NOTE: attention's float32 matmuls take one kernel path for up to 3 rows and another for 4 or
-# more (measured here: torch.matmul's row 0 differs between M <= 3 and M >= 4), so a position
-# computed in a chunk of another row count than in the alone run — a one-token last prefill
-# chunk, decoded tokens recomputed as prefill after preemption, a one-token remainder after a
-# prefix-cache hit — rounds its scores differently (the int4 projections do not: with a per-row
-# attention matmul every scenario here is bit-identical). The schedule is reproducible (the
-# crowd is queued before the loop starts), so these are strict: owned by issue 10's attention
-# work; when it lands they XPASS and the marks go.
-_SPLIT_DEPENDENT = pytest.mark.xfail(strict=True, reason="attention matmul rounding depends "
-                                     "on the chunk's row count (see NOTE)")
-
-
-@pytest.mark.parametrize("scenario", [pytest.param(s, marks=_SPLIT_DEPENDENT)
-                                      if s == "chunked" else s for s in SCENARIOS])
+# NOTE: the edge cases above are where a position is computed in a chunk of another row count
+# than in the alone run (a one-token last prefill chunk, decoded tokens recomputed as prefill
+# after preemption, a one-token remainder after a prefix-cache hit). float32 gemm rounds a row
+# differently below 4 rows than at 4 or more; attention pads its rows to 4 (attention.py), and
+# without that padding chunked, preempted and prefix-hit requests lost bit-identity here. The
+# int4 projections are row-invariant by themselves. The crowd is queued before the loop
+# starts, so each scenario's schedule is reproducible.
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_t4_tokens_identical_alone_and_under_every_batching(report: InvarianceReport,
                                                             scenario: str) -> None:
-    """T4 at the default serving mode: every request's tokens are those it gets alone (two
-    sampled requests of 16 flip a token when prefilled in 7-token chunks, see NOTE)."""
+    """T4 at the default serving mode: every request's tokens are those it gets alone."""
     assert report.tokens_differing[scenario] == [], report.lines()
 
 
-@pytest.mark.parametrize("scenario", [pytest.param(s, marks=_SPLIT_DEPENDENT)
-                                      if s in ("chunked", "preempted", "prefix-hit") else s
-                                      for s in SCENARIOS])
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_t4_logprobs_bit_identical_alone_and_under_every_batching(report: InvarianceReport,
                                                                   scenario: str) -> None:
     """T4 bit for bit: the logprobs of every token are those of the alone run, so no logit

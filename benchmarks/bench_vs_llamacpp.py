@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from coda.engine.runner import ModelRunner, SeqChunk
-from coda.models.gguf_packed import QUANT_MODES, load_gguf_model
+from coda.models.gguf_packed import load_gguf_model
+from coda.models.modes import QUANT_MODES
 
 
 def default_gguf() -> Path:
@@ -138,7 +139,7 @@ class LlamaCppRun:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", type=Path, default=None)
-    ap.add_argument("--modes", default="q4,fp32", help=f"Coda modes among {QUANT_MODES}")
+    ap.add_argument("--modes", default="q4,fp32", help=f"Coda --quant modes among {list(QUANT_MODES)}")
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--decode-tokens", type=int, default=32)

@@ -66,7 +66,8 @@ class BenchOptions:
     num_requests: int = 64
     concurrency: int = 32
     max_tokens: int = 64
-    dtype: str = "float32"
+    quant: str = "auto"  # serving mode (EngineConfig.quant)
+    dtype: str | None = None
     compare_hf: bool = False
     early_stop: bool = False
     plot: Path | None = None
@@ -147,6 +148,7 @@ class BenchReport:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     utf8_tail: str = "fail"
     utf8_tail_affected: int = 0
+    quant_mode: str = ""  # the serving mode the engine resolved
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -309,7 +311,8 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
     if opts.compare_hf:
         require("compare_hf")
     engine = AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
-        dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1), max_model_len=opts.max_model_len,
+        quant=opts.quant, dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1),
+        max_model_len=opts.max_model_len,
         kv_cache_bytes=opts.kv_cache_bytes,
         kv_cache_memory_fraction=opts.kv_cache_memory_fraction, num_threads=opts.num_threads))
     for line in engine.describe():
@@ -335,7 +338,7 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
         pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
         with console.status("transformers.generate (static batches)…"):
             report_hf = run_hf(engine.model_dir, prompts, opts.concurrency, opts.max_tokens,
-                               opts.dtype, pad)
+                               engine.loaded.dtype, pad)
     reasons: dict[str, int] = {}
     for r in full.reasons:
         reasons[r] = reasons.get(r, 0) + 1
@@ -349,7 +352,7 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
         peak_rss_mb=rss, hf_wall_s=report_hf[0] if report_hf else None, hf_output_tok_s=hf_tok_s,
         speedup_vs_hf=tok_s / hf_tok_s if hf_tok_s else None, early_stop=es,
         finish_reasons=reasons, utf8_tail=opts.utf8_tail,
-        utf8_tail_affected=full.utf8_tail_affected)
+        utf8_tail_affected=full.utf8_tail_affected, quant_mode=engine.loaded.mode.name)
     if opts.plot is not None:
         write_plot(opts.plot, full)
     console.print(render(report, engine.model_dir, opts))
@@ -364,7 +367,8 @@ def _ms(values: Sequence[float]) -> Percentiles:
 
 def render(r: BenchReport, model_dir: Path, opts: BenchOptions) -> Table:
     """The report as a two-column rich table."""
-    t = Table(title=f"coda bench — {model_dir.name} ({opts.dtype})", show_header=True)
+    t = Table(title=f"coda bench — {model_dir.name} (--quant {r.quant_mode or opts.quant})",
+              show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
 

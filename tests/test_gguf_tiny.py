@@ -28,8 +28,10 @@ PROMPT = [5, 17, 40, 2, 88, 93, 94, 61, 3, 70]
 
 
 def write_gguf(path: Path, arch: str, *, name: str = "tiny", qtype: str = "F32",
-               seed: int = 0) -> Path:
-    """A random 2-layer model with a small byte-level BPE vocabulary."""
+               seed: int = 0, extra_tokens: int = 0, tied_embd_qtype: str | None = None) -> Path:
+    """A random 2-layer model with a small byte-level BPE vocabulary (``extra_tokens`` more
+    plain tokens at its end: the int4 kernel needs a vocabulary that is a multiple of 16);
+    ``tied_embd_qtype``: no ``output.weight``, the embedding stored in that type."""
     rng = np.random.default_rng(seed)
     # NOTE: transformers' qwen3 GGUF config ignores key_length (head_dim stays 128)
     hid, hd = (NH * 128, 128) if arch == "qwen3" else (H, HD)
@@ -48,13 +50,14 @@ def write_gguf(path: Path, arch: str, *, name: str = "tiny", qtype: str = "F32",
         w.add_value_length(hd)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "smollm")
-    w.add_token_list(BPE_TOKENS)
-    w.add_token_types([1] * (len(BPE_TOKENS) - 3) + [3, 3, 3])
+    extra = [f"<x{i}>" for i in range(extra_tokens)]
+    w.add_token_list(BPE_TOKENS + extra)
+    w.add_token_types([1] * (len(BPE_TOKENS) - 3) + [3, 3, 3] + [1] * extra_tokens)
     w.add_token_merges(["Ġ t", "h e", "Ġt he"])
     w.add_eos_token_id(len(BPE_TOKENS) - 1)
-    vocab = len(BPE_TOKENS)
+    vocab = len(BPE_TOKENS) + extra_tokens
 
-    def t(name: str, *shape: int) -> None:
+    def t(name: str, *shape: int, qtype: str = qtype) -> None:
         scale = 0.2 * min(1.0, (64 / shape[-1]) ** 0.5)  # NOTE: keeps activations O(1)
         arr = (rng.standard_normal(shape) * scale).astype(np.float32)
         if "norm" in name:
@@ -66,9 +69,10 @@ def write_gguf(path: Path, arch: str, *, name: str = "tiny", qtype: str = "F32",
             q = gguf.GGMLQuantizationType[kind]
             w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
 
-    t("token_embd.weight", vocab, hid)
+    t("token_embd.weight", vocab, hid, qtype=tied_embd_qtype or qtype)
     t("output_norm.weight", hid)
-    t("output.weight", vocab, hid)
+    if tied_embd_qtype is None:
+        t("output.weight", vocab, hid)
     for i in range(L):
         p = f"blk.{i}."
         t(p + "attn_norm.weight", hid)

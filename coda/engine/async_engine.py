@@ -105,18 +105,19 @@ class AsyncEngine:
         config = config or EngineConfig()
         if config.max_model_len is not None and config.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
-        loaded = open_model(resolve_model(model), dtype=config.dtype, device=config.device)
+        loaded = open_model(resolve_model(model), quant=config.quant, dtype=config.dtype,
+                            device=config.device)
         mc = loaded.config
         context = min(mc.max_context, config.max_model_len or mc.max_context)
         budget = None
         if config.num_blocks is None:
             # NOTE: measured after the weights are in memory (the fraction is of what is left)
             budget = kv_cache_budget(
-                bytes_per_token=mc.kv_bytes_per_token(config.dtype), block_size=config.block_size,
+                bytes_per_token=mc.kv_bytes_per_token(loaded.dtype), block_size=config.block_size,
                 context=context, max_num_seqs=config.max_num_seqs,
                 kv_cache_bytes=config.kv_cache_bytes,
                 memory_fraction=config.kv_cache_memory_fraction)
-        runner = ModelRunner(loaded.model, dtype=config.dtype,
+        runner = ModelRunner(loaded.model, dtype=loaded.dtype,
                              device=config.device, block_size=config.block_size,
                              num_blocks=config.num_blocks,
                              kv_cache_bytes=budget.num_bytes if budget else None,
@@ -126,21 +127,30 @@ class AsyncEngine:
 
     def describe(self) -> list[str]:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
-        src, mc, b = self.source, self.runner.config, self.chat
+        src, mc, b, mode = self.source, self.runner.config, self.chat, self.loaded.mode
         origin = f" (package {src.package})" if src.package else ""
         tokens = self.runner.num_blocks * self.runner.block_size
         mib = self.runner.kv.nbytes / 2**20
         return [
             f"model: {src.path}{origin} [{src.kind}]",
             f"architecture {mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
-            f"stored {self.loaded.quantization}, running {self.config.dtype}, "
-            f"context {self.context_length}",
+            f"stored {self.loaded.quantization}, context {self.context_length}",
+            f"serving mode (--quant): {mode.name}, "
+            f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
+            f"{mode.numerics}",
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
             f"KV cache: {mib:.0f} MiB ({self.kv_reason}) = {tokens} tokens = "
             f"{tokens // self.context_length} sequences x {self.context_length} context; "
             f"max_num_seqs {self.config.max_num_seqs}",
         ]
+
+    def load_summary(self) -> dict[str, str | int | bool]:
+        """What was loaded as one flat record (``coda serve`` logs it as one JSON line, O1)."""
+        return {"model": str(self.source.path), "source_kind": self.source.kind,
+                "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
+                **self.loaded.mode.summary(), "context": self.context_length,
+                "kv_cache_bytes": int(self.runner.kv.nbytes)}
 
     # -- lifecycle of the engine itself ----------------------------------------------------
     def start(self) -> None:

@@ -74,9 +74,15 @@ class EngineConfig:
     ``kv_cache_memory_fraction`` of the memory available after the weights (default 0.25,
     ``coda/engine/kv_budget.py``), never more than ``max_num_seqs`` full contexts need.
     ``max_model_len`` caps the context below the model's own; ``num_threads`` None keeps the
-    runner's thread policy (``coda/engine/runner.py``)."""
+    runner's thread policy (``coda/engine/runner.py``).
 
-    dtype: str = "float32"
+    ``quant``: the serving mode (``coda/models/modes.py``; docs/quantization.md): ``"auto"``
+    (a GGUF: the fastest batch-invariant mode this machine runs; an HF folder: dense float32),
+    ``"fp32"`` (exact), ``"bf16"``, ``"fp16"``, ``"q4"``, ``"q4-int8head"``. ``dtype``, when
+    given, names a dense mode by its dtype (``"bfloat16"`` is ``quant="bf16"``)."""
+
+    quant: str = "auto"
+    dtype: str | None = None
     device: str = "cpu"
     block_size: int = 16
     num_blocks: int | None = None

@@ -3,7 +3,8 @@
 Lists the embedded model, every installed Python distribution whose RECORD ships ``.gguf``
 files (found through ``importlib.metadata``; nothing is imported), and the folders or files
 given on the command line, each with architecture, parameter count, file size, stored
-quantization and context length. Reading a GGUF's metadata does not load its tensors.
+quantization, context length and serving modes (``--quant``: what ``auto`` picks here, and
+every mode that would load). Reading a GGUF's metadata does not load its tensors.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class ModelEntry:
     quantization: str = ""
     context: int = 0
     error: str = ""
+    quant_auto: str = ""  # what --quant auto serves it as
+    quant_modes: tuple[str, ...] = ()  # every --quant that loads it here
 
 
 def _size(path: Path) -> int:
@@ -39,7 +42,10 @@ def _size(path: Path) -> int:
 
 def describe_source(model: str, src: ModelSource) -> ModelEntry:
     """The catalog row of one resolved source."""
+    from coda.models.modes import modes_for
+
     try:
+        ckpt = None
         if src.kind == "gguf":
             from coda.models.gguf_file import open_gguf
 
@@ -48,10 +54,11 @@ def describe_source(model: str, src: ModelSource) -> ModelEntry:
         else:
             cfg = ModelConfig.from_dir(src.path)
             quant = cfg.torch_dtype
+        auto, names = modes_for(ckpt)
     except (ModelLoadError, OSError, ValueError, KeyError) as exc:
         return ModelEntry(model, src.kind, src.path, error=str(exc))
     return ModelEntry(model, src.kind, src.path, cfg.arch, cfg.num_parameters, _size(src.path),
-                      quant, cfg.max_context)
+                      quant, cfg.max_context, quant_auto=auto.name, quant_modes=names)
 
 
 def gguf_packages() -> list[tuple[str, list[Path]]]:

@@ -1,166 +1,150 @@
-"""Build :class:`CausalLM` from a llama-architecture GGUF file, exact or packed (issue 10).
+"""GGUF tensors kept packed: the builders of the packed serving modes (issue 10; T4).
 
-Modes (``quant``):
+The checkpoint comes from the one GGUF loader (:func:`coda.models.gguf_file.open_gguf`: config,
+tensor table, llama.cpp's q/k row order), exactly as the dense modes get it; only the matrices
+are turned into kernel modules instead of float tensors. :func:`build_packed` is the generic
+step — a factory turns each (fused) projection's GGUF tensors into a module, another the LM
+head, and every other tensor is dequantized into the model by
+:func:`coda.models.loader.build_model` — so a new packed mode is two factories.
 
-* ``"fp32"`` — every tensor dequantised to float32: exactly the file's weights; the mode the
-  exactness tests use.
-* ``"q4"`` — Q4_0/Q4_1 matrices stay packed for the int4 CPU kernel (:class:`Int4Linear`);
-  the Q8_0 head (the tied token embedding in SmolLM2's file) runs as :class:`Q8Split` (exact
-  8-bit values, bfloat16 scales); embeddings, norms, RoPE and attention stay float32. Every
-  kernel gives a row the same output whatever the batch: the default serving mode (T4).
-* ``"q4-int8head"`` — as ``q4`` with the head requantised per output channel
-  (:class:`Int8Linear`): lossy, an opt-in measured by ``benchmarks/bench_vs_llamacpp.py``.
+``q4`` (:func:`build_q4`): Q4_0/Q4_1 projections → :class:`~coda.models.quant.Int4Linear`
+(torch's int4 kernel); a Q8_0 head → :class:`~coda.models.quant.Q8Split` (``head="q8split"``)
+or the lossy per-channel :class:`~coda.models.quant.Int8Linear` (``head="int8"``); a Q4 head
+→ Int4Linear. Numerics: see :data:`coda.models.modes.QUANT_MODES`.
 
-llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` (interleaved RoPE); they are
-permuted back here so the model's half-rotation RoPE applies. Rows are whole quantisation
-blocks, so the permutation is exact on packed data too.
-
-NOTE: this is the minimum needed for packing and benchmarks; configuration and tokenizer
-loading from GGUF metadata belong to the general GGUF loader (issue 9's helper).
+Rows of a quantized tensor are whole blocks along the input dimension, so ``row_order``
+(llama.cpp's q/k permutation undone) applies to packed rows exactly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from coda.models.config import ModelConfig
+from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor, open_gguf
 from coda.models.llama import CausalLM
-from coda.models.quant import Int4Linear, Int8Linear, Q8Split, dequantize, q4_groups, q8_0_groups
+from coda.models.loader import build_model, hf_tensor_shapes, param_target
+from coda.models.quant import GROUP, Int4Linear, Int8Linear, Q8Split, q4_groups, q8_0_groups
 
-QUANT_MODES = ("fp32", "q4", "q4-int8head")
-
-
-def gguf_config(reader: Any) -> ModelConfig:
-    """A :class:`ModelConfig` from the ``llama.*`` metadata of an open ``gguf.GGUFReader``."""
-    fields = reader.fields
-
-    def val(key: str, default: Any = None) -> Any:
-        f = fields.get(key)
-        return default if f is None else f.contents()
-
-    if val("general.architecture") != "llama":
-        raise ValueError(f"unsupported GGUF architecture {val('general.architecture')!r}")
-    names = {t.name for t in reader.tensors}
-    return ModelConfig.from_hf_dict({
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": int(val("llama.vocab_size") or len(fields["tokenizer.ggml.tokens"].data)),
-        "hidden_size": val("llama.embedding_length"),
-        "intermediate_size": val("llama.feed_forward_length"),
-        "num_hidden_layers": val("llama.block_count"),
-        "num_attention_heads": val("llama.attention.head_count"),
-        "num_key_value_heads": val("llama.attention.head_count_kv"),
-        "rms_norm_eps": val("llama.attention.layer_norm_rms_epsilon"),
-        "rope_theta": val("llama.rope.freq_base", 10000.0),
-        "max_position_embeddings": val("llama.context_length"),
-        "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": val("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": val("tokenizer.ggml.eos_token_id"),
-        "torch_dtype": "float32",
-    })  # fmt: skip
+Q4_TYPES = ("Q4_0", "Q4_1")
+Q4_HEAD_TYPES = (*Q4_TYPES, "Q8_0")
+# (weights of one fused projection, their biases) -> module
+LinearFactory = Callable[[Sequence[GGUFTensor], Sequence[GGUFTensor]], nn.Module]
+HeadFactory = Callable[[GGUFTensor], nn.Module]
 
 
-def _unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (per head: interleaved halves -> two halves)."""
-    n = rows.shape[0]
-    r = rows.reshape(n_head, n // n_head // 2, 2, *rows.shape[1:])
-    return np.ascontiguousarray(r.swapaxes(1, 2).reshape(rows.shape))
-
-
-class _Tensor:
-    """One GGUF matrix as groups: ``w = (code - center) * scale + zero`` per 32 inputs."""
-
-    def __init__(self, t: Any, n_head: int | None = None) -> None:
-        kind = t.tensor_type.name
-        raw = np.asarray(t.data)
-        if kind in ("Q4_0", "Q4_1"):
-            self.codes, self.scale, self.zero = q4_groups(raw, kind)
-            self.center = 8
-        elif kind == "Q8_0":
-            self.codes, self.scale = q8_0_groups(raw)
-            self.zero, self.center = np.zeros_like(self.scale), 0
-        elif kind in ("F32", "F16"):
-            self.dense = torch.from_numpy(raw.astype(np.float32))
-            self.codes = np.empty(0)
-        else:
-            raise ValueError(f"{t.name}: unsupported GGUF tensor type {kind}")
-        self.kind = kind
-        if n_head is not None:
-            if kind in ("F32", "F16"):
-                self.dense = torch.from_numpy(_unpermute(self.dense.numpy(), n_head))
-            else:
-                self.codes, self.scale, self.zero = (
-                    _unpermute(a, n_head) for a in (self.codes, self.scale, self.zero))
-
-    def float(self) -> torch.Tensor:
-        if self.kind in ("F32", "F16"):
-            return self.dense
-        return dequantize(self.codes, self.scale, self.zero, self.center)
-
-    def packed(self, head: str = "q8split") -> nn.Module:
-        if self.kind in ("Q4_0", "Q4_1"):
-            return Int4Linear(self.codes, self.scale, self.zero)
-        if self.kind == "Q8_0" and head == "q8split":
-            return Q8Split(self.codes, self.scale)
-        return Int8Linear(self.float())
-
-
-def _cat(parts: list[_Tensor]) -> _Tensor:
-    out = parts[0]
-    if len(parts) > 1 and out.kind in ("F32", "F16"):
-        out.dense = torch.cat([p.float() for p in parts])
-    elif len(parts) > 1:
-        if len({p.kind for p in parts}) != 1:
-            raise ValueError("fused projections need one block type")
-        out.codes = np.concatenate([p.codes for p in parts])
-        out.scale = np.concatenate([p.scale for p in parts])
-        out.zero = np.concatenate([p.zero for p in parts])
+def projections(ckpt: GGUFCheckpoint) -> dict[str, list[str]]:
+    """Our projection module path (``model.layers.0.self_attn.qkv_proj``) → the HF weight
+    names it holds, in row order (q, k, v; gate, up)."""
+    out: dict[str, list[str]] = {}
+    for name, shape in hf_tensor_shapes(ckpt.config).items():
+        if len(shape) == 2 and name.endswith("_proj.weight"):
+            out.setdefault(param_target(ckpt.config, name)[0].removesuffix(".weight"),
+                           []).append(name)
     return out
 
 
-def load_gguf_model(path: str | Path, quant: str = "q4") -> CausalLM:
-    """Build and fill the model; ``quant`` is one of :data:`QUANT_MODES`."""
-    from gguf import GGUFReader
+def head_tensor(tensors: dict[str, GGUFTensor]) -> GGUFTensor:
+    return tensors.get("lm_head.weight") or tensors["model.embed_tokens.weight"]
 
-    if quant not in QUANT_MODES:
-        raise ValueError(f"unknown quant mode {quant!r}; use one of {QUANT_MODES}")
-    reader = GGUFReader(str(path))
-    cfg = gguf_config(reader)
-    tensors = {t.name: t for t in reader.tensors}
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to_empty(device="cpu").float()
-    packed = quant != "fp32"
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(_Tensor(tensors["token_embd.weight"]).float())
-        model.model.norm.weight.copy_(_Tensor(tensors["output_norm.weight"]).float())
-        for i, layer in enumerate(model.model.layers):
-            def get(name: str, n_head: int | None = None, i: int = i) -> _Tensor:
-                return _Tensor(tensors[f"blk.{i}.{name}.weight"], n_head)
-            layer.input_layernorm.weight.copy_(get("attn_norm").float())
-            layer.post_attention_layernorm.weight.copy_(get("ffn_norm").float())
-            attn, mlp = layer.self_attn, layer.mlp
-            mats: dict[str, tuple[nn.Module, str, _Tensor]] = {
-                "qkv": (attn, "qkv_proj", _cat([get("attn_q", cfg.num_heads),
-                                                get("attn_k", cfg.num_kv_heads), get("attn_v")])),
-                "o": (attn, "o_proj", get("attn_output")),
-                "gate_up": (mlp, "gate_up_proj", _cat([get("ffn_gate"), get("ffn_up")])),
-                "down": (mlp, "down_proj", get("ffn_down")),
-            }
-            for owner, attr, t in mats.values():
-                if packed and t.kind in ("Q4_0", "Q4_1"):
-                    setattr(owner, attr, t.packed())
-                else:
-                    getattr(owner, attr).weight.copy_(t.float())
-        head_t = _Tensor(tensors.get("output.weight", tensors["token_embd.weight"]))
-        if cfg.tie_word_embeddings is False:
-            assert model.lm_head is not None
-            model.lm_head.weight.copy_(head_t.float())
-        if packed:
-            model.logits_head = head_t.packed("q8split" if quant == "q4" else "int8")
-    model.eval()
-    return model
+
+def _rows(t: GGUFTensor, *arrays: np.ndarray) -> list[np.ndarray]:
+    return [a if t.row_order is None else a[t.row_order] for a in arrays]
+
+
+def q4_parts(t: GGUFTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, scale, zero) of a Q4_0/Q4_1 tensor in HF row order (see quant.q4_groups)."""
+    codes, scale, zero = q4_groups(np.asarray(t.data).reshape(t.shape[0], -1), t.qtype)
+    c, s, z = _rows(t, codes, scale, zero)
+    return c, s, z
+
+
+def _bias(biases: Sequence[GGUFTensor]) -> torch.Tensor | None:
+    from coda.models.gguf_weights import dequantize
+
+    return torch.cat([dequantize(b) for b in biases]) if biases else None
+
+
+def int4_linear(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> nn.Module:
+    """One Int4Linear over the fused rows of Q4_0/Q4_1 tensors."""
+    groups = [q4_parts(t) for t in parts]
+    codes, scale, zero = (np.concatenate([g[i] for g in groups]) for i in range(3))
+    return Int4Linear(codes, scale, zero, _bias(biases))
+
+
+def q4_head(head: str) -> HeadFactory:
+    def make(t: GGUFTensor) -> nn.Module:
+        if t.qtype in Q4_TYPES:
+            return int4_linear([t], [])
+        if head == "int8":
+            from coda.models.gguf_weights import dequantize
+
+            return Int8Linear(dequantize(t))
+        values, scale = q8_0_groups(np.asarray(t.data).reshape(t.shape[0], -1))
+        v, s = _rows(t, values, scale)
+        return Q8Split(v, s)
+
+    return make
+
+
+def build_packed(ckpt: GGUFCheckpoint, make_linear: LinearFactory, make_head: HeadFactory,
+                 device: str = "cpu") -> CausalLM:
+    """The model with every projection and the head built by the factories; the remaining
+    tensors (embeddings, norms) dequantized to float32. Nothing dense is allocated for what
+    the factories replace."""
+    from coda.models.gguf_weights import dequantize
+
+    tensors = {t.hf_name: t for t in ckpt.tensors()}
+    modules: dict[str, nn.Module] = {}
+    covered: set[str] = set()
+    for path, names in projections(ckpt).items():
+        biases = [tensors[b] for n in names if (b := n.removesuffix("weight") + "bias") in tensors]
+        modules[path] = make_linear([tensors[n] for n in names], biases)
+        covered.update(names, (b.hf_name for b in biases))
+    modules["logits_head"] = make_head(head_tensor(tensors))
+    covered.add("lm_head.weight")
+    rest = ((n, dequantize(t)) for n, t in tensors.items() if n not in covered)
+    return build_model(ckpt.config, rest, dtype="float32", device=device, modules=modules)
+
+
+def q4_applies(ckpt: GGUFCheckpoint) -> str | None:
+    """None if ``q4`` can serve the file, else why not (first offending tensor)."""
+    tensors = {t.hf_name: t for t in ckpt.tensors()}
+    for path, names in projections(ckpt).items():
+        for n in names:
+            if tensors[n].qtype not in Q4_TYPES:
+                return f"{tensors[n].gguf_name} is {tensors[n].qtype}; q4 needs Q4_0/Q4_1 " \
+                       f"projections"
+        rows = sum(tensors[n].shape[0] for n in names)
+        if rows % 16:
+            return f"{path} has {rows} rows; the int4 kernel needs a multiple of 16"
+    head = head_tensor(tensors)
+    if head.qtype not in Q4_HEAD_TYPES:
+        return f"{head.gguf_name} (the LM head) is {head.qtype}; q4 needs Q4_0/Q4_1/Q8_0"
+    if head.shape[0] % 16 or head.shape[1] % GROUP:
+        return f"the LM head's shape {head.shape} does not fit the int4 kernel (N % 16, K % 32)"
+    return None
+
+
+def build_q4(ckpt: GGUFCheckpoint, head: str = "q8split", device: str = "cpu") -> CausalLM:
+    """The ``q4`` (``head="q8split"``) and ``q4-int8head`` (``head="int8"``) models."""
+    why = q4_applies(ckpt)
+    if why is not None:
+        from coda.models.config import UnsupportedModelError
+
+        raise UnsupportedModelError(why)
+    return build_packed(ckpt, int4_linear, q4_head(head), device)
+
+
+def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
+                    device: str = "cpu") -> CausalLM:
+    """A GGUF file's model in serving mode ``quant`` (for benchmarks and scripts; the engine
+    loads through :func:`coda.models.source.open_model`)."""
+    from coda.models.modes import resolve_mode
+
+    ckpt = path if isinstance(path, GGUFCheckpoint) else open_gguf(path)
+    return resolve_mode(quant, None, ckpt).build_gguf(ckpt, device)

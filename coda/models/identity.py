@@ -3,7 +3,8 @@ seed 000 §4.7; issue 8).
 
 Two outputs can be compared knowing they came from the same thing only if the snapshot names
 the *content*, not a folder: the weights' bytes, the tokenizer, the chat template, the serving
-dtype or quantization, and the Coda version (whose rules decide the bytes and the endings).
+dtype, quantization and serving mode (``--quant``), and the Coda version (whose rules decide the
+bytes and the endings).
 
 :func:`model_identity` is the one place the identity is computed; every loader calls it once at
 load with its own inputs (the safetensors loader with its ``*.safetensors`` files via
@@ -68,6 +69,7 @@ class ModelIdentity:
     dtype: str
     quantization: str | None
     coda_version: str
+    quant_mode: str | None = None  # the serving mode (coda/models/modes.py): fp32, q4 …
 
     @property
     def snapshot(self) -> str:
@@ -80,15 +82,18 @@ class ModelIdentity:
 
 
 def model_identity(*, weights_sha256: str, tokenizer: str | bytes, chat_template: str | None,
-                   dtype: str, quantization: str | None = None,
+                   dtype: str, quantization: str | None = None, quant_mode: str | None = None,
                    version: str | None = None) -> ModelIdentity:
     """The one computation of a model's identity (see the module docstring).
 
     ``weights_sha256``: :func:`digest_files` of the weight files (or :func:`digest_chunks` of
     the tensors); ``tokenizer``: the serialized tokenizer (``tokenizer.json`` text, or the
     GGUF's tokenizer fields serialized canonically); ``chat_template``: the template source, or
-    None; ``dtype``: the serving dtype; ``quantization``: e.g. ``"Q4_1"``, None if unquantized.
+    None; ``dtype``: the serving (activation) dtype; ``quantization``: e.g. ``"Q4_1"``, None if
+    unquantized; ``quant_mode``: how the weights are served (``"q4"`` keeps them packed,
+    ``"fp32"`` dequantizes them): a different mode is a different snapshot.
     """
     return ModelIdentity(weights_sha256=weights_sha256, tokenizer_sha256=_sha(tokenizer) or "",
                          chat_template_sha256=_sha(chat_template), dtype=dtype,
-                         quantization=quantization, coda_version=version or coda_version())
+                         quantization=quantization, coda_version=version or coda_version(),
+                         quant_mode=quant_mode)

@@ -10,15 +10,17 @@ tensors are an error (a silently ignored weight would be a silently wrong model)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from coda.models.config import ModelConfig
 from coda.models.identity import ModelIdentity, digest_files, model_identity
 from coda.models.llama import CausalLM
+from coda.models.modes import DENSE_BY_DTYPE
 
 # HF projection name -> (our fused module, which shard)
 _FUSED: dict[str, tuple[str, str]] = {
@@ -66,7 +68,7 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _target(cfg: ModelConfig, hf_name: str) -> tuple[str, slice | None]:
+def param_target(cfg: ModelConfig, hf_name: str) -> tuple[str, slice | None]:
     """Our parameter name for an HF tensor name, and the row range it fills (fused only)."""
     parts = hf_name.split(".")
     for i, part in enumerate(parts):
@@ -137,14 +139,35 @@ def build_model(
     tensors: Iterable[tuple[str, torch.Tensor]],
     dtype: str = "float32",
     device: str | torch.device = "cpu",
+    modules: Mapping[str, nn.Module] | None = None,
 ) -> CausalLM:
     """A :class:`CausalLM` for ``cfg`` in ``dtype`` on ``device``, every parameter filled from
     ``(hf_name, tensor)`` pairs (any float dtype; cast on copy). Each expected tensor must come
-    exactly once with its exact shape; a missing, unknown or repeated one is a ValueError."""
-    expected = hf_tensor_shapes(cfg)
+    exactly once with its exact shape; a missing, unknown or repeated one is a ValueError.
+
+    ``modules``: ready-built submodules by our module path (``model.layers.0.mlp.down_proj``)
+    or ``"logits_head"`` (the packed LM head): they replace the dense ones, keep their own
+    dtypes, and the HF tensors they hold are not expected (issue 10's packed modes)."""
+    modules = dict(modules or {})
+    untied_head = "logits_head" in modules and not cfg.tie_word_embeddings
+    expected = {n: s for n, s in hf_tensor_shapes(cfg).items()
+                if param_target(cfg, n)[0].rpartition(".")[0] not in modules
+                and not (untied_head and n == "lm_head.weight")}
     with torch.device("meta"):
         model = CausalLM(cfg)
+    for path in modules:
+        if path != "logits_head":
+            # NOTE: a placeholder, so that nothing dense is allocated for what is replaced
+            model.set_submodule(path, nn.Identity())
+    if untied_head:
+        model.lm_head = None
     model = model.to_empty(device=device).to(torch_dtype(dtype))
+    for path, module in modules.items():
+        # NOTE: inserted after the dtype cast: packed buffers keep their own dtypes
+        if path == "logits_head":
+            model.logits_head = module.to(device)
+        else:
+            model.set_submodule(path, module.to(device))
     params = dict(model.named_parameters())
     seen: set[str] = set()
     with torch.no_grad():
@@ -153,7 +176,7 @@ def build_model(
                 raise ValueError(f"unexpected or repeated tensor {name!r}")
             if tuple(tensor.shape) != expected[name]:
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} != expected {expected[name]}")
-            target, rows = _target(cfg, name)
+            target, rows = param_target(cfg, name)
             dst = params[target] if rows is None else params[target][rows]
             dst.copy_(tensor)
             seen.add(name)
@@ -174,11 +197,12 @@ def folder_identity(model_dir: str | Path, dtype: str,
     """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
     ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
     own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
-    and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
+    (and its dense mode, ``fp32``/``bf16``/``fp16``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
     from coda.models.tokenizer_bundle import folder_chat_template
 
     model_dir = Path(model_dir)
     template = chat_template if chat_template is not None else folder_chat_template(model_dir)
     return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
                           tokenizer=(model_dir / "tokenizer.json").read_bytes(),
-                          chat_template=template, dtype=dtype)
+                          chat_template=template, dtype=dtype,
+                          quant_mode=DENSE_BY_DTYPE.get(dtype))

@@ -76,11 +76,15 @@ def dequantize(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, center: i
 
 
 def _int4_mm(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_zeros)
+    out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_zeros)
+    return out
 
 
 class Int4Linear(nn.Module):
     """``y = x @ W.T (+ bias)`` with W held as int4 codes + bfloat16 group scale/zero."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor
 
     def __init__(self, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray,
                  bias: torch.Tensor | None = None) -> None:
@@ -123,6 +127,9 @@ class Q8Split(nn.Module):
 
 class Int8Linear(nn.Module):
     """Per-output-channel int8 requantisation of a dense weight (lossy; an opt-in)."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from coda.models.config import ModelConfig, ModelLoadError
 from coda.models.identity import ModelIdentity, digest_files, model_identity
+from coda.models.modes import QuantMode, resolve_mode
 from coda.models.tokenizer_bundle import TokenizerBundle
 
 if TYPE_CHECKING:
@@ -107,29 +108,39 @@ class LoadedModel:
     bundle: TokenizerBundle
     quantization: str  # stored tensor type ("Q4_1", "float32" …)
     identity: ModelIdentity  # P1: content identity, computed once at load
+    mode: QuantMode  # how the weights are served (``--quant``); ``mode.dtype`` runs the cache
+
+    @property
+    def dtype(self) -> str:
+        """The activation and KV-cache dtype of the serving mode."""
+        return self.mode.dtype
 
 
-def open_model(source: ModelSource, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """Load weights (dequantized to ``dtype``) and the tokenizer bundle of ``source``."""
+def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = None,
+               device: str = "cpu") -> LoadedModel:
+    """Load weights in serving mode ``quant`` (``dtype``: an explicit dense dtype, see
+    :func:`coda.models.modes.resolve_mode`) and the tokenizer bundle of ``source``. The mode
+    is resolved before any weight is read: a mode that does not apply fails first."""
     from coda.models.tokenizer_bundle import bundle_from_gguf, bundle_from_hf_dir  # noqa: I001
 
     if source.kind == "gguf":
         from coda.models.gguf_file import open_gguf
-        from coda.models.gguf_weights import load_gguf_model
 
         ckpt = open_gguf(source.path)
+        mode = resolve_mode(quant, dtype, ckpt)
         bundle = bundle_from_gguf(ckpt)  # NOTE: first: a bad tokenizer fails before the weights
-        model = load_gguf_model(ckpt, dtype=dtype, device=device)
+        model = mode.build_gguf(ckpt, device)
         # NOTE: the file holds weights and tokenizer alike; its bytes name both
         identity = model_identity(weights_sha256=digest_files([source.path]),
                                   tokenizer=bundle.tokenizer.to_str(),
-                                  chat_template=bundle.chat_template, dtype=dtype,
-                                  quantization=ckpt.quantization)
-        return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity)
+                                  chat_template=bundle.chat_template, dtype=mode.dtype,
+                                  quantization=ckpt.quantization, quant_mode=mode.name)
+        return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity, mode)
     from coda.models.loader import folder_identity, load_model
 
+    mode = resolve_mode(quant, dtype, None)
     cfg = ModelConfig.from_dir(source.path)
     bundle = bundle_from_hf_dir(source.path, cfg)
-    model = load_model(source.path, dtype=dtype, device=device)
-    identity = folder_identity(source.path, dtype, bundle.chat_template)
-    return LoadedModel(source, model, cfg, bundle, cfg.torch_dtype, identity)
+    model = load_model(source.path, dtype=mode.dtype, device=device)
+    identity = folder_identity(source.path, mode.dtype, bundle.chat_template)
+    return LoadedModel(source, model, cfg, bundle, cfg.torch_dtype, identity, mode)

@@ -1,0 +1,170 @@
+"""Serving modes (``--quant``): how a model's weights are held and multiplied (issue 10; T4).
+
+One table, :data:`QUANT_MODES`: a mode's name → :class:`QuantMode` (its GGUF builder, its
+numerics in one line, whether a row's output is independent of the batch, and two checks:
+whether this machine can run it, whether a given file can be served that way). Adding a mode
+is one entry here plus its builder; :func:`resolve_mode` is the only place a mode is chosen.
+
+``auto`` (the default) resolves to:
+
+* an HF folder (or the embedded model): the dense mode of ``dtype`` (``fp32`` unless given);
+* a GGUF file: the first mode of :data:`AUTO_ORDER` that is available here and applies to the
+  file — the fastest batch-invariant mode, so that batching never changes a request's tokens
+  (T4) — else ``fp32`` (exact, but a row's rounding then depends on the batch size);
+* with an explicit ``dtype`` (``--dtype``): the dense mode of that dtype, for either kind.
+
+An explicit mode with an explicit ``dtype`` must run that dtype (``--quant q4 --dtype float32``
+is fine: q4's activations are float32).
+
+A mode that does not apply (``q4`` on an HF folder, or on a file whose projections are not
+Q4_0/Q4_1), is not available on this machine, or contradicts ``dtype`` raises
+:class:`~coda.models.config.UnsupportedModelError` / :class:`ModelLoadError` with one line
+saying why; nothing is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from coda.models.config import ModelLoadError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from coda.models.gguf_file import GGUFCheckpoint
+    from coda.models.llama import CausalLM
+
+Builder = Callable[["GGUFCheckpoint", str], "CausalLM"]  # (checkpoint, device) -> model
+Check = Callable[["GGUFCheckpoint"], "str | None"]  # None = applies; else why not
+
+
+def _applies_always(_: GGUFCheckpoint) -> str | None:
+    return None
+
+
+def _available_always() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class QuantMode:
+    """One serving mode. ``dtype`` is the activation and KV-cache dtype the runner uses;
+    ``dense`` modes dequantize every tensor to ``dtype`` and also serve HF folders."""
+
+    name: str
+    numerics: str  # one line: what is exact and what is rounded (load summary, docs)
+    batch_invariant: bool  # T4: a row's output is bit-identical whatever the batch
+    dtype: str
+    build_gguf: Builder
+    dense: bool = False
+    applies: Check = _applies_always  # can this file be served so? (None = yes)
+    available: Callable[[], str | None] = _available_always  # can this machine? (None = yes)
+
+    def summary(self) -> dict[str, str | bool]:
+        return {"quant_mode": self.name, "numerics": self.numerics,
+                "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype}
+
+
+def _dense(dtype: str) -> Builder:
+    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
+        from coda.models.gguf_weights import load_gguf_model
+
+        return load_gguf_model(ckpt, dtype=dtype, device=device)
+
+    return build
+
+
+def _packed(head: str) -> Builder:
+    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
+        from coda.models.gguf_packed import build_q4
+
+        return build_q4(ckpt, head=head, device=device)
+
+    return build
+
+
+def _q4_applies(ckpt: GGUFCheckpoint) -> str | None:
+    from coda.models.gguf_packed import q4_applies
+
+    return q4_applies(ckpt)
+
+
+def _int4_kernel() -> str | None:
+    import torch
+
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        return f"torch {torch.__version__} has no _weight_int4pack_mm_for_cpu kernel"
+    return None
+
+
+QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
+    QuantMode("fp32", "every tensor dequantized to float32: exactly the file's weights; "
+              "float32 activations", False, "float32", _dense("float32"), dense=True),
+    QuantMode("bf16", "weights dequantized then rounded to bfloat16; bfloat16 activations "
+              "and KV cache", False, "bfloat16", _dense("bfloat16"), dense=True),
+    QuantMode("fp16", "weights dequantized then rounded to float16; float16 activations "
+              "and KV cache", False, "float16", _dense("float16"), dense=True),
+    QuantMode("q4", "Q4_0/Q4_1 projections packed for torch's int4 kernel (file's 4-bit codes "
+              "exact; group scale/zero rounded to bfloat16; matmul inputs bfloat16); Q8_0 head "
+              "as two exact int4 halves; embeddings, norms, RoPE, attention and KV float32",
+              True, "float32", _packed("q8split"), applies=_q4_applies, available=_int4_kernel),
+    QuantMode("q4-int8head", "as q4, with the head requantized to int8 per output channel "
+              "(lossy beyond the file)", True, "float32", _packed("int8"),
+              applies=_q4_applies, available=_int4_kernel),
+)}
+
+# Modes ``auto`` may pick for a GGUF, fastest first; each must be batch-invariant and keep the
+# file's values up to rounding (so not q4-int8head, whose head requantization is an opt-in).
+# Measured on the 2-core AVX2 EPYC (torch 2.13 CPU, 1 thread, SmolLM2-135M Q4_1 shapes):
+# - every projection of one decode step, batch 1 (issue 10): int4 3.4 ms, int8 5.1 ms,
+#   bf16 12 ms, fp32 33 ms; only int4/int8 rows are batch-invariant (M = 1..300 checked);
+# - the 49152x576 head alone, ms per call at batch 1 / 8 / 32, one run on a loaded machine
+#   (load avg ~9): Q8Split (q4) 33 / 158 / 712, Int8Linear (q4-int8head) 28 / 229 / 335,
+#   fp32 49 / 114 / 273, bf16 37 / 223 / 810. The int4 kernel costs linear in the rows here
+#   (AVX2, no AVX-512), so q4 wins at small batches and loses to fp32 at 32: a packed kernel
+#   that amortises the weights over the batch (issue 10's "packed" mode) goes first once in.
+AUTO_ORDER: tuple[str, ...] = ("q4",)
+DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)
+
+
+def resolve_mode(quant: str, dtype: str | None, ckpt: GGUFCheckpoint | None) -> QuantMode:
+    """The mode to load: ``quant`` (a name or ``"auto"``), ``dtype`` (an explicit dense
+    dtype, or None), ``ckpt`` the opened GGUF (None for an HF folder). See the module
+    docstring; raises ModelLoadError / UnsupportedModelError with the reason."""
+    if quant not in MODE_NAMES:
+        raise ModelLoadError(f"unknown --quant {quant!r}; modes: {', '.join(MODE_NAMES)}")
+    if dtype is not None and dtype not in DENSE_BY_DTYPE:
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; use one of {sorted(DENSE_BY_DTYPE)}")
+    by_dtype = QUANT_MODES[DENSE_BY_DTYPE[dtype]] if dtype is not None else None
+    if quant == "auto":
+        if by_dtype is not None:
+            return by_dtype  # NOTE: an explicit dtype asks for a dense model
+        if ckpt is not None:
+            for name in AUTO_ORDER:
+                mode = QUANT_MODES[name]
+                if mode.available() is None and mode.applies(ckpt) is None:
+                    return mode
+        return QUANT_MODES["fp32"]
+    mode = QUANT_MODES[quant]
+    if dtype is not None and mode.dtype != dtype:
+        raise ModelLoadError(f"--dtype {dtype} contradicts --quant {quant} "
+                             f"(which runs {mode.dtype} activations); give one of them")
+    if ckpt is None and not mode.dense:
+        dense = ", ".join(n for n, m in QUANT_MODES.items() if m.dense)
+        raise UnsupportedModelError(f"--quant {quant} needs a GGUF file; an HF folder is "
+                                    f"served dense: {dense}")
+    why = mode.available()
+    if why is not None:
+        raise UnsupportedModelError(f"--quant {quant} is not available on this machine: {why}")
+    if ckpt is not None and (why := mode.applies(ckpt)) is not None:
+        raise UnsupportedModelError(f"--quant {quant} does not apply to {ckpt.path.name}: {why}")
+    return mode
+
+
+def modes_for(ckpt: GGUFCheckpoint | None) -> tuple[QuantMode, tuple[str, ...]]:
+    """What ``auto`` picks for ``ckpt`` (None: an HF folder) and every mode that would load."""
+    names = tuple(n for n, m in QUANT_MODES.items()
+                  if (m.dense or ckpt is not None) and m.available() is None
+                  and (ckpt is None or m.applies(ckpt) is None))
+    return resolve_mode("auto", None, ckpt), names

@@ -10,6 +10,11 @@ Modes (``quant``):
   kernel gives a row the same output whatever the batch: the default serving mode (T4).
 * ``"q4-int8head"`` — as ``q4`` with the head requantised per output channel
   (:class:`Int8Linear`): lossy, an opt-in measured by ``benchmarks/bench_vs_llamacpp.py``.
+* ``"packed"`` / ``"packed-q8"`` — every Q4_0/Q4_1/Q8_0 matrix, the head included, runs on its
+  own GGUF blocks through Coda's AVX2 kernel (:class:`coda.models.kernels.ggml_linear.GgmlLinear`):
+  float32 activations times the file's exact weights, or activations quantised per block of 32
+  to int8 (lossy, like llama.cpp). Batch-invariant by construction (T4). Where the kernel
+  cannot be built or the CPU lacks AVX2, the load logs why and falls back to ``q4``.
 
 llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` (interleaved RoPE); they are
 permuted back here so the model's half-rotation RoPE applies. Rows are whole quantisation
@@ -29,10 +34,11 @@ import torch
 from torch import nn
 
 from coda.models.config import ModelConfig
+from coda.models.kernels.ggml_linear import GGML_ACTS, ggml_fallback, ggml_linear
 from coda.models.llama import CausalLM
 from coda.models.quant import Int4Linear, Int8Linear, Q8Split, dequantize, q4_groups, q8_0_groups
 
-QUANT_MODES = ("fp32", "q4", "q4-int8head")
+QUANT_MODES = ("fp32", "q4", "q4-int8head", *GGML_ACTS)
 
 
 def gguf_config(reader: Any) -> ModelConfig:
@@ -77,6 +83,8 @@ class _Tensor:
     def __init__(self, t: Any, n_head: int | None = None) -> None:
         kind = t.tensor_type.name
         raw = np.asarray(t.data)
+        self.raw = raw if n_head is None else _unpermute(raw, n_head)  # NOTE: whole blocks
+        self.shape = tuple(int(v) for v in reversed(t.shape))  # NOTE: GGUF lists (in, out)
         if kind in ("Q4_0", "Q4_1"):
             self.codes, self.scale, self.zero = q4_groups(raw, kind)
             self.center = 8
@@ -119,6 +127,8 @@ def _cat(parts: list[_Tensor]) -> _Tensor:
         out.codes = np.concatenate([p.codes for p in parts])
         out.scale = np.concatenate([p.scale for p in parts])
         out.zero = np.concatenate([p.zero for p in parts])
+        out.raw = np.concatenate([p.raw for p in parts])
+        out.shape = (sum(p.shape[0] for p in parts), *out.shape[1:])
     return out
 
 
@@ -128,6 +138,7 @@ def load_gguf_model(path: str | Path, quant: str = "q4") -> CausalLM:
 
     if quant not in QUANT_MODES:
         raise ValueError(f"unknown quant mode {quant!r}; use one of {QUANT_MODES}")
+    quant = ggml_fallback(quant)
     reader = GGUFReader(str(path))
     cfg = gguf_config(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -152,7 +163,9 @@ def load_gguf_model(path: str | Path, quant: str = "q4") -> CausalLM:
                 "down": (mlp, "down_proj", get("ffn_down")),
             }
             for owner, attr, t in mats.values():
-                if packed and t.kind in ("Q4_0", "Q4_1"):
+                if (lin := ggml_linear(quant, t.raw, t.kind, t.shape)) is not None:
+                    setattr(owner, attr, lin)
+                elif packed and t.kind in ("Q4_0", "Q4_1"):
                     setattr(owner, attr, t.packed())
                 else:
                     getattr(owner, attr).weight.copy_(t.float())
@@ -160,7 +173,9 @@ def load_gguf_model(path: str | Path, quant: str = "q4") -> CausalLM:
         if cfg.tie_word_embeddings is False:
             assert model.lm_head is not None
             model.lm_head.weight.copy_(head_t.float())
-        if packed:
+        if quant in GGML_ACTS:
+            model.logits_head = ggml_linear(quant, head_t.raw, head_t.kind, head_t.shape)
+        elif packed:
             model.logits_head = head_t.packed("q8split" if quant == "q4" else "int8")
     model.eval()
     return model

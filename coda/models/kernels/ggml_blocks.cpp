@@ -39,8 +39,9 @@ inline float hsum8(__m256 v) {
 // Sub-vector V (0..3) of a block's 32 weights of one output as 8 float32: exact d * q + m.
 template <bool Q8W, int V>
 inline __m256 dequant8(const uint8_t* q, __m256 d, __m256 m) {
-  if (Q8W) {
-    const __m256i i = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * V)));
+  if (Q8W) {  // NOTE: q points at the output's first 16 bytes; its last 16 are 32 bytes on
+    const __m256i i = _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + (V / 2) * 32 + (V % 2) * 8)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(i), d);
   }
   __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * (V & 1))));
@@ -53,7 +54,8 @@ inline void step_f32(const float* x, int64_t K, const float* s, const uint8_t* q
                      __m256 acc[R][C]) {
   constexpr int64_t qb = Q8W ? 32 : 16;
   for (int c = 0; c < C; ++c) {
-    const __m256 w = dequant8<Q8W, V>(q + (c0 + c) * qb, _mm256_broadcast_ss(s + c0 + c),
+    const int64_t c1 = c0 + c, at = Q8W ? (c1 / 2) * 64 + (c1 % 2) * 16 : c1 * qb;
+    const __m256 w = dequant8<Q8W, V>(q + at, _mm256_broadcast_ss(s + c0 + c),
                                       _mm256_broadcast_ss(s + 8 + c0 + c));
     for (int r = 0; r < R; ++r)
       acc[r][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + r * K + 8 * V), acc[r][c]);
@@ -89,47 +91,71 @@ void tile_f32(const float* x, int64_t K, const float* sc, const uint8_t* qs, flo
   for (int64_t c0 = 0; c0 < TILE; c0 += C) micro_f32<Q8W, R, C>(x, K, sc, qs, c0, y, ldy, ncols);
 }
 
-// R rows x C outputs of one tile, int8 activations: lane-wise integer block dots, each scaled
-// into a float accumulator: acc = fma(float(isum) * dx, d, acc).
-template <bool Q8W, int R, int C>
+// Rows of the q8 mode hold each block twice as wide: [x0..15, x0..15, x16..31, x16..31], so
+// one 32-byte load of two outputs' nibbles (16 bytes each) meets both outputs' activations.
+constexpr int64_t XQB = 64;
+
+inline __m256i mul_q8(__m256i w, __m256i x) {  // |w| * (x * sign(w)), pairwise int16
+  return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
+
+// R rows x P output pairs of one tile (pairs p0..p0+P), int8 activations. Lanes 0..3 of
+// acc[r][p] accumulate output 2p, lanes 4..7 output 2p + 1: per block, the integer dot of each
+// lane, then acc = fma(float(isum), d * dx, acc).
+template <bool Q8W, int R, int P>
 void micro_q8(const int8_t* xq, const float* dx, int64_t nb, const float* sc, const uint8_t* qs,
-              int64_t c0, __m256 acc[R][C]) {
+              int64_t p0, __m256 acc[R][P]) {
   const int64_t qb = Q8W ? 32 : 16;
   const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0xF);
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* q = qs + b * TILE * qb;
-    __m256i w[C], aw[C];
-    __m256 d[C];
-    for (int c = 0; c < C; ++c) {
-      d[c] = _mm256_set1_ps(sc[b * 16 + c0 + c]);
-      if (Q8W) {
-        w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + (c0 + c) * 32));
-        aw[c] = _mm256_abs_epi8(w[c]);
+    const __m256 d8 = _mm256_loadu_ps(sc + b * 16);
+    __m256i lo[P], hi[P];
+    __m256 d[P];
+    for (int p = 0; p < P; ++p) {
+      const int64_t c = 2 * (p0 + p);
+      d[p] = _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(c, c, c, c, c + 1, c + 1, c + 1, c + 1));
+      if (Q8W) {  // NOTE: repack() stores a Q8_0 pair as [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]
+        lo[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32));
+        hi[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32 + 32));
       } else {
-        const __m128i n = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + (c0 + c) * 16));
-        aw[c] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(n, 4), n), low);
+        const __m256i n = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 16));
+        lo[p] = _mm256_and_si256(n, low);
+        hi[p] = _mm256_and_si256(_mm256_srli_epi16(n, 4), low);
       }
     }
     for (int r = 0; r < R; ++r) {
       const int64_t i = r * nb + b;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * QK));
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * XQB));
+      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * XQB + 32));
       const __m256 vdx = _mm256_set1_ps(dx[i]);
-      for (int c = 0; c < C; ++c) {
-        const __m256i prod = _mm256_maddubs_epi16(aw[c], Q8W ? _mm256_sign_epi8(xv, w[c]) : xv);
-        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), vdx);
-        acc[r][c] = _mm256_fmadd_ps(f, d[c], acc[r][c]);
+      for (int p = 0; p < P; ++p) {
+        __m256i isum;
+        if (Q8W) {  // NOTE: each half may reach 2 * 128 * 127: widen before adding
+          isum = _mm256_add_epi32(_mm256_madd_epi16(mul_q8(lo[p], xl), ones),
+                                  _mm256_madd_epi16(mul_q8(hi[p], xh), ones));
+        } else {    // NOTE: 4-bit weights: |sum| <= 4 * 15 * 127 fits int16
+          isum = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xl),
+                                                    _mm256_maddubs_epi16(hi[p], xh)), ones);
+        }
+        acc[r][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d[p], vdx), acc[r][p]);
       }
     }
   }
 }
 
-// R rows x one tile (8 outputs): y = hsum(acc) + sum over blocks of m * sx (fixed order).
+inline float hsum4(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
+// R rows x one tile (8 outputs): y = hsum(lanes) + sum over blocks of m * sx (fixed order).
 template <bool Q8W, int R>
 void tile_q8(const int8_t* xq, const float* dx, const float* sx, int64_t nb, const float* sc,
              const uint8_t* qs, float* y, int64_t ldy, int64_t ncols) {
-  constexpr int C = R == 1 ? 4 : 2;
+  constexpr int P = R == 1 ? 4 : 2;
   alignas(32) float mt[R][8];
   for (int r = 0; r < R; ++r) {
     __m256 am = _mm256_setzero_ps();
@@ -138,16 +164,20 @@ void tile_q8(const int8_t* xq, const float* dx, const float* sx, int64_t nb, con
         am = _mm256_fmadd_ps(_mm256_loadu_ps(sc + b * 16 + 8), _mm256_set1_ps(sx[r * nb + b]), am);
     _mm256_store_ps(mt[r], am);
   }
-  for (int64_t c0 = 0; c0 < TILE; c0 += C) {
-    __m256 acc[R][C];
-    micro_q8<Q8W, R, C>(xq, dx, nb, sc, qs, c0, acc);
+  for (int64_t p0 = 0; p0 < TILE / 2; p0 += P) {
+    __m256 acc[R][P];
+    micro_q8<Q8W, R, P>(xq, dx, nb, sc, qs, p0, acc);
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c)
-        if (c0 + c < ncols) y[r * ldy + c0 + c] = hsum8(acc[r][c]) + mt[r][c0 + c];
+      for (int p = 0; p < P; ++p) {
+        const int64_t c = 2 * (p0 + p);
+        if (c < ncols) y[r * ldy + c] = hsum4(_mm256_castps256_ps128(acc[r][p])) + mt[r][c];
+        if (c + 1 < ncols)
+          y[r * ldy + c + 1] = hsum4(_mm256_extractf128_ps(acc[r][p], 1)) + mt[r][c + 1];
+      }
   }
 }
 
-// One row's activations quantised per block (see the file comment).
+// One row's activations quantised per block (see the file comment), written in the XQB layout.
 void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float* sx) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < nb; ++b) {
@@ -163,13 +193,15 @@ void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float* sx) {
     const float d = _mm_cvtss_f32(h) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int32_t sum = 0;
+    int8_t* qb = q + b * XQB;
     for (int j = 0; j < 4; ++j) {
       const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)),
                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       alignas(32) int32_t t[8];
       _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_cvtps_epi32(r));
       for (int k = 0; k < 8; ++k) {
-        q[b * QK + 8 * j + k] = static_cast<int8_t>(t[k]);
+        const int e = 8 * j + k, at = (e / 16) * 32 + e % 16;
+        qb[at] = qb[at + 16] = static_cast<int8_t>(t[k]);
         sum += t[k];
       }
     }
@@ -226,7 +258,7 @@ template <bool Q8W>
 at::Tensor linear_q8_impl(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs,
                           int64_t n) {
   const int64_t M = x.size(0), K = x.size(1), nb = K / QK, tiles = (n + TILE - 1) / TILE;
-  at::Tensor xq = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor xq = at::empty({M, nb * XQB}, x.options().dtype(at::kChar));
   at::Tensor dsx = at::empty({2, M, nb}, x.options());
   const float* xp = x.data_ptr<float>();
   int8_t* xqp = xq.data_ptr<int8_t>();
@@ -234,7 +266,7 @@ at::Tensor linear_q8_impl(const at::Tensor& x, const at::Tensor& sc, const at::T
   float* sxp = dxp + M * nb;
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      quantize_row(xp + r * K, nb, xqp + r * K, dxp + r * nb, sxp + r * nb);
+      quantize_row(xp + r * K, nb, xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb);
   });
   at::Tensor y = at::empty({M, n}, x.options());
   float* yp = y.data_ptr<float>();
@@ -248,9 +280,9 @@ at::Tensor linear_q8_impl(const at::Tensor& x, const at::Tensor& sc, const at::T
     const int64_t ncols = n - t * TILE;
     int64_t r = 0;
     for (; r + 4 <= M; r += 4)
-      tile_q8<Q8W, 4>(xqp + r * K, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);
+      tile_q8<Q8W, 4>(xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);
     for (; r < M; ++r)
-      tile_q8<Q8W, 1>(xqp + r * K, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);
+      tile_q8<Q8W, 1>(xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);
   });
   return y;
 }
@@ -266,11 +298,15 @@ std::vector<at::Tensor> quantize_rows(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() &&
               x.size(1) % QK == 0, "x must be a contiguous float32 [M, K] tensor, K % 32 == 0");
   const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
+  std::vector<int8_t> wide(nb * XQB);
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor dx = at::empty({M, nb}, x.options()), sx = at::empty({M, nb}, x.options());
-  for (int64_t r = 0; r < M; ++r)
-    quantize_row(x.data_ptr<float>() + r * K, nb, q.data_ptr<int8_t>() + r * K,
-                 dx.data_ptr<float>() + r * nb, sx.data_ptr<float>() + r * nb);
+  for (int64_t r = 0; r < M; ++r) {
+    quantize_row(x.data_ptr<float>() + r * K, nb, wide.data(), dx.data_ptr<float>() + r * nb,
+                 sx.data_ptr<float>() + r * nb);
+    int8_t* out = q.data_ptr<int8_t>() + r * K;
+    for (int64_t e = 0; e < K; ++e) out[e] = wide[(e / QK) * XQB + (e % QK / 16) * 32 + e % 16];
+  }
   return {q, dx, sx};
 }
 

@@ -43,7 +43,8 @@ def repack(raw: np.ndarray, kind: str, out_features: int,
            in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw GGUF row bytes [N, row bytes] -> (scales float32 [T, B, 16], quants uint8
     [T, B, 8, 16|32]) with T = ceil(N / 8) tiles (padding rows are zero) and B = K / 32 blocks;
-    scales hold d for the tile's 8 rows then m (Q4_1's m, -8d for Q4_0, 0 for Q8_0)."""
+    scales hold d for the tile's 8 rows then m (Q4_1's m, -8d for Q4_0, 0 for Q8_0). Q8_0
+    quants of rows 2p and 2p + 1 are interleaved by halves (the kernel's pair layout)."""
     if kind not in KINDS:
         raise ValueError(f"unsupported block kind {kind!r}; use one of {sorted(KINDS)}")
     if in_features <= 0 or in_features % QK or out_features <= 0:
@@ -70,7 +71,10 @@ def repack(raw: np.ndarray, kind: str, out_features: int,
     qs = np.pad(qs, ((0, pad), (0, 0), (0, 0)))
     sc = np.concatenate([d.reshape(tiles, TILE, nb), m.reshape(tiles, TILE, nb)], axis=1)
     sc = np.ascontiguousarray(sc.transpose(0, 2, 1))  # [T, B, 16]
-    q = np.ascontiguousarray(qs.reshape(tiles, TILE, nb, qb).transpose(0, 2, 1, 3))
+    q = qs.reshape(tiles, TILE, nb, qb).transpose(0, 2, 1, 3)  # [T, B, 8, qb]
+    if kind == "Q8_0":  # NOTE: pairs of rows as [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]
+        q = q.reshape(tiles, nb, TILE // 2, 2, 2, 16).transpose(0, 1, 2, 4, 3, 5)
+    q = np.ascontiguousarray(q).reshape(tiles, nb, TILE, qb)
     return torch.from_numpy(sc), torch.from_numpy(q)
 
 

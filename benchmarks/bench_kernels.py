@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -121,6 +122,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     steps[m](x)
                     times.setdefault((m, b, th), []).append(time.perf_counter() - t0)
+    print(f"load average {os.getloadavg()}")
     print(f"ms per decode step ({args.layers} layers + head), medians of {args.repeats} "
           "interleaved repeats; (×) = speed-up over fp32 dense in the same run")
     cols = sorted({(b, th) for _, b, th in times})

@@ -142,8 +142,8 @@ def test_bad_shapes_kinds_and_modes_raise_clear_errors() -> None:
         GgmlLinear(raw, "Q4_1", 8, 64)(torch.zeros(2, 32))
     lin = GgmlLinear(raw, "Q4_1", 8, 64)
     with pytest.raises(RuntimeError, match="contiguous float32"):
-        load().linear(torch.zeros(2, 64, dtype=torch.float64), lin.scales, lin.quants, 8,
-                      False, False)
+        load().linear(torch.zeros(2, 64, dtype=torch.float64), lin.scales, lin.quants, 8, 1,
+                      False)
 
 
 @pytest.mark.parametrize(("qtype", "tol"), [("Q4_1", 1e-4), ("Q8_0", 1e-4), ("Q4_0", 1e-4)])

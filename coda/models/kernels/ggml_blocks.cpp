@@ -1,10 +1,11 @@
 // Batch-invariant linear layers on GGUF block weights (Q4_0, Q4_1, Q8_0), AVX2 + FMA (issue 10).
 //
-// Weights arrive re-laid-out by ggml_linear.py: output rows in tiles of 8, and per (tile, block of
-// 32 inputs) two float32 vectors sc[0..7] = d (the block scale) and sc[8..15] = m (the block's
-// additive term: Q4_1's m, -8d for Q4_0, 0 for Q8_0) then the 8 rows' quants (16 bytes of nibbles
-// for Q4, 32 int8 for Q8_0), ggml order: weight j of a Q4 block is the low nibble of byte j for
-// j < 16 and the high nibble of byte j - 16, and w = d * q + m exactly in float32.
+// Weights arrive re-laid-out by ggml_linear.py, as many bytes as in the file: output rows in tiles
+// of 8; per (tile, block of 32 inputs) the 8 rows' float16 scales d (then, for Q4_1 only, the 8
+// float16 mins m), and the 8 rows' quants (16 bytes of nibbles for Q4; 32 int8 for Q8_0, rows
+// paired by halves). ggml order: weight j of a Q4 block is the low nibble of byte j for j < 16 and
+// the high nibble of byte j - 16; w = d * q + m exactly in float32, with m = -8d for Q4_0 and 0
+// for Q8_0 (float16 -> float32 is exact, and so are these products).
 //
 // T4 by construction: every output element (row r, column n) is computed by one thread with one
 // fixed sequence of instructions that reads row r of x and column n of W only; the row tiling
@@ -17,7 +18,7 @@
 // horizontal sum.
 // q8 mode: each row's activations are quantised per block of 32 (dx = amax / 127, q = rint(x / dx)
 // as x * (1 / dx), ties to even; sx = dx * sum(q)), the integer dots use maddubs/madd, and per
-// block acc = fma(float(isum), d * dx, acc); acc = fma(m, sx, acc).
+// block acc = fma(float(isum), d * dx, acc); the min term sum_b m * sx is added at the end.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -28,6 +29,20 @@ namespace {
 
 constexpr int64_t TILE = 8;   // output rows per tile
 constexpr int64_t QK = 32;    // weights per block
+
+enum Kind { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+template <int KIND> constexpr bool kQ8 = KIND == Q8_0;
+template <int KIND> constexpr int64_t kQB = KIND == Q8_0 ? 32 : 16;   // quant bytes per row-block
+template <int KIND> constexpr int64_t kSC = KIND == Q4_1 ? 16 : 8;    // float16 scales per tile-block
+
+// The tile-block's d (and m) as float32 vectors over its 8 rows.
+template <int KIND>
+inline void scales8(const uint16_t* s, __m256& d, __m256& m) {
+  d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  if (KIND == Q4_1) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8)));
+  else if (KIND == Q4_0) m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+  else m = _mm256_setzero_ps();
+}
 
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -55,23 +70,28 @@ inline void step_f32(const float* x, int64_t K, const float* s, const uint8_t* q
   constexpr int64_t qb = Q8W ? 32 : 16;
   for (int c = 0; c < C; ++c) {
     const int64_t c1 = c0 + c, at = Q8W ? (c1 / 2) * 64 + (c1 % 2) * 16 : c1 * qb;
-    const __m256 w = dequant8<Q8W, V>(q + at, _mm256_broadcast_ss(s + c0 + c),
-                                      _mm256_broadcast_ss(s + 8 + c0 + c));
+    const __m256 w = dequant8<Q8W, V>(q + at, _mm256_broadcast_ss(s + c1),
+                                      _mm256_broadcast_ss(s + 8 + c1));
     for (int r = 0; r < R; ++r)
       acc[r][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + r * K + 8 * V), acc[r][c]);
   }
 }
 
 // R rows x C outputs (columns c0..c0+C of one tile), f32 activations.
-template <bool Q8W, int R, int C>
-void micro_f32(const float* x, int64_t K, const float* sc, const uint8_t* qs, int64_t c0,
+template <int KIND, int R, int C>
+void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
                float* y, int64_t ldy, int64_t ncols) {
-  const int64_t nb = K / QK, qb = Q8W ? 32 : 16;
+  constexpr bool Q8W = kQ8<KIND>;
+  const int64_t nb = K / QK, qb = kQB<KIND>;
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  alignas(32) float s[16];
   for (int64_t b = 0; b < nb; ++b) {
-    const float* s = sc + b * 16;
+    __m256 d, m;
+    scales8<KIND>(sc + b * kSC<KIND>, d, m);
+    _mm256_store_ps(s, d);
+    _mm256_store_ps(s + 8, m);
     const uint8_t* q = qs + b * TILE * qb;
     const float* xb = x + b * QK;
     step_f32<Q8W, R, C, 0>(xb, K, s, q, c0, acc);
@@ -84,11 +104,11 @@ void micro_f32(const float* x, int64_t K, const float* sc, const uint8_t* qs, in
       if (c0 + c < ncols) y[r * ldy + c0 + c] = hsum8(acc[r][c]);
 }
 
-template <bool Q8W, int R>
-void tile_f32(const float* x, int64_t K, const float* sc, const uint8_t* qs, float* y,
+template <int KIND, int R>
+void tile_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
               int64_t ldy, int64_t ncols) {
-  constexpr int C = R == 1 ? 8 : R == 2 ? 4 : R <= 4 ? 2 : 1;
-  for (int64_t c0 = 0; c0 < TILE; c0 += C) micro_f32<Q8W, R, C>(x, K, sc, qs, c0, y, ldy, ncols);
+  constexpr int C = R == 1 ? 8 : R == 2 ? 4 : 2;
+  for (int64_t c0 = 0; c0 < TILE; c0 += C) micro_f32<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols);
 }
 
 // Rows of the q8 mode hold each block twice as wide: [x0..15, x0..15, x16..31, x16..31], so
@@ -102,16 +122,17 @@ inline __m256i mul_q8(__m256i w, __m256i x) {  // |w| * (x * sign(w)), pairwise 
 // R rows x P output pairs of one tile (pairs p0..p0+P), int8 activations. Lanes 0..3 of
 // acc[r][p] accumulate output 2p, lanes 4..7 output 2p + 1: per block, the integer dot of each
 // lane, then acc = fma(float(isum), d * dx, acc).
-template <bool Q8W, int R, int P>
-void micro_q8(const int8_t* xq, const float* dx, int64_t nb, const float* sc, const uint8_t* qs,
+template <int KIND, int R, int P>
+void micro_q8(const int8_t* xq, const float* dx, int64_t nb, const uint16_t* sc, const uint8_t* qs,
               int64_t p0, __m256 acc[R][P]) {
-  const int64_t qb = Q8W ? 32 : 16;
+  constexpr bool Q8W = kQ8<KIND>;
+  const int64_t qb = kQB<KIND>;
   const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0xF);
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) acc[r][p] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* q = qs + b * TILE * qb;
-    const __m256 d8 = _mm256_loadu_ps(sc + b * 16);
+    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * kSC<KIND>)));
     __m256i lo[P], hi[P];
     __m256 d[P];
     for (int p = 0; p < P; ++p) {
@@ -152,21 +173,24 @@ inline float hsum4(__m128 v) {
 }
 
 // R rows x one tile (8 outputs): y = hsum(lanes) + sum over blocks of m * sx (fixed order).
-template <bool Q8W, int R>
-void tile_q8(const int8_t* xq, const float* dx, const float* sx, int64_t nb, const float* sc,
+template <int KIND, int R>
+void tile_q8(const int8_t* xq, const float* dx, const float* sx, int64_t nb, const uint16_t* sc,
              const uint8_t* qs, float* y, int64_t ldy, int64_t ncols) {
   constexpr int P = R == 1 ? 4 : 2;
   alignas(32) float mt[R][8];
   for (int r = 0; r < R; ++r) {
     __m256 am = _mm256_setzero_ps();
-    if (!Q8W)
-      for (int64_t b = 0; b < nb; ++b)
-        am = _mm256_fmadd_ps(_mm256_loadu_ps(sc + b * 16 + 8), _mm256_set1_ps(sx[r * nb + b]), am);
+    if (!kQ8<KIND>)
+      for (int64_t b = 0; b < nb; ++b) {
+        __m256 d, m;
+        scales8<KIND>(sc + b * kSC<KIND>, d, m);
+        am = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r * nb + b]), am);
+      }
     _mm256_store_ps(mt[r], am);
   }
   for (int64_t p0 = 0; p0 < TILE / 2; p0 += P) {
     __m256 acc[R][P];
-    micro_q8<Q8W, R, P>(xq, dx, nb, sc, qs, p0, acc);
+    micro_q8<KIND, R, P>(xq, dx, nb, sc, qs, p0, acc);
     for (int r = 0; r < R; ++r)
       for (int p = 0; p < P; ++p) {
         const int64_t c = 2 * (p0 + p);
@@ -210,15 +234,18 @@ void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float* sx) {
   }
 }
 
-void check(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs, int64_t n, bool q8w) {
+void check(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs, int64_t n,
+           int64_t kind) {
+  TORCH_CHECK(kind >= Q4_0 && kind <= Q8_0, "unknown block kind ", kind);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 [M, K] tensor");
   const int64_t K = x.size(1), tiles = (n + TILE - 1) / TILE;
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
-  TORCH_CHECK(sc.scalar_type() == at::kFloat && sc.is_contiguous() &&
-              sc.numel() == tiles * (K / QK) * 16, "scales do not match N=", n, " K=", K);
+  TORCH_CHECK(sc.scalar_type() == at::kHalf && sc.is_contiguous() &&
+              sc.numel() == tiles * (K / QK) * (kind == Q4_1 ? 16 : 8),
+              "scales do not match N=", n, " K=", K);
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() &&
-              qs.numel() == tiles * (K / QK) * TILE * (q8w ? 32 : 16),
+              qs.numel() == tiles * (K / QK) * TILE * (kind == Q8_0 ? 32 : 16),
               "quants do not match N=", n, " K=", K);
 }
 
@@ -230,31 +257,30 @@ void over_tiles(int64_t tiles, const F& fn) {
   });
 }
 
-template <bool Q8W>
+template <int KIND>
 at::Tensor linear_f32_impl(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs,
                            int64_t n) {
   const int64_t M = x.size(0), K = x.size(1), nb = K / QK, tiles = (n + TILE - 1) / TILE;
   at::Tensor y = at::empty({M, n}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const float* sp = sc.data_ptr<float>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::Half>());
   const uint8_t* qp = qs.data_ptr<uint8_t>();
-  const int64_t qt = nb * TILE * (Q8W ? 32 : 16);
   over_tiles(tiles, [&](int64_t t) {
-    const float* s = sp + t * nb * 16;
-    const uint8_t* q = qp + t * qt;
+    const uint16_t* s = sp + t * nb * kSC<KIND>;
+    const uint8_t* q = qp + t * nb * TILE * kQB<KIND>;
     float* yt = yp + t * TILE;
     const int64_t ncols = n - t * TILE;
     int64_t r = 0;
-    for (; r + 4 <= M; r += 4) tile_f32<Q8W, 4>(xp + r * K, K, s, q, yt + r * n, n, ncols);
-    if (M - r == 3) tile_f32<Q8W, 3>(xp + r * K, K, s, q, yt + r * n, n, ncols);
-    if (M - r == 2) tile_f32<Q8W, 2>(xp + r * K, K, s, q, yt + r * n, n, ncols);
-    if (M - r == 1) tile_f32<Q8W, 1>(xp + r * K, K, s, q, yt + r * n, n, ncols);
+    for (; r + 4 <= M; r += 4) tile_f32<KIND, 4>(xp + r * K, K, s, q, yt + r * n, n, ncols);
+    if (M - r == 3) tile_f32<KIND, 3>(xp + r * K, K, s, q, yt + r * n, n, ncols);
+    if (M - r == 2) tile_f32<KIND, 2>(xp + r * K, K, s, q, yt + r * n, n, ncols);
+    if (M - r == 1) tile_f32<KIND, 1>(xp + r * K, K, s, q, yt + r * n, n, ncols);
   });
   return y;
 }
 
-template <bool Q8W>
+template <int KIND>
 at::Tensor linear_q8_impl(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs,
                           int64_t n) {
   const int64_t M = x.size(0), K = x.size(1), nb = K / QK, tiles = (n + TILE - 1) / TILE;
@@ -270,28 +296,34 @@ at::Tensor linear_q8_impl(const at::Tensor& x, const at::Tensor& sc, const at::T
   });
   at::Tensor y = at::empty({M, n}, x.options());
   float* yp = y.data_ptr<float>();
-  const float* sp = sc.data_ptr<float>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::Half>());
   const uint8_t* qp = qs.data_ptr<uint8_t>();
-  const int64_t qt = nb * TILE * (Q8W ? 32 : 16);
   over_tiles(tiles, [&](int64_t t) {
-    const float* s = sp + t * nb * 16;
-    const uint8_t* q = qp + t * qt;
+    const uint16_t* s = sp + t * nb * kSC<KIND>;
+    const uint8_t* q = qp + t * nb * TILE * kQB<KIND>;
     float* yt = yp + t * TILE;
     const int64_t ncols = n - t * TILE;
     int64_t r = 0;
     for (; r + 4 <= M; r += 4)
-      tile_q8<Q8W, 4>(xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);
+      tile_q8<KIND, 4>(xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);
     for (; r < M; ++r)
-      tile_q8<Q8W, 1>(xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);
+      tile_q8<KIND, 1>(xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);
   });
   return y;
 }
 
+// kind: 0 Q4_0, 1 Q4_1, 2 Q8_0 (ggml_linear.KINDS order)
 at::Tensor linear(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs, int64_t n,
-                  bool q8_weights, bool q8_acts) {
-  check(x, sc, qs, n, q8_weights);
-  if (q8_acts) return q8_weights ? linear_q8_impl<true>(x, sc, qs, n) : linear_q8_impl<false>(x, sc, qs, n);
-  return q8_weights ? linear_f32_impl<true>(x, sc, qs, n) : linear_f32_impl<false>(x, sc, qs, n);
+                  int64_t kind, bool q8_acts) {
+  check(x, sc, qs, n, kind);
+  if (q8_acts) {
+    if (kind == Q4_0) return linear_q8_impl<Q4_0>(x, sc, qs, n);
+    if (kind == Q4_1) return linear_q8_impl<Q4_1>(x, sc, qs, n);
+    return linear_q8_impl<Q8_0>(x, sc, qs, n);
+  }
+  if (kind == Q4_0) return linear_f32_impl<Q4_0>(x, sc, qs, n);
+  if (kind == Q4_1) return linear_f32_impl<Q4_1>(x, sc, qs, n);
+  return linear_f32_impl<Q8_0>(x, sc, qs, n);
 }
 
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x) {

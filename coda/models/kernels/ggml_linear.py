@@ -2,8 +2,8 @@
 
 Block kinds (32 weights per block along the input dimension, ggml order; see
 ``coda/models/quant.py``): ``Q4_0`` (w = d * (q - 8)), ``Q4_1`` (w = d * q + m), ``Q8_0``
-(w = d * q). The raw row bytes are re-laid-out once at load (8 output rows per tile, the fp16
-scales widened to float32, which is exact) and never dequantised into memory.
+(w = d * q). The raw row bytes are re-laid-out once at load (8 output rows per tile, as many bytes
+as the file) and never dequantised into memory.
 
 Activation modes (``act``):
 
@@ -30,21 +30,17 @@ from coda.models.kernels import KernelUnavailable, load
 _log = logging.getLogger(__name__)
 
 TILE, QK = 8, 32
-# kind -> (bytes per block, bytes of quants per block)
+# kind -> (bytes per block, bytes of quants per block); the order is the kernel's kind number
 KINDS = {"Q4_0": (18, 16), "Q4_1": (20, 16), "Q8_0": (34, 32)}
 ACTS = ("f32", "q8")
 
 
-def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
-    return blocks[..., offset:offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)
-
-
 def repack(raw: np.ndarray, kind: str, out_features: int,
            in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw GGUF row bytes [N, row bytes] -> (scales float32 [T, B, 16], quants uint8
-    [T, B, 8, 16|32]) with T = ceil(N / 8) tiles (padding rows are zero) and B = K / 32 blocks;
-    scales hold d for the tile's 8 rows then m (Q4_1's m, -8d for Q4_0, 0 for Q8_0). Q8_0
-    quants of rows 2p and 2p + 1 are interleaved by halves (the kernel's pair layout)."""
+    """Raw GGUF row bytes [N, row bytes] -> (float16 scales [T, B, 8 or 16], quants uint8
+    [T, B, 8, 16|32]) with T = ceil(N / 8) tiles (padding rows are zero) and B = K / 32 blocks:
+    per tile-block the 8 rows' d, then (Q4_1) their m; Q8_0 quants of rows 2p and 2p + 1 are
+    interleaved by halves (the kernel's pair layout). As many bytes as the file's blocks."""
     if kind not in KINDS:
         raise ValueError(f"unsupported block kind {kind!r}; use one of {sorted(KINDS)}")
     if in_features <= 0 or in_features % QK or out_features <= 0:
@@ -56,26 +52,17 @@ def repack(raw: np.ndarray, kind: str, out_features: int,
     if raw.size != out_features * nb * size:
         raise ValueError(f"{raw.size} bytes do not hold a {kind} {out_features}x{in_features} "
                          f"matrix ({out_features * nb * size} expected)")
-    blocks = raw.reshape(out_features, nb, size)
-    d = _f16(blocks, 0)
-    if kind == "Q4_1":
-        m = _f16(blocks, 2)
-    elif kind == "Q4_0":
-        m = -8 * d  # NOTE: exact: fma(q, d, -8d) == (q - 8) * d for q in 0..15
-    else:
-        m = np.zeros_like(d)
-    qs = blocks[..., size - qb:]
     tiles = -(-out_features // TILE)
-    pad = tiles * TILE - out_features
-    d, m = (np.pad(a, ((0, pad), (0, 0))) for a in (d, m))
-    qs = np.pad(qs, ((0, pad), (0, 0), (0, 0)))
-    sc = np.concatenate([d.reshape(tiles, TILE, nb), m.reshape(tiles, TILE, nb)], axis=1)
-    sc = np.ascontiguousarray(sc.transpose(0, 2, 1))  # [T, B, 16]
-    q = qs.reshape(tiles, TILE, nb, qb).transpose(0, 2, 1, 3)  # [T, B, 8, qb]
+    blocks = np.zeros((tiles * TILE, nb, size), np.uint8)
+    blocks[:out_features] = raw.reshape(out_features, nb, size)
+    fields = size - qb  # NOTE: d (and Q4_1's m): float16 fields ahead of the quants
+    sc = blocks[..., :fields].copy().view(np.float16)  # [N, B, 1 or 2]
+    sc = np.ascontiguousarray(sc.reshape(tiles, TILE, nb, -1).transpose(0, 2, 3, 1))
+    q = blocks[..., fields:].reshape(tiles, TILE, nb, qb).transpose(0, 2, 1, 3)  # [T, B, 8, qb]
     if kind == "Q8_0":  # NOTE: pairs of rows as [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]
         q = q.reshape(tiles, nb, TILE // 2, 2, 2, 16).transpose(0, 1, 2, 4, 3, 5)
     q = np.ascontiguousarray(q).reshape(tiles, nb, TILE, qb)
-    return torch.from_numpy(sc), torch.from_numpy(q)
+    return torch.from_numpy(sc.reshape(tiles, nb, -1)), torch.from_numpy(q)
 
 
 class GgmlLinear(nn.Module):
@@ -92,7 +79,7 @@ class GgmlLinear(nn.Module):
         self.register_buffer("quants", qs)
         self.kind, self.act = kind, act
         self.in_features, self.out_features = in_features, out_features
-        self._flags = (kind == "Q8_0", act == "q8")
+        self._flags = (list(KINDS).index(kind), act == "q8")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: the decode hot path (2-D contiguous float32) goes straight to the kernel: at batch

@@ -1,6 +1,7 @@
 """T4 bit-for-bit: a sequence's logits never depend on its batch, its chunking, its block table
-or on whether its tokens were prefilled or decoded — in the exact fp32 mode and in the packed
-int4 mode (issue 10). Equality is ``torch.equal``, not a tolerance."""
+or on whether its tokens were prefilled or decoded — in the exact fp32 mode, in the packed
+int4 mode and with Coda's GGUF block kernel in both activation modes (issue 10). Equality is
+``torch.equal``, not a tolerance."""
 
 from __future__ import annotations
 
@@ -23,6 +24,21 @@ from tests.test_runner import run_schedule
 VOCAB = 320
 
 
+def _ggml_like(weight: torch.Tensor, kind: str, act: str) -> torch.nn.Module:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from coda.models.kernels import KernelUnavailable, load
+    from coda.models.kernels.ggml_linear import GgmlLinear
+
+    try:
+        load()
+    except KernelUnavailable as exc:
+        pytest.skip(f"GGUF block kernel unavailable: {exc}")
+    w = weight.detach().float().numpy()
+    return GgmlLinear(quantize(w, GGMLQuantizationType[kind]), kind, w.shape[0], w.shape[1], act)
+
+
 def _int4_like(linear: torch.nn.Linear, rng: np.random.Generator) -> Int4Linear:
     n, k = linear.weight.shape
     codes = rng.integers(0, 16, size=(n, k), dtype=np.int32)
@@ -31,7 +47,7 @@ def _int4_like(linear: torch.nn.Linear, rng: np.random.Generator) -> Int4Linear:
     return Int4Linear(codes, scale, zero)
 
 
-@pytest.fixture(scope="module", params=["int4"])
+@pytest.fixture(scope="module", params=["int4", "packed", "packed-q8"])
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
     path: Path = make_random_checkpoint(
         tmp_path_factory.mktemp("inv"), arch="llama", hidden_size=64, intermediate_size=128,
@@ -46,6 +62,14 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             mlp.down_proj = _int4_like(mlp.down_proj, rng)
         values = rng.integers(-128, 128, size=(VOCAB, 64), dtype=np.int32)
         m.logits_head = Q8Split(values, rng.uniform(0.001, 0.01, (VOCAB, 2)).astype(np.float32))
+    elif request.param.startswith("packed"):
+        act = "q8" if request.param == "packed-q8" else "f32"
+        for layer in m.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for owner, name in ((attn, "qkv_proj"), (attn, "o_proj"), (mlp, "gate_up_proj"),
+                                (mlp, "down_proj")):
+                setattr(owner, name, _ggml_like(getattr(owner, name).weight, "Q4_1", act))
+        m.logits_head = _ggml_like(m.model.embed_tokens.weight, "Q8_0", act)
     return m
 
 

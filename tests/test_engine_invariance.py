@@ -23,7 +23,7 @@ from coda.engine.invariance import (
     make_requests,
 )
 from coda.engine.types import EngineConfig
-from coda.models.modes import QUANT_MODES
+from coda.models.modes import AUTO_ORDER, QUANT_MODES
 
 N_CI = 16
 # NOTE: prompt lengths that meet the edges: 1 token; a last prefill chunk of one token (k*7 + 1,
@@ -41,11 +41,12 @@ def default_engine(smollm_gguf: Path) -> Any:
     engine.shutdown()
 
 
-def test_default_gguf_mode_is_batch_invariant_q4(default_engine: Any) -> None:
+def test_default_gguf_mode_is_batch_invariant(default_engine: Any) -> None:
     """auto serves the Q4_1 file in the fastest batch-invariant mode this machine has."""
     mode = default_engine.loaded.mode
-    assert mode.batch_invariant and mode is QUANT_MODES["q4"]
-    assert default_engine.identity.quant_mode == "q4"
+    first = next(n for n in AUTO_ORDER if QUANT_MODES[n].available() is None)
+    assert mode.batch_invariant and mode is QUANT_MODES[first]
+    assert default_engine.identity.quant_mode == first
 
 
 @pytest.fixture(scope="module")

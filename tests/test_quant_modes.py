@@ -32,6 +32,10 @@ from tests.test_models import full_forward
 
 PAD = 11  # NOTE: 101 + 11 = 112 tokens, a multiple of 16 (the int4 kernel's N)
 
+# NOTE: what auto picks for a Q4_1 file on this machine: the first available mode of AUTO_ORDER
+# (``packed`` where Coda's kernel builds, else torch's int4 ``q4``)
+_AUTO = next(n for n in AUTO_ORDER if QUANT_MODES[n].available() is None)
+
 
 @pytest.fixture(scope="module")
 def q4_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -70,10 +74,14 @@ def test_q4_is_the_files_model_up_to_bf16(tmp_path: Path, arch: str, name: str,
 
 
 def test_q4_refuses_q8_0_projections(tmp_path: Path) -> None:
-    """A file whose projections are Q8_0 is not a q4 file: auto serves it fp32."""
+    """A file whose projections are Q8_0 is not a q4 file: auto serves it with Coda's block
+    kernel (``packed`` takes Q8_0) where that builds, else fp32."""
     ckpt = open_gguf(write_gguf(tmp_path / "m.gguf", "llama", qtype="Q8_0", extra_tokens=PAD))
     assert "is Q8_0" in (modes.QUANT_MODES["q4"].applies(ckpt) or "")  # projections are Q8_0
-    assert resolve_mode("auto", None, ckpt).name == "fp32"
+    packed = modes.QUANT_MODES["packed"]
+    assert packed.applies(ckpt) is None
+    want = "packed" if packed.available() is None else "fp32"
+    assert resolve_mode("auto", None, ckpt).name == want
 
 
 def _sources(q4_file: Path, f32_file: Path, hf_dir: Path) -> dict[str, tuple[ModelSource,
@@ -111,7 +119,7 @@ def test_resolve_mode_exhaustively_follows_the_rules(q4_file: Path, f32_file: Pa
         assert ckpt is None or mode.applies(ckpt) is None
         assert dtype is None or mode.dtype == dtype
         if quant == "auto" and dtype is None:
-            assert mode.name == ("q4" if kind == "q4-gguf" else "fp32"), kind
+            assert mode.name == (_AUTO if kind == "q4-gguf" else "fp32"), kind
             assert mode.batch_invariant == (kind == "q4-gguf")
 
 
@@ -156,7 +164,7 @@ def test_p1_identity_differs_per_mode(q4_file: Path) -> None:
     snaps = {q: open_model(src, quant=q).identity.snapshot for q in
              ("fp32", "bf16", "q4", "q4-int8head")}
     assert len(set(snaps.values())) == 4
-    assert open_model(src).identity.snapshot == snaps["q4"]  # auto: the same q4
+    assert open_model(src).identity.snapshot == open_model(src, quant=_AUTO).identity.snapshot
     assert open_model(src, dtype="bfloat16").identity.snapshot == snaps["bf16"]
 
 
@@ -195,10 +203,11 @@ def test_cli_models_lists_the_modes_auto_first(q4_file: Path, f32_file: Path) ->
 
     q4 = describe_source("q4", resolve_model(q4_file))
     f32 = describe_source("f32", resolve_model(f32_file))
-    assert (q4.quant_auto, q4.quant_modes) == ("q4", ("fp32", "bf16", "fp16", "q4", "q4-int8head"))
+    assert (q4.quant_auto, q4.quant_modes) == (_AUTO, ("fp32", "bf16", "fp16", "q4", "packed", "packed-q8", "q4-int8head"))
     assert (f32.quant_auto, f32.quant_modes) == ("fp32", ("fp32", "bf16", "fp16"))
-    res = CliRunner().invoke(app, ["models", str(q4_file)])
-    assert res.exit_code == 0 and "q4 fp32 bf16 fp16 q4-int8head" in res.output
+    res = CliRunner().invoke(app, ["models", str(q4_file)], env={"COLUMNS": "300"})
+    order = " ".join([_AUTO, *(m for m in q4.quant_modes if m != _AUTO)])
+    assert res.exit_code == 0 and order in " ".join(res.output.split()), res.output
 
 
 def test_o1_serve_logs_one_json_load_line_with_the_mode(q4_file: Path) -> None:
@@ -216,7 +225,7 @@ def test_o1_serve_logs_one_json_load_line_with_the_mode(q4_file: Path) -> None:
         logger.removeHandler(handler)
     summary: dict[str, Any] = json.loads(JsonFormatter().format(
         next(r for r in records if r.getMessage() == "model loaded")))
-    assert summary["quant_mode"] == "q4" and summary["batch_invariant"] is True
-    assert summary["numerics"] == QUANT_MODES["q4"].numerics
+    assert summary["quant_mode"] == _AUTO and summary["batch_invariant"] is True
+    assert summary["numerics"] == QUANT_MODES[_AUTO].numerics
     assert summary["model_snapshot"] == engine.model_snapshot
-    assert any(r.getMessage().startswith("serving mode (--quant): q4") for r in records)
+    assert any(r.getMessage().startswith(f"serving mode (--quant): {_AUTO}") for r in records)

@@ -111,6 +111,65 @@ def build_packed(ckpt: GGUFCheckpoint, make_linear: LinearFactory, make_head: He
     return build_model(ckpt.config, rest, dtype="float32", device=device, modules=modules)
 
 
+GGML_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def _raw_rows(t: GGUFTensor) -> np.ndarray:
+    """A block-quantized tensor's row bytes ``[rows, row bytes]`` in HF row order."""
+    raw = np.asarray(t.data).reshape(t.shape[0], -1)
+    return raw if t.row_order is None else raw[t.row_order]
+
+
+def ggml_linear(act: str) -> LinearFactory:
+    """Projections on their own GGUF blocks through Coda's AVX2 kernel (``packed*`` modes)."""
+    from coda.models.kernels.ggml_linear import GgmlLinear
+
+    def make(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> nn.Module:
+        if biases:  # NOTE: qwen2's q/k/v biases: the kernel has none, so add them after it
+            raise_unsupported("the GGUF block kernel has no bias; serve this file with q4/fp32")
+        kind = parts[0].qtype
+        raw = np.concatenate([_raw_rows(t) for t in parts])
+        return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
+
+    return make
+
+
+def ggml_head(act: str) -> HeadFactory:
+    def make(t: GGUFTensor) -> nn.Module:
+        return ggml_linear(act)([t], [])
+
+    return make
+
+
+def raise_unsupported(why: str) -> None:
+    from coda.models.config import UnsupportedModelError
+
+    raise UnsupportedModelError(why)
+
+
+def ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
+    """None if the ``packed`` modes can serve the file, else why not."""
+    tensors = {t.hf_name: t for t in ckpt.tensors()}
+    for path, names in projections(ckpt).items():
+        kinds = {tensors[n].qtype for n in names}
+        if len(kinds) != 1 or not kinds <= set(GGML_TYPES):
+            return f"{path} is {'/'.join(sorted(kinds))}; packed needs one of {GGML_TYPES}"
+        if any(n.removesuffix("weight") + "bias" in tensors for n in names):
+            return f"{path} has a bias; the GGUF block kernel has none"
+    head = head_tensor(tensors)
+    if head.qtype not in GGML_TYPES:
+        return f"{head.gguf_name} (the LM head) is {head.qtype}; packed needs one of {GGML_TYPES}"
+    return None
+
+
+def build_ggml(ckpt: GGUFCheckpoint, act: str = "f32", device: str = "cpu") -> CausalLM:
+    """The ``packed`` (``act="f32"``) and ``packed-q8`` (``act="q8"``) models."""
+    why = ggml_applies(ckpt)
+    if why is not None:
+        raise_unsupported(why)
+    return build_packed(ckpt, ggml_linear(act), ggml_head(act), device)
+
+
 def q4_applies(ckpt: GGUFCheckpoint) -> str | None:
     """None if ``q4`` can serve the file, else why not (first offending tensor)."""
     tensors = {t.hf_name: t for t in ckpt.tensors()}

@@ -83,6 +83,31 @@ def _packed(head: str) -> Builder:
     return build
 
 
+def _ggml(act: str) -> Builder:
+    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
+        from coda.models.gguf_packed import build_ggml
+
+        return build_ggml(ckpt, act=act, device=device)
+
+    return build
+
+
+def _ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
+    from coda.models.gguf_packed import ggml_applies
+
+    return ggml_applies(ckpt)
+
+
+def _ggml_kernel() -> str | None:
+    from coda.models.kernels import KernelUnavailable, load
+
+    try:
+        load()  # NOTE: JIT-compiles once per source version (~1 min), cached afterwards
+    except KernelUnavailable as exc:
+        return str(exc)
+    return None
+
+
 def _q4_applies(ckpt: GGUFCheckpoint) -> str | None:
     from coda.models.gguf_packed import q4_applies
 
@@ -108,22 +133,30 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
               "exact; group scale/zero rounded to bfloat16; matmul inputs bfloat16); Q8_0 head "
               "as two exact int4 halves; embeddings, norms, RoPE, attention and KV float32",
               True, "float32", _packed("q8split"), applies=_q4_applies, available=_int4_kernel),
+    QuantMode("packed", "Q4_0/Q4_1/Q8_0 matrices (head included) on the file's own blocks "
+              "through Coda's AVX2 kernel: exact weights and float16 scales, float32 "
+              "activations, fixed per-output summation order; embeddings, norms, RoPE, "
+              "attention and KV float32", True, "float32", _ggml("f32"),
+              applies=_ggml_applies, available=_ggml_kernel),
+    QuantMode("packed-q8", "as packed, with each row's activations quantized per block of 32 "
+              "to int8 (lossy, like llama.cpp's CPU path)", True, "float32", _ggml("q8"),
+              applies=_ggml_applies, available=_ggml_kernel),
     QuantMode("q4-int8head", "as q4, with the head requantized to int8 per output channel "
               "(lossy beyond the file)", True, "float32", _packed("int8"),
               applies=_q4_applies, available=_int4_kernel),
 )}
 
 # Modes ``auto`` may pick for a GGUF, fastest first; each must be batch-invariant and keep the
-# file's values up to rounding (so not q4-int8head, whose head requantization is an opt-in).
-# Measured on the 2-core AVX2 EPYC (torch 2.13 CPU, 1 thread, SmolLM2-135M Q4_1 shapes):
-# - every projection of one decode step, batch 1 (issue 10): int4 3.4 ms, int8 5.1 ms,
-#   bf16 12 ms, fp32 33 ms; only int4/int8 rows are batch-invariant (M = 1..300 checked);
-# - the 49152x576 head alone, ms per call at batch 1 / 8 / 32, one run on a loaded machine
-#   (load avg ~9): Q8Split (q4) 33 / 158 / 712, Int8Linear (q4-int8head) 28 / 229 / 335,
-#   fp32 49 / 114 / 273, bf16 37 / 223 / 810. The int4 kernel costs linear in the rows here
-#   (AVX2, no AVX-512), so q4 wins at small batches and loses to fp32 at 32: a packed kernel
-#   that amortises the weights over the batch (issue 10's "packed" mode) goes first once in.
-AUTO_ORDER: tuple[str, ...] = ("q4",)
+# file's values up to rounding (so not q4-int8head, whose head requantization is an opt-in, nor
+# packed-q8, whose activation quantization is lossy: both are measured opt-ins).
+# Measured on the 2-core AVX2 EPYC (torch 2.13 CPU, 1 thread), the matmuls of one SmolLM2-135M
+# decode step (30 layers + head), ms at M = 1 / 8 / 32 rows, medians of 3 interleaved repeats,
+# load ~2.5 (`python benchmarks/bench_kernels.py --threads 1 --repeats 3`):
+#   fp32 dense 46.6 / 95.5 / 191.2 (not batch-invariant), torch int4 (q4) 36.1 / 72.0 / 433.9,
+#   torch int8 37.3 / 66.8 / 325.5, packed 22.5 / 50.8 / 266.1, packed-q8 9.8 / 29.6 / 148.3.
+# torch's int4/int8 kernels cost linear in the rows on AVX2; Coda's block kernel reuses each
+# weight block over a tile of rows, so packed beats q4 at every batch size.
+AUTO_ORDER: tuple[str, ...] = ("packed", "q4")
 DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)
 

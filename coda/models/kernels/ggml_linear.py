@@ -1,0 +1,126 @@
+"""``GgmlLinear``: a linear layer on a GGUF matrix's own blocks, batch-invariant (issue 10, T4).
+
+Block kinds (32 weights per block along the input dimension, ggml order; see
+``coda/models/quant.py``): ``Q4_0`` (w = d * (q - 8)), ``Q4_1`` (w = d * q + m), ``Q8_0``
+(w = d * q). The raw row bytes are re-laid-out once at load (8 output rows per tile, as many bytes
+as the file) and never dequantised into memory.
+
+Activation modes (``act``):
+
+* ``"f32"`` — float32 activations times the file's exact weights (dequantised in registers);
+  only the summation order differs from a dense float32 product.
+* ``"q8"`` — each row's activations quantised per block of 32 to int8 (scale amax / 127, round
+  half to even), integer block dot products; lossy like llama.cpp's own CPU path.
+
+In both, an output row depends on its input row only: the same bits whatever the batch size,
+the row's position in it and the thread count (the kernel's contract, ``ggml_blocks.cpp``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from coda.models.kernels import KernelUnavailable, load
+
+_log = logging.getLogger(__name__)
+
+TILE, QK = 8, 32
+# kind -> (bytes per block, bytes of quants per block); the order is the kernel's kind number
+KINDS = {"Q4_0": (18, 16), "Q4_1": (20, 16), "Q8_0": (34, 32)}
+ACTS = ("f32", "q8")
+
+
+def repack(raw: np.ndarray, kind: str, out_features: int,
+           in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw GGUF row bytes [N, row bytes] -> (float16 scales [T, B, 8 or 16], quants uint8
+    [T, B, 8, 16|32]) with T = ceil(N / 8) tiles (padding rows are zero) and B = K / 32 blocks:
+    per tile-block the 8 rows' d, then (Q4_1) their m; Q8_0 quants of rows 2p and 2p + 1 are
+    interleaved by halves (the kernel's pair layout). As many bytes as the file's blocks."""
+    if kind not in KINDS:
+        raise ValueError(f"unsupported block kind {kind!r}; use one of {sorted(KINDS)}")
+    if in_features <= 0 or in_features % QK or out_features <= 0:
+        raise ValueError(f"shape {out_features}x{in_features}: K must be a positive multiple "
+                         f"of {QK}")
+    size, qb = KINDS[kind]
+    nb = in_features // QK
+    raw = np.asarray(raw, dtype=np.uint8)
+    if raw.size != out_features * nb * size:
+        raise ValueError(f"{raw.size} bytes do not hold a {kind} {out_features}x{in_features} "
+                         f"matrix ({out_features * nb * size} expected)")
+    tiles = -(-out_features // TILE)
+    blocks = np.zeros((tiles * TILE, nb, size), np.uint8)
+    blocks[:out_features] = raw.reshape(out_features, nb, size)
+    fields = size - qb  # NOTE: d (and Q4_1's m): float16 fields ahead of the quants
+    sc = blocks[..., :fields].copy().view(np.float16)  # [N, B, 1 or 2]
+    sc = np.ascontiguousarray(sc.reshape(tiles, TILE, nb, -1).transpose(0, 2, 3, 1))
+    q = blocks[..., fields:].reshape(tiles, TILE, nb, qb).transpose(0, 2, 1, 3)  # [T, B, 8, qb]
+    if kind == "Q8_0":  # NOTE: pairs of rows as [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]
+        q = q.reshape(tiles, nb, TILE // 2, 2, 2, 16).transpose(0, 1, 2, 4, 3, 5)
+    q = np.ascontiguousarray(q).reshape(tiles, nb, TILE, qb)
+    return torch.from_numpy(sc.reshape(tiles, nb, -1)), torch.from_numpy(q)
+
+
+class GgmlLinear(nn.Module):
+    """``y = x @ W.T`` with W the GGUF matrix ``raw`` ([N, row bytes] as ``GGUFReader`` gives)."""
+
+    def __init__(self, raw: np.ndarray, kind: str, out_features: int, in_features: int,
+                 act: str = "f32") -> None:
+        super().__init__()
+        if act not in ACTS:
+            raise ValueError(f"unknown activation mode {act!r}; use one of {ACTS}")
+        self._ext: Any = load()
+        sc, qs = repack(raw, kind, out_features, in_features)
+        self.register_buffer("scales", sc)
+        self.register_buffer("quants", qs)
+        self.kind, self.act = kind, act
+        self.in_features, self.out_features = in_features, out_features
+        self._flags = (list(KINDS).index(kind), act == "q8")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: the decode hot path (2-D contiguous float32) goes straight to the kernel: at batch
+        # 1 the ~100 calls per step make Python overhead a visible share of the step.
+        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() \
+                and x.shape[1] == self.in_features:
+            out: torch.Tensor = self._ext.linear(x, self.scales, self.quants, self.out_features,
+                                                 *self._flags)
+            return out
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input has {x.shape[-1]} features, the layer {self.in_features}")
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        y: torch.Tensor = self._ext.linear(flat, self.scales, self.quants, self.out_features,
+                                           *self._flags)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}->{self.out_features}, {self.kind}, act={self.act}"
+
+
+# quant mode of coda/models/gguf_packed.py -> activation mode of the kernel
+GGML_ACTS = {"packed": "f32", "packed-q8": "q8"}
+_FALLBACK = "q4"
+
+
+def ggml_fallback(quant: str) -> str:
+    """``quant`` itself, or ``"q4"`` (logged) where a kernel mode cannot run on this machine."""
+    if quant not in GGML_ACTS:
+        return quant
+    try:
+        load()
+    except KernelUnavailable as exc:
+        _log.warning("quant mode %r unavailable (%s); using %r", quant, exc, _FALLBACK)
+        return _FALLBACK
+    return quant
+
+
+def ggml_linear(quant: str, raw: np.ndarray, kind: str,
+                shape: tuple[int, ...]) -> GgmlLinear | None:
+    """The kernel's layer for one GGUF matrix (shape ``(out, in)``) under ``quant``, or None
+    where the mode or the block kind is not the kernel's (the caller keeps its own path)."""
+    if quant not in GGML_ACTS or kind not in KINDS:
+        return None
+    return GgmlLinear(raw, kind, shape[0], shape[1], GGML_ACTS[quant])

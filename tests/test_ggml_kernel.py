@@ -1,0 +1,189 @@
+"""Coda's GGUF block kernel (issue 10; SPEC T4): ``GgmlLinear`` on Q4_0/Q4_1/Q8_0 blocks.
+
+f32 mode against the float64 product with ``gguf.quants.dequantize``'s weights; q8 mode against
+a NumPy model of its scheme and within its proven error bound; bitwise row invariance over the
+batch size, the row's position and the thread count; the packed quant modes of a GGUF model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coda.models.kernels import KernelUnavailable, load
+
+try:
+    load()
+except KernelUnavailable as exc:  # NOTE: CI builds it (.ci/run installs g++); see the reason
+    pytest.skip(f"GGUF block kernel unavailable: {exc}", allow_module_level=True)
+
+from coda.models.kernels.ggml_linear import KINDS, GgmlLinear, repack  # noqa: E402
+
+EPS32 = 2.0**-24
+
+
+def weights(kind: str, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw GGUF bytes [n, row bytes], the float64 weights gguf dequantises them to)."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    raw = quantize(w, GGMLQuantizationType[kind])
+    return raw, dequantize(raw, GGMLQuantizationType[kind]).astype(np.float64)
+
+
+def acts(m: int, k: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed + 7).standard_normal((m, k)).astype(np.float32)
+
+
+def run(raw: np.ndarray, kind: str, x: np.ndarray, n: int, act: str) -> np.ndarray:
+    return GgmlLinear(raw, kind, n, x.shape[1], act)(torch.from_numpy(x)).numpy()
+
+
+def q8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The q8 scheme in NumPy float32: per block dx = amax / 127, q = rint(x * (1 / dx))."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    dx = (np.abs(xb).max(axis=-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(dx != 0, np.float32(1) / np.where(dx != 0, dx, 1), 0).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).astype(np.int8)
+    return q, dx, (dx * q.astype(np.int32).sum(-1).astype(np.float32)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 1, 32), (3, 9, 64), (5, 37, 96), (9, 64, 256)])
+def test_f32_mode_is_the_files_exact_weights_times_x(kind: str, m: int, n: int, k: int) -> None:
+    """f32 mode: y = x @ W.T with W exactly gguf's dequantisation; only float32 summation
+    rounding differs (bounded by K * eps * sum |x||w|). N not a multiple of the 8-row tile."""
+    raw, w = weights(kind, n, k, seed=n + k)
+    x = acts(m, k, seed=m)
+    y = run(raw, kind, x, n, "f32")
+    ref = x.astype(np.float64) @ w.T
+    bound = 2 * k * EPS32 * (np.abs(x.astype(np.float64)) @ np.abs(w).T) + 1e-30
+    assert y.shape == (m, n) and y.dtype == np.float32
+    assert np.all(np.abs(y - ref) <= bound)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_q8_mode_follows_its_numpy_scheme_and_error_bound(kind: str) -> None:
+    """q8 mode: the activation quantisation is bit-exact with the NumPy scheme, the output
+    matches that scheme's float64 value closely, and stays within its bound against the
+    exact product: |y - x @ W.T| <= sum over blocks of dx / 2 * sum |w| (plus rounding)."""
+    n, k, m = 45, 160, 6
+    raw, w = weights(kind, n, k, seed=3)
+    x = acts(m, k, seed=4)
+    x[1, :32] = 0.0  # NOTE: an all-zero block (dx = 0)
+    q, dx, _ = q8_reference(x)
+    kq, kdx, _ = load().quantize_rows(torch.from_numpy(x))
+    assert np.array_equal(kq.numpy().reshape(q.shape), q) and np.array_equal(kdx.numpy(), dx)
+    y = run(raw, kind, x, n, "q8")
+    xhat = (q.astype(np.float64) * dx[..., None].astype(np.float64)).reshape(m, k)
+    scheme = xhat @ w.T
+    scale = np.abs(xhat) @ np.abs(w).T
+    assert np.all(np.abs(y - scheme) <= 4 * k * EPS32 * scale + 1e-30)
+    wb = np.abs(w).reshape(n, k // 32, 32).sum(-1)  # [n, blocks]
+    bound = (dx.astype(np.float64) / 2 * (1 + 1e-5)) @ wb.T + 4 * k * EPS32 * scale
+    assert np.all(np.abs(y - x.astype(np.float64) @ w.T) <= bound)
+
+
+@given(m=st.integers(1, 70), data=st.data(), kind=st.sampled_from(sorted(KINDS)),
+       act=st.sampled_from(["f32", "q8"]))
+def test_t4_a_rows_output_bits_do_not_depend_on_its_batch(m: int, data: st.DataObject,
+                                                          kind: str, act: str) -> None:
+    """T4: a row's output bits are the same alone and at any position of a batch of any size
+    with any other rows (the other rows' content and scale drawn too)."""
+    n, k = 27, 96
+    raw, _ = weights(kind, n, k, seed=11)
+    pos = data.draw(st.integers(0, m - 1), label="pos")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    spread = data.draw(st.floats(1e-3, 1e3), label="spread")
+    x = acts(m, k, seed) * np.float32(spread)
+    row = acts(1, k, seed + 1)
+    x[pos] = row[0]
+    lin = GgmlLinear(raw, kind, n, k, act)
+    alone = lin(torch.from_numpy(row))
+    batched = lin(torch.from_numpy(x))
+    assert torch.equal(batched[pos], alone[0])
+
+
+@pytest.mark.parametrize("act", ["f32", "q8"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_t4_thread_count_does_not_change_output_bits(kind: str, act: str) -> None:
+    """T4: 1 thread and 2 threads give bit-identical outputs (each output has one owner)."""
+    raw, _ = weights(kind, 203, 128, seed=5)
+    x = torch.from_numpy(acts(13, 128, seed=6))
+    lin = GgmlLinear(raw, kind, 203, 128, act)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = lin(x)
+        torch.set_num_threads(2)
+        two = lin(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_bad_shapes_kinds_and_modes_raise_clear_errors() -> None:
+    raw, _ = weights("Q4_1", 8, 64, seed=0)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        repack(raw, "Q4_1", 8, 48)
+    with pytest.raises(ValueError, match="unsupported block kind"):
+        GgmlLinear(raw, "Q5_K", 8, 64)
+    with pytest.raises(ValueError, match="bytes do not hold"):
+        GgmlLinear(raw, "Q4_1", 9, 64)
+    with pytest.raises(ValueError, match="activation mode"):
+        GgmlLinear(raw, "Q4_1", 8, 64, act="bf16")
+    with pytest.raises(ValueError, match="features"):
+        GgmlLinear(raw, "Q4_1", 8, 64)(torch.zeros(2, 32))
+    lin = GgmlLinear(raw, "Q4_1", 8, 64)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        load().linear(torch.zeros(2, 64, dtype=torch.float64), lin.scales, lin.quants, 8, 1,
+                      False)
+
+
+@pytest.mark.parametrize(("qtype", "tol"), [("Q4_1", 1e-4), ("Q8_0", 1e-4), ("Q4_0", 1e-4)])
+def test_packed_modes_of_a_gguf_model_match_its_fp32_mode(tmp_path: Path, qtype: str,
+                                                          tol: float) -> None:
+    """gguf_packed's ``packed`` mode (every block matrix and the head through the kernel, q/k
+    rows unpermuted on raw blocks) gives the fp32 mode's logits up to summation rounding;
+    ``packed-q8`` (int8 activations) stays within a few percent; both are the kernel's layers."""
+    from coda.models.gguf_packed import load_gguf_model
+    from tests.test_gguf_tiny import PROMPT, write_gguf
+    from tests.test_models import full_forward
+
+    path = write_gguf(tmp_path / "m.gguf", "llama", name="tiny mistral", qtype=qtype)
+    ref = full_forward(load_gguf_model(path, "fp32"), PROMPT)
+    packed = load_gguf_model(path, "packed")
+    assert isinstance(packed.logits_head, GgmlLinear)
+    assert isinstance(packed.model.layers[0].self_attn.qkv_proj, GgmlLinear)
+    assert (full_forward(packed, PROMPT) - ref).abs().max().item() <= tol
+    model_q8 = load_gguf_model(path, "packed-q8")
+    assert isinstance(model_q8.logits_head, GgmlLinear) and model_q8.logits_head.act == "q8"
+    q8 = full_forward(model_q8, PROMPT)
+    assert (q8 - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
+
+
+def test_missing_cpu_features_fall_back_to_q4_with_a_log_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No AVX2 (or no compiler): a typed KernelUnavailable, which the GGUF loader turns into
+    the ``q4`` mode and one warning naming why, never a crash."""
+    import coda.models.kernels as kernels
+    from coda.models.kernels import ggml_linear
+
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"sse2", "fma"})
+    with pytest.raises(KernelUnavailable, match="avx2, f16c"):
+        kernels.load.__wrapped__()
+
+    def unavailable() -> None:
+        raise KernelUnavailable("CPU lacks avx2")
+
+    monkeypatch.setattr(ggml_linear, "load", unavailable)
+    with caplog.at_level("WARNING"):
+        assert ggml_linear.ggml_fallback("packed-q8") == "q4"
+    assert "CPU lacks avx2" in caplog.text and "'q4'" in caplog.text
+    assert ggml_linear.ggml_fallback("fp32") == "fp32"

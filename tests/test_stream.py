@@ -228,3 +228,30 @@ def test_p1_p2_p3_extend_copies_a_log_exactly_whatever_the_retries(
     if copy.closed:
         with pytest.raises(StreamClosed):
             copy.extend([StreamEvent("r", copy.last_seq + 1, EventType.DELTA, b"x")])
+
+
+def test_extend_applies_the_appends_checks_p1_p2_g1() -> None:
+    """``extend`` refuses what ``start``/``delta``/``close`` refuse (a start that is not seq 0,
+    a second start, an empty delta, a delta past the backpressure bound), re-stamps each copy
+    with this stream's id and clock, and leaves the log as it was on a refusal (P1, P2, G1)."""
+    import time as _time
+
+    ev = StreamEvent
+    fresh = RequestStream("dst")
+    with pytest.raises(StreamClosed):
+        fresh.extend([ev("src", 0, EventType.DELTA, b"x")])  # the first event must be a start
+    assert fresh.last_seq == -1
+    t0 = _time.monotonic()
+    assert fresh.extend([ev("src", 0, EventType.START, model="m", ts=-5.0)]) == 1
+    copied = fresh.events_after(-1)[0]
+    assert copied.request_id == "dst" and copied.ts >= t0  # this stream's id and clock
+    with pytest.raises(StreamClosed):
+        fresh.extend([ev("src", 1, EventType.START, model="m")])  # a second start
+    with pytest.raises(ValueError, match="empty"):
+        fresh.extend([ev("src", 1, EventType.DELTA, b"")])
+    small = RequestStream("b", BackpressureConfig(pause_bytes=2, max_bytes=4))
+    small.extend([ev("b", 0, EventType.START, model="m"), ev("b", 1, EventType.DELTA, b"abc")])
+    with pytest.raises(BackpressureOverflowError):
+        small.extend([ev("b", 2, EventType.DELTA, b"de")])
+    assert small.last_seq == 1 and not small.closed
+    assert small.extend([ev("b", 2, EventType.DELTA, b"d")]) == 1  # 4 bytes: at the bound

@@ -168,12 +168,15 @@ def test_packed_modes_of_a_gguf_model_match_its_fp32_mode(tmp_path: Path, qtype:
     assert (q8 - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
 
 
-def test_missing_cpu_features_fall_back_to_q4_with_a_log_line(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """No AVX2 (or no compiler): a typed KernelUnavailable, which the GGUF loader turns into
-    the ``q4`` mode and one warning naming why, never a crash."""
+def test_missing_cpu_features_fall_back_to_q4_with_the_reason(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No AVX2 (or no compiler): a typed KernelUnavailable, which the mode table turns into
+    ``packed`` being unavailable with the reason, and ``auto`` serving ``q4``; never a crash."""
     import coda.models.kernels as kernels
-    from coda.models.kernels import ggml_linear
+    from coda.models import modes
+    from coda.models.gguf_file import open_gguf
+    from tests.test_gguf_tiny import write_gguf
+    from tests.test_quant_modes import PAD
 
     monkeypatch.setattr(kernels, "cpu_flags", lambda: {"sse2", "fma"})
     with pytest.raises(KernelUnavailable, match="avx2, f16c"):
@@ -182,8 +185,8 @@ def test_missing_cpu_features_fall_back_to_q4_with_a_log_line(
     def unavailable() -> None:
         raise KernelUnavailable("CPU lacks avx2")
 
-    monkeypatch.setattr(ggml_linear, "load", unavailable)
-    with caplog.at_level("WARNING"):
-        assert ggml_linear.ggml_fallback("packed-q8") == "q4"
-    assert "CPU lacks avx2" in caplog.text and "'q4'" in caplog.text
-    assert ggml_linear.ggml_fallback("fp32") == "fp32"
+    monkeypatch.setattr(kernels, "load", unavailable)
+    assert "CPU lacks avx2" in (modes.QUANT_MODES["packed-q8"].available() or "")
+    ckpt = open_gguf(write_gguf(tmp_path / "m.gguf", "llama", qtype="Q4_1",
+                                extra_tokens=PAD))
+    assert modes.resolve_mode("auto", None, ckpt).name == "q4"

@@ -125,8 +125,7 @@ def ggml_linear(act: str) -> LinearFactory:
     from coda.models.kernels.ggml_linear import GgmlLinear
 
     def make(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> nn.Module:
-        if biases:  # NOTE: qwen2's q/k/v biases: the kernel has none, so add them after it
-            raise_unsupported("the GGUF block kernel has no bias; serve this file with q4/fp32")
+        del biases  # NOTE: none: ggml_applies refuses a file with projection biases
         kind = parts[0].qtype
         raw = np.concatenate([_raw_rows(t) for t in parts])
         return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
@@ -139,12 +138,6 @@ def ggml_head(act: str) -> HeadFactory:
         return ggml_linear(act)([t], [])
 
     return make
-
-
-def raise_unsupported(why: str) -> None:
-    from coda.models.config import UnsupportedModelError
-
-    raise UnsupportedModelError(why)
 
 
 def ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
@@ -166,7 +159,9 @@ def build_ggml(ckpt: GGUFCheckpoint, act: str = "f32", device: str = "cpu") -> C
     """The ``packed`` (``act="f32"``) and ``packed-q8`` (``act="q8"``) models."""
     why = ggml_applies(ckpt)
     if why is not None:
-        raise_unsupported(why)
+        from coda.models.config import UnsupportedModelError
+
+        raise UnsupportedModelError(why)
     return build_packed(ckpt, ggml_linear(act), ggml_head(act), device)
 
 

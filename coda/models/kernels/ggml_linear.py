@@ -18,16 +18,13 @@ the row's position in it and the thread count (the kernel's contract, ``ggml_blo
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from coda.models.kernels import KernelUnavailable, load
-
-_log = logging.getLogger(__name__)
+from coda.models.kernels import load
 
 TILE, QK = 8, 32
 # kind -> (bytes per block, bytes of quants per block); the order is the kernel's kind number
@@ -98,29 +95,3 @@ class GgmlLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.kind}, act={self.act}"
-
-
-# quant mode of coda/models/gguf_packed.py -> activation mode of the kernel
-GGML_ACTS = {"packed": "f32", "packed-q8": "q8"}
-_FALLBACK = "q4"
-
-
-def ggml_fallback(quant: str) -> str:
-    """``quant`` itself, or ``"q4"`` (logged) where a kernel mode cannot run on this machine."""
-    if quant not in GGML_ACTS:
-        return quant
-    try:
-        load()
-    except KernelUnavailable as exc:
-        _log.warning("quant mode %r unavailable (%s); using %r", quant, exc, _FALLBACK)
-        return _FALLBACK
-    return quant
-
-
-def ggml_linear(quant: str, raw: np.ndarray, kind: str,
-                shape: tuple[int, ...]) -> GgmlLinear | None:
-    """The kernel's layer for one GGUF matrix (shape ``(out, in)``) under ``quant``, or None
-    where the mode or the block kind is not the kernel's (the caller keeps its own path)."""
-    if quant not in GGML_ACTS or kind not in KINDS:
-        return None
-    return GgmlLinear(raw, kind, shape[0], shape[1], GGML_ACTS[quant])

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from coda.server.durable import ServerDurable
-from tests.conftest import SSEAccumulator
 from tests.redis_support import RedisServer, running_redis
+from tests.scaleout_support import sse_events
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,17 +30,6 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[RedisServer]:
     yield from running_redis()
-
-
-def _events(resp: httpx.Response, stop_after: int | None = None) -> list[dict[str, str]]:
-    acc, out = SSEAccumulator(), []
-    for line in resp.iter_lines():
-        ev = acc.feed(line)
-        if ev is not None:
-            out.append(ev)
-            if stop_after is not None and len(out) >= stop_after:
-                break
-    return out
 
 
 def _chat_text(events: list[dict[str, str]]) -> str:
@@ -63,15 +52,15 @@ def test_resume_through_a_second_ingress_p3_p4(server_spawn: Any, redis_server: 
             "on_disconnect": "continue"}
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{a.url}/v1/chat/completions", json=body) as resp:
-            head = _events(resp, stop_after=4)
+            head = sse_events(resp, stop_after=4)
         rid = json.loads(head[0]["data"])["id"]
         last_id = head[-1]["id"]
         with client.stream("GET", f"{b.url}/v1/streams/{rid}",
                            headers={"Last-Event-ID": last_id}) as resp:
             assert resp.status_code == 200
-            tail = _events(resp)
+            tail = sse_events(resp)
         with client.stream("GET", f"{a.url}/v1/streams/{rid}") as resp:
-            full = _events(resp)
+            full = sse_events(resp)
     assert tail[-1]["data"] == "[DONE]" and full[-1]["data"] == "[DONE]"
     ids = [int(e["id"]) for e in tail if "id" in e]
     # NOTE: the frames of one engine event share its id (the final chunk and the terminal's)
@@ -117,7 +106,7 @@ def test_background_response_survives_a_sigkill_l2_l5_l6(
                 "max_output_tokens": 480, "ignore_eos": True, "seed": 5}).json()
             rid = created["id"]
             with client.stream("GET", f"{url}/v1/responses/{rid}?stream=true") as resp:
-                first = _events(resp, stop_after=6)  # through the second text delta
+                first = sse_events(resp, stop_after=6)  # through the second text delta
             assert first[-1]["event"] == "response.output_text.delta"
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
@@ -126,10 +115,10 @@ def test_background_response_survives_a_sigkill_l2_l5_l6(
             with client.stream("GET", f"{restarted.url}/v1/responses/{rid}",
                                params={"stream": "true", "starting_after": seen}) as resp:
                 assert resp.status_code == 200
-                rest = _events(resp)
+                rest = sse_events(resp)
             with client.stream("GET", f"{restarted.url}/v1/responses/{rid}",
                                params={"stream": "true"}) as resp:
-                replay = _events(resp)
+                replay = sse_events(resp)
             final = client.get(f"{restarted.url}/v1/responses/{rid}").json()
     finally:
         if proc.poll() is None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from coda.models.attention import AttentionMetadata, PagedKVCache
+from coda.models.attention import AttentionMetadata, PagedKVCache, native_attention_refusal
 from coda.models.config import ModelConfig
 from coda.models.llama import CausalLM
 from coda.models.loader import load_model, torch_dtype
@@ -76,6 +76,7 @@ class ModelRunner:
         kv_cache_bytes: int | None = None,
         num_threads: int | None = None,
         invariant_attention: bool = True,
+        native_attention: bool | None = None,
     ) -> None:
         choose_num_threads(num_threads)
         # NOTE: False = plain SDPA attention: not batch invariant (T4); a measured opt-out.
@@ -102,6 +103,14 @@ class ModelRunner:
             device=self.device,
         )
         self.forward_time_s: float = 0.0
+        # NOTE: one attention implementation for the runner's life: the native kernel and the
+        # torch path are each batch invariant (T4) but round differently, so never mix them.
+        refusal = (native_attention_refusal(self.config, torch_dtype(dtype), self.device)
+                   if invariant_attention and native_attention is not False else "turned off")
+        if native_attention and refusal is not None:
+            raise ValueError(f"native attention unavailable: {refusal}")
+        self.native_attention: bool = refusal is None
+        self.attention_note = "native row kernel" if refusal is None else f"torch ({refusal})"
 
     @classmethod
     def from_dir(
@@ -155,6 +164,7 @@ class ModelRunner:
             self.block_size,
             self.device,
             invariant=self.invariant_attention,
+            kernel=self.native_attention,
         )
         # NOTE: the last flat token of chunk b is query_start[b] + q_b - 1.
         last_rows: list[int] = []

@@ -41,8 +41,10 @@ from coda.models.attention_meta import (
     PrefillRows,
     split_size,
 )
+from coda.models.config import ModelConfig
 
-__all__ = ["AttentionMetadata", "PagedKVCache", "paged_attention", "split_size"]
+__all__ = ["AttentionMetadata", "PagedKVCache", "attend_native", "native_attention_refusal",
+           "paged_attention", "split_size"]
 
 # NOTE: the fewest rows a gemm sees (see the module docstring).
 _MIN_ROWS = 4
@@ -252,4 +254,42 @@ def paged_attention(
             _place(out, _attend_decode(qs, kv_layer, dec), dec.tokens)
         if meta.prefill is not None:
             _attend_prefill(qs, kv_layer, meta.prefill, out)
+    return out
+
+
+def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
+                             device: torch.device) -> str | None:
+    """Why the native kernel (``kernels/row_ops.cpp``) cannot run this model's attention
+    (None: it can). It fuses RoPE, so per-head q/k norms (Qwen3) must run in Python; it reads a
+    float32 CPU cache; it needs ``head_dim`` in 32/64/96/128; and it must build here."""
+    if cfg.qk_norm:
+        return "per-head q/k RMSNorm runs before RoPE (Qwen3)"
+    if kv_dtype != torch.float32 or device.type != "cpu":
+        return f"the KV cache is {kv_dtype} on {device.type} (the kernel reads float32 on CPU)"
+    if cfg.head_dim not in (32, 64, 96, 128) or cfg.num_heads % cfg.num_kv_heads or \
+            cfg.num_heads // cfg.num_kv_heads > 16:
+        return f"head shape {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim} unsupported"
+    from coda.models.kernels import KernelUnavailable, load
+
+    try:
+        load("row_ops")
+    except KernelUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def attend_native(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  kv_layer: torch.Tensor, meta: AttentionMetadata, n_heads: int,
+                  n_kv: int) -> torch.Tensor:
+    """The fused projection's output ``qkv`` [T, (H + 2 H_kv) d] -> attention output [T, H d]:
+    RoPE (the same bits as :func:`~coda.models.llama.apply_rope`), the K/V cache write at
+    ``meta.slot_mapping``, and each row's attention over its own keys in one fixed order (T4;
+    ``kernels/row_ops.cpp``). Needs ``meta.rows`` (``AttentionMetadata.build(kernel=True)``)."""
+    from coda.models.kernels import load
+
+    rows = meta.rows
+    assert rows is not None
+    out: torch.Tensor = load("row_ops").attend(
+        qkv, cos, sin, kv_layer, meta.slot_mapping, rows.seq_of, meta.positions, rows.tables,
+        n_heads, n_kv)
     return out

@@ -88,6 +88,15 @@ class PrefillRows:
 
 
 @dataclass(frozen=True)
+class KernelRows:
+    """For the native row-by-row kernel (``kernels/row_ops.cpp``): each flat token's
+    sequence and every sequence's block table, padded with block 0 to the longest."""
+
+    seq_of: torch.Tensor  # LongTensor[T]: index into tables of each flat token
+    tables: torch.Tensor  # LongTensor[B, max_blocks]
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     """Where each new token sits, and what each query may see, for one forward step.
 
@@ -100,6 +109,8 @@ class AttentionMetadata:
     prefill: PrefillRows | None
     invariant: bool = True
     max_position: int = -1  # NOTE: the largest of positions (-1: unknown)
+    # NOTE: set (and decode/prefill None) when the step runs the native kernel
+    rows: KernelRows | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -114,8 +125,10 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         invariant: bool = True,
+        kernel: bool = False,
     ) -> AttentionMetadata:
-        """Build the step's tensors from per-sequence Python lists.
+        """Build the step's tensors from per-sequence Python lists (``kernel``: only what the
+        native row-by-row kernel reads, :class:`KernelRows`).
 
         ``block_tables[b]`` must cover positions ``[0, context_lens[b])``. Raises ValueError
         on an empty chunk, a chunk longer than its context, or a table that is too short.
@@ -146,6 +159,19 @@ class AttentionMetadata:
                 prefill.append(b)
                 positions.extend(range(ctx - q_len, ctx))
                 _extend_slots(slots, row, ctx - q_len, ctx, bs)
+        max_position = max(context_lens) - 1
+        if kernel:
+            width = max(len(r) for r in block_tables)
+            return cls(
+                slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+                positions=torch.tensor(positions, dtype=torch.long, device=device),
+                decode=None, prefill=None, invariant=True, max_position=max_position,
+                rows=KernelRows(
+                    seq_of=torch.tensor([b for b in range(n) for _ in range(query_lens[b])],
+                                        dtype=torch.long, device=device),
+                    tables=torch.tensor([list(r) + [0] * (width - len(r)) for r in block_tables],
+                                        dtype=torch.long, device=device)),
+            )  # fmt: skip
         split = split_size(bs)
         return cls(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
@@ -155,7 +181,7 @@ class AttentionMetadata:
             prefill=_prefill_rows(prefill, starts, query_lens, context_lens, block_tables, bs,
                                   split, device, dense=not invariant) if prefill else None,
             invariant=invariant,
-            max_position=max(context_lens) - 1,
+            max_position=max_position,
         )  # fmt: skip
 
 

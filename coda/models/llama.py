@@ -11,13 +11,16 @@ cast to the activation dtype.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coda.models.attention import AttentionMetadata, PagedKVCache, paged_attention
+from coda.models.attention import AttentionMetadata, PagedKVCache, attend_native, paged_attention
 from coda.models.config import ModelConfig
 
 # NOTE: RoPE table growth step (positions); 1024 × d_h × 2 floats is 0.5 MiB at d_h = 64.
@@ -99,6 +102,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         n_tok = x.shape[0]
         qkv = self.qkv_proj(x)
+        if meta.rows is not None:  # NOTE: the native kernel: RoPE, cache write, attention
+            fused = attend_native(qkv, cos, sin, kv.layers[self.layer_idx], meta,
+                                  self.num_heads, self.num_kv_heads)
+            return self.o_proj(fused)  # type: ignore[no-any-return]
         v = qkv[:, self.q_size + self.kv_size :].view(n_tok, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -156,6 +163,30 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+@dataclass(frozen=True)
+class _LayerCalls:
+    """One layer for the native path: its norms' weights and its projections as plain calls."""
+
+    norm_in: torch.Tensor
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    o: Callable[[torch.Tensor], torch.Tensor]
+    norm_mid: torch.Tensor
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor]
+    norm_out: torch.Tensor  # NOTE: the next layer's input norm, or the final norm
+
+
+def _direct(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``module`` as a plain call: a kernel's own (``direct()``), F.linear for nn.Linear."""
+    direct = getattr(module, "direct", None)
+    if direct is not None:
+        fn: Callable[[torch.Tensor], torch.Tensor] = direct()
+        return fn
+    if type(module) is nn.Linear:
+        return functools.partial(F.linear, weight=module.weight, bias=module.bias)
+    return module
+
+
 class CausalLM(nn.Module):
     """Decoder + LM head. Parameter names mirror HF's except for the fused projections."""
 
@@ -174,6 +205,7 @@ class CausalLM(nn.Module):
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         # NOTE: a packed head (coda/models/quant.py) replaces the dense one when set.
         self.logits_head: nn.Module | None = None
+        self._plan: list[_LayerCalls] | None = None  # NOTE: see _native_plan
 
     def forward(
         self,
@@ -189,10 +221,50 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         top = meta.max_position if meta.max_position >= 0 else int(positions.max())
         cos, sin = self._rope(positions, h.dtype, top)
+        if meta.rows is not None:
+            return self._forward_native(h, cos, sin, meta, kv)
         for layer in self.model.layers:
             h = layer(h, cos, sin, meta, kv)
         normed: torch.Tensor = self.model.norm(h)
         return normed
+
+    def _forward_native(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+        """The layers with the native row ops (``kernels/row_ops.cpp``; float32, chosen by the
+        runner for its whole life, see ``AttentionMetadata.rows``): each residual add is fused
+        with the norm after it, the gate's SiLU with the up product, and RoPE, the cache write
+        and attention are one call (:func:`attend_native`). Every op is row-local with a fixed
+        reduction order, so a row's bits never depend on its batch (T4). The projections are
+        called without module dispatch (:meth:`_native_plan`): at batch 1 that overhead was
+        ~10% of the step."""
+        from coda.models.kernels import load
+
+        ext = load("row_ops")
+        eps = self.config.rms_norm_eps
+        n_heads, n_kv = self.config.num_heads, self.config.num_kv_heads
+        plan = self._native_plan()
+        h = h.contiguous()  # NOTE: the residual stream, updated in place by add_rms_norm
+        x = ext.rms_norm(h, plan[0].norm_in, eps)
+        for i, p in enumerate(plan):
+            fused = attend_native(p.qkv(x), cos, sin, kv.layers[i], meta, n_heads, n_kv)
+            x = ext.add_rms_norm(h, p.o(fused), p.norm_mid, eps)
+            x = ext.add_rms_norm(h, p.down(ext.silu_mul(p.gate_up(x))), p.norm_out, eps)
+        return x
+
+    def _native_plan(self) -> list[_LayerCalls]:
+        # NOTE: built on the first native step, after loading: it holds the weights' tensors
+        # (in-place loads still show), not the modules, so modules swapped later are not seen.
+        if self._plan is None:
+            layers = self.model.layers
+            self._plan = [_LayerCalls(
+                norm_in=layer.input_layernorm.weight,
+                qkv=_direct(layer.self_attn.qkv_proj), o=_direct(layer.self_attn.o_proj),
+                norm_mid=layer.post_attention_layernorm.weight,
+                gate_up=_direct(layer.mlp.gate_up_proj), down=_direct(layer.mlp.down_proj),
+                norm_out=(layers[i + 1].input_layernorm.weight if i + 1 < len(layers)
+                          else self.model.norm.weight),
+            ) for i, layer in enumerate(layers)]
+        return self._plan
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype,
               max_position: int) -> tuple[torch.Tensor, torch.Tensor]:

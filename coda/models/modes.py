@@ -146,17 +146,17 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
               applies=_q4_applies, available=_int4_kernel),
 )}
 
-# Modes ``auto`` may pick for a GGUF, fastest first; each must be batch-invariant and keep the
-# file's values up to rounding (so not q4-int8head, whose head requantization is an opt-in, nor
-# packed-q8, whose activation quantization is lossy: both are measured opt-ins).
-# Measured on the 2-core AVX2 EPYC (torch 2.13 CPU, 1 thread), the matmuls of one SmolLM2-135M
-# decode step (30 layers + head), ms at M = 1 / 8 / 32 rows, medians of 3 interleaved repeats,
-# load ~2.5 (`python benchmarks/bench_kernels.py --threads 1 --repeats 3`):
+# Modes ``auto`` may pick for a GGUF, fastest first; each must be batch-invariant (T4).
+# packed-q8 leads: its activations are quantized per block of 32 to int8 exactly as llama.cpp's
+# own CPU path does, so it keeps llama.cpp's accuracy on the same file (top-1 vs fp32 96.3 %,
+# llama.cpp's 96.8 %; docs/quantization.md); ``packed`` (the file's exact weights times float32
+# activations, equal to fp32 to <5e-4) is the accurate opt-in at about half the batch-1 speed.
+# Not q4-int8head (its head requantization is an opt-in). Measured on the 2-core AVX2 EPYC (torch
+# 2.13 CPU, 1 thread), the matmuls of one SmolLM2-135M decode step (30 layers + head), ms at
+# M = 1 / 8 / 32 rows (`python benchmarks/bench_kernels.py --threads 1 --repeats 3`):
 #   fp32 dense 46.6 / 95.5 / 191.2 (not batch-invariant), torch int4 (q4) 36.1 / 72.0 / 433.9,
 #   torch int8 37.3 / 66.8 / 325.5, packed 22.5 / 50.8 / 266.1, packed-q8 9.8 / 29.6 / 148.3.
-# torch's int4/int8 kernels cost linear in the rows on AVX2; Coda's block kernel reuses each
-# weight block over a tile of rows, so packed beats q4 at every batch size.
-AUTO_ORDER: tuple[str, ...] = ("packed", "q4")
+AUTO_ORDER: tuple[str, ...] = ("packed-q8", "packed", "q4")
 DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)
 

@@ -1,8 +1,9 @@
 """Native kernels of Coda's model layer, compiled on first use (issue 10).
 
-``load()`` JIT-compiles ``ggml_blocks.cpp`` with ``torch.utils.cpp_extension`` (cached in the
-torch extensions directory, so only the first process pays the ~1 min build) and returns the
-module. It raises :class:`KernelUnavailable`, never crashes, where the CPU lacks AVX2/FMA/F16C
+``load(name)`` JIT-compiles ``<name>.cpp`` (``ggml_blocks``: the GGUF block matmuls;
+``row_ops``: fused RoPE + cache write + row-by-row attention) with
+``torch.utils.cpp_extension`` (cached in the torch extensions directory, so only the first
+process pays the ~1 min build) and returns the module. It raises :class:`KernelUnavailable`, never crashes, where the CPU lacks AVX2/FMA/F16C
 or the compiler is missing; callers log it and fall back to another mode.
 """
 
@@ -14,8 +15,11 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-_SOURCE = Path(__file__).with_name("ggml_blocks.cpp")
+_HERE = Path(__file__).parent
 _NEEDED_FLAGS = ("avx2", "fma", "f16c")
+# NOTE: -ffp-contract=off: a written a * b + c stays two roundings (only explicit FMA intrinsics
+# fuse), so row_ops' scalar RoPE gives the same bits as torch's elementwise ops.
+_EXTRA_FLAGS: dict[str, tuple[str, ...]] = {"row_ops": ("-ffp-contract=off",)}
 
 
 class KernelUnavailable(RuntimeError):
@@ -35,21 +39,24 @@ def cpu_flags() -> set[str]:
 
 
 @functools.cache
-def load() -> ModuleType:
-    """The compiled ``ggml_blocks`` module; :class:`KernelUnavailable` if it cannot be had."""
+def load(name: str = "ggml_blocks") -> ModuleType:
+    """The compiled ``name`` module; :class:`KernelUnavailable` if it cannot be had."""
+    source = _HERE / f"{name}.cpp"
+    if not source.is_file():
+        raise ValueError(f"no native kernel named {name!r}")
     missing = [f for f in _NEEDED_FLAGS if f not in cpu_flags()]
     if missing:
-        raise KernelUnavailable(f"CPU lacks {', '.join(missing)} (the GGUF block kernel needs "
+        raise KernelUnavailable(f"CPU lacks {', '.join(missing)} (Coda's native kernels need "
                                 "AVX2, FMA and F16C)")
     try:
         from torch.utils import cpp_extension
 
         # NOTE: the name carries the source's hash: worktrees or versions never share a build.
-        digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:10]
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()[:10]
         module: ModuleType = cpp_extension.load(
-            name=f"coda_ggml_blocks_{digest}", sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"],
+            name=f"coda_{name}_{digest}", sources=[str(source)],
+            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", *_EXTRA_FLAGS.get(name, ())],
             verbose=os.environ.get("CODA_KERNEL_VERBOSE") == "1")
     except (OSError, RuntimeError, ImportError, FileNotFoundError) as exc:
-        raise KernelUnavailable(f"could not build {_SOURCE.name}: {exc}") from exc
+        raise KernelUnavailable(f"could not build {source.name}: {exc}") from exc
     return module

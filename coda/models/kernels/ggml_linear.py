@@ -18,6 +18,7 @@ the row's position in it and the thread count (the kernel's contract, ``ggml_blo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,13 @@ class GgmlLinear(nn.Module):
         y: torch.Tensor = self._ext.linear(flat, self.scales, self.quants, self.out_features,
                                            *self._flags)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def direct(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The kernel call alone, for 2-D contiguous float32 inputs (the native decoder path:
+        no module dispatch; the kernel still checks the shapes)."""
+        linear, sc, qs, n = self._ext.linear, self.scales, self.quants, self.out_features
+        kind, q8 = self._flags
+        return lambda x: linear(x, sc, qs, n, kind, q8)  # type: ignore[no-any-return]
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.kind}, act={self.act}"

@@ -249,13 +249,14 @@ class CausalLM(nn.Module):
             fused = attend_native(p.qkv(x), cos, sin, kv.layers[i], meta, n_heads, n_kv)
             x = ext.add_rms_norm(h, p.o(fused), p.norm_mid, eps)
             x = ext.add_rms_norm(h, p.down(ext.silu_mul(p.gate_up(x))), p.norm_out, eps)
-        return x
+        out: torch.Tensor = x
+        return out
 
     def _native_plan(self) -> list[_LayerCalls]:
         # NOTE: built on the first native step, after loading: it holds the weights' tensors
         # (in-place loads still show), not the modules, so modules swapped later are not seen.
         if self._plan is None:
-            layers = self.model.layers
+            layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
             self._plan = [_LayerCalls(
                 norm_in=layer.input_layernorm.weight,
                 qkv=_direct(layer.self_attn.qkv_proj), o=_direct(layer.self_attn.o_proj),

@@ -99,7 +99,7 @@ class GgmlLinear(nn.Module):
         no module dispatch; the kernel still checks the shapes)."""
         linear, sc, qs, n = self._ext.linear, self.scales, self.quants, self.out_features
         kind, q8 = self._flags
-        return lambda x: linear(x, sc, qs, n, kind, q8)  # type: ignore[no-any-return]
+        return lambda x: linear(x, sc, qs, n, kind, q8)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.kind}, act={self.act}"

@@ -187,3 +187,22 @@ def test_runner_picks_native_where_it_can_and_logits_match(server_checkpoint: ob
               SeqChunk((7, 8, 9), 0, (3,), True)]
     a, b = fast.execute(chunks), slow.execute(chunks)
     assert (a - b).abs().max() < 1e-4 and torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_t4_thread_count_does_not_change_native_bits() -> None:
+    """T4: 1 and 2 threads give the same bits (each (row, KV head) and each row has one owner
+    thread; the kernels are built with OpenMP, so 2 threads really split the work)."""
+    qkv = _qkv(70, 9)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            kv = _cache(8, 16)
+            meta = AttentionMetadata.build([60, 10], [60, 10], [list(range(4)), [4]], 16,
+                                           kernel=True)
+            outs.append((_native(qkv, kv, meta), EXT.rms_norm(qkv, torch.ones(W), 1e-6),
+                         EXT.silu_mul(qkv[:, :W - W % 16].contiguous())))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))

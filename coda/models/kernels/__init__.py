@@ -55,7 +55,11 @@ def load(name: str = "ggml_blocks") -> ModuleType:
         digest = hashlib.sha256(source.read_bytes()).hexdigest()[:10]
         module: ModuleType = cpp_extension.load(
             name=f"coda_{name}_{digest}", sources=[str(source)],
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", *_EXTRA_FLAGS.get(name, ())],
+            # NOTE: -fopenmp: without it at::parallel_for's OpenMP pragma is ignored and every
+            # kernel runs on one thread whatever torch.set_num_threads says.
+            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp",
+                          *_EXTRA_FLAGS.get(name, ())],
+            extra_ldflags=["-fopenmp"],
             verbose=os.environ.get("CODA_KERNEL_VERBOSE") == "1")
     except (OSError, RuntimeError, ImportError, FileNotFoundError) as exc:
         raise KernelUnavailable(f"could not build {source.name}: {exc}") from exc

@@ -275,3 +275,63 @@ def _all_free(cluster: Any) -> bool:
 def _orphans_cancelled(cluster: Any) -> int:
     return sum(int(r.whoami.remote().result(timeout_s=30)["orphans_cancelled"])
                for r in cluster.replicas)
+
+
+def test_sigtermed_ingress_leaves_detached_requests_running_l2_p4(
+        replicas: Any, redis_server: RedisServer, server_checkpoint: Path) -> None:
+    """Item 3, graceful side: an ingress sharing the replicas takes a background response and
+    a ``continue``-policy chat, then gets SIGTERM. It exits cleanly without ending them: both
+    run to their own terminal on the replicas (max tokens, not cancelled), and another ingress
+    replays each from sequence 0 with every event once."""
+    cluster = replicas
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coda.cli", "serve", "--model", str(server_checkpoint),
+         "--port", str(port), "--replicas", "2", "--ray-address",
+         ray.get_runtime_context().gcs_address, "--redis-url", redis_server.url,
+         "--lease-ttl-s", str(LEASE_S), "--log-level", "warning"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(timeout=60) as client:
+            wait_for(lambda: _healthy(client, url, proc), timeout=120, what="the ingress")
+            bg = client.post(f"{url}/v1/responses", json={
+                "model": cluster.model_name, "input": "hi", "background": True,
+                "max_output_tokens": 300, "ignore_eos": True, "seed": 9}).json()["id"]
+            with client.stream("POST", f"{url}/v1/chat/completions", json={
+                    "model": cluster.model_name, "stream": True, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "go on"}], "max_tokens": 300,
+                    "seed": 10, "on_disconnect": "continue"}) as resp:
+                chat = resp.headers["x-request-id"]
+                sse_events(resp, stop_after=3)
+            proc.send_signal(signal.SIGTERM)
+            # NOTE: uvicorn re-raises the signal after its graceful shutdown, and Ray's driver
+            # handler turns it into exit status 15
+            assert proc.wait(60) in (0, 15, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    dlog = RedisStreamLog(redis_server.url)
+    wait_for(lambda: "term" in dlog.meta(chat), timeout=120, what="the chat's terminal")
+    other, _ = ingress(cluster, redis_server.url, LEASE_S)
+    try:
+        with httpx.Client(timeout=60) as client, client.stream(
+                "GET", f"{other.url}/v1/responses/{bg}", params={"stream": "true"}) as resp:
+            replay = sse_events(resp)
+    finally:
+        other.stop()
+    kinds = [e["event"] for e in replay]
+    assert kinds.count("response.incomplete") == 1 and "response.failed" not in kinds
+    row = FaultRow("ingress SIGTERMed, detached requests on live replicas")
+    record = dlog.get_record(bg)
+    assert record is not None
+    for rid in (record["handles"][0], chat):
+        evs = dlog.read(rid)
+        assert evs[-1].terminal is not None
+        assert evs[-1].terminal.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
+        assert sum(len(e.tokens) for e in evs if e.type is EventType.DELTA) == 300
+        row.add_log(evs)
+    row.report()

@@ -113,8 +113,12 @@ class RemoteEngine:
     def shutdown(self, timeout: float = 30.0) -> None:
         """End every in-flight request (cancelled, cause shutdown) and wait for its terminal;
         the replicas themselves belong to the Serve applications (``coda serve`` stops them).
-        Called off the event loop (the pumps keep running on it)."""
-        live = [h for h in list(self._live.values()) if not h.stream.closed]
+        With a stream log, a detached request (background, or ``on_disconnect=continue``) is
+        left running on its replica, which writes the rest of it into the log, so an ingress
+        restart (SIGTERM) does not end it (issue 12 item 3). Called off the event loop (the
+        pumps keep running on it)."""
+        live = [h for h in list(self._live.values())
+                if not h.stream.closed and not (h.detach and self.log is not None)]
         for h in live:
             h.cancel(CancelCause.SHUTDOWN)
         deadline = time.monotonic() + timeout

@@ -94,7 +94,8 @@ def create_app(engine: Engine, *, api_key: str | None = None,
             state.shutting_down = True
             if manage_engine:
                 await asyncio.to_thread(engine.shutdown)
-            await state.drain_tasks()
+            # NOTE: bounded only with a stream log: there, detached requests run on elsewhere
+            await state.drain_tasks(timeout=5.0 if durable is not None else None)
             if durable is not None:
                 await asyncio.to_thread(durable.stop)
 

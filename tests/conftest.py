@@ -17,6 +17,19 @@ settings.register_profile(
 settings.load_profile("coda")
 
 
+def pytest_sessionstart(session: object) -> None:
+    """Build Coda's native kernels once, before any test (each is a ~1 min compile on a cold
+    cache): a server subprocess a test spawns then loads them from the cache instead of
+    compiling inside its startup timeout. Where they cannot build, the code falls back."""
+    import contextlib
+
+    from coda.models.kernels import KernelUnavailable, load
+
+    for name in ("ggml_blocks", "row_ops"):
+        with contextlib.suppress(KernelUnavailable):
+            load(name)
+
+
 def examples(n: int) -> int:
     """An explicit example count ``n`` scaled like the profile's (CODA_HYPOTHESIS_EXAMPLES per
     100), so one variable bounds every property test (CI, mutation runs)."""

@@ -8,11 +8,9 @@ on the handle (``route``) and in the server log.
 
 Failures: a replica call that fails before the request's first frame is resubmitted to another
 replica (same request, same seed: the counter RNG makes the output identical); after it, the
-request ends exactly once with ``model_error``, billing the committed tokens. "The first frame"
-(seed 004) is, with a durable log (:meth:`RemoteEngine.bind_log`), the first delta durably
-appended — the ingress asks the log, never its own copy, and takes the request back by
-compare-and-set on its fencing token before deciding (:mod:`coda.scaleout.producer`); without
-one it is the first delta the ingress received.
+request ends exactly once with ``model_error``, billing the committed tokens — decided in
+:mod:`coda.scaleout.failover` (with a durable log, :meth:`RemoteEngine.bind_log`, the log
+decides).
 
 Transport: events come back through one streaming ``feed`` call per replica (and event loop),
 carrying batches of every request's events (:mod:`coda.scaleout.feed`), not one Ray item per
@@ -33,13 +31,12 @@ from typing import Any
 from coda.durable.mirror import feed
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.errors import ErrorCode
-from coda.finish import CancelCause, FinishReason, Usage
-from coda.lifecycle import State
+from coda.finish import CancelCause
 from coda.reader import StreamReading
+from coda.scaleout.failover import fail, settle
 from coda.scaleout.feed import FeedClient
 from coda.scaleout.routing_trace import RoutedTraceSink
-from coda.stream import EventType, RequestStream, StreamEvent, Terminal
+from coda.stream import EventType, RequestStream, StreamEvent
 
 log = logging.getLogger("coda.scaleout")
 
@@ -238,7 +235,7 @@ class RemoteEngine:
             except Exception as exc:  # NOTE: redis.RedisError: nothing was sent, nothing seen
                 log.exception("stream log unreachable; request not started",
                               extra={"request_id": h.request_id})
-                self._fail(h, exc)
+                fail(h, exc)
                 self._done(idx, req)
                 return
         while True:
@@ -257,7 +254,8 @@ class RemoteEngine:
             failure = failure or RuntimeError("replica stream ended without a terminal")
             tried.add(idx)
             can_retry = len(tried) < len(self.replicas)
-            if await self._settle(h, got_delta, failure, can_retry) and can_retry:
+            if await settle(h, self.log, self.model_name, got_delta, failure,
+                              can_retry) and can_retry:
                 self.num_resubmits_total += 1
                 log.warning("replica failed before the first frame; resubmitting",
                             extra={"request_id": h.request_id, "replica": idx})
@@ -279,74 +277,6 @@ class RemoteEngine:
 
         return DurableSpec(self.log.url, self.log.prefix, self.log.retention_ms / 1000,
                            self.log.lease_ttl_ms / 1000, self.log.fence, h.record_id)
-
-    async def _settle(self, h: RemoteHandle, got_delta: bool, exc: BaseException,
-                      can_retry: bool) -> bool:
-        """After a failed replica call: True if the request is to be resubmitted, else it is
-        ended (its copy closed) on return. Without a log: resubmit iff no delta reached the
-        ingress. With one, the log decides (seed 004), :meth:`_settle_from_log`; while Redis
-        cannot be reached the decision waits (up to ``lease_ttl`` × 3, then it ends locally)."""
-        if h.stream.closed:
-            return False
-        if self.log is None:
-            if got_delta or not can_retry:
-                self._fail(h, exc)
-                return False
-            return True
-        deadline = time.monotonic() + 3 * self.log.lease_ttl_ms / 1000
-        while True:
-            try:
-                return await asyncio.to_thread(self._settle_from_log, h, exc, can_retry)
-            except Exception:  # NOTE: redis.RedisError; coda.durable is imported lazily
-                log.exception("stream log unreachable while settling a replica failure",
-                              extra={"request_id": h.request_id})
-                if time.monotonic() > deadline:
-                    self._fail(h, exc)
-                    return False
-                await asyncio.sleep(0.5)
-
-    def _settle_from_log(self, h: RemoteHandle, exc: BaseException, can_retry: bool) -> bool:
-        """Take the request back from the failed replica (compare-and-set on the fencing
-        token it holds, so a replica that is only slow is fenced out). No durable delta and
-        another replica left → True (resubmit). Otherwise write the one ``model_error``
-        terminal billing the durable deltas — unless the log already has a terminal or a peer
-        took it over — and feed the copy from the log up to that terminal (the client sees
-        exactly the log)."""
-        from coda.durable.redis_log import failed_terminal
-
-        rid, dlog = h.request_id, self.log
-        code, last = dlog.take(rid, dlog.meta(rid).get("fence", ""))
-        if code == 1 and last <= 0 and can_retry:
-            return True
-        if code == 1:
-            evs = dlog.read(rid)
-            if not evs:  # NOTE: not even the start event is durable: write it first
-                evs = [StreamEvent(rid, 0, EventType.START, model=self.model_name)]
-                dlog.append(evs[0], h.record_id or None)
-            term = failed_terminal(evs, h.prompt_tokens, f"replica lost: {type(exc).__name__}")
-            dlog.append(StreamEvent(rid, len(evs), EventType.TERMINAL, terminal=term),
-                        h.record_id or None)
-        while not h.stream.closed:
-            evs = dlog.wait(rid, h.stream.last_seq, 1.0)
-            if not evs and not dlog.exists(rid):  # NOTE: expired: nothing left to follow
-                self._fail(h, exc)
-            feed(h.stream, evs)
-        return False
-
-    @staticmethod
-    def _fail(h: RemoteHandle, exc: BaseException) -> None:
-        s = h.stream
-        if s.closed:
-            return
-        if s.last_seq < 0:
-            s.start("")
-        evs = s.events_after(-1)
-        committed = sum(len(e.tokens) for e in evs if e.type is EventType.DELTA)
-        s.close(Terminal(State.FAILED, FinishReason.MODEL_ERROR,
-                         Usage(prompt_tokens=h.prompt_tokens, selected_tokens=committed,
-                               processed_output_tokens=committed, returned_tokens=committed,
-                               returned_bytes=sum(len(e.data) for e in evs)),
-                         ErrorCode.MODEL_ERROR, f"replica lost: {type(exc).__name__}"))
 
 
 def _resolve(calls: list[Any]) -> None:

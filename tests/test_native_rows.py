@@ -206,3 +206,32 @@ def test_t4_thread_count_does_not_change_native_bits() -> None:
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+
+
+def test_kernels_release_the_gil_while_they_run() -> None:
+    """A long native call leaves the GIL to other threads (the server's event loop keeps
+    serving during a forward step): a Python thread ticking meanwhile never waits anywhere
+    near the call's length."""
+    import threading
+    import time
+
+    x, w = torch.randn(8000, 4096), torch.rand(4096)
+    EXT.rms_norm(x, w, 1e-6)
+    done, ticks = threading.Event(), []
+    took: list[float] = []
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            EXT.rms_norm(x, w, 1e-6)
+        took.append((time.perf_counter() - t0) / 3)
+        done.set()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    while not done.is_set():
+        ticks.append(time.perf_counter())
+        time.sleep(0.0005)
+    worker.join()
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert took[0] > 0.01 and max(gaps) < took[0] * 0.6, (max(gaps), took[0])

@@ -345,6 +345,9 @@ std::vector<at::Tensor> quantize_rows(const at::Tensor& x) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("linear", &linear, "y[M, N] = x[M, K] @ W.T on re-laid-out GGUF blocks");
-  mod.def("quantize_rows", &quantize_rows, "the q8 mode's per-block activation quantisation");
+  // NOTE: the GIL is released while a kernel runs, so the server's event loop keeps serving
+  // (streams, new requests) during the engine thread's forward step.
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  mod.def("linear", &linear, "y[M, N] = x[M, K] @ W.T on re-laid-out GGUF blocks", nogil);
+  mod.def("quantize_rows", &quantize_rows, "the q8 mode's per-block activation quantisation", nogil);
 }

@@ -327,8 +327,11 @@ at::Tensor silu_mul(const at::Tensor& gu) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("attend", &attend, "RoPE + cache write + row-by-row paged attention (T4)");
-  mod.def("rms_norm", &rms_norm, "row-wise RMSNorm, one fixed reduction order");
-  mod.def("add_rms_norm", &add_rms_norm, "x += r in place; returns rms_norm(x)");
-  mod.def("silu_mul", &silu_mul, "silu(gate) * up of [T, 2I] rows");
+  // NOTE: the GIL is released while a kernel runs, so the server's event loop keeps serving
+  // (streams, new requests) during the engine thread's forward step.
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  mod.def("attend", &attend, "RoPE + cache write + row-by-row paged attention (T4)", nogil);
+  mod.def("rms_norm", &rms_norm, "row-wise RMSNorm, one fixed reduction order", nogil);
+  mod.def("add_rms_norm", &add_rms_norm, "x += r in place; returns rms_norm(x)", nogil);
+  mod.def("silu_mul", &silu_mul, "silu(gate) * up of [T, 2I] rows", nogil);
 }

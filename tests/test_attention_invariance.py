@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from coda.models import attention
 from coda.models.attention import AttentionMetadata, paged_attention
+from tests.attention_support import schedule_rows
 from tests.conftest import examples
 
 H, H_KV, D = 9, 3, 64
@@ -43,35 +44,10 @@ def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bs: int) -> torch.
 
 def _schedule(lengths: list[int], bs: int, rng: random.Random,
               seeds: list[int]) -> list[torch.Tensor]:
-    """All sequences together: random chunks (prefill blocks and single decode tokens mixed
-    in one step), shuffled physical blocks; returns each sequence's rows."""
-    per_seq = [-(-n // bs) for n in lengths]
-    phys = list(range(sum(per_seq)))
-    rng.shuffle(phys)
-    tables, at = [], 0
-    for m in per_seq:
-        tables.append(phys[at:at + m])
-        at += m
-    kv = _cache(len(phys), bs)
+    """All sequences together (tests/attention_support.py) through the torch path."""
     data = [_qkv(n, s) for n, s in zip(lengths, seeds, strict=True)]
-    done = [0] * len(lengths)
-    out: list[list[torch.Tensor]] = [[] for _ in lengths]
-    while any(d < n for d, n in zip(done, lengths, strict=True)):
-        live = [i for i, n in enumerate(lengths) if done[i] < n]
-        chosen = [i for i in live if rng.random() < 0.7] or live[:1]
-        rng.shuffle(chosen)
-        q_lens = [min(lengths[i] - done[i], rng.choice([1, 1, 2, 5, 64, 130])) for i in chosen]
-        ctx = [done[i] + n for i, n in zip(chosen, q_lens, strict=True)]
-        meta = AttentionMetadata.build(q_lens, ctx, [tables[i] for i in chosen], bs)
-        parts = [[t[done[i]:c] for t in data[i]] for i, c in zip(chosen, ctx, strict=True)]
-        q, k, v = (torch.cat([p[x] for p in parts]) for x in range(3))
-        res = paged_attention(q, k, v, kv, meta)
-        at = 0
-        for i, n in zip(chosen, q_lens, strict=True):
-            out[i].extend(res[at:at + n])
-            at += n
-            done[i] += n
-    return [torch.stack(rows) for rows in out]
+    return schedule_rows(lengths, bs, rng, data, _cache(sum(-(-n // bs) for n in lengths), bs),
+                         lambda x, kv, meta: paged_attention(x[0], x[1], x[2], kv, meta))
 
 
 @settings(max_examples=examples(5))

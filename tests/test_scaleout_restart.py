@@ -181,17 +181,8 @@ def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
     on the same Redis resumes them: every event once, exactly one terminal each, and every KV
     block free on both replicas."""
     cluster = replicas
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-           "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
-    gcs = ray.get_runtime_context().gcs_address
     orphans_before = _orphans_cancelled(cluster)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "coda.cli", "serve", "--model", str(server_checkpoint),
-         "--port", str(port), "--replicas", "2", "--ray-address", gcs,
-         "--redis-url", redis_server.url, "--lease-ttl-s", str(LEASE_S),
-         "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _join_ingress(server_checkpoint, redis_server.url)
     body = {"model": cluster.model_name, "stream": True, "ignore_eos": True}
     try:
         with httpx.Client(timeout=60) as client:
@@ -259,6 +250,21 @@ def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
     wait_for(lambda: _all_free(cluster), timeout=60, what="every KV block free (L7)")
 
 
+def _join_ingress(server_checkpoint: Path, redis_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``coda serve`` ingress process joining this session's Ray cluster (its replicas are
+    the session's: it does not own them), durable on ``redis_url``; (process, base URL)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coda.cli", "serve", "--model", str(server_checkpoint),
+         "--port", str(port), "--replicas", "2", "--ray-address",
+         ray.get_runtime_context().gcs_address, "--redis-url", redis_url,
+         "--lease-ttl-s", str(LEASE_S), "--log-level", "warning"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def _healthy(client: httpx.Client, url: str, proc: subprocess.Popen[bytes]) -> bool:
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
     try:
@@ -284,16 +290,7 @@ def test_sigtermed_ingress_leaves_detached_requests_running_l2_p4(
     run to their own terminal on the replicas (max tokens, not cancelled), and another ingress
     replays each from sequence 0 with every event once."""
     cluster = replicas
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-           "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "coda.cli", "serve", "--model", str(server_checkpoint),
-         "--port", str(port), "--replicas", "2", "--ray-address",
-         ray.get_runtime_context().gcs_address, "--redis-url", redis_server.url,
-         "--lease-ttl-s", str(LEASE_S), "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _join_ingress(server_checkpoint, redis_server.url)
     try:
         with httpx.Client(timeout=60) as client:
             wait_for(lambda: _healthy(client, url, proc), timeout=120, what="the ingress")

@@ -25,7 +25,7 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="HF folde
 MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="cap the context length (tokens)")]  # noqa: UP045
 KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes (default: a fraction of free memory)")]  # noqa: UP045
 KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default 0.25)")]  # noqa: UP045
-QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: the fastest batch-invariant mode; HF folder: fp32), fp32 (exact), bf16, fp16, packed (exact weights, own kernel), packed-q8 (8-bit activations like llama.cpp), q4, q4-int8head (docs/quantization.md)")]
+QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: packed, the fastest batch-invariant mode that keeps the exact model's answers; HF folder: fp32), fp32 (exact), bf16, fp16, packed (exact weights, own kernel), packed-q8 (8-bit activations like llama.cpp), q4, q4-int8head (docs/quantization.md)")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="a dense mode by its dtype: float32 = --quant fp32, bfloat16 = bf16, float16 = fp16")]  # noqa: UP045
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
 

@@ -49,6 +49,33 @@ def test_default_gguf_mode_is_batch_invariant(default_engine: Any) -> None:
     assert default_engine.identity.quant_mode == first
 
 
+def test_default_gguf_mode_answers_what_the_exact_model_answers(default_engine: Any,
+                                                                smollm_engine: Any) -> None:
+    """auto must keep the model's answers: the default mode's greedy tokens on a chat prompt
+    equal the exact fp32 mode's (which equal transformers', tests/test_real_model.py). The
+    faster packed-q8 fails this on SmolLM2 ("L'Étoile, la Marseillaise…" for the capital of
+    France, as llama.cpp itself answers), which is why it is an opt-in."""
+    from coda.engine.runner import ModelRunner, SeqChunk
+    from coda.server.chat import render_chat
+
+    text = render_chat(smollm_engine, [{"role": "user",
+                                        "content": "What is the capital of France?"}])
+    prompt = tuple(smollm_engine.tokenizer.encode(text, add_special_tokens=False).ids)
+    outs = []
+    for engine in (default_engine, smollm_engine):
+        runner = ModelRunner(engine.loaded.model, num_blocks=8, block_size=16)
+        table = tuple(range(8))
+        ids = list(prompt)
+        for _ in range(12):  # NOTE: greedy, one decode per step
+            chunk = SeqChunk(tuple(ids), 0, table, True) if len(ids) == len(prompt) else \
+                SeqChunk((ids[-1],), len(ids) - 1, table, True)
+            ids.append(int(runner.execute([chunk])[0].argmax()))
+        outs.append(ids[len(prompt):])
+    assert smollm_engine.identity.quant_mode == "fp32"
+    assert outs[0] == outs[1]
+    assert "Paris" in smollm_engine.tokenizer.decode(outs[0])
+
+
 @pytest.fixture(scope="module")
 def report(default_engine: Any) -> InvarianceReport:
     """16 requests (8 greedy, 8 sampled with temperature/top-p/seed) alone and under every

@@ -78,9 +78,9 @@ def test_q4_refuses_q8_0_projections(tmp_path: Path) -> None:
     kernel (``packed`` takes Q8_0) where that builds, else fp32."""
     ckpt = open_gguf(write_gguf(tmp_path / "m.gguf", "llama", qtype="Q8_0", extra_tokens=PAD))
     assert "is Q8_0" in (modes.QUANT_MODES["q4"].applies(ckpt) or "")  # projections are Q8_0
-    packed = modes.QUANT_MODES["packed-q8"]
+    packed = modes.QUANT_MODES["packed"]
     assert packed.applies(ckpt) is None
-    want = "packed-q8" if packed.available() is None else "fp32"
+    want = "packed" if packed.available() is None else "fp32"
     assert resolve_mode("auto", None, ckpt).name == want
 
 

@@ -146,17 +146,19 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
               applies=_q4_applies, available=_int4_kernel),
 )}
 
-# Modes ``auto`` may pick for a GGUF, fastest first; each must be batch-invariant (T4).
-# packed-q8 leads: its activations are quantized per block of 32 to int8 exactly as llama.cpp's
-# own CPU path does, so it keeps llama.cpp's accuracy on the same file (top-1 vs fp32 96.3 %,
-# llama.cpp's 96.8 %; docs/quantization.md); ``packed`` (the file's exact weights times float32
-# activations, equal to fp32 to <5e-4) is the accurate opt-in at about half the batch-1 speed.
-# Not q4-int8head (its head requantization is an opt-in). Measured on the 2-core AVX2 EPYC (torch
-# 2.13 CPU, 1 thread), the matmuls of one SmolLM2-135M decode step (30 layers + head), ms at
+# Modes ``auto`` may pick for a GGUF, fastest first; each must be batch-invariant (T4) and keep
+# the file's values up to rounding, so that the default answers what the model answers (the
+# exact fp32 mode, transformers on the same file). Not packed-q8: it is the fastest invariant
+# mode (1.3x / 2.2x / 2.3x llama.cpp's decode tok/s at batch 1 / 8 / 32) and computes exactly
+# what llama.cpp's CPU path computes (8-bit activations; the same greedy tokens as llama.cpp),
+# but on SmolLM2-135M that changes answers: asked "What is the capital of France?" (greedy, chat)
+# packed-q8 and llama.cpp both say "L'Étoile, la Marseillaise, ...", fp32 and packed say "The
+# capital of France is Paris." It is the measured opt-in (`--quant packed-q8`), as is
+# q4-int8head. Matmuls of one SmolLM2-135M decode step, 2-core AVX2 EPYC, 1 thread, ms at
 # M = 1 / 8 / 32 rows (`python benchmarks/bench_kernels.py --threads 1 --repeats 3`):
 #   fp32 dense 46.6 / 95.5 / 191.2 (not batch-invariant), torch int4 (q4) 36.1 / 72.0 / 433.9,
 #   torch int8 37.3 / 66.8 / 325.5, packed 22.5 / 50.8 / 266.1, packed-q8 9.8 / 29.6 / 148.3.
-AUTO_ORDER: tuple[str, ...] = ("packed-q8", "packed", "q4")
+AUTO_ORDER: tuple[str, ...] = ("packed", "q4")
 DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)
 

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,21 +253,33 @@ def test_sigkilled_ingress_orphans_end_once_on_live_replicas_p4_l2(
 
 def _join_ingress(server_checkpoint: Path, redis_url: str) -> tuple[subprocess.Popen[bytes], str]:
     """A ``coda serve`` ingress process joining this session's Ray cluster (its replicas are
-    the session's: it does not own them), durable on ``redis_url``; (process, base URL)."""
+    the session's: it does not own them), durable on ``redis_url``; (process, base URL). Its
+    stderr goes to a temporary file (``proc.err``), never a pipe: a Ray driver receives every
+    replica's log lines, and an unread pipe that fills blocks the process (its shutdown too)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
            "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    err = tempfile.TemporaryFile()  # noqa: SIM115 - outlives this call (the process writes it)
     proc = subprocess.Popen(
         [sys.executable, "-m", "coda.cli", "serve", "--model", str(server_checkpoint),
          "--port", str(port), "--replicas", "2", "--ray-address",
          ray.get_runtime_context().gcs_address, "--redis-url", redis_url,
          "--lease-ttl-s", str(LEASE_S), "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env=env, stdout=subprocess.DEVNULL, stderr=err)
+    proc.err = err  # type: ignore[attr-defined]
     return proc, f"http://127.0.0.1:{port}"
 
 
+def _stderr_tail(proc: subprocess.Popen[bytes]) -> str:
+    err = getattr(proc, "err", None)
+    if err is not None:
+        err.seek(0)
+        return str(err.read()[-3000:].decode(errors="replace"))
+    return proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+
+
 def _healthy(client: httpx.Client, url: str, proc: subprocess.Popen[bytes]) -> bool:
-    assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+    assert proc.poll() is None, _stderr_tail(proc)
     try:
         return client.get(f"{url}/health").status_code == 200
     except httpx.TransportError:
@@ -306,7 +319,12 @@ def test_sigtermed_ingress_leaves_detached_requests_running_l2_p4(
             proc.send_signal(signal.SIGTERM)
             # NOTE: uvicorn re-raises the signal after its graceful shutdown, and Ray's driver
             # handler turns it into exit status 15
-            assert proc.wait(60) in (0, 15, -signal.SIGTERM)
+            try:
+                code = proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise AssertionError(f"no exit after SIGTERM: {_stderr_tail(proc)}") from None
+            assert code in (0, 15, -signal.SIGTERM)
     finally:
         if proc.poll() is None:
             proc.kill()

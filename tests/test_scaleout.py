@@ -17,7 +17,7 @@ from coda.engine.types import GenerationRequest  # noqa: E402
 from coda.finish import FinishReason  # noqa: E402
 from coda.sampling import SamplingParams  # noqa: E402
 from coda.stream import EventType  # noqa: E402
-from tests.scaleout_support import FaultRow  # noqa: E402
+from tests.scaleout_support import FaultRow, kill_replica  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,14 +30,6 @@ def remote(replicas: Any) -> Any:
     return RemoteEngine(replicas.replicas, replicas.config)
 
 
-def _kill(replica: int) -> None:
-    for a in ray.util.list_named_actors(all_namespaces=True):
-        if f"coda-replica-{replica}" in a["name"] and "REPLICA" in a["name"].upper():
-            ray.kill(ray.get_actor(a["name"], namespace=a["namespace"]), no_restart=False)
-            return
-    raise AssertionError(f"no actor for replica {replica}")
-
-
 def _req(seed: int, n: int, rid: str) -> GenerationRequest:
     return GenerationRequest((5, 6, 7, 8), SamplingParams(temperature=1.0, seed=seed,
                                                           ignore_eos=True),
@@ -47,13 +39,13 @@ def _req(seed: int, n: int, rid: str) -> GenerationRequest:
 async def _run(engine: Any, req: GenerationRequest, kill_after: int | None = None) -> Any:
     h = engine.submit(req)
     if kill_after == 0:
-        _kill(h.route["replica"] if h.route else 0)
+        kill_replica(h.route["replica"] if h.route else 0)
     seen = 0
     async for ev in h.events():
         if ev.type is EventType.DELTA:
             seen += 1
             if kill_after and seen == kill_after:
-                _kill(h.replica)
+                kill_replica(h.replica)
     return h
 
 
@@ -103,7 +95,7 @@ def test_replica_killed_mid_stream_and_before_first_frame_l2_l5_l6(remote: Any) 
         held = (all(h.replica == target for h in hs) and hs[2].stream.last_seq == 0
                 and not any(h.stream.closed for h in hs))
         if held:
-            _kill(target)
+            kill_replica(target)
         for h in hs:
             await h.result()
         return hs if held else None

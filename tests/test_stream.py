@@ -255,3 +255,14 @@ def test_extend_applies_the_appends_checks_p1_p2_g1() -> None:
         small.extend([ev("b", 2, EventType.DELTA, b"de")])
     assert small.last_seq == 1 and not small.closed
     assert small.extend([ev("b", 2, EventType.DELTA, b"d")]) == 1  # 4 bytes: at the bound
+    many = RequestStream("c", BackpressureConfig(pause_bytes=2, max_bytes=4))
+    many.extend([ev("c", 0, EventType.START, model="m"), ev("c", 1, EventType.DELTA, b"ab"),
+                 ev("c", 2, EventType.DELTA, b"cd")])  # the bytes of every delta count
+    with pytest.raises(BackpressureOverflowError):
+        many.extend([ev("c", 3, EventType.DELTA, b"e")])
+    done = RequestStream("d")
+    done.start("m")
+    done.close(DONE)
+    with pytest.raises(StreamClosed, match="after the terminal"):
+        done.extend([ev("d", 2, EventType.DELTA, b"x")])  # P2: nothing after the terminal
+    assert done.last_seq == 1

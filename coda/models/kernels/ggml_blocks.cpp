@@ -249,28 +249,27 @@ void check(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs, int6
               "quants do not match N=", n, " K=", K);
 }
 
-// Splits the output tiles over threads; fn(tile index) does every row for that tile.
-template <typename F>
-void over_tiles(int64_t tiles, const F& fn) {
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) fn(t);
+// Splits the output tiles of y [M, n] over threads; fn(s, q, yt, ncols) does every row for one
+// tile: s/q its scales and quants, yt its first output column, ncols the columns left from it.
+template <int KIND, typename F>
+void over_tiles(const at::Tensor& sc, const at::Tensor& qs, int64_t n, int64_t nb, float* yp,
+                const F& fn) {
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::Half>());
+  const uint8_t* qp = qs.data_ptr<uint8_t>();
+  at::parallel_for(0, (n + TILE - 1) / TILE, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      fn(sp + t * nb * kSC<KIND>, qp + t * nb * TILE * kQB<KIND>, yp + t * TILE, n - t * TILE);
   });
 }
 
 template <int KIND>
 at::Tensor linear_f32_impl(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs,
                            int64_t n) {
-  const int64_t M = x.size(0), K = x.size(1), nb = K / QK, tiles = (n + TILE - 1) / TILE;
+  const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
   at::Tensor y = at::empty({M, n}, x.options());
   const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::Half>());
-  const uint8_t* qp = qs.data_ptr<uint8_t>();
-  over_tiles(tiles, [&](int64_t t) {
-    const uint16_t* s = sp + t * nb * kSC<KIND>;
-    const uint8_t* q = qp + t * nb * TILE * kQB<KIND>;
-    float* yt = yp + t * TILE;
-    const int64_t ncols = n - t * TILE;
+  over_tiles<KIND>(sc, qs, n, nb, y.data_ptr<float>(),
+                   [&](const uint16_t* s, const uint8_t* q, float* yt, int64_t ncols) {
     int64_t r = 0;
     for (; r + 4 <= M; r += 4) tile_f32<KIND, 4>(xp + r * K, K, s, q, yt + r * n, n, ncols);
     if (M - r == 3) tile_f32<KIND, 3>(xp + r * K, K, s, q, yt + r * n, n, ncols);
@@ -283,7 +282,7 @@ at::Tensor linear_f32_impl(const at::Tensor& x, const at::Tensor& sc, const at::
 template <int KIND>
 at::Tensor linear_q8_impl(const at::Tensor& x, const at::Tensor& sc, const at::Tensor& qs,
                           int64_t n) {
-  const int64_t M = x.size(0), K = x.size(1), nb = K / QK, tiles = (n + TILE - 1) / TILE;
+  const int64_t M = x.size(0), K = x.size(1), nb = K / QK;
   at::Tensor xq = at::empty({M, nb * XQB}, x.options().dtype(at::kChar));
   at::Tensor dsx = at::empty({2, M, nb}, x.options());
   const float* xp = x.data_ptr<float>();
@@ -295,14 +294,8 @@ at::Tensor linear_q8_impl(const at::Tensor& x, const at::Tensor& sc, const at::T
       quantize_row(xp + r * K, nb, xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb);
   });
   at::Tensor y = at::empty({M, n}, x.options());
-  float* yp = y.data_ptr<float>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::Half>());
-  const uint8_t* qp = qs.data_ptr<uint8_t>();
-  over_tiles(tiles, [&](int64_t t) {
-    const uint16_t* s = sp + t * nb * kSC<KIND>;
-    const uint8_t* q = qp + t * nb * TILE * kQB<KIND>;
-    float* yt = yp + t * TILE;
-    const int64_t ncols = n - t * TILE;
+  over_tiles<KIND>(sc, qs, n, nb, y.data_ptr<float>(),
+                   [&](const uint16_t* s, const uint8_t* q, float* yt, int64_t ncols) {
     int64_t r = 0;
     for (; r + 4 <= M; r += 4)
       tile_q8<KIND, 4>(xqp + r * nb * XQB, dxp + r * nb, sxp + r * nb, nb, s, q, yt + r * n, n, ncols);

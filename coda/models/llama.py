@@ -102,10 +102,6 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         n_tok = x.shape[0]
         qkv = self.qkv_proj(x)
-        if meta.rows is not None:  # NOTE: the native kernel: RoPE, cache write, attention
-            fused = attend_native(qkv, cos, sin, kv.layers[self.layer_idx], meta,
-                                  self.num_heads, self.num_kv_heads)
-            return self.o_proj(fused)  # type: ignore[no-any-return]
         v = qkv[:, self.q_size + self.kv_size :].view(n_tok, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)

@@ -198,8 +198,9 @@ class CodaServer(uvicorn.Server):
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
           api_key: str | None = None, settings: ServerSettings | None = None,
           log_level: str = "info", json_logs: bool = True,
-          durable: ServerDurable | None = None) -> None:
-    """Run the server until SIGINT/SIGTERM (blocking)."""
+          durable: ServerDurable | None = None, sock: socket.socket | None = None) -> None:
+    """Run the server until SIGINT/SIGTERM (blocking); on ``sock`` where given (bound by
+    :func:`coda.server.listen.bind_listener` before the model loaded), else on host:port."""
     configure_logging(log_level, json_lines=json_logs)
     settings = settings or ServerSettings()
     app = create_app(engine, api_key=api_key, settings=settings, durable=durable)
@@ -207,4 +208,4 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
                             timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
                             access_log=False, log_config=None)
     log.info("serving", extra={"model": engine.model_name, "host": host, "port": port})
-    CodaServer(config).run()
+    CodaServer(config).run(sockets=[sock] if sock is not None else None)

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from coda.models.config import hf_tensor_shapes
 from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor, open_gguf
 from coda.models.llama import CausalLM
-from coda.models.loader import build_model, hf_tensor_shapes, param_target
+from coda.models.loader import build_model, param_target
 from coda.models.quant import GROUP, Int4Linear, Int8Linear, Q8Split, q4_groups, q8_0_groups
 
 Q4_TYPES = ("Q4_0", "Q4_1")

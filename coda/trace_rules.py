@@ -1,0 +1,308 @@
+"""The state the trace checker keeps per request, the output and resource rules, and the
+terminal row's checks (SPEC L2, L4–L7, S2, S3, K2, K3, P2, O2). Used by
+:mod:`coda.trace_check`, which walks the rows and documents the rules as a whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from coda import trace as tr
+from coda.errors import ErrorCode
+from coda.finish import REASONS_BY_VERSION, CancelCause, FinishReason
+from coda.lifecycle import TRANSITIONS, State
+from coda.stops import STOP_RULE_VERSION
+
+STATE_NAMES = frozenset(s.value for s in State)
+NEXT_STATES = {s.value: frozenset(t.value for t in nxt) for s, nxt in TRANSITIONS.items()}
+CANCEL_CAUSES = frozenset(c.value for c in CancelCause)
+REASON_NAMES = frozenset(r.value for r in FinishReason)
+ERROR_CODES = frozenset(c.value for c in ErrorCode)
+KNOWN_STOP_RULE_VERSIONS = frozenset({STOP_RULE_VERSION})
+_MODEL = frozenset({"kv_cache", "batch_slot", "rng_state"})
+# endings decided right after a token (G1): the drain happens in that token's step (T2)
+TOKEN_REASONS = frozenset({"eos", "stop_sequence", "max_output_tokens", "context_limit",
+                           "grammar_complete", "grammar_forced_close"})
+FINISHED_REASONS = TOKEN_REASONS | {"deadline_exceeded"}
+
+
+@dataclass
+class Request:
+    """One request's rows and what the walk has seen so far."""
+
+    rows: list[tr.TraceEvent]
+    out: list[str] = field(default_factory=list)
+    i: int = 0
+    ev: tr.TraceEvent | None = None
+    state: str = "CREATED"
+    last_ts: int = 0
+    selected: int = 0
+    decoded: int = 0
+    last_token_at: int | None = None
+    step_open: bool = False        # a token's step: its stop.state/delta/hit may follow
+    step_was_open: bool = False    # step_open before the current row
+    decode_open: tr.TraceEvent | None = None
+    prefill: tr.TraceEvent | None = None
+    prefill_done: tr.TraceEvent | None = None
+    drain_at: int | None = None
+    drain_selected: int = 0
+    drain_decoded: int = 0
+    drain_after_token: bool = False
+    cancel_requested: tr.TraceEvent | None = None
+    cancel_observed: bool = False
+    cancel_effective: bool = False
+    terminal_at: int | None = None
+    hit: tr.TraceEvent | None = None
+    tail: tr.TraceEvent | None = None
+    pushed: int = 0                # bytes the detokenizer produced (stop.state nbytes)
+    sent: int = 0                  # bytes on the stream (delta nbytes)
+    seq: int = 0
+    text: list[str] = field(default_factory=list)
+    token_starts: list[int] = field(default_factory=list)  # stream offset of visible tokens
+    held_check: tuple[int, int] | None = None  # (held, pushed) to compare at the step's end
+    acquired_order: list[str] = field(default_factory=list)
+    released_order: list[str] = field(default_factory=list)
+
+    @property
+    def model_run(self) -> bool:
+        """False for a run that never held the model (a lifecycle test's hand-driven run, or
+        the reference loop cancelled before its prefill): the step rules do not apply."""
+        return any(e.kind == tr.RESOURCE_ACQUIRED and e.data.get("resource") in _MODEL
+                   for e in self.rows)
+
+    def bad(self, rule: str, message: str) -> None:
+        kind = self.ev.kind if self.ev is not None and self.i < len(self.rows) else "end"
+        self.out.append(f"row {self.i} {kind}: {message} ({rule})")
+
+    # -- neighbours (rows a client's cancel.requested may land between are skipped) ----------
+    def is_driver(self, i: int) -> bool:
+        """False for a client's cancel.requested: written by another thread at any moment."""
+        ev = self.rows[i]
+        return not (ev.kind == tr.CANCEL_REQUESTED and ev.data.get("cause") != "early_stop")
+
+    def prev_row(self) -> tr.TraceEvent | None:
+        j = self.i - 1
+        while j >= 0 and not self.is_driver(j):
+            j -= 1
+        return self.rows[j] if j >= 0 else None
+
+    def next_row(self) -> tr.TraceEvent | None:
+        j = self.i + 1
+        while j < len(self.rows) and not self.is_driver(j):
+            j += 1
+        return self.rows[j] if j < len(self.rows) else None
+
+    def prev_kind(self) -> str | None:
+        row = self.prev_row()
+        return row.kind if row is not None else None
+
+    def next_kind(self) -> str | None:
+        row = self.next_row()
+        return row.kind if row is not None else None
+
+    def prev_transition_to(self) -> Any:
+        row = self.prev_row()
+        return row.data.get("to") if row is not None and row.kind == tr.LIFECYCLE else None
+
+    def next_transition_to(self) -> Any:
+        row = self.next_row()
+        return row.data.get("to") if row is not None and row.kind == tr.LIFECYCLE else None
+
+    # -- output (S2, S3, K2, P2) -------------------------------------------------------------
+    def in_emission(self, what: str) -> bool:
+        """Output rows belong to a token's step or to the drain before the releases."""
+        draining = self.state == "DRAINING" and not self.released_order
+        if not (self.step_open and self.state == "DECODING") and not draining:
+            self.bad("G1", f"{what} outside a token's step and the drain (state {self.state})")
+            return False
+        if self.cancel_observed:
+            self.bad("C2", f"{what} after the cancel was observed")
+        return True
+
+    def on_stop_state(self, ev: tr.TraceEvent) -> None:
+        self.in_emission("stop.state")
+        prev = self.prev_row()
+        first = prev is not None and (prev.kind == tr.TOKEN_SELECTED or (
+            prev.kind == tr.LIFECYCLE and prev.data.get("to") == "DRAINING") or (
+            prev.kind == tr.STOP_STATE and prev.data.get("stops_off")))
+        if not first:
+            self.bad("G1", "stop.state not at the start of a token's matching")
+        nbytes, held = ev.data.get("nbytes"), ev.data.get("held")
+        if not isinstance(held, int) or held < 0:
+            self.bad("S2", f"held {held!r} is not a byte count")
+            return
+        if ev.data.get("stops_off"):
+            if held != 0:
+                self.bad("S2", "the matcher holds bytes after stop strings were switched off")
+            return
+        if isinstance(nbytes, int):
+            if nbytes <= 0:
+                self.bad("K2", "stop.state for a token that added no bytes")
+            if self.state == "DECODING":
+                self.token_starts.append(self.pushed)
+            self.pushed += nbytes
+            if ev.data.get("ids_held") == 0:
+                self.held_check = (held, self.pushed)
+
+    def close_step(self, by: str | None = None) -> None:
+        """At the first row after a step's output: the unsent bytes are the held ones (S2),
+        unless the step failed (``by`` a release: a delta that overflowed was never sent)."""
+        if self.held_check is not None and self.hit is None and by != tr.RESOURCE_RELEASED:
+            held, pushed = self.held_check
+            if pushed - self.sent != held:
+                self.bad("S2", f"{pushed - self.sent} bytes unsent but the stop matcher held "
+                               f"{held}")
+        self.held_check = None
+        self.step_open = False
+
+    def on_delta(self, ev: tr.TraceEvent) -> None:
+        self.in_emission("stream.delta")
+        if self.hit is not None:
+            self.bad("S3", "a delta after the stop hit")
+        prev = self.prev_kind()
+        if prev not in (tr.STOP_STATE, tr.TOKEN_SELECTED) and self.state != "DRAINING":
+            self.bad("G1", f"stream.delta after {prev}")
+        seq, nbytes, text = ev.data.get("seq"), ev.data.get("nbytes"), ev.data.get("text")
+        if isinstance(seq, int) and seq <= self.seq:
+            self.bad("P2", f"sequence number {seq} not greater than {self.seq}")
+        elif seq != self.seq + 1:
+            self.bad("P2", f"sequence number {seq!r} leaves a gap after {self.seq}")
+        self.seq = seq if isinstance(seq, int) else self.seq + 1
+        if not isinstance(text, str) or not isinstance(nbytes, int) or nbytes <= 0 or \
+                len(text.encode("utf-8")) != nbytes:
+            self.bad("P2", f"delta of {nbytes!r} bytes carries {text!r}")
+        else:
+            self.sent += nbytes
+            self.text.append(text)
+        if self.sent > self.pushed and self.pushed_known():
+            self.bad("K2", f"{self.sent} bytes sent, the detokenizer produced {self.pushed}")
+
+    def pushed_known(self) -> bool:
+        """stop.state rows record their byte count (traces written since issue 20)."""
+        return any(e.kind == tr.STOP_STATE and "nbytes" in e.data for e in self.rows)
+
+    def on_hit(self, ev: tr.TraceEvent) -> None:
+        if self.hit is not None:
+            self.bad("S3", "a second stop hit")
+        self.hit = ev
+        self.in_emission("stop.hit")
+        which = ev.data.get("which")
+        prev = self.prev_kind()
+        ok_prev = {"string": (tr.STOP_STATE, tr.STREAM_DELTA),
+                   "token_ids": (tr.TOKEN_SELECTED, tr.STREAM_DELTA)}.get(str(which))
+        if ok_prev is None or prev not in ok_prev or (which == "token_ids" and self.state != "DECODING"):
+            self.bad("S1", f"a {which!r} stop hit after {prev}")
+        nxt = self.next_row()
+        ends = nxt is not None and (
+            (nxt.kind == tr.LIFECYCLE and nxt.data.get("to") == "DRAINING")
+            or (nxt.kind == tr.RESOURCE_RELEASED and self.state == "DRAINING"))
+        if not ends:
+            self.bad("S3", "the stop hit does not end the request at once")
+        if ev.data.get("stop_rule_version") not in KNOWN_STOP_RULE_VERSIONS:
+            self.bad("S4", f"unknown or missing stop_rule_version "
+                           f"{ev.data.get('stop_rule_version')!r}")
+
+    def on_tail_dropped(self, ev: tr.TraceEvent) -> None:
+        if self.tail is not None:
+            self.bad("K3", "a second dropped tail")
+        self.tail = ev
+        if self.state != "DRAINING" or self.prev_transition_to() != "DRAINING":
+            self.bad("K3", "utf8_tail.dropped outside the drain's finish()")
+        hexed, nbytes = ev.data.get("hex"), ev.data.get("nbytes")
+        try:
+            raw = bytes.fromhex(str(hexed))
+        except ValueError:
+            raw = b""
+        if not raw or len(raw) != nbytes:
+            self.bad("K3", f"dropped tail {hexed!r} is not {nbytes!r} bytes")
+        elif _decodes(raw):
+            self.bad("K3", "the dropped tail is valid text: nothing had to be dropped")
+
+    # -- resources (L7) ----------------------------------------------------------------------
+    def on_acquired(self, ev: tr.TraceEvent, order: tuple[str, ...]) -> None:
+        kind = str(ev.data.get("resource"))
+        if kind in self.acquired_order:
+            self.bad("L7", f"resource {kind}: acquired twice")
+        elif kind in order and any(order.index(k) > order.index(kind)
+                                   for k in self.acquired_order if k in order):
+            self.bad("L7", f"resource {kind} acquired out of the ledger's order")
+        if kind in ("stream_buffer", "trace_handle") and self.i != order.index(kind):
+            self.bad("L7", f"{kind} not acquired when the request was created")
+        if kind in _MODEL and not (self.state == "CREATED" or (
+                self.state == "PREFILLING" and self.prefill is not None
+                and self.prefill_done is None)):
+            self.bad("L7", f"{kind} acquired while {self.state}, not at admission")
+        self.acquired_order.append(kind)
+
+    def on_released(self, ev: tr.TraceEvent, order: tuple[str, ...]) -> None:
+        kind = str(ev.data.get("resource"))
+        if kind in self.released_order:
+            self.bad("L7", f"resource {kind}: released 2x")
+        elif kind not in self.acquired_order:
+            self.bad("L7", f"resource {kind} released before it was acquired")
+        elif kind in order and any(order.index(k) > order.index(kind)
+                                   for k in self.released_order if k in order):
+            self.bad("L7", f"resource {kind} released out of the ledger's order")
+        self.released_order.append(kind)
+        if not isinstance(ev.data.get("ok"), bool):
+            self.bad("L7", "release row without a boolean ok")
+        nxt = self.next_row()
+        if kind in _MODEL:
+            if not (nxt is not None and (nxt.kind == tr.CANCEL_EFFECTIVE or (
+                    nxt.kind == tr.RESOURCE_RELEASED and nxt.data.get("resource") in _MODEL)
+                    or (nxt.kind == tr.LIFECYCLE and nxt.data.get("to") in
+                        ("FINISHED", "FAILED")))):
+                self.bad("L7", f"{kind} not released at the ending's safe point")
+            if "step" in ev.data and ev.data["step"] != self.selected:
+                self.bad("L7", f"rng_state released at step {ev.data['step']} after "
+                               f"{self.selected} selections")
+        elif kind == "stream_buffer":
+            unacked = ev.data.get("unacked_bytes", 0)
+            if self.prev_kind() != tr.TERMINAL:
+                self.bad("L7", "stream buffer not released right after the terminal")
+            if not isinstance(unacked, int) or not 0 <= unacked <= self.sent:
+                self.bad("P6", f"{unacked!r} unacknowledged bytes of {self.sent} sent")
+        elif kind == "trace_handle":
+            if self.i != len(self.rows) - 1 or self.prev_kind() != tr.RESOURCE_RELEASED:
+                self.bad("L7", "the trace handle's release is not the request's last row")
+            if "rows" in ev.data and ev.data["rows"] != self.i:
+                self.bad("O1", f"the trace handle wrote {ev.data['rows']} rows, "
+                               f"{self.i} are here")
+
+    def check_model_released(self, at: str) -> None:
+        held = [k for k in self.acquired_order if k in _MODEL and k not in self.released_order]
+        if held:
+            self.bad("L7", f"{', '.join(held)} still held at {at}")
+
+    def check_resources(self) -> None:
+        self.ev = None
+        for kind in set(self.acquired_order) | set(self.released_order):
+            a, r = self.acquired_order.count(kind), self.released_order.count(kind)
+            if a != 1 or r != 1:
+                self.bad("L7", f"resource {kind}: acquired {a}x, released {r}x")
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def check_versions(ev: tr.TraceEvent) -> list[str]:
+    """L4/S4: the terminal row says which enum and tie rule decided it, and its reason is a
+    member of that enum version."""
+    out: list[str] = []
+    rule = ev.data.get("stop_rule_version")
+    if rule not in KNOWN_STOP_RULE_VERSIONS:
+        out.append(f"{ev.kind}: unknown or missing stop_rule_version {rule!r} (S4)")
+    version = ev.data.get("finish_reason_version")
+    members = REASONS_BY_VERSION.get(version) if isinstance(version, int) else None
+    if members is None:
+        out.append(f"terminal: unknown or missing finish_reason_version {version!r} (L4)")
+    elif ev.data.get("reason") not in members:
+        out.append(f"terminal: reason {ev.data.get('reason')!r} is not in finish-reason "
+                   f"enum version {version} (L4)")
+    return out
+

@@ -172,6 +172,7 @@ class _Walk:
             r.bad("O1", "token_id differs from its decision record's")
         r.last_token_at = r.i
         r.step_open = True
+        r.last_state = None
 
     def _decode_started(self, ev: tr.TraceEvent) -> None:
         r = self.r
@@ -240,6 +241,10 @@ class _Walk:
                 r.bad("D6", "early-stop cancel without its reason or outside a step")
             if r.next_transition_to() != "CANCEL_REQUESTED":
                 r.bad("D6", "an early stop not taking the cancel path at once")
+        elif cause == "shutdown" and r.next_transition_to() != "CANCEL_REQUESTED":
+            r.bad("C1", "a shutdown's cancel not observed at once (abort_all)")
+        elif cause == "backpressure" and r.sent == 0:
+            r.bad("P6", "a backpressure cancel before any byte was sent")
         elif "reason" in ev.data:
             r.bad("C1", "only an early stop's cancel names a reason")
 

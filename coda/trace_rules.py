@@ -20,6 +20,7 @@ REASON_NAMES = frozenset(r.value for r in FinishReason)
 ERROR_CODES = frozenset(c.value for c in ErrorCode)
 KNOWN_STOP_RULE_VERSIONS = frozenset({STOP_RULE_VERSION})
 _MODEL = frozenset({"kv_cache", "batch_slot", "rng_state"})
+_DRIVER_CAUSES = frozenset({"early_stop", "shutdown"})
 # endings decided right after a token (G1): the drain happens in that token's step (T2)
 TOKEN_REASONS = frozenset({"eos", "stop_sequence", "max_output_tokens", "context_limit",
                            "grammar_complete", "grammar_forced_close"})
@@ -60,6 +61,7 @@ class Request:
     text: list[str] = field(default_factory=list)
     token_starts: list[int] = field(default_factory=list)  # stream offset of visible tokens
     held_check: tuple[int, int] | None = None  # (held, pushed) to compare at the step's end
+    last_state: tr.TraceEvent | None = None    # the current step's (or drain's) stop.state
     acquired_order: list[str] = field(default_factory=list)
     released_order: list[str] = field(default_factory=list)
 
@@ -76,9 +78,11 @@ class Request:
 
     # -- neighbours (rows a client's cancel.requested may land between are skipped) ----------
     def is_driver(self, i: int) -> bool:
-        """False for a client's cancel.requested: written by another thread at any moment."""
+        """False for a cancel.requested from another thread (a client, a disconnect, a slow
+        reader), written at any live moment; an early stop's and a shutdown's are the
+        driver's own (D6, ``abort_all``), observed at once."""
         ev = self.rows[i]
-        return not (ev.kind == tr.CANCEL_REQUESTED and ev.data.get("cause") != "early_stop")
+        return not (ev.kind == tr.CANCEL_REQUESTED and ev.data.get("cause") not in _DRIVER_CAUSES)
 
     def prev_row(self) -> tr.TraceEvent | None:
         j = self.i - 1
@@ -135,6 +139,7 @@ class Request:
             if held != 0:
                 self.bad("S2", "the matcher holds bytes after stop strings were switched off")
             return
+        self.last_state = ev
         if isinstance(nbytes, int):
             if nbytes <= 0:
                 self.bad("K2", "stop.state for a token that added no bytes")
@@ -192,6 +197,10 @@ class Request:
                    "token_ids": (tr.TOKEN_SELECTED, tr.STREAM_DELTA)}.get(str(which))
         if ok_prev is None or prev not in ok_prev or (which == "token_ids" and self.state != "DECODING"):
             self.bad("S1", f"a {which!r} stop hit after {prev}")
+        if which == "token_ids":
+            self._check_id_hit(ev)
+        elif which == "string":
+            self._check_string_hit(ev)
         nxt = self.next_row()
         ends = nxt is not None and (
             (nxt.kind == tr.LIFECYCLE and nxt.data.get("to") == "DRAINING")
@@ -201,6 +210,31 @@ class Request:
         if ev.data.get("stop_rule_version") not in KNOWN_STOP_RULE_VERSIONS:
             self.bad("S4", f"unknown or missing stop_rule_version "
                            f"{ev.data.get('stop_rule_version')!r}")
+
+    def _check_string_hit(self, ev: tr.TraceEvent) -> None:
+        """S3: the matcher closes on the hit (nothing held), and the stop ends inside the bytes
+        this push added (the first match, not one complete before)."""
+        st = self.last_state
+        if st is None or "nbytes" not in st.data:
+            return
+        if st.data.get("held") != 0:
+            self.bad("S3", f"the matcher still holds {st.data.get('held')!r} bytes at its hit")
+        offset, nbytes = ev.data.get("byte_offset"), st.data.get("nbytes")
+        end = offset + len(str(ev.data.get("stop")).encode("utf-8")) \
+            if isinstance(offset, int) else -1
+        if isinstance(nbytes, int) and not self.pushed - nbytes < end <= self.pushed:
+            self.bad("S3", f"stop ending at byte {end} is not in this push "
+                           f"({self.pushed - nbytes}..{self.pushed})")
+
+    def _check_id_hit(self, ev: tr.TraceEvent) -> None:
+        """S1: an id-sequence hit is the last selected ids, starting at its ``byte_offset``
+        (for ids, the index of the sequence's first token)."""
+        ids = [e.data.get("token_id") for e in self.rows[:self.i] if e.kind == tr.TOKEN_SELECTED]
+        offset = ev.data.get("byte_offset")
+        k = self.selected - offset if isinstance(offset, int) else 0
+        if not 0 < k <= len(ids) or ev.data.get("stop") != str(tuple(ids[-k:])):
+            self.bad("S1", f"stop ids {ev.data.get('stop')!r} at token {offset!r} are not the "
+                           f"last selected ids")
 
     def on_tail_dropped(self, ev: tr.TraceEvent) -> None:
         if self.tail is not None:

@@ -101,7 +101,7 @@ def _usage(r: Request, usage: Any, reason: Any) -> None:
 
 def _stops(r: Request, state: Any, reason: Any, usage: Any) -> None:
     stop_end = state == "FINISHED" and reason == "stop_sequence"
-    if (r.hit is not None) != stop_end:
+    if (r.hit is not None) != stop_end or (reason == "stop_sequence" and r.hit is None):
         r.bad("S3", f"stop hit {'without' if r.hit is None else 'with'} a stop_sequence end "
                     f"({state} {reason})")
     text = "".join(r.text)

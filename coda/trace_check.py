@@ -2,9 +2,10 @@
 (SPEC L1–L7, T1, T2, G1, G2, S2, S3, K2, K3, P2, C1–C3, O1, O2).
 
 ``check_trace(events)`` returns one message per violation, each naming its rule; an empty list
-means the engine (or the reference loop) could have written the trace. It is the oracle of the
-trace corpus (``tests/test_trace_corpus.py``): every generated corruption of a real trace that
-no run could have produced must be rejected. The rules, per request:
+means the engine (or the reference loop) could have written the trace (the rules are split
+over :mod:`coda.trace_rules`, :mod:`coda.trace_output` and :mod:`coda.trace_terminal`). It is
+the oracle of the trace corpus (``tests/test_trace_corpus.py``): every generated corruption
+of a real trace that no run could have produced must be rejected. The rules, per request:
 
 - L1/L2 lifecycle: transitions follow the graph; the terminal row directly follows the
   transition into its state and names that state; exactly one terminal; after it only the
@@ -34,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from coda import trace as tr
+from coda.trace_output import close_step, on_delta, on_hit, on_stop_state, on_tail_dropped
 from coda.trace_rules import CANCEL_CAUSES, NEXT_STATES, REASON_NAMES, STATE_NAMES, Request
 from coda.trace_terminal import check_terminal
 
@@ -73,7 +75,7 @@ class _Walk:
             handler = getattr(self, "_" + ev.kind.replace(".", "_"))
             handler(ev)
         r.i = len(r.rows)
-        r.close_step()
+        close_step(r)
         if r.terminal_at is None:
             r.bad("L2", "no terminal event")
         r.check_resources()
@@ -86,7 +88,7 @@ class _Walk:
         r.last_ts = ev.ts_ns
         r.step_was_open = r.step_open
         if ev.kind not in (tr.STREAM_DELTA, tr.STOP_HIT, tr.STOP_STATE):
-            r.close_step(ev.kind)
+            close_step(r, ev.kind)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _lifecycle(self, ev: tr.TraceEvent) -> None:
@@ -212,16 +214,16 @@ class _Walk:
 
     # -- output ------------------------------------------------------------------------------
     def _stop_state(self, ev: tr.TraceEvent) -> None:
-        self.r.on_stop_state(ev)
+        on_stop_state(self.r, ev)
 
     def _stream_delta(self, ev: tr.TraceEvent) -> None:
-        self.r.on_delta(ev)
+        on_delta(self.r, ev)
 
     def _stop_hit(self, ev: tr.TraceEvent) -> None:
-        self.r.on_hit(ev)
+        on_hit(self.r, ev)
 
     def _utf8_tail_dropped(self, ev: tr.TraceEvent) -> None:
-        self.r.on_tail_dropped(ev)
+        on_tail_dropped(self.r, ev)
 
     # -- cancellation ------------------------------------------------------------------------
     def _cancel_requested(self, ev: tr.TraceEvent) -> None:

@@ -1,6 +1,7 @@
-"""The state the trace checker keeps per request, the output and resource rules, and the
-terminal row's checks (SPEC L2, L4–L7, S2, S3, K2, K3, P2, O2). Used by
-:mod:`coda.trace_check`, which walks the rows and documents the rules as a whole."""
+"""The state the trace checker keeps per request, its neighbour lookups and the resource
+rules (SPEC L7, O1), and the versions check of terminal and stop.hit rows (L4, S4). Used by
+:mod:`coda.trace_check`, which walks the rows and documents the rules as a whole; the output
+rules are :mod:`coda.trace_output`, the terminal's :mod:`coda.trace_terminal`."""
 
 from __future__ import annotations
 
@@ -112,146 +113,6 @@ class Request:
         row = self.next_row()
         return row.data.get("to") if row is not None and row.kind == tr.LIFECYCLE else None
 
-    # -- output (S2, S3, K2, P2) -------------------------------------------------------------
-    def in_emission(self, what: str) -> bool:
-        """Output rows belong to a token's step or to the drain before the releases."""
-        draining = self.state == "DRAINING" and not self.released_order
-        if not (self.step_open and self.state == "DECODING") and not draining:
-            self.bad("G1", f"{what} outside a token's step and the drain (state {self.state})")
-            return False
-        if self.cancel_observed:
-            self.bad("C2", f"{what} after the cancel was observed")
-        return True
-
-    def on_stop_state(self, ev: tr.TraceEvent) -> None:
-        self.in_emission("stop.state")
-        prev = self.prev_row()
-        first = prev is not None and (prev.kind == tr.TOKEN_SELECTED or (
-            prev.kind == tr.LIFECYCLE and prev.data.get("to") == "DRAINING") or (
-            prev.kind == tr.STOP_STATE and prev.data.get("stops_off")))
-        if not first:
-            self.bad("G1", "stop.state not at the start of a token's matching")
-        nbytes, held = ev.data.get("nbytes"), ev.data.get("held")
-        if not isinstance(held, int) or held < 0:
-            self.bad("S2", f"held {held!r} is not a byte count")
-            return
-        if ev.data.get("stops_off"):
-            if held != 0:
-                self.bad("S2", "the matcher holds bytes after stop strings were switched off")
-            return
-        self.last_state = ev
-        if isinstance(nbytes, int):
-            if nbytes <= 0:
-                self.bad("K2", "stop.state for a token that added no bytes")
-            if self.state == "DECODING":
-                self.token_starts.append(self.pushed)
-            self.pushed += nbytes
-            if ev.data.get("ids_held") == 0:
-                self.held_check = (held, self.pushed)
-
-    def close_step(self, by: str | None = None) -> None:
-        """At the first row after a step's output: the unsent bytes are the held ones (S2),
-        unless the step failed (``by`` a release: a delta that overflowed was never sent)."""
-        if self.held_check is not None and self.hit is None and by != tr.RESOURCE_RELEASED:
-            held, pushed = self.held_check
-            if pushed - self.sent != held:
-                self.bad("S2", f"{pushed - self.sent} bytes unsent but the stop matcher held "
-                               f"{held}")
-        self.held_check = None
-        self.step_open = False
-
-    def on_delta(self, ev: tr.TraceEvent) -> None:
-        self.in_emission("stream.delta")
-        if self.hit is not None:
-            self.bad("S3", "a delta after the stop hit")
-        prev = self.prev_kind()
-        if prev not in (tr.STOP_STATE, tr.TOKEN_SELECTED) and self.state != "DRAINING":
-            self.bad("G1", f"stream.delta after {prev}")
-        seq, nbytes, text = ev.data.get("seq"), ev.data.get("nbytes"), ev.data.get("text")
-        if isinstance(seq, int) and seq <= self.seq:
-            self.bad("P2", f"sequence number {seq} not greater than {self.seq}")
-        elif seq != self.seq + 1:
-            self.bad("P2", f"sequence number {seq!r} leaves a gap after {self.seq}")
-        self.seq = seq if isinstance(seq, int) else self.seq + 1
-        if not isinstance(text, str) or not isinstance(nbytes, int) or nbytes <= 0 or \
-                len(text.encode("utf-8")) != nbytes:
-            self.bad("P2", f"delta of {nbytes!r} bytes carries {text!r}")
-        else:
-            self.sent += nbytes
-            self.text.append(text)
-        if self.sent > self.pushed and self.pushed_known():
-            self.bad("K2", f"{self.sent} bytes sent, the detokenizer produced {self.pushed}")
-
-    def pushed_known(self) -> bool:
-        """stop.state rows record their byte count (traces written since issue 20)."""
-        return any(e.kind == tr.STOP_STATE and "nbytes" in e.data for e in self.rows)
-
-    def on_hit(self, ev: tr.TraceEvent) -> None:
-        if self.hit is not None:
-            self.bad("S3", "a second stop hit")
-        self.hit = ev
-        self.in_emission("stop.hit")
-        which = ev.data.get("which")
-        prev = self.prev_kind()
-        ok_prev = {"string": (tr.STOP_STATE, tr.STREAM_DELTA),
-                   "token_ids": (tr.TOKEN_SELECTED, tr.STREAM_DELTA)}.get(str(which))
-        if ok_prev is None or prev not in ok_prev or (which == "token_ids" and self.state != "DECODING"):
-            self.bad("S1", f"a {which!r} stop hit after {prev}")
-        if which == "token_ids":
-            self._check_id_hit(ev)
-        elif which == "string":
-            self._check_string_hit(ev)
-        nxt = self.next_row()
-        ends = nxt is not None and (
-            (nxt.kind == tr.LIFECYCLE and nxt.data.get("to") == "DRAINING")
-            or (nxt.kind == tr.RESOURCE_RELEASED and self.state == "DRAINING"))
-        if not ends:
-            self.bad("S3", "the stop hit does not end the request at once")
-        if ev.data.get("stop_rule_version") not in KNOWN_STOP_RULE_VERSIONS:
-            self.bad("S4", f"unknown or missing stop_rule_version "
-                           f"{ev.data.get('stop_rule_version')!r}")
-
-    def _check_string_hit(self, ev: tr.TraceEvent) -> None:
-        """S3: the matcher closes on the hit (nothing held), and the stop ends inside the bytes
-        this push added (the first match, not one complete before)."""
-        st = self.last_state
-        if st is None or "nbytes" not in st.data:
-            return
-        if st.data.get("held") != 0:
-            self.bad("S3", f"the matcher still holds {st.data.get('held')!r} bytes at its hit")
-        offset, nbytes = ev.data.get("byte_offset"), st.data.get("nbytes")
-        end = offset + len(str(ev.data.get("stop")).encode("utf-8")) \
-            if isinstance(offset, int) else -1
-        if isinstance(nbytes, int) and not self.pushed - nbytes < end <= self.pushed:
-            self.bad("S3", f"stop ending at byte {end} is not in this push "
-                           f"({self.pushed - nbytes}..{self.pushed})")
-
-    def _check_id_hit(self, ev: tr.TraceEvent) -> None:
-        """S1: an id-sequence hit is the last selected ids, starting at its ``byte_offset``
-        (for ids, the index of the sequence's first token)."""
-        ids = [e.data.get("token_id") for e in self.rows[:self.i] if e.kind == tr.TOKEN_SELECTED]
-        offset = ev.data.get("byte_offset")
-        k = self.selected - offset if isinstance(offset, int) else 0
-        if not 0 < k <= len(ids) or ev.data.get("stop") != str(tuple(ids[-k:])):
-            self.bad("S1", f"stop ids {ev.data.get('stop')!r} at token {offset!r} are not the "
-                           f"last selected ids")
-
-    def on_tail_dropped(self, ev: tr.TraceEvent) -> None:
-        if self.tail is not None:
-            self.bad("K3", "a second dropped tail")
-        self.tail = ev
-        if self.state != "DRAINING" or self.prev_transition_to() != "DRAINING":
-            self.bad("K3", "utf8_tail.dropped outside the drain's finish()")
-        hexed, nbytes = ev.data.get("hex"), ev.data.get("nbytes")
-        try:
-            raw = bytes.fromhex(str(hexed))
-        except ValueError:
-            raw = b""
-        if not raw or len(raw) != nbytes:
-            self.bad("K3", f"dropped tail {hexed!r} is not {nbytes!r} bytes")
-        elif _decodes(raw):
-            self.bad("K3", "the dropped tail is valid text: nothing had to be dropped")
-
     # -- resources (L7) ----------------------------------------------------------------------
     def on_acquired(self, ev: tr.TraceEvent, order: tuple[str, ...]) -> None:
         kind = str(ev.data.get("resource"))
@@ -287,6 +148,9 @@ class Request:
                     or (nxt.kind == tr.LIFECYCLE and nxt.data.get("to") in
                         ("FINISHED", "FAILED")))):
                 self.bad("L7", f"{kind} not released at the ending's safe point")
+            if ev.data.get("held", 0) != 0:  # NOTE: the reference loop's rows: nothing held
+                self.bad("L7", f"{kind} released with held={ev.data['held']!r}; the reference "
+                               f"loop holds no batch row or RNG cursor")
             if "step" in ev.data and ev.data["step"] != self.selected:
                 self.bad("L7", f"rng_state released at step {ev.data['step']} after "
                                f"{self.selected} selections")
@@ -314,14 +178,6 @@ class Request:
             a, r = self.acquired_order.count(kind), self.released_order.count(kind)
             if a != 1 or r != 1:
                 self.bad("L7", f"resource {kind}: acquired {a}x, released {r}x")
-
-
-def _decodes(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def check_versions(ev: tr.TraceEvent) -> list[str]:

@@ -36,7 +36,14 @@ from collections.abc import Iterable
 
 from coda import trace as tr
 from coda.trace_output import close_step, on_delta, on_hit, on_stop_state, on_tail_dropped
-from coda.trace_rules import CANCEL_CAUSES, NEXT_STATES, REASON_NAMES, STATE_NAMES, Request
+from coda.trace_rules import (
+    CANCEL_CAUSES,
+    FAILURE_DECISIONS,
+    NEXT_STATES,
+    REASON_NAMES,
+    STATE_NAMES,
+    Request,
+)
 from coda.trace_terminal import check_terminal
 
 __all__ = ["check_trace"]
@@ -209,8 +216,18 @@ class _Walk:
         if ev.data.get("committed_tokens") != r.selected:
             r.bad("L6", f"error row commits {ev.data.get('committed_tokens')} tokens, "
                         f"{r.selected} were selected")
-        if not isinstance(ev.data.get("retryable"), bool):
-            r.bad("O1", "error row without a boolean retryable")
+        retryable, decision = ev.data.get("retryable"), ev.data.get("decision")
+        if decision not in FAILURE_DECISIONS or retryable is not (decision == "retry-allowed"):
+            r.bad("D5", f"error row decides {decision!r} with retryable={retryable!r}")
+        prev = r.prev_kind()
+        if prev not in ((tr.DECODE_STARTED,) if r.state == "DECODING"
+                        else (tr.PREFILL_STARTED, tr.ERROR)):
+            r.bad("G1", f"model error row after {prev}, not after its step's start")
+        # NOTE: a final error fails the request at once (its releases follow); a retried one
+        # leaves it running
+        if (r.next_kind() == tr.RESOURCE_RELEASED) is bool(retryable):
+            r.bad("D5", f"a {'retried' if retryable else 'final'} model error "
+                        f"{'ends' if retryable else 'does not end'} the request")
 
     # -- output ------------------------------------------------------------------------------
     def _stop_state(self, ev: tr.TraceEvent) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coda import trace as tr
+from coda.early_stop import StreamFailureReason
 from coda.errors import ErrorCode
 from coda.finish import REASONS_BY_VERSION, CancelCause, FinishReason
 from coda.lifecycle import TRANSITIONS, State
@@ -19,6 +20,7 @@ NEXT_STATES = {s.value: frozenset(t.value for t in nxt) for s, nxt in TRANSITION
 CANCEL_CAUSES = frozenset(c.value for c in CancelCause)
 REASON_NAMES = frozenset(r.value for r in FinishReason)
 ERROR_CODES = frozenset(c.value for c in ErrorCode)
+FAILURE_DECISIONS = frozenset(d.value for d in StreamFailureReason)
 KNOWN_STOP_RULE_VERSIONS = frozenset({STOP_RULE_VERSION})
 _MODEL = frozenset({"kv_cache", "batch_slot", "rng_state"})
 _DRIVER_CAUSES = frozenset({"early_stop", "shutdown"})

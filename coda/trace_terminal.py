@@ -29,7 +29,7 @@ def check_terminal(r: Request, ev: tr.TraceEvent) -> None:
     if (state == "FAILED") != (error is not None) or (error is not None and
                                                      error not in ERROR_CODES):
         r.bad("L4", f"error {error!r} on a {state} terminal")
-    _reason(r, state, reason)
+    _reason(r, state, reason, error)
     if r.model_run:  # NOTE: a hand-driven run without a processor counts nothing
         _usage(r, ev.data.get("usage"), reason)
     _stops(r, state, reason, ev.data.get("usage"))
@@ -41,9 +41,17 @@ def check_terminal(r: Request, ev: tr.TraceEvent) -> None:
         r.bad("K3", "a dropped tail on a request that did not finish")
 
 
-def _reason(r: Request, state: Any, reason: Any) -> None:
+# A FAILED end's reason by its error code (RequestRun.fail and finish's K3 path)
+_FAILED_REASONS = {"model_error": frozenset({"model_error"}),
+                   "backpressure_overflow": frozenset({"transport_error"}),
+                   "decoding_error": FINISHED_REASONS - {"stop_sequence"}}
+
+
+def _reason(r: Request, state: Any, reason: Any, error: Any) -> None:
     if state == "FINISHED" and reason not in FINISHED_REASONS:
         r.bad("L4", f"FINISHED with reason {reason!r}")
+    if state == "FAILED" and reason not in _FAILED_REASONS.get(str(error), {reason}):
+        r.bad("L5", f"a {error} failure reported as {reason!r}")
     if state == "CANCELLED":
         cancel = r.cancel_requested
         if cancel is None:

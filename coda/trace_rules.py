@@ -68,12 +68,18 @@ class Request:
     acquired_order: list[str] = field(default_factory=list)
     released_order: list[str] = field(default_factory=list)
 
-    @property
-    def model_run(self) -> bool:
-        """False for a run that never held the model (a lifecycle test's hand-driven run, or
-        the reference loop cancelled before its prefill): the step rules do not apply."""
-        return any(e.kind == tr.RESOURCE_ACQUIRED and e.data.get("resource") in _MODEL
-                   for e in self.rows)
+    # False for a run that never held the model (a lifecycle test's hand-driven run, or the
+    # reference loop cancelled before its prefill): the step rules do not apply
+    model_run: bool = field(init=False)
+    # stop.state rows record their byte count (traces written since issue 20)
+    pushed_known: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        # NOTE: computed once: per-row scans would make the walk quadratic on long requests
+        self.model_run = any(e.kind == tr.RESOURCE_ACQUIRED and e.data.get("resource") in _MODEL
+                             for e in self.rows)
+        self.pushed_known = any(e.kind == tr.STOP_STATE and "nbytes" in e.data
+                                for e in self.rows)
 
     def bad(self, rule: str, message: str) -> None:
         kind = self.ev.kind if self.ev is not None and self.i < len(self.rows) else "end"

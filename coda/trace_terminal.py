@@ -7,7 +7,6 @@ from typing import Any
 
 from coda import trace as tr
 from coda.finish import CancelCause
-from coda.trace_output import pushed_known
 from coda.trace_rules import (
     CANCEL_CAUSES,
     ERROR_CODES,
@@ -91,7 +90,7 @@ def _usage(r: Request, usage: Any, reason: Any) -> None:
             want["processed_prompt_tokens"] = prompt - cached
     else:
         want["processed_prompt_tokens"] = 0
-    if pushed_known(r):
+    if r.pushed_known:
         want["returned_tokens"] = sum(1 for s in r.token_starts if s < r.sent)
     for name, value in want.items():
         if usage.get(name) != value:
@@ -123,5 +122,5 @@ def _stops(r: Request, state: Any, reason: Any, usage: Any) -> None:
         shown = text.endswith(stop) and offset == r.sent - len(stop.encode("utf-8"))
         if offset != r.sent and not shown:
             r.bad("S3", f"stop hit at byte {offset!r} but {r.sent} bytes were sent")
-    if state == "FINISHED" and r.hit is None and pushed_known(r) and r.pushed != r.sent:
+    if state == "FINISHED" and r.hit is None and r.pushed_known and r.pushed != r.sent:
         r.bad("K2", f"a normal end sent {r.sent} of the {r.pushed} bytes produced")

@@ -124,6 +124,9 @@ class _Walk:
             r.check_model_released(to)
             if r.next_kind() != tr.TERMINAL:
                 r.bad("L2", f"{to} without its terminal event in the same critical section")
+        if to == "DRAINING" and r.cancel_seen_at_safe_point:
+            r.bad("G1", "a cancel pending at the safe point, yet the request drained (the "
+                        "cancel check comes first)")
         if to == "DRAINING":
             r.drain_at = r.i
             r.drain_selected, r.drain_decoded = r.selected, r.decoded
@@ -141,6 +144,7 @@ class _Walk:
 
     def _prefill_completed(self, ev: tr.TraceEvent) -> None:
         r = self.r
+        r.reach_safe_point()
         if r.prefill_done is not None:
             r.bad("T1", "a second prefill.completed")
         r.prefill_done = ev
@@ -161,6 +165,9 @@ class _Walk:
     def _token_selected(self, ev: tr.TraceEvent) -> None:
         r = self.r
         t = ev.data.get("t")
+        if r.cancel_seen_at_safe_point:
+            r.bad("C1", "a cancel requested before this step's safe point, yet a token was "
+                        "selected (G1: cancel is checked before choose)")
         if r.cancel_observed:
             r.bad("C3", "token selected after cancel was observed")
         if r.hit is not None:
@@ -197,6 +204,7 @@ class _Walk:
 
     def _decode_completed(self, ev: tr.TraceEvent) -> None:
         r = self.r
+        r.reach_safe_point()
         started, r.decode_open = r.decode_open, None
         if started is None or started.data.get("t") != ev.data.get("t"):
             r.bad("T1", f"decode.completed t={ev.data.get('t')} without its decode.started")

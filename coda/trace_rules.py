@@ -55,6 +55,7 @@ class Request:
     cancel_requested: tr.TraceEvent | None = None
     cancel_observed: bool = False
     cancel_effective: bool = False
+    cancel_seen_at_safe_point: bool = False  # requested before a safe point that then passed
     terminal_at: int | None = None
     hit: tr.TraceEvent | None = None
     tail: tr.TraceEvent | None = None
@@ -80,6 +81,12 @@ class Request:
                              for e in self.rows)
         self.pushed_known = any(e.kind == tr.STOP_STATE and "nbytes" in e.data
                                 for e in self.rows)
+
+    def reach_safe_point(self) -> None:
+        """A prefill.completed or decode.completed row: the driver checks for a cancel next
+        (before choose, G1); one recorded before this row is visible to that check."""
+        if self.cancel_requested is not None and not self.cancel_observed:
+            self.cancel_seen_at_safe_point = True
 
     def bad(self, rule: str, message: str) -> None:
         kind = self.ev.kind if self.ev is not None and self.i < len(self.rows) else "end"

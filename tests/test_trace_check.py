@@ -139,6 +139,21 @@ def test_d4_every_kind_of_adjacent_swap_is_rejected_unless_a_client_cancel_moves
     assert len(pairs) >= 37 and dict(survived) == {}
 
 
+def test_c1_g1_a_cancel_recorded_before_a_safe_point_is_observed_there() -> None:
+    """C1, G1: a client cancel recorded before a step's decode.completed is visible to the
+    cancel check that precedes choose, so a later token.selected means the check was skipped
+    (the row count is kept consistent, so only this rule can fire)."""
+    rows = _one("FINISHED", kinds=(tr.DECODE_COMPLETED,))
+    i = _index(rows, tr.DECODE_COMPLETED)
+    cancel = TraceEvent(rows[0].request_id, tr.CANCEL_REQUESTED, {"cause": "client"},
+                        rows[i - 1].ts_ns)
+    last = rows[-1]
+    sealed = TraceEvent(last.request_id, last.kind,
+                        {**last.data, "rows": last.data["rows"] + 1}, last.ts_ns)
+    problems = _flags(rows[:i] + [cancel] + rows[i:-1] + [sealed], "C1")
+    assert all("safe point" in p for p in problems), problems
+
+
 def test_d4_cli_exits_nonzero_naming_the_rule(tmp_path: Path) -> None:
     """``coda trace check FILE`` on a corrupted real trace: exit status 1 and the rule named."""
     rows = _one("FINISHED", kinds=(tr.STREAM_DELTA,))

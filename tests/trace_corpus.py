@@ -189,6 +189,16 @@ def _cancel_moved_within_its_window(m: Mutation, rows: list[TraceEvent]) -> bool
     for e in moved[:at]:
         if e.kind == tr.LIFECYCLE and e.data.get("to") in ("DRAINING", "CANCEL_REQUESTED"):
             return False
+    safe_point = False
+    for e in moved[at + 1:]:
+        if e.kind == tr.CANCEL_OBSERVED or (e.kind == tr.LIFECYCLE
+                                            and e.data.get("to") == "CANCEL_REQUESTED"):
+            break
+        if e.kind in (tr.DECODE_COMPLETED, tr.PREFILL_COMPLETED):
+            safe_point = True
+        elif safe_point and (e.kind == tr.TOKEN_SELECTED or (
+                e.kind == tr.LIFECYCLE and e.data.get("to") == "DRAINING")):
+            return False
     return True
 
 

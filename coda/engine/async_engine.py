@@ -150,7 +150,9 @@ class AsyncEngine:
         return {"model": str(self.source.path), "source_kind": self.source.kind,
                 "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
                 **self.loaded.mode.summary(), "context": self.context_length,
-                "kv_cache_bytes": int(self.runner.kv.nbytes)}
+                "kv_cache_bytes": int(self.runner.kv.nbytes),
+                # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
+                "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items())}
 
     # -- lifecycle of the engine itself ----------------------------------------------------
     def start(self) -> None:

@@ -201,6 +201,7 @@ class CausalLM(nn.Module):
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         # NOTE: a packed head (coda/models/quant.py) replaces the dense one when set.
         self.logits_head: nn.Module | None = None
+        self.kernels: dict[str, str] = {}  # NOTE: tensor type -> kernel (packed modes' summary)
         self._plan: list[_LayerCalls] | None = None  # NOTE: see _native_plan
 
     def forward(

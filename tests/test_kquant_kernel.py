@@ -57,10 +57,14 @@ def blocks(draw: st.DrawFn, qtype: str) -> np.ndarray:
     return raw.reshape(1, -1)
 
 
+@pytest.mark.parametrize("isa", HERE_ISAS)
 @pytest.mark.parametrize("qtype", sorted(BLOCKS))
-def test_t3_decoders_equal_gguf_dequantize_bit_for_bit(qtype: str) -> None:
-    """T3: each block decoder (``kquants.h``, used by the matmul and the embedding gather)
-    gives exactly gguf-py's float32 weights, over random blocks with any finite scale."""
+def test_t3_decoders_equal_gguf_dequantize_bit_for_bit(qtype: str, isa: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """T3: each block decoder (portable ``kquants.h``, ``kquants_avx2.h``; used by the matmul
+    and the embedding gather) gives exactly gguf-py's float32 weights, over random blocks with
+    any finite scale."""
+    monkeypatch.setenv("CODA_KERNEL_ISA", isa)
     per = BLOCKS[qtype][0]
 
     @settings(max_examples=examples(60), deadline=None)
@@ -183,7 +187,7 @@ MIXES = {
     "Q3_K": lambda n: "Q3_K",
     "Q2_K+Q4_K": lambda n: "Q4_K" if "ffn_down" in n else "Q2_K",
     "Q5_0/Q5_1": lambda n: "Q5_1" if "ffn" in n else "Q5_0",
-    "F16/BF16": lambda n: "BF16" if "ffn" in n else "F16",
+    "Q8_0+F16/BF16": lambda n: "BF16" if "ffn_up" in n else "F16" if "ffn" in n else "Q8_0",
 }
 
 
@@ -233,3 +237,15 @@ def test_auto_serves_a_q4_k_m_mix_packed_with_embeddings_in_place(tmp_path: Path
     assert all(p.numel() < 256 * 256 for p in model.parameters())  # NOTE: only norms
     assert set(model.kernels) == {"Q4_K", "Q6_K", "Q4_K embeddings"}
     assert model.kernels["Q6_K"].startswith("packed-f32/")
+
+
+def test_a_float_gguf_stays_dense_by_default(tmp_path: Path) -> None:
+    """A GGUF without block-quantized matrices is served dense by ``auto`` (the in-place float
+    rows are for the float parts of quantized files), and ``packed`` says why it does not apply."""
+    from coda.models.gguf_file import open_gguf
+    from coda.models.gguf_packed import ggml_applies
+    from coda.models.modes import resolve_mode
+
+    ckpt = open_gguf(write_mixed(tmp_path / "f.gguf", lambda n: "F16"))
+    assert resolve_mode("auto", None, ckpt).name == "fp32"
+    assert "block-quantized" in str(ggml_applies(ckpt))

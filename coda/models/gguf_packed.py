@@ -187,13 +187,15 @@ def ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
     """None if the ``packed`` modes can serve the file, else why not: every projection, the
     head and the token embeddings must be of a type the kernels read."""
     tensors = {t.hf_name: t for t in ckpt.tensors()}
-    for names in projections(ckpt).values():
-        for n in names:
-            if (why := _fits(tensors[n])) is not None:
-                return why
-    for t in (head_tensor(tensors), tensors["model.embed_tokens.weight"]):
+    mats = [tensors[n] for names in projections(ckpt).values() for n in names]
+    mats += [head_tensor(tensors), tensors["model.embed_tokens.weight"]]
+    for t in mats:
         if (why := _fits(t)) is not None:
             return why
+    if all(t.qtype in ("F32", "F16", "BF16") for t in mats):
+        # NOTE: a float file is served dense (fp32 mode): the in-place kernel's float rows are
+        # for the float parts of quantized files (it is no BLAS at prefill)
+        return "no matrix is block-quantized; a float GGUF is served dense"
     return None
 
 

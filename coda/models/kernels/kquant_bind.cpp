@@ -43,7 +43,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& table, int64_t isa) {
   return y;
 }
 
-at::Tensor gather(const at::Tensor& ids, const at::Tensor& table, int64_t K) {
+at::Tensor gather(const at::Tensor& ids, const at::Tensor& table, int64_t K, int64_t isa) {
   const std::vector<kq::Seg> segs = segs_of(table);
   TORCH_CHECK(segs.size() == 1 && kq::segs_fit(segs.data(), 1, K), "one segment of K=", K);
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous(),
@@ -53,7 +53,7 @@ at::Tensor gather(const at::Tensor& ids, const at::Tensor& table, int64_t K) {
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(ip[t] >= 0 && ip[t] < segs[0].rows, "row id ", ip[t], " out of range");
   at::Tensor out = at::empty({T, K}, at::TensorOptions().dtype(at::kFloat));
-  kq::gather_rows(segs[0], K, ip, T, out.data_ptr<float>());
+  kq::gather_rows(static_cast<int32_t>(isa), segs[0], K, ip, T, out.data_ptr<float>());
   return out;
 }
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kquants.h"
+#include "kquants_avx2.h"
 
 namespace kq {
 
@@ -147,8 +148,11 @@ void linear_range(const float* x, int64_t M, int64_t K, const Seg* segs, int nse
       std::fill(acc, acc + mb * LANES, 0.0f);
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        decode_span(g.type, row, k0, kc, wbuf);
-        dot_rows<ISA>(wbuf, kc, xb + k0, K, mb, acc);
+        const float* w = wbuf;
+        if (g.type == F32) w = reinterpret_cast<const float*>(row) + k0;  // NOTE: read in place
+        else if (ISA == SCALAR) decode_span(g.type, row, k0, kc, wbuf);
+        else decode_span_avx2(g.type, row, k0, kc, wbuf);
+        dot_rows<ISA>(w, kc, xb + k0, K, mb, acc);
       }
       const float b = g.bias ? g.bias[i] : 0.0f;
       for (int64_t r = 0; r < mb; ++r) {
@@ -169,10 +173,12 @@ inline void linear_range_isa(int32_t isa, const float* x, int64_t M, int64_t K, 
 
 // Rows ids[0..T) of one segment decoded to out[t * K ...] (token embeddings, gathered from
 // the blocks; an id outside the segment is the caller's to refuse).
-inline void gather_rows(const Seg& g, int64_t K, const int64_t* ids, int64_t T, float* out) {
+inline void gather_rows(int32_t isa, const Seg& g, int64_t K, const int64_t* ids, int64_t T,
+                        float* out) {
   for (int64_t t = 0; t < T; ++t) {
     const int64_t fr = g.row_map ? g.row_map[ids[t]] : ids[t];
-    decode_span(g.type, g.base + fr * g.row_bytes, 0, K, out + t * K);
+    if (isa == SCALAR) decode_span(g.type, g.base + fr * g.row_bytes, 0, K, out + t * K);
+    else decode_span_avx2(g.type, g.base + fr * g.row_bytes, 0, K, out + t * K);
   }
 }
 

@@ -32,7 +32,7 @@ from torch import nn
 from coda.models.kernels import KernelUnavailable, cpu_flags
 
 _HERE = Path(__file__).parent
-_SOURCES = ("kquant_bind.cpp", "kquants.h", "kquant_kernels.h")
+_SOURCES = ("kquant_bind.cpp", "kquants.h", "kquants_avx2.h", "kquant_kernels.h")
 ISAS = ("scalar", "avx2", "avx512")
 # ggml type name -> (ggml type number, weights per block, bytes per block)
 TYPES: dict[str, tuple[int, int, int]] = {
@@ -150,11 +150,12 @@ class KQuantEmbedding(nn.Module):
     def __init__(self, segment: Segment) -> None:
         super().__init__()
         self._ext = load_ext()
+        self._isa = ISAS.index(isa())
         self.segment = segment
         self._table = table([segment])
         self.num_embeddings, self.embedding_dim = segment.rows, segment.cols
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).long().contiguous()
-        out: torch.Tensor = self._ext.gather(flat, self._table, self.embedding_dim)
+        out: torch.Tensor = self._ext.gather(flat, self._table, self.embedding_dim, self._isa)
         return out.view(*ids.shape, self.embedding_dim)

@@ -195,7 +195,8 @@ def ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
     if all(t.qtype in ("F32", "F16", "BF16") for t in mats):
         # NOTE: a float file is served dense (fp32 mode): the in-place kernel's float rows are
         # for the float parts of quantized files (it is no BLAS at prefill)
-        return "no matrix is block-quantized; a float GGUF is served dense"
+        return (f"{mats[0].gguf_name} is {mats[0].qtype}, and no matrix is block-quantized: "
+                "a float GGUF is served dense")
     return None
 
 

@@ -61,8 +61,13 @@ class QuantMode:
     available: Callable[[], str | None] = _available_always  # can this machine? (None = yes)
 
     def summary(self) -> dict[str, str | bool]:
+        """The mode's part of the load summary, with the native kernels' state (the ISA that
+        runs, or why they are missing and so which path runs instead)."""
+        from coda.models.kernels import describe
+
         return {"quant_mode": self.name, "numerics": self.numerics,
-                "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype}
+                "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype,
+                **describe()}
 
 
 def _dense(dtype: str) -> Builder:
@@ -99,13 +104,9 @@ def _ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
 
 
 def _ggml_kernel() -> str | None:
-    from coda.models.kernels import KernelUnavailable, load
+    from coda.models.kernels import unavailable
 
-    try:
-        load()  # NOTE: JIT-compiles once per source version (~1 min), cached afterwards
-    except KernelUnavailable as exc:
-        return str(exc)
-    return None
+    return unavailable()  # NOTE: an import of the module built at install; never a compile
 
 
 def _q4_applies(ckpt: GGUFCheckpoint) -> str | None:
@@ -134,7 +135,7 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
               "as two exact int4 halves; embeddings, norms, RoPE, attention and KV float32",
               True, "float32", _packed("q8split"), applies=_q4_applies, available=_int4_kernel),
     QuantMode("packed", "Q4_0/Q4_1/Q8_0 matrices (head included) on the file's own blocks "
-              "through Coda's AVX2 kernel: exact weights and float16 scales, float32 "
+              "through Coda's native kernel: exact weights and float16 scales, float32 "
               "activations, fixed per-output summation order; embeddings, norms, RoPE, "
               "attention and KV float32", True, "float32", _ggml("f32"),
               applies=_ggml_applies, available=_ggml_kernel),

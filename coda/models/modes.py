@@ -61,8 +61,13 @@ class QuantMode:
     available: Callable[[], str | None] = _available_always  # can this machine? (None = yes)
 
     def summary(self) -> dict[str, str | bool]:
+        """The mode's part of the load summary, with the native kernels' state (the ISA that
+        runs, or why they are missing and so which path runs instead)."""
+        from coda.models.kernels import describe
+
         return {"quant_mode": self.name, "numerics": self.numerics,
-                "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype}
+                "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype,
+                **describe()}
 
 
 def _dense(dtype: str) -> Builder:
@@ -99,15 +104,9 @@ def _ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
 
 
 def _ggml_kernel() -> str | None:
-    from coda.models.kernels import KernelUnavailable, load
-    from coda.models.kernels.kquant_linear import isa
+    from coda.models.kernels import unavailable
 
-    try:
-        load()  # NOTE: JIT-compiles once per source version (~1 min), cached afterwards
-        isa()  # NOTE: the in-place kernel (every other block type), built the same way
-    except KernelUnavailable as exc:
-        return str(exc)
-    return None
+    return unavailable()  # NOTE: an import of the module built at install; never a compile
 
 
 def _q4_applies(ckpt: GGUFCheckpoint) -> str | None:

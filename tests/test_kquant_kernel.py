@@ -10,6 +10,8 @@ batch, its position and the thread count; models of each type mix against the fp
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 
@@ -21,20 +23,33 @@ from gguf.quants import dequantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.models.kernels import KernelUnavailable
-from tests.conftest import examples
+from coda.models.kernels import native, unavailable
+from tests.conftest import examples, kernel_isas
 from tests.kquant_files import BLOCKS, q4_k_m, random_blocks, write_mixed
 
-try:
-    from coda.models.kernels.kquant_linear import (ISAS, TYPES, KQuantEmbedding, KQuantLinear,
-                                                   Segment, load_ext)
+if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
+    pytest.skip(f"native kernels unavailable: {unavailable()}", allow_module_level=True)
 
-    BEST = int(load_ext().best_isa())
-except KernelUnavailable as exc:  # NOTE: needs a compiler and AVX2 until the built module lands
-    pytest.skip(f"in-place GGUF kernel unavailable: {exc}", allow_module_level=True)
+from coda.models.kernels.kquant_linear import (  # noqa: E402
+    TYPES,
+    KQuantEmbedding,
+    KQuantLinear,
+    Segment,
+)
 
-HERE_ISAS = ISAS[:BEST + 1]
+HERE_ISAS = kernel_isas()
 ALL_TYPES = sorted(TYPES)
+
+
+@contextmanager
+def using(isa: str) -> Iterator[None]:
+    mod = native()
+    before = mod.isa()
+    mod.set_isa(isa)
+    try:
+        yield
+    finally:
+        mod.set_isa(before)
 
 
 def as_f32(raw: np.ndarray, qtype: str, rows: int, cols: int) -> np.ndarray:
@@ -59,12 +74,10 @@ def blocks(draw: st.DrawFn, qtype: str) -> np.ndarray:
 
 @pytest.mark.parametrize("isa", HERE_ISAS)
 @pytest.mark.parametrize("qtype", sorted(BLOCKS))
-def test_t3_decoders_equal_gguf_dequantize_bit_for_bit(qtype: str, isa: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_t3_decoders_equal_gguf_dequantize_bit_for_bit(qtype: str, isa: str) -> None:
     """T3: each block decoder (portable ``kquants.h``, ``kquants_avx2.h``; used by the matmul
     and the embedding gather) gives exactly gguf-py's float32 weights, over random blocks with
     any finite scale."""
-    monkeypatch.setenv("CODA_KERNEL_ISA", isa)
     per = BLOCKS[qtype][0]
 
     @settings(max_examples=examples(60), deadline=None)
@@ -75,7 +88,8 @@ def test_t3_decoders_equal_gguf_dequantize_bit_for_bit(qtype: str, isa: str,
         want = as_f32(raw, qtype, 1, cols)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
-    check()
+    with using(isa):
+        check()
 
 
 def _round32(q: Fraction) -> np.float32:
@@ -99,26 +113,24 @@ def canonical_dot(w: np.ndarray, x: np.ndarray, bias: float | None) -> np.float3
 
 
 @pytest.mark.parametrize("isa", HERE_ISAS)
-def test_t4_f32_kernel_sums_in_the_canonical_order(isa: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_t4_f32_kernel_sums_in_the_canonical_order(isa: str) -> None:
     """T4: the kernel's per-output order is the canonical one on every ISA (so a row's bits
     are the same on every machine): bit for bit against an exactly rounded FMA oracle."""
-    monkeypatch.setenv("CODA_KERNEL_ISA", isa)
     rng = np.random.default_rng(1)
     n, k, m = 3, 48, 2
     w = rng.standard_normal((n, k)).astype(np.float32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
-    y = KQuantLinear([Segment(w, "F32", (n, k), bias=torch.from_numpy(bias))])(
-        torch.from_numpy(x)).numpy()
+    with using(isa):
+        y = KQuantLinear([Segment(w, "F32", (n, k), bias=torch.from_numpy(bias))])(
+            torch.from_numpy(x)).numpy()
     want = np.array([[canonical_dot(w[j], x[i], float(bias[j])) for j in range(n)]
                      for i in range(m)], np.float32)
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)
-def test_t4_each_type_is_its_dequantized_weights_on_every_isa(
-        qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_t4_each_type_is_its_dequantized_weights_on_every_isa(qtype: str) -> None:
     """T4: a tensor's product equals, bit for bit, the same kernel on gguf-py's float32 weights,
     on every ISA the CPU has (scalar, AVX2, AVX-512 give the same bits), with a row map (the
     q/k order) and a bias; so its only rounding is the canonical order's."""
@@ -131,9 +143,8 @@ def test_t4_each_type_is_its_dequantized_weights_on_every_isa(
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
     outs = []
     for isa in HERE_ISAS:
-        monkeypatch.setenv("CODA_KERNEL_ISA", isa)
-        outs.append(KQuantLinear([Segment(raw, qtype, (n, k), order, bias)])(x).numpy())
-    monkeypatch.delenv("CODA_KERNEL_ISA")
+        with using(isa):
+            outs.append(KQuantLinear([Segment(raw, qtype, (n, k), order, bias)])(x).numpy())
     ref = KQuantLinear([Segment(dense, "F32", (n, k), order, bias)])(x).numpy()
     for y in outs:
         assert np.array_equal(y.view(np.uint32), ref.view(np.uint32))
@@ -170,13 +181,13 @@ def test_t4_row_bits_independent_of_batch_position_and_threads(qtype: str, batch
     pos = data.draw(st.integers(0, batch - 1))
     xs = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch))
     xs[pos] = row[0]
-    threads = torch.get_num_threads()
+    threads = native().threads()
     try:
-        for t in (1, 2):
-            torch.set_num_threads(t)
+        for t in (1, 3):
+            native().set_threads(t)
             assert torch.equal(lin(xs)[pos], alone[0])
     finally:
-        torch.set_num_threads(threads)
+        native().set_threads(threads)
 
 
 MIXES = {

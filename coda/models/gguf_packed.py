@@ -113,7 +113,7 @@ def build_packed(ckpt: GGUFCheckpoint, make_linear: LinearFactory, make_head: He
     return build_model(ckpt.config, rest, dtype="float32", device=device, modules=modules)
 
 
-GGML_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the re-laid-out AVX2 kernel (ggml_blocks.cpp)
+GGML_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the re-laid-out kernel (csrc/blocks.h)
 # Types the in-place kernel (kquant_kernels.h) reads; keep in step with kquant_linear.TYPES.
 INPLACE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
                  "Q4_K", "Q5_K", "Q6_K")
@@ -128,7 +128,7 @@ def _raw_rows(t: GGUFTensor) -> np.ndarray:
 
 
 def _legacy(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> bool:
-    """Whether ``ggml_blocks``' kernel takes the projection: one of its types, no bias."""
+    """Whether ``blocks.h``' kernel takes the projection: one of its types, no bias."""
     return not biases and len({t.qtype for t in parts}) == 1 and parts[0].qtype in GGML_TYPES
 
 
@@ -144,9 +144,10 @@ def segment(t: GGUFTensor, bias: GGUFTensor | None = None) -> Any:
 
 def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactory:
     """Projections on their own GGUF blocks (``packed*`` modes): Q4_0/Q4_1/Q8_0 projections
-    without bias through ``ggml_blocks`` (re-laid-out once, as many bytes as the file; f32 or q8
+    without bias through ``csrc/blocks.h`` (re-laid-out once, as many bytes as the file; f32 or q8
     activations), every other one (K-quants, Q5, F16, mixed types, biases) through the in-place
     kernel (float32 activations in both modes). ``kernels`` collects type -> kernel."""
+    from coda.models.kernels import native
     from coda.models.kernels.ggml_linear import GgmlLinear
     from coda.models.kernels.kquant_linear import KQuantLinear, kernel_name
 
@@ -154,7 +155,7 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
         if _legacy(parts, biases):
             kind = parts[0].qtype
             if kernels is not None:
-                kernels[kind] = f"ggml_blocks-{act}/avx2 (re-laid-out)"
+                kernels[kind] = f"blocks-{act}/{native().isa()} (re-laid-out)"
             raw = np.concatenate([_raw_rows(t) for t in parts])
             return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
         by_name = {b.hf_name.removesuffix("bias"): b for b in biases}

@@ -7,34 +7,24 @@ followed through a row map (int32 per output row) instead of moving rows; biases
 :class:`KQuantEmbedding` gathers token rows from the blocks, decoding only the rows asked for.
 
 Numerics (the ``packed`` mode): each weight is decoded bit for bit as
-``gguf.quants.dequantize`` (``kquants.h``), and each output is summed in the canonical order of
-``kquant_kernels.h`` (16 float lanes, input k in lane k mod 16, FMA in increasing k, a fixed
-tree), so a row's bits depend on its input row only — not on the batch, its position or the
-thread count — and are the same for every ISA (``CODA_KERNEL_ISA=scalar|avx2|avx512``).
-
-The kernels are compiled on first use by ``torch.utils.cpp_extension`` (like the other kernels
-of this package) until the install-time extension module hosts them.
+``gguf.quants.dequantize`` (``csrc/kquants.h``, ``csrc/kquants_avx2.h``), and each output is
+summed in the canonical order of ``csrc/kquant_kernels.h`` (16 float lanes, input k in lane
+k mod 16, FMA in increasing k, a fixed tree), so a row's bits depend on its input row only —
+not on the batch, its position or the thread count — and are the same for every build of
+``coda._native`` (``CODA_KERNEL_ISA=scalar|avx2|avx512``).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from coda.models.kernels import KernelUnavailable, cpu_flags
+from coda.models.kernels import native
 
-_HERE = Path(__file__).parent
-_SOURCES = ("kquant_bind.cpp", "kquants.h", "kquants_avx2.h", "kquant_kernels.h")
-ISAS = ("scalar", "avx2", "avx512")
-# ggml type name -> (ggml type number, weights per block, bytes per block)
+# ggml type name -> (ggml type number, weights per block, bytes per block); csrc/table.h's
 TYPES: dict[str, tuple[int, int, int]] = {
     "F32": (0, 1, 4), "F16": (1, 1, 2), "BF16": (30, 1, 2),
     "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
@@ -43,39 +33,9 @@ TYPES: dict[str, tuple[int, int, int]] = {
 }
 
 
-@functools.cache
-def load_ext() -> Any:
-    """The compiled kernels; :class:`KernelUnavailable` (with the reason) if they cannot be had."""
-    missing = [f for f in ("avx2", "fma", "f16c") if f not in cpu_flags()]
-    if missing:
-        raise KernelUnavailable(f"CPU lacks {', '.join(missing)} (the JIT build targets AVX2)")
-    try:
-        from torch.utils import cpp_extension
-
-        digest = hashlib.sha256(b"".join((_HERE / s).read_bytes() for s in _SOURCES))
-        return cpp_extension.load(
-            name=f"coda_kquant_{digest.hexdigest()[:10]}", sources=[str(_HERE / _SOURCES[0])],
-            extra_include_paths=[str(_HERE)],
-            # NOTE: -ffp-contract=off: only the written FMAs fuse (the canonical order's)
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"],
-            extra_ldflags=["-fopenmp"], verbose=os.environ.get("CODA_KERNEL_VERBOSE") == "1")
-    except (OSError, RuntimeError, ImportError) as exc:
-        raise KernelUnavailable(f"could not build {_SOURCES[0]}: {exc}") from exc
-
-
-def isa() -> str:
-    """The ISA the kernels run: ``CODA_KERNEL_ISA`` if set (must be one this CPU has), else the
-    widest the CPU has. Every ISA gives the same bits (the canonical order)."""
-    best = ISAS[int(load_ext().best_isa())]
-    want = os.environ.get("CODA_KERNEL_ISA", "").strip().lower() or best
-    if want not in ISAS or ISAS.index(want) > ISAS.index(best):
-        raise KernelUnavailable(f"CODA_KERNEL_ISA={want!r}: this CPU runs {ISAS[:ISAS.index(best) + 1]}")
-    return want
-
-
 def kernel_name(qtype: str) -> str:
     """What runs a tensor of ``qtype`` (for the load summary)."""
-    return f"packed-f32/{isa()}"
+    return f"packed-f32/{native().isa()}"
 
 
 class Segment:
@@ -113,6 +73,13 @@ def table(segments: Sequence[Segment]) -> torch.Tensor:
     return torch.tensor([s.entry() for s in segments], dtype=torch.int64)
 
 
+def _input(x: torch.Tensor, k: int) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or not x.is_contiguous() \
+            or not x.is_cpu:
+        raise ValueError(f"x must be a contiguous float32 CPU [M, {k}] tensor")
+    return x
+
+
 class KQuantLinear(nn.Module):
     """``y = x @ W.T (+ b)`` with W the row-concatenation of ``segments`` (same K)."""
 
@@ -120,8 +87,7 @@ class KQuantLinear(nn.Module):
         super().__init__()
         if not segments or len({s.cols for s in segments}) != 1:
             raise ValueError("segments must be non-empty and share the input width")
-        self._ext = load_ext()
-        self._isa = ISAS.index(isa())
+        self._linear: Callable[..., None] = native().kq_linear  # NOTE: KernelUnavailable here
         self.segments = list(segments)  # NOTE: keeps the mapped bytes, row maps, biases alive
         self._table = table(self.segments)
         self.in_features = segments[0].cols
@@ -131,17 +97,24 @@ class KQuantLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer {self.in_features}")
         flat = x.reshape(-1, self.in_features).float().contiguous()
-        y: torch.Tensor = self._ext.linear(flat, self._table, self._isa)
-        return y.view(*x.shape[:-1], self.out_features)
+        return self.direct()(flat).view(*x.shape[:-1], self.out_features)
 
     def direct(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The kernel call alone, for 2-D contiguous float32 inputs (the native decoder path)."""
-        linear, tab, isa_ = self._ext.linear, self._table, self._isa
-        return lambda x: linear(x, tab, isa_)
+        linear, tab, nseg = self._linear, self._table, len(self.segments)
+        k, n = self.in_features, self.out_features
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            x = _input(x, k)
+            y = torch.empty((x.shape[0], n), dtype=torch.float32)
+            linear(x.data_ptr(), x.shape[0], k, tab.data_ptr(), nseg, y.data_ptr())
+            return y
+
+        return call
 
     def extra_repr(self) -> str:
         kinds = "+".join(s.qtype for s in self.segments)
-        return f"{self.in_features}->{self.out_features}, {kinds}, isa={ISAS[self._isa]}"
+        return f"{self.in_features}->{self.out_features}, {kinds}"
 
 
 class KQuantEmbedding(nn.Module):
@@ -149,13 +122,14 @@ class KQuantEmbedding(nn.Module):
 
     def __init__(self, segment: Segment) -> None:
         super().__init__()
-        self._ext = load_ext()
-        self._isa = ISAS.index(isa())
+        self._gather: Callable[..., None] = native().kq_gather
         self.segment = segment
         self._table = table([segment])
         self.num_embeddings, self.embedding_dim = segment.rows, segment.cols
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).long().contiguous()
-        out: torch.Tensor = self._ext.gather(flat, self._table, self.embedding_dim, self._isa)
+        out = torch.empty((flat.shape[0], self.embedding_dim), dtype=torch.float32)
+        self._gather(flat.data_ptr(), flat.shape[0], self._table.data_ptr(), self.embedding_dim,
+                     out.data_ptr())
         return out.view(*ids.shape, self.embedding_dim)

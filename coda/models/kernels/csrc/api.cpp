@@ -138,6 +138,45 @@ void silu_mul(Ptr gu, Ptr y, int64_t T, int64_t I) {
   active().silu_mul(at<const float>(gu), at<float>(y), T, I);
 }
 
+namespace {
+
+// The segment table as structs, each checked against K (known type, whole blocks, row bytes).
+std::vector<KqSeg> kq_segs(Ptr table, int64_t nseg, int64_t K) {
+  require(nseg > 0 && K > 0 && K % 16 == 0, "K must be a positive multiple of 16");
+  const int64_t* t = at<const int64_t>(table);
+  std::vector<KqSeg> segs;
+  for (int64_t s = 0; s < nseg; ++s, t += 6) {
+    const int32_t type = static_cast<int32_t>(t[3]);
+    const int64_t bs = ggml::block_size(type);
+    require(bs > 0, "unknown ggml tensor type");
+    require(K % bs == 0 && t[2] == K / bs * ggml::block_bytes(type) && t[1] > 0 && t[0] != 0,
+            "a segment does not fit K (whole blocks, row bytes)");
+    segs.push_back({at<const uint8_t>(static_cast<Ptr>(t[0])), t[1], t[2], type,
+                    at<const int32_t>(static_cast<Ptr>(t[4])), at<const float>(static_cast<Ptr>(t[5]))});
+  }
+  return segs;
+}
+
+}  // namespace
+
+void kq_linear(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y) {
+  require(M >= 0, "bad M");
+  const std::vector<KqSeg> table = kq_segs(segs, nseg, K);
+  int64_t N = 0;
+  for (const KqSeg& g : table) N += g.rows;
+  if (M == 0) return;
+  active().kq_linear({at<const float>(x), M, K, table.data(), static_cast<int>(table.size()), N,
+                      at<float>(y)});
+}
+
+void kq_gather(Ptr ids, int64_t T, Ptr seg, int64_t K, Ptr out) {
+  require(T >= 0, "bad T");
+  const std::vector<KqSeg> table = kq_segs(seg, 1, K);
+  const int64_t* id = at<const int64_t>(ids);
+  for (int64_t t = 0; t < T; ++t) in_range(id[t] >= 0 && id[t] < table[0].rows, "row id out of range");
+  active().kq_gather(table[0], K, id, T, at<float>(out));
+}
+
 std::vector<std::string> isas() {
   std::vector<std::string> names;
   for (const Build& b : kBuilds)

@@ -23,6 +23,11 @@ void rms_norm(Ptr x, Ptr w, double eps, Ptr y, int64_t T, int64_t D);
 void add_rms_norm(Ptr x, Ptr r, Ptr w, double eps, Ptr y, int64_t T, int64_t D);
 void silu_mul(Ptr gu, Ptr y, int64_t T, int64_t I);
 
+// GGUF tensors read in place (issue 18): segs is an int64 [nseg, 6] table (data pointer, rows,
+// row bytes, ggml type, row-map pointer or 0, bias pointer or 0), rows concatenated.
+void kq_linear(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y);
+void kq_gather(Ptr ids, int64_t T, Ptr seg, int64_t K, Ptr out);
+
 std::vector<std::string> isas();   // the builds this CPU can run, portable first
 std::string isa();                 // the build in use
 void set_isa(const std::string& name);  // invalid_argument: unknown or not runnable here

@@ -5,4 +5,5 @@
 #include "isa.h"
 #include "blocks.h"
 #include "rows.h"
+#include "kquant_kernels.h"
 #include "kernels_def.h"

@@ -25,6 +25,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("rms_norm", &api::rms_norm, "row-wise RMSNorm", nogil);
   m.def("add_rms_norm", &api::add_rms_norm, "x += r in place; y = rms_norm(x)", nogil);
   m.def("silu_mul", &api::silu_mul, "silu(gate) * up of [T, 2I] rows", nogil);
+  m.attr("kquant_order") = "lanes16-v1";  // NOTE: kquant_kernels.h's order (in-place GGUF rows)
+  m.def("kq_linear", &api::kq_linear, "y[M, N] = x[M, K] @ W.T over GGUF tensors read in place",
+        nogil);
+  m.def("kq_gather", &api::kq_gather, "rows of one GGUF tensor decoded to float32", nogil);
   m.def("isas", &api::isas, "the kernel builds this CPU can run");
   m.def("isa", &api::isa, "the kernel build in use");
   m.def("set_isa", &api::set_isa, "use the named build (ValueError if unknown or not runnable)");

@@ -45,6 +45,67 @@ struct AttendCall {
   float* out;  // [T, H d]
 };
 
+// GGUF tensors read in place by the kquant kernels (kquants.h, kquant_kernels.h; issue 18).
+namespace ggml {
+
+// NOTE: ggml's GGMLQuantizationType numbers, so Python passes them unchanged.
+enum Type : int32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+};
+
+// Weights per block; 0 for a type the kernels do not read.
+inline int64_t block_size(int32_t t) {
+  switch (t) {
+    case F32: case F16: case BF16: return 1;
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
+    case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K: return 256;
+    default: return 0;
+  }
+}
+
+// Bytes per block; 0 for a type the kernels do not read.
+inline int64_t block_bytes(int32_t t) {
+  switch (t) {
+    case F32: return 4;
+    case F16: case BF16: return 2;
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q2_K: return 84;
+    case Q3_K: return 110;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+  }
+}
+
+}  // namespace ggml
+
+// One weight tensor as the file stores it: rows of row_bytes bytes from base; output i of the
+// segment reads file row row_map[i] (llama.cpp's q/k order) or row i; bias (float32) or null.
+struct KqSeg {
+  const uint8_t* base;
+  int64_t rows;
+  int64_t row_bytes;
+  int32_t type;
+  const int32_t* row_map;
+  const float* bias;
+};
+
+// y[M, N] = x[M, K] @ W.T (+ bias), W the row concatenation of segs (N = sum of their rows).
+struct KqCall {
+  const float* x;
+  int64_t M, K;
+  const KqSeg* segs;
+  int nseg;
+  int64_t N;
+  float* y;
+};
+
 struct Kernels {
   const char* name;
   void (*linear)(const LinearCall&);
@@ -55,6 +116,9 @@ struct Kernels {
   void (*add_rms_norm)(float* x, const float* r, const float* w, float eps, float* y, int64_t T,
                        int64_t D);
   void (*silu_mul)(const float* gu, float* y, int64_t T, int64_t I);
+  void (*kq_linear)(const KqCall&);
+  // rows ids[0..T) of one segment decoded to out [T, K] (ids checked by api.cpp)
+  void (*kq_gather)(const KqSeg& seg, int64_t K, const int64_t* ids, int64_t T, float* out);
 };
 
 const Kernels& kernels_scalar();

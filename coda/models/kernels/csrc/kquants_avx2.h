@@ -1,18 +1,21 @@
 // AVX2 block decoders: the same bits as the portable ones of kquants.h (each weight by the same
 // float32 operations: an exact product, then at most one rounding, so fma(d, q, -m) equals
 // d * q - m), eight weights per instruction. Used by the AVX2 and AVX-512 builds of the matmul.
+// Compiled only into the AVX2 and AVX-512 builds (their translation units carry the flags).
 #pragma once
-#include <immintrin.h>
-
 #include "kquants.h"
 
-#define KQ_AVX2 __attribute__((target("avx2,fma")))
+#if CODA_ISA != CODA_SCALAR
+#include <immintrin.h>
 
+
+namespace coda_native {
+namespace CODA_NS {
 namespace kq {
 
 // 8 byte codes (low 8 bytes of b; signed or unsigned) -> out[0..8) = q * d (+ m when FMA).
 template <bool SIGNED, bool FMA>
-KQ_AVX2 inline void emit8(__m128i b, __m256 d, __m256 m, float* out) {
+inline void emit8(__m128i b, __m256 d, __m256 m, float* out) {
   const __m256i i = SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
   const __m256 q = _mm256_cvtepi32_ps(i);
   _mm256_storeu_ps(out, FMA ? _mm256_fmadd_ps(q, d, m) : _mm256_mul_ps(q, d));
@@ -20,29 +23,29 @@ KQ_AVX2 inline void emit8(__m128i b, __m256 d, __m256 m, float* out) {
 
 // 16 byte codes -> 16 floats with one (d, m).
 template <bool SIGNED, bool FMA>
-KQ_AVX2 inline void emit16(__m128i b, __m256 d, __m256 m, float* out) {
+inline void emit16(__m128i b, __m256 d, __m256 m, float* out) {
   emit8<SIGNED, FMA>(b, d, m, out);
   emit8<SIGNED, FMA>(_mm_srli_si128(b, 8), d, m, out + 8);
 }
 
 // 32 byte codes -> 32 floats: the first 16 with (d0, m0), the last 16 with (d1, m1).
 template <bool SIGNED, bool FMA>
-KQ_AVX2 inline void emit32(__m256i b, float d0, float m0, float d1, float m1, float* out) {
+inline void emit32(__m256i b, float d0, float m0, float d1, float m1, float* out) {
   emit16<SIGNED, FMA>(_mm256_castsi256_si128(b), _mm256_set1_ps(d0), _mm256_set1_ps(m0), out);
   emit16<SIGNED, FMA>(_mm256_extracti128_si256(b, 1), _mm256_set1_ps(d1), _mm256_set1_ps(m1),
                       out + 16);
 }
 
-KQ_AVX2 inline __m256i nibbles(__m256i v, int shift) {
+inline __m256i nibbles(__m256i v, int shift) {
   return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(0x0F));
 }
 
-KQ_AVX2 inline __m256i load32(const uint8_t* p) {
+inline __m256i load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
 // Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1: 16 bytes of nibbles -> 32 codes, low nibbles first.
-KQ_AVX2 inline __m256i split16(const uint8_t* qs) {
+inline __m256i split16(const uint8_t* qs) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F));
   const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
@@ -50,7 +53,7 @@ KQ_AVX2 inline __m256i split16(const uint8_t* qs) {
 }
 
 // The 32 bits of qh as 32 bytes of 0 or 16 (bit j -> byte j).
-KQ_AVX2 inline __m256i bits16(uint32_t qh) {
+inline __m256i bits16(uint32_t qh) {
   const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
                                          0x0101010101010101LL, 0x0000000000000000LL);
   const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
@@ -59,34 +62,34 @@ KQ_AVX2 inline __m256i bits16(uint32_t qh) {
   return _mm256_and_si256(on, _mm256_set1_epi8(16));
 }
 
-KQ_AVX2 inline void decode_q4_0_avx2(const uint8_t* b, float* out) {
+inline void decode_q4_0_avx2(const uint8_t* b, float* out) {
   const float d = f16(b);
   const __m256i q = _mm256_sub_epi8(split16(b + 2), _mm256_set1_epi8(8));
   emit32<true, false>(q, d, 0.0f, d, 0.0f, out);
 }
 
-KQ_AVX2 inline void decode_q4_1_avx2(const uint8_t* b, float* out) {
+inline void decode_q4_1_avx2(const uint8_t* b, float* out) {
   const float d = f16(b), m = f16(b + 2);
   emit32<false, true>(split16(b + 4), d, m, d, m, out);
 }
 
-KQ_AVX2 inline void decode_q5_0_avx2(const uint8_t* b, float* out) {
+inline void decode_q5_0_avx2(const uint8_t* b, float* out) {
   const float d = f16(b);
   const __m256i q = _mm256_or_si256(split16(b + 6), bits16(le32(b + 2)));
   emit32<true, false>(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), d, 0.0f, d, 0.0f, out);
 }
 
-KQ_AVX2 inline void decode_q5_1_avx2(const uint8_t* b, float* out) {
+inline void decode_q5_1_avx2(const uint8_t* b, float* out) {
   const float d = f16(b), m = f16(b + 2);
   emit32<false, true>(_mm256_or_si256(split16(b + 8), bits16(le32(b + 4))), d, m, d, m, out);
 }
 
-KQ_AVX2 inline void decode_q8_0_avx2(const uint8_t* b, float* out) {
+inline void decode_q8_0_avx2(const uint8_t* b, float* out) {
   const float d = f16(b);
   emit32<true, false>(load32(b + 2), d, 0.0f, d, 0.0f, out);
 }
 
-KQ_AVX2 inline void decode_q2_k_avx2(const uint8_t* b, float* out) {
+inline void decode_q2_k_avx2(const uint8_t* b, float* out) {
   const uint8_t* sc = b;
   const float d = f16(b + 80), dmin = f16(b + 82);
   for (int h = 0; h < 2; ++h) {
@@ -102,7 +105,7 @@ KQ_AVX2 inline void decode_q2_k_avx2(const uint8_t* b, float* out) {
   }
 }
 
-KQ_AVX2 inline void decode_q3_k_avx2(const uint8_t* b, float* out) {
+inline void decode_q3_k_avx2(const uint8_t* b, float* out) {
   const __m256i hm = load32(b);
   const uint8_t* sc = b + 96;
   const float d = f16(b + 108);
@@ -121,7 +124,7 @@ KQ_AVX2 inline void decode_q3_k_avx2(const uint8_t* b, float* out) {
   }
 }
 
-KQ_AVX2 inline void decode_q4_k_avx2(const uint8_t* b, float* out) {
+inline void decode_q4_k_avx2(const uint8_t* b, float* out) {
   const float d = f16(b), dmin = f16(b + 2);
   for (int c = 0; c < 4; ++c) {
     const __m256i v = load32(b + 16 + c * 32);
@@ -134,7 +137,7 @@ KQ_AVX2 inline void decode_q4_k_avx2(const uint8_t* b, float* out) {
   }
 }
 
-KQ_AVX2 inline void decode_q5_k_avx2(const uint8_t* b, float* out) {
+inline void decode_q5_k_avx2(const uint8_t* b, float* out) {
   const float d = f16(b), dmin = f16(b + 2);
   const __m256i qh = load32(b + 16);
   for (int c = 0; c < 4; ++c) {
@@ -151,7 +154,7 @@ KQ_AVX2 inline void decode_q5_k_avx2(const uint8_t* b, float* out) {
   }
 }
 
-KQ_AVX2 inline void decode_q6_k_avx2(const uint8_t* b, float* out) {
+inline void decode_q6_k_avx2(const uint8_t* b, float* out) {
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const float d = f16(b + 208);
   for (int half = 0; half < 2; ++half) {
@@ -169,13 +172,13 @@ KQ_AVX2 inline void decode_q6_k_avx2(const uint8_t* b, float* out) {
   }
 }
 
-KQ_AVX2 inline void decode_f16_avx2(const uint8_t* p, int64_t n, float* out) {
+inline void decode_f16_avx2(const uint8_t* p, int64_t n, float* out) {
   for (int64_t i = 0; i < n; i += 8)
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i))));
 }
 
-KQ_AVX2 inline void decode_bf16_avx2(const uint8_t* p, int64_t n, float* out) {
+inline void decode_bf16_avx2(const uint8_t* p, int64_t n, float* out) {
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
     _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
@@ -183,7 +186,7 @@ KQ_AVX2 inline void decode_bf16_avx2(const uint8_t* p, int64_t n, float* out) {
 }
 
 // As decode_span (n a multiple of 16 and of the block size), AVX2.
-KQ_AVX2 inline bool decode_span_avx2(int32_t t, const uint8_t* row, int64_t k0, int64_t n,
+inline bool decode_span_avx2(int32_t t, const uint8_t* row, int64_t k0, int64_t n,
                                      float* out) {
   const int64_t bs = block_size(t), bb = block_bytes(t);
   if (bs == 0) return false;
@@ -213,3 +216,7 @@ KQ_AVX2 inline bool decode_span_avx2(int32_t t, const uint8_t* row, int64_t k0, 
 }
 
 }  // namespace kq
+}  // namespace CODA_NS
+}  // namespace coda_native
+
+#endif  // CODA_ISA != CODA_SCALAR

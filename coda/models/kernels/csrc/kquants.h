@@ -1,6 +1,7 @@
 // GGUF block decoders: ggml's own row bytes -> float32, bit for bit as gguf.quants.dequantize
 // (issue 18). Raw pointers only, no torch: shared by the matmul (kquant_kernels.h) and the
-// embedding gather.
+// embedding gather. Portable C++ (every build has it; the SIMD builds use kquants_avx2.h).
+// Included after isa.h, inside each build's own namespace (see isa.h).
 //
 // Exactness: every decoder computes each weight with the same float32 operations, in the same
 // order, as gguf-py's numpy dequantize. Every product that feeds an addition is exact in
@@ -28,41 +29,19 @@
 #include <cstdint>
 #include <cstring>
 
+#include "isa.h"
+#include "table.h"
+
+namespace coda_native {
+namespace CODA_NS {
 namespace kq {
 
 // NOTE: the numbers are ggml's GGMLQuantizationType values, so Python passes them unchanged.
-enum Type : int32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
-};
-
-// Weights per block and bytes per block; 0 for a type this file does not decode.
-inline int64_t block_size(int32_t t) {
-  switch (t) {
-    case F32: case F16: case BF16: return 1;
-    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
-    case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K: return 256;
-    default: return 0;
-  }
-}
-
-inline int64_t block_bytes(int32_t t) {
-  switch (t) {
-    case F32: return 4;
-    case F16: case BF16: return 2;
-    case Q4_0: return 18;
-    case Q4_1: return 20;
-    case Q5_0: return 22;
-    case Q5_1: return 24;
-    case Q8_0: return 34;
-    case Q2_K: return 84;
-    case Q3_K: return 110;
-    case Q4_K: return 144;
-    case Q5_K: return 176;
-    case Q6_K: return 210;
-    default: return 0;
-  }
-}
+// NOTE: GGML type numbers, block_size and block_bytes are in table.h (shared with api.cpp).
+using ggml::block_bytes;
+using ggml::block_size;
+using ggml::F32, ggml::F16, ggml::BF16, ggml::Q4_0, ggml::Q4_1, ggml::Q5_0, ggml::Q5_1,
+    ggml::Q8_0, ggml::Q2_K, ggml::Q3_K, ggml::Q4_K, ggml::Q5_K, ggml::Q6_K;
 
 // Exact IEEE half -> float (subnormals, infinities and NaN included), portable.
 inline float f16(const uint8_t* p) {
@@ -291,3 +270,5 @@ inline bool decode_span(int32_t t, const uint8_t* row, int64_t k0, int64_t n, fl
 }
 
 }  // namespace kq
+}  // namespace CODA_NS
+}  // namespace coda_native

@@ -21,11 +21,20 @@ inline void emit8(__m128i b, __m256 d, __m256 m, float* out) {
   _mm256_storeu_ps(out, FMA ? _mm256_fmadd_ps(q, d, m) : _mm256_mul_ps(q, d));
 }
 
-// 16 byte codes -> 16 floats with one (d, m).
+// 16 byte codes -> 16 floats with one (d, m); one 16-lane pass in the AVX-512 build.
 template <bool SIGNED, bool FMA>
 inline void emit16(__m128i b, __m256 d, __m256 m, float* out) {
+#if CODA_ISA == CODA_AVX512
+  const __m512i i = SIGNED ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+  const __m512 q = _mm512_cvtepi32_ps(i);
+  // NOTE: d and m are broadcasts: lane 0 is the value
+  const __m512 d16 = _mm512_broadcastss_ps(_mm256_castps256_ps128(d));
+  const __m512 m16 = _mm512_broadcastss_ps(_mm256_castps256_ps128(m));
+  _mm512_storeu_ps(out, FMA ? _mm512_fmadd_ps(q, d16, m16) : _mm512_mul_ps(q, d16));
+#else
   emit8<SIGNED, FMA>(b, d, m, out);
   emit8<SIGNED, FMA>(_mm_srli_si128(b, 8), d, m, out + 8);
+#endif
 }
 
 // 32 byte codes -> 32 floats: the first 16 with (d0, m0), the last 16 with (d1, m1).

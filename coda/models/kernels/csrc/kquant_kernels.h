@@ -154,8 +154,26 @@ inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch
       }
       for (int j = 0; j < g; ++j)
         for (int64_t i = 0; i < mb * LANES; ++i) acc_at(acc, j, 0)[i] = 0.0f;
+      // NOTE: the rows two groups ahead are prefetched span by span: rows are short streams (a
+      // few KiB) the hardware prefetcher does not learn in time (measured on a 49152-row Q6_K
+      // head, 1 thread: 86 ms without, 28 ms one group ahead, 15 ms two groups ahead)
+      const uint8_t* next[G];
+      int64_t nrb = 0;
+      const int gn = static_cast<int>(min64(G, n1 - nb - 2 * G));
+      for (int j = 0; j < gn; ++j) {
+        int64_t f = first;
+        int t = s;
+        while (nb + 2 * G + j >= f + c.segs[t].rows) f += c.segs[t++].rows;
+        const KqSeg& q = c.segs[t];
+        const int64_t i = nb + 2 * G + j - f;
+        next[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
+        nrb = q.row_bytes;
+      }
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = min64(KC, K - k0);
+        const int64_t b0 = k0 * nrb / K, b1 = (k0 + kc) * nrb / K;
+        for (int j = 0; j < gn; ++j)
+          for (int64_t o = b0; o < b1; o += 64) __builtin_prefetch(next[j] + o);
         for (int j = 0; j < g; ++j) span(seg[j]->type, row[j], k0, kc, wbuf + j * KC);
         dot_group(g, wbuf, kc, xb + k0, K, mb, acc);
       }

@@ -81,7 +81,7 @@ def packed(parts: list[tuple[str, int]], cols: int, rng: np.random.Generator) ->
     kinds = {q for q, _ in parts}
     if len(kinds) == 1 and parts[0][0] in ("Q4_0", "Q4_1", "Q8_0"):
         return GgmlLinear(np.concatenate(raws), parts[0][0], sum(r for _, r in parts), cols)
-    return KQuantLinear([Segment(raw, q, (r, cols)) for raw, (q, r) in zip(raws, parts)])
+    return KQuantLinear([Segment(raw, q, (r, cols)) for raw, (q, r) in zip(raws, parts, strict=True)])
 
 
 def model(mix: str, layers: int) -> tuple[Callable[[torch.Tensor], None], int]:

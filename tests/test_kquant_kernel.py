@@ -160,9 +160,9 @@ def test_fused_parts_of_different_types_are_one_call() -> None:
     parts = [("Q4_K", 8), ("Q4_K", 4), ("Q6_K", 4), ("Q5_1", 3), ("F16", 5)]
     raws = [random_blocks(q, r, k, rng) for q, r in parts]
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(5))
-    fused = KQuantLinear([Segment(raw, q, (r, k)) for raw, (q, r) in zip(raws, parts)])(x)
+    fused = KQuantLinear([Segment(raw, q, (r, k)) for raw, (q, r) in zip(raws, parts, strict=True)])(x)
     alone = torch.cat([KQuantLinear([Segment(raw, q, (r, k))])(x)
-                       for raw, (q, r) in zip(raws, parts)], dim=1)
+                       for raw, (q, r) in zip(raws, parts, strict=True)], dim=1)
     assert torch.equal(fused, alone)
 
 

@@ -12,6 +12,14 @@ head, and every other tensor is dequantized into the model by
 or the lossy per-channel :class:`~coda.models.quant.Int8Linear` (``head="int8"``); a Q4 head
 → Int4Linear. Numerics: see :data:`coda.models.modes.QUANT_MODES`.
 
+``packed`` / ``packed-q8`` (:func:`build_ggml`, issue 18): every block type. Projections whose
+parts are all Q4_0, all Q4_1 or all Q8_0 without bias run on ``csrc/blocks.h`` (re-laid-out once
+at load: one copy, as many bytes as those tensors in the file); every other matrix (K-quants,
+Q5_0/Q5_1, F16/BF16/F32, a fused projection mixing types, biases) on
+:class:`~coda.models.kernels.kquant_linear.KQuantLinear`, which reads the mapped file's rows in
+place (q/k order through a row map, fused parts as several tensors' pointers in one call); token
+embeddings are gathered from their blocks. Only norms and biases become float32.
+
 Rows of a quantized tensor are whole blocks along the input dimension, so ``row_order``
 (llama.cpp's q/k permutation undone) applies to packed rows exactly.
 """
@@ -214,7 +222,7 @@ def build_ggml(ckpt: GGUFCheckpoint, act: str = "f32", device: str = "cpu") -> C
         raise UnsupportedModelError(why)
     kernels: dict[str, str] = {}
     embed = next(t for t in ckpt.tensors() if t.hf_name == "model.embed_tokens.weight")
-    extra = {"model.embed_tokens": KQuantEmbedding(segment(embed))}
+    extra: dict[str, nn.Module] = {"model.embed_tokens": KQuantEmbedding(segment(embed))}
     model = build_packed(ckpt, ggml_linear(act, kernels), ggml_head(act, kernels), device, extra)
     kernels[f"{embed.qtype} embeddings"] = "row gather (in place)"
     model.kernels = dict(sorted(kernels.items()))

@@ -118,3 +118,54 @@ def write_mixed(path: Path, type_of: TypeOf, *, arch: str = "llama", tied: bool 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def quantize_q6_k(w: np.ndarray) -> np.ndarray:
+    """A plain Q6_K quantizer (gguf-py has none): per 16 weights an int8 sub-scale of one fp16
+    scale per 256, 6-bit codes round to nearest; row bytes [rows, cols / 256 * 210]."""
+    rows, cols = w.shape
+    sub = w.astype(np.float32).reshape(-1, 16, 16)  # super-blocks x sub-blocks x weights
+    step = np.abs(sub).max(-1) / 31  # NOTE: codes -32..31
+    d = (step.max(-1) / 127).astype(np.float16)
+    d32 = d.astype(np.float32)[:, None]
+    sc = np.where(d32 > 0, np.clip(np.rint(step / np.where(d32 > 0, d32, 1)), -128, 127), 0)
+    eff = (d32 * sc)[..., None]
+    q = np.where(eff != 0, np.clip(np.rint(sub / np.where(eff != 0, eff, 1)), -32, 31), 0)
+    q = (q.astype(np.int16) + 32).astype(np.uint8).reshape(-1, 2, 128)
+    lo, hi = q & 15, q >> 4
+    ql = lo[..., :64] | (lo[..., 64:] << 4)
+    qh = hi[..., :32] | (hi[..., 32:64] << 2) | (hi[..., 64:96] << 4) | (hi[..., 96:] << 6)
+    out = np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64),
+                          sc.astype(np.int8).view(np.uint8), d.view(np.uint8).reshape(-1, 2)],
+                         axis=1)
+    return out.reshape(rows, -1)
+
+
+def requantize(src: Path, dst: Path, type_of: Callable[[str], str | None]) -> Path:
+    """``src`` rewritten with tensor ``name`` re-quantized to ``type_of(name)`` (None: kept as
+    stored): its stored weights dequantized by gguf-py, then quantized by gguf-py (Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0) or :func:`quantize_q6_k`. Metadata and row order are copied unchanged."""
+    reader = gguf.GGUFReader(str(src))
+    arch = str(reader.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    for t in reader.tensors:
+        new = type_of(t.name)
+        if new is None or new == t.tensor_type.name:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+            continue
+        cols = int(t.shape[0])
+        dense = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(-1, cols)
+        raw = quantize_q6_k(dense) if new == "Q6_K" else \
+            gguf.quants.quantize(dense, gguf.GGMLQuantizationType[new])
+        w.add_tensor(t.name, raw, raw_dtype=gguf.GGMLQuantizationType[new])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

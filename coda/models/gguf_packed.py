@@ -150,6 +150,13 @@ def segment(t: GGUFTensor, bias: GGUFTensor | None = None) -> Any:
                    None if bias is None else dequantize(bias))
 
 
+def _note(kernels: dict[str, str], qtype: str, kernel: str) -> None:
+    """Record that ``kernel`` runs (some) ``qtype`` tensors; a type may run on two."""
+    have = kernels.get(qtype)
+    if have is None or kernel not in have.split(" + "):
+        kernels[qtype] = kernel if have is None else f"{have} + {kernel}"
+
+
 def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactory:
     """Projections on their own GGUF blocks (``packed*`` modes): Q4_0/Q4_1/Q8_0 projections
     without bias through ``csrc/blocks.h`` (re-laid-out once, as many bytes as the file; f32 or q8
@@ -163,15 +170,15 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
         if _legacy(parts, biases):
             kind = parts[0].qtype
             if kernels is not None:
-                kernels[kind] = f"blocks-{act}/{native().isa()} (re-laid-out)"
+                _note(kernels, kind, f"blocks-{act}/{native().isa()} (re-laid-out)")
             raw = np.concatenate([_raw_rows(t) for t in parts])
             return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
         by_name = {b.hf_name.removesuffix("bias"): b for b in biases}
         segs = [segment(t, by_name.get(t.hf_name.removesuffix("weight"))) for t in parts]
         for t in parts:
-            if kernels is not None and t.qtype not in kernels:
+            if kernels is not None:
                 extra = " (no q8 kernel: float32 activations)" if act == "q8" else ""
-                kernels[t.qtype] = f"{kernel_name(t.qtype)} (in place){extra}"
+                _note(kernels, t.qtype, f"{kernel_name(t.qtype)} (in place){extra}")
         return KQuantLinear(segs)
 
     return make

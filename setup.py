@@ -66,6 +66,10 @@ native = Pybind11Extension(
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread"],
     extra_link_args=["-pthread"],
     define_macros=[("CODA_NATIVE_SOURCE_HASH", f'"{source_hash()}"')],
+    # NOTE: optional: installed where it cannot compile, Coda still installs and serves on the
+    # torch path, and the load summary says the kernels are missing and why (CI sets
+    # CODA_REQUIRE_NATIVE=1, so a failed build fails the tests there).
+    optional=True,
 )
 
 setup(ext_modules=[native], cmdclass={"build_ext": BuildExt})

@@ -23,8 +23,10 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 # only after the CPU check (isa.h explains why each lives in its own namespace).
 ISA_FLAGS = {
     "isa_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
-    "isa_avx512.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
-                       "-mavx512vnni"],
+    # NOTE: GCC 12 warns of the undefined upper half that a 256 -> 512-bit cast leaves (unused)
+    "isa_avx512.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq",
+                       "-mavx512vl", "-mavx512vnni", "-Wno-maybe-uninitialized",
+                       "-Wno-uninitialized"],
 }
 SOURCES = ["module.cpp", "api.cpp", "pool.cpp", "isa_scalar.cpp",
            *(["isa_avx2.cpp", "isa_avx512.cpp"] if X86 else [])]
@@ -64,6 +66,10 @@ native = Pybind11Extension(
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread"],
     extra_link_args=["-pthread"],
     define_macros=[("CODA_NATIVE_SOURCE_HASH", f'"{source_hash()}"')],
+    # NOTE: optional: installed where it cannot compile, Coda still installs and serves on the
+    # torch path, and the load summary says the kernels are missing and why (CI sets
+    # CODA_REQUIRE_NATIVE=1, so a failed build fails the tests there).
+    optional=True,
 )
 
 setup(ext_modules=[native], cmdclass={"build_ext": BuildExt})

@@ -189,6 +189,9 @@ def test_a_missing_module_falls_back_to_q4_with_the_reason(
         kernels.native.__wrapped__()
     monkeypatch.setattr(kernels, "unavailable", lambda: "coda._native is not built")
     assert "not built" in (modes.QUANT_MODES["packed-q8"].available() or "")
+    said = modes.QUANT_MODES["fp32"].summary()["native_kernels"]
+    assert isinstance(said, str) and said.startswith("unavailable: coda._native is not built")
+    assert "q4 or fp32" in said
     ckpt = open_gguf(write_gguf(tmp_path / "m.gguf", "llama", qtype="Q4_1",
                                 extra_tokens=PAD))
     assert modes.resolve_mode("auto", None, ckpt).name == "q4"

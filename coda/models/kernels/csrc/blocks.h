@@ -34,11 +34,17 @@ template <int KIND> constexpr int64_t kSC = KIND == Q4_1 ? 16 : 8;    // float16
 
 // The tile-block's d and m of its 8 rows as float32 (m: Q4_1 its own, Q4_0 -8d, Q8_0 0).
 template <int KIND>
+inline void scales8(const uint16_t* s, F8& d, F8& m) {
+  d = load_h8(s);
+  m = KIND == Q4_1 ? load_h8(s + 8) : KIND == Q4_0 ? mul8(d, set8(-8.0f)) : zero8();
+}
+
+template <int KIND>
 inline void scales8(const uint16_t* s, float* d, float* m) {
-  for (int c = 0; c < 8; ++c) {
-    d[c] = h2f(s[c]);
-    m[c] = KIND == Q4_1 ? h2f(s[8 + c]) : KIND == Q4_0 ? d[c] * -8.0f : 0.0f;
-  }
+  F8 dv, mv;
+  scales8<KIND>(s, dv, mv);
+  store8(d, dv);
+  store8(m, mv);
 }
 
 // Sub-vector V (0..3) of a block's 32 weights of one output as 8 float32 (see the file comment).
@@ -113,13 +119,15 @@ void tile_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, 
 // The min term of a tile's 8 outputs for one row: mt[c] = sum_b fma(m_c, sx_b, .), in order.
 template <int KIND>
 inline void min_terms(const uint16_t* sc, const float* sx, int64_t nb, float* mt) {
-  for (int c = 0; c < 8; ++c) mt[c] = 0.0f;
-  if (kQ8<KIND>) return;
-  float d[8], m[8];
-  for (int64_t b = 0; b < nb; ++b) {
-    scales8<KIND>(sc + b * kSC<KIND>, d, m);
-    for (int c = 0; c < 8; ++c) mt[c] = fma1(m[c], sx[b], mt[c]);
+  F8 am = zero8();
+  if (!kQ8<KIND>) {
+    F8 d, m;
+    for (int64_t b = 0; b < nb; ++b) {
+      scales8<KIND>(sc + b * kSC<KIND>, d, m);
+      am = fma8(m, set8(sx[b]), am);
+    }
   }
+  store8(mt, am);
 }
 
 #if CODA_ISA == CODA_SCALAR
@@ -188,7 +196,7 @@ inline void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float
   }
 }
 
-#else  // AVX2 (and, until it has its own, AVX-512)
+#else  // AVX2 (AVX-512 shares the activation quantisation; its tiles are blocks_avx512.h)
 
 inline __m256i mul_q8(__m256i w, __m256i x) {  // |w| * (x * sign(w)), pairwise int16
   return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
@@ -265,6 +273,7 @@ void tile_q8(const int8_t* xq, const float* dx, const float* sx, int64_t nb, con
   }
 }
 
+#if CODA_ISA == CODA_AVX2
 template <int KIND>
 void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t nb,
               const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols) {
@@ -276,6 +285,7 @@ void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int
     tile_q8<KIND, 1>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy, ldy,
                      ncols);
 }
+#endif
 
 inline void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float* sx) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -315,6 +325,19 @@ inline void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float
 
 #endif
 
+#include "blocks_avx512.h"
+
+// R rows x one tile, f32 activations: the widest tile this ISA has.
+template <int KIND, int R>
+inline void tile(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
+                 int64_t ldy, int64_t ncols) {
+#if CODA_ISA == CODA_AVX512
+  tile_f32_512<KIND, R>(x, K, sc, qs, y, ldy, ncols);
+#else
+  tile_f32<KIND, R>(x, K, sc, qs, y, ldy, ncols);
+#endif
+}
+
 template <int KIND>
 void linear_f32(const LinearCall& a) {
   const int64_t nb = a.K / QK, M = a.M, K = a.K, N = a.N;
@@ -326,10 +349,10 @@ void linear_f32(const LinearCall& a) {
       float* yt = a.y + t * TILE;
       const int64_t ncols = N - t * TILE;
       int64_t r = 0;
-      for (; r + 4 <= M; r += 4) tile_f32<KIND, 4>(xp + r * K, K, s, q, yt + r * N, N, ncols);
-      if (M - r == 3) tile_f32<KIND, 3>(xp + r * K, K, s, q, yt + r * N, N, ncols);
-      if (M - r == 2) tile_f32<KIND, 2>(xp + r * K, K, s, q, yt + r * N, N, ncols);
-      if (M - r == 1) tile_f32<KIND, 1>(xp + r * K, K, s, q, yt + r * N, N, ncols);
+      for (; r + 4 <= M; r += 4) tile<KIND, 4>(xp + r * K, K, s, q, yt + r * N, N, ncols);
+      if (M - r == 3) tile<KIND, 3>(xp + r * K, K, s, q, yt + r * N, N, ncols);
+      if (M - r == 2) tile<KIND, 2>(xp + r * K, K, s, q, yt + r * N, N, ncols);
+      if (M - r == 1) tile<KIND, 1>(xp + r * K, K, s, q, yt + r * N, N, ncols);
     }
   });
 }

@@ -115,6 +115,9 @@ inline float exp1(float x) {
 
 inline F8 exp8(const F8& a) { F8 r; for (int i = 0; i < 8; ++i) r.v[i] = exp1(a.v[i]); return r; }
 
+// 8 float16 (bits) -> float32, exact.
+inline F8 load_h8(const uint16_t* p) { F8 r; for (int i = 0; i < 8; ++i) r.v[i] = h2f(p[i]); return r; }
+
 #else  // AVX2 and AVX-512 (256-bit ops; AVX-512's wider kernels live in the kernel headers)
 
 using F8 = __m256;
@@ -128,6 +131,9 @@ inline F8 sub8(F8 a, F8 b) { return _mm256_sub_ps(a, b); }
 inline F8 mul8(F8 a, F8 b) { return _mm256_mul_ps(a, b); }
 inline F8 div8(F8 a, F8 b) { return _mm256_div_ps(a, b); }
 inline F8 fma8(F8 a, F8 b, F8 c) { return _mm256_fmadd_ps(a, b, c); }
+inline F8 load_h8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 inline float hsum8(F8 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

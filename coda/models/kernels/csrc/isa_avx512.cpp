@@ -1,4 +1,4 @@
-// The AVX-512 (F, BW, VL, VNNI) build of the kernels (setup.py compiles this file alone with
+// The AVX-512 (F, BW, DQ, VL, VNNI) build of the kernels (setup.py compiles this file alone with
 // the AVX-512 flags); chosen at run time where the CPU has them (api.cpp).
 #define CODA_ISA 3
 #define CODA_NS avx512

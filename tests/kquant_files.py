@@ -55,7 +55,7 @@ def q4_k_m(name: str) -> str:
 
 
 H, F, L, NH, NKV, HD = 256, 512, 2, 4, 2, 64
-TOKENS = [chr(c) for c in range(33, 127)] + ["Ġ", "<|endoftext|>"]
+TOKENS = [chr(c) for c in range(33, 127)] + ["Ġ", "Ġt", "<|endoftext|>"]
 
 
 def write_mixed(path: Path, type_of: TypeOf, *, arch: str = "llama", tied: bool = False,
@@ -77,7 +77,7 @@ def write_mixed(path: Path, type_of: TypeOf, *, arch: str = "llama", tied: bool 
     w.add_tokenizer_pre("smollm")
     w.add_token_list(TOKENS)
     w.add_token_types([1] * (len(TOKENS) - 1) + [3])
-    w.add_token_merges([])
+    w.add_token_merges(["Ġ t"])
     w.add_eos_token_id(len(TOKENS) - 1)
 
     def mat(name: str, rows: int, cols: int) -> None:

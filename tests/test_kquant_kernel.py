@@ -302,3 +302,21 @@ def test_t3_trained_model_mix_packed_equals_fp32(smollm2_mix: Path) -> None:
         ref, got = full_forward(dense, ids), full_forward(packed, ids)
         assert torch.equal(ref.argmax(-1), got.argmax(-1))
         assert (ref - got).abs().max().item() <= 1e-4 * ref.abs().max().item()
+
+
+def test_o1_load_line_names_the_kernel_of_each_tensor_type(tmp_path: Path) -> None:
+    """O1: the ``model loaded`` record of a Q4_K_M-like file says which kernel runs each
+    tensor type (and that it is served packed)."""
+    from coda.cli import _load
+    from coda.engine.types import EngineConfig
+
+    path = write_mixed(tmp_path / "m.gguf", q4_k_m)
+    engine = _load(str(path), EngineConfig(num_blocks=8), lambda *a, **k: None)
+    try:
+        summary = engine.load_summary()
+    finally:
+        engine.shutdown()
+    assert summary["quant_mode"] == "packed"
+    kernels = str(summary["kernels"])
+    assert "Q4_K: packed-f32/" in kernels and "Q6_K: packed-f32/" in kernels
+    assert "Q4_K embeddings: row gather (in place)" in kernels

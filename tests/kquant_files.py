@@ -59,9 +59,14 @@ TOKENS = [chr(c) for c in range(33, 127)] + ["Ġ", "Ġt", "<|endoftext|>"]
 
 
 def write_mixed(path: Path, type_of: TypeOf, *, arch: str = "llama", tied: bool = False,
-                seed: int = 0) -> Path:
+                seed: int = 0, dims: tuple[int, int, int, int, int, int] | None = None,
+                vocab: int = 0) -> Path:
     """A random 2-layer model (hidden 256) whose matrices have ``type_of(gguf name)`` types;
-    ``arch="qwen2"`` adds q/k/v biases; ``tied``: no output.weight."""
+    ``arch="qwen2"`` adds q/k/v biases; ``tied``: no output.weight. ``dims`` = (hidden, FFN,
+    layers, heads, KV heads, head dim) for other shapes, ``vocab`` extra plain tokens."""
+    H, F, L, NH, NKV, HD = dims or (globals()["H"], globals()["F"], globals()["L"],  # noqa: N806
+                                    globals()["NH"], globals()["NKV"], globals()["HD"])
+    tokens = TOKENS[:-1] + [f"<x{i}>" for i in range(vocab)] + TOKENS[-1:]
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("mixed")
@@ -75,10 +80,10 @@ def write_mixed(path: Path, type_of: TypeOf, *, arch: str = "llama", tied: bool 
     w.add_rope_freq_base(10000.0)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
-    w.add_token_list(TOKENS)
-    w.add_token_types([1] * (len(TOKENS) - 1) + [3])
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
     w.add_token_merges(["Ġ t"])
-    w.add_eos_token_id(len(TOKENS) - 1)
+    w.add_eos_token_id(len(tokens) - 1)
 
     def mat(name: str, rows: int, cols: int) -> None:
         qtype = type_of(name)
@@ -95,10 +100,10 @@ def write_mixed(path: Path, type_of: TypeOf, *, arch: str = "llama", tied: bool 
     def vec(name: str, n: int, base: float) -> None:
         w.add_tensor(name, (base + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
-    mat("token_embd.weight", len(TOKENS), H)
+    mat("token_embd.weight", len(tokens), H)
     vec("output_norm.weight", H, 1.0)
     if not tied:
-        mat("output.weight", len(TOKENS), H)
+        mat("output.weight", len(tokens), H)
     for i in range(L):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", H, 1.0)

@@ -160,6 +160,8 @@ class AsyncEngine:
                 "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
                 **self.loaded.mode.summary(), "context": self.context_length,
                 "kv_cache_bytes": int(self.runner.kv.nbytes),
+                # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
+                "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
                 **({"context_lowered_from": self.context_lowered_from}
                    if self.context_lowered_from else {})}
 

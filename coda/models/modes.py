@@ -119,26 +119,33 @@ def _ggml(act: str) -> Builder:
 
 
 def _kernel_folder(path: Path, device: str) -> CausalLM:
+    from coda.models.config import ModelConfig
     from coda.models.kernels.dense import make_invariant, unfit
     from coda.models.loader import load_model
 
-    model = load_model(path, dtype="float32", device=device)
-    if (why := unfit(model)) is not None or device != "cpu":
-        raise UnsupportedModelError(f"--quant fp32-kernel cannot serve {path.name}: "
-                                    f"{why or 'the kernels run on the CPU only'}")
-    return make_invariant(model)
+    why = unfit(ModelConfig.from_dir(path)) or (None if device == "cpu" else
+                                                "the kernels run on the CPU only")
+    if why is not None:
+        raise UnsupportedModelError(f"--quant fp32-kernel cannot serve {path.name}: {why}")
+    return make_invariant(load_model(path, dtype="float32", device=device))
 
 
 def _kernel_gguf(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
-    from coda.models.gguf_packed import build_ggml
+    from coda.models.gguf_packed import build_ggml, float_applies
+    from coda.models.gguf_weights import load_gguf_model
+    from coda.models.kernels.dense import make_invariant
 
-    return build_ggml(ckpt, act="f32", device=device, floats=True)
+    if float_applies(ckpt) is None:  # NOTE: F32/F16/BF16 rows read in place from the file
+        return build_ggml(ckpt, act="f32", device=device, floats=True)
+    # NOTE: a quantized file asked for fp32-kernel (auto only lands here when packed and q4
+    # refuse it): dequantized to float32 like fp32, multiplied by the invariant kernel
+    return make_invariant(load_gguf_model(ckpt, dtype="float32", device=device))
 
 
-def _float_gguf(ckpt: GGUFCheckpoint) -> str | None:
-    from coda.models.gguf_packed import float_applies
+def _kernel_applies(ckpt: GGUFCheckpoint) -> str | None:
+    from coda.models.kernels.dense import unfit
 
-    return float_applies(ckpt)
+    return unfit(ckpt.config)
 
 
 def _ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
@@ -170,10 +177,10 @@ def _int4_kernel() -> str | None:
 QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
     QuantMode("fp32", "every tensor dequantized to float32: exactly the file's weights; "
               "float32 activations", False, "float32", _dense("float32"), dense=True),
-    QuantMode("fp32-kernel", "float32 weights exactly (a bfloat16/float16 file widened, exact), "
-              "multiplied by Coda's in-place kernel (fixed per-output summation order) instead "
-              "of BLAS; float32 activations", True, "float32", _kernel_gguf, dense=True,
-              applies=_float_gguf, available=_ggml_kernel, build_folder=_kernel_folder),
+    QuantMode("fp32-kernel", "as fp32 (the file's weights exactly in float32; F16/BF16 GGUF "
+              "rows read in place), multiplied by Coda's in-place kernel (fixed per-output "
+              "summation order) instead of BLAS; float32 activations", True, "float32", _kernel_gguf, dense=True,
+              applies=_kernel_applies, available=_ggml_kernel, build_folder=_kernel_folder),
     QuantMode("bf16", "weights dequantized then rounded to bfloat16; bfloat16 activations "
               "and KV cache", False, "bfloat16", _dense("bfloat16"), dense=True),
     QuantMode("fp16", "weights dequantized then rounded to float16; float16 activations "

@@ -21,6 +21,7 @@ from torch import nn
 from coda.models.kernels.kquant_linear import KQuantLinear, Segment
 
 if TYPE_CHECKING:
+    from coda.models.config import ModelConfig
     from coda.models.llama import CausalLM
 
 LANE = 16  # NOTE: the kernel's K granularity (csrc/kquant_kernels.h: 16 float lanes)
@@ -41,9 +42,8 @@ def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> KQua
     return KQuantLinear([Segment(w.numpy(), "F32", (n, k), bias=bias)])
 
 
-def unfit(model: CausalLM) -> str | None:
-    """Why :func:`make_invariant` cannot convert ``model`` (None: it can)."""
-    cfg = model.config
+def unfit(cfg: ModelConfig) -> str | None:
+    """Why :func:`make_invariant` cannot convert a model of ``cfg`` (None: it can)."""
     for name, k in (("hidden_size", cfg.hidden_size), ("intermediate_size",
                     cfg.intermediate_size), ("attention width", cfg.q_size)):
         if k % LANE:
@@ -57,7 +57,7 @@ def make_invariant(model: CausalLM) -> CausalLM:
     ``model.kernels`` says what runs where (the load summary)."""
     from coda.models.kernels import native
 
-    if (why := unfit(model)) is not None:
+    if (why := unfit(model.config)) is not None:
         raise ValueError(why)
     for path, module in list(model.model.layers.named_modules()):
         if type(module) is nn.Linear:

@@ -47,11 +47,13 @@ inline float tree16(const float* a) {
 // Accumulators live in acc[c][r][16] (c < G outputs of the group, r < MB rows) between spans.
 inline float* acc_at(float* acc, int c, int64_t r) { return acc + (c * MB + r) * LANES; }
 
-// acc[c][r0 + r] += w[c][0:n] * x[r][0:n] for C outputs (w rows KC apart) and R input rows, in
+// acc[c][r0 + r] += w[c][0:n] * x[r][0:n] for C outputs (w[c]: a decoded span, or an F32 row's
+// own memory) and R input rows, in
 // the canonical lane order (n a multiple of 16). C independent chains per row hide the FMA
 // latency; each accumulator still sees its products in increasing k.
 template <int R, int C>
-inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* acc, int64_t r0) {
+inline void dot(const float* const* w, int64_t n, const float* x, int64_t ldx, float* acc,
+                int64_t r0) {
 #if CODA_ISA == CODA_AVX512
   __m512 a[R][C];
   for (int r = 0; r < R; ++r)
@@ -60,7 +62,7 @@ inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* a
     __m512 xv[R];
     for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
     for (int c = 0; c < C; ++c) {
-      const __m512 wc = _mm512_loadu_ps(w + c * KC + k);
+      const __m512 wc = _mm512_loadu_ps(w[c] + k);
       for (int r = 0; r < R; ++r) a[r][c] = _mm512_fmadd_ps(wc, xv[r], a[r][c]);
     }
   }
@@ -77,8 +79,8 @@ inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* a
     for (int r = 0; r < R; ++r) {
       const __m256 x0 = _mm256_loadu_ps(x + r * ldx + k), x1 = _mm256_loadu_ps(x + r * ldx + k + 8);
       for (int c = 0; c < C; ++c) {
-        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w + c * KC + k), x0, lo[r][c]);
-        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w + c * KC + k + 8), x1, hi[r][c]);
+        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w[c] + k), x0, lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w[c] + k + 8), x1, hi[r][c]);
       }
     }
   }
@@ -92,7 +94,7 @@ inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* a
     for (int c = 0; c < C; ++c) {
       float* a = acc_at(acc, c, r0 + r);
       const float* xr = x + r * ldx;
-      const float* wc = w + c * KC;
+      const float* wc = w[c];
       for (int64_t k = 0; k < n; k += LANES)
         for (int l = 0; l < LANES; ++l) a[l] = fma1(wc[k + l], xr[k + l], a[l]);
     }
@@ -101,7 +103,7 @@ inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* a
 
 // Every input row of the block against the group's decoded spans.
 template <int C>
-inline void dot_rows(const float* w, int64_t n, const float* x, int64_t ldx, int64_t rows,
+inline void dot_rows(const float* const* w, int64_t n, const float* x, int64_t ldx, int64_t rows,
                      float* acc) {
   constexpr int R = CODA_ISA == CODA_AVX512 ? 4 : CODA_ISA == CODA_AVX2 ? 1 : 1;
   int64_t r = 0;
@@ -111,7 +113,7 @@ inline void dot_rows(const float* w, int64_t n, const float* x, int64_t ldx, int
 
 constexpr int G = 4;  // outputs decoded and accumulated side by side
 
-inline void dot_group(int g, const float* w, int64_t n, const float* x, int64_t ldx,
+inline void dot_group(int g, const float* const* w, int64_t n, const float* x, int64_t ldx,
                       int64_t rows, float* acc) {
   if (g == 4) dot_rows<4>(w, n, x, ldx, rows, acc);
   else if (g == 3) dot_rows<3>(w, n, x, ldx, rows, acc);
@@ -174,8 +176,18 @@ inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch
         const int64_t b0 = k0 * nrb / K, b1 = (k0 + kc) * nrb / K;
         for (int j = 0; j < gn; ++j)
           for (int64_t o = b0; o < b1; o += 64) __builtin_prefetch(next[j] + o);
-        for (int j = 0; j < g; ++j) span(seg[j]->type, row[j], k0, kc, wbuf + j * KC);
-        dot_group(g, wbuf, kc, xb + k0, K, mb, acc);
+        const float* wp[G];
+        for (int j = 0; j < g; ++j) {
+          // NOTE: F32 rows are read where they lie (the dense fp32-kernel mode): a copy into
+          // wbuf cost a third of the batch-1 time; the products and their order are the same
+          if (seg[j]->type == ggml::F32) {
+            wp[j] = reinterpret_cast<const float*>(row[j]) + k0;
+          } else {
+            span(seg[j]->type, row[j], k0, kc, wbuf + j * KC);
+            wp[j] = wbuf + j * KC;
+          }
+        }
+        dot_group(g, wp, kc, xb + k0, K, mb, acc);
       }
       for (int j = 0; j < g; ++j)
         for (int64_t r = 0; r < mb; ++r) {

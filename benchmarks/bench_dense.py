@@ -13,6 +13,7 @@ interleaved (F.linear, kernel, F.linear, ...) and the medians printed with the r
 ``F.linear time / kernel time`` (>= 1: the kernel is faster) from the same run.
 
     nice -n 10 python benchmarks/bench_dense.py --rows 1,512 --threads 1,2 --repeats 7
+    python benchmarks/bench_dense.py --threads 1 --clock cpu  # steadier on a shared machine
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ def step(shapes: list[tuple[int, int]], rows: int, kernel: bool) -> Callable[[],
     return run
 
 
-def timed(fn: Callable[[], None], min_s: float) -> float:
+def timed(fn: Callable[[], None], min_s: float, clock: Callable[[], float]) -> float:
     fn()
-    n, t0 = 0, time.perf_counter()
+    n, t0 = 0, clock()
     while True:
         fn()
         n += 1
-        el = time.perf_counter() - t0
+        el = clock() - t0
         if el >= min_s:
             return el / n * 1e3
 
@@ -71,7 +72,10 @@ def main() -> None:
     ap.add_argument("--threads", default="1")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--min-s", type=float, default=0.3)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU time, steadier on a shared machine at 1 thread")
     a = ap.parse_args()
+    clock = time.process_time if a.clock == "cpu" else time.perf_counter
     print(f"native ISA {native().isa()}; torch {torch.__version__}")
     print(f"{'set':8} {'rows':>5} {'thr':>3} {'F.linear ms':>12} {'kernel ms':>10} {'ratio':>6}")
     for name in a.sets.split(","):
@@ -84,8 +88,8 @@ def main() -> None:
                 rs: list[float] = []
                 ks: list[float] = []
                 for _ in range(a.repeats):
-                    rs.append(timed(ref, a.min_s))
-                    ks.append(timed(ker, a.min_s))
+                    rs.append(timed(ref, a.min_s, clock))
+                    ks.append(timed(ker, a.min_s, clock))
                 r, k = statistics.median(rs), statistics.median(ks)
                 print(f"{name:8} {rows:5d} {t:3d} {r:12.3f} {k:10.3f} {r / k:6.2f}", flush=True)
 

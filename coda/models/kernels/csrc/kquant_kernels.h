@@ -37,11 +37,20 @@ constexpr int LANES = 16;
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 inline float tree16(const float* a) {
+#if CODA_ISA == CODA_AVX512 || CODA_ISA == CODA_AVX2
+  // NOTE: the same additions as the scalar tree below, in vector lanes (the bits are equal); at
+  // K = 256 the scalar tree was as long as the row's FMAs (the default model's prefill)
+  const __m256 t8 = _mm256_add_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8));
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+#else
   float t[8];
   for (int i = 0; i < 8; ++i) t[i] = a[i] + a[i + 8];
   for (int i = 0; i < 4; ++i) t[i] = t[i] + t[i + 4];
   for (int i = 0; i < 2; ++i) t[i] = t[i] + t[i + 2];
   return t[0] + t[1];
+#endif
 }
 
 // Accumulators live in acc[c][r][16] (c < G outputs of the group, r < MB rows) between spans.

@@ -10,6 +10,8 @@ prefix-cache hit; ``--quant fp32`` (BLAS) stays the measured non-invariant opt-o
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -114,3 +116,17 @@ def test_fp32_kernel_agrees_with_fp32_within_rounding(default_loaded: LoadedMode
     ours = default_loaded.model.compute_logits(h_ref)
     theirs = ref.compute_logits(h_ref)
     assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_falls_back_to_fp32_where_the_kernel_is_missing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without coda._native an HF folder still loads, in fp32, marked not batch-invariant (the
+    start-up summary prints that), and asking for fp32-kernel is refused with the reason."""
+    from coda.models.config import UnsupportedModelError
+
+    monkeypatch.setitem(QUANT_MODES, "fp32-kernel", dataclasses.replace(
+        QUANT_MODES["fp32-kernel"], available=lambda: "coda._native is not built"))
+    mode = resolve_mode("auto", None, None)
+    assert mode.name == "fp32" and not mode.batch_invariant
+    with pytest.raises(UnsupportedModelError, match="not built"):
+        resolve_mode("fp32-kernel", None, None)

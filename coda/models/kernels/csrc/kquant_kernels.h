@@ -180,8 +180,13 @@ inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch
         next[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
         nrb = q.row_bytes;
       }
-      for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = min64(KC, K - k0);
+      bool f32 = true;
+      for (int j = 0; j < g; ++j) f32 = f32 && seg[j]->type == ggml::F32;
+      // NOTE: F32 rows need no span buffer: longer spans keep the accumulators in registers
+      // (prefill 512 rows: 1B layer 0.85x -> 0.90x F.linear; one row streams better in short)
+      const int64_t step = f32 && mb > 1 ? 4 * KC : KC;
+      for (int64_t k0 = 0; k0 < K; k0 += step) {
+        const int64_t kc = min64(step, K - k0);
         const int64_t b0 = k0 * nrb / K, b1 = (k0 + kc) * nrb / K;
         for (int j = 0; j < gn; ++j)
           for (int64_t o = b0; o < b1; o += 64) __builtin_prefetch(next[j] + o);

@@ -220,10 +220,10 @@ AUTO_ORDER: tuple[str, ...] = ("packed", "q4", "fp32-kernel")
 # An HF folder's ``auto``: the invariant dense mode where the native module runs, else fp32.
 # fp32-kernel / F.linear speed (> 1: the kernel is faster), 1 thread each, CPU clock, 2-core
 # AVX-512 Xeon shared with other jobs (`python benchmarks/bench_dense.py --threads 1 --clock
-# cpu --repeats 5`): default model's step 1.89x at 1 row, 0.74x at 512 rows; a 1B layer 0.83x
-# at 1 row (memory-bound gemv), 1.06x at 512 rows (run-to-run noise here ~ +-0.1). Issue 18's goal (>= 0.97x at 1 row, >= 0.8x
-# at 512) is met by the default model at 1 row and the 1B layer at 512 rows, not yet by the
-# other two; the invariance is what the default buys (D10), fp32 stays the opt-out.
+# cpu --repeats 5`): default model's step 1.81x at 1 row, 0.85x at 512 rows; a 1B layer 0.81x
+# at 1 row (memory-bound gemv), 1.03x at 512 rows (run-to-run noise here ~ +-0.1). Issue 18's goal (>= 0.97x at 1 row, >= 0.8x
+# at 512) is met except by the 1B layer at 1 row (0.81x: the gemv streams its rows slower than
+# MKL's; more rows in flight per group or software prefetch tuning would close it); the invariance is what the default buys (D10), fp32 stays the opt-out.
 FOLDER_AUTO = "fp32-kernel"
 DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)

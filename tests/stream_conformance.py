@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -260,10 +261,18 @@ class Tally:
             self.check("equal", a == b, f"{label}: {what} streamed {a!r} != non-streamed {b!r}")
 
     def report(self) -> str:
+        """The counts, then the violations grouped by shape (one example each)."""
         lines = [f"{k}: {v}" for k, v in sorted(self.counts.items())]
         lines += [f"checks[{k}]: {self.checks[k]}" for k in INVARIANTS]
         lines.append(f"violations: {len(self.violations)}")
-        return "\n".join(lines + self.violations[:20])
+        shapes: dict[str, list[str]] = {}
+        for v in self.violations:
+            key = re.sub(r"/(rechunk|sdk|cut@\d+|live-cut@\d+)", "", v)
+            key = re.sub(r"\d+", "N", key.split(" streamed ")[0].split(" != ")[0])[:110]
+            shapes.setdefault(key, []).append(v)
+        for key, group in shapes.items():
+            lines.append(f"  {len(group)} x {key}\n      e.g. {group[0][:400]}")
+        return "\n".join(lines)
 
 
 def _is_utf8(piece: str) -> bool:

@@ -49,11 +49,14 @@ TOOLS = {
     "messages": [{"name": "get_weather", "input_schema": WEATHER}]}
 FORCED = {"chat": "required", "responses": "required",
           "messages": {"type": "any", "disable_parallel_tool_use": True}}
-# NOTE: the default model answers "Emoji:" with emoji, CJK and accented names (3-4 byte
-# characters over byte-level tokens), and "skin tone (" lines that the stops below cut.
-PROMPTS = {"plain": "Tell me a quote.", "multibyte": "Emoji:", "stop": "Emoji:",
-           "tools": "Emoji: the weather in Paris?", "tools_auto": "Emoji: the weather?",
+# NOTE: the default model answers "Emoji: show me some emoji" (a raw "Emoji:" prompt for
+# Completions) with emoji, CJK and accented names: 2-4 byte characters over byte-level tokens
+# that carry part of a character, and "skin tone (" / " · " lines that the stops below cut.
+EMOJI = "Emoji: show me some emoji"
+PROMPTS = {"plain": "Tell me a quote.", "multibyte": EMOJI, "stop": EMOJI,
+           "tools": "Emoji: the weather in Paris?", "tools_auto": EMOJI,
            "tools_stop": "Emoji: the weather in Paris?"}
+RAW_PROMPTS = {"plain": "The meaning of life is", "multibyte": "Emoji:", "stop": "Emoji:"}
 STOPS = {"stop": ["·", " (", "e t"], "tools_stop": [">", "_call"]}
 
 
@@ -67,7 +70,7 @@ def scenarios(protocol: str) -> list[str]:
 
 def request_body(protocol: str, scenario: str, seed: int, model: str) -> dict[str, Any]:
     """The non-streamed request body of a case (seeded, sampled at the model's default)."""
-    prompt = PROMPTS[scenario]
+    prompt = RAW_PROMPTS[scenario] if protocol == "completions" else PROMPTS[scenario]
     budget = 80 if scenario in ("tools", "tools_stop") else 24
     body: dict[str, Any] = {"model": model, "seed": seed}
     if protocol == "completions":

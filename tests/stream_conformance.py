@@ -42,7 +42,10 @@ class Observed:
     usage: tuple[int, int] | None = None
     coda: dict[str, Any] | None = None
     error: str | None = None
-    start_usage: tuple[int, int] | None = None   # Anthropic message_start (D9)
+    # Anthropic (D9): (input_tokens, cache_read_input_tokens) as message_start / the final
+    # usage split them (``usage`` adds them: the prompt's size, whatever the cache held)
+    start_split: tuple[int, int] | None = None
+    final_split: tuple[int, int] | None = None
 
     @property
     def text(self) -> str:
@@ -61,6 +64,10 @@ def _coda_key(coda: dict[str, Any] | None) -> tuple[Any, ...] | None:
     return (coda.get("finish_reason"), coda.get("state"), coda.get("matched_stop"),
             u.get("prompt_tokens"), u.get("selected_tokens"), u.get("returned_tokens"),
             u.get("returned_bytes"))
+
+
+def _split(u: dict[str, Any]) -> tuple[int, int]:
+    return u.get("input_tokens", 0), u.get("cache_read_input_tokens") or 0
 
 
 def _anthropic_usage(u: dict[str, Any]) -> tuple[int, int]:
@@ -131,7 +138,7 @@ def responses_event(obs: Observed, obj: dict[str, Any]) -> None:
 def messages_event(obs: Observed, obj: dict[str, Any]) -> None:
     kind = obj["type"]
     if kind == "message_start":
-        obs.start_usage = _anthropic_usage(obj["message"]["usage"])
+        obs.start_split = _split(obj["message"]["usage"])
     elif kind == "content_block_start" and obj["content_block"]["type"] == "tool_use":
         obs.names[str(obj["index"])] = obj["content_block"]["name"]
         obs.arg_deltas.setdefault(str(obj["index"]), [])
@@ -146,6 +153,7 @@ def messages_event(obs: Observed, obj: dict[str, Any]) -> None:
         seq = obj["delta"].get("stop_sequence")
         obs.finish = obj["delta"]["stop_reason"] + (f":{seq}" if seq else "")
         obs.usage = _anthropic_usage(obj["usage"])
+        obs.final_split = _split(obj["usage"])
         obs.coda = obj.get("coda")
     elif kind == "error":
         obs.error, obs.finish = obj["error"]["type"], "failed"

@@ -168,9 +168,10 @@ def check_events(case: Case, events: list[SSEEvent], tally: Tally, label: str) -
     tally.equal(label, obs, case.whole)
     if case.scenario == "tools_stop":
         tally.check("equal", bool(obs.calls), f"{label}: a forced call was cut by a stop (D2)")
-    if CHECK_MESSAGE_START_USAGE and case.protocol == "messages" and obs.usage:
-        tally.check("equal", obs.start_usage is not None and obs.start_usage[0] == obs.usage[0],
-                    f"{label}: message_start usage {obs.start_usage} != final {obs.usage} (D9)")
+    if CHECK_MESSAGE_START_USAGE and case.protocol == "messages" and obs.final_split:
+        tally.check("equal", obs.start_split == obs.final_split,
+                    f"{label}: message_start (input, cache_read) {obs.start_split} != final "
+                    f"{obs.final_split} (D9)")
     return obs
 
 

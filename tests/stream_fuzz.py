@@ -39,6 +39,9 @@ CHECK_MESSAGE_START_USAGE = False
 # NEW (this fuzz): frames of one engine event share one SSE id, so a client cut between them
 # resumes (Last-Event-ID = that id) after the whole group and never sees the rest of it
 CUT_INSIDE_GROUPS = False
+# NEW (this fuzz): a forced choice that allows parallel calls, cut by the budget, returns the
+# unclosed second call as text ('<tool_call>\n{"name":') with finish "length"
+PARALLEL_FORCED_CALLS = False
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
            "properties": {"city": {"type": "string", "maxLength": 12},
@@ -55,7 +58,8 @@ FORCED = {"chat": "required", "responses": "required",
 EMOJI = "Emoji: show me some emoji"
 PROMPTS = {"plain": "Tell me a quote.", "multibyte": EMOJI, "stop": EMOJI,
            "tools": "Emoji: the weather in Paris?", "tools_auto": EMOJI,
-           "tools_stop": "Emoji: the weather in Paris?"}
+           "tools_stop": "Emoji: the weather in Paris?",
+           "tools_parallel": "Emoji: weather in Paris?"}
 RAW_PROMPTS = {"plain": "The meaning of life is", "multibyte": "Emoji:", "stop": "Emoji:"}
 STOPS = {"stop": ["·", " (", "e t"], "tools_stop": [">", "_call"]}
 
@@ -64,14 +68,15 @@ def scenarios(protocol: str) -> list[str]:
     """The scenarios a protocol supports (Completions has no tools)."""
     out = ["plain", "multibyte", "stop"]
     if protocol != "completions":
-        out += ["tools", "tools_auto"] + (["tools_stop"] if STOPS_IN_FORCED_CALLS else [])
+        out += ["tools", "tools_auto"] + (["tools_stop"] if STOPS_IN_FORCED_CALLS else []) + \
+            (["tools_parallel"] if PARALLEL_FORCED_CALLS else [])
     return out
 
 
 def request_body(protocol: str, scenario: str, seed: int, model: str) -> dict[str, Any]:
     """The non-streamed request body of a case (seeded, sampled at the model's default)."""
     prompt = RAW_PROMPTS[scenario] if protocol == "completions" else PROMPTS[scenario]
-    budget = 80 if scenario in ("tools", "tools_stop") else 24
+    budget = {"tools": 80, "tools_stop": 80, "tools_parallel": 70}.get(scenario, 24)
     body: dict[str, Any] = {"model": model, "seed": seed}
     if protocol == "completions":
         body |= {"prompt": prompt, "max_tokens": budget}
@@ -87,9 +92,10 @@ def request_body(protocol: str, scenario: str, seed: int, model: str) -> dict[st
         body["tool_choice"] = {"type": "auto"} if protocol == "messages" and \
             scenario == "tools_auto" else ("auto" if scenario == "tools_auto" else
                                            FORCED[protocol])
-        if protocol == "chat":
-            body["parallel_tool_calls"] = False
-        elif protocol == "responses":
+        if scenario == "tools_parallel":
+            if protocol == "messages":
+                body["tool_choice"] = {"type": "any"}
+        elif protocol in ("chat", "responses"):
             body["parallel_tool_calls"] = False
     return body
 
@@ -168,6 +174,10 @@ def check_events(case: Case, events: list[SSEEvent], tally: Tally, label: str) -
     tally.equal(label, obs, case.whole)
     if case.scenario == "tools_stop":
         tally.check("equal", bool(obs.calls), f"{label}: a forced call was cut by a stop (D2)")
+    if case.scenario in ("tools", "tools_stop", "tools_parallel"):
+        # NOTE: a forced choice's output is its calls: text there is a call's raw bytes
+        tally.check("tool_prefix", "<tool" not in obs.text,
+                    f"{label}: a forced output returned call text {obs.text!r}")
     if CHECK_MESSAGE_START_USAGE and case.protocol == "messages" and obs.final_split:
         tally.check("equal", obs.start_split == obs.final_split,
                     f"{label}: message_start (input, cache_read) {obs.start_split} != final "

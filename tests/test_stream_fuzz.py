@@ -211,6 +211,19 @@ def test_s1_d2_a_stop_never_cuts_a_forced_call(live: Any) -> None:
     assert tally.violations == [], tally.report()
 
 
+@pytest.mark.xfail(strict=False, reason="NEW in issue 20's fuzz: a forced choice allowing "
+                   "parallel calls returns the budget-cut second call as text")
+def test_s1_k2_a_forced_choice_never_returns_call_text(live: Any) -> None:
+    """S1/K2: with ``required`` (Anthropic ``any``) and parallel calls allowed, the output is
+    the calls; a budget that ends inside a second call must not hand its raw bytes
+    (``<tool_call>\n{"name":``) back as text (seed 1, 70 tokens: one call, then the cut)."""
+    tally = Tally()
+    for _ in _with("PARALLEL_FORCED_CALLS", True):
+        for protocol in ("chat", "responses", "messages"):
+            fz.record(live.url, protocol, "tools_parallel", 1, live.model, tally)
+    assert tally.violations == [], tally.report()
+
+
 @pytest.mark.xfail(strict=False, reason="issue 20 D9, fixed on its own branch: Anthropic "
                    "message_start.usage is not the final usage")
 def test_d9_message_start_carries_the_final_usage(live: Any, cases: list[fz.Case]) -> None:

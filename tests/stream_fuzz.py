@@ -199,8 +199,14 @@ def rechunk(case: Case, offsets: list[int], tally: Tally) -> None:
 
 
 def group_safe(events: list[SSEEvent], k: int) -> bool:
-    """A cut after ``k`` dispatched events is at a frame-group boundary."""
-    return k in (0, len(events)) or events[k].id != events[k - 1].id
+    """A cut after ``k`` dispatched events is at a frame-group boundary. After the last
+    event too, the last group counts: the server answers a resume after the last id with the
+    frames of that id it renders again (Chat's usage chunk and ``[DONE]``)."""
+    if k == 0 or len(events) < 2:
+        return True
+    if k == len(events):
+        return events[-1].id != events[-2].id
+    return events[k].id != events[k - 1].id
 
 
 def cut_and_resume(url: str, case: Case, cut: int, tally: Tally) -> None:

@@ -292,6 +292,7 @@ class RechunkTransport(httpx2.BaseTransport):
             return httpx2.Response(200, headers={"content-type": "text/event-stream"},
                                    stream=_Chunked([self.raw], self.sizes))
         resp = self.inner.handle_request(request)
+        assert isinstance(resp.stream, httpx2.SyncByteStream)
         return httpx2.Response(resp.status_code, headers=resp.headers,
                                stream=_Chunked(resp.stream, self.sizes, owner=resp))
 

@@ -45,7 +45,7 @@ def main() -> int:
     ap.add_argument("--rng", type=int, default=0)
     ap.add_argument("--enable", action="append", default=[],
                     choices=["STOPS_IN_FORCED_CALLS", "CHECK_MESSAGE_START_USAGE",
-                             "CUT_INSIDE_GROUPS"])
+                             "CUT_INSIDE_GROUPS", "PARALLEL_FORCED_CALLS"])
     args = ap.parse_args()
     for name in args.enable:
         setattr(fz, name, True)

@@ -104,7 +104,7 @@ def test_p2_k2_any_network_reads_parse_to_the_same_events(cases: list[fz.Case],
     assert tally.violations == [], tally.report()
 
 
-@settings(max_examples=examples(30))
+@settings(max_examples=examples(20))
 @given(data=st.data())
 def test_p1_official_clients_read_any_network_reads_alike(cases: list[fz.Case],
                                                           data: st.DataObject) -> None:
@@ -216,11 +216,11 @@ def test_s1_d2_a_stop_never_cuts_a_forced_call(live: Any) -> None:
 def test_s1_k2_a_forced_choice_never_returns_call_text(live: Any) -> None:
     """S1/K2: with ``required`` (Anthropic ``any``) and parallel calls allowed, the output is
     the calls; a budget that ends inside a second call must not hand its raw bytes
-    (``<tool_call>\n{"name":``) back as text (seed 1, 70 tokens: one call, then the cut)."""
+    (``<tool_call>\n{"name":``) back as text (seed 1, 70 tokens: one call, then the cut;
+    Chat here, all three with ``scripts/stream_fuzz.py --enable PARALLEL_FORCED_CALLS``)."""
     tally = Tally()
     for _ in _with("PARALLEL_FORCED_CALLS", True):
-        for protocol in ("chat", "responses", "messages"):
-            fz.record(live.url, protocol, "tools_parallel", 1, live.model, tally)
+        fz.record(live.url, "chat", "tools_parallel", 1, live.model, tally)
     assert tally.violations == [], tally.report()
 
 

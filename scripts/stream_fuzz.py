@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import stream_fuzz as fz  # noqa: E402
+from tests.sdk_views import RechunkTransport, sdk_agrees, sdk_observe  # noqa: E402
 from tests.sse_parse import awkward_offsets, split_at  # noqa: E402
 from tests.stream_conformance import PROTOCOLS, Tally, observe_stream  # noqa: E402
 
@@ -74,9 +75,9 @@ def main() -> int:
                         if k % 4 == 0:
                             sizes = [b - a for a, b in zip([0, *sorted(set(cuts))],
                                                            sorted(set(cuts)), strict=False)]
-                            sdk = fz.sdk_observe(protocol, case.body,
-                                                 fz.RechunkTransport(sizes, case.raw))
-                            fz.sdk_agrees(f"{case.label}/sdk", sdk, parsed, tally)
+                            sdk = sdk_observe(protocol, fz.stream_body(protocol, case.body),
+                                              RechunkTransport(sizes, case.raw))
+                            sdk_agrees(f"{case.label}/sdk", sdk, parsed, tally)
                     for _ in range(args.cuts):
                         fz.cut_and_resume(live.url, case, rng.randint(0, len(case.raw)), tally)
                     for _ in range(args.live):

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from tests import stream_fuzz as fz
 from tests.conftest import LiveServer, examples
+from tests.sdk_views import RechunkTransport, sdk_agrees, sdk_observe
 from tests.sse_parse import SSEParser, awkward_offsets, parse_chunks, split_at
 from tests.stream_conformance import PROTOCOLS, Tally, observe_stream
 
@@ -113,9 +114,9 @@ def test_p1_official_clients_read_any_network_reads_alike(cases: list[fz.Case],
     case = _case(data, cases)
     chunks = split_at(case.raw, _offsets(data, case.raw))
     tally = Tally()
-    sdk = fz.sdk_observe(case.protocol, case.body,
-                         fz.RechunkTransport([len(c) for c in chunks], case.raw))
-    fz.sdk_agrees(f"{case.label}/sdk", sdk, observe_stream(case.protocol, case.events), tally)
+    sdk = sdk_observe(case.protocol, fz.stream_body(case.protocol, case.body),
+                      RechunkTransport([len(c) for c in chunks], case.raw))
+    sdk_agrees(f"{case.label}/sdk", sdk, observe_stream(case.protocol, case.events), tally)
     tally.counts["chunkings"] += 1
     _merge(tally)
     assert tally.violations == [], tally.report()
@@ -160,9 +161,10 @@ def test_p1_official_clients_over_rechunked_live_reads(live: Any, cases: list[fz
     case = _case(data, cases)
     sizes = [len(c) for c in split_at(case.raw, _offsets(data, case.raw))]
     tally = Tally()
-    sdk = fz.sdk_observe(case.protocol, case.body, fz.RechunkTransport(sizes), live.url)
+    sdk = sdk_observe(case.protocol, fz.stream_body(case.protocol, case.body),
+                      RechunkTransport(sizes), live.url)
     tally.counts["requests"] += 1
-    fz.sdk_agrees(f"{case.label}/live-sdk", sdk, case.whole, tally)
+    sdk_agrees(f"{case.label}/live-sdk", sdk, case.whole, tally)
     _merge(tally)
     assert tally.violations == [], tally.report()
 

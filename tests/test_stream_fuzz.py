@@ -256,3 +256,29 @@ def test_p2_parser_follows_the_event_stream_rules(raw: bytes,
     parser = SSEParser()
     parser.feed(b"id: 5\ndata: q\n")
     assert parser.last_id == ""   # NOTE: a reconnect sends the id of a *dispatched* event
+
+
+def test_s3_k2_p1_each_invariant_can_fail() -> None:
+    """The checks are not vacuous: a leaked stop, a split character (a lone surrogate, or a
+    stamp whose length is not the delta's bytes), a partial argument that is not a prefix,
+    and a streamed text that differs are each one violation of their invariant."""
+    from tests.stream_conformance import Observed
+
+    whole = Observed(text_deltas=["héllo"], arg_deltas={"0": ['{"a": 1}']}, names={"0": "f"})
+    cases: list[tuple[str, Observed]] = [
+        ("stop_leak", Observed(text_deltas=["hé", "llo"], stamps=[None, None])),
+        ("utf8", Observed(text_deltas=["h\ud83d", "llo"], stamps=[None, None])),
+        ("utf8", Observed(text_deltas=["hé", "llo"],
+                          stamps=[{"offset": 0, "length": 2, "digest": ""}, None])),
+        ("tool_prefix", Observed(arg_deltas={"0": ['{"b"', ': 1}']}, names={"0": "f"})),
+    ]
+    for invariant, obs in cases:
+        tally = Tally()
+        tally.stream("t", obs, ["ll"] if invariant == "stop_leak" else [], whole,
+                     engine_offsets=False)
+        assert [v.split(":")[0] for v in tally.violations] == [invariant] * (
+            2 if invariant == "tool_prefix" else 1), tally.violations
+    tally = Tally()
+    tally.equal("t", Observed(text_deltas=["hello"], arg_deltas=whole.arg_deltas,
+                              names=whole.names), whole)
+    assert [v.split(":")[0] for v in tally.violations] == ["equal"]

@@ -78,9 +78,10 @@ class OutputSpec:
     # K3 at the drain: "fail" (the seed's rule: FAILED, decoding_error) or "drop" (the
     # incomplete tail is removed, recorded, and the request ends FINISHED)
     utf8_tail: str = "fail"
-    # Stop strings are matched only up to the end of the first occurrence of this text (a tool
-    # call's opening tag, issue 13); from there the grammar alone ends the output, so a stop
-    # string never cuts a constrained call. Empty: stop strings apply everywhere.
+    # Stop strings are matched only against the text before the first occurrence of this text
+    # (a tool call's opening tag, issue 13, issue 20 D2): never against the tag or what follows,
+    # where the grammar alone ends the output, so a stop never cuts a constrained call. Empty:
+    # stop strings apply everywhere.
     stops_end_at: bytes = b""
 
 
@@ -126,7 +127,7 @@ class OutputProcessor:
         self.stopped_early = False
         self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
         self._stops_off = False               # past spec.stops_end_at
-        self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
+        self._tag_tail = b""                  # a possible start of stops_end_at, not yet matched
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -140,7 +141,7 @@ class OutputProcessor:
             return FinishReason.EOS
         self._pending_tokens.append(info)
         depth = 0
-        if self.token_stops is not None:
+        if self.token_stops is not None and not self._stops_off:  # NOTE: not inside a call
             hit = self.token_stops.push(token_id)
             if hit is not None:  # NOTE: its ids never reach the detokenizer (ties: ids first)
                 # NOTE: _ends[-k] is the offset after the k-th last pushed token; the sequence's
@@ -180,7 +181,7 @@ class OutputProcessor:
             self.detok.discard_pending()
             self.stops.discard()
             return reason
-        if self._emit(self._finish_detokenizer(), 0):
+        if self._emit(self._finish_detokenizer(), 0, final=True):
             return FinishReason.STOP_SEQUENCE
         self.stops.flush()
         self._release(len(self._stream) + self._sent_off)
@@ -223,16 +224,17 @@ class OutputProcessor:
             self._visible += len(data)
         return data
 
-    def _emit(self, new: bytes, held_ids: int) -> bool:
+    def _emit(self, new: bytes, held_ids: int, final: bool = False) -> bool:
         """Stop-match ``new`` (this token's bytes) and send what is safe: not held by the string
-        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3)."""
+        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3).
+        ``final``: the drain, after which no byte follows."""
         self._stream += new
         end = self._sent_off + len(self._stream)
         self._ends.append(end)
         # NOTE: keep one boundary per held id plus the one before them, no more
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
-        hit = self._match(new) if new else None
+        hit = self._match(new, final) if new or final else None
         if self._tracing and new:
             self._record(tr.STOP_STATE, held=len(self.stops.held),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
@@ -246,10 +248,15 @@ class OutputProcessor:
         self._release(min(safe, self._ends[-held_ids - 1]))
         return False
 
-    def _match(self, new: bytes) -> StopHit | None:
-        """Push ``new`` through the string matcher, but only up to the end of the first
-        ``spec.stops_end_at`` (a tool call's opening tag, issue 13); from there stop strings no
-        longer apply: the matcher's held suffix can no longer complete a stop and is released."""
+    def _match(self, new: bytes, final: bool = False) -> StopHit | None:
+        """Push ``new`` through the string matcher, but only the free text before the first
+        ``spec.stops_end_at`` (a tool call's opening tag; issue 13, issue 20 D2). Bytes that
+        could still be the start of the tag wait, neither matched nor sent (the matcher's
+        emitted count stays below them), until the tag completes — then stop strings are off
+        and never see the tag — or cannot complete (a byte that breaks it, or ``final``) —
+        then they are matched as the free text they are. So a stop string occurring inside
+        the tag (``">"``, ``"_call"``) never cuts a call; one in free text that merely looked
+        like the tag's start still ends the output, decided when the tag is ruled out."""
         if self._stops_off:
             return None
         tag = self.spec.stops_end_at
@@ -257,18 +264,19 @@ class OutputProcessor:
             return self.stops.push(new)[1]
         window = self._tag_tail + new
         at = window.find(tag)
-        if at < 0:
-            self._tag_tail = window[-(len(tag) - 1):] if len(tag) > 1 else b""
-            return self.stops.push(new)[1]
-        cut = at + len(tag) - len(self._tag_tail)  # NOTE: where the tag ends in ``new`` (>= 1)
-        hit = self.stops.push(new[:cut])[1]
-        if hit is None:
-            self.stops.flush()
-            self._stops_off = True
-            if self._tracing:
-                self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
-                             stops_off=True)
-        return hit
+        if at >= 0:
+            self._tag_tail = b""
+            hit = self.stops.push(window[:at])[1] if at else None
+            if hit is None:
+                self.stops.flush()
+                self._stops_off = True
+                if self._tracing:
+                    self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
+                                 stops_off=True)
+            return hit
+        keep = 0 if final else _tag_start_len(window, tag)
+        free, self._tag_tail = window[:len(window) - keep], window[len(window) - keep:]
+        return self.stops.push(free)[1] if free else None
 
     def _release(self, upto: int) -> None:
         """Send the unsent stream up to offset ``upto`` (nothing if already sent)."""
@@ -316,3 +324,11 @@ class OutputProcessor:
 
     def _record(self, kind: str, **data: Any) -> None:
         self.trace.record(TraceEvent(self.request_id, kind, data))
+
+
+def _tag_start_len(data: bytes, tag: bytes) -> int:
+    """Length of the longest suffix of ``data`` that is a proper prefix of ``tag``."""
+    for n in range(min(len(tag) - 1, len(data)), 0, -1):
+        if data.endswith(tag[:n]):
+            return n
+    return 0

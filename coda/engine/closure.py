@@ -217,7 +217,11 @@ class BudgetCloser:
         return self.grammar.is_terminated()
 
     def budget_end(self) -> FinishReason | None:
-        """At max tokens / context limit: an accepting output ends ``grammar_forced_close``."""
-        if self.closable and self.grammar.is_accepting():
+        """At max tokens / context limit: ``grammar_forced_close`` only when the closing path
+        was forced and brought the output to an accepting state; otherwise None, and the
+        budget names the end (G1, L4). NOTE: "accepting" alone is not enough: free text under
+        a tool grammar (``auto``) accepts at every byte, and a structure that happened to
+        complete at the budget was not closed by anything (issue 20 D1)."""
+        if self.path is not None and self.grammar.is_accepting():
             return FinishReason.GRAMMAR_FORCED_CLOSE
         return None

@@ -74,7 +74,10 @@ class OpenAIRenderer(Renderer):
         if ev.type is EventType.DELTA:
             self.selected[index] += len(ev.tokens)
             if self.parsers is not None:
-                return self._tool_frames(index, self.parsers[index].feed(ev.text), ev, fid)
+                self.take(index, ev)  # NOTE: D5: the next frame's stamp covers held bytes
+                out = self._tool_frames(index, self.parsers[index].feed(ev.text), ev, fid)
+                self.stamp_last(index, [f.data for f in out])
+                return out
             return [Frame(self._chunk([self._delta_choice(index, ev)],
                                       **self._running_usage(index), **self.stamp(index, ev)),
                           id=fid)]
@@ -86,6 +89,7 @@ class OpenAIRenderer(Renderer):
         if self.parsers is not None:
             parser = self.parsers[index]
             frames = self._tool_frames(index, parser.finish(), None, fid)
+            self.stamp_last(index, [f.data for f in frames])
             ext["tool_calls"] = {"count": parser.calls, "removed_bytes": parser.removed_bytes}
         if is_failed(terminal):
             # NOTE: the in-band error frame (the openai SDK raises APIError on it), then [DONE]
@@ -104,8 +108,9 @@ class OpenAIRenderer(Renderer):
                                   if self.chat else lp.legacy_logprobs(
                                       trailing, at, at, skip_special=self.skip))
         self.selected[index] = terminal.usage.selected_tokens
-        return [*frames,
-                Frame(self._chunk([choice], coda=ext, **self._running_usage(index)), id=fid)]
+        final = Frame(self._chunk([choice], coda=ext, **self._running_usage(index)), id=fid)
+        self.stamp_last(index, [final.data])  # NOTE: bytes no frame carried (tools), if any
+        return [*frames, final]
 
     def _running_usage(self, index: int) -> dict[str, Any]:
         """vLLM's ``continuous_usage_stats``: the choice's usage so far on every chunk."""

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import llguidance as llg
 import openai
 import pytest
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from coda.engine.async_engine import DEFAULT_MODEL_DIR
 from coda.engine.grammar import ll_tokenizer
 from coda.server import tools as tl
-from tests.conftest import LiveServer, examples
+from tests.conftest import LiveServer, SSEAccumulator, examples
 
 TIME = {"type": "object", "required": ["zone"], "additionalProperties": False,
         "properties": {"zone": {"enum": ["UTC", "CET"]}}}
@@ -151,6 +152,37 @@ def test_d1_l4_responses_auto_text_cut_by_max_output_tokens_is_incomplete(
     assert resp.status == "incomplete"
     assert resp.incomplete_details is not None
     assert resp.incomplete_details.reason == "max_output_tokens"
+
+
+def test_d1_g1_l4_budget_end_names_only_what_the_grammar_did() -> None:
+    """issue 20 D1, G1, L4 (the engine's hook, real grammars): at the budget, free text under
+    ``auto`` is not renamed (main: grammar_forced_close), a call complete on its own is
+    grammar_complete, and only a forced closing path is grammar_forced_close."""
+    from coda.engine.closure import BudgetCloser
+    from coda.engine.grammar import compile_grammar
+    from coda.finish import FinishReason
+
+    def closer(mode: str, text: str) -> BudgetCloser:
+        spec = tl.grammar_for(tl.ToolPlan((tl.Tool("get_time", "", TIME),), mode,  # type: ignore[arg-type]
+                                          parallel=False))
+        assert spec is not None
+        g = compile_grammar(spec, _TOK, _TOK.get_vocab_size(), frozenset({0, 2}))
+        c = BudgetCloser(g, 200)
+        for i in _TOK.encode(text, add_special_tokens=False).ids:
+            assert g.consume(i)
+        return c
+
+    assert closer("auto", "Once upon a time, a cat").budget_end() is None
+    whole = f'{tl.OPEN_TAG}\n{{"name": "get_time", "arguments": {{"zone":"UTC"}}}}\n{tl.CLOSE_TAG}'
+    assert closer("required", whole).budget_end() is FinishReason.GRAMMAR_COMPLETE
+    assert closer("auto", "Sure. " + whole).budget_end() is FinishReason.GRAMMAR_COMPLETE
+    c = closer("required", whole[:30])
+    assert c.budget_end() is None
+    path = c.force()
+    assert path is not None and path.tokens
+    for i in path.tokens:
+        assert c.grammar.consume(i)
+    assert c.budget_end() is FinishReason.GRAMMAR_FORCED_CLOSE
 
 
 # -- D2: a stop string inside the forced tag never cuts the call (S1, S2) -------------------
@@ -352,3 +384,42 @@ def test_d5_p3_anthropic_and_responses_stream_verify_with_tools(
     args = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert len(args) == 1
     _check_chain(stamps, _raw_call("note", args[0].arguments).encode())
+
+
+def _sse(raw: bytes) -> list[dict[str, str]]:
+    acc, out = SSEAccumulator(), []
+    for line in raw.decode().split("\n"):
+        ev = acc.feed(line)
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+def test_d5_p3_resume_by_offset_and_digest_with_tools(live: LiveServer, model: str,
+                                                     path: str) -> None:
+    """issue 20 D5, P3: with tools, a resume naming a stamp's end (offset, digest) replays
+    exactly the events after it, on chat and on Responses (where one delta may render zero or
+    several events, so the event number is found by replay, not by counting deltas)."""
+    chat = path.endswith("completions")
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_verify": True,
+                            "tool_choice": "auto", **TEXT_CUT}
+    body.update({"messages": STORY, "tools": OA_TOOLS, "max_tokens": 12} if chat else
+                {"input": "Tell me a long story about a cat.", "tools": RS_TOOLS,
+                 "max_output_tokens": 12})
+    with httpx.stream("POST", live.url + path, json=body) as resp:
+        events = _sse(resp.read())
+        rid = resp.headers.get("x-request-id")
+    stamped = [(k, json.loads(e["data"])["coda"]) for k, e in enumerate(events)
+               if e["data"] != "[DONE]" and "digest" in json.loads(e["data"]).get("coda", {})]
+    assert len(stamped) >= 3
+    k, coda = stamped[1]
+    params: dict[str, Any] = {"offset": coda["offset"] + coda["length"],
+                              "digest": coda["digest"]}
+    if chat:
+        url = f"{live.url}/v1/streams/{rid}"
+    else:
+        rid = json.loads(events[0]["data"])["response"]["id"]
+        url, params["stream"] = f"{live.url}/v1/responses/{rid}", "true"
+    r = httpx.get(url, params=params)
+    assert r.status_code == 200 and _sse(r.content) == events[k + 1:]

@@ -217,11 +217,14 @@ class BudgetCloser:
         return self.grammar.is_terminated()
 
     def budget_end(self) -> FinishReason | None:
-        """At max tokens / context limit: ``grammar_forced_close`` only when the closing path
-        was forced and brought the output to an accepting state; otherwise None, and the
-        budget names the end (G1, L4). NOTE: "accepting" alone is not enough: free text under
-        a tool grammar (``auto``) accepts at every byte, and a structure that happened to
-        complete at the budget was not closed by anything (issue 20 D1)."""
+        """At max tokens / context limit (G1: the budget's check, only its name may change):
+        ``grammar_forced_close`` when the closing path was forced and reached an accepting
+        state; ``grammar_complete`` when the output is complete on its own (the grammar is
+        stopped: nothing but EOS may follow); otherwise None, and the budget names the end
+        (L4). NOTE: "accepting" alone is not enough: free text under a tool grammar
+        (``auto``) accepts at every byte, so it renamed every budget end (issue 20 D1)."""
         if self.path is not None and self.grammar.is_accepting():
             return FinishReason.GRAMMAR_FORCED_CLOSE
+        if self.grammar.error is None and self.grammar.is_terminated():
+            return FinishReason.GRAMMAR_COMPLETE
         return None

@@ -321,9 +321,19 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return JSONResponse(response_object(record))
 
 
-# NOTE: the Responses events before the first delta: created, in_progress (header) and
-# output_item.added, content_part.added (the engine's start event); one event per delta after.
-_EVENTS_BEFORE_DELTAS = 3
+def _last_event_through(record: Record, seq: int) -> int:
+    """The number of the last Responses event rendered for the engine events up to ``seq``.
+    NOTE: replayed, not counted: with tools a delta yields zero or several events (issue 20
+    D5); without, this is ``seq + 3`` (created, in_progress, output_item.added,
+    content_part.added, then one event per delta)."""
+    r = record.make_renderer([1 << 62])  # NOTE: skips every frame; only numbers them
+    assert isinstance(r, ResponsesRenderer)
+    r.header()
+    for ev in record.streams[0].events_after(-1):
+        if ev.seq > seq:
+            break
+        r.on_event(0, ev, [ev.seq])
+    return r.seq - 1
 
 
 @router.get("/v1/responses/{response_id}")
@@ -344,7 +354,7 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     if offset is not None or digest is not None:
         resolved = resolve_resume(record.streams, None, offset, digest)
         assert resolved is not None
-        held = resolved[0] + _EVENTS_BEFORE_DELTAS
+        held = _last_event_through(record, resolved[0])
         if after is not None and after != held:
             raise ApiError(409, f"offset {offset} is event {held}, not starting_after {after}",
                            param="offset", code="resume_mismatch")

@@ -423,3 +423,23 @@ def test_d5_p3_resume_by_offset_and_digest_with_tools(live: LiveServer, model: s
         url, params["stream"] = f"{live.url}/v1/responses/{rid}", "true"
     r = httpx.get(url, params=params)
     assert r.status_code == 200 and _sse(r.content) == events[k + 1:]
+
+
+def test_l4_s1_required_parallel_never_ends_inside_a_later_call(
+        oa: openai.OpenAI, model: str) -> None:
+    """issue 20 (found with D1), L4, S1: required + parallel calls under a tight budget: when
+    the output is complete and the model opens one more call that cannot close within the
+    budget, the engine ends the output there (grammar_forced_close) — it never returns a cut
+    call as content with ``length`` (main: content ``<tool_call>\\n{"name": "``)."""
+    forced = 0
+    for seed in range(3):
+        choice = oa.chat.completions.create(model=model, messages=ASK, tools=OA_TOOLS[:1],
+                                            seed=seed, tool_choice="required",
+                                            max_tokens=60).choices[0]
+        coda = (choice.model_extra or {})["coda"]
+        assert choice.finish_reason == "tool_calls", (choice.message.content, coda)
+        assert choice.message.content is None and choice.message.tool_calls
+        for tc in choice.message.tool_calls:
+            assert json.loads(tc.function.arguments)["zone"] in ("UTC", "CET")
+        forced += coda["finish_reason"] == "grammar_forced_close"
+    assert forced  # NOTE: the budget is tight enough that the end had to be forced

@@ -199,6 +199,18 @@ class BudgetCloser:
             self.path, self.forced_at = path, self.grammar.num_consumed
         return path
 
+    def end_now(self, eos_token_ids: frozenset[int]) -> ClosingPath | None:
+        """The output accepts now but the sampled token would open what cannot close within
+        the budget (a second parallel call): force the end itself — the grammar's EOS — as a
+        one-token closing path. None when the grammar allows no EOS here."""
+        m = self.grammar.matcher
+        for eos in sorted(eos_token_ids):
+            if eos < self.grammar.vocab_size and m.validate_tokens([eos]) == 1:
+                self.path = ClosingPath((eos,), b"")
+                self.forced_at = self.grammar.num_consumed
+                return self.path
+        return None
+
     def mask(self, vocab_size: int) -> torch.Tensor | None:
         """While forcing: only the path's next token is allowed."""
         if self.path is None:

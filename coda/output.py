@@ -127,7 +127,7 @@ class OutputProcessor:
         self.stopped_early = False
         self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
         self._stops_off = False               # past spec.stops_end_at
-        self._tag_tail = b""                  # a possible start of stops_end_at, not yet matched
+        self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -141,7 +141,7 @@ class OutputProcessor:
             return FinishReason.EOS
         self._pending_tokens.append(info)
         depth = 0
-        if self.token_stops is not None and not self._stops_off:  # NOTE: not inside a call
+        if self.token_stops is not None:
             hit = self.token_stops.push(token_id)
             if hit is not None:  # NOTE: its ids never reach the detokenizer (ties: ids first)
                 # NOTE: _ends[-k] is the offset after the k-th last pushed token; the sequence's
@@ -256,7 +256,8 @@ class OutputProcessor:
         and never see the tag — or cannot complete (a byte that breaks it, or ``final``) —
         then they are matched as the free text they are. So a stop string occurring inside
         the tag (``">"``, ``"_call"``) never cuts a call; one in free text that merely looked
-        like the tag's start still ends the output, decided when the tag is ruled out."""
+        like the tag's start still ends the output, decided when the tag is ruled out.
+        ``_tag_tail`` holds those waiting bytes."""
         if self._stops_off:
             return None
         tag = self.spec.stops_end_at
@@ -270,6 +271,7 @@ class OutputProcessor:
             if hit is None:
                 self.stops.flush()
                 self._stops_off = True
+                self.token_stops = None  # NOTE: stop ids no longer apply inside a call either
                 if self._tracing:
                     self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
                                  stops_off=True)

@@ -262,6 +262,18 @@ def test_s1_stop_strings_apply_only_to_text_before_the_tag(
         assert off == [{"held": 0, "detok_pending": 0, "stops_off": True}]
 
 
+def test_s1_stop_ids_do_not_apply_inside_a_call() -> None:
+    """S1, issue 20 D2: past the tag, a stop id sequence no longer ends the output (main: the
+    id 102 after the tag ended it, "<t>" stop_sequence); before the tag it still does."""
+    run, _ = _go([112, 102, EOS_ID], stop_token_ids=((102,),), stops_end_at=b"<t>")
+    t = run.stream.terminal
+    assert t is not None and (run.stream.text(), t.finish_reason) == ("<t>CD", FinishReason.EOS)
+    run, _ = _go([101, 102, 112, EOS_ID], stop_token_ids=((102,),), stops_end_at=b"<t>")
+    t = run.stream.terminal
+    assert t is not None
+    assert (run.stream.text(), t.finish_reason) == ("AB", FinishReason.STOP_SEQUENCE)
+
+
 def test_s1_a_two_byte_tag_split_across_tokens_is_found() -> None:
     """S1, issue 13: a two-byte ``stops_end_at`` split "<" + "t>" still turns stops off."""
     run, _ = _go([110, 111, 102, EOS_ID], stop_strings=("CD",), stops_end_at=b"<t")

@@ -78,10 +78,9 @@ class OutputSpec:
     # K3 at the drain: "fail" (the seed's rule: FAILED, decoding_error) or "drop" (the
     # incomplete tail is removed, recorded, and the request ends FINISHED)
     utf8_tail: str = "fail"
-    # Stop strings are matched only against the text before the first occurrence of this text
-    # (a tool call's opening tag, issue 13, issue 20 D2): never against the tag or what follows,
-    # where the grammar alone ends the output, so a stop never cuts a constrained call. Empty:
-    # stop strings apply everywhere.
+    # Stop strings are matched only up to the end of the first occurrence of this text (a tool
+    # call's opening tag, issue 13); from there the grammar alone ends the output, so a stop
+    # string never cuts a constrained call. Empty: stop strings apply everywhere.
     stops_end_at: bytes = b""
 
 
@@ -126,6 +125,7 @@ class OutputProcessor:
         self.early_stop_summary: Mapping[str, object] | None = None
         self.stopped_early = False
         self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
+        self._draining = False                # no byte follows: a waiting tag start is text
         self._stops_off = False               # past spec.stops_end_at
         self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
 
@@ -177,11 +177,12 @@ class OutputProcessor:
     def drain(self, reason: FinishReason) -> FinishReason:
         """The DRAINING step for a normal end (G2). May turn the reason into stop_sequence
         when the drained tail hits a stop; raises DecodingError on an invalid residue (K3)."""
+        self._draining = True
         if reason is FinishReason.STOP_SEQUENCE:
             self.detok.discard_pending()
             self.stops.discard()
             return reason
-        if self._emit(self._finish_detokenizer(), 0, final=True):
+        if self._emit(self._finish_detokenizer(), 0):
             return FinishReason.STOP_SEQUENCE
         self.stops.flush()
         self._release(len(self._stream) + self._sent_off)
@@ -224,17 +225,16 @@ class OutputProcessor:
             self._visible += len(data)
         return data
 
-    def _emit(self, new: bytes, held_ids: int, final: bool = False) -> bool:
+    def _emit(self, new: bytes, held_ids: int) -> bool:
         """Stop-match ``new`` (this token's bytes) and send what is safe: not held by the string
-        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3).
-        ``final``: the drain, after which no byte follows."""
+        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3)."""
         self._stream += new
         end = self._sent_off + len(self._stream)
         self._ends.append(end)
         # NOTE: keep one boundary per held id plus the one before them, no more
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
-        hit = self._match(new, final) if new or final else None
+        hit = self._match(new) if new or self._draining else None
         if self._tracing and new:
             self._record(tr.STOP_STATE, held=len(self.stops.held),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
@@ -248,12 +248,12 @@ class OutputProcessor:
         self._release(min(safe, self._ends[-held_ids - 1]))
         return False
 
-    def _match(self, new: bytes, final: bool = False) -> StopHit | None:
+    def _match(self, new: bytes) -> StopHit | None:
         """Push ``new`` through the string matcher, but only the free text before the first
         ``spec.stops_end_at`` (a tool call's opening tag; issue 13, issue 20 D2). Bytes that
         could still be the start of the tag wait, neither matched nor sent (the matcher's
         emitted count stays below them), until the tag completes — then stop strings are off
-        and never see the tag — or cannot complete (a byte that breaks it, or ``final``) —
+        and never see the tag — or cannot complete (a byte that breaks it, or the drain) —
         then they are matched as the free text they are. So a stop string occurring inside
         the tag (``">"``, ``"_call"``) never cuts a call; one in free text that merely looked
         like the tag's start still ends the output, decided when the tag is ruled out.
@@ -262,7 +262,7 @@ class OutputProcessor:
             return None
         tag = self.spec.stops_end_at
         if not tag:
-            return self.stops.push(new)[1]
+            return self.stops.push(new)[1] if new else None
         window = self._tag_tail + new
         at = window.find(tag)
         if at >= 0:
@@ -276,7 +276,7 @@ class OutputProcessor:
                     self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
                                  stops_off=True)
             return hit
-        keep = 0 if final else _tag_start_len(window, tag)
+        keep = 0 if self._draining else _tag_start_len(window, tag)
         free, self._tag_tail = window[:len(window) - keep], window[len(window) - keep:]
         return self.stops.push(free)[1] if free else None
 

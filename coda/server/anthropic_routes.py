@@ -46,10 +46,6 @@ def _tool_use(call: tl.ToolCall, rid: str) -> dict[str, Any]:
             "name": call.name, "input": json.loads(call.arguments)}
 
 
-def _is_block_delta(obj: dict[str, Any]) -> bool:
-    return obj.get("type") == "content_block_delta"
-
-
 def _usage(terminal: Terminal | None, input_tokens: int) -> dict[str, int]:
     if terminal is None:
         return {"input_tokens": input_tokens, "output_tokens": 0}
@@ -111,6 +107,7 @@ class AnthropicRenderer(Renderer):
         if self.parser is not None:
             frames = self._blocks(self.parser.finish(), fid)
             self.stamp_last(index, [f.data for f in frames], _is_block_delta)
+            self.stamp_into(index, ext)  # NOTE: bytes no block delta carried (D5), if any
             calls = self.parser.calls
             ext["tool_calls"] = {"count": calls, "removed_bytes": self.parser.removed_bytes}
         if is_failed(terminal):
@@ -121,11 +118,11 @@ class AnthropicRenderer(Renderer):
             frames.append(self._frame("content_block_stop", fid, index=0))
         elif self.text_open:
             frames.append(self._frame("content_block_stop", fid, index=self.block))
-        final = self._frame("message_delta", fid,
+        return [*frames,
+                self._frame("message_delta", fid,
                             delta={"stop_reason": reason, "stop_sequence": stop},
-                            usage=_usage(terminal, self.r.extra["input_tokens"]), coda=ext)
-        self.stamp_last(index, [final.data])  # NOTE: bytes no block delta carried (tools), if any
-        return [*frames, final, self._frame("message_stop", fid)]
+                            usage=_usage(terminal, self.r.extra["input_tokens"]), coda=ext),
+                self._frame("message_stop", fid)]
 
 
     def _blocks(self, items: list[tl.Item], fid: str) -> list[Frame]:
@@ -156,6 +153,10 @@ class AnthropicRenderer(Renderer):
                                        "partial_json": item.arguments}),
                     self._frame("content_block_stop", fid, index=self.block)]
         return out
+
+
+def _is_block_delta(obj: dict[str, Any]) -> bool:
+    return obj.get("type") == "content_block_delta"
 
 
 def _messages(body: AnthropicRequest) -> list[dict[str, Any]]:

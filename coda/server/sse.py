@@ -78,6 +78,13 @@ class Renderer:
         if self.verify is not None:
             self.verify.take(index, ev)
 
+    def stamp_into(self, index: int, coda: dict[str, Any]) -> None:
+        """Add the stamp of the bytes taken since the last stamp to ``coda`` in place (a final
+        frame's ``coda`` object; nothing when no byte is pending)."""
+        stamp = self.verify.stamp_pending(index) if self.verify is not None else None
+        if stamp is not None:
+            coda.update(stamp)
+
     def stamp_last(self, index: int, objects: Sequence[Any],
                    carries: Callable[[dict[str, Any]], bool] = lambda o: True) -> None:
         """Put the stamp of the bytes taken since the last stamp on the last of ``objects``

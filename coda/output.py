@@ -114,6 +114,7 @@ class OutputProcessor:
         self._eos_token: TokenInfo | None = None
         self.generated = 0                    # tokens selected (t after choose)
         self.hit: StopHit | None = None
+        self._draining = False  # no byte follows: a waiting tag start is text (stops_end_at)
         # L6 accounting: start offsets of visible tokens not yet reached by the stream
         self._visible = 0
         self._unreturned: deque[int] = deque()
@@ -125,7 +126,6 @@ class OutputProcessor:
         self.early_stop_summary: Mapping[str, object] | None = None
         self.stopped_early = False
         self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
-        self._draining = False                # no byte follows: a waiting tag start is text
         self._stops_off = False               # past spec.stops_end_at
         self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
 

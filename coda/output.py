@@ -114,6 +114,7 @@ class OutputProcessor:
         self._eos_token: TokenInfo | None = None
         self.generated = 0                    # tokens selected (t after choose)
         self.hit: StopHit | None = None
+        self._draining = False  # no byte follows: a waiting tag start is text (stops_end_at)
         # L6 accounting: start offsets of visible tokens not yet reached by the stream
         self._visible = 0
         self._unreturned: deque[int] = deque()
@@ -176,6 +177,7 @@ class OutputProcessor:
     def drain(self, reason: FinishReason) -> FinishReason:
         """The DRAINING step for a normal end (G2). May turn the reason into stop_sequence
         when the drained tail hits a stop; raises DecodingError on an invalid residue (K3)."""
+        self._draining = True
         if reason is FinishReason.STOP_SEQUENCE:
             self.detok.discard_pending()
             self.stops.discard()
@@ -232,7 +234,7 @@ class OutputProcessor:
         # NOTE: keep one boundary per held id plus the one before them, no more
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
-        hit = self._match(new) if new else None
+        hit = self._match(new) if new or self._draining else None
         if self._tracing and new:
             # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6
             self._record(tr.STOP_STATE, nbytes=len(new), held=len(self.stops.held),
@@ -248,28 +250,36 @@ class OutputProcessor:
         return False
 
     def _match(self, new: bytes) -> StopHit | None:
-        """Push ``new`` through the string matcher, but only up to the end of the first
-        ``spec.stops_end_at`` (a tool call's opening tag, issue 13); from there stop strings no
-        longer apply: the matcher's held suffix can no longer complete a stop and is released."""
+        """Push ``new`` through the string matcher, but only the free text before the first
+        ``spec.stops_end_at`` (a tool call's opening tag; issue 13, issue 20 D2). Bytes that
+        could still be the start of the tag wait, neither matched nor sent (the matcher's
+        emitted count stays below them), until the tag completes — then stop strings are off
+        and never see the tag — or cannot complete (a byte that breaks it, or the drain) —
+        then they are matched as the free text they are. So a stop string occurring inside
+        the tag (``">"``, ``"_call"``) never cuts a call; one in free text that merely looked
+        like the tag's start still ends the output, decided when the tag is ruled out.
+        ``_tag_tail`` holds those waiting bytes."""
         if self._stops_off:
             return None
         tag = self.spec.stops_end_at
         if not tag:
-            return self.stops.push(new)[1]
+            return self.stops.push(new)[1] if new else None
         window = self._tag_tail + new
         at = window.find(tag)
-        if at < 0:
-            self._tag_tail = window[-(len(tag) - 1):] if len(tag) > 1 else b""
-            return self.stops.push(new)[1]
-        cut = at + len(tag) - len(self._tag_tail)  # NOTE: where the tag ends in ``new`` (>= 1)
-        hit = self.stops.push(new[:cut])[1]
-        if hit is None:
-            self.stops.flush()
-            self._stops_off = True
-            if self._tracing:
-                self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
-                             stops_off=True)
-        return hit
+        if at >= 0:
+            self._tag_tail = b""
+            hit = self.stops.push(window[:at])[1] if at else None
+            if hit is None:
+                self.stops.flush()
+                self._stops_off = True
+                self.token_stops = None  # NOTE: stop ids no longer apply inside a call either
+                if self._tracing:
+                    self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
+                                 stops_off=True)
+            return hit
+        keep = 0 if self._draining else _tag_start_len(window, tag)
+        free, self._tag_tail = window[:len(window) - keep], window[len(window) - keep:]
+        return self.stops.push(free)[1] if free else None
 
     def _release(self, upto: int) -> None:
         """Send the unsent stream up to offset ``upto`` (nothing if already sent)."""
@@ -317,3 +327,11 @@ class OutputProcessor:
 
     def _record(self, kind: str, **data: Any) -> None:
         self.trace.record(TraceEvent(self.request_id, kind, data))
+
+
+def _tag_start_len(data: bytes, tag: bytes) -> int:
+    """Length of the longest suffix of ``data`` that is a proper prefix of ``tag``."""
+    for n in range(min(len(tag) - 1, len(data)), 0, -1):
+        if data.endswith(tag[:n]):
+            return n
+    return 0

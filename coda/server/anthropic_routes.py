@@ -91,7 +91,10 @@ class AnthropicRenderer(Renderer):
                     self._frame("ping", fid)]
         if ev.type is EventType.DELTA:
             if self.parser is not None:
-                return self._blocks(self.parser.feed(ev.text), fid)
+                self.take(index, ev)  # NOTE: D5: the next block delta's stamp covers it
+                out = self._blocks(self.parser.feed(ev.text), fid)
+                self.stamp_last(index, [f.data for f in out], _is_block_delta)
+                return out
             return [self._frame("content_block_delta", fid, index=0,
                                 delta={"type": "text_delta", "text": ev.text},
                                 **self.stamp(index, ev))]
@@ -103,6 +106,8 @@ class AnthropicRenderer(Renderer):
         calls = 0
         if self.parser is not None:
             frames = self._blocks(self.parser.finish(), fid)
+            self.stamp_last(index, [f.data for f in frames], _is_block_delta)
+            self.stamp_into(index, ext)  # NOTE: bytes no block delta carried (D5), if any
             calls = self.parser.calls
             ext["tool_calls"] = {"count": calls, "removed_bytes": self.parser.removed_bytes}
         if is_failed(terminal):
@@ -148,6 +153,10 @@ class AnthropicRenderer(Renderer):
                                        "partial_json": item.arguments}),
                     self._frame("content_block_stop", fid, index=self.block)]
         return out
+
+
+def _is_block_delta(obj: dict[str, Any]) -> bool:
+    return obj.get("type") == "content_block_delta"
 
 
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:

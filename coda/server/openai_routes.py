@@ -86,6 +86,7 @@ class OpenAIRenderer(Renderer):
         if self.parsers is not None:
             parser = self.parsers[index]
             frames = self._tool_frames(index, parser.finish(), None, fid)
+            self.stamp_into(index, ext)  # NOTE: bytes no frame carried (D5), on the last chunk
             ext["tool_calls"] = {"count": parser.calls, "removed_bytes": parser.removed_bytes}
         if is_failed(terminal):
             # NOTE: the in-band error frame (the openai SDK raises APIError on it), then [DONE]
@@ -118,7 +119,11 @@ class OpenAIRenderer(Renderer):
 
     def _tool_frames(self, index: int, items: list[tl.Item], ev: StreamEvent | None,
                      fid: str) -> list[Frame]:
-        """Text and complete calls of a tools request as one chunk (none if both are empty)."""
+        """Text and complete calls of a tools request as one chunk (none if both are empty).
+        With ``stream_verify`` the chunk's stamp covers every delta since the last stamp (D5):
+        a delta whose bytes are held back or inside an open call makes no chunk of its own."""
+        if ev is not None:
+            self.take(index, ev)
         text = tl.texts(items)
         calls = [tl.openai_call(c, self.r.id, delta=True) for c in items
                  if isinstance(c, tl.ToolCall)]
@@ -129,8 +134,10 @@ class OpenAIRenderer(Renderer):
         delta: dict[str, Any] = {"content": text} if text or not calls else {}
         if calls:
             delta["tool_calls"] = calls
-        return [Frame(self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
-                                    "finish_reason": None}]), id=fid)]
+        chunk = self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
+                              "finish_reason": None}])
+        self.stamp_last(index, [chunk])
+        return [Frame(chunk, id=fid)]
 
     def _delta_choice(self, index: int, ev: StreamEvent) -> dict[str, Any]:
         text = ev.text

@@ -237,7 +237,9 @@ class OutputProcessor:
         hit = self._match(new) if new or self._draining else None
         if self._tracing and new:
             # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6
-            self._record(tr.STOP_STATE, nbytes=len(new), held=len(self.stops.held),
+            # NOTE: bytes waiting as a possible tool-call tag start are held too (S2)
+            self._record(tr.STOP_STATE, nbytes=len(new),
+                         held=len(self.stops.held) + len(self._tag_tail),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
         if hit is not None:
             # NOTE: the matcher's emitted count is the stream offset where output stops

@@ -33,7 +33,7 @@ from tests.sse_parse import SSEEvent, SSEParser, parse_chunks
 from tests.stream_conformance import PATHS, Observed, Tally, observe_body, observe_stream
 
 # issue 20 D2 (fixed on another branch): a stop string inside a forced <tool_call> tag cuts it
-STOPS_IN_FORCED_CALLS = False
+STOPS_IN_FORCED_CALLS = True
 # issue 20 D9: Anthropic message_start.usage is not the final usage (cached tokens)
 CHECK_MESSAGE_START_USAGE = False
 # NEW (this fuzz): frames of one engine event share one SSE id, so a client cut between them
@@ -41,7 +41,7 @@ CHECK_MESSAGE_START_USAGE = False
 CUT_INSIDE_GROUPS = False
 # NEW (this fuzz): a forced choice that allows parallel calls, cut by the budget, returns the
 # unclosed second call as text ('<tool_call>\n{"name":') with finish "length"
-PARALLEL_FORCED_CALLS = False
+PARALLEL_FORCED_CALLS = True
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
            "properties": {"city": {"type": "string", "maxLength": 12},

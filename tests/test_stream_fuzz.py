@@ -203,8 +203,6 @@ def _event_bytes(raw: bytes, k: int) -> list[bytes]:
     return [p + b"\n\n" for p in parts[:k]]
 
 
-@pytest.mark.xfail(strict=False, reason="issue 20 D2, fixed on its own branch: a stop string "
-                   "inside a forced <tool_call> tag cuts the call")
 def test_s1_d2_a_stop_never_cuts_a_forced_call(live: Any) -> None:
     tally = Tally()
     for _ in _with("STOPS_IN_FORCED_CALLS", True):
@@ -213,8 +211,6 @@ def test_s1_d2_a_stop_never_cuts_a_forced_call(live: Any) -> None:
     assert tally.violations == [], tally.report()
 
 
-@pytest.mark.xfail(strict=False, reason="NEW in issue 20's fuzz: a forced choice allowing "
-                   "parallel calls returns the budget-cut second call as text")
 def test_s1_k2_a_forced_choice_never_returns_call_text(live: Any) -> None:
     """S1/K2: with ``required`` (Anthropic ``any``) and parallel calls allowed, the output is
     the calls; a budget that ends inside a second call must not hand its raw bytes

@@ -150,3 +150,25 @@ def test_l4_k3_responses_failed_stream_and_non_streaming(server: ScriptedServer)
     body = resp.json()
     assert body["status"] == "failed" and body["output"][0]["content"][0]["text"] == "x"
     assert_failed_outcome(body["coda"])
+
+
+def _metric(server: ScriptedServer, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_d7_l4_k3_failed_request_counts_as_failure_not_success(server: ScriptedServer) -> None:
+    """Issue 20 D7 (L4, K3): a request that ends FAILED (decoding_error, reason ``eos``) is
+    counted in ``coda:request_failure_total`` by reason and error code, never in
+    ``coda:request_success_total`` (whose label is only the reason)."""
+    ok = ("coda:request_success_total", {"finished_reason": "eos"})
+    bad = ("coda:request_failure_total", {"finished_reason": "eos", "error": "decoding_error"})
+    before = _metric(server, ok[0], **ok[1]), _metric(server, bad[0], **bad[1])
+    r = httpx.post(server.url + "/v1/chat/completions",
+                   json={"model": MODEL, "messages": MSG, "max_tokens": 8}, timeout=30)
+    assert r.status_code == 500
+    after = _metric(server, ok[0], **ok[1]), _metric(server, bad[0], **bad[1])
+    assert after == (before[0], before[1] + 1)

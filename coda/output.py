@@ -82,6 +82,9 @@ class OutputSpec:
     # call's opening tag, issue 13); from there the grammar alone ends the output, so a stop
     # string never cuts a constrained call. Empty: stop strings apply everywhere.
     stops_end_at: bytes = b""
+    # Stops (strings and id sequences) end the output only at a token t >= min_tokens; see
+    # docs/api.md (issue 20 D6). EOS is banned by the sampler until then.
+    min_tokens: int = 0
 
 
 class OutputProcessor:
@@ -127,6 +130,8 @@ class OutputProcessor:
         self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
         self._stops_off = False               # past spec.stops_end_at
         self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
+        self._armed = spec.min_tokens <= 0    # D6: may a stop end the output at this token?
+        self._armed_at = 0                    # D6: stream offset from which stop strings count
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -139,9 +144,12 @@ class OutputProcessor:
             self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
         self._pending_tokens.append(info)
+        # NOTE: D6: a stop completing before token min_tokens is ordinary output
+        if not self._armed and t >= self.spec.min_tokens:
+            self._armed, self._armed_at = True, self.stops.consumed_bytes
         depth = 0
         if self.token_stops is not None:
-            hit = self.token_stops.push(token_id)
+            hit = self.token_stops.push(token_id, self._armed)
             if hit is not None:  # NOTE: its ids never reach the detokenizer (ties: ids first)
                 # NOTE: _ends[-k] is the offset after the k-th last pushed token; the sequence's
                 # first k-1 ids were pushed, so _ends[-k] is where its text would begin.
@@ -254,14 +262,14 @@ class OutputProcessor:
             return None
         tag = self.spec.stops_end_at
         if not tag:
-            return self.stops.push(new)[1]
+            return self.stops.push(new, self._armed)[1]
         window = self._tag_tail + new
         at = window.find(tag)
         if at < 0:
             self._tag_tail = window[-(len(tag) - 1):] if len(tag) > 1 else b""
-            return self.stops.push(new)[1]
+            return self.stops.push(new, self._armed)[1]
         cut = at + len(tag) - len(self._tag_tail)  # NOTE: where the tag ends in ``new`` (>= 1)
-        hit = self.stops.push(new[:cut])[1]
+        hit = self.stops.push(new[:cut], self._armed)[1]
         if hit is None:
             self.stops.flush()
             self._stops_off = True
@@ -284,8 +292,9 @@ class OutputProcessor:
         self.hit = hit
         self._stop_held_clock()
         if self._tracing:
+            armed = {"armed_at": self._armed_at} if self.spec.min_tokens > 0 else {}
             self._record(tr.STOP_HIT, which=hit.kind, index=hit.index, stop=str(hit.stop),
-                         byte_offset=hit.start, stop_rule_version=STOP_RULE_VERSION)
+                         byte_offset=hit.start, stop_rule_version=STOP_RULE_VERSION, **armed)
         return FinishReason.STOP_SEQUENCE
 
     def _send(self, data: bytes) -> None:

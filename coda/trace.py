@@ -318,8 +318,11 @@ def _check_failure_rows(evs: list[TraceEvent]) -> list[str]:
     for ev in evs:
         if ev.kind == STOP_HIT and ev.data.get("which") == "string":
             stop = str(ev.data.get("stop"))
-            # NOTE: include_stop_str_in_output may end the text with it, never show it earlier
-            if 0 <= text.find(stop) < len(text) - len(stop):
+            # NOTE: include_stop_str_in_output may end the text with it, never show it earlier;
+            # an occurrence completed in the bytes before ``armed_at`` (min_tokens) is text
+            sent, pat = text.encode(), stop.encode()
+            at = max(0, int(ev.data.get("armed_at", 0)) - len(pat) + 1)
+            if 0 <= sent.find(pat, at) < len(sent) - len(pat):
                 out.append(f"stop string {stop!r} reached the stream before its hit")
         elif ev.kind == TERMINAL:
             usage = ev.data.get("usage") or {}

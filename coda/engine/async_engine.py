@@ -297,7 +297,7 @@ class AsyncEngine:
             stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
-            stops_end_at=(req.stops_end_at or "").encode())
+            stops_end_at=(req.stops_end_at or "").encode(), min_tokens=req.sampling.min_tokens)
         return spec, max_tokens
 
     def _grammar(self, req: GenerationRequest) -> Any:

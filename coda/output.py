@@ -132,6 +132,9 @@ class OutputProcessor:
         self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
         self._armed = spec.min_tokens <= 0    # D6: may a stop end the output at this token?
         self._armed_at = 0                    # D6: stream offset from which stop strings count
+        # detokenizer states before each held id (the last ``depth``): on an id hit, the one
+        # before the sequence's first id drains the text that precedes the sequence (S1)
+        self._forks: deque[IncrementalDetokenizer] = deque()
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -150,12 +153,16 @@ class OutputProcessor:
         depth = 0
         if self.token_stops is not None:
             hit = self.token_stops.push(token_id, self._armed)
-            if hit is not None:  # NOTE: its ids never reach the detokenizer (ties: ids first)
-                # NOTE: _ends[-k] is the offset after the k-th last pushed token; the sequence's
-                # first k-1 ids were pushed, so _ends[-k] is where its text would begin.
-                self._release(self._ends[hit.start - hit.end])
+            if hit is not None:  # NOTE: its last id never reaches the detokenizer (ids first)
+                self._end_before_ids(hit.end - hit.start)
                 return self._on_hit(hit)
             depth = self.token_stops.depth
+            if depth:
+                self._forks.append(self.detok.fork())
+                while len(self._forks) > depth:
+                    self._forks.popleft()
+            else:
+                self._forks.clear()
         if self._emit(self._detok_push(token_id), depth):
             return FinishReason.STOP_SEQUENCE
         if self.generated >= self.spec.max_output_tokens:
@@ -173,6 +180,35 @@ class OutputProcessor:
             self.stopped_early = verdict.reason is not None  # NOTE: D6: the cancel path
             return verdict.reason
         return None
+
+    def _end_before_ids(self, k: int) -> None:
+        """An id sequence of ``k`` ids hit: send the whole text of the tokens before its first
+        id, nothing of its own (S1, S3). ``_ends[-k]`` is the stream offset after the token
+        before the sequence (its first k-1 ids were pushed); bytes those tokens left in the
+        detokenizer (an open byte-fallback run, a partial character) are drained from its
+        state before the sequence's first id: whole characters are sent, a partial last one is
+        removed and recorded like a cut tail (K2, K3)."""
+        upto = self._ends[-k]
+        self._release(upto)
+        self._stream.clear()  # NOTE: the sequence's own bytes: never sent
+        while self._unreturned and self._unreturned[-1] >= upto:
+            self._unreturned.pop()  # NOTE: L6: the sequence's tokens are never returned
+        det = self.detok if k == 1 else self._forks[-(k - 1)]
+        residue = det.pending
+        try:
+            text, cut = det.finish_cut()
+        except DecodingError:  # NOTE: bytes no byte could complete: removed as after a hit
+            text, cut = b"", residue
+        self.detok.discard_pending()
+        self._forks.clear()
+        if cut:
+            self._drop_tail(cut)
+        self._send(text)
+
+    def _drop_tail(self, tail: bytes) -> None:
+        """K2: an incomplete UTF-8 tail removed at the end, recorded."""
+        self.dropped_tail = tail
+        self._record(tr.UTF8_TAIL_DROPPED, nbytes=len(tail), hex=tail.hex())
 
     def _budget_end(self, reason: FinishReason) -> FinishReason:
         # NOTE: still the budget's check (G1 order); only its name changes when the output

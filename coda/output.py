@@ -75,9 +75,10 @@ class OutputSpec:
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    # K3 at the drain: "fail" (the seed's rule: FAILED, decoding_error) or "drop" (the
-    # incomplete tail is removed, recorded, and the request ends FINISHED)
-    utf8_tail: str = "fail"
+    # K3 at the drain (UTF8_TAIL_POLICIES): "auto" (a budget end cuts a partial last character
+    # off, recorded; any other end with one is FAILED), "fail" (the strict rule: FAILED,
+    # decoding_error) or "drop" (any incomplete tail is removed, recorded, FINISHED)
+    utf8_tail: str = "auto"
     # Stop strings are matched only up to the end of the first occurrence of this text (a tool
     # call's opening tag, issue 13); from there the grammar alone ends the output, so a stop
     # string never cuts a constrained call. Empty: stop strings apply everywhere.
@@ -85,6 +86,15 @@ class OutputSpec:
     # Stops (strings and id sequences) end the output only at a token t >= min_tokens; see
     # docs/api.md (issue 20 D6). EOS is banned by the sampler until then.
     min_tokens: int = 0
+
+
+UTF8_TAIL_POLICIES: tuple[str, ...] = ("auto", "fail", "drop")
+"""K3 policies for a tail that is not whole characters when the output ends (docs/api.md)."""
+
+# Ends where something other than the model cut the output (K3): a partial last character is
+# text the budget did not finish. Cancel takes the discard path and never drains.
+BUDGET_ENDS = frozenset({FinishReason.MAX_OUTPUT_TOKENS, FinishReason.CONTEXT_LIMIT,
+                         FinishReason.DEADLINE_EXCEEDED})
 
 
 class OutputProcessor:
@@ -127,7 +137,7 @@ class OutputProcessor:
         # seed 004: the policy's last summary, and whether the policy (not the loop) stopped
         self.early_stop_summary: Mapping[str, object] | None = None
         self.stopped_early = False
-        self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
+        self.dropped_tail = b""  # K2: an incomplete UTF-8 tail removed at the end, recorded
         self._stops_off = False               # past spec.stops_end_at
         self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
         self._armed = spec.min_tokens <= 0    # D6: may a stop end the output at this token?
@@ -224,25 +234,31 @@ class OutputProcessor:
             self.detok.discard_pending()
             self.stops.discard()
             return reason
-        if self._emit(self._finish_detokenizer(), 0):
+        if self._emit(self._finish_detokenizer(reason), 0):
             return FinishReason.STOP_SEQUENCE
         self.stops.flush()
         self._release(len(self._stream) + self._sent_off)
         self._stop_held_clock()
         return reason
 
-    def _finish_detokenizer(self) -> bytes:
-        """``finish()`` under the request's ``utf8_tail`` policy: "drop" removes an incomplete
-        UTF-8 tail and records it (K2 removed span) instead of failing (K3)."""
-        pending = self.detok.pending
-        try:
-            return self.detok.finish()
-        except DecodingError:
-            if self.spec.utf8_tail != "drop":
-                raise
-        self.dropped_tail = pending
-        self._record(tr.UTF8_TAIL_DROPPED, nbytes=len(pending), hex=pending.hex())
-        return b""
+    def _finish_detokenizer(self, reason: FinishReason) -> bytes:
+        """``finish()`` under the request's ``utf8_tail`` policy (K3): "auto" at a budget end
+        sends the whole characters and removes a partial last one, recorded (K2 removed span;
+        a residue no byte could complete still fails); "drop" removes any incomplete tail,
+        recorded; otherwise an incomplete tail raises DecodingError (the request ends FAILED)."""
+        policy = self.spec.utf8_tail
+        if policy == "drop" or (policy == "auto" and reason in BUDGET_ENDS):
+            pending = self.detok.pending
+            try:
+                text, cut = self.detok.finish_cut()
+            except DecodingError:
+                if policy != "drop":
+                    raise
+                text, cut = b"", pending
+            if cut:
+                self._drop_tail(cut)
+            return text
+        return self.detok.finish()
 
     def discard(self) -> None:
         """Cancel/failure path: drop everything not yet safe (seed §4.3)."""

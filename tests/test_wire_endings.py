@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import anthropic
 import openai
 import pytest
 
@@ -40,3 +41,54 @@ def test_d6_s1_s3_min_tokens_holds_stop_strings_and_ids(xs: ScriptedServer,
                                            extra_body=stop)
     assert plain.choices[0].message.content == ""  # without min_tokens: at token 1 or 2
     assert plain.usage is not None and plain.usage.completion_tokens <= 2
+
+
+@pytest.fixture(scope="module")
+def lead() -> Iterator[ScriptedServer]:
+    """The model answers ``x``, a lone ``0xC3``, EOS (max_tokens 2 cuts the character)."""
+    yield from scripted_server()
+
+
+def test_k3_auto_max_tokens_cut_is_length_not_500_openai(lead: ScriptedServer) -> None:
+    """K3 (issue 20 deliverable 2), default ``utf8_tail: auto``: max_tokens ends the answer
+    inside a character. The official client gets a normal answer (no InternalServerError):
+    ``length`` and text ``x``, streamed and not, with the removed byte in ``coda``; chat,
+    legacy completions and Responses (``incomplete``)."""
+    client = openai.OpenAI(base_url=lead.url + "/v1", api_key="k", max_retries=0)
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2)
+    choice = r.choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("length", "x")
+    coda = choice.model_extra["coda"]  # type: ignore[index]
+    assert coda["state"] == "FINISHED" and coda["finish_reason"] == "max_output_tokens"
+    assert coda["utf8_tail_dropped"] == {"bytes": 1, "hex": "c3"}
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2,
+                                                 stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "x"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    legacy = client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+    assert (legacy.choices[0].finish_reason, legacy.choices[0].text) == ("length", "x")
+    resp = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    assert resp.status == "incomplete" and resp.output_text == "x"
+
+
+def test_k3_auto_max_tokens_cut_is_max_tokens_anthropic(lead: ScriptedServer) -> None:
+    """K3, deliverable 2: the Anthropic client gets ``stop_reason: max_tokens`` and text ``x``,
+    streamed and not, never an error."""
+    client = anthropic.Anthropic(base_url=lead.url, api_key="k", max_retries=0)
+    m = client.messages.create(model=MODEL, max_tokens=2, messages=MSG)  # type: ignore[arg-type]
+    assert m.stop_reason == "max_tokens" and m.content[0].text == "x"  # type: ignore[union-attr]
+    with client.messages.stream(model=MODEL, max_tokens=2, messages=MSG) as s:  # type: ignore[arg-type]
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert text == "x" and final.stop_reason == "max_tokens"
+
+
+def test_k3_auto_eos_inside_a_character_fails_without_retry(lead: ScriptedServer) -> None:
+    """K3, L4: ending by EOS inside a character is still FAILED under ``auto``: a 500 with
+    ``x-should-retry: false``, which the official client (2 retries) sends exactly once."""
+    client = openai.OpenAI(base_url=lead.url + "/v1", api_key="k", max_retries=2)
+    before = lead.engine.num_requests_total
+    with pytest.raises(openai.InternalServerError) as err:
+        client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8)
+    assert lead.engine.num_requests_total - before == 1
+    assert err.value.response.headers["x-should-retry"] == "false"

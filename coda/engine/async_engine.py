@@ -34,7 +34,7 @@ from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
-from coda.output import OutputSpec
+from coda.output import UTF8_TAIL_POLICIES, OutputSpec
 from coda.reader import follow
 from coda.request import RequestRun
 from coda.stops import stop_bytes
@@ -43,7 +43,6 @@ from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
 
-UTF8_TAIL_POLICIES = ("fail", "drop")
 
 
 class AsyncEngine:

@@ -145,6 +145,9 @@ class OutputProcessor:
         # detokenizer states before each held id (the last ``depth``): on an id hit, the one
         # before the sequence's first id drains the text that precedes the sequence (S1)
         self._forks: deque[IncrementalDetokenizer] = deque()
+        # L6: prompt tokens the prefix cache held; the driver sets it at the lookup, before any
+        # token is selected (0: no prefix cache), and the first delta carries it (D9)
+        self.cached_prompt_tokens = 0
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -352,7 +355,9 @@ class OutputProcessor:
     def _send(self, data: bytes) -> None:
         if not data:
             return
-        ev = self.stream.delta(data, tuple(self._pending_tokens))
+        # NOTE: the first delta states the prefix-cache lookup's result (issue 20 D9)
+        cached = self.cached_prompt_tokens if not self.emitted_bytes else None
+        ev = self.stream.delta(data, tuple(self._pending_tokens), cached)
         self._pending_tokens.clear()
         self.emitted_bytes += len(data)
         while self._unreturned and self._unreturned[0] < self.emitted_bytes:

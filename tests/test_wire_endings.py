@@ -92,3 +92,34 @@ def test_k3_auto_eos_inside_a_character_fails_without_retry(lead: ScriptedServer
         client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8)
     assert lead.engine.num_requests_total - before == 1
     assert err.value.response.headers["x-should-retry"] == "false"
+
+
+def test_d9_l6_anthropic_message_start_carries_the_final_input_usage(xs: ScriptedServer) -> None:
+    """Issue 20 D9 (L6): the second identical request hits the prefix cache. Its streamed
+    ``message_start`` is sent after the lookup and states the same input usage as
+    ``message_delta`` and the non-streamed answer: ``input_tokens`` (not held) +
+    ``cache_read_input_tokens`` (held) = the prompt, the cached part > 0."""
+    import json
+
+    import httpx
+
+    long = [{"role": "user", "content": "tell me about the quick brown fox " * 6}]
+    body = {"model": MODEL, "max_tokens": 3, "messages": long}
+    client = anthropic.Anthropic(base_url=xs.url, api_key="k", max_retries=0)
+    first = client.messages.create(**body)  # type: ignore[arg-type]
+    plain = client.messages.create(**body)  # type: ignore[arg-type]
+    assert plain.usage.cache_read_input_tokens  # the prefix cache held part of the prompt
+    assert (plain.usage.input_tokens + plain.usage.cache_read_input_tokens
+            == first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0))
+    r = httpx.post(xs.url + "/v1/messages", json={**body, "stream": True}, timeout=30)
+    frames = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    start = frames[0]["message"]["usage"]
+    end = next(f for f in frames if f["type"] == "message_delta")["usage"]
+    want = {"input_tokens": plain.usage.input_tokens,
+            "cache_read_input_tokens": plain.usage.cache_read_input_tokens}
+    assert {k: start[k] for k in want} == want == {k: end[k] for k in want}
+    with client.messages.stream(**body) as s:  # type: ignore[arg-type]
+        for _ in s.text_stream:
+            pass
+        final = s.get_final_message()
+    assert final.usage.cache_read_input_tokens == want["cache_read_input_tokens"]

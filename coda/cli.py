@@ -38,6 +38,9 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     from coda.engine.async_engine import AsyncEngine
     from coda.models.config import ModelLoadError
 
+    # NOTE: loading takes seconds to minutes: say what is happening before it starts
+    announce = say if say is not None else (lambda line: typer.echo(line, err=True))
+    announce(f"loading model {model or '(default)'} ...")
     try:
         engine = AsyncEngine.from_model_dir(model, cfg)
     except (ModelLoadError, ValueError) as exc:
@@ -80,6 +83,14 @@ def serve(model: ModelOpt = None,
           threads: ThreadsOpt = None) -> None:
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
     from coda.engine.types import EngineConfig
+    from coda.server.listen import ListenError, bind_listener
+
+    # NOTE: the port first: a busy port is said in a second, not after the model loaded
+    try:
+        sock = bind_listener(host, port)
+    except ListenError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     from coda.server.app import serve as run_server
     from coda.server.logs import configure_logging
     from coda.server.state import ServerSettings
@@ -109,7 +120,7 @@ def serve(model: ModelOpt = None,
                               max_waiting=None if max_waiting < 0 else max_waiting)
     try:
         run_server(engine, host=host, port=port, api_key=api_key, log_level=log_level,
-                   settings=settings, durable=durable)
+                   settings=settings, durable=durable, sock=sock)
     finally:
         if replicas > 0:
             stop_replicas(engine)
@@ -174,8 +185,14 @@ def generate(prompt: str,
                 return 0 if t.state.value == "FINISHED" else 1
         return 1
 
+    from coda.errors import CodaError
+
     with engine:
-        code = asyncio.run(run())
+        try:
+            code = asyncio.run(run())
+        except CodaError as exc:  # NOTE: a refused request is a message and exit 2, not a trace
+            typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
+            code = 2
     raise typer.Exit(code)
 
 
@@ -240,7 +257,9 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
 
 @trace_app.command("check")
 def trace_check(path: Path) -> None:
-    """Verify a JSONL trace against the invariants (one terminal, ordering, T1, L7)."""
+    """Verify a JSONL trace: every row in its place (lifecycle, steps, cancel moments,
+    resources) and the terminal's usage equal to what the rows count; each problem names its
+    rule (coda/trace_check.py)."""
     from coda.trace import check_trace, read_jsonl
 
     events = read_jsonl(path)

@@ -20,6 +20,7 @@ class ErrorCode(StrEnum):
     TRANSPORT_ERROR = "transport_error"
     BACKPRESSURE_OVERFLOW = "backpressure_overflow"
     ENGINE_SHUTDOWN = "engine_shutdown"
+    ENGINE_NOT_STARTED = "engine_not_started"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -72,3 +73,10 @@ class BackpressureOverflowError(CodaError):
     """A slow reader let the bounded stream buffer overflow (P6, policy 3)."""
 
     code = ErrorCode.BACKPRESSURE_OVERFLOW
+
+
+class EngineNotStartedError(CodaError):
+    """``submit`` on an engine whose loop was never started (``start()`` or ``with``): refused
+    at once rather than queued where nothing would ever run it (issue 19 item 4)."""
+
+    code = ErrorCode.ENGINE_NOT_STARTED

@@ -148,6 +148,7 @@ class OutputProcessor:
         # L6: prompt tokens the prefix cache held; the driver sets it at the lookup, before any
         # token is selected (0: no prefix cache), and the first delta carries it (D9)
         self.cached_prompt_tokens = 0
+        self._hit_cut = b""  # a partial character an id sequence cut off, dropped at the drain
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -214,8 +215,7 @@ class OutputProcessor:
             text, cut = b"", residue
         self.detok.discard_pending()
         self._forks.clear()
-        if cut:
-            self._drop_tail(cut)
+        self._hit_cut = cut  # NOTE: recorded by the drain, where the trace expects it (K3)
         self._send(text)
 
     def _drop_tail(self, tail: bytes) -> None:
@@ -236,6 +236,8 @@ class OutputProcessor:
         if reason is FinishReason.STOP_SEQUENCE:
             self.detok.discard_pending()
             self.stops.discard()
+            if self._hit_cut:
+                self._drop_tail(self._hit_cut)
             return reason
         if self._emit(self._finish_detokenizer(reason), 0):
             return FinishReason.STOP_SEQUENCE
@@ -297,7 +299,8 @@ class OutputProcessor:
             self._ends.popleft()
         hit = self._match(new) if new else None
         if self._tracing and new:
-            self._record(tr.STOP_STATE, held=len(self.stops.held),
+            # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6
+            self._record(tr.STOP_STATE, nbytes=len(new), held=len(self.stops.held),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
         if hit is not None:
             # NOTE: the matcher's emitted count is the stream offset where output stops

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,14 +100,17 @@ def test_d2_policy_max_tokens_is_max_output_tokens(engine: AsyncEngine) -> None:
 
 def test_d2_g3_deadline_beats_confidence(model_dir: Path) -> None:
     """D2 precedence: a passed deadline wins over a ready confidence stop; the deadline is
-    measured from the run's arrival (submit), so a request waiting 30 ms before the engine starts
-    is past a 5 ms budget at its first token. G3: reported as deadline_exceeded."""
-    eng = AsyncEngine.from_model_dir(model_dir, EngineConfig(num_blocks=64))
+    measured from the run's arrival (submit), so a request queued behind a 48-token request
+    (one sequence at a time) is past a 5 ms budget at its first token. G3: reported as
+    deadline_exceeded."""
+    eng = AsyncEngine.from_model_dir(model_dir, EngineConfig(num_blocks=64, max_num_seqs=1))
     try:
-        h = submit(eng, policy(deadline_ms=5, confidence_threshold=0.0), max_tokens=20)
-        time.sleep(0.03)
         eng.start()
+        blocker = eng.submit(GenerationRequest(PROMPT, SamplingParams(seed=0, min_tokens=48),
+                                               max_tokens=48))
+        h = submit(eng, policy(deadline_ms=5, confidence_threshold=0.0), max_tokens=20)
         term = h.wait(30)
+        assert blocker.wait(30).usage.selected_tokens == 48
     finally:
         eng.shutdown()
     assert term.usage.selected_tokens == 1

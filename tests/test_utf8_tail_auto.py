@@ -114,15 +114,16 @@ def test_k3_auto_byte_fallback_run_keeps_its_whole_characters() -> None:
     ``€`` (so does ``drop``); ``fail`` ends FAILED."""
     tok = sentencepiece_bpe()
     v = tok.get_vocab()
-    script = [v["▁do"], v["<0x68>"], v["<0xE2>"], v["<0x82>"]]
+    word = "▁st"  # NOTE: a plain word piece of the trained vocabulary
+    script = [v[word], v["<0x68>"], v["<0xE2>"], v["<0x82>"]]
     for policy in ("auto", "drop"):
         spec = OutputSpec(max_output_tokens=4, context_limit=1000, prompt_len=1,
                           utf8_tail=policy)
-        run = generate([v["▁do"]], spec, ScriptedModel(script), ScriptedChooser(), tok)
+        run = generate([v[word]], spec, ScriptedModel(script), ScriptedChooser(), tok)
         t = run.stream.terminal
         assert t is not None and (t.state, t.finish_reason) == (
             State.FINISHED, FinishReason.MAX_OUTPUT_TOKENS)
-        assert run.stream.text() == " doh" and t.dropped_tail == b"\xe2\x82"
+        assert run.stream.text() == " sth" and t.dropped_tail == b"\xe2\x82"
     spec = OutputSpec(max_output_tokens=4, context_limit=1000, prompt_len=1, utf8_tail="fail")
-    run = generate([v["▁do"]], spec, ScriptedModel(script), ScriptedChooser(), tok)
+    run = generate([v[word]], spec, ScriptedModel(script), ScriptedChooser(), tok)
     assert run.stream.terminal is not None and run.stream.terminal.state is State.FAILED

@@ -29,10 +29,10 @@ from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.sequence import Sequence
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.errors import ContextLengthExceededError, InvalidRequestError
+from coda.errors import ContextLengthExceededError, EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
-from coda.models.source import LoadedModel, open_model, resolve_model
+from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.output import UTF8_TAIL_POLICIES, OutputSpec
 from coda.reader import follow
@@ -62,11 +62,18 @@ class AsyncEngine:
         self.chat = bundle
         self.tokenizer = bundle.tokenizer
         self.model_name = config.served_model_name or loaded.source.name
+        # NOTE: every name a client may send as ``model`` (issue 19 item 4), normalised
+        self.model_aliases: frozenset[str] = loaded.source.aliases | {model_key(self.model_name)}
         # P1: the content identity of what produces the output (computed once, at load)
         self.identity = loaded.identity
         self.model_snapshot = self.identity.snapshot
         mc = runner.config
-        self.context_length: int = min(mc.max_context, config.max_model_len or mc.max_context)
+        context = min(mc.max_context, config.max_model_len or mc.max_context)
+        capacity = runner.num_blocks * runner.block_size
+        # NOTE: a cache smaller than one full context lowers the served context (said at load),
+        # so every request the server accepts fits the cache alone and none waits forever
+        self.context_lowered_from: int | None = context if capacity < context else None
+        self.context_length: int = min(context, capacity)
         self.eos_token_ids: frozenset[int] = bundle.eos_token_ids
         self.kv_reason = kv_reason
         if trace is None:
@@ -142,14 +149,20 @@ class AsyncEngine:
             f"KV cache: {mib:.0f} MiB ({self.kv_reason}) = {tokens} tokens = "
             f"{tokens // self.context_length} sequences x {self.context_length} context; "
             f"max_num_seqs {self.config.max_num_seqs}",
-        ]
+        ] + ([f"context lowered from {self.context_lowered_from} to {self.context_length} "
+              f"tokens: the KV cache holds no more (raise --kv-cache-bytes or "
+              f"--kv-cache-fraction for more)"] if self.context_lowered_from else [])
 
     def load_summary(self) -> dict[str, str | int | bool]:
         """What was loaded as one flat record (``coda serve`` logs it as one JSON line, O1)."""
         return {"model": str(self.source.path), "source_kind": self.source.kind,
                 "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
                 **self.loaded.mode.summary(), "context": self.context_length,
-                "kv_cache_bytes": int(self.runner.kv.nbytes)}
+                "kv_cache_bytes": int(self.runner.kv.nbytes),
+                # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
+                "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
+                **({"context_lowered_from": self.context_lowered_from}
+                   if self.context_lowered_from else {})}
 
     # -- lifecycle of the engine itself ----------------------------------------------------
     def start(self) -> None:
@@ -176,8 +189,8 @@ class AsyncEngine:
         self.shutdown()
 
     # -- requests ----------------------------------------------------------------------------
-    def submit(self, req: GenerationRequest) -> RequestHandle:
-        """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input."""
+    def _prepare(self, req: GenerationRequest) -> tuple[EngineRequest, RequestHandle]:
+        """Validate ``req`` and build its run and handle (not yet queued)."""
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
         prompt = tuple(req.prompt_token_ids)
@@ -186,6 +199,9 @@ class AsyncEngine:
         grammar = self._grammar(req)
         closer = self._closer(req, grammar, max_tokens)
         controller = EarlyStopController(req.early_stop) if req.early_stop is not None else None
+        if self._thread is None:  # NOTE: after validation, before anything is acquired
+            raise EngineNotStartedError("the engine is not started: call engine.start() (or use "
+                                        "`with engine:`) before submit")
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         arrival = time.monotonic()
         # NOTE: the one constructor: stream, trace handle, processor and hooks, built once
@@ -206,11 +222,24 @@ class AsyncEngine:
         handle = RequestHandle(run, self._wake)
         self._track(handle)
         stream.start(self.model_name, self.model_snapshot)
+        return ereq, handle
+
+    def submit(self, req: GenerationRequest) -> RequestHandle:
+        """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input,
+        EngineNotStartedError before :meth:`start`."""
+        return self.submit_all([req])[0]
+
+    def submit_all(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
+        """Validate every request, then queue them at once: the engine admits them in the same
+        step (a crowd, as a batch of simultaneous arrivals). Raises as :meth:`submit` does,
+        before anything is queued if the first request is bad."""
+        built = [self._prepare(r) for r in reqs]
         with self._cond:
-            self._inbox.append(ereq)
-            self.num_requests_total += 1
+            for ereq, _ in built:
+                self._inbox.append(ereq)
+            self.num_requests_total += len(built)
             self._cond.notify_all()
-        return handle
+        return [h for _, h in built]
 
     def _track(self, handle: RequestHandle) -> None:
         stream = handle.stream
@@ -260,13 +289,9 @@ class AsyncEngine:
             raise ContextLengthExceededError(
                 f"prompt ({len(prompt)}) + max_tokens ({req.max_tokens}) exceeds the context "
                 f"({self.context_length})", field="max_tokens")
-        capacity = self.runner.num_blocks * self.runner.block_size
-        # NOTE: no max_tokens means "as far as the context and the whole KV cache allow"
-        max_tokens = req.max_tokens or min(room, capacity - len(prompt))
-        if len(prompt) + max_tokens > capacity or max_tokens < 1:
-            raise InvalidRequestError(
-                f"prompt + max_tokens ({len(prompt) + max_tokens}) exceeds the KV cache "
-                f"({capacity} tokens)", field="max_tokens")
+        # NOTE: no max_tokens means "as far as the context allows"; the served context never
+        # exceeds the KV cache (see __init__), so whatever passed here fits the cache alone
+        max_tokens = req.max_tokens or room
         cfg = self.config
         if len(req.stop) > cfg.max_stop_strings:
             raise InvalidRequestError(f"at most {cfg.max_stop_strings} stop strings", field="stop")

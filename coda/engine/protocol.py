@@ -64,6 +64,7 @@ class Engine(Protocol):
     identity (P1), computed once at load."""
 
     model_name: str
+    model_aliases: frozenset[str]  # names accepted as ``model``, by coda.models.source.model_key
     context_length: int
     config: EngineConfig
     tokenizer: Any

@@ -1,7 +1,9 @@
 """A GGUF checkpoint: metadata → :class:`ModelConfig`, tensors by HF name (issue 9 item 1).
 
-The file is read with ``gguf.GGUFReader`` (llama.cpp's own reader, from PyPI), which memory-maps
-it: opening costs the metadata parse only, and each tensor's bytes stay on disk until used.
+The file is read by :mod:`coda.models.gguf_header` (one pass over the header; the tokenizer's
+long arrays parsed on first use; tensor bytes are views of one read-only memory map, shared by
+every process that maps the file): opening costs milliseconds, and each tensor's bytes stay on
+disk until used.
 :func:`open_gguf` checks everything that can make a load fail *before* any weight is touched
 (architecture, tensor types, tensor names and shapes) and raises
 :class:`~coda.models.config.UnsupportedModelError` naming what is missing.
@@ -30,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from coda.models.config import ModelConfig, RopeScaling, UnsupportedModelError
+from coda.models.config import ModelConfig, RopeScaling, UnsupportedModelError, hf_tensor_shapes
+from coda.models.gguf_header import GGUFFormatError, GGUFHeader, TensorInfo, read_header
 
 # general.architecture -> ModelConfig.arch
 _ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -90,17 +93,14 @@ class GGUFCheckpoint:
     """An opened GGUF file: its metadata, the normalised config and the tensor table."""
 
     path: Path
-    metadata: dict[str, Any]  # every scalar/string key; big arrays stay in ``reader``
+    metadata: dict[str, Any]  # every scalar/string key; big arrays stay in ``header``
     config: ModelConfig
     gguf_arch: str
-    reader: Any  # gguf.GGUFReader (kept for the tokenizer's arrays and the tensors)
+    header: GGUFHeader  # the tokenizer's arrays (parsed on use) and the tensor table
 
     def field(self, key: str, default: Any = None) -> Any:
         """Any metadata value, arrays included (``tokenizer.ggml.tokens`` …)."""
-        if key in self.metadata:
-            return self.metadata[key]
-        f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        return self.header.field(key, default)
 
     @property
     def quantization(self) -> str:
@@ -109,11 +109,11 @@ class GGUFCheckpoint:
 
     def tensors(self) -> Iterator[GGUFTensor]:
         """Every tensor the model uses, by HF name (validated by :func:`open_gguf`)."""
-        for t in self.reader.tensors:
+        for t in self.header.tensors:
             hf = hf_name(t.name)
             if hf is None:
                 continue
-            yield GGUFTensor(t.name, hf, t.tensor_type.name, _hf_shape(t), t.data,
+            yield GGUFTensor(t.name, hf, t.type_name, _hf_shape(t), self.header.data(t),
                              _row_order(self.config, self.gguf_arch, hf))
 
 
@@ -127,9 +127,9 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _hf_shape(t: Any) -> tuple[int, ...]:
+def _hf_shape(t: TensorInfo) -> tuple[int, ...]:
     # NOTE: GGUF lists dimensions fastest-first (ne0 = columns); HF lists rows first.
-    return tuple(int(d) for d in reversed(t.shape.tolist()))
+    return tuple(reversed(t.dims))
 
 
 def _row_order(cfg: ModelConfig, gguf_arch: str, name: str) -> np.ndarray | None:
@@ -151,19 +151,9 @@ def _row_order(cfg: ModelConfig, gguf_arch: str, name: str) -> np.ndarray | None
 
 def _majority_qtype(ckpt: GGUFCheckpoint) -> str:
     counts: dict[str, int] = {}
-    for t in ckpt.reader.tensors:
-        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + int(t.n_elements)
+    for t in ckpt.header.tensors:
+        counts[t.type_name] = counts.get(t.type_name, 0) + t.n_elements
     return max(counts, key=counts.__getitem__) if counts else "?"
-
-
-def read_metadata(reader: Any) -> dict[str, Any]:
-    """Scalar and string metadata (arrays longer than 64 entries are left in the reader)."""
-    out: dict[str, Any] = {}
-    for key, f in reader.fields.items():
-        if len(f.data) > 64:
-            continue
-        out[key] = f.contents()
-    return out
 
 
 def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
@@ -239,37 +229,30 @@ def _rope_scaling(get: Any, ctx: int) -> RopeScaling | None:
 
 def open_gguf(path: str | Path) -> GGUFCheckpoint:
     """Open and validate a GGUF file (metadata, tensor names, shapes and types)."""
-    try:
-        from gguf import GGUFReader
-    except ImportError as exc:  # pragma: no cover - gguf is a runtime dependency
-        raise UnsupportedModelError("reading .gguf files needs the 'gguf' package") from exc
     path = Path(path)
     try:
-        reader = GGUFReader(str(path))
-    except (ValueError, OSError) as exc:
+        header = read_header(path)
+    except GGUFFormatError as exc:
         raise UnsupportedModelError(f"{path} is not a readable GGUF file: {exc}") from None
-    meta = read_metadata(reader)
-    names = {t.name for t in reader.tensors}
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    cfg, arch = config_from_metadata(meta, names, len(tokens.data) if tokens else None)
-    ckpt = GGUFCheckpoint(path, meta, cfg, arch, reader)
+    names = {t.name for t in header.tensors}
+    cfg, arch = config_from_metadata(header.metadata, names,
+                                     header.array_length("tokenizer.ggml.tokens"))
+    ckpt = GGUFCheckpoint(path, header.metadata, cfg, arch, header)
     _validate(ckpt)
     return ckpt
 
 
 def _validate(ckpt: GGUFCheckpoint) -> None:
-    from coda.models.loader import hf_tensor_shapes  # NOTE: lazy: it imports torch
-
     want = hf_tensor_shapes(ckpt.config)
     seen: set[str] = set()
-    for t in ckpt.reader.tensors:
+    for t in ckpt.header.tensors:
         hf = hf_name(t.name)
         if hf is None:
             if t.name.startswith("blk.") or t.name in ("rope_freqs.weight",):
                 raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no place in a "
                                             f"{ckpt.config.arch} model")
             continue
-        qtype = t.tensor_type.name
+        qtype = t.type_name
         if qtype not in SUPPORTED_QTYPES:
             raise UnsupportedModelError(
                 f"GGUF tensor {t.name!r} has type {qtype}, which is not supported; "

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from coda.models.config import ModelConfig
+from coda.models.config import ModelConfig, hf_tensor_shapes
 from coda.models.identity import ModelIdentity, digest_files, model_identity
 from coda.models.llama import CausalLM
 from coda.models.modes import DENSE_BY_DTYPE
@@ -38,34 +38,6 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}")
     return _DTYPES[name]
-
-
-def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor an HF checkpoint of this config holds, by HF name, with its shape."""
-    d, q, kv, f, hd = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, d)}
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (d,)
-        shapes[p + "post_attention_layernorm.weight"] = (d,)
-        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            shapes[p + f"self_attn.{name}.weight"] = (rows, d)
-            if cfg.attention_bias:
-                shapes[p + f"self_attn.{name}.bias"] = (rows,)
-        shapes[p + "self_attn.o_proj.weight"] = (d, q)
-        if cfg.attention_out_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (d,)
-        if cfg.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (hd,)
-            shapes[p + "self_attn.k_norm.weight"] = (hd,)
-        for name, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
-            shapes[p + f"mlp.{name}.weight"] = shape
-            if cfg.mlp_bias:
-                shapes[p + f"mlp.{name}.bias"] = (shape[0],)
-    shapes["model.norm.weight"] = (d,)
-    if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, d)
-    return shapes
 
 
 def param_target(cfg: ModelConfig, hf_name: str) -> tuple[str, slice | None]:

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from coda.models.config import ModelConfig
-from coda.models.loader import hf_tensor_shapes, torch_dtype
+from coda.models.config import ModelConfig, hf_tensor_shapes
+from coda.models.loader import torch_dtype
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (

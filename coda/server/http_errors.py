@@ -74,7 +74,7 @@ def api_error_from(exc: CodaError, rename: dict[str, str] | None = None) -> ApiE
         return ApiError(404, message, param="model", code="model_not_found")
     if isinstance(exc, ContextLengthExceededError):
         return ApiError(400, message, param=param, code="context_length_exceeded")
-    if exc.code is ErrorCode.ENGINE_SHUTDOWN:
+    if exc.code in (ErrorCode.ENGINE_SHUTDOWN, ErrorCode.ENGINE_NOT_STARTED):
         return ApiError(503, message, code=exc.code.value)
     return ApiError(400, message, param=param, code=exc.code.value)
 

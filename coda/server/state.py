@@ -16,6 +16,7 @@ from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode
 from coda.finish import CancelCause
+from coda.models.source import model_key
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
@@ -159,7 +160,7 @@ class ServerState:
         return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def check_model(self, name: str) -> None:
-        if name != self.engine.model_name:
+        if name != self.engine.model_name and model_key(name) not in self.engine.model_aliases:
             raise ApiError(404, f"The model '{name}' does not exist; this server serves "
                                 f"'{self.engine.model_name}'", param="model",
                            code="model_not_found")

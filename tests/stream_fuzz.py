@@ -34,8 +34,8 @@ from tests.stream_conformance import PATHS, Observed, Tally, observe_body, obser
 
 # issue 20 D2 (fixed on another branch): a stop string inside a forced <tool_call> tag cuts it
 STOPS_IN_FORCED_CALLS = True
-# issue 20 D9: Anthropic message_start.usage is not the final usage (cached tokens)
-CHECK_MESSAGE_START_USAGE = False
+# issue 20 D9 (fixed): Anthropic message_start.usage is the final usage (cached tokens)
+CHECK_MESSAGE_START_USAGE = True
 # NEW (this fuzz): frames of one engine event share one SSE id, so a client cut between them
 # resumes (Last-Event-ID = that id) after the whole group and never sees the rest of it
 CUT_INSIDE_GROUPS = False

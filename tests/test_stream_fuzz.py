@@ -222,8 +222,6 @@ def test_s1_k2_a_forced_choice_never_returns_call_text(live: Any) -> None:
     assert tally.violations == [], tally.report()
 
 
-@pytest.mark.xfail(strict=False, reason="issue 20 D9, fixed on its own branch: Anthropic "
-                   "message_start.usage is not the final usage")
 def test_d9_message_start_carries_the_final_usage(live: Any, cases: list[fz.Case]) -> None:
     tally = Tally()
     for _ in _with("CHECK_MESSAGE_START_USAGE", True):

@@ -34,7 +34,7 @@ from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
-from coda.output import OutputSpec
+from coda.output import UTF8_TAIL_POLICIES, OutputSpec
 from coda.reader import follow
 from coda.request import RequestRun
 from coda.stops import stop_bytes
@@ -43,7 +43,6 @@ from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
 
-UTF8_TAIL_POLICIES = ("fail", "drop")
 
 
 class AsyncEngine:
@@ -322,7 +321,7 @@ class AsyncEngine:
             stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
-            stops_end_at=(req.stops_end_at or "").encode())
+            stops_end_at=(req.stops_end_at or "").encode(), min_tokens=req.sampling.min_tokens)
         return spec, max_tokens
 
     def _grammar(self, req: GenerationRequest) -> Any:

@@ -139,7 +139,7 @@ class EngineCore:
             req = self.requests[chunk.seq.seq_id]
             if not req.scheduled_once:
                 req.scheduled_once = True
-                req.run.cached_prompt_tokens = chunk.start_pos
+                req.run.cached_prompt_tokens = req.processor.cached_prompt_tokens = chunk.start_pos
                 req.run.lifecycle.transition(State.PREFILLING)
                 req.run.prefill_started = now
                 self._record(req, tr.PREFILL_STARTED, tokens=chunk.seq.num_prompt_tokens,

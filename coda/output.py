@@ -299,7 +299,11 @@ class OutputProcessor:
         # NOTE: keep one boundary per held id plus the one before them, no more
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
+        waiting = bool(self._tag_tail)  # NOTE: a drain matches these as text, pushing nothing
         hit = self._match(new) if new or self._draining else None
+        if self._tracing and not new and self._draining and waiting:
+            self._record(tr.STOP_STATE, held=len(self.stops.held) + len(self._tag_tail),
+                         detok_pending=len(self.detok.pending), ids_held=held_ids)
         if self._tracing and new:
             # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6
             # NOTE: bytes waiting as a possible tool-call tag start are held too (S2)

@@ -65,14 +65,20 @@ class AnthropicRenderer(Renderer):
         self.parser: tl.ToolCallParser | None = None
         self.block = -1          # index of the last block started
         self.text_open = False
+        unstamped = 0  # NOTE: bytes before the resume point that no stamped frame covered
         if record.extra.get("tools"):
             stream = record.handles[0].stream
             self.parser = tl.ToolCallParser()
             for e in stream.events_after(-1):
                 if e.type is EventType.DELTA and e.seq <= self.after[0]:
-                    self._blocks(self.parser.feed(e.text), "")  # NOTE: replays the block state
+                    # NOTE: replays the block state
+                    out = self._blocks(self.parser.feed(e.text), "")
+                    stamped = any(_is_block_delta(f.data) for f in out)
+                    unstamped = 0 if stamped else unstamped + len(e.data)
         if record.extra.get("verify"):
             self.enable_verify(record.streams)
+            if self.verify is not None and unstamped:
+                self.verify.unstamp(0, unstamped)
 
     def _frame(self, kind: str, fid: str, **data: Any) -> Frame:
         return Frame({"type": kind, **data}, event=kind, id=fid)

@@ -51,6 +51,11 @@ class DeltaIntegrity:
         self._stamped = list(self._offsets)  # NOTE: bytes already covered by a stamp
         self._hashes = [h for _, h in state]
 
+    def unstamp(self, index: int, nbytes: int) -> None:
+        """The last ``nbytes`` before the resume point were never covered by a stamp (deltas
+        that rendered no frame of their own): the next stamp covers them (issue 20 D5, P3)."""
+        self._stamped[index] -= nbytes
+
     def take(self, index: int, ev: StreamEvent) -> None:
         """Add delta ``ev`` of choice ``index`` (call once per delta, in order)."""
         self._hashes[index].update(ev.data)

@@ -177,7 +177,8 @@ class DecoderLayer(nn.Module):
             out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
             return out
         h = h + self.post_attention_layernorm(attn)
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        mlp: torch.Tensor = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        return h + mlp
 
 
 class DecoderModel(nn.Module):
@@ -259,7 +260,8 @@ class CausalLM(nn.Module):
             # NOTE: once per step, shared by every local layer (Gemma 3)
             local = (*self._rope(positions, h.dtype, top, local=True),
                      window_masks(meta, cfg.local_window))
-        for layer in self.model.layers:
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        for layer in layers:
             if local is not None and layer.self_attn.local:
                 h = layer(h, local[0], local[1], meta, kv, local[2])
             else:

@@ -177,9 +177,10 @@ def bundle_from_gguf(ckpt: Any) -> TokenizerBundle:
     tok, _ = build_tokenizer(vocab)
     template = ckpt.field("tokenizer.chat_template", None)
     origin = "GGUF tokenizer.chat_template"
-    if (not isinstance(template, str) or not template) and ckpt.gguf_arch in _FAMILY_TEMPLATES:
-        template = _FAMILY_TEMPLATES[ckpt.gguf_arch]
-        origin = f"none in the file: Coda's {ckpt.gguf_arch} turn format"
+    arch = ckpt.field("general.architecture", None)
+    if (not isinstance(template, str) or not template) and arch in _FAMILY_TEMPLATES:
+        template = _FAMILY_TEMPLATES[arch]
+        origin = f"none in the file: Coda's {arch} turn format"
     if not isinstance(template, str) or not template:
         template, origin = DEFAULT_CHAT_TEMPLATE, DEFAULT_TEMPLATE_ORIGIN
     bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else ""

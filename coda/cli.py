@@ -257,7 +257,9 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
 
 @trace_app.command("check")
 def trace_check(path: Path) -> None:
-    """Verify a JSONL trace against the invariants (one terminal, ordering, T1, L7)."""
+    """Verify a JSONL trace: every row in its place (lifecycle, steps, cancel moments,
+    resources) and the terminal's usage equal to what the rows count; each problem names its
+    rule (coda/trace_check.py)."""
     from coda.trace import check_trace, read_jsonl
 
     events = read_jsonl(path)

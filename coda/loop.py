@@ -105,8 +105,9 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
         return run
     run.processed_prompt_tokens = len(prompt_ids)
     cache_len = len(prompt_ids)
-    record(tr.PREFILL_COMPLETED, cache_len=cache_len)
+    # NOTE: the transition first, as the engine writes it: prefill.completed is a DECODING row
     run.lifecycle.transition(State.DECODING)
+    record(tr.PREFILL_COMPLETED, cache_len=cache_len)
     run.decode_started = time.monotonic()
     output: list[int] = []
 

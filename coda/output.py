@@ -234,7 +234,8 @@ class OutputProcessor:
             self._ends.popleft()
         hit = self._match(new) if new else None
         if self._tracing and new:
-            self._record(tr.STOP_STATE, held=len(self.stops.held),
+            # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6
+            self._record(tr.STOP_STATE, nbytes=len(new), held=len(self.stops.held),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
         if hit is not None:
             # NOTE: the matcher's emitted count is the stream offset where output stops

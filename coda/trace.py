@@ -1,10 +1,10 @@
-"""Trace events, sinks and the invariant checker (SPEC T1, T2, O1, L2, L3, L7, P2).
+"""Trace events and sinks (SPEC O1); the invariant checker is :mod:`coda.trace_check`.
 
 One trace row per fact: lifecycle transitions, every token selection with its decision record,
 decode start/completion with the cache's logical length, stop-matcher state, every emitted byte
-sequence number, the three cancel moments, resource releases and the terminal. ``check_trace``
-verifies a trace of one or many requests against the invariants; ``coda trace check FILE`` runs
-it over a JSONL file.
+sequence number, the three cancel moments, resource releases and the terminal.
+:func:`check_trace` (rules in :mod:`coda.trace_check`) verifies a trace of one or many requests
+against the invariants; ``coda trace check FILE`` runs it over a JSONL file.
 """
 
 from __future__ import annotations
@@ -13,15 +13,11 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
-
-from coda.finish import REASONS_BY_VERSION, CancelCause
-from coda.lifecycle import TERMINAL_STATES, TRANSITIONS, State
-from coda.stops import STOP_RULE_VERSION
 
 _log = logging.getLogger("coda.trace")
 
@@ -44,6 +40,14 @@ RESOURCE_ACQUIRED = "resource.acquired"
 RESOURCE_RELEASED = "resource.released"
 TERMINAL = "terminal"
 ERROR = "error"
+
+# The kinds the checker knows; rows of other kinds (a router's ``route.decided``) are not the
+# request's own and are left alone.
+KNOWN_KINDS = frozenset({
+    LIFECYCLE, PREFILL_STARTED, PREFILL_COMPLETED, TOKEN_SELECTED, DECODE_STARTED,
+    DECODE_COMPLETED, STOP_STATE, STOP_HIT, GRAMMAR_FORCED, STREAM_DELTA, UTF8_TAIL_DROPPED,
+    CANCEL_REQUESTED, CANCEL_OBSERVED, CANCEL_EFFECTIVE, RESOURCE_ACQUIRED, RESOURCE_RELEASED,
+    TERMINAL, ERROR})
 
 
 @dataclass(frozen=True)
@@ -199,138 +203,9 @@ def read_jsonl(path: str | Path) -> list[TraceEvent]:
         return [TraceEvent.from_dict(json.loads(line)) for line in fh if line.strip()]
 
 
-_AFTER_TERMINAL_ALLOWED = frozenset({RESOURCE_RELEASED, ERROR})
-
-
 def check_trace(events: Iterable[TraceEvent]) -> list[str]:
-    """Return every invariant violation found (empty list = the trace is sound).
+    """Every invariant violation in a trace (empty list = sound); the rules live in
+    :mod:`coda.trace_check` (their one home), imported lazily because it builds on this module."""
+    from coda.trace_check import check_trace as check
 
-    Per request: lifecycle transitions follow the graph (L1); exactly one terminal and only
-    resource releases after it (L2, L3); stream sequence numbers strictly increasing (P2);
-    selected − decoded ∈ {0, 1} at every point (T1); no selection after a cancel was observed
-    (C3, T2); every acquired resource released exactly once (L7); the terminal row names a
-    known finish-reason enum version whose members include its reason, and a known stop
-    tie-rule version, as does every stop.hit row (L4, S4).
-    """
-    by_req: dict[str, list[TraceEvent]] = defaultdict(list)
-    for ev in events:
-        by_req[ev.request_id].append(ev)
-    problems: list[str] = []
-    for rid, evs in by_req.items():
-        problems.extend(f"{rid}: {p}" for p in _check_one(evs))
-    return problems
-
-
-def _check_one(evs: list[TraceEvent]) -> list[str]:
-    out: list[str] = []
-    state = State.CREATED
-    terminals = 0
-    last_seq = -1
-    selected = decoded = 0
-    cancel_observed = False
-    acquired: dict[str, int] = defaultdict(int)
-    released: dict[str, int] = defaultdict(int)
-    for ev in evs:
-        if terminals and ev.kind not in _AFTER_TERMINAL_ALLOWED:
-            out.append(f"{ev.kind} after the terminal event")
-        if ev.kind == LIFECYCLE:
-            frm, to = State(ev.data["from"]), State(ev.data["to"])
-            if frm != state or to not in TRANSITIONS[frm]:
-                out.append(f"illegal transition {frm.value}->{to.value} (state was {state.value})")
-            state = to
-        elif ev.kind == TERMINAL:
-            terminals += 1
-            if terminals > 1:
-                out.append("more than one terminal event")
-            if state not in TERMINAL_STATES:
-                out.append(f"terminal event while state is {state.value}")
-            seq = ev.data.get("seq")
-            if isinstance(seq, int):
-                if seq <= last_seq:
-                    out.append(f"terminal seq {seq} not after {last_seq}")
-                last_seq = seq
-            out.extend(_check_versions(ev))
-        elif ev.kind == STOP_HIT:
-            out.extend(_check_stop_rule(ev))
-        elif ev.kind == STREAM_DELTA:
-            seq = int(ev.data["seq"])
-            if seq <= last_seq:
-                out.append(f"sequence number {seq} not greater than {last_seq}")
-            last_seq = seq
-        elif ev.kind == TOKEN_SELECTED:
-            if cancel_observed:
-                out.append("token selected after cancel was observed")
-            selected += 1
-            if selected - decoded not in (0, 1):
-                out.append(f"selected {selected} vs decoded {decoded}")
-        elif ev.kind == DECODE_COMPLETED:
-            decoded += 1
-            if selected - decoded not in (0, 1):
-                out.append(f"decoded {decoded} exceeds selected {selected}")
-        elif ev.kind == CANCEL_OBSERVED:
-            cancel_observed = True
-        elif ev.kind == RESOURCE_ACQUIRED:
-            acquired[str(ev.data["resource"])] += 1
-        elif ev.kind == RESOURCE_RELEASED:
-            released[str(ev.data["resource"])] += 1
-    if terminals == 0:
-        out.append("no terminal event")
-    out.extend(_check_failure_rows(evs))
-    for kind in set(acquired) | set(released):
-        if acquired[kind] != 1 or released[kind] != 1:
-            out.append(f"resource {kind}: acquired {acquired[kind]}x, released {released[kind]}x")
-    return out
-
-
-KNOWN_STOP_RULE_VERSIONS = frozenset({STOP_RULE_VERSION})
-
-
-def _check_stop_rule(ev: TraceEvent) -> list[str]:
-    rule = ev.data.get("stop_rule_version")
-    if rule not in KNOWN_STOP_RULE_VERSIONS:
-        return [f"{ev.kind}: unknown or missing stop_rule_version {rule!r} (S4)"]
-    return []
-
-
-def _check_versions(ev: TraceEvent) -> list[str]:
-    """L4/S4: the terminal row says which enum and tie rule decided it, and its reason is a
-    member of that enum version."""
-    out = _check_stop_rule(ev)
-    version = ev.data.get("finish_reason_version")
-    members = REASONS_BY_VERSION.get(version) if isinstance(version, int) else None
-    if members is None:
-        out.append(f"terminal: unknown or missing finish_reason_version {version!r} (L4)")
-    elif ev.data.get("reason") not in members:
-        out.append(f"terminal: reason {ev.data.get('reason')!r} is not in finish-reason "
-                   f"enum version {version} (L4)")
-    return out
-
-
-def _check_failure_rows(evs: list[TraceEvent]) -> list[str]:
-    """The §4.12 failure rows a trace can show (O2): EOS returned as text (row 1), a stop
-    string on the stream before its hit (row 2), a cancel reported as another reason, such as
-    a disconnect as eos (row 6). Rows 3, 4 and 7 are the T1, L2 and P2 checks above."""
-    out: list[str] = []
-    text = "".join(str(e.data.get("text", "")) for e in evs if e.kind == STREAM_DELTA)
-    # NOTE: an early stop's cancel row names its own reason (D6); other causes map one to one
-    cancels = [(str(e.data.get("cause")), e.data.get("reason"))
-               for e in evs if e.kind == CANCEL_REQUESTED]
-    for ev in evs:
-        if ev.kind == STOP_HIT and ev.data.get("which") == "string":
-            stop = str(ev.data.get("stop"))
-            # NOTE: include_stop_str_in_output may end the text with it, never show it earlier
-            if 0 <= text.find(stop) < len(text) - len(stop):
-                out.append(f"stop string {stop!r} reached the stream before its hit")
-        elif ev.kind == TERMINAL:
-            usage = ev.data.get("usage") or {}
-            selected = int(usage.get("selected_tokens", 0))
-            returned = int(usage.get("returned_tokens", 0))
-            if ev.data.get("reason") == "eos" and selected and returned >= selected:
-                out.append("eos terminal but every selected token was returned: EOS shown")
-            if ev.data.get("state") == State.CANCELLED.value and cancels:
-                cause, named = cancels[0]
-                want = named or CancelCause(cause).finish_reason.value
-                if ev.data.get("reason") != want:
-                    out.append(f"cancel by {cause} reported as {ev.data.get('reason')}, "
-                               f"not {want}")
-    return out
+    return check(events)

@@ -73,7 +73,7 @@ def all_logits(model: CausalLM, ids: list[int], block_size: int = 16) -> torch.T
     """Float32 logits [T, vocab] at every position of ``ids``, one forward (one chunk)."""
     cfg = model.config
     n_blocks = -(-len(ids) // block_size)
-    dtype = model.model.embed_tokens.weight.dtype
+    dtype = model.model.norm.weight.dtype
     kv = PagedKVCache(num_layers=cfg.num_layers, num_blocks=n_blocks, block_size=block_size,
                       num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=dtype)
     meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(n_blocks))], block_size)

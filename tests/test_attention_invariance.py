@@ -63,20 +63,23 @@ def test_t4_attention_rows_equal_the_row_alone(seed: int, bs: int, lengths: list
         assert torch.equal(rows, _alone(*_qkv(n, s), bs))
 
 
-def test_t4_prefill_blocks_equal_decode_and_need_padded_gemm_rows(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_t4_prefill_blocks_equal_decode_and_gemm_rows_are_padded() -> None:
     """T4: a 150-token prompt prefilled in one chunk (query blocks of splits 0, 1, 2) gives
-    the decode path's bits; and the zero-row padding to 4 gemm rows is what makes it so at
-    this head shape (3 rows per KV head alone take another MKL kernel)."""
+    the decode path's bits; and a decode row's head group (3 rows per KV head at this shape) is
+    padded with zero rows to ``_MIN_ROWS`` gemm rows, the row count whose bits the module
+    relies on. Whether fewer rows would change the bits depends on the CPU's BLAS kernels
+    (issue 18: on one AVX-512 Xeon they did not, and the old negative control failed every
+    run), so that is not asserted: no test assumes one CPU's BLAS."""
     q, k, v = _qkv(150, 7)
     ref = _alone(q, k, v, 16)
     kv = _cache(10, 16)
     meta = AttentionMetadata.build([150], [150], [list(range(10))], 16)
     assert torch.equal(paged_attention(q, k, v, kv, meta), ref)
-    monkeypatch.setattr(attention, "_MIN_ROWS", 1)
-    kv = _cache(10, 16)
-    assert not torch.equal(paged_attention(q, k, v, kv, meta), _alone(q, k, v, 16))
+    rows = attention._rows(q[:1], H_KV, 1, 1)
+    per_kv = H // H_KV
+    assert rows.shape == (H_KV, 1, attention._MIN_ROWS, D) and per_kv < attention._MIN_ROWS
+    assert torch.equal(rows[:, 0, :per_kv], q[0].view(H_KV, per_kv, D))
+    assert not rows[:, :, per_kv:].any()
 
 
 def test_sdpa_mode_is_close_to_the_invariant_mode() -> None:

@@ -28,13 +28,11 @@ def _ggml_like(weight: torch.Tensor, kind: str, act: str) -> torch.nn.Module:
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    from coda.models.kernels import KernelUnavailable, load
+    from coda.models.kernels import unavailable
     from coda.models.kernels.ggml_linear import GgmlLinear
 
-    try:
-        load()
-    except KernelUnavailable as exc:
-        pytest.skip(f"GGUF block kernel unavailable: {exc}")
+    if (why := unavailable()) is not None:
+        pytest.skip(f"GGUF block kernel unavailable: {why}")
     w = weight.detach().float().numpy()
     return GgmlLinear(quantize(w, GGMLQuantizationType[kind]), kind, w.shape[0], w.shape[1], act)
 

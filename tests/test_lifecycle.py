@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from coda import trace as tr
+from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import (
     TERMINAL_STATES,
@@ -104,7 +105,10 @@ def _race_once(rng: random.Random) -> tuple[list[str], State]:
         barrier.wait()
         if run.lifecycle.try_transition(State.DRAINING):
             with contextlib.suppress(StreamClosed):
-                stream.delta(b"tail")
+                ev = stream.delta(b"tail")
+                # NOTE: as the output processor does: every delta has its trace row (P2, O1)
+                run.trace.record(TraceEvent("r", tr.STREAM_DELTA,
+                                            {"seq": ev.seq, "nbytes": 4, "text": "tail"}))
             run._end(State.FINISHED, FinishReason.EOS)
 
     def cancel() -> None:
@@ -264,7 +268,9 @@ def test_l2_l7_racing_endings_of_a_run_yield_one_terminal_and_one_release() -> N
         stream.start("m")
         for s in HAPPY:
             run.lifecycle.transition(s)
-        endings = [(State.FINISHED, FinishReason.EOS), (State.FAILED, FinishReason.MODEL_ERROR)]
+        # NOTE: a FAILED end carries its error code, as RequestRun.fail gives it (L4)
+        endings = [(State.FINISHED, FinishReason.EOS, None),
+                   (State.FAILED, FinishReason.MODEL_ERROR, ErrorCode.MODEL_ERROR)]
         errors = _race(4, lambda i, run=run, endings=endings: run._end(*endings[i % 2]))
         assert errors == []
         kinds = [e.type for e in stream.events_after(-1)]

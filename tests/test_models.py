@@ -63,7 +63,7 @@ def full_forward(model: CausalLM, ids: list[int], block_size: int = 4) -> torch.
         block_size=block_size,
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
-        dtype=model.model.embed_tokens.weight.dtype,
+        dtype=model.model.norm.weight.dtype,  # NOTE: packed embeddings have no weight
     )
     meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(n_blocks))], block_size)
     with torch.inference_mode():

@@ -1,4 +1,4 @@
-"""The native row ops (``coda/models/kernels/row_ops.cpp``; issue 10, SPEC T3, T4), at
+"""The native row ops (``coda/models/kernels/csrc/rows.h``; issues 10, 18, SPEC T3, T4), at
 SmolLM2-135M's head shape (9 query heads, 3 KV heads, d_h 64):
 
 * T4 (property, brute-force oracle): under random batching, chunking and paging, every row of
@@ -17,16 +17,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda.models import kernels
 from coda.models.attention import AttentionMetadata, attend_native, paged_attention
-from coda.models.kernels import KernelUnavailable, load
 from coda.models.llama import apply_rope
 from tests.attention_support import schedule_rows
 from tests.conftest import examples
 
-try:
-    EXT = load("row_ops")
-except KernelUnavailable as exc:  # pragma: no cover - CPUs without AVX2
-    pytest.skip(f"native row ops unavailable: {exc}", allow_module_level=True)
+if (_why := kernels.unavailable()) is not None:  # NOTE: CI sets CODA_REQUIRE_NATIVE (conftest)
+    pytest.skip(f"native row ops unavailable: {_why}", allow_module_level=True)
+
+from coda.models.kernels import ops as EXT  # noqa: E402
 
 H, H_KV, D = 9, 3, 64
 W = (H + 2 * H_KV) * D
@@ -140,10 +140,15 @@ def test_rms_norm_add_and_silu_gate_match_torch_and_are_row_local() -> None:
 
 
 def test_bad_block_id_is_a_typed_error() -> None:
-    """A block id past the cache raises (RuntimeError from the kernel's checks), no crash."""
+    """A block id past the cache raises (IndexError from the module's checks, before any
+    kernel runs), no crash; so does a slot past the cache."""
     kv = _cache(2, 16)
     meta = AttentionMetadata.build([1], [1], [[5]], 16, kernel=True)
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(IndexError, match="out of range"):
+        _native(_qkv(1, 1), kv, meta)
+    meta = AttentionMetadata.build([1], [1], [[1]], 16, kernel=True)
+    meta.slot_mapping.fill_(99)
+    with pytest.raises(IndexError, match="slot out of range"):
         _native(_qkv(1, 1), kv, meta)
 
 
@@ -167,22 +172,23 @@ def test_runner_picks_native_where_it_can_and_logits_match(server_checkpoint: ob
 
 
 def test_t4_thread_count_does_not_change_native_bits() -> None:
-    """T4: 1 and 2 threads give the same bits (each (row, KV head) and each row has one owner
-    thread; the kernels are built with OpenMP, so 2 threads really split the work)."""
+    """T4: 1, 2 and 3 pool threads give the same bits (each (row, KV head) and each row has
+    one owner thread, whichever takes it)."""
     qkv = _qkv(70, 9)
-    before = torch.get_num_threads()
+    before = kernels.native().threads()
     outs = []
     try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+        for threads in (1, 2, 3):
+            kernels.set_threads(threads)
             kv = _cache(8, 16)
             meta = AttentionMetadata.build([60, 10], [60, 10], [list(range(4)), [4]], 16,
                                            kernel=True)
             outs.append((_native(qkv, kv, meta), EXT.rms_norm(qkv, torch.ones(W), 1e-6),
                          EXT.silu_mul(qkv[:, :W - W % 16].contiguous())))
     finally:
-        torch.set_num_threads(before)
-    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+        kernels.set_threads(before)
+    for other in outs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outs[0], other, strict=True))
 
 
 def test_kernels_release_the_gil_while_they_run() -> None:

@@ -160,6 +160,8 @@ class AsyncEngine:
                 "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
                 **self.loaded.mode.summary(), "context": self.context_length,
                 "kv_cache_bytes": int(self.runner.kv.nbytes),
+                # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
+                "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
                 **({"context_lowered_from": self.context_lowered_from}
                    if self.context_lowered_from else {})}
 
@@ -188,8 +190,8 @@ class AsyncEngine:
         self.shutdown()
 
     # -- requests ----------------------------------------------------------------------------
-    def submit(self, req: GenerationRequest) -> RequestHandle:
-        """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input."""
+    def _prepare(self, req: GenerationRequest) -> tuple[EngineRequest, RequestHandle]:
+        """Validate ``req`` and build its run and handle (not yet queued)."""
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
         prompt = tuple(req.prompt_token_ids)
@@ -221,11 +223,24 @@ class AsyncEngine:
         handle = RequestHandle(run, self._wake)
         self._track(handle)
         stream.start(self.model_name, self.model_snapshot)
+        return ereq, handle
+
+    def submit(self, req: GenerationRequest) -> RequestHandle:
+        """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input,
+        EngineNotStartedError before :meth:`start`."""
+        return self.submit_all([req])[0]
+
+    def submit_all(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
+        """Validate every request, then queue them at once: the engine admits them in the same
+        step (a crowd, as a batch of simultaneous arrivals). Raises as :meth:`submit` does,
+        before anything is queued if the first request is bad."""
+        built = [self._prepare(r) for r in reqs]
         with self._cond:
-            self._inbox.append(ereq)
-            self.num_requests_total += 1
+            for ereq, _ in built:
+                self._inbox.append(ereq)
+            self.num_requests_total += len(built)
             self._cond.notify_all()
-        return handle
+        return [h for _, h in built]
 
     def _track(self, handle: RequestHandle) -> None:
         stream = handle.stream

@@ -120,10 +120,10 @@ def engine_on(loaded: LoadedModel, num_blocks: int, **config: object) -> Iterato
 
 def _crowd(engine: AsyncEngine, reqs: Sequence[GenerationRequest],
            timeout: float) -> list[Signature]:
-    # NOTE: submitted before the batch loop runs (a no-op once started): the first step sees
-    # the whole crowd, so the schedule, hence each scenario's outcome, is reproducible
-    handles = [engine.submit(r) for r in reqs]
+    # NOTE: queued at once (submit_all): the first step sees the whole crowd, so the
+    # schedule, hence each scenario's outcome, is reproducible
     engine.start()
+    handles = engine.submit_all(list(reqs))
     for h in handles:
         h.wait(timeout)
     return [_of(h.stream) for h in handles]
@@ -132,8 +132,8 @@ def _crowd(engine: AsyncEngine, reqs: Sequence[GenerationRequest],
 def _streamed(engine: AsyncEngine, reqs: Sequence[GenerationRequest],
               timeout: float) -> list[Signature]:
     async def read_all() -> list[Signature]:
-        handles = [engine.submit(r) for r in reqs]
         engine.start()
+        handles = engine.submit_all(list(reqs))
 
         async def read(h: object) -> Signature:
             seen = [e async for e in h.events()]  # type: ignore[attr-defined]

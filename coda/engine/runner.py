@@ -40,11 +40,15 @@ _THREADS_AT_IMPORT = torch.get_num_threads()
 
 
 def choose_num_threads(requested: int | None) -> None:
-    """Apply the thread policy of the module docstring."""
+    """Apply the thread policy of the module docstring, to torch's pool and to the native
+    kernels' own pool (coda/models/kernels; issue 18) alike."""
+    from coda.models.kernels import set_threads
+
     if requested is not None:
         torch.set_num_threads(requested)
     elif "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() == _THREADS_AT_IMPORT:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
+    set_threads(torch.get_num_threads())
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,7 @@ def paged_attention(
 
 def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
                              device: torch.device) -> str | None:
-    """Why the native kernel (``kernels/row_ops.cpp``) cannot run this model's attention
+    """Why the native kernel (``kernels/csrc/rows.h``) cannot run this model's attention
     (None: it can). It fuses RoPE, so per-head q/k norms (Qwen3) must run in Python; it reads a
     float32 CPU cache; it needs ``head_dim`` in 32/64/96/128; and it must build here. Gemma 3's
     local layers, norms and gate run in Python too."""
@@ -287,13 +287,9 @@ def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
     if cfg.head_dim not in (32, 64, 96, 128) or cfg.num_heads % cfg.num_kv_heads or \
             cfg.num_heads // cfg.num_kv_heads > 16:
         return f"head shape {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim} unsupported"
-    from coda.models.kernels import KernelUnavailable, load
+    from coda.models.kernels import unavailable
 
-    try:
-        load("row_ops")
-    except KernelUnavailable as exc:
-        return str(exc)
-    return None
+    return unavailable()
 
 
 def attend_native(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -302,12 +298,11 @@ def attend_native(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     """The fused projection's output ``qkv`` [T, (H + 2 H_kv) d] -> attention output [T, H d]:
     RoPE (the same bits as :func:`~coda.models.llama.apply_rope`), the K/V cache write at
     ``meta.slot_mapping``, and each row's attention over its own keys in one fixed order (T4;
-    ``kernels/row_ops.cpp``). Needs ``meta.rows`` (``AttentionMetadata.build(kernel=True)``)."""
-    from coda.models.kernels import load
+    ``kernels/csrc/rows.h``). Needs ``meta.rows`` (``AttentionMetadata.build(kernel=True)``)."""
+    from coda.models.kernels import ops
 
     rows = meta.rows
     assert rows is not None
-    out: torch.Tensor = load("row_ops").attend(
+    return ops.attend(
         qkv, cos, sin, kv_layer, meta.slot_mapping, rows.seq_of, meta.positions, rows.tables,
         n_heads, n_kv)
-    return out

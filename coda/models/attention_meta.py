@@ -89,7 +89,7 @@ class PrefillRows:
 
 @dataclass(frozen=True)
 class KernelRows:
-    """For the native row-by-row kernel (``kernels/row_ops.cpp``): each flat token's
+    """For the native row-by-row kernel (``kernels/csrc/rows.h``): each flat token's
     sequence and every sequence's block table, padded with block 0 to the longest."""
 
     seq_of: torch.Tensor  # LongTensor[T]: index into tables of each flat token

@@ -12,6 +12,14 @@ head, and every other tensor is dequantized into the model by
 or the lossy per-channel :class:`~coda.models.quant.Int8Linear` (``head="int8"``); a Q4 head
 → Int4Linear. Numerics: see :data:`coda.models.modes.QUANT_MODES`.
 
+``packed`` / ``packed-q8`` (:func:`build_ggml`, issue 18): every block type. Projections whose
+parts are all Q4_0, all Q4_1 or all Q8_0 without bias run on ``csrc/blocks.h`` (re-laid-out once
+at load: one copy, as many bytes as those tensors in the file); every other matrix (K-quants,
+Q5_0/Q5_1, F16/BF16/F32, a fused projection mixing types, biases) on
+:class:`~coda.models.kernels.kquant_linear.KQuantLinear`, which reads the mapped file's rows in
+place (q/k order through a row map, fused parts as several tensors' pointers in one call); token
+embeddings are gathered from their blocks. Only norms and biases become float32.
+
 Rows of a quantized tensor are whole blocks along the input dimension, so ``row_order``
 (llama.cpp's q/k permutation undone) applies to packed rows exactly.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,15 +102,16 @@ def q4_head(head: str) -> HeadFactory:
 
 
 def build_packed(ckpt: GGUFCheckpoint, make_linear: LinearFactory, make_head: HeadFactory,
-                 device: str = "cpu") -> CausalLM:
-    """The model with every projection and the head built by the factories; the remaining
-    tensors (embeddings, norms) dequantized to float32. Nothing dense is allocated for what
+                 device: str = "cpu", extra: dict[str, nn.Module] | None = None) -> CausalLM:
+    """The model with every projection and the head built by the factories, and ``extra``
+    modules by path (the token embeddings of the packed modes); the remaining tensors (norms,
+    and embeddings unless given) dequantized to float32. Nothing dense is allocated for what
     the factories replace."""
     from coda.models.gguf_weights import dequantize
 
     tensors = {t.hf_name: t for t in ckpt.tensors()}
-    modules: dict[str, nn.Module] = {}
-    covered: set[str] = set()
+    modules: dict[str, nn.Module] = dict(extra or {})
+    covered = {f"{path}.weight" for path in modules}
     for path, names in projections(ckpt).items():
         biases = [tensors[b] for n in names if (b := n.removesuffix("weight") + "bias") in tensors]
         modules[path] = make_linear([tensors[n] for n in names], biases)
@@ -112,7 +122,12 @@ def build_packed(ckpt: GGUFCheckpoint, make_linear: LinearFactory, make_head: He
     return build_model(ckpt.config, rest, dtype="float32", device=device, modules=modules)
 
 
-GGML_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+GGML_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the re-laid-out kernel (csrc/blocks.h)
+# Types the in-place kernel (kquant_kernels.h) reads; keep in step with kquant_linear.TYPES.
+INPLACE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+                 "Q4_K", "Q5_K", "Q6_K")
+_BLOCK = {"F32": 16, "F16": 16, "BF16": 16, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256,
+          "Q6_K": 256}  # NOTE: weights per block (32 for the rest); K must be a multiple
 
 
 def _raw_rows(t: GGUFTensor) -> np.ndarray:
@@ -121,49 +136,105 @@ def _raw_rows(t: GGUFTensor) -> np.ndarray:
     return raw if t.row_order is None else raw[t.row_order]
 
 
-def ggml_linear(act: str) -> LinearFactory:
-    """Projections on their own GGUF blocks through Coda's AVX2 kernel (``packed*`` modes)."""
+def _legacy(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> bool:
+    """Whether ``blocks.h``' kernel takes the projection: one of its types, no bias."""
+    return not biases and len({t.qtype for t in parts}) == 1 and parts[0].qtype in GGML_TYPES
+
+
+def segment(t: GGUFTensor, bias: GGUFTensor | None = None) -> Any:
+    """``t`` as the in-place kernel reads it: the mapped bytes, llama.cpp's row order as a
+    row map (no rows moved), the bias (a small vector) in float32."""
+    from coda.models.gguf_weights import dequantize
+    from coda.models.kernels.kquant_linear import Segment
+
+    return Segment(np.asarray(t.data), t.qtype, t.shape, t.row_order,
+                   None if bias is None else dequantize(bias))
+
+
+def _note(kernels: dict[str, str], qtype: str, kernel: str) -> None:
+    """Record that ``kernel`` runs (some) ``qtype`` tensors; a type may run on two."""
+    have = kernels.get(qtype)
+    if have is None or kernel not in have.split(" + "):
+        kernels[qtype] = kernel if have is None else f"{have} + {kernel}"
+
+
+def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactory:
+    """Projections on their own GGUF blocks (``packed*`` modes): Q4_0/Q4_1/Q8_0 projections
+    without bias through ``csrc/blocks.h`` (re-laid-out once, as many bytes as the file; f32 or q8
+    activations), every other one (K-quants, Q5, F16, mixed types, biases) through the in-place
+    kernel (float32 activations in both modes). ``kernels`` collects type -> kernel."""
+    from coda.models.kernels import native
     from coda.models.kernels.ggml_linear import GgmlLinear
+    from coda.models.kernels.kquant_linear import KQuantLinear, kernel_name
 
     def make(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> nn.Module:
-        del biases  # NOTE: none: ggml_applies refuses a file with projection biases
-        kind = parts[0].qtype
-        raw = np.concatenate([_raw_rows(t) for t in parts])
-        return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
+        if _legacy(parts, biases):
+            kind = parts[0].qtype
+            if kernels is not None:
+                _note(kernels, kind, f"blocks-{act}/{native().isa()} (re-laid-out)")
+            raw = np.concatenate([_raw_rows(t) for t in parts])
+            return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
+        by_name = {b.hf_name.removesuffix("bias"): b for b in biases}
+        segs = [segment(t, by_name.get(t.hf_name.removesuffix("weight"))) for t in parts]
+        for t in parts:
+            if kernels is not None:
+                extra = " (no q8 kernel: float32 activations)" if act == "q8" else ""
+                _note(kernels, t.qtype, f"{kernel_name(t.qtype)} (in place){extra}")
+        return KQuantLinear(segs)
 
     return make
 
 
-def ggml_head(act: str) -> HeadFactory:
+def ggml_head(act: str, kernels: dict[str, str] | None = None) -> HeadFactory:
     def make(t: GGUFTensor) -> nn.Module:
-        return ggml_linear(act)([t], [])
+        return ggml_linear(act, kernels)([t], [])
 
     return make
+
+
+def _fits(t: GGUFTensor) -> str | None:
+    if t.qtype not in INPLACE_TYPES:
+        return f"{t.gguf_name} is {t.qtype}; packed runs {', '.join(INPLACE_TYPES)}"
+    if t.shape[-1] % _BLOCK.get(t.qtype, 32):
+        return f"{t.gguf_name} ({t.qtype}) has {t.shape[-1]} columns, not whole blocks"
+    return None
 
 
 def ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
-    """None if the ``packed`` modes can serve the file, else why not."""
+    """None if the ``packed`` modes can serve the file, else why not: every projection, the
+    head and the token embeddings must be of a type the kernels read."""
     tensors = {t.hf_name: t for t in ckpt.tensors()}
-    for path, names in projections(ckpt).items():
-        kinds = {tensors[n].qtype for n in names}
-        if len(kinds) != 1 or not kinds <= set(GGML_TYPES):
-            return f"{path} is {'/'.join(sorted(kinds))}; packed needs one of {GGML_TYPES}"
-        if any(n.removesuffix("weight") + "bias" in tensors for n in names):
-            return f"{path} has a bias; the GGUF block kernel has none"
-    head = head_tensor(tensors)
-    if head.qtype not in GGML_TYPES:
-        return f"{head.gguf_name} (the LM head) is {head.qtype}; packed needs one of {GGML_TYPES}"
+    mats = [tensors[n] for names in projections(ckpt).values() for n in names]
+    mats += [head_tensor(tensors), tensors["model.embed_tokens.weight"]]
+    for t in mats:
+        if (why := _fits(t)) is not None:
+            return why
+    if all(t.qtype in ("F32", "F16", "BF16") for t in mats):
+        # NOTE: a float file is served dense (fp32 mode): the in-place kernel's float rows are
+        # for the float parts of quantized files (it is no BLAS at prefill)
+        return (f"{mats[0].gguf_name} is {mats[0].qtype}, and no matrix is block-quantized: "
+                "a float GGUF is served dense")
     return None
 
 
 def build_ggml(ckpt: GGUFCheckpoint, act: str = "f32", device: str = "cpu") -> CausalLM:
-    """The ``packed`` (``act="f32"``) and ``packed-q8`` (``act="q8"``) models."""
+    """The ``packed`` (``act="f32"``) and ``packed-q8`` (``act="q8"``) models. Token embeddings
+    are gathered from their blocks (:class:`KQuantEmbedding`); ``model.kernels`` says which
+    kernel runs each tensor type (the load summary shows it)."""
+    from coda.models.kernels.kquant_linear import KQuantEmbedding
+
     why = ggml_applies(ckpt)
     if why is not None:
         from coda.models.config import UnsupportedModelError
 
         raise UnsupportedModelError(why)
-    return build_packed(ckpt, ggml_linear(act), ggml_head(act), device)
+    kernels: dict[str, str] = {}
+    embed = next(t for t in ckpt.tensors() if t.hf_name == "model.embed_tokens.weight")
+    extra: dict[str, nn.Module] = {"model.embed_tokens": KQuantEmbedding(segment(embed))}
+    model = build_packed(ckpt, ggml_linear(act, kernels), ggml_head(act, kernels), device, extra)
+    kernels[f"{embed.qtype} embeddings"] = "row gather (in place)"
+    model.kernels = dict(sorted(kernels.items()))
+    return model
 
 
 def q4_applies(ckpt: GGUFCheckpoint) -> str | None:

@@ -233,6 +233,7 @@ class CausalLM(nn.Module):
         self._rope_table_local: tuple[torch.Tensor, torch.Tensor] | None = None
         # NOTE: a packed head (coda/models/quant.py) replaces the dense one when set.
         self.logits_head: nn.Module | None = None
+        self.kernels: dict[str, str] = {}  # NOTE: tensor type -> kernel (packed modes' summary)
         self._plan: list[_LayerCalls] | None = None  # NOTE: see _native_plan
 
     def forward(
@@ -271,16 +272,14 @@ class CausalLM(nn.Module):
 
     def _forward_native(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                         meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
-        """The layers with the native row ops (``kernels/row_ops.cpp``; float32, chosen by the
+        """The layers with the native row ops (``kernels/csrc/rows.h``; float32, chosen by the
         runner for its whole life, see ``AttentionMetadata.rows``): each residual add is fused
         with the norm after it, the gate's SiLU with the up product, and RoPE, the cache write
         and attention are one call (:func:`attend_native`). Every op is row-local with a fixed
         reduction order, so a row's bits never depend on its batch (T4). The projections are
         called without module dispatch (:meth:`_native_plan`): at batch 1 that overhead was
         ~10% of the step."""
-        from coda.models.kernels import load
-
-        ext = load("row_ops")
+        from coda.models.kernels import ops as ext
         eps = self.config.rms_norm_eps
         n_heads, n_kv = self.config.num_heads, self.config.num_kv_heads
         plan = self._native_plan()

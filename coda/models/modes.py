@@ -17,7 +17,7 @@ An explicit mode with an explicit ``dtype`` must run that dtype (``--quant q4 --
 is fine: q4's activations are float32).
 
 A mode that does not apply (``q4`` on an HF folder, or on a file whose projections are not
-Q4_0/Q4_1), is not available on this machine, or contradicts ``dtype`` raises
+Q4_0/Q4_1; ``packed`` on a tensor type it has no kernel for), is not available on this machine, or contradicts ``dtype`` raises
 :class:`~coda.models.config.UnsupportedModelError` / :class:`ModelLoadError` with one line
 saying why; nothing is loaded.
 """
@@ -61,8 +61,13 @@ class QuantMode:
     available: Callable[[], str | None] = _available_always  # can this machine? (None = yes)
 
     def summary(self) -> dict[str, str | bool]:
+        """The mode's part of the load summary, with the native kernels' state (the ISA that
+        runs, or why they are missing and so which path runs instead)."""
+        from coda.models.kernels import describe
+
         return {"quant_mode": self.name, "numerics": self.numerics,
-                "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype}
+                "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype,
+                **describe()}
 
 
 def _dense(dtype: str) -> Builder:
@@ -99,13 +104,9 @@ def _ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
 
 
 def _ggml_kernel() -> str | None:
-    from coda.models.kernels import KernelUnavailable, load
+    from coda.models.kernels import unavailable
 
-    try:
-        load()  # NOTE: JIT-compiles once per source version (~1 min), cached afterwards
-    except KernelUnavailable as exc:
-        return str(exc)
-    return None
+    return unavailable()  # NOTE: an import of the module built at install; never a compile
 
 
 def _q4_applies(ckpt: GGUFCheckpoint) -> str | None:
@@ -133,13 +134,14 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
               "exact; group scale/zero rounded to bfloat16; matmul inputs bfloat16); Q8_0 head "
               "as two exact int4 halves; embeddings, norms, RoPE, attention and KV float32",
               True, "float32", _packed("q8split"), applies=_q4_applies, available=_int4_kernel),
-    QuantMode("packed", "Q4_0/Q4_1/Q8_0 matrices (head included) on the file's own blocks "
-              "through Coda's AVX2 kernel: exact weights and float16 scales, float32 "
-              "activations, fixed per-output summation order; embeddings, norms, RoPE, "
-              "attention and KV float32", True, "float32", _ggml("f32"),
-              applies=_ggml_applies, available=_ggml_kernel),
+    QuantMode("packed", "every matrix (head included; Q4_0..Q8_0, Q2_K..Q6_K, F16/BF16/F32, "
+              "mixed within a fused projection) on the file's own blocks through Coda's "
+              "kernels: exact weights, float32 activations, fixed per-output summation order; "
+              "embeddings gathered from the blocks; norms, RoPE, attention and KV float32",
+              True, "float32", _ggml("f32"), applies=_ggml_applies, available=_ggml_kernel),
     QuantMode("packed-q8", "as packed, with each row's activations quantized per block of 32 "
-              "to int8 (lossy, like llama.cpp's CPU path)", True, "float32", _ggml("q8"),
+              "to int8 for Q4_0/Q4_1/Q8_0 matrices (lossy, like llama.cpp's CPU path); other "
+              "types keep float32 activations", True, "float32", _ggml("q8"),
               applies=_ggml_applies, available=_ggml_kernel),
     QuantMode("q4-int8head", "as q4, with the head requantized to int8 per output channel "
               "(lossy beyond the file)", True, "float32", _packed("int8"),

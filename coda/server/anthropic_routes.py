@@ -23,7 +23,7 @@ from coda.server.common import collect, new_id, now, state_of, stream_or_wait
 from coda.server.failures import anthropic_error, failed_json, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
 from coda.server.params import Knobs, build_requests, rename_map
-from coda.server.protocol_schemas import AnthropicRequest
+from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicRequest
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record
 from coda.server.tool_messages import anthropic_history
@@ -150,7 +150,8 @@ class AnthropicRenderer(Renderer):
         return out
 
 
-def _messages(body: AnthropicRequest) -> list[dict[str, Any]]:
+def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:
+    """The request's system prompt and messages as chat messages (roles checked)."""
     msgs: list[dict[str, Any]] = []
     if body.system:
         msgs.append({"role": "system", "content": content_text(body.system, "system")})
@@ -172,7 +173,7 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
     if body.thinking and body.thinking.get("type") not in (None, "disabled"):
         raise InvalidRequestError("thinking: extended thinking is not supported",
                                   field="thinking")
-    msgs = _messages(body)
+    msgs = chat_messages(body)
     prefill = msgs[-1]["role"] == "assistant"
     text = await off_loop(render_chat, st.engine, msgs, continue_final_message=prefill,
                        tools=plan.tools if plan else ())
@@ -216,3 +217,18 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
                          "stop_reason": reason, "stop_sequence": stop,
                          "usage": _usage(c.terminal, len(ids)),
                          "coda": ext}, headers={"request-id": rid})
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: AnthropicCountRequest, request: Request) -> Response:
+    """Anthropic's token counting: the prompt ``POST /v1/messages`` would build from the same
+    system, messages and tools, counted by the served model's tokenizer (nothing is queued)."""
+    st = state_of(request)
+    st.check_model(body.model)
+    plan = tl.anthropic_plan(body.tools, body.tool_choice)
+    msgs = chat_messages(body)
+    prefill = msgs[-1]["role"] == "assistant"
+    text = await off_loop(render_chat, st.engine, msgs, continue_final_message=prefill,
+                          tools=plan.tools if plan else ())
+    ids = await off_loop(st.encode, text, add_special_tokens=False, field="messages")
+    return JSONResponse({"input_tokens": len(ids)})

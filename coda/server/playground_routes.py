@@ -27,7 +27,7 @@ from coda.trace import RecentTraceSink
 router = APIRouter()
 ASSETS = Path(__file__).resolve().parent / "playground"
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-          ".css": "text/css; charset=utf-8", ".png": "image/png"}
+          ".css": "text/css; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml"}
 OPEN_PATHS = frozenset({"/", "/favicon.ico"})
 OPEN_PREFIX = "/playground/"
 
@@ -35,6 +35,12 @@ OPEN_PREFIX = "/playground/"
 @router.get("/", include_in_schema=False)
 async def index() -> Response:
     return FileResponse(ASSETS / "index.html", media_type=_TYPES[".html"])
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> Response:
+    # NOTE: browsers ask for /favicon.ico whatever the page links; an SVG answers them all
+    return FileResponse(ASSETS / "favicon.svg", media_type=_TYPES[".svg"])
 
 
 @router.get("/playground/{name}", include_in_schema=False)

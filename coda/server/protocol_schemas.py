@@ -98,4 +98,16 @@ class AnthropicRequest(CodaExtensions):
     # NOTE: top_k is Anthropic's own field; CodaExtensions already declares it.
 
 
-__all__ = ["AnthropicRequest", "ResponseFormat", "ResponsesRequest", "TextFormat"]
+class AnthropicCountRequest(BaseModel):
+    """``POST /v1/messages/count_tokens``: what shapes the prompt, nothing that samples."""
+
+    model: str
+    messages: list[AnthropicMessage] = Field(..., min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
+__all__ = ["AnthropicCountRequest", "AnthropicRequest", "ResponseFormat", "ResponsesRequest",
+           "TextFormat"]

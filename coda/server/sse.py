@@ -143,6 +143,7 @@ class SSEResponse(Response):
         source = StreamReader(self._streams, r.after)
         positions = list(r.after)  # NOTE: advanced event by event, for the frames' ids
         conn.on_gone(source.interrupt)
+        ended = 0  # NOTE: streams whose terminal event reached the socket
         try:
             head = r.header()
             if head:
@@ -151,6 +152,8 @@ class SSEResponse(Response):
                 try:
                     batch = await source.next(self._keepalive_s)
                 except ReaderInterrupted:
+                    if ended == len(self._streams):
+                        break  # NOTE: it left after the last terminal event: a normal end
                     raise ClientGone(stalled=conn.stalled) from None
                 if batch is None:
                     break
@@ -165,10 +168,17 @@ class SSEResponse(Response):
                     # NOTE: one write per batch: a frame group reaches the client whole or not.
                     await conn.write(b"".join(f.encode() for f in frames))
                     r.network_send_s = conn.send_s
+                ended += sum(1 for _, ev in batch if is_terminal(ev))
                 # NOTE: credit (P6) only for what reached the socket, never after the client left.
                 source.ack()
             tail = r.footer()
-            await conn.write(b"".join(f.encode() for f in tail), more_body=False)
+            try:
+                await conn.write(b"".join(f.encode() for f in tail), more_body=False)
+            except ClientGone:
+                if ended < len(self._streams):
+                    raise
+                # NOTE: a client that read every terminal event may close before the footer
+                # (the anthropic SDK stops at message_stop): not a lost client, nothing to log
         finally:
             r.network_send_s = conn.send_s
             source.close()

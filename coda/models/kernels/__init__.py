@@ -1,66 +1,94 @@
-"""Native kernels of Coda's model layer, compiled on first use (issue 10).
+"""Coda's native kernels (issues 10, 18): the C++ module ``coda._native``, built at install.
 
-``load(name)`` JIT-compiles ``<name>.cpp`` (``ggml_blocks``: the GGUF block matmuls;
-``row_ops``: fused RoPE + cache write + row-by-row attention) with
-``torch.utils.cpp_extension`` (cached in the torch extensions directory, so only the first
-process pays the ~1 min build) and returns the module. It raises :class:`KernelUnavailable`, never crashes, where the CPU lacks AVX2/FMA/F16C
-or the compiler is missing; callers log it and fall back to another mode.
+``pip install`` (setup.py) compiles ``csrc/`` once into ``coda._native``: GGUF block matmuls
+(``ggml_linear.py``) and the decoder's row ops (RoPE + KV write + paged attention, fused
+add + RMSNorm, SiLU-gate; ``ops.py``). Nothing is ever compiled at serve time: where the module
+is missing (installed without a compiler, or a source tree never built) or stale (its sources
+changed since it was built), :func:`native` raises :class:`KernelUnavailable` with the reason and
+callers run the torch path instead, saying so in the load summary (:func:`describe`).
+
+The module holds the kernel code three times (portable, AVX2, AVX-512) and runs the best one the
+CPU reports; ``CODA_KERNEL_ISA=scalar|avx2|avx512`` picks one (an ISA the CPU lacks is refused
+with the reason). All three give the same bits (``csrc/isa.h``'s canonical summation order), so
+the choice changes speed, never output. Threads: the module's own pool, sized by
+:func:`set_threads` (the runner passes ``--threads``).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import os
 from pathlib import Path
 from types import ModuleType
 
-_HERE = Path(__file__).parent
-_NEEDED_FLAGS = ("avx2", "fma", "f16c")
-# NOTE: -ffp-contract=off: a written a * b + c stays two roundings (only explicit FMA intrinsics
-# fuse), so row_ops' scalar RoPE gives the same bits as torch's elementwise ops.
-_EXTRA_FLAGS: dict[str, tuple[str, ...]] = {"row_ops": ("-ffp-contract=off",)}
+ISA_ENV = "CODA_KERNEL_ISA"
+CSRC = Path(__file__).parent / "csrc"
 
 
 class KernelUnavailable(RuntimeError):
-    """The native kernel cannot run here (CPU features, compiler); the message says why."""
+    """The native kernels cannot run here (module not built, stale, ISA refused); says why."""
 
 
-def cpu_flags() -> set[str]:
-    """The CPU feature flags from /proc/cpuinfo (empty where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+def source_hash(csrc: Path = CSRC) -> str | None:
+    """setup.py's hash of the C++ sources (None where they are not shipped, e.g. a wheel)."""
+    files = sorted(csrc.glob("*.[ch]*"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 @functools.cache
-def load(name: str = "ggml_blocks") -> ModuleType:
-    """The compiled ``name`` module; :class:`KernelUnavailable` if it cannot be had."""
-    source = _HERE / f"{name}.cpp"
-    if not source.is_file():
-        raise ValueError(f"no native kernel named {name!r}")
-    missing = [f for f in _NEEDED_FLAGS if f not in cpu_flags()]
-    if missing:
-        raise KernelUnavailable(f"CPU lacks {', '.join(missing)} (Coda's native kernels need "
-                                "AVX2, FMA and F16C)")
+def native() -> ModuleType:
+    """The built module with :data:`ISA_ENV` applied; :class:`KernelUnavailable` otherwise."""
     try:
-        from torch.utils import cpp_extension
+        mod = importlib.import_module("coda._native")
+    except ImportError as exc:
+        raise KernelUnavailable(f"coda._native is not built ({exc}); install the package with a "
+                                "C++ compiler present (pip install -e .)") from exc
+    want, built = source_hash(), str(mod.source_hash)
+    if want is not None and want != built:
+        raise KernelUnavailable(f"coda._native is stale (built from sources {built}, the tree "
+                                f"has {want}); rebuild it: pip install -e . (or python setup.py "
+                                "build_ext --inplace)")
+    isa = os.environ.get(ISA_ENV, "").strip()
+    if isa:
+        try:
+            mod.set_isa(isa)
+        except ValueError as exc:
+            raise KernelUnavailable(f"{ISA_ENV}={isa}: {exc} (this CPU runs: "
+                                    f"{', '.join(mod.isas())})") from exc
+    return mod
 
-        # NOTE: the name carries the source's hash: worktrees or versions never share a build.
-        digest = hashlib.sha256(source.read_bytes()).hexdigest()[:10]
-        module: ModuleType = cpp_extension.load(
-            name=f"coda_{name}_{digest}", sources=[str(source)],
-            # NOTE: -fopenmp: without it at::parallel_for's OpenMP pragma is ignored and every
-            # kernel runs on one thread whatever torch.set_num_threads says.
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp",
-                          *_EXTRA_FLAGS.get(name, ())],
-            extra_ldflags=["-fopenmp"],
-            verbose=os.environ.get("CODA_KERNEL_VERBOSE") == "1")
-    except (OSError, RuntimeError, ImportError, FileNotFoundError) as exc:
-        raise KernelUnavailable(f"could not build {source.name}: {exc}") from exc
-    return module
+
+def unavailable() -> str | None:
+    """Why the native kernels cannot run here (None: they can)."""
+    try:
+        native()
+    except KernelUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def set_threads(n: int) -> None:
+    """Size the kernels' thread pool (the calling thread plus ``n - 1`` workers); a no-op
+    where the module is unavailable."""
+    if unavailable() is None:
+        native().set_threads(max(1, int(n)))
+
+
+def describe() -> dict[str, str]:
+    """The kernel state for the load summary: the ISA in use, the summation order every ISA
+    shares, the thread count; or why the kernels are missing."""
+    why = unavailable()
+    if why is not None:
+        return {"native_kernels": f"unavailable: {why}; attention and norms run on torch, and "
+                                  "a GGUF's `auto` mode is q4 or fp32 instead of packed"}
+    mod = native()
+    return {"native_kernels": f"{mod.isa()} (of {', '.join(mod.isas())}; "
+                              f"{mod.threads()} threads)",
+            "kernel_order": str(mod.canonical_order)}

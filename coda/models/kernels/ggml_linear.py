@@ -13,19 +13,19 @@ Activation modes (``act``):
   half to even), integer block dot products; lossy like llama.cpp's own CPU path.
 
 In both, an output row depends on its input row only: the same bits whatever the batch size,
-the row's position in it and the thread count (the kernel's contract, ``ggml_blocks.cpp``).
+the row's position in it, the thread count and the CPU's instruction set (the kernel's contract,
+``csrc/blocks.h``; the order every ISA shares, ``csrc/isa.h``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from coda.models.kernels import load
+from coda.models.kernels import native
 
 TILE, QK = 8, 32
 # kind -> (bytes per block, bytes of quants per block); the order is the kernel's kind number
@@ -66,12 +66,16 @@ def repack(raw: np.ndarray, kind: str, out_features: int,
 class GgmlLinear(nn.Module):
     """``y = x @ W.T`` with W the GGUF matrix ``raw`` ([N, row bytes] as ``GGUFReader`` gives)."""
 
+    scales: torch.Tensor  # NOTE: buffers (repack's layout), typed for the pointer calls
+    quants: torch.Tensor
+
     def __init__(self, raw: np.ndarray, kind: str, out_features: int, in_features: int,
                  act: str = "f32") -> None:
         super().__init__()
         if act not in ACTS:
             raise ValueError(f"unknown activation mode {act!r}; use one of {ACTS}")
-        self._ext: Any = load()
+        # NOTE: KernelUnavailable here if the module is missing
+        self._linear: Callable[..., None] = native().linear
         sc, qs = repack(raw, kind, out_features, in_features)
         self.register_buffer("scales", sc)
         self.register_buffer("quants", qs)
@@ -80,26 +84,46 @@ class GgmlLinear(nn.Module):
         self._flags = (list(KINDS).index(kind), act == "q8")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # NOTE: the decode hot path (2-D contiguous float32) goes straight to the kernel: at batch
-        # 1 the ~100 calls per step make Python overhead a visible share of the step.
-        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() \
-                and x.shape[1] == self.in_features:
-            out: torch.Tensor = self._ext.linear(x, self.scales, self.quants, self.out_features,
-                                                 *self._flags)
-            return out
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer {self.in_features}")
         flat = x.reshape(-1, self.in_features).float().contiguous()
-        y: torch.Tensor = self._ext.linear(flat, self.scales, self.quants, self.out_features,
-                                           *self._flags)
+        if not flat.is_cpu:
+            raise ValueError("GgmlLinear runs on CPU tensors")
+        y = torch.empty((flat.shape[0], self.out_features), dtype=torch.float32)
+        self._linear(flat.data_ptr(), flat.shape[0], self.in_features, self.scales.data_ptr(),
+                     self.quants.data_ptr(), self.out_features, *self._flags, y.data_ptr())
         return y.view(*x.shape[:-1], self.out_features)
 
     def direct(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The kernel call alone, for 2-D contiguous float32 inputs (the native decoder path:
-        no module dispatch; the kernel still checks the shapes)."""
-        linear, sc, qs, n = self._ext.linear, self.scales, self.quants, self.out_features
+        """The kernel call alone, for 2-D contiguous float32 CPU inputs (the native decoder
+        path: no module dispatch; the checks are a few attribute reads). Holds the weight
+        buffers, so in-place loads into them still show."""
+        linear, sc, qs = self._linear, self.scales, self.quants
+        n, k = self.out_features, self.in_features
         kind, q8 = self._flags
-        return lambda x: linear(x, sc, qs, n, kind, q8)
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k \
+                    or not x.is_contiguous() or not x.is_cpu:
+                raise ValueError(f"x must be a contiguous float32 CPU [M, {k}] tensor")
+            y = torch.empty((x.shape[0], n), dtype=torch.float32)
+            linear(x.data_ptr(), x.shape[0], k, sc.data_ptr(), qs.data_ptr(), n, kind, q8,
+                   y.data_ptr())
+            return y
+
+        return call
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.kind}, act={self.act}"
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The q8 mode's activation quantisation of float32 ``x`` [M, K]: (int8 q [M, K], dx and
+    sx [M, K / 32]) as the kernel computes them (for tests)."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % QK or not x.is_contiguous():
+        raise ValueError("x must be a contiguous float32 [M, K] tensor, K % 32 == 0")
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.int8)
+    dx, sx = torch.empty((m, k // QK)), torch.empty((m, k // QK))
+    native().quantize_rows(x.data_ptr(), m, k, q.data_ptr(), dx.data_ptr(), sx.data_ptr())
+    return q, dx, sx

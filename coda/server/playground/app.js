@@ -77,6 +77,7 @@ async function send(ev) {
   if (!state.model) await loadModel();
   state.messages.push({ role: "user", content: prompt });
   addMessage("user", prompt);
+  $("prompt").value = "";  // sent: the box is ready for the next turn
   const bubble = addMessage("assistant streaming", "");
   const text = bubble.querySelector(".text");
   const body = { model: state.model, messages: state.messages, stream: true,

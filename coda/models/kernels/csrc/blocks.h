@@ -1,0 +1,394 @@
+// Batch-invariant linear layers on GGUF block weights (Q4_0, Q4_1, Q8_0) (issues 10, 18), over
+// isa.h: the same code for every ISA, with ISA-specific dequantisation and integer dots.
+//
+// Weights arrive re-laid-out by ggml_linear.py, as many bytes as in the file: output rows in tiles
+// of 8; per (tile, block of 32 inputs) the 8 rows' float16 scales d (then, for Q4_1 only, the 8
+// float16 mins m), and the 8 rows' quants (16 bytes of nibbles for Q4; 32 int8 for Q8_0, rows
+// paired by halves: [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]). ggml order: weight j of a Q4
+// block is the low nibble of byte j for j < 16 and the high nibble of byte j - 16.
+//
+// f32 mode: weight w = fma(q, d, m) (Q4; m = -8d for Q4_0) or q * d (Q8_0), one rounding, then
+// the canonical 8-lane dot of isa.h: lane k mod 8, acc = fma(w, x, acc) in increasing k, hsum8.
+// q8 mode: each row's activations are quantised per block of 32 (dx = amax / 127, q = rint(x / dx)
+// as x * (1 / dx), ties to even; sx = dx * sum(q)), stored twice as wide (XQB layout: [x0..15,
+// x0..15, x16..31, x16..31]); the integer dots are exact; per output 4 float lanes (isa.h), then
+// + the min term sum_b fma(m, sx, .) in increasing b.
+//
+// T4 by construction: every output element (row r, column n) is computed by one thread with one
+// fixed sequence of operations that reads row r of x and column n of W only; the row tiling and
+// the column grouping only choose which independent accumulators run side by side. So a row's
+// bits do not depend on M, on its position in the batch, on the thread count or on the ISA.
+#pragma once
+
+#include "isa.h"
+#include "pool.h"
+#include "table.h"
+
+namespace coda_native {
+namespace CODA_NS {
+namespace blocks {
+
+template <int KIND> constexpr bool kQ8 = KIND == Q8_0;
+template <int KIND> constexpr int64_t kQB = KIND == Q8_0 ? 32 : 16;   // quant bytes per row-block
+template <int KIND> constexpr int64_t kSC = KIND == Q4_1 ? 16 : 8;    // float16 scales per tile-block
+
+// The tile-block's d and m of its 8 rows as float32 (m: Q4_1 its own, Q4_0 -8d, Q8_0 0).
+template <int KIND>
+inline void scales8(const uint16_t* s, F8& d, F8& m) {
+  d = load_h8(s);
+  m = KIND == Q4_1 ? load_h8(s + 8) : KIND == Q4_0 ? mul8(d, set8(-8.0f)) : zero8();
+}
+
+template <int KIND>
+inline void scales8(const uint16_t* s, float* d, float* m) {
+  F8 dv, mv;
+  scales8<KIND>(s, dv, mv);
+  store8(d, dv);
+  store8(m, mv);
+}
+
+// Sub-vector V (0..3) of a block's 32 weights of one output as 8 float32 (see the file comment).
+// q: the output's quants (Q8_0: its first 16 bytes; its last 16 are 32 bytes on).
+template <bool Q8W, int V>
+inline F8 dequant8(const uint8_t* q, float d, float m) {
+#if CODA_ISA == CODA_SCALAR
+  F8 w;
+  for (int l = 0; l < 8; ++l) {
+    if (Q8W) {
+      w.v[l] = static_cast<float>(static_cast<int8_t>(q[(V / 2) * 32 + (V % 2) * 8 + l])) * d;
+    } else {
+      const uint8_t b = q[8 * (V & 1) + l];
+      w.v[l] = fma1(static_cast<float>(V < 2 ? b & 0xF : b >> 4), d, m);
+    }
+  }
+  return w;
+#else
+  if (Q8W) {
+    const __m256i i = _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + (V / 2) * 32 + (V % 2) * 8)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(d));
+  }
+  __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * (V & 1))));
+  b = V < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(b, 4);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_set1_ps(d), _mm256_set1_ps(m));
+#endif
+}
+
+template <bool Q8W, int R, int C, int V>
+inline void step_f32(const float* x, int64_t K, const float* d, const float* m, const uint8_t* q,
+                     int64_t c0, F8 acc[R][C]) {
+  constexpr int64_t qb = Q8W ? 32 : 16;
+  for (int c = 0; c < C; ++c) {
+    const int64_t c1 = c0 + c, at = Q8W ? (c1 / 2) * 64 + (c1 % 2) * 16 : c1 * qb;
+    const F8 w = dequant8<Q8W, V>(q + at, d[c1], m[c1]);
+    for (int r = 0; r < R; ++r) acc[r][c] = fma8(w, load8(x + r * K + 8 * V), acc[r][c]);
+  }
+}
+
+// R rows x C outputs (columns c0..c0+C of one tile), f32 activations.
+template <int KIND, int R, int C>
+void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
+               float* y, int64_t ldy, int64_t ncols) {
+  constexpr bool Q8W = kQ8<KIND>;
+  const int64_t nb = K / QK, qb = kQB<KIND>;
+  F8 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = zero8();
+  float d[8], m[8];
+  for (int64_t b = 0; b < nb; ++b) {
+    scales8<KIND>(sc + b * kSC<KIND>, d, m);
+    const uint8_t* q = qs + b * TILE * qb;
+    const float* xb = x + b * QK;
+    step_f32<Q8W, R, C, 0>(xb, K, d, m, q, c0, acc);
+    step_f32<Q8W, R, C, 1>(xb, K, d, m, q, c0, acc);
+    step_f32<Q8W, R, C, 2>(xb, K, d, m, q, c0, acc);
+    step_f32<Q8W, R, C, 3>(xb, K, d, m, q, c0, acc);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      if (c0 + c < ncols) y[r * ldy + c0 + c] = hsum8(acc[r][c]);
+}
+
+template <int KIND, int R>
+void tile_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
+              int64_t ldy, int64_t ncols) {
+  constexpr int C = R == 1 ? 8 : R == 2 ? 4 : 2;
+  for (int64_t c0 = 0; c0 < TILE; c0 += C) micro_f32<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols);
+}
+
+// The min term of a tile's 8 outputs for one row: mt[c] = sum_b fma(m_c, sx_b, .), in order.
+template <int KIND>
+inline void min_terms(const uint16_t* sc, const float* sx, int64_t nb, float* mt) {
+  F8 am = zero8();
+  if (!kQ8<KIND>) {
+    F8 d, m;
+    for (int64_t b = 0; b < nb; ++b) {
+      scales8<KIND>(sc + b * kSC<KIND>, d, m);
+      am = fma8(m, set8(sx[b]), am);
+    }
+  }
+  store8(mt, am);
+}
+
+#if CODA_ISA == CODA_SCALAR
+
+// One row x one tile (8 outputs), int8 activations: the canonical q8 order of isa.h.
+template <int KIND>
+void tile_q8_row(const int8_t* xq, const float* dx, const float* sx, int64_t nb,
+                 const uint16_t* sc, const uint8_t* qs, float* y, int64_t ncols) {
+  constexpr bool Q8W = kQ8<KIND>;
+  const int64_t qb = kQB<KIND>;
+  float mt[8];
+  min_terms<KIND>(sc, sx, nb, mt);
+  for (int64_t c = 0; c < TILE && c < ncols; ++c) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* q = qs + b * TILE * qb;
+      const int8_t* xb = xq + b * XQB;
+      const float scale = h2f(sc[b * kSC<KIND> + c]) * dx[b];
+      for (int j = 0; j < 4; ++j) {
+        int32_t s = 0;
+        for (int t = 4 * j; t < 4 * j + 4; ++t) {
+          int32_t wl, wh;  // weights t and 16 + t of output c
+          if (Q8W) {
+            const uint8_t* qc = q + (c / 2) * 64 + (c % 2) * 16;
+            wl = static_cast<int8_t>(qc[t]);
+            wh = static_cast<int8_t>(qc[32 + t]);
+          } else {
+            wl = q[c * 16 + t] & 0xF;
+            wh = q[c * 16 + t] >> 4;
+          }
+          s += wl * xb[t] + wh * xb[32 + t];
+        }
+        acc[j] = fma1(static_cast<float>(s), scale, acc[j]);
+      }
+    }
+    y[c] = ((acc[0] + acc[2]) + (acc[1] + acc[3])) + mt[c];
+  }
+}
+
+template <int KIND>
+void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t nb,
+              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols) {
+  for (int64_t r = 0; r < M; ++r)
+    tile_q8_row<KIND>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy,
+                      ncols);
+}
+
+// One row's activations quantised per block (see the file comment), written in the XQB layout.
+inline void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float* sx) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * QK;
+    float mx = 0.0f;
+    for (int e = 0; e < 32; ++e) mx = max1(mx, __builtin_fabsf(xb[e]));
+    const float d = mx / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    int8_t* qb = q + b * XQB;
+    for (int e = 0; e < 32; ++e) {
+      const int32_t t = static_cast<int32_t>(__builtin_nearbyintf(xb[e] * id));
+      const int at = (e / 16) * 32 + e % 16;
+      qb[at] = qb[at + 16] = static_cast<int8_t>(t);
+      sum += t;
+    }
+    dx[b] = d;
+    sx[b] = d * static_cast<float>(sum);
+  }
+}
+
+#else  // AVX2 (AVX-512 shares the activation quantisation; its tiles are blocks_avx512.h)
+
+inline __m256i mul_q8(__m256i w, __m256i x) {  // |w| * (x * sign(w)), pairwise int16
+  return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
+
+// R rows x P output pairs of one tile (pairs p0..p0+P), int8 activations. Lanes 0..3 of
+// acc[r][p] are output 2p's four lanes of the canonical q8 order, lanes 4..7 output 2p + 1's.
+template <int KIND, int R, int P>
+void micro_q8(const int8_t* xq, const float* dx, int64_t nb, const uint16_t* sc, const uint8_t* qs,
+              int64_t p0, __m256 acc[R][P]) {
+  constexpr bool Q8W = kQ8<KIND>;
+  const int64_t qb = kQB<KIND>;
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0xF);
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* q = qs + b * TILE * qb;
+    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * kSC<KIND>)));
+    __m256i lo[P], hi[P];
+    __m256 d[P];
+    for (int p = 0; p < P; ++p) {
+      const int64_t c = 2 * (p0 + p);
+      d[p] = _mm256_permutevar8x32_ps(d8, _mm256_setr_epi32(c, c, c, c, c + 1, c + 1, c + 1, c + 1));
+      if (Q8W) {
+        lo[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32));
+        hi[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32 + 32));
+      } else {
+        const __m256i n = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 16));
+        lo[p] = _mm256_and_si256(n, low);
+        hi[p] = _mm256_and_si256(_mm256_srli_epi16(n, 4), low);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = r * nb + b;
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * XQB));
+      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * XQB + 32));
+      const __m256 vdx = _mm256_set1_ps(dx[i]);
+      for (int p = 0; p < P; ++p) {
+        __m256i isum;
+        if (Q8W) {  // NOTE: each half may reach 2 * 128 * 127: widen before adding
+          isum = _mm256_add_epi32(_mm256_madd_epi16(mul_q8(lo[p], xl), ones),
+                                  _mm256_madd_epi16(mul_q8(hi[p], xh), ones));
+        } else {    // NOTE: 4-bit weights: |sum| <= 4 * 15 * 127 fits int16
+          isum = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xl),
+                                                    _mm256_maddubs_epi16(hi[p], xh)), ones);
+        }
+        acc[r][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d[p], vdx), acc[r][p]);
+      }
+    }
+  }
+}
+
+inline float hsum4(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
+template <int KIND, int R>
+void tile_q8(const int8_t* xq, const float* dx, const float* sx, int64_t nb, const uint16_t* sc,
+             const uint8_t* qs, float* y, int64_t ldy, int64_t ncols) {
+  constexpr int P = R == 1 ? 4 : 2;
+  float mt[R][8];
+  for (int r = 0; r < R; ++r) min_terms<KIND>(sc, sx + r * nb, nb, mt[r]);
+  for (int64_t p0 = 0; p0 < TILE / 2; p0 += P) {
+    __m256 acc[R][P];
+    micro_q8<KIND, R, P>(xq, dx, nb, sc, qs, p0, acc);
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < P; ++p) {
+        const int64_t c = 2 * (p0 + p);
+        if (c < ncols) y[r * ldy + c] = hsum4(_mm256_castps256_ps128(acc[r][p])) + mt[r][c];
+        if (c + 1 < ncols)
+          y[r * ldy + c + 1] = hsum4(_mm256_extractf128_ps(acc[r][p], 1)) + mt[r][c + 1];
+      }
+  }
+}
+
+#if CODA_ISA == CODA_AVX2
+template <int KIND>
+void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t nb,
+              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols) {
+  int64_t r = 0;
+  for (; r + 4 <= M; r += 4)
+    tile_q8<KIND, 4>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy, ldy,
+                     ncols);
+  for (; r < M; ++r)
+    tile_q8<KIND, 1>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy, ldy,
+                     ncols);
+}
+#endif
+
+inline void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float* sx) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * QK;
+    __m256 v[4], mx = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float d = _mm_cvtss_f32(h) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i sum = _mm256_setzero_si256();
+    int8_t* qb = q + b * XQB;
+    alignas(32) int32_t t[32];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i qi = _mm256_cvtps_epi32(r);
+      sum = _mm256_add_epi32(sum, qi);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(t + 8 * j), qi);
+    }
+    for (int e = 0; e < 32; ++e) {
+      const int at = (e / 16) * 32 + e % 16;
+      qb[at] = qb[at + 16] = static_cast<int8_t>(t[e]);
+    }
+    alignas(32) int32_t s8[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s8), sum);
+    const int32_t total = s8[0] + s8[1] + s8[2] + s8[3] + s8[4] + s8[5] + s8[6] + s8[7];
+    dx[b] = d;
+    sx[b] = d * static_cast<float>(total);
+  }
+}
+
+#endif
+
+#include "blocks_avx512.h"
+
+// R rows x one tile, f32 activations: the widest tile this ISA has.
+template <int KIND, int R>
+inline void tile(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
+                 int64_t ldy, int64_t ncols) {
+#if CODA_ISA == CODA_AVX512
+  tile_f32_512<KIND, R>(x, K, sc, qs, y, ldy, ncols);
+#else
+  tile_f32<KIND, R>(x, K, sc, qs, y, ldy, ncols);
+#endif
+}
+
+template <int KIND>
+void linear_f32(const LinearCall& a) {
+  const int64_t nb = a.K / QK, M = a.M, K = a.K, N = a.N;
+  const float* xp = a.x;
+  pool::parallel_for((N + TILE - 1) / TILE, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* s = a.sc + t * nb * kSC<KIND>;
+      const uint8_t* q = a.qs + t * nb * TILE * kQB<KIND>;
+      float* yt = a.y + t * TILE;
+      const int64_t ncols = N - t * TILE;
+      int64_t r = 0;
+      for (; r + 4 <= M; r += 4) tile<KIND, 4>(xp + r * K, K, s, q, yt + r * N, N, ncols);
+      if (M - r == 3) tile<KIND, 3>(xp + r * K, K, s, q, yt + r * N, N, ncols);
+      if (M - r == 2) tile<KIND, 2>(xp + r * K, K, s, q, yt + r * N, N, ncols);
+      if (M - r == 1) tile<KIND, 1>(xp + r * K, K, s, q, yt + r * N, N, ncols);
+    }
+  });
+}
+
+template <int KIND>
+void linear_q8(const LinearCall& a) {
+  const int64_t nb = a.K / QK, M = a.M, K = a.K, N = a.N;
+  pool::parallel_for(M, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      quantize_row(a.x + r * K, nb, a.xq + r * nb * XQB, a.dx + r * nb, a.sx + r * nb);
+  });
+  pool::parallel_for((N + TILE - 1) / TILE, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      tiles_q8<KIND>(a.xq, a.dx, a.sx, M, nb, a.sc + t * nb * kSC<KIND>,
+                     a.qs + t * nb * TILE * kQB<KIND>, a.y + t * TILE, N, N - t * TILE);
+  });
+}
+
+}  // namespace blocks
+
+inline void linear(const LinearCall& a) {
+  if (a.q8) {
+    if (a.kind == Q4_0) return blocks::linear_q8<Q4_0>(a);
+    if (a.kind == Q4_1) return blocks::linear_q8<Q4_1>(a);
+    return blocks::linear_q8<Q8_0>(a);
+  }
+  if (a.kind == Q4_0) return blocks::linear_f32<Q4_0>(a);
+  if (a.kind == Q4_1) return blocks::linear_f32<Q4_1>(a);
+  return blocks::linear_f32<Q8_0>(a);
+}
+
+inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* sx) {
+  const int64_t nb = K / QK;
+  for (int64_t r = 0; r < M; ++r)
+    blocks::quantize_row(x + r * K, nb, xq + r * nb * XQB, dx + r * nb, sx + r * nb);
+}
+
+}  // namespace CODA_NS
+}  // namespace coda_native

@@ -1,0 +1,206 @@
+// Exact-mode linear on GGUF rows read in place, every block type of kquants.h (issue 18; T4).
+// Raw pointers only, no torch; each build (isa_*.cpp) includes it in its own namespace.
+//
+// y[m, n] = sum_k x[m, k] * W[n, k] + bias[n], W decoded bit for bit as gguf.quants.dequantize.
+//
+// Canonical summation order (the same in every ISA build, so a row's bits are the same on every
+// machine): per output, a 16-lane float32 accumulator; the product of input k goes to lane
+// k mod 16, lanes updated in increasing k with a fused multiply-add; then the fixed tree
+// lane i += lane i + 8 (i < 8), i + 4 (i < 4), i + 2 (i < 2), i + 1 (i < 1); then + bias.
+// AVX2 holds the 16 lanes as two 8-lane registers, AVX-512 as one, scalar as an array. (The
+// re-laid-out Q4_0/Q4_1/Q8_0 kernel of blocks.h keeps isa.h's 8-lane order; both are fixed.)
+//
+// Decode once, use for every row: a span of KC weights of G = 4 output rows is decoded into a
+// small L1 buffer and multiplied into the accumulators of every input row of the row block
+// (MB rows), whose partial sums wait in a small array between spans; the G outputs run side by
+// side as independent FMA chains (a single output's chain is FMA-latency bound). The blocking
+// (MB, KC, G, rows per micro-kernel call, which thread) never changes the order one accumulator
+// is updated in, so a row's output bits do not depend on the batch size, its position in the
+// batch or the thread count; the pool splits the outputs (any split gives the same bits).
+#pragma once
+#include <cstdint>
+
+#include "isa.h"
+#include "kquants.h"
+#include "kquants_avx2.h"
+#include "pool.h"
+#include "table.h"
+
+namespace coda_native {
+namespace CODA_NS {
+namespace kq {
+
+constexpr int64_t KC = 256;  // weights decoded per span (1 KiB of float32; x spans stay in L1)
+constexpr int64_t MB = 64;    // input rows per row block (the x block stays in L2)
+constexpr int LANES = 16;
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline float tree16(const float* a) {
+  float t[8];
+  for (int i = 0; i < 8; ++i) t[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 4; ++i) t[i] = t[i] + t[i + 4];
+  for (int i = 0; i < 2; ++i) t[i] = t[i] + t[i + 2];
+  return t[0] + t[1];
+}
+
+// Accumulators live in acc[c][r][16] (c < G outputs of the group, r < MB rows) between spans.
+inline float* acc_at(float* acc, int c, int64_t r) { return acc + (c * MB + r) * LANES; }
+
+// acc[c][r0 + r] += w[c][0:n] * x[r][0:n] for C outputs (w rows KC apart) and R input rows, in
+// the canonical lane order (n a multiple of 16). C independent chains per row hide the FMA
+// latency; each accumulator still sees its products in increasing k.
+template <int R, int C>
+inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* acc, int64_t r0) {
+#if CODA_ISA == CODA_AVX512
+  __m512 a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = _mm512_loadu_ps(acc_at(acc, c, r0 + r));
+  for (int64_t k = 0; k < n; k += LANES) {
+    __m512 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
+    for (int c = 0; c < C; ++c) {
+      const __m512 wc = _mm512_loadu_ps(w + c * KC + k);
+      for (int r = 0; r < R; ++r) a[r][c] = _mm512_fmadd_ps(wc, xv[r], a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc_at(acc, c, r0 + r), a[r][c]);
+#elif CODA_ISA == CODA_AVX2
+  __m256 lo[R][C], hi[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      lo[r][c] = _mm256_loadu_ps(acc_at(acc, c, r0 + r));
+      hi[r][c] = _mm256_loadu_ps(acc_at(acc, c, r0 + r) + 8);
+    }
+  for (int64_t k = 0; k < n; k += LANES) {
+    for (int r = 0; r < R; ++r) {
+      const __m256 x0 = _mm256_loadu_ps(x + r * ldx + k), x1 = _mm256_loadu_ps(x + r * ldx + k + 8);
+      for (int c = 0; c < C; ++c) {
+        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w + c * KC + k), x0, lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w + c * KC + k + 8), x1, hi[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      _mm256_storeu_ps(acc_at(acc, c, r0 + r), lo[r][c]);
+      _mm256_storeu_ps(acc_at(acc, c, r0 + r) + 8, hi[r][c]);
+    }
+#else
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float* a = acc_at(acc, c, r0 + r);
+      const float* xr = x + r * ldx;
+      const float* wc = w + c * KC;
+      for (int64_t k = 0; k < n; k += LANES)
+        for (int l = 0; l < LANES; ++l) a[l] = fma1(wc[k + l], xr[k + l], a[l]);
+    }
+#endif
+}
+
+// Every input row of the block against the group's decoded spans.
+template <int C>
+inline void dot_rows(const float* w, int64_t n, const float* x, int64_t ldx, int64_t rows,
+                     float* acc) {
+  constexpr int R = CODA_ISA == CODA_AVX512 ? 4 : CODA_ISA == CODA_AVX2 ? 1 : 1;
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) dot<R, C>(w, n, x + r * ldx, ldx, acc, r);
+  for (; r < rows; ++r) dot<1, C>(w, n, x + r * ldx, ldx, acc, r);
+}
+
+constexpr int G = 4;  // outputs decoded and accumulated side by side
+
+inline void dot_group(int g, const float* w, int64_t n, const float* x, int64_t ldx,
+                      int64_t rows, float* acc) {
+  if (g == 4) dot_rows<4>(w, n, x, ldx, rows, acc);
+  else if (g == 3) dot_rows<3>(w, n, x, ldx, rows, acc);
+  else if (g == 2) dot_rows<2>(w, n, x, ldx, rows, acc);
+  else dot_rows<1>(w, n, x, ldx, rows, acc);
+}
+
+// Weights [k0, k0 + n) of a row into buf (decoded, or copied for F32).
+inline void span(int32_t type, const uint8_t* row, int64_t k0, int64_t n, float* buf) {
+#if CODA_ISA == CODA_SCALAR
+  decode_span(type, row, k0, n, buf);
+#else
+  decode_span_avx2(type, row, k0, n, buf);
+#endif
+}
+
+constexpr int64_t SCRATCH = G * KC + G * MB * LANES;  // floats of one chunk's scratch
+
+// Outputs [n0, n1) for all M input rows, G outputs at a time.
+inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch) {
+  float* wbuf = scratch;
+  float* acc = scratch + G * KC;
+  const int64_t K = c.K;
+  for (int64_t m0 = 0; m0 < c.M; m0 += MB) {
+    const int64_t mb = min64(MB, c.M - m0);
+    const float* xb = c.x + m0 * K;
+    int s = 0;
+    int64_t first = 0;  // output index of segment s's first row
+    for (int64_t nb = n0; nb < n1; nb += G) {
+      const int g = static_cast<int>(min64(G, n1 - nb));
+      const KqSeg* seg[G];
+      const uint8_t* row[G];
+      int64_t idx[G];
+      for (int j = 0; j < g; ++j) {
+        while (nb + j >= first + c.segs[s].rows) first += c.segs[s++].rows;
+        seg[j] = &c.segs[s];
+        idx[j] = nb + j - first;
+        const int64_t fr = seg[j]->row_map ? seg[j]->row_map[idx[j]] : idx[j];
+        row[j] = seg[j]->base + fr * seg[j]->row_bytes;
+      }
+      for (int j = 0; j < g; ++j)
+        for (int64_t i = 0; i < mb * LANES; ++i) acc_at(acc, j, 0)[i] = 0.0f;
+      // NOTE: the rows two groups ahead are prefetched span by span: rows are short streams (a
+      // few KiB) the hardware prefetcher does not learn in time (measured on a 49152-row Q6_K
+      // head, 1 thread: 86 ms without, 28 ms one group ahead, 15 ms two groups ahead)
+      const uint8_t* next[G];
+      int64_t nrb = 0;
+      const int gn = static_cast<int>(min64(G, n1 - nb - 2 * G));
+      for (int j = 0; j < gn; ++j) {
+        int64_t f = first;
+        int t = s;
+        while (nb + 2 * G + j >= f + c.segs[t].rows) f += c.segs[t++].rows;
+        const KqSeg& q = c.segs[t];
+        const int64_t i = nb + 2 * G + j - f;
+        next[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
+        nrb = q.row_bytes;
+      }
+      for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = min64(KC, K - k0);
+        const int64_t b0 = k0 * nrb / K, b1 = (k0 + kc) * nrb / K;
+        for (int j = 0; j < gn; ++j)
+          for (int64_t o = b0; o < b1; o += 64) __builtin_prefetch(next[j] + o);
+        for (int j = 0; j < g; ++j) span(seg[j]->type, row[j], k0, kc, wbuf + j * KC);
+        dot_group(g, wbuf, kc, xb + k0, K, mb, acc);
+      }
+      for (int j = 0; j < g; ++j)
+        for (int64_t r = 0; r < mb; ++r) {
+          const float v = tree16(acc_at(acc, j, r));
+          c.y[(m0 + r) * c.N + nb + j] = seg[j]->bias ? v + seg[j]->bias[idx[j]] : v;
+        }
+    }
+  }
+}
+
+inline void linear(const KqCall& c) {
+  // NOTE: chunks of 16 outputs at least (4 groups); any split gives the same bits
+  pool::parallel_for(c.N, 16, [&c](int64_t n0, int64_t n1) {
+    alignas(64) float scratch[SCRATCH];
+    linear_range(c, n0, n1, scratch);
+  });
+}
+
+inline void gather(const KqSeg& g, int64_t K, const int64_t* ids, int64_t T, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t fr = g.row_map ? g.row_map[ids[t]] : ids[t];
+    span(g.type, g.base + fr * g.row_bytes, 0, K, out + t * K);
+  }
+}
+
+}  // namespace kq
+}  // namespace CODA_NS
+}  // namespace coda_native

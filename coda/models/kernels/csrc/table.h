@@ -1,0 +1,130 @@
+// The interface between the dispatcher (module.cpp) and the per-ISA builds (isa_*.cpp): plain
+// argument structs (pointers into memory Python owns, shapes) and one table of entry points per
+// ISA. Arguments are validated by module.cpp before any entry point runs. To add a kernel: a field
+// here, its implementation in a kernel header (written over isa.h), one line in kernels_def.h, its
+// binding in module.cpp.
+#pragma once
+
+#include <cstdint>
+
+namespace coda_native {
+
+constexpr int64_t TILE = 8;   // output rows per tile of a re-laid-out block matrix
+constexpr int64_t QK = 32;    // weights per block
+constexpr int64_t XQB = 64;   // bytes per block of a q8 activation row (see blocks.h)
+
+enum Kind { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+
+// y[M, N] = x[M, K] @ W.T, W re-laid-out by ggml_linear.repack (scales sc, quants qs). q8: the
+// activations are quantised first into xq [M, K/32, XQB], dx and sx [M, K/32] (scratch).
+struct LinearCall {
+  const float* x;
+  int64_t M, K, N;
+  const uint16_t* sc;
+  const uint8_t* qs;
+  int kind;
+  bool q8;
+  float* y;
+  int8_t* xq;
+  float* dx;
+  float* sx;
+};
+
+// RoPE + cache write + row-by-row paged attention (rows.h); qr [T, H, d] is scratch.
+struct AttendCall {
+  const float* qkv;   // [T, (H + 2 Hkv) d]
+  const float* cos;   // [T, d]
+  const float* sin;   // [T, d], signed
+  float* kv;          // [2, Hkv, blocks, bs, d]
+  const int64_t* slot;
+  const int64_t* seq;
+  const int64_t* pos;
+  const int64_t* tables;  // [B, maxb]
+  int64_t T, H, Hkv, d, slots, maxb, bs, max_pos;
+  float* qr;
+  float* out;  // [T, H d]
+};
+
+// GGUF tensors read in place by the kquant kernels (kquants.h, kquant_kernels.h; issue 18).
+namespace ggml {
+
+// NOTE: ggml's GGMLQuantizationType numbers, so Python passes them unchanged.
+enum Type : int32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+};
+
+// Weights per block; 0 for a type the kernels do not read.
+inline int64_t block_size(int32_t t) {
+  switch (t) {
+    case F32: case F16: case BF16: return 1;
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
+    case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K: return 256;
+    default: return 0;
+  }
+}
+
+// Bytes per block; 0 for a type the kernels do not read.
+inline int64_t block_bytes(int32_t t) {
+  switch (t) {
+    case F32: return 4;
+    case F16: case BF16: return 2;
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q2_K: return 84;
+    case Q3_K: return 110;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+  }
+}
+
+}  // namespace ggml
+
+// One weight tensor as the file stores it: rows of row_bytes bytes from base; output i of the
+// segment reads file row row_map[i] (llama.cpp's q/k order) or row i; bias (float32) or null.
+struct KqSeg {
+  const uint8_t* base;
+  int64_t rows;
+  int64_t row_bytes;
+  int32_t type;
+  const int32_t* row_map;
+  const float* bias;
+};
+
+// y[M, N] = x[M, K] @ W.T (+ bias), W the row concatenation of segs (N = sum of their rows).
+struct KqCall {
+  const float* x;
+  int64_t M, K;
+  const KqSeg* segs;
+  int nseg;
+  int64_t N;
+  float* y;
+};
+
+struct Kernels {
+  const char* name;
+  void (*linear)(const LinearCall&);
+  // one row per x row, written in the XQB layout (blocks.h), with dx and sx per block
+  void (*quantize_rows)(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* sx);
+  void (*attend)(const AttendCall&);
+  void (*rms_norm)(const float* x, const float* w, float eps, float* y, int64_t T, int64_t D);
+  void (*add_rms_norm)(float* x, const float* r, const float* w, float eps, float* y, int64_t T,
+                       int64_t D);
+  void (*silu_mul)(const float* gu, float* y, int64_t T, int64_t I);
+  void (*kq_linear)(const KqCall&);
+  // rows ids[0..T) of one segment decoded to out [T, K] (ids checked by api.cpp)
+  void (*kq_gather)(const KqSeg& seg, int64_t K, const int64_t* ids, int64_t T, float* out);
+};
+
+const Kernels& kernels_scalar();
+#if defined(__x86_64__)
+const Kernels& kernels_avx2();
+const Kernels& kernels_avx512();
+#endif
+
+}  // namespace coda_native

@@ -1,0 +1,213 @@
+"""The state the trace checker keeps per request, its neighbour lookups and the resource
+rules (SPEC L7, O1), and the versions check of terminal and stop.hit rows (L4, S4). Used by
+:mod:`coda.trace_check`, which walks the rows and documents the rules as a whole; the output
+rules are :mod:`coda.trace_output`, the terminal's :mod:`coda.trace_terminal`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from coda import trace as tr
+from coda.early_stop import StreamFailureReason
+from coda.errors import ErrorCode
+from coda.finish import REASONS_BY_VERSION, CancelCause, FinishReason
+from coda.lifecycle import TRANSITIONS, State
+from coda.stops import STOP_RULE_VERSION
+
+STATE_NAMES = frozenset(s.value for s in State)
+NEXT_STATES = {s.value: frozenset(t.value for t in nxt) for s, nxt in TRANSITIONS.items()}
+CANCEL_CAUSES = frozenset(c.value for c in CancelCause)
+REASON_NAMES = frozenset(r.value for r in FinishReason)
+ERROR_CODES = frozenset(c.value for c in ErrorCode)
+FAILURE_DECISIONS = frozenset(d.value for d in StreamFailureReason)
+KNOWN_STOP_RULE_VERSIONS = frozenset({STOP_RULE_VERSION})
+_MODEL = frozenset({"kv_cache", "batch_slot", "rng_state"})
+_DRIVER_CAUSES = frozenset({"early_stop", "shutdown"})
+# endings decided right after a token (G1): the drain happens in that token's step (T2)
+TOKEN_REASONS = frozenset({"eos", "stop_sequence", "max_output_tokens", "context_limit",
+                           "grammar_complete", "grammar_forced_close"})
+FINISHED_REASONS = TOKEN_REASONS | {"deadline_exceeded"}
+
+
+@dataclass
+class Request:
+    """One request's rows and what the walk has seen so far."""
+
+    rows: list[tr.TraceEvent]
+    out: list[str] = field(default_factory=list)
+    i: int = 0
+    ev: tr.TraceEvent | None = None
+    state: str = "CREATED"
+    last_ts: int = 0
+    selected: int = 0
+    decoded: int = 0
+    last_token_at: int | None = None
+    step_open: bool = False        # a token's step: its stop.state/delta/hit may follow
+    step_was_open: bool = False    # step_open before the current row
+    decode_open: tr.TraceEvent | None = None
+    prefill: tr.TraceEvent | None = None
+    prefill_done: tr.TraceEvent | None = None
+    drain_at: int | None = None
+    drain_selected: int = 0
+    drain_decoded: int = 0
+    drain_after_token: bool = False
+    cancel_requested: tr.TraceEvent | None = None
+    cancel_observed: bool = False
+    cancel_effective: bool = False
+    cancel_seen_at_safe_point: bool = False  # requested before a safe point that then passed
+    terminal_at: int | None = None
+    hit: tr.TraceEvent | None = None
+    tail: tr.TraceEvent | None = None
+    pushed: int = 0                # bytes the detokenizer produced (stop.state nbytes)
+    sent: int = 0                  # bytes on the stream (delta nbytes)
+    seq: int = 0
+    text: list[str] = field(default_factory=list)
+    token_starts: list[int] = field(default_factory=list)  # stream offset of visible tokens
+    held_check: tuple[int, int] | None = None  # (held, pushed) to compare at the step's end
+    last_state: tr.TraceEvent | None = None    # the current step's (or drain's) stop.state
+    acquired_order: list[str] = field(default_factory=list)
+    released_order: list[str] = field(default_factory=list)
+
+    # False for a run that never held the model (a lifecycle test's hand-driven run, or the
+    # reference loop cancelled before its prefill): the step rules do not apply
+    model_run: bool = field(init=False)
+    # stop.state rows record their byte count (traces written since issue 20)
+    pushed_known: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        # NOTE: computed once: per-row scans would make the walk quadratic on long requests
+        self.model_run = any(e.kind == tr.RESOURCE_ACQUIRED and e.data.get("resource") in _MODEL
+                             for e in self.rows)
+        self.pushed_known = any(e.kind == tr.STOP_STATE and "nbytes" in e.data
+                                for e in self.rows)
+
+    def reach_safe_point(self) -> None:
+        """A prefill.completed or decode.completed row: the driver checks for a cancel next
+        (before choose, G1); one recorded before this row is visible to that check."""
+        if self.cancel_requested is not None and not self.cancel_observed:
+            self.cancel_seen_at_safe_point = True
+
+    def bad(self, rule: str, message: str) -> None:
+        kind = self.ev.kind if self.ev is not None and self.i < len(self.rows) else "end"
+        self.out.append(f"row {self.i} {kind}: {message} ({rule})")
+
+    # -- neighbours (rows a client's cancel.requested may land between are skipped) ----------
+    def is_driver(self, i: int) -> bool:
+        """False for a cancel.requested from another thread (a client, a disconnect, a slow
+        reader), written at any live moment; an early stop's and a shutdown's are the
+        driver's own (D6, ``abort_all``), observed at once."""
+        ev = self.rows[i]
+        return not (ev.kind == tr.CANCEL_REQUESTED and ev.data.get("cause") not in _DRIVER_CAUSES)
+
+    def prev_row(self) -> tr.TraceEvent | None:
+        j = self.i - 1
+        while j >= 0 and not self.is_driver(j):
+            j -= 1
+        return self.rows[j] if j >= 0 else None
+
+    def next_row(self) -> tr.TraceEvent | None:
+        j = self.i + 1
+        while j < len(self.rows) and not self.is_driver(j):
+            j += 1
+        return self.rows[j] if j < len(self.rows) else None
+
+    def prev_kind(self) -> str | None:
+        row = self.prev_row()
+        return row.kind if row is not None else None
+
+    def next_kind(self) -> str | None:
+        row = self.next_row()
+        return row.kind if row is not None else None
+
+    def prev_transition_to(self) -> Any:
+        row = self.prev_row()
+        return row.data.get("to") if row is not None and row.kind == tr.LIFECYCLE else None
+
+    def next_transition_to(self) -> Any:
+        row = self.next_row()
+        return row.data.get("to") if row is not None and row.kind == tr.LIFECYCLE else None
+
+    # -- resources (L7) ----------------------------------------------------------------------
+    def on_acquired(self, ev: tr.TraceEvent, order: tuple[str, ...]) -> None:
+        kind = str(ev.data.get("resource"))
+        if kind in self.acquired_order:
+            self.bad("L7", f"resource {kind}: acquired twice")
+        elif kind in order and any(order.index(k) > order.index(kind)
+                                   for k in self.acquired_order if k in order):
+            self.bad("L7", f"resource {kind} acquired out of the ledger's order")
+        if kind in ("stream_buffer", "trace_handle") and self.i != order.index(kind):
+            self.bad("L7", f"{kind} not acquired when the request was created")
+        if kind in _MODEL and not (self.state == "CREATED" or (
+                self.state == "PREFILLING" and self.prefill is not None
+                and self.prefill_done is None)):
+            self.bad("L7", f"{kind} acquired while {self.state}, not at admission")
+        self.acquired_order.append(kind)
+
+    def on_released(self, ev: tr.TraceEvent, order: tuple[str, ...]) -> None:
+        kind = str(ev.data.get("resource"))
+        if kind in self.released_order:
+            self.bad("L7", f"resource {kind}: released 2x")
+        elif kind not in self.acquired_order:
+            self.bad("L7", f"resource {kind} released before it was acquired")
+        elif kind in order and any(order.index(k) > order.index(kind)
+                                   for k in self.released_order if k in order):
+            self.bad("L7", f"resource {kind} released out of the ledger's order")
+        self.released_order.append(kind)
+        if not isinstance(ev.data.get("ok"), bool):
+            self.bad("L7", "release row without a boolean ok")
+        nxt = self.next_row()
+        if kind in _MODEL:
+            if not (nxt is not None and (nxt.kind == tr.CANCEL_EFFECTIVE or (
+                    nxt.kind == tr.RESOURCE_RELEASED and nxt.data.get("resource") in _MODEL)
+                    or (nxt.kind == tr.LIFECYCLE and nxt.data.get("to") in
+                        ("FINISHED", "FAILED")))):
+                self.bad("L7", f"{kind} not released at the ending's safe point")
+            if ev.data.get("held", 0) != 0:  # NOTE: the reference loop's rows: nothing held
+                self.bad("L7", f"{kind} released with held={ev.data['held']!r}; the reference "
+                               f"loop holds no batch row or RNG cursor")
+            if "step" in ev.data and ev.data["step"] != self.selected:
+                self.bad("L7", f"rng_state released at step {ev.data['step']} after "
+                               f"{self.selected} selections")
+        elif kind == "stream_buffer":
+            unacked = ev.data.get("unacked_bytes", 0)
+            if self.prev_kind() != tr.TERMINAL:
+                self.bad("L7", "stream buffer not released right after the terminal")
+            if not isinstance(unacked, int) or not 0 <= unacked <= self.sent:
+                self.bad("P6", f"{unacked!r} unacknowledged bytes of {self.sent} sent")
+        elif kind == "trace_handle":
+            if self.i != len(self.rows) - 1 or self.prev_kind() != tr.RESOURCE_RELEASED:
+                self.bad("L7", "the trace handle's release is not the request's last row")
+            if "rows" in ev.data and ev.data["rows"] != self.i:
+                self.bad("O1", f"the trace handle wrote {ev.data['rows']} rows, "
+                               f"{self.i} are here")
+
+    def check_model_released(self, at: str) -> None:
+        held = [k for k in self.acquired_order if k in _MODEL and k not in self.released_order]
+        if held:
+            self.bad("L7", f"{', '.join(held)} still held at {at}")
+
+    def check_resources(self) -> None:
+        self.ev = None
+        for kind in set(self.acquired_order) | set(self.released_order):
+            a, r = self.acquired_order.count(kind), self.released_order.count(kind)
+            if a != 1 or r != 1:
+                self.bad("L7", f"resource {kind}: acquired {a}x, released {r}x")
+
+
+def check_versions(ev: tr.TraceEvent) -> list[str]:
+    """L4/S4: the terminal row says which enum and tie rule decided it, and its reason is a
+    member of that enum version."""
+    out: list[str] = []
+    rule = ev.data.get("stop_rule_version")
+    if rule not in KNOWN_STOP_RULE_VERSIONS:
+        out.append(f"{ev.kind}: unknown or missing stop_rule_version {rule!r} (S4)")
+    version = ev.data.get("finish_reason_version")
+    members = REASONS_BY_VERSION.get(version) if isinstance(version, int) else None
+    if members is None:
+        out.append(f"terminal: unknown or missing finish_reason_version {version!r} (L4)")
+    elif ev.data.get("reason") not in members:
+        out.append(f"terminal: reason {ev.data.get('reason')!r} is not in finish-reason "
+                   f"enum version {version} (L4)")
+    return out
+

@@ -1,0 +1,64 @@
+"""The trace checker as an oracle (issue 20 deliverable 3; O1, O2 and every rule the checker
+names): a corpus of generated corruptions of real traces, each rejected unless the engine
+could have written it (then it is in ``tests/trace_corpus.ALLOWED`` and must be accepted).
+
+Figures and the command that reproduces them: docs/testing.md, "The trace checker's
+corruption corpus".
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coda import trace as tr
+from coda.trace import check_trace
+from tests.conftest import examples
+from tests.trace_corpus import ALLOWED, Mutation, load, mutations, run_corpus
+
+TRACES = load()
+
+
+def test_o1_corpus_kills_every_non_equivalent_corruption() -> None:
+    """12 sites per class (drop, duplicate, swap with each neighbour kind, tamper each field):
+    100% of the non-equivalent corruptions rejected, every allowed one accepted."""
+    rep = run_corpus(TRACES, per_class=12)
+    print(f"\ncorpus: {rep.generated} generated, {rep.killed} killed, {rep.allowed} allowed, "
+          f"kill rate {100 * rep.kill_rate:.2f}%, allowed by entry {dict(rep.by_allow)}")
+    assert rep.survivors == [], rep.survivors
+    assert rep.false_alarms == [], rep.false_alarms
+    assert rep.kill_rate == 1.0 and rep.generated >= 1000
+
+
+def test_o1_corpus_covers_every_kind_and_adjacent_pair_of_the_fault_mix() -> None:
+    """Every row kind of the fixture is dropped, duplicated and has each field tampered; every
+    adjacent pair of kinds is swapped (the classes the corpus samples from)."""
+    classes = {m.cls for m in mutations(TRACES)}
+    kinds = {e.kind for rows in TRACES.values() for e in rows}
+    assert kinds == tr.KNOWN_KINDS
+    for kind in kinds:
+        assert ("drop", kind) in classes and ("dup", kind) in classes
+    pairs = {(a.kind, b.kind) for rows in TRACES.values()
+             for a, b in zip(rows, rows[1:], strict=False) if (a.kind, a.data) != (b.kind, b.data)}
+    assert {("swap", *p) for p in pairs} <= classes and len(pairs) >= 37
+
+
+_ALL = list(mutations(TRACES))
+
+
+def test_o1_every_allow_list_entry_has_a_reason_and_matches_a_corruption() -> None:
+    for entry in ALLOWED:
+        assert len(entry.reason) > 40, entry.name
+    used = {a.name for m in _ALL for a in ALLOWED if a.match(m, TRACES[m.rid])}
+    assert used == {a.name for a in ALLOWED}
+
+
+@settings(deadline=None, max_examples=examples(300))
+@given(st.integers(0, len(_ALL) - 1))
+def test_o1_property_any_corruption_is_rejected_or_an_allowed_equivalent(k: int) -> None:
+    """For all corruptions of the fixture (not only the sampled ones): rejected, or allowed
+    and then accepted."""
+    m: Mutation = _ALL[k]
+    rows = TRACES[m.rid]
+    allowed = any(a.match(m, rows) for a in ALLOWED)
+    assert bool(check_trace(m.apply(rows))) is not allowed, (m, allowed)

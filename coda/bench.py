@@ -10,9 +10,11 @@ e2e = submit → terminal. ``--compare-hf`` runs ``transformers.generate`` on th
 the same prompts in static batches of ``concurrency`` (left padding), in the same process.
 ``--early-stop`` reruns the workload with an :class:`~coda.early_stop.EarlyStopPolicy` and
 compares with the plain run (tokens and time saved, answers that differ from the full one).
-``--utf8-tail fail|drop`` sets every request's K3 tail policy; the report counts the requests
-it affected (``fail``: ended FAILED with decoding_error; ``drop``: ended FINISHED with an
-incomplete UTF-8 tail removed), since ``max_tokens`` may cut a multi-byte character.
+``--utf8-tail auto|fail|drop`` sets every request's K3 tail policy (default ``auto``: a
+partial last character that ``max_tokens`` cut is removed and recorded, the request keeps its
+own ending); the report counts the requests it affected (ended FAILED with decoding_error, or
+ended with an incomplete UTF-8 tail removed), since ``max_tokens`` may cut a multi-byte
+character.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class BenchOptions:
     early_stop_confidence: float = 0.9
     early_stop_min_fraction: float = 0.25
     show_progress: bool = True
-    utf8_tail: str = "fail"
+    utf8_tail: str = "auto"
     # Serving knobs (issue 9 item 4), as in EngineConfig.
     max_model_len: int | None = None
     kv_cache_bytes: int | None = None
@@ -146,7 +148,7 @@ class BenchReport:
     speedup_vs_hf: float | None = None
     early_stop: EarlyStopReport | None = None
     finish_reasons: dict[str, int] = field(default_factory=dict)
-    utf8_tail: str = "fail"
+    utf8_tail: str = "auto"
     utf8_tail_affected: int = 0
     quant_mode: str = ""  # the serving mode the engine resolved
 
@@ -211,7 +213,8 @@ async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]]
                     e2e.append(now - t0)
                     tokens[i] = ev.terminal.usage.selected_tokens
                     term = ev.terminal
-                    # NOTE: a random model may end mid-character: K3 makes that a decoding error.
+                    # NOTE: max_tokens may end mid-character: per the K3 policy, a decoding
+                    # error or a removed tail (auto, drop)
                     code = f":{term.error_code.value}" if term.error_code is not None else ""
                     reasons[i] = term.finish_reason.value + code
                     affected[i] = bool(term.dropped_tail) or code == ":decoding_error"
@@ -390,7 +393,9 @@ def render(r: BenchReport, model_dir: Path, opts: BenchOptions) -> Table:
         ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(r.finish_reasons.items()))),
         (f"utf8_tail={r.utf8_tail}: requests affected",
          f"{r.utf8_tail_affected} of {r.num_requests}"
-         + (" (FAILED decoding_error)" if r.utf8_tail == "fail" else " (tail dropped)")),
+         + (" (FAILED decoding_error)" if r.utf8_tail == "fail" else
+            " (tail dropped)" if r.utf8_tail == "drop" else
+            " (partial last character removed, or FAILED where no budget cut it)")),
     ]
     if r.hf_output_tok_s is not None and r.hf_wall_s is not None:
         rows += [("transformers.generate throughput",

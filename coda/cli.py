@@ -206,7 +206,7 @@ def bench(model: ModelOpt = None,
           compare_hf: Annotated[bool, typer.Option("--compare-hf", help="also run transformers.generate")] = False,
           early_stop: Annotated[bool, typer.Option("--early-stop", help="compare with/without an early-stop policy")] = False,
           plot: Annotated[Optional[Path], typer.Option(help="write a PNG of the latency distributions")] = None,  # noqa: UP045
-          utf8_tail: Annotated[str, typer.Option(help="K3 tail policy of every request: fail | drop")] = "fail",
+          utf8_tail: Annotated[str, typer.Option(help="K3 tail policy of every request: auto (a partial last character cut by max_tokens/the context is removed and recorded; other ends with one fail) | fail (always FAILED) | drop (always removed)")] = "auto",
           seed: int = 0,
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,

@@ -31,6 +31,7 @@ of a tokenizer is cached: do not mutate a tokenizer after its first detokenizer.
 from __future__ import annotations
 
 import codecs
+import copy
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,7 +61,8 @@ class RemovedSpan:
 
     ``index`` is the output token index (-1 when not tied to one token); ``reason`` is one of
     ``special_token_skipped``, ``unknown_token_id``, ``leading_space_cleanup``,
-    ``pending_discarded`` (G2) or ``invalid_residue`` (K3).
+    ``pending_discarded`` (G2), ``invalid_residue`` (K3) or ``incomplete_tail`` (a partial
+    last character a budget or a stop id sequence cut, :meth:`IncrementalDetokenizer.finish_cut`).
     """
 
     index: int
@@ -307,6 +309,39 @@ class IncrementalDetokenizer:
             self.removed_spans.append(RemovedSpan(-1, -1, "invalid_residue", pending))
             raise DecodingError(f"incomplete UTF-8 at end of output: {pending.hex()}")
         return tail.encode()
+
+    def finish_cut(self) -> tuple[bytes, bytes]:
+        """Drain the held tail where something other than the model cut the output: a budget
+        (``utf8_tail: auto``, K3) or a stop id sequence that follows these tokens (S1).
+        Returns ``(text, cut)``: the final bytes, and the trailing incomplete character that
+        the cut left (a proper prefix of a valid character, removed: K2 span
+        ``incomplete_tail``). A residue that no byte could complete still raises
+        DecodingError (K3)."""
+        pending = self._pending if self._output_rendered else b""
+        try:
+            return self.finish(), b""
+        except DecodingError:
+            pass
+        # NOTE: a byte-level residue is one partial character; a byte-fallback run is whole
+        # characters then at most one partial one (an earlier error would have emitted it)
+        held = _held_utf8(pending)
+        keep = pending[: len(pending) - held]
+        try:
+            keep.decode("utf-8")
+        except UnicodeDecodeError:
+            held = 0
+        if not held or (self._mode is ByteMode.BYTE_LEVEL and keep):
+            raise DecodingError(f"incomplete UTF-8 at end of output: {pending.hex()}")
+        self.removed_spans[-1] = RemovedSpan(-1, -1, "incomplete_tail", pending[len(keep):])
+        return keep, pending[len(keep):]
+
+    def fork(self) -> IncrementalDetokenizer:
+        """An independent copy of this state (the output processor keeps one before each id
+        that may begin a stop id sequence, to drain the text before the sequence, S1)."""
+        twin = copy.copy(self)
+        twin._window = list(self._window)
+        twin.removed_spans = list(self.removed_spans)
+        return twin
 
     def discard_pending(self) -> bytes:
         """After a stop hit (G2): drop the held tail without finish(); return what was dropped."""

@@ -75,13 +75,26 @@ class OutputSpec:
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    # K3 at the drain: "fail" (the seed's rule: FAILED, decoding_error) or "drop" (the
-    # incomplete tail is removed, recorded, and the request ends FINISHED)
-    utf8_tail: str = "fail"
+    # K3 at the drain (UTF8_TAIL_POLICIES): "auto" (a budget end cuts a partial last character
+    # off, recorded; any other end with one is FAILED), "fail" (the strict rule: FAILED,
+    # decoding_error) or "drop" (any incomplete tail is removed, recorded, FINISHED)
+    utf8_tail: str = "auto"
     # Stop strings are matched only up to the end of the first occurrence of this text (a tool
     # call's opening tag, issue 13); from there the grammar alone ends the output, so a stop
     # string never cuts a constrained call. Empty: stop strings apply everywhere.
     stops_end_at: bytes = b""
+    # Stops (strings and id sequences) end the output only at a token t >= min_tokens; see
+    # docs/api.md (issue 20 D6). EOS is banned by the sampler until then.
+    min_tokens: int = 0
+
+
+UTF8_TAIL_POLICIES: tuple[str, ...] = ("auto", "fail", "drop")
+"""K3 policies for a tail that is not whole characters when the output ends (docs/api.md)."""
+
+# Ends where something other than the model cut the output (K3): a partial last character is
+# text the budget did not finish. Cancel takes the discard path and never drains.
+BUDGET_ENDS = frozenset({FinishReason.MAX_OUTPUT_TOKENS, FinishReason.CONTEXT_LIMIT,
+                         FinishReason.DEADLINE_EXCEEDED})
 
 
 class OutputProcessor:
@@ -114,6 +127,7 @@ class OutputProcessor:
         self._eos_token: TokenInfo | None = None
         self.generated = 0                    # tokens selected (t after choose)
         self.hit: StopHit | None = None
+        self._draining = False  # no byte follows: a waiting tag start is text (stops_end_at)
         # L6 accounting: start offsets of visible tokens not yet reached by the stream
         self._visible = 0
         self._unreturned: deque[int] = deque()
@@ -124,9 +138,18 @@ class OutputProcessor:
         # seed 004: the policy's last summary, and whether the policy (not the loop) stopped
         self.early_stop_summary: Mapping[str, object] | None = None
         self.stopped_early = False
-        self.dropped_tail = b""  # K2: bytes removed by utf8_tail="drop", recorded
+        self.dropped_tail = b""  # K2: an incomplete UTF-8 tail removed at the end, recorded
         self._stops_off = False               # past spec.stops_end_at
         self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
+        self._armed = spec.min_tokens <= 0    # D6: may a stop end the output at this token?
+        self._armed_at = 0                    # D6: stream offset from which stop strings count
+        # detokenizer states before each held id (the last ``depth``): on an id hit, the one
+        # before the sequence's first id drains the text that precedes the sequence (S1)
+        self._forks: deque[IncrementalDetokenizer] = deque()
+        # L6: prompt tokens the prefix cache held; the driver sets it at the lookup, before any
+        # token is selected (0: no prefix cache), and the first delta carries it (D9)
+        self.cached_prompt_tokens = 0
+        self._hit_cut = b""  # a partial character an id sequence cut off, dropped at the drain
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -139,15 +162,22 @@ class OutputProcessor:
             self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
         self._pending_tokens.append(info)
+        # NOTE: D6: a stop completing before token min_tokens is ordinary output
+        if not self._armed and t >= self.spec.min_tokens:
+            self._armed, self._armed_at = True, self.stops.consumed_bytes
         depth = 0
         if self.token_stops is not None:
-            hit = self.token_stops.push(token_id)
-            if hit is not None:  # NOTE: its ids never reach the detokenizer (ties: ids first)
-                # NOTE: _ends[-k] is the offset after the k-th last pushed token; the sequence's
-                # first k-1 ids were pushed, so _ends[-k] is where its text would begin.
-                self._release(self._ends[hit.start - hit.end])
+            hit = self.token_stops.push(token_id, self._armed)
+            if hit is not None:  # NOTE: its last id never reaches the detokenizer (ids first)
+                self._end_before_ids(hit.end - hit.start)
                 return self._on_hit(hit)
             depth = self.token_stops.depth
+            if depth:
+                self._forks.append(self.detok.fork())
+                while len(self._forks) > depth:
+                    self._forks.popleft()
+            else:
+                self._forks.clear()
         if self._emit(self._detok_push(token_id), depth):
             return FinishReason.STOP_SEQUENCE
         if self.generated >= self.spec.max_output_tokens:
@@ -166,6 +196,34 @@ class OutputProcessor:
             return verdict.reason
         return None
 
+    def _end_before_ids(self, k: int) -> None:
+        """An id sequence of ``k`` ids hit: send the whole text of the tokens before its first
+        id, nothing of its own (S1, S3). ``_ends[-k]`` is the stream offset after the token
+        before the sequence (its first k-1 ids were pushed); bytes those tokens left in the
+        detokenizer (an open byte-fallback run, a partial character) are drained from its
+        state before the sequence's first id: whole characters are sent, a partial last one is
+        removed and recorded like a cut tail (K2, K3)."""
+        upto = self._ends[-k]
+        self._release(upto)
+        self._stream.clear()  # NOTE: the sequence's own bytes: never sent
+        while self._unreturned and self._unreturned[-1] >= upto:
+            self._unreturned.pop()  # NOTE: L6: the sequence's tokens are never returned
+        det = self.detok if k == 1 else self._forks[-(k - 1)]
+        residue = det.pending
+        try:
+            text, cut = det.finish_cut()
+        except DecodingError:  # NOTE: bytes no byte could complete: removed as after a hit
+            text, cut = b"", residue
+        self.detok.discard_pending()
+        self._forks.clear()
+        self._hit_cut = cut  # NOTE: recorded by the drain, where the trace expects it (K3)
+        self._send(text)
+
+    def _drop_tail(self, tail: bytes) -> None:
+        """K2: an incomplete UTF-8 tail removed at the end, recorded."""
+        self.dropped_tail = tail
+        self._record(tr.UTF8_TAIL_DROPPED, nbytes=len(tail), hex=tail.hex())
+
     def _budget_end(self, reason: FinishReason) -> FinishReason:
         # NOTE: still the budget's check (G1 order); only its name changes when the output
         # closed within it (issue 13, grammar_forced_close)
@@ -176,29 +234,38 @@ class OutputProcessor:
     def drain(self, reason: FinishReason) -> FinishReason:
         """The DRAINING step for a normal end (G2). May turn the reason into stop_sequence
         when the drained tail hits a stop; raises DecodingError on an invalid residue (K3)."""
+        self._draining = True
         if reason is FinishReason.STOP_SEQUENCE:
             self.detok.discard_pending()
             self.stops.discard()
+            if self._hit_cut:
+                self._drop_tail(self._hit_cut)
             return reason
-        if self._emit(self._finish_detokenizer(), 0):
+        if self._emit(self._finish_detokenizer(reason), 0):
             return FinishReason.STOP_SEQUENCE
         self.stops.flush()
         self._release(len(self._stream) + self._sent_off)
         self._stop_held_clock()
         return reason
 
-    def _finish_detokenizer(self) -> bytes:
-        """``finish()`` under the request's ``utf8_tail`` policy: "drop" removes an incomplete
-        UTF-8 tail and records it (K2 removed span) instead of failing (K3)."""
-        pending = self.detok.pending
-        try:
-            return self.detok.finish()
-        except DecodingError:
-            if self.spec.utf8_tail != "drop":
-                raise
-        self.dropped_tail = pending
-        self._record(tr.UTF8_TAIL_DROPPED, nbytes=len(pending), hex=pending.hex())
-        return b""
+    def _finish_detokenizer(self, reason: FinishReason) -> bytes:
+        """``finish()`` under the request's ``utf8_tail`` policy (K3): "auto" at a budget end
+        sends the whole characters and removes a partial last one, recorded (K2 removed span;
+        a residue no byte could complete still fails); "drop" removes any incomplete tail,
+        recorded; otherwise an incomplete tail raises DecodingError (the request ends FAILED)."""
+        policy = self.spec.utf8_tail
+        if policy == "drop" or (policy == "auto" and reason in BUDGET_ENDS):
+            pending = self.detok.pending
+            try:
+                text, cut = self.detok.finish_cut()
+            except DecodingError:
+                if policy != "drop":
+                    raise
+                text, cut = b"", pending
+            if cut:
+                self._drop_tail(cut)
+            return text
+        return self.detok.finish()
 
     def discard(self) -> None:
         """Cancel/failure path: drop everything not yet safe (seed §4.3)."""
@@ -232,10 +299,16 @@ class OutputProcessor:
         # NOTE: keep one boundary per held id plus the one before them, no more
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
-        hit = self._match(new) if new else None
+        waiting = bool(self._tag_tail)  # NOTE: a drain matches these as text, pushing nothing
+        hit = self._match(new) if new or self._draining else None
+        if self._tracing and not new and self._draining and waiting:
+            self._record(tr.STOP_STATE, held=len(self.stops.held) + len(self._tag_tail),
+                         detok_pending=len(self.detok.pending), ids_held=held_ids)
         if self._tracing and new:
             # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6
-            self._record(tr.STOP_STATE, nbytes=len(new), held=len(self.stops.held),
+            # NOTE: bytes waiting as a possible tool-call tag start are held too (S2)
+            self._record(tr.STOP_STATE, nbytes=len(new),
+                         held=len(self.stops.held) + len(self._tag_tail),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
         if hit is not None:
             # NOTE: the matcher's emitted count is the stream offset where output stops
@@ -248,28 +321,36 @@ class OutputProcessor:
         return False
 
     def _match(self, new: bytes) -> StopHit | None:
-        """Push ``new`` through the string matcher, but only up to the end of the first
-        ``spec.stops_end_at`` (a tool call's opening tag, issue 13); from there stop strings no
-        longer apply: the matcher's held suffix can no longer complete a stop and is released."""
+        """Push ``new`` through the string matcher, but only the free text before the first
+        ``spec.stops_end_at`` (a tool call's opening tag; issue 13, issue 20 D2). Bytes that
+        could still be the start of the tag wait, neither matched nor sent (the matcher's
+        emitted count stays below them), until the tag completes — then stop strings are off
+        and never see the tag — or cannot complete (a byte that breaks it, or the drain) —
+        then they are matched as the free text they are. So a stop string occurring inside
+        the tag (``">"``, ``"_call"``) never cuts a call; one in free text that merely looked
+        like the tag's start still ends the output, decided when the tag is ruled out.
+        ``_tag_tail`` holds those waiting bytes."""
         if self._stops_off:
             return None
         tag = self.spec.stops_end_at
         if not tag:
-            return self.stops.push(new)[1]
+            return self.stops.push(new, self._armed)[1] if new else None
         window = self._tag_tail + new
         at = window.find(tag)
-        if at < 0:
-            self._tag_tail = window[-(len(tag) - 1):] if len(tag) > 1 else b""
-            return self.stops.push(new)[1]
-        cut = at + len(tag) - len(self._tag_tail)  # NOTE: where the tag ends in ``new`` (>= 1)
-        hit = self.stops.push(new[:cut])[1]
-        if hit is None:
-            self.stops.flush()
-            self._stops_off = True
-            if self._tracing:
-                self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
-                             stops_off=True)
-        return hit
+        if at >= 0:
+            self._tag_tail = b""
+            hit = self.stops.push(window[:at], self._armed)[1] if at else None
+            if hit is None:
+                self.stops.flush()
+                self._stops_off = True
+                self.token_stops = None  # NOTE: stop ids no longer apply inside a call either
+                if self._tracing:
+                    self._record(tr.STOP_STATE, held=0, detok_pending=len(self.detok.pending),
+                                 stops_off=True)
+            return hit
+        keep = 0 if self._draining else _tag_start_len(window, tag)
+        free, self._tag_tail = window[:len(window) - keep], window[len(window) - keep:]
+        return self.stops.push(free, self._armed)[1] if free else None
 
     def _release(self, upto: int) -> None:
         """Send the unsent stream up to offset ``upto`` (nothing if already sent)."""
@@ -285,14 +366,17 @@ class OutputProcessor:
         self.hit = hit
         self._stop_held_clock()
         if self._tracing:
+            armed = {"armed_at": self._armed_at} if self.spec.min_tokens > 0 else {}
             self._record(tr.STOP_HIT, which=hit.kind, index=hit.index, stop=str(hit.stop),
-                         byte_offset=hit.start, stop_rule_version=STOP_RULE_VERSION)
+                         byte_offset=hit.start, stop_rule_version=STOP_RULE_VERSION, **armed)
         return FinishReason.STOP_SEQUENCE
 
     def _send(self, data: bytes) -> None:
         if not data:
             return
-        ev = self.stream.delta(data, tuple(self._pending_tokens))
+        # NOTE: the first delta states the prefix-cache lookup's result (issue 20 D9)
+        cached = self.cached_prompt_tokens if not self.emitted_bytes else None
+        ev = self.stream.delta(data, tuple(self._pending_tokens), cached)
         self._pending_tokens.clear()
         self.emitted_bytes += len(data)
         while self._unreturned and self._unreturned[0] < self.emitted_bytes:
@@ -317,3 +401,11 @@ class OutputProcessor:
 
     def _record(self, kind: str, **data: Any) -> None:
         self.trace.record(TraceEvent(self.request_id, kind, data))
+
+
+def _tag_start_len(data: bytes, tag: bytes) -> int:
+    """Length of the longest suffix of ``data`` that is a proper prefix of ``tag``."""
+    for n in range(min(len(tag) - 1, len(data)), 0, -1):
+        if data.endswith(tag[:n]):
+            return n
+    return 0

@@ -94,6 +94,7 @@ class _Trie:
     fail: list[int]  # longest proper suffix that is a trie node
     out: list[int]  # config index of the longest stop that is a suffix of the node, else -1
     order: list[int]  # non-root nodes in BFS order (a node's failure target comes earlier)
+    hold: list[int]  # length of the longest suffix of the node that is a proper stop prefix
 
 
 def _build_trie(seqs: Sequence[Sequence[int]]) -> _Trie:
@@ -128,7 +129,12 @@ def _build_trie(seqs: Sequence[Sequence[int]]) -> _Trie:
                 f = fail[f]
             fail[child] = goto[f].get(sym, 0) if node else 0
             queue.append(child)
-    return _Trie(goto, depth, fail, out, order)
+    # NOTE: a node with children is a proper prefix of a stop; a leaf (a whole stop that no
+    # longer stop extends) holds only what its failure chain can still extend (min_tokens).
+    hold = [0] * len(goto)
+    for node in order:
+        hold[node] = depth[node] if goto[node] else hold[fail[node]]
+    return _Trie(goto, depth, fail, out, order, hold)
 
 
 class _ByteAutomaton:
@@ -139,7 +145,8 @@ class _ByteAutomaton:
     states need no transition row at all.
     """
 
-    __slots__ = ("delta", "depth", "hit_index", "hit_len", "n_live", "start_search")
+    __slots__ = ("delta", "depth", "hit_delta", "hit_hold", "hit_index", "hit_len", "n_live",
+                 "start_search")
 
     def __init__(self, stops: tuple[bytes, ...]) -> None:
         trie = _build_trie(stops)
@@ -155,15 +162,17 @@ class _ByteAutomaton:
         self.depth = [depth[x] for x in live]
         self.hit_len = [len(stops[out[x]]) for x in hits]
         self.hit_index = [out[x] for x in hits]
-        # NOTE: the failure target of a live node is live (a hit suffix would make it a hit),
-        # so its row exists when BFS order reaches the node.
-        rows: list[list[int]] = []
-        for x in live:
+        # NOTE: BFS order: a node's failure target (shallower) has its row already.
+        rows: list[list[int]] = [[]] * n
+        for x in [0, *order]:
             row = list(rows[new_id[fail[x]]]) if x else [0] * 256
             for b, child in goto[x].items():
                 row[b] = new_id[child]
-            rows.append(row)
-        self.delta = rows
+            rows[new_id[x]] = row
+        self.delta = rows[: self.n_live]
+        # Hit states go on only while a hit must be ignored (before min_tokens, issue 20 D6).
+        self.hit_delta = rows[self.n_live:]
+        self.hit_hold = [trie.hold[x] for x in hits]
         # NOTE: only built for a non-empty stop set, so the regex character class is non-empty.
         starts = b"".join(re.escape(bytes([b])) for b in sorted(goto[0]))
         self.start_search = re.compile(b"[" + starts + b"]").search
@@ -237,8 +246,11 @@ class StopStringMatcher:
     def closed(self) -> bool:
         return self._closed
 
-    def push(self, data: bytes) -> tuple[bytes, StopHit | None]:
-        """Consume visible bytes; return ``(safe_bytes, hit)``. Raises StopMatcherClosed after end."""
+    def push(self, data: bytes, armed: bool = True) -> tuple[bytes, StopHit | None]:
+        """Consume visible bytes; return ``(safe_bytes, hit)``. Raises StopMatcherClosed after end.
+
+        ``armed=False`` (before ``min_tokens``, issue 20 D6): a stop completing in ``data`` is
+        ordinary text and matching goes on past it; what may still begin a stop stays held."""
         s0 = s = self._state
         pos = 0
         if s == 0:
@@ -249,15 +261,31 @@ class StopStringMatcher:
             pos = m.start()
         auto = self._auto
         assert auto is not None  # NOTE: off-root or a start byte implies a compiled stop set
-        delta = auto.delta
         n_live = auto.n_live
+        if not armed or s >= n_live:
+            return self._push_slow(auto, data, armed)
+        delta = auto.delta
         for b in data[pos:] if pos else data:
             s = delta[s][b]
             if s >= n_live:
                 return self._on_hit(auto, data, s0, pos)
+        return self._settle(auto, data, s)
+
+    def _push_slow(self, auto: _ByteAutomaton, data: bytes, armed: bool
+                   ) -> tuple[bytes, StopHit | None]:
+        """Byte by byte through live and hit states (a hit ignored before min_tokens, D6)."""
+        s, n_live = self._state, auto.n_live
+        for i, b in enumerate(data):
+            s = auto.delta[s][b] if s < n_live else auto.hit_delta[s - n_live][b]
+            if s >= n_live and armed:
+                return self._close_hit(auto, data, i, s)
+        return self._settle(auto, data, s)
+
+    def _settle(self, auto: _ByteAutomaton, data: bytes, s: int) -> tuple[bytes, None]:
+        """No hit in ``data``: state ``s``; hold its longest stop-prefix suffix (S2)."""
         self._state = s
         total = self._held + data if self._held else data
-        keep = auto.depth[s]
+        keep = auto.depth[s] if s < auto.n_live else auto.hit_hold[s - auto.n_live]
         if keep:
             cut = len(total) - keep
             safe, self._held = total[:cut], total[cut:]
@@ -275,6 +303,11 @@ class StopStringMatcher:
             if s >= auto.n_live:
                 break
             i += 1
+        return self._close_hit(auto, data, i, s)
+
+    def _close_hit(self, auto: _ByteAutomaton, data: bytes, i: int, s: int
+                   ) -> tuple[bytes, StopHit]:
+        """The stop of hit state ``s`` ends at ``data[i]``: cut there and close (S3)."""
         k = s - auto.n_live
         length, index = auto.hit_len[k], auto.hit_index[k]
         end = self.consumed_bytes + i + 1
@@ -326,12 +359,13 @@ def _raise_closed(data: bytes) -> re.Match[bytes] | None:
 class _TokenAutomaton:
     """Aho–Corasick over token ids with sparse goto (vocabularies are large) and failure links."""
 
-    __slots__ = ("depth", "fail", "goto", "out_index", "out_len")
+    __slots__ = ("depth", "fail", "goto", "hold", "out_index", "out_len")
 
     def __init__(self, seqs: tuple[tuple[int, ...], ...]) -> None:
         trie = _build_trie(seqs)
         self.goto = trie.goto
         self.depth = trie.depth
+        self.hold = trie.hold
         self.fail = trie.fail
         self.out_index = trie.out
         self.out_len = [len(seqs[i]) if i >= 0 else 0 for i in trie.out]
@@ -366,11 +400,14 @@ class StopTokenMatcher:
 
     @property
     def depth(self) -> int:
-        """Length of the current partial match (longest id suffix that is a sequence prefix)."""
-        return self._auto.depth[self._state] if self._auto is not None else 0
+        """Length of the current partial match (longest id suffix that is a proper prefix of a
+        sequence, so it may still end one)."""
+        return self._auto.hold[self._state] if self._auto is not None else 0
 
-    def push(self, token_id: int) -> StopHit | None:
-        """Consume one selected id; return the hit if a sequence ends here (S4 tie rule)."""
+    def push(self, token_id: int, armed: bool = True) -> StopHit | None:
+        """Consume one selected id; return the hit if a sequence ends here (S4 tie rule).
+        ``armed=False`` (before ``min_tokens``, D6): a sequence ending here is ignored and
+        matching goes on."""
         if self._hit is not None:
             raise StopMatcherClosed("push() after a stop token sequence hit (S3)")
         self._count += 1
@@ -389,7 +426,7 @@ class StopTokenMatcher:
             s = fail[s]
         self._state = s
         index = auto.out_index[s]
-        if index < 0:
+        if index < 0 or not armed:
             return None
         length = auto.out_len[s]
         self._hit = StopHit("token_ids", index, self._seqs[index], self._count - length,

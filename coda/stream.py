@@ -101,6 +101,9 @@ class StreamEvent:
     model_snapshot: str | None = None  # P1: the content identity (start event only)
     terminal: Terminal | None = None
     ts: float = field(default_factory=time.monotonic)
+    # L6: prompt tokens the prefix cache held, on the first delta only (it comes after the
+    # lookup): what a protocol that states usage up front (Anthropic message_start) sends
+    cached_prompt_tokens: int | None = None
 
     @property
     def text(self) -> str:
@@ -160,7 +163,8 @@ class RequestStream:
         self._notify()
         return ev
 
-    def delta(self, data: bytes, tokens: tuple[TokenInfo, ...] = ()) -> StreamEvent:
+    def delta(self, data: bytes, tokens: tuple[TokenInfo, ...] = (),
+              cached_prompt_tokens: int | None = None) -> StreamEvent:
         """Append a non-empty delta; raises StreamClosed after the terminal (L3) and
         BackpressureOverflowError past the bound (P6), without appending."""
         if not data:
@@ -173,7 +177,8 @@ class RequestStream:
                     f"{self.request_id}: reader is {self._unacked_bytes} bytes behind "
                     f"(bound {self.backpressure.max_bytes})"
                 )
-            ev = StreamEvent(self.request_id, len(self._events), EventType.DELTA, data, tokens)
+            ev = StreamEvent(self.request_id, len(self._events), EventType.DELTA, data, tokens,
+                             cached_prompt_tokens=cached_prompt_tokens)
             self._events.append(ev)
             self._unacked_bytes += len(data)
         self._notify()

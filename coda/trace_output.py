@@ -36,6 +36,7 @@ def on_stop_state(r: Request, ev: tr.TraceEvent) -> None:
             r.bad("S2", "the matcher holds bytes after stop strings were switched off")
         return
     r.last_state = ev
+    r.held_before, r.last_held = r.last_held, held
     if isinstance(nbytes, int):
         if nbytes <= 0:
             r.bad("K2", "stop.state for a token that added no bytes")
@@ -109,7 +110,8 @@ def on_hit(r: Request, ev: tr.TraceEvent) -> None:
 
 def _check_string_hit(r: Request, ev: tr.TraceEvent) -> None:
     """S3: the matcher closes on the hit (nothing held), and the stop ends inside the bytes
-    this push added (the first match, not one complete before)."""
+    this push added or the ones the previous push left held (a possible tool-call tag start
+    waits unmatched until the tag is ruled out): the first match, not one complete before."""
     st = r.last_state
     if st is None or "nbytes" not in st.data:
         return
@@ -118,7 +120,7 @@ def _check_string_hit(r: Request, ev: tr.TraceEvent) -> None:
     offset, nbytes = ev.data.get("byte_offset"), st.data.get("nbytes")
     end = offset + len(str(ev.data.get("stop")).encode("utf-8")) \
         if isinstance(offset, int) else -1
-    if isinstance(nbytes, int) and not r.pushed - nbytes < end <= r.pushed:
+    if isinstance(nbytes, int) and not r.pushed - nbytes - r.held_before < end <= r.pushed:
         r.bad("S3", f"stop ending at byte {end} is not in this push "
                        f"({r.pushed - nbytes}..{r.pushed})")
 

@@ -66,6 +66,8 @@ class Request:
     token_starts: list[int] = field(default_factory=list)  # stream offset of visible tokens
     held_check: tuple[int, int] | None = None  # (held, pushed) to compare at the step's end
     last_state: tr.TraceEvent | None = None    # the current step's (or drain's) stop.state
+    last_held: int = 0             # bytes the previous push left held (stop or tag wait)
+    held_before: int = 0           # ... as this push found them: a hit may end in them
     acquired_order: list[str] = field(default_factory=list)
     released_order: list[str] = field(default_factory=list)
 

@@ -116,8 +116,11 @@ def _stops(r: Request, state: Any, reason: Any, usage: Any) -> None:
     if r.hit is not None and r.hit.data.get("which") == "string":
         stop = str(r.hit.data.get("stop"))
         offset = r.hit.data.get("byte_offset")
-        # NOTE: include_stop_str_in_output may end the text with it, never show it earlier
-        if 0 <= text.find(stop) < len(text) - len(stop):
+        # NOTE: include_stop_str_in_output may end the text with it, never show it earlier;
+        # an occurrence completed in the bytes before ``armed_at`` (min_tokens, D6) is text
+        sent, pat = text.encode(), stop.encode()
+        at = max(0, int(r.hit.data.get("armed_at", 0)) - len(pat) + 1)
+        if 0 <= sent.find(pat, at) < len(sent) - len(pat):
             r.bad("O2", f"stop string {stop!r} reached the stream before its hit")
         shown = text.endswith(stop) and offset == r.sent - len(stop.encode("utf-8"))
         if offset != r.sent and not shown:

@@ -42,9 +42,10 @@ def test_p5_run_bench_report_counts_and_plot(tiny_dir: Path, tmp_path: Path) -> 
     rep = run_bench(BenchOptions(model_dir=tiny_dir, num_requests=4, concurrency=2, max_tokens=4,
                                  plot=png, show_progress=False), console)
     assert rep.output_tokens == 16
-    # NOTE: a random model may end mid-character; K3 then ends the request FAILED (decoding_error)
+    # NOTE: a random model may end mid-character; utf8_tail auto (the default) removes the
+    # partial character and the request keeps its reason, never FAILED (issue 20)
     assert sum(rep.finish_reasons.values()) == 4
-    assert set(rep.finish_reasons) <= {"max_output_tokens", "max_output_tokens:decoding_error"}
+    assert set(rep.finish_reasons) == {"max_output_tokens"}
     assert rep.output_tok_s > 0 and rep.requests_s > 0 and rep.peak_rss_mb > 0
     assert rep.ttft_ms.p50 <= rep.ttft_ms.p99 and rep.e2e_ms.p50 <= rep.e2e_ms.p99
     assert rep.ttft_ms.p99 <= rep.e2e_ms.p99
@@ -70,10 +71,11 @@ def test_d2_bench_early_stop_reports_savings(tiny_dir: Path) -> None:
 
 def test_k3_bench_reports_how_many_requests_each_utf8_tail_policy_affected(tiny_dir: Path
                                                                           ) -> None:
-    """K3: the same greedy workload under ``fail`` and ``drop`` affects the same requests:
-    FAILED decoding_error under ``fail``, FINISHED with a dropped tail under ``drop``."""
+    """K3: the same greedy workload under ``fail``, ``drop`` and ``auto`` (the default) affects
+    the same requests: FAILED decoding_error under ``fail``, FINISHED with a dropped tail under
+    ``drop`` and ``auto`` (max_tokens cut the character, issue 20)."""
     reps = {}
-    for policy in ("fail", "drop"):
+    for policy in ("fail", "drop", "auto"):
         console = Console(width=120, record=True)
         reps[policy] = run_bench(BenchOptions(model_dir=tiny_dir, num_requests=8, concurrency=4,
                                               max_tokens=5, utf8_tail=policy,
@@ -83,6 +85,8 @@ def test_k3_bench_reports_how_many_requests_each_utf8_tail_policy_affected(tiny_
     assert fail.utf8_tail_affected == fail.finish_reasons.get("max_output_tokens:decoding_error", 0)
     assert drop.utf8_tail_affected == fail.utf8_tail_affected > 0
     assert set(drop.finish_reasons) == {"max_output_tokens"}
+    assert reps["auto"].utf8_tail_affected == fail.utf8_tail_affected
+    assert set(reps["auto"].finish_reasons) == {"max_output_tokens"}
 
 
 def test_p5_workload_is_deterministic_and_mixed(tiny_dir: Path) -> None:

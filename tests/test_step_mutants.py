@@ -238,19 +238,40 @@ def test_o1_trace_records_the_chosen_decision_and_stop_state_per_visible_push() 
     ([101, 112, 102, EOS_ID], ("CD",), "AB<t>CD", FinishReason.EOS),
     ([110, 111, 102, EOS_ID], ("CD",), "<t>CD", FinishReason.EOS),      # tag split "<" "t>"
     ([115, 116, 102, EOS_ID], ("CD",), "<t>CD", FinishReason.EOS),      # tag split "<t" ">"
-    ([101, 112, EOS_ID], ("t>",), "AB<", FinishReason.STOP_SEQUENCE),   # ends with the tag
     ([110, 117, EOS_ID], ("CD",), "<t>CD", FinishReason.EOS),           # "<" then "t>CD"
+    # issue 20 D2: a stop inside the tag never cuts it (was "AB<", stop_sequence, on main)
+    ([101, 112, EOS_ID], ("t>",), "AB<t>", FinishReason.EOS),
+    ([115, 116, 102, EOS_ID], ("<t", ">"), "<t>CD", FinishReason.EOS),
+    ([110, 111, EOS_ID], ("<",), "<t>", FinishReason.EOS),
+    # ... but a stop in free text that only looked like the tag's start still ends it
+    ([101, 110, 107, EOS_ID], ("<",), "AB", FinishReason.STOP_SEQUENCE),
+    ([101, 115, 107, EOS_ID], ("<tx",), "AB", FinishReason.STOP_SEQUENCE),
+    ([101, 110, EOS_ID], ("<",), "AB", FinishReason.STOP_SEQUENCE),     # decided at the drain
 ])
-def test_s1_stop_strings_apply_only_up_to_the_end_of_the_tag(
+def test_s1_stop_strings_apply_only_to_text_before_the_tag(
         script: list[int], stops: tuple[str, ...], text: str, reason: FinishReason) -> None:
-    """S1, issue 13: with ``stops_end_at`` set, stop strings are matched up to the end of the
-    first occurrence of the tag (also split across tokens), and not after it."""
+    """S1, S2, issue 13 / issue 20 D2: with ``stops_end_at`` set, stop strings are matched
+    against the text before the first occurrence of the tag (also split across tokens) —
+    never the tag itself or what follows; a possible start of the tag waits until it is
+    decided."""
     run, sink = _go(script, stop_strings=stops, stops_end_at=b"<t>")
     t = run.stream.terminal
     assert t is not None and (run.stream.text(), t.finish_reason) == (text, reason)
     off = [e.data for e in sink.events if e.kind == tr.STOP_STATE and "stops_off" in e.data]
     if reason is FinishReason.EOS:
         assert off == [{"held": 0, "detok_pending": 0, "stops_off": True}]
+
+
+def test_s1_stop_ids_do_not_apply_inside_a_call() -> None:
+    """S1, issue 20 D2: past the tag, a stop id sequence no longer ends the output (main: the
+    id 102 after the tag ended it, "<t>" stop_sequence); before the tag it still does."""
+    run, _ = _go([112, 102, EOS_ID], stop_token_ids=((102,),), stops_end_at=b"<t>")
+    t = run.stream.terminal
+    assert t is not None and (run.stream.text(), t.finish_reason) == ("<t>CD", FinishReason.EOS)
+    run, _ = _go([101, 102, 112, EOS_ID], stop_token_ids=((102,),), stops_end_at=b"<t>")
+    t = run.stream.terminal
+    assert t is not None
+    assert (run.stream.text(), t.finish_reason) == ("AB", FinishReason.STOP_SEQUENCE)
 
 
 def test_s1_a_two_byte_tag_split_across_tokens_is_found() -> None:

@@ -27,11 +27,13 @@ IDS = sorted(TABLE)
 
 
 def _run(script: list[int], strings: tuple[str, ...], id_seqs: tuple[tuple[int, ...], ...],
-         include: bool = False) -> tuple[bytes, FinishReason, object, int, int]:
+         include: bool = False, min_tokens: int = 0
+         ) -> tuple[bytes, FinishReason, object, int, int]:
     sink = ListTraceSink()
     spec = OutputSpec(max_output_tokens=1000, context_limit=10_000, prompt_len=1,
                       eos_token_ids=frozenset({EOS_ID}), stop_strings=strings,
-                      stop_token_ids=id_seqs, include_stop_str_in_output=include)
+                      stop_token_ids=id_seqs, include_stop_str_in_output=include,
+                      min_tokens=min_tokens)
     run = generate([1], spec, ScriptedModel(script + [EOS_ID]), ScriptedChooser(), TOK,
                    trace=sink)
     assert check_trace(sink.events) == []
@@ -45,7 +47,11 @@ def _run(script: list[int], strings: tuple[str, ...], id_seqs: tuple[tuple[int, 
 
 
 def _oracle(script: list[int], strings: tuple[str, ...], id_seqs: tuple[tuple[int, ...], ...],
-            include: bool = False) -> tuple[bytes, FinishReason, object, int, int]:
+            include: bool = False, min_tokens: int = 0
+            ) -> tuple[bytes, FinishReason, object, int, int]:
+    """With ``min_tokens`` (issue 20 D6) a stop counts only if it completes at a token
+    t >= min_tokens: an id sequence that is a suffix of ids[:t], or a string occurrence whose
+    last byte is one of token t's bytes (it may begin in earlier tokens: a straddling stop)."""
     texts = [TABLE[i] for i in script]
 
     def returned(out: bytes, upto: int) -> int:  # L6: tokens whose first byte was sent
@@ -55,7 +61,7 @@ def _oracle(script: list[int], strings: tuple[str, ...], id_seqs: tuple[tuple[in
             off += len(data)
         return n
 
-    for t in range(1, len(script) + 1):
+    for t in range(max(1, min_tokens), len(script) + 1):
         ids = script[:t]
         id_hits = [(-len(seq), idx) for idx, seq in enumerate(id_seqs)
                    if len(seq) <= t and tuple(ids[t - len(seq):]) == seq]
@@ -64,11 +70,12 @@ def _oracle(script: list[int], strings: tuple[str, ...], id_seqs: tuple[tuple[in
             out = b"".join(texts[: t + neg_len])
             return out, FinishReason.STOP_SEQUENCE, ("token_ids", idx), t, returned(out, t)
         stream = b"".join(texts[:t])
+        before = len(stream) - len(texts[t - 1])  # NOTE: ends at or before: earlier tokens
         found = []
         for idx, s in enumerate(strings):
-            pos = stream.find(s.encode())
-            if pos >= 0:
-                found.append((pos + len(s), -len(s), idx, pos))
+            for pos in range(len(stream) - len(s) + 1):
+                if pos + len(s) > before and stream.startswith(s.encode(), pos):
+                    found.append((pos + len(s), -len(s), idx, pos))
         if found:
             end, _, idx, pos = min(found)
             out = stream[: end if include else pos]
@@ -122,12 +129,13 @@ def test_s1_s3_id_sequences_alone_equal_brute_force(
 
 
 def _sent_after_each_token(script: list[int], strings: tuple[str, ...],
-                           id_seqs: tuple[tuple[int, ...], ...]) -> list[bytes]:
+                           id_seqs: tuple[tuple[int, ...], ...],
+                           min_tokens: int = 0) -> list[bytes]:
     """The text sent once each token was processed, read from the trace's deltas."""
     sink = ListTraceSink()
     spec = OutputSpec(max_output_tokens=1000, context_limit=10_000, prompt_len=1,
                       eos_token_ids=frozenset({EOS_ID}), stop_strings=strings,
-                      stop_token_ids=id_seqs)
+                      stop_token_ids=id_seqs, min_tokens=min_tokens)
     generate([1], spec, ScriptedModel(script + [EOS_ID]), ScriptedChooser(), TOK, trace=sink)
     sent, out = b"", []
     for e in sink.events:
@@ -144,9 +152,22 @@ def test_s2_s1_each_token_sends_exactly_what_no_stop_can_still_claim(
     """S2, S1: after each token that does not end the request, the bytes sent are the whole
     output minus (a) its longest suffix that is a proper prefix of a stop string and (b) the
     text of the ids that may still start a stop id sequence -- no more, and no less."""
-    strings_t, seqs_t = tuple(strings), tuple(seqs)
-    end = _oracle(script, strings_t, seqs_t)[3]
-    got = _sent_after_each_token(script, strings_t, seqs_t)
+    _check_sends(script, tuple(strings), tuple(seqs), 0)
+
+
+@given(st.lists(st.sampled_from(IDS), max_size=10), _stop_strings, _id_seqs, st.integers(0, 8))
+def test_d6_s2_min_tokens_sends_exactly_what_no_stop_can_still_claim(
+        script: list[int], strings: list[str], seqs: list[tuple[int, ...]], min_tokens: int
+) -> None:
+    """Issue 20 D6 (S2): before min_tokens a completed stop is text and is sent, except its
+    suffix that may still begin a stop that completes later (a straddling stop)."""
+    _check_sends(script, tuple(strings), tuple(seqs), min_tokens)
+
+
+def _check_sends(script: list[int], strings_t: tuple[str, ...],
+                 seqs_t: tuple[tuple[int, ...], ...], min_tokens: int) -> None:
+    end = _oracle(script, strings_t, seqs_t, min_tokens=min_tokens)[3]
+    got = _sent_after_each_token(script, strings_t, seqs_t, min_tokens)
     for t in range(1, min(end, len(script) + 1)):
         if t == end:
             break
@@ -158,3 +179,34 @@ def test_s2_s1_each_token_sends_exactly_what_no_stop_can_still_claim(
                      if k <= t and tuple(ids[t - k:]) == q[:k]], default=0)
         boundary = len(b"".join(TABLE[i] for i in script[: t - depth]))
         assert got[t - 1] == stream[: min(len(stream) - held, boundary)], t
+
+
+def test_d6_s1_s3_min_tokens_holds_stops_until_token_min_tokens() -> None:
+    """Issue 20 D6 (S1, S3): stop "B" would end at token 1 and ids (108,) at token 2; with
+    ``min_tokens: 3`` both are ordinary output, and stop "A" ends the output at token 3."""
+    script = [107, 108, 107, 109]
+    got = _run(script, ("B", "A"), ((108,),), min_tokens=3)
+    assert got[:4] == (b"ABCD", FinishReason.STOP_SEQUENCE, ("string", 1), 3)
+    assert _run(script, ("B",), ((108,),), min_tokens=12)[:2] == (b"ABCDABEF", FinishReason.EOS)
+
+
+def test_d6_s2_straddling_stop_string_ends_at_min_tokens() -> None:
+    """Issue 20 D6 (S2, S4): stop "DA" begins in token 2 ("CD") and completes in token 3
+    ("AB"): with ``min_tokens: 3`` it completes at token 3, so it ends the output there and
+    none of its bytes are shown ("C"); with ``min_tokens: 4`` it is text."""
+    script = [107, 108, 107, 109]
+    assert _run(script, ("DA",), (), min_tokens=3)[:4] == (
+        b"ABC", FinishReason.STOP_SEQUENCE, ("string", 0), 3)
+    assert _run(script, ("DA",), (), min_tokens=4)[:2] == (b"ABCDABEF", FinishReason.EOS)
+
+
+@given(st.lists(st.sampled_from(IDS), max_size=12), _stop_strings, _id_seqs, st.booleans(),
+       st.integers(0, 8))
+def test_d6_s1_s4_min_tokens_mixed_stops_equal_brute_force(
+        script: list[int], strings: list[str], seqs: list[tuple[int, ...]], include: bool,
+        min_tokens: int) -> None:
+    """Issue 20 D6 (S1-S4, T2, L6): for all scripts, stops and ``min_tokens``, the text,
+    reason, matched stop, selected and returned counts equal the oracle, where a stop counts
+    only when it completes at a token t >= min_tokens."""
+    got = _run(script, tuple(strings), tuple(seqs), include, min_tokens)
+    assert got == _oracle(script, tuple(strings), tuple(seqs), include, min_tokens)

@@ -150,3 +150,58 @@ def test_l4_k3_responses_failed_stream_and_non_streaming(server: ScriptedServer)
     body = resp.json()
     assert body["status"] == "failed" and body["output"][0]["content"][0]["text"] == "x"
     assert_failed_outcome(body["coda"])
+
+
+def _metric(server: ScriptedServer, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_d7_l4_k3_failed_request_counts_as_failure_not_success(server: ScriptedServer) -> None:
+    """Issue 20 D7 (L4, K3): a request that ends FAILED (decoding_error, reason ``eos``) is
+    counted in ``coda:request_failure_total`` by reason and error code, never in
+    ``coda:request_success_total`` (whose label is only the reason)."""
+    ok = ("coda:request_success_total", {"finished_reason": "eos"})
+    bad = ("coda:request_failure_total", {"finished_reason": "eos", "error": "decoding_error"})
+    before = _metric(server, ok[0], **ok[1]), _metric(server, bad[0], **bad[1])
+    r = httpx.post(server.url + "/v1/chat/completions",
+                   json={"model": MODEL, "messages": MSG, "max_tokens": 8}, timeout=30)
+    assert r.status_code == 500
+    after = _metric(server, ok[0], **ok[1]), _metric(server, bad[0], **bad[1])
+    assert after == (before[0], before[1] + 1)
+
+
+def _stream_logprob_count(data: list[str], chat: bool) -> int:
+    n = 0
+    for d in data[:-1]:
+        for c in json.loads(d).get("choices", []):
+            lp = c.get("logprobs")
+            n += len(lp["content"]) if chat and lp else len(lp["tokens"]) if lp else 0
+    return n
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": MSG, "logprobs": True}),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 0}),
+])
+def test_d8_l4_k3_failed_logprobs_equal_streamed_and_not(server: ScriptedServer, path: str,
+                                                          body: dict[str, Any]) -> None:
+    """Issue 20 D8 (L4, K3, L6): ``max_tokens: 2`` cuts ``x`` + ``0xC3`` and ``utf8_tail:
+    fail`` ends the request FAILED (``max_output_tokens``). The streamed frames (deltas, then
+    the chunk before the error frame) list as many logprobs entries as the 500 body: both
+    selected tokens, the textless lead byte included."""
+    req = {"model": MODEL, "max_tokens": 2, "utf8_tail": "fail", **body}
+    plain = httpx.post(server.url + path, json=req, timeout=30)
+    assert plain.status_code == 500
+    choice = plain.json()["choices"][0]
+    chat = path.endswith("chat/completions")
+    n_plain = len(choice["logprobs"]["content"] if chat else choice["logprobs"]["tokens"])
+    assert n_plain == 2
+    streamed = httpx.post(server.url + path, json={**req, "stream": True}, timeout=30)
+    data = sse_data(streamed.text)
+    assert data[-1] == "[DONE]" and "error" in json.loads(data[-2])
+    assert json.loads(data[-2])["coda"]["finish_reason"] == "max_output_tokens"
+    assert _stream_logprob_count(data, chat) == n_plain

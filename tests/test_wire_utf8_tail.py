@@ -1,6 +1,7 @@
-"""The ``utf8_tail`` extension: ``fail`` (default, the seed's K3 rule) or ``drop`` (the
-incomplete tail is removed, recorded, and the request ends FINISHED with the loop's reason)
-(issue 8; SPEC K2, K3, L4, O1).
+"""The ``utf8_tail`` extension: ``auto`` (default: a partial last character cut by a budget is
+removed and recorded, any other end with one is FAILED; tests/test_wire_endings.py),
+``fail`` (the seed's strict K3 rule) or ``drop`` (the incomplete tail is removed, recorded,
+and the request ends FINISHED with the loop's reason) (issues 8, 20; SPEC K2, K3, L4, O1).
 
 The scripted default model answers ``x``, a lone ``0xC3``, EOS.
 """

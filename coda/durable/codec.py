@@ -101,6 +101,8 @@ def encode_event(ev: StreamEvent) -> bytes:
         body["i"] = ev.model_snapshot
     if ev.terminal is not None:
         body["x"] = _terminal(ev.terminal)
+    if ev.cached_prompt_tokens is not None:
+        body["c"] = ev.cached_prompt_tokens
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -109,7 +111,8 @@ def decode_event(raw: bytes | str) -> StreamEvent:
     return StreamEvent(body["r"], int(body["s"]), EventType(body["t"]),
                        base64.b64decode(body["d"]) if "d" in body else b"",
                        _untokens(body["k"]) if "k" in body else (), body.get("m"),
-                       body.get("i"), _unterminal(body["x"]) if "x" in body else None)
+                       body.get("i"), _unterminal(body["x"]) if "x" in body else None,
+                       cached_prompt_tokens=body.get("c"))
 
 
 # -- v2: MessagePack ---------------------------------------------------------------------------
@@ -127,13 +130,13 @@ def _tokens_v2(tokens: tuple[TokenInfo, ...]) -> list[Any]:
 
 def _row(ev: StreamEvent) -> list[Any]:
     if (ev.type is EventType.DELTA and ev.model is None and ev.model_snapshot is None
-            and ev.terminal is None):  # NOTE: the common case, built directly
+            and ev.terminal is None and ev.cached_prompt_tokens is None):  # NOTE: common case
         return ([ev.seq, 1, ev.data, _tokens_v2(ev.tokens)] if ev.tokens
                 else [ev.seq, 1, ev.data or None])
     row = [ev.seq, _KIND[ev.type], ev.data or None,
            _tokens_v2(ev.tokens) if ev.tokens else None, ev.model, ev.model_snapshot,
            json.dumps(_terminal(ev.terminal), separators=(",", ":"))
-           if ev.terminal is not None else None]
+           if ev.terminal is not None else None, ev.cached_prompt_tokens]
     while row[-1] is None:  # NOTE: seq and kind are never None
         row.pop()
     return row
@@ -148,7 +151,8 @@ def _event(rid: str, row: tuple[Any, ...]) -> StreamEvent:
                      else TokenInfo(t[0], t[2], t[3], t[1], t[4], t[5]) for t in row[3])
     return StreamEvent(rid, row[0], _TYPES[row[1]], (n > 2 and row[2]) or b"", toks,
                        row[4] if n > 4 else None, row[5] if n > 5 else None,
-                       _unterminal(json.loads(row[6])) if n > 6 and row[6] else None)
+                       _unterminal(json.loads(row[6])) if n > 6 and row[6] else None,
+                       cached_prompt_tokens=row[7] if n > 7 else None)
 
 
 def pack_event(ev: StreamEvent) -> bytes:

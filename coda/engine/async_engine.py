@@ -34,7 +34,7 @@ from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
-from coda.output import OutputSpec
+from coda.output import UTF8_TAIL_POLICIES, OutputSpec
 from coda.reader import follow
 from coda.request import RequestRun
 from coda.stops import stop_bytes
@@ -43,7 +43,6 @@ from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
 log = logging.getLogger("coda.engine")
 
-UTF8_TAIL_POLICIES = ("fail", "drop")
 
 
 class AsyncEngine:
@@ -190,8 +189,8 @@ class AsyncEngine:
         self.shutdown()
 
     # -- requests ----------------------------------------------------------------------------
-    def submit(self, req: GenerationRequest) -> RequestHandle:
-        """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input."""
+    def _prepare(self, req: GenerationRequest) -> tuple[EngineRequest, RequestHandle]:
+        """Validate ``req`` and build its run and handle (not yet queued)."""
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
         prompt = tuple(req.prompt_token_ids)
@@ -223,11 +222,24 @@ class AsyncEngine:
         handle = RequestHandle(run, self._wake)
         self._track(handle)
         stream.start(self.model_name, self.model_snapshot)
+        return ereq, handle
+
+    def submit(self, req: GenerationRequest) -> RequestHandle:
+        """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input,
+        EngineNotStartedError before :meth:`start`."""
+        return self.submit_all([req])[0]
+
+    def submit_all(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
+        """Validate every request, then queue them at once: the engine admits them in the same
+        step (a crowd, as a batch of simultaneous arrivals). Raises as :meth:`submit` does,
+        before anything is queued if the first request is bad."""
+        built = [self._prepare(r) for r in reqs]
         with self._cond:
-            self._inbox.append(ereq)
-            self.num_requests_total += 1
+            for ereq, _ in built:
+                self._inbox.append(ereq)
+            self.num_requests_total += len(built)
             self._cond.notify_all()
-        return handle
+        return [h for _, h in built]
 
     def _track(self, handle: RequestHandle) -> None:
         stream = handle.stream
@@ -309,7 +321,7 @@ class AsyncEngine:
             stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
-            stops_end_at=(req.stops_end_at or "").encode())
+            stops_end_at=(req.stops_end_at or "").encode(), min_tokens=req.sampling.min_tokens)
         return spec, max_tokens
 
     def _grammar(self, req: GenerationRequest) -> Any:

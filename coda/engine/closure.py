@@ -199,6 +199,18 @@ class BudgetCloser:
             self.path, self.forced_at = path, self.grammar.num_consumed
         return path
 
+    def end_now(self, eos_token_ids: frozenset[int]) -> ClosingPath | None:
+        """The output accepts now but the sampled token would open what cannot close within
+        the budget (a second parallel call): force the end itself — the grammar's EOS — as a
+        one-token closing path. None when the grammar allows no EOS here."""
+        m = self.grammar.matcher
+        for eos in sorted(eos_token_ids):
+            if eos < self.grammar.vocab_size and m.validate_tokens([eos]) == 1:
+                self.path = ClosingPath((eos,), b"")
+                self.forced_at = self.grammar.num_consumed
+                return self.path
+        return None
+
     def mask(self, vocab_size: int) -> torch.Tensor | None:
         """While forcing: only the path's next token is allowed."""
         if self.path is None:
@@ -217,7 +229,14 @@ class BudgetCloser:
         return self.grammar.is_terminated()
 
     def budget_end(self) -> FinishReason | None:
-        """At max tokens / context limit: an accepting output ends ``grammar_forced_close``."""
-        if self.closable and self.grammar.is_accepting():
+        """At max tokens / context limit (G1: the budget's check, only its name may change):
+        ``grammar_forced_close`` when the closing path was forced and reached an accepting
+        state; ``grammar_complete`` when the output is complete on its own (the grammar is
+        stopped: nothing but EOS may follow); otherwise None, and the budget names the end
+        (L4). NOTE: "accepting" alone is not enough: free text under a tool grammar
+        (``auto``) accepts at every byte, so it renamed every budget end (issue 20 D1)."""
+        if self.path is not None and self.grammar.is_accepting():
             return FinishReason.GRAMMAR_FORCED_CLOSE
+        if self.grammar.error is None and self.grammar.is_terminated():
+            return FinishReason.GRAMMAR_COMPLETE
         return None

@@ -139,7 +139,7 @@ class EngineCore:
             req = self.requests[chunk.seq.seq_id]
             if not req.scheduled_once:
                 req.scheduled_once = True
-                req.run.cached_prompt_tokens = chunk.start_pos
+                req.run.cached_prompt_tokens = req.processor.cached_prompt_tokens = chunk.start_pos
                 req.run.lifecycle.transition(State.PREFILLING)
                 req.run.prefill_started = now
                 self._record(req, tr.PREFILL_STARTED, tokens=chunk.seq.num_prompt_tokens,
@@ -288,6 +288,8 @@ class EngineCore:
         if closer.admits(dec.token_id, req.eos_token_ids):
             return dec
         path = closer.force()
+        if path is not None and not path.tokens:  # NOTE: accepting already: end here (EOS)
+            path = closer.end_now(req.eos_token_ids)
         self._record(req, tr.GRAMMAR_FORCED, rejected=dec.token_id,
                      path_tokens=len(path) if path is not None else None,
                      path_text=path.text.decode("utf-8", "replace") if path is not None else None)
@@ -323,6 +325,8 @@ class EngineCore:
         except BackpressureOverflowError as exc:  # P6 (3): past the bound, its own error
             self._end_failed(req, exc)
             return
+        if reason is FinishReason.EOS and req.closer is not None and req.closer.forcing:
+            reason = FinishReason.GRAMMAR_FORCED_CLOSE  # NOTE: the closer chose EOS (end_now)
         if reason is not None:
             run.conclude(reason)  # NOTE: an early stop takes the cancel path (D6)
 

@@ -26,7 +26,6 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.runner import ModelRunner
@@ -119,19 +118,12 @@ def engine_on(loaded: LoadedModel, num_blocks: int, **config: object) -> Iterato
         engine.shutdown()
 
 
-def _submit_all(engine: AsyncEngine, reqs: Sequence[GenerationRequest]) -> list[Any]:
-    """Start ``engine`` and queue ``reqs`` so that its first step sees the whole crowd (the
-    schedule, hence each scenario's outcome, is reproducible). A never-started engine refuses
-    submit (issue 19), so the crowd is queued under the engine's lock (a re-entrant
-    Condition), which the batch loop needs before it can take a step."""
-    engine.start()
-    with engine._cond:  # NOTE: the loop waits on this lock until the whole crowd is queued
-        return [engine.submit(r) for r in reqs]
-
-
 def _crowd(engine: AsyncEngine, reqs: Sequence[GenerationRequest],
            timeout: float) -> list[Signature]:
-    handles = _submit_all(engine, reqs)
+    # NOTE: queued at once (submit_all): the first step sees the whole crowd, so the
+    # schedule, hence each scenario's outcome, is reproducible
+    engine.start()
+    handles = engine.submit_all(list(reqs))
     for h in handles:
         h.wait(timeout)
     return [_of(h.stream) for h in handles]
@@ -140,7 +132,8 @@ def _crowd(engine: AsyncEngine, reqs: Sequence[GenerationRequest],
 def _streamed(engine: AsyncEngine, reqs: Sequence[GenerationRequest],
               timeout: float) -> list[Signature]:
     async def read_all() -> list[Signature]:
-        handles = _submit_all(engine, reqs)
+        engine.start()
+        handles = engine.submit_all(list(reqs))
 
         async def read(h: object) -> Signature:
             seen = [e async for e in h.events()]  # type: ignore[attr-defined]
@@ -196,7 +189,7 @@ def check_invariance(loaded: LoadedModel, reqs: Sequence[GenerationRequest], *,
             for at in range(0, len(reqs), crowd):
                 part = reqs[at:at + crowd]
                 first += _crowd(engine, part, timeout)
-                handles = _submit_all(engine, part)
+                handles = [engine.submit(r) for r in part]
                 for h in handles:
                     report.cached_prompt_tokens += h.wait(timeout).usage.cached_prompt_tokens
                     second.append(_of(h.stream))

@@ -61,7 +61,7 @@ class GenerationRequest:
     grammar: GrammarSpec | None = None
     backpressure: BackpressureConfig | None = None
     request_id: str | None = None
-    utf8_tail: str = "fail"  # "fail" (K3: FAILED decoding_error) | "drop" (tail removed)
+    utf8_tail: str = "auto"  # K3 tail policy: "auto" | "fail" | "drop" (coda.output)
     # stop strings apply only up to the end of this text's first occurrence (step.OutputSpec)
     stops_end_at: str | None = None
 

@@ -41,6 +41,7 @@ from coda.models.attention_meta import (
     PrefillRows,
     split_size,
 )
+from coda.models.attention_window import WindowMasks
 from coda.models.config import ModelConfig
 
 __all__ = ["AttentionMetadata", "PagedKVCache", "attend_native", "native_attention_refusal",
@@ -110,12 +111,13 @@ def _rows(q: torch.Tensor, n_kv: int, n_seqs: int, n_tok: int) -> torch.Tensor:
 
 def _partials(qs: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, split: int,
               hidden: torch.Tensor | None, diag_hidden: torch.Tensor | None,
-              per_kv: int) -> torch.Tensor:
+              per_kv: int, row_hidden: torch.Tensor | None = None) -> torch.Tensor:
     """Steps 1–3 over ``S = keys / split`` splits: ``[H_kv, G, S, M, d + 1]`` = ``[P·V | ΣP]``.
 
     ``qs`` [H_kv, G, M, d]; ``keys``/``vals`` [H_kv, G, S * split, d]. ``hidden`` masks keys
     for all rows (``[1, G, 1, S * split]``); ``diag_hidden`` masks the last split's keys per
-    token (``[1, G, R, 1, split]``). Scores are ONE matmul over all the keys: a score is a dot
+    token (``[1, G, R, 1, split]``); ``row_hidden`` masks any key per token (``[1, G, R, 1, S *
+    split]``, a local layer's window, ``attention_window.py``). Scores are ONE matmul over all the keys: a score is a dot
     product over ``d`` whose bits do not depend on the number of keys (checked by the tests);
     ``P·V`` must be per split (its reduction runs over keys)."""
     n_kv, n_seqs, m, d = qs.shape
@@ -127,6 +129,10 @@ def _partials(qs: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, split: i
         # NOTE: a view of the last split's real rows as [R, per_kv]: masked in place
         diag = scores[:, :, : n_tok * per_kv, -split:].view(n_kv, n_seqs, n_tok, per_kv, split)
         diag.masked_fill_(diag_hidden, -math.inf)
+    if row_hidden is not None:
+        n_tok = row_hidden.shape[2]
+        scores[:, :, : n_tok * per_kv].view(n_kv, n_seqs, n_tok, per_kv, -1).masked_fill_(
+            row_hidden, -math.inf)
     probs = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
     n_splits = scores.shape[-1] // split
     by_split = probs.view(n_kv, n_seqs, m, n_splits, split).transpose(2, 3)  # [H_kv,G,S,M,split]
@@ -150,20 +156,21 @@ def _heads_out(res: torch.Tensor, n_seqs: int, n_tok: int, n_heads: int) -> torc
     return res.permute(1, 2, 0, 3, 4).reshape(n_seqs * n_tok, n_heads * d)
 
 
-def _attend_decode(q: torch.Tensor, kv_layer: torch.Tensor, g: DecodeRows) -> torch.Tensor:
+def _attend_decode(q: torch.Tensor, kv_layer: torch.Tensor, g: DecodeRows,
+                   win: WindowMasks | None = None) -> torch.Tensor:
     """All decode rows ``[G, H * d]`` (in ``g.tokens`` order)."""
     n_kv = kv_layer.shape[1]
     keys, vals = _gather(kv_layer, g.block_index, g.num_seqs, g.num_splits * g.split)
     picked = q if g.tokens is None else q.index_select(0, g.tokens)
-    parts = _partials(_rows(picked, n_kv, g.num_seqs, 1), keys, vals, g.split, g.hidden,
-                      None, 0)
+    hidden = g.hidden if win is None or win.decode_hidden is None else win.decode_hidden
+    parts = _partials(_rows(picked, n_kv, g.num_seqs, 1), keys, vals, g.split, hidden, None, 0)
     if g.dead is not None:
         parts.masked_fill_(g.dead, -0.0)  # NOTE: x + -0.0 == x exactly: splits after j vanish
     return _heads_out(_combine(parts), g.num_seqs, 1, q.shape[1])
 
 
 def _attend_block(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, split: int,
-                  blk: PrefillBlock) -> torch.Tensor:
+                  blk: PrefillBlock, row_hidden: torch.Tensor | None) -> torch.Tensor:
     """One prefill query block ``[G_j * R, H * d]``: key splits ``0..j`` of its sequences."""
     n_kv, n_heads = keys.shape[0], q.shape[1]
     if blk.seqs is not None:
@@ -172,15 +179,16 @@ def _attend_block(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, split
     keys, vals = keys[:, :, :n_keys], vals[:, :, :n_keys]
     n_seqs = keys.shape[1]
     qs = _rows(q.index_select(0, blk.tokens), n_kv, n_seqs, blk.rows)
-    parts = _partials(qs, keys, vals, split, None, blk.diag_hidden, n_heads // n_kv)
+    parts = _partials(qs, keys, vals, split, None, blk.diag_hidden, n_heads // n_kv, row_hidden)
     return _heads_out(_combine(parts), n_seqs, blk.rows, n_heads)
 
 
 def _attend_prefill(q: torch.Tensor, kv_layer: torch.Tensor, g: PrefillRows,
-                    out: torch.Tensor) -> None:
+                    out: torch.Tensor, win: WindowMasks | None) -> None:
     keys, vals = _gather(kv_layer, g.block_index, g.num_seqs, g.num_splits * g.split)
-    for blk in g.blocks:
-        res = _attend_block(q, keys, vals, g.split, blk)
+    for i, blk in enumerate(g.blocks):
+        res = _attend_block(q, keys, vals, g.split, blk,
+                            None if win is None or not win.block_hidden else win.block_hidden[i])
         if blk.real is not None:
             res = res.index_select(0, blk.real)
         out.index_copy_(0, blk.out_tokens, res.to(out.dtype))
@@ -197,19 +205,21 @@ def _sdpa(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor,
 
 
 def _attend_sdpa(q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata,
-                 out: torch.Tensor) -> None:
+                 out: torch.Tensor, win: WindowMasks | None) -> None:
     n_heads, d = q.shape[1], q.shape[2]
     if (g := meta.decode) is not None:
         keys, vals = _gather(kv_layer, g.block_index, g.num_seqs, g.num_splits * g.split)
         picked = q if g.tokens is None else q.index_select(0, g.tokens)
-        vis = g.visible.view(g.num_seqs, 1, 1, -1)  # NOTE: True = attend
+        vis = (g.visible if win is None or win.decode_visible is None else win.decode_visible
+               ).view(g.num_seqs, 1, 1, -1)  # NOTE: True = attend
         res = _sdpa(picked.view(g.num_seqs, 1, n_heads, d), keys, vals, vis)
         _place(out, res, g.tokens)
     if (p := meta.prefill) is not None:
         assert p.dense_tokens is not None and p.dense_visible is not None
         keys, vals = _gather(kv_layer, p.block_index, p.num_seqs, p.num_splits * p.split)
         picked = q.index_select(0, p.dense_tokens).view(p.num_seqs, -1, n_heads, d)
-        res = _sdpa(picked, keys, vals, p.dense_visible)
+        res = _sdpa(picked, keys, vals, p.dense_visible if win is None or
+                    win.dense_visible is None else win.dense_visible)
         assert p.dense_real is not None and p.dense_out is not None
         out.index_copy_(0, p.dense_out, res.index_select(0, p.dense_real).to(out.dtype))
 
@@ -227,9 +237,13 @@ def paged_attention(
     v: torch.Tensor,
     kv_layer: torch.Tensor,
     meta: AttentionMetadata,
+    scale: float | None = None,
+    window: WindowMasks | None = None,
 ) -> torch.Tensor:
     """Write the new K/V at their slots, then attend. ``q``: [T, H, d]; ``k``/``v``: [T, H_kv, d];
-    ``kv_layer``: one layer's cache ``[2, H_kv, blocks, block_size, d]`` (K, then V).
+    ``kv_layer``: one layer's cache ``[2, H_kv, blocks, block_size, d]`` (K, then V); ``scale``
+    multiplies ``q`` (default ``1/sqrt(d)``); ``window``: a local layer's sliding-window masks
+    (``attention_window.py``; None: full causal attention).
 
     Returns [T, H * d] in flat token order.
     """
@@ -241,19 +255,20 @@ def paged_attention(
                         k.transpose(0, 1).to(kv_layer.dtype))
     flat[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1) if same else
                         v.transpose(0, 1).to(kv_layer.dtype))
-    qs = (q if q.dtype == torch.float32 else q.float()) * (1.0 / math.sqrt(head_dim))
+    qs = (q if q.dtype == torch.float32 else q.float()) * (
+        1.0 / math.sqrt(head_dim) if scale is None else scale)
     dec = meta.decode
     if meta.invariant and meta.prefill is None and dec is not None and dec.tokens is None:
-        res = _attend_decode(qs, kv_layer, dec)  # NOTE: a decode-only step
+        res = _attend_decode(qs, kv_layer, dec, window)  # NOTE: a decode-only step
         return res if res.dtype == q.dtype else res.to(q.dtype)
     out = q.new_empty((n_tok, n_heads * head_dim))
     if not meta.invariant:
-        _attend_sdpa(qs, kv_layer, meta, out)
+        _attend_sdpa(qs, kv_layer, meta, out, window)
     else:
         if dec is not None:
-            _place(out, _attend_decode(qs, kv_layer, dec), dec.tokens)
+            _place(out, _attend_decode(qs, kv_layer, dec, window), dec.tokens)
         if meta.prefill is not None:
-            _attend_prefill(qs, kv_layer, meta.prefill, out)
+            _attend_prefill(qs, kv_layer, meta.prefill, out, window)
     return out
 
 
@@ -261,7 +276,10 @@ def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
                              device: torch.device) -> str | None:
     """Why the native kernel (``kernels/csrc/rows.h``) cannot run this model's attention
     (None: it can). It fuses RoPE, so per-head q/k norms (Qwen3) must run in Python; it reads a
-    float32 CPU cache; it needs ``head_dim`` in 32/64/96/128; and it must build here."""
+    float32 CPU cache; it needs ``head_dim`` in 32/64/96/128; and it must build here. Gemma 3's
+    local layers, norms and gate run in Python too."""
+    if cfg.local_layers or cfg.sandwich_norms or cfg.hidden_act != "silu" or cfg.embed_scale:
+        return "Gemma 3 layers (sliding window, four norms, GELU gate) run in Python"
     if cfg.qk_norm:
         return "per-head q/k RMSNorm runs before RoPE (Qwen3)"
     if kv_dtype != torch.float32 or device.type != "cpu":

@@ -6,13 +6,20 @@ resolved here into plain fields, so model code never looks at the raw dict. This
 not import torch (the engine's bookkeeping may use it without loading torch).
 
 Supported ``architectures``: LlamaForCausalLM (also SmolLM/SmolLM2), MistralForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM. Supported RoPE scaling types: ``llama3``, ``linear`` and
+Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (Gemma 3 text). Supported RoPE scaling types: ``llama3``, ``linear`` and
 ``dynamic``; anything else raises :class:`UnsupportedModelError`.
 
 Sliding windows (Mistral, Qwen2 with ``use_sliding_window``): attention here is always full
 causal attention, which equals sliding-window attention exactly while the context is no longer
 than the window. So :attr:`ModelConfig.max_context` is capped at the window and the engine must
 never grow a sequence past it.
+
+Gemma 3's local layers are different: their window is applied exactly, per layer, by the paged
+attention (:attr:`ModelConfig.local_layers`, :attr:`ModelConfig.local_window`), so it does not
+cap the context. Gemma 3 also brings four norms per layer (``sandwich_norms``), a GELU-tanh
+gate, embeddings scaled by sqrt(hidden), an attention scale of ``query_pre_attn_scalar ** -0.5``
+and its own RoPE base on local layers; HF stores its norm weights as ``w`` applied as ``1 + w``
+(``norm_weight_offset`` 1.0) while llama.cpp's GGUF stores ``w + 1`` (offset 0).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ _ARCHS: dict[str, str] = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 _DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -82,6 +90,15 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     torch_dtype: str  # "float32" | "bfloat16" | "float16": the checkpoint's dtype
+    # NOTE: Gemma 3's differences; the defaults are the Llama family's.
+    local_layers: tuple[int, ...] = ()  # layers attending to the last local_window keys only
+    local_window: int | None = None  # keys a local layer sees (its own included); exact
+    rope_local_theta: float | None = None  # RoPE base of the local layers (None: rope_theta)
+    sandwich_norms: bool = False  # norms after attention and MLP too (pre_/post_feedforward)
+    hidden_act: str = "silu"  # "silu" | "gelu_tanh": the gate's activation
+    embed_scale: bool = False  # embeddings multiplied by sqrt(hidden_size)
+    attn_scale: float | None = None  # query scale (None: head_dim ** -0.5)
+    norm_weight_offset: float = 0.0  # RMSNorm multiplies by (offset + w)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -116,6 +133,11 @@ class ModelConfig:
         if dtype not in _DTYPE_BYTES:
             raise UnsupportedModelError(f"unsupported torch_dtype {dtype!r}")
         bias = bool(d.get("attention_bias", False))
+        gemma = _gemma3_fields(d) if arch == "gemma3" else {}
+        if gemma:
+            rope_theta = gemma.pop("rope_theta")
+            sliding = None  # NOTE: applied exactly per layer (local_window), never a cap
+            rope_scaling = gemma.pop("rope_scaling")
         return cls(
             arch=arch,
             vocab_size=int(d["vocab_size"]),
@@ -129,15 +151,16 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", arch == "gemma3")),
             attention_bias=True if arch == "qwen2" else bias,
             attention_out_bias=bias if arch in ("llama", "mistral") else False,
             mlp_bias=bool(d.get("mlp_bias", False)) if arch == "llama" else False,
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             sliding_window=int(sliding) if sliding is not None else None,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
             torch_dtype=dtype,
+            **gemma,
         )
 
     # ------------------------------------------------------------------ derived values
@@ -178,9 +201,56 @@ class ModelConfig:
         if self.attention_out_bias:
             attn += d
         mlp = 3 * d * f + (2 * f + d if self.mlp_bias else 0)
-        norms = 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        norms = (4 if self.sandwich_norms else 2) * d + (2 * self.head_dim if self.qk_norm else 0)
         emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * (attn + mlp + norms) + emb + d
+
+
+def gemma3_local_layers(num_layers: int, pattern: int = 6) -> tuple[int, ...]:
+    """Gemma 3's layer pattern (transformers' default ``layer_types``, llama.cpp's hard-coded
+    one): every ``pattern``-th layer is global, layer ``i`` is local when ``(i + 1) % pattern``."""
+    return tuple(i for i in range(num_layers) if (i + 1) % pattern)
+
+
+def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's fields from an HF config (hub style with ``rope_local_base_freq``, or v5 with
+    ``rope_parameters`` per layer type) plus ``rope_theta``/``rope_scaling`` of global layers."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if d.get(key) is not None:
+            raise UnsupportedModelError(f"Gemma 3 config with {key}={d[key]} is not supported")
+    if d.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("Gemma 3 with bidirectional attention is not supported")
+    n = int(d["num_hidden_layers"])
+    types = d.get("layer_types")
+    if types is not None:
+        if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+            raise UnsupportedModelError(f"Gemma 3 layer_types {types!r} not understood")
+        local = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    else:
+        local = gemma3_local_layers(n, int(d.get("sliding_window_pattern") or 6))
+    params = d.get("rope_parameters")
+    local_theta = float(d.get("rope_local_base_freq") or 10000.0)
+    if isinstance(params, dict) and "full_attention" in params:
+        glob, loc = params["full_attention"] or {}, params.get("sliding_attention") or {}
+        if (loc.get("rope_type") or "default") != "default":
+            raise UnsupportedModelError(f"Gemma 3 local RoPE {loc!r} is not supported")
+        local_theta = float(loc.get("rope_theta", local_theta))
+        theta, scaling = _parse_rope({**d, "rope_parameters": {"rope_theta": 1_000_000.0,
+                                                                **glob}, "rope_scaling": None})
+    else:
+        theta, scaling = _parse_rope({"rope_theta": 1_000_000.0, **d})
+    act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise UnsupportedModelError(f"Gemma 3 activation {act!r} is not supported")
+    hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
+    head_dim = int(d.get("head_dim") or hidden // heads)
+    return {
+        "rope_theta": theta, "rope_scaling": scaling,
+        "local_layers": local, "local_window": int(d.get("sliding_window") or 4096),
+        "rope_local_theta": local_theta, "sandwich_norms": True, "hidden_act": "gelu_tanh",
+        "embed_scale": True, "norm_weight_offset": 1.0,
+        "attn_scale": float(d.get("query_pre_attn_scalar") or head_dim) ** -0.5,
+    }
 
 
 def _parse_rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
@@ -224,6 +294,9 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (d,)
         shapes[p + "post_attention_layernorm.weight"] = (d,)
+        if cfg.sandwich_norms:
+            shapes[p + "pre_feedforward_layernorm.weight"] = (d,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (d,)
         for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
             shapes[p + f"self_attn.{name}.weight"] = (rows, d)
             if cfg.attention_bias:

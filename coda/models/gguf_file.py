@@ -19,8 +19,9 @@ path can take the records as they are::
         w = dequantize(t)                  # float32 [rows, cols] in HF layout, rows reordered
 
 Supported architectures (``general.architecture``): ``llama`` (also SmolLM/SmolLM2, and
-Mistral, which llama.cpp stores as ``llama``), ``qwen2``, ``qwen3``. This module does not
-import torch.
+Mistral, which llama.cpp stores as ``llama``), ``qwen2``, ``qwen3``, ``gemma3`` (text; its
+norms are stored as ``w + 1`` and applied as stored; q/k rows unpermuted; llama.cpp's fixed
+local RoPE base 10000 and 6-layer pattern). This module does not import torch.
 """
 
 from __future__ import annotations
@@ -32,11 +33,18 @@ from typing import Any
 
 import numpy as np
 
-from coda.models.config import ModelConfig, RopeScaling, UnsupportedModelError, hf_tensor_shapes
+from coda.models.config import (
+    ModelConfig,
+    RopeScaling,
+    UnsupportedModelError,
+    gemma3_local_layers,
+    hf_tensor_shapes,
+)
 from coda.models.gguf_header import GGUFFormatError, GGUFHeader, TensorInfo, read_header
 
 # general.architecture -> ModelConfig.arch
-_ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+          "gemma3": "gemma3"}
 # Tensor types dequantized at load (gguf.quants implements each in numpy).
 SUPPORTED_QTYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
@@ -62,6 +70,13 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+# NOTE: Gemma 3's four norms: its ffn_norm is the MLP's input norm, not Llama's second norm.
+_GEMMA3_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -110,20 +125,21 @@ class GGUFCheckpoint:
     def tensors(self) -> Iterator[GGUFTensor]:
         """Every tensor the model uses, by HF name (validated by :func:`open_gguf`)."""
         for t in self.header.tensors:
-            hf = hf_name(t.name)
+            hf = hf_name(t.name, self.gguf_arch)
             if hf is None:
                 continue
             yield GGUFTensor(t.name, hf, t.type_name, _hf_shape(t), self.header.data(t),
                              _row_order(self.config, self.gguf_arch, hf))
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, gguf_arch: str = "llama") -> str | None:
     """HF parameter name for a GGUF tensor name; None for tensors the model does not use."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _GEMMA3_NAMES if gguf_arch == "gemma3" else _LAYER_NAMES
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}"
     return None
 
 
@@ -189,6 +205,7 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
     vocab = int(get("vocab_size", vocab_size))
     ctx = int(get("context_length"))
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    gemma = _gemma3_fields(get, heads, hidden, head_dim) if arch == "gemma3" else {}
     cfg = ModelConfig(
         arch=kind,
         vocab_size=vocab,
@@ -206,13 +223,26 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         attention_out_bias="blk.0.attn_output.bias" in tensor_names,
         mlp_bias=False,
-        qk_norm=kind == "qwen3",
+        qk_norm=kind in ("qwen3", "gemma3"),
         sliding_window=None,  # NOTE: llama.cpp runs these archs with full attention too
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
         torch_dtype="float32",
+        **gemma,
     )
     return cfg, arch
+
+
+def _gemma3_fields(get: Any, heads: int, hidden: int, head_dim: int) -> dict[str, Any]:
+    """Gemma 3's differences as llama.cpp reads them: the window from the file; the 6-layer
+    pattern, the local RoPE base 10000 and the query scale hard-coded (the 62-layer 27B
+    scales by hidden / heads, every other size by head_dim); norms stored as ``w + 1``."""
+    n_layers = int(get("block_count"))
+    scalar = hidden // heads if n_layers == 62 else head_dim
+    return {"local_layers": gemma3_local_layers(n_layers),
+            "local_window": int(get("attention.sliding_window")), "rope_local_theta": 10000.0,
+            "sandwich_norms": True, "hidden_act": "gelu_tanh", "embed_scale": True,
+            "attn_scale": float(scalar) ** -0.5, "norm_weight_offset": 0.0}
 
 
 def _rope_scaling(get: Any, ctx: int) -> RopeScaling | None:
@@ -246,7 +276,7 @@ def _validate(ckpt: GGUFCheckpoint) -> None:
     want = hf_tensor_shapes(ckpt.config)
     seen: set[str] = set()
     for t in ckpt.header.tensors:
-        hf = hf_name(t.name)
+        hf = hf_name(t.name, ckpt.gguf_arch)
         if hf is None:
             if t.name.startswith("blk.") or t.name in ("rope_freqs.weight",):
                 raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no place in a "

@@ -209,7 +209,7 @@ def _add_special_tokens(tok: Tokenizer, v: GGUFVocab) -> None:
 
 
 # Token texts llama.cpp treats as end of generation (llama-vocab.cpp, "special_eog_ids").
-_EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
+EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
                         "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
                         "<|end_of_text|>", "<end_of_utterance>"})
 _FIM_PAD = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>")
@@ -231,7 +231,7 @@ def end_of_generation_ids(v: GGUFVocab, get: Any) -> frozenset[int]:
             found = [index[n] for n in names if n in index]
             if found:
                 ids.add(found[0])
-    ids.update(i for t, i in index.items() if t in _EOG_TEXTS)
+    ids.update(i for t, i in index.items() if t in EOG_TEXTS)
     if v.eos_id is not None:
         ids.add(v.eos_id)
     return frozenset(ids)

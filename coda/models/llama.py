@@ -1,7 +1,10 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""The Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma 3) over a paged KV
+cache.
 
 One module covers every supported architecture; :class:`~coda.models.config.ModelConfig`
-switches the differences on (q/k/v bias, per-head q/k RMSNorm, tied embeddings, RoPE scaling).
+switches the differences on (q/k/v bias, per-head q/k RMSNorm, tied embeddings, RoPE scaling;
+Gemma 3's sliding-window local layers with their own RoPE base, four norms per layer applied as
+``offset + w``, GELU-tanh gate, scaled embeddings and query scale).
 Projections are fused (``qkv_proj``, ``gate_up_proj``); the loader maps HF tensor names onto
 them. :meth:`CausalLM.forward` takes a flattened varlen batch (see ``attention.py``) and
 returns hidden states; :meth:`CausalLM.compute_logits` turns the rows you need into logits.
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coda.models.attention import AttentionMetadata, PagedKVCache, attend_native, paged_attention
+from coda.models.attention_window import WindowMasks, window_masks
 from coda.models.config import ModelConfig
 
 # NOTE: RoPE table growth step (positions); 1024 × d_h × 2 floats is 0.5 MiB at d_h = 64.
@@ -28,28 +32,37 @@ _ROPE_CHUNK = 1024
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """RMSNorm scaled by ``offset + weight``: offset 0 (Llama; a Gemma GGUF, whose file stores
+    ``w + 1``) or 1 (Gemma's HF weights, which, as HF, multiply in float32 before the cast)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        if dtype == torch.float32 and self.weight.dtype == torch.float32:
+        weight = self.weight if not self.offset else self.offset + self.weight.float()
+        if dtype == torch.float32 and weight.dtype == torch.float32:
             # NOTE: one fused kernel, the same bits as the three-step formula below (checked
             # in tests/test_models.py); a row's result never depends on other rows.
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+            return F.rms_norm(x, weight.shape, weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (h * weight).to(dtype)  # NOTE: Gemma: (x * (1 + w)) in float32, then cast
         return self.weight * h.to(dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse RoPE frequencies [d_h / 2] in float32, with the config's scaling applied."""
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+    """Inverse RoPE frequencies [d_h / 2] in float32, with the config's scaling applied
+    (``local``: Gemma 3's local layers, base ``rope_local_theta`` and never scaled)."""
     dim = cfg.head_dim
     arange = torch.arange(0, dim, 2, dtype=torch.float32, device="cpu")  # NOTE: not meta
-    inv = 1.0 / (cfg.rope_theta ** (arange / dim))
-    rs = cfg.rope_scaling
+    theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
+    inv = 1.0 / (theta ** (arange / dim))
+    rs = None if local else cfg.rope_scaling
     if rs is None or rs.kind == "dynamic":
         return inv  # NOTE: dynamic NTK is the identity within max_context (see config.py)
     if rs.kind == "linear":
@@ -89,8 +102,11 @@ class Attention(nn.Module):
             cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias
         )
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.attention_out_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        off = cfg.norm_weight_offset
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, off) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, off) if cfg.qk_norm else None
+        self.scale = cfg.attn_scale
+        self.local = layer_idx in cfg.local_layers  # NOTE: a sliding-window layer (Gemma 3)
 
     def forward(
         self,
@@ -99,6 +115,7 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         meta: AttentionMetadata,
         kv: PagedKVCache,
+        window: WindowMasks | None = None,
     ) -> torch.Tensor:
         n_tok = x.shape[0]
         qkv = self.qkv_proj(x)
@@ -107,13 +124,13 @@ class Attention(nn.Module):
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = self.q_norm(q.view(n_tok, self.num_heads, self.head_dim))
             k = self.k_norm(k.view(n_tok, self.num_kv_heads, self.head_dim))
-            # NOTE: Qwen3 normalises per head, pre-RoPE
+            # NOTE: Qwen3 and Gemma 3 normalise per head, pre-RoPE
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         else:
             # NOTE: q and k heads side by side: one RoPE pass over [T, H + H_kv, d]
             qk = qkv[:, : self.q_size + self.kv_size].view(n_tok, -1, self.head_dim)
             q, k = torch.split(apply_rope(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
-        out = paged_attention(q, k, v, kv.layers[self.layer_idx], meta)
+        out = paged_attention(q, k, v, kv.layers[self.layer_idx], meta, self.scale, window)
         projected: torch.Tensor = self.o_proj(out)
         return projected
 
@@ -123,19 +140,26 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gelu = cfg.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        down: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        down: torch.Tensor = self.down_proj(act * up)
         return down
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        d, eps, off = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_weight_offset
+        self.input_layernorm = RMSNorm(d, eps, off)
         self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # NOTE: with sandwich norms (Gemma 3) this one normalises the attention's output and
+        # pre_feedforward_layernorm takes its Llama role (the MLP's input).
+        self.post_attention_layernorm = RMSNorm(d, eps, off)
+        self.pre_feedforward_layernorm = RMSNorm(d, eps, off) if cfg.sandwich_norms else None
+        self.post_feedforward_layernorm = RMSNorm(d, eps, off) if cfg.sandwich_norms else None
         self.mlp = MLP(cfg)
 
     def forward(
@@ -145,10 +169,16 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         meta: AttentionMetadata,
         kv: PagedKVCache,
+        window: WindowMasks | None = None,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, kv)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
-        return out
+        attn = self.self_attn(self.input_layernorm(h), cos, sin, meta, kv, window)
+        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
+            h = h + attn
+            out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+            return out
+        h = h + self.post_attention_layernorm(attn)
+        mlp: torch.Tensor = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        return h + mlp
 
 
 class DecoderModel(nn.Module):
@@ -156,7 +186,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_weight_offset)
 
 
 @dataclass(frozen=True)
@@ -197,8 +227,10 @@ class CausalLM(nn.Module):
         )
         # NOTE: a plain attribute, not a buffer: built on CPU even under a meta-device init.
         self._inv_freq = rope_inv_freq(cfg)
+        self._inv_freq_local = rope_inv_freq(cfg, local=True)
         # NOTE: cos and signed sin [positions, 1, d] per position, grown on demand (see _rope)
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rope_table_local: tuple[torch.Tensor, torch.Tensor] | None = None
         # NOTE: a packed head (coda/models/quant.py) replaces the dense one when set.
         self.logits_head: nn.Module | None = None
         self.kernels: dict[str, str] = {}  # NOTE: tensor type -> kernel (packed modes' summary)
@@ -216,12 +248,25 @@ class CausalLM(nn.Module):
         Appends each token's K/V at ``meta.slot_mapping`` in every layer (T3).
         """
         h = self.model.embed_tokens(input_ids)
+        cfg = self.config
+        if cfg.embed_scale:
+            # NOTE: as HF: sqrt(hidden) as a float32 tensor, cast to the model's dtype
+            h = h * torch.tensor(cfg.hidden_size**0.5).to(h.dtype)
         top = meta.max_position if meta.max_position >= 0 else int(positions.max())
         cos, sin = self._rope(positions, h.dtype, top)
         if meta.rows is not None:
             return self._forward_native(h, cos, sin, meta, kv)
-        for layer in self.model.layers:
-            h = layer(h, cos, sin, meta, kv)
+        local: tuple[torch.Tensor, torch.Tensor, WindowMasks | None] | None = None
+        if cfg.local_layers and cfg.local_window is not None:
+            # NOTE: once per step, shared by every local layer (Gemma 3)
+            local = (*self._rope(positions, h.dtype, top, local=True),
+                     window_masks(meta, cfg.local_window))
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        for layer in layers:
+            if local is not None and layer.self_attn.local:
+                h = layer(h, local[0], local[1], meta, kv, local[2])
+            else:
+                h = layer(h, cos, sin, meta, kv)
         normed: torch.Tensor = self.model.norm(h)
         return normed
 
@@ -262,27 +307,32 @@ class CausalLM(nn.Module):
             ) for i, layer in enumerate(layers)]
         return self._plan
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype,
-              max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int,
+              local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin ``[T, 1, d]`` of ``positions``: two gathers from a table of the
         positions so far, grown in fixed chunks of :data:`_ROPE_CHUNK` positions, each chunk
-        computed by the same ops, so a position's values never depend on when it was added."""
-        table = self._rope_table
+        computed by the same ops, so a position's values never depend on when it was added.
+        ``local``: the local layers' table (Gemma 3's own RoPE base)."""
+        table = self._rope_table_local if local else self._rope_table
         if table is not None and (table[0].dtype != dtype or table[0].device != positions.device):
             table = None
         have = 0 if table is None else table[0].shape[0]
         if max_position >= have:
-            new = [self._rope_chunk(start, dtype, positions.device)
+            new = [self._rope_chunk(start, dtype, positions.device, local)
                    for start in range(have, max_position + 1, _ROPE_CHUNK)]
             cos = torch.cat(([table[0]] if table is not None else []) + [c for c, _ in new])
             sin = torch.cat(([table[1]] if table is not None else []) + [s for _, s in new])
-            table = self._rope_table = (cos, sin)
+            table = (cos, sin)
+            if local:
+                self._rope_table_local = table
+            else:
+                self._rope_table = table
         assert table is not None
         return table[0].index_select(0, positions), table[1].index_select(0, positions)
 
-    def _rope_chunk(self, start: int, dtype: torch.dtype,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        inv = self._inv_freq.to(device)
+    def _rope_chunk(self, start: int, dtype: torch.dtype, device: torch.device,
+                    local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        inv = (self._inv_freq_local if local else self._inv_freq).to(device)
         pos = torch.arange(start, start + _ROPE_CHUNK, device=device)
         freqs = pos.float()[:, None] * inv[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [chunk, 1, d]

@@ -78,6 +78,11 @@ _ARCHS: dict[str, dict[str, Any]] = {
                   use_sliding_window=False, sliding_window=None),
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3",
                   attention_bias=False, use_sliding_window=False, sliding_window=None),
+    # NOTE: hidden_activation, not hidden_act, is what Gemma 3 reads
+    "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                   hidden_activation="gelu_pytorch_tanh", rope_theta=1_000_000.0,
+                   rope_local_base_freq=10000.0, sliding_window=8, query_pre_attn_scalar=64,
+                   tie_word_embeddings=True, attention_bias=False),
 }  # fmt: skip
 
 
@@ -91,7 +96,7 @@ def _hf_config(
     d: dict[str, Any] = {"tie_word_embeddings": False, "hidden_act": "silu"}
     d.update(_PRESETS[preset])
     d.update(_ARCHS[arch])
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         # NOTE: Qwen3 states head_dim explicitly and it need not be hidden/heads.
         d["head_dim"] = 2 * d["hidden_size"] // d["num_attention_heads"]
     if vocab_size is not None:
@@ -107,7 +112,8 @@ def _random_weights(cfg: ModelConfig, seed: int, dtype: torch.dtype) -> dict[str
     out: dict[str, torch.Tensor] = {}
     for name, shape in hf_tensor_shapes(cfg).items():
         if name.endswith("norm.weight"):
-            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+            # NOTE: applied as offset + w (Gemma's HF norms: offset 1): around 1 either way
+            t = 1.0 - cfg.norm_weight_offset + 0.1 * torch.randn(shape, generator=gen)
         elif len(shape) == 1:  # biases
             t = 0.1 * torch.randn(shape, generator=gen)
         else:
@@ -184,7 +190,7 @@ def make_random_checkpoint(
     **overrides: Any,
 ) -> Path:
     """Write a random-weight checkpoint of ``arch`` ("llama", "smollm", "mistral", "qwen2",
-    "qwen3") shaped by ``preset``; ``overrides`` set HF config keys (e.g. ``rope_scaling``).
+    "qwen3", "gemma3") shaped by ``preset``; ``overrides`` set HF config keys (e.g. ``rope_scaling``).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

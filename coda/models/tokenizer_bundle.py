@@ -12,10 +12,14 @@ HF folders, resolved as ``transformers`` does:
 * ``bos_token``/``eos_token`` text: ``tokenizer_config.json`` (string or AddedToken dict), else
   ``special_tokens_map.json``, else the token of ``config.json``'s id;
 * end ids: ``generation_config.json``'s ``eos_token_id`` (int or list) together with
-  ``config.json``'s and the id of the tokenizer's ``eos_token`` (any of them ends a turn).
+  ``config.json``'s, the id of the tokenizer's ``eos_token``, and every turn-end token the chat
+  template writes (``<end_of_turn>``, ``<|im_end|>`` …, llama.cpp's end-of-generation texts)
+  that the vocabulary holds: any of them ends a turn.
 
-A model without a template gets ChatML, and :attr:`TokenizerBundle.chat_template_origin` says
-so (the CLI prints it at load): a missing template is never silent.
+A model without a template gets its family's turn format where Coda knows it (a Gemma 3 GGUF
+without ``tokenizer.chat_template``: :data:`GEMMA_CHAT_TEMPLATE`), else ChatML, and
+:attr:`TokenizerBundle.chat_template_origin` says so (the CLI prints it at load): a missing
+template is never silent.
 """
 
 from __future__ import annotations
@@ -39,6 +43,20 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 DEFAULT_TEMPLATE_ORIGIN = "none in the model: Coda's default ChatML template"
+# NOTE: Gemma's turn format (a system message opens the first user turn), for Gemma files
+# that carry no template; written for Coda from the format's description.
+GEMMA_CHAT_TEMPLATE = (
+    "{%- set system = messages[0]['content'] if messages and messages[0]['role'] == 'system'"
+    " else '' -%}"
+    "{{ bos_token }}"
+    "{%- for message in messages if message['role'] != 'system' -%}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n' }}"
+    "{%- if loop.first and system %}{{ system | trim + '\n\n' }}{% endif -%}"
+    "{{ message['content'] | trim + '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif -%}"
+)
+_FAMILY_TEMPLATES = {"gemma3": GEMMA_CHAT_TEMPLATE}
 
 
 @dataclass(frozen=True)
@@ -136,8 +154,19 @@ def bundle_from_hf_dir(model_dir: Path, cfg: ModelConfig) -> TokenizerBundle:
     eos_tok = tok.token_to_id(eos_text) if eos_text else None
     if eos_tok is not None:
         eos_ids.add(eos_tok)
+    eos_ids |= template_turn_ends(tok, template)
     return TokenizerBundle(tok, template, origin, special("bos_token", cfg.bos_token_id),
                            eos_text, frozenset(eos_ids))
+
+
+def template_turn_ends(tok: tokenizers.Tokenizer, template: str) -> set[int]:
+    """Ids of the end-of-generation tokens (llama.cpp's list of turn-end texts) that the chat
+    template writes and the vocabulary holds: a chat turn must end where the template ends it
+    (Gemma's ``<end_of_turn>``, which its ``config.json`` may not list)."""
+    from coda.models.gguf_tokenizer import EOG_TEXTS
+
+    found = (tok.token_to_id(text) for text in EOG_TEXTS if text in template)
+    return {i for i in found if i is not None}
 
 
 def bundle_from_gguf(ckpt: Any) -> TokenizerBundle:
@@ -148,9 +177,14 @@ def bundle_from_gguf(ckpt: Any) -> TokenizerBundle:
     tok, _ = build_tokenizer(vocab)
     template = ckpt.field("tokenizer.chat_template", None)
     origin = "GGUF tokenizer.chat_template"
+    arch = ckpt.field("general.architecture", None)
+    if (not isinstance(template, str) or not template) and arch in _FAMILY_TEMPLATES:
+        template = _FAMILY_TEMPLATES[arch]
+        origin = f"none in the file: Coda's {arch} turn format"
     if not isinstance(template, str) or not template:
         template, origin = DEFAULT_CHAT_TEMPLATE, DEFAULT_TEMPLATE_ORIGIN
     bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else ""
     eos = vocab.tokens[vocab.eos_id] if vocab.eos_id is not None else ""
     return TokenizerBundle(tok, template, origin, bos, eos,
-                           end_of_generation_ids(vocab, ckpt.field))
+                           end_of_generation_ids(vocab, ckpt.field)
+                           | template_turn_ends(tok, template))

@@ -1,6 +1,7 @@
 """``POST /v1/messages``: the Anthropic Messages API (issue 4 item 2; SPEC P1–P4, L4–L6).
 
-Stream: ``message_start``, ``content_block_start``, ``ping`` (on the engine's start event),
+Stream: ``message_start``, ``content_block_start``, ``ping`` (with the engine's first event
+after start, so the usage states the prefix-cache lookup's result: issue 20 D9),
 ``content_block_delta`` per delta, then ``content_block_stop``, ``message_delta`` (``stop_reason``
 ``end_turn`` | ``max_tokens`` | ``stop_sequence`` with the matched ``stop_sequence``, and the
 exact outcome in ``coda``) and ``message_stop`` — or one in-band ``error`` event when the model
@@ -46,9 +47,10 @@ def _tool_use(call: tl.ToolCall, rid: str) -> dict[str, Any]:
             "name": call.name, "input": json.loads(call.arguments)}
 
 
-def _usage(terminal: Terminal | None, input_tokens: int) -> dict[str, int]:
-    if terminal is None:
-        return {"input_tokens": input_tokens, "output_tokens": 0}
+def _usage(terminal: Terminal | None, input_tokens: int, cached: int = 0) -> dict[str, int]:
+    if terminal is None:  # NOTE: message_start: after the prefix-cache lookup (issue 20 D9)
+        return {"input_tokens": input_tokens - cached, "cache_read_input_tokens": cached,
+                "cache_creation_input_tokens": 0, "output_tokens": 0}
     u = terminal.usage
     return {"input_tokens": u.prompt_tokens - u.cached_prompt_tokens,
             "cache_read_input_tokens": u.cached_prompt_tokens,
@@ -63,14 +65,20 @@ class AnthropicRenderer(Renderer):
         self.parser: tl.ToolCallParser | None = None
         self.block = -1          # index of the last block started
         self.text_open = False
+        unstamped = 0  # NOTE: bytes before the resume point that no stamped frame covered
         if record.extra.get("tools"):
             stream = record.handles[0].stream
             self.parser = tl.ToolCallParser()
             for e in stream.events_after(-1):
                 if e.type is EventType.DELTA and e.seq <= self.after[0]:
-                    self._blocks(self.parser.feed(e.text), "")  # NOTE: replays the block state
+                    # NOTE: replays the block state
+                    out = self._blocks(self.parser.feed(e.text), "")
+                    stamped = any(_is_block_delta(f.data) for f in out)
+                    unstamped = 0 if stamped else unstamped + len(e.data)
         if record.extra.get("verify"):
             self.enable_verify(record.streams)
+            if self.verify is not None and unstamped:
+                self.verify.unstamp(0, unstamped)
 
     def _frame(self, kind: str, fid: str, **data: Any) -> Frame:
         return Frame({"type": kind, **data}, event=kind, id=fid)
@@ -78,20 +86,37 @@ class AnthropicRenderer(Renderer):
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
         fid = position_id(positions)
         if ev.type is EventType.START:
-            message = {"id": self.r.id, "type": "message", "role": "assistant",
-                       "model": self.r.model, "content": [], "stop_reason": None,
-                       "stop_sequence": None,
-                       "usage": _usage(None, self.r.extra["input_tokens"])}
-            if self.parser is not None:
-                return [self._frame("message_start", fid, message=message),
-                        self._frame("ping", fid)]
-            return [self._frame("message_start", fid, message=message),
-                    self._frame("content_block_start", fid, index=0,
-                                content_block={"type": "text", "text": ""}),
-                    self._frame("ping", fid)]
+            return []  # NOTE: D9: message_start waits for the prefix-cache lookup's result
+        if ev.seq == 1:  # NOTE: the first event after start: a replay past it never repeats it
+            return [*self._start(ev, fid), *self._on_event(index, ev, fid)]
+        return self._on_event(index, ev, fid)
+
+    def _start(self, ev: StreamEvent, fid: str) -> list[Frame]:
+        """``message_start`` with the final input usage (issue 20 D9): the first delta or the
+        terminal comes after the prefix-cache lookup and states how many prompt tokens it
+        held (``input_tokens`` + ``cache_read_input_tokens`` = the prompt)."""
+        prompt = self.r.extra["input_tokens"]
+        if ev.terminal is not None:
+            usage = {**_usage(ev.terminal, prompt), "output_tokens": 0}
+        else:
+            usage = _usage(None, prompt, ev.cached_prompt_tokens or 0)
+        message = {"id": self.r.id, "type": "message", "role": "assistant",
+                   "model": self.r.model, "content": [], "stop_reason": None,
+                   "stop_sequence": None, "usage": usage}
+        if self.parser is not None:
+            return [self._frame("message_start", fid, message=message), self._frame("ping", fid)]
+        return [self._frame("message_start", fid, message=message),
+                self._frame("content_block_start", fid, index=0,
+                            content_block={"type": "text", "text": ""}),
+                self._frame("ping", fid)]
+
+    def _on_event(self, index: int, ev: StreamEvent, fid: str) -> list[Frame]:
         if ev.type is EventType.DELTA:
             if self.parser is not None:
-                return self._blocks(self.parser.feed(ev.text), fid)
+                self.take(index, ev)  # NOTE: D5: the next block delta's stamp covers it
+                out = self._blocks(self.parser.feed(ev.text), fid)
+                self.stamp_last(index, [f.data for f in out], _is_block_delta)
+                return out
             return [self._frame("content_block_delta", fid, index=0,
                                 delta={"type": "text_delta", "text": ev.text},
                                 **self.stamp(index, ev))]
@@ -103,6 +128,8 @@ class AnthropicRenderer(Renderer):
         calls = 0
         if self.parser is not None:
             frames = self._blocks(self.parser.finish(), fid)
+            self.stamp_last(index, [f.data for f in frames], _is_block_delta)
+            self.stamp_into(index, ext)  # NOTE: bytes no block delta carried (D5), if any
             calls = self.parser.calls
             ext["tool_calls"] = {"count": calls, "removed_bytes": self.parser.removed_bytes}
         if is_failed(terminal):
@@ -148,6 +175,10 @@ class AnthropicRenderer(Renderer):
                                        "partial_json": item.arguments}),
                     self._frame("content_block_stop", fid, index=self.block)]
         return out
+
+
+def _is_block_delta(obj: dict[str, Any]) -> bool:
+    return obj.get("type") == "content_block_delta"
 
 
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:

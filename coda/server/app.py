@@ -184,6 +184,13 @@ class CodaServer(uvicorn.Server):
         app = config.app
         self._state: ServerState | None = getattr(getattr(app, "state", None), "coda", None)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and self.started:
+            # NOTE: uvicorn says "Uvicorn running on ..." only for sockets it bound itself;
+            # ``coda serve`` binds first (coda.server.listen), and users look for that line
+            self._log_started_message(sockets)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         st = self._state
         if st is not None:

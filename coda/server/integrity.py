@@ -39,21 +39,43 @@ def _hash_through(stream: RequestStream, seq: int) -> tuple[int, Any]:
 
 
 class DeltaIntegrity:
-    """Running offset and digest of each choice, starting after the resume positions."""
+    """Running offset and digest of each choice, starting after the resume positions.
+
+    ``take`` adds a delta's bytes; ``stamp_pending`` reports every byte taken since the last
+    report (issue 20 D5: with tools, a delta whose bytes are held back or moved into a call
+    produces no frame of its own, so the next frame's stamp covers it too)."""
 
     def __init__(self, streams: Sequence[RequestStream], after: Sequence[int]) -> None:
         state = [_hash_through(s, a) for s, a in zip(streams, after, strict=True)]
         self._offsets = [n for n, _ in state]
+        self._stamped = list(self._offsets)  # NOTE: bytes already covered by a stamp
         self._hashes = [h for _, h in state]
+
+    def unstamp(self, index: int, nbytes: int) -> None:
+        """The last ``nbytes`` before the resume point were never covered by a stamp (deltas
+        that rendered no frame of their own): the next stamp covers them (issue 20 D5, P3)."""
+        self._stamped[index] -= nbytes
+
+    def take(self, index: int, ev: StreamEvent) -> None:
+        """Add delta ``ev`` of choice ``index`` (call once per delta, in order)."""
+        self._hashes[index].update(ev.data)
+        self._offsets[index] += len(ev.data)
+
+    def stamp_pending(self, index: int) -> dict[str, Any] | None:
+        """The ``coda`` object covering the bytes taken since the last stamp (None: none)."""
+        start, end = self._stamped[index], self._offsets[index]
+        if end == start:
+            return None
+        self._stamped[index] = end
+        return {"offset": start, "length": end - start,
+                "digest": self._hashes[index].hexdigest()}
 
     def stamp(self, index: int, ev: StreamEvent) -> dict[str, Any]:
         """The ``coda`` object of delta ``ev`` of choice ``index`` (call once per delta, in
         order)."""
-        offset = self._offsets[index]
-        self._hashes[index].update(ev.data)
-        self._offsets[index] += len(ev.data)
-        return {"offset": offset, "length": len(ev.data),
-                "digest": self._hashes[index].hexdigest()}
+        self.take(index, ev)
+        return self.stamp_pending(index) or {"offset": self._offsets[index], "length": 0,
+                                             "digest": self._hashes[index].hexdigest()}
 
 
 def _split(raw: str, n: int, name: str) -> list[str]:

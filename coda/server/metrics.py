@@ -3,7 +3,9 @@
 Latencies are observed once per request, when its terminal event is appended (from the
 stream's listener, on the engine thread; prometheus-client is thread-safe): time to first
 token, inter-token latency (gaps between deltas), queue time, end-to-end latency, and the
-exact finish reason. Gauges (running, waiting, KV usage) are read from the engine at scrape.
+exact finish reason: a FINISHED or CANCELLED request counts in ``request_success`` by its
+reason, a FAILED one (a K3 decoding error keeps a normal reason such as ``max_output_tokens``)
+in ``request_failure`` by its reason and error code, never as a success (issue 20 D7). Gauges (running, waiting, KV usage) are read from the engine at scrape.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from coda.lifecycle import State
 from coda.reader import when_closed
 from coda.stream import EventType
 
@@ -36,6 +39,9 @@ class ServerMetrics:
                              registry=r, buckets=_LATENCY_BUCKETS)
         self.success = Counter("coda:request_success", "Finished requests by exact reason.",
                                ["finished_reason"], registry=r)
+        self.failure = Counter("coda:request_failure",
+                               "FAILED requests by exact reason and error code.",
+                               ["finished_reason", "error"], registry=r)
         self.prompt_tokens = Counter("coda:prompt_tokens", "Prompt tokens.", registry=r)
         self.generation_tokens = Counter("coda:generation_tokens",
                                          "Selected output tokens.", registry=r)
@@ -62,7 +68,12 @@ class ServerMetrics:
         stamps = [e.ts for e in events if e.type is EventType.DELTA]
         for a, b in zip(stamps, stamps[1:], strict=False):
             self.itl.observe(max(0.0, b - a))
-        self.success.labels(finished_reason=terminal.finish_reason.value).inc()
+        reason = terminal.finish_reason.value
+        if terminal.state is State.FAILED:  # NOTE: D7: a failure, whatever its reason says
+            code = terminal.error_code.value if terminal.error_code is not None else "model_error"
+            self.failure.labels(finished_reason=reason, error=code).inc()
+        else:
+            self.success.labels(finished_reason=reason).inc()
         self.prompt_tokens.inc(terminal.usage.prompt_tokens)
         self.generation_tokens.inc(terminal.usage.selected_tokens)
 

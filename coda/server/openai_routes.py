@@ -26,7 +26,7 @@ from coda.server.params import Knobs, build_requests, rename_map
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState
-from coda.stream import EventType, StreamEvent, Terminal
+from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
 
 router = APIRouter()
 
@@ -86,26 +86,38 @@ class OpenAIRenderer(Renderer):
         if self.parsers is not None:
             parser = self.parsers[index]
             frames = self._tool_frames(index, parser.finish(), None, fid)
+            self.stamp_into(index, ext)  # NOTE: bytes no frame carried (D5), on the last chunk
             ext["tool_calls"] = {"count": parser.calls, "removed_bytes": parser.removed_bytes}
+        trailing = lp.reported_trailing(terminal)
         if is_failed(terminal):
-            # NOTE: the in-band error frame (the openai SDK raises APIError on it), then [DONE]
-            return [Frame({"error": openai_error(terminal), "coda": ext}, id=fid)]
+            # NOTE: issue 20 D8: the textless last tokens' logprobs, which the 500 body lists,
+            # come in one chunk before the in-band error frame (the openai SDK raises APIError
+            # on it), then [DONE]: streamed and non-streamed list the same entries.
+            pre = ([Frame(self._chunk([self._trailing_choice(index, trailing, None)]), id=fid)]
+                   if self.logprobs and trailing else [])
+            return [*pre, Frame({"error": openai_error(terminal), "coda": ext}, id=fid)]
         reason = openai_finish_reason(terminal.finish_reason)
         if self.parsers is not None and self.parsers[index].calls and reason == "stop":
             reason = "tool_calls"
+        # NOTE: textless last tokens: their logprobs on the final chunk
+        choice = self._trailing_choice(index, trailing if self.logprobs else (), reason)
+        self.selected[index] = terminal.usage.selected_tokens
+        return [*frames,
+                Frame(self._chunk([choice], coda=ext, **self._running_usage(index)), id=fid)]
+
+    def _trailing_choice(self, index: int, trailing: Sequence[TokenInfo],
+                         reason: str | None) -> dict[str, Any]:
+        """An empty choice of the last chunk, with the logprobs of ``trailing`` if any."""
         choice: dict[str, Any] = ({"index": index, "delta": {}, "logprobs": None,
                                    "finish_reason": reason} if self.chat else
                                   {"index": index, "text": "", "logprobs": None,
                                    "finish_reason": reason})
-        trailing = lp.reported_trailing(terminal)
-        if self.logprobs and trailing:  # textless last tokens: logprobs on the final chunk
+        if trailing:
             at = self.offsets[index]
             choice["logprobs"] = ({"content": lp.chat_entries(trailing), "refusal": None}
                                   if self.chat else lp.legacy_logprobs(
                                       trailing, at, at, skip_special=self.skip))
-        self.selected[index] = terminal.usage.selected_tokens
-        return [*frames,
-                Frame(self._chunk([choice], coda=ext, **self._running_usage(index)), id=fid)]
+        return choice
 
     def _running_usage(self, index: int) -> dict[str, Any]:
         """vLLM's ``continuous_usage_stats``: the choice's usage so far on every chunk."""
@@ -118,7 +130,11 @@ class OpenAIRenderer(Renderer):
 
     def _tool_frames(self, index: int, items: list[tl.Item], ev: StreamEvent | None,
                      fid: str) -> list[Frame]:
-        """Text and complete calls of a tools request as one chunk (none if both are empty)."""
+        """Text and complete calls of a tools request as one chunk (none if both are empty).
+        With ``stream_verify`` the chunk's stamp covers every delta since the last stamp (D5):
+        a delta whose bytes are held back or inside an open call makes no chunk of its own."""
+        if ev is not None:
+            self.take(index, ev)
         text = tl.texts(items)
         calls = [tl.openai_call(c, self.r.id, delta=True) for c in items
                  if isinstance(c, tl.ToolCall)]
@@ -129,8 +145,10 @@ class OpenAIRenderer(Renderer):
         delta: dict[str, Any] = {"content": text} if text or not calls else {}
         if calls:
             delta["tool_calls"] = calls
-        return [Frame(self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
-                                    "finish_reason": None}]), id=fid)]
+        chunk = self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
+                              "finish_reason": None}])
+        self.stamp_last(index, [chunk])
+        return [Frame(chunk, id=fid)]
 
     def _delta_choice(self, index: int, ev: StreamEvent) -> dict[str, Any]:
         text = ev.text

@@ -99,6 +99,11 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
     return body
 
 
+def _is_delta(obj: dict[str, Any]) -> bool:
+    return obj.get("type") in ("response.output_text.delta",
+                               "response.function_call_arguments.delta")
+
+
 def _call_item(record: Record, call: tl.ToolCall, status: str) -> dict[str, Any]:
     return {"type": "function_call", "id": f"fc_{record.id.removeprefix('resp_')}_{call.index}",
             "call_id": call.call_id(record.id), "name": call.name,
@@ -160,19 +165,23 @@ class ResponsesRenderer(Renderer):
         if ev.type is EventType.DELTA:
             entries = lp.chat_entries(ev.tokens) if self.logprobs else []
             if self.parser is not None:
-                return self._tool_events(self.parser.feed(ev.text), ids, entries)
+                self.take(index, ev)  # NOTE: D5: the next delta event's stamp covers it
+                return self._emit_all(index, self._tool_events(self.parser.feed(ev.text), ids,
+                                                               entries))
             self.text += ev.text
             return self._emit({"type": "response.output_text.delta", **ids, "delta": ev.text,
                                "logprobs": entries, **self.stamp(index, ev)})
         assert ev.terminal is not None
         pre: list[Frame] = []
         if self.parser is not None:
-            pre = self._tool_events(self.parser.finish(), ids, [])
+            pre = self._emit_all(index, self._tool_events(self.parser.finish(), ids, []))
         final = response_object(self.r)
         kind, _ = responses_status(ev.terminal)
         item = final["output"][0]
-        return (pre + self._emit({"type": "response.output_text.done", **ids, "text": self.text,
-                                  "logprobs": item["content"][0]["logprobs"]})
+        done = {"type": "response.output_text.done", **ids, "text": self.text,
+                "logprobs": item["content"][0]["logprobs"]}
+        self.stamp_last(index, [done])  # NOTE: bytes no delta event carried (tools), if any
+        return (pre + self._emit(done)
                 + self._emit({"type": "response.content_part.done", **ids,
                               "part": item["content"][0]})
                 + self._emit({"type": "response.output_item.done", "output_index": 0,
@@ -180,27 +189,33 @@ class ResponsesRenderer(Renderer):
                 + self._emit({"type": kind, "response": final}))
 
 
+    def _emit_all(self, index: int, objs: list[dict[str, Any]]) -> list[Frame]:
+        """Emit ``objs``, the last delta event stamped (D5) even when replay skips it, so a
+        resumed stream's stamps are the first delivery's."""
+        self.stamp_last(index, objs, _is_delta)
+        return [f for obj in objs for f in self._emit(obj)]
+
     def _tool_events(self, items: list[tl.Item], ids: dict[str, Any],
-                     entries: list[Any]) -> list[Frame]:
+                     entries: list[Any]) -> list[dict[str, Any]]:
         """Text deltas of the message item, and one function_call output item per call
         (added, the whole arguments as one delta, done)."""
-        out: list[Frame] = []
+        out: list[dict[str, Any]] = []
         for item in items:
             if isinstance(item, str):
                 if item:
                     self.text += item
-                    out += self._emit({"type": "response.output_text.delta", **ids,
-                                       "delta": item, "logprobs": entries})
+                    out.append({"type": "response.output_text.delta", **ids,
+                                "delta": item, "logprobs": entries})
                 continue
             at = {"output_index": item.index + 1}
             added = _call_item(self.r, item, "in_progress")
             done = _call_item(self.r, item, "completed")
-            out += (self._emit({"type": "response.output_item.added", **at, "item": added})
-                    + self._emit({"type": "response.function_call_arguments.delta", **at,
-                                  "item_id": added["id"], "delta": item.arguments})
-                    + self._emit({"type": "response.function_call_arguments.done", **at,
-                                  "item_id": added["id"], "arguments": item.arguments})
-                    + self._emit({"type": "response.output_item.done", **at, "item": done}))
+            out += [{"type": "response.output_item.added", **at, "item": added},
+                    {"type": "response.function_call_arguments.delta", **at,
+                     "item_id": added["id"], "delta": item.arguments},
+                    {"type": "response.function_call_arguments.done", **at,
+                     "item_id": added["id"], "arguments": item.arguments},
+                    {"type": "response.output_item.done", **at, "item": done}]
         return out
 
 
@@ -306,9 +321,19 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return JSONResponse(response_object(record))
 
 
-# NOTE: the Responses events before the first delta: created, in_progress (header) and
-# output_item.added, content_part.added (the engine's start event); one event per delta after.
-_EVENTS_BEFORE_DELTAS = 3
+def _last_event_through(record: Record, seq: int) -> int:
+    """The number of the last Responses event rendered for the engine events up to ``seq``.
+    NOTE: replayed, not counted: with tools a delta yields zero or several events (issue 20
+    D5); without, this is ``seq + 3`` (created, in_progress, output_item.added,
+    content_part.added, then one event per delta)."""
+    r = record.make_renderer([1 << 62])  # NOTE: skips every frame; only numbers them
+    assert isinstance(r, ResponsesRenderer)
+    r.header()
+    for ev in record.streams[0].events_after(-1):
+        if ev.seq > seq:
+            break
+        r.on_event(0, ev, [ev.seq])
+    return r.seq - 1
 
 
 @router.get("/v1/responses/{response_id}")
@@ -329,7 +354,7 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     if offset is not None or digest is not None:
         resolved = resolve_resume(record.streams, None, offset, digest)
         assert resolved is not None
-        held = resolved[0] + _EVENTS_BEFORE_DELTAS
+        held = _last_event_through(record, resolved[0])
         if after is not None and after != held:
             raise ApiError(409, f"offset {offset} is event {held}, not starting_after {after}",
                            param="offset", code="resume_mismatch")

@@ -58,7 +58,7 @@ class CodaExtensions(_Strict):
     repetition_penalty: float | None = None
     backpressure: BackpressureBody | None = None
     response_format: ResponseFormat | None = None
-    utf8_tail: Literal["fail", "drop"] = "fail"
+    utf8_tail: Literal["auto", "fail", "drop"] = "auto"
     stream_verify: bool = False  # P3: byte offset + running digest on every delta
     # issue 13: structured output closes within max_tokens (None: on for json_schema and tools)
     close_within_budget: bool | None = None

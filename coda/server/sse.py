@@ -73,6 +73,32 @@ class Renderer:
         """``{"coda": {offset, length, digest}}`` for a delta of an opted-in request, else {}."""
         return {} if self.verify is None else {"coda": self.verify.stamp(index, ev)}
 
+    def take(self, index: int, ev: StreamEvent) -> None:
+        """With tools: count a delta whose frames (if any) come from the tool-call parser."""
+        if self.verify is not None:
+            self.verify.take(index, ev)
+
+    def stamp_into(self, index: int, coda: dict[str, Any]) -> None:
+        """Add the stamp of the bytes taken since the last stamp to ``coda`` in place (a final
+        frame's ``coda`` object; nothing when no byte is pending)."""
+        stamp = self.verify.stamp_pending(index) if self.verify is not None else None
+        if stamp is not None:
+            coda.update(stamp)
+
+    def stamp_last(self, index: int, objects: Sequence[Any],
+                   carries: Callable[[dict[str, Any]], bool] = lambda o: True) -> None:
+        """Put the stamp of the bytes taken since the last stamp on the last of ``objects``
+        (frame data) that ``carries`` one (issue 20 D5); when none does, the bytes wait for a
+        later object. Offsets count the engine's output bytes, tool-call markup included."""
+        if self.verify is None:
+            return
+        for obj in reversed(objects):
+            if isinstance(obj, dict) and carries(obj):
+                stamp = self.verify.stamp_pending(index)
+                if stamp is not None:
+                    obj["coda"] = {**obj.get("coda", {}), **stamp}
+                return
+
     def header(self) -> list[Frame]:
         return []
 

@@ -18,9 +18,9 @@ is then described in a system message, see :mod:`coda.server.tool_messages`).
   above (the "lazy" part of the grammar: free until the trigger, constrained after it).
 - ``none``: no grammar and no parsing; the text is returned as text.
 
-:class:`ToolCallParser` turns the engine's text deltas into text and complete calls. It holds
-back any suffix that could still be the start of the opening tag, like a stop-string prefix, so
-the tag never leaks as text; the bytes of a call are reported as removed from the text stream
+:class:`ToolCallParser` (:mod:`coda.server.tool_parser`) turns the engine's text deltas into
+text and complete calls, ending each call where its JSON object ends (never at a close tag found
+in an argument string); the bytes of a call are reported as removed from the text stream
 (``removed_bytes``, K2: the engine's own stream still carries them, the protocol moves them into
 ``tool_calls``).
 """
@@ -29,15 +29,27 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
+from coda.server.tool_parser import (
+    CLOSE_TAG,
+    OPEN_TAG,
+    Item,
+    ToolCall,
+    ToolCallParser,
+    primed,
+    split,
+    texts,
+)
 
-OPEN_TAG = "<tool_call>"
-CLOSE_TAG = "</tool_call>"
+__all__ = ["CLOSE_TAG", "OPEN_TAG", "Item", "Tool", "ToolCall", "ToolCallParser", "ToolPlan",
+           "anthropic_plan", "grammar_for", "knob_fields", "openai_call", "openai_plan",
+           "primed", "split", "texts"]
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 Mode = Literal["none", "auto", "required", "named"]
@@ -188,117 +200,6 @@ def grammar_for(plan: ToolPlan) -> GrammarSpec | None:
     return GrammarSpec(lark="\n".join(lines) + "\n", close_within_budget=True)
 
 
-# -- parsing the output --------------------------------------------------------------------
-@dataclass(frozen=True)
-class ToolCall:
-    """A complete call: its 0-based position in the answer, name and arguments (JSON text)."""
-
-    index: int
-    name: str
-    arguments: str
-
-    def call_id(self, request_id: str) -> str:
-        # NOTE: a pure function of the request and position, so replays repeat it (P3)
-        return f"call_{request_id[-16:]}_{self.index}"
-
-
-Item = str | ToolCall
-
-
-def _parse_call(body: str, index: int) -> ToolCall | None:
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", {})
-    if isinstance(args, str):  # NOTE: some models emit the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    return ToolCall(index, obj["name"], json.dumps(args, ensure_ascii=False))
-
-
-def _tag_prefix_len(text: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of the open tag."""
-    for n in range(min(len(OPEN_TAG) - 1, len(text)), 0, -1):
-        if OPEN_TAG.startswith(text[-n:]):
-            return n
-    return 0
-
-
-class ToolCallParser:
-    """Incremental text → text pieces and complete :class:`ToolCall` s (see module doc)."""
-
-    def __init__(self) -> None:
-        self._buf = ""          # held text (a possible tag prefix) or an open call's body
-        self._in_call = False
-        self._after_call = False  # the newline that separates parallel calls may follow
-        self.calls = 0
-        self.removed_bytes = 0  # K2: bytes of calls moved out of the text stream
-
-    def feed(self, text: str) -> list[Item]:
-        out: list[Item] = []
-        self._buf += text
-        while True:
-            if self._in_call:
-                end = self._buf.find(CLOSE_TAG)
-                if end < 0:
-                    return out
-                body, self._buf = self._buf[:end], self._buf[end + len(CLOSE_TAG):]
-                self._in_call = False
-                call = _parse_call(body, self.calls)
-                raw = OPEN_TAG + body + CLOSE_TAG
-                if call is None:  # NOTE: not a call after all: it stays text
-                    out.append(raw)
-                    continue
-                self.calls += 1
-                self.removed_bytes += len(raw.encode())
-                out.append(call)
-                self._after_call = True
-                continue
-            if self._after_call and self._buf:
-                # NOTE: the newline between parallel calls belongs to the call syntax
-                self._after_call = False
-                if self._buf.startswith("\n"):
-                    self._buf = self._buf[1:]
-                    self.removed_bytes += 1
-            start = self._buf.find(OPEN_TAG)
-            if start >= 0:
-                if start:
-                    out.append(self._buf[:start])
-                self._buf = self._buf[start + len(OPEN_TAG):]
-                self._in_call = True
-                continue
-            keep = _tag_prefix_len(self._buf)
-            cut = len(self._buf) - keep
-            if cut:
-                out.append(self._buf[:cut])
-                self._buf = self._buf[cut:]
-            return out
-
-    def finish(self) -> list[Item]:
-        """The end of the output: held text, or an unclosed call (e.g. cut by max_tokens),
-        is returned as text so that nothing the model wrote is lost."""
-        rest = (OPEN_TAG if self._in_call else "") + self._buf
-        self._buf, self._in_call = "", False
-        return [rest] if rest else []
-
-
-def split(text: str) -> tuple[str, list[ToolCall], int]:
-    """A whole output: (text outside calls, calls, bytes removed)."""
-    p = ToolCallParser()
-    items = p.feed(text) + p.finish()
-    return ("".join(i for i in items if isinstance(i, str)),
-            [i for i in items if isinstance(i, ToolCall)], p.removed_bytes)
-
-
-def texts(items: Iterable[Item]) -> str:
-    return "".join(i for i in items if isinstance(i, str))
-
-
 # -- wiring helpers shared by the routes ----------------------------------------------------
 def knob_fields(plan: ToolPlan | None, other_grammar: object | None,
                 format_field: str = "response_format") -> dict[str, Any]:
@@ -318,11 +219,3 @@ def openai_call(call: ToolCall, request_id: str, *, delta: bool = False) -> dict
     out: dict[str, Any] = {"id": call.call_id(request_id), "type": "function",
                            "function": {"name": call.name, "arguments": call.arguments}}
     return {"index": call.index, **out} if delta else out
-
-
-def primed(texts_before: Iterable[str]) -> ToolCallParser:
-    """A parser in the state it had after ``texts_before`` (a resumed stream, P3)."""
-    p = ToolCallParser()
-    for t in texts_before:
-        p.feed(t)
-    return p

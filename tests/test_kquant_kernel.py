@@ -250,16 +250,24 @@ def test_auto_serves_a_q4_k_m_mix_packed_with_embeddings_in_place(tmp_path: Path
     assert model.kernels["Q6_K"].startswith("packed-f32/")
 
 
-def test_a_float_gguf_stays_dense_by_default(tmp_path: Path) -> None:
-    """A GGUF without block-quantized matrices is served dense by ``auto`` (the in-place float
-    rows are for the float parts of quantized files), and ``packed`` says why it does not apply."""
+def test_a_float_gguf_is_served_by_the_invariant_dense_mode(tmp_path: Path) -> None:
+    """T4 (issue 18 item 2): a GGUF without block-quantized matrices is served by ``auto`` in
+    ``fp32-kernel`` (its F16 rows read in place by this kernel: batch-invariant, unlike fp32's
+    BLAS), within rounding of fp32; ``packed`` says why it does not apply."""
     from coda.models.gguf_file import open_gguf
     from coda.models.gguf_packed import ggml_applies
-    from coda.models.modes import resolve_mode
+    from coda.models.modes import QUANT_MODES, resolve_mode
+    from tests.test_models import full_forward
 
     ckpt = open_gguf(write_mixed(tmp_path / "f.gguf", lambda n: "F16"))
-    assert resolve_mode("auto", None, ckpt).name == "fp32"
+    mode = resolve_mode("auto", None, ckpt)
+    assert mode.name == "fp32-kernel" and mode.batch_invariant
     assert "block-quantized" in str(ggml_applies(ckpt))
+    model = mode.build_gguf(ckpt, "cpu")
+    assert model.kernels["F16"].startswith("packed-f32/") and "in place" in model.kernels["F16"]
+    ours = full_forward(model, [5, 6, 7, 8])
+    ref = full_forward(QUANT_MODES["fp32"].build_gguf(ckpt, "cpu"), [5, 6, 7, 8])
+    assert torch.allclose(ours, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture(scope="module")

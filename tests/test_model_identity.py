@@ -85,7 +85,8 @@ def test_p1_folder_identity_is_content_not_name(server_checkpoint: Path, tmp_pat
 
 def test_p1_start_event_terminal_and_coda_object(server_engine: AsyncEngine) -> None:
     snap = server_engine.model_snapshot
-    assert snap == folder_identity(server_engine.model_dir, "float32").snapshot
+    mode = server_engine.loaded.mode.name  # NOTE: auto's (fp32-kernel where coda._native runs)
+    assert snap == folder_identity(server_engine.model_dir, "float32", quant_mode=mode).snapshot
     h = server_engine.submit(GenerationRequest((5, 6, 7), max_tokens=2))
     term = h.wait(30)
     start = h.stream.events_after(-1)[0]

@@ -96,7 +96,8 @@ def test_resolve_mode_exhaustively_follows_the_rules(q4_file: Path, f32_file: Pa
     """For every (--quant, --dtype, source) — junk included — the result is a typed error or
     a mode that: is the one asked for (or auto's pick), serves HF folders only if dense,
     applies to the file, runs the explicit dtype; auto without dtype on a file q4 applies to
-    is batch-invariant (T4), elsewhere fp32."""
+    is batch-invariant (T4), elsewhere (an HF folder, a float GGUF) fp32-kernel, the invariant
+    dense mode (issue 18 item 2), or fp32 where the native module is missing."""
     sources = _sources(q4_file, f32_file, server_checkpoint)
     for quant, dtype, (kind, (_, ckpt)) in itertools.product(
             (*MODE_NAMES, "int3", ""), (None, "float32", "bfloat16", "float16", "float64"),
@@ -119,8 +120,9 @@ def test_resolve_mode_exhaustively_follows_the_rules(q4_file: Path, f32_file: Pa
         assert ckpt is None or mode.applies(ckpt) is None
         assert dtype is None or mode.dtype == dtype
         if quant == "auto" and dtype is None:
-            assert mode.name == (_AUTO if kind == "q4-gguf" else "fp32"), kind
-            assert mode.batch_invariant == (kind == "q4-gguf")
+            dense = "fp32-kernel" if QUANT_MODES["fp32-kernel"].available() is None else "fp32"
+            assert mode.name == (_AUTO if kind == "q4-gguf" else dense), kind
+            assert mode.batch_invariant == (mode.name != "fp32")  # NOTE: fp32 only as fallback
 
 
 def test_auto_order_lists_only_batch_invariant_modes_and_skips_unavailable(
@@ -205,8 +207,9 @@ def test_cli_models_lists_the_modes_auto_first(q4_file: Path, f32_file: Path) ->
 
     q4 = describe_source("q4", resolve_model(q4_file))
     f32 = describe_source("f32", resolve_model(f32_file))
-    assert (q4.quant_auto, q4.quant_modes) == (_AUTO, ("fp32", "bf16", "fp16", "q4", "packed", "packed-q8", "q4-int8head"))
-    assert (f32.quant_auto, f32.quant_modes) == ("fp32", ("fp32", "bf16", "fp16"))
+    kernel = ("fp32-kernel",) if QUANT_MODES["fp32-kernel"].available() is None else ()
+    assert (q4.quant_auto, q4.quant_modes) == (_AUTO, ("fp32", *kernel, "bf16", "fp16", "q4", "packed", "packed-q8", "q4-int8head"))
+    assert (f32.quant_auto, f32.quant_modes) == ((*kernel, "fp32")[0], ("fp32", *kernel, "bf16", "fp16"))
     res = CliRunner().invoke(app, ["models", str(q4_file)], env={"COLUMNS": "300"})
     order = " ".join([_AUTO, *(m for m in q4.quant_modes if m != _AUTO)])
     assert res.exit_code == 0 and order in " ".join(res.output.split()), res.output

@@ -126,6 +126,7 @@ GGML_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the re-laid-out kernel (csrc/blocks.h)
 # Types the in-place kernel (kquant_kernels.h) reads; keep in step with kquant_linear.TYPES.
 INPLACE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
                  "Q4_K", "Q5_K", "Q6_K")
+FLOAT_TYPES = ("F32", "F16", "BF16")
 _BLOCK = {"F32": 16, "F16": 16, "BF16": 16, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256,
           "Q6_K": 256}  # NOTE: weights per block (32 for the rest); K must be a multiple
 
@@ -200,30 +201,46 @@ def _fits(t: GGUFTensor) -> str | None:
     return None
 
 
+def _matrices(ckpt: GGUFCheckpoint) -> list[GGUFTensor]:
+    tensors = {t.hf_name: t for t in ckpt.tensors()}
+    mats = [tensors[n] for names in projections(ckpt).values() for n in names]
+    return mats + [head_tensor(tensors), tensors["model.embed_tokens.weight"]]
+
+
 def ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
     """None if the ``packed`` modes can serve the file, else why not: every projection, the
     head and the token embeddings must be of a type the kernels read."""
-    tensors = {t.hf_name: t for t in ckpt.tensors()}
-    mats = [tensors[n] for names in projections(ckpt).values() for n in names]
-    mats += [head_tensor(tensors), tensors["model.embed_tokens.weight"]]
+    mats = _matrices(ckpt)
     for t in mats:
         if (why := _fits(t)) is not None:
             return why
-    if all(t.qtype in ("F32", "F16", "BF16") for t in mats):
-        # NOTE: a float file is served dense (fp32 mode): the in-place kernel's float rows are
-        # for the float parts of quantized files (it is no BLAS at prefill)
+    if all(t.qtype in FLOAT_TYPES for t in mats):
+        # NOTE: a float file is the dense invariant mode's (fp32-kernel): same kernel, its name
+        # says what the user gets (the file's weights exactly, no quantization)
         return (f"{mats[0].gguf_name} is {mats[0].qtype}, and no matrix is block-quantized: "
-                "a float GGUF is served dense")
+                "a float GGUF is served by fp32-kernel (or fp32)")
     return None
 
 
-def build_ggml(ckpt: GGUFCheckpoint, act: str = "f32", device: str = "cpu") -> CausalLM:
-    """The ``packed`` (``act="f32"``) and ``packed-q8`` (``act="q8"``) models. Token embeddings
+def float_applies(ckpt: GGUFCheckpoint) -> str | None:
+    """None if ``fp32-kernel`` can serve the GGUF: every matrix F32/F16/BF16, whole lanes."""
+    for t in _matrices(ckpt):
+        if t.qtype not in FLOAT_TYPES:
+            return f"{t.gguf_name} is {t.qtype}: a quantized file is served by packed or q4"
+        if (why := _fits(t)) is not None:
+            return why
+    return None
+
+
+def build_ggml(ckpt: GGUFCheckpoint, act: str = "f32", device: str = "cpu",
+               floats: bool = False) -> CausalLM:
+    """The ``packed`` (``act="f32"``) and ``packed-q8`` (``act="q8"``) models, and with
+    ``floats`` the ``fp32-kernel`` model of a float GGUF (same kernels). Token embeddings
     are gathered from their blocks (:class:`KQuantEmbedding`); ``model.kernels`` says which
     kernel runs each tensor type (the load summary shows it)."""
     from coda.models.kernels.kquant_linear import KQuantEmbedding
 
-    why = ggml_applies(ckpt)
+    why = float_applies(ckpt) if floats else ggml_applies(ckpt)
     if why is not None:
         from coda.models.config import UnsupportedModelError
 

@@ -165,11 +165,12 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 
 
 def folder_identity(model_dir: str | Path, dtype: str,
-                    chat_template: str | None = None) -> ModelIdentity:
+                    chat_template: str | None = None,
+                    quant_mode: str | None = None) -> ModelIdentity:
     """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
     ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
     own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
-    (and its dense mode, ``fp32``/``bf16``/``fp16``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
+    and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
     from coda.models.tokenizer_bundle import folder_chat_template
 
     model_dir = Path(model_dir)
@@ -177,4 +178,4 @@ def folder_identity(model_dir: str | Path, dtype: str,
     return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
                           tokenizer=(model_dir / "tokenizer.json").read_bytes(),
                           chat_template=template, dtype=dtype,
-                          quant_mode=DENSE_BY_DTYPE.get(dtype))
+                          quant_mode=quant_mode or DENSE_BY_DTYPE.get(dtype))

@@ -154,11 +154,11 @@ def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = Non
                                   chat_template=bundle.chat_template, dtype=mode.dtype,
                                   quantization=ckpt.quantization, quant_mode=mode.name)
         return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity, mode)
-    from coda.models.loader import folder_identity, load_model
+    from coda.models.loader import folder_identity
 
     mode = resolve_mode(quant, dtype, None)
     cfg = ModelConfig.from_dir(source.path)
     bundle = bundle_from_hf_dir(source.path, cfg)
-    model = load_model(source.path, dtype=mode.dtype, device=device)
-    identity = folder_identity(source.path, mode.dtype, bundle.chat_template)
+    model = mode.load_folder(source.path, device)
+    identity = folder_identity(source.path, mode.dtype, bundle.chat_template, mode.name)
     return LoadedModel(source, model, cfg, bundle, cfg.torch_dtype, identity, mode)

@@ -87,7 +87,8 @@ def describe() -> dict[str, str]:
     why = unavailable()
     if why is not None:
         return {"native_kernels": f"unavailable: {why}; attention and norms run on torch, and "
-                                  "a GGUF's `auto` mode is q4 or fp32 instead of packed"}
+                                  "a GGUF's `auto` mode is q4 or fp32 instead of packed, an HF "
+                                  "folder's fp32 (NOT batch-invariant) instead of fp32-kernel"}
     mod = native()
     return {"native_kernels": f"{mod.isa()} (of {', '.join(mod.isas())}; "
                               f"{mod.threads()} threads)",

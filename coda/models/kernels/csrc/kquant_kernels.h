@@ -37,30 +37,42 @@ constexpr int LANES = 16;
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 inline float tree16(const float* a) {
+#if CODA_ISA == CODA_AVX512 || CODA_ISA == CODA_AVX2
+  // NOTE: the same additions as the scalar tree below, in vector lanes (the bits are equal); at
+  // K = 256 the scalar tree was as long as the row's FMAs (the default model's prefill)
+  const __m256 t8 = _mm256_add_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8));
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+#else
   float t[8];
   for (int i = 0; i < 8; ++i) t[i] = a[i] + a[i + 8];
   for (int i = 0; i < 4; ++i) t[i] = t[i] + t[i + 4];
   for (int i = 0; i < 2; ++i) t[i] = t[i] + t[i + 2];
   return t[0] + t[1];
+#endif
 }
 
 // Accumulators live in acc[c][r][16] (c < G outputs of the group, r < MB rows) between spans.
 inline float* acc_at(float* acc, int c, int64_t r) { return acc + (c * MB + r) * LANES; }
 
-// acc[c][r0 + r] += w[c][0:n] * x[r][0:n] for C outputs (w rows KC apart) and R input rows, in
+// acc[c][r0 + r] += w[c][0:n] * x[r][0:n] for C outputs (w[c]: a decoded span, or an F32 row's
+// own memory) and R input rows, in
 // the canonical lane order (n a multiple of 16). C independent chains per row hide the FMA
 // latency; each accumulator still sees its products in increasing k.
 template <int R, int C>
-inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* acc, int64_t r0) {
+inline void dot(const float* const* w, int64_t n, const float* x, int64_t ldx, float* acc,
+                int64_t r0, bool fresh) {
 #if CODA_ISA == CODA_AVX512
   __m512 a[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) a[r][c] = _mm512_loadu_ps(acc_at(acc, c, r0 + r));
+    for (int c = 0; c < C; ++c)
+      a[r][c] = fresh ? _mm512_setzero_ps() : _mm512_loadu_ps(acc_at(acc, c, r0 + r));
   for (int64_t k = 0; k < n; k += LANES) {
     __m512 xv[R];
     for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * ldx + k);
     for (int c = 0; c < C; ++c) {
-      const __m512 wc = _mm512_loadu_ps(w + c * KC + k);
+      const __m512 wc = _mm512_loadu_ps(w[c] + k);
       for (int r = 0; r < R; ++r) a[r][c] = _mm512_fmadd_ps(wc, xv[r], a[r][c]);
     }
   }
@@ -70,15 +82,15 @@ inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* a
   __m256 lo[R][C], hi[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      lo[r][c] = _mm256_loadu_ps(acc_at(acc, c, r0 + r));
-      hi[r][c] = _mm256_loadu_ps(acc_at(acc, c, r0 + r) + 8);
+      lo[r][c] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(acc_at(acc, c, r0 + r));
+      hi[r][c] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(acc_at(acc, c, r0 + r) + 8);
     }
   for (int64_t k = 0; k < n; k += LANES) {
     for (int r = 0; r < R; ++r) {
       const __m256 x0 = _mm256_loadu_ps(x + r * ldx + k), x1 = _mm256_loadu_ps(x + r * ldx + k + 8);
       for (int c = 0; c < C; ++c) {
-        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w + c * KC + k), x0, lo[r][c]);
-        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w + c * KC + k + 8), x1, hi[r][c]);
+        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w[c] + k), x0, lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(w[c] + k + 8), x1, hi[r][c]);
       }
     }
   }
@@ -91,8 +103,10 @@ inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* a
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
       float* a = acc_at(acc, c, r0 + r);
+      if (fresh)
+        for (int l = 0; l < LANES; ++l) a[l] = 0.0f;
       const float* xr = x + r * ldx;
-      const float* wc = w + c * KC;
+      const float* wc = w[c];
       for (int64_t k = 0; k < n; k += LANES)
         for (int l = 0; l < LANES; ++l) a[l] = fma1(wc[k + l], xr[k + l], a[l]);
     }
@@ -101,22 +115,22 @@ inline void dot(const float* w, int64_t n, const float* x, int64_t ldx, float* a
 
 // Every input row of the block against the group's decoded spans.
 template <int C>
-inline void dot_rows(const float* w, int64_t n, const float* x, int64_t ldx, int64_t rows,
-                     float* acc) {
+inline void dot_rows(const float* const* w, int64_t n, const float* x, int64_t ldx, int64_t rows,
+                     float* acc, bool fresh) {
   constexpr int R = CODA_ISA == CODA_AVX512 ? 4 : CODA_ISA == CODA_AVX2 ? 1 : 1;
   int64_t r = 0;
-  for (; r + R <= rows; r += R) dot<R, C>(w, n, x + r * ldx, ldx, acc, r);
-  for (; r < rows; ++r) dot<1, C>(w, n, x + r * ldx, ldx, acc, r);
+  for (; r + R <= rows; r += R) dot<R, C>(w, n, x + r * ldx, ldx, acc, r, fresh);
+  for (; r < rows; ++r) dot<1, C>(w, n, x + r * ldx, ldx, acc, r, fresh);
 }
 
 constexpr int G = 4;  // outputs decoded and accumulated side by side
 
-inline void dot_group(int g, const float* w, int64_t n, const float* x, int64_t ldx,
-                      int64_t rows, float* acc) {
-  if (g == 4) dot_rows<4>(w, n, x, ldx, rows, acc);
-  else if (g == 3) dot_rows<3>(w, n, x, ldx, rows, acc);
-  else if (g == 2) dot_rows<2>(w, n, x, ldx, rows, acc);
-  else dot_rows<1>(w, n, x, ldx, rows, acc);
+inline void dot_group(int g, const float* const* w, int64_t n, const float* x, int64_t ldx,
+                      int64_t rows, float* acc, bool fresh) {
+  if (g == 4) dot_rows<4>(w, n, x, ldx, rows, acc, fresh);
+  else if (g == 3) dot_rows<3>(w, n, x, ldx, rows, acc, fresh);
+  else if (g == 2) dot_rows<2>(w, n, x, ldx, rows, acc, fresh);
+  else dot_rows<1>(w, n, x, ldx, rows, acc, fresh);
 }
 
 // Weights [k0, k0 + n) of a row into buf (decoded, or copied for F32).
@@ -152,8 +166,6 @@ inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch
         const int64_t fr = seg[j]->row_map ? seg[j]->row_map[idx[j]] : idx[j];
         row[j] = seg[j]->base + fr * seg[j]->row_bytes;
       }
-      for (int j = 0; j < g; ++j)
-        for (int64_t i = 0; i < mb * LANES; ++i) acc_at(acc, j, 0)[i] = 0.0f;
       // NOTE: the rows two groups ahead are prefetched span by span: rows are short streams (a
       // few KiB) the hardware prefetcher does not learn in time (measured on a 49152-row Q6_K
       // head, 1 thread: 86 ms without, 28 ms one group ahead, 15 ms two groups ahead)
@@ -169,13 +181,29 @@ inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch
         next[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
         nrb = q.row_bytes;
       }
-      for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = min64(KC, K - k0);
+      bool f32 = true;
+      for (int j = 0; j < g; ++j) f32 = f32 && seg[j]->type == ggml::F32;
+      // NOTE: F32 rows need no span buffer: longer spans keep the accumulators in registers
+      // (prefill 512 rows: 1B layer 0.85x -> 0.90x F.linear; one row streams better in short)
+      const int64_t step = f32 && mb > 1 ? 4 * KC : KC;
+      for (int64_t k0 = 0; k0 < K; k0 += step) {
+        const int64_t kc = min64(step, K - k0);
         const int64_t b0 = k0 * nrb / K, b1 = (k0 + kc) * nrb / K;
         for (int j = 0; j < gn; ++j)
           for (int64_t o = b0; o < b1; o += 64) __builtin_prefetch(next[j] + o);
-        for (int j = 0; j < g; ++j) span(seg[j]->type, row[j], k0, kc, wbuf + j * KC);
-        dot_group(g, wbuf, kc, xb + k0, K, mb, acc);
+        const float* wp[G];
+        for (int j = 0; j < g; ++j) {
+          // NOTE: F32 rows are read where they lie (the dense fp32-kernel mode): a copy into
+          // wbuf cost a third of the batch-1 time; the products and their order are the same
+          if (seg[j]->type == ggml::F32) {
+            wp[j] = reinterpret_cast<const float*>(row[j]) + k0;
+          } else {
+            span(seg[j]->type, row[j], k0, kc, wbuf + j * KC);
+            wp[j] = wbuf + j * KC;
+          }
+        }
+        // NOTE: the first span starts every accumulator at +0.0 in registers (no zeroed array)
+        dot_group(g, wp, kc, xb + k0, K, mb, acc, k0 == 0);
       }
       for (int j = 0; j < g; ++j)
         for (int64_t r = 0; r < mb; ++r) {

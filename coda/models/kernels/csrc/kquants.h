@@ -43,26 +43,11 @@ using ggml::block_size;
 using ggml::F32, ggml::F16, ggml::BF16, ggml::Q4_0, ggml::Q4_1, ggml::Q5_0, ggml::Q5_1,
     ggml::Q8_0, ggml::Q2_K, ggml::Q3_K, ggml::Q4_K, ggml::Q5_K, ggml::Q6_K;
 
-// Exact IEEE half -> float (subnormals, infinities and NaN included), portable.
+// Exact IEEE half -> float (subnormals, infinities and NaN included), portable: isa.h's h2f.
 inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FFu, bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // NOTE: subnormal half: normalise (every half subnormal is a normal float)
-    exp = 113;
-    while (!(man & 0x400u)) { man <<= 1; --exp; }
-    bits = sign | (exp << 23) | ((man & 0x3FFu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return h2f(h);
 }
 
 inline float bf16(const uint8_t* p) {

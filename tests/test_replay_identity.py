@@ -25,9 +25,14 @@ from tests.conftest import SSEAccumulator
 
 
 class _EchoRenderer(Renderer):
+    """One to three frames per event (as a tool call renders block start, delta and stop): a
+    cut can fall inside any group."""
+
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
-        return [Frame({"i": index, "seq": ev.seq, "type": ev.type.value, "text": ev.text},
-                      id=position_id(positions))]
+        return [Frame({"i": index, "seq": ev.seq, "type": ev.type.value, "text": ev.text,
+                       "part": part}, id=position_id(positions))
+                for part in range(ev.seq % 3 + 1)]
+
 
 
 def _parse(raw: bytes) -> list[tuple[str, str]]:
@@ -40,7 +45,7 @@ def _parse(raw: bytes) -> list[tuple[str, str]]:
 
 
 async def _run(streams: list[RequestStream], after: list[int] | None,
-               producer: Any = None) -> bytes:
+               producer: Any = None, held: int = 0) -> bytes:
     sent: list[bytes] = []
     never = asyncio.Event()
 
@@ -51,7 +56,7 @@ async def _run(streams: list[RequestStream], after: list[int] | None,
     async def send(message: dict[str, Any]) -> None:
         sent.append(message.get("body", b""))
 
-    resp = SSEResponse(streams, _EchoRenderer(len(streams), after), keepalive_s=5.0)
+    resp = SSEResponse(streams, _EchoRenderer(len(streams), after, held), keepalive_s=5.0)
     pump = asyncio.ensure_future(resp({"type": "http"}, receive, send))  # type: ignore[arg-type]
     if producer is not None:
         await producer()
@@ -84,11 +89,11 @@ def test_p2_p3_live_equals_replay_from_every_cut_point(n: int,
                 s.close(_TERMINAL)
 
         live = _parse(await _run(streams, None, produce))
-        assert len(live) == sum(s.last_seq + 1 for s in streams)
+        assert len(live) == sum(k % 3 + 1 for s in streams for k in range(s.last_seq + 1))
         for k, (fid, _) in enumerate(live):
-            after = parse_position_id(fid, n)
-            assert after is not None
-            assert _parse(await _run(streams, after)) == live[k + 1:], fid
+            parsed = parse_position_id(fid, n)
+            assert parsed is not None
+            assert _parse(await _run(streams, *parsed[:1], held=parsed[1])) == live[k + 1:], fid
         assert _parse(await _run(streams, [-1] * n)) == live
 
     asyncio.run(scenario())

@@ -163,12 +163,16 @@ def _operational_routes(app: FastAPI) -> None:
             raise ApiError(404, f"No stream found with id '{request_id}'", param="request_id",
                            code="not_found")
         raw = after if after is not None else request.headers.get("last-event-id")
-        positions = parse_position_id(raw, len(record.handles))
-        if raw is not None and raw.strip() and positions is None:
+        parsed = parse_position_id(raw, len(record.handles))
+        if raw is not None and raw.strip() and parsed is None:
             raise ApiError(400, f"Last-Event-ID must be {len(record.handles)} comma-separated "
-                                "sequence numbers", param="Last-Event-ID")
+                                "sequence numbers (an id this stream sent)",
+                           param="Last-Event-ID")
+        positions, held = parsed if parsed is not None else (None, 0)
         positions = resolve_resume(record.streams, positions, offset, digest)
-        return SSEResponse(record.streams, record.make_renderer(positions),
+        renderer = record.make_renderer(positions)
+        renderer.held = held if positions is not None else 0
+        return SSEResponse(record.streams, renderer,
                            keepalive_s=st.settings.keepalive_s,
                            write_timeout_s=st.settings.write_timeout_s)
 

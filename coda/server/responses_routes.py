@@ -132,6 +132,8 @@ def _message_item(record: Record, text: str, status: str,
 class ResponsesRenderer(Renderer):
     """Deterministic Responses events; frames numbered ``<= starting_after`` are skipped."""
 
+    position_ids = False  # NOTE: every frame carries its own sequence number
+
     def __init__(self, record: Record, logprobs: bool, starting_after: int) -> None:
         super().__init__(1, [-1])  # NOTE: always regenerate from the start (deterministic)
         self.r, self.logprobs = record, logprobs

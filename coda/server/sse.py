@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.responses import Response
@@ -58,8 +58,13 @@ class Renderer:
     """Turns engine events into protocol frames. ``after`` holds, per stream, the engine
     sequence number to resume after (``-1``: from the start)."""
 
-    def __init__(self, n: int, after: Sequence[int] | None = None) -> None:
+    # NOTE: ids are engine positions (P3): the pump gives a group's earlier frames sub-ids
+    # (frame_id); a renderer numbering its own frames (Responses) turns this off
+    position_ids = True
+
+    def __init__(self, n: int, after: Sequence[int] | None = None, held: int = 0) -> None:
         self.after = list(after) if after is not None else [-1] * n
+        self.held = held  # NOTE: frames of the first group after ``after`` the client holds
         # NOTE: updated by the pump (P5 "network send"); rendered through the request's
         # DeliveryRecord so a replay shows the first delivery's value (P3).
         self.network_send_s = 0.0
@@ -115,14 +120,29 @@ def position_id(positions: Sequence[int]) -> str:
     return ",".join(str(p) for p in positions)
 
 
-def parse_position_id(value: str | None, n: int) -> list[int] | None:
+def frame_id(before: Sequence[int], delivered: int) -> str:
+    """SSE id of a frame that is not the last of its group: the positions before the group's
+    event, and how many of the group's frames the client holds with this one (``12.2``). One
+    engine event can render several frames (a tool call's block start, delta and stop); a
+    client cut between them resumes after ``before`` and is sent the group's frames past
+    ``delivered`` - none lost, none repeated (P3)."""
+    return f"{position_id(before)}.{delivered}"
+
+
+def parse_position_id(value: str | None, n: int) -> tuple[list[int], int] | None:
+    """``(positions, frames of the next group already held)`` from an SSE id (see
+    :func:`position_id` and :func:`frame_id`); None if it is not one of this stream's ids."""
     if value is None or not value.strip():
         return None
+    head, dot, tail = value.strip().rpartition(".")
+    if not dot:
+        head, tail = tail, "0"
     try:
-        parts = [int(p) for p in value.split(",")]
+        parts, held = [int(p) for p in head.split(",")], int(tail)
     except ValueError:
         return None
-    return parts if len(parts) == n and all(p >= -1 for p in parts) else None
+    ok = len(parts) == n and all(p >= -1 for p in parts) and held >= 0
+    return (parts, held) if ok else None
 
 
 class SSEResponse(Response):
@@ -188,8 +208,9 @@ class SSEResponse(Response):
                     continue
                 frames: list[Frame] = []
                 for index, ev in batch:
+                    before = list(positions)
                     positions[index] = ev.seq  # NOTE: each frame's id is its own cut (P3)
-                    frames.extend(r.on_event(index, ev, list(positions)))
+                    frames.extend(self._group(r.on_event(index, ev, list(positions)), before))
                 if frames:
                     # NOTE: one write per batch: a frame group reaches the client whole or not.
                     await conn.write(b"".join(f.encode() for f in frames))
@@ -197,7 +218,8 @@ class SSEResponse(Response):
                 ended += sum(1 for _, ev in batch if is_terminal(ev))
                 # NOTE: credit (P6) only for what reached the socket, never after the client left.
                 source.ack()
-            tail = r.footer()
+            # NOTE: the footer keeps its plain ids: a resume after the last id is sent it again
+            tail = self._group(r.footer(), positions, footer=True)
             try:
                 await conn.write(b"".join(f.encode() for f in tail), more_body=False)
             except ClientGone:
@@ -208,6 +230,21 @@ class SSEResponse(Response):
         finally:
             r.network_send_s = conn.send_s
             source.close()
+
+
+    def _group(self, frames: list[Frame], before: list[int], *,
+                footer: bool = False) -> list[Frame]:
+        """One event's frames (or the footer) with their ids (:func:`frame_id`), less those
+        the resuming client already holds."""
+        r = self._renderer
+        if r.position_ids and not footer:
+            frames = [replace(f, id=frame_id(before, j + 1))
+                      if j < len(frames) - 1 and f.id is not None else f
+                      for j, f in enumerate(frames)]
+        if r.held and frames:
+            # NOTE: the first group after the resume point is the one the client was cut in
+            frames, r.held = frames[r.held:], 0
+        return frames
 
 
 def is_terminal(ev: StreamEvent) -> bool:

@@ -55,8 +55,10 @@ def _is_final(kind: str, ev: dict[str, str]) -> bool:
 
 def _check(kind: str, events: list[dict[str, str]], complete: bool) -> str | None:
     """P2/L3 on one stream; returns the exact finish reason when the stream is complete."""
-    ids = [int(e["id"]) for e in events if e.get("data") != "[DONE]"]
-    strict = kind != "anthropic"  # NOTE: Anthropic frame groups share their engine seq id
+    # NOTE: an id is the engine positions, or inside a frame group "<positions before>.<k>"
+    ids = [tuple(int(x) for x in e["id"].split(".")) for e in events
+           if e.get("data") != "[DONE]"]
+    strict = kind != "anthropic"
     assert all((a < b) if strict else (a <= b) for a, b in zip(ids, ids[1:], strict=False)), ids
     finals = [i for i, e in enumerate(events) if _is_final(kind, e)]
     if not complete:

@@ -88,9 +88,6 @@ class GGUFHeader:
     _map: np.memmap | None = field(default=None, repr=False)
     _parsed: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def has(self, key: str) -> bool:
-        return key in self.metadata or key in self._lazy
-
     def array_length(self, key: str) -> int | None:
         """The number of entries of an array field (parsed or not); None if absent."""
         if key in self._lazy:

@@ -195,6 +195,18 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
     return msgs
 
 
+async def _prompt_ids(st: Any, body: AnthropicRequest | AnthropicCountRequest,
+                      plan: tl.ToolPlan | None) -> list[int]:
+    """The prompt's token ids: the chat template over system, messages and the plan's tools
+    (a final assistant message is a prefill the model continues); off the event loop."""
+    msgs = chat_messages(body)
+    prefill = msgs[-1]["role"] == "assistant"
+    text = await off_loop(render_chat, st.engine, msgs, continue_final_message=prefill,
+                          tools=plan.tools if plan else ())
+    ids: list[int] = await off_loop(st.encode, text, add_special_tokens=False, field="messages")
+    return ids
+
+
 @router.post("/v1/messages")
 async def create_message(body: AnthropicRequest, request: Request) -> Response:
     """Anthropic Messages (streaming and not) with the Coda extensions."""
@@ -204,11 +216,7 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
     if body.thinking and body.thinking.get("type") not in (None, "disabled"):
         raise InvalidRequestError("thinking: extended thinking is not supported",
                                   field="thinking")
-    msgs = chat_messages(body)
-    prefill = msgs[-1]["role"] == "assistant"
-    text = await off_loop(render_chat, st.engine, msgs, continue_final_message=prefill,
-                       tools=plan.tools if plan else ())
-    ids = await off_loop(st.encode, text, add_special_tokens=False, field="messages")
+    ids = await _prompt_ids(st, body, plan)
     knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
                   prompt_field="messages", stop=body.stop_sequences, stop_field="stop_sequences",
                   seed=body.seed, temperature=body.temperature, top_p=body.top_p,
@@ -256,10 +264,5 @@ async def count_tokens(body: AnthropicCountRequest, request: Request) -> Respons
     system, messages and tools, counted by the served model's tokenizer (nothing is queued)."""
     st = state_of(request)
     st.check_model(body.model)
-    plan = tl.anthropic_plan(body.tools, body.tool_choice)
-    msgs = chat_messages(body)
-    prefill = msgs[-1]["role"] == "assistant"
-    text = await off_loop(render_chat, st.engine, msgs, continue_final_message=prefill,
-                          tools=plan.tools if plan else ())
-    ids = await off_loop(st.encode, text, add_special_tokens=False, field="messages")
+    ids = await _prompt_ids(st, body, tl.anthropic_plan(body.tools, body.tool_choice))
     return JSONResponse({"input_tokens": len(ids)})

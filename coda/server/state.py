@@ -160,7 +160,7 @@ class ServerState:
         return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def check_model(self, name: str) -> None:
-        if name != self.engine.model_name and model_key(name) not in self.engine.model_aliases:
+        if model_key(name) not in self.engine.model_aliases:
             raise ApiError(404, f"The model '{name}' does not exist; this server serves "
                                 f"'{self.engine.model_name}'", param="model",
                            code="model_not_found")

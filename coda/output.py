@@ -299,15 +299,13 @@ class OutputProcessor:
         # NOTE: keep one boundary per held id plus the one before them, no more
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
-        waiting = bool(self._tag_tail)  # NOTE: a drain matches these as text, pushing nothing
+        # NOTE: a drain matches bytes waiting as a possible tool-call tag start, pushing none
+        matched = bool(new) or (self._draining and bool(self._tag_tail))
         hit = self._match(new) if new or self._draining else None
-        if self._tracing and not new and self._draining and waiting:
-            self._record(tr.STOP_STATE, held=len(self.stops.held) + len(self._tag_tail),
-                         detok_pending=len(self.detok.pending), ids_held=held_ids)
-        if self._tracing and new:
-            # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6
-            # NOTE: bytes waiting as a possible tool-call tag start are held too (S2)
-            self._record(tr.STOP_STATE, nbytes=len(new),
+        if self._tracing and matched:
+            # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6;
+            # bytes waiting as a possible tag start are held too (S2)
+            self._record(tr.STOP_STATE, **({"nbytes": len(new)} if new else {}),
                          held=len(self.stops.held) + len(self._tag_tail),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
         if hit is not None:

@@ -4,6 +4,7 @@ favicon, and a stream that ended normally logged as such (SPEC O1: logs say what
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import anthropic
@@ -74,7 +75,8 @@ def test_favicon_is_served(server_live: Any) -> None:
 
 
 def test_o1_a_stream_read_to_its_end_is_not_logged_as_a_lost_client(
-        claude: anthropic.Anthropic, server_live: Any, caplog: pytest.LogCaptureFixture) -> None:
+        claude: anthropic.Anthropic, server_live: Any, server_settle: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
     """The anthropic SDK closes the connection at message_stop, before the server's last
     write: that is a normal end, not "client gone". A client that really leaves mid-stream
     still is logged (the control)."""
@@ -88,30 +90,20 @@ def test_o1_a_stream_read_to_its_end_is_not_logged_as_a_lost_client(
         for _ in range(2):
             list(oai.chat.completions.create(model=model, max_tokens=12, stream=True,
                                              messages=[{"role": "user", "content": "Hi"}]))
-        server_live_settle(server_live)
+        server_settle()
         assert not [r for r in caplog.records if "gone" in r.getMessage()]
         with httpx.stream("POST", f"{server_live.url}/v1/messages", json={
                 "model": model, "max_tokens": 400, "stream": True,
                 "messages": [{"role": "user", "content": "Write a long story."}],
                 "min_tokens": 400}) as resp:
             next(resp.iter_lines())  # NOTE: one line, then leave mid-stream
-        server_live_settle(server_live, lambda: any(
-            "gone" in r.getMessage() for r in caplog.records))
+        end = time.monotonic() + 20
+        while time.monotonic() < end and not any("gone" in r.getMessage()
+                                                 for r in caplog.records):
+            time.sleep(0.05)
     assert [r for r in caplog.records if "gone" in r.getMessage()]
 
 
 def server_live_model(server_live: Any) -> str:
     return str(httpx.get(f"{server_live.url}/v1/models").json()["data"][0]["id"])
 
-
-def server_live_settle(server_live: Any, until: Any = None, timeout: float = 20.0) -> None:
-    import time
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if until is not None and until():
-            return
-        if until is None:
-            time.sleep(0.5)
-            return
-        time.sleep(0.05)

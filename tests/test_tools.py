@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from coda.models.tokenizer_bundle import DEFAULT_CHAT_TEMPLATE
 from coda.server import tools as tl
 from tests.conftest import LiveServer
+from tests.tools_support import feed_in_pieces
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
            "properties": {"city": {"type": "string", "maxLength": 12},
@@ -232,13 +233,7 @@ def test_k2_parser_is_chunking_invariant(text: str, cuts: list[int]) -> None:
     whole = text + '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
     ref_text, ref_calls, ref_removed = tl.split(whole)
     p = tl.ToolCallParser()
-    items: list[tl.Item] = []
-    prev = 0
-    for c in sorted(cuts) + [len(whole)]:
-        c = min(c, len(whole))
-        items += p.feed(whole[prev:c])
-        prev = max(prev, c)
-    items += p.finish()
+    items = feed_in_pieces(p, whole, cuts)
     assert tl.texts(items) == ref_text
     assert [i for i in items if isinstance(i, tl.ToolCall)] == ref_calls
     assert p.removed_bytes == ref_removed

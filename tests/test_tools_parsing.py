@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from coda.engine.async_engine import DEFAULT_MODEL_DIR
 from coda.engine.grammar import ll_tokenizer
 from coda.server import tools as tl
-from tests.conftest import LiveServer, SSEAccumulator, examples
+from tests.conftest import LiveServer, examples, sse_events
 from tests.tools_support import (
     AN_TOOLS,
     ASK,
@@ -38,6 +38,7 @@ from tests.tools_support import (
     TEXT_CUT,
     Wire,
     chat_stream,
+    feed_in_pieces,
     serve,
 )
 
@@ -156,13 +157,7 @@ def test_d3_k2_s1_for_all_valid_arguments_the_parsed_call_carries_them_exactly(
     whole = before + "\n".join(calls)
     assert ascii_only or _accepted(whole)
     p = tl.ToolCallParser()
-    items: list[tl.Item] = []
-    prev = 0
-    for c in sorted(cuts) + [len(whole)]:
-        c = min(c, len(whole))
-        items += p.feed(whole[prev:c])
-        prev = max(prev, c)
-    items += p.finish()
+    items = feed_in_pieces(p, whole, cuts)
     got = [i for i in items if isinstance(i, tl.ToolCall)]
     assert tl.texts(items) == before
     assert [c.arguments for c in got] == bodies
@@ -235,14 +230,6 @@ def test_d5_p3_anthropic_and_responses_stream_verify_with_tools(
     _check_chain(stamps, _raw_call("note", args[0].arguments).encode())
 
 
-def _sse(raw: bytes) -> list[dict[str, str]]:
-    acc, out = SSEAccumulator(), []
-    for line in raw.decode().split("\n"):
-        ev = acc.feed(line)
-        if ev is not None:
-            out.append(ev)
-    return out
-
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
 def test_d5_p3_resume_by_offset_and_digest_with_tools(live: LiveServer, model: str,
@@ -257,7 +244,7 @@ def test_d5_p3_resume_by_offset_and_digest_with_tools(live: LiveServer, model: s
                 {"input": "Tell me a long story about a cat.", "tools": RS_TOOLS,
                  "max_output_tokens": 12})
     with httpx.stream("POST", live.url + path, json=body) as resp:
-        events = _sse(resp.read())
+        events = sse_events(resp.read())
         rid = resp.headers.get("x-request-id")
     stamped = [(k, json.loads(e["data"])["coda"]) for k, e in enumerate(events)
                if e["data"] != "[DONE]" and "digest" in json.loads(e["data"]).get("coda", {})]
@@ -271,4 +258,4 @@ def test_d5_p3_resume_by_offset_and_digest_with_tools(live: LiveServer, model: s
         rid = json.loads(events[0]["data"])["response"]["id"]
         url, params["stream"] = f"{live.url}/v1/responses/{rid}", "true"
     r = httpx.get(url, params=params)
-    assert r.status_code == 200 and _sse(r.content) == events[k + 1:]
+    assert r.status_code == 200 and sse_events(r.content) == events[k + 1:]

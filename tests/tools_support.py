@@ -80,3 +80,14 @@ def chat_stream(oa: openai.OpenAI, **kwargs: Any) -> dict[str, Any]:
         if coda and "finish_reason" in coda:
             out["coda"] = coda
     return out
+
+
+def feed_in_pieces(parser: Any, whole: str, cuts: list[int]) -> list[Any]:
+    """Feed ``whole`` to a ToolCallParser as deltas cut at ``cuts``, then finish: its items."""
+    items: list[Any] = []
+    prev = 0
+    for c in sorted(cuts) + [len(whole)]:
+        c = min(c, len(whole))
+        items += parser.feed(whole[prev:c])
+        prev = max(prev, c)
+    return items + parser.finish()

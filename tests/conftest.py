@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -43,6 +45,20 @@ def kernel_isas() -> list[str]:
     return [] if unavailable() is not None else list(native().isas())
 
 
+@contextlib.contextmanager
+def using_isa(isa: str) -> Iterator[None]:
+    """Run the native kernels on build ``isa`` inside the block, then the previous one."""
+    from coda.models.kernels import native
+
+    mod = native()
+    before = mod.isa()
+    mod.set_isa(isa)
+    try:
+        yield
+    finally:
+        mod.set_isa(before)
+
+
 def examples(n: int) -> int:
     """An explicit example count ``n`` scaled like the profile's (CODA_HYPOTHESIS_EXAMPLES per
     100), so one variable bounds every property test (CI, mutation runs)."""
@@ -55,7 +71,6 @@ def examples(n: int) -> int:
 import socket  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.models import kernels
-from tests.conftest import examples, kernel_isas
+from tests.conftest import examples, kernel_isas, using_isa
 
 if (_why := kernels.unavailable()) is not None:  # NOTE: CI sets CODA_REQUIRE_NATIVE (conftest)
     pytest.skip(f"native kernels unavailable: {_why}", allow_module_level=True)
@@ -38,16 +37,6 @@ SIMD = [pytest.param(name, marks=pytest.mark.skipif(name not in kernel_isas(),
 Tensors = tuple[torch.Tensor, ...]
 
 
-@contextmanager
-def using(isa: str) -> Iterator[None]:
-    mod = kernels.native()
-    before = mod.isa()
-    mod.set_isa(isa)
-    try:
-        yield
-    finally:
-        mod.set_isa(before)
-
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t
@@ -55,9 +44,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def same_bits_as_scalar(isa: str, fn: Callable[[], Tensors]) -> None:
     """``fn``'s tensors under ``isa`` equal the scalar build's bit for bit (-0.0 and NaN too)."""
-    with using("scalar"):
+    with using_isa("scalar"):
         ref = fn()
-    with using(isa):
+    with using_isa(isa):
         got = fn()
     for a, b in zip(ref, got, strict=True):
         assert torch.equal(_bits(a), _bits(b))

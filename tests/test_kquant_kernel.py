@@ -10,8 +10,6 @@ batch, its position and the thread count; models of each type mix against the fp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.models.kernels import native, unavailable
-from tests.conftest import examples, kernel_isas
+from tests.conftest import examples, kernel_isas, using_isa
 from tests.kquant_files import BLOCKS, q4_k_m, random_blocks, write_mixed
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
@@ -40,16 +38,6 @@ from coda.models.kernels.kquant_linear import (  # noqa: E402
 HERE_ISAS = kernel_isas()
 ALL_TYPES = sorted(TYPES)
 
-
-@contextmanager
-def using(isa: str) -> Iterator[None]:
-    mod = native()
-    before = mod.isa()
-    mod.set_isa(isa)
-    try:
-        yield
-    finally:
-        mod.set_isa(before)
 
 
 def as_f32(raw: np.ndarray, qtype: str, rows: int, cols: int) -> np.ndarray:
@@ -88,7 +76,7 @@ def test_t3_decoders_equal_gguf_dequantize_bit_for_bit(qtype: str, isa: str) -> 
         want = as_f32(raw, qtype, 1, cols)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
-    with using(isa):
+    with using_isa(isa):
         check()
 
 
@@ -121,7 +109,7 @@ def test_t4_f32_kernel_sums_in_the_canonical_order(isa: str) -> None:
     w = rng.standard_normal((n, k)).astype(np.float32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
-    with using(isa):
+    with using_isa(isa):
         y = KQuantLinear([Segment(w, "F32", (n, k), bias=torch.from_numpy(bias))])(
             torch.from_numpy(x)).numpy()
     want = np.array([[canonical_dot(w[j], x[i], float(bias[j])) for j in range(n)]
@@ -143,7 +131,7 @@ def test_t4_each_type_is_its_dequantized_weights_on_every_isa(qtype: str) -> Non
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
     outs = []
     for isa in HERE_ISAS:
-        with using(isa):
+        with using_isa(isa):
             outs.append(KQuantLinear([Segment(raw, qtype, (n, k), order, bias)])(x).numpy())
     ref = KQuantLinear([Segment(dense, "F32", (n, k), order, bias)])(x).numpy()
     for y in outs:

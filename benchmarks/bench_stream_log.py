@@ -22,12 +22,14 @@ as the engine emits them. Three writers of the same events:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import socket
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any
@@ -81,13 +83,26 @@ def redis_one(log: RedisStreamLog, tokens: int) -> float:
     return (time.perf_counter() - t0) / tokens
 
 
+_LOOP: list[asyncio.AbstractEventLoop] = []
+
+
+def _observers() -> asyncio.AbstractEventLoop:
+    """The event loop the mirror observes streams on (the server's, in ``coda serve``), on
+    its own thread: appends post to the wake-up channel, the mirror is woken there."""
+    if not _LOOP:
+        _LOOP.append(asyncio.new_event_loop())
+        threading.Thread(target=_LOOP[0].run_forever, name="observers", daemon=True).start()
+    return _LOOP[0]
+
+
 def redis_mirror(log: RedisStreamLog, tokens: int, streams: int) -> float:
     mirror = LogMirror(log)
     ss = [RequestStream(uuid.uuid4().hex, _BIG) for _ in range(streams)]
     copies = []
     for s in ss:
         s.start("m")
-        copies.append(mirror.watch(s, record_id="bench", prompt_tokens=1, on_fenced=lambda: None))
+        copies.append(mirror.watch(s, record_id="bench", prompt_tokens=1, on_fenced=lambda: None,
+                                   loop=_observers()))
     per = tokens // streams
     t0 = time.perf_counter()
     for i in range(per):
@@ -125,7 +140,8 @@ def paced(log: RedisStreamLog | None, steps: int, streams: int, step_s: float
     for s in ss:
         s.start("m")
         if mirror is not None:
-            mirror.watch(s, record_id="bench", prompt_tokens=1, on_fenced=lambda: None)
+            mirror.watch(s, record_id="bench", prompt_tokens=1, on_fenced=lambda: None,
+                         loop=_observers())
     redis0 = _redis_cpu(log) if log is not None else 0.0
     produce = 0.0
     next_step = time.perf_counter()

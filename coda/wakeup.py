@@ -81,7 +81,8 @@ class WakeChannel:
                 loop.call_soon_threadsafe(self._dispatch, loop)
         except RuntimeError:  # NOTE: the loop is closed: nobody is left there to wake
             with self._lock:
-                self._pending.pop(loop, None)
+                for source in self._pending.pop(loop, {}):
+                    self._drop(source, loop)
 
     def _dispatch(self, loop: asyncio.AbstractEventLoop) -> None:
         """On ``loop``: call its observers of every stream posted since the last dispatch."""

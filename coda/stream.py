@@ -151,6 +151,7 @@ class RequestStream:
         self._lock = threading.Lock()
         # NOTE: the blocking readers' wake-up (no callback: they wait on the stream itself)
         self._appended = threading.Condition(self._lock)
+        self._sync_waiters = 0  # NOTE: appends notify only while someone blocks
         self._channel = channel if channel is not None else CHANNEL
         self._acked_seq = -1
         self._unacked_bytes = 0
@@ -166,7 +167,8 @@ class RequestStream:
             ev = StreamEvent(self.request_id, 0, EventType.START, model=model,
                              model_snapshot=model_snapshot)
             self._events.append(ev)
-            self._appended.notify_all()
+            if self._sync_waiters:
+                self._appended.notify_all()
         self._channel.post(self, 0)
         return ev
 
@@ -188,7 +190,8 @@ class RequestStream:
                              cached_prompt_tokens=cached_prompt_tokens)
             self._events.append(ev)
             self._unacked_bytes += len(data)
-            self._appended.notify_all()
+            if self._sync_waiters:
+                self._appended.notify_all()
         self._channel.post(self, ev.seq)
         return ev
 
@@ -202,7 +205,8 @@ class RequestStream:
             ev = StreamEvent(self.request_id, len(self._events), EventType.TERMINAL,
                              terminal=terminal)
             self._events.append(ev)
-            self._appended.notify_all()
+            if self._sync_waiters:
+                self._appended.notify_all()
         self._channel.post(self, ev.seq, final=True)
         return ev
 
@@ -242,7 +246,7 @@ class RequestStream:
                 copy.__dict__.update(ev.__dict__, request_id=self.request_id, ts=now)
                 self._events.append(copy)
                 n += 1
-            if n:
+            if n and self._sync_waiters:
                 self._appended.notify_all()
             last, final = len(self._events) - 1, self._closed
         if n:
@@ -294,7 +298,11 @@ class RequestStream:
         """Block (without an event loop) until an event after ``seq`` exists; False after
         ``timeout`` seconds without one. For the synchronous Python API."""
         with self._appended:
-            return self._appended.wait_for(lambda: len(self._events) - 1 > seq, timeout)
+            self._sync_waiters += 1
+            try:
+                return self._appended.wait_for(lambda: len(self._events) - 1 > seq, timeout)
+            finally:
+                self._sync_waiters -= 1
 
     @property
     def closed(self) -> bool:

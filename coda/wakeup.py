@@ -53,6 +53,10 @@ class WakeChannel:
 
     def post(self, source: Hashable, seq: int, *, final: bool = False) -> None:
         """A producer appended ``seq`` to ``source``'s log (``final``: its terminal)."""
+        # NOTE: unlocked fast path (a dict lookup is atomic): a subscriber that is not in the
+        # map yet subscribed after this append, so its first read of the log sees it
+        if source not in self._subs:
+            return
         with self._lock:
             subs = self._subs.get(source)
             if not subs:

@@ -24,6 +24,7 @@ from coda.stream import (
     StreamEvent,
     Terminal,
 )
+from coda.wakeup import CHANNEL
 from tests.conftest import examples
 
 DONE = Terminal(State.FINISHED, FinishReason.EOS, Usage())
@@ -193,7 +194,9 @@ def test_p6_ack_frees_what_was_read_in_every_stream_and_close_unsubscribes() -> 
         assert (a.unacked_bytes, b.unacked_bytes) == (2, 0)
         r.close()
     run(main())
-    assert listeners_left(a) == 0 and listeners_left(b) == 1  # only the other observer
+    assert CHANNEL.num_subscribed(b) == 1  # the reader left; only the other observer is left
+    # NOTE: its loop is closed: the terminal's wake-up cannot reach it, so the channel drops it
+    assert listeners_left(a) == 0 and listeners_left(b) == 0 and CHANNEL.num_subscribed(b) == 0
 
 
 def test_p3_p6_follow_yields_each_event_after_once_acks_it_and_stops_at_the_terminal() -> None:

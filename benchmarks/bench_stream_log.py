@@ -13,8 +13,9 @@ as the engine emits them. Three writers of the same events:
   time per token;
 * ``paced`` — the same mirror fed like a decoding engine: one token per stream per step, a
   step every ``--step-ms``, so most flushes carry one event per stream (the worst case for
-  batching). Figures are CPU per token: the producer's appends with and without the mirror's
-  listener, the mirror thread (encoding, the round trip's client side, the durable copy), and
+  batching). Figures are CPU per token: the producer's appends with and without the mirror
+  observing (a post to the wake-up channel; the mirror's mark runs on the observers' loop),
+  the mirror thread (encoding, the round trip's client side, the durable copy), and
   Redis's main thread (``INFO cpu``) — what the log costs the serving process and Redis,
   independent of the machine's other load.
 """
@@ -199,10 +200,10 @@ def main() -> None:
         print(f"redis mirror x{a.streams:<4d}  {mirrored:8.2f} us/token  "
               f"(+{diff:.2f} over in-memory; wall time per token over all streams)")
         print(f"paced x{a.streams} every {a.step_ms:g} ms, CPU per token: appends "
-              f"{p_mem:.2f} us in memory, {p_prod:.2f} us with the mirror's listener; "
+              f"{p_mem:.2f} us in memory, {p_prod:.2f} us with the mirror observing; "
               f"mirror thread {p_mirror:.2f} us; Redis {p_redis:.2f} us")
         print(f"paced: the log costs the serving process +{extra:.2f} us/token "
-              f"(listener + mirror thread), Redis {p_redis:.2f} us/token")
+              f"(post + mirror thread), Redis {p_redis:.2f} us/token")
     finally:
         if proc is not None:
             proc.terminate()

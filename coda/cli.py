@@ -102,20 +102,22 @@ def serve(model: ModelOpt = None,
                        num_threads=threads, recent_traces=recent_traces)
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
     configure_logging(log_level)
-    if replicas > 0:
-        # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
-        from coda.scaleout.deploy import start_replicas, stop_replicas
-
-        engine: Any = start_replicas(replicas, model, cfg, ray_address=ray_address,
-                                     num_cpus=replica_cpus,
-                                     torch_threads=max(1, int(replica_cpus)))
-    else:
-        engine = _load(model, cfg, logging.getLogger("coda.server").info)
     durable = None
     if redis_url:
         from coda.server.durable import ServerDurable
 
         durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
+    if replicas > 0:
+        # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
+        from coda.scaleout.deploy import start_replicas, stop_replicas
+
+        # NOTE: with a log the replicas write it themselves (chosen here, once)
+        engine: Any = start_replicas(replicas, model, cfg, ray_address=ray_address,
+                                     num_cpus=replica_cpus,
+                                     torch_threads=max(1, int(replica_cpus)),
+                                     log=durable.log if durable is not None else None)
+    else:
+        engine = _load(model, cfg, logging.getLogger("coda.server").info)
     settings = ServerSettings(max_body_bytes=max_body_bytes,
                               max_waiting=None if max_waiting < 0 else max_waiting)
     try:

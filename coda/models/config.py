@@ -6,8 +6,15 @@ resolved here into plain fields, so model code never looks at the raw dict. This
 not import torch (the engine's bookkeeping may use it without loading torch).
 
 Supported ``architectures``: LlamaForCausalLM (also SmolLM/SmolLM2), MistralForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (Gemma 3 text). Supported RoPE scaling types: ``llama3``, ``linear`` and
-``dynamic``; anything else raises :class:`UnsupportedModelError`.
+Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (Gemma 3 text), Phi3ForCausalLM
+(Phi-3/3.5/4-mini). Supported RoPE scaling types: ``llama3``, ``linear``, ``dynamic``, ``yarn``
+and ``longrope`` (Phi-3's ``su``/``yarn`` are its LongRoPE, as in transformers); anything else
+raises :class:`UnsupportedModelError`. The frequencies themselves are computed in one place,
+:mod:`coda.models.rope`, for HF folders and GGUF files alike.
+
+Phi-3 differs from Llama only in what the checkpoint stores and how RoPE is parameterised: q/k/v
+and gate/up come fused (``fused_checkpoint``), LongRoPE's per-frequency factors, and Phi-4-mini's
+partial rotary (``rotary_dim`` of ``head_dim`` dimensions rotated, the rest passed through).
 
 Sliding windows (Mistral, Qwen2 with ``use_sliding_window``): attention here is always full
 causal attention, which equals sliding-window attention exactly while the context is no longer
@@ -25,6 +32,7 @@ and its own RoPE base on local layers; HF stores its norm weights as ``w`` appli
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +43,7 @@ _ARCHS: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 _DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -51,11 +60,21 @@ class UnsupportedModelError(ModelLoadError):
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling. ``kind`` is ``llama3``, ``linear`` or ``dynamic``.
+    """RoPE frequency scaling, resolved to the numbers :mod:`coda.models.rope` needs.
+
+    ``kind``: ``llama3``, ``linear``, ``dynamic``, ``yarn``, ``longrope`` or ``freq_factors``
+    (llama.cpp's ``rope_freqs.weight``: per-frequency divisors, which is how a GGUF stores
+    Llama 3's scaling).
 
     ``dynamic`` (NTK) only changes frequencies for sequences longer than
     ``original_max_position_embeddings``; :attr:`ModelConfig.max_context` never exceeds that
-    length for it, so within our context it is exactly the unscaled RoPE.
+    length for it, so within our context it is exactly the unscaled RoPE. ``longrope`` picks
+    its short factors for sequences up to ``original_max_position_embeddings`` and its long
+    ones beyond (per whole sequence, in transformers): a paged cache cannot switch a
+    sequence's keys midway, so ``long`` chooses one set for the model's life — short (the
+    default: the context is capped at the original length, exactly transformers' numerics
+    there) or long (the whole context, transformers' numerics for sequences past the original
+    length; llama.cpp's choice when its context exceeds it).
     """
 
     kind: str
@@ -63,13 +82,21 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # NOTE: cos and sin are multiplied by it (yarn's mscale, LongRoPE's sqrt(1 + ln s / ln L))
+    attention_factor: float = 1.0
+    beta_fast: float = 32.0  # yarn: the ramp's ends, in rotations over the original context
+    beta_slow: float = 1.0
+    truncate: bool = True  # yarn: the ramp's ends rounded outwards to whole dimensions
+    short_factor: tuple[float, ...] = ()  # longrope's short factors; freq_factors' divisors
+    long_factor: tuple[float, ...] = ()  # longrope's long factors
+    long: bool = False  # longrope: serve with the long factors (see above)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape and numerics of a decoder-only Llama-family model."""
 
-    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3" | "phi3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -99,6 +126,9 @@ class ModelConfig:
     embed_scale: bool = False  # embeddings multiplied by sqrt(hidden_size)
     attn_scale: float | None = None  # query scale (None: head_dim ** -0.5)
     norm_weight_offset: float = 0.0  # RMSNorm multiplies by (offset + w)
+    # NOTE: Phi-3's differences.
+    rotary_dim: int | None = None  # dimensions RoPE rotates (None: head_dim; Phi-4-mini 3/4)
+    fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -119,7 +149,8 @@ class ModelConfig:
         num_heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
         head_dim = int(d.get("head_dim") or hidden // num_heads)
-        rope_theta, rope_scaling = _parse_rope(d)
+        rope_theta, rope_scaling = _parse_rope(d, arch)
+        rotary_dim = _rotary_dim(d, arch, head_dim, rope_scaling)
         sliding = d.get("sliding_window")
         if arch == "qwen2" and not d.get("use_sliding_window", False):
             sliding = None  # NOTE: Qwen2 configs carry a window that is off unless enabled
@@ -152,14 +183,16 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", arch == "gemma3")),
-            attention_bias=True if arch == "qwen2" else bias,
-            attention_out_bias=bias if arch in ("llama", "mistral") else False,
+            attention_bias=True if arch == "qwen2" else bias and arch != "phi3",
+            attention_out_bias=bias if arch in ("llama", "mistral") else False,  # NOTE: phi3: none
             mlp_bias=bool(d.get("mlp_bias", False)) if arch == "llama" else False,
             qk_norm=arch in ("qwen3", "gemma3"),
             sliding_window=int(sliding) if sliding is not None else None,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
             torch_dtype=dtype,
+            rotary_dim=rotary_dim,
+            fused_checkpoint=arch == "phi3",
             **gemma,
         )
 
@@ -187,9 +220,15 @@ class ModelConfig:
         limit = self.max_position_embeddings
         if self.sliding_window is not None:
             limit = min(limit, self.sliding_window)
-        if self.rope_scaling is not None and self.rope_scaling.kind == "dynamic":
-            limit = min(limit, self.rope_scaling.original_max_position_embeddings)
+        rs = self.rope_scaling
+        if rs is not None and (rs.kind == "dynamic" or (rs.kind == "longrope" and not rs.long)):
+            limit = min(limit, rs.original_max_position_embeddings)
         return limit
+
+    @property
+    def rope_dim(self) -> int:
+        """The dimensions of each head RoPE rotates (the first ones; the rest pass through)."""
+        return self.rotary_dim if self.rotary_dim is not None else self.head_dim
 
     @property
     def num_parameters(self) -> int:
@@ -204,6 +243,28 @@ class ModelConfig:
         norms = (4 if self.sandwich_norms else 2) * d + (2 * self.head_dim if self.qk_norm else 0)
         emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * (attn + mlp + norms) + emb + d
+
+
+def _rotary_dim(d: dict[str, Any], arch: str, head_dim: int,
+                scaling: RopeScaling | None) -> int | None:
+    """Phi-3's ``partial_rotary_factor`` as a number of dimensions (None: all of head_dim);
+    LongRoPE's factors must cover exactly the rotated half-dimensions."""
+    params = d.get("rope_parameters")
+    prf = d.get("partial_rotary_factor")
+    if prf is None and isinstance(params, dict):
+        prf = params.get("partial_rotary_factor")
+    rot = int(head_dim * float(prf)) if prf is not None else head_dim
+    if rot != head_dim and arch != "phi3":
+        raise UnsupportedModelError(f"partial rotary ({rot} of {head_dim}) is supported for "
+                                    f"phi3 only, not {arch}")
+    if rot <= 0 or rot % 2:
+        raise UnsupportedModelError(f"rotary dimension {rot} must be even and positive")
+    if scaling is not None and scaling.kind == "longrope":
+        for name in ("short_factor", "long_factor"):
+            if len(getattr(scaling, name)) != rot // 2:
+                raise UnsupportedModelError(f"longrope {name} has {len(getattr(scaling, name))}"
+                                            f" values; the rotary dimension {rot} needs {rot // 2}")
+    return None if rot == head_dim else rot
 
 
 def gemma3_local_layers(num_layers: int, pattern: int = 6) -> tuple[int, ...]:
@@ -253,8 +314,10 @@ def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _parse_rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    """Return ``(rope_theta, scaling)`` from either the hub style or transformers v5 style."""
+def _parse_rope(d: dict[str, Any], arch: str = "llama") -> tuple[float, RopeScaling | None]:
+    """Return ``(rope_theta, scaling)`` from either the hub style or transformers v5 style,
+    with every value transformers derives (yarn's and LongRoPE's attention factor, LongRoPE's
+    factor from the context lengths) resolved here."""
     params = d.get("rope_parameters")
     scaling_dict = d.get("rope_scaling")
     theta = d.get("rope_theta")
@@ -265,25 +328,69 @@ def _parse_rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     if not scaling_dict:
         return theta, None
     kind = scaling_dict.get("rope_type") or scaling_dict.get("type") or "default"
+    if arch == "phi3" and kind in ("su", "yarn"):
+        kind = "longrope"  # NOTE: transformers reads Phi-3's su/yarn configs as LongRoPE
     if kind == "default":
         return theta, None
-    if kind not in ("llama3", "linear", "dynamic"):
-        raise UnsupportedModelError(
-            f"unsupported rope scaling type {kind!r}; supported: llama3, linear, dynamic"
-        )
+    if kind not in ("llama3", "linear", "dynamic", "yarn", "longrope"):
+        raise UnsupportedModelError(f"unsupported rope scaling type {kind!r}; supported: "
+                                    "llama3, linear, dynamic, yarn, longrope")
     max_pos = int(d.get("max_position_embeddings", 2048))
+    # NOTE: as transformers: a top-level original_max_position_embeddings (Phi-3) wins, then
+    # the scaling dict's, then max_position_embeddings (dynamic NTK always uses the latter).
+    orig = int(max_pos if kind == "dynamic" else d.get("original_max_position_embeddings")
+               or scaling_dict.get("original_max_position_embeddings") or max_pos)
+    factor = scaling_dict.get("factor")
+    if kind == "yarn":
+        return theta, _yarn(scaling_dict, max_pos, orig)
+    if kind == "longrope":
+        return theta, _longrope(scaling_dict, max_pos, orig)
     return theta, RopeScaling(
         kind=kind,
-        factor=float(scaling_dict.get("factor", 1.0)),
+        factor=float(factor if factor is not None else 1.0),
         low_freq_factor=float(scaling_dict.get("low_freq_factor", 1.0)),
         high_freq_factor=float(scaling_dict.get("high_freq_factor", 4.0)),
-        # NOTE: HF falls back to max_position_embeddings (and dynamic NTK always uses it).
-        original_max_position_embeddings=int(
-            max_pos
-            if kind == "dynamic"
-            else scaling_dict.get("original_max_position_embeddings") or max_pos
-        ),
+        original_max_position_embeddings=orig,
     )
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention factor for a context ``factor`` times the original."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def longrope_attention_factor(scale: float, orig: int) -> float:
+    """LongRoPE's default attention factor for a context ``scale`` times the original ``orig``
+    positions: sqrt(1 + ln(scale) / ln(orig)) (1 when not extended)."""
+    return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
+
+
+def _yarn(sd: dict[str, Any], max_pos: int, orig: int) -> RopeScaling:
+    factor = float(sd["factor"]) if sd.get("factor") is not None else max_pos / orig
+    attn = sd.get("attention_factor")
+    if attn is None:
+        mscale, all_dim = sd.get("mscale"), sd.get("mscale_all_dim")
+        attn = (yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
+                if mscale and all_dim else yarn_mscale(factor))
+    return RopeScaling(kind="yarn", factor=factor, original_max_position_embeddings=orig,
+                       attention_factor=float(attn),
+                       beta_fast=float(sd.get("beta_fast") or 32.0),
+                       beta_slow=float(sd.get("beta_slow") or 1.0),
+                       truncate=bool(sd.get("truncate", True)))
+
+
+def _longrope(sd: dict[str, Any], max_pos: int, orig: int) -> RopeScaling:
+    short, long = sd.get("short_factor"), sd.get("long_factor")
+    if not isinstance(short, list) or not isinstance(long, list):
+        raise UnsupportedModelError("longrope scaling needs short_factor and long_factor lists")
+    attn = sd.get("attention_factor")
+    scale = float(sd["factor"]) if sd.get("factor") else max_pos / orig
+    if attn is None:
+        attn = longrope_attention_factor(scale, orig)
+    return RopeScaling(kind="longrope", factor=scale,
+                       original_max_position_embeddings=orig, attention_factor=float(attn),
+                       short_factor=tuple(float(x) for x in short),
+                       long_factor=tuple(float(x) for x in long))
 
 
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -297,7 +404,11 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.sandwich_norms:
             shapes[p + "pre_feedforward_layernorm.weight"] = (d,)
             shapes[p + "post_feedforward_layernorm.weight"] = (d,)
+        if cfg.fused_checkpoint:  # NOTE: Phi-3 stores q/k/v and gate/up as our fused rows
+            shapes[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, d)
         for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            if cfg.fused_checkpoint:
+                break
             shapes[p + f"self_attn.{name}.weight"] = (rows, d)
             if cfg.attention_bias:
                 shapes[p + f"self_attn.{name}.bias"] = (rows,)
@@ -307,7 +418,9 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (hd,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,)
-        for name, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
+        mlp = (("gate_up_proj", (2 * f, d)),) if cfg.fused_checkpoint else \
+            (("gate_proj", (f, d)), ("up_proj", (f, d)))
+        for name, shape in (*mlp, ("down_proj", (d, f))):
             shapes[p + f"mlp.{name}.weight"] = shape
             if cfg.mlp_bias:
                 shapes[p + f"mlp.{name}.bias"] = (shape[0],)

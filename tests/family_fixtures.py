@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -105,3 +106,42 @@ def folder_to_gguf(folder: Path, path: Path, arch: str, *,
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def chat_through_both_sdks(model: Path, messages: list[Any], max_tokens: int = 12,
+                           ) -> tuple[str, Any, Any]:
+    """Serve ``model`` over loopback and chat with the official ``openai`` and ``anthropic``
+    clients (greedy, non-streamed and streamed with openai): ``(the rendered prompt, the
+    openai reply, the anthropic reply)``; the streamed text must equal the non-streamed one."""
+    import anthropic
+    import openai
+
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+    from coda.server.app import create_app
+    from coda.server.chat import render_chat
+    from coda.server.state import ServerSettings
+    from tests.conftest import LiveServer
+
+    engine = AsyncEngine.from_model_dir(model, EngineConfig(num_blocks=16,
+                                                            default_max_tokens=max_tokens))
+    engine.start()
+    live = LiveServer(create_app(engine, settings=ServerSettings(keepalive_s=0.5),
+                                 manage_engine=False)).start()
+    try:
+        prompt = render_chat(engine, messages)
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="x", max_retries=0)
+        reply = client.chat.completions.create(model=engine.model_name, messages=messages,
+                                               max_tokens=max_tokens, extra_body={"temperature": 0})
+        streamed = client.chat.completions.create(model=engine.model_name, messages=messages,
+                                                  max_tokens=max_tokens, temperature=0,
+                                                  stream=True)
+        pieces = [c.choices[0].delta.content or "" for c in streamed if c.choices]
+        assert "".join(pieces) == reply.choices[0].message.content
+        claude = anthropic.Anthropic(base_url=live.url, api_key="x", max_retries=0)
+        message = claude.messages.create(model=engine.model_name, messages=messages,
+                                         max_tokens=max_tokens, extra_body={"temperature": 0})
+        return prompt, reply, message
+    finally:
+        live.stop()
+        engine.shutdown()

@@ -108,6 +108,24 @@ def folder_to_gguf(folder: Path, path: Path, arch: str, *,
     return path
 
 
+def greedy_steps(runner: Any, prompt: list[int], steps: int) -> tuple[list[int], Any]:
+    """Prefill ``prompt`` through a :class:`~coda.engine.runner.ModelRunner`, then decode
+    ``steps`` greedy tokens one per step: ``(the tokens, each step's logits stacked)``."""
+    import torch
+
+    from coda.engine.runner import SeqChunk
+
+    table = tuple(range(runner.num_blocks))
+    ids, rows = list(prompt), []
+    for _ in range(steps):
+        chunk = (SeqChunk(tuple(ids), 0, table, True) if len(ids) == len(prompt)
+                 else SeqChunk((ids[-1],), len(ids) - 1, table, True))
+        logits = runner.execute([chunk])[0]
+        rows.append(logits)
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt):], torch.stack(rows)
+
+
 def chat_through_both_sdks(model: Path, messages: list[Any], max_tokens: int = 12,
                            ) -> tuple[str, Any, Any]:
     """Serve ``model`` over loopback and chat with the official ``openai`` and ``anthropic``

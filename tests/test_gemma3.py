@@ -19,13 +19,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from coda.engine.runner import ModelRunner, SeqChunk
+from coda.engine.runner import ModelRunner
 from coda.models.config import ModelConfig
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
 from coda.models.random_checkpoint import make_random_checkpoint
 from coda.models.tokenizer_bundle import GEMMA_CHAT_TEMPLATE, bundle_from_gguf, bundle_from_hf_dir
+from tests.family_fixtures import greedy_steps
 from tests.test_models import full_forward, hf_logits
 
 WINDOW, LAYERS, VOCAB = 8, 7, 300
@@ -142,24 +143,11 @@ def test_t3_gemma3_prompt_logits_equal_transformers(folder: Path) -> None:
     assert (full_forward(model, PROMPT) - ref).abs().max().item() > 1e-2
 
 
-def _greedy(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    """Prefill ``prompt`` then decode ``steps`` greedy tokens one per step; each step's logits."""
-    table = tuple(range(runner.num_blocks))
-    ids, rows = list(prompt), []
-    for _ in range(steps):
-        chunk = (SeqChunk(tuple(ids), 0, table, True) if len(ids) == len(prompt)
-                 else SeqChunk((ids[-1],), len(ids) - 1, table, True))
-        logits = runner.execute([chunk])[0]
-        rows.append(logits)
-        ids.append(int(logits.argmax()))
-    return ids[len(prompt):], torch.stack(rows)
-
-
 def test_t3_gemma3_decode_past_the_window_equals_transformers(folder: Path) -> None:
     """Greedy decoding 20 tokens after the 40-token prompt through the paged cache: each
     step's logits within 1e-4 of transformers' on the whole sequence, so the same tokens."""
     runner = ModelRunner(load_model(folder), num_blocks=8, block_size=16)
-    tokens, logits = _greedy(runner, PROMPT, 20)
+    tokens, logits = greedy_steps(runner, PROMPT, 20)
     ref = hf_logits(folder, PROMPT + tokens, torch.float32)[len(PROMPT) - 1: -1]
     assert (logits - ref).abs().max().item() <= 1e-4
     assert tokens == ref.argmax(-1).tolist()
@@ -176,7 +164,7 @@ def test_t3_gemma3_gguf_gives_the_folders_logits(folder: Path, gemma_gguf: Path)
     got = full_forward(from_file, PROMPT)
     assert (got - full_forward(from_dir, PROMPT)).abs().max().item() <= 1e-4
     runner = ModelRunner(from_file, num_blocks=8, block_size=16)
-    assert len(_greedy(runner, PROMPT, 12)[0]) == 12
+    assert len(greedy_steps(runner, PROMPT, 12)[0]) == 12
 
 
 def test_k2_gemma3_gguf_tokenizer_no_space_prefix_bos_and_turn_end(gemma_gguf: Path) -> None:

@@ -30,7 +30,7 @@ from coda.models.loader import load_model
 from coda.models.random_checkpoint import SPECIAL_TOKENS, build_bpe_tokenizer_json
 from coda.models.random_checkpoint import make_random_checkpoint as make_checkpoint
 from coda.models.tokenizer_bundle import bundle_from_gguf
-from tests.family_fixtures import chat_through_both_sdks, folder_to_gguf
+from tests.family_fixtures import chat_through_both_sdks, folder_to_gguf, greedy_steps
 from tests.test_models import full_forward, hf_logits
 
 ORIG, MAX_POS, VOCAB = 32, 128, 320
@@ -147,6 +147,30 @@ def test_phi3_partial_rotary_falls_back_from_the_native_kernel(folder: Path) -> 
     assert why is not None and "partial rotary (12 of 16" in why
     runner = ModelRunner(load_model(folder), num_blocks=4, block_size=16)
     assert not runner.native_attention and "partial rotary" in runner.attention_note
+
+
+def test_t3_t4_phi3_full_rotary_longrope_on_the_native_kernel(tmp_path: Path) -> None:
+    """Phi-3.5-mini's shape of RoPE (every dimension rotated, LongRoPE, the attention factor
+    in the cos/sin tables) runs on the native row kernel: prefill then greedy decode through
+    the paged cache, each step's logits within 1e-4 of transformers'."""
+    from coda.engine.runner import ModelRunner
+
+    factors = [1.0 + 0.25 * i for i in range(16)]
+    folder = make_checkpoint(
+        tmp_path / "phi35", arch="phi3", vocab_size=VOCAB, seed=9, hidden_size=128,
+        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=MAX_POS,
+        original_max_position_embeddings=ORIG,
+        rope_scaling={"type": "longrope", "short_factor": factors,
+                      "long_factor": [2 * f for f in factors]})
+    runner = ModelRunner(load_model(folder), num_blocks=2, block_size=16)
+    from coda.models.kernels import unavailable
+
+    assert runner.native_attention == (unavailable() is None), runner.attention_note
+    prompt = SHORT_PROMPT[:20]
+    tokens, logits = greedy_steps(runner, prompt, 10)
+    ref = hf_logits(folder, prompt + tokens, torch.float32)[len(prompt) - 1: -1]
+    assert (logits - ref).abs().max().item() <= 1e-4
 
 
 def test_k2_phi3_chat_from_the_files_template_through_both_sdks(phi3_gguf: Path) -> None:

@@ -19,13 +19,18 @@ import gguf
 import pytest
 import torch
 
-from coda.engine.runner import ModelRunner, SeqChunk
+from coda.engine.runner import ModelRunner
 from coda.models.config import ModelConfig, UnsupportedModelError
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
-from coda.models.random_checkpoint import make_random_checkpoint
-from tests.family_fixtures import folder_to_gguf
+from coda.models.random_checkpoint import (
+    SPECIAL_TOKENS,
+    build_bpe_tokenizer_json,
+    make_random_checkpoint,
+)
+from coda.models.tokenizer_bundle import bundle_from_gguf
+from tests.family_fixtures import chat_through_both_sdks, folder_to_gguf, greedy_steps
 from tests.test_models import full_forward, hf_logits
 
 SHAPE: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -82,12 +87,28 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                   "<|eot_id|>")
+# NOTE: Llama 3's turn format, written for this test (the llama3 folder carries it)
+LLAMA3_TEMPLATE = ("{{ '<|begin_of_text|>' }}{% for m in messages %}{{ '<|start_header_id|>' + "
+                   "m['role'] + '<|end_header_id|>\n\n' + m['content'] + '<|eot_id|>' }}"
+                   "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant"
+                   "<|end_header_id|>\n\n' }}{% endif %}")
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One folder per case; the llama3 one with Llama 3's special tokens and turn format."""
     root = tmp_path_factory.mktemp("rope")
-    return {name: make_random_checkpoint(root / name, arch="llama", seed=11 + i,
-                                         **{**SHAPE, **extra})
-            for i, (name, extra) in enumerate(CASES.items())}
+    tok = root / "llama3-tokenizer.json"
+    tok.write_text(build_bpe_tokenizer_json(SHAPE["vocab_size"],
+                                            SPECIAL_TOKENS + LLAMA3_SPECIALS), encoding="utf-8")
+    out = {name: make_random_checkpoint(
+        root / name, arch="llama", seed=11 + i,
+        tokenizer_json=str(tok) if name == "llama3" else None, **{**SHAPE, **extra})
+        for i, (name, extra) in enumerate(CASES.items())}
+    (out["llama3"] / "chat_template.jinja").write_text(LLAMA3_TEMPLATE, encoding="utf-8")
+    return out
 
 
 def _file(case: str, folder: Path, path: Path, scaled: bool = True) -> Path:
@@ -163,17 +184,9 @@ def test_t3_yarn_decode_through_the_paged_cache_equals_transformers(
     runner = ModelRunner(load_gguf_model(_file("yarn-betas", folders["yarn-betas"],
                                                tmp_path / "y.gguf")),
                          num_blocks=8, block_size=16)
-    table = tuple(range(runner.num_blocks))
-    ids, rows = list(PROMPT), []
-    for _ in range(10):
-        first = len(ids) == len(PROMPT)
-        chunk = SeqChunk(tuple(ids), 0, table, True) if first else \
-            SeqChunk((ids[-1],), len(ids) - 1, table, True)
-        logits = runner.execute([chunk])[0]
-        rows.append(logits)
-        ids.append(int(logits.argmax()))
-    ref = hf_logits(folders["yarn-betas"], ids[:-1], torch.float32)[len(PROMPT) - 1:]
-    assert (torch.stack(rows) - ref).abs().max().item() <= 1e-4
+    tokens, logits = greedy_steps(runner, PROMPT, 10)
+    ref = hf_logits(folders["yarn-betas"], PROMPT + tokens, torch.float32)[len(PROMPT) - 1: -1]
+    assert (logits - ref).abs().max().item() <= 1e-4
 
 
 def test_rope_scaling_the_file_cannot_state_is_refused(folders: dict[str, Path],
@@ -195,3 +208,25 @@ def test_rope_scaling_the_file_cannot_state_is_refused(folders: dict[str, Path],
     with pytest.raises(UnsupportedModelError, match="needs 8"):
         open_gguf(folder_to_gguf(folders["llama3"], tmp_path / "len.gguf", "llama",
                                  tensors=wrong))
+
+
+def test_k2_llama3_gguf_chat_from_the_files_template_through_both_sdks(
+        folders: dict[str, Path], tmp_path: Path) -> None:
+    """A chat on the tiny rope_freqs Llama 3 GGUF over loopback: the prompt is the file's own
+    turn format, ``<|eot_id|>`` ends a turn, and the official openai and anthropic clients
+    get the same greedy reply."""
+    path = _file("llama3", folders["llama3"], tmp_path / "chat.gguf")
+    bundle = bundle_from_gguf(open_gguf(path))
+    eot = bundle.tokenizer.token_to_id("<|eot_id|>")
+    assert bundle.chat_template == LLAMA3_TEMPLATE and eot in bundle.eos_token_ids
+    messages: list[Any] = [{"role": "user", "content": "the quick brown fox"}]
+    prompt, reply, message = chat_through_both_sdks(path, messages)
+    assert prompt == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
+                      "the quick brown fox<|eot_id|><|start_header_id|>assistant"
+                      "<|end_header_id|>\n\n")
+    ids = bundle.tokenizer.encode(prompt, add_special_tokens=False).ids
+    assert ids.count(eot) == 1 and reply.usage is not None
+    assert reply.usage.prompt_tokens == len(ids)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    text = "".join(b.text for b in message.content if b.type == "text")
+    assert text == reply.choices[0].message.content

@@ -6,7 +6,7 @@ implementation as the oracle, on prompts five times the window and while decodin
 GGUF holding the same weights as llama.cpp writes them (norms stored as ``w + 1``, Gemma's
 SentencePiece vocabulary without a space prefix) giving the folder's logits; the engine's
 batching, chunking and prefix cache giving each request its tokens alone; and a chat served
-to the official ``openai`` client that ends at ``<end_of_turn>``."""
+to the official ``openai`` and ``anthropic`` clients."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
 from coda.models.random_checkpoint import make_random_checkpoint
 from coda.models.tokenizer_bundle import GEMMA_CHAT_TEMPLATE, bundle_from_gguf, bundle_from_hf_dir
-from tests.family_fixtures import greedy_steps
+from tests.family_fixtures import chat_through_both_sdks, greedy_steps
 from tests.test_models import full_forward, hf_logits
 
 WINDOW, LAYERS, VOCAB = 8, 7, 300
@@ -240,41 +240,18 @@ def test_t4_gemma3_engine_batching_chunking_prefix_cache_keep_tokens(folder: Pat
     assert crowd == alone and chunked == alone and hit == alone
 
 
-def test_gemma3_gguf_chat_through_openai_client(gemma_gguf: Path) -> None:
-    """A chat on the tiny Gemma 3 GGUF served over loopback to the official openai client:
-    the prompt is Gemma's turn format (BOS once) and the reply is streamed to its end."""
-    import openai
-
-    from coda.engine.async_engine import AsyncEngine
-    from coda.engine.types import EngineConfig
-    from coda.server.app import create_app
-    from coda.server.chat import render_chat
-    from coda.server.state import ServerSettings
-    from tests.conftest import LiveServer
-
-    engine = AsyncEngine.from_model_dir(gemma_gguf, EngineConfig(num_blocks=16,
-                                                                 default_max_tokens=16))
-    engine.start()
-    live = LiveServer(create_app(engine, settings=ServerSettings(keepalive_s=0.5),
-                                 manage_engine=False)).start()
-    try:
-        messages: list[Any] = [{"role": "user", "content": "hello the world"}]
-        text = render_chat(engine, messages)
-        assert text == "<bos><start_of_turn>user\nhello the world<end_of_turn>\n" \
-                       "<start_of_turn>model\n"
-        client = openai.OpenAI(base_url=live.url + "/v1", api_key="x")
-        reply = client.chat.completions.create(model=engine.model_name,
-                                               messages=messages, max_tokens=16,
-                                               temperature=0)
-        prompt_ids = engine.tokenizer.encode(text, add_special_tokens=False).ids
-        assert prompt_ids.count(2) == 1 and reply.usage is not None
-        assert reply.usage.prompt_tokens == len(prompt_ids)
-        assert reply.choices[0].finish_reason in ("stop", "length")
-        streamed = client.chat.completions.create(model=engine.model_name,
-                                                  messages=messages, max_tokens=16,
-                                                  temperature=0, stream=True)
-        pieces = [c.choices[0].delta.content or "" for c in streamed if c.choices]
-        assert "".join(pieces) == reply.choices[0].message.content
-    finally:
-        live.stop()
-        engine.shutdown()
+def test_gemma3_gguf_chat_through_both_sdks(gemma_gguf: Path) -> None:
+    """A chat on the tiny Gemma 3 GGUF served over loopback to the official openai and
+    anthropic clients: the prompt is Gemma's turn format (BOS once), the reply is streamed to
+    its end, and both clients get the same greedy reply."""
+    messages: list[Any] = [{"role": "user", "content": "hello the world"}]
+    text, reply, message = chat_through_both_sdks(gemma_gguf, messages, max_tokens=16)
+    assert text == "<bos><start_of_turn>user\nhello the world<end_of_turn>\n" \
+                   "<start_of_turn>model\n"
+    tok = bundle_from_gguf(open_gguf(gemma_gguf)).tokenizer
+    prompt_ids = tok.encode(text, add_special_tokens=False).ids
+    assert prompt_ids.count(2) == 1 and reply.usage is not None
+    assert reply.usage.prompt_tokens == len(prompt_ids)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert "".join(b.text for b in message.content if b.type == "text") == \
+        reply.choices[0].message.content

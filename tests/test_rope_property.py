@@ -14,8 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.models.config import ModelConfig, RopeScaling
+from coda.models.config import ModelConfig
 from coda.models.rope import cos_sin_scale, inv_freq, llama3_divisors
+from coda.models.rope_scaling import RopeScaling
 from tests.conftest import examples
 from tests.test_rope_families import converter_divisors
 

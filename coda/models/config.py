@@ -9,8 +9,9 @@ Supported ``architectures``: LlamaForCausalLM (also SmolLM/SmolLM2), MistralForC
 Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (Gemma 3 text), Phi3ForCausalLM
 (Phi-3/3.5/4-mini). Supported RoPE scaling types: ``llama3``, ``linear``, ``dynamic``, ``yarn``
 and ``longrope`` (Phi-3's ``su``/``yarn`` are its LongRoPE, as in transformers); anything else
-raises :class:`UnsupportedModelError`. The frequencies themselves are computed in one place,
-:mod:`coda.models.rope`, for HF folders and GGUF files alike.
+raises :class:`UnsupportedModelError`. The scaling is parsed by :mod:`coda.models.rope_scaling`
+(HF configs and GGUF files alike) and turned into frequencies in one place,
+:mod:`coda.models.rope`.
 
 Phi-3 differs from Llama only in what the checkpoint stores and how RoPE is parameterised: q/k/v
 and gate/up come fused (``fused_checkpoint``), LongRoPE's per-frequency factors, and Phi-4-mini's
@@ -32,10 +33,12 @@ and its own RoPE base on local layers; HF stores its norm weights as ``w`` appli
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from coda.models.load_errors import ModelLoadError, UnsupportedModelError
+from coda.models.rope_scaling import RopeScaling, hf_rotary_dim, parse_hf_rope
 
 _ARCHS: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -46,50 +49,8 @@ _ARCHS: dict[str, str] = {
     "Phi3ForCausalLM": "phi3",
 }
 _DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-class ModelLoadError(ValueError):
-    """A model that cannot be loaded; the message names what is missing (the CLI prints it,
-    never a stack trace)."""
-
-
-class UnsupportedModelError(ModelLoadError):
-    """A checkpoint this engine cannot run exactly (unknown architecture, RoPE type, GGUF
-    tensor type or tokenizer)."""
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """RoPE frequency scaling, resolved to the numbers :mod:`coda.models.rope` needs.
-
-    ``kind``: ``llama3``, ``linear``, ``dynamic``, ``yarn``, ``longrope`` or ``freq_factors``
-    (llama.cpp's ``rope_freqs.weight``: per-frequency divisors, which is how a GGUF stores
-    Llama 3's scaling).
-
-    ``dynamic`` (NTK) only changes frequencies for sequences longer than
-    ``original_max_position_embeddings``; :attr:`ModelConfig.max_context` never exceeds that
-    length for it, so within our context it is exactly the unscaled RoPE. ``longrope`` picks
-    its short factors for sequences up to ``original_max_position_embeddings`` and its long
-    ones beyond (per whole sequence, in transformers): a paged cache cannot switch a
-    sequence's keys midway, so ``long`` chooses one set for the model's life — short (the
-    default: the context is capped at the original length, exactly transformers' numerics
-    there) or long (the whole context, transformers' numerics for sequences past the original
-    length; llama.cpp's choice when its context exceeds it).
-    """
-
-    kind: str
-    factor: float
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    # NOTE: cos and sin are multiplied by it (yarn's mscale, LongRoPE's sqrt(1 + ln s / ln L))
-    attention_factor: float = 1.0
-    beta_fast: float = 32.0  # yarn: the ramp's ends, in rotations over the original context
-    beta_slow: float = 1.0
-    truncate: bool = True  # yarn: the ramp's ends rounded outwards to whole dimensions
-    short_factor: tuple[float, ...] = ()  # longrope's short factors; freq_factors' divisors
-    long_factor: tuple[float, ...] = ()  # longrope's long factors
-    long: bool = False  # longrope: serve with the long factors (see above)
+__all__ = ["ModelConfig", "ModelLoadError", "RopeScaling", "UnsupportedModelError",
+           "gemma3_local_layers", "hf_tensor_shapes"]
 
 
 @dataclass(frozen=True)
@@ -149,8 +110,8 @@ class ModelConfig:
         num_heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
         head_dim = int(d.get("head_dim") or hidden // num_heads)
-        rope_theta, rope_scaling = _parse_rope(d, arch)
-        rotary_dim = _rotary_dim(d, arch, head_dim, rope_scaling)
+        rope_theta, rope_scaling = parse_hf_rope(d, arch)
+        rotary_dim = hf_rotary_dim(d, arch, head_dim, rope_scaling)
         sliding = d.get("sliding_window")
         if arch == "qwen2" and not d.get("use_sliding_window", False):
             sliding = None  # NOTE: Qwen2 configs carry a window that is off unless enabled
@@ -245,28 +206,6 @@ class ModelConfig:
         return self.num_layers * (attn + mlp + norms) + emb + d
 
 
-def _rotary_dim(d: dict[str, Any], arch: str, head_dim: int,
-                scaling: RopeScaling | None) -> int | None:
-    """Phi-3's ``partial_rotary_factor`` as a number of dimensions (None: all of head_dim);
-    LongRoPE's factors must cover exactly the rotated half-dimensions."""
-    params = d.get("rope_parameters")
-    prf = d.get("partial_rotary_factor")
-    if prf is None and isinstance(params, dict):
-        prf = params.get("partial_rotary_factor")
-    rot = int(head_dim * float(prf)) if prf is not None else head_dim
-    if rot != head_dim and arch != "phi3":
-        raise UnsupportedModelError(f"partial rotary ({rot} of {head_dim}) is supported for "
-                                    f"phi3 only, not {arch}")
-    if rot <= 0 or rot % 2:
-        raise UnsupportedModelError(f"rotary dimension {rot} must be even and positive")
-    if scaling is not None and scaling.kind == "longrope":
-        for name in ("short_factor", "long_factor"):
-            if len(getattr(scaling, name)) != rot // 2:
-                raise UnsupportedModelError(f"longrope {name} has {len(getattr(scaling, name))}"
-                                            f" values; the rotary dimension {rot} needs {rot // 2}")
-    return None if rot == head_dim else rot
-
-
 def gemma3_local_layers(num_layers: int, pattern: int = 6) -> tuple[int, ...]:
     """Gemma 3's layer pattern (transformers' default ``layer_types``, llama.cpp's hard-coded
     one): every ``pattern``-th layer is global, layer ``i`` is local when ``(i + 1) % pattern``."""
@@ -296,10 +235,10 @@ def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
         if (loc.get("rope_type") or "default") != "default":
             raise UnsupportedModelError(f"Gemma 3 local RoPE {loc!r} is not supported")
         local_theta = float(loc.get("rope_theta", local_theta))
-        theta, scaling = _parse_rope({**d, "rope_parameters": {"rope_theta": 1_000_000.0,
+        theta, scaling = parse_hf_rope({**d, "rope_parameters": {"rope_theta": 1_000_000.0,
                                                                 **glob}, "rope_scaling": None})
     else:
-        theta, scaling = _parse_rope({"rope_theta": 1_000_000.0, **d})
+        theta, scaling = parse_hf_rope({"rope_theta": 1_000_000.0, **d})
     act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise UnsupportedModelError(f"Gemma 3 activation {act!r} is not supported")
@@ -312,85 +251,6 @@ def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
         "embed_scale": True, "norm_weight_offset": 1.0,
         "attn_scale": float(d.get("query_pre_attn_scalar") or head_dim) ** -0.5,
     }
-
-
-def _parse_rope(d: dict[str, Any], arch: str = "llama") -> tuple[float, RopeScaling | None]:
-    """Return ``(rope_theta, scaling)`` from either the hub style or transformers v5 style,
-    with every value transformers derives (yarn's and LongRoPE's attention factor, LongRoPE's
-    factor from the context lengths) resolved here."""
-    params = d.get("rope_parameters")
-    scaling_dict = d.get("rope_scaling")
-    theta = d.get("rope_theta")
-    if isinstance(params, dict):
-        theta = params.get("rope_theta", theta)
-        scaling_dict = scaling_dict or params
-    theta = float(theta if theta is not None else 10000.0)
-    if not scaling_dict:
-        return theta, None
-    kind = scaling_dict.get("rope_type") or scaling_dict.get("type") or "default"
-    if arch == "phi3" and kind in ("su", "yarn"):
-        kind = "longrope"  # NOTE: transformers reads Phi-3's su/yarn configs as LongRoPE
-    if kind == "default":
-        return theta, None
-    if kind not in ("llama3", "linear", "dynamic", "yarn", "longrope"):
-        raise UnsupportedModelError(f"unsupported rope scaling type {kind!r}; supported: "
-                                    "llama3, linear, dynamic, yarn, longrope")
-    max_pos = int(d.get("max_position_embeddings", 2048))
-    # NOTE: as transformers: a top-level original_max_position_embeddings (Phi-3) wins, then
-    # the scaling dict's, then max_position_embeddings (dynamic NTK always uses the latter).
-    orig = int(max_pos if kind == "dynamic" else d.get("original_max_position_embeddings")
-               or scaling_dict.get("original_max_position_embeddings") or max_pos)
-    factor = scaling_dict.get("factor")
-    if kind == "yarn":
-        return theta, _yarn(scaling_dict, max_pos, orig)
-    if kind == "longrope":
-        return theta, _longrope(scaling_dict, max_pos, orig)
-    return theta, RopeScaling(
-        kind=kind,
-        factor=float(factor if factor is not None else 1.0),
-        low_freq_factor=float(scaling_dict.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(scaling_dict.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=orig,
-    )
-
-
-def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's attention factor for a context ``factor`` times the original."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def longrope_attention_factor(scale: float, orig: int) -> float:
-    """LongRoPE's default attention factor for a context ``scale`` times the original ``orig``
-    positions: sqrt(1 + ln(scale) / ln(orig)) (1 when not extended)."""
-    return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
-
-
-def _yarn(sd: dict[str, Any], max_pos: int, orig: int) -> RopeScaling:
-    factor = float(sd["factor"]) if sd.get("factor") is not None else max_pos / orig
-    attn = sd.get("attention_factor")
-    if attn is None:
-        mscale, all_dim = sd.get("mscale"), sd.get("mscale_all_dim")
-        attn = (yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
-                if mscale and all_dim else yarn_mscale(factor))
-    return RopeScaling(kind="yarn", factor=factor, original_max_position_embeddings=orig,
-                       attention_factor=float(attn),
-                       beta_fast=float(sd.get("beta_fast") or 32.0),
-                       beta_slow=float(sd.get("beta_slow") or 1.0),
-                       truncate=bool(sd.get("truncate", True)))
-
-
-def _longrope(sd: dict[str, Any], max_pos: int, orig: int) -> RopeScaling:
-    short, long = sd.get("short_factor"), sd.get("long_factor")
-    if not isinstance(short, list) or not isinstance(long, list):
-        raise UnsupportedModelError("longrope scaling needs short_factor and long_factor lists")
-    attn = sd.get("attention_factor")
-    scale = float(sd["factor"]) if sd.get("factor") else max_pos / orig
-    if attn is None:
-        attn = longrope_attention_factor(scale, orig)
-    return RopeScaling(kind="longrope", factor=scale,
-                       original_max_position_embeddings=orig, attention_factor=float(attn),
-                       short_factor=tuple(float(x) for x in short),
-                       long_factor=tuple(float(x) for x in long))
 
 
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

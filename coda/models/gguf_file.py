@@ -29,7 +29,7 @@ RoPE scaling as llama.cpp stores it: ``rope.scaling.type`` ``linear`` (``factor`
 ``yarn_beta_fast``, ``yarn_beta_slow``), ``longrope`` (the ``rope_factors_short`` and
 ``rope_factors_long`` tensors, ``attn_factor``); Llama 3's scaling is the ``rope_freqs``
 tensor of per-frequency divisors. The factor tensors become part of the config
-(:class:`~coda.models.config.RopeScaling`), computed into frequencies by
+(:class:`~coda.models.rope_scaling.RopeScaling`), computed into frequencies by
 :mod:`coda.models.rope` like an HF folder's. This module does not import torch.
 """
 
@@ -44,20 +44,16 @@ import numpy as np
 
 from coda.models.config import (
     ModelConfig,
-    RopeScaling,
     UnsupportedModelError,
     gemma3_local_layers,
     hf_tensor_shapes,
-    longrope_attention_factor,
-    yarn_mscale,
 )
 from coda.models.gguf_header import GGUFFormatError, GGUFHeader, TensorInfo, read_header
+from coda.models.rope_scaling import ROPE_TENSORS, gguf_rope_scaling, rope_factor_values
 
 # general.architecture -> ModelConfig.arch
 _ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
           "gemma3": "gemma3", "phi3": "phi3"}
-# RoPE factor tensors: read into the config (coda.models.rope), never into the weights.
-ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
 # Tensor types dequantized at load (gguf.quants implements each in numpy).
 SUPPORTED_QTYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
@@ -227,7 +223,7 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
         raise UnsupportedModelError(f"GGUF rope.dimension_count {rope_dim} is not usable")
     vocab = int(get("vocab_size", vocab_size))
     ctx = int(get("context_length"))
-    factors = _rope_factor_values(tensor_names, rope_tensors or {}, rope_dim)
+    factors = rope_factor_values(tensor_names, rope_tensors or {}, rope_dim)
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     gemma = _gemma3_fields(get, heads, hidden, head_dim) if arch == "gemma3" else {}
     cfg = ModelConfig(
@@ -241,7 +237,7 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
         head_dim=head_dim,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         rope_theta=float(get("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(get, ctx, factors, arch),
+        rope_scaling=gguf_rope_scaling(get, ctx, factors, arch),
         max_position_embeddings=ctx,
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
@@ -276,71 +272,6 @@ def _gemma3_fields(get: Any, heads: int, hidden: int, head_dim: int) -> dict[str
 def _phi3_window(get: Any) -> int | None:
     window = get("attention.sliding_window", 0, required=False)
     return int(window) if window else None
-
-
-def _rope_factor_values(names: set[str], values: dict[str, tuple[float, ...]],
-                        rope_dim: int) -> dict[str, tuple[float, ...]]:
-    """The file's RoPE factor tensors by name, each ``rope_dim / 2`` values."""
-    out: dict[str, tuple[float, ...]] = {}
-    for name in ROPE_TENSORS:
-        if name not in names:
-            continue
-        if name not in values:
-            raise UnsupportedModelError(f"GGUF tensor {name!r} could not be read")
-        if len(values[name]) != rope_dim // 2:
-            raise UnsupportedModelError(f"GGUF tensor {name!r} has {len(values[name])} values; "
-                                        f"the rotary dimension {rope_dim} needs {rope_dim // 2}")
-        out[name] = values[name]
-    return out
-
-
-def _rope_scaling(get: Any, ctx: int, factors: dict[str, tuple[float, ...]],
-                  arch: str) -> RopeScaling | None:
-    """The file's RoPE scaling (see the module docstring); anything else is refused."""
-    kind = get("rope.scaling.type", "none", required=False)
-    orig = int(get("rope.scaling.original_context_length", ctx, required=False))
-    freqs = factors.get("rope_freqs.weight")
-    long, short = factors.get("rope_factors_long.weight"), factors.get("rope_factors_short.weight")
-    if kind == "longrope" or (kind in ("none", None) and long is not None):
-        if long is None or short is None:
-            raise UnsupportedModelError("GGUF longrope scaling without rope_factors_long and "
-                                        "rope_factors_short tensors")
-        attn = get("rope.scaling.attn_factor", None, required=False)
-        return RopeScaling(
-            kind="longrope", factor=ctx / orig, original_max_position_embeddings=orig,
-            attention_factor=float(attn) if attn is not None
-            else longrope_attention_factor(ctx / orig, orig),
-            short_factor=short, long_factor=long)
-    if long is not None or short is not None:
-        raise UnsupportedModelError(f"GGUF LongRoPE factor tensors with rope scaling {kind!r}")
-    if freqs is not None:
-        if kind not in ("none", None):
-            raise UnsupportedModelError(f"GGUF rope_freqs.weight with rope scaling {kind!r}")
-        # NOTE: Llama 3's scaling as llama.cpp stores it: each frequency divided by its factor
-        return RopeScaling(kind="freq_factors", factor=1.0,
-                           original_max_position_embeddings=orig, short_factor=freqs)
-    if kind in ("none", None):
-        return None
-    factor = float(get("rope.scaling.factor", 1.0, required=False))
-    if kind == "linear":
-        return RopeScaling(kind="linear", factor=factor, original_max_position_embeddings=orig)
-    if kind != "yarn":
-        raise UnsupportedModelError(f"GGUF rope scaling {kind!r} is not supported "
-                                    "(linear, yarn, longrope, rope_freqs)")
-    ext = get("rope.scaling.yarn_ext_factor", None, required=False)
-    log_mul = get("rope.scaling.yarn_log_multiplier", None, required=False)
-    if (ext is not None and float(ext) not in (-1.0, 1.0)) or (log_mul is not None and
-                                                               float(log_mul) != 0.0):
-        raise UnsupportedModelError(f"GGUF yarn with ext_factor {ext} / log multiplier "
-                                    f"{log_mul} is not supported")
-    attn = get("rope.scaling.yarn_attn_factor", None, required=False)
-    if attn is None:
-        attn = get("rope.scaling.attn_factor", None, required=False)
-    return RopeScaling(
-        kind="yarn", factor=factor, original_max_position_embeddings=orig,
-        attention_factor=float(attn) if attn is not None else yarn_mscale(factor),
-        beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0, required=False)),
-        beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0, required=False)))
 
 
 def open_gguf(path: str | Path) -> GGUFCheckpoint:

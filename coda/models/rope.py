@@ -2,9 +2,9 @@
 
 :func:`inv_freq` turns a :class:`~coda.models.config.ModelConfig` into the inverse frequencies of
 its rotated dimensions (``rope_dim / 2`` values, float32) and :func:`cos_sin_scale` into the
-factor cos and sin are multiplied by. Every source resolves to these: an HF folder's
-``rope_scaling`` (llama3, linear, dynamic, yarn, longrope, parsed in ``config.py``) and a GGUF
-file's metadata and factor tensors (``rope_freqs.weight``: Llama 3's scaling as per-frequency
+factor cos and sin are multiplied by. Every source resolves to these through
+:mod:`coda.models.rope_scaling`: an HF folder's ``rope_scaling`` (llama3, linear, dynamic,
+yarn, longrope) and a GGUF file's metadata and factor tensors (``rope_freqs.weight``: Llama 3's scaling as per-frequency
 divisors; ``rope_factors_long``/``rope_factors_short``: LongRoPE's). The formulas follow
 transformers' (``modeling_rope_utils``), which is the oracle of the tests; llama.cpp divides
 each frequency by its file factor, the same numbers.
@@ -18,7 +18,8 @@ import math
 
 import torch
 
-from coda.models.config import ModelConfig, RopeScaling
+from coda.models.config import ModelConfig
+from coda.models.rope_scaling import RopeScaling
 
 
 def _base(theta: float, dim: int) -> torch.Tensor:

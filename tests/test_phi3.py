@@ -148,6 +148,12 @@ def test_phi3_partial_rotary_falls_back_from_the_native_kernel(folder: Path) -> 
     assert why is not None and "partial rotary (12 of 16" in why
     runner = ModelRunner(load_model(folder), num_blocks=4, block_size=16)
     assert not runner.native_attention and "partial rotary" in runner.attention_note
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+
+    engine = AsyncEngine.from_model_dir(folder, EngineConfig(max_model_len=32, max_num_seqs=1))
+    assert engine.load_summary()["attention"].startswith("torch (partial rotary (12 of 16")
+    assert any(line.startswith("attention: torch (partial rotary") for line in engine.describe())
 
 
 def test_t3_t4_phi3_full_rotary_longrope_on_the_native_kernel(tmp_path: Path) -> None:

@@ -145,6 +145,7 @@ class AsyncEngine:
             f"serving mode (--quant): {mode.name}, "
             f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
             f"{mode.numerics}",
+            f"attention: {self.runner.attention_note}",
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
             f"KV cache: {mib:.0f} MiB ({self.kv_reason}) = {tokens} tokens = "
@@ -162,6 +163,8 @@ class AsyncEngine:
                 "kv_cache_bytes": int(self.runner.kv.nbytes),
                 # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
                 "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
+                # NOTE: the native row kernel, or torch with the reason it was refused
+                "attention": self.runner.attention_note,
                 **({"context_lowered_from": self.context_lowered_from}
                    if self.context_lowered_from else {})}
 

@@ -103,7 +103,8 @@ void attend(Ptr qkv, Ptr cos, Ptr sin, Ptr kv, Ptr slots, Ptr seq_of, Ptr positi
             int64_t T, int64_t H, int64_t Hkv, int64_t d, int64_t blocks, int64_t bs,
             int64_t B, int64_t maxb, Ptr out) {
   require(Hkv > 0 && H > 0 && H % Hkv == 0 && H / Hkv <= 16, "bad head counts");
-  require(d == 32 || d == 64 || d == 96 || d == 128, "head_dim must be 32, 64, 96 or 128");
+  require(d == 32 || d == 64 || d == 96 || d == 128 || d == 256,
+          "head_dim must be 32, 64, 96, 128 or 256");
   require(T >= 0 && blocks > 0 && bs > 0 && B >= 0 && maxb >= 0, "bad shapes");
   AttendCall a{at<const float>(qkv), at<const float>(cos), at<const float>(sin), at<float>(kv),
                at<const int64_t>(slots), at<const int64_t>(seq_of), at<const int64_t>(positions),

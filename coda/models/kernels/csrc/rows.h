@@ -4,7 +4,7 @@
 // count or the machine.
 //
 // rms_norm / add_rms_norm: y = (x * (1 / sqrt(sum(x^2) / n + eps))) * w, sum(x^2) the canonical
-// 8-lane dot over the first n - n % 8 elements, then the tail added left to right; add_rms_norm
+// 16-lane dot (isa.h) over the first n - n % 16 elements, then the tail added left to right; add_rms_norm
 // first forms x = x + r (in place).
 // silu_mul: [T, 2I] (gate | up) -> silu(gate) * up, silu(g) = g / (1 + exp(-g)).
 //
@@ -14,7 +14,7 @@
 //      scale, elementwise, no contraction: the same bits as coda/models/llama.py's apply_rope), q
 //      scaled by 1/sqrt(d); K and V written at the row's cache slot;
 //   2. then, per (row, query head), over the row's OWN keys 0..p read through its block table:
-//      s_i = q . k_i (the canonical 8-lane dot, first product a plain multiply);
+//      s_i = q . k_i (isa.h's canonical 16-lane dot);
 //      m = max s_i; e_i = exp(s_i - m) (isa.h's exp, the same for every element);
 //      out = (sum_i e_i v_i) / (sum_i e_i), both sums strictly left to right over i.
 // Cache layout: one layer's [2, H_kv, blocks, block_size, d] float32 tensor (K, then V).
@@ -72,23 +72,23 @@ inline void key_offsets(const int64_t* table, int64_t n, int64_t bs, int64_t d, 
   }
 }
 
-// q . k for d = 8 * D8 floats: the canonical 8-lane dot (first product a multiply).
-template <int D8>
-inline float dot_qk(const F8* qv, const float* k) {
-  F8 acc = mul8(qv[0], load8(k));
-  for (int j = 1; j < D8; ++j) acc = fma8(qv[j], load8(k + j * 8), acc);
-  return hsum8(acc);
+// q . k for d = 16 * D16 floats: the canonical 16-lane dot (isa.h).
+template <int D16>
+inline float dot_qk(const F16* qv, const float* k) {
+  F16 acc = zero16();
+  for (int j = 0; j < D16; ++j) acc = fma16(qv[j], load16(k + j * 16), acc);
+  return tree16(acc);
 }
 
 // Pass 2 for one (row, KV head): its `group` query heads over keys 0..n-1 (offsets `off`).
-template <int D8>
+template <int D16>
 void attend_one(const float* q, const float* K, const float* V, const int64_t* off, int64_t n,
                 int64_t group, float* scores, float* out) {
-  constexpr int64_t d = D8 * 8;
+  constexpr int64_t d = D16 * 16, D8 = D16 * 2;
   const int64_t stride = (n + 7) / 8 * 8;
   for (int64_t h = 0; h < group; ++h) {
-    F8 qv[D8];
-    for (int j = 0; j < D8; ++j) qv[j] = load8(q + h * d + j * 8);
+    F16 qv[D16];
+    for (int j = 0; j < D16; ++j) qv[j] = load16(q + h * d + j * 16);
     float* sc = scores + h * stride;
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {  // NOTE: 4 keys side by side: independent chains, same order
@@ -96,20 +96,19 @@ void attend_one(const float* q, const float* K, const float* V, const int64_t* o
       const float* k1 = K + off[i + 1];
       const float* k2 = K + off[i + 2];
       const float* k3 = K + off[i + 3];
-      F8 a0 = mul8(qv[0], load8(k0)), a1 = mul8(qv[0], load8(k1));
-      F8 a2 = mul8(qv[0], load8(k2)), a3 = mul8(qv[0], load8(k3));
-      for (int j = 1; j < D8; ++j) {
-        a0 = fma8(qv[j], load8(k0 + j * 8), a0);
-        a1 = fma8(qv[j], load8(k1 + j * 8), a1);
-        a2 = fma8(qv[j], load8(k2 + j * 8), a2);
-        a3 = fma8(qv[j], load8(k3 + j * 8), a3);
+      F16 a0 = zero16(), a1 = zero16(), a2 = zero16(), a3 = zero16();
+      for (int j = 0; j < D16; ++j) {
+        a0 = fma16(qv[j], load16(k0 + j * 16), a0);
+        a1 = fma16(qv[j], load16(k1 + j * 16), a1);
+        a2 = fma16(qv[j], load16(k2 + j * 16), a2);
+        a3 = fma16(qv[j], load16(k3 + j * 16), a3);
       }
-      sc[i] = hsum8(a0);
-      sc[i + 1] = hsum8(a1);
-      sc[i + 2] = hsum8(a2);
-      sc[i + 3] = hsum8(a3);
+      sc[i] = tree16(a0);
+      sc[i + 1] = tree16(a1);
+      sc[i + 2] = tree16(a2);
+      sc[i + 3] = tree16(a3);
     }
-    for (; i < n; ++i) sc[i] = dot_qk<D8>(qv, K + off[i]);
+    for (; i < n; ++i) sc[i] = dot_qk<D16>(qv, K + off[i]);
   }
   for (int64_t h = 0; h < group; ++h) {
     float* sc = scores + h * stride;
@@ -137,22 +136,23 @@ using AttendFn = void (*)(const float*, const float*, const float*, const int64_
 
 inline AttendFn attend_for(int64_t d) {
   switch (d) {
-    case 32: return attend_one<4>;
-    case 64: return attend_one<8>;
-    case 96: return attend_one<12>;
-    case 128: return attend_one<16>;
+    case 32: return attend_one<2>;
+    case 64: return attend_one<4>;
+    case 96: return attend_one<6>;
+    case 128: return attend_one<8>;
+    case 256: return attend_one<16>;
     default: return nullptr;
   }
 }
 
 inline float sum_squares(const float* x, int64_t n) {
-  F8 acc = zero8();
+  F16 acc = zero16();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const F8 v = load8(x + i);
-    acc = fma8(v, v, acc);
+  for (; i + 16 <= n; i += 16) {
+    const F16 v = load16(x + i);
+    acc = fma16(v, v, acc);
   }
-  float ss = hsum8(acc);
+  float ss = tree16(acc);
   for (; i < n; ++i) ss += x[i] * x[i];
   return ss;
 }

@@ -101,15 +101,19 @@ void quantize_rows(Ptr x, int64_t M, int64_t K, Ptr q, Ptr dx, Ptr sx) {
 
 void attend(Ptr qkv, Ptr cos, Ptr sin, Ptr kv, Ptr slots, Ptr seq_of, Ptr positions, Ptr tables,
             int64_t T, int64_t H, int64_t Hkv, int64_t d, int64_t blocks, int64_t bs,
-            int64_t B, int64_t maxb, Ptr out) {
+            int64_t B, int64_t maxb, Ptr out, int64_t rot, int64_t window, double scale,
+            Ptr qn, Ptr kn, double eps) {
   require(Hkv > 0 && H > 0 && H % Hkv == 0 && H / Hkv <= 16, "bad head counts");
   require(d == 32 || d == 64 || d == 96 || d == 128 || d == 256,
           "head_dim must be 32, 64, 96, 128 or 256");
   require(T >= 0 && blocks > 0 && bs > 0 && B >= 0 && maxb >= 0, "bad shapes");
+  require(rot > 0 && rot <= d && rot % 2 == 0, "rotary dims must be even, in (0, head_dim]");
+  require(window >= 0 && scale >= 0.0, "bad window or scale");
   AttendCall a{at<const float>(qkv), at<const float>(cos), at<const float>(sin), at<float>(kv),
                at<const int64_t>(slots), at<const int64_t>(seq_of), at<const int64_t>(positions),
                at<const int64_t>(tables), T, H, Hkv, d, blocks * bs, maxb, bs, 0, nullptr,
-               at<float>(out)};
+               at<float>(out), rot, window, static_cast<float>(scale), at<const float>(qn),
+               at<const float>(kn), static_cast<float>(eps)};
   for (int64_t t = 0; t < T; ++t) {
     in_range(a.slot[t] >= 0 && a.slot[t] < a.slots, "slot out of range");
     in_range(a.seq[t] >= 0 && a.seq[t] < B, "sequence index out of range");
@@ -133,6 +137,11 @@ void add_rms_norm(Ptr x, Ptr r, Ptr w, double eps, Ptr y, int64_t T, int64_t D) 
   require(T >= 0 && D > 0, "bad shapes");
   active().add_rms_norm(at<float>(x), at<const float>(r), at<const float>(w), static_cast<float>(eps),
                    at<float>(y), T, D);
+}
+
+void gelu_tanh_mul(Ptr gu, Ptr y, int64_t T, int64_t I) {
+  require(T >= 0 && I > 0 && I % 8 == 0, "I must be a positive multiple of 8");
+  active().gelu_tanh_mul(at<const float>(gu), at<float>(y), T, I);
 }
 
 void silu_mul(Ptr gu, Ptr y, int64_t T, int64_t I) {

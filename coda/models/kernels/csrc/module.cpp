@@ -25,6 +25,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("rms_norm", &api::rms_norm, "row-wise RMSNorm", nogil);
   m.def("add_rms_norm", &api::add_rms_norm, "x += r in place; y = rms_norm(x)", nogil);
   m.def("silu_mul", &api::silu_mul, "silu(gate) * up of [T, 2I] rows", nogil);
+  m.def("gelu_tanh_mul", &api::gelu_tanh_mul, "gelu_tanh(gate) * up of [T, 2I] rows", nogil);
   m.def("kq_linear", &api::kq_linear, "y[M, N] = x[M, K] @ W.T over GGUF tensors read in place",
         nogil);
   m.def("kq_gather", &api::kq_gather, "rows of one GGUF tensor decoded to float32", nogil);

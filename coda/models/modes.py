@@ -205,9 +205,10 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
               "embeddings gathered from the blocks; norms, RoPE, attention and KV float32",
               True, "float32", _ggml("f32"), applies=_ggml_applies, available=_ggml_kernel,
               native_matmuls=True),
-    QuantMode("packed-q8", "as packed, with each row's activations quantized per block of 32 "
-              "to int8 for Q4_0/Q4_1/Q8_0 matrices (lossy, like llama.cpp's CPU path); other "
-              "types keep float32 activations", True, "float32", _ggml("q8"),
+    QuantMode("packed-q8", "as packed, with each row's activations quantized to int8 (lossy, "
+              "like llama.cpp's CPU path): per block of 32 for Q4_0/Q4_1/Q8_0 matrices, to "
+              "Q8_K (per 256) for K-quant ones (Q2_K..Q6_K); other types keep float32 "
+              "activations", True, "float32", _ggml("q8"),
               applies=_ggml_applies, available=_ggml_kernel, native_matmuls=True),
     QuantMode("q4-int8head", "as q4, with the head requantized to int8 per output channel "
               "(lossy beyond the file)", True, "float32", _packed("int8"),

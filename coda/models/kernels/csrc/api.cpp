@@ -180,6 +180,21 @@ void kq_linear(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y) {
                       at<float>(y)});
 }
 
+void kq_linear_q8(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y) {
+  require(M >= 0, "bad M");
+  const std::vector<KqSeg> table = kq_segs(segs, nseg, K);
+  int64_t N = 0;
+  for (const KqSeg& g : table) {
+    require(g.type == ggml::Q2_K || g.type == ggml::Q3_K || g.type == ggml::Q4_K ||
+                g.type == ggml::Q5_K || g.type == ggml::Q6_K,
+            "q8 activations need K-quant segments (Q2_K..Q6_K)");
+    N += g.rows;
+  }
+  if (M == 0) return;
+  active().kq_linear_q8({at<const float>(x), M, K, table.data(), static_cast<int>(table.size()),
+                         N, at<float>(y)});
+}
+
 void kq_gather(Ptr ids, int64_t T, Ptr seg, int64_t K, Ptr out) {
   require(T >= 0, "bad T");
   const std::vector<KqSeg> table = kq_segs(seg, 1, K);

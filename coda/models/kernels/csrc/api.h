@@ -28,6 +28,8 @@ void gelu_tanh_mul(Ptr gu, Ptr y, int64_t T, int64_t I);
 // GGUF tensors read in place (issue 18): segs is an int64 [nseg, 6] table (data pointer, rows,
 // row bytes, ggml type, row-map pointer or 0, bias pointer or 0), rows concatenated.
 void kq_linear(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y);
+// The same with Q8_K activations (kquants_q8.h); every segment a K-quant type.
+void kq_linear_q8(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y);
 void kq_gather(Ptr ids, int64_t T, Ptr seg, int64_t K, Ptr out);
 
 std::vector<std::string> isas();   // the builds this CPU can run, portable first

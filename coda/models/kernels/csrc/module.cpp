@@ -28,6 +28,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("gelu_tanh_mul", &api::gelu_tanh_mul, "gelu_tanh(gate) * up of [T, 2I] rows", nogil);
   m.def("kq_linear", &api::kq_linear, "y[M, N] = x[M, K] @ W.T over GGUF tensors read in place",
         nogil);
+  m.def("kq_linear_q8", &api::kq_linear_q8,
+        "kq_linear with Q8_K activations (K-quant tensors; llama.cpp's numerics)", nogil);
   m.def("kq_gather", &api::kq_gather, "rows of one GGUF tensor decoded to float32", nogil);
   m.def("isas", &api::isas, "the kernel builds this CPU can run");
   m.def("isa", &api::isa, "the kernel build in use");

@@ -124,6 +124,7 @@ struct Kernels {
   void (*silu_mul)(const float* gu, float* y, int64_t T, int64_t I);
   void (*gelu_tanh_mul)(const float* gu, float* y, int64_t T, int64_t I);
   void (*kq_linear)(const KqCall&);
+  void (*kq_linear_q8)(const KqCall&);  // K-quant segments only (checked by api.cpp)
   // rows ids[0..T) of one segment decoded to out [T, K] (ids checked by api.cpp)
   void (*kq_gather)(const KqSeg& seg, int64_t K, const int64_t* ids, int64_t T, float* out);
 };

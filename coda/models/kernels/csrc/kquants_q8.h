@@ -1,0 +1,201 @@
+// packed-q8 for K-quants (issue 18): float32 activations quantised per 256 to llama.cpp's Q8_K
+// (int8 codes, one float scale, sums of 16), then exact integer dot products against the
+// file's K-quant blocks (Q2_K..Q6_K), read in place. Portable C++ compiled into every build:
+// the integer sums are exact whatever the vector width, and the float steps are the same
+// scalar operations in the same order, so every ISA gives the same bits (the order below).
+//
+// Q8_K (as ggml's quantize_row_q8_K_ref): per block of 256, max = the element of largest
+// magnitude (the first one on ties), iscale = -127 / max, q = min(127, rint(iscale * x)),
+// d = 1 / iscale; all-zero block: d = 0, q = 0; bsums[j] = sum of q over elements 16j..16j+15.
+//
+// Order (per output, canonical "q8k" part of lanes16-v2's family): block by block in increasing
+// order, isum = sum_j sc_j * (sum_l qw * qx) and msum = sum_j mn_j * bsum_j (exact int32), then
+// acc = fma(float(isum), d_w * d_x, acc) and macc = fma(float(msum), dmin_w * d_x, macc); the
+// output is acc - macc (+ bias). A row's bits depend on its own activations only (T4).
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+
+#include "isa.h"
+#include "kquants.h"
+#include "pool.h"
+#include "table.h"
+
+namespace coda_native {
+namespace CODA_NS {
+namespace kq {
+
+constexpr int64_t QKK = 256;
+
+// One K-quant block as integers: w = d * sc_j * q - dmin * mn_j for weight l of sub-block j.
+struct IntBlock {
+  float d, dmin;
+  int nsub, sub;  // sub-blocks of `sub` weights (8 x 32 or 16 x 16)
+  int32_t sc[16], mn[16];
+  int8_t q[256];
+};
+
+inline void ints_q2_k(const uint8_t* b, IntBlock& o) {
+  o.d = f16(b + 80); o.dmin = f16(b + 82); o.nsub = 16; o.sub = 16;
+  for (int j = 0; j < 16; ++j) { o.sc[j] = b[j] & 15; o.mn[j] = b[j] >> 4; }
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 4; ++s)
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* q = b + 16 + h * 32 + half * 16;
+        int8_t* out = o.q + h * 128 + s * 32 + half * 16;
+        for (int l = 0; l < 16; ++l) out[l] = static_cast<int8_t>((q[l] >> (2 * s)) & 3);
+      }
+}
+
+inline void ints_q3_k(const uint8_t* b, IntBlock& o) {
+  o.d = f16(b + 108); o.dmin = 0.0f; o.nsub = 16; o.sub = 16;
+  for (int j = 0; j < 16; ++j) { o.sc[j] = scale_q3k(b + 96, j); o.mn[j] = 0; }
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 4; ++s)
+      for (int half = 0; half < 2; ++half) {
+        const int idx0 = h * 128 + s * 32 + half * 16, hb = idx0 / 32;
+        const uint8_t* q = b + 32 + h * 32 + half * 16;
+        const uint8_t* m = b + half * 16;
+        for (int l = 0; l < 16; ++l)
+          o.q[idx0 + l] = static_cast<int8_t>(((q[l] >> (2 * s)) & 3) - (((m[l] >> hb) & 1) ? 0 : 4));
+      }
+}
+
+inline void ints_q4_k(const uint8_t* b, IntBlock& o) {
+  o.d = f16(b); o.dmin = f16(b + 2); o.nsub = 8; o.sub = 32;
+  for (int j = 0; j < 8; ++j) scale_min_k4(b + 4, j, o.sc[j], o.mn[j]);
+  for (int c = 0; c < 4; ++c)
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 32; ++l)
+        o.q[c * 64 + h * 32 + l] = static_cast<int8_t>((b[16 + c * 32 + l] >> (4 * h)) & 15);
+}
+
+inline void ints_q5_k(const uint8_t* b, IntBlock& o) {
+  o.d = f16(b); o.dmin = f16(b + 2); o.nsub = 8; o.sub = 32;
+  for (int j = 0; j < 8; ++j) scale_min_k4(b + 4, j, o.sc[j], o.mn[j]);
+  for (int c = 0; c < 4; ++c)
+    for (int h = 0; h < 2; ++h) {
+      const int j = 2 * c + h;
+      for (int l = 0; l < 32; ++l)
+        o.q[j * 32 + l] = static_cast<int8_t>(((b[48 + c * 32 + l] >> (4 * h)) & 15) |
+                                              (((b[16 + l] >> j) & 1) << 4));
+    }
+}
+
+inline void ints_q6_k(const uint8_t* b, IntBlock& o) {
+  o.d = f16(b + 208); o.dmin = 0.0f; o.nsub = 16; o.sub = 16;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  for (int j = 0; j < 16; ++j) { o.sc[j] = sc[j]; o.mn[j] = 0; }
+  for (int half = 0; half < 2; ++half)
+    for (int s = 0; s < 4; ++s)
+      for (int g = 0; g < 2; ++g) {
+        const int idx0 = half * 128 + s * 32 + g * 16, h = s / 2, l64 = (s % 2) * 32 + g * 16;
+        const uint8_t* lo = b + half * 64 + l64;
+        const uint8_t* hi = b + 128 + half * 32 + g * 16;
+        for (int l = 0; l < 16; ++l)
+          o.q[idx0 + l] = static_cast<int8_t>(
+              (((lo[l] >> (4 * h)) & 15) | (((hi[l] >> (2 * s)) & 3) << 4)) - 32);
+      }
+}
+
+inline bool is_kquant(int32_t t) {
+  return t == Q2_K || t == Q3_K || t == Q4_K || t == Q5_K || t == Q6_K;
+}
+
+inline void ints(int32_t t, const uint8_t* b, IntBlock& o) {
+  switch (t) {
+    case Q2_K: return ints_q2_k(b, o);
+    case Q3_K: return ints_q3_k(b, o);
+    case Q4_K: return ints_q4_k(b, o);
+    case Q5_K: return ints_q5_k(b, o);
+    default: return ints_q6_k(b, o);
+  }
+}
+
+// One activation row -> Q8_K blocks (see the file comment).
+inline void quantize_q8k(const float* x, int64_t nb, int8_t* q, int16_t* bsums, float* d) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * QKK;
+    float amax = 0.0f, mx = 0.0f;
+    for (int j = 0; j < QKK; ++j) {
+      const float ax = __builtin_fabsf(xb[j]);
+      if (ax > amax) { amax = ax; mx = xb[j]; }
+    }
+    int8_t* qb = q + b * QKK;
+    if (amax == 0.0f) {
+      d[b] = 0.0f;
+      for (int j = 0; j < QKK; ++j) qb[j] = 0;
+      for (int j = 0; j < 16; ++j) bsums[b * 16 + j] = 0;
+      continue;
+    }
+    const float iscale = -127.0f / mx;
+    for (int j = 0; j < QKK; ++j) {
+      const int v = static_cast<int>(__builtin_nearbyintf(iscale * xb[j]));
+      qb[j] = static_cast<int8_t>(v < 127 ? v : 127);
+    }
+    for (int j = 0; j < 16; ++j) {
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += qb[j * 16 + l];
+      bsums[b * 16 + j] = static_cast<int16_t>(s);
+    }
+    d[b] = 1.0f / iscale;
+  }
+}
+
+// Exact sum_l w[l] * x[l] over n int8 pairs (vectorised by the compiler; integer: exact).
+inline int32_t idot(const int8_t* w, const int8_t* x, int n) {
+  int32_t s = 0;
+  for (int l = 0; l < n; ++l) s += static_cast<int32_t>(w[l]) * static_cast<int32_t>(x[l]);
+  return s;
+}
+
+inline void linear_q8(const KqCall& c) {
+  const int64_t K = c.K, nb = K / QKK, M = c.M;
+  int8_t* xq = static_cast<int8_t*>(std::malloc(static_cast<size_t>(M * K)));
+  int16_t* bs = static_cast<int16_t*>(std::malloc(sizeof(int16_t) * M * nb * 16));
+  float* dx = static_cast<float*>(std::malloc(sizeof(float) * M * nb));
+  pool::parallel_for(M, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      quantize_q8k(c.x + r * K, nb, xq + r * K, bs + r * nb * 16, dx + r * nb);
+  });
+  pool::parallel_for(c.N, 16, [&](int64_t n0, int64_t n1) {
+    float* acc = static_cast<float*>(std::malloc(sizeof(float) * 2 * M));
+    IntBlock w;
+    int s = 0;
+    int64_t first = 0;
+    for (int64_t n = n0; n < n1; ++n) {
+      while (n >= first + c.segs[s].rows) first += c.segs[s++].rows;
+      const KqSeg& g = c.segs[s];
+      const int64_t i = n - first;
+      const uint8_t* row = g.base + (g.row_map ? g.row_map[i] : i) * g.row_bytes;
+      for (int64_t r = 0; r < 2 * M; ++r) acc[r] = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        ints(g.type, row + b * g.row_bytes / nb, w);
+        for (int64_t r = 0; r < M; ++r) {
+          const int8_t* xb = xq + r * K + b * QKK;
+          const int16_t* bsum = bs + (r * nb + b) * 16;
+          int32_t isum = 0, msum = 0;
+          for (int j = 0; j < w.nsub; ++j) {
+            isum += w.sc[j] * idot(w.q + j * w.sub, xb + j * w.sub, w.sub);
+            msum += w.mn[j] * (w.sub == 32 ? bsum[2 * j] + bsum[2 * j + 1] : bsum[j]);
+          }
+          const float d = dx[r * nb + b];
+          acc[2 * r] = fma1(static_cast<float>(isum), w.d * d, acc[2 * r]);
+          acc[2 * r + 1] = fma1(static_cast<float>(msum), w.dmin * d, acc[2 * r + 1]);
+        }
+      }
+      for (int64_t r = 0; r < M; ++r) {
+        const float v = acc[2 * r] - acc[2 * r + 1];
+        c.y[r * c.N + n] = g.bias ? v + g.bias[i] : v;
+      }
+    }
+    std::free(acc);
+  });
+  std::free(dx);
+  std::free(bs);
+  std::free(xq);
+}
+
+}  // namespace kq
+}  // namespace CODA_NS
+}  // namespace coda_native

@@ -27,28 +27,32 @@ namespace kq {
 
 constexpr int64_t QKK = 256;
 
-// One K-quant block as integers: w = d * sc_j * q - dmin * mn_j for weight l of sub-block j.
+// One K-quant block as integers: w = d * sc_j * (u - off) - dmin * mn_j for weight l of
+// sub-block j, u the unsigned code (0..63) so that the integer dot is one unsigned x signed
+// byte product (maddubs); the offset comes back exactly as off * bsum_j.
 struct IntBlock {
   float d, dmin;
   int nsub, sub;  // sub-blocks of `sub` weights (8 x 32 or 16 x 16)
-  int32_t sc[16], mn[16];
-  int8_t q[256];
+  int32_t off;
+  alignas(32) int32_t sc[16];
+  int32_t mn[16];
+  alignas(32) uint8_t q[256];
 };
 
 inline void ints_q2_k(const uint8_t* b, IntBlock& o) {
-  o.d = f16(b + 80); o.dmin = f16(b + 82); o.nsub = 16; o.sub = 16;
+  o.d = f16(b + 80); o.dmin = f16(b + 82); o.nsub = 16; o.sub = 16; o.off = 0;
   for (int j = 0; j < 16; ++j) { o.sc[j] = b[j] & 15; o.mn[j] = b[j] >> 4; }
   for (int h = 0; h < 2; ++h)
     for (int s = 0; s < 4; ++s)
       for (int half = 0; half < 2; ++half) {
         const uint8_t* q = b + 16 + h * 32 + half * 16;
-        int8_t* out = o.q + h * 128 + s * 32 + half * 16;
-        for (int l = 0; l < 16; ++l) out[l] = static_cast<int8_t>((q[l] >> (2 * s)) & 3);
+        uint8_t* out = o.q + h * 128 + s * 32 + half * 16;
+        for (int l = 0; l < 16; ++l) out[l] = static_cast<uint8_t>((q[l] >> (2 * s)) & 3);
       }
 }
 
 inline void ints_q3_k(const uint8_t* b, IntBlock& o) {
-  o.d = f16(b + 108); o.dmin = 0.0f; o.nsub = 16; o.sub = 16;
+  o.d = f16(b + 108); o.dmin = 0.0f; o.nsub = 16; o.sub = 16; o.off = 4;
   for (int j = 0; j < 16; ++j) { o.sc[j] = scale_q3k(b + 96, j); o.mn[j] = 0; }
   for (int h = 0; h < 2; ++h)
     for (int s = 0; s < 4; ++s)
@@ -57,33 +61,33 @@ inline void ints_q3_k(const uint8_t* b, IntBlock& o) {
         const uint8_t* q = b + 32 + h * 32 + half * 16;
         const uint8_t* m = b + half * 16;
         for (int l = 0; l < 16; ++l)
-          o.q[idx0 + l] = static_cast<int8_t>(((q[l] >> (2 * s)) & 3) - (((m[l] >> hb) & 1) ? 0 : 4));
+          o.q[idx0 + l] = static_cast<uint8_t>(((q[l] >> (2 * s)) & 3) + (((m[l] >> hb) & 1) ? 4 : 0));
       }
 }
 
 inline void ints_q4_k(const uint8_t* b, IntBlock& o) {
-  o.d = f16(b); o.dmin = f16(b + 2); o.nsub = 8; o.sub = 32;
+  o.d = f16(b); o.dmin = f16(b + 2); o.nsub = 8; o.sub = 32; o.off = 0;
   for (int j = 0; j < 8; ++j) scale_min_k4(b + 4, j, o.sc[j], o.mn[j]);
   for (int c = 0; c < 4; ++c)
     for (int h = 0; h < 2; ++h)
       for (int l = 0; l < 32; ++l)
-        o.q[c * 64 + h * 32 + l] = static_cast<int8_t>((b[16 + c * 32 + l] >> (4 * h)) & 15);
+        o.q[c * 64 + h * 32 + l] = static_cast<uint8_t>((b[16 + c * 32 + l] >> (4 * h)) & 15);
 }
 
 inline void ints_q5_k(const uint8_t* b, IntBlock& o) {
-  o.d = f16(b); o.dmin = f16(b + 2); o.nsub = 8; o.sub = 32;
+  o.d = f16(b); o.dmin = f16(b + 2); o.nsub = 8; o.sub = 32; o.off = 0;
   for (int j = 0; j < 8; ++j) scale_min_k4(b + 4, j, o.sc[j], o.mn[j]);
   for (int c = 0; c < 4; ++c)
     for (int h = 0; h < 2; ++h) {
       const int j = 2 * c + h;
       for (int l = 0; l < 32; ++l)
-        o.q[j * 32 + l] = static_cast<int8_t>(((b[48 + c * 32 + l] >> (4 * h)) & 15) |
+        o.q[j * 32 + l] = static_cast<uint8_t>(((b[48 + c * 32 + l] >> (4 * h)) & 15) |
                                               (((b[16 + l] >> j) & 1) << 4));
     }
 }
 
 inline void ints_q6_k(const uint8_t* b, IntBlock& o) {
-  o.d = f16(b + 208); o.dmin = 0.0f; o.nsub = 16; o.sub = 16;
+  o.d = f16(b + 208); o.dmin = 0.0f; o.nsub = 16; o.sub = 16; o.off = 32;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   for (int j = 0; j < 16; ++j) { o.sc[j] = sc[j]; o.mn[j] = 0; }
   for (int half = 0; half < 2; ++half)
@@ -93,8 +97,8 @@ inline void ints_q6_k(const uint8_t* b, IntBlock& o) {
         const uint8_t* lo = b + half * 64 + l64;
         const uint8_t* hi = b + 128 + half * 32 + g * 16;
         for (int l = 0; l < 16; ++l)
-          o.q[idx0 + l] = static_cast<int8_t>(
-              (((lo[l] >> (4 * h)) & 15) | (((hi[l] >> (2 * s)) & 3) << 4)) - 32);
+          o.q[idx0 + l] = static_cast<uint8_t>(
+              ((lo[l] >> (4 * h)) & 15) | (((hi[l] >> (2 * s)) & 3) << 4));
       }
 }
 
@@ -142,11 +146,36 @@ inline void quantize_q8k(const float* x, int64_t nb, int8_t* q, int16_t* bsums, 
   }
 }
 
-// Exact sum_l w[l] * x[l] over n int8 pairs (vectorised by the compiler; integer: exact).
-inline int32_t idot(const int8_t* w, const int8_t* x, int n) {
-  int32_t s = 0;
-  for (int l = 0; l < n; ++l) s += static_cast<int32_t>(w[l]) * static_cast<int32_t>(x[l]);
-  return s;
+// sum_j sc_j * (sum over sub-block j of u * x): exact int32 (|u| <= 63, |x| <= 127), so the
+// SIMD and the portable sums are the same integer.
+inline int32_t scaled_dot(const IntBlock& w, const int8_t* x) {
+#if CODA_ISA == CODA_SCALAR
+  int32_t isum = 0;
+  for (int j = 0; j < w.nsub; ++j) {
+    int32_t s = 0;
+    for (int l = 0; l < w.sub; ++l)
+      s += static_cast<int32_t>(w.q[j * w.sub + l]) * static_cast<int32_t>(x[j * w.sub + l]);
+    isum += w.sc[j] * s;
+  }
+  return isum;
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c) {  // NOTE: 32 weights per step: one sub-block, or two of 16
+    const __m256i p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(w.q + 32 * c)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * c))),
+        ones);  // NOTE: |u x + u x| <= 2 * 63 * 127: no int16 saturation
+    const __m256i sc = w.sub == 32 ? _mm256_set1_epi32(w.sc[c])
+        : _mm256_setr_epi32(w.sc[2 * c], w.sc[2 * c], w.sc[2 * c], w.sc[2 * c], w.sc[2 * c + 1],
+                            w.sc[2 * c + 1], w.sc[2 * c + 1], w.sc[2 * c + 1]);
+    acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, sc));
+  }
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+  return _mm_cvtsi128_si32(h);
+#endif
 }
 
 inline void linear_q8(const KqCall& c) {
@@ -174,11 +203,13 @@ inline void linear_q8(const KqCall& c) {
         for (int64_t r = 0; r < M; ++r) {
           const int8_t* xb = xq + r * K + b * QKK;
           const int16_t* bsum = bs + (r * nb + b) * 16;
-          int32_t isum = 0, msum = 0;
+          int32_t isum = scaled_dot(w, xb), msum = 0, osum = 0;
           for (int j = 0; j < w.nsub; ++j) {
-            isum += w.sc[j] * idot(w.q + j * w.sub, xb + j * w.sub, w.sub);
-            msum += w.mn[j] * (w.sub == 32 ? bsum[2 * j] + bsum[2 * j + 1] : bsum[j]);
+            const int32_t bj = w.sub == 32 ? bsum[2 * j] + bsum[2 * j + 1] : bsum[j];
+            msum += w.mn[j] * bj;
+            osum += w.sc[j] * bj;
           }
+          isum -= w.off * osum;  // NOTE: sum (u - off) x = sum u x - off sum x, exactly
           const float d = dx[r * nb + b];
           acc[2 * r] = fma1(static_cast<float>(isum), w.d * d, acc[2 * r]);
           acc[2 * r + 1] = fma1(static_cast<float>(msum), w.dmin * d, acc[2 * r + 1]);

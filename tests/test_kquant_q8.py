@@ -94,6 +94,20 @@ def test_t4_q8k_bits_are_the_same_on_every_isa_and_in_any_batch() -> None:
                 assert torch.equal(lin(x[r:r + 1].clone())[0], got[r]), (isa, r)
 
 
+@pytest.mark.parametrize("qtype", Q8K_TYPES)
+def test_t4_each_k_quant_type_has_the_scalar_bits_on_every_isa(qtype: str) -> None:
+    """T4: each type's q8 product (portable code unpack in the scalar build, SIMD unpack and
+    integer dots in the others) is the scalar build's, bit for bit."""
+    raw, _ = _weights(qtype, 13, 512, seed=7)
+    lin = KQuantLinear([Segment(raw, qtype, (13, 512))], act="q8")
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(8)) * 3
+    with using_isa("scalar"):
+        want = lin(x)
+    for isa in kernel_isas():
+        with using_isa(isa):
+            assert torch.equal(lin(x).view(torch.int32), want.view(torch.int32)), isa
+
+
 def test_q8_needs_k_quant_tensors() -> None:
     """q8 activations on a type without a Q8_K kernel are refused with the reason."""
     raw, _ = _weights("Q5_0", 4, 256, seed=1)

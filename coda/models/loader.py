@@ -20,7 +20,7 @@ from torch import nn
 from coda.models.config import ModelConfig, hf_tensor_shapes
 from coda.models.identity import ModelIdentity, digest_files, model_identity
 from coda.models.llama import CausalLM
-from coda.models.modes import DENSE_BY_DTYPE
+from coda.models.modes import DENSE_BY_DTYPE, QUANT_MODES
 
 # HF projection name -> (our fused module, which shard)
 _FUSED: dict[str, tuple[str, str]] = {
@@ -170,12 +170,15 @@ def folder_identity(model_dir: str | Path, dtype: str,
     """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
     ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
     own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
-    and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
+    and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``), the
+    mode's summation order (``QuantMode.kernel_order``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
     from coda.models.tokenizer_bundle import folder_chat_template
 
     model_dir = Path(model_dir)
+    mode = quant_mode or DENSE_BY_DTYPE.get(dtype)
+    kernel_order = QUANT_MODES[mode].kernel_order() if mode in QUANT_MODES else None
     template = chat_template if chat_template is not None else folder_chat_template(model_dir)
     return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
                           tokenizer=(model_dir / "tokenizer.json").read_bytes(),
                           chat_template=template, dtype=dtype,
-                          quant_mode=quant_mode or DENSE_BY_DTYPE.get(dtype))
+                          quant_mode=mode, kernel_order=kernel_order)

@@ -75,6 +75,15 @@ class QuantMode:
     applies: Check = _applies_always  # can this file be served so? (None = yes)
     available: Callable[[], str | None] = _available_always  # can this machine? (None = yes)
     build_folder: FolderBuilder | None = None  # an HF folder's model (dense modes)
+    native_matmuls: bool = False  # every matmul in coda._native (its one canonical order)
+
+    def kernel_order(self) -> str:
+        """The summation order of this mode's matmuls, for the model identity (P1): the
+        native kernels' canonical order (the same bits on every machine), or torch's, which
+        is per machine (:func:`coda.models.kernels.order`)."""
+        from coda.models.kernels import order
+
+        return order(self.native_matmuls)
 
     def load_folder(self, path: Path, device: str) -> CausalLM:
         """This mode's model of the HF folder ``path`` (dense modes only)."""
@@ -180,7 +189,8 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
     QuantMode("fp32-kernel", "as fp32 (the file's weights exactly in float32; F16/BF16 GGUF "
               "rows read in place), multiplied by Coda's in-place kernel (fixed per-output "
               "summation order) instead of BLAS; float32 activations", True, "float32", _kernel_gguf, dense=True,
-              applies=_kernel_applies, available=_ggml_kernel, build_folder=_kernel_folder),
+              applies=_kernel_applies, available=_ggml_kernel, build_folder=_kernel_folder,
+              native_matmuls=True),
     QuantMode("bf16", "weights dequantized then rounded to bfloat16; bfloat16 activations "
               "and KV cache", False, "bfloat16", _dense("bfloat16"), dense=True),
     QuantMode("fp16", "weights dequantized then rounded to float16; float16 activations "
@@ -193,11 +203,13 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
               "mixed within a fused projection) on the file's own blocks through Coda's "
               "kernels: exact weights, float32 activations, fixed per-output summation order; "
               "embeddings gathered from the blocks; norms, RoPE, attention and KV float32",
-              True, "float32", _ggml("f32"), applies=_ggml_applies, available=_ggml_kernel),
-    QuantMode("packed-q8", "as packed, with each row's activations quantized per block of 32 "
-              "to int8 for Q4_0/Q4_1/Q8_0 matrices (lossy, like llama.cpp's CPU path); other "
-              "types keep float32 activations", True, "float32", _ggml("q8"),
-              applies=_ggml_applies, available=_ggml_kernel),
+              True, "float32", _ggml("f32"), applies=_ggml_applies, available=_ggml_kernel,
+              native_matmuls=True),
+    QuantMode("packed-q8", "as packed, with each row's activations quantized to int8 (lossy, "
+              "like llama.cpp's CPU path): per block of 32 for Q4_0/Q4_1/Q8_0 matrices, to "
+              "Q8_K (per 256) for K-quant ones (Q2_K..Q6_K); other types keep float32 "
+              "activations", True, "float32", _ggml("q8"),
+              applies=_ggml_applies, available=_ggml_kernel, native_matmuls=True),
     QuantMode("q4-int8head", "as q4, with the head requantized to int8 per output channel "
               "(lossy beyond the file)", True, "float32", _packed("int8"),
               applies=_q4_applies, available=_int4_kernel),

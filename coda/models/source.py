@@ -158,7 +158,8 @@ def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = Non
         identity = model_identity(weights_sha256=digest_files([source.path]),
                                   tokenizer=bundle.tokenizer.to_str(),
                                   chat_template=bundle.chat_template, dtype=mode.dtype,
-                                  quantization=ckpt.quantization, quant_mode=mode.name)
+                                  quantization=ckpt.quantization, quant_mode=mode.name,
+                                  kernel_order=mode.kernel_order())
         return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity, mode)
     from coda.models.loader import folder_identity
 

@@ -74,6 +74,9 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     of requests this process does not hold from it."""
     state = ServerState(engine, settings or ServerSettings(), api_key)
     state.manage_engine = manage_engine
+    register = getattr(engine, "register_metrics", None)
+    if register is not None:  # NOTE: several models: loads and unloads (coda.server.model_router)
+        register(state.metrics.registry)
     if durable is not None:
         state.store.on_put, state.store.loader = durable.watch, durable.load
         state.on_detach = durable.detach
@@ -116,6 +119,9 @@ def create_app(engine: Engine, *, api_key: str | None = None,
 
 
 def _model_card(engine: Engine) -> dict[str, Any]:
+    routed = getattr(engine, "model_card", None)
+    if routed is not None:  # NOTE: several models: the selected one's card
+        return dict(routed())
     card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
             "max_model_len": engine.context_length}
     card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
@@ -141,7 +147,10 @@ def _operational_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(state_of(request).engine)]})
+        engine = state_of(request).engine
+        cards = getattr(engine, "model_cards", None)  # NOTE: several models: every one
+        return JSONResponse({"object": "list",
+                             "data": cards() if cards is not None else [_model_card(engine)]})
 
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str, request: Request) -> Response:

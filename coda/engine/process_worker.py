@@ -1,0 +1,199 @@
+"""The child side of a model worker process (issue 23 item 1; SPEC P1–P3, P6, C1, L2).
+
+One process per served model, started by :class:`coda.engine.process_engine.WorkerProcess`
+as ``python -m coda.engine.process_worker FD`` (a clean interpreter: no inherited threads or
+locks, nothing of the server's main module), FD one end of a socket pair. It loads the
+model into an in-process :class:`~coda.engine.async_engine.AsyncEngine` and then serves its
+parent over one duplex pipe. Every message is a tuple of plain data (pickled by
+:mod:`multiprocessing`):
+
+parent → worker: ``("init", model, EngineConfig, kv_available)`` first, then
+``("submit", GenerationRequest)`` · ``("cancel", request_id, cause)`` ·
+``("ack", request_id, seq)`` · ``("call", call_id, method, args)`` · ``("shutdown",)``
+
+worker → parent: ``("loaded", info)`` or ``("load_failed", message)`` first, then
+``("events", [(request_id, [StreamEvent, ...]), ...])`` · ``("rejected", request_id, code,
+message)`` · ``("reply", call_id, value)``.
+
+Exactness across the boundary: the engine's own :class:`~coda.stream.RequestStream` stays
+the one producer; a sender thread forwards each stream's events in seq order, each seq once
+(:class:`_Sender`), and the parent appends them with ``RequestStream.extend`` (gaps refused).
+Backpressure credit (P6) is returned only when the parent's reader acknowledges (``ack``), so
+a slow client pauses or overflows the request here exactly as it would in process.
+"""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from coda.engine.types import EngineConfig
+from coda.finish import CancelCause
+from coda.stream import EventType, RequestStream, StreamEvent
+
+
+class _Sender:
+    """Forwards the events of every submitted stream to the parent: listeners mark a stream
+    dirty (engine thread, cheap); one thread sends everything new in one message per wake-up."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self._cond = threading.Condition()
+        self._dirty: dict[str, RequestStream] = {}
+        self._pos: dict[str, int] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="coda-worker-sender", daemon=True)
+        self._thread.start()
+
+    def forward(self, stream: RequestStream) -> None:
+        rid = stream.request_id
+        with self._cond:
+            self._pos[rid] = -1
+
+        def mark() -> None:
+            with self._cond:
+                self._dirty[rid] = stream
+                self._cond.notify()
+
+        stream.add_listener(mark)
+        mark()  # NOTE: the start event was appended before the listener
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._dirty and not self._stopping:
+                    self._cond.wait()
+                if not self._dirty and self._stopping:
+                    return
+                todo, self._dirty = self._dirty, {}
+            batch: list[tuple[str, list[StreamEvent]]] = []
+            for rid, stream in todo.items():
+                # NOTE: only this thread reads and advances a stream's position: each seq once
+                evs = stream.events_after(self._pos[rid])
+                if not evs:
+                    continue
+                self._pos[rid] = evs[-1].seq
+                batch.append((rid, evs))
+                if evs[-1].type is EventType.TERMINAL:
+                    del self._pos[rid]
+            if batch:
+                self._send(("events", batch))
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(10)
+
+
+def worker_main(conn: Connection, model: str | None, config: EngineConfig,
+                kv_available: int | None) -> None:
+    """Entry point of the worker process (see the module docstring). ``kv_available``: the
+    bytes the KV-cache rule may take a share of (the model's part of ``--memory-budget``),
+    in place of the machine's free memory."""
+    import logging
+
+    send_lock = threading.Lock()
+
+    def send(msg: tuple[Any, ...]) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        if kv_available is not None:
+            from coda.engine import kv_budget
+
+            # NOTE: this process serves one model: the cache rule's "memory available after
+            # the weights" is the model's share of the server's budget, not the machine's
+            kv_budget.available_memory_bytes = lambda: kv_available  # type: ignore[assignment]
+        from coda.engine.async_engine import AsyncEngine
+
+        engine = AsyncEngine.from_model_dir(model, config)
+        engine.start()
+    except BaseException as exc:  # NOTE: a failed load ends this process, never the server
+        send(("load_failed", f"{type(exc).__name__}: {exc}"))
+        conn.close()
+        return
+    send(("loaded", _info(engine)))
+    sender = _Sender(send)
+    try:
+        _serve(conn, engine, sender, send)
+    finally:
+        engine.shutdown()
+        sender.stop()
+        conn.close()
+
+
+def _info(engine: Any) -> dict[str, Any]:
+    return {"model_name": engine.model_name, "context_length": engine.context_length,
+            "identity": engine.identity, "kv_cache_bytes": int(engine.runner.kv.nbytes),
+            "summary": engine.load_summary(), "describe": engine.describe()}
+
+
+def _serve(conn: Connection, engine: Any, sender: _Sender, send: Any) -> None:
+    from coda.errors import CodaError
+
+    streams: dict[str, RequestStream] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # NOTE: the parent is gone: end everything here
+            return
+        kind = msg[0]
+        if kind == "submit":
+            req = msg[1]
+            try:
+                handle = engine.submit(req)
+            except CodaError as exc:
+                send(("rejected", req.request_id, exc.code.value, exc.message))
+                continue
+            except (ValueError, TypeError, ImportError) as exc:  # NOTE: a bad grammar etc.
+                send(("rejected", req.request_id, "invalid_request", str(exc)))
+                continue
+            streams[handle.request_id] = handle.stream
+            sender.forward(handle.stream)
+            for rid in [r for r, s in streams.items() if s.closed and not s.live]:
+                del streams[rid]
+        elif kind == "cancel":
+            engine.cancel(msg[1], CancelCause(msg[2]))
+        elif kind == "ack":
+            stream = streams.get(msg[1])
+            if stream is not None:
+                stream.ack(msg[2])
+                if stream.closed:
+                    del streams[msg[1]]
+        elif kind == "call":
+            _, call_id, method, args = msg
+            send(("reply", call_id, _call(engine, method, args)))
+        elif kind == "shutdown":
+            return
+
+
+def _call(engine: Any, method: str, args: tuple[Any, ...]) -> Any:
+    if method == "stats":
+        return engine.stats()
+    if method == "num_waiting":
+        return engine.num_waiting()
+    if method == "trace_rows":
+        rows = getattr(engine.trace, "rows", None)
+        found = rows(args[0]) if rows is not None else None
+        return None if found is None else [e.to_dict() for e in found[0]]
+    raise ValueError(f"unknown worker call {method!r}")
+
+
+def main(argv: list[str]) -> None:
+    conn = Connection(int(argv[1]))
+    try:
+        kind, model, config, kv_available = conn.recv()
+    except (EOFError, OSError):
+        return
+    assert kind == "init"
+    worker_main(conn, model, config, kv_available)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv)

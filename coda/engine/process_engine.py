@@ -130,10 +130,12 @@ class WorkerProcess:
 
     def __init__(self, name: str, model: str | None, config: EngineConfig, *,
                  kv_available: int | None = None,
+                 log_setup: Callable[[], None] | None = None,
                  on_exit: Callable[[WorkerProcess], None] | None = None) -> None:
         self.name = name
         self.model, self.config, self.kv_available = model, config, kv_available
         self.on_exit = on_exit
+        self.log_setup = log_setup
         self.state = "loading"
         self.error: str | None = None
         self.info: dict[str, Any] = {}
@@ -159,7 +161,7 @@ class WorkerProcess:
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self._conn = Connection(ours.detach())
-        self._send(("init", self.model, self.config, self.kv_available))
+        self._send(("init", self.model, self.config, self.kv_available, self.log_setup))
         threading.Thread(target=self._read, name=f"coda-worker-{self.name}",
                          daemon=True).start()
         return self
@@ -306,11 +308,11 @@ class WorkerProcess:
                 self.state, self.error = "exited", f"the worker {why}"
             open_, self._open = self._open, {}
         self.settled.set()
+        if self.on_exit is not None:  # NOTE: first: once a request has ended, it is counted
+            self.on_exit(self)
         for stream, prompt_tokens in open_.values():
             if not stream.closed:
                 end_failed(stream, self.name, prompt_tokens,
                            f"model worker '{self.name}' {why}")
         for slot in list(self._calls.values()):
             slot[0].set()  # NOTE: unanswered calls time out at once (no value appended)
-        if self.on_exit is not None:
-            self.on_exit(self)

@@ -7,7 +7,7 @@ model into an in-process :class:`~coda.engine.async_engine.AsyncEngine` and then
 parent over one duplex pipe. Every message is a tuple of plain data (pickled by
 :mod:`multiprocessing`):
 
-parent → worker: ``("init", model, EngineConfig, kv_available)`` first, then
+parent → worker: ``("init", model, EngineConfig, kv_available, log_setup)`` first, then
 ``("submit", GenerationRequest)`` · ``("cancel", request_id, cause)`` ·
 ``("ack", request_id, seq)`` · ``("call", call_id, method, args)`` · ``("shutdown",)``
 
@@ -25,6 +25,7 @@ a slow client pauses or overflows the request here exactly as it would in proces
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -88,26 +89,27 @@ class _Sender:
 
 
 def worker_main(conn: Connection, model: str | None, config: EngineConfig,
-                kv_available: int | None) -> None:
+                kv_available: int | None, log_setup: Callable[[], None] | None = None) -> None:
     """Entry point of the worker process (see the module docstring). ``kv_available``: the
     bytes the KV-cache rule may take a share of (the model's part of ``--memory-budget``),
-    in place of the machine's free memory."""
-    import logging
-
+    in place of the machine's free memory. ``log_setup``: how the server configures its
+    logs (a picklable callable, so the worker's lines look like the server's)."""
     send_lock = threading.Lock()
 
     def send(msg: tuple[Any, ...]) -> None:
         with send_lock:
             conn.send(msg)
 
-    logging.basicConfig(level=logging.WARNING)
+    if log_setup is not None:
+        log_setup()
     try:
         if kv_available is not None:
             from coda.engine import kv_budget
 
             # NOTE: this process serves one model: the cache rule's "memory available after
             # the weights" is the model's share of the server's budget, not the machine's
-            kv_budget.available_memory_bytes = lambda: kv_available  # type: ignore[assignment]
+            share: int = kv_available
+            kv_budget.available_memory_bytes = lambda: share
         from coda.engine.async_engine import AsyncEngine
 
         engine = AsyncEngine.from_model_dir(model, config)
@@ -186,11 +188,11 @@ def _call(engine: Any, method: str, args: tuple[Any, ...]) -> Any:
 def main(argv: list[str]) -> None:
     conn = Connection(int(argv[1]))
     try:
-        kind, model, config, kv_available = conn.recv()
+        kind, model, config, kv_available, log_setup = conn.recv()
     except (EOFError, OSError):
         return
     assert kind == "init"
-    worker_main(conn, model, config, kv_available)
+    worker_main(conn, model, config, kv_available, log_setup)
 
 
 if __name__ == "__main__":

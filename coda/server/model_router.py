@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import threading
 import time
@@ -50,6 +51,7 @@ from coda.finish import CancelCause, FinishReason
 from coda.models.identity import ModelIdentity
 from coda.models.source import model_key
 from coda.reader import StreamReading, follow
+from coda.server.logs import configure_logging
 from coda.server.model_metrics import ModelMetrics
 from coda.server.model_slot import ModelSlot
 from coda.stream import StreamEvent
@@ -93,7 +95,7 @@ class ModelRouter:
     ``slots`` in serving order; the first answers when no model was selected (``/health``)."""
 
     def __init__(self, slots: Sequence[ModelSlot], config: EngineConfig, *,
-                 memory_budget: int | None = None) -> None:
+                 memory_budget: int | None = None, log_level: str = "info") -> None:
         if not slots:
             raise ValueError("a model router needs at least one model")
         self.slots = list(slots)
@@ -112,10 +114,11 @@ class ModelRouter:
         self.trace = RouterTrace(self, max(config.recent_traces, 1), inner)
         self._handles: OrderedDict[str, RoutedHandle] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()  # NOTE: loads and unloads decide under it
         self.stopping = False
         self.num_requests_total = 0
+        # NOTE: picklable; the workers' log lines then look like the server's (O1)
+        self.log_setup: Any = functools.partial(configure_logging, log_level)
 
     # -- the selected model --------------------------------------------------------------
     def select_model(self, name: str) -> bool:
@@ -179,7 +182,6 @@ class ModelRouter:
     # -- Engine protocol -----------------------------------------------------------------
     def start(self) -> None:
         """Pinned models load now (they are never unloaded)."""
-        self._capture_loop()
         for s in self.slots:
             if s.pinned:
                 with self._lock:
@@ -212,7 +214,6 @@ class ModelRouter:
             from coda.errors import InvalidRequestError
 
             raise InvalidRequestError("the engine is shutting down", field=None)
-        self._capture_loop()
         slot = self._slot()
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         handle = RoutedHandle(rid, WorkerCopy(rid, lambda r, seq: self._ack(r, seq)),
@@ -302,6 +303,7 @@ class ModelRouter:
             if w is not None and w.state == "ready":
                 break
             if waited_on is not None and waited_on.state in ("failed", "exited"):
+                self._exited(slot, waited_on)  # NOTE: counted before the request ends
                 self._fail(h, f"model '{slot.name}' could not be loaded: {waited_on.error}")
                 return
             if w is None:
@@ -357,7 +359,8 @@ class ModelRouter:
         slot.loads += 1
         slot.worker = WorkerProcess(slot.name, _model_arg(slot), slot.config,
                                     kv_available=slot.kv_available,
-                                    on_exit=lambda w, s=slot: self._exited(s, w))
+                                    log_setup=self.log_setup,
+                                    on_exit=functools.partial(self._exited, slot))
         self.metrics.load_started(slot)
         self.trace.record(TraceEvent(f"model:{slot.name}", "model.load", {
             "model": slot.name, "estimated_bytes": need, "budget": budget,
@@ -408,12 +411,6 @@ class ModelRouter:
                 self.metrics.load_failed(slot)
             self._unloaded(slot, w, why)
 
-    def _capture_loop(self) -> None:
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-
 
 def _model_arg(slot: ModelSlot) -> str | None:
     return None if slot.source.kind == "embedded" else str(slot.source.path)
@@ -448,7 +445,7 @@ class RouterTrace(RecentTraceSink):
 
 
 def build_router(specs: Sequence[Any], config: EngineConfig, *,
-                 memory_budget: int | None = None) -> ModelRouter:
+                 memory_budget: int | None = None, log_level: str = "info") -> ModelRouter:
     """Describe every model of ``specs`` (:class:`~coda.server.model_specs.ModelSpec`; no
     weights are read) and route between them. Each model's KV cache follows the usual rule
     (``--kv-cache-bytes``, else a fraction, at most ``max_num_seqs`` full contexts) within its
@@ -467,4 +464,4 @@ def build_router(specs: Sequence[Any], config: EngineConfig, *,
         share = memory_budget // len(slots)
         for s in slots:
             s.kv_available = max(share - s.weight_bytes, 0)
-    return ModelRouter(slots, config, memory_budget=memory_budget)
+    return ModelRouter(slots, config, memory_budget=memory_budget, log_level=log_level)

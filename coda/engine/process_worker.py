@@ -24,6 +24,8 @@ a slow client pauses or overflows the request here exactly as it would in proces
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -52,15 +54,25 @@ class _Sender:
         with self._cond:
             self._pos[rid] = -1
 
-        def mark() -> None:
+        def mark() -> None:  # NOTE: after every append and every ack of the stream
             with self._cond:
-                self._dirty[rid] = stream
-                self._cond.notify()
+                if rid in self._pos:
+                    self._dirty[rid] = stream
+                    self._cond.notify()
 
         stream.add_listener(mark)
         mark()  # NOTE: the start event was appended before the listener
 
     def _run(self) -> None:
+        try:
+            self._forward_all()
+        except BaseException:
+            # NOTE: events can no longer reach the server: end the process, so the server
+            # ends its requests (FAILED, the worker exited) instead of waiting forever
+            logging.getLogger("coda.engine").exception("model worker sender failed")
+            os._exit(70)
+
+    def _forward_all(self) -> None:
         while True:
             with self._cond:
                 while not self._dirty and not self._stopping:
@@ -71,13 +83,19 @@ class _Sender:
             batch: list[tuple[str, list[StreamEvent]]] = []
             for rid, stream in todo.items():
                 # NOTE: only this thread reads and advances a stream's position: each seq once
-                evs = stream.events_after(self._pos[rid])
+                with self._cond:
+                    pos = self._pos.get(rid)
+                if pos is None:
+                    continue  # NOTE: its terminal was sent; later marks are acks
+                evs = stream.events_after(pos)
                 if not evs:
                     continue
-                self._pos[rid] = evs[-1].seq
                 batch.append((rid, evs))
-                if evs[-1].type is EventType.TERMINAL:
-                    del self._pos[rid]
+                with self._cond:
+                    if evs[-1].type is EventType.TERMINAL:
+                        del self._pos[rid]
+                    else:
+                        self._pos[rid] = evs[-1].seq
             if batch:
                 self._send(("events", batch))
 

@@ -50,7 +50,7 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause, FinishReason
 from coda.models.identity import ModelIdentity
 from coda.models.source import model_key
-from coda.reader import StreamReading, follow
+from coda.reader import StreamReading, follow, when_closed
 from coda.server.logs import configure_logging
 from coda.server.model_metrics import ModelMetrics
 from coda.server.model_slot import ModelSlot
@@ -274,12 +274,11 @@ class ModelRouter:
         slot.live.add(h.request_id)
         slot.last_used = time.monotonic()
 
-        def on_append() -> None:
-            if h.stream.closed:
-                slot.live.discard(h.request_id)
-                slot.last_used = time.monotonic()
+        def on_end(_terminal: Any) -> None:
+            slot.live.discard(h.request_id)
+            slot.last_used = time.monotonic()
 
-        h.stream.add_listener(on_append)
+        when_closed(h.stream, on_end)
         self._handles[h.request_id] = h
         while len(self._handles) > 4096:
             victim = next((k for k, v in self._handles.items() if v.stream.closed), None)

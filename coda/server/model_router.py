@@ -383,8 +383,8 @@ class ModelRouter:
         self.trace.record(TraceEvent(f"model:{slot.name}", "model.loaded", {
             "model": slot.name, "pid": w.pid, "load_s": w.load_s, "memory_bytes": slot.footprint(),
             "kv_cache_bytes": w.info.get("kv_cache_bytes")}))
-        log.info("model loaded", extra={"model": slot.name, "load_s": w.load_s,
-                                         **w.info.get("summary", {})})
+        log.info("model loaded", extra={**w.info.get("summary", {}), "path": str(
+            slot.source.path), "model": slot.name, "load_s": w.load_s})
 
     def _unload(self, slot: ModelSlot, why: str) -> None:
         w, slot.worker = slot.worker, None

@@ -52,6 +52,7 @@ from coda.models.identity import ModelIdentity
 from coda.models.source import model_key
 from coda.reader import StreamReading, follow, when_closed
 from coda.server.logs import configure_logging
+from coda.server.model_loads import ModelLoads
 from coda.server.model_metrics import ModelMetrics
 from coda.server.model_slot import ModelSlot
 from coda.stream import StreamEvent
@@ -114,11 +115,11 @@ class ModelRouter:
         self.trace = RouterTrace(self, max(config.recent_traces, 1), inner)
         self._handles: OrderedDict[str, RoutedHandle] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._lock = threading.Lock()  # NOTE: loads and unloads decide under it
         self.stopping = False
         self.num_requests_total = 0
         # NOTE: picklable; the workers' log lines then look like the server's (O1)
-        self.log_setup: Any = functools.partial(configure_logging, log_level)
+        self.loads = ModelLoads(self.slots, memory_budget, self.metrics, self.trace,
+                                functools.partial(configure_logging, log_level))
 
     # -- the selected model --------------------------------------------------------------
     def select_model(self, name: str) -> bool:
@@ -184,8 +185,8 @@ class ModelRouter:
         """Pinned models load now (they are never unloaded)."""
         for s in self.slots:
             if s.pinned:
-                with self._lock:
-                    self._try_load(s)
+                with self.loads.lock:
+                    self.loads.try_load(s)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """End every request (cancelled, cause shutdown: the workers end theirs and send the
@@ -197,16 +198,7 @@ class ModelRouter:
         deadline = time.monotonic() + timeout
         while any(not h.stream.closed for h in live) and time.monotonic() < deadline:
             time.sleep(0.01)
-        stops = []
-        for s in self.slots:
-            w, s.worker = s.worker, None
-            if w is not None:
-                self._unloaded(s, w, "shutdown")
-                t = threading.Thread(target=w.stop, args=(max(1.0, deadline - time.monotonic()),))
-                t.start()
-                stops.append(t)
-        for t in stops:
-            t.join()
+        self.loads.stop_all(deadline - time.monotonic())
 
     def submit(self, req: GenerationRequest) -> RoutedHandle:
         """A handle at once; the request goes to its model's worker once that is loaded."""
@@ -302,12 +294,12 @@ class ModelRouter:
             if w is not None and w.state == "ready":
                 break
             if waited_on is not None and waited_on.state in ("failed", "exited"):
-                self._exited(slot, waited_on)  # NOTE: counted before the request ends
+                self.loads.exited(slot, waited_on)  # NOTE: counted before the request ends
                 self._fail(h, f"model '{slot.name}' could not be loaded: {waited_on.error}")
                 return
             if w is None:
-                with self._lock:
-                    problem = self._try_load(slot) if slot.worker is None else None
+                with self.loads.lock:
+                    problem = self.loads.try_load(slot) if slot.worker is None else None
                 if problem is not None:
                     self._fail(h, problem)
                     return
@@ -338,81 +330,6 @@ class ModelRouter:
             if h.worker is None:
                 end_failed(h.stream, h.slot.name, h.prompt_tokens, message,
                            waited_s=time.monotonic() - h.arrival)
-
-    # -- loading and unloading (under self._lock) ----------------------------------------
-    def _try_load(self, slot: ModelSlot) -> str | None:
-        """Start loading ``slot`` if it fits (unloading LRU idle models to make room);
-        a message when it can never fit; None otherwise (started, or still waiting)."""
-        budget = self.memory_budget
-        need = slot.footprint()
-        if budget is not None:
-            if need > budget:
-                return (f"model '{slot.name}' needs about {need} bytes (weights + KV cache), "
-                        f"more than --memory-budget {budget}")
-            while need + self._used(slot) > budget:
-                victims = sorted((s for s in self.slots if s is not slot and s.worker is not None
-                                  and not s.pinned and s.idle()), key=lambda s: s.last_used)
-                if not victims:
-                    return None  # NOTE: waits until a model goes idle (or its deadline)
-                self._unload(victims[0], "lru")
-        slot.loads += 1
-        slot.worker = WorkerProcess(slot.name, _model_arg(slot), slot.config,
-                                    kv_available=slot.kv_available,
-                                    log_setup=self.log_setup,
-                                    on_exit=functools.partial(self._exited, slot))
-        self.metrics.load_started(slot)
-        self.trace.record(TraceEvent(f"model:{slot.name}", "model.load", {
-            "model": slot.name, "estimated_bytes": need, "budget": budget,
-            "used_bytes": self._used(slot)}))
-        log.info("model loading", extra={"model": slot.name, "estimated_bytes": need})
-        slot.worker.start()
-        threading.Thread(target=self._watch_load, args=(slot, slot.worker), daemon=True).start()
-        return None
-
-    def _used(self, but: ModelSlot) -> int:
-        return sum(s.footprint() for s in self.slots if s is not but and s.worker is not None)
-
-    def _watch_load(self, slot: ModelSlot, w: WorkerProcess) -> None:
-        w.settled.wait()
-        if w.state != "ready":
-            return
-        slot.identity = w.info.get("identity")
-        slot.context_length = min(slot.context_length, int(w.info.get("context_length",
-                                                                       slot.context_length)))
-        self.metrics.loaded(slot, w)
-        self.trace.record(TraceEvent(f"model:{slot.name}", "model.loaded", {
-            "model": slot.name, "pid": w.pid, "load_s": w.load_s, "memory_bytes": slot.footprint(),
-            "kv_cache_bytes": w.info.get("kv_cache_bytes")}))
-        log.info("model loaded", extra={**w.info.get("summary", {}), "path": str(
-            slot.source.path), "model": slot.name, "load_s": w.load_s})
-
-    def _unload(self, slot: ModelSlot, why: str) -> None:
-        w, slot.worker = slot.worker, None
-        if w is None:
-            return
-        self._unloaded(slot, w, why)
-        threading.Thread(target=w.stop, daemon=True).start()
-
-    def _unloaded(self, slot: ModelSlot, w: WorkerProcess, why: str) -> None:
-        self.metrics.unloaded(slot, why)
-        self.trace.record(TraceEvent(f"model:{slot.name}", "model.unload", {
-            "model": slot.name, "reason": why, "pid": w.pid, "error": w.error}))
-        log.info("model unloaded", extra={"model": slot.name, "reason": why, "error": w.error})
-
-    def _exited(self, slot: ModelSlot, w: WorkerProcess) -> None:
-        """From the worker's reader thread: the process is gone (or its load failed)."""
-        with self._lock:
-            if slot.worker is not w:
-                return  # NOTE: unloaded by us already (counted then)
-            slot.worker = None
-            why = "load_failed" if w.state == "failed" else "worker_exit"
-            if w.state == "failed":
-                self.metrics.load_failed(slot)
-            self._unloaded(slot, w, why)
-
-
-def _model_arg(slot: ModelSlot) -> str | None:
-    return None if slot.source.kind == "embedded" else str(slot.source.path)
 
 
 class RouterTrace(RecentTraceSink):

@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import EngineConfig, GenerationRequest
@@ -169,7 +169,7 @@ class ServerState:
         if select is not None:  # NOTE: several models (coda.server.model_router): route by name
             if not select(name):
                 raise ApiError(404, f"The model '{name}' does not exist; this server serves "
-                                    f"{', '.join(repr(n) for n in self.engine.served_names())}",
+                                    f"{', '.join(repr(n) for n in cast(Any, self.engine).served_names())}",
                                param="model", code="model_not_found")
             return
         if model_key(name) not in self.engine.model_aliases:

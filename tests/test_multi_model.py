@@ -141,6 +141,20 @@ def test_unknown_model_404_in_each_protocols_shape(two: tuple[LiveServer, ModelR
     assert httpx.get(server.url + "/v1/models/smol").json()["id"] == "smol"
 
 
+def test_bad_input_the_worker_finds_is_a_400_in_the_protocols_shape(
+        two: tuple[LiveServer, ModelRouter]) -> None:
+    """Input only the model's engine can check (a token id outside its vocabulary) is refused
+    by the loaded model's worker at submit: a 400 naming the field, as with one model."""
+    server, _ = two
+    client = oai(server)
+    client.completions.create(model="a", prompt="Hi", max_tokens=1)  # NOTE: loaded
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="a", prompt=[10**7], max_tokens=2)
+    body = err.value.body
+    assert isinstance(body, dict) and body["param"] == "prompt"
+    assert "token ids must be in" in body["message"]
+
+
 def test_stream_crosses_the_process_boundary_unchanged_p1_p2_p3(
         two: tuple[LiveServer, ModelRouter]) -> None:
     """Every event of a request run in the worker — seq, type, bytes, tokens, terminal — is

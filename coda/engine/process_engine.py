@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.errors import ErrorCode
+from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
 from coda.stream import (
@@ -52,6 +52,7 @@ log = logging.getLogger("coda.engine")
 # NOTE: the worker's own stream enforces the request's bound (acks travel back); the copy
 # must never refuse what the worker produced
 _UNBOUNDED = BackpressureConfig(pause_bytes=1 << 62, max_bytes=1 << 62)
+_VALIDATE_WAIT_S = 10.0
 
 
 class WorkerCopy(RequestStream):
@@ -107,6 +108,19 @@ def end_cancelled(stream: RequestStream, model: str, prompt_tokens: int,
         State.CANCELLED, reason, Usage(), timings=Timings(queue_s=waited_s, total_s=waited_s)))
 
 
+def rebuild_error(kind: str, code: str, message: str, field: str | None) -> Exception:
+    """The worker engine's refusal as the exception its ``submit`` raised (by kind)."""
+    if kind == "value":
+        return ValueError(message)
+    cls = {ErrorCode.INVALID_REQUEST.value: InvalidRequestError,
+           ErrorCode.CONTEXT_LENGTH_EXCEEDED.value: ContextLengthExceededError}.get(code)
+    if cls is not None:
+        return cls(message, field=field)
+    err = CodaError(message, field=field)
+    err.code = ErrorCode(code)
+    return err
+
+
 def exit_reason(code: int | None) -> str:
     """How a process ended, in words (a negative code is the signal that killed it)."""
     if code is None:
@@ -147,6 +161,7 @@ class WorkerProcess:
         # NOTE: a separate lock for the pipe: the reader never waits behind a blocked send
         self._send_lock = threading.Lock()
         self._calls: dict[int, list[Any]] = {}
+        self._waits: dict[str, list[Any]] = {}  # NOTE: submits waiting for accepted/rejected
         self._ids = itertools.count()
         self._proc: Any = None
         self._conn: Any = None
@@ -189,19 +204,36 @@ class WorkerProcess:
             self._proc.kill()
 
     # -- requests ------------------------------------------------------------------------
-    def submit(self, req: GenerationRequest, stream: RequestStream) -> None:
+    def submit(self, req: GenerationRequest, stream: RequestStream, *,
+               validate: bool = False) -> None:
         """Send ``req`` (its ``request_id`` set) to the worker; its events go to ``stream``.
-        A worker already gone ends ``stream`` at once (FAILED)."""
+        A worker already gone ends ``stream`` at once (FAILED). A request the worker's engine
+        refuses ends FAILED with the engine's error code — or, with ``validate``, raises that
+        error here (what the in-process engine's ``submit`` raises: the server's 400): the
+        call then waits for the worker's answer (a pipe round trip)."""
         rid = req.request_id
         assert rid is not None
+        waiter: list[Any] = [threading.Event()]
         with self._lock:
             alive = self.state == "ready"
             if alive:
                 self._open[rid] = (stream, len(req.prompt_token_ids))
-        if not alive or not self._send(("submit", req)):
+                if validate:
+                    self._waits[rid] = waiter
+        if not alive or not self._send(("submit", req, validate)):
             self._forget(rid)
             end_failed(stream, self.name, len(req.prompt_token_ids),
                        f"model worker '{self.name}' is not running ({self.error or self.state})")
+            return
+        if not validate:
+            return
+        # NOTE: bounded; past it (or if the worker dies) the stream's own ending applies
+        waiter[0].wait(_VALIDATE_WAIT_S)
+        with self._lock:
+            self._waits.pop(rid, None)
+        if len(waiter) > 1:
+            self._forget(rid)
+            raise rebuild_error(*waiter[1])
 
     def cancel(self, request_id: str, cause: CancelCause) -> None:
         self._send(("cancel", request_id, cause.value))
@@ -259,11 +291,20 @@ class WorkerProcess:
             for rid, evs in msg[1]:
                 self._deliver(rid, evs)
         elif kind == "rejected":
-            _, rid, code, message = msg
+            _, rid, kind_, code, message, field = msg
             with self._lock:
-                entry = self._open.pop(rid, None)
-            if entry is not None:
+                waiter = self._waits.pop(rid, None)
+                entry = self._open.pop(rid, None) if waiter is None else None
+            if waiter is not None:
+                waiter.append((kind_, code, message, field))
+                waiter[0].set()
+            elif entry is not None:
                 end_failed(entry[0], self.name, entry[1], message, ErrorCode(code))
+        elif kind == "accepted":
+            with self._lock:
+                waiter = self._waits.pop(msg[1], None)
+            if waiter is not None:
+                waiter[0].set()
         elif kind == "reply":
             slot = self._calls.get(msg[1])
             if slot is not None:
@@ -314,5 +355,5 @@ class WorkerProcess:
             if not stream.closed:
                 end_failed(stream, self.name, prompt_tokens,
                            f"model worker '{self.name}' {why}")
-        for slot in list(self._calls.values()):
+        for slot in [*self._calls.values(), *self._waits.values()]:
             slot[0].set()  # NOTE: unanswered calls time out at once (no value appended)

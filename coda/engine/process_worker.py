@@ -8,12 +8,13 @@ parent over one duplex pipe. Every message is a tuple of plain data (pickled by
 :mod:`multiprocessing`):
 
 parent → worker: ``("init", model, EngineConfig, kv_available, log_setup)`` first, then
-``("submit", GenerationRequest)`` · ``("cancel", request_id, cause)`` ·
+``("submit", GenerationRequest, reply)`` · ``("cancel", request_id, cause)`` ·
 ``("ack", request_id, seq)`` · ``("call", call_id, method, args)`` · ``("shutdown",)``
 
 worker → parent: ``("loaded", info)`` or ``("load_failed", message)`` first, then
-``("events", [(request_id, [StreamEvent, ...]), ...])`` · ``("rejected", request_id, code,
-message)`` · ``("reply", call_id, value)``.
+``("events", [(request_id, [StreamEvent, ...]), ...])`` · ``("accepted", request_id)`` (when
+asked) · ``("rejected", request_id, kind, code, message, field)`` · ``("reply", call_id,
+value)``.
 
 Exactness across the boundary: the engine's own :class:`~coda.stream.RequestStream` stays
 the one producer; a sender thread forwards each stream's events in seq order, each seq once
@@ -163,17 +164,20 @@ def _serve(conn: Connection, engine: Any, sender: _Sender, send: Any) -> None:
             return
         kind = msg[0]
         if kind == "submit":
-            req = msg[1]
+            req, reply = msg[1], msg[2]
             try:
                 handle = engine.submit(req)
             except CodaError as exc:
-                send(("rejected", req.request_id, exc.code.value, exc.message))
+                send(("rejected", req.request_id, "coda", exc.code.value, exc.message,
+                      exc.field))
                 continue
             except (ValueError, TypeError, ImportError) as exc:  # NOTE: a bad grammar etc.
-                send(("rejected", req.request_id, "invalid_request", str(exc)))
+                send(("rejected", req.request_id, "value", "invalid_request", str(exc), None))
                 continue
             streams[handle.request_id] = handle.stream
             sender.forward(handle.stream)
+            if reply:
+                send(("accepted", req.request_id))
             for rid in [r for r, s in streams.items() if s.closed and not s.live]:
                 del streams[rid]
         elif kind == "cancel":

@@ -211,6 +211,15 @@ class ModelRouter:
         handle = RoutedHandle(rid, WorkerCopy(rid, lambda r, seq: self._ack(r, seq)),
                               len(req.prompt_token_ids), slot, time.monotonic(),
                               lock=threading.Lock())
+        w = slot.worker
+        if w is not None and w.state == "ready":
+            # NOTE: loaded: the worker's engine validates now, so bad input is refused here
+            # (the server's 400), as in process; the round trip blocks this call briefly
+            handle.worker = w
+            w.submit(replace(req, request_id=rid), handle.stream, validate=True)
+            self._register(handle)
+            self.num_requests_total += 1
+            return handle
         self._register(handle)
         self.num_requests_total += 1
         task = asyncio.get_running_loop().create_task(

@@ -123,12 +123,19 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
     configure_logging(log_level)
     several = len(model or []) > 1 or models_file is not None or memory_budget or pin
-    if several and (replicas > 0 or served_model_name):
-        # NOTE: a replica serves one model; names come from NAME=SPEC, not one flag
+    if several and (replicas > 0 or served_model_name or redis_url):
+        # NOTE: a replica serves one model; names come from NAME=SPEC, not one flag; the
+        # durable log's engine wrapper does not route by model (not built yet)
         typer.secho("error: several models (--model repeated, --models-file, --memory-budget, "
-                    "--pin) are not supported with --replicas or --served-model-name "
-                    "(name each model as --model NAME=SPEC)", fg="red", err=True)
+                    "--pin) are not supported with --replicas, --redis-url or "
+                    "--served-model-name (name each model as --model NAME=SPEC)",
+                    fg="red", err=True)
         raise typer.Exit(2)
+    durable = None
+    if redis_url:
+        from coda.server.durable import ServerDurable
+
+        durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
     if several:
         engine: Any = _load_router(list(model or []), models_file, list(pin or []),
                                    memory_budget, cfg, log_level)
@@ -136,16 +143,13 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
         # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
         from coda.scaleout.deploy import start_replicas, stop_replicas
 
+        # NOTE: with a log the replicas write it themselves (chosen here, once)
         engine = start_replicas(replicas, model[0] if model else None, cfg,
                                 ray_address=ray_address, num_cpus=replica_cpus,
-                                torch_threads=max(1, int(replica_cpus)))
+                                torch_threads=max(1, int(replica_cpus)),
+                                log=durable.log if durable is not None else None)
     else:
         engine = _load(model[0] if model else None, cfg, logging.getLogger("coda.server").info)
-    durable = None
-    if redis_url:
-        from coda.server.durable import ServerDurable
-
-        durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
     settings = ServerSettings(max_body_bytes=max_body_bytes,
                               max_waiting=None if max_waiting < 0 else max_waiting)
     try:

@@ -25,6 +25,7 @@ a slow client pauses or overflows the request here exactly as it would in proces
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -38,15 +39,21 @@ from coda.stream import EventType, RequestStream, StreamEvent
 
 
 class _Sender:
-    """Forwards the events of every submitted stream to the parent: listeners mark a stream
-    dirty (engine thread, cheap); one thread sends everything new in one message per wake-up."""
+    """Forwards the events of every submitted stream to the parent: each stream's wake-ups
+    (:mod:`coda.wakeup`, on this worker's own small event loop) mark it dirty; one thread sends
+    everything new in one message per wake-up."""
 
     def __init__(self, send: Any) -> None:
         self._send = send
         self._cond = threading.Condition()
         self._dirty: dict[str, RequestStream] = {}
         self._pos: dict[str, int] = {}
+        self._streams: dict[str, RequestStream] = {}
         self._stopping = False
+        # NOTE: stream observers run on an event loop, never on the engine thread
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="coda-worker-wakeups",
+                         daemon=True).start()
         self._thread = threading.Thread(target=self._run, name="coda-worker-sender", daemon=True)
         self._thread.start()
 
@@ -54,15 +61,16 @@ class _Sender:
         rid = stream.request_id
         with self._cond:
             self._pos[rid] = -1
+            self._streams[rid] = stream
 
-        def mark() -> None:  # NOTE: after every append and every ack of the stream
+        def mark(_seq: int = -1) -> None:  # NOTE: after appends (on the wake-up loop)
             with self._cond:
                 if rid in self._pos:
                     self._dirty[rid] = stream
                     self._cond.notify()
 
-        stream.add_listener(mark)
-        mark()  # NOTE: the start event was appended before the listener
+        stream.subscribe(mark, self._loop)
+        mark()  # NOTE: the start event was appended before the subscription
 
     def _run(self) -> None:
         try:
@@ -94,17 +102,22 @@ class _Sender:
                 batch.append((rid, evs))
                 with self._cond:
                     if evs[-1].type is EventType.TERMINAL:
-                        del self._pos[rid]
+                        del self._pos[rid], self._streams[rid]
                     else:
                         self._pos[rid] = evs[-1].seq
             if batch:
                 self._send(("events", batch))
 
     def stop(self) -> None:
+        """Send what is left of every stream (its terminal included: the engine has shut
+        down), then stop."""
         with self._cond:
+            # NOTE: a wake-up may still be in flight: read every open stream once more
+            self._dirty.update((rid, self._streams[rid]) for rid in self._pos)
             self._stopping = True
             self._cond.notify()
         self._thread.join(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 def worker_main(conn: Connection, model: str | None, config: EngineConfig,

@@ -282,6 +282,8 @@ def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
         return "Gemma 3 layers (sliding window, four norms, GELU gate) run in Python"
     if cfg.qk_norm:
         return "per-head q/k RMSNorm runs before RoPE (Qwen3)"
+    if cfg.rope_dim != cfg.head_dim:
+        return f"partial rotary ({cfg.rope_dim} of {cfg.head_dim} dimensions) runs in Python"
     if kv_dtype != torch.float32 or device.type != "cpu":
         return f"the KV cache is {kv_dtype} on {device.type} (the kernel reads float32 on CPU)"
     if cfg.head_dim not in (32, 64, 96, 128) or cfg.num_heads % cfg.num_kv_heads or \

@@ -1,10 +1,11 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma 3) over a paged KV
-cache.
+"""The Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3) over a
+paged KV cache.
 
 One module covers every supported architecture; :class:`~coda.models.config.ModelConfig`
 switches the differences on (q/k/v bias, per-head q/k RMSNorm, tied embeddings, RoPE scaling;
 Gemma 3's sliding-window local layers with their own RoPE base, four norms per layer applied as
-``offset + w``, GELU-tanh gate, scaled embeddings and query scale).
+``offset + w``, GELU-tanh gate, scaled embeddings and query scale; Phi-3's partial rotary).
+RoPE frequencies come from :mod:`coda.models.rope` (every scaling type, HF or GGUF).
 Projections are fused (``qkv_proj``, ``gate_up_proj``); the loader maps HF tensor names onto
 them. :meth:`CausalLM.forward` takes a flattened varlen batch (see ``attention.py``) and
 returns hidden states; :meth:`CausalLM.compute_logits` turns the rows you need into logits.
@@ -15,7 +16,6 @@ cast to the activation dtype.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +26,7 @@ from torch import nn
 from coda.models.attention import AttentionMetadata, PagedKVCache, attend_native, paged_attention
 from coda.models.attention_window import WindowMasks, window_masks
 from coda.models.config import ModelConfig
+from coda.models.rope import cos_sin_scale, inv_freq
 
 # NOTE: RoPE table growth step (positions); 1024 × d_h × 2 floats is 0.5 MiB at d_h = 64.
 _ROPE_CHUNK = 1024
@@ -55,36 +56,16 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
-    """Inverse RoPE frequencies [d_h / 2] in float32, with the config's scaling applied
-    (``local``: Gemma 3's local layers, base ``rope_local_theta`` and never scaled)."""
-    dim = cfg.head_dim
-    arange = torch.arange(0, dim, 2, dtype=torch.float32, device="cpu")  # NOTE: not meta
-    theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
-    inv = 1.0 / (theta ** (arange / dim))
-    rs = None if local else cfg.rope_scaling
-    if rs is None or rs.kind == "dynamic":
-        return inv  # NOTE: dynamic NTK is the identity within max_context (see config.py)
-    if rs.kind == "linear":
-        return inv / rs.factor
-    # llama3: long wavelengths divided by factor, short kept, a smooth blend in between.
-    old_len = rs.original_max_position_embeddings
-    low_wavelen = old_len / rs.low_freq_factor
-    high_wavelen = old_len / rs.high_freq_factor
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
-    smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-    blended = (1 - smooth) * scaled / rs.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, blended, scaled)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """``x``: [T, H, d]; ``cos``/``sin_signed``: [T, 1, d] (HF's non-interleaved half rotation).
+    """``x``: [T, H, d]; ``cos``/``sin_signed``: [T, 1, r] (HF's non-interleaved half rotation
+    of the first ``r`` dimensions; the other ``d - r`` pass through: partial rotary, Phi-4).
 
     ``sin_signed`` is ``sin`` with its first half negated, so HF's ``rotate_half(x) * sin`` =
     ``cat(-x2, x1) * sin`` becomes ``cat(x2, x1) * sin_signed`` (a sign flip is exact)."""
-    half = x.shape[-1] // 2
+    rot = cos.shape[-1]
+    if rot != x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rot], cos, sin_signed), x[..., rot:]), dim=-1)
+    half = rot // 2
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
@@ -226,8 +207,9 @@ class CausalLM(nn.Module):
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
         # NOTE: a plain attribute, not a buffer: built on CPU even under a meta-device init.
-        self._inv_freq = rope_inv_freq(cfg)
-        self._inv_freq_local = rope_inv_freq(cfg, local=True)
+        self._inv_freq = inv_freq(cfg)
+        self._inv_freq_local = inv_freq(cfg, local=True)
+        self._rope_scale = (cos_sin_scale(cfg), cos_sin_scale(cfg, local=True))
         # NOTE: cos and signed sin [positions, 1, d] per position, grown on demand (see _rope)
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope_table_local: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -337,7 +319,9 @@ class CausalLM(nn.Module):
         freqs = pos.float()[:, None] * inv[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [chunk, 1, d]
         half = freqs.shape[-1]
-        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        scale = self._rope_scale[1 if local else 0]
+        # NOTE: as HF: the attention factor applied in float32, then the cast
+        cos, sin = (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
         return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # NOTE: see apply_rope
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,9 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     state = ServerState(served, settings, api_key, store)
     # NOTE: the durable wrapper starts and stops itself (its lease) even over a shared engine
     state.manage_engine = manage_engine or durable is not None
+    register = getattr(engine, "register_metrics", None)
+    if register is not None:  # NOTE: several models: loads and unloads (coda.server.model_router)
+        register(state.metrics.registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -113,6 +116,9 @@ def create_app(engine: Engine, *, api_key: str | None = None,
 
 
 def _model_card(engine: Engine) -> dict[str, Any]:
+    routed = getattr(engine, "model_card", None)
+    if routed is not None:  # NOTE: several models: the selected one's card
+        return dict(routed())
     card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
             "max_model_len": engine.context_length}
     card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
@@ -138,7 +144,10 @@ def _operational_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(state_of(request).engine)]})
+        engine = state_of(request).engine
+        cards = getattr(engine, "model_cards", None)  # NOTE: several models: every one
+        return JSONResponse({"object": "list",
+                             "data": cards() if cards is not None else [_model_card(engine)]})
 
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str, request: Request) -> Response:

@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import EngineConfig, GenerationRequest
@@ -179,14 +179,26 @@ class ServerState:
         cfg = getattr(engine, "config", None)
         self.engine_config: EngineConfig = cfg if isinstance(cfg, EngineConfig) else EngineConfig()
         self.prompt_bound = PromptBound.of(engine.tokenizer)
+        self._bounds: dict[int, PromptBound] = {id(engine.tokenizer): self.prompt_bound}
 
     def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt") -> list[int]:
         """Tokenize a prompt (call it off the event loop, :func:`~coda.server.admission.off_loop`);
         a prompt whose byte length alone exceeds the context is refused untokenized."""
-        self.prompt_bound.check(text, self.engine.context_length, field)
-        return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        tokenizer = self.engine.tokenizer  # NOTE: several models: the routed model's
+        bound = self._bounds.get(id(tokenizer))
+        if bound is None:
+            bound = self._bounds[id(tokenizer)] = PromptBound.of(tokenizer)
+        bound.check(text, self.engine.context_length, field)
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def check_model(self, name: str) -> None:
+        select = getattr(self.engine, "select_model", None)
+        if select is not None:  # NOTE: several models (coda.server.model_router): route by name
+            if not select(name):
+                raise ApiError(404, f"The model '{name}' does not exist; this server serves "
+                                    f"{', '.join(repr(n) for n in cast(Any, self.engine).served_names())}",
+                               param="model", code="model_not_found")
+            return
         if model_key(name) not in self.engine.model_aliases:
             raise ApiError(404, f"The model '{name}' does not exist; this server serves "
                                 f"'{self.engine.model_name}'", param="model",

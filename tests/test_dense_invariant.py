@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.engine.invariance import check_invariance, make_requests
 from coda.models.kernels import native, unavailable
 from coda.models.modes import QUANT_MODES, resolve_mode
 from coda.models.source import LoadedModel, open_model, resolve_model
 from tests.conftest import examples
+from tests.invariance import check_invariance, make_requests
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
     pytest.skip(f"native kernels unavailable: {unavailable()}", allow_module_level=True)

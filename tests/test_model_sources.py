@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from coda.engine.kv_budget import kv_cache_budget
 from coda.models.config import ModelConfig, ModelLoadError
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.models.source import DEFAULT_MODEL_DIR, resolve_model
 from coda.models.tokenizer_bundle import DEFAULT_TEMPLATE_ORIGIN, bundle_from_hf_dir
+from tests.random_checkpoint import make_random_checkpoint
 
 
 @pytest.fixture

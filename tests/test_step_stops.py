@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from coda import trace as tr
 from coda.finish import FinishReason
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.trace import ListTraceSink, check_trace
+from tests.reference_loop import generate
 from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 TABLE = {101: b"a", 102: b"b", 103: b"ab", 104: b"ba", 105: b"c", 106: b"bc", 107: b"AB",

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from coda import stops as stops_module
 from coda.errors import InvalidRequestError
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.stops import (
     STOP_RULE_VERSION,
@@ -25,6 +24,7 @@ from coda.stops import (
     stop_bytes,
 )
 from tests.conftest import examples
+from tests.reference_loop import generate
 from tests.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 # ---------------------------------------------------------------- brute-force oracles

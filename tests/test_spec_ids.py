@@ -1,6 +1,6 @@
 """The spec in the repository (issue 22 step 5): ``docs/spec.md`` defines every rule ID that
-``coda/``, ``tests/``, ``docs/`` and the README cite, and each rule it defines is cited by at
-least one test, in the test's name or docstring (the convention of docs/spec.md, so that
+``coda/``, ``tests/``, ``docs/``, ``benchmarks/``, ``scripts/`` and the README cite, and each
+rule it defines is cited by at least one test, in the test's name or docstring (the convention of docs/spec.md, so that
 ``grep -rw L3 tests/`` finds L3's tests).
 
 A citation is one of the spec's section letters and a number (``P3``), or a range
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "docs" / "spec.md"
 # NOTE: C++ sources are not scanned: their cache levels (L1, L2) and template names (D8) are
 # not citations, and their few rule mentions (T4) repeat their Python wrappers'
-SCANNED = (ROOT / "coda", ROOT / "tests", ROOT / "docs", ROOT / "README.md")
+SCANNED = (ROOT / "coda", ROOT / "tests", ROOT / "docs", ROOT / "benchmarks", ROOT / "scripts",
+           ROOT / "README.md")
 
 # NOTE: rules no test names yet, each with the reason; keep it short, prefer a real test (today
 # every rule has one)
@@ -116,8 +117,8 @@ def test_spec_defines_its_sections_rules_once() -> None:
 
 
 def test_every_cited_id_is_defined_in_docs_spec() -> None:
-    """Every rule ID cited in coda/, tests/, docs/ or the README (prose and test names) is
-    defined in docs/spec.md: a citation of a rule that does not exist fails here."""
+    """Every rule ID cited in coda/, tests/, docs/, benchmarks/, scripts/ or the README (prose
+    and test names) is defined in docs/spec.md: a citation of a rule that does not exist fails here."""
     text = spec_text()
     letters, defined = section_letters(text), defined_ids(text)
     undefined: dict[str, set[str]] = {}

@@ -1,7 +1,7 @@
 """The spec in the repository (issue 22 step 5): ``docs/spec.md`` defines every rule ID that
 ``coda/``, ``tests/``, ``docs/``, ``benchmarks/``, ``scripts/`` and the README cite, and each
 rule it defines is cited by at least one test, in the test's name or docstring (the convention of docs/spec.md, so that
-``grep -rw L3 tests/`` finds L3's tests).
+``grep -ri l3 tests/`` finds L3's tests).
 
 A citation is one of the spec's section letters and a number (``P3``), or a range
 (``S1–S4``). Not citations: an issue's own labels written after the issue (``issue 20 D9``,

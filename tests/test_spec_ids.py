@@ -1,7 +1,7 @@
 """The spec in the repository (issue 22 step 5): ``docs/spec.md`` defines every rule ID that
 ``coda/``, ``tests/``, ``docs/``, ``benchmarks/``, ``scripts/`` and the README cite, and each
-rule it defines is cited by at least one test, in the test's name or docstring (the convention of docs/spec.md, so that
-``grep -ri l3 tests/`` finds L3's tests).
+rule it defines is cited by at least one test, in the test's name or docstring (the convention
+of docs/spec.md, so that ``grep -ri l3 tests/`` finds L3's tests).
 
 A citation is one of the spec's section letters and a number (``P3``), or a range
 (``S1–S4``). Not citations: an issue's own labels written after the issue (``issue 20 D9``,
@@ -30,8 +30,10 @@ UNTESTED: dict[str, str] = {}
 _DEFINITION = re.compile(r"^- ([A-Z])(\d+) ", re.MULTILINE)
 _SECTION = re.compile(r"^## ([A-Z]) — ", re.MULTILINE)
 _NOQA = re.compile(r"noqa:?[ A-Z0-9,]*")
-# an issue's own labels: "issue 20 D9", "Issue 20 D6, D9", "issue 20's D10"
-_ISSUE_LABELS = re.compile(r"\b[Ii]ssue\s+\d+(?:'s)?((?:,?\s+and\s+|,\s+|\s*/\s*|\s+)D\d+)+")
+# an issue's own labels, one letter: "issue 20 D9", "Issue 20 D6, D9", "issue 20's D10" (in
+# "issue 20 D5, P3" P3 is a rule)
+_ISSUE_LABELS = re.compile(
+    r"\b[Ii]ssue\s+\d+(?:'s)?\s+([A-Z])\d+(?:(?:,?\s+and\s+|,\s+|\s*/\s*)\1\d+)*\b")
 _CODE_SPAN = re.compile(r"``.*?``|`[^`\n]*`")
 
 
@@ -150,10 +152,10 @@ def test_every_defined_id_is_cited_by_a_test() -> None:
 
 def test_citations_expand_ranges_and_skip_issue_labels_code_and_lint_codes() -> None:
     letters = "CDEGKLOPST"
-    prose = ("SPEC S1–S4, K1-K3, P2; issue 20 D6, D9 and the rest; SPEC D2 (L4); Issue 20 D7 "
+    prose = ("SPEC S1–S4, K1-K3, P2; issue 20 D6, D9 and the rest; SPEC D2 (L4); Issue 20 D7, G2 "
              "(K3); issue 20's\n    D10 and `E4 B8` and ``T9``; import x  # noqa: E402")
     assert cited_in_prose(prose, letters) == {"S1", "S2", "S3", "S4", "K1", "K2", "K3", "P2",
-                                               "D2", "L4"}
+                                               "D2", "L4", "G2"}
     assert cited_in_name("test_issue20_d9_l6_message_start", letters) == {"L6"}
     assert cited_in_name("test_d2_g3_deadline_beats_q4_mode", letters) == {"D2", "G3"}
 

@@ -148,6 +148,31 @@ def test_every_defined_id_is_cited_by_a_test() -> None:
     assert set(UNTESTED) <= defined_ids(text)
 
 
+def issue_labels_in(text: str) -> set[str]:
+    """The labels an issue names in ``text``, lower case: "issue 20 D6, D9" -> {d6, d9}."""
+    return {label.lower() for m in _ISSUE_LABELS.finditer(text)
+            for label in re.findall(r"[A-Z]\d+", m[0])}
+
+
+def misnamed(name: str, doc: str, letters: str) -> set[str]:
+    """Labels the docstring gives as an issue's but the name cites as rules (``test_d6_…``
+    documented "Issue 20 D6": it reads as the rule D6)."""
+    return {rule for rule in cited_in_name(name, letters) if rule.lower() in issue_labels_in(doc)}
+
+
+def test_a_test_named_after_an_issue_label_says_whose_label_it_is() -> None:
+    """A test whose docstring cites an issue's label (``Issue 20 D6``) and whose name carries
+    the same label must qualify it (``test_issue20_d6_…``): else ``grep -ri d6 tests/`` and
+    the check above count it as a test of the rule D6 (issue 20's D1–D6 are not D1–D6)."""
+    letters = section_letters(spec_text())
+    bad = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for fn in defs_of_tests(ast.parse(path.read_text(encoding="utf-8"))):
+            if misnamed(fn.name, ast.get_docstring(fn) or "", letters):
+                bad.append(f"{path.name}::{fn.name}")
+    assert not bad, f"name an issue's label after its issue (test_issue20_d6_…): {bad}"
+
+
 # ----------------------------------------------------------------- the parser, on fixed inputs
 
 def test_citations_expand_ranges_and_skip_issue_labels_code_and_lint_codes() -> None:
@@ -165,3 +190,7 @@ def test_an_undefined_citation_is_found() -> None:
     letters, defined = "CDEGKLOPST", defined_ids(spec_text())
     assert cited_in_prose("covers SPEC K9 and L4", letters) - defined == {"K9"}
     assert cited_in_name("test_t17_something", letters) - defined == {"T17"}
+    doc = "Issue 20 D6 (S1, S3): min_tokens holds stops."
+    assert misnamed("test_d6_s3_min_tokens", doc, letters) == {"D6"}
+    assert misnamed("test_issue20_d6_s3_min_tokens", doc, letters) == set()
+    assert misnamed("test_d6_early_stop_cancels", "D6: the policy's stop cancels.", letters) == set()

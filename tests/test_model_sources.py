@@ -40,7 +40,7 @@ def test_missing_template_is_never_silent(folder: Path) -> None:
     tc.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(tc))
     b = bundle_from_hf_dir(folder, ModelConfig.from_dir(folder))
-    assert b.chat_template_origin == DEFAULT_TEMPLATE_ORIGIN and not b.has_model_template
+    assert b.chat_template_origin == DEFAULT_TEMPLATE_ORIGIN
     assert "<|im_start|>" in b.chat_template
 
 

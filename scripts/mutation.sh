@@ -25,11 +25,10 @@ declare -A TESTS=(
   [reader]="tests/test_reader.py tests/test_stream.py"
   [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
-  [loop]="tests/test_loop.py tests/test_request_run.py tests/test_loop_mutants.py"
   [early_stop]="tests/test_early_stop.py"
 )
 STEMS=("$@")
-[ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request loop early_stop)
+[ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request early_stop)
 
 for stem in "${STEMS[@]}"; do
   work="$ROOT/.mutation/$stem"

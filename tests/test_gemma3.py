@@ -24,9 +24,9 @@ from coda.models.config import ModelConfig
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.models.tokenizer_bundle import GEMMA_CHAT_TEMPLATE, bundle_from_gguf, bundle_from_hf_dir
 from tests.family_fixtures import chat_through_both_sdks, greedy_steps
+from tests.random_checkpoint import make_random_checkpoint
 from tests.test_models import full_forward, hf_logits
 
 WINDOW, LAYERS, VOCAB = 8, 7, 300
@@ -204,8 +204,8 @@ def _engine_tokens(loaded: Any, reqs: list[Any], *, twice: bool = False,
     """Every request's tokens from one started engine over ``loaded`` (all submitted at once;
     ``twice``: the crowd again after it ended, its prompts then in the prefix cache), and the
     prompt tokens the prefix cache served."""
-    from coda.engine.invariance import engine_on
     from tests.engine_support import outcome_of
+    from tests.invariance import engine_on
 
     tokens, cached = [], 0
     with engine_on(loaded, 64, block_size=16, max_num_seqs=len(reqs), **config) as engine:

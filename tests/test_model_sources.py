@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from coda.engine.kv_budget import kv_cache_budget
 from coda.models.config import ModelConfig, ModelLoadError
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.models.source import DEFAULT_MODEL_DIR, resolve_model
 from coda.models.tokenizer_bundle import DEFAULT_TEMPLATE_ORIGIN, bundle_from_hf_dir
+from tests.random_checkpoint import make_random_checkpoint
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_missing_template_is_never_silent(folder: Path) -> None:
     tc.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(tc))
     b = bundle_from_hf_dir(folder, ModelConfig.from_dir(folder))
-    assert b.chat_template_origin == DEFAULT_TEMPLATE_ORIGIN and not b.has_model_template
+    assert b.chat_template_origin == DEFAULT_TEMPLATE_ORIGIN
     assert "<|im_start|>" in b.chat_template
 
 

@@ -17,7 +17,7 @@ from coda.models.attention import AttentionMetadata, PagedKVCache
 from coda.models.config import ModelConfig, UnsupportedModelError
 from coda.models.llama import CausalLM
 from coda.models.loader import load_model
-from coda.models.random_checkpoint import make_random_checkpoint
+from tests.random_checkpoint import make_random_checkpoint
 
 SMALL: dict[str, Any] = dict(
     hidden_size=64,

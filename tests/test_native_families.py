@@ -32,7 +32,7 @@ from coda.models.attention import AttentionMetadata  # noqa: E402
 from coda.models.kernels import ops  # noqa: E402
 from coda.models.llama import CausalLM, apply_rope  # noqa: E402
 from coda.models.loader import load_model  # noqa: E402
-from coda.models.random_checkpoint import make_random_checkpoint  # noqa: E402
+from tests.random_checkpoint import make_random_checkpoint  # noqa: E402
 
 VOCAB, WINDOW = 300, 8
 PROMPT = tuple((i * 37 + 11) % (VOCAB - 40) + 30 for i in range(40))

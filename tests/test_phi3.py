@@ -27,11 +27,11 @@ from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.llama import CausalLM
 from coda.models.loader import load_model
-from coda.models.random_checkpoint import SPECIAL_TOKENS, build_bpe_tokenizer_json
-from coda.models.random_checkpoint import make_random_checkpoint as make_checkpoint
 from coda.models.rope_scaling import longrope_attention_factor
 from coda.models.tokenizer_bundle import bundle_from_gguf
 from tests.family_fixtures import chat_through_both_sdks, folder_to_gguf, greedy_steps
+from tests.random_checkpoint import SPECIAL_TOKENS, build_bpe_tokenizer_json
+from tests.random_checkpoint import make_random_checkpoint as make_checkpoint
 from tests.test_models import full_forward, hf_logits
 
 ORIG, MAX_POS, VOCAB = 32, 128, 320

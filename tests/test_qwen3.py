@@ -19,9 +19,9 @@ from coda.models.config import ModelConfig
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.models.tokenizer_bundle import bundle_from_gguf
 from tests.family_fixtures import chat_through_both_sdks, folder_to_gguf, greedy_steps
+from tests.random_checkpoint import make_random_checkpoint
 from tests.test_models import full_forward, hf_logits
 
 PROMPT = [(i * 37 + 11) % 300 + 10 for i in range(30)]

@@ -12,12 +12,12 @@ from coda import trace as tr
 from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import State
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.request import RequestRun
 from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream
 from coda.trace import ListTraceSink, TraceEvent, check_trace
 from tests.dedupe import Deduper
+from tests.reference_loop import generate
 from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, output_spec, scripted_tokenizer
 from tests.tokenizer_fixtures import sentencepiece_bpe
 from tests.wakeup_support import PostLog

@@ -24,13 +24,13 @@ from coda.models.config import ModelConfig, UnsupportedModelError
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
-from coda.models.random_checkpoint import (
+from coda.models.tokenizer_bundle import bundle_from_gguf
+from tests.family_fixtures import chat_through_both_sdks, folder_to_gguf, greedy_steps
+from tests.random_checkpoint import (
     SPECIAL_TOKENS,
     build_bpe_tokenizer_json,
     make_random_checkpoint,
 )
-from coda.models.tokenizer_bundle import bundle_from_gguf
-from tests.family_fixtures import chat_through_both_sdks, folder_to_gguf, greedy_steps
 from tests.test_models import full_forward, hf_logits
 
 SHAPE: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -235,7 +235,7 @@ AUTO_ORDER: tuple[str, ...] = ("packed", "q4", "fp32-kernel")
 # cpu --repeats 5`): default model's step 1.81x at 1 row, 0.85x at 512 rows; a 1B layer 0.81x
 # at 1 row (memory-bound gemv), 1.03x at 512 rows (run-to-run noise here ~ +-0.1). Issue 18's goal (>= 0.97x at 1 row, >= 0.8x
 # at 512) is met except by the 1B layer at 1 row (0.81x: the gemv streams its rows slower than
-# MKL's; more rows in flight per group or software prefetch tuning would close it); the invariance is what the default buys (D10), fp32 stays the opt-out.
+# MKL's; more rows in flight per group or software prefetch tuning would close it); the invariance is what the default buys (issue 20 D10), fp32 stays the opt-out.
 FOLDER_AUTO = "fp32-kernel"
 DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)

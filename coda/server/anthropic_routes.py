@@ -87,7 +87,7 @@ class AnthropicRenderer(Renderer):
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
         fid = position_id(positions)
         if ev.type is EventType.START:
-            return []  # NOTE: D9: message_start waits for the prefix-cache lookup's result
+            return []  # NOTE: issue 20 D9: message_start waits for the prefix-cache lookup's result
         if ev.seq == 1:  # NOTE: the first event after start: a replay past it never repeats it
             return [*self._start(ev, fid), *self._on_event(index, ev, fid)]
         return self._on_event(index, ev, fid)
@@ -114,7 +114,7 @@ class AnthropicRenderer(Renderer):
     def _on_event(self, index: int, ev: StreamEvent, fid: str) -> list[Frame]:
         if ev.type is EventType.DELTA:
             if self.parser is not None:
-                self.take(index, ev)  # NOTE: D5: the next block delta's stamp covers it
+                self.take(index, ev)  # NOTE: issue 20 D5: the next block delta's stamp covers it
                 out = self._blocks(self.parser.feed(ev.text), fid)
                 self.stamp_last(index, [f.data for f in out], _is_block_delta)
                 return out
@@ -130,7 +130,7 @@ class AnthropicRenderer(Renderer):
         if self.parser is not None:
             frames = self._blocks(self.parser.finish(), fid)
             self.stamp_last(index, [f.data for f in frames], _is_block_delta)
-            self.stamp_into(index, ext)  # NOTE: bytes no block delta carried (D5), if any
+            self.stamp_into(index, ext)  # NOTE: bytes no block delta carried (issue 20 D5), if any
             calls = self.parser.calls
             ext["tool_calls"] = {"count": calls, "removed_bytes": self.parser.removed_bytes}
         if is_failed(terminal):

@@ -69,7 +69,7 @@ class ServerMetrics:
         for a, b in zip(stamps, stamps[1:], strict=False):
             self.itl.observe(max(0.0, b - a))
         reason = terminal.finish_reason.value
-        if terminal.state is State.FAILED:  # NOTE: D7: a failure, whatever its reason says
+        if terminal.state is State.FAILED:  # NOTE: issue 20 D7: a failure, whatever its reason
             code = terminal.error_code.value if terminal.error_code is not None else "model_error"
             self.failure.labels(finished_reason=reason, error=code).inc()
         else:

@@ -87,7 +87,7 @@ class OpenAIRenderer(Renderer):
         if self.parsers is not None:
             parser = self.parsers[index]
             frames = self._tool_frames(index, parser.finish(), None, fid)
-            self.stamp_into(index, ext)  # NOTE: bytes no frame carried (D5), on the last chunk
+            self.stamp_into(index, ext)  # NOTE: unframed bytes (issue 20 D5), on the last chunk
             ext["tool_calls"] = {"count": parser.calls, "removed_bytes": parser.removed_bytes}
         trailing = lp.reported_trailing(terminal)
         if is_failed(terminal):
@@ -132,8 +132,9 @@ class OpenAIRenderer(Renderer):
     def _tool_frames(self, index: int, items: list[tl.Item], ev: StreamEvent | None,
                      fid: str) -> list[Frame]:
         """Text and complete calls of a tools request as one chunk (none if both are empty).
-        With ``stream_verify`` the chunk's stamp covers every delta since the last stamp (D5):
-        a delta whose bytes are held back or inside an open call makes no chunk of its own."""
+        With ``stream_verify`` the chunk's stamp covers every delta since the last stamp (issue
+        20 D5): a delta whose bytes are held back or inside an open call makes no chunk of its
+        own."""
         if ev is not None:
             self.take(index, ev)
         text = tl.texts(items)

@@ -167,7 +167,7 @@ class ResponsesRenderer(Renderer):
         if ev.type is EventType.DELTA:
             entries = lp.chat_entries(ev.tokens) if self.logprobs else []
             if self.parser is not None:
-                self.take(index, ev)  # NOTE: D5: the next delta event's stamp covers it
+                self.take(index, ev)  # NOTE: issue 20 D5: the next delta event's stamp covers it
                 return self._emit_all(index, self._tool_events(self.parser.feed(ev.text), ids,
                                                                entries))
             self.text += ev.text
@@ -192,7 +192,7 @@ class ResponsesRenderer(Renderer):
 
 
     def _emit_all(self, index: int, objs: list[dict[str, Any]]) -> list[Frame]:
-        """Emit ``objs``, the last delta event stamped (D5) even when replay skips it, so a
+        """Emit ``objs``, the last delta event stamped (issue 20 D5) even when replay skips it, so a
         resumed stream's stamps are the first delivery's."""
         self.stamp_last(index, objs, _is_delta)
         return [f for obj in objs for f in self._emit(obj)]

@@ -87,9 +87,12 @@ def _graph(*, top_level_only: bool = True) -> dict[str, set[str]]:
 
 
 # NOTE: what a user runs or imports: the `coda` command (serve, bench, trace check, models) and
-# the Python API of README "Python API" (engine, request types, sampling, its errors)
+# the Python API of README "Python API" (engine, request types, sampling, its errors), and the
+# per-model worker process's main module (started as `python -m coda.engine.process_worker`
+# by coda.engine.process_engine, so no import reaches it)
 ENTRY_POINTS = ("coda.cli", "coda.server.app", "coda.engine.async_engine", "coda.engine.types",
-                "coda.sampling", "coda.errors", "coda.models.config")
+                "coda.sampling", "coda.errors", "coda.models.config",
+                "coda.engine.process_worker")
 
 
 def reachable(graph: dict[str, set[str]], roots: tuple[str, ...]) -> set[str]:

@@ -20,7 +20,8 @@ NOT_CORE = {
     "bench": "the benchmark harness behind `coda bench` (imports the engine and torch)",
     "structured_eval": "the structured-output evaluation `benchmarks/bench_structured.py` runs",
 }
-PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types"}
+PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types",
+               "engine/plan"}
 
 
 def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:

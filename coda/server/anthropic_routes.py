@@ -224,7 +224,6 @@ async def create_message(body: AnthropicRequest, request: Request) -> Response:
     rid = new_id("msg_")
     reqs = build_requests(body, knobs, ids, request_id=rid,
                           default_max_tokens=st.engine_config.default_max_tokens,
-                          context_length=st.engine.context_length,
                           backpressure=st.settings.backpressure)
     handles = st.submit_all(reqs, rename_map(knobs))
     record = Record(rid, "anthropic", handles, now(), st.engine.model_name,

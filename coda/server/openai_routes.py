@@ -244,7 +244,6 @@ async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequ
         sub_id = rid if len(prompts) == 1 else f"{rid}-p{k}"
         requests += build_requests(body, knobs, ids, request_id=sub_id,
                                    default_max_tokens=st.engine_config.default_max_tokens,
-                                   context_length=st.engine.context_length,
                                    backpressure=st.settings.backpressure)
     handles = st.submit_all(requests, rename_map(knobs))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

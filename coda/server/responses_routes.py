@@ -291,7 +291,6 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     ids = await off_loop(st.encode, text, add_special_tokens=False, field="input")
     reqs = build_requests(body, knobs, ids,
                           request_id=rid, default_max_tokens=st.engine_config.default_max_tokens,
-                          context_length=st.engine.context_length,
                           backpressure=st.settings.backpressure)
     handles = st.submit_all(reqs, rename_map(knobs))
     fmt_dump = fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}

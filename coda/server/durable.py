@@ -19,6 +19,7 @@ from coda.durable.mirror import LogFollower, LogMirror
 from coda.durable.redis_log import RedisStreamLog
 from coda.finish import CancelCause
 from coda.reader import StreamReading
+from coda.server.render_spec import spec_data, spec_from_data
 from coda.server.state import Record
 from coda.stream import RequestStream
 
@@ -59,25 +60,6 @@ class MirroredHandle(StreamReading):
         return bool(self._inner.cancel(cause))
 
 
-def _renderer_factory(record: Record) -> Callable[[list[int] | None], Any]:
-    """The route's renderer for a rebuilt record (imported lazily: routes import state)."""
-    if record.kind in ("chat", "completion"):
-        from coda.server.openai_routes import OpenAIRenderer
-
-        return lambda after: OpenAIRenderer(
-            record, include_usage=bool(record.extra.get("include_usage")),
-            logprobs=bool(record.extra.get("logprobs")), after=after,
-            continuous_usage=bool(record.extra.get("continuous_usage")))
-    if record.kind == "anthropic":
-        from coda.server.anthropic_routes import AnthropicRenderer
-
-        return lambda after: AnthropicRenderer(record, after)
-    from coda.server.responses_routes import ResponsesRenderer
-
-    return lambda after: ResponsesRenderer(record, bool(record.extra.get("logprobs")),
-                                           -1 if after is None else after[0])
-
-
 class ServerDurable:
     """The lease, the mirror and record rebuilding of one server (ingress)."""
 
@@ -107,7 +89,7 @@ class ServerDurable:
             return
         self.log.put_record(record.id, {
             "kind": record.kind, "created": record.created, "model": record.model,
-            "background": record.background, "extra": record.extra,
+            "background": record.background, "extra": spec_data(record.spec),
             "handles": [h.request_id for h in record.handles]})
         if all(getattr(h, "durable", False) for h in record.handles):
             # NOTE: replicas write these logs themselves (coda.scaleout.producer); their
@@ -141,8 +123,7 @@ class ServerDurable:
         handles: list[Any] = [LoggedHandle(LogFollower(self.log, rid), self.cancel_remote)
                               for rid in desc["handles"]]
         record = Record(record_id, desc["kind"], handles, int(desc["created"]), desc["model"],
-                        make_renderer=lambda after: None, background=bool(desc["background"]),
-                        extra=dict(desc["extra"]))
-        record.make_renderer = _renderer_factory(record)
+                        spec_from_data(desc["kind"], desc["extra"]),
+                        background=bool(desc["background"]))
         log.info("record rebuilt from the stream log", extra={"request_id": record_id})
         return record

@@ -11,9 +11,14 @@ sends until the stream has ended, and report:
 - **objects**: ``coda`` class instances created in the window (an ``__init__`` / ``__new__`` of
   a class defined under ``coda``), as distinct classes and as instances, overall and during
   admission (arrival until the server's ``submit_all`` returns);
-- **re-entries**: along the admission path (every thread but the engine's, arrival until
-  ``submit_all`` returns), the innermost ``coda`` module of the running code is followed; each
-  change is a *stop*, and a stop at a module the path already left is a *re-entry*;
+- **re-entries**, two ways, both along admission (every thread but the engine's, arrival
+  until the server's ``submit_all`` returns); a *stop* is a change of module, a stop at a
+  module the path already left is a *re-entry*:
+  - *all calls*: the innermost ``coda`` module of whatever runs (every helper call counts);
+  - *body path* (the issue's walk "following the route's request body"): only calls that
+    carry request data — an argument is the route's parsed body or a ``coda`` object made
+    from it (constructed by a call holding request data, or returned by a stop) — and the
+    returns from them to the nearest such caller;
 - **max_tokens**: an AST scan of ``coda/`` for comparisons (``<``, ``>``, ...) and derivations
   (assignments, ``or``/``if`` defaults) that involve a token-budget name, listed by name.
 
@@ -52,6 +57,9 @@ class Walk:
     seen: dict[int, object] = field(default_factory=dict)
     current: dict[int, str | None] = field(default_factory=dict)
     path: list[str] = field(default_factory=list)
+    carriers: dict[int, object] = field(default_factory=dict)
+    stop_frames: dict[int, FrameType] = field(default_factory=dict)
+    body_path: list[str] = field(default_factory=list)
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if not self.active:
@@ -67,9 +75,13 @@ class Walk:
                 if obj is not None:
                     self._made(obj)
             self._move(tid, frame)
+            if self.admitting and tid != self.engine_thread and str(mod).startswith("coda"):
+                self._carry(frame, str(mod))
         elif event == "return":
             if frame.f_code.co_name == "__new__" and arg is not None:
                 self._made(arg)
+            if self.stop_frames.pop(id(frame), None) is not None:
+                self._returned(frame, arg)
             if (frame.f_code.co_name == "submit_all"
                     and str(frame.f_globals.get("__name__", "")).startswith("coda.server")):
                 self.admitting = False
@@ -84,6 +96,47 @@ class Walk:
         self.classes[name] += 1
         if self.admitting:
             self.admission_classes[name] += 1
+
+    # -- the body path: calls that carry the request's data ------------------------------------
+    def _carry(self, frame: FrameType, mod: str) -> None:
+        """A call is a stop of the body path when an argument is request data: the route's
+        parsed body, or a coda object made from it (by a call holding request data)."""
+        code = frame.f_code
+        nargs = (code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4)
+                 + bool(code.co_flags & 8))
+        local = frame.f_locals
+        args = [local.get(n) for n in code.co_varnames[:nargs]]
+        if not self.carriers and mod.endswith("_routes") and "body" in code.co_varnames[:nargs]:
+            self.carriers[id(local["body"])] = local["body"]  # NOTE: the walk starts here
+        if not any(self._carries(a) for a in args):
+            caller = frame.f_back
+            made_here = (code.co_name == "__init__" and caller is not None
+                         and any(self._carries(v) for v in caller.f_locals.values()))
+            if not made_here:
+                return
+        if code.co_name == "__init__":
+            self.carriers[id(args[0])] = args[0]
+        self.stop_frames[id(frame)] = frame
+        self._step(mod)
+
+    def _carries(self, value: object) -> bool:
+        if isinstance(value, tuple | list):
+            return any(id(v) in self.carriers for v in value[:8])
+        return id(value) in self.carriers
+
+    def _returned(self, frame: FrameType, value: object) -> None:
+        for v in (value if isinstance(value, tuple | list) else (value,))[:8]:
+            if type(v).__module__.startswith("coda"):
+                self.carriers[id(v)] = v
+        up = frame.f_back
+        while up is not None and id(up) not in self.stop_frames:
+            up = up.f_back
+        if up is not None:
+            self._step(str(up.f_globals["__name__"]))
+
+    def _step(self, mod: str) -> None:
+        if not self.body_path or self.body_path[-1] != mod:
+            self.body_path.append(mod)
 
     def _move(self, tid: int, frame: FrameType | None) -> None:
         while frame is not None:
@@ -209,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         "admission_stops": len(walk.path),
         "admission_modules": len(set(walk.path)),
         "admission_reentries": reentries(walk.path),
+        "body_path_stops": len(walk.body_path),
+        "body_path_modules": len(set(walk.body_path)),
+        "body_path_reentries": reentries(walk.body_path),
         "max_tokens_sites": len(sites),
         "max_tokens_names": dict(names),
     }
@@ -218,11 +274,13 @@ def main(argv: list[str] | None = None) -> int:
           *(f"{n} x{c}" for n, c in sorted(walk.classes.items())), sep="\n  ")
     print("\nadmission classes:", *sorted(walk.admission_classes), sep="\n  ")
     print("\nadmission path:", " -> ".join(p.removeprefix("coda.") for p in walk.path))
+    print("\nbody path:", " -> ".join(p.removeprefix("coda.") for p in walk.body_path))
     print("\nmax_tokens sites:", *sites, sep="\n  ")
     if args.json:
         Path(args.json).write_text(json.dumps({**result, "files_list": sorted(walk.files),
                                                "classes_list": dict(walk.classes),
-                                               "path": walk.path, "sites": sites}, indent=1))
+                                               "path": walk.path, "body_path": walk.body_path,
+                                               "sites": sites}, indent=1))
     return 0
 
 

@@ -80,3 +80,14 @@ def test_plan_is_frozen_and_fixes_the_seed() -> None:
         plan.max_tokens = 4  # type: ignore[misc]
     seeded = plan_request(GenerationRequest((5,), sampling=SamplingParams(seed=7)), LIMITS)
     assert seeded.seed == 7
+
+
+def test_require_budget_is_the_budgets_check_after_planning() -> None:
+    """Issue 13 through the plan: a need past the budget is refused naming max_tokens; a need
+    that fits (the boundary included) passes."""
+    plan = plan_request(GenerationRequest((5,), max_tokens=4), LIMITS)
+    plan.require_budget(4, "the grammar: its shortest known completion needs")
+    with pytest.raises(InvalidRequestError) as err:
+        plan.require_budget(5, "the grammar: its shortest known completion needs")
+    assert err.value.field == "max_tokens"
+    assert "max_tokens (4) is too small for the grammar" in err.value.message

@@ -15,10 +15,12 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from coda.early_stop import EarlyStopController
+from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore, EngineRequest
+from coda.engine.early_stop_hook import make_hook
+from coda.engine.grammar import GrammarMatcher
 from coda.engine.handle import RequestHandle
 from coda.engine.kv_budget import kv_cache_budget
 from coda.engine.kv_cache import BlockManager
@@ -33,6 +35,7 @@ from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
+from coda.output import EarlyStopHook
 from coda.reader import follow
 from coda.request import RequestRun
 from coda.stream import StreamEvent
@@ -267,7 +270,7 @@ class AsyncEngine:
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
 
-    def _grammar(self, plan: RequestPlan) -> Any:
+    def _grammar(self, plan: RequestPlan) -> GrammarMatcher | None:
         if plan.grammar is None:
             return None
         from coda.engine.grammar import compile_grammar  # issue 5; imported lazily
@@ -275,23 +278,17 @@ class AsyncEngine:
         return compile_grammar(plan.grammar, self.tokenizer, self.runner.config.vocab_size,
                                self.eos_token_ids)
 
-    def _closer(self, plan: RequestPlan, grammar: Any) -> Any:
+    def _closer(self, plan: RequestPlan, grammar: GrammarMatcher | None) -> BudgetCloser | None:
         """Issue 13: the request's closure state, or None. Raises InvalidRequestError naming
-        max_tokens when even the shortest known completion of the compiled grammar does not
-        fit the plan's budget (the one check that needs the compiled grammar)."""
+        max_tokens (through the plan) when even the shortest known completion of the compiled
+        grammar does not fit the budget."""
         if grammar is None or not plan.closes_within_budget:
             return None
-        from coda.engine.closure import BudgetCloser
-
-        max_tokens = plan.max_tokens
-        closer = BudgetCloser(grammar, max_tokens)
+        closer = BudgetCloser(grammar, plan.max_tokens)
         path = closer.initial()
         if path is None:
             return None  # NOTE: no realizable completion from the start: closure off (closure.py)
-        if len(path) > max_tokens:
-            raise InvalidRequestError(
-                f"max_tokens ({max_tokens}) is too small for the grammar: its shortest known "
-                f"completion needs {len(path)} tokens", field="max_tokens")
+        plan.require_budget(len(path), "the grammar: its shortest known completion needs")
         return closer
 
     def num_waiting(self) -> int:
@@ -363,9 +360,5 @@ class AsyncEngine:
 
 
 def _early_stop_hook(controller: EarlyStopController | None, arrival: float,
-                     grammar: Any) -> Any:
-    if controller is None:
-        return None
-    from coda.engine.early_stop_hook import make_hook  # issue 5
-
-    return make_hook(controller, arrival, grammar)
+                     grammar: GrammarMatcher | None) -> EarlyStopHook | None:
+    return make_hook(controller, arrival, grammar) if controller is not None else None

@@ -85,6 +85,15 @@ class RequestPlan:
         """Issue 13: steer a grammar to close within the budget (coda.engine.closure)."""
         return self.grammar is not None and self.grammar.closes_within_budget
 
+    def require_budget(self, tokens: int, what: str) -> None:
+        """The budget's one check for what is known only after planning (a compiled
+        grammar's shortest completion, issue 13): InvalidRequestError naming max_tokens when
+        ``tokens`` exceed it."""
+        if tokens > self.max_tokens:
+            raise InvalidRequestError(
+                f"max_tokens ({self.max_tokens}) is too small for {what} {tokens} tokens",
+                field="max_tokens")
+
     def output_spec(self) -> OutputSpec:
         """The per-token checks' rules (coda.output, G1 order)."""
         # NOTE: L4: with the context as the limit, hitting it is context_limit, not

@@ -18,7 +18,8 @@ sends until the stream has ended, and report:
   - *body path* (the issue's walk "following the route's request body"): only calls that
     carry request data — an argument is the route's parsed body or a ``coda`` object made
     from it (constructed by a call holding request data, or returned by a stop) — and the
-    returns from them to the nearest such caller;
+    returns from them to the nearest such caller (a coroutine parked at an ``await`` has not
+    returned);
 - **max_tokens**: an AST scan of ``coda/`` for comparisons (``<``, ``>``, ...) and derivations
   (assignments, ``or``/``if`` defaults) that involve a token-budget name, listed by name.
 
@@ -30,6 +31,8 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import dis
+import inspect
 import json
 import sys
 import threading
@@ -80,6 +83,8 @@ class Walk:
         elif event == "return":
             if frame.f_code.co_name == "__new__" and arg is not None:
                 self._made(arg)
+            if suspended(frame):
+                return  # NOTE: an await parks the coroutine; it has not returned
             if self.stop_frames.pop(id(frame), None) is not None:
                 self._returned(frame, arg)
             if (frame.f_code.co_name == "submit_all"
@@ -151,6 +156,16 @@ class Walk:
         if (self.admitting and tid != self.engine_thread and mod is not None
                 and (not self.path or self.path[-1] != mod)):
             self.path.append(mod)
+
+
+_COROUTINE = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_YIELD = dis.opmap["YIELD_VALUE"]
+
+
+def suspended(frame: FrameType) -> bool:
+    """A coroutine's 'return' event at an await (not its end)."""
+    code = frame.f_code
+    return bool(code.co_flags & _COROUTINE) and code.co_code[frame.f_lasti] == _YIELD
 
 
 def reentries(path: list[str]) -> int:

@@ -7,7 +7,6 @@ once by the engine at submit time. :class:`EngineConfig` is normalised once and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from coda.early_stop import EarlyStopPolicy
 from coda.sampling import SamplingParams
@@ -27,7 +26,7 @@ class GrammarSpec:
     ``json_schema`` (tool grammars set it on).
     """
 
-    json_schema: dict[str, Any] | None = None
+    json_schema: dict[str, object] | None = None  # NOTE: the client's JSON, as parsed
     json_object: bool = False
     regex: str | None = None
     lark: str | None = None

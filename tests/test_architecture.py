@@ -20,7 +20,8 @@ NOT_CORE = {
     "cli": "the command line: wires models, engine and server together",
     "bench": "the benchmark harness behind `coda bench` (imports the engine and torch)",
 }
-PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types"}
+PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types",
+               "engine/plan"}
 
 
 def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:

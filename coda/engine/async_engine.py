@@ -10,34 +10,34 @@ from __future__ import annotations
 
 import itertools
 import logging
-import secrets
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from coda.early_stop import EarlyStopController
+from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore, EngineRequest
+from coda.engine.early_stop_hook import make_hook
+from coda.engine.grammar import GrammarMatcher
 from coda.engine.handle import RequestHandle
 from coda.engine.kv_budget import kv_cache_budget
 from coda.engine.kv_cache import BlockManager
+from coda.engine.plan import ModelLimits, RequestPlan, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.sequence import Sequence
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.errors import ContextLengthExceededError, EngineNotStartedError, InvalidRequestError
+from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
-from coda.output import UTF8_TAIL_POLICIES, OutputSpec
+from coda.output import EarlyStopHook
 from coda.reader import follow
 from coda.request import RequestRun
-from coda.stops import stop_bytes
 from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
@@ -75,6 +75,8 @@ class AsyncEngine:
         self.context_lowered_from: int | None = context if capacity < context else None
         self.context_length: int = min(context, capacity)
         self.eos_token_ids: frozenset[int] = bundle.eos_token_ids
+        self.limits = ModelLimits(self.context_length, mc.vocab_size, self.eos_token_ids,
+                                  config.max_stop_strings, config.max_stop_string_bytes)
         self.kv_reason = kv_reason
         if trace is None:
             trace = JsonlTraceSink(config.trace_path) if config.trace_path else NullTraceSink()
@@ -194,38 +196,34 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------------------
     def _prepare(self, req: GenerationRequest) -> tuple[EngineRequest, RequestHandle]:
-        """Validate ``req`` and build its run and handle (not yet queued)."""
+        """Plan ``req`` (the one check, coda.engine.plan) and build its run and handle (not
+        yet queued)."""
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
-        prompt = tuple(req.prompt_token_ids)
-        spec, max_tokens = self._output_spec(req, prompt)
+        plan = plan_request(req, self.limits)
         # NOTE: everything that can reject the request runs before any resource is acquired
-        grammar = self._grammar(req)
-        closer = self._closer(req, grammar, max_tokens)
-        controller = EarlyStopController(req.early_stop) if req.early_stop is not None else None
+        grammar = self._grammar(plan)
+        closer = self._closer(plan, grammar)
+        controller = EarlyStopController(plan.early_stop) if plan.early_stop is not None else None
         if self._thread is None:  # NOTE: after validation, before anything is acquired
             raise EngineNotStartedError("the engine is not started: call engine.start() (or use "
                                         "`with engine:`) before submit")
-        rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         arrival = time.monotonic()
         # NOTE: the one constructor: stream, trace handle, processor and hooks, built once
         run = RequestRun.create(
-            rid, self.tokenizer, spec, self.trace, prompt_token_ids=prompt,
-            backpressure=req.backpressure, arrival=arrival,
+            plan.request_id, self.tokenizer, plan.output_spec(), self.trace,
+            prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
+            arrival=arrival,
             grammar_done=(closer.done if closer is not None else
                           grammar.is_terminated if grammar is not None else None),
             early_stop=_early_stop_hook(controller, arrival, grammar),
             grammar_budget_end=closer.budget_end if closer is not None else None)
-        stream, proc = run.stream, run.processor
-        assert proc is not None
-        seq = Sequence(next(self._ids), list(prompt), len(prompt) + max_tokens)
-        seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
-        deadline = arrival + req.deadline_s if req.deadline_s is not None else None
-        ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
-                             req.sampling.logprobs is not None, grammar, controller, closer)
+        seq = Sequence(next(self._ids), list(plan.prompt_token_ids), plan.max_total_tokens)
+        deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
+        ereq = EngineRequest(plan, run, seq, deadline, grammar, controller, closer)
         handle = RequestHandle(run, self._wake)
         self._track(handle)
-        stream.start(self.model_name, self.model_snapshot)
+        run.stream.start(self.model_name, self.model_snapshot)
         return ereq, handle
 
     def submit(self, req: GenerationRequest) -> RequestHandle:
@@ -277,81 +275,25 @@ class AsyncEngine:
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
 
-    def _output_spec(self, req: GenerationRequest, prompt: tuple[int, ...]) -> tuple[OutputSpec, int]:
-        vocab = self.runner.config.vocab_size
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty", field="prompt")
-        if any(not 0 <= t < vocab for t in prompt):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", field="prompt")
-        room = self.context_length - len(prompt)
-        if room <= 0:
-            raise ContextLengthExceededError(
-                f"the prompt has {len(prompt)} tokens; this model's context is "
-                f"{self.context_length} tokens", field="prompt")
-        if req.max_tokens is not None and (isinstance(req.max_tokens, bool) or req.max_tokens < 1):
-            raise InvalidRequestError("max_tokens must be an integer >= 1", field="max_tokens")
-        if req.max_tokens is not None and req.max_tokens > room:
-            raise ContextLengthExceededError(
-                f"prompt ({len(prompt)}) + max_tokens ({req.max_tokens}) exceeds the context "
-                f"({self.context_length})", field="max_tokens")
-        # NOTE: no max_tokens means "as far as the context allows"; the served context never
-        # exceeds the KV cache (see __init__), so whatever passed here fits the cache alone
-        max_tokens = req.max_tokens or room
-        cfg = self.config
-        if len(req.stop) > cfg.max_stop_strings:
-            raise InvalidRequestError(f"at most {cfg.max_stop_strings} stop strings", field="stop")
-        for s in req.stop:
-            if len(stop_bytes(s)) > cfg.max_stop_string_bytes:  # NOTE: typed error on bad text
-                raise InvalidRequestError(
-                    f"each stop string must be 1..{cfg.max_stop_string_bytes} bytes", field="stop")
-        for ids in req.stop_token_ids:
-            if not ids or any(not 0 <= t < vocab for t in ids):
-                raise InvalidRequestError("stop_token_ids must be non-empty sequences of valid ids",
-                                          field="stop_token_ids")
-        req.sampling.validate_for_vocab(vocab)
-        if req.utf8_tail not in UTF8_TAIL_POLICIES:
-            raise InvalidRequestError(f"utf8_tail must be one of {list(UTF8_TAIL_POLICIES)}",
-                                      field="utf8_tail")
-        if req.deadline_s is not None and not req.deadline_s > 0:
-            raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
-        # NOTE: L4: with no max_tokens the context is the limit, and hitting it is
-        # context_limit, not max_output_tokens: the max-tokens check (earlier in G1's order)
-        # must not fire at the same step, so its bound sits one past the context.
-        context_bound = req.max_tokens is None and max_tokens == room
-        spec = OutputSpec(
-            max_output_tokens=max_tokens + 1 if context_bound else max_tokens,
-            context_limit=self.context_length,
-            prompt_len=len(prompt), eos_token_ids=self.eos_token_ids,
-            ignore_eos=req.sampling.ignore_eos, stop_strings=tuple(req.stop),
-            stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
-            stops_end_at=(req.stops_end_at or "").encode(), min_tokens=req.sampling.min_tokens)
-        return spec, max_tokens
-
-    def _grammar(self, req: GenerationRequest) -> Any:
-        if req.grammar is None:
+    def _grammar(self, plan: RequestPlan) -> GrammarMatcher | None:
+        if plan.grammar is None:
             return None
         from coda.engine.grammar import compile_grammar  # issue 5; imported lazily
 
-        return compile_grammar(req.grammar, self.tokenizer, self.runner.config.vocab_size,
+        return compile_grammar(plan.grammar, self.tokenizer, self.runner.config.vocab_size,
                                self.eos_token_ids)
 
-    def _closer(self, req: GenerationRequest, grammar: Any, max_tokens: int) -> Any:
+    def _closer(self, plan: RequestPlan, grammar: GrammarMatcher | None) -> BudgetCloser | None:
         """Issue 13: the request's closure state, or None. Raises InvalidRequestError naming
-        max_tokens when even the shortest known completion does not fit the budget."""
-        if grammar is None or req.grammar is None or not req.grammar.closes_within_budget:
+        max_tokens (through the plan) when even the shortest known completion of the compiled
+        grammar does not fit the budget."""
+        if grammar is None or not plan.closes_within_budget:
             return None
-        from coda.engine.closure import BudgetCloser
-
-        closer = BudgetCloser(grammar, max_tokens)
+        closer = BudgetCloser(grammar, plan.max_tokens)
         path = closer.initial()
         if path is None:
             return None  # NOTE: no realizable completion from the start: closure off (closure.py)
-        if len(path) > max_tokens:
-            raise InvalidRequestError(
-                f"max_tokens ({max_tokens}) is too small for the grammar: its shortest known "
-                f"completion needs {len(path)} tokens", field="max_tokens")
+        plan.require_budget(len(path), "the grammar: its shortest known completion needs")
         return closer
 
     def num_waiting(self) -> int:
@@ -423,9 +365,5 @@ class AsyncEngine:
 
 
 def _early_stop_hook(controller: EarlyStopController | None, arrival: float,
-                     grammar: Any) -> Any:
-    if controller is None:
-        return None
-    from coda.engine.early_stop_hook import make_hook  # issue 5
-
-    return make_hook(controller, arrival, grammar)
+                     grammar: GrammarMatcher | None) -> EarlyStopHook | None:
+    return make_hook(controller, arrival, grammar) if controller is not None else None

@@ -15,12 +15,11 @@ imported: the in-process engine and the in-memory store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from coda.durable.engine import DurableEngine
 from coda.durable.redis_log import RedisStreamLog
 from coda.engine.protocol import Engine, EngineHandle
+from coda.server.render_spec import spec_data, spec_from_data
 from coda.server.state import Record, RecordStore
 
 log = logging.getLogger("coda.server")
@@ -43,25 +42,6 @@ class ServerDurable:
         return durable, RedisResponseStore(durable, capacity)
 
 
-def _renderer_factory(record: Record) -> Callable[[list[int] | None], Any]:
-    """The route's renderer for a rebuilt record (imported lazily: routes import state)."""
-    if record.kind in ("chat", "completion"):
-        from coda.server.openai_routes import OpenAIRenderer
-
-        return lambda after: OpenAIRenderer(
-            record, include_usage=bool(record.extra.get("include_usage")),
-            logprobs=bool(record.extra.get("logprobs")), after=after,
-            continuous_usage=bool(record.extra.get("continuous_usage")))
-    if record.kind == "anthropic":
-        from coda.server.anthropic_routes import AnthropicRenderer
-
-        return lambda after: AnthropicRenderer(record, after)
-    from coda.server.responses_routes import ResponsesRenderer
-
-    return lambda after: ResponsesRenderer(record, bool(record.extra.get("logprobs")),
-                                           -1 if after is None else after[0])
-
-
 class RedisResponseStore(RecordStore):
     """A :class:`~coda.server.state.ResponseStore` whose records live in the stream log too:
     the recent ones in memory, any other rebuilt from its descriptor on first use."""
@@ -73,7 +53,7 @@ class RedisResponseStore(RecordStore):
     def put(self, record: Record) -> None:
         self.engine.link_record(record.id, {
             "kind": record.kind, "created": record.created, "model": record.model,
-            "background": record.background, "extra": record.extra,
+            "background": record.background, "extra": spec_data(record.spec),
             "handles": [h.request_id for h in record.handles]},
             [h.request_id for h in record.handles])
         if record.background:
@@ -90,8 +70,7 @@ class RedisResponseStore(RecordStore):
             return None
         handles: list[EngineHandle] = [self.engine.reopen(rid) for rid in desc["handles"]]
         record = Record(record_id, desc["kind"], handles, int(desc["created"]), desc["model"],
-                        make_renderer=lambda after: None, background=bool(desc["background"]),
-                        extra=dict(desc["extra"]))
-        record.make_renderer = _renderer_factory(record)
+                        spec_from_data(desc["kind"], desc["extra"]),
+                        background=bool(desc["background"]))
         log.info("record rebuilt from the stream log", extra={"request_id": record_id})
         return record

@@ -20,8 +20,10 @@ from coda.models.source import model_key
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
+from coda.server.render_spec import RecordKind, RenderSpec
 from coda.server.replay import DeliveryRecord
-from coda.stream import BackpressureConfig
+from coda.server.sse import Renderer
+from coda.stream import BackpressureConfig, RequestStream
 
 log = logging.getLogger("coda.server")
 
@@ -66,22 +68,36 @@ class ServerSettings:
             raise ValueError("max_stored_requests must be >= 1")
 
 
+# NOTE: each protocol registers how its renderer is rebuilt from a record (its spec type)
+RendererFactory = Callable[["Record", "list[int] | None"], Renderer]
+_RENDERERS: dict[type, RendererFactory] = {}
+
+
+def register_renderer(spec_type: type, factory: RendererFactory) -> None:
+    """Called once per protocol at import (coda.server.create's adapters)."""
+    _RENDERERS[spec_type] = factory
+
+
 @dataclass
 class Record:
-    """A submitted API request: its n engine handles and what is needed to re-render it."""
+    """A submitted API request: its n engine handles and the typed spec its renderer is
+    rebuilt from (coda.server.render_spec; the durable log stores it as plain data)."""
 
     id: str
-    kind: Literal["chat", "completion", "anthropic", "response"]
+    kind: RecordKind
     handles: list[EngineHandle]
     created: int
     model: str
-    make_renderer: Callable[[list[int] | None], Any]
+    spec: RenderSpec
     background: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)  # NOTE: plain data (the durable log)
     delivery: DeliveryRecord = field(default_factory=DeliveryRecord)
 
+    def make_renderer(self, after: list[int] | None) -> Renderer:
+        """The protocol's renderer over this record's streams, resuming after ``after``."""
+        return _RENDERERS[type(self.spec)](self, after)
+
     @property
-    def streams(self) -> list[Any]:
+    def streams(self) -> list[RequestStream]:
         return [h.stream for h in self.handles]
 
     @property

@@ -242,7 +242,7 @@ class AnthropicAdapter:
         if is_failed(c.terminal):  # defect 4: error status, partial text and outcome, no retry
             return failed_json({"type": "error", "error": anthropic_error(c.terminal),
                                 "id": rid, "content": [{"type": "text", "text": c.text}],
-                                "coda": coda_extension(c.terminal)}, headers=headers)
+                                "coda": coda_extension(c.terminal)}, c.terminal, headers=headers)
         ext = coda_extension(c.terminal)
         content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
         calls: list[tl.ToolCall] = []

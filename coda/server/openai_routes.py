@@ -268,7 +268,7 @@ class OpenAIAdapter:
         if failed:  # defect 4: an error status that carries the partial text and the outcome
             answer = {"error": openai_error(failed[0]), **answer,
                       "coda": coda_extension(failed[0])}
-            return failed_json(answer, headers=headers)
+            return failed_json(answer, failed[0], headers=headers)
         return JSONResponse(answer, headers=headers)
 
 

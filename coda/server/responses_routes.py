@@ -313,7 +313,7 @@ class ResponsesAdapter:
         if terminals is None:  # NOTE: background: answered at once, queued
             return JSONResponse(response_object(record, initial=True))
         if is_failed(terminals[0]):  # defect 4: status failed, an error status not retried
-            return failed_json(response_object(record))
+            return failed_json(response_object(record), terminals[0])
         return JSONResponse(response_object(record))
 
 

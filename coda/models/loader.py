@@ -133,7 +133,7 @@ def build_model(
             model.set_submodule(path, nn.Identity())
     if untied_head:
         model.lm_head = None
-    model = model.to_empty(device=device).to(torch_dtype(dtype))
+    model = _materialize(model, torch.device(device)).to(torch_dtype(dtype))
     for path, module in modules.items():
         # NOTE: inserted after the dtype cast: packed buffers keep their own dtypes
         if path == "logits_head":
@@ -156,6 +156,29 @@ def build_model(
     if missing:
         raise ValueError(f"no tensor given for {missing[:5]} ...")
     model.eval()
+    return model
+
+
+def _materialize(model: CausalLM, device: torch.device) -> CausalLM:
+    """``model.to_empty(device)`` through plain factories: every meta parameter and buffer
+    becomes an uninitialised tensor of its shape and dtype (shared ones stay shared).
+
+    NOTE: ``to_empty`` calls ``empty_like`` on meta tensors, which runs torch's Python
+    reference and imports sympy and ``torch.fx`` symbolic shapes: 1-2 s of every load."""
+    made: dict[int, torch.Tensor] = {}
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            made[id(t)] = torch.empty(tuple(t.shape), dtype=t.dtype, device=device)
+        return made[id(t)]
+
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                module._parameters[name] = nn.Parameter(fresh(p), requires_grad=p.requires_grad)
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = fresh(b)
     return model
 
 

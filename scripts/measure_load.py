@@ -27,10 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def rss_mib(pid: int | str = "self") -> float:
+def rss_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """``field`` of /proc/PID/status in MiB: VmRSS, RssAnon (private), RssFile (mapped files,
+    shared between processes through the page cache)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -61,8 +63,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def time_to_health(model: str, quant: str, cold: bool, model_path: Path) -> tuple[float, float]:
-    """(seconds from spawn to the first 200 on /health, the server's RSS then in MiB)."""
+def time_to_health(model: str, quant: str, cold: bool, model_path: Path
+                   ) -> tuple[float, float, float]:
+    """(seconds from spawn to the first 200 on /health, the server's RSS then and the part of
+    it that is mapped files, in MiB)."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with tempfile.TemporaryDirectory() as cache:
@@ -83,7 +87,8 @@ def time_to_health(model: str, quant: str, cold: bool, model_path: Path) -> tupl
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
                                                 timeout=0.5) as r:
                         if r.status == 200:
-                            return time.perf_counter() - start, rss_mib(proc.pid)
+                            return (time.perf_counter() - start, rss_mib(proc.pid),
+                                    rss_mib(proc.pid, "RssFile"))
                 except OSError:
                     time.sleep(0.05)
         finally:
@@ -132,10 +137,11 @@ def main() -> None:
     for kind in ("warm", "cold"):
         runs = [time_to_health(args.model, args.quant, kind == "cold", path)
                 for _ in range(args.runs)]
-        secs = [s for s, _ in runs]
+        secs = [s for s, _, _ in runs]
         print(f"{kind}: coda serve --model {args.model} --quant {args.quant} to /health "
               f"{statistics.median(secs):.2f} s median (runs {', '.join(f'{s:.2f}' for s in secs)}),"
-              f" RSS {statistics.median(r for _, r in runs):.0f} MiB")
+              f" RSS {statistics.median(r for _, r, _ in runs):.0f} MiB (of it mapped files, "
+              f"shared: {statistics.median(f for _, _, f in runs):.0f} MiB)")
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
 
 

@@ -249,22 +249,23 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
     from coda.models.catalog import list_models
 
     table = Table("--model", "kind", "arch", "params", "size", "stored as", "context",
-                  "--quant (auto → first)", "why", "read", "path")
-    refusals: list[str] = []
+                  "--quant (auto → first)", "read", "path")
+    notes: list[str] = []
     for e in list_models(list(paths or [])):
         if e.error:
-            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", "", "",
-                          str(e.path))
+            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", "", str(e.path))
             continue
         others = [m for m in e.quant_modes if m != e.quant_auto]
         table.add_row(e.model, e.kind, e.arch, f"{e.parameters / 1e6:.1f}M",
                       f"{e.size_bytes / 2**20:.1f} MiB", e.quantization, str(e.context),
-                      " ".join([e.quant_auto, *others]), e.why, f"{e.read_s:.2f} s", str(e.path))
-        refusals += [f"{e.model}: --quant {m} would not load: {why}" for m, why in e.refused]
+                      " ".join([e.quant_auto, *others]), f"{e.read_s:.2f} s", str(e.path))
+        # NOTE: why, below the table (issue 19 item 5): auto's choice, then each refusal
+        notes.append(f"{e.model}: auto serves {e.why}")
+        notes += [f"{e.model}: --quant {m} would not load: {why}" for m, why in e.refused]
     console = Console(width=max(Console().width, 160))  # NOTE: paths stay readable in pipes
     console.print(table)
-    for line in refusals:
-        console.print(line, style="dim", highlight=False, markup=False)
+    for line in notes:
+        console.print(line, highlight=False, markup=False)
 
 
 @trace_app.command("check")

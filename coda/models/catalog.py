@@ -91,7 +91,8 @@ def _reasons(ckpt: GGUFCheckpoint | None, auto: str, names: tuple[str, ...]
         if auto in order else [f"{n}: {w}" for n, w in refused if n in order]
     mode = QUANT_MODES[auto]
     invariant = "batch-invariant" if mode.batch_invariant else "NOT batch-invariant (T4)"
-    tried = f"auto takes the first of {', '.join(order)} that loads here"
+    tried = (f"auto takes the first of {', '.join(order)} that loads here" if ckpt is not None
+             else f"an HF folder runs {FOLDER_AUTO}, or fp32 where the native kernels are missing")
     first = tried if not skipped else f"{tried}; skipped {'; '.join(skipped)}"
     return f"{auto}: {invariant}; {first}", tuple(refused)
 

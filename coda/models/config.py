@@ -39,6 +39,10 @@ _ARCHS: dict[str, str] = {
 _DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+# NOTE: the dense serving mode (``--quant``, coda/models/modes.py) that runs each dtype; here,
+# in the leaf both the mode table and the loader import, so the loader needs no mode table
+DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
 class ModelLoadError(ValueError):
     """A model that cannot be loaded; the message names what is missing (the CLI prints it,
     never a stack trace)."""

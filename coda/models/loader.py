@@ -17,10 +17,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from coda.models.config import ModelConfig, hf_tensor_shapes
+from coda.models.config import DENSE_BY_DTYPE, ModelConfig, hf_tensor_shapes
 from coda.models.identity import ModelIdentity, digest_files, model_identity
 from coda.models.llama import CausalLM
-from coda.models.modes import DENSE_BY_DTYPE
 
 # HF projection name -> (our fused module, which shard)
 _FUSED: dict[str, tuple[str, str]] = {

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coda.models.config import ModelLoadError, UnsupportedModelError
+from coda.models.config import DENSE_BY_DTYPE, ModelLoadError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from coda.models.gguf_file import GGUFCheckpoint
@@ -225,7 +225,6 @@ AUTO_ORDER: tuple[str, ...] = ("packed", "q4", "fp32-kernel")
 # at 512) is met except by the 1B layer at 1 row (0.81x: the gemv streams its rows slower than
 # MKL's; more rows in flight per group or software prefetch tuning would close it); the invariance is what the default buys (D10), fp32 stays the opt-out.
 FOLDER_AUTO = "fp32-kernel"
-DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)
 
 
@@ -271,3 +270,14 @@ def modes_for(ckpt: GGUFCheckpoint | None) -> tuple[QuantMode, tuple[str, ...]]:
                   if (m.dense or ckpt is not None) and m.available() is None
                   and (ckpt is None or m.applies(ckpt) is None))
     return resolve_mode("auto", None, ckpt), names
+
+
+def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
+                    device: str = "cpu") -> CausalLM:
+    """A GGUF file's model in serving mode ``quant`` (for benchmarks, scripts and tests; the
+    engine loads through :func:`coda.models.source.open_model`)."""
+    from coda.models.gguf_file import GGUFCheckpoint as Checkpoint
+    from coda.models.gguf_file import open_gguf
+
+    ckpt = path if isinstance(path, Checkpoint) else open_gguf(path)
+    return resolve_mode(quant, None, ckpt).build_gguf(ckpt, device)

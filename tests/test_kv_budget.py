@@ -201,3 +201,16 @@ def test_d1_scheduler_refuses_a_sequence_the_whole_cache_cannot_hold() -> None:
     with pytest.raises(ContextLengthExceededError):
         sched.add(Sequence(1, [1, 2, 3], 13))
     assert sched.num_waiting == 0
+
+
+def test_cli_refuses_a_bad_memory_budget_before_loading() -> None:
+    """`coda generate --memory-budget lots`: exit 2 with the reason, before any weight is read
+    (the budget is parsed first, so a typo costs no load)."""
+    from typer.testing import CliRunner
+
+    from coda.cli import app
+
+    res = CliRunner().invoke(app, ["generate", "hi", "--memory-budget", "lots"])
+    assert res.exit_code == 2
+    assert "memory budget 'lots'" in res.output
+    assert "KV cache" not in res.output  # NOTE: the load summary was never printed

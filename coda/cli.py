@@ -58,8 +58,28 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     return engine
 
 
+def _load_router(models: list[str], models_file: Path | None, pins: list[str],
+                 memory_budget: str | None, cfg: Any, log_level: str) -> Any:
+    """Several models (issue 23): each described now (names, tokenizer, context; no weights),
+    loaded in its own worker process on first use. Bad specs exit 2 with the message."""
+    from coda.models.config import ModelLoadError
+    from coda.server.model_router import build_router
+    from coda.server.model_specs import ModelSpecError, collect_specs, parse_bytes
+
+    try:
+        specs = collect_specs(models, models_file, pins)
+        budget = parse_bytes(memory_budget) if memory_budget is not None else None
+        return build_router(specs, cfg, memory_budget=budget, log_level=log_level)
+    except (ModelSpecError, ModelLoadError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
-def serve(model: ModelOpt = None,
+def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model); repeat it to serve several models, each as SPEC or NAME=SPEC")] = None,  # noqa: UP045
+          models_file: Annotated[Optional[Path], typer.Option(help="a TOML file of [[model]] tables (name, model, pinned) to serve besides --model (docs/api.md)")] = None,  # noqa: UP045
+          memory_budget: Annotated[Optional[str], typer.Option(help="several models: weights + KV cache of the loaded models stay under this (bytes, or 4GiB); least recently used idle models are unloaded to make room")] = None,  # noqa: UP045
+          pin: Annotated[Optional[list[str]], typer.Option(help="several models: load this model (NAME) at start and never unload it (repeatable)")] = None,  # noqa: UP045
           host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
           port: int = 8000,
           api_key: Annotated[Optional[str], typer.Option(help="require this bearer key")] = None,  # noqa: UP045
@@ -81,7 +101,6 @@ def serve(model: ModelOpt = None,
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
           kv_cache_fraction: KvFracOpt = None,
-          memory_budget: MemBudgetOpt = None,
           threads: ThreadsOpt = None) -> None:
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
     from coda.engine.types import EngineConfig
@@ -101,24 +120,39 @@ def serve(model: ModelOpt = None,
                        served_model_name=served_model_name,
                        trace_path=str(trace) if trace else None, max_model_len=max_model_len,
                        kv_cache_bytes=kv_cache_bytes, kv_cache_memory_fraction=kv_cache_fraction,
-                       memory_budget=memory_budget,
                        num_threads=threads, recent_traces=recent_traces)
+    # NOTE: serve's --memory-budget is the several-models router's (one model included): it
+    # gives each model its share (weights + KV); without it one model takes the default budget
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
     configure_logging(log_level)
-    if replicas > 0:
-        # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
-        from coda.scaleout.deploy import start_replicas, stop_replicas
-
-        engine: Any = start_replicas(replicas, model, cfg, ray_address=ray_address,
-                                     num_cpus=replica_cpus,
-                                     torch_threads=max(1, int(replica_cpus)))
-    else:
-        engine = _load(model, cfg, logging.getLogger("coda.server").info)
+    several = len(model or []) > 1 or models_file is not None or memory_budget or pin
+    if several and (replicas > 0 or served_model_name or redis_url):
+        # NOTE: a replica serves one model; names come from NAME=SPEC, not one flag; the
+        # durable log's engine wrapper does not route by model (not built yet)
+        typer.secho("error: several models (--model repeated, --models-file, --memory-budget, "
+                    "--pin) are not supported with --replicas, --redis-url or "
+                    "--served-model-name (name each model as --model NAME=SPEC)",
+                    fg="red", err=True)
+        raise typer.Exit(2)
     durable = None
     if redis_url:
         from coda.server.durable import ServerDurable
 
         durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
+    if several:
+        engine: Any = _load_router(list(model or []), models_file, list(pin or []),
+                                   memory_budget, cfg, log_level)
+    elif replicas > 0:
+        # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
+        from coda.scaleout.deploy import start_replicas, stop_replicas
+
+        # NOTE: with a log the replicas write it themselves (chosen here, once)
+        engine = start_replicas(replicas, model[0] if model else None, cfg,
+                                ray_address=ray_address, num_cpus=replica_cpus,
+                                torch_threads=max(1, int(replica_cpus)),
+                                log=durable.log if durable is not None else None)
+    else:
+        engine = _load(model[0] if model else None, cfg, logging.getLogger("coda.server").info)
     settings = ServerSettings(max_body_bytes=max_body_bytes,
                               max_waiting=None if max_waiting < 0 else max_waiting)
     try:

@@ -359,12 +359,11 @@ def _raise_closed(data: bytes) -> re.Match[bytes] | None:
 class _TokenAutomaton:
     """Aho–Corasick over token ids with sparse goto (vocabularies are large) and failure links."""
 
-    __slots__ = ("depth", "fail", "goto", "hold", "out_index", "out_len")
+    __slots__ = ("fail", "goto", "hold", "out_index", "out_len")
 
     def __init__(self, seqs: tuple[tuple[int, ...], ...]) -> None:
         trie = _build_trie(seqs)
         self.goto = trie.goto
-        self.depth = trie.depth
         self.hold = trie.hold
         self.fail = trie.fail
         self.out_index = trie.out

@@ -155,3 +155,30 @@ def test_core_import_does_not_load_torch() -> None:
     code = (f"import sys, {mods}, coda.engine.scheduler, coda.engine.kv_cache; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_server_reads_the_log_only_through_the_reader_and_nothing_listens_on_a_producer(
+) -> None:
+    """P2, P3 (issue 22 steps 3, 4): no server module reads a stream's log itself
+    (``events_after``: through ``coda.reader``), and no module registers a callback that runs
+    on a producer's thread: there is one wake-up channel (``coda.wakeup``), observed on an
+    event loop, and ``add_listener`` is gone."""
+    for name, path in module_files().items():
+        text = path.read_text(encoding="utf-8")
+        if name.startswith("server/"):
+            assert ".events_after(" not in text, name
+        assert ".add_listener(" not in text and "def add_listener" not in text, name
+
+
+def test_the_durable_log_is_an_engine_wrapper_chosen_once() -> None:
+    """Issue 22 step 3: the request path never learns Redis exists. Of the server, only
+    ``server/durable.py`` (the choice made when the app is built) imports ``coda.durable`` or
+    ``redis``; nothing sets hooks on the store or the engine after construction (``on_put``,
+    ``loader``, ``on_detach``, ``bind_log``), and nothing swaps a record's handles."""
+    for name, path in module_files().items():
+        text = path.read_text(encoding="utf-8")
+        if name.startswith("server/") and name != "server/durable":
+            bad = {m for m in imports_of(path) if m.startswith(("coda.durable", "redis"))}
+            assert not bad, f"{name} imports {bad}"
+        for hook in ("on_put", "store.loader", "on_detach", "bind_log", "record.handles ="):
+            assert hook not in text, f"{name}: {hook}"

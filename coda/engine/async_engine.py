@@ -103,6 +103,7 @@ class AsyncEngine:
         self.log = InMemoryStreamLog()  # NOTE: what ``attach`` replays (P3)
         self._live: dict[str, RequestHandle] = {}  # NOTE: what ``cancel`` by id reaches
         self._live_lock = threading.Lock()
+        self._sweep_at = 64
 
     @classmethod
     def from_model_dir(cls, model: str | Path | None = None,
@@ -153,6 +154,7 @@ class AsyncEngine:
             f"serving mode (--quant): {mode.name}, "
             f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
             f"{mode.numerics}",
+            f"attention: {self.runner.attention_note}",
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
             f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "
@@ -175,6 +177,8 @@ class AsyncEngine:
                    else {}),
                 # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
                 "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
+                # NOTE: the native row kernel, or torch with the reason it was refused
+                "attention": self.runner.attention_note,
                 **({"context_lowered_from": self.context_lowered_from}
                    if self.context_lowered_from else {})}
 
@@ -258,18 +262,16 @@ class AsyncEngine:
         return [h for _, h in built]
 
     def _track(self, handle: RequestHandle) -> None:
-        stream = handle.stream
-        self.log.register(stream)
+        """Keep ``handle`` reachable by id for ``cancel``. Ended ones are dropped here, when
+        the map has doubled since the last sweep (amortised O(1) per submit), and by
+        ``cancel``: nothing observes the stream from the engine thread (issue 22 step 4)."""
+        self.log.register(handle.stream)
         with self._live_lock:
             self._live[handle.request_id] = handle
-
-        def forget() -> None:  # NOTE: on the engine thread, after each append
-            if stream.closed:
-                with self._live_lock:
-                    if self._live.get(handle.request_id) is handle:
-                        del self._live[handle.request_id]
-
-        stream.add_listener(forget)
+            if len(self._live) >= self._sweep_at:
+                for rid in [r for r, h in self._live.items() if h.stream.closed]:
+                    del self._live[rid]
+                self._sweep_at = max(64, 2 * len(self._live))
 
     def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
         """Replay ``request_id``'s log after ``after_seq``, then follow it (P3); KeyError
@@ -283,6 +285,9 @@ class AsyncEngine:
         """Cancel a running request by id (C1); False if it is unknown or already ended."""
         with self._live_lock:
             handle = self._live.get(request_id)
+            if handle is not None and handle.stream.closed:
+                del self._live[request_id]
+                return False
         return handle.cancel(cause) if handle is not None else False
 
     def model_info(self) -> ModelInfo:

@@ -21,6 +21,9 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_MEMORY_FRACTION = 0.5  # NOTE: of MemAvailable at start: weights + KV, room for the rest
+# NOTE: the fraction a worker of the several-models server takes of its model's KV share
+# (coda/engine/process_worker.py, coda/server/model_slot.py's estimate)
+DEFAULT_KV_MEMORY_FRACTION = 0.25
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import mmap
 import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -298,16 +299,18 @@ def paged_attention(
 def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
                              device: torch.device) -> str | None:
     """Why the native kernel (``kernels/csrc/rows.h``) cannot run this model's attention
-    (None: it can). It fuses RoPE, so per-head q/k norms (Qwen3) must run in Python; it reads a
-    float32 CPU cache; it needs ``head_dim`` in 32/64/96/128; and it must build here. Gemma 3's
-    local layers, norms and gate run in Python too."""
-    if cfg.local_layers or cfg.sandwich_norms or cfg.hidden_act != "silu" or cfg.embed_scale:
-        return "Gemma 3 layers (sliding window, four norms, GELU gate) run in Python"
-    if cfg.qk_norm:
-        return "per-head q/k RMSNorm runs before RoPE (Qwen3)"
+    (None: it can). It runs per-head q/k norms (Qwen3, Gemma 3), sliding-window layers, the
+    SiLU or GELU-tanh gate and Gemma's sandwich norms; it reads a float32 CPU cache; it needs
+    ``head_dim`` in 32/64/96/128/256; and it must build here."""
+    if cfg.hidden_act not in ("silu", "gelu_tanh"):
+        return f"the {cfg.hidden_act} gate has no native kernel"
+    if cfg.rope_dim != cfg.head_dim:
+        # NOTE: the kernel can rotate part of a head, but the model does not pass it the
+        # rotary width yet (Phi-4-mini): its attention stays in Python until it does
+        return f"partial rotary ({cfg.rope_dim} of {cfg.head_dim} dimensions) runs in Python"
     if kv_dtype != torch.float32 or device.type != "cpu":
         return f"the KV cache is {kv_dtype} on {device.type} (the kernel reads float32 on CPU)"
-    if cfg.head_dim not in (32, 64, 96, 128) or cfg.num_heads % cfg.num_kv_heads or \
+    if cfg.head_dim not in (32, 64, 96, 128, 256) or cfg.num_heads % cfg.num_kv_heads or \
             cfg.num_heads // cfg.num_kv_heads > 16:
         return f"head shape {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim} unsupported"
     from coda.models.kernels import unavailable
@@ -317,15 +320,16 @@ def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
 
 def attend_native(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   kv_layer: torch.Tensor, meta: AttentionMetadata, n_heads: int,
-                  n_kv: int) -> torch.Tensor:
+                  n_kv: int, **options: Any) -> torch.Tensor:
     """The fused projection's output ``qkv`` [T, (H + 2 H_kv) d] -> attention output [T, H d]:
     RoPE (the same bits as :func:`~coda.models.llama.apply_rope`), the K/V cache write at
     ``meta.slot_mapping``, and each row's attention over its own keys in one fixed order (T4;
-    ``kernels/csrc/rows.h``). Needs ``meta.rows`` (``AttentionMetadata.build(kernel=True)``)."""
+    ``kernels/csrc/rows.h``). Needs ``meta.rows`` (``AttentionMetadata.build(kernel=True)``).
+    ``options``: :func:`coda.models.kernels.ops.attend`'s (window, scale, q/k norms, eps)."""
     from coda.models.kernels import ops
 
     rows = meta.rows
     assert rows is not None
     return ops.attend(
         qkv, cos, sin, kv_layer, meta.slot_mapping, rows.seq_of, meta.positions, rows.tables,
-        n_heads, n_kv)
+        n_heads, n_kv, **options)

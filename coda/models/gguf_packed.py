@@ -165,7 +165,7 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
     kernel (float32 activations in both modes). ``kernels`` collects type -> kernel."""
     from coda.models.kernels import native
     from coda.models.kernels.ggml_linear import GgmlLinear
-    from coda.models.kernels.kquant_linear import KQuantLinear, kernel_name
+    from coda.models.kernels.kquant_linear import Q8K_TYPES, KQuantLinear, kernel_name
 
     def make(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> nn.Module:
         if _legacy(parts, biases):
@@ -176,11 +176,13 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
             return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
         by_name = {b.hf_name.removesuffix("bias"): b for b in biases}
         segs = [segment(t, by_name.get(t.hf_name.removesuffix("weight"))) for t in parts]
+        # NOTE: Q8_K activations where every part is a K-quant; else float32 for all parts
+        kact = "q8" if act == "q8" and all(t.qtype in Q8K_TYPES for t in parts) else "f32"
         for t in parts:
             if kernels is not None:
-                extra = " (no q8 kernel: float32 activations)" if act == "q8" else ""
-                _note(kernels, t.qtype, f"{kernel_name(t.qtype)} (in place){extra}")
-        return KQuantLinear(segs)
+                extra = " (no q8 kernel: float32 activations)" if act != kact else ""
+                _note(kernels, t.qtype, f"{kernel_name(t.qtype, kact)} (in place){extra}")
+        return KQuantLinear(segs, kact)
 
     return make
 

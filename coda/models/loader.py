@@ -17,8 +17,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from coda.models.config import DENSE_BY_DTYPE, ModelConfig, hf_tensor_shapes
-from coda.models.identity import ModelIdentity, digest_files, model_identity
+from coda.models.config import ModelConfig, hf_tensor_shapes
 from coda.models.llama import CausalLM
 
 # HF projection name -> (our fused module, which shard)
@@ -185,19 +184,3 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     """The weight files of an HF folder, in a stable order (shard names sorted)."""
     return sorted(set(_tensor_files(Path(model_dir)).values()))
 
-
-def folder_identity(model_dir: str | Path, dtype: str,
-                    chat_template: str | None = None,
-                    quant_mode: str | None = None) -> ModelIdentity:
-    """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
-    ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
-    own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
-    and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
-    from coda.models.tokenizer_bundle import folder_chat_template
-
-    model_dir = Path(model_dir)
-    template = chat_template if chat_template is not None else folder_chat_template(model_dir)
-    return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
-                          tokenizer=(model_dir / "tokenizer.json").read_bytes(),
-                          chat_template=template, dtype=dtype,
-                          quant_mode=quant_mode or DENSE_BY_DTYPE.get(dtype))

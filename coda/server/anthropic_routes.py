@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
+from coda.reader import replay
 from coda.server import tools as tl
 from coda.server.admission import off_loop
 from coda.server.chat import content_text, render_chat
@@ -69,7 +70,7 @@ class AnthropicRenderer(Renderer):
         if record.extra.get("tools"):
             stream = record.handles[0].stream
             self.parser = tl.ToolCallParser()
-            for e in stream.events_after(-1):
+            for e in replay(stream):
                 if e.type is EventType.DELTA and e.seq <= self.after[0]:
                     # NOTE: replays the block state
                     out = self._blocks(self.parser.feed(e.text), "")

@@ -1,7 +1,7 @@
 """Prometheus metrics with vLLM-style names, one registry per app (issue 4 item 6; SPEC P5, L4).
 
-Latencies are observed once per request, when its terminal event is appended (from the
-stream's listener, on the engine thread; prometheus-client is thread-safe): time to first
+Latencies are observed once per request, once its terminal event is appended (woken by the
+wake-up channel on the server's event loop, never on the engine thread): time to first
 token, inter-token latency (gaps between deltas), queue time, end-to-end latency, and the
 exact finish reason: a FINISHED or CANCELLED request counts in ``request_success`` by its
 reason, a FAILED one (a K3 decoding error keeps a normal reason such as ``max_output_tokens``)
@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from coda.lifecycle import State
-from coda.reader import when_closed
+from coda.reader import replay, when_closed
 from coda.stream import EventType
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
@@ -56,12 +56,12 @@ class ServerMetrics:
                                   "KV cache bytes ever written (committed).", registry=r)
 
     def track(self, handle: Any) -> None:
-        """Observe ``handle``'s latencies once, when its terminal event is appended."""
+        """Observe ``handle``'s latencies once, after its terminal event (call on the loop)."""
         stream = handle.stream
         when_closed(stream, lambda _terminal: self._observe(stream))
 
     def _observe(self, stream: Any) -> None:
-        events = stream.events_after(-1)
+        events = replay(stream)
         terminal = stream.terminal
         if terminal is None:
             return

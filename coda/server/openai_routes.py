@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
+from coda.reader import replay
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.admission import off_loop
@@ -44,7 +45,7 @@ class OpenAIRenderer(Renderer):
         if record.extra.get("verify"):
             self.enable_verify(record.streams)
         # NOTE: tokens selected so far per choice (a resumed stream counts what it skipped)
-        self.selected = [sum(len(e.tokens) for e in h.stream.events_after(-1)[:a + 1])
+        self.selected = [sum(len(e.tokens) for e in replay(h.stream)[:a + 1])
                          for h, a in zip(record.handles, self.after, strict=True)]
         self.chat = record.kind == "chat"
         self.include_usage, self.logprobs = include_usage, logprobs
@@ -53,7 +54,7 @@ class OpenAIRenderer(Renderer):
                                                                   strict=True)]
         # NOTE: tool calls are parsed out of the text (coda.server.tools); a resumed stream
         # primes each parser with the text it already sent.
-        self.parsers = ([tl.primed(e.text for e in h.stream.events_after(-1)
+        self.parsers = ([tl.primed(e.text for e in replay(h.stream)
                                    if e.type is EventType.DELTA and e.seq <= a)
                          for h, a in zip(record.handles, self.after, strict=True)]
                         if record.extra.get("tools") else None)

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import CancelCause
-from coda.reader import terminal_of
+from coda.reader import replay, terminal_of
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.admission import off_loop
@@ -115,7 +115,7 @@ def _logprobs(record: Record, stream: RequestStream) -> list[dict[str, Any]]:
     like the deltas did; trailing tokens as :func:`coda.server.logprobs.reported_trailing`)."""
     if not record.extra.get("logprobs"):
         return []
-    tokens = [t for e in stream.events_after(-1) if e.type is EventType.DELTA for t in e.tokens]
+    tokens = [t for e in replay(stream) if e.type is EventType.DELTA for t in e.tokens]
     terminal = stream.terminal
     if terminal is not None:
         tokens.extend(lp.reported_trailing(terminal))
@@ -331,7 +331,7 @@ def _last_event_through(record: Record, seq: int) -> int:
     r = record.make_renderer([1 << 62])  # NOTE: skips every frame; only numbers them
     assert isinstance(r, ResponsesRenderer)
     r.header()
-    for ev in record.streams[0].events_after(-1):
+    for ev in replay(record.streams[0]):
         if ev.seq > seq:
             break
         r.on_event(0, ev, [ev.seq])

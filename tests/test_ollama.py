@@ -286,3 +286,32 @@ def test_l5_failed_call_not_streamed_is_500_with_error(adapter: Any) -> None:
     assert resp.status_code == 500 and resp.headers["x-should-retry"] == "false"
     assert body["error"] == "boom" and body["coda"]["state"] == "FAILED"
     assert (body["message"]["content"] if adapter.chat else body["response"]) == "partial"
+
+
+def test_keep_alive_zero_unloads_with_several_models_and_is_ignored_with_one(
+        client: ollama.Client, name: str) -> None:
+    """``keep_alive: 0`` unloads the model where the server runs a ModelRouter (it leaves
+    ``/api/ps``; the next request loads it again); with one model it has no effect (the empty
+    call answers ``load`` and the model stays listed)."""
+    from coda.engine.types import EngineConfig
+    from coda.server.app import create_app
+    from coda.server.model_router import build_router
+    from coda.server.model_specs import ModelSpec
+    from tests.conftest import LiveServer
+
+    one = client.generate(model=name, prompt="", keep_alive=0, stream=False)
+    assert one.done_reason == "load" and [m.model for m in client.ps().models] == [name]
+    router = build_router([ModelSpec(None, "x")], EngineConfig(max_num_seqs=2,
+                                                               kv_cache_bytes=8 << 20))
+    live = LiveServer(create_app(router)).start()
+    try:
+        c = ollama.Client(host=live.url)
+        assert c.ps().models == []  # NOTE: not loaded before its first use
+        r = c.generate(model="x", prompt="hi", options={"num_predict": 3}, stream=False)
+        assert r.done and [m.model for m in c.ps().models] == ["x"]
+        gone = c.generate(model="x", prompt="", keep_alive=0, stream=False)
+        assert gone.done_reason == "unload" and c.ps().models == []
+        again = c.chat(model="x", messages=CAPITAL, options={"num_predict": 3}, stream=False)
+        assert again.done and [m.model for m in c.ps().models] == ["x"]
+    finally:
+        live.stop()

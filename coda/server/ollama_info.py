@@ -11,6 +11,7 @@ whose worker is up, with one model that model (loaded for the server's life, so 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,6 +24,36 @@ from coda.server.http_errors import ApiError
 from coda.server.ollama_schemas import OllamaEmbedRequest, OllamaShowRequest
 
 router = APIRouter()
+_WATCHERS: set[asyncio.Task[None]] = set()
+_POLL_S = 0.1
+
+
+def unload_now(engine: Engine) -> str | None:
+    """``keep_alive: 0`` on an empty request: unload the selected model now (see
+    :meth:`~coda.server.model_loads.ModelLoads.unload_idle`); None with one model served
+    (``keep_alive`` then has no effect: the model is loaded for the server's life)."""
+    loads = getattr(engine, "loads", None)  # NOTE: several models (ModelRouter)
+    if loads is None:
+        return None
+    result: str = loads.unload_idle(engine.model_name)
+    return result
+
+
+def unload_when_idle(engine: Engine) -> None:
+    """``keep_alive: 0`` on a generation: unload the selected model once nothing of it is in
+    flight (this request and any other); nothing with one model served."""
+    loads = getattr(engine, "loads", None)
+    if loads is None:
+        return
+    name = engine.model_name
+
+    async def watch() -> None:
+        while await asyncio.to_thread(loads.unload_idle, name) == "busy":
+            await asyncio.sleep(_POLL_S)
+
+    task = asyncio.get_running_loop().create_task(watch())
+    _WATCHERS.add(task)
+    task.add_done_callback(_WATCHERS.discard)
 _EPOCH = "1970-01-01T00:00:00Z"  # NOTE: Coda keeps no modification time of a model
 
 

@@ -12,9 +12,12 @@ call that did not stream gets HTTP 500 (400 for a request error) with ``{"error"
 
 ``format`` (``"json"`` or a JSON schema) is Coda's structured output grammar, ``tools`` Coda's
 tool calling (:mod:`coda.server.tools`), ``options`` the sampler
-(:mod:`coda.server.ollama_schemas`). ``keep_alive``: accepted; with one model served it has no
-effect (the model stays loaded for the server's life). An empty ``messages`` / ``prompt`` is
-Ollama's "load the model" call: it answers ``done_reason: "load"`` at once.
+(:mod:`coda.server.ollama_schemas`). ``keep_alive: 0`` unloads the model once its requests
+end where the server runs several models (:mod:`coda.server.model_router`); any other
+``keep_alive``, and every ``keep_alive`` with one model served, is accepted with no effect (the
+model stays loaded for the server's life, or until the memory budget's LRU unloads it). An
+empty ``messages`` / ``prompt`` is Ollama's "load the model" call: ``done_reason: "load"`` at
+once, or ``"unload"`` with ``keep_alive: 0`` and several models.
 """
 
 from __future__ import annotations
@@ -33,8 +36,15 @@ from coda.server.common import collect, now, state_of
 from coda.server.create import Parsed, create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.ndjson import JSONLine, NDJSONRenderer
+from coda.server.ollama_info import unload_now, unload_when_idle
 from coda.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest
-from coda.server.ollama_wire import chat_messages, created_at, done_fields, tool_call
+from coda.server.ollama_wire import (
+    chat_messages,
+    created_at,
+    done_fields,
+    keep_alive_zero,
+    tool_call,
+)
 from coda.server.params import Knobs
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
@@ -191,12 +201,21 @@ GENERATE = OllamaAdapter(chat=False)
 register_renderer(OllamaRender, OllamaRenderer)
 
 
-def _loaded(body: OllamaBody, chat: bool) -> Response:
-    """Ollama's "load the model" answer to an empty request (nothing is generated)."""
+def _loaded(st: ServerState, body: OllamaBody, chat: bool) -> Response:
+    """Ollama's answer to an empty request (nothing is generated): ``load``, or with
+    ``keep_alive: 0`` and several models ``unload`` once the model is out of memory (a busy
+    model is unloaded when its requests end)."""
+    reason = "load"
+    if keep_alive_zero(body.keep_alive):
+        result = unload_now(st.engine)
+        if result == "busy":
+            unload_when_idle(st.engine)
+        if result is not None and result != "pinned":
+            reason = "unload"
     obj: dict[str, Any] = {"model": body.model, "created_at": created_at(now()),
                            **({"message": {"role": "assistant", "content": ""}} if chat
                               else {"response": ""}),
-                           "done": True, "done_reason": "load"}
+                           "done": True, "done_reason": reason}
     if body.stream:
         return Response(JSONLine(obj).encode(), media_type=NDJSONRenderer.media_type)
     return JSONResponse(obj)
@@ -205,16 +224,22 @@ def _loaded(body: OllamaBody, chat: bool) -> Response:
 @router.post("/api/chat")
 async def ollama_chat(body: OllamaChatRequest, request: Request) -> Response:
     """Ollama chat (streamed NDJSON unless ``stream: false``)."""
-    if not body.messages:
-        state_of(request).check_model(body.model)
-        return _loaded(body, chat=True)
-    return await create(request, body, CHAT)
+    return await _run(request, body, CHAT, empty=not body.messages)
 
 
 @router.post("/api/generate")
 async def ollama_generate(body: OllamaGenerateRequest, request: Request) -> Response:
     """Ollama generate: ``prompt`` (and ``system``) through the chat template, or ``raw``."""
-    if not body.prompt:
-        state_of(request).check_model(body.model)
-        return _loaded(body, chat=False)
-    return await create(request, body, GENERATE)
+    return await _run(request, body, GENERATE, empty=not body.prompt)
+
+
+async def _run(request: Request, body: OllamaBody, adapter: OllamaAdapter, *,
+               empty: bool) -> Response:
+    if empty:
+        st = state_of(request)
+        st.check_model(body.model)
+        return _loaded(st, body, chat=adapter.chat)
+    response = await create(request, body, adapter)
+    if keep_alive_zero(body.keep_alive):
+        unload_when_idle(state_of(request).engine)
+    return response

@@ -315,3 +315,42 @@ def test_keep_alive_zero_unloads_with_several_models_and_is_ignored_with_one(
         assert again.done and [m.model for m in c.ps().models] == ["x"]
     finally:
         live.stop()
+
+
+def test_p2_quiet_ndjson_stream_writes_no_keepalive_line() -> None:
+    """P2: a stream quiet for many keepalive periods (queued, prefilling) writes nothing but
+    JSON lines through the shared pump: the NDJSON framing has no keepalive comment, which
+    would break every Ollama client's ``json.loads`` per line."""
+    import asyncio
+
+    from coda.server.sse import SSEResponse
+
+    s = RequestStream("q")
+    s.start("m")
+    record = Record("q", "ollama", [SimpleNamespace(stream=s)], 0, "m",  # type: ignore[list-item]
+                    OllamaRender(chat=False, model="m"))
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # NOTE: the client stays connected
+        return {}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def run() -> None:
+        resp = SSEResponse([s], record.make_renderer(None), keepalive_s=0.01)
+        pump = asyncio.ensure_future(resp({"type": "http"}, receive, send))
+        await asyncio.sleep(0.2)  # NOTE: about 20 keepalive periods with nothing to say
+        s.delta(b"hi")
+        s.close(Terminal(State.FINISHED, FinishReason.EOS, Usage(prompt_tokens=1,
+                                                                 selected_tokens=1)))
+        await asyncio.wait_for(pump, 10)
+
+    asyncio.run(run())
+    head = sent[0]
+    assert dict(head["headers"])[b"content-type"] == b"application/x-ndjson"
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    lines = body.decode().splitlines()
+    assert [json.loads(x)["done"] for x in lines] == [False, True]
+    assert body.endswith(b"\n")

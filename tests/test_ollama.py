@@ -175,7 +175,7 @@ def test_tags_show_ps_version_shapes(client: ollama.Client, name: str,
     models = client.list().models
     assert [m.model for m in models] == [name]
     assert models[0].digest and models[0].details is not None
-    shown = client.show(name)
+    shown = client.show(name + ":latest")  # NOTE: Ollama's implicit tag names the same model
     assert shown.template and "tools" in (shown.capabilities or [])
     assert shown.modelinfo and shown.modelinfo["coda.context_length"] == 1024
     assert [m.model for m in client.ps().models] == [name]
@@ -214,8 +214,9 @@ def test_embed_is_a_clear_501(smollm_live: Any, client: ollama.Client, name: str
 
 def test_empty_request_loads(client: ollama.Client, name: str) -> None:
     """Ollama's load call: an empty prompt answers ``done_reason: "load"`` at once."""
-    r = client.generate(model=name, prompt="", stream=False)
+    r = client.generate(model=name + ":latest", prompt="", stream=False)
     assert r.done and r.done_reason == "load" and r.response == ""
+    assert r.model == name
 
 
 # -- the renderer over scripted streams: every ending, FAILED included ----------------------

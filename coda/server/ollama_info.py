@@ -21,7 +21,7 @@ from coda.engine.protocol import Engine
 from coda.models.identity import coda_version
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
-from coda.server.ollama_schemas import OllamaEmbedRequest, OllamaShowRequest
+from coda.server.ollama_schemas import OllamaEmbedRequest, OllamaShowRequest, model_name
 
 router = APIRouter()
 _WATCHERS: set[asyncio.Task[None]] = set()
@@ -115,7 +115,7 @@ async def show(body: OllamaShowRequest, request: Request) -> Response:
     if not name:
         raise ApiError(400, "model: required", param="model")
     st = state_of(request)
-    st.check_model(name)
+    st.check_model(model_name(name))
     engine = st.engine
     card = next((c for c in _cards(engine) if c["id"] == engine.model_name), None)
     card = card or {"id": engine.model_name, "max_model_len": engine.context_length}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
@@ -96,10 +96,16 @@ class OllamaMessage(BaseModel):
     thinking: str | None = None
 
 
+def model_name(name: str) -> str:
+    """Ollama's implicit tag: ``name:latest`` is ``name`` (tools append it to every name)."""
+    return name.removesuffix(":latest")
+
+
 class _OllamaCreate(CodaExtensions):
     """Fields shared by ``/api/chat`` and ``/api/generate`` (plus the Coda extensions)."""
 
     model: str
+    _tag = field_validator("model")(model_name)
     format: str | dict[str, Any] | None = None
     options: OllamaOptions | None = None
     stream: bool = True  # NOTE: Ollama streams unless told not to
@@ -161,4 +167,5 @@ class OllamaShowRequest(BaseModel):
 class OllamaEmbedRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
+    _tag = field_validator("model")(model_name)
     input: str | list[str] = ""

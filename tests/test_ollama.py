@@ -355,3 +355,22 @@ def test_p2_quiet_ndjson_stream_writes_no_keepalive_line() -> None:
     lines = body.decode().splitlines()
     assert [json.loads(x)["done"] for x in lines] == [False, True]
     assert body.endswith(b"\n")
+
+
+def test_tool_history_round_trip(client: ollama.Client, name: str) -> None:
+    """A conversation that carries an assistant tool call (object arguments) and its result
+    (``tool_name``) renders and answers, as an Ollama tool loop sends it back."""
+    msgs = [*CAPITAL,
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"}]
+    r = client.chat(model=name, messages=msgs, tools=[WEATHER], stream=False,
+                    options={"temperature": 0, "num_predict": 8})
+    assert r.done and r.done_reason in ("stop", "length") and r.eval_count
+
+
+def test_prompt_over_the_context_is_a_400(client: ollama.Client, name: str) -> None:
+    """A prompt longer than the context: 400 in Ollama's shape before any work."""
+    with pytest.raises(ollama.ResponseError) as exc:
+        client.generate(model=name, prompt="word " * 3000, raw=True)
+    assert exc.value.status_code == 400 and exc.value.error

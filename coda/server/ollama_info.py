@@ -1,5 +1,5 @@
 """The Ollama API's model endpoints (issue 23 item 2): ``GET /api/tags``, ``POST /api/show``,
-``GET /api/ps``, ``GET /api/version``, and ``POST /api/embed`` (not offered: a 501 in
+``GET /api/ps``, ``GET /api/version``, and ``POST /api/embed`` (not offered: a 400 in
 Ollama's error shape).
 
 Every field comes from the served models' cards (``/v1/models``): ``digest`` is the weights'
@@ -134,7 +134,8 @@ async def show(body: OllamaShowRequest, request: Request) -> Response:
 async def embed(body: OllamaEmbedRequest, request: Request) -> Response:
     """Not offered: the served models are generative and Coda exposes no embedding."""
     state_of(request).check_model(body.model)
-    raise ApiError(501, f"{body.model!r} does not support embeddings on this server")
+    # NOTE: 400 as Ollama answers a capability the model lacks (and no input is ever a 5xx)
+    raise ApiError(400, f"{body.model!r} does not support embeddings on this server")
 
 
 @router.post("/api/embeddings")

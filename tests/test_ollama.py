@@ -117,7 +117,7 @@ def test_s1_stop_never_leaked(client: ollama.Client, name: str, smollm_live: Any
     assert raw[-1]["coda"]["matched_stop"] == "Paris" and raw[-1]["done_reason"] == "stop"
 
 
-def test_g_format_json_schema_and_json(client: ollama.Client, name: str) -> None:
+def test_format_json_schema_and_json(client: ollama.Client, name: str) -> None:
     """Structured output: ``format`` as a JSON schema gives JSON that validates against it,
     streamed and not; ``"json"`` gives a JSON object."""
     schema = {"type": "object", "properties": {"city": {"type": "string"},

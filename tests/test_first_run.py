@@ -108,6 +108,14 @@ def test_readme_anthropic_example_runs_verbatim(readme_server: str) -> None:
     assert run.stdout.strip()
 
 
+def test_readme_ollama_example_runs_verbatim(readme_server: str) -> None:
+    """Issue 23 item 2: the README's Ollama example runs through the official client."""
+    port = readme_server.rsplit(":", 1)[1]
+    run = _run_python(_readme_block("### The official `ollama` client", "python"), port)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().split()[-2] in ("stop", "length"), run.stdout
+
+
 @pytest.mark.skipif(not any(Path(d, "curl").exists() for d in os.environ["PATH"].split(":")),
                     reason="curl is not installed")
 def test_readme_curl_example_runs_verbatim(readme_server: str) -> None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from coda.server.render_spec import (
     AnthropicRender,
+    OllamaRender,
     OpenAIRender,
     RenderSpec,
     ResponsesRender,
@@ -19,7 +20,8 @@ from coda.server.render_spec import (
 )
 from tests.conftest import examples
 
-_KIND = {OpenAIRender: "chat", AnthropicRender: "anthropic", ResponsesRender: "response"}
+_KIND = {OpenAIRender: "chat", AnthropicRender: "anthropic", ResponsesRender: "response",
+         OllamaRender: "ollama"}
 _json = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4),
                      lambda inner: st.dictionaries(st.text(max_size=3), inner, max_size=3),
                      max_leaves=6)
@@ -27,6 +29,7 @@ specs = st.one_of(
     st.builds(OpenAIRender, n=st.integers(1, 4),
               prompt_tokens=st.lists(st.integers(1, 99), max_size=3).map(tuple)),
     st.builds(AnthropicRender, input_tokens=st.integers(1, 99)),
+    st.builds(OllamaRender, chat=st.booleans(), model=st.text(max_size=8)),
     st.builds(ResponsesRender, format=st.dictionaries(st.text(max_size=3), _json, max_size=2),
               metadata=st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
               tools_echo=st.lists(st.dictionaries(st.text(max_size=3), _json, max_size=2),

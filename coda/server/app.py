@@ -22,7 +22,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coda.engine.protocol import Engine
-from coda.server import anthropic_routes, openai_routes, playground_routes, responses_routes
+from coda.server import (
+    anthropic_routes,
+    ollama_info,
+    ollama_routes,
+    openai_routes,
+    playground_routes,
+    responses_routes,
+)
 from coda.server.admission import BodyLimitMiddleware
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
@@ -100,12 +107,14 @@ def create_app(engine: Engine, *, api_key: str | None = None,
             await state.drain_tasks(timeout=5.0 if durable is not None else None)
 
     app = FastAPI(title="Coda", version="0.1.0", lifespan=lifespan,
-                  description="OpenAI- and Anthropic-compatible API; see docs/api.md.")
+                  description="OpenAI-, Anthropic- and Ollama-compatible API; see docs/api.md.")
     app.state.coda = state
     install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(anthropic_routes.router)
+    app.include_router(ollama_routes.router)
+    app.include_router(ollama_info.router)
     app.include_router(playground_routes.router)
     _operational_routes(app)
     # NOTE: added before the key check, so the key check runs first (outermost)

@@ -1,8 +1,8 @@
 """Every error in the protocol's own shape (issue 4 item 5).
 
 OpenAI: ``{"error": {"message", "type", "param", "code"}}``; Anthropic:
-``{"type": "error", "error": {"type", "message"}}``. The protocol is chosen by path
-(``/v1/messages`` is Anthropic). Bad input is always 4xx and names the field; only a fault of
+``{"type": "error", "error": {"type", "message"}}``; Ollama: ``{"error": "message"}``. The
+protocol is chosen by path (``/v1/messages`` is Anthropic, ``/api/`` is Ollama). Bad input is always 4xx and names the field; only a fault of
 the server itself is a 5xx.
 """
 
@@ -21,7 +21,7 @@ from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, ModelN
 
 log = logging.getLogger("coda.server")
 
-Protocol = Literal["openai", "anthropic"]
+Protocol = Literal["openai", "anthropic", "ollama"]
 
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     403: "permission_error", 404: "not_found_error", 413: "request_too_large",
@@ -39,11 +39,15 @@ class ApiError(Exception):
 
 
 def protocol_of(path: str) -> Protocol:
+    if path.startswith("/api/"):
+        return "ollama"
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
 def error_payload(protocol: Protocol, status: int, message: str, *, param: str | None = None,
                   code: str | None = None) -> dict[str, Any]:
+    if protocol == "ollama":
+        return {"error": message}  # NOTE: Ollama's one error shape, whatever the status
     if protocol == "anthropic":
         kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
                                     "invalid_request_error")

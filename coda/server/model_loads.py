@@ -96,6 +96,21 @@ class ModelLoads:
         self.unloaded(slot, w, why)
         threading.Thread(target=w.stop, daemon=True).start()
 
+    def unload_idle(self, name: str) -> str:
+        """Unload ``name`` now (reason ``keep_alive``: Ollama's ``keep_alive: 0``) if it is
+        loaded, idle and not pinned: ``unloaded``; else why not: ``not_loaded`` | ``pinned`` |
+        ``busy`` (requests of it in flight)."""
+        with self.lock:
+            slot = next((s for s in self.slots if s.name == name), None)
+            if slot is None or slot.worker is None:
+                return "not_loaded"
+            if slot.pinned:
+                return "pinned"
+            if not slot.idle():
+                return "busy"
+            self._unload(slot, "keep_alive")
+            return "unloaded"
+
     def unloaded(self, slot: ModelSlot, w: WorkerProcess, why: str) -> None:
         self.metrics.unloaded(slot, why)
         self.trace.record(TraceEvent(f"model:{slot.name}", "model.unload", {

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
-RecordKind = Literal["chat", "completion", "anthropic", "response"]
+RecordKind = Literal["chat", "completion", "anthropic", "response", "ollama"]
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,22 @@ class ResponsesRender:
     verify: bool = False
 
 
-RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender
+@dataclass(frozen=True)
+class OllamaRender:
+    """Ollama ``/api/chat`` (``chat``: a ``message`` per line) or ``/api/generate`` (a
+    ``response`` per line); the model name as the client asked for it, and the options."""
 
-_BY_KIND: dict[str, type[OpenAIRender] | type[AnthropicRender] | type[ResponsesRender]] = {
+    chat: bool
+    model: str
+    tools: bool = False
+
+
+RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender | OllamaRender
+
+_BY_KIND: dict[str, type[OpenAIRender] | type[AnthropicRender] | type[ResponsesRender]
+               | type[OllamaRender]] = {
     "chat": OpenAIRender, "completion": OpenAIRender, "anthropic": AnthropicRender,
-    "response": ResponsesRender}
+    "response": ResponsesRender, "ollama": OllamaRender}
 
 
 def spec_data(spec: RenderSpec) -> dict[str, object]:

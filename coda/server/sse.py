@@ -61,6 +61,10 @@ class Renderer:
     # NOTE: ids are engine positions (P3): the pump gives a group's earlier frames sub-ids
     # (frame_id); a renderer numbering its own frames (Responses) turns this off
     position_ids = True
+    # NOTE: the wire framing is the renderer's (its frames encode themselves): SSE here,
+    # NDJSON in coda.server.ndjson, which has no keepalive line (None: none written)
+    media_type = "text/event-stream; charset=utf-8"
+    keepalive: bytes | None = KEEPALIVE
 
     def __init__(self, n: int, after: Sequence[int] | None = None, held: int = 0) -> None:
         self.after = list(after) if after is not None else [-1] * n
@@ -161,7 +165,7 @@ class SSEResponse(Response):
         self._on_disconnect = on_disconnect
         self._write_timeout_s = write_timeout_s
         self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no",
-                           "content-type": "text/event-stream; charset=utf-8", **(headers or {})})
+                           "content-type": renderer.media_type, **(headers or {})})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         conn = Connection(receive, send, write_timeout_s=self._write_timeout_s)
@@ -204,7 +208,8 @@ class SSEResponse(Response):
                 if batch is None:
                     break
                 if not batch:
-                    await conn.write(KEEPALIVE)
+                    if r.keepalive is not None:
+                        await conn.write(r.keepalive)
                     continue
                 frames: list[Frame] = []
                 for index, ev in batch:

@@ -1,0 +1,245 @@
+"""``POST /api/chat`` and ``POST /api/generate``: the Ollama API (issue 23 item 2; SPEC P1,
+P2, P4, L4–L6, S1).
+
+Both run the one create handler (:mod:`coda.server.create`). A stream is NDJSON
+(:mod:`coda.server.ndjson`): one object per delta (``message.content`` / ``response``, a
+complete tool call as ``message.tool_calls``), then exactly one ``done: true`` object, last,
+with ``done_reason``, the counts, the durations and the exact outcome in ``coda``
+(:mod:`coda.server.ollama_wire`); nothing follows it. Stop strings are never in the text
+(S1: the engine holds them back). A FAILED request ends its stream with one ``{"error": ...,
+"done": true, "coda": ...}`` line — the official client raises ``ResponseError`` on it — and a
+call that did not stream gets HTTP 500 (400 for a request error) with ``{"error": ...}``.
+
+``format`` (``"json"`` or a JSON schema) is Coda's structured output grammar, ``tools`` Coda's
+tool calling (:mod:`coda.server.tools`), ``options`` the sampler
+(:mod:`coda.server.ollama_schemas`). ``keep_alive: 0`` unloads the model once its requests
+end where the server runs several models (:mod:`coda.server.model_router`); any other
+``keep_alive``, and every ``keep_alive`` with one model served, is accepted with no effect (the
+model stays loaded for the server's life, or until the memory budget's LRU unloads it). An
+empty ``messages`` / ``prompt`` is Ollama's "load the model" call: ``done_reason: "load"`` at
+once, or ``"unload"`` with ``keep_alive: 0`` and several models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from coda.errors import InvalidRequestError
+from coda.reader import replay
+from coda.server import tools as tl
+from coda.server.admission import off_loop
+from coda.server.chat import render_chat
+from coda.server.common import collect, now, state_of
+from coda.server.create import Parsed, create
+from coda.server.failures import error_message, failed_json, is_failed
+from coda.server.ndjson import JSONLine, NDJSONRenderer
+from coda.server.ollama_info import unload_now, unload_when_idle
+from coda.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest
+from coda.server.ollama_wire import (
+    chat_messages,
+    created_at,
+    done_fields,
+    keep_alive_zero,
+    tool_call,
+)
+from coda.server.params import Knobs
+from coda.server.render_spec import OllamaRender, RecordKind
+from coda.server.sse import Frame
+from coda.server.state import Record, ServerState, register_renderer
+from coda.stream import EventType, StreamEvent, Terminal
+
+router = APIRouter()
+OllamaBody = OllamaChatRequest | OllamaGenerateRequest
+
+
+def _head(record: Record) -> dict[str, Any]:
+    spec = record.spec
+    assert isinstance(spec, OllamaRender)
+    return {"model": spec.model, "created_at": created_at(record.created)}
+
+
+def _piece(record: Record, chat: bool, item: tl.Item) -> dict[str, Any]:
+    """One streamed object: a text piece or a complete tool call (chat only)."""
+    if not chat:
+        assert isinstance(item, str)
+        return {**_head(record), "response": item, "done": False}
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    if isinstance(item, str):
+        message["content"] = item
+    else:
+        message["tool_calls"] = [tool_call(item)]
+    return {**_head(record), "message": message, "done": False}
+
+
+def _failed(record: Record, terminal: Terminal, ext: dict[str, Any]) -> dict[str, Any]:
+    return {**_head(record), "error": error_message(terminal), "done": True, "coda": ext}
+
+
+class OllamaRenderer(NDJSONRenderer):
+    """One JSON line per delta (or tool call), then the one ``done`` line."""
+
+    def __init__(self, record: Record, after: list[int] | None) -> None:
+        super().__init__(1, after)
+        spec = record.spec
+        assert isinstance(spec, OllamaRender)
+        self.r, self.chat = record, spec.chat
+        # NOTE: a replay primes the parser with the text already sent (P3)
+        self.parser = (tl.primed(e.text for e in replay(record.handles[0].stream)
+                                 if e.type is EventType.DELTA and e.seq <= self.after[0])
+                       if spec.tools else None)
+
+    def _lines(self, items: list[tl.Item]) -> list[Frame]:
+        return [JSONLine(_piece(self.r, self.chat, i)) for i in items if i != ""]
+
+    def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
+        if ev.type is EventType.START:
+            return []
+        if ev.type is EventType.DELTA:
+            return self._lines(self.parser.feed(ev.text) if self.parser else [ev.text])
+        terminal = ev.terminal
+        assert terminal is not None
+        frames = self._lines(self.parser.finish()) if self.parser else []
+        end = done_fields(terminal, self.r.delivery.network_send_s(index, self.network_send_s))
+        if self.parser is not None:
+            end["coda"]["tool_calls"] = {"count": self.parser.calls,
+                                         "removed_bytes": self.parser.removed_bytes}
+        if is_failed(terminal):
+            return [*frames, JSONLine(_failed(self.r, terminal, end["coda"]))]
+        return [*frames, JSONLine({**_piece(self.r, self.chat, ""), **end})]
+
+
+def _check_common(body: OllamaBody) -> None:
+    if body.think not in (None, False, "none"):
+        raise InvalidRequestError(f"think: {body.model!r} does not support thinking",
+                                  field="think")
+    if body.stream_verify:
+        raise InvalidRequestError("stream_verify: not offered on the Ollama API (NDJSON has "
+                                  "no place for the stamps)", field="stream_verify")
+
+
+def _generate_checks(body: OllamaGenerateRequest) -> None:
+    for name, value in (("suffix", body.suffix), ("template", body.template),
+                        ("context", body.context), ("images", body.images)):
+        if value:
+            raise InvalidRequestError(f"{name}: not supported", field=name)
+
+
+def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list[int]:
+    """The prompt's ids (CPU-bound: off the event loop). ``raw`` generate: the prompt as is."""
+    if isinstance(body, OllamaGenerateRequest) and body.raw:
+        return st.encode(body.prompt, add_special_tokens=True)
+    if isinstance(body, OllamaChatRequest):
+        msgs, field = chat_messages(body.messages), "messages"
+    else:
+        msgs = [*chat_messages([], body.system), {"role": "user", "content": body.prompt}]
+        field = "prompt"
+    text = render_chat(st.engine, msgs, field=field, tools=plan.tools if plan else ())
+    return st.encode(text, add_special_tokens=False, field=field)
+
+
+class OllamaAdapter:
+    """``/api/chat`` or ``/api/generate`` as a :class:`~coda.server.create.Adapter`."""
+
+    kind: RecordKind = "ollama"
+    id_header: str | None = "x-request-id"
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.id_prefix = "ollama-chat-" if chat else "ollama-gen-"
+
+    async def parse(self, st: ServerState, body: OllamaBody) -> Parsed:
+        _check_common(body)
+        if isinstance(body, OllamaGenerateRequest):
+            _generate_checks(body)
+        plan = (tl.openai_plan(body.tools, body.tool_choice, None)
+                if isinstance(body, OllamaChatRequest) else None)
+        grammar = body.grammar()
+        o = body.options
+        tool_knobs = tl.knob_fields(plan, grammar, "format") or {"grammar": grammar}
+        knobs = Knobs(
+            max_tokens=o.max_tokens() if o else None, max_tokens_field="options.num_predict",
+            prompt_field="messages" if self.chat else "prompt",
+            stop=o.stop if o else None, stop_field="options.stop",
+            seed=o.seed if o else None, temperature=o.temperature if o else None,
+            top_p=o.top_p if o else None,
+            presence_penalty=o.presence_penalty if o else None,
+            frequency_penalty=o.frequency_penalty if o else None, **tool_knobs)
+        ids = await off_loop(_prompt, st, body, plan)
+        spec = OllamaRender(chat=self.chat, model=body.model,
+                            tools=bool(plan and plan.active))
+        return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect)
+
+    def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
+        assert terminals is not None
+        spec = record.spec
+        assert isinstance(spec, OllamaRender)
+        c = collect(record.handles[0].stream)
+        end = done_fields(c.terminal)
+        text, calls = c.text, list[tl.ToolCall]()
+        if spec.tools:
+            text, calls, removed = tl.split(c.text)
+            end["coda"]["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
+        headers = {"x-request-id": record.id}
+        if is_failed(c.terminal):  # NOTE: the partial answer travels with the error
+            body = {**_failed(record, c.terminal, end["coda"]),
+                    ("message" if spec.chat else "response"): (
+                        {"role": "assistant", "content": text} if spec.chat else text)}
+            return failed_json(body, c.terminal, headers=headers)
+        if spec.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                message["tool_calls"] = [tool_call(k) for k in calls]
+            return JSONResponse({**_head(record), "message": message, **end}, headers=headers)
+        return JSONResponse({**_head(record), "response": text, **end}, headers=headers)
+
+
+CHAT = OllamaAdapter(chat=True)
+GENERATE = OllamaAdapter(chat=False)
+register_renderer(OllamaRender, OllamaRenderer)
+
+
+def _loaded(st: ServerState, body: OllamaBody, chat: bool) -> Response:
+    """Ollama's answer to an empty request (nothing is generated): ``load``, or with
+    ``keep_alive: 0`` and several models ``unload`` once the model is out of memory (a busy
+    model is unloaded when its requests end)."""
+    reason = "load"
+    if keep_alive_zero(body.keep_alive):
+        result = unload_now(st.engine)
+        if result == "busy":
+            unload_when_idle(st.engine)
+        if result is not None and result != "pinned":
+            reason = "unload"
+    obj: dict[str, Any] = {"model": body.model, "created_at": created_at(now()),
+                           **({"message": {"role": "assistant", "content": ""}} if chat
+                              else {"response": ""}),
+                           "done": True, "done_reason": reason}
+    if body.stream:
+        return Response(JSONLine(obj).encode(), media_type=NDJSONRenderer.media_type)
+    return JSONResponse(obj)
+
+
+@router.post("/api/chat")
+async def ollama_chat(body: OllamaChatRequest, request: Request) -> Response:
+    """Ollama chat (streamed NDJSON unless ``stream: false``)."""
+    return await _run(request, body, CHAT, empty=not body.messages)
+
+
+@router.post("/api/generate")
+async def ollama_generate(body: OllamaGenerateRequest, request: Request) -> Response:
+    """Ollama generate: ``prompt`` (and ``system``) through the chat template, or ``raw``."""
+    return await _run(request, body, GENERATE, empty=not body.prompt)
+
+
+async def _run(request: Request, body: OllamaBody, adapter: OllamaAdapter, *,
+               empty: bool) -> Response:
+    if empty:
+        st = state_of(request)
+        st.check_model(body.model)
+        return _loaded(st, body, chat=adapter.chat)
+    response = await create(request, body, adapter)
+    if keep_alive_zero(body.keep_alive):
+        unload_when_idle(state_of(request).engine)
+    return response

@@ -1,0 +1,171 @@
+"""Request bodies of the Ollama API (``/api/chat``, ``/api/generate``, ``/api/show``,
+``/api/embed``; issue 23 item 2) and how ``options`` and ``format`` become Coda's knobs.
+
+``options`` is checked like every other body (SPEC P1: a parameter is never silently
+ignored): the sampling options map onto Coda's sampler — ``temperature``, ``top_p``,
+``top_k``, ``min_p``, ``seed``, ``num_predict`` (the output budget; ``-1`` / ``-2``: no limit
+but the context's), ``stop``, ``repeat_penalty`` (Coda's repetition penalty, over the whole
+sequence), ``presence_penalty``, ``frequency_penalty``. Load-time and resource options
+(``num_ctx``, ``num_gpu``, ``num_thread``, ...) change no output and are accepted without
+effect: the server's own settings size the model. Samplers Coda does not have (``mirostat``,
+``typical_p``, ``tfs_z``, ``repeat_last_n``, ``penalize_newline``) are a 400 unless set to
+their neutral value, and an unknown option is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from coda.engine.types import GrammarSpec
+from coda.errors import InvalidRequestError
+from coda.server.schemas import CodaExtensions
+
+# NOTE: option name -> its neutral value (the one setting that asks for no such sampler)
+_NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0,
+                            "repeat_last_n": None, "penalize_newline": None}
+
+
+class OllamaOptions(BaseModel):
+    """``options``: see the module docstring for what each one does here."""
+
+    model_config = ConfigDict(extra="forbid")
+    # sampling, mapped
+    seed: int | None = None
+    num_predict: int | None = Field(None, ge=-2)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    stop: list[str] | None = None
+    repeat_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # load-time and resources: accepted, no effect on the output
+    numa: bool | None = None
+    num_ctx: int | None = None
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+    low_vram: bool | None = None
+    f16_kv: bool | None = None
+    logits_all: bool | None = None
+    vocab_only: bool | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    embedding_only: bool | None = None
+    num_thread: int | None = None
+    num_keep: int | None = None
+    # samplers Coda does not have: only their neutral value
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    typical_p: float | None = None
+    tfs_z: float | None = None
+    repeat_last_n: int | None = None
+    penalize_newline: bool | None = None
+
+    @model_validator(mode="after")
+    def _no_foreign_samplers(self) -> OllamaOptions:
+        for name, neutral in _NEUTRAL.items():
+            value = getattr(self, name)
+            if value is not None and value != neutral:
+                raise ValueError(f"{name}={value!r} is not supported (Coda has no such "
+                                 "sampler; leave it unset)")
+        return self
+
+    def max_tokens(self) -> int | None:
+        """``num_predict`` as Coda's budget: positive is the limit, -1/-2 none (0: a 400)."""
+        n = self.num_predict
+        if n == 0:
+            raise InvalidRequestError("options.num_predict: must be positive, or -1 for no "
+                                      "limit", field="options.num_predict")
+        return n if n is not None and n > 0 else None
+
+
+class OllamaMessage(BaseModel):
+    """One chat message; ``images`` are refused (no vision model is served)."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: str
+    content: str = ""
+    images: list[str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_name: str | None = None
+    thinking: str | None = None
+
+
+def model_name(name: str) -> str:
+    """Ollama's implicit tag: ``name:latest`` is ``name`` (tools append it to every name)."""
+    return name.removesuffix(":latest")
+
+
+class _OllamaCreate(CodaExtensions):
+    """Fields shared by ``/api/chat`` and ``/api/generate`` (plus the Coda extensions)."""
+
+    model: str
+    _tag = field_validator("model")(model_name)
+    format: str | dict[str, Any] | None = None
+    options: OllamaOptions | None = None
+    stream: bool = True  # NOTE: Ollama streams unless told not to
+    keep_alive: float | str | None = None
+    think: bool | str | None = None
+
+    @model_validator(mode="after")
+    def _options_into_extensions(self) -> _OllamaCreate:
+        """The options Coda keeps among its extension fields move there (one meaning)."""
+        o = self.options
+        if o is None:
+            return self
+        for ours, theirs in (("top_k", "top_k"), ("min_p", "min_p"),
+                             ("repetition_penalty", "repeat_penalty")):
+            value = getattr(o, theirs)
+            if value is None:
+                continue
+            if getattr(self, ours) is not None:
+                raise ValueError(f"{ours} and options.{theirs} both given; use options")
+            setattr(self, ours, value)
+        return self
+
+    def grammar(self) -> GrammarSpec | None:
+        """``format``: ``"json"`` (any JSON object) or a JSON schema → Coda's grammar."""
+        fmt = self.format
+        if fmt is None or fmt == "":
+            return None
+        if fmt == "json":
+            return GrammarSpec(json_object=True)
+        if isinstance(fmt, dict):
+            return GrammarSpec(json_schema=fmt)
+        raise InvalidRequestError(f'format: must be "json" or a JSON schema, got {fmt!r}',
+                                  field="format")
+
+
+class OllamaChatRequest(_OllamaCreate):
+    messages: list[OllamaMessage] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    # NOTE: Coda extension (Ollama has none): Chat Completions' values, default "auto"
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class OllamaGenerateRequest(_OllamaCreate):
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool = False
+    images: list[str] | None = None
+
+
+class OllamaShowRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # NOTE: ``verbose`` and older ``name``
+    model: str | None = None
+    name: str | None = None
+
+
+class OllamaEmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    _tag = field_validator("model")(model_name)
+    input: str | list[str] = ""

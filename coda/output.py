@@ -36,6 +36,7 @@ from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
 from coda.finish import FinishReason
+from coda.reasoning import Phase, ReasoningSpec, ReasoningSplit, ReasoningSplitter
 from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
 from coda.stream import RequestStream, TokenInfo
 from coda.trace import TraceEvent, TraceSink
@@ -86,6 +87,9 @@ class OutputSpec:
     # Stops (strings and id sequences) end the output only at a token t >= min_tokens; see
     # docs/api.md (issue 20 D6). EOS is banned by the sampler until then.
     min_tokens: int = 0
+    # Issue 23: split ``<think>…</think>`` off the answer (coda.reasoning); None: no split.
+    # Stops and their holdback apply to the answer only.
+    reasoning: ReasoningSpec | None = None
 
 
 UTF8_TAIL_POLICIES: tuple[str, ...] = ("auto", "fail", "drop")
@@ -150,6 +154,13 @@ class OutputProcessor:
         # token is selected (0: no prefix cache), and the first delta carries it (issue 20 D9)
         self.cached_prompt_tokens = 0
         self._hit_cut = b""  # a partial character an id sequence cut off, dropped at the drain
+        # issue 23: the reasoning split; stream offsets below count answer bytes only, and
+        # ``_answer_base`` is where the answer starts in the detokenized output (K2)
+        self.splitter = ReasoningSplitter(spec.reasoning) if spec.reasoning else None
+        self.reasoning_tokens = 0             # tokens selected inside the reasoning block
+        self._forced = 0                      # closer ids the budget forced so far
+        self._removed = 0                     # marker bytes removed (L6: never sent)
+        self._answer_base = 0
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -162,6 +173,14 @@ class OutputProcessor:
             self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
         self._pending_tokens.append(info)
+        if self.splitter is not None and self.splitter.phase is not Phase.ANSWER:
+            if self.splitter.in_reasoning:
+                if self.forced_token() == token_id:
+                    self._forced += 1
+                self.reasoning_tokens += 1
+            if self._reasoning_push(self._detok_push(token_id)):
+                return FinishReason.STOP_SEQUENCE
+            return self._after_emit(confidence)
         # NOTE: issue 20 D6: a stop completing before token min_tokens is ordinary output
         if not self._armed and t >= self.spec.min_tokens:
             self._armed, self._armed_at = True, self.stops.consumed_bytes
@@ -180,6 +199,10 @@ class OutputProcessor:
                 self._forks.clear()
         if self._emit(self._detok_push(token_id), depth):
             return FinishReason.STOP_SEQUENCE
+        return self._after_emit(confidence)
+
+    def _after_emit(self, confidence: float) -> FinishReason | None:
+        """The checks after the emit (G1): max tokens, context, grammar, early stop."""
         if self.generated >= self.spec.max_output_tokens:
             return self._budget_end(FinishReason.MAX_OUTPUT_TOKENS)
         # the cache would hold prompt + t tokens after decoding y_t (seed: logical_length + 1)
@@ -195,6 +218,59 @@ class OutputProcessor:
             self.stopped_early = verdict.reason is not None  # NOTE: D6: the cancel path
             return verdict.reason
         return None
+
+    # -- the reasoning split (issue 23, coda.reasoning) ------------------------------------
+    def forced_token(self) -> int | None:
+        """The closer id the reasoning budget forces at the next step, or None (the engine
+        masks the step to it, like the grammar closure)."""
+        sp = self.splitter
+        if sp is None or not sp.in_reasoning or sp.spec.max_tokens is None:
+            return None
+        ids = sp.spec.close_ids
+        if self._forced >= len(ids) or (not self._forced
+                                        and self.reasoning_tokens < sp.spec.max_tokens):
+            return None
+        return ids[self._forced]
+
+    def reasoning_split(self) -> ReasoningSplit | None:
+        """The terminal's record of the split (K2), None without a reasoning block."""
+        if self.splitter is None:
+            return None
+        return self.splitter.split(forced=self._forced > 0, tokens=self.reasoning_tokens)
+
+    def _reasoning_push(self, data: bytes, final: bool = False) -> bool:
+        """Bytes of the output while the reasoning block may open or is open: the reasoning
+        part is sent at once (no stop sees it; a possible closer prefix waits), the markers
+        are removed, and answer bytes after the closer go on to the stop matcher like any
+        answer. True on a stop hit in those answer bytes."""
+        sp = self.splitter
+        assert sp is not None
+        before = (len(sp.opener), len(sp.closer))
+        reasoning, answer = sp.push(data)
+        if final:
+            more_r, more_a = sp.finish()
+            reasoning, answer = reasoning + more_r, answer + more_a
+        removed = len(sp.opener) + len(sp.closer) - sum(before)
+        self._removed += removed
+        self._advance_returned()
+        if sp.phase is not Phase.ANSWER:
+            if self._tracing and data:
+                self._record(tr.STOP_STATE, nbytes=len(data), held=sp.held,
+                             detok_pending=len(self.detok.pending), ids_held=0)
+            if removed:
+                self._record(tr.REASONING_SPLIT, removed=removed, part="opener")
+            self._send(reasoning, reasoning=True)
+            self._track_hold()
+            return False
+        # NOTE: the answer starts here: stream offsets (the matcher's too) count from it
+        self._answer_base = self.detok_bytes - len(answer)
+        return self._emit(answer, 0, reasoning=reasoning, pre=len(data) - len(answer),
+                          removed=removed)
+
+    @property
+    def detok_bytes(self) -> int:
+        """Bytes the detokenizer produced so far."""
+        return self._visible
 
     def _end_before_ids(self, k: int) -> None:
         """An id sequence of ``k`` ids hit: send the whole text of the tokens before its first
@@ -241,7 +317,11 @@ class OutputProcessor:
             if self._hit_cut:
                 self._drop_tail(self._hit_cut)
             return reason
-        if self._emit(self._finish_detokenizer(reason), 0):
+        tail = self._finish_detokenizer(reason)
+        if self.splitter is not None and self.splitter.phase is not Phase.ANSWER:
+            if self._reasoning_push(tail, final=True):
+                return FinishReason.STOP_SEQUENCE
+        elif self._emit(tail, 0):
             return FinishReason.STOP_SEQUENCE
         self.stops.flush()
         self._release(len(self._stream) + self._sent_off)
@@ -272,6 +352,8 @@ class OutputProcessor:
         self.detok.discard_pending()
         if self.stops.hit is None:
             self.stops.discard()
+        if self.splitter is not None:
+            self.splitter.finish()  # NOTE: a held closer prefix is never sent
         self._stream.clear()
         self._stop_held_clock()
 
@@ -290,9 +372,13 @@ class OutputProcessor:
             self._visible += len(data)
         return data
 
-    def _emit(self, new: bytes, held_ids: int) -> bool:
+    def _emit(self, new: bytes, held_ids: int, *, reasoning: bytes = b"", pre: int = 0,
+              removed: int = 0) -> bool:
         """Stop-match ``new`` (this token's bytes) and send what is safe: not held by the string
-        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3)."""
+        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3).
+        Issue 23: the token that closes the reasoning block passes its ``reasoning`` bytes
+        (sent first, unmatched) and ``pre``, its bytes before ``new`` (reasoning and the
+        ``removed`` markers), so its trace row counts all its bytes."""
         self._stream += new
         end = self._sent_off + len(self._stream)
         self._ends.append(end)
@@ -300,14 +386,19 @@ class OutputProcessor:
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
         # NOTE: a drain matches bytes waiting as a possible tool-call tag start, pushing none
-        matched = bool(new) or (self._draining and bool(self._tag_tail))
+        matched = bool(new) or bool(pre) or (self._draining and bool(self._tag_tail))
         hit = self._match(new) if new or self._draining else None
         if self._tracing and matched:
             # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6;
             # bytes waiting as a possible tag start are held too (S2)
-            self._record(tr.STOP_STATE, **({"nbytes": len(new)} if new else {}),
+            nbytes = len(new) + pre
+            self._record(tr.STOP_STATE, **({"nbytes": nbytes} if nbytes else {}),
                          held=len(self.stops.held) + len(self._tag_tail),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
+        if removed:
+            self._record(tr.REASONING_SPLIT, removed=removed, part="closer",
+                         answer_at=self._answer_base)
+        self._send(reasoning, reasoning=True)
         if hit is not None:
             # NOTE: the matcher's emitted count is the stream offset where output stops
             self._release(self.stops.emitted_bytes)
@@ -366,23 +457,30 @@ class OutputProcessor:
         if self._tracing:
             armed = {"armed_at": self._armed_at} if self.spec.min_tokens > 0 else {}
             self._record(tr.STOP_HIT, which=hit.kind, index=hit.index, stop=str(hit.stop),
-                         byte_offset=hit.start, stop_rule_version=STOP_RULE_VERSION, **armed)
+                         byte_offset=hit.start + self._answer_base if hit.kind == "string"
+                         else hit.start, stop_rule_version=STOP_RULE_VERSION, **armed)
         return FinishReason.STOP_SEQUENCE
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, reasoning: bool = False) -> None:
         if not data:
             return
         # NOTE: the first delta states the prefix-cache lookup's result (issue 20 D9)
         cached = self.cached_prompt_tokens if not self.emitted_bytes else None
-        ev = self.stream.delta(data, tuple(self._pending_tokens), cached)
+        ev = self.stream.delta(data, tuple(self._pending_tokens), cached, reasoning=reasoning)
         self._pending_tokens.clear()
         self.emitted_bytes += len(data)
-        while self._unreturned and self._unreturned[0] < self.emitted_bytes:
-            self._unreturned.popleft()
-            self.returned_tokens += 1
+        self._advance_returned()
         if self._tracing:
             self._record(tr.STREAM_DELTA, seq=ev.seq, nbytes=len(data),
-                         text=data.decode("utf-8", "replace"))
+                         text=data.decode("utf-8", "replace"),
+                         **({"reasoning": True} if reasoning else {}))
+
+    def _advance_returned(self) -> None:
+        """L6: tokens whose first visible byte the stream reached; removed reasoning markers
+        count as reached (issue 23): they precede what is sent next."""
+        while self._unreturned and self._unreturned[0] < self.emitted_bytes + self._removed:
+            self._unreturned.popleft()
+            self.returned_tokens += 1
 
     def _track_hold(self) -> None:
         """stop_buffer_s (P5): time during which some output was held back for a stop."""

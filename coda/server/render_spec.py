@@ -30,6 +30,7 @@ class OpenAIRender:
     include_usage: bool = False
     logprobs: bool = False
     continuous_usage: bool = False
+    reasoning: bool = True  # issue 23: render reasoning deltas (False: drop them)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class AnthropicRender:
     input_tokens: int
     tools: bool = False
     verify: bool = False
+    reasoning: bool = True  # issue 23: thinking blocks (False: reasoning dropped)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ResponsesRender:
     store: bool = True
     logprobs: bool = False
     verify: bool = False
+    reasoning: bool = True  # issue 23: a reasoning output item (False: reasoning dropped)
 
 
 RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender

@@ -1,0 +1,125 @@
+"""Reasoning output through the official clients over loopback (issue 23 item 3; SPEC K2, S1,
+P1, P3), on the default model made a reasoning model (tests/reasoning_support.py) with a
+scripted output: `` me think`` ``</think>`` `` there.`` then EOS.
+
+``r1``: the template opens ``<think>\\n`` in the generation prompt (DeepSeek-R1); ``qwen3``:
+the model writes ``<think>`` itself. The engine, detokenizer, splitter, stops, routes and SSE
+are the product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.reasoning_support import CHAIN, OPEN_ID, reasoning_model_dir
+from tests.wire_support import ScriptedServer, scripted_server
+
+MSG: list[Any] = [{"role": "user", "content": "hi"}]
+REASONING, ANSWER = " me think", " there."
+FULL = REASONING + "</think>" + ANSWER
+
+
+@pytest.fixture(scope="module")
+def r1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
+    root: Path = tmp_path_factory.mktemp("reasoning")
+    yield from scripted_server(CHAIN, model_dir=reasoning_model_dir(root, inside=True),
+                               first=CHAIN[OPEN_ID])
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
+    root: Path = tmp_path_factory.mktemp("reasoning")
+    yield from scripted_server(CHAIN, model_dir=reasoning_model_dir(root, inside=False),
+                               first=OPEN_ID)
+
+
+def oai(server: ScriptedServer) -> tuple[openai.OpenAI, str]:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
+    return client, client.models.list().data[0].id
+
+
+def _chat(server: ScriptedServer, **kw: Any) -> Any:
+    client, model = oai(server)
+    return client.chat.completions.create(model=model, messages=MSG, **kw)
+
+
+def test_k2_chat_splits_reasoning_from_the_answer(r1: ScriptedServer) -> None:
+    """Chat: ``message.reasoning`` and ``message.reasoning_content`` carry the reasoning, the
+    content only the answer; the split record reassembles the decode (K2)."""
+    resp = _chat(r1)
+    msg = resp.choices[0].message
+    extra = msg.model_extra or {}
+    assert msg.content == ANSWER
+    assert extra["reasoning"] == extra["reasoning_content"] == REASONING
+    split = resp.choices[0].model_extra["coda"]["reasoning"]
+    assert split == {"opener": "", "bytes": len(REASONING), "closer": "</think>",
+                     "closed": True, "forced": False, "tokens": 3}
+    assert split["opener"] + extra["reasoning"] + split["closer"] + msg.content == FULL
+    assert resp.usage.completion_tokens_details.reasoning_tokens == 3
+
+
+def test_k2_chat_stream_sends_reasoning_deltas_first(r1: ScriptedServer) -> None:
+    client, model = oai(r1)
+    reasoning, content, order = [], [], []
+    for chunk in client.chat.completions.create(model=model, messages=MSG, stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        extra = delta.model_extra or {}
+        if extra.get("reasoning"):
+            assert extra["reasoning_content"] == extra["reasoning"]
+            reasoning.append(extra["reasoning"])
+            order.append("r")
+        if delta.content:
+            content.append(delta.content)
+            order.append("c")
+    assert "".join(reasoning) == REASONING and "".join(content) == ANSWER
+    assert order == sorted(order, reverse=True)  # every reasoning delta before the answer
+
+
+def test_s1_stops_apply_to_the_answer_only(r1: ScriptedServer) -> None:
+    """A stop string inside the reasoning never cuts it; the same stop in the answer does."""
+    resp = _chat(r1, stop=["think", "ere"])
+    extra = resp.choices[0].message.model_extra or {}
+    assert extra["reasoning"] == REASONING
+    assert resp.choices[0].message.content == " th"
+    assert resp.choices[0].model_extra["coda"]["matched_stop"] == "ere"
+
+
+def test_reasoning_budget_forces_the_closer(r1: ScriptedServer) -> None:
+    """``max_reasoning_tokens``: after one reasoning token the engine forces ``</think>`` and
+    the answer continues; the record says forced."""
+    resp = _chat(r1, extra_body={"max_reasoning_tokens": 1})
+    extra = resp.choices[0].message.model_extra or {}
+    assert extra["reasoning"] == " me"
+    assert resp.choices[0].message.content == ANSWER
+    split = resp.choices[0].model_extra["coda"]["reasoning"]
+    assert split["forced"] is True and split["tokens"] == 2
+    assert resp.choices[0].finish_reason == "stop"
+
+
+def test_include_reasoning_false_drops_it(r1: ScriptedServer) -> None:
+    resp = _chat(r1, extra_body={"include_reasoning": False})
+    assert resp.choices[0].message.content == ANSWER
+    assert "reasoning" not in (resp.choices[0].message.model_extra or {})
+
+
+def test_k2_model_opens_the_block_itself(qwen3: ScriptedServer) -> None:
+    """Qwen3 style: the output's ``<think>`` is a removed span too."""
+    resp = _chat(qwen3)
+    extra = resp.choices[0].message.model_extra or {}
+    assert (extra["reasoning"], resp.choices[0].message.content) == (REASONING, ANSWER)
+    split = resp.choices[0].model_extra["coda"]["reasoning"]
+    assert split["opener"] == "<think>" and split["closer"] == "</think>"
+
+
+def test_bad_budget_is_a_400(r1: ScriptedServer) -> None:
+    client, model = oai(r1)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=MSG,
+                                       extra_body={"max_reasoning_tokens": -1})

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -123,3 +124,45 @@ def test_bad_budget_is_a_400(r1: ScriptedServer) -> None:
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=MSG,
                                        extra_body={"max_reasoning_tokens": -1})
+
+
+def claude(server: ScriptedServer) -> tuple[anthropic.Anthropic, str]:
+    _, model = oai(server)
+    return anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0), model
+
+
+def test_k2_anthropic_thinking_block_then_text(r1: ScriptedServer) -> None:
+    """Messages: a ``thinking`` block (empty signature) before the text block."""
+    client, model = claude(r1)
+    msg = client.messages.create(model=model, max_tokens=50, messages=MSG)
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    assert msg.content[0].thinking == REASONING and msg.content[0].signature == ""
+    assert msg.content[1].text == ANSWER and msg.stop_reason == "end_turn"
+
+
+def test_anthropic_stream_thinking_deltas_and_budget(r1: ScriptedServer) -> None:
+    """Streamed: content_block_start(thinking), thinking_delta, signature_delta, stop, then
+    the text block; ``thinking.budget_tokens`` forces the closer; the SDK's accumulated
+    message equals the parts."""
+    client, model = claude(r1)
+    with client.messages.stream(model=model, max_tokens=50, messages=MSG,
+                                thinking={"type": "enabled", "budget_tokens": 1}) as stream:
+        kinds = [(ev.type, getattr(getattr(ev, "delta", None), "type", None))
+                 for ev in stream]
+        final = stream.get_final_message()
+    assert ("content_block_delta", "thinking_delta") in kinds
+    assert kinds.index(("content_block_delta", "signature_delta")) < \
+        kinds.index(("content_block_delta", "text_delta"))
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == " me" and final.content[1].text == ANSWER
+
+
+def test_anthropic_thinking_disabled_drops_it(r1: ScriptedServer) -> None:
+    client, model = claude(r1)
+    msg = client.messages.create(model=model, max_tokens=50, messages=MSG,
+                                 thinking={"type": "disabled"})
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == ANSWER
+    with client.messages.stream(model=model, max_tokens=50, messages=MSG,
+                                thinking={"type": "disabled"}) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["text"] and final.content[0].text == ANSWER

@@ -40,7 +40,10 @@ class AnthropicRender:
     input_tokens: int
     tools: bool = False
     verify: bool = False
-    reasoning: bool = True  # issue 23: thinking blocks (False: reasoning dropped)
+    # issue 23: the output is split (the model has reasoning markers): blocks open lazily, a
+    # thinking block first; ``reasoning`` False drops the reasoning (thinking disabled)
+    thinking: bool = False
+    reasoning: bool = True
 
 
 @dataclass(frozen=True)

@@ -166,3 +166,33 @@ def test_anthropic_thinking_disabled_drops_it(r1: ScriptedServer) -> None:
                                 thinking={"type": "disabled"}) as stream:
         final = stream.get_final_message()
     assert [b.type for b in final.content] == ["text"] and final.content[0].text == ANSWER
+
+
+def test_k2_responses_reasoning_item_before_the_message(r1: ScriptedServer) -> None:
+    """Responses: a ``reasoning`` output item (its text in content) before the message;
+    streamed as response.reasoning_text.delta / .done, numbered without gaps, and the
+    streamed parts equal the final object's."""
+    client, model = oai(r1)
+    resp = client.responses.create(model=model, input="hi")
+    assert [o.type for o in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == REASONING
+    assert resp.output_text == ANSWER
+    assert resp.usage.output_tokens_details.reasoning_tokens == 3
+    events = list(client.responses.create(model=model, input="hi", stream=True,
+                                          extra_body={"max_reasoning_tokens": 1}))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    final = events[-1].response
+    assert deltas == " me" == final.output[0].content[0].text
+    assert final.output_text == ANSWER and final.output[1].type == "message"
+    added = [e.output_index for e in events if e.type == "response.output_item.added"]
+    assert added == [0, 1]
+
+
+def test_responses_include_reasoning_false(r1: ScriptedServer) -> None:
+    client, model = oai(r1)
+    resp = client.responses.create(model=model, input="hi",
+                                   extra_body={"include_reasoning": False})
+    assert [o.type for o in resp.output] == ["message"] and resp.output_text == ANSWER

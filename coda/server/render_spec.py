@@ -64,7 +64,9 @@ class ResponsesRender:
     store: bool = True
     logprobs: bool = False
     verify: bool = False
-    reasoning: bool = True  # issue 23: a reasoning output item (False: reasoning dropped)
+    # issue 23: the output is split and its reasoning shown: a ``reasoning`` output item
+    # before the message (False: no split, or its reasoning dropped)
+    thinking: bool = False
 
 
 RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender

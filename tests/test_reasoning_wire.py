@@ -196,3 +196,30 @@ def test_responses_include_reasoning_false(r1: ScriptedServer) -> None:
     resp = client.responses.create(model=model, input="hi",
                                    extra_body={"include_reasoning": False})
     assert [o.type for o in resp.output] == ["message"] and resp.output_text == ANSWER
+
+
+def test_anthropic_thinking_sent_back_is_accepted(r1: ScriptedServer) -> None:
+    """A second turn carrying the first turn's thinking block (as the SDK's docs tell clients
+    to) is accepted; the block is not prompt text."""
+    client, model = claude(r1)
+    first = client.messages.create(model=model, max_tokens=50, messages=MSG)
+    history: list[Any] = [*MSG, {"role": "assistant",
+                                 "content": [b.model_dump() for b in first.content]},
+                          {"role": "user", "content": "more"}]
+    again = client.messages.create(model=model, max_tokens=50, messages=history)
+    assert again.content[-1].text == ANSWER
+
+
+def test_reasoning_spec_without_markers() -> None:
+    """A model without the markers: no split, and a budget is a 400 naming the field."""
+    from coda.errors import InvalidRequestError
+    from coda.server.reasoning import reasoning_spec
+    from tests.scripted import scripted_tokenizer
+
+    tok = scripted_tokenizer({101: b"a"})
+    assert reasoning_spec(tok, [101], budget=None, budget_field="f") is None
+    with pytest.raises(InvalidRequestError) as err:
+        reasoning_spec(tok, [101], budget=3, budget_field="thinking.budget_tokens")
+    assert err.value.field == "thinking.budget_tokens"
+    marked = scripted_tokenizer({101: b"a"}, added={5: "<think>", 6: "</think>"})
+    assert reasoning_spec(marked, [5], budget=None, budget_field="f") is not None

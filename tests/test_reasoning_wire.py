@@ -223,3 +223,31 @@ def test_reasoning_spec_without_markers() -> None:
     assert err.value.field == "thinking.budget_tokens"
     marked = scripted_tokenizer({101: b"a"}, added={5: "<think>", 6: "</think>"})
     assert reasoning_spec(marked, [5], budget=None, budget_field="f") is not None
+
+
+def test_k2_engine_trace_of_a_forced_close_checks(tmp_path: Path) -> None:
+    """The batched engine's trace of a split output with a forced closer and a stop in the
+    answer passes the trace checker (K2 removed markers, S2 holds, L6 returned tokens)."""
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig, GenerationRequest
+    from coda.reasoning import ReasoningSpec
+    from coda.trace import ListTraceSink, check_trace
+    from tests.reasoning_support import CLOSE_ID, ME
+    from tests.wire_support import ScriptedRunner
+
+    sink = ListTraceSink()
+    engine = AsyncEngine.from_model_dir(reasoning_model_dir(tmp_path, inside=True),
+                                        EngineConfig(num_blocks=64, max_num_seqs=4), trace=sink)
+    engine.runner = engine.core.runner = ScriptedRunner(engine.runner, CHAIN, ME)
+    engine.start()
+    try:
+        prompt = tuple(engine.tokenizer.encode("<|im_start|>assistant\n<think>\n").ids)
+        spec = ReasoningSpec(inside=True, close_ids=(CLOSE_ID,), max_tokens=1)
+        handle = engine.submit(GenerationRequest(prompt, max_tokens=20, stop=("re",),
+                                                 reasoning=spec))
+        term = handle.wait(60)
+    finally:
+        engine.shutdown()
+    assert term.reasoning is not None and term.reasoning.forced
+    assert term.stop is not None and term.stop.stop == "re"
+    assert check_trace(sink.events) == []

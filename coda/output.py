@@ -13,6 +13,13 @@ matcher and then detokenized, and its bytes go through the string matcher, so a 
 inside text whose ids might still start an id sequence ends the request at the token where it
 completes. What such ids hold back is the *sending* of their bytes: bytes owned by the last
 ``depth`` ids (the id matcher's partial match) wait, like bytes that may start a stop string.
+Reasoning (issue 23, :mod:`coda.reasoning`): while the output may open or is inside a
+``<think>`` block, each token's bytes go to the splitter instead: reasoning bytes are sent at
+once as reasoning deltas (no stop sees them; a possible closer prefix waits), the markers are
+removed (recorded on the terminal and as ``reasoning.split`` rows), and bytes after the closer
+start the answer, whose stream offsets (and the matchers') count from there. A reasoning
+budget makes :meth:`OutputProcessor.forced_token` name the closer id the engine must choose.
+
 Earliest end wins across kinds, counted in selected tokens; an id sequence and a string
 completing at the same token: the id sequence wins (it is checked first, G1). On an id hit the
 bytes of every token before the sequence's first id are sent (they can no longer be part of a
@@ -173,6 +180,9 @@ class OutputProcessor:
             self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
         self._pending_tokens.append(info)
+        # NOTE: issue 20 D6: a stop completing before token min_tokens is ordinary output
+        if not self._armed and t >= self.spec.min_tokens:
+            self._armed, self._armed_at = True, self.stops.consumed_bytes
         if self.splitter is not None and self.splitter.phase is not Phase.ANSWER:
             if self.splitter.in_reasoning:
                 if self.forced_token() == token_id:
@@ -181,9 +191,6 @@ class OutputProcessor:
             if self._reasoning_push(self._detok_push(token_id)):
                 return FinishReason.STOP_SEQUENCE
             return self._after_emit(confidence)
-        # NOTE: issue 20 D6: a stop completing before token min_tokens is ordinary output
-        if not self._armed and t >= self.spec.min_tokens:
-            self._armed, self._armed_at = True, self.stops.consumed_bytes
         depth = 0
         if self.token_stops is not None:
             hit = self.token_stops.push(token_id, self._armed)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import tokenizers
@@ -168,6 +168,7 @@ class OutputProcessor:
         self._forced = 0                      # closer ids the budget forced so far
         self._removed = 0                     # marker bytes removed (L6: never sent)
         self._answer_base = 0
+        self._id_base = 0                     # tokens selected before the answer's first
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -183,8 +184,12 @@ class OutputProcessor:
         # NOTE: issue 20 D6: a stop completing before token min_tokens is ordinary output
         if not self._armed and t >= self.spec.min_tokens:
             self._armed, self._armed_at = True, self.stops.consumed_bytes
-        if self.splitter is not None and self.splitter.phase is not Phase.ANSWER:
-            if self.splitter.in_reasoning:
+        sp = self.splitter
+        if sp is not None and sp.phase is Phase.OPENING and sp.spec.open_ids and \
+                token_id not in sp.spec.open_ids:
+            sp.no_block()  # NOTE: the first token decides: an answer from its first byte
+        if sp is not None and sp.phase is not Phase.ANSWER:
+            if sp.in_reasoning:
                 if self.forced_token() == token_id:
                     self._forced += 1
                 self.reasoning_tokens += 1
@@ -196,6 +201,9 @@ class OutputProcessor:
             hit = self.token_stops.push(token_id, self._armed)
             if hit is not None:  # NOTE: its last id never reaches the detokenizer (ids first)
                 self._end_before_ids(hit.end - hit.start)
+                if self._id_base:  # NOTE: issue 23: the matcher saw the answer's tokens only
+                    hit = replace(hit, start=hit.start + self._id_base,
+                                  end=hit.end + self._id_base)
                 return self._on_hit(hit)
             depth = self.token_stops.depth
             if depth:
@@ -269,8 +277,10 @@ class OutputProcessor:
             self._send(reasoning, reasoning=True)
             self._track_hold()
             return False
-        # NOTE: the answer starts here: stream offsets (the matcher's too) count from it
+        # NOTE: the answer starts here: stream offsets (the matcher's too) count from it, and
+        # the id matcher sees the tokens after this one
         self._answer_base = self.detok_bytes - len(answer)
+        self._id_base = self.generated
         return self._emit(answer, 0, reasoning=reasoning, pre=len(data) - len(answer),
                           removed=removed)
 

@@ -39,6 +39,9 @@ class ReasoningSpec:
 
     ``inside``: the prompt ends inside a reasoning block (the output starts in the reasoning).
     ``close_ids``: the token ids that spell the closer (what a budget forces).
+    ``open_ids``: the opener's token id(s): when the prompt did not open the block, the output
+    opens one exactly when its first token is one of them (token level, so an output without a
+    block is answer from its first token: stop ids see it). Empty: decided on bytes.
     ``max_tokens``: the reasoning budget (tokens selected inside the block before the closer
     is forced; None: no budget)."""
 
@@ -47,6 +50,7 @@ class ReasoningSpec:
     inside: bool = False
     close_ids: tuple[int, ...] = ()
     max_tokens: int | None = None
+    open_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,11 @@ class ReasoningSplitter:
         self.opener = b""
         self.closer = b""
         self.reasoning_bytes = 0
+
+    def no_block(self) -> None:
+        """The output's first token is not the opener: no reasoning block (all answer)."""
+        assert self.phase is Phase.OPENING and not self._held
+        self.phase = Phase.ANSWER
 
     @property
     def held(self) -> int:

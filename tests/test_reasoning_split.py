@@ -36,14 +36,16 @@ STOPS = ["a", "b", "ab", "ba", "</", "k>", "ink", "\n\n", "<th"]
 
 
 def _spec(inside: bool, budget: int | None = None) -> ReasoningSpec:
-    return ReasoningSpec(inside=inside, close_ids=(CLOSE_ID,), max_tokens=budget)
+    return ReasoningSpec(inside=inside, close_ids=(CLOSE_ID,), max_tokens=budget,
+                         open_ids=(OPEN_ID,))
 
 
 def _run(script: list[int], inside: bool, stops: tuple[str, ...], budget: int | None = None,
-         forced_ids: bool = False):  # type: ignore[no-untyped-def]
+         stop_ids: tuple[int, ...] = ()):  # type: ignore[no-untyped-def]
     sink = ListTraceSink()
     spec = OutputSpec(max_output_tokens=1000, context_limit=10_000, prompt_len=1,
                       eos_token_ids=frozenset({EOS_ID}), stop_strings=stops,
+                      stop_token_ids=tuple((i,) for i in stop_ids),
                       reasoning=_spec(inside, budget))
     runs: list[RequestRun] = []
     chooser = ScriptedChooser()
@@ -69,25 +71,40 @@ def _run(script: list[int], inside: bool, stops: tuple[str, ...], budget: int | 
     return reasoning, answer, term
 
 
-def _oracle(script: list[int], inside: bool, stops: tuple[str, ...]
-            ) -> tuple[bytes, bytes, bytes, bytes, bytes, bool]:
-    """(opener, reasoning, closer, answer, full decode, stopped)."""
+def _oracle(script: list[int], inside: bool, stops: tuple[str, ...],
+            stop_ids: tuple[int, ...] = ()) -> tuple[bytes, bytes, bytes, bytes, bytes, bool]:
+    """(opener, reasoning, closer, answer, full decode, stopped). The block opens in the prompt
+    or with the output's first token ``<think>``; it closes at the first ``</think>`` in the
+    bytes after that; the answer is the rest, and only the answer's tokens and bytes meet
+    stops: the earliest-ending one by token wins, an id stop on a tie (G1 order)."""
     full = b"".join(BYTES[i] for i in script)
-    opener = b"<think>" if not inside and full.startswith(b"<think>") else b""
+    ends = [len(b"".join(BYTES[i] for i in script[:k + 1])) for k in range(len(script))]
+    opener = b"<think>" if not inside and script[:1] == [OPEN_ID] else b""
+    first_answer_token = 0
     if not inside and not opener:
-        r_end, closer, start = 0, b"", 0
-        reasoning, rest = b"", full
+        closer, reasoning, base = b"", b"", 0
     else:
-        start = len(opener)
-        at = full.find(b"</think>", start)
+        at = full.find(b"</think>", len(opener))
         closer = b"</think>" if at >= 0 else b""
-        r_end = at if at >= 0 else len(full)
-        reasoning, rest = full[start:r_end], full[r_end + len(closer):]
-    found = [(pos + len(s), -len(s), k, pos) for k, s in enumerate(stops)
-             for pos in range(len(rest)) if rest.startswith(s.encode(), pos)]
+        reasoning = full[len(opener):at if at >= 0 else len(full)]
+        base = at + len(closer) if at >= 0 else len(full)
+        first_answer_token = (next(k for k, e in enumerate(ends) if e >= base) + 1
+                              if at >= 0 else len(script))
+    rest = full[base:]
+    cands = []  # (token, kind order, answer cut)
+    for k, s in enumerate(stops):
+        for pos in range(len(rest)):
+            if rest.startswith(s.encode(), pos):
+                last = base + pos + len(s)
+                tok = next(j for j, e in enumerate(ends) if e >= last)
+                cands.append((tok, 1, last, -len(s), k, pos))
+    for j in range(first_answer_token, len(script)):
+        if script[j] in stop_ids:
+            start = ends[j - 1] if j else 0
+            cands.append((j, 0, 0, 0, 0, start - base))
     answer, stopped = rest, False
-    if found:
-        answer, stopped = rest[:min(found)[3]], True
+    if cands:
+        answer, stopped = rest[:min(cands)[5]], True
     return opener, reasoning, closer, answer, full, stopped
 
 
@@ -96,15 +113,17 @@ script_st = st.lists(st.sampled_from(IDS), max_size=14)
 
 @settings(deadline=None, max_examples=examples(400))
 @given(script=script_st, inside=st.booleans(),
-       stops=st.lists(st.sampled_from(STOPS), max_size=3, unique=True).map(tuple))
+       stops=st.lists(st.sampled_from(STOPS), max_size=3, unique=True).map(tuple),
+       stop_ids=st.lists(st.sampled_from([102, 105, 112, CLOSE_ID]), max_size=2,
+                         unique=True).map(tuple))
 def test_k2_s1_split_matches_oracle(script: list[int], inside: bool,
-                                    stops: tuple[str, ...]) -> None:
+                                    stops: tuple[str, ...], stop_ids: tuple[int, ...]) -> None:
     """K2, S1, S2, S3: the reasoning is exactly the oracle's (no stop string cuts it or is
     matched in it, no possible-closer byte leaks into it), the answer exactly the oracle's
     cut at the first stop of the answer, and opener + reasoning + closer + answer reassemble
     the decode."""
-    reasoning, answer, term = _run(script, inside, stops)
-    opener, want_r, closer, want_a, full, stopped = _oracle(script, inside, stops)
+    reasoning, answer, term = _run(script, inside, stops, stop_ids=stop_ids)
+    opener, want_r, closer, want_a, full, stopped = _oracle(script, inside, stops, stop_ids)
     assert reasoning == want_r
     assert answer == want_a
     assert (term.finish_reason is FinishReason.STOP_SEQUENCE) == stopped
@@ -118,7 +137,8 @@ def test_k2_s1_split_matches_oracle(script: list[int], inside: bool,
     whole = opener + reasoning + closer + answer
     assert full.startswith(whole)
     if stopped:
-        assert any(full[len(whole):].startswith(s.encode()) for s in stops)
+        assert any(full[len(whole):].startswith(s.encode()) for s in stops) or \
+            term.stop is not None and term.stop.kind == "token_ids"
     else:
         assert whole == full
     assert term.usage.returned_bytes == len(reasoning) + len(answer)

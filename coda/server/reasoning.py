@@ -49,7 +49,7 @@ def reasoning_spec(tokenizer: tokenizers.Tokenizer, prompt_ids: Sequence[int], *
     open_id, close_id = ids
     last_open = _last(prompt_ids, open_id)
     return ReasoningSpec(inside=last_open > _last(prompt_ids, close_id), close_ids=(close_id,),
-                         max_tokens=budget)
+                         max_tokens=budget, open_ids=(open_id,))
 
 
 def _last(ids: Sequence[int], token: int) -> int:

@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 from coda.engine.runner import ModelRunner, SeqChunk
-from coda.models.gguf_packed import load_gguf_model
-from coda.models.modes import QUANT_MODES
+from coda.models.modes import QUANT_MODES, load_gguf_model
 
 
 def default_gguf() -> Path:

@@ -310,6 +310,14 @@ class OutputProcessor:
         self.detok.discard_pending()
         self._forks.clear()
         self._hit_cut = cut  # NOTE: recorded by the drain, where the trace expects it (K3)
+        if text:
+            # NOTE: L6, K2: bytes drained here are output of the tokens before the sequence,
+            # visible like a push's (the token they complete is returned), nothing held
+            self._unreturned.append(self._visible)
+            self._visible += len(text)
+            if self._tracing:
+                self._record(tr.STOP_STATE, nbytes=len(text), held=0, detok_pending=0,
+                             ids_held=0)
         self._send(text)
 
     def _drop_tail(self, tail: bytes) -> None:

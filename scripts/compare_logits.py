@@ -130,7 +130,9 @@ def main() -> None:
         loaded: LoadedModel = open_model(src, quant=name)
         if not prompts:
             tok: Any = loaded.bundle.tokenizer
-            prompts = [list(tok.encode(p, add_special_tokens=False).ids) for p in CORPUS]
+            # NOTE: BOS where the file asks for it (Gemma: without it the first positions'
+            # activations explode and every implementation's rounding differs far more)
+            prompts = [list(tok.encode(p).ids) for p in CORPUS]
         t1 = time.perf_counter()
         logits[name] = [all_logits(loaded.model, ids) for ids in prompts]
         print(f"{name}: load {t1 - t0:.1f} s, logits {time.perf_counter() - t1:.1f} s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
@@ -129,6 +130,24 @@ def server_ascii_tokenizer_json(vocab_size: int = 400) -> str:
             "streaming text tokens bytes server model stop sequence 0123456789 {}[]():;,.\n")
     tok.train_from_iterator([text] * 20, trainer)
     return tok.to_str()
+
+
+@pytest.fixture(autouse=True)
+def _restore_log_routing() -> Iterator[None]:
+    """A test that runs ``coda serve`` in-process (CLI refusals, app start-up) routes the
+    ``coda`` loggers to that moment's stderr and stops their propagation
+    (``configure_logging``); restored after each test, so later tests' ``caplog`` still sees
+    coda's records and nothing writes to a stream pytest already closed."""
+    from coda.server.logs import UVICORN_LOGGERS
+
+    names = ("coda", *UVICORN_LOGGERS)
+    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate,
+                 logging.getLogger(n).level) for n in names}
+    yield
+    for n, (handlers, propagate, level) in saved.items():
+        logger = logging.getLogger(n)
+        logger.handlers[:], logger.propagate = handlers, propagate
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

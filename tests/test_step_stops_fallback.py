@@ -153,3 +153,24 @@ def test_s1_s4_k1_byte_fallback_stops_equal_brute_force(
     script = [*body, TEXT[0]]
     assert _run(script, tuple(strings), tuple(seqs)) == _oracle(script, tuple(strings),
                                                                 tuple(seqs))
+
+
+def test_s1_l6_k2_bytes_drained_before_a_stop_id_are_output_of_a_returned_token() -> None:
+    """S1, L6, K2 (found by the property above): a byte-fallback token whose byte is still in
+    the detokenizer when the next id completes a stop id sequence is drained and sent; its
+    bytes are detokenizer output in the trace and the token counts as returned."""
+    word = TOK.encode("and", add_special_tokens=False).ids
+    byte, stop = TOK.token_to_id("<0x42>"), TOK.encode(" the", add_special_tokens=False).ids[-1]
+    assert byte is not None and len(word) >= 1
+    sink = ListTraceSink()
+    spec = OutputSpec(max_output_tokens=1000, context_limit=10_000, prompt_len=len(PROMPT),
+                      eos_token_ids=frozenset({EOS}), stop_token_ids=((stop,),))
+    run = generate(PROMPT, spec, ScriptedModel([*word, byte, stop, EOS]), ScriptedChooser(), TOK,
+                   trace=sink)
+    assert check_trace(sink.events) == []
+    term = run.stream.terminal
+    assert term is not None and term.finish_reason is FinishReason.STOP_SEQUENCE
+    deltas = [e.data for e in sink.events if e.kind == "stream.delta"]
+    assert deltas[-1]["text"] == "B"  # NOTE: the drained byte token's text, sent
+    assert term.usage.returned_bytes == sum(d["nbytes"] for d in deltas)
+    assert term.usage.returned_tokens == len(word) + 1

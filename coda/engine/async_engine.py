@@ -22,7 +22,7 @@ from coda.engine.core import EngineCore, EngineRequest
 from coda.engine.early_stop_hook import make_hook
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.handle import RequestHandle
-from coda.engine.kv_budget import kv_cache_budget
+from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
 from coda.engine.kv_cache import BlockManager
 from coda.engine.plan import ModelLimits, RequestPlan, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo
@@ -52,7 +52,8 @@ class AsyncEngine:
     it is not an asyncio engine. Implements :class:`coda.engine.protocol.Engine` in process."""
 
     def __init__(self, loaded: LoadedModel, runner: ModelRunner, config: EngineConfig, *,
-                 trace: TraceSink | None = None, kv_reason: str = "") -> None:
+                 trace: TraceSink | None = None, kv_reason: str = "",
+                 load_s: float | None = None, rss_at_load: int | None = None) -> None:
         self.source = loaded.source
         self.model_dir = loaded.source.path
         self.loaded = loaded
@@ -78,6 +79,7 @@ class AsyncEngine:
         self.limits = ModelLimits(self.context_length, mc.vocab_size, self.eos_token_ids,
                                   config.max_stop_strings, config.max_stop_string_bytes)
         self.kv_reason = kv_reason
+        self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
         if trace is None:
             trace = JsonlTraceSink(config.trace_path) if config.trace_path else NullTraceSink()
             if config.recent_traces > 0:
@@ -114,25 +116,31 @@ class AsyncEngine:
         config = config or EngineConfig()
         if config.max_model_len is not None and config.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        started = time.perf_counter()
+        # NOTE: parsed (a typo fails at once) and measured before the weights take memory
+        memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None
+                  else MemoryBudget.default())
         loaded = open_model(resolve_model(model), quant=config.quant, dtype=config.dtype,
                             device=config.device)
         mc = loaded.config
         context = min(mc.max_context, config.max_model_len or mc.max_context)
         budget = None
         if config.num_blocks is None:
-            # NOTE: measured after the weights are in memory (the fraction is of what is left)
+            # NOTE: a --kv-cache-fraction is of the memory left after the weights
             budget = kv_cache_budget(
                 bytes_per_token=mc.kv_bytes_per_token(loaded.dtype), block_size=config.block_size,
                 context=context, max_num_seqs=config.max_num_seqs,
                 kv_cache_bytes=config.kv_cache_bytes,
-                memory_fraction=config.kv_cache_memory_fraction)
+                memory_fraction=config.kv_cache_memory_fraction, memory_budget=memory,
+                weights_bytes=loaded.weights_bytes)
         runner = ModelRunner(loaded.model, dtype=loaded.dtype,
                              device=config.device, block_size=config.block_size,
                              num_blocks=config.num_blocks,
                              kv_cache_bytes=budget.num_bytes if budget else None,
                              num_threads=config.num_threads)
         return cls(loaded, runner, config, trace=trace,
-                   kv_reason=budget.reason if budget else "num_blocks")
+                   kv_reason=budget.reason if budget else "num_blocks",
+                   load_s=time.perf_counter() - started, rss_at_load=rss_bytes())
 
     def describe(self) -> list[str]:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
@@ -140,8 +148,9 @@ class AsyncEngine:
         origin = f" (package {src.package})" if src.package else ""
         tokens = self.runner.num_blocks * self.runner.block_size
         mib = self.runner.kv.nbytes / 2**20
-        return [
-            f"model: {src.path}{origin} [{src.kind}]",
+        took = ([f"loaded in {self.load_s:.1f} s, RSS {self.rss_at_load / 2**20:.0f} MiB at load"]
+                if self.load_s is not None and self.rss_at_load is not None else [])
+        return [f"model: {src.path}{origin} [{src.kind}]", *took] + [
             f"architecture {mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
             f"stored {self.loaded.quantization}, context {self.context_length}",
             f"serving mode (--quant): {mode.name}, "
@@ -150,19 +159,24 @@ class AsyncEngine:
             f"attention: {self.runner.attention_note}",
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
-            f"KV cache: {mib:.0f} MiB ({self.kv_reason}) = {tokens} tokens = "
-            f"{tokens // self.context_length} sequences x {self.context_length} context; "
-            f"max_num_seqs {self.config.max_num_seqs}",
+            f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "
+            f"{tokens} tokens = {tokens // self.context_length} sequences x "
+            f"{self.context_length} context; max_num_seqs {self.config.max_num_seqs}",
         ] + ([f"context lowered from {self.context_lowered_from} to {self.context_length} "
-              f"tokens: the KV cache holds no more (raise --kv-cache-bytes or "
-              f"--kv-cache-fraction for more)"] if self.context_lowered_from else [])
+              f"tokens: the KV cache holds no more (raise --memory-budget or "
+              f"--kv-cache-bytes for more)"] if self.context_lowered_from else [])
 
-    def load_summary(self) -> dict[str, str | int | bool]:
+    def load_summary(self) -> dict[str, str | int | float | bool]:
         """What was loaded as one flat record (``coda serve`` logs it as one JSON line, O1)."""
         return {"model": str(self.source.path), "source_kind": self.source.kind,
                 "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
                 **self.loaded.mode.summary(), "context": self.context_length,
-                "kv_cache_bytes": int(self.runner.kv.nbytes),
+                "kv_cache_bytes": int(self.runner.kv.nbytes),  # NOTE: reserved (as before)
+                "kv_cache_reserved_bytes": int(self.runner.kv.nbytes),
+                "kv_cache_committed_bytes": self._kv_committed(), "kv_cache_reason": self.kv_reason,
+                **({"load_s": round(self.load_s, 3)} if self.load_s is not None else {}),
+                **({"rss_bytes_at_load": self.rss_at_load} if self.rss_at_load is not None
+                   else {}),
                 # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
                 "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
                 # NOTE: the native row kernel, or torch with the reason it was refused
@@ -201,6 +215,8 @@ class AsyncEngine:
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
         plan = plan_request(req, self.limits)
+        # NOTE: issue 19 item 3: one the cache could never hold is refused here, a 4xx
+        self.core.scheduler.check_fits(len(plan.prompt_token_ids) + plan.max_tokens)
         # NOTE: everything that can reject the request runs before any resource is acquired
         grammar = self._grammar(plan)
         closer = self._closer(plan, grammar)
@@ -306,7 +322,15 @@ class AsyncEngine:
             num_waiting=self.num_waiting(),
             kv_cache_usage=bm.usage, num_blocks=bm.num_blocks,
             num_free_blocks=bm.num_free_blocks, num_requests_total=self.num_requests_total,
-            num_preemptions_total=self.core.num_preemptions_total)
+            num_preemptions_total=self.core.num_preemptions_total,
+            kv_cache_reserved_bytes=int(self.runner.kv.nbytes),
+            kv_cache_committed_bytes=self._kv_committed())
+
+    def _kv_committed(self) -> int:
+        """KV bytes ever written: the touched blocks' share of the reservation (the blocks
+        are taken lowest id first, so they are a prefix of every K/V plane)."""
+        bm = self.core.scheduler.block_manager
+        return int(self.runner.kv.nbytes) * bm.num_touched_blocks // bm.num_blocks
 
     # -- the engine thread -----------------------------------------------------------------
     def _wake(self) -> None:

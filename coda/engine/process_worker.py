@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -142,6 +143,10 @@ def worker_main(conn: Connection, model: str | None, config: EngineConfig,
             # the weights" is the model's share of the server's budget, not the machine's
             share: int = kv_available
             kv_budget.available_memory_bytes = lambda: share
+            # NOTE: the share is already net of the weights: the fraction rule applies to it
+            # (not the single-model memory budget, which would subtract the weights again)
+            config = replace(config, kv_cache_memory_fraction=(
+                config.kv_cache_memory_fraction or kv_budget.DEFAULT_KV_MEMORY_FRACTION))
         from coda.engine.async_engine import AsyncEngine
 
         engine = AsyncEngine.from_model_dir(model, config)

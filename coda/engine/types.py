@@ -75,8 +75,10 @@ class EngineConfig:
     """Engine knobs, normalised once.
 
     KV cache size: ``num_blocks`` or ``kv_cache_bytes`` exactly, else
-    ``kv_cache_memory_fraction`` of the memory available after the weights (default 0.25,
-    ``coda/engine/kv_budget.py``), never more than ``max_num_seqs`` full contexts need.
+    ``kv_cache_memory_fraction`` of the memory available after the weights, else
+    ``max_num_seqs`` full contexts capped by ``memory_budget`` (weights + KV; ``"8GiB"``,
+    ``"40%"``…; default half the memory available at start) less the weights
+    (``coda/engine/kv_budget.py``). The cache is reserved, and committed as it is written.
     ``max_model_len`` caps the context below the model's own; ``num_threads`` None keeps the
     runner's thread policy (``coda/engine/runner.py``).
 
@@ -92,6 +94,7 @@ class EngineConfig:
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     kv_cache_memory_fraction: float | None = None
+    memory_budget: str | None = None
     max_model_len: int | None = None
     num_threads: int | None = None
     max_num_seqs: int = 64
@@ -118,3 +121,6 @@ class EngineStats:
     num_free_blocks: int
     num_requests_total: int
     num_preemptions_total: int
+    # NOTE: issue 19 item 3: the cache's mapping, and the part of it ever written (committed)
+    kv_cache_reserved_bytes: int = 0
+    kv_cache_committed_bytes: int = 0

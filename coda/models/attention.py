@@ -30,6 +30,8 @@ the same gathered keys instead: the non-invariant baseline (``benchmarks/bench_a
 from __future__ import annotations
 
 import math
+import mmap
+import sys
 from typing import Any
 
 import torch
@@ -59,6 +61,10 @@ class PagedKVCache:
     Head-major, so the keys gathered for a group view as ``[H_kv, G, keys, d_h]`` without a
     copy and feed one batched matmul. Zero-initialised: slots not yet written are masked out,
     and masked values must be finite (a masked NaN would still poison ``softmax @ V``).
+
+    On the CPU the storage is a fresh anonymous mapping (issue 19 item 3): the kernel's zero
+    pages, committed on first write, so ``nbytes`` is reserved, not resident; blocks handed
+    out lowest id first (``BlockManager``) keep the committed part at the start of each plane.
     """
 
     def __init__(
@@ -73,7 +79,7 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
     ) -> None:
         shape = (num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim)
-        self._storage = torch.zeros(shape, dtype=dtype, device=device)
+        self._storage = _zeros_uncommitted(shape, dtype, torch.device(device))
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.layers: list[torch.Tensor] = [self._storage[i] for i in range(num_layers)]
@@ -83,6 +89,23 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         return self._storage.numel() * self._storage.element_size()
+
+
+def _zeros_uncommitted(shape: tuple[int, ...], dtype: torch.dtype,
+                       device: torch.device) -> torch.Tensor:
+    """Zeros of ``shape``; on the CPU mapped without committing a page (see PagedKVCache)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    # NOTE: MAP_NORESERVE (0x4000 on Linux; absent from Python's mmap module before 3.13):
+    # the reservation is not charged against overcommit; pages are committed as written
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
+    buf = mmap.mmap(-1, max(nbytes, 1), flags=flags)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        # NOTE: with THP "always" one written slot would commit a 2 MiB page per K/V plane
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    # NOTE: the tensor holds the mapping alive (frombuffer keeps a reference to ``buf``)
+    return torch.frombuffer(buf, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 def _gather(kv_layer: torch.Tensor, index: torch.Tensor, n_seqs: int,

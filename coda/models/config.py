@@ -49,8 +49,12 @@ _ARCHS: dict[str, str] = {
     "Phi3ForCausalLM": "phi3",
 }
 _DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-__all__ = ["ModelConfig", "ModelLoadError", "RopeScaling", "UnsupportedModelError",
-           "gemma3_local_layers", "hf_tensor_shapes"]
+__all__ = ["DENSE_BY_DTYPE", "ModelConfig", "ModelLoadError", "RopeScaling",
+           "UnsupportedModelError", "gemma3_local_layers", "hf_tensor_shapes"]
+
+# NOTE: the dense serving mode (``--quant``, coda/models/modes.py) that runs each dtype; here,
+# in a leaf both the mode table and the loader import, so the loader needs no mode table
+DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass(frozen=True)

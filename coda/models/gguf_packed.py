@@ -27,7 +27,6 @@ Rows of a quantized tensor are whole blocks along the input dimension, so ``row_
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 from coda.models.config import hf_tensor_shapes
-from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor, open_gguf
+from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor
 from coda.models.llama import CausalLM
 from coda.models.loader import build_model, param_target
 from coda.models.quant import GROUP, Int4Linear, Int8Linear, Q8Split, q4_groups, q8_0_groups
@@ -284,12 +283,3 @@ def build_q4(ckpt: GGUFCheckpoint, head: str = "q8split", device: str = "cpu") -
         raise UnsupportedModelError(why)
     return build_packed(ckpt, int4_linear, q4_head(head), device)
 
-
-def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
-                    device: str = "cpu") -> CausalLM:
-    """A GGUF file's model in serving mode ``quant`` (for benchmarks and scripts; the engine
-    loads through :func:`coda.models.source.open_model`)."""
-    from coda.models.modes import resolve_mode
-
-    ckpt = path if isinstance(path, GGUFCheckpoint) else open_gguf(path)
-    return resolve_mode(quant, None, ckpt).build_gguf(ckpt, device)

@@ -33,10 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coda.models.config import ModelLoadError, UnsupportedModelError
+from coda.models.config import DENSE_BY_DTYPE, ModelLoadError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from coda.models.gguf_file import GGUFCheckpoint
+    from coda.models.identity import ModelIdentity
     from coda.models.llama import CausalLM
 
 Builder = Callable[["GGUFCheckpoint", str], "CausalLM"]  # (checkpoint, device) -> model
@@ -237,7 +238,6 @@ AUTO_ORDER: tuple[str, ...] = ("packed", "q4", "fp32-kernel")
 # at 512) is met except by the 1B layer at 1 row (0.81x: the gemv streams its rows slower than
 # MKL's; more rows in flight per group or software prefetch tuning would close it); the invariance is what the default buys (issue 20 D10), fp32 stays the opt-out.
 FOLDER_AUTO = "fp32-kernel"
-DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)
 
 
@@ -283,3 +283,36 @@ def modes_for(ckpt: GGUFCheckpoint | None) -> tuple[QuantMode, tuple[str, ...]]:
                   if (m.dense or ckpt is not None) and m.available() is None
                   and (ckpt is None or m.applies(ckpt) is None))
     return resolve_mode("auto", None, ckpt), names
+
+
+def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
+                    device: str = "cpu") -> CausalLM:
+    """A GGUF file's model in serving mode ``quant`` (for benchmarks, scripts and tests; the
+    engine loads through :func:`coda.models.source.open_model`)."""
+    from coda.models.gguf_file import GGUFCheckpoint as Checkpoint
+    from coda.models.gguf_file import open_gguf
+
+    ckpt = path if isinstance(path, Checkpoint) else open_gguf(path)
+    return resolve_mode(quant, None, ckpt).build_gguf(ckpt, device)
+
+
+def folder_identity(model_dir: str | Path, dtype: str,
+                    chat_template: str | None = None,
+                    quant_mode: str | None = None) -> ModelIdentity:
+    """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
+    ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
+    own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
+    and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``), the
+    mode's summation order (``QuantMode.kernel_order``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
+    from coda.models.identity import digest_files, model_identity
+    from coda.models.loader import safetensors_files
+    from coda.models.tokenizer_bundle import folder_chat_template
+
+    model_dir = Path(model_dir)
+    mode = quant_mode or DENSE_BY_DTYPE.get(dtype)
+    kernel_order = QUANT_MODES[mode].kernel_order() if mode in QUANT_MODES else None
+    template = chat_template if chat_template is not None else folder_chat_template(model_dir)
+    return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
+                          tokenizer=(model_dir / "tokenizer.json").read_bytes(),
+                          chat_template=template, dtype=dtype,
+                          quant_mode=mode, kernel_order=kernel_order)

@@ -139,6 +139,23 @@ class LoadedModel:
         """The activation and KV-cache dtype of the serving mode."""
         return self.mode.dtype
 
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes the weights hold: torch parameters and buffers, plus the mapped file bytes
+        the in-place kernels read (each mapping once); what a memory budget counts for them."""
+        n = sum(t.nbytes for t in self.model.parameters())
+        n += sum(t.nbytes for t in self.model.buffers())
+        seen: set[tuple[int, int]] = set()
+        for module in self.model.modules():
+            segments = getattr(module, "segments", None) or (
+                [module.segment] if hasattr(module, "segment") else [])
+            for seg in segments:
+                key = (seg.data.__array_interface__["data"][0], seg.data.nbytes)
+                if key not in seen:
+                    seen.add(key)
+                    n += seg.data.nbytes
+        return n
+
 
 def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = None,
                device: str = "cpu") -> LoadedModel:
@@ -161,7 +178,7 @@ def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = Non
                                   quantization=ckpt.quantization, quant_mode=mode.name,
                                   kernel_order=mode.kernel_order())
         return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity, mode)
-    from coda.models.loader import folder_identity
+    from coda.models.modes import folder_identity
 
     mode = resolve_mode(quant, dtype, None)
     cfg = ModelConfig.from_dir(source.path)

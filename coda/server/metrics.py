@@ -49,6 +49,11 @@ class ServerMetrics:
         self.waiting = Gauge("coda:num_requests_waiting", "Requests queued.", registry=r)
         self.kv_usage = Gauge("coda:kv_cache_usage_perc", "KV cache usage (0-1).", registry=r)
         self.preemptions = Gauge("coda:num_preemptions", "Preemptions so far.", registry=r)
+        # NOTE: issue 19 item 3: the cache is reserved at load and committed as it is written
+        self.kv_reserved = Gauge("coda:kv_cache_reserved_bytes", "KV cache mapping (bytes).",
+                                 registry=r)
+        self.kv_committed = Gauge("coda:kv_cache_committed_bytes",
+                                  "KV cache bytes ever written (committed).", registry=r)
 
     def track(self, handle: Any) -> None:
         """Observe ``handle``'s latencies once, after its terminal event (call on the loop)."""
@@ -83,4 +88,6 @@ class ServerMetrics:
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
         self.preemptions.set(stats.num_preemptions_total)
+        self.kv_reserved.set(stats.kv_cache_reserved_bytes)
+        self.kv_committed.set(stats.kv_cache_committed_bytes)
         return generate_latest(self.registry)

@@ -299,8 +299,10 @@ class OutputProcessor:
         upto = self._ends[-k]
         self._release(upto)
         self._stream.clear()  # NOTE: the sequence's own bytes: never sent
-        while self._unreturned and self._unreturned[-1] >= upto:
-            self._unreturned.pop()  # NOTE: L6: the sequence's tokens are never returned
+        # NOTE: L6: the sequence's tokens are never returned (``_unreturned`` counts every
+        # detokenized byte; stream offsets start at the answer, issue 23)
+        while self._unreturned and self._unreturned[-1] >= upto + self._answer_base:
+            self._unreturned.pop()
         det = self.detok if k == 1 else self._forks[-(k - 1)]
         residue = det.pending
         try:

@@ -5,7 +5,9 @@ after start, so the usage states the prefix-cache lookup's result: issue 20 D9),
 ``content_block_delta`` per delta, then ``content_block_stop``, ``message_delta`` (``stop_reason``
 ``end_turn`` | ``max_tokens`` | ``stop_sequence`` with the matched ``stop_sequence``, and the
 exact outcome in ``coda``) and ``message_stop`` — or one in-band ``error`` event when the model
-failed. A final assistant message is a prefill the model continues.
+failed. A final assistant message is a prefill the model continues. A reasoning model's split
+output (issue 23) opens its blocks lazily: a ``thinking`` block (``thinking_delta``s, an empty
+``signature_delta``), then the text block.
 """
 
 from __future__ import annotations

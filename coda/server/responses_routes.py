@@ -6,7 +6,10 @@ The event stream is a pure function of the engine's event log, so ``sequence_num
 the SSE ``id``) is the same on every replay: ``response.created`` 0, ``response.in_progress``
 1, ``output_item.added`` 2, ``content_part.added`` 3, one ``output_text.delta`` per engine
 delta, then ``output_text.done``, ``content_part.done``, ``output_item.done`` and exactly one of
-``response.completed | response.incomplete | response.failed`` last.
+``response.completed | response.incomplete | response.failed`` last. A reasoning model's split
+output (issue 23) opens with a ``reasoning`` item instead (output index 0: ``output_item.added``,
+``reasoning_text.delta``…, ``reasoning_text.done``, ``output_item.done``), and the message item
+follows at output index 1.
 """
 
 from __future__ import annotations

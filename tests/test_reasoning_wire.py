@@ -251,3 +251,25 @@ def test_k2_engine_trace_of_a_forced_close_checks(tmp_path: Path) -> None:
     assert term.reasoning is not None and term.reasoning.forced
     assert term.stop is not None and term.stop.stop == "re"
     assert check_trace(sink.events) == []
+
+
+def test_p3_stream_verify_stamps_cover_both_parts(r1: ScriptedServer) -> None:
+    """P3 ``stream_verify``: reasoning chunks are stamped like content chunks; the stamps are
+    contiguous over reasoning + answer (the stream's bytes, markers removed)."""
+    client, model = oai(r1)
+    stamps, text = [], ""
+    for chunk in client.chat.completions.create(model=model, messages=MSG, stream=True,
+                                                extra_body={"stream_verify": True}):
+        extra = chunk.model_extra or {}
+        if not chunk.choices or "coda" not in extra or "offset" not in extra["coda"]:
+            continue
+        delta = chunk.choices[0].delta
+        piece = (delta.model_extra or {}).get("reasoning") or delta.content or ""
+        stamps.append((extra["coda"]["offset"], extra["coda"]["length"]))
+        text += piece
+    assert text == REASONING + ANSWER
+    at = 0
+    for offset, length in stamps:
+        assert offset == at
+        at += length
+    assert at == len((REASONING + ANSWER).encode())

@@ -13,6 +13,13 @@ matcher and then detokenized, and its bytes go through the string matcher, so a 
 inside text whose ids might still start an id sequence ends the request at the token where it
 completes. What such ids hold back is the *sending* of their bytes: bytes owned by the last
 ``depth`` ids (the id matcher's partial match) wait, like bytes that may start a stop string.
+Reasoning (issue 23, :mod:`coda.reasoning`): while the output may open or is inside a
+``<think>`` block, each token's bytes go to the splitter instead: reasoning bytes are sent at
+once as reasoning deltas (no stop sees them; a possible closer prefix waits), the markers are
+removed (recorded on the terminal and as ``reasoning.split`` rows), and bytes after the closer
+start the answer, whose stream offsets (and the matchers') count from there. A reasoning
+budget makes :meth:`OutputProcessor.forced_token` name the closer id the engine must choose.
+
 Earliest end wins across kinds, counted in selected tokens; an id sequence and a string
 completing at the same token: the id sequence wins (it is checked first, G1). On an id hit the
 bytes of every token before the sequence's first id are sent (they can no longer be part of a
@@ -27,7 +34,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import tokenizers
@@ -36,6 +43,7 @@ from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
 from coda.finish import FinishReason
+from coda.reasoning import Phase, ReasoningSpec, ReasoningSplit, ReasoningSplitter
 from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
 from coda.stream import RequestStream, TokenInfo
 from coda.trace import TraceEvent, TraceSink
@@ -86,6 +94,9 @@ class OutputSpec:
     # Stops (strings and id sequences) end the output only at a token t >= min_tokens; see
     # docs/api.md (issue 20 D6). EOS is banned by the sampler until then.
     min_tokens: int = 0
+    # Issue 23: split ``<think>…</think>`` off the answer (coda.reasoning); None: no split.
+    # Stops and their holdback apply to the answer only.
+    reasoning: ReasoningSpec | None = None
 
 
 UTF8_TAIL_POLICIES: tuple[str, ...] = ("auto", "fail", "drop")
@@ -150,6 +161,14 @@ class OutputProcessor:
         # token is selected (0: no prefix cache), and the first delta carries it (issue 20 D9)
         self.cached_prompt_tokens = 0
         self._hit_cut = b""  # a partial character an id sequence cut off, dropped at the drain
+        # issue 23: the reasoning split; stream offsets below count answer bytes only, and
+        # ``_answer_base`` is where the answer starts in the detokenized output (K2)
+        self.splitter = ReasoningSplitter(spec.reasoning) if spec.reasoning else None
+        self.reasoning_tokens = 0             # tokens selected inside the reasoning block
+        self._forced = 0                      # closer ids the budget forced so far
+        self._removed = 0                     # marker bytes removed (L6: never sent)
+        self._answer_base = 0
+        self._id_base = 0                     # tokens selected before the answer's first
 
     # -- the per-token checks of G1 --------------------------------------------------------
     def on_token(self, token_id: int, info: TokenInfo, decision: dict[str, Any] | None = None,
@@ -165,11 +184,26 @@ class OutputProcessor:
         # NOTE: issue 20 D6: a stop completing before token min_tokens is ordinary output
         if not self._armed and t >= self.spec.min_tokens:
             self._armed, self._armed_at = True, self.stops.consumed_bytes
+        sp = self.splitter
+        if sp is not None and sp.phase is Phase.OPENING and sp.spec.open_ids and \
+                token_id not in sp.spec.open_ids:
+            sp.no_block()  # NOTE: the first token decides: an answer from its first byte
+        if sp is not None and sp.phase is not Phase.ANSWER:
+            if sp.in_reasoning:
+                if self.forced_token() == token_id:
+                    self._forced += 1
+                self.reasoning_tokens += 1
+            if self._reasoning_push(self._detok_push(token_id)):
+                return FinishReason.STOP_SEQUENCE
+            return self._after_emit(confidence)
         depth = 0
         if self.token_stops is not None:
             hit = self.token_stops.push(token_id, self._armed)
             if hit is not None:  # NOTE: its last id never reaches the detokenizer (ids first)
                 self._end_before_ids(hit.end - hit.start)
+                if self._id_base:  # NOTE: issue 23: the matcher saw the answer's tokens only
+                    hit = replace(hit, start=hit.start + self._id_base,
+                                  end=hit.end + self._id_base)
                 return self._on_hit(hit)
             depth = self.token_stops.depth
             if depth:
@@ -180,6 +214,10 @@ class OutputProcessor:
                 self._forks.clear()
         if self._emit(self._detok_push(token_id), depth):
             return FinishReason.STOP_SEQUENCE
+        return self._after_emit(confidence)
+
+    def _after_emit(self, confidence: float) -> FinishReason | None:
+        """The checks after the emit (G1): max tokens, context, grammar, early stop."""
         if self.generated >= self.spec.max_output_tokens:
             return self._budget_end(FinishReason.MAX_OUTPUT_TOKENS)
         # the cache would hold prompt + t tokens after decoding y_t (seed: logical_length + 1)
@@ -196,6 +234,61 @@ class OutputProcessor:
             return verdict.reason
         return None
 
+    # -- the reasoning split (issue 23, coda.reasoning) ------------------------------------
+    def forced_token(self) -> int | None:
+        """The closer id the reasoning budget forces at the next step, or None (the engine
+        masks the step to it, like the grammar closure)."""
+        sp = self.splitter
+        if sp is None or not sp.in_reasoning or sp.spec.max_tokens is None:
+            return None
+        ids = sp.spec.close_ids
+        if self._forced >= len(ids) or (not self._forced
+                                        and self.reasoning_tokens < sp.spec.max_tokens):
+            return None
+        return ids[self._forced]
+
+    def reasoning_split(self) -> ReasoningSplit | None:
+        """The terminal's record of the split (K2), None without a reasoning block."""
+        if self.splitter is None:
+            return None
+        return self.splitter.split(forced=self._forced > 0, tokens=self.reasoning_tokens)
+
+    def _reasoning_push(self, data: bytes, final: bool = False) -> bool:
+        """Bytes of the output while the reasoning block may open or is open: the reasoning
+        part is sent at once (no stop sees it; a possible closer prefix waits), the markers
+        are removed, and answer bytes after the closer go on to the stop matcher like any
+        answer. True on a stop hit in those answer bytes."""
+        sp = self.splitter
+        assert sp is not None
+        before = (len(sp.opener), len(sp.closer))
+        reasoning, answer = sp.push(data)
+        if final:
+            more_r, more_a = sp.finish()
+            reasoning, answer = reasoning + more_r, answer + more_a
+        removed = len(sp.opener) + len(sp.closer) - sum(before)
+        self._removed += removed
+        self._advance_returned()
+        if sp.phase is not Phase.ANSWER:
+            if self._tracing and data:
+                self._record(tr.STOP_STATE, nbytes=len(data), held=sp.held,
+                             detok_pending=len(self.detok.pending), ids_held=0)
+            if removed:
+                self._record(tr.REASONING_SPLIT, removed=removed, part="opener")
+            self._send(reasoning, reasoning=True)
+            self._track_hold()
+            return False
+        # NOTE: the answer starts here: stream offsets (the matcher's too) count from it, and
+        # the id matcher sees the tokens after this one
+        self._answer_base = self.detok_bytes - len(answer)
+        self._id_base = self.generated
+        return self._emit(answer, 0, reasoning=reasoning, pre=len(data) - len(answer),
+                          removed=removed)
+
+    @property
+    def detok_bytes(self) -> int:
+        """Bytes the detokenizer produced so far."""
+        return self._visible
+
     def _end_before_ids(self, k: int) -> None:
         """An id sequence of ``k`` ids hit: send the whole text of the tokens before its first
         id, nothing of its own (S1, S3). ``_ends[-k]`` is the stream offset after the token
@@ -206,8 +299,10 @@ class OutputProcessor:
         upto = self._ends[-k]
         self._release(upto)
         self._stream.clear()  # NOTE: the sequence's own bytes: never sent
-        while self._unreturned and self._unreturned[-1] >= upto:
-            self._unreturned.pop()  # NOTE: L6: the sequence's tokens are never returned
+        # NOTE: L6: the sequence's tokens are never returned (``_unreturned`` counts every
+        # detokenized byte; stream offsets start at the answer, issue 23)
+        while self._unreturned and self._unreturned[-1] >= upto + self._answer_base:
+            self._unreturned.pop()
         det = self.detok if k == 1 else self._forks[-(k - 1)]
         residue = det.pending
         try:
@@ -249,7 +344,11 @@ class OutputProcessor:
             if self._hit_cut:
                 self._drop_tail(self._hit_cut)
             return reason
-        if self._emit(self._finish_detokenizer(reason), 0):
+        tail = self._finish_detokenizer(reason)
+        if self.splitter is not None and self.splitter.phase is not Phase.ANSWER:
+            if self._reasoning_push(tail, final=True):
+                return FinishReason.STOP_SEQUENCE
+        elif self._emit(tail, 0):
             return FinishReason.STOP_SEQUENCE
         self.stops.flush()
         self._release(len(self._stream) + self._sent_off)
@@ -280,6 +379,8 @@ class OutputProcessor:
         self.detok.discard_pending()
         if self.stops.hit is None:
             self.stops.discard()
+        if self.splitter is not None:
+            self.splitter.finish()  # NOTE: a held closer prefix is never sent
         self._stream.clear()
         self._stop_held_clock()
 
@@ -298,9 +399,13 @@ class OutputProcessor:
             self._visible += len(data)
         return data
 
-    def _emit(self, new: bytes, held_ids: int) -> bool:
+    def _emit(self, new: bytes, held_ids: int, *, reasoning: bytes = b"", pre: int = 0,
+              removed: int = 0) -> bool:
         """Stop-match ``new`` (this token's bytes) and send what is safe: not held by the string
-        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3)."""
+        matcher and not owned by the last ``held_ids`` tokens. True on a string hit (S2, S3).
+        Issue 23: the token that closes the reasoning block passes its ``reasoning`` bytes
+        (sent first, unmatched) and ``pre``, its bytes before ``new`` (reasoning and the
+        ``removed`` markers), so its trace row counts all its bytes."""
         self._stream += new
         end = self._sent_off + len(self._stream)
         self._ends.append(end)
@@ -308,14 +413,19 @@ class OutputProcessor:
         while len(self._ends) > held_ids + 2:
             self._ends.popleft()
         # NOTE: a drain matches bytes waiting as a possible tool-call tag start, pushing none
-        matched = bool(new) or (self._draining and bool(self._tag_tail))
+        matched = bool(new) or bool(pre) or (self._draining and bool(self._tag_tail))
         hit = self._match(new) if new or self._draining else None
         if self._tracing and matched:
             # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6;
             # bytes waiting as a possible tag start are held too (S2)
-            self._record(tr.STOP_STATE, **({"nbytes": len(new)} if new else {}),
+            nbytes = len(new) + pre
+            self._record(tr.STOP_STATE, **({"nbytes": nbytes} if nbytes else {}),
                          held=len(self.stops.held) + len(self._tag_tail),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
+        if removed:
+            self._record(tr.REASONING_SPLIT, removed=removed, part="closer",
+                         answer_at=self._answer_base)
+        self._send(reasoning, reasoning=True)
         if hit is not None:
             # NOTE: the matcher's emitted count is the stream offset where output stops
             self._release(self.stops.emitted_bytes)
@@ -374,23 +484,30 @@ class OutputProcessor:
         if self._tracing:
             armed = {"armed_at": self._armed_at} if self.spec.min_tokens > 0 else {}
             self._record(tr.STOP_HIT, which=hit.kind, index=hit.index, stop=str(hit.stop),
-                         byte_offset=hit.start, stop_rule_version=STOP_RULE_VERSION, **armed)
+                         byte_offset=hit.start + self._answer_base if hit.kind == "string"
+                         else hit.start, stop_rule_version=STOP_RULE_VERSION, **armed)
         return FinishReason.STOP_SEQUENCE
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, reasoning: bool = False) -> None:
         if not data:
             return
         # NOTE: the first delta states the prefix-cache lookup's result (issue 20 D9)
         cached = self.cached_prompt_tokens if not self.emitted_bytes else None
-        ev = self.stream.delta(data, tuple(self._pending_tokens), cached)
+        ev = self.stream.delta(data, tuple(self._pending_tokens), cached, reasoning=reasoning)
         self._pending_tokens.clear()
         self.emitted_bytes += len(data)
-        while self._unreturned and self._unreturned[0] < self.emitted_bytes:
-            self._unreturned.popleft()
-            self.returned_tokens += 1
+        self._advance_returned()
         if self._tracing:
             self._record(tr.STREAM_DELTA, seq=ev.seq, nbytes=len(data),
-                         text=data.decode("utf-8", "replace"))
+                         text=data.decode("utf-8", "replace"),
+                         **({"reasoning": True} if reasoning else {}))
+
+    def _advance_returned(self) -> None:
+        """L6: tokens whose first visible byte the stream reached; removed reasoning markers
+        count as reached (issue 23): they precede what is sent next."""
+        while self._unreturned and self._unreturned[0] < self.emitted_bytes + self._removed:
+            self._unreturned.popleft()
+            self.returned_tokens += 1
 
     def _track_hold(self) -> None:
         """stop_buffer_s (P5): time during which some output was held back for a stop."""

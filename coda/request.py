@@ -212,7 +212,8 @@ class RequestRun:
             trailing_tokens=proc.trailing_tokens() if proc is not None else (),
             early_stop=self.early_stop_summary,
             dropped_tail=proc.dropped_tail if proc is not None else b"",
-            model_snapshot=self.stream.model_snapshot)
+            model_snapshot=self.stream.model_snapshot,
+            reasoning=proc.reasoning_split() if proc is not None else None)
 
         def emit() -> None:
             ev = self.stream.close(terminal)

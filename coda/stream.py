@@ -32,6 +32,7 @@ from coda.stops import STOP_RULE_VERSION
 from coda.wakeup import CHANNEL, Observer, WakeChannel
 
 if TYPE_CHECKING:
+    from coda.reasoning import ReasoningSplit
     from coda.stops import StopHit
 
 
@@ -90,6 +91,9 @@ class Terminal:
     stop_rule_version: str = STOP_RULE_VERSION
     # P1: the start event's content identity of the model that produced the output
     model_snapshot: str | None = None
+    # Issue 23, K2: the reasoning split (removed markers, reasoning byte count, forced close);
+    # None when the output had no reasoning block (coda.reasoning)
+    reasoning: ReasoningSplit | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,9 @@ class StreamEvent:
     # L6: prompt tokens the prefix cache held, on the first delta only (it comes after the
     # lookup): what a protocol that states usage up front (Anthropic message_start) sends
     cached_prompt_tokens: int | None = None
+    # Issue 23: this delta is reasoning (before the closing marker), not answer. Every
+    # reasoning delta comes before every answer delta; a renderer splits on this flag.
+    reasoning: bool = False
 
     @property
     def text(self) -> str:
@@ -173,7 +180,7 @@ class RequestStream:
         return ev
 
     def delta(self, data: bytes, tokens: tuple[TokenInfo, ...] = (),
-              cached_prompt_tokens: int | None = None) -> StreamEvent:
+              cached_prompt_tokens: int | None = None, *, reasoning: bool = False) -> StreamEvent:
         """Append a non-empty delta; raises StreamClosed after the terminal (L3) and
         BackpressureOverflowError past the bound (P6), without appending."""
         if not data:
@@ -187,7 +194,7 @@ class RequestStream:
                     f"(bound {self.backpressure.max_bytes})"
                 )
             ev = StreamEvent(self.request_id, len(self._events), EventType.DELTA, data, tokens,
-                             cached_prompt_tokens=cached_prompt_tokens)
+                             cached_prompt_tokens=cached_prompt_tokens, reasoning=reasoning)
             self._events.append(ev)
             self._unacked_bytes += len(data)
             if self._sync_waiters:

@@ -33,6 +33,7 @@ STOP_HIT = "stop.hit"
 GRAMMAR_FORCED = "grammar.forced_close"  # issue 13: steering to the closing path began
 STREAM_DELTA = "stream.delta"
 UTF8_TAIL_DROPPED = "utf8_tail.dropped"  # K2: an incomplete tail removed by utf8_tail="drop"
+REASONING_SPLIT = "reasoning.split"  # issue 23, K2: a reasoning marker removed (coda.reasoning)
 CANCEL_REQUESTED = "cancel.requested"
 CANCEL_OBSERVED = "cancel.observed"
 CANCEL_EFFECTIVE = "cancel.effective"
@@ -46,7 +47,7 @@ ERROR = "error"
 KNOWN_KINDS = frozenset({
     LIFECYCLE, PREFILL_STARTED, PREFILL_COMPLETED, TOKEN_SELECTED, DECODE_STARTED,
     DECODE_COMPLETED, STOP_STATE, STOP_HIT, GRAMMAR_FORCED, STREAM_DELTA, UTF8_TAIL_DROPPED,
-    CANCEL_REQUESTED, CANCEL_OBSERVED, CANCEL_EFFECTIVE, RESOURCE_ACQUIRED, RESOURCE_RELEASED,
+    REASONING_SPLIT, CANCEL_REQUESTED, CANCEL_OBSERVED, CANCEL_EFFECTIVE, RESOURCE_ACQUIRED, RESOURCE_RELEASED,
     TERMINAL, ERROR})
 
 

@@ -35,7 +35,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from coda import trace as tr
-from coda.trace_output import close_step, on_delta, on_hit, on_stop_state, on_tail_dropped
+from coda.trace_output import (
+    close_step,
+    on_delta,
+    on_hit,
+    on_reasoning_split,
+    on_stop_state,
+    on_tail_dropped,
+)
 from coda.trace_rules import (
     CANCEL_CAUSES,
     FAILURE_DECISIONS,
@@ -96,7 +103,7 @@ class _Walk:
             r.bad("O1", f"ts_ns {ev.ts_ns} before the previous row's {r.last_ts}")
         r.last_ts = ev.ts_ns
         r.step_was_open = r.step_open
-        if ev.kind not in (tr.STREAM_DELTA, tr.STOP_HIT, tr.STOP_STATE):
+        if ev.kind not in (tr.STREAM_DELTA, tr.STOP_HIT, tr.STOP_STATE, tr.REASONING_SPLIT):
             close_step(r, ev.kind)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -248,6 +255,9 @@ class _Walk:
 
     def _stop_hit(self, ev: tr.TraceEvent) -> None:
         on_hit(self.r, ev)
+
+    def _reasoning_split(self, ev: tr.TraceEvent) -> None:
+        on_reasoning_split(self.r, ev)
 
     def _utf8_tail_dropped(self, ev: tr.TraceEvent) -> None:
         on_tail_dropped(self.r, ev)

@@ -52,8 +52,8 @@ def close_step(r: Request, by: str | None = None) -> None:
     unless the step failed (``by`` a release: a delta that overflowed was never sent)."""
     if r.held_check is not None and r.hit is None and by != tr.RESOURCE_RELEASED:
         held, pushed = r.held_check
-        if pushed - r.sent != held:
-            r.bad("S2", f"{pushed - r.sent} bytes unsent but the stop matcher held "
+        if pushed - r.sent - r.removed != held:
+            r.bad("S2", f"{pushed - r.sent - r.removed} bytes unsent but the stop matcher held "
                            f"{held}")
     r.held_check = None
     r.step_open = False
@@ -64,7 +64,8 @@ def on_delta(r: Request, ev: tr.TraceEvent) -> None:
     if r.hit is not None:
         r.bad("S3", "a delta after the stop hit")
     prev = r.prev_kind()
-    if prev not in (tr.STOP_STATE, tr.TOKEN_SELECTED) and r.state != "DRAINING":
+    if prev not in (tr.STOP_STATE, tr.TOKEN_SELECTED, tr.REASONING_SPLIT) and \
+            r.state != "DRAINING":
         r.bad("G1", f"stream.delta after {prev}")
     seq, nbytes, text = ev.data.get("seq"), ev.data.get("nbytes"), ev.data.get("text")
     if isinstance(seq, int) and seq <= r.seq:
@@ -76,10 +77,27 @@ def on_delta(r: Request, ev: tr.TraceEvent) -> None:
             len(text.encode("utf-8")) != nbytes:
         r.bad("P2", f"delta of {nbytes!r} bytes carries {text!r}")
     else:
+        if ev.data.get("reasoning"):
+            if r.sent != r.reasoning_sent:
+                r.bad("K2", "a reasoning delta after the answer began")
+            r.reasoning_sent += nbytes
         r.sent += nbytes
         r.text.append(text)
     if r.sent > r.pushed and r.pushed_known:
         r.bad("K2", f"{r.sent} bytes sent, the detokenizer produced {r.pushed}")
+
+
+def on_reasoning_split(r: Request, ev: tr.TraceEvent) -> None:
+    """Issue 23 (K2): a reasoning marker of ``removed`` bytes is a removed span: pushed,
+    never sent, never held."""
+    in_emission(r, "reasoning.split")
+    removed = ev.data.get("removed")
+    if not isinstance(removed, int) or removed <= 0:
+        r.bad("K2", f"reasoning.split removed {removed!r} bytes")
+        return
+    r.removed += removed
+    if r.removed > r.pushed:
+        r.bad("K2", f"{r.removed} marker bytes removed, the detokenizer produced {r.pushed}")
 
 
 def on_hit(r: Request, ev: tr.TraceEvent) -> None:

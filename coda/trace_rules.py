@@ -61,6 +61,8 @@ class Request:
     tail: tr.TraceEvent | None = None
     pushed: int = 0                # bytes the detokenizer produced (stop.state nbytes)
     sent: int = 0                  # bytes on the stream (delta nbytes)
+    removed: int = 0               # reasoning marker bytes removed (issue 23, reasoning.split)
+    reasoning_sent: int = 0        # ... and reasoning bytes sent (deltas marked reasoning)
     seq: int = 0
     text: list[str] = field(default_factory=list)
     token_starts: list[int] = field(default_factory=list)  # stream offset of visible tokens

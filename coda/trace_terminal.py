@@ -91,7 +91,7 @@ def _usage(r: Request, usage: Any, reason: Any) -> None:
     else:
         want["processed_prompt_tokens"] = 0
     if r.pushed_known:
-        want["returned_tokens"] = sum(1 for s in r.token_starts if s < r.sent)
+        want["returned_tokens"] = sum(1 for s in r.token_starts if s < r.sent + r.removed)
     for name, value in want.items():
         if usage.get(name) != value:
             r.bad("L6", f"usage.{name} {usage.get(name)!r}, the rows count {value!r}")
@@ -118,12 +118,16 @@ def _stops(r: Request, state: Any, reason: Any, usage: Any) -> None:
         offset = r.hit.data.get("byte_offset")
         # NOTE: include_stop_str_in_output may end the text with it, never show it earlier;
         # an occurrence completed in the bytes before ``armed_at`` (min_tokens, issue 20 D6) is text
-        sent, pat = text.encode(), stop.encode()
+        # NOTE: issue 23: stops see the answer only (bytes after the reasoning deltas), and
+        # the hit's offset counts the removed reasoning markers too
+        sent, pat = text.encode()[r.reasoning_sent:], stop.encode()
         at = max(0, int(r.hit.data.get("armed_at", 0)) - len(pat) + 1)
         if 0 <= sent.find(pat, at) < len(sent) - len(pat):
             r.bad("O2", f"stop string {stop!r} reached the stream before its hit")
-        shown = text.endswith(stop) and offset == r.sent - len(stop.encode("utf-8"))
-        if offset != r.sent and not shown:
-            r.bad("S3", f"stop hit at byte {offset!r} but {r.sent} bytes were sent")
-    if state == "FINISHED" and r.hit is None and r.pushed_known and r.pushed != r.sent:
+        upto = r.sent + r.removed
+        shown = text.endswith(stop) and offset == upto - len(stop.encode("utf-8"))
+        if offset != upto and not shown:
+            r.bad("S3", f"stop hit at byte {offset!r} but {upto} bytes were sent or removed")
+    if state == "FINISHED" and r.hit is None and r.pushed_known and \
+            r.pushed != r.sent + r.removed:
         r.bad("K2", f"a normal end sent {r.sent} of the {r.pushed} bytes produced")

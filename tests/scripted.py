@@ -34,17 +34,25 @@ def _byte_alphabet() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(keep, chars, strict=True)}
 
 
-def scripted_tokenizer(table: Mapping[int, bytes], eos_id: int = EOS_ID) -> tokenizers.Tokenizer:
-    """A byte-level tokenizer whose id ``i`` decodes to ``table[i]``; ``eos_id`` is ``<eos>``."""
+def scripted_tokenizer(table: Mapping[int, bytes], eos_id: int = EOS_ID,
+                       added: Mapping[int, str] | None = None) -> tokenizers.Tokenizer:
+    """A byte-level tokenizer whose id ``i`` decodes to ``table[i]``; ``eos_id`` is ``<eos>``.
+    ``added``: non-special added tokens (id → content), as Qwen3 declares ``<think>`` and
+    ``</think>`` (issue 23)."""
     alphabet = _byte_alphabet()
     vocab = {"".join(alphabet[b] for b in data): i for i, data in table.items()}
     if len(vocab) != len(table):
         raise ValueError("two ids share the same bytes")
     vocab["<eos>"] = eos_id
+    extra = [{"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": False} for i, text in (added or {}).items()]
+    for i, text in (added or {}).items():
+        vocab[text] = i
     spec: dict[str, object] = {
         "version": "1.0",
         "added_tokens": [{"id": eos_id, "content": "<eos>", "single_word": False,
-                          "lstrip": False, "rstrip": False, "normalized": False, "special": True}],
+                          "lstrip": False, "rstrip": False, "normalized": False,
+                          "special": True}] + extra,
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                           "use_regex": True},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,15 +52,16 @@ class ScriptedServer:
         return self.live.url
 
 
-def scripted_server(chain: Mapping[int, int] = LEAD_BYTE_SCRIPT,
+def scripted_server(chain: Mapping[int, int] = LEAD_BYTE_SCRIPT, *,
+                    model_dir: Path = DEFAULT_MODEL_DIR, first: int = X_ID,
                     **settings: Any) -> Iterator[ScriptedServer]:
-    """A live server over the scripted default model (use as a fixture body)."""
+    """A live server over the scripted default model (use as a fixture body); ``model_dir``:
+    the default model with another tokenizer or template (tests/reasoning_support.py)."""
     from coda.server.app import create_app
     from coda.server.state import ServerSettings
 
-    engine = AsyncEngine.from_model_dir(DEFAULT_MODEL_DIR, EngineConfig(num_blocks=64,
-                                                                          max_num_seqs=8))
-    engine.runner = engine.core.runner = ScriptedRunner(engine.runner, chain)
+    engine = AsyncEngine.from_model_dir(model_dir, EngineConfig(num_blocks=64, max_num_seqs=8))
+    engine.runner = engine.core.runner = ScriptedRunner(engine.runner, chain, first)
     engine.start()
     app = create_app(engine, settings=ServerSettings(keepalive_s=0.5, **settings),
                      manage_engine=False)

@@ -36,6 +36,7 @@ import msgpack
 from coda.errors import ErrorCode
 from coda.finish import FinishReason, Usage
 from coda.lifecycle import State
+from coda.reasoning import ReasoningSplit
 from coda.stops import StopHit
 from coda.stream import EventType, StreamEvent, Terminal, Timings, TokenInfo
 
@@ -72,7 +73,22 @@ def _terminal(t: Terminal) -> dict[str, Any]:
             "early_stop": dict(t.early_stop) if t.early_stop is not None else None,
             "dropped_tail": base64.b64encode(t.dropped_tail).decode("ascii"),
             "versions": [t.finish_reason_version, t.stop_rule_version],
-            "model_snapshot": t.model_snapshot}
+            "model_snapshot": t.model_snapshot,
+            "reasoning": _split(t.reasoning)}
+
+
+def _split(r: ReasoningSplit | None) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    return {"opener": r.opener.hex(), "bytes": r.reasoning_bytes, "closer": r.closer.hex(),
+            "forced": r.forced, "tokens": r.reasoning_tokens}
+
+
+def _unsplit(d: dict[str, Any] | None) -> ReasoningSplit | None:
+    if d is None:
+        return None
+    return ReasoningSplit(bytes.fromhex(d["opener"]), int(d["bytes"]), bytes.fromhex(d["closer"]),
+                          bool(d["forced"]), int(d["tokens"]))
 
 
 def _unterminal(d: dict[str, Any]) -> Terminal:
@@ -86,7 +102,8 @@ def _unterminal(d: dict[str, Any]) -> Terminal:
                     d["error_message"], stop, Timings(**d["timings"]),
                     _untokens(d["trailing_tokens"]), d["early_stop"],
                     base64.b64decode(d.get("dropped_tail", "")),
-                    int(d["versions"][0]), str(d["versions"][1]), d.get("model_snapshot"))
+                    int(d["versions"][0]), str(d["versions"][1]), d.get("model_snapshot"),
+                    _unsplit(d.get("reasoning")))
 
 
 def encode_event(ev: StreamEvent) -> bytes:
@@ -103,6 +120,8 @@ def encode_event(ev: StreamEvent) -> bytes:
         body["x"] = _terminal(ev.terminal)
     if ev.cached_prompt_tokens is not None:
         body["c"] = ev.cached_prompt_tokens
+    if ev.reasoning:
+        body["z"] = 1
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -112,7 +131,7 @@ def decode_event(raw: bytes | str) -> StreamEvent:
                        base64.b64decode(body["d"]) if "d" in body else b"",
                        _untokens(body["k"]) if "k" in body else (), body.get("m"),
                        body.get("i"), _unterminal(body["x"]) if "x" in body else None,
-                       cached_prompt_tokens=body.get("c"))
+                       cached_prompt_tokens=body.get("c"), reasoning=bool(body.get("z")))
 
 
 # -- v2: MessagePack ---------------------------------------------------------------------------
@@ -130,13 +149,15 @@ def _tokens_v2(tokens: tuple[TokenInfo, ...]) -> list[Any]:
 
 def _row(ev: StreamEvent) -> list[Any]:
     if (ev.type is EventType.DELTA and ev.model is None and ev.model_snapshot is None
-            and ev.terminal is None and ev.cached_prompt_tokens is None):  # NOTE: common case
+            and ev.terminal is None and ev.cached_prompt_tokens is None
+            and not ev.reasoning):  # NOTE: common case
         return ([ev.seq, 1, ev.data, _tokens_v2(ev.tokens)] if ev.tokens
                 else [ev.seq, 1, ev.data or None])
     row = [ev.seq, _KIND[ev.type], ev.data or None,
            _tokens_v2(ev.tokens) if ev.tokens else None, ev.model, ev.model_snapshot,
            json.dumps(_terminal(ev.terminal), separators=(",", ":"))
-           if ev.terminal is not None else None, ev.cached_prompt_tokens]
+           if ev.terminal is not None else None, ev.cached_prompt_tokens,
+           True if ev.reasoning else None]  # NOTE: issue 23: a reasoning delta
     while row[-1] is None:  # NOTE: seq and kind are never None
         row.pop()
     return row
@@ -152,7 +173,8 @@ def _event(rid: str, row: tuple[Any, ...]) -> StreamEvent:
     return StreamEvent(rid, row[0], _TYPES[row[1]], (n > 2 and row[2]) or b"", toks,
                        row[4] if n > 4 else None, row[5] if n > 5 else None,
                        _unterminal(json.loads(row[6])) if n > 6 and row[6] else None,
-                       cached_prompt_tokens=row[7] if n > 7 else None)
+                       cached_prompt_tokens=row[7] if n > 7 else None,
+                       reasoning=bool(n > 8 and row[8]))
 
 
 def pack_event(ev: StreamEvent) -> bytes:

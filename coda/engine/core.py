@@ -307,6 +307,10 @@ class EngineCore:
         mask = req.grammar.allowed_mask() if req.grammar is not None else None
         if req.closer is not None and req.closer.forcing:
             mask = req.closer.mask(self.runner.config.vocab_size)
+        forced = req.processor.forced_token()
+        if forced is not None:  # NOTE: issue 23: the reasoning budget closes the block exactly
+            mask = torch.zeros(self.runner.config.vocab_size, dtype=torch.bool)
+            mask[forced] = True
         # NOTE: the cursor's step is the number of output tokens (advanced in _on_decision;
         # kept across preemption and retries, so a recomputed step draws the same uniform)
         return SamplingRow(params=req.plan.sampling, seed=req.rng.seed, step=req.rng.step,

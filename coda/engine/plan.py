@@ -24,6 +24,7 @@ from coda.early_stop import EarlyStopPolicy
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.output import UTF8_TAIL_POLICIES, OutputSpec
+from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
 from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig
@@ -66,6 +67,7 @@ class RequestPlan:
     early_stop: EarlyStopPolicy | None = None
     deadline_s: float | None = None
     backpressure: BackpressureConfig | None = None
+    reasoning: ReasoningSpec | None = None  # issue 23 (coda.reasoning)
 
     @property
     def max_total_tokens(self) -> int:
@@ -107,7 +109,8 @@ class RequestPlan:
             stop_token_ids=self.stop_token_ids,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, utf8_tail=self.utf8_tail,
-            stops_end_at=(self.stops_end_at or "").encode(), min_tokens=self.sampling.min_tokens)
+            stops_end_at=(self.stops_end_at or "").encode(), min_tokens=self.sampling.min_tokens,
+            reasoning=self.reasoning)
 
 
 def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
@@ -138,6 +141,7 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
                                   field="utf8_tail")
     if req.deadline_s is not None and not req.deadline_s > 0:
         raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
+    _check_reasoning(req, limits)
     seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
     return RequestPlan(
         request_id=req.request_id or f"req-{uuid.uuid4().hex[:16]}",
@@ -146,7 +150,23 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
         stops_end_at=req.stops_end_at, skip_special_tokens=req.skip_special_tokens,
         utf8_tail=req.utf8_tail, grammar=req.grammar, early_stop=req.early_stop,
-        deadline_s=req.deadline_s, backpressure=req.backpressure)
+        deadline_s=req.deadline_s, backpressure=req.backpressure, reasoning=req.reasoning)
+
+
+def _check_reasoning(req: GenerationRequest, limits: ModelLimits) -> None:
+    """Issue 23: a reasoning budget is a count >= 0 and its closer ids are in the vocabulary."""
+    r = req.reasoning
+    if r is None:
+        return
+    if r.max_tokens is not None and (isinstance(r.max_tokens, bool) or r.max_tokens < 0):
+        raise InvalidRequestError("max_reasoning_tokens must be an integer >= 0",
+                                  field="max_reasoning_tokens")
+    if r.max_tokens is not None and not r.close_ids:
+        raise InvalidRequestError("this model has no reasoning closer to force",
+                                  field="max_reasoning_tokens")
+    if any(not 0 <= t < limits.vocab_size for t in r.close_ids):
+        raise InvalidRequestError("reasoning closer ids are outside the vocabulary",
+                                  field="max_reasoning_tokens")
 
 
 def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tuple[int, bool]:

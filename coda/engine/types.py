@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coda.early_stop import EarlyStopPolicy
+from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
 from coda.stream import BackpressureConfig
 
@@ -65,6 +66,8 @@ class GenerationRequest:
     # stop strings apply only up to the end of this text's first occurrence (step.OutputSpec)
     stops_end_at: str | None = None
     default_max_tokens: int | None = None
+    # issue 23: split the reasoning block off the answer (coda.reasoning), with its budget
+    reasoning: ReasoningSpec | None = None
 
 
 @dataclass(frozen=True)

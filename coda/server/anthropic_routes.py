@@ -5,12 +5,15 @@ after start, so the usage states the prefix-cache lookup's result: issue 20 D9),
 ``content_block_delta`` per delta, then ``content_block_stop``, ``message_delta`` (``stop_reason``
 ``end_turn`` | ``max_tokens`` | ``stop_sequence`` with the matched ``stop_sequence``, and the
 exact outcome in ``coda``) and ``message_stop`` — or one in-band ``error`` event when the model
-failed. A final assistant message is a prefill the model continues.
+failed. A final assistant message is a prefill the model continues. A reasoning model's split
+output (issue 23) opens its blocks lazily: a ``thinking`` block (``thinking_delta``s, an empty
+``signature_delta``), then the text block.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -27,6 +30,7 @@ from coda.server.failures import anthropic_error, failed_json, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
 from coda.server.params import Knobs
 from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicRequest
+from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer
@@ -70,6 +74,14 @@ class AnthropicRenderer(Renderer):
         self.parser: tl.ToolCallParser | None = None
         self.block = -1          # index of the last block started
         self.text_open = False
+        # NOTE: issue 23: a split output opens its blocks lazily: thinking, then text
+        self.thinking = spec.thinking
+        self.show_reasoning = spec.reasoning
+        self.thinking_open = False
+        if self.thinking:
+            for e in replay(record.handles[0].stream):
+                if e.type is EventType.DELTA and e.seq <= self.after[0]:
+                    self._split_blocks(e, "")  # NOTE: replays the block state (resume)
         unstamped = 0  # NOTE: bytes before the resume point that no stamped frame covered
         if spec.tools:
             stream = record.handles[0].stream
@@ -108,15 +120,56 @@ class AnthropicRenderer(Renderer):
         message = {"id": self.r.id, "type": "message", "role": "assistant",
                    "model": self.r.model, "content": [], "stop_reason": None,
                    "stop_sequence": None, "usage": usage}
-        if self.parser is not None:
+        if self.parser is not None or self.thinking:
             return [self._frame("message_start", fid, message=message), self._frame("ping", fid)]
         return [self._frame("message_start", fid, message=message),
                 self._frame("content_block_start", fid, index=0,
                             content_block={"type": "text", "text": ""}),
                 self._frame("ping", fid)]
 
+    def _split_blocks(self, ev: StreamEvent, fid: str) -> list[Frame]:
+        """Issue 23: a delta of a split output: a reasoning delta goes to the thinking block
+        (opened at the first), an answer delta to the text block (the thinking block, if open,
+        is closed first). The signature is empty: Coda signs nothing (docs/api.md)."""
+        out: list[Frame] = []
+        if ev.reasoning:
+            if not self.show_reasoning:
+                return out
+            if not self.thinking_open:
+                self.block += 1
+                self.thinking_open = True
+                out.append(self._frame("content_block_start", fid, index=self.block,
+                                       content_block={"type": "thinking", "thinking": "",
+                                                      "signature": ""}))
+            out.append(self._frame("content_block_delta", fid, index=self.block,
+                                   delta={"type": "thinking_delta", "thinking": ev.text},
+                                   **self.stamp(0, ev)))
+            return out
+        out += self._close_thinking(fid)
+        if not self.text_open:
+            self.block += 1
+            self.text_open = True
+            out.append(self._frame("content_block_start", fid, index=self.block,
+                                   content_block={"type": "text", "text": ""}))
+        out.append(self._frame("content_block_delta", fid, index=self.block,
+                               delta={"type": "text_delta", "text": ev.text},
+                               **self.stamp(0, ev)))
+        return out
+
+    def _close_thinking(self, fid: str) -> list[Frame]:
+        if not self.thinking_open:
+            return []
+        self.thinking_open = False
+        return [self._frame("content_block_delta", fid, index=self.block,
+                            delta={"type": "signature_delta", "signature": ""}),
+                self._frame("content_block_stop", fid, index=self.block)]
+
     def _on_event(self, index: int, ev: StreamEvent, fid: str) -> list[Frame]:
         if ev.type is EventType.DELTA:
+            if self.thinking:
+                return self._split_blocks(ev, fid)
+            if ev.reasoning:
+                return []  # NOTE: issue 23: reasoning dropped (thinking disabled)
             if self.parser is not None:
                 self.take(index, ev)  # NOTE: issue 20 D5: the next block delta's stamp covers it
                 out = self._blocks(self.parser.feed(ev.text), fid)
@@ -141,7 +194,14 @@ class AnthropicRenderer(Renderer):
             # NOTE: Anthropic's in-band error event; it is this stream's final event.
             return [self._frame("error", fid, error=anthropic_error(terminal), coda=ext)]
         reason, stop = _stop_fields(terminal, calls)
-        if self.parser is None:
+        if self.thinking:
+            frames += self._close_thinking(fid)
+            if not self.text_open:  # NOTE: the answer is empty: still one text block
+                self.block += 1
+                frames.append(self._frame("content_block_start", fid, index=self.block,
+                                          content_block={"type": "text", "text": ""}))
+            frames.append(self._frame("content_block_stop", fid, index=self.block))
+        elif self.parser is None:
             frames.append(self._frame("content_block_stop", fid, index=0))
         elif self.text_open:
             frames.append(self._frame("content_block_stop", fid, index=self.block))
@@ -186,6 +246,25 @@ def _is_block_delta(obj: dict[str, Any]) -> bool:
     return obj.get("type") == "content_block_delta"
 
 
+def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
+    """Issue 23: ``thinking`` → (show the reasoning, its budget). Absent: shown, no budget
+    (the model reasons anyway); ``disabled``: dropped; ``enabled``: shown, ``budget_tokens``
+    (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols)."""
+    t = body.thinking or {}
+    kind = t.get("type")
+    if kind not in (None, "enabled", "disabled"):
+        raise InvalidRequestError("thinking.type: must be 'enabled' or 'disabled'",
+                                  field="thinking.type")
+    budget = t.get("budget_tokens") if kind == "enabled" else None
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or budget < 0):
+        raise InvalidRequestError("thinking.budget_tokens: must be an integer >= 0",
+                                  field="thinking.budget_tokens")
+    if budget is None:
+        budget = body.max_reasoning_tokens
+    return kind != "disabled" and body.include_reasoning, budget
+
+
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:
     """The request's system prompt and messages as chat messages (roles checked)."""
     msgs: list[dict[str, Any]] = []
@@ -221,17 +300,21 @@ class AnthropicAdapter:
 
     async def parse(self, st: ServerState, body: AnthropicRequest) -> Parsed:
         plan = tl.anthropic_plan(body.tools, body.tool_choice)
-        if body.thinking and body.thinking.get("type") not in (None, "disabled"):
-            raise InvalidRequestError("thinking: extended thinking is not supported",
-                                      field="thinking")
+        show, budget = _thinking(body)
         ids = await _prompt_ids(st, body, plan)
         knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
                       prompt_field="messages", stop=body.stop_sequences,
                       stop_field="stop_sequences", seed=body.seed,
                       temperature=body.temperature, top_p=body.top_p,
                       **tl.knob_fields(plan, body.response_format))
+        fmt = body.response_format
+        reasoning = reasoning_spec(
+            st.engine.tokenizer, ids, budget=budget, budget_field="thinking.budget_tokens",
+            grammar=knobs.grammar is not None or (fmt is not None and fmt.type != "text"))
+        knobs = replace(knobs, reasoning=reasoning)
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
-                               verify=body.stream_verify)
+                               verify=body.stream_verify, thinking=reasoning is not None,
+                               reasoning=show)
         return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
@@ -245,6 +328,8 @@ class AnthropicAdapter:
                                 "coda": coda_extension(c.terminal)}, c.terminal, headers=headers)
         ext = coda_extension(c.terminal)
         content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
+        if c.terminal.reasoning is not None and spec.reasoning:  # NOTE: issue 23
+            content.insert(0, {"type": "thinking", "thinking": c.reasoning, "signature": ""})
         calls: list[tl.ToolCall] = []
         if spec.tools:
             text, calls, removed = tl.split(c.text)

@@ -85,23 +85,29 @@ class Collected:
     text: str
     deltas: list[tuple[str, tuple[TokenInfo, ...]]]
     terminal: Terminal
+    reasoning: str = ""  # issue 23: the reasoning deltas' text (their tokens are in deltas)
 
 
 def collect(stream: RequestStream) -> Collected:
-    deltas = [(e.text, e.tokens) for e in replay(stream) if e.type is EventType.DELTA]
+    events = [e for e in replay(stream) if e.type is EventType.DELTA]
+    # NOTE: issue 23: reasoning deltas keep their tokens (logprobs) but not their text
+    deltas = [("" if e.reasoning else e.text, e.tokens) for e in events]
     terminal = stream.terminal
     assert terminal is not None, "collect() needs a finished stream"
     trailing = reported_trailing(terminal)
     if trailing:  # NOTE: textless last tokens still get their logprobs (never the stop itself)
         deltas.append(("", trailing))
-    return Collected("".join(t for t, _ in deltas), deltas, terminal)
+    return Collected("".join(t for t, _ in deltas), deltas, terminal,
+                     "".join(e.text for e in events if e.reasoning))
 
 
-def partial_text(stream: RequestStream) -> str:
-    return "".join(e.text for e in replay(stream) if e.type is EventType.DELTA)
+def partial_text(stream: RequestStream, reasoning: bool = False) -> str:
+    """The answer's text so far (``reasoning``: the reasoning's, issue 23)."""
+    return "".join(e.text for e in replay(stream)
+                   if e.type is EventType.DELTA and e.reasoning is reasoning)
 
 
 def text_before(stream: RequestStream, seq: int) -> int:
     """Characters returned by deltas up to and including ``seq`` (for resumed offsets)."""
     return sum(len(e.text) for e in replay(stream)
-               if e.type is EventType.DELTA and e.seq <= seq)
+               if e.type is EventType.DELTA and e.seq <= seq and not e.reasoning)

@@ -102,7 +102,20 @@ def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> d
                                     "hex": terminal.dropped_tail.hex()}
     if terminal.error_code is not None:
         out["error"] = {"code": terminal.error_code.value, "message": terminal.error_message}
+    if terminal.reasoning is not None:
+        out["reasoning"] = reasoning_record(terminal)
     return out
+
+
+def reasoning_record(terminal: Terminal) -> dict[str, Any] | None:
+    """Issue 23, K2: the split as the wire records it: the removed markers, the reasoning's
+    byte count (the stream's first ``bytes`` bytes are reasoning), forced by the budget."""
+    r = terminal.reasoning
+    if r is None:
+        return None
+    return {"opener": r.opener.decode("utf-8", "replace"), "bytes": r.reasoning_bytes,
+            "closer": r.closer.decode("utf-8", "replace"), "closed": bool(r.closer),
+            "forced": r.forced, "tokens": r.reasoning_tokens}
 
 
 def openai_usage(terminals: list[Terminal], n: int = 1) -> dict[str, Any]:
@@ -112,6 +125,10 @@ def openai_usage(terminals: list[Terminal], n: int = 1) -> dict[str, Any]:
     prompt = sum(t.usage.prompt_tokens for t in firsts)
     cached = sum(t.usage.cached_prompt_tokens for t in firsts)
     completion = sum(t.usage.selected_tokens for t in terminals)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion,
+                           "prompt_tokens_details": {"cached_tokens": cached}}
+    if any(t.reasoning is not None for t in terminals):  # NOTE: issue 23
+        out["completion_tokens_details"] = {"reasoning_tokens": sum(
+            t.reasoning.reasoning_tokens for t in terminals if t.reasoning is not None)}
+    return out

@@ -9,6 +9,7 @@ outcome in ``coda`` (finish reason, matched stop, split usage, timings).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -25,6 +26,7 @@ from coda.server.create import Parsed, create
 from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
 from coda.server.params import Knobs
+from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
@@ -57,7 +59,8 @@ class OpenAIRenderer(Renderer):
         # NOTE: tool calls are parsed out of the text (coda.server.tools); a resumed stream
         # primes each parser with the text it already sent.
         self.parsers = ([tl.primed(e.text for e in replay(h.stream)
-                                   if e.type is EventType.DELTA and e.seq <= a)
+                                   if e.type is EventType.DELTA and e.seq <= a
+                                   and not e.reasoning)
                          for h, a in zip(record.handles, self.after, strict=True)]
                         if spec.tools else None)
 
@@ -76,6 +79,14 @@ class OpenAIRenderer(Renderer):
             return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
         if ev.type is EventType.DELTA:
             self.selected[index] += len(ev.tokens)
+            if ev.reasoning:  # NOTE: issue 23: never a tool call's text, never content
+                if not self.spec.reasoning:
+                    return []
+                delta = {"reasoning": ev.text, "reasoning_content": ev.text}
+                return [Frame(self._chunk([{"index": index, "delta": delta, "logprobs": None,
+                                            "finish_reason": None}],
+                                          **self._running_usage(index),
+                                          **self.stamp(index, ev)), id=fid)]
             if self.parsers is not None:
                 return self._tool_frames(index, self.parsers[index].feed(ev.text), ev, fid)
             return [Frame(self._chunk([self._delta_choice(index, ev)],
@@ -250,13 +261,24 @@ class OpenAIAdapter:
                       logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
                       **tl.knob_fields(plan, body.response_format))
         prompts = await off_loop(_prompts, st, body, plan)
+        if chat:
+            fmt = body.response_format
+            reasoning = reasoning_spec(
+                st.engine.tokenizer, prompts[0], budget=body.max_reasoning_tokens,
+                budget_field="max_reasoning_tokens",
+                grammar=knobs.grammar is not None or (fmt is not None and fmt.type != "text"))
+            knobs = replace(knobs, reasoning=reasoning)
+        elif body.max_reasoning_tokens is not None:
+            raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
+                                      field="max_reasoning_tokens")
         options = body.stream_options
         spec = OpenAIRender(
             n=body.n, prompt_tokens=tuple(len(p) for p in prompts),
             tools=bool(plan and plan.active), skip_special=body.skip_special_tokens,
             verify=body.stream_verify, logprobs=logprobs is not None,
             include_usage=bool(options and options.include_usage),
-            continuous_usage=bool(options and options.continuous_usage_stats))
+            continuous_usage=bool(options and options.continuous_usage_stats),
+            reasoning=body.include_reasoning)
         return Parsed(prompts, knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect,
                       keep=not (isinstance(body, ChatCompletionRequest) and body.store is False))
 
@@ -290,6 +312,9 @@ def _final_object(record: Record, terminals: list[Terminal],
             logprobs = ({"content": lp.chat_entries([t for _, ts in c.deltas for t in ts]),
                          "refusal": None} if with_logprobs else None)
             message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            if c.terminal.reasoning is not None and spec.reasoning:
+                # NOTE: issue 23: vLLM's name and DeepSeek's / SGLang's, the same text
+                message["reasoning"] = message["reasoning_content"] = c.reasoning
             if spec.tools:
                 text, calls, removed = tl.split(c.text)
                 ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}

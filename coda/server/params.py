@@ -15,6 +15,7 @@ from typing import Any
 from coda.early_stop import EarlyStopPolicy
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
+from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
 from coda.server.schemas import CodaExtensions, ResponseFormat
 from coda.stops import stop_bytes
@@ -41,6 +42,7 @@ class Knobs:
     logprobs_field: str = "logprobs"
     grammar: GrammarSpec | None = None
     stops_end_at: str | None = None  # a tool call's opening tag (coda.server.tools)
+    reasoning: ReasoningSpec | None = None  # issue 23 (coda.server.reasoning)
 
 
 def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_format"
@@ -145,7 +147,7 @@ def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int],
             early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
             utf8_tail=ext.utf8_tail,
             request_id=request_id if knobs.n == 1 else f"{request_id}-{i}",
-            stops_end_at=knobs.stops_end_at))
+            stops_end_at=knobs.stops_end_at, reasoning=knobs.reasoning))
     return out
 
 

@@ -71,6 +71,9 @@ class ResponsesRequest(CodaExtensions):
     parallel_tool_calls: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     previous_response_id: str | None = None
+    # issue 23: accepted; effort has no mapping (the budget is max_reasoning_tokens) and no
+    # summary is generated (docs/api.md)
+    reasoning: dict[str, Any] | None = None
 
 
 class AnthropicMessage(BaseModel):

@@ -30,6 +30,7 @@ class OpenAIRender:
     include_usage: bool = False
     logprobs: bool = False
     continuous_usage: bool = False
+    reasoning: bool = True  # issue 23: render reasoning deltas (False: drop them)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class AnthropicRender:
     input_tokens: int
     tools: bool = False
     verify: bool = False
+    # issue 23: the output is split (the model has reasoning markers): blocks open lazily, a
+    # thinking block first; ``reasoning`` False drops the reasoning (thinking disabled)
+    thinking: bool = False
+    reasoning: bool = True
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,9 @@ class ResponsesRender:
     store: bool = True
     logprobs: bool = False
     verify: bool = False
+    # issue 23: the output is split and its reasoning shown: a ``reasoning`` output item
+    # before the message (False: no split, or its reasoning dropped)
+    thinking: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,16 @@ The event stream is a pure function of the engine's event log, so ``sequence_num
 the SSE ``id``) is the same on every replay: ``response.created`` 0, ``response.in_progress``
 1, ``output_item.added`` 2, ``content_part.added`` 3, one ``output_text.delta`` per engine
 delta, then ``output_text.done``, ``content_part.done``, ``output_item.done`` and exactly one of
-``response.completed | response.incomplete | response.failed`` last.
+``response.completed | response.incomplete | response.failed`` last. A reasoning model's split
+output (issue 23) opens with a ``reasoning`` item instead (output index 0: ``output_item.added``,
+``reasoning_text.delta``…, ``reasoning_text.done``, ``output_item.done``), and the message item
+follows at output index 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -34,6 +38,7 @@ from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
 from coda.server.params import Knobs
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
+from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import ResponsesRender
 from coda.server.sse import Frame, Renderer, SSEResponse
 from coda.server.state import Record, ServerState, register_renderer
@@ -46,6 +51,13 @@ _ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 def _item_id(record: Record) -> str:
     return "msg_" + record.id.removeprefix("resp_")
+
+
+def _reasoning_item(record: Record, text: str, status: str) -> dict[str, Any]:
+    """Issue 23: the reasoning as an output item (its text in ``content``, no summary)."""
+    return {"type": "reasoning", "id": "rs_" + record.id.removeprefix("resp_"),
+            "summary": [], "content": [{"type": "reasoning_text", "text": text}],
+            "status": status}
 
 
 def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
@@ -77,10 +89,11 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         body["status"] = status
         item_status = "completed" if status == "completed" else "incomplete"
         u = terminal.usage
+        r_tokens = terminal.reasoning.reasoning_tokens if terminal.reasoning else 0
         body["usage"] = {"input_tokens": u.prompt_tokens,
                          "input_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
                          "output_tokens": u.selected_tokens,
-                         "output_tokens_details": {"reasoning_tokens": 0},
+                         "output_tokens_details": {"reasoning_tokens": r_tokens},
                          "total_tokens": u.prompt_tokens + u.selected_tokens}
         if status == "failed":
             body["error"] = {"code": "server_error", "message": error_message(terminal)}
@@ -88,8 +101,13 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
             body["incomplete_details"] = {
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
         body["coda"] = coda_extension(terminal)
-    body["output"] = [_message_item(record, text, item_status, _logprobs(record, stream)),
-                      *(_call_item(record, k, "completed") for k in calls)]
+    reasoning = partial_text(stream, reasoning=True) if spec.thinking else ""
+    body["output"] = [
+        # NOTE: issue 23: a reasoning item exactly when reasoning deltas were rendered
+        *([_reasoning_item(record, reasoning, "completed" if text or terminal is not None
+                           else "in_progress")] if reasoning else []),
+        _message_item(record, text, item_status, _logprobs(record, stream)),
+        *(_call_item(record, k, "completed") for k in calls)]
     if spec.tools:
         body.update(tools=list(spec.tools_echo), tool_choice=spec.tool_choice,
                     parallel_tool_calls=spec.parallel)
@@ -146,6 +164,10 @@ class ResponsesRenderer(Renderer):
         self.parser = tl.ToolCallParser() if spec.tools else None
         if spec.verify:
             self.enable_verify(record.streams)
+        # NOTE: issue 23: the message item opens lazily after a reasoning item, if any
+        self.show_reasoning = spec.thinking
+        self.reasoning: str | None = None   # the reasoning item's text once it opened
+        self.message_open = False
 
     def _emit(self, obj: dict[str, Any]) -> list[Frame]:
         seq = self.seq
@@ -161,38 +183,78 @@ class ResponsesRenderer(Renderer):
                 + self._emit({"type": "response.in_progress",
                               "response": {**snap, "status": "in_progress"}}))
 
+    def _open_message(self) -> list[Frame]:
+        """Close the reasoning item (if open) and open the message item (once)."""
+        if self.message_open:
+            return []
+        self.message_open = True
+        out: list[Frame] = []
+        if self.reasoning is not None:
+            rid = "rs_" + self.r.id.removeprefix("resp_")
+            out += self._emit({"type": "response.reasoning_text.done", "item_id": rid,
+                               "output_index": 0, "content_index": 0, "text": self.reasoning})
+            out += self._emit({"type": "response.output_item.done", "output_index": 0,
+                               "item": _reasoning_item(self.r, self.reasoning, "completed")})
+        ids = self._ids()
+        return (out + self._emit({"type": "response.output_item.added",
+                                  "output_index": ids["output_index"],
+                                  "item": _message_item(self.r, "", "in_progress")})
+                + self._emit({"type": "response.content_part.added", **ids,
+                              "part": {"type": "output_text", "text": "",
+                                       "annotations": [], "logprobs": []}}))
+
+    def _ids(self) -> dict[str, Any]:
+        return {"item_id": _item_id(self.r), "output_index": int(self.reasoning is not None),
+                "content_index": 0}
+
+    def _reasoning_delta(self, index: int, ev: StreamEvent) -> list[Frame]:
+        """Issue 23: a reasoning delta: the reasoning item opens at the first."""
+        if not self.show_reasoning or self.message_open:
+            return []
+        out: list[Frame] = []
+        rid = "rs_" + self.r.id.removeprefix("resp_")
+        if self.reasoning is None:
+            self.reasoning = ""
+            out += self._emit({"type": "response.output_item.added", "output_index": 0,
+                               "item": _reasoning_item(self.r, "", "in_progress")})
+        self.reasoning += ev.text
+        return out + self._emit({"type": "response.reasoning_text.delta", "item_id": rid,
+                                 "output_index": 0, "content_index": 0, "delta": ev.text,
+                                 **self.stamp(index, ev)})
+
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
-        ids = {"item_id": _item_id(self.r), "output_index": 0, "content_index": 0}
         if ev.type is EventType.START:
-            return (self._emit({"type": "response.output_item.added", "output_index": 0,
-                                "item": _message_item(self.r, "", "in_progress")})
-                    + self._emit({"type": "response.content_part.added", **ids,
-                                  "part": {"type": "output_text", "text": "",
-                                           "annotations": [], "logprobs": []}}))
+            # NOTE: a split output (issue 23) may start with a reasoning item instead
+            return [] if self.show_reasoning else self._open_message()
+        if ev.type is EventType.DELTA and ev.reasoning:
+            return self._reasoning_delta(index, ev)
+        opened = self._open_message()
+        ids = self._ids()
         if ev.type is EventType.DELTA:
             entries = lp.chat_entries(ev.tokens) if self.logprobs else []
             if self.parser is not None:
                 self.take(index, ev)  # NOTE: issue 20 D5: the next delta event's stamp covers it
-                return self._emit_all(index, self._tool_events(self.parser.feed(ev.text), ids,
-                                                               entries))
+                return opened + self._emit_all(
+                    index, self._tool_events(self.parser.feed(ev.text), ids, entries))
             self.text += ev.text
-            return self._emit({"type": "response.output_text.delta", **ids, "delta": ev.text,
-                               "logprobs": entries, **self.stamp(index, ev)})
+            return opened + self._emit({"type": "response.output_text.delta", **ids,
+                                        "delta": ev.text, "logprobs": entries,
+                                        **self.stamp(index, ev)})
         assert ev.terminal is not None
         pre: list[Frame] = []
         if self.parser is not None:
             pre = self._emit_all(index, self._tool_events(self.parser.finish(), ids, []))
         final = response_object(self.r)
         kind, _ = responses_status(ev.terminal)
-        item = final["output"][0]
+        item = final["output"][ids["output_index"]]
         done = {"type": "response.output_text.done", **ids, "text": self.text,
                 "logprobs": item["content"][0]["logprobs"]}
         self.stamp_last(index, [done])  # NOTE: bytes no delta event carried (tools), if any
-        return (pre + self._emit(done)
+        return (opened + pre + self._emit(done)
                 + self._emit({"type": "response.content_part.done", **ids,
                               "part": item["content"][0]})
-                + self._emit({"type": "response.output_item.done", "output_index": 0,
-                              "item": item})
+                + self._emit({"type": "response.output_item.done",
+                              "output_index": ids["output_index"], "item": item})
                 + self._emit({"type": kind, "response": final}))
 
 
@@ -297,6 +359,10 @@ class ResponsesAdapter:
                       **(tl.knob_fields(plan, _grammar(fmt), "text.format")
                          or {"grammar": _grammar(fmt)}))
         ids = await off_loop(st.encode, text, add_special_tokens=False, field="input")
+        reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=body.max_reasoning_tokens,
+                                   budget_field="max_reasoning_tokens",
+                                   grammar=knobs.grammar is not None)
+        knobs = replace(knobs, reasoning=reasoning)
         spec = ResponsesRender(
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),
@@ -305,7 +371,8 @@ class ResponsesAdapter:
             top_p=body.top_p, tools=bool(plan and plan.active),
             tools_echo=tuple(body.tools or ()), parallel=plan.parallel if plan else False,
             tool_choice=body.tool_choice or "auto", store=body.store,
-            logprobs=logprobs is not None, verify=body.stream_verify)
+            logprobs=logprobs is not None, verify=body.stream_verify,
+            thinking=reasoning is not None and body.include_reasoning)
         return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect,
                       background=body.background, keep=body.store)
 

@@ -149,6 +149,10 @@ def anthropic_history(role: str, content: Any, field: str) -> list[dict[str, Any
         elif kind == "tool_result" and role == "user":
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                             "content": _block_text(block.get("content"))})
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            # NOTE: issue 23: an earlier turn's reasoning sent back is not prompt text (the
+            # Qwen3 / DeepSeek-R1 templates drop earlier reasoning too)
+            continue
         else:
             texts.append(block)
             if kind != "text":

@@ -273,3 +273,23 @@ def test_p3_stream_verify_stamps_cover_both_parts(r1: ScriptedServer) -> None:
         assert offset == at
         at += length
     assert at == len((REASONING + ANSWER).encode())
+
+
+def test_k2_ollama_chat_and_generate_show_reasoning_as_thinking(r1: ScriptedServer) -> None:
+    """Ollama (issue 23 items 2, 3): the split is ``message.thinking`` (chat) or ``thinking``
+    (generate), whole and streamed, the content only the answer; ``think: false`` drops it."""
+    import ollama
+
+    client, model = ollama.Client(host=r1.url), oai(r1)[1]
+    whole = client.chat(model=model, messages=MSG, think=True)
+    assert (whole.message.thinking, whole.message.content) == (REASONING, ANSWER)
+    thinking, content = [], []
+    for part in client.chat(model=model, messages=MSG, think=True, stream=True):
+        thinking.append(part.message.thinking or "")
+        content.append(part.message.content)
+        assert not (part.message.thinking and part.message.content)
+    assert ("".join(thinking), "".join(content)) == (REASONING, ANSWER)
+    gen = client.generate(model=model, prompt="hi", think=True)
+    assert (gen.thinking, gen.response) == (REASONING, ANSWER)
+    off = client.chat(model=model, messages=MSG, think=False)
+    assert (off.message.thinking, off.message.content) == (None, ANSWER)

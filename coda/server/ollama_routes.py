@@ -22,6 +22,7 @@ once, or ``"unload"`` with ``keep_alive: 0`` and several models.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -29,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
+from coda.reasoning import ReasoningSpec
 from coda.server import tools as tl
 from coda.server.admission import off_loop
 from coda.server.chat import render_chat
@@ -46,6 +48,7 @@ from coda.server.ollama_wire import (
     tool_call,
 )
 from coda.server.params import Knobs
+from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
 from coda.server.state import Record, ServerState, register_renderer
@@ -61,11 +64,19 @@ def _head(record: Record) -> dict[str, Any]:
     return {"model": spec.model, "created_at": created_at(record.created)}
 
 
-def _piece(record: Record, chat: bool, item: tl.Item) -> dict[str, Any]:
-    """One streamed object: a text piece or a complete tool call (chat only)."""
+def _piece(record: Record, chat: bool, item: tl.Item, thinking: bool = False
+           ) -> dict[str, Any]:
+    """One streamed object: a text piece, a reasoning piece (``thinking``) or a complete tool
+    call (chat only)."""
     if not chat:
         assert isinstance(item, str)
+        if thinking:
+            return {**_head(record), "response": "", "thinking": item, "done": False}
         return {**_head(record), "response": item, "done": False}
+    if thinking:
+        assert isinstance(item, str)
+        return {**_head(record), "message": {"role": "assistant", "content": "",
+                                             "thinking": item}, "done": False}
     message: dict[str, Any] = {"role": "assistant", "content": ""}
     if isinstance(item, str):
         message["content"] = item
@@ -85,7 +96,7 @@ class OllamaRenderer(NDJSONRenderer):
         super().__init__(1, after)
         spec = record.spec
         assert isinstance(spec, OllamaRender)
-        self.r, self.chat = record, spec.chat
+        self.r, self.chat, self.thinking = record, spec.chat, spec.thinking
         # NOTE: a replay primes the parser with the text already sent (P3)
         self.parser = (tl.primed(e.text for e in replay(record.handles[0].stream)
                                  if e.type is EventType.DELTA and e.seq <= self.after[0])
@@ -98,6 +109,9 @@ class OllamaRenderer(NDJSONRenderer):
         if ev.type is EventType.START:
             return []
         if ev.type is EventType.DELTA:
+            if ev.reasoning:  # NOTE: issue 23: reasoning is never content nor a tool call
+                return [JSONLine(_piece(self.r, self.chat, ev.text, thinking=True))] \
+                    if self.thinking and ev.text else []
             return self._lines(self.parser.feed(ev.text) if self.parser else [ev.text])
         terminal = ev.terminal
         assert terminal is not None
@@ -111,10 +125,20 @@ class OllamaRenderer(NDJSONRenderer):
         return [*frames, JSONLine({**_piece(self.r, self.chat, ""), **end})]
 
 
+def _thinking(st: ServerState, body: OllamaBody, ids: list[int], grammar: bool
+              ) -> ReasoningSpec | None:
+    """The reasoning split of a model with ``<think>`` markers (issue 23 item 3): always made
+    (stops apply to the answer only), shown as ``thinking`` unless ``think`` is false; asking
+    for ``think`` on a model without markers (or with a grammar) is a 400."""
+    spec = reasoning_spec(st.engine.tokenizer, ids, budget=None, budget_field="think",
+                          grammar=grammar)
+    if spec is None and body.think not in (None, False, "none"):
+        raise InvalidRequestError(f"think: {body.model!r} does not support thinking"
+                                  + (" with format or tools" if grammar else ""), field="think")
+    return spec
+
+
 def _check_common(body: OllamaBody) -> None:
-    if body.think not in (None, False, "none"):
-        raise InvalidRequestError(f"think: {body.model!r} does not support thinking",
-                                  field="think")
     if body.stream_verify:
         raise InvalidRequestError("stream_verify: not offered on the Ollama API (NDJSON has "
                                   "no place for the stamps)", field="stream_verify")
@@ -168,8 +192,11 @@ class OllamaAdapter:
             presence_penalty=o.presence_penalty if o else None,
             frequency_penalty=o.frequency_penalty if o else None, **tool_knobs)
         ids = await off_loop(_prompt, st, body, plan)
-        spec = OllamaRender(chat=self.chat, model=body.model,
-                            tools=bool(plan and plan.active))
+        reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
+        if reasoning is not None:
+            knobs = replace(knobs, reasoning=reasoning)
+        spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
+                            thinking=reasoning is not None and body.think not in (False, "none"))
         return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
@@ -188,12 +215,15 @@ class OllamaAdapter:
                     ("message" if spec.chat else "response"): (
                         {"role": "assistant", "content": text} if spec.chat else text)}
             return failed_json(body, c.terminal, headers=headers)
+        thinking = ({"thinking": c.reasoning}
+                    if spec.thinking and c.terminal.reasoning is not None else {})
         if spec.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text, **thinking}
             if calls:
                 message["tool_calls"] = [tool_call(k) for k in calls]
             return JSONResponse({**_head(record), "message": message, **end}, headers=headers)
-        return JSONResponse({**_head(record), "response": text, **end}, headers=headers)
+        return JSONResponse({**_head(record), "response": text, **thinking, **end},
+                            headers=headers)
 
 
 CHAT = OllamaAdapter(chat=True)

@@ -77,6 +77,7 @@ class OllamaRender:
     chat: bool
     model: str
     tools: bool = False
+    thinking: bool = False  # NOTE: issue 23: the reasoning split shown as ``thinking``
 
 
 RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender | OllamaRender

@@ -164,6 +164,9 @@ class LlamaCppRun:
         import llama_cpp as lc
 
         self.lc = lc
+        # NOTE: llama.cpp logs every tensor and graph input at load; keep the report readable
+        self._quiet = lc.llama_log_callback(lambda level, text, data: None)
+        lc.llama_log_set(self._quiet, None)
         lc.llama_backend_init()
         self.model = lc.llama_model_load_from_file(str(path).encode(),
                                                    lc.llama_model_default_params())

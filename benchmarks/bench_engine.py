@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import os
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -37,8 +38,12 @@ from pathlib import Path
 from coda.bench import BenchOptions, RunResult, drive_workload, make_workload, percentile, run_hf
 from coda.engine.async_engine import DEFAULT_MODEL_DIR, AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.sampling import SamplingParams
+
+# NOTE: test support (not shipped in the package) is imported from the repository's tests/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.random_checkpoint import make_random_checkpoint  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

@@ -6,11 +6,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig
-from coda.structured_eval import PERSON_SCHEMA, structured_validity
+
+# NOTE: test support (not shipped in the package) is imported from the repository's tests/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.structured_eval import PERSON_SCHEMA, structured_validity  # noqa: E402
 
 SCHEMAS = {
     "person": PERSON_SCHEMA,

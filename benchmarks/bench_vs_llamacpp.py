@@ -130,7 +130,7 @@ def rss_mib() -> tuple[float, float]:
 class CodaRun:
     def __init__(self, path: Path, mode: str, capacity: int, threads: int) -> None:
         from coda.engine.runner import ModelRunner
-        from coda.models.gguf_packed import load_gguf_model
+        from coda.models.modes import load_gguf_model
 
         self.model = load_gguf_model(path, mode)
         # NOTE: exactly the tokens llama.cpp gets (n_ctx), no spare blocks

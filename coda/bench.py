@@ -83,6 +83,7 @@ class BenchOptions:
     max_model_len: int | None = None
     kv_cache_bytes: int | None = None
     kv_cache_memory_fraction: float | None = None
+    memory_budget: str | None = None
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -317,7 +318,8 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
         quant=opts.quant, dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1),
         max_model_len=opts.max_model_len,
         kv_cache_bytes=opts.kv_cache_bytes,
-        kv_cache_memory_fraction=opts.kv_cache_memory_fraction, num_threads=opts.num_threads))
+        kv_cache_memory_fraction=opts.kv_cache_memory_fraction,
+        memory_budget=opts.memory_budget, num_threads=opts.num_threads))
     for line in engine.describe():
         console.print(line, style="dim")
     max_prompt = max(1, min(256, engine.context_length - opts.max_tokens - 1))

@@ -23,8 +23,9 @@ app.add_typer(trace_app, name="trace")
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model)")]  # noqa: UP045
 MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="cap the context length (tokens)")]  # noqa: UP045
-KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes (default: a fraction of free memory)")]  # noqa: UP045
-KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default 0.25)")]  # noqa: UP045
+KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes, exactly (default: see --memory-budget)")]  # noqa: UP045
+KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default: see --memory-budget)")]  # noqa: UP045
+MemBudgetOpt = Annotated[Optional[str], typer.Option("--memory-budget", help="memory the model may hold, weights + KV cache: 8GiB, 8G, 512MiB, bytes or 40%% of available; the KV cache is max-num-seqs full contexts within it, committed as used (default: half the memory available at start)")]  # noqa: UP045
 QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: packed, the fastest batch-invariant mode that keeps the exact model's answers; HF folder: fp32), fp32 (exact), bf16, fp16, packed (exact weights, own kernel), packed-q8 (8-bit activations like llama.cpp), q4, q4-int8head (docs/quantization.md)")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="a dense mode by its dtype: float32 = --quant fp32, bfloat16 = bf16, float16 = fp16")]  # noqa: UP045
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
@@ -57,8 +58,28 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     return engine
 
 
+def _load_router(models: list[str], models_file: Path | None, pins: list[str],
+                 memory_budget: str | None, cfg: Any, log_level: str) -> Any:
+    """Several models (issue 23): each described now (names, tokenizer, context; no weights),
+    loaded in its own worker process on first use. Bad specs exit 2 with the message."""
+    from coda.models.config import ModelLoadError
+    from coda.server.model_router import build_router
+    from coda.server.model_specs import ModelSpecError, collect_specs, parse_bytes
+
+    try:
+        specs = collect_specs(models, models_file, pins)
+        budget = parse_bytes(memory_budget) if memory_budget is not None else None
+        return build_router(specs, cfg, memory_budget=budget, log_level=log_level)
+    except (ModelSpecError, ModelLoadError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
-def serve(model: ModelOpt = None,
+def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model); repeat it to serve several models, each as SPEC or NAME=SPEC")] = None,  # noqa: UP045
+          models_file: Annotated[Optional[Path], typer.Option(help="a TOML file of [[model]] tables (name, model, pinned) to serve besides --model (docs/api.md)")] = None,  # noqa: UP045
+          memory_budget: Annotated[Optional[str], typer.Option(help="several models: weights + KV cache of the loaded models stay under this (bytes, or 4GiB); least recently used idle models are unloaded to make room")] = None,  # noqa: UP045
+          pin: Annotated[Optional[list[str]], typer.Option(help="several models: load this model (NAME) at start and never unload it (repeatable)")] = None,  # noqa: UP045
           host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
           port: int = 8000,
           api_key: Annotated[Optional[str], typer.Option(help="require this bearer key")] = None,  # noqa: UP045
@@ -100,22 +121,38 @@ def serve(model: ModelOpt = None,
                        trace_path=str(trace) if trace else None, max_model_len=max_model_len,
                        kv_cache_bytes=kv_cache_bytes, kv_cache_memory_fraction=kv_cache_fraction,
                        num_threads=threads, recent_traces=recent_traces)
+    # NOTE: serve's --memory-budget is the several-models router's (one model included): it
+    # gives each model its share (weights + KV); without it one model takes the default budget
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
     configure_logging(log_level)
-    if replicas > 0:
-        # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
-        from coda.scaleout.deploy import start_replicas, stop_replicas
-
-        engine: Any = start_replicas(replicas, model, cfg, ray_address=ray_address,
-                                     num_cpus=replica_cpus,
-                                     torch_threads=max(1, int(replica_cpus)))
-    else:
-        engine = _load(model, cfg, logging.getLogger("coda.server").info)
+    several = len(model or []) > 1 or models_file is not None or memory_budget or pin
+    if several and (replicas > 0 or served_model_name or redis_url):
+        # NOTE: a replica serves one model; names come from NAME=SPEC, not one flag; the
+        # durable log's engine wrapper does not route by model (not built yet)
+        typer.secho("error: several models (--model repeated, --models-file, --memory-budget, "
+                    "--pin) are not supported with --replicas, --redis-url or "
+                    "--served-model-name (name each model as --model NAME=SPEC)",
+                    fg="red", err=True)
+        raise typer.Exit(2)
     durable = None
     if redis_url:
         from coda.server.durable import ServerDurable
 
         durable = ServerDurable(redis_url, retention_s=log_retention_s, lease_ttl_s=lease_ttl_s)
+    if several:
+        engine: Any = _load_router(list(model or []), models_file, list(pin or []),
+                                   memory_budget, cfg, log_level)
+    elif replicas > 0:
+        # NOTE: Ray is imported only here (issue 12: nothing of Ray without --replicas)
+        from coda.scaleout.deploy import start_replicas, stop_replicas
+
+        # NOTE: with a log the replicas write it themselves (chosen here, once)
+        engine = start_replicas(replicas, model[0] if model else None, cfg,
+                                ray_address=ray_address, num_cpus=replica_cpus,
+                                torch_threads=max(1, int(replica_cpus)),
+                                log=durable.log if durable is not None else None)
+    else:
+        engine = _load(model[0] if model else None, cfg, logging.getLogger("coda.server").info)
     settings = ServerSettings(max_body_bytes=max_body_bytes,
                               max_waiting=None if max_waiting < 0 else max_waiting)
     try:
@@ -141,6 +178,7 @@ def generate(prompt: str,
              max_model_len: MaxLenOpt = None,
              kv_cache_bytes: KvBytesOpt = None,
              kv_cache_fraction: KvFracOpt = None,
+             memory_budget: MemBudgetOpt = None,
              threads: ThreadsOpt = None) -> None:
     """Stream one completion to the terminal, then its finish reason, usage and timings."""
     from coda.engine.types import EngineConfig, GenerationRequest
@@ -149,7 +187,7 @@ def generate(prompt: str,
     engine = _load(model, EngineConfig(quant=quant, dtype=dtype, max_num_seqs=4, max_model_len=max_model_len,
                                        kv_cache_bytes=kv_cache_bytes,
                                        kv_cache_memory_fraction=kv_cache_fraction,
-                                       num_threads=threads))
+                                       memory_budget=memory_budget, num_threads=threads))
     text = prompt
     if chat:
         from coda.server.chat import render_chat
@@ -211,6 +249,7 @@ def bench(model: ModelOpt = None,
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
           kv_cache_fraction: KvFracOpt = None,
+          memory_budget: MemBudgetOpt = None,
           threads: ThreadsOpt = None) -> None:
     """Run a workload; print throughput, TTFT and inter-token latency percentiles."""
     from coda.bench import BenchOptions, run_bench
@@ -224,7 +263,8 @@ def bench(model: ModelOpt = None,
                                compare_hf=compare_hf, early_stop=early_stop, plot=plot, seed=seed,
                                utf8_tail=utf8_tail, max_model_len=max_model_len,
                                kv_cache_bytes=kv_cache_bytes,
-                               kv_cache_memory_fraction=kv_cache_fraction, num_threads=threads))
+                               kv_cache_memory_fraction=kv_cache_fraction,
+                               memory_budget=memory_budget, num_threads=threads))
     except MissingDependency as exc:  # NOTE: raised before any work starts
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -243,16 +283,23 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
     from coda.models.catalog import list_models
 
     table = Table("--model", "kind", "arch", "params", "size", "stored as", "context",
-                  "--quant (auto → first)", "path")
+                  "--quant (auto → first)", "read", "path")
+    notes: list[str] = []
     for e in list_models(list(paths or [])):
         if e.error:
-            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", str(e.path))
+            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", "", str(e.path))
             continue
         others = [m for m in e.quant_modes if m != e.quant_auto]
         table.add_row(e.model, e.kind, e.arch, f"{e.parameters / 1e6:.1f}M",
                       f"{e.size_bytes / 2**20:.1f} MiB", e.quantization, str(e.context),
-                      " ".join([e.quant_auto, *others]), str(e.path))
-    Console(width=max(Console().width, 160)).print(table)  # NOTE: paths stay readable in pipes
+                      " ".join([e.quant_auto, *others]), f"{e.read_s:.2f} s", str(e.path))
+        # NOTE: why, below the table (issue 19 item 5): auto's choice, then each refusal
+        notes.append(f"{e.model}: auto serves {e.why}")
+        notes += [f"{e.model}: --quant {m} would not load: {why}" for m, why in e.refused]
+    console = Console(width=max(Console().width, 160))  # NOTE: paths stay readable in pipes
+    console.print(table)
+    for line in notes:
+        console.print(line, highlight=False, markup=False)
 
 
 @trace_app.command("check")

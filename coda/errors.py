@@ -63,12 +63,6 @@ class ModelError(CodaError):
     code = ErrorCode.MODEL_ERROR
 
 
-class TransportError(CodaError):
-    """The return channel failed; implies nothing about the model (L5)."""
-
-    code = ErrorCode.TRANSPORT_ERROR
-
-
 class BackpressureOverflowError(CodaError):
     """A slow reader let the bounded stream buffer overflow (P6, policy 3)."""
 

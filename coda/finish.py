@@ -41,11 +41,6 @@ class FinishReason(StrEnum):
     # version 3
     GRAMMAR_FORCED_CLOSE = "grammar_forced_close"
 
-    @property
-    def is_normal(self) -> bool:
-        """Reasons that end in FINISHED (after DRAINING): the loop chose to stop."""
-        return self not in _ABNORMAL
-
 
 # Every version's members (values), so a recorded (version, reason) pair can be checked (L4).
 REASONS_BY_VERSION: dict[int, frozenset[str]] = {
@@ -54,11 +49,6 @@ REASONS_BY_VERSION: dict[int, frozenset[str]] = {
     2: frozenset(r.value for r in FinishReason if r is not FinishReason.GRAMMAR_FORCED_CLOSE),
     3: frozenset(r.value for r in FinishReason),
 }
-
-
-_ABNORMAL = frozenset(
-    {FinishReason.CANCELLED, FinishReason.MODEL_ERROR, FinishReason.TRANSPORT_ERROR}
-)
 
 
 class CancelCause(StrEnum):

@@ -141,13 +141,13 @@ class OutputProcessor:
         self.dropped_tail = b""  # K2: an incomplete UTF-8 tail removed at the end, recorded
         self._stops_off = False               # past spec.stops_end_at
         self._tag_tail = b""                  # last bytes pushed, to find stops_end_at across pushes
-        self._armed = spec.min_tokens <= 0    # D6: may a stop end the output at this token?
-        self._armed_at = 0                    # D6: stream offset from which stop strings count
+        self._armed = spec.min_tokens <= 0    # issue 20 D6: may a stop end the output here?
+        self._armed_at = 0                    # issue 20 D6: offset where stop strings count
         # detokenizer states before each held id (the last ``depth``): on an id hit, the one
         # before the sequence's first id drains the text that precedes the sequence (S1)
         self._forks: deque[IncrementalDetokenizer] = deque()
         # L6: prompt tokens the prefix cache held; the driver sets it at the lookup, before any
-        # token is selected (0: no prefix cache), and the first delta carries it (D9)
+        # token is selected (0: no prefix cache), and the first delta carries it (issue 20 D9)
         self.cached_prompt_tokens = 0
         self._hit_cut = b""  # a partial character an id sequence cut off, dropped at the drain
 
@@ -162,7 +162,7 @@ class OutputProcessor:
             self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
         self._pending_tokens.append(info)
-        # NOTE: D6: a stop completing before token min_tokens is ordinary output
+        # NOTE: issue 20 D6: a stop completing before token min_tokens is ordinary output
         if not self._armed and t >= self.spec.min_tokens:
             self._armed, self._armed_at = True, self.stops.consumed_bytes
         depth = 0

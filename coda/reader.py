@@ -3,10 +3,13 @@
 Every consumer of a :class:`~coda.stream.RequestStream` reads it through this module: the
 engine's handle and ``attach`` (resume) through :func:`follow`, the SSE pump through
 :class:`StreamReader` (several streams merged, with a quiet timeout), non-streaming routes
-through :func:`terminal_of`, and the metrics and blocking waits through :func:`when_closed`.
+through :func:`terminal_of`, a finished log through :func:`replay`, the metrics through
+:func:`when_closed` and blocking waits through :func:`wait_terminal`.
 Reading is replay-then-follow: events after a position are taken from the log, then the reader
-sleeps until the producer appends (a listener wakes it, from the producer's thread), so a
-reader may start at any sequence number, before or after the terminal (P3).
+sleeps until the producer appends (the wake-up channel, :mod:`coda.wakeup`, wakes it on its own
+event loop; nothing of a reader runs on the producer's thread), so a reader may start at any
+sequence number, before or after the terminal (P3). A blocking reader without an event loop
+waits on the stream itself (:func:`wait_terminal`).
 
 Acknowledging (P6 backpressure credit) is the reader's choice: :func:`follow` acknowledges
 each event once it was yielded; the SSE pump acknowledges a batch only after its frames
@@ -22,7 +25,6 @@ stream's lock), so every such event is read now and later events wait for the ne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -46,21 +48,13 @@ class StreamReader:
     def __init__(self, streams: Sequence[RequestStream], after: Sequence[int]) -> None:
         self._streams = list(streams)
         self.positions = list(after)
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
         self._wake = asyncio.Event()
         self._interrupted = False
-        self._removers = [s.add_listener(self._notify) for s in self._streams]
+        # NOTE: called on this reader's loop (the channel dispatches there)
+        self._removers = [s.subscribe(self._notify) for s in self._streams]
 
-    def _notify(self) -> None:  # NOTE: called on the producer's thread
-        if threading.get_ident() == self._thread:
-            # NOTE: a producer on the reader's own loop (a remote engine's ingress) needs no
-            # self-pipe write per event
-            self._wake.set()
-            return
-        # NOTE: the reader's loop may be closed already; then there is nothing to wake
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._wake.set)
+    def _notify(self, _seq: int) -> None:
+        self._wake.set()
 
     def _done(self) -> bool:
         return all(s.closed and p >= s.last_seq
@@ -118,6 +112,13 @@ class StreamReader:
             remove()
 
 
+def replay(stream: RequestStream, after: int = -1) -> list[StreamEvent]:
+    """The events of ``stream``'s log after ``after`` as they are now (no waiting, nothing
+    acknowledged): for rendering what already happened (a finished request's body, a resumed
+    stream's offsets, metrics at the terminal)."""
+    return stream.events_after(after)
+
+
 async def follow(stream: RequestStream, after: int = -1) -> AsyncIterator[StreamEvent]:
     """Replay ``stream`` after ``after``, then follow it live until its terminal (P3);
     acknowledges each event once it was yielded (P6). From at or past the terminal's sequence
@@ -143,15 +144,16 @@ async def terminal_of(stream: RequestStream) -> Terminal:
     return terminal
 
 
-def when_closed(stream: RequestStream, callback: Callable[[Terminal], None]) -> Callable[[], None]:
+def when_closed(stream: RequestStream, callback: Callable[[Terminal], None],
+                loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None]:
     """Call ``callback(terminal)`` exactly once when ``stream`` closes (at once if it is
-    closed), on the thread that closed it; returns a remover. For readers that only need the
-    end (metrics, blocking waits) and must not hold an event loop."""
+    closed), on ``loop`` (default: the running one; never the producer's thread); returns a
+    remover. For observers that only need the end (metrics)."""
     lock = threading.Lock()
     fired = [False]
     remover: list[Callable[[], None]] = []
 
-    def check() -> None:
+    def check(_seq: int = -1) -> None:
         terminal = stream.terminal
         if terminal is None:
             return
@@ -163,9 +165,23 @@ def when_closed(stream: RequestStream, callback: Callable[[Terminal], None]) -> 
             remover[0]()
         callback(terminal)
 
-    remover.append(stream.add_listener(check))
-    check()  # NOTE: the stream may have closed before the listener was added
+    remover.append(stream.subscribe(check, loop))
+    check()  # NOTE: the stream may have closed before the subscription
     return remover[0]
+
+
+def wait_terminal(stream: RequestStream, timeout: float | None = None) -> Terminal | None:
+    """Block (no event loop needed) until ``stream``'s terminal; None after ``timeout``
+    seconds. Woken by the stream itself, not by a callback on the producer's thread."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        seen = stream.last_seq  # NOTE: read before the terminal, so no append is missed
+        if (terminal := stream.terminal) is not None:
+            return terminal
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        stream.wait_after(seen, left)
 
 
 class StreamReading:

@@ -1,7 +1,7 @@
 """One request's run: lifecycle, resources, stream and the terminal, in one place
 (SPEC L1–L7, C1–C3, G3, P1, P5, O1).
 
-Both drivers — the reference loop (:mod:`coda.loop`) and the batched engine — build one
+Both drivers — the reference loop (``tests/reference_loop.py``, the engine's test oracle) and the batched engine — build one
 :class:`RequestRun` per request with :meth:`RequestRun.create` (stream, trace handle, output
 processor and its grammar/early-stop hooks, in one constructor; nothing is attached later) and
 end it through exactly one of :meth:`finish`,

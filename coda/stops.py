@@ -273,7 +273,8 @@ class StopStringMatcher:
 
     def _push_slow(self, auto: _ByteAutomaton, data: bytes, armed: bool
                    ) -> tuple[bytes, StopHit | None]:
-        """Byte by byte through live and hit states (a hit ignored before min_tokens, D6)."""
+        """Byte by byte through live and hit states (before min_tokens hits are ignored: issue 20
+        D6)."""
         s, n_live = self._state, auto.n_live
         for i, b in enumerate(data):
             s = auto.delta[s][b] if s < n_live else auto.hit_delta[s - n_live][b]
@@ -359,12 +360,11 @@ def _raise_closed(data: bytes) -> re.Match[bytes] | None:
 class _TokenAutomaton:
     """Aho–Corasick over token ids with sparse goto (vocabularies are large) and failure links."""
 
-    __slots__ = ("depth", "fail", "goto", "hold", "out_index", "out_len")
+    __slots__ = ("fail", "goto", "hold", "out_index", "out_len")
 
     def __init__(self, seqs: tuple[tuple[int, ...], ...]) -> None:
         trie = _build_trie(seqs)
         self.goto = trie.goto
-        self.depth = trie.depth
         self.hold = trie.hold
         self.fail = trie.fail
         self.out_index = trie.out
@@ -406,7 +406,7 @@ class StopTokenMatcher:
 
     def push(self, token_id: int, armed: bool = True) -> StopHit | None:
         """Consume one selected id; return the hit if a sequence ends here (S4 tie rule).
-        ``armed=False`` (before ``min_tokens``, D6): a sequence ending here is ignored and
+        ``armed=False`` (before ``min_tokens``, issue 20 D6): a sequence ending here is ignored and
         matching goes on."""
         if self._hit is not None:
             raise StopMatcherClosed("push() after a stop token sequence hit (S3)")

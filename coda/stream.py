@@ -17,6 +17,7 @@ Backpressure (P6) is declared per stream by :class:`BackpressureConfig`:
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ from coda.errors import BackpressureOverflowError, ErrorCode
 from coda.finish import FINISH_REASON_VERSION, FinishReason, Usage
 from coda.lifecycle import State
 from coda.stops import STOP_RULE_VERSION
+from coda.wakeup import CHANNEL, Observer, WakeChannel
 
 if TYPE_CHECKING:
     from coda.stops import StopHit
@@ -135,17 +137,22 @@ class BackpressureConfig:
 class RequestStream:
     """Append-only, sequence-numbered event log of one request; thread-safe.
 
-    Producers append with :meth:`start`, :meth:`delta` and :meth:`close`; readers take
-    :meth:`events_after` and get woken through listeners registered with
-    :meth:`add_listener` (called after every append, from the producer's thread).
+    Producers append with :meth:`start`, :meth:`delta` and :meth:`close`; each append posts
+    ``(stream, seq)`` to the one wake-up channel (:mod:`coda.wakeup`) and nothing else runs on
+    the producer's thread. Readers take :meth:`events_after`; observers on an event loop are
+    woken there (:meth:`subscribe`), a blocking reader waits with :meth:`wait_after`.
     """
 
-    def __init__(self, request_id: str, backpressure: BackpressureConfig | None = None) -> None:
+    def __init__(self, request_id: str, backpressure: BackpressureConfig | None = None, *,
+                 channel: WakeChannel | None = None) -> None:
         self.request_id = request_id
         self.backpressure = backpressure or BackpressureConfig()
         self._events: list[StreamEvent] = []
         self._lock = threading.Lock()
-        self._listeners: list[Callable[[], None]] = []
+        # NOTE: the blocking readers' wake-up (no callback: they wait on the stream itself)
+        self._appended = threading.Condition(self._lock)
+        self._sync_waiters = 0  # NOTE: appends notify only while someone blocks
+        self._channel = channel if channel is not None else CHANNEL
         self._acked_seq = -1
         self._unacked_bytes = 0
         self._closed = False
@@ -160,7 +167,9 @@ class RequestStream:
             ev = StreamEvent(self.request_id, 0, EventType.START, model=model,
                              model_snapshot=model_snapshot)
             self._events.append(ev)
-        self._notify()
+            if self._sync_waiters:
+                self._appended.notify_all()
+        self._channel.post(self, 0)
         return ev
 
     def delta(self, data: bytes, tokens: tuple[TokenInfo, ...] = (),
@@ -181,7 +190,9 @@ class RequestStream:
                              cached_prompt_tokens=cached_prompt_tokens)
             self._events.append(ev)
             self._unacked_bytes += len(data)
-        self._notify()
+            if self._sync_waiters:
+                self._appended.notify_all()
+        self._channel.post(self, ev.seq)
         return ev
 
     def close(self, terminal: Terminal) -> StreamEvent:
@@ -194,7 +205,9 @@ class RequestStream:
             ev = StreamEvent(self.request_id, len(self._events), EventType.TERMINAL,
                              terminal=terminal)
             self._events.append(ev)
-        self._notify()
+            if self._sync_waiters:
+                self._appended.notify_all()
+        self._channel.post(self, ev.seq, final=True)
         return ev
 
     def extend(self, events: list[StreamEvent]) -> int:
@@ -233,8 +246,11 @@ class RequestStream:
                 copy.__dict__.update(ev.__dict__, request_id=self.request_id, ts=now)
                 self._events.append(copy)
                 n += 1
+            if n and self._sync_waiters:
+                self._appended.notify_all()
+            last, final = len(self._events) - 1, self._closed
         if n:
-            self._notify()
+            self._channel.post(self, last, final=final)
         return n
 
     # -- reader side ---------------------------------------------------------------------
@@ -252,34 +268,41 @@ class RequestStream:
             self._acked_seq = seq
             if self._live:  # NOTE: after release_live the credit was already returned
                 self._unacked_bytes -= freed
-        self._notify()
 
     def release_live(self) -> dict[str, int]:
         """The L7 ``stream_buffer`` release, after the terminal: live delivery ends. The
         backpressure credit still owed by slow readers is returned (``unacked_bytes`` drops to
-        0, so nothing can pause or overflow on this stream again) and the listeners are
-        dropped (every one was woken by the terminal; nothing is appended after it). The event
-        log stays: a reader that reconnects later still replays it (P3). Returns what it
-        freed, for the trace row."""
+        0, so nothing can pause or overflow on this stream again); the observers still
+        subscribed (``listeners``) are dropped by the channel once the terminal's wake-up
+        reached them (nothing is appended after it). The event log stays: a reader that
+        reconnects later still replays it (P3). Returns what it freed, for the trace row (a
+        second release frees nothing)."""
         with self._lock:
             if not self._closed:
                 raise StreamClosed(f"{self.request_id}: stream buffer released before the terminal")
-            freed = {"unacked_bytes": self._unacked_bytes, "listeners": len(self._listeners)}
+            if not self._live:
+                return {"unacked_bytes": 0, "listeners": 0}
+            freed = {"unacked_bytes": self._unacked_bytes,
+                     "listeners": self._channel.num_subscribed(self)}
             self._unacked_bytes = 0
-            self._listeners.clear()
             self._live = False
         return freed
 
-    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
-        with self._lock:
-            self._listeners.append(callback)
+    def subscribe(self, callback: Observer,
+                  loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None]:
+        """Call ``callback(seq)`` on ``loop`` (default: the running one) after appends, never
+        on the producer's thread (:class:`coda.wakeup.WakeChannel`); returns the remover."""
+        return self._channel.subscribe(self, callback, loop)
 
-        def remove() -> None:
-            with self._lock:
-                if callback in self._listeners:
-                    self._listeners.remove(callback)
-
-        return remove
+    def wait_after(self, seq: int, timeout: float | None = None) -> bool:
+        """Block (without an event loop) until an event after ``seq`` exists; False after
+        ``timeout`` seconds without one. For the synchronous Python API."""
+        with self._appended:
+            self._sync_waiters += 1
+            try:
+                return self._appended.wait_for(lambda: len(self._events) - 1 > seq, timeout)
+            finally:
+                self._sync_waiters -= 1
 
     @property
     def closed(self) -> bool:
@@ -320,7 +343,3 @@ class RequestStream:
         """All delta bytes so far, concatenated in sequence order."""
         with self._lock:
             return b"".join(e.data for e in self._events).decode("utf-8")
-
-    def _notify(self) -> None:
-        for cb in list(self._listeners):
-            cb()

@@ -60,6 +60,8 @@ def check_trace(events: Iterable[tr.TraceEvent]) -> list[str]:
         by_req[ev.request_id].append(ev)
     problems: list[str] = []
     for rid, evs in by_req.items():
+        if not any(e.kind in tr.KNOWN_KINDS for e in evs):
+            continue  # NOTE: not a request's rows (a several-model server's model.* rows)
         problems.extend(f"{rid}: {p}" for p in _Walk(evs).run())
     return problems
 

@@ -117,7 +117,7 @@ def _stops(r: Request, state: Any, reason: Any, usage: Any) -> None:
         stop = str(r.hit.data.get("stop"))
         offset = r.hit.data.get("byte_offset")
         # NOTE: include_stop_str_in_output may end the text with it, never show it earlier;
-        # an occurrence completed in the bytes before ``armed_at`` (min_tokens, D6) is text
+        # an occurrence completed in the bytes before ``armed_at`` (min_tokens, issue 20 D6) is text
         sent, pat = text.encode(), stop.encode()
         at = max(0, int(r.hit.data.get("armed_at", 0)) - len(pat) + 1)
         if 0 <= sent.find(pat, at) < len(sent) - len(pat):

@@ -1,7 +1,7 @@
 """T4 at scale on the real GGUF through the engine's public API (issue 10 item 3): N seeded
 requests (half greedy, half sampled with temperature/top-p/seed) run alone, then in crowds of
 64 under continuous batching, chunked prefill, preemption by a small KV cache, a prefix-cache
-miss and hit, and live streaming (:mod:`coda.engine.invariance`); prints, per scenario, the
+miss and hit, and live streaming (:mod:`tests.invariance`); prints, per scenario, the
 share of requests whose tokens AND logprobs are bit-identical to the alone run, and the share
 whose tokens are. Not CI (``tests/test_engine_invariance.py`` runs 16).
 
@@ -12,10 +12,16 @@ whose tokens are. Not CI (``tests/test_engine_invariance.py`` runs 16).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from coda.engine.invariance import SCENARIOS, check_invariance, make_requests
 from coda.models.source import open_model, resolve_model
+
+# NOTE: test support (not shipped in the package) is imported from the repository's tests/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.invariance import SCENARIOS, check_invariance, make_requests  # noqa: E402
 
 
 def main() -> None:

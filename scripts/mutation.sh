@@ -20,16 +20,15 @@ unset PYTHONPATH  # NOTE: mutmut puts its mutated copy first; an outer PYTHONPAT
 declare -A TESTS=(
   [lifecycle]="tests/test_lifecycle.py tests/test_request_run.py"
   [stops]="tests/test_stops.py tests/test_step_stops.py"
-  [detokenizer]="tests/test_detokenizer.py tests/test_detokenizer_eager.py"
+  [detokenizer]="tests/test_detokenizer.py tests/test_detokenizer_eager.py tests/test_detokenizer_cut.py tests/test_logprob_pieces.py tests/test_utf8_tail_auto.py tests/test_step_stops.py"
   [stream]="tests/test_stream.py tests/test_request_run.py tests/test_resources.py tests/test_reader.py"
   [reader]="tests/test_reader.py tests/test_stream.py"
   [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
-  [loop]="tests/test_loop.py tests/test_request_run.py tests/test_loop_mutants.py"
   [early_stop]="tests/test_early_stop.py"
 )
 STEMS=("$@")
-[ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request loop early_stop)
+[ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request early_stop)
 
 for stem in "${STEMS[@]}"; do
   work="$ROOT/.mutation/$stem"

@@ -133,7 +133,7 @@ def server_ascii_tokenizer_json(vocab_size: int = 400) -> str:
 
 @pytest.fixture(scope="session")
 def server_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from coda.models.random_checkpoint import make_random_checkpoint
+    from tests.random_checkpoint import make_random_checkpoint
 
     # NOTE: a 512-token context keeps every "up to the context" request short on CPU.
     root = tmp_path_factory.mktemp("server")

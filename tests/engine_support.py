@@ -11,12 +11,12 @@ import tokenizers
 
 from coda.engine.runner import ModelRunner
 from coda.engine.types import GenerationRequest
-from coda.loop import generate
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.output import OutputSpec
 from coda.stream import EventType, RequestStream
 from coda.trace import ListTraceSink, check_trace
+from tests.random_checkpoint import make_random_checkpoint
 from tests.reference import RunnerModel, SamplerChooser
+from tests.reference_loop import generate
 
 
 @functools.lru_cache(maxsize=4)

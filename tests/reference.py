@@ -1,4 +1,4 @@
-"""Adapters that run the single-request reference loop (:mod:`coda.loop`) on the real
+"""Adapters that run the single-request reference loop (:mod:`tests.reference_loop`) on the real
 model runner and sampler, so the batched engine can be checked against it token for token
 (issue 3 item 5: the reference loop is the engine's oracle)."""
 
@@ -11,9 +11,9 @@ import torch
 from coda.engine.kv_cache import blocks_needed
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow
-from coda.loop import Choice
 from coda.sampling import SamplingParams
 from coda.stream import TokenInfo
+from tests.reference_loop import Choice
 
 
 class RunnerModel:

@@ -55,9 +55,9 @@ def ingress(replicas: Any, url: str, lease_ttl_s: float) -> tuple[Any, Any]:
     from coda.server.durable import ServerDurable
     from tests.conftest import LiveServer
 
-    engine = RemoteEngine(replicas.replicas, replicas.config)
-    app = create_app(engine, manage_engine=False,
-                     durable=ServerDurable(url, lease_ttl_s=lease_ttl_s))
+    durable = ServerDurable(url, lease_ttl_s=lease_ttl_s)
+    engine = RemoteEngine(replicas.replicas, replicas.config, log=durable.log)
+    app = create_app(engine, manage_engine=False, durable=durable)
     return LiveServer(app).start(), engine
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import tokenizers
 
-from coda.loop import Choice
 from coda.output import OutputSpec
 from coda.stream import TokenInfo
+from tests.reference_loop import Choice
 
 EOS_ID = 0
 

@@ -42,7 +42,7 @@ class Observed:
     usage: tuple[int, int] | None = None
     coda: dict[str, Any] | None = None
     error: str | None = None
-    # Anthropic (D9): (input_tokens, cache_read_input_tokens) as message_start / the final
+    # Anthropic (issue 20 D9): (input_tokens, cache_read_input_tokens) as message_start / the final
     # usage split them (``usage`` adds them: the prompt's size, whatever the cache held)
     start_split: tuple[int, int] | None = None
     final_split: tuple[int, int] | None = None

@@ -174,7 +174,7 @@ def check_events(case: Case, events: list[SSEEvent], tally: Tally, label: str) -
     tally.stream(label, obs, stops_of(case.body), case.whole, engine_offsets=case.engine_offsets)
     tally.equal(label, obs, case.whole)
     if case.scenario == "tools_stop":
-        tally.check("equal", bool(obs.calls), f"{label}: a forced call was cut by a stop (D2)")
+        tally.check("equal", bool(obs.calls), f"{label}: a forced call was cut by a stop (issue 20 D2)")
     if case.scenario in ("tools", "tools_stop", "tools_parallel"):
         # NOTE: a forced choice's output is its calls: text there is a call's raw bytes
         tally.check("tool_prefix", "<tool" not in obs.text,
@@ -182,7 +182,7 @@ def check_events(case: Case, events: list[SSEEvent], tally: Tally, label: str) -
     if CHECK_MESSAGE_START_USAGE and case.protocol == "messages" and obs.final_split:
         tally.check("equal", obs.start_split == obs.final_split,
                     f"{label}: message_start (input, cache_read) {obs.start_split} != final "
-                    f"{obs.final_split} (D9)")
+                    f"{obs.final_split} (issue 20 D9)")
     return obs
 
 

@@ -1,6 +1,7 @@
 """Import direction: server → engine → core; models never import engine; the core imports
 neither torch nor the server; no import cycles; the server reads streams only through the one
-reader (STYLE; one home per concept; issue 11 item 5).
+reader (STYLE; one home per concept; issue 11 item 5); every module of ``coda/`` is product: reached by
+imports from what a user runs or imports (issue 22 step 5).
 
 The core is selected by location: every module directly under ``coda/`` is core unless it is
 one of the entry points classified in :data:`NOT_CORE`, each with the reason it may import the
@@ -18,9 +19,9 @@ NOT_CORE = {
     "__init__": "the package marker",
     "cli": "the command line: wires models, engine and server together",
     "bench": "the benchmark harness behind `coda bench` (imports the engine and torch)",
-    "structured_eval": "the structured-output evaluation `benchmarks/bench_structured.py` runs",
 }
-PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types"}
+PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types",
+               "engine/plan"}
 
 
 def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
@@ -53,7 +54,7 @@ def test_not_core_names_existing_modules_only() -> None:
 def test_core_modules_import_neither_torch_nor_engine_nor_server() -> None:
     files = module_files()
     core = core_modules()
-    assert {"request", "output", "stream", "reader", "loop"} <= core
+    assert {"request", "output", "stream", "reader"} <= core
     for name in core | PURE_ENGINE:
         bad = {m for m in imports_of(files[name])
                if m.split(".")[0] == "torch"
@@ -76,14 +77,40 @@ def test_engine_never_imports_server() -> None:
             assert not bad, f"{name} imports {bad}"
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, top_level_only: bool = True) -> dict[str, set[str]]:
     files = module_files()
     names = {("coda." + n.replace("/", ".")).removesuffix(".__init__"): n for n in files}
     graph: dict[str, set[str]] = {}
     for dotted, name in names.items():
-        deps = imports_of(files[name], top_level_only=True)
+        deps = imports_of(files[name], top_level_only=top_level_only)
         graph[dotted] = {d for d in deps if d in names and d != dotted}
     return graph
+
+
+# NOTE: what a user runs or imports: the `coda` command (serve, bench, trace check, models) and
+# the Python API of README "Python API" (engine, request types, sampling, its errors), and the
+# per-model worker process's main module (started as `python -m coda.engine.process_worker`
+# by coda.engine.process_engine, so no import reaches it)
+ENTRY_POINTS = ("coda.cli", "coda.server.app", "coda.engine.async_engine", "coda.engine.types",
+                "coda.sampling", "coda.errors", "coda.models.config",
+                "coda.engine.process_worker")
+
+
+def reachable(graph: dict[str, set[str]], roots: tuple[str, ...]) -> set[str]:
+    """Modules imported, directly or not, from ``roots``; importing ``a.b.c`` also runs the
+    packages ``a`` and ``a.b``, so they count as reached."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        parts = mod.split(".")
+        parents = (".".join(parts[:i]) for i in range(1, len(parts)))
+        todo.extend(p for p in parents if p in graph)
+        todo.extend(graph[mod])
+    return seen
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -117,6 +144,18 @@ def test_no_import_cycles_at_module_level() -> None:
     assert find_cycle(_graph()) is None, find_cycle(_graph())
 
 
+def test_models_import_graph_is_acyclic_counting_imports_inside_functions() -> None:
+    """coda/models: no cycle even through function-level imports (issue 18 item 6: the mode
+    table imported the builders inside functions while they imported it back; the builders
+    now need no mode table, so every late import points one way)."""
+    files = module_files()
+    names = {("coda." + n.replace("/", ".")).removesuffix(".__init__"): n
+             for n in files if n.startswith("models/")}
+    graph = {d: {m for m in imports_of(files[n]) if m in names and m != d}
+             for d, n in names.items()}
+    assert find_cycle(graph) is None, find_cycle(graph)
+
+
 def test_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -143,3 +182,46 @@ def test_core_import_does_not_load_torch() -> None:
     code = (f"import sys, {mods}, coda.engine.scheduler, coda.engine.kv_cache; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_server_reads_the_log_only_through_the_reader_and_nothing_listens_on_a_producer(
+) -> None:
+    """P2, P3 (issue 22 steps 3, 4): no server module reads a stream's log itself
+    (``events_after``: through ``coda.reader``), and no module registers a callback that runs
+    on a producer's thread: there is one wake-up channel (``coda.wakeup``), observed on an
+    event loop, and ``add_listener`` is gone."""
+    for name, path in module_files().items():
+        text = path.read_text(encoding="utf-8")
+        if name.startswith("server/"):
+            assert ".events_after(" not in text, name
+        assert ".add_listener(" not in text and "def add_listener" not in text, name
+
+
+def test_the_durable_log_is_an_engine_wrapper_chosen_once() -> None:
+    """Issue 22 step 3: the request path never learns Redis exists. Of the server, only
+    ``server/durable.py`` (the choice made when the app is built) imports ``coda.durable`` or
+    ``redis``; nothing sets hooks on the store or the engine after construction (``on_put``,
+    ``loader``, ``on_detach``, ``bind_log``), and nothing swaps a record's handles."""
+    for name, path in module_files().items():
+        text = path.read_text(encoding="utf-8")
+        if name.startswith("server/") and name != "server/durable":
+            bad = {m for m in imports_of(path) if m.startswith(("coda.durable", "redis"))}
+            assert not bad, f"{name} imports {bad}"
+        for hook in ("on_put", "store.loader", "on_detach", "bind_log", "record.handles ="):
+            assert hook not in text, f"{name}: {hook}"
+
+
+def test_every_module_of_coda_is_reached_from_an_entry_point() -> None:
+    """Issue 22 step 5: no module under ``coda/`` is imported only by tests, benchmarks or
+    scripts (those live in ``tests/``: the reference loop, the random checkpoint, the
+    invariance and structured-output harnesses). Imports inside functions count: the CLI binds
+    its commands late."""
+    graph = _graph(top_level_only=False)
+    assert set(ENTRY_POINTS) <= set(graph), set(ENTRY_POINTS) - set(graph)
+    orphans = sorted(set(graph) - reachable(graph, ENTRY_POINTS))
+    assert not orphans, f"not reached from {ENTRY_POINTS}: {orphans}"
+
+
+def test_reachability_counts_parent_packages_and_finds_an_orphan() -> None:
+    graph = {"p": set(), "p.a": {"p.b.c"}, "p.b": set(), "p.b.c": set(), "p.d": set()}
+    assert reachable(graph, ("p.a",)) == {"p", "p.a", "p.b", "p.b.c"}

@@ -18,7 +18,7 @@ from coda.engine.runner import ModelRunner, SeqChunk
 from coda.models.llama import CausalLM
 from coda.models.loader import load_model
 from coda.models.quant import Int4Linear, Int8Linear, Q8Split, dequantize
-from coda.models.random_checkpoint import make_random_checkpoint
+from tests.random_checkpoint import make_random_checkpoint
 from tests.test_runner import run_schedule
 
 VOCAB = 320

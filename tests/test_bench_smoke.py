@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from coda.bench import BenchOptions, make_workload, percentile, run_bench, run_hf
 from coda.cli import app
 from coda.engine.async_engine import AsyncEngine
-from coda.models.random_checkpoint import make_random_checkpoint
+from tests.random_checkpoint import make_random_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.engine.invariance import check_invariance, make_requests
 from coda.models.kernels import native, unavailable
 from coda.models.modes import QUANT_MODES, resolve_mode
 from coda.models.source import LoadedModel, open_model, resolve_model
 from tests.conftest import examples
+from tests.invariance import check_invariance, make_requests
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
     pytest.skip(f"native kernels unavailable: {unavailable()}", allow_module_level=True)
@@ -93,9 +93,9 @@ def _report(loaded: LoadedModel) -> list[str]:
     return [] if report.all_identical() else report.lines()
 
 
-def test_d10_t4_default_model_same_request_alone_prefix_hit_and_crowd_bit_identical(
+def test_issue20_d10_t4_default_model_same_request_alone_prefix_hit_and_crowd_bit_identical(
         default_loaded: LoadedModel) -> None:
-    """D10 (T4): on the default model in the default mode, 24 seeded requests (greedy and
+    """Issue 20 D10 (T4): on the default model in the default mode, 24 seeded requests (greedy and
     sampled, 2 top logprobs) give bit-identical tokens and logprobs alone, in a crowd, and
     repeated after a prefix-cache miss and hit. Failed with the old fp32 default (F.linear)."""
     assert _report(default_loaded) == []
@@ -103,7 +103,7 @@ def test_d10_t4_default_model_same_request_alone_prefix_hit_and_crowd_bit_identi
 
 @pytest.mark.xfail(strict=True, reason="--quant fp32 is F.linear (BLAS): a row's rounding "
                                        "depends on the batch; the documented opt-out")
-def test_d10_t4_fp32_blas_mode_is_not_batch_invariant() -> None:
+def test_issue20_d10_t4_fp32_blas_mode_is_not_batch_invariant() -> None:
     """The negative control: the same check on ``--quant fp32`` finds differing logprobs
     (18 of 24 prompts when fp32 was the default, issue 20)."""
     assert _report(open_model(resolve_model(None), quant="fp32")) == []

@@ -156,7 +156,7 @@ def test_k2_k4_prompt_ending_in_a_byte_run_is_not_echoed(family: str, prompt_tex
 @pytest.mark.parametrize("family", BYTE_FAMILIES)
 def test_k3_k4_output_completing_the_prompts_partial_character_emits_it_whole(
         family: str) -> None:
-    """K3, K4: the prompt ends inside 中 (E4 B8); the output's AD completes it: the first output
+    """K3, K4: the prompt ends inside 中 (``E4 B8``); the output's ``AD`` completes it: the first output
     bytes are the whole character (docs/api.md), never a lone continuation byte. With no output
     the prompt's residue is context, not a decoding error."""
     tok = ALL_FAMILIES[family]()
@@ -218,7 +218,7 @@ def test_k3_invalid_middle_bytes_become_replacement_like_decode(family: str) -> 
     det = IncrementalDetokenizer(tok)
     out = b"".join(det.push(i) for i in ids)
     assert FFFD.encode() in out and out + det.finish() == tok.decode(ids).encode()
-    broken = [byte_ids[0x41], byte_ids[0xE4], byte_ids[0x41]]  # NOTE: E4 41 can never complete
+    broken = [byte_ids[0x41], byte_ids[0xE4], byte_ids[0x41]]  # NOTE: `E4 41` can never complete
     det = IncrementalDetokenizer(tok)
     out = b"".join(det.push(i) for i in broken)
     assert out == tok.decode(broken).encode() and det.pending == b""  # NOTE: not held

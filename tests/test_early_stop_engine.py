@@ -21,8 +21,8 @@ from coda.engine.grammar import compile_grammar
 from coda.engine.types import EngineConfig, GenerationRequest, GrammarSpec
 from coda.finish import FinishReason
 from coda.lifecycle import State
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.sampling import SamplingParams
+from tests.random_checkpoint import make_random_checkpoint
 
 PROMPT = (21, 22, 23, 24)
 SCHEMA = {

@@ -2,7 +2,7 @@
 in its default serving mode (issue 10 item 3): 16 seeded requests, greedy and sampled, get
 bit-identical tokens and logprobs alone, in a crowd, prefilled in several chunks, after
 preemption, on a prefix-cache miss and hit, and read as live streams
-(:mod:`coda.engine.invariance`; ``scripts/invariance_check.py`` runs 200).
+(:mod:`tests.invariance`; ``scripts/invariance_check.py`` runs 200).
 
 The exact fp32 mode is not batch-invariant on CPU (a one-row matmul takes another kernel than a
 many-row one, so a decode step alone rounds differently from one in a crowd): its expectation
@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from coda.engine.async_engine import AsyncEngine
-from coda.engine.invariance import (
+from coda.engine.types import EngineConfig
+from coda.models.modes import AUTO_ORDER, QUANT_MODES
+from tests.invariance import (
     SCENARIOS,
     InvarianceReport,
     check_invariance,
     make_requests,
 )
-from coda.engine.types import EngineConfig
-from coda.models.modes import AUTO_ORDER, QUANT_MODES
 
 N_CI = 16
 # NOTE: prompt lengths that meet the edges: 1 token; a last prefill chunk of one token (k*7 + 1,
@@ -79,7 +79,7 @@ def test_default_gguf_mode_answers_what_the_exact_model_answers(default_engine: 
 @pytest.fixture(scope="module")
 def report(default_engine: Any) -> InvarianceReport:
     """16 requests (8 greedy, 8 sampled with temperature/top-p/seed) alone and under every
-    scenario of coda.engine.invariance, once for the module."""
+    scenario of tests.invariance, once for the module."""
     reqs = make_requests(N_CI, default_engine.runner.config.vocab_size, seed=3, max_tokens=5,
                          lengths=EDGE_LENGTHS)
     return check_invariance(default_engine.loaded, reqs)

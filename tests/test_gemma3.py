@@ -6,7 +6,7 @@ implementation as the oracle, on prompts five times the window and while decodin
 GGUF holding the same weights as llama.cpp writes them (norms stored as ``w + 1``, Gemma's
 SentencePiece vocabulary without a space prefix) giving the folder's logits; the engine's
 batching, chunking and prefix cache giving each request its tokens alone; and a chat served
-to the official ``openai`` client that ends at ``<end_of_turn>``."""
+to the official ``openai`` and ``anthropic`` clients."""
 
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from coda.engine.runner import ModelRunner, SeqChunk
+from coda.engine.runner import ModelRunner
 from coda.models.config import ModelConfig
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.models.tokenizer_bundle import GEMMA_CHAT_TEMPLATE, bundle_from_gguf, bundle_from_hf_dir
+from tests.family_fixtures import chat_through_both_sdks, greedy_steps
+from tests.random_checkpoint import make_random_checkpoint
 from tests.test_models import full_forward, hf_logits
 
 WINDOW, LAYERS, VOCAB = 8, 7, 300
@@ -142,24 +143,11 @@ def test_t3_gemma3_prompt_logits_equal_transformers(folder: Path) -> None:
     assert (full_forward(model, PROMPT) - ref).abs().max().item() > 1e-2
 
 
-def _greedy(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    """Prefill ``prompt`` then decode ``steps`` greedy tokens one per step; each step's logits."""
-    table = tuple(range(runner.num_blocks))
-    ids, rows = list(prompt), []
-    for _ in range(steps):
-        chunk = (SeqChunk(tuple(ids), 0, table, True) if len(ids) == len(prompt)
-                 else SeqChunk((ids[-1],), len(ids) - 1, table, True))
-        logits = runner.execute([chunk])[0]
-        rows.append(logits)
-        ids.append(int(logits.argmax()))
-    return ids[len(prompt):], torch.stack(rows)
-
-
 def test_t3_gemma3_decode_past_the_window_equals_transformers(folder: Path) -> None:
     """Greedy decoding 20 tokens after the 40-token prompt through the paged cache: each
     step's logits within 1e-4 of transformers' on the whole sequence, so the same tokens."""
     runner = ModelRunner(load_model(folder), num_blocks=8, block_size=16)
-    tokens, logits = _greedy(runner, PROMPT, 20)
+    tokens, logits = greedy_steps(runner, PROMPT, 20)
     ref = hf_logits(folder, PROMPT + tokens, torch.float32)[len(PROMPT) - 1: -1]
     assert (logits - ref).abs().max().item() <= 1e-4
     assert tokens == ref.argmax(-1).tolist()
@@ -176,7 +164,7 @@ def test_t3_gemma3_gguf_gives_the_folders_logits(folder: Path, gemma_gguf: Path)
     got = full_forward(from_file, PROMPT)
     assert (got - full_forward(from_dir, PROMPT)).abs().max().item() <= 1e-4
     runner = ModelRunner(from_file, num_blocks=8, block_size=16)
-    assert len(_greedy(runner, PROMPT, 12)[0]) == 12
+    assert len(greedy_steps(runner, PROMPT, 12)[0]) == 12
 
 
 def test_k2_gemma3_gguf_tokenizer_no_space_prefix_bos_and_turn_end(gemma_gguf: Path) -> None:
@@ -216,8 +204,8 @@ def _engine_tokens(loaded: Any, reqs: list[Any], *, twice: bool = False,
     """Every request's tokens from one started engine over ``loaded`` (all submitted at once;
     ``twice``: the crowd again after it ended, its prompts then in the prefix cache), and the
     prompt tokens the prefix cache served."""
-    from coda.engine.invariance import engine_on
     from tests.engine_support import outcome_of
+    from tests.invariance import engine_on
 
     tokens, cached = [], 0
     with engine_on(loaded, 64, block_size=16, max_num_seqs=len(reqs), **config) as engine:
@@ -252,41 +240,18 @@ def test_t4_gemma3_engine_batching_chunking_prefix_cache_keep_tokens(folder: Pat
     assert crowd == alone and chunked == alone and hit == alone
 
 
-def test_gemma3_gguf_chat_through_openai_client(gemma_gguf: Path) -> None:
-    """A chat on the tiny Gemma 3 GGUF served over loopback to the official openai client:
-    the prompt is Gemma's turn format (BOS once) and the reply is streamed to its end."""
-    import openai
-
-    from coda.engine.async_engine import AsyncEngine
-    from coda.engine.types import EngineConfig
-    from coda.server.app import create_app
-    from coda.server.chat import render_chat
-    from coda.server.state import ServerSettings
-    from tests.conftest import LiveServer
-
-    engine = AsyncEngine.from_model_dir(gemma_gguf, EngineConfig(num_blocks=16,
-                                                                 default_max_tokens=16))
-    engine.start()
-    live = LiveServer(create_app(engine, settings=ServerSettings(keepalive_s=0.5),
-                                 manage_engine=False)).start()
-    try:
-        messages: list[Any] = [{"role": "user", "content": "hello the world"}]
-        text = render_chat(engine, messages)
-        assert text == "<bos><start_of_turn>user\nhello the world<end_of_turn>\n" \
-                       "<start_of_turn>model\n"
-        client = openai.OpenAI(base_url=live.url + "/v1", api_key="x")
-        reply = client.chat.completions.create(model=engine.model_name,
-                                               messages=messages, max_tokens=16,
-                                               temperature=0)
-        prompt_ids = engine.tokenizer.encode(text, add_special_tokens=False).ids
-        assert prompt_ids.count(2) == 1 and reply.usage is not None
-        assert reply.usage.prompt_tokens == len(prompt_ids)
-        assert reply.choices[0].finish_reason in ("stop", "length")
-        streamed = client.chat.completions.create(model=engine.model_name,
-                                                  messages=messages, max_tokens=16,
-                                                  temperature=0, stream=True)
-        pieces = [c.choices[0].delta.content or "" for c in streamed if c.choices]
-        assert "".join(pieces) == reply.choices[0].message.content
-    finally:
-        live.stop()
-        engine.shutdown()
+def test_gemma3_gguf_chat_through_both_sdks(gemma_gguf: Path) -> None:
+    """A chat on the tiny Gemma 3 GGUF served over loopback to the official openai and
+    anthropic clients: the prompt is Gemma's turn format (BOS once), the reply is streamed to
+    its end, and both clients get the same greedy reply."""
+    messages: list[Any] = [{"role": "user", "content": "hello the world"}]
+    text, reply, message = chat_through_both_sdks(gemma_gguf, messages, max_tokens=16)
+    assert text == "<bos><start_of_turn>user\nhello the world<end_of_turn>\n" \
+                   "<start_of_turn>model\n"
+    tok = bundle_from_gguf(open_gguf(gemma_gguf)).tokenizer
+    prompt_ids = tok.encode(text, add_special_tokens=False).ids
+    assert prompt_ids.count(2) == 1 and reply.usage is not None
+    assert reply.usage.prompt_tokens == len(prompt_ids)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert "".join(b.text for b in message.content if b.type == "text") == \
+        reply.choices[0].message.content

@@ -156,7 +156,7 @@ def test_packed_modes_of_a_gguf_model_match_its_fp32_mode(tmp_path: Path, qtype:
     """gguf_packed's ``packed`` mode (every block matrix and the head through the kernel, q/k
     rows unpermuted on raw blocks) gives the fp32 mode's logits up to summation rounding;
     ``packed-q8`` (int8 activations) stays within a few percent; both are the kernel's layers."""
-    from coda.models.gguf_packed import load_gguf_model
+    from coda.models.modes import load_gguf_model
     from tests.test_gguf_tiny import PROMPT, write_gguf
     from tests.test_models import full_forward
 

@@ -24,8 +24,8 @@ from coda.engine.types import EngineConfig, GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import FinishReason
 from coda.lifecycle import State
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.sampling import SamplingParams
+from tests.random_checkpoint import make_random_checkpoint
 
 EOS = frozenset({0, 2})
 PROMPT = (11, 12, 13, 14, 15)

@@ -195,7 +195,7 @@ def test_t3_packed_logits_match_fp32_for_each_type_mix(mix: str, tmp_path: Path)
     """T3: a tiny GGUF of each type mix gives the fp32 (dequantized) mode's logits in
     ``packed`` (the weights are the file's; only the summation order differs)."""
     from coda.models.gguf_file import open_gguf
-    from coda.models.gguf_packed import load_gguf_model
+    from coda.models.modes import load_gguf_model
     from tests.test_models import full_forward
 
     ckpt = open_gguf(write_mixed(tmp_path / "m.gguf", MIXES[mix]))
@@ -208,7 +208,7 @@ def test_t3_packed_logits_match_fp32_for_each_type_mix(mix: str, tmp_path: Path)
 def test_t3_qwen2_biases_and_tied_head_in_packed(tmp_path: Path) -> None:
     """T3: q/k/v biases (Qwen2) and a tied Q8_0 head over Q5_0 projections."""
     from coda.models.gguf_file import open_gguf
-    from coda.models.gguf_packed import load_gguf_model
+    from coda.models.modes import load_gguf_model
     from tests.test_models import full_forward
 
     path = write_mixed(tmp_path / "q.gguf", lambda n: "Q8_0" if "token" in n else "Q5_0",
@@ -225,8 +225,7 @@ def test_auto_serves_a_q4_k_m_mix_packed_with_embeddings_in_place(tmp_path: Path
     the token embeddings are gathered from the blocks (no float table); the model names the
     kernel of each tensor type."""
     from coda.models.gguf_file import open_gguf
-    from coda.models.gguf_packed import load_gguf_model
-    from coda.models.modes import resolve_mode
+    from coda.models.modes import load_gguf_model, resolve_mode
 
     ckpt = open_gguf(write_mixed(tmp_path / "m.gguf", q4_k_m))
     assert resolve_mode("auto", None, ckpt).name == "packed"
@@ -280,8 +279,7 @@ def test_t3_trained_model_mix_packed_equals_fp32(smollm2_mix: Path) -> None:
     named, and its logits over real text follow the fp32 (dequantized) mode: same argmax at
     every position, differences at float32 summation level."""
     from coda.models.gguf_file import open_gguf
-    from coda.models.gguf_packed import load_gguf_model
-    from coda.models.modes import resolve_mode
+    from coda.models.modes import load_gguf_model, resolve_mode
     from coda.models.tokenizer_bundle import bundle_from_gguf
     from tests.test_models import full_forward
 

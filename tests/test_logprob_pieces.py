@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda import detokenizer
 from coda.detokenizer import token_piece
 from tests.conftest import examples
 from tests.tokenizer_fixtures import ALL_FAMILIES, CORPUS
@@ -16,6 +17,13 @@ from tests.tokenizer_fixtures import ALL_FAMILIES, CORPUS
 # different (normalised) text; its pieces are still the in-context difference.
 EXACT_FAMILIES = ["byte_level_bpe", "sentencepiece_bpe", "metaspace_bpe"]
 WORDS = sorted({w for line in CORPUS for w in line.split()})
+
+
+@pytest.fixture(autouse=True)
+def _fresh_profiles() -> None:
+    """Each test builds its profile (its pieces and anchor) itself: one cached for the session
+    would hide a defect in computing a piece (the mutation harness forks after the cache fills)."""
+    detokenizer._PROFILES.clear()
 
 
 @pytest.mark.parametrize("family", ["sentencepiece_bpe", "metaspace_bpe"])

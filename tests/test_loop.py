@@ -10,11 +10,11 @@ import pytest
 from coda import trace as tr
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.request import RequestRun
 from coda.stream import EventType
 from coda.trace import ListTraceSink, check_trace
+from tests.reference_loop import generate
 from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 104: "é".encode()[:1], 105: "é".encode()[1:],

@@ -1,5 +1,5 @@
 """The reference loop's own steps, seen from outside (issue 8, mutation survivors of
-coda/loop.py): the stream's start event (E1), the prefill rows and lifecycle (O1, L1), the
+tests/reference_loop.py): the stream's start event (E1), the prefill rows and lifecycle (O1, L1), the
 deadline reached exactly (G3), and failures in prefill, choose and the per-token step, each
 ending FAILED with every resource released once (L4, L7).
 """
@@ -14,11 +14,11 @@ from coda import trace as tr
 from coda.errors import ErrorCode
 from coda.finish import FinishReason
 from coda.lifecycle import State
-from coda.loop import Choice, generate
 from coda.output import EarlyStopVerdict, OutputSpec
 from coda.request import RequestRun
 from coda.stream import EventType
 from coda.trace import ListTraceSink, check_trace
+from tests.reference_loop import Choice, generate
 from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF"}

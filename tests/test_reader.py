@@ -24,6 +24,7 @@ from coda.stream import (
     StreamEvent,
     Terminal,
 )
+from coda.wakeup import CHANNEL
 from tests.conftest import examples
 
 DONE = Terminal(State.FINISHED, FinishReason.EOS, Usage())
@@ -182,19 +183,20 @@ def test_p4_interrupt_raises_in_the_waiting_reader_and_in_every_later_next() -> 
 
 
 def test_p6_ack_frees_what_was_read_in_every_stream_and_close_unsubscribes() -> None:
-    a, b = stream(b"abc"), stream()
-    b_acks: list[int] = []
-    b.add_listener(lambda: b_acks.append(b.last_seq))
+    a, b = stream(b"abc"), stream(b"q")
     async def main() -> None:
+        b.subscribe(lambda _seq: None)  # NOTE: another observer of b, left subscribed
         r = rd.StreamReader([a, b], [-1, -1])
         await r.next()
         a.delta(b"zz")  # appended, not read: still owed after the ack
-        b_acks.clear()
-        r.ack()  # b was read up to its start event (seq 0): acknowledged too
-        assert (a.unacked_bytes, b_acks) == (2, [0])
+        assert b.unacked_bytes == 1
+        r.ack()  # b was read up to its delta (seq 1): acknowledged too
+        assert (a.unacked_bytes, b.unacked_bytes) == (2, 0)
         r.close()
     run(main())
-    assert listeners_left(a) == 0 and listeners_left(b) == 1  # only b_acks' own is left
+    assert CHANNEL.num_subscribed(b) == 1  # the reader left; only the other observer is left
+    # NOTE: its loop is closed: the terminal's wake-up cannot reach it, so the channel drops it
+    assert listeners_left(a) == 0 and listeners_left(b) == 0 and CHANNEL.num_subscribed(b) == 0
 
 
 def test_p3_p6_follow_yields_each_event_after_once_acks_it_and_stops_at_the_terminal() -> None:
@@ -253,33 +255,78 @@ def test_p2_p6_terminal_of_returns_the_terminal_acking_the_stream_while_it_waits
 def test_p2_when_closed_calls_back_exactly_once_and_its_remover_unsubscribes() -> None:
     s = stream(b"a")
     got: list[Terminal] = []
-    rd.when_closed(s, got.append)
-    assert got == []
-    s.delta(b"b")
-    assert got == []
-    s.close(DONE)
-    s.ack(s.last_seq)  # a later wake-up (an ack) does not call back again
-    assert got == [DONE] and listeners_left(s) == 0
-    already: list[Terminal] = []
-    rd.when_closed(s, already.append)
-    assert already == [DONE]
-    never: list[Terminal] = []
     t = stream()
-    rd.when_closed(t, never.append)()
-    t.close(DONE)
+    never: list[Terminal] = []
+    async def main() -> None:
+        rd.when_closed(s, got.append)
+        assert got == []
+        s.delta(b"b")
+        await asyncio.sleep(0.01)
+        assert got == []
+        s.close(DONE)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert got == [DONE]
+        already: list[Terminal] = []
+        rd.when_closed(s, already.append)
+        assert already == [DONE]
+        rd.when_closed(t, never.append)()
+        t.close(DONE)
+        await asyncio.sleep(0.01)
+    run(main())
+    assert got == [DONE] and listeners_left(s) == 0
     assert never == [] and listeners_left(t) == 0
 
 
 def test_p2_when_closed_fires_once_when_the_stream_closes_while_subscribing() -> None:
     class ClosesOnSubscribe(RequestStream):
-        def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
-            remove = super().add_listener(callback)
+        def subscribe(self, callback: Callable[[int], None],
+                      loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None]:
+            remove = super().subscribe(callback, loop)
             self.close(DONE)  # NOTE: another thread's close, between subscribe and check
             return remove
     s = ClosesOnSubscribe("r")
     got: list[Terminal] = []
-    rd.when_closed(s, got.append)
+    async def main() -> None:
+        rd.when_closed(s, got.append)
+        await asyncio.sleep(0.01)  # NOTE: the close's wake-up arrives after the check fired
+    run(main())
     assert got == [DONE]
+
+
+def test_p2_issue22_observers_run_on_the_loop_not_on_the_producers_thread() -> None:
+    """Issue 22 step 4: the producer (here a thread standing in for the engine's) only
+    appends; ``when_closed`` (metrics) and a ``StreamReader``'s wake-up run on the event loop's
+    thread. Before the one wake-up channel, ``when_closed`` called back on the producer's."""
+    s = stream()
+    threads: list[int] = []
+    async def main() -> int:
+        closed = asyncio.Event()
+        def on_close(_t: Terminal) -> None:
+            threads.append(threading.get_ident())
+            closed.set()
+        rd.when_closed(s, on_close)
+        reader = rd.StreamReader([s], [0])
+        producer = threading.Thread(target=lambda: (s.delta(b"x"), s.close(DONE)))
+        producer.start()
+        got = []
+        while (batch := await reader.next()) is not None:
+            got += [ev.seq for _, ev in batch]
+        reader.close()
+        await asyncio.wait_for(closed.wait(), 3)
+        producer.join()
+        assert got == [1, 2]
+        return threading.get_ident()
+    loop_thread = run(main())
+    assert threads == [loop_thread]
+
+
+def test_p2_wait_terminal_blocks_without_a_loop_until_another_thread_closes() -> None:
+    """The blocking Python API (``handle.wait``): no event loop, woken by the stream itself."""
+    s = stream(b"a")
+    assert rd.wait_terminal(s, 0.01) is None
+    threading.Timer(0.05, lambda: s.close(DONE)).start()
+    assert rd.wait_terminal(s, 5) is DONE
 
 
 def test_p3_stream_reading_events_and_result_read_the_handles_stream() -> None:

@@ -269,3 +269,29 @@ def test_multi_event_entries_match_a_per_event_oracle_p1_p2_p3(
         entries = log.r.xrange(log._k("log", rid))
         stored = [e.seq for _, f in entries for e in unpack_events(rid, f[b"v2"])]
         assert stored == [e.seq for e in oracle]
+
+
+@pytest.mark.parametrize("record_first", [True, False])
+def test_issue22_a_record_linked_before_or_after_its_terminals_expires_after_the_last_p3(
+        redis_server: RedisServer, record_first: bool) -> None:
+    """P3 retention (issue 22 step 3): the store links an API record to its requests after
+    they were submitted, so a terminal may come before or after the link; in both orders the
+    record expires ``retention_s`` after its last request's terminal, never before it (a
+    record with a live request has no TTL) and never never (a leaked descriptor)."""
+    log = _log(redis_server, retention_s=600)
+    rids = [uuid.uuid4().hex for _ in range(2)]
+    for rid in rids:
+        log.open(rid, prompt_tokens=1)  # NOTE: no record id: the ingress knows none yet
+    evs = {rid: _events(rid, 1) for rid in rids}
+    rec = log._k("rec", "rec-" + rids[0])
+    for rid in rids:
+        log.append_many(evs[rid][:-1])
+    if record_first:
+        log.put_record("rec-" + rids[0], {"handles": rids}, rids)
+    log.append(evs[rids[0]][-1])
+    if not record_first:
+        log.put_record("rec-" + rids[0], {"handles": rids}, rids)
+    assert log.r.pttl(rec) == -1  # NOTE: the second request still runs
+    log.append(evs[rids[1]][-1])
+    assert 590_000 < log.r.pttl(rec) <= 600_000
+    assert log.get_record("rec-" + rids[0]) == {"handles": rids}

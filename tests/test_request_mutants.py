@@ -15,11 +15,11 @@ from coda import trace as tr
 from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
-from coda.loop import generate
 from coda.output import EarlyStopHook, EarlyStopVerdict, OutputProcessor, OutputSpec
 from coda.request import MODEL_RESOURCES, RequestRun
 from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream, Timings, TokenInfo
 from coda.trace import ListTraceSink, check_trace
+from tests.reference_loop import generate
 from tests.scripted import (
     EOS_ID,
     ManualClock,

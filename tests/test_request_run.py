@@ -12,14 +12,15 @@ from coda import trace as tr
 from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import State
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.request import RequestRun
 from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream
 from coda.trace import ListTraceSink, TraceEvent, check_trace
 from tests.dedupe import Deduper
+from tests.reference_loop import generate
 from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, output_spec, scripted_tokenizer
 from tests.tokenizer_fixtures import sentencepiece_bpe
+from tests.wakeup_support import PostLog
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF", 104: "é".encode()[:1], 105: "é".encode()[1:],
          107: b"x"}
@@ -215,10 +216,11 @@ def test_o2_row2_cross_token_stop_never_leaks_and_the_checker_flags_a_leak() -> 
 def test_o2_row5_the_buffer_is_bounded_for_a_reader_that_never_reads() -> None:
     """O2 row 5 (unbounded backpressure buffer): unacknowledged bytes never pass max_bytes; past
     it the run fails with its own error instead of growing (see the L7/P6 test above)."""
-    stream = RequestStream("req-0", BackpressureConfig(BackpressurePolicy.BUFFER, 4, 6))
-    seen: list[int] = []
-    stream.add_listener(lambda: seen.append(stream.unacked_bytes))
+    posts = PostLog(probe=lambda: stream.unacked_bytes)
+    stream = RequestStream("req-0", BackpressureConfig(BackpressurePolicy.BUFFER, 4, 6),
+                           channel=posts)
     run, _, _ = _go([107] * 20, stream=stream)
+    seen = posts.probed
     t = run.stream.terminal
     assert t is not None and t.error_code is ErrorCode.BACKPRESSURE_OVERFLOW
     assert max(seen) <= 6 and run.stream.text() == "xxxxxx"

@@ -93,12 +93,14 @@ def test_l7_trace_handle_seals_the_request_trace() -> None:
 
 def test_p6_l7_stream_buffer_release_returns_credit_and_needs_the_terminal() -> None:
     """P6, L7: the stream buffer is released only after the terminal; the release returns the
-    unacknowledged credit and drops the listeners; a later ack cannot drive it negative, and
-    the log is still readable (P3)."""
+    unacknowledged credit and counts the observers still subscribed (the channel drops them
+    after the terminal's wake-up); a later ack cannot drive it negative, and the log is still
+    readable (P3)."""
     stream = RequestStream("s")
     stream.start("m")
     stream.delta(b"abc")
-    stream.add_listener(lambda: None)
+    loop = asyncio.new_event_loop()
+    stream.subscribe(lambda _seq: None, loop)
     with pytest.raises(StreamClosed):
         stream.release_live()
     run = RequestRun("s", stream, ListTraceSink(), prompt_tokens=1)
@@ -112,6 +114,9 @@ def test_p6_l7_stream_buffer_release_returns_credit_and_needs_the_terminal() -> 
     stream.ack(stream.last_seq)
     assert stream.unacked_bytes == 0
     assert [e.seq for e in stream.events_after(-1)] == [0, 1, 2]
+    loop.run_until_complete(asyncio.sleep(0))  # NOTE: the terminal's wake-up drops it
+    loop.close()
+    assert stream.release_live() == {"unacked_bytes": 0, "listeners": 0}
 
 
 def _wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:

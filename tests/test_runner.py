@@ -15,7 +15,7 @@ from coda.models import attention_meta as attention_module
 from coda.models.attention import AttentionMetadata, PagedKVCache
 from coda.models.llama import CausalLM
 from coda.models.loader import load_model
-from coda.models.random_checkpoint import make_random_checkpoint
+from tests.random_checkpoint import make_random_checkpoint
 
 VOCAB = 320
 ATOL = 1e-4

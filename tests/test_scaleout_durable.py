@@ -49,11 +49,12 @@ def cluster(replicas: Any) -> Any:
     return replicas
 
 
-def _engine(cluster: Any) -> Any:
-    """A fresh ingress engine over the module's replicas (its own routing state)."""
+def _engine(cluster: Any, log: Any = None) -> Any:
+    """A fresh ingress engine over the module's replicas (its own routing state); with
+    ``log`` its replicas write the stream log."""
     from coda.scaleout.remote import RemoteEngine
 
-    return RemoteEngine(cluster.replicas, cluster.config)
+    return RemoteEngine(cluster.replicas, cluster.config, log=log)
 
 
 def _ingress(cluster: Any, url: str) -> tuple[LiveServer, Any]:
@@ -170,11 +171,10 @@ def bound(cluster: Any, redis_server: RedisServer) -> Iterator[tuple[Any, RedisS
     from coda.server.durable import ServerDurable
 
     d = ServerDurable(redis_server.url, lease_ttl_s=LEASE_S)
-    d.start()
-    engine = _engine(cluster)
-    engine.bind_log(d.log)
+    d.log.start()
+    engine = _engine(cluster, d.log)
     yield engine, d.log
-    d.stop()
+    d.log.stop(release=True)
     for r in cluster.replicas:
         wait_replica(r)
 

@@ -145,3 +145,44 @@ def test_background_response_survives_a_sigkill_l2_l5_l6(
     row = FaultRow("single server SIGKILLed mid background response, restarted")
     row.add_log(RedisStreamLog(redis_server.url).read(rid))
     row.report()
+
+
+def test_issue22_routes_store_the_engines_own_handles_reading_the_durable_copy_p3(
+        server_spawn: Any, redis_server: RedisServer, server_settle: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 step 3 (P3, seed 004): with ``durable`` the app's engine is the durable
+    wrapper and its store the Redis one, both chosen when the app is built; a route stores
+    exactly the handles the engine returned (nothing swaps them at store time), and each
+    reads the durable copy: after the request its events are the log's, seq for seq. The
+    record is in the log too, linked to its requests."""
+    from coda.durable.engine import DurableEngine
+    from coda.durable.redis_log import RedisStreamLog
+    from coda.server.durable import RedisResponseStore
+    from coda.server.state import ServerState
+
+    submitted: list[Any] = []
+    real = ServerState.submit_all
+
+    def spy(self: ServerState, requests: Any, rename: Any) -> Any:
+        handles = real(self, requests, rename)
+        submitted.extend(handles)
+        return handles
+
+    monkeypatch.setattr(ServerState, "submit_all", spy)
+    live = server_spawn(durable=ServerDurable(redis_server.url, lease_ttl_s=2))
+    st = live.app.state.coda
+    assert isinstance(st.engine, DurableEngine) and isinstance(st.store, RedisResponseStore)
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "n": 2,
+            "max_tokens": 6, "ignore_eos": True, "seed": 4}
+    with httpx.Client(timeout=60) as client:
+        rid = client.post(f"{live.url}/v1/chat/completions", json=body).json()["id"]
+    record = st.store.get(rid)
+    assert len(record.handles) == 2 and all(
+        h is s for h, s in zip(record.handles, submitted, strict=True))
+    log = RedisStreamLog(redis_server.url)
+    for h in record.handles:
+        durable = [(e.seq, e.type, e.data) for e in log.read(h.request_id)]
+        assert [(e.seq, e.type, e.data) for e in h.stream.events_after(-1)] == durable
+        assert durable[-1][1].value == "terminal"
+    assert log.get_record(rid)["handles"] == [h.request_id for h in record.handles]
+    server_settle()

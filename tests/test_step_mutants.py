@@ -15,11 +15,11 @@ import pytest
 from coda import trace as tr
 from coda.finish import FinishReason
 from coda.lifecycle import State
-from coda.loop import Choice, generate
 from coda.output import EarlyStopVerdict, OutputProcessor, OutputSpec
 from coda.request import RequestRun
 from coda.stream import EventType, RequestStream, TokenInfo
 from coda.trace import ListTraceSink, NullTraceSink, check_trace
+from tests.reference_loop import Choice, generate
 from tests.scripted import (
     EOS_ID,
     ManualClock,

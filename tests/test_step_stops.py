@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from coda import trace as tr
 from coda.finish import FinishReason
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.trace import ListTraceSink, check_trace
+from tests.reference_loop import generate
 from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 TABLE = {101: b"a", 102: b"b", 103: b"ab", 104: b"ba", 105: b"c", 106: b"bc", 107: b"AB",
@@ -156,7 +156,7 @@ def test_s2_s1_each_token_sends_exactly_what_no_stop_can_still_claim(
 
 
 @given(st.lists(st.sampled_from(IDS), max_size=10), _stop_strings, _id_seqs, st.integers(0, 8))
-def test_d6_s2_min_tokens_sends_exactly_what_no_stop_can_still_claim(
+def test_issue20_d6_s2_min_tokens_sends_exactly_what_no_stop_can_still_claim(
         script: list[int], strings: list[str], seqs: list[tuple[int, ...]], min_tokens: int
 ) -> None:
     """Issue 20 D6 (S2): before min_tokens a completed stop is text and is sent, except its
@@ -181,7 +181,7 @@ def _check_sends(script: list[int], strings_t: tuple[str, ...],
         assert got[t - 1] == stream[: min(len(stream) - held, boundary)], t
 
 
-def test_d6_s1_s3_min_tokens_holds_stops_until_token_min_tokens() -> None:
+def test_issue20_d6_s1_s3_min_tokens_holds_stops_until_token_min_tokens() -> None:
     """Issue 20 D6 (S1, S3): stop "B" would end at token 1 and ids (108,) at token 2; with
     ``min_tokens: 3`` both are ordinary output, and stop "A" ends the output at token 3."""
     script = [107, 108, 107, 109]
@@ -190,7 +190,7 @@ def test_d6_s1_s3_min_tokens_holds_stops_until_token_min_tokens() -> None:
     assert _run(script, ("B",), ((108,),), min_tokens=12)[:2] == (b"ABCDABEF", FinishReason.EOS)
 
 
-def test_d6_s2_straddling_stop_string_ends_at_min_tokens() -> None:
+def test_issue20_d6_s2_straddling_stop_string_ends_at_min_tokens() -> None:
     """Issue 20 D6 (S2, S4): stop "DA" begins in token 2 ("CD") and completes in token 3
     ("AB"): with ``min_tokens: 3`` it completes at token 3, so it ends the output there and
     none of its bytes are shown ("C"); with ``min_tokens: 4`` it is text."""
@@ -202,7 +202,7 @@ def test_d6_s2_straddling_stop_string_ends_at_min_tokens() -> None:
 
 @given(st.lists(st.sampled_from(IDS), max_size=12), _stop_strings, _id_seqs, st.booleans(),
        st.integers(0, 8))
-def test_d6_s1_s4_min_tokens_mixed_stops_equal_brute_force(
+def test_issue20_d6_s1_s4_min_tokens_mixed_stops_equal_brute_force(
         script: list[int], strings: list[str], seqs: list[tuple[int, ...]], include: bool,
         min_tokens: int) -> None:
     """Issue 20 D6 (S1-S4, T2, L6): for all scripts, stops and ``min_tokens``, the text,

@@ -24,9 +24,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.finish import FinishReason
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.trace import ListTraceSink, check_trace
+from tests.reference_loop import generate
 from tests.scripted import ScriptedChooser, ScriptedModel
 from tests.tokenizer_fixtures import sentencepiece_bpe
 

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from coda import stops as stops_module
 from coda.errors import InvalidRequestError
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.stops import (
     STOP_RULE_VERSION,
@@ -25,6 +24,7 @@ from coda.stops import (
     stop_bytes,
 )
 from tests.conftest import examples
+from tests.reference_loop import generate
 from tests.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 # ---------------------------------------------------------------- brute-force oracles
@@ -165,6 +165,23 @@ def test_s3_hit_is_absorbing_push_raises() -> None:
     snap = m.snapshot()
     assert snap["closed"] is True and snap["hit"] == {
         "kind": "string", "index": 0, "stop": "x", "start": 1, "end": 2, "rule_version": "2"}
+
+
+def test_issue20_d6_s3_unarmed_hit_state_then_armed_pushes_with_one_stop() -> None:
+    """Issue 20 D6 (S1, S3): with one stop the matcher's only hit state is its first; a stop
+    completed unarmed (before min_tokens) leaves it there, and the next armed push must leave
+    it byte by byte (no hit on "x") and must end at the next occurrence."""
+    m = StopStringMatcher(["ab"])
+    assert m.push(b"xab", armed=False) == (b"xab", None)
+    assert m.push(b"x") == (b"x", None)
+    m2 = StopStringMatcher(["ab"])
+    assert m2.push(b"ab", armed=False) == (b"ab", None)
+    safe, hit = m2.push(b"cab")
+    assert safe == b"c" and hit is not None and (hit.start, hit.end) == (3, 5)
+    m3 = StopStringMatcher(["aba"])  # the unarmed match's tail starts the armed one
+    assert m3.push(b"aba", armed=False) == (b"ab", None)
+    safe, hit = m3.push(b"ba")
+    assert safe == b"" and hit is not None and (hit.start, hit.end) == (2, 5)
 
 
 def test_g2_finish_tail_can_hit_and_flush_releases_on_normal_end() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -27,6 +28,7 @@ from coda.stream import (
 from coda.trace import ListTraceSink
 from tests.conftest import examples
 from tests.dedupe import Deduper
+from tests.wakeup_support import PostLog
 
 DONE = Terminal(State.FINISHED, FinishReason.EOS, Usage())
 
@@ -101,15 +103,61 @@ def test_p6_pause_policy_signals_the_scheduler_until_the_reader_acks() -> None:
     assert not s.should_pause and s.unacked_bytes == 0
 
 
-def test_p2_listeners_are_woken_on_every_append() -> None:
-    s = RequestStream("r")
-    seen: list[int] = []
-    remove = s.add_listener(lambda: seen.append(s.last_seq))
+def test_p2_every_append_posts_its_seq_to_the_channel_and_only_appends_do() -> None:
+    """P2 (issue 22 step 4): each append posts ``(stream, seq)`` once, the terminal's marked
+    final; an ack posts nothing (no observer runs for it)."""
+    posts = PostLog()
+    s = RequestStream("r", channel=posts)
     s.start("m")
     s.delta(b"x")
-    remove()
+    s.ack(1)
     s.close(DONE)
-    assert seen == [0, 1]
+    assert posts.posts == [(0, False), (1, False), (2, True)]
+
+
+def test_p2_observers_run_on_the_loop_thread_never_the_producers() -> None:
+    """Issue 22 step 4: a producer on another thread (the engine's) appends; every observer
+    call runs on the subscriber's event loop thread, and the last one sees the terminal's seq;
+    after the terminal's wake-up the channel holds no subscription of the stream."""
+    s = RequestStream("r")
+    calls: list[tuple[int, int]] = []
+
+    async def main() -> int:
+        done = asyncio.Event()
+
+        def observe(seq: int) -> None:
+            calls.append((threading.get_ident(), seq))
+            if s.closed:
+                done.set()
+
+        s.subscribe(observe)
+
+        def produce() -> None:
+            s.start("m")
+            for _ in range(50):
+                s.delta(b"x")
+            s.close(DONE)
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        await asyncio.wait_for(done.wait(), 5)
+        producer.join()
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert calls and {t for t, _ in calls} == {loop_thread}
+    assert calls[-1][1] == s.last_seq == 51
+    assert s.release_live()["listeners"] == 0
+
+
+def test_p3_a_blocking_reader_wakes_without_an_event_loop() -> None:
+    """The synchronous Python API (``handle.wait``): ``wait_after`` returns once an event after
+    the given seq exists, False after its timeout; no callback runs on the producer's side."""
+    s = RequestStream("r")
+    s.start("m")
+    assert not s.wait_after(0, 0.01)
+    threading.Timer(0.05, lambda: s.delta(b"x")).start()
+    assert s.wait_after(0, 5) and s.last_seq == 1
 
 
 def test_p3_replay_after_the_terminal_returns_at_once() -> None:
@@ -149,10 +197,9 @@ def test_p6_backpressure_config_bounds() -> None:
 
 def test_p1_p2_producer_calls_return_their_events_and_refuse_misuse() -> None:
     """P1, P2: start/delta/close return the event they appended; a second start and an empty
-    delta are refused; closing wakes the listeners."""
-    s = RequestStream("r")
-    woken: list[int] = []
-    s.add_listener(lambda: woken.append(s.last_seq))
+    delta are refused; each append (closing too) posts its seq."""
+    posts = PostLog()
+    s = RequestStream("r", channel=posts)
     ev = s.start("m")
     assert (ev.seq, ev.type, ev.model) == (0, EventType.START, "m")
     with pytest.raises(StreamClosed):
@@ -164,18 +211,16 @@ def test_p1_p2_producer_calls_return_their_events_and_refuse_misuse() -> None:
     term = Terminal(State.FINISHED, FinishReason.EOS, Usage(prompt_tokens=1))
     t = s.close(term)
     assert (t.seq, t.type, t.terminal) == (2, EventType.TERMINAL, term)
-    assert woken == [0, 1, 2]
+    assert posts.posts == [(0, False), (1, False), (2, True)]
 
 
 def test_p6_ack_frees_exactly_the_acknowledged_bytes_once_and_wakes_the_producer() -> None:
     """P6: ack(n) frees the bytes of the deltas up to n not freed before; a repeated or older
-    ack frees nothing; each ack wakes the listeners (the scheduler resumes a paused request)."""
+    ack frees nothing (the scheduler sees ``should_pause`` drop at its next step)."""
     s = RequestStream("r", BackpressureConfig(BackpressurePolicy.PAUSE, 4, 64))
     s.start("m")
     for chunk in (b"ab", b"cde", b"fghi"):
         s.delta(chunk)
-    woken: list[int] = []
-    s.add_listener(lambda: woken.append(s.unacked_bytes))
     assert s.unacked_bytes == 9 and s.should_pause
     s.ack(1)
     assert s.unacked_bytes == 7
@@ -186,7 +231,6 @@ def test_p6_ack_frees_exactly_the_acknowledged_bytes_once_and_wakes_the_producer
     assert s.unacked_bytes == 4 and s.should_pause
     s.ack(3)
     assert s.unacked_bytes == 0 and not s.should_pause
-    assert woken[0] == 7 and woken[-1] == 0
 
 
 @given(chunks=st.lists(st.binary(min_size=1, max_size=4), max_size=8), closed=st.booleans(),
@@ -205,9 +249,9 @@ def test_p1_p2_p3_extend_copies_a_log_exactly_whatever_the_retries(
     if closed:
         src.close(DONE)
     evs = src.events_after(-1)
-    copy = RequestStream("r", BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30))
-    wakes: list[int] = []
-    copy.add_listener(lambda: wakes.append(copy.last_seq))
+    wakes = PostLog()
+    copy = RequestStream("r", BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30),
+                         channel=wakes)
     calls = 0
     for i, k in cuts:
         part = evs[i:i + k]
@@ -224,7 +268,7 @@ def test_p1_p2_p3_extend_copies_a_log_exactly_whatever_the_retries(
               for e in copy.events_after(-1)]
     assert fields == [(e.seq, e.type, e.data, e.model, e.model_snapshot, e.terminal)
                       for e in evs[:copy.last_seq + 1]]
-    assert len(wakes) == calls and copy.closed is (copy.last_seq == len(evs) - 1 and closed)
+    assert len(wakes.posts) == calls and copy.closed is (copy.last_seq == len(evs) - 1 and closed)
     if copy.closed:
         with pytest.raises(StreamClosed):
             copy.extend([StreamEvent("r", copy.last_seq + 1, EventType.DELTA, b"x")])

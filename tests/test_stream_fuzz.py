@@ -201,7 +201,7 @@ def _event_bytes(raw: bytes, k: int) -> list[bytes]:
     return [p + b"\n\n" for p in parts[:k]]
 
 
-def test_s1_d2_a_stop_never_cuts_a_forced_call(live: Any) -> None:
+def test_s1_issue20_d2_a_stop_never_cuts_a_forced_call(live: Any) -> None:
     tally = Tally()
     for _ in _with("STOPS_IN_FORCED_CALLS", True):
         for protocol in ("chat", "responses", "messages"):
@@ -220,7 +220,7 @@ def test_s1_k2_a_forced_choice_never_returns_call_text(live: Any) -> None:
     assert tally.violations == [], tally.report()
 
 
-def test_d9_message_start_carries_the_final_usage(live: Any, cases: list[fz.Case]) -> None:
+def test_issue20_d9_message_start_carries_the_final_usage(live: Any, cases: list[fz.Case]) -> None:
     tally = Tally()
     for _ in _with("CHECK_MESSAGE_START_USAGE", True):
         for case in cases:

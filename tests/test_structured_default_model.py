@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig
-from coda.structured_eval import PERSON_SCHEMA, structured_validity
+from tests.structured_eval import PERSON_SCHEMA, structured_validity
 
 
 def test_g1_default_model_json_schema_outputs_validate_across_seeds() -> None:

@@ -2,7 +2,7 @@
 
 Through the official clients against a real server over loopback on the embedded default
 model: a budget end under tools is reported as one unless the grammar forced something closed
-(D1), a stop string never cuts a forced call (D2), and required parallel calls never end inside
+(issue 20 D1), a stop string never cuts a forced call (issue 20 D2), and required parallel calls never end inside
 a call the budget cannot close.
 """
 
@@ -56,9 +56,9 @@ def model(wire: Wire) -> str:
 _TOK = tokenizers.Tokenizer.from_file(str(DEFAULT_MODEL_DIR / "tokenizer.json"))
 
 
-# -- D1: a budget end under tools is a budget end (L4, G1) ----------------------------------
+# -- issue 20 D1: a budget end under tools is a budget end (L4, G1) -------------------------
 @pytest.mark.parametrize("stream", [False, True])
-def test_d1_l4_g1_openai_auto_text_cut_by_max_tokens_is_length(
+def test_issue20_d1_l4_g1_openai_auto_text_cut_by_max_tokens_is_length(
         oa: openai.OpenAI, model: str, stream: bool) -> None:
     """issue 20 D1: tools + auto, a plain-text answer cut by max_tokens is ``length`` /
     ``max_output_tokens`` — the grammar closed nothing (main said ``stop`` /
@@ -78,7 +78,7 @@ def test_d1_l4_g1_openai_auto_text_cut_by_max_tokens_is_length(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_d1_l4_anthropic_auto_text_cut_by_max_tokens_is_max_tokens(
+def test_issue20_d1_l4_anthropic_auto_text_cut_by_max_tokens_is_max_tokens(
         an: anthropic.Anthropic, stream: bool) -> None:
     """issue 20 D1 (Anthropic): stop_reason ``max_tokens``, not ``end_turn``."""
     kwargs: Any = dict(model="default_model", max_tokens=8, messages=STORY, tools=AN_TOOLS,
@@ -93,7 +93,7 @@ def test_d1_l4_anthropic_auto_text_cut_by_max_tokens_is_max_tokens(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_d1_l4_responses_auto_text_cut_by_max_output_tokens_is_incomplete(
+def test_issue20_d1_l4_responses_auto_text_cut_by_max_output_tokens_is_incomplete(
         oa: openai.OpenAI, model: str, stream: bool) -> None:
     """issue 20 D1 (Responses): status ``incomplete`` (``max_output_tokens``), not
     ``completed``."""
@@ -111,7 +111,7 @@ def test_d1_l4_responses_auto_text_cut_by_max_output_tokens_is_incomplete(
     assert resp.incomplete_details.reason == "max_output_tokens"
 
 
-def test_d1_g1_l4_budget_end_names_only_what_the_grammar_did() -> None:
+def test_issue20_d1_g1_l4_budget_end_names_only_what_the_grammar_did() -> None:
     """issue 20 D1, G1, L4 (the engine's hook, real grammars): at the budget, free text under
     ``auto`` is not renamed (main: grammar_forced_close), a call complete on its own is
     grammar_complete, and only a forced closing path is grammar_forced_close."""
@@ -142,9 +142,9 @@ def test_d1_g1_l4_budget_end_names_only_what_the_grammar_did() -> None:
     assert c.budget_end() is FinishReason.GRAMMAR_FORCED_CLOSE
 
 
-# -- D2: a stop string inside the forced tag never cuts the call (S1, S2) -------------------
+# -- issue 20 D2: a stop string inside the forced tag never cuts the call (S1, S2) ----------
 @pytest.mark.parametrize("stop", [">", "_call", "a", "<", "\n"])
-def test_d2_s1_openai_required_call_is_not_cut_by_a_stop_in_its_markup(
+def test_issue20_d2_s1_openai_required_call_is_not_cut_by_a_stop_in_its_markup(
         oa: openai.OpenAI, model: str, stop: str) -> None:
     """issue 20 D2, S1: tool_choice required; the stop occurs inside ``<tool_call>`` (or its
     JSON): the call still comes back whole (main: no call, content ``"<tool_c"``, ``stop``).
@@ -159,7 +159,7 @@ def test_d2_s1_openai_required_call_is_not_cut_by_a_stop_in_its_markup(
     assert (choice.model_extra or {})["coda"]["matched_stop"] is None
 
 
-def test_d2_s1_openai_required_streamed_and_anthropic_any(
+def test_issue20_d2_s1_openai_required_streamed_and_anthropic_any(
         oa: openai.OpenAI, an: anthropic.Anthropic, model: str) -> None:
     """issue 20 D2 streamed, and Anthropic ``tool_choice: any`` with ``stop_sequences``."""
     got = chat_stream(oa, model=model, messages=ASK, tools=OA_TOOLS[:1], seed=1,
@@ -177,8 +177,8 @@ def test_d2_s1_openai_required_streamed_and_anthropic_any(
 
 def test_l4_s1_required_parallel_never_ends_inside_a_later_call(
         oa: openai.OpenAI, model: str) -> None:
-    """issue 20 (found with D1), L4, S1: required + parallel calls under a tight budget: when
-    the output is complete and the model opens one more call that cannot close within the
+    """L4, S1 (found with issue 20 D1): required + parallel calls under a tight budget: when the
+    output is complete and the model opens one more call that cannot close within the
     budget, the engine ends the output there (grammar_forced_close) — it never returns a cut
     call as content with ``length`` (main: content ``<tool_call>\\n{"name": "``)."""
     forced = 0

@@ -2,9 +2,9 @@
 SPEC S1, K2, P3).
 
 Through the official clients against a real server over loopback on the embedded default
-model: an argument holding the close tag stays one call on every protocol (D3), and
+model: an argument holding the close tag stays one call on every protocol (issue 20 D3), and
 ``stream_verify`` stamps tool streams contiguously over the engine's bytes and resumes by
-offset (D5). The parser property checks, for all schema-valid arguments, that the parsed call
+offset (issue 20 D5). The parser property checks, for all schema-valid arguments, that the parsed call
 carries exactly the generated arguments (oracle: a JSON round trip).
 """
 
@@ -68,9 +68,9 @@ def model(wire: Wire) -> str:
     return wire.model
 
 
-# -- D3: no argument value can break a call (S1, K2) ----------------------------------------
+# -- issue 20 D3: no argument value can break a call (S1, K2) -------------------------------
 @pytest.mark.parametrize("stream", [False, True])
-def test_d3_k2_openai_argument_with_the_close_tag_stays_one_call(
+def test_issue20_d3_k2_openai_argument_with_the_close_tag_stays_one_call(
         oa: openai.OpenAI, model: str, stream: bool) -> None:
     """issue 20 D3: a schema-valid argument string containing ``</tool_call>`` (and the
     open tag, quotes, a backslash, braces): one call whose arguments decode to exactly that
@@ -93,7 +93,7 @@ def test_d3_k2_openai_argument_with_the_close_tag_stays_one_call(
     assert json.loads(calls[0][1]) == {"text": NASTY}
 
 
-def test_d3_anthropic_and_responses_argument_with_the_close_tag(
+def test_issue20_d3_anthropic_and_responses_argument_with_the_close_tag(
         oa: openai.OpenAI, an: anthropic.Anthropic, model: str) -> None:
     """issue 20 D3 on Anthropic (``tool_use.input``) and Responses (``function_call``)."""
     msg = an.messages.create(model="default_model", max_tokens=120, messages=ASK,
@@ -145,7 +145,7 @@ def _written(value: Any, ascii_only: bool) -> str:
 @given(args=st.lists(_ARGS, min_size=1, max_size=3), ascii_only=st.booleans(),
        before=st.text(max_size=6).filter(lambda t: tl.OPEN_TAG not in t),
        cuts=st.lists(st.integers(0, 400), max_size=6))
-def test_d3_k2_s1_for_all_valid_arguments_the_parsed_call_carries_them_exactly(
+def test_issue20_d3_k2_s1_for_all_valid_arguments_the_parsed_call_carries_them_exactly(
         args: list[dict[str, Any]], ascii_only: bool, before: str, cuts: list[int]) -> None:
     """issue 20 D3, K2, S1: for all schema-valid arguments (strings holding the tags, quotes,
     backslashes, unicode; any nesting), written as the grammar writes calls — the grammar
@@ -166,14 +166,14 @@ def test_d3_k2_s1_for_all_valid_arguments_the_parsed_call_carries_them_exactly(
     assert p.removed_bytes == len(whole.encode()) - len(before.encode())
 
 
-def test_d3_an_unclosed_call_is_returned_as_text_whole() -> None:
+def test_issue20_d3_an_unclosed_call_is_returned_as_text_whole() -> None:
     """A call cut before its object closes (a close tag inside an argument does not close
     it) comes back as text, byte for byte."""
     cut = '<tool_call>\n{"name": "f", "arguments": {"a": "x</tool_call>\n'
     assert tl.split(cut) == (cut, [], 0)
 
 
-# -- D5: stream_verify with tools (P3) -------------------------------------------------------
+# -- issue 20 D5: stream_verify with tools (P3) ----------------------------------------------
 def _check_chain(stamps: list[dict[str, Any]], raw: bytes) -> None:
     """Stamps cover the engine output ``raw`` contiguously from 0 to its end, each digest the
     SHA-256 of the bytes through it."""
@@ -191,7 +191,7 @@ def _raw_call(name: str, arguments: str) -> str:
         f"{tl.CLOSE_TAG}"
 
 
-def test_d5_p3_chat_stream_verify_stamps_text_and_calls_with_tools(
+def test_issue20_d5_p3_chat_stream_verify_stamps_text_and_calls_with_tools(
         oa: openai.OpenAI, model: str) -> None:
     """issue 20 D5, P3: with tools every text chunk carries its stamp (main: 0 of N), and a
     call's chunk carries the stamp of the call's bytes; the stamps chain over the engine's
@@ -207,7 +207,7 @@ def test_d5_p3_chat_stream_verify_stamps_text_and_calls_with_tools(
     _check_chain(got["stamps"], _raw_call(call["name"], call["arguments"]).encode())
 
 
-def test_d5_p3_anthropic_and_responses_stream_verify_with_tools(
+def test_issue20_d5_p3_anthropic_and_responses_stream_verify_with_tools(
         oa: openai.OpenAI, an: anthropic.Anthropic, model: str) -> None:
     """issue 20 D5 on Anthropic (``content_block_delta``) and Responses (delta events)."""
     with an.messages.stream(model="default_model", max_tokens=12, messages=STORY,
@@ -232,7 +232,7 @@ def test_d5_p3_anthropic_and_responses_stream_verify_with_tools(
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
-def test_d5_p3_resume_by_offset_and_digest_with_tools(live: LiveServer, model: str,
+def test_issue20_d5_p3_resume_by_offset_and_digest_with_tools(live: LiveServer, model: str,
                                                      path: str) -> None:
     """issue 20 D5, P3: with tools, a resume naming a stamp's end (offset, digest) replays
     exactly the events after it, on chat and on Responses (where one delta may render zero or

@@ -1,4 +1,4 @@
-"""D4 (issue 20): ``coda trace check`` rejects each corruption of a real trace that the old
+"""Issue 20 D4: ``coda trace check`` rejects each corruption of a real trace that the old
 checker let through, with a message naming the rule (O1, O2, P2, T1, C1, L2, L6, G1).
 
 The traces are ``tests/data/faultmix_trace.jsonl``, written by ``scripts/trace_faultmix.py``
@@ -64,25 +64,25 @@ def test_fixture_is_a_sound_fault_mix() -> None:
     assert kinds == tr.KNOWN_KINDS
 
 
-def test_d4_p2_l6_a_dropped_stream_delta_is_rejected() -> None:
+def test_issue20_d4_p2_l6_a_dropped_stream_delta_is_rejected() -> None:
     rows = _one("FINISHED", kinds=(tr.STREAM_DELTA,))
     i = _index(rows, tr.STREAM_DELTA)
     _flags(rows[:i] + rows[i + 1:], "P2")
 
 
-def test_d4_t1_l6_a_dropped_last_token_selected_is_rejected() -> None:
+def test_issue20_d4_t1_l6_a_dropped_last_token_selected_is_rejected() -> None:
     rows = _one("FINISHED", kinds=(tr.TOKEN_SELECTED,))
     i = _index(rows, tr.TOKEN_SELECTED, last=True)
     _flags(rows[:i] + rows[i + 1:], "L6")
 
 
-def test_d4_c1_a_dropped_cancel_requested_is_rejected() -> None:
+def test_issue20_d4_c1_a_dropped_cancel_requested_is_rejected() -> None:
     rows = _one("CANCELLED", kinds=(tr.CANCEL_OBSERVED,))
     i = _index(rows, tr.CANCEL_REQUESTED)
     _flags(rows[:i] + rows[i + 1:], "C1")
 
 
-def test_d4_c1_cancel_observed_before_cancel_requested_is_rejected() -> None:
+def test_issue20_d4_c1_cancel_observed_before_cancel_requested_is_rejected() -> None:
     rows = _one("CANCELLED", kinds=(tr.CANCEL_OBSERVED,))
     req, obs = _index(rows, tr.CANCEL_REQUESTED), _index(rows, tr.CANCEL_OBSERVED)
     moved = list(rows)
@@ -90,7 +90,7 @@ def test_d4_c1_cancel_observed_before_cancel_requested_is_rejected() -> None:
     _flags(moved, "C1")
 
 
-def test_d4_g1_a_delta_before_the_first_token_selection_is_rejected() -> None:
+def test_issue20_d4_g1_a_delta_before_the_first_token_selection_is_rejected() -> None:
     rows = _one("FINISHED", kinds=(tr.STREAM_DELTA,))
     first_tok, first_delta = _index(rows, tr.TOKEN_SELECTED), _index(rows, tr.STREAM_DELTA)
     moved = list(rows)
@@ -98,7 +98,7 @@ def test_d4_g1_a_delta_before_the_first_token_selection_is_rejected() -> None:
     _flags(moved, "G1")
 
 
-def test_d4_l6_a_tampered_usage_selected_tokens_is_rejected() -> None:
+def test_issue20_d4_l6_a_tampered_usage_selected_tokens_is_rejected() -> None:
     rows = _one("FINISHED", kinds=(tr.TOKEN_SELECTED,))
     i = _index(rows, tr.TERMINAL)
     term = rows[i]
@@ -107,7 +107,7 @@ def test_d4_l6_a_tampered_usage_selected_tokens_is_rejected() -> None:
     _flags(rows[:i] + [doctored] + rows[i + 1:], "L6")
 
 
-def test_d4_l2_a_terminal_state_changed_finished_to_cancelled_is_rejected() -> None:
+def test_issue20_d4_l2_a_terminal_state_changed_finished_to_cancelled_is_rejected() -> None:
     rows = _one("FINISHED")
     i = _index(rows, tr.TERMINAL)
     term = rows[i]
@@ -116,8 +116,8 @@ def test_d4_l2_a_terminal_state_changed_finished_to_cancelled_is_rejected() -> N
     _flags(rows[:i] + [doctored] + rows[i + 1:], "L2")
 
 
-def test_d4_every_kind_of_adjacent_swap_is_rejected_unless_a_client_cancel_moves() -> None:
-    """D4: each pair of adjacent rows of different content, swapped (timestamps kept in
+def test_issue20_d4_every_kind_of_adjacent_swap_is_rejected_unless_a_client_cancel_moves() -> None:
+    """Issue 20 D4: each pair of adjacent rows of different content, swapped (timestamps kept in
     place), is rejected; the one exception is a client's cancel.requested moving within the
     window where another thread may write it (the corpus' ``cancel-moves`` entry, C1)."""
     from tests.trace_corpus import ALLOWED, Mutation
@@ -154,7 +154,7 @@ def test_c1_g1_a_cancel_recorded_before_a_safe_point_is_observed_there() -> None
     assert all("safe point" in p for p in problems), problems
 
 
-def test_d4_cli_exits_nonzero_naming_the_rule(tmp_path: Path) -> None:
+def test_issue20_d4_cli_exits_nonzero_naming_the_rule(tmp_path: Path) -> None:
     """``coda trace check FILE`` on a corrupted real trace: exit status 1 and the rule named."""
     rows = _one("FINISHED", kinds=(tr.STREAM_DELTA,))
     i = _index(rows, tr.STREAM_DELTA)

@@ -16,10 +16,10 @@ from coda import trace as tr
 from coda.errors import ErrorCode
 from coda.finish import FinishReason
 from coda.lifecycle import State
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.request import RequestRun
 from coda.trace import ListTraceSink, check_trace
+from tests.reference_loop import generate
 from tests.scripted import (
     EOS_ID,
     ManualClock,

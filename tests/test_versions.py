@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 from coda import trace as tr
 from coda.cli import app
 from coda.finish import FINISH_REASON_VERSION, REASONS_BY_VERSION, FinishReason
-from coda.loop import generate
 from coda.output import OutputSpec
 from coda.server.mapping import coda_extension
 from coda.stops import STOP_RULE_VERSION
 from coda.trace import ListTraceSink, TraceEvent, check_trace
+from tests.reference_loop import generate
 from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_tokenizer
 
 TOK = scripted_tokenizer({101: b"AB", 102: b"CD"})

@@ -25,7 +25,7 @@ def xs() -> Iterator[ScriptedServer]:
 
 @pytest.mark.parametrize("stop,kept", [({"stop": ["x"]}, 11), ({"stop_token_ids": [X_ID]}, 11),
                                        ({"stop_token_ids": [[X_ID, X_ID]]}, 10)])
-def test_d6_s1_s3_min_tokens_holds_stop_strings_and_ids(xs: ScriptedServer,
+def test_issue20_d6_s1_s3_min_tokens_holds_stop_strings_and_ids(xs: ScriptedServer,
                                                         stop: dict[str, object],
                                                         kept: int) -> None:
     """Issue 20 D6 (S1, S3): with ``min_tokens: 12`` a stop string or stop id that completes
@@ -94,7 +94,7 @@ def test_k3_auto_eos_inside_a_character_fails_without_retry(lead: ScriptedServer
     assert err.value.response.headers["x-should-retry"] == "false"
 
 
-def test_d9_l6_anthropic_message_start_carries_the_final_input_usage(xs: ScriptedServer) -> None:
+def test_issue20_d9_l6_anthropic_message_start_carries_the_final_input_usage(xs: ScriptedServer) -> None:
     """Issue 20 D9 (L6): the second identical request hits the prefix cache. Its streamed
     ``message_start`` is sent after the lookup and states the same input usage as
     ``message_delta`` and the non-streamed answer: ``input_tokens`` (not held) +

@@ -160,7 +160,7 @@ def _metric(server: ScriptedServer, name: str, **labels: str) -> float:
                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-def test_d7_l4_k3_failed_request_counts_as_failure_not_success(server: ScriptedServer) -> None:
+def test_issue20_d7_l4_k3_failed_request_counts_as_failure_not_success(server: ScriptedServer) -> None:
     """Issue 20 D7 (L4, K3): a request that ends FAILED (decoding_error, reason ``eos``) is
     counted in ``coda:request_failure_total`` by reason and error code, never in
     ``coda:request_success_total`` (whose label is only the reason)."""
@@ -187,7 +187,7 @@ def _stream_logprob_count(data: list[str], chat: bool) -> int:
     ("/v1/chat/completions", {"messages": MSG, "logprobs": True}),
     ("/v1/completions", {"prompt": "hi", "logprobs": 0}),
 ])
-def test_d8_l4_k3_failed_logprobs_equal_streamed_and_not(server: ScriptedServer, path: str,
+def test_issue20_d8_l4_k3_failed_logprobs_equal_streamed_and_not(server: ScriptedServer, path: str,
                                                           body: dict[str, Any]) -> None:
     """Issue 20 D8 (L4, K3, L6): ``max_tokens: 2`` cuts ``x`` + ``0xC3`` and ``utf8_tail:
     fail`` ends the request FAILED (``max_output_tokens``). The streamed frames (deltas, then

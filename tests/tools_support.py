@@ -26,7 +26,7 @@ RS_TOOLS: Any = [{"type": "function", "name": "get_time", "parameters": TIME},
                  {"type": "function", "name": "note", "parameters": NOTE}]
 STORY: Any = [{"role": "user", "content": "Tell me a long story about a cat."}]
 ASK: Any = [{"role": "user", "content": "What time is it?"}]
-# NOTE: ignore_eos: the answer is certainly cut by the budget (D1)
+# NOTE: ignore_eos: the answer is certainly cut by the budget (issue 20 D1)
 TEXT_CUT: Any = {"seed": 1, "ignore_eos": True}
 
 

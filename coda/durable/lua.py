@@ -26,14 +26,38 @@ It returns ``"code:last_before,..."`` per run (one bulk string: cheaper to parse
 from __future__ import annotations
 
 # The terminal's bookkeeping, shared by both scripts: mark it, leave the owner's live set, and
-# start the retention clock on the stream, its meta hash and (if any) its API record.
-_END_REQUEST = """
+# start the retention clock on the stream, its meta hash and (if any) its API record — the one
+# named, else the one the meta hash links (``rec``, set by PUT_RECORD, which may run before or
+# after the terminal: scripts are atomic, so one of the two starts the record's clock) — once
+# every request of the record has its terminal (``record_ended``: a meta hash without ``term``
+# is a request still running; an expired one ended long ago).
+_RECORD_ENDED = """
+local function record_ended(record, prefix)
+  local desc = cjson.decode(redis.call('GET', record))
+  for _, rid in ipairs(desc['handles'] or {}) do
+    local meta = prefix .. 'meta:{' .. rid .. '}'
+    if redis.call('EXISTS', meta) == 1 and redis.call('HEXISTS', meta, 'term') == 0 then
+      return false
+    end
+  end
+  return true
+end
+"""
+
+_END_REQUEST = _RECORD_ENDED + """
 local function end_request(stream, meta, live, record, term, owner, ms)
   redis.call('HSET', meta, 'last', term, 'term', term)
   redis.call('SREM', live, owner)
   redis.call('PEXPIRE', stream, ms)
   redis.call('PEXPIRE', meta, ms)
-  if record ~= '' and redis.call('EXISTS', record) == 1 then
+  local prefix = string.sub(live, 1, #live - 4)
+  if record == '' then
+    local linked = redis.call('HGET', meta, 'rec')
+    if linked and linked ~= '' then
+      record = prefix .. 'rec:{' .. linked .. '}'
+    end
+  end
+  if record ~= '' and redis.call('EXISTS', record) == 1 and record_ended(record, prefix) then
     redis.call('PEXPIRE', record, ms)
   end
 end
@@ -105,4 +129,19 @@ if redis.call('HGET', meta, 'fence') ~= ARGV[1] then return {-1, last} end
 redis.call('HSET', meta, 'via', redis.call('HGET', meta, 'owner'), 'owner', ARGV[2],
            'fence', ARGV[3])
 return {1, last}
+"""
+
+# An API record's descriptor, linked to its requests (issue 22 step 3): the record is stored
+# when the route stores it, after its requests were submitted, so a request may already have
+# its terminal; then the record's retention clock starts here (else at the last terminal).
+# KEYS: the record, then each request's meta hash; ARGV: descriptor, record id, retention_ms
+PUT_RECORD = """
+redis.call('SET', KEYS[1], ARGV[1])
+local ended = true
+for i = 2, #KEYS do
+  if redis.call('HEXISTS', KEYS[i], 'term') == 0 then ended = false end
+  redis.call('HSET', KEYS[i], 'rec', ARGV[2])
+end
+if ended then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 1
 """

@@ -3,7 +3,8 @@ P1–P3, P6).
 
 :class:`LogMirror` writes: every watched :class:`~coda.stream.RequestStream` is copied, in seq
 order, into the :class:`~coda.durable.redis_log.RedisStreamLog` by one writer thread (the
-engine thread never waits on Redis); the events of a wake-up go in one pipelined round trip.
+engine thread never waits on Redis, nor runs the mirror's code: the mirror is woken on the
+event loop by the wake-up channel, :mod:`coda.wakeup`); the events of a wake-up go in one pipelined round trip.
 :class:`LogFollower` reads: it rebuilds a request's stream on another ingress from the log —
 replay, then live with ``XREAD BLOCK`` — into a local ``RequestStream`` that the SSE renderers
 read as if the engine were local.
@@ -11,6 +12,7 @@ read as if the engine were local.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -74,12 +76,14 @@ class LogMirror:
 
     def watch(self, stream: RequestStream, *, record_id: str, prompt_tokens: int,
               on_fenced: Callable[[], None], opened: bool = False,
-              ack_on_write: bool = False) -> DurableCopy:
+              ack_on_write: bool = False,
+              loop: asyncio.AbstractEventLoop | None = None) -> DurableCopy:
         """Own ``stream`` in the log from now on and copy every event of it (from seq 0);
         returns the copy readers should read (events reach it once durable). ``opened``: this
         server already owns the request in the log (it claimed it, :meth:`RedisStreamLog.take`).
         ``ack_on_write``: the log is the reader (a replica whose caller may be gone), so a
-        durable write acknowledges the engine's stream (P6 then follows the log)."""
+        durable write acknowledges the engine's stream (P6 then follows the log). The
+        mirror observes the stream on ``loop`` (default: the running one; issue 22 step 4)."""
         rid = stream.request_id
         if not opened:
             self.log.open(rid, prompt_tokens=prompt_tokens, record_id=record_id)
@@ -89,7 +93,7 @@ class LogMirror:
             self._dirty.add(rid)
         self._pending.set()
 
-        def mark() -> None:  # NOTE: runs on the engine thread after every append
+        def mark(_seq: int) -> None:  # NOTE: on the event loop, woken by the channel
             # NOTE: no lock: set.add is atomic, and the writer takes the dirty ids only after
             # clearing _pending, so an append is either in this round's read of the stream
             # (taken after its mark) or sets _pending again for the next round
@@ -97,7 +101,7 @@ class LogMirror:
             if not self._pending.is_set():
                 self._pending.set()
 
-        stream.add_listener(mark)
+        stream.subscribe(mark, loop)  # NOTE: dropped by the channel after the terminal
         return copy
 
     def _run(self) -> None:

@@ -90,6 +90,7 @@ class RedisStreamLog:
         self.fence = ""
         self._reap = self.r.register_script(lua.REAP)
         self._take = self.r.register_script(lua.TAKE)
+        self._put_record = self.r.register_script(lua.PUT_RECORD)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reaped_total = 0
@@ -144,7 +145,9 @@ class RedisStreamLog:
         ``detached``: it runs on without a client (P4 ``continue``, background)."""
         pipe = self.r.pipeline(transaction=True)
         fields: dict[str, str | int] = {"owner": self.server_id, "fence": self.fence,
-                                        "prompt": prompt_tokens, "rec": record_id or ""}
+                                        "prompt": prompt_tokens}
+        if record_id:  # NOTE: else linked later by put_record (never overwritten with "")
+            fields["rec"] = record_id
         if detached:
             fields["detach"] = 1
         pipe.hset(self._k("meta", request_id), mapping=fields)
@@ -215,8 +218,15 @@ class RedisStreamLog:
             raise res
         return res
 
-    def put_record(self, record_id: str, descriptor: dict[str, Any]) -> None:
-        self.r.set(self._k("rec", record_id), json.dumps(descriptor, separators=(",", ":")))
+    def put_record(self, record_id: str, descriptor: dict[str, Any],
+                   request_ids: list[str] | tuple[str, ...] = ()) -> None:
+        """Store an API record's descriptor and link ``request_ids`` to it (one script): it
+        expires ``retention_s`` after the last of their terminals, whether those came before
+        or after this call."""
+        self._put_record(keys=[self._k("rec", record_id),
+                               *(self._k("meta", rid) for rid in request_ids)],
+                         args=[json.dumps(descriptor, separators=(",", ":")), record_id,
+                               self.retention_ms])
 
     # -- reader side ---------------------------------------------------------------------
     def read(self, request_id: str, after_seq: int = -1) -> list[StreamEvent]:

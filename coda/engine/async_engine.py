@@ -10,34 +10,34 @@ from __future__ import annotations
 
 import itertools
 import logging
-import secrets
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from coda.early_stop import EarlyStopController
+from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore, EngineRequest
+from coda.engine.early_stop_hook import make_hook
+from coda.engine.grammar import GrammarMatcher
 from coda.engine.handle import RequestHandle
-from coda.engine.kv_budget import kv_cache_budget
+from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
 from coda.engine.kv_cache import BlockManager
+from coda.engine.plan import ModelLimits, RequestPlan, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.sequence import Sequence
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.errors import ContextLengthExceededError, EngineNotStartedError, InvalidRequestError
+from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
-from coda.output import UTF8_TAIL_POLICIES, OutputSpec
+from coda.output import EarlyStopHook
 from coda.reader import follow
 from coda.request import RequestRun
-from coda.stops import stop_bytes
 from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
@@ -52,7 +52,8 @@ class AsyncEngine:
     it is not an asyncio engine. Implements :class:`coda.engine.protocol.Engine` in process."""
 
     def __init__(self, loaded: LoadedModel, runner: ModelRunner, config: EngineConfig, *,
-                 trace: TraceSink | None = None, kv_reason: str = "") -> None:
+                 trace: TraceSink | None = None, kv_reason: str = "",
+                 load_s: float | None = None, rss_at_load: int | None = None) -> None:
         self.source = loaded.source
         self.model_dir = loaded.source.path
         self.loaded = loaded
@@ -75,7 +76,10 @@ class AsyncEngine:
         self.context_lowered_from: int | None = context if capacity < context else None
         self.context_length: int = min(context, capacity)
         self.eos_token_ids: frozenset[int] = bundle.eos_token_ids
+        self.limits = ModelLimits(self.context_length, mc.vocab_size, self.eos_token_ids,
+                                  config.max_stop_strings, config.max_stop_string_bytes)
         self.kv_reason = kv_reason
+        self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
         if trace is None:
             trace = JsonlTraceSink(config.trace_path) if config.trace_path else NullTraceSink()
             if config.recent_traces > 0:
@@ -101,6 +105,7 @@ class AsyncEngine:
         self.log = InMemoryStreamLog()  # NOTE: what ``attach`` replays (P3)
         self._live: dict[str, RequestHandle] = {}  # NOTE: what ``cancel`` by id reaches
         self._live_lock = threading.Lock()
+        self._sweep_at = 64
 
     @classmethod
     def from_model_dir(cls, model: str | Path | None = None,
@@ -111,25 +116,31 @@ class AsyncEngine:
         config = config or EngineConfig()
         if config.max_model_len is not None and config.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        started = time.perf_counter()
+        # NOTE: parsed (a typo fails at once) and measured before the weights take memory
+        memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None
+                  else MemoryBudget.default())
         loaded = open_model(resolve_model(model), quant=config.quant, dtype=config.dtype,
                             device=config.device)
         mc = loaded.config
         context = min(mc.max_context, config.max_model_len or mc.max_context)
         budget = None
         if config.num_blocks is None:
-            # NOTE: measured after the weights are in memory (the fraction is of what is left)
+            # NOTE: a --kv-cache-fraction is of the memory left after the weights
             budget = kv_cache_budget(
                 bytes_per_token=mc.kv_bytes_per_token(loaded.dtype), block_size=config.block_size,
                 context=context, max_num_seqs=config.max_num_seqs,
                 kv_cache_bytes=config.kv_cache_bytes,
-                memory_fraction=config.kv_cache_memory_fraction)
+                memory_fraction=config.kv_cache_memory_fraction, memory_budget=memory,
+                weights_bytes=loaded.weights_bytes)
         runner = ModelRunner(loaded.model, dtype=loaded.dtype,
                              device=config.device, block_size=config.block_size,
                              num_blocks=config.num_blocks,
                              kv_cache_bytes=budget.num_bytes if budget else None,
                              num_threads=config.num_threads)
         return cls(loaded, runner, config, trace=trace,
-                   kv_reason=budget.reason if budget else "num_blocks")
+                   kv_reason=budget.reason if budget else "num_blocks",
+                   load_s=time.perf_counter() - started, rss_at_load=rss_bytes())
 
     def describe(self) -> list[str]:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
@@ -137,30 +148,39 @@ class AsyncEngine:
         origin = f" (package {src.package})" if src.package else ""
         tokens = self.runner.num_blocks * self.runner.block_size
         mib = self.runner.kv.nbytes / 2**20
-        return [
-            f"model: {src.path}{origin} [{src.kind}]",
+        took = ([f"loaded in {self.load_s:.1f} s, RSS {self.rss_at_load / 2**20:.0f} MiB at load"]
+                if self.load_s is not None and self.rss_at_load is not None else [])
+        return [f"model: {src.path}{origin} [{src.kind}]", *took] + [
             f"architecture {mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
             f"stored {self.loaded.quantization}, context {self.context_length}",
             f"serving mode (--quant): {mode.name}, "
             f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
             f"{mode.numerics}",
+            f"attention: {self.runner.attention_note}",
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
-            f"KV cache: {mib:.0f} MiB ({self.kv_reason}) = {tokens} tokens = "
-            f"{tokens // self.context_length} sequences x {self.context_length} context; "
-            f"max_num_seqs {self.config.max_num_seqs}",
+            f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "
+            f"{tokens} tokens = {tokens // self.context_length} sequences x "
+            f"{self.context_length} context; max_num_seqs {self.config.max_num_seqs}",
         ] + ([f"context lowered from {self.context_lowered_from} to {self.context_length} "
-              f"tokens: the KV cache holds no more (raise --kv-cache-bytes or "
-              f"--kv-cache-fraction for more)"] if self.context_lowered_from else [])
+              f"tokens: the KV cache holds no more (raise --memory-budget or "
+              f"--kv-cache-bytes for more)"] if self.context_lowered_from else [])
 
-    def load_summary(self) -> dict[str, str | int | bool]:
+    def load_summary(self) -> dict[str, str | int | float | bool]:
         """What was loaded as one flat record (``coda serve`` logs it as one JSON line, O1)."""
         return {"model": str(self.source.path), "source_kind": self.source.kind,
                 "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
                 **self.loaded.mode.summary(), "context": self.context_length,
-                "kv_cache_bytes": int(self.runner.kv.nbytes),
+                "kv_cache_bytes": int(self.runner.kv.nbytes),  # NOTE: reserved (as before)
+                "kv_cache_reserved_bytes": int(self.runner.kv.nbytes),
+                "kv_cache_committed_bytes": self._kv_committed(), "kv_cache_reason": self.kv_reason,
+                **({"load_s": round(self.load_s, 3)} if self.load_s is not None else {}),
+                **({"rss_bytes_at_load": self.rss_at_load} if self.rss_at_load is not None
+                   else {}),
                 # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
                 "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
+                # NOTE: the native row kernel, or torch with the reason it was refused
+                "attention": self.runner.attention_note,
                 **({"context_lowered_from": self.context_lowered_from}
                    if self.context_lowered_from else {})}
 
@@ -190,38 +210,36 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------------------
     def _prepare(self, req: GenerationRequest) -> tuple[EngineRequest, RequestHandle]:
-        """Validate ``req`` and build its run and handle (not yet queued)."""
+        """Plan ``req`` (the one check, coda.engine.plan) and build its run and handle (not
+        yet queued)."""
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
-        prompt = tuple(req.prompt_token_ids)
-        spec, max_tokens = self._output_spec(req, prompt)
+        plan = plan_request(req, self.limits)
+        # NOTE: issue 19 item 3: one the cache could never hold is refused here, a 4xx
+        self.core.scheduler.check_fits(len(plan.prompt_token_ids) + plan.max_tokens)
         # NOTE: everything that can reject the request runs before any resource is acquired
-        grammar = self._grammar(req)
-        closer = self._closer(req, grammar, max_tokens)
-        controller = EarlyStopController(req.early_stop) if req.early_stop is not None else None
+        grammar = self._grammar(plan)
+        closer = self._closer(plan, grammar)
+        controller = EarlyStopController(plan.early_stop) if plan.early_stop is not None else None
         if self._thread is None:  # NOTE: after validation, before anything is acquired
             raise EngineNotStartedError("the engine is not started: call engine.start() (or use "
                                         "`with engine:`) before submit")
-        rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         arrival = time.monotonic()
         # NOTE: the one constructor: stream, trace handle, processor and hooks, built once
         run = RequestRun.create(
-            rid, self.tokenizer, spec, self.trace, prompt_token_ids=prompt,
-            backpressure=req.backpressure, arrival=arrival,
+            plan.request_id, self.tokenizer, plan.output_spec(), self.trace,
+            prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
+            arrival=arrival,
             grammar_done=(closer.done if closer is not None else
                           grammar.is_terminated if grammar is not None else None),
             early_stop=_early_stop_hook(controller, arrival, grammar),
             grammar_budget_end=closer.budget_end if closer is not None else None)
-        stream, proc = run.stream, run.processor
-        assert proc is not None
-        seq = Sequence(next(self._ids), list(prompt), len(prompt) + max_tokens)
-        seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
-        deadline = arrival + req.deadline_s if req.deadline_s is not None else None
-        ereq = EngineRequest(seq, run, proc, seed, self.eos_token_ids, req.sampling, deadline,
-                             req.sampling.logprobs is not None, grammar, controller, closer)
+        seq = Sequence(next(self._ids), list(plan.prompt_token_ids), plan.max_total_tokens)
+        deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
+        ereq = EngineRequest(plan, run, seq, deadline, grammar, controller, closer)
         handle = RequestHandle(run, self._wake)
         self._track(handle)
-        stream.start(self.model_name, self.model_snapshot)
+        run.stream.start(self.model_name, self.model_snapshot)
         return ereq, handle
 
     def submit(self, req: GenerationRequest) -> RequestHandle:
@@ -242,18 +260,16 @@ class AsyncEngine:
         return [h for _, h in built]
 
     def _track(self, handle: RequestHandle) -> None:
-        stream = handle.stream
-        self.log.register(stream)
+        """Keep ``handle`` reachable by id for ``cancel``. Ended ones are dropped here, when
+        the map has doubled since the last sweep (amortised O(1) per submit), and by
+        ``cancel``: nothing observes the stream from the engine thread (issue 22 step 4)."""
+        self.log.register(handle.stream)
         with self._live_lock:
             self._live[handle.request_id] = handle
-
-        def forget() -> None:  # NOTE: on the engine thread, after each append
-            if stream.closed:
-                with self._live_lock:
-                    if self._live.get(handle.request_id) is handle:
-                        del self._live[handle.request_id]
-
-        stream.add_listener(forget)
+            if len(self._live) >= self._sweep_at:
+                for rid in [r for r, h in self._live.items() if h.stream.closed]:
+                    del self._live[rid]
+                self._sweep_at = max(64, 2 * len(self._live))
 
     def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
         """Replay ``request_id``'s log after ``after_seq``, then follow it (P3); KeyError
@@ -267,86 +283,33 @@ class AsyncEngine:
         """Cancel a running request by id (C1); False if it is unknown or already ended."""
         with self._live_lock:
             handle = self._live.get(request_id)
+            if handle is not None and handle.stream.closed:
+                del self._live[request_id]
+                return False
         return handle.cancel(cause) if handle is not None else False
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
 
-    def _output_spec(self, req: GenerationRequest, prompt: tuple[int, ...]) -> tuple[OutputSpec, int]:
-        vocab = self.runner.config.vocab_size
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty", field="prompt")
-        if any(not 0 <= t < vocab for t in prompt):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", field="prompt")
-        room = self.context_length - len(prompt)
-        if room <= 0:
-            raise ContextLengthExceededError(
-                f"the prompt has {len(prompt)} tokens; this model's context is "
-                f"{self.context_length} tokens", field="prompt")
-        if req.max_tokens is not None and (isinstance(req.max_tokens, bool) or req.max_tokens < 1):
-            raise InvalidRequestError("max_tokens must be an integer >= 1", field="max_tokens")
-        if req.max_tokens is not None and req.max_tokens > room:
-            raise ContextLengthExceededError(
-                f"prompt ({len(prompt)}) + max_tokens ({req.max_tokens}) exceeds the context "
-                f"({self.context_length})", field="max_tokens")
-        # NOTE: no max_tokens means "as far as the context allows"; the served context never
-        # exceeds the KV cache (see __init__), so whatever passed here fits the cache alone
-        max_tokens = req.max_tokens or room
-        cfg = self.config
-        if len(req.stop) > cfg.max_stop_strings:
-            raise InvalidRequestError(f"at most {cfg.max_stop_strings} stop strings", field="stop")
-        for s in req.stop:
-            if len(stop_bytes(s)) > cfg.max_stop_string_bytes:  # NOTE: typed error on bad text
-                raise InvalidRequestError(
-                    f"each stop string must be 1..{cfg.max_stop_string_bytes} bytes", field="stop")
-        for ids in req.stop_token_ids:
-            if not ids or any(not 0 <= t < vocab for t in ids):
-                raise InvalidRequestError("stop_token_ids must be non-empty sequences of valid ids",
-                                          field="stop_token_ids")
-        req.sampling.validate_for_vocab(vocab)
-        if req.utf8_tail not in UTF8_TAIL_POLICIES:
-            raise InvalidRequestError(f"utf8_tail must be one of {list(UTF8_TAIL_POLICIES)}",
-                                      field="utf8_tail")
-        if req.deadline_s is not None and not req.deadline_s > 0:
-            raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
-        # NOTE: L4: with no max_tokens the context is the limit, and hitting it is
-        # context_limit, not max_output_tokens: the max-tokens check (earlier in G1's order)
-        # must not fire at the same step, so its bound sits one past the context.
-        context_bound = req.max_tokens is None and max_tokens == room
-        spec = OutputSpec(
-            max_output_tokens=max_tokens + 1 if context_bound else max_tokens,
-            context_limit=self.context_length,
-            prompt_len=len(prompt), eos_token_ids=self.eos_token_ids,
-            ignore_eos=req.sampling.ignore_eos, stop_strings=tuple(req.stop),
-            stop_token_ids=tuple(tuple(s) for s in req.stop_token_ids),
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
-            stops_end_at=(req.stops_end_at or "").encode(), min_tokens=req.sampling.min_tokens)
-        return spec, max_tokens
-
-    def _grammar(self, req: GenerationRequest) -> Any:
-        if req.grammar is None:
+    def _grammar(self, plan: RequestPlan) -> GrammarMatcher | None:
+        if plan.grammar is None:
             return None
         from coda.engine.grammar import compile_grammar  # issue 5; imported lazily
 
-        return compile_grammar(req.grammar, self.tokenizer, self.runner.config.vocab_size,
+        return compile_grammar(plan.grammar, self.tokenizer, self.runner.config.vocab_size,
                                self.eos_token_ids)
 
-    def _closer(self, req: GenerationRequest, grammar: Any, max_tokens: int) -> Any:
+    def _closer(self, plan: RequestPlan, grammar: GrammarMatcher | None) -> BudgetCloser | None:
         """Issue 13: the request's closure state, or None. Raises InvalidRequestError naming
-        max_tokens when even the shortest known completion does not fit the budget."""
-        if grammar is None or req.grammar is None or not req.grammar.closes_within_budget:
+        max_tokens (through the plan) when even the shortest known completion of the compiled
+        grammar does not fit the budget."""
+        if grammar is None or not plan.closes_within_budget:
             return None
-        from coda.engine.closure import BudgetCloser
-
-        closer = BudgetCloser(grammar, max_tokens)
+        closer = BudgetCloser(grammar, plan.max_tokens)
         path = closer.initial()
         if path is None:
             return None  # NOTE: no realizable completion from the start: closure off (closure.py)
-        if len(path) > max_tokens:
-            raise InvalidRequestError(
-                f"max_tokens ({max_tokens}) is too small for the grammar: its shortest known "
-                f"completion needs {len(path)} tokens", field="max_tokens")
+        plan.require_budget(len(path), "the grammar: its shortest known completion needs")
         return closer
 
     def num_waiting(self) -> int:
@@ -359,7 +322,15 @@ class AsyncEngine:
             num_waiting=self.num_waiting(),
             kv_cache_usage=bm.usage, num_blocks=bm.num_blocks,
             num_free_blocks=bm.num_free_blocks, num_requests_total=self.num_requests_total,
-            num_preemptions_total=self.core.num_preemptions_total)
+            num_preemptions_total=self.core.num_preemptions_total,
+            kv_cache_reserved_bytes=int(self.runner.kv.nbytes),
+            kv_cache_committed_bytes=self._kv_committed())
+
+    def _kv_committed(self) -> int:
+        """KV bytes ever written: the touched blocks' share of the reservation (the blocks
+        are taken lowest id first, so they are a prefix of every K/V plane)."""
+        bm = self.core.scheduler.block_manager
+        return int(self.runner.kv.nbytes) * bm.num_touched_blocks // bm.num_blocks
 
     # -- the engine thread -----------------------------------------------------------------
     def _wake(self) -> None:
@@ -418,9 +389,5 @@ class AsyncEngine:
 
 
 def _early_stop_hook(controller: EarlyStopController | None, arrival: float,
-                     grammar: Any) -> Any:
-    if controller is None:
-        return None
-    from coda.engine.early_stop_hook import make_hook  # issue 5
-
-    return make_hook(controller, arrival, grammar)
+                     grammar: GrammarMatcher | None) -> EarlyStopHook | None:
+    return make_hook(controller, arrival, grammar) if controller is not None else None

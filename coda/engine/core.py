@@ -22,6 +22,7 @@ from coda.detokenizer import profile_of
 from coda.early_stop import EarlyStopController, decide_stream_failure
 from coda.engine.closure import BudgetCloser
 from coda.engine.grammar import GrammarMatcher
+from coda.engine.plan import RequestPlan
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
@@ -31,7 +32,6 @@ from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.output import OutputProcessor
 from coda.request import RequestRun
-from coda.sampling import SamplingParams
 from coda.stream import TokenInfo
 from coda.trace import TraceEvent, TraceSink
 
@@ -40,16 +40,18 @@ log = logging.getLogger("coda.engine")
 
 @dataclass(eq=False)
 class EngineRequest:
-    """Everything the engine holds for one request; released through ``run.ledger`` (L7)."""
+    """The engine's one live object per request (issue 22): its frozen plan, its run
+    (lifecycle, ledger, stream, output processor, trace handle), the scheduler's view, the
+    RNG cursor and the grammar's state; released through ``run.ledger`` (L7).
 
-    seq: Sequence
+    Two parts stay separate objects by design: the :class:`RequestRun` is shared with the
+    reference loop (coda.loop), so it holds nothing of the engine; the :class:`Sequence` is the
+    scheduler's and block manager's view (ids, tokens, blocks), tested without an engine."""
+
+    plan: RequestPlan
     run: RequestRun
-    processor: OutputProcessor
-    seed: int
-    eos_token_ids: frozenset[int]
-    params: SamplingParams
-    deadline: float | None
-    logprobs: bool
+    seq: Sequence
+    deadline: float | None                   # absolute (monotonic), from plan.deadline_s
     grammar: GrammarMatcher | None = None
     early_stop: EarlyStopController | None = None
     closer: BudgetCloser | None = None       # issue 13: close within the budget
@@ -57,9 +59,12 @@ class EngineRequest:
     retries: int = 0                         # forward retries used (seed 004 D5)
     scheduled_once: bool = False
     rng: RngCursor = field(init=False)
+    processor: OutputProcessor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.rng = RngCursor(self.seed)
+        self.rng = RngCursor(self.plan.seed)
+        assert self.run.processor is not None, "an engine request selects tokens"
+        self.processor = self.run.processor
 
 
 class RngCursor:
@@ -285,11 +290,11 @@ class EngineCore:
         replaced by the same step's draw under the closing path's mask (same counter uniform)."""
         closer = req.closer
         assert closer is not None
-        if closer.admits(dec.token_id, req.eos_token_ids):
+        if closer.admits(dec.token_id, req.plan.eos_token_ids):
             return dec
         path = closer.force()
         if path is not None and not path.tokens:  # NOTE: accepting already: end here (EOS)
-            path = closer.end_now(req.eos_token_ids)
+            path = closer.end_now(req.plan.eos_token_ids)
         self._record(req, tr.GRAMMAR_FORCED, rejected=dec.token_id,
                      path_tokens=len(path) if path is not None else None,
                      path_text=path.text.decode("utf-8", "replace") if path is not None else None)
@@ -304,10 +309,10 @@ class EngineCore:
             mask = req.closer.mask(self.runner.config.vocab_size)
         # NOTE: the cursor's step is the number of output tokens (advanced in _on_decision;
         # kept across preemption and retries, so a recomputed step draws the same uniform)
-        return SamplingRow(params=req.params, seed=req.rng.seed, step=req.rng.step,
+        return SamplingRow(params=req.plan.sampling, seed=req.rng.seed, step=req.rng.step,
                            prompt_token_ids=seq.prompt_token_ids,
                            output_token_ids=seq.output_token_ids,
-                           eos_token_ids=req.eos_token_ids, allowed_token_ids_mask=mask)
+                           eos_token_ids=req.plan.eos_token_ids, allowed_token_ids_mask=mask)
 
     def _on_decision(self, req: EngineRequest, dec: TokenDecision) -> None:
         run = req.run
@@ -318,7 +323,7 @@ class EngineCore:
         if req.grammar is not None and not req.grammar.consume(dec.token_id):
             self._end_failed(req, ModelError(f"grammar rejected token {dec.token_id}"))
             return
-        info = self._logprob_info(dec) if req.logprobs else TokenInfo(dec.token_id)
+        info = self._logprob_info(dec) if req.plan.logprobs else TokenInfo(dec.token_id)
         try:
             record = dec.to_record() if self._tracing else None  # NOTE: hot path: no dict unless traced
             reason = req.processor.on_token(dec.token_id, info, record, dec.prob)

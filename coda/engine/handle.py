@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from coda.finish import CancelCause
-from coda.reader import StreamReading, when_closed
+from coda.reader import StreamReading, wait_terminal
 from coda.request import RequestRun
 from coda.stream import RequestStream, Terminal
 
@@ -30,14 +29,8 @@ class RequestHandle(StreamReading):
         return ok
 
     def wait(self, timeout: float | None = None) -> Terminal:
-        """Blocking wait for the terminal (for synchronous callers)."""
-        done = threading.Event()
-        remove = when_closed(self.stream, lambda _terminal: done.set())
-        try:
-            if not done.wait(timeout):
-                raise TimeoutError(f"{self.request_id} not finished after {timeout}s")
-        finally:
-            remove()
-        terminal = self.stream.terminal
-        assert terminal is not None
+        """Blocking wait for the terminal (for synchronous callers; no event loop needed)."""
+        terminal = wait_terminal(self.stream, timeout)
+        if terminal is None:
+            raise TimeoutError(f"{self.request_id} not finished after {timeout}s")
         return terminal

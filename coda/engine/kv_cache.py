@@ -5,7 +5,7 @@ sequence's ``block_table[i]`` holds its logical positions ``[i*bs, (i+1)*bs)``. 
 is in exactly one state::
 
     state        ref_count  hashed  where
-    free         0          no      _free (FIFO)
+    free         0          no      _free (a heap: the lowest id is taken first)
     evictable    0          yes     _evictable (LRU; reused only when _free is empty)
     in use       >= 1       either  some block tables
 
@@ -16,12 +16,16 @@ computed blocks are ever shared, and a sequence only writes at positions
 ``>= num_computed_tokens``, which lie in blocks it owns alone (T3, L7).
 
 KV memory per token is ``2·L·H_kv·d_h·dtype_bytes`` (T3); a sequence wastes at most one
-partial block.
+partial block. Free blocks are taken lowest id first, so the blocks ever written are always
+``[0, num_touched_blocks)``: the cache's memory is committed on first write (issue 19 item 3),
+and its committed part is that prefix of each K/V plane, a high-water mark of blocks in use or
+cached, never the whole reservation because blocks cycled through a FIFO.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from coda.engine.sequence import Sequence
@@ -88,7 +92,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks = [_Block(i) for i in range(num_blocks)]
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: list[int] = list(range(num_blocks))  # NOTE: a heap (sorted is one)
+        self._touched = 0  # NOTE: 1 + the highest block id ever taken
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._owners: dict[int, _Owner] = {}  # seq_id -> owner record
@@ -104,6 +109,12 @@ class BlockManager:
     def usage(self) -> float:
         """Fraction of blocks held by live sequences (for metrics)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
+
+    @property
+    def num_touched_blocks(self) -> int:
+        """Blocks ever handed out: ``[0, num_touched_blocks)`` (lowest id first), whose KV
+        memory is committed; the rest of the reservation was never written."""
+        return self._touched
 
     @property
     def num_cached_blocks(self) -> int:
@@ -204,12 +215,12 @@ class BlockManager:
                 if block.hash is not None:
                     self._evictable[block_id] = None
                 else:
-                    self._free.append(block_id)
+                    heapq.heappush(self._free, block_id)
         seq.block_table = []
 
     def _take_block(self) -> int:
         if self._free:
-            block_id = self._free.popleft()
+            block_id = heapq.heappop(self._free)
         else:
             block_id, _ = self._evictable.popitem(last=False)  # least recently freed
             block = self._blocks[block_id]
@@ -217,6 +228,7 @@ class BlockManager:
             del self._cached[block.hash]
             block.hash, block.tokens, block.reg, block.parent_reg = None, None, 0, 0
         self._blocks[block_id].ref_count = 1
+        self._touched = max(self._touched, block_id + 1)
         return block_id
 
     # ----- prefix-cache registration -------------------------------------------------
@@ -299,6 +311,8 @@ class BlockManager:
                 )
             used += block.ref_count > 0
         _require(used + self.num_free_blocks == self.num_blocks, "free + used != total")
+        _require(all(b.ref_count == 0 and b.hash is None for b in self._blocks[self._touched:]),
+                 "a block past the touched high-water mark is in use or cached")
         for h, block_id in self._cached.items():
             _require(self._blocks[block_id].hash == h, f"cache entry for {block_id} is stale")
 

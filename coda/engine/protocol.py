@@ -23,7 +23,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+import tokenizers
 
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
@@ -67,7 +69,7 @@ class Engine(Protocol):
     model_aliases: frozenset[str]  # names accepted as ``model``, by coda.models.source.model_key
     context_length: int
     config: EngineConfig
-    tokenizer: Any
+    tokenizer: tokenizers.Tokenizer
     chat: TokenizerBundle
     identity: ModelIdentity
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from coda.engine.kv_cache import BlockManager, blocks_needed
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.errors import InvalidRequestError
+from coda.errors import ContextLengthExceededError
 
 
 @dataclass(frozen=True)
@@ -127,17 +127,24 @@ class Scheduler:
             raise ValueError(f"seq {seq.seq_id} is already scheduled")
         if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens or seq.block_table:
             raise ValueError(f"seq {seq.seq_id} is not a fresh sequence")
-        bm = self.block_manager
-        if blocks_needed(seq.max_total_tokens, bm.block_size) > bm.num_blocks:
-            raise InvalidRequestError(
-                f"prompt + max output tokens ({seq.max_total_tokens}) exceed the KV cache "
-                f"({bm.num_blocks * bm.block_size} tokens)",
-                field="max_tokens",
-            )
+        self.check_fits(seq.max_total_tokens)
         seq.arrival = self._next_arrival
         self._next_arrival += 1
         self._waiting.append(seq)
         self._by_id[seq.seq_id] = seq
+
+    def check_fits(self, max_total_tokens: int) -> None:
+        """Raise :class:`ContextLengthExceededError` (a 4xx, field ``max_tokens``) unless a
+        sequence of ``max_total_tokens`` (prompt + max output) fits the whole cache alone: one
+        that never could would wait forever (issue 19 item 3). Reads only immutable sizes, so
+        any thread may call it (the engine's submit does, before anything is queued)."""
+        bm = self.block_manager
+        if blocks_needed(max_total_tokens, bm.block_size) > bm.num_blocks:
+            raise ContextLengthExceededError(
+                f"prompt + max output tokens ({max_total_tokens}) exceed the KV cache "
+                f"({bm.num_blocks * bm.block_size} tokens)",
+                field="max_tokens",
+            )
 
     def finish(self, seq: Sequence) -> None:
         """End a sequence the engine is done with; frees its blocks exactly once (L7)."""

@@ -83,10 +83,6 @@ class Sequence:
         """Tokens known but not yet in the cache (the next chunk comes from these)."""
         return self.num_tokens - self.num_computed_tokens
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
-
     def append_token(self, token_id: int) -> None:
         """Record a selected token (T1: only when logits are for the whole known prefix)."""
         if self.status is not SequenceStatus.RUNNING:

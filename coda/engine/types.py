@@ -7,7 +7,6 @@ once by the engine at submit time. :class:`EngineConfig` is normalised once and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from coda.early_stop import EarlyStopPolicy
 from coda.sampling import SamplingParams
@@ -27,7 +26,7 @@ class GrammarSpec:
     ``json_schema`` (tool grammars set it on).
     """
 
-    json_schema: dict[str, Any] | None = None
+    json_schema: dict[str, object] | None = None  # NOTE: the client's JSON, as parsed
     json_object: bool = False
     regex: str | None = None
     lark: str | None = None
@@ -42,9 +41,10 @@ class GrammarSpec:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generation request in token space.
+    """One generation request in token space (checked once, by :func:`coda.engine.plan.plan_request`).
 
-    ``max_tokens`` None means "up to the context limit". ``deadline_s`` is relative to submit;
+    ``max_tokens`` None means ``default_max_tokens`` where that ends before the context, else
+    "up to the context limit" (the server passes its configured default; None: no default). ``deadline_s`` is relative to submit;
     past it the request ends ``deadline_exceeded`` (G3). ``stop_token_ids`` are id sequences
     (a single id is a sequence of length one). ``stops_end_at`` (a tool call's opening tag):
     stop strings are matched only before and through it, never inside the call (issue 13)."""
@@ -64,6 +64,7 @@ class GenerationRequest:
     utf8_tail: str = "auto"  # K3 tail policy: "auto" | "fail" | "drop" (coda.output)
     # stop strings apply only up to the end of this text's first occurrence (step.OutputSpec)
     stops_end_at: str | None = None
+    default_max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,10 @@ class EngineConfig:
     """Engine knobs, normalised once.
 
     KV cache size: ``num_blocks`` or ``kv_cache_bytes`` exactly, else
-    ``kv_cache_memory_fraction`` of the memory available after the weights (default 0.25,
-    ``coda/engine/kv_budget.py``), never more than ``max_num_seqs`` full contexts need.
+    ``kv_cache_memory_fraction`` of the memory available after the weights, else
+    ``max_num_seqs`` full contexts capped by ``memory_budget`` (weights + KV; ``"8GiB"``,
+    ``"40%"``…; default half the memory available at start) less the weights
+    (``coda/engine/kv_budget.py``). The cache is reserved, and committed as it is written.
     ``max_model_len`` caps the context below the model's own; ``num_threads`` None keeps the
     runner's thread policy (``coda/engine/runner.py``).
 
@@ -88,6 +91,7 @@ class EngineConfig:
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     kv_cache_memory_fraction: float | None = None
+    memory_budget: str | None = None
     max_model_len: int | None = None
     num_threads: int | None = None
     max_num_seqs: int = 64
@@ -114,3 +118,6 @@ class EngineStats:
     num_free_blocks: int
     num_requests_total: int
     num_preemptions_total: int
+    # NOTE: issue 19 item 3: the cache's mapping, and the part of it ever written (committed)
+    kv_cache_reserved_bytes: int = 0
+    kv_cache_committed_bytes: int = 0

@@ -30,6 +30,9 @@ the same gathered keys instead: the non-invariant baseline (``benchmarks/bench_a
 from __future__ import annotations
 
 import math
+import mmap
+import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +61,10 @@ class PagedKVCache:
     Head-major, so the keys gathered for a group view as ``[H_kv, G, keys, d_h]`` without a
     copy and feed one batched matmul. Zero-initialised: slots not yet written are masked out,
     and masked values must be finite (a masked NaN would still poison ``softmax @ V``).
+
+    On the CPU the storage is a fresh anonymous mapping (issue 19 item 3): the kernel's zero
+    pages, committed on first write, so ``nbytes`` is reserved, not resident; blocks handed
+    out lowest id first (``BlockManager``) keep the committed part at the start of each plane.
     """
 
     def __init__(
@@ -72,7 +79,7 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
     ) -> None:
         shape = (num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim)
-        self._storage = torch.zeros(shape, dtype=dtype, device=device)
+        self._storage = _zeros_uncommitted(shape, dtype, torch.device(device))
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.layers: list[torch.Tensor] = [self._storage[i] for i in range(num_layers)]
@@ -82,6 +89,23 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         return self._storage.numel() * self._storage.element_size()
+
+
+def _zeros_uncommitted(shape: tuple[int, ...], dtype: torch.dtype,
+                       device: torch.device) -> torch.Tensor:
+    """Zeros of ``shape``; on the CPU mapped without committing a page (see PagedKVCache)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    # NOTE: MAP_NORESERVE (0x4000 on Linux; absent from Python's mmap module before 3.13):
+    # the reservation is not charged against overcommit; pages are committed as written
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
+    buf = mmap.mmap(-1, max(nbytes, 1), flags=flags)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        # NOTE: with THP "always" one written slot would commit a 2 MiB page per K/V plane
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    # NOTE: the tensor holds the mapping alive (frombuffer keeps a reference to ``buf``)
+    return torch.frombuffer(buf, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 def _gather(kv_layer: torch.Tensor, index: torch.Tensor, n_seqs: int,
@@ -275,16 +299,18 @@ def paged_attention(
 def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
                              device: torch.device) -> str | None:
     """Why the native kernel (``kernels/csrc/rows.h``) cannot run this model's attention
-    (None: it can). It fuses RoPE, so per-head q/k norms (Qwen3) must run in Python; it reads a
-    float32 CPU cache; it needs ``head_dim`` in 32/64/96/128; and it must build here. Gemma 3's
-    local layers, norms and gate run in Python too."""
-    if cfg.local_layers or cfg.sandwich_norms or cfg.hidden_act != "silu" or cfg.embed_scale:
-        return "Gemma 3 layers (sliding window, four norms, GELU gate) run in Python"
-    if cfg.qk_norm:
-        return "per-head q/k RMSNorm runs before RoPE (Qwen3)"
+    (None: it can). It runs per-head q/k norms (Qwen3, Gemma 3), sliding-window layers, the
+    SiLU or GELU-tanh gate and Gemma's sandwich norms; it reads a float32 CPU cache; it needs
+    ``head_dim`` in 32/64/96/128/256; and it must build here."""
+    if cfg.hidden_act not in ("silu", "gelu_tanh"):
+        return f"the {cfg.hidden_act} gate has no native kernel"
+    if cfg.rope_dim != cfg.head_dim:
+        # NOTE: the kernel can rotate part of a head, but the model does not pass it the
+        # rotary width yet (Phi-4-mini): its attention stays in Python until it does
+        return f"partial rotary ({cfg.rope_dim} of {cfg.head_dim} dimensions) runs in Python"
     if kv_dtype != torch.float32 or device.type != "cpu":
         return f"the KV cache is {kv_dtype} on {device.type} (the kernel reads float32 on CPU)"
-    if cfg.head_dim not in (32, 64, 96, 128) or cfg.num_heads % cfg.num_kv_heads or \
+    if cfg.head_dim not in (32, 64, 96, 128, 256) or cfg.num_heads % cfg.num_kv_heads or \
             cfg.num_heads // cfg.num_kv_heads > 16:
         return f"head shape {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim} unsupported"
     from coda.models.kernels import unavailable
@@ -294,15 +320,16 @@ def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
 
 def attend_native(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   kv_layer: torch.Tensor, meta: AttentionMetadata, n_heads: int,
-                  n_kv: int) -> torch.Tensor:
+                  n_kv: int, **options: Any) -> torch.Tensor:
     """The fused projection's output ``qkv`` [T, (H + 2 H_kv) d] -> attention output [T, H d]:
     RoPE (the same bits as :func:`~coda.models.llama.apply_rope`), the K/V cache write at
     ``meta.slot_mapping``, and each row's attention over its own keys in one fixed order (T4;
-    ``kernels/csrc/rows.h``). Needs ``meta.rows`` (``AttentionMetadata.build(kernel=True)``)."""
+    ``kernels/csrc/rows.h``). Needs ``meta.rows`` (``AttentionMetadata.build(kernel=True)``).
+    ``options``: :func:`coda.models.kernels.ops.attend`'s (window, scale, q/k norms, eps)."""
     from coda.models.kernels import ops
 
     rows = meta.rows
     assert rows is not None
     return ops.attend(
         qkv, cos, sin, kv_layer, meta.slot_mapping, rows.seq_of, meta.positions, rows.tables,
-        n_heads, n_kv)
+        n_heads, n_kv, **options)

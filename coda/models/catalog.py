@@ -3,18 +3,25 @@
 Lists the embedded model, every installed Python distribution whose RECORD ships ``.gguf``
 files (found through ``importlib.metadata``; nothing is imported), and the folders or files
 given on the command line, each with architecture, parameter count, file size, stored
-quantization, context length and serving modes (``--quant``: what ``auto`` picks here, and
-every mode that would load). Reading a GGUF's metadata does not load its tensors.
+quantization, context length and serving modes (``--quant``: what ``auto`` picks here and why,
+every mode that would load, and why each other one would not; issue 19 item 5). Reading a
+GGUF's header (``gguf_header``: long arrays such as the vocabulary are not parsed) does not
+load its tensors: a row takes well under a second (``read_s`` says how long it took).
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coda.models.config import ModelConfig, ModelLoadError
 from coda.models.source import ModelSource, package_ggufs, resolve_model
+
+if TYPE_CHECKING:
+    from coda.models.gguf_file import GGUFCheckpoint
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,9 @@ class ModelEntry:
     error: str = ""
     quant_auto: str = ""  # what --quant auto serves it as
     quant_modes: tuple[str, ...] = ()  # every --quant that loads it here
+    why: str = ""  # why auto picks quant_auto: the mode's numerics, what it skipped first
+    refused: tuple[tuple[str, str], ...] = ()  # (mode, why it would not load here)
+    read_s: float = 0.0  # how long reading the row took
 
 
 def _size(path: Path) -> int:
@@ -44,6 +54,7 @@ def describe_source(model: str, src: ModelSource) -> ModelEntry:
     """The catalog row of one resolved source."""
     from coda.models.modes import modes_for
 
+    start = time.perf_counter()
     try:
         ckpt = None
         if src.kind == "gguf":
@@ -57,8 +68,33 @@ def describe_source(model: str, src: ModelSource) -> ModelEntry:
         auto, names = modes_for(ckpt)
     except (ModelLoadError, OSError, ValueError, KeyError) as exc:
         return ModelEntry(model, src.kind, src.path, error=str(exc))
+    why, refused = _reasons(ckpt, auto.name, names)
     return ModelEntry(model, src.kind, src.path, cfg.arch, cfg.num_parameters, _size(src.path),
-                      quant, cfg.max_context, quant_auto=auto.name, quant_modes=names)
+                      quant, cfg.max_context, quant_auto=auto.name, quant_modes=names, why=why,
+                      refused=refused, read_s=time.perf_counter() - start)
+
+
+def _reasons(ckpt: GGUFCheckpoint | None, auto: str, names: tuple[str, ...]
+             ) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(why ``auto`` is ``auto``, each mode that would not load and why) for one model."""
+    from coda.models.modes import AUTO_ORDER, FOLDER_AUTO, QUANT_MODES
+
+    refused: list[tuple[str, str]] = []
+    for name, mode in QUANT_MODES.items():
+        if name in names:
+            continue
+        why = (mode.available() or (mode.applies(ckpt) if ckpt is not None else None)
+               or ("needs a GGUF file" if ckpt is None and not mode.dense else "not available"))
+        refused.append((name, why))
+    order = AUTO_ORDER if ckpt is not None else (FOLDER_AUTO,)
+    skipped = [f"{n}: {w}" for n, w in refused if n in order[:order.index(auto)]] \
+        if auto in order else [f"{n}: {w}" for n, w in refused if n in order]
+    mode = QUANT_MODES[auto]
+    invariant = "batch-invariant" if mode.batch_invariant else "NOT batch-invariant (T4)"
+    tried = (f"auto takes the first of {', '.join(order)} that loads here" if ckpt is not None
+             else f"an HF folder runs {FOLDER_AUTO}, or fp32 where the native kernels are missing")
+    first = tried if not skipped else f"{tried}; skipped {'; '.join(skipped)}"
+    return f"{auto}: {invariant}; {first}", tuple(refused)
 
 
 def gguf_packages() -> list[tuple[str, list[Path]]]:
@@ -75,6 +111,11 @@ def gguf_packages() -> list[tuple[str, list[Path]]]:
 
 def list_models(extra: list[str]) -> list[ModelEntry]:
     """The embedded model, GGUF packages, then ``extra`` (folders, files, package names)."""
+    from coda.models import gguf_file  # noqa: F401  (imported once, before any row is timed)
+    from coda.models.modes import QUANT_MODES
+
+    for mode in QUANT_MODES.values():
+        mode.available()  # NOTE: the same for every row: the kernels' import, checked once
     entries = [describe_source("(default)", resolve_model(None))]
     for name, files in gguf_packages():
         if len(files) == 1:

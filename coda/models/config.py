@@ -6,8 +6,16 @@ resolved here into plain fields, so model code never looks at the raw dict. This
 not import torch (the engine's bookkeeping may use it without loading torch).
 
 Supported ``architectures``: LlamaForCausalLM (also SmolLM/SmolLM2), MistralForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (Gemma 3 text). Supported RoPE scaling types: ``llama3``, ``linear`` and
-``dynamic``; anything else raises :class:`UnsupportedModelError`.
+Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (Gemma 3 text), Phi3ForCausalLM
+(Phi-3/3.5/4-mini). Supported RoPE scaling types: ``llama3``, ``linear``, ``dynamic``, ``yarn``
+and ``longrope`` (Phi-3's ``su``/``yarn`` are its LongRoPE, as in transformers); anything else
+raises :class:`UnsupportedModelError`. The scaling is parsed by :mod:`coda.models.rope_scaling`
+(HF configs and GGUF files alike) and turned into frequencies in one place,
+:mod:`coda.models.rope`.
+
+Phi-3 differs from Llama only in what the checkpoint stores and how RoPE is parameterised: q/k/v
+and gate/up come fused (``fused_checkpoint``), LongRoPE's per-frequency factors, and Phi-4-mini's
+partial rotary (``rotary_dim`` of ``head_dim`` dimensions rotated, the rest passed through).
 
 Sliding windows (Mistral, Qwen2 with ``use_sliding_window``): attention here is always full
 causal attention, which equals sliding-window attention exactly while the context is no longer
@@ -29,47 +37,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coda.models.load_errors import ModelLoadError, UnsupportedModelError
+from coda.models.rope_scaling import RopeScaling, hf_rotary_dim, parse_hf_rope
+
 _ARCHS: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 _DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+__all__ = ["DENSE_BY_DTYPE", "ModelConfig", "ModelLoadError", "RopeScaling",
+           "UnsupportedModelError", "gemma3_local_layers", "hf_tensor_shapes"]
 
-
-class ModelLoadError(ValueError):
-    """A model that cannot be loaded; the message names what is missing (the CLI prints it,
-    never a stack trace)."""
-
-
-class UnsupportedModelError(ModelLoadError):
-    """A checkpoint this engine cannot run exactly (unknown architecture, RoPE type, GGUF
-    tensor type or tokenizer)."""
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """RoPE frequency scaling. ``kind`` is ``llama3``, ``linear`` or ``dynamic``.
-
-    ``dynamic`` (NTK) only changes frequencies for sequences longer than
-    ``original_max_position_embeddings``; :attr:`ModelConfig.max_context` never exceeds that
-    length for it, so within our context it is exactly the unscaled RoPE.
-    """
-
-    kind: str
-    factor: float
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+# NOTE: the dense serving mode (``--quant``, coda/models/modes.py) that runs each dtype; here,
+# in a leaf both the mode table and the loader import, so the loader needs no mode table
+DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape and numerics of a decoder-only Llama-family model."""
 
-    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    arch: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3" | "phi3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -99,6 +91,9 @@ class ModelConfig:
     embed_scale: bool = False  # embeddings multiplied by sqrt(hidden_size)
     attn_scale: float | None = None  # query scale (None: head_dim ** -0.5)
     norm_weight_offset: float = 0.0  # RMSNorm multiplies by (offset + w)
+    # NOTE: Phi-3's differences.
+    rotary_dim: int | None = None  # dimensions RoPE rotates (None: head_dim; Phi-4-mini 3/4)
+    fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -119,7 +114,8 @@ class ModelConfig:
         num_heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
         head_dim = int(d.get("head_dim") or hidden // num_heads)
-        rope_theta, rope_scaling = _parse_rope(d)
+        rope_theta, rope_scaling = parse_hf_rope(d, arch)
+        rotary_dim = hf_rotary_dim(d, arch, head_dim, rope_scaling)
         sliding = d.get("sliding_window")
         if arch == "qwen2" and not d.get("use_sliding_window", False):
             sliding = None  # NOTE: Qwen2 configs carry a window that is off unless enabled
@@ -152,14 +148,16 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", arch == "gemma3")),
-            attention_bias=True if arch == "qwen2" else bias,
-            attention_out_bias=bias if arch in ("llama", "mistral") else False,
+            attention_bias=True if arch == "qwen2" else bias and arch != "phi3",
+            attention_out_bias=bias if arch in ("llama", "mistral") else False,  # NOTE: phi3: none
             mlp_bias=bool(d.get("mlp_bias", False)) if arch == "llama" else False,
             qk_norm=arch in ("qwen3", "gemma3"),
             sliding_window=int(sliding) if sliding is not None else None,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
             torch_dtype=dtype,
+            rotary_dim=rotary_dim,
+            fused_checkpoint=arch == "phi3",
             **gemma,
         )
 
@@ -187,9 +185,15 @@ class ModelConfig:
         limit = self.max_position_embeddings
         if self.sliding_window is not None:
             limit = min(limit, self.sliding_window)
-        if self.rope_scaling is not None and self.rope_scaling.kind == "dynamic":
-            limit = min(limit, self.rope_scaling.original_max_position_embeddings)
+        rs = self.rope_scaling
+        if rs is not None and (rs.kind == "dynamic" or (rs.kind == "longrope" and not rs.long)):
+            limit = min(limit, rs.original_max_position_embeddings)
         return limit
+
+    @property
+    def rope_dim(self) -> int:
+        """The dimensions of each head RoPE rotates (the first ones; the rest pass through)."""
+        return self.rotary_dim if self.rotary_dim is not None else self.head_dim
 
     @property
     def num_parameters(self) -> int:
@@ -235,10 +239,10 @@ def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
         if (loc.get("rope_type") or "default") != "default":
             raise UnsupportedModelError(f"Gemma 3 local RoPE {loc!r} is not supported")
         local_theta = float(loc.get("rope_theta", local_theta))
-        theta, scaling = _parse_rope({**d, "rope_parameters": {"rope_theta": 1_000_000.0,
+        theta, scaling = parse_hf_rope({**d, "rope_parameters": {"rope_theta": 1_000_000.0,
                                                                 **glob}, "rope_scaling": None})
     else:
-        theta, scaling = _parse_rope({"rope_theta": 1_000_000.0, **d})
+        theta, scaling = parse_hf_rope({"rope_theta": 1_000_000.0, **d})
     act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise UnsupportedModelError(f"Gemma 3 activation {act!r} is not supported")
@@ -253,39 +257,6 @@ def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _parse_rope(d: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    """Return ``(rope_theta, scaling)`` from either the hub style or transformers v5 style."""
-    params = d.get("rope_parameters")
-    scaling_dict = d.get("rope_scaling")
-    theta = d.get("rope_theta")
-    if isinstance(params, dict):
-        theta = params.get("rope_theta", theta)
-        scaling_dict = scaling_dict or params
-    theta = float(theta if theta is not None else 10000.0)
-    if not scaling_dict:
-        return theta, None
-    kind = scaling_dict.get("rope_type") or scaling_dict.get("type") or "default"
-    if kind == "default":
-        return theta, None
-    if kind not in ("llama3", "linear", "dynamic"):
-        raise UnsupportedModelError(
-            f"unsupported rope scaling type {kind!r}; supported: llama3, linear, dynamic"
-        )
-    max_pos = int(d.get("max_position_embeddings", 2048))
-    return theta, RopeScaling(
-        kind=kind,
-        factor=float(scaling_dict.get("factor", 1.0)),
-        low_freq_factor=float(scaling_dict.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(scaling_dict.get("high_freq_factor", 4.0)),
-        # NOTE: HF falls back to max_position_embeddings (and dynamic NTK always uses it).
-        original_max_position_embeddings=int(
-            max_pos
-            if kind == "dynamic"
-            else scaling_dict.get("original_max_position_embeddings") or max_pos
-        ),
-    )
-
-
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor an HF checkpoint of this config holds, by HF name, with its shape."""
     d, q, kv, f, hd = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
@@ -297,7 +268,11 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.sandwich_norms:
             shapes[p + "pre_feedforward_layernorm.weight"] = (d,)
             shapes[p + "post_feedforward_layernorm.weight"] = (d,)
+        if cfg.fused_checkpoint:  # NOTE: Phi-3 stores q/k/v and gate/up as our fused rows
+            shapes[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, d)
         for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            if cfg.fused_checkpoint:
+                break
             shapes[p + f"self_attn.{name}.weight"] = (rows, d)
             if cfg.attention_bias:
                 shapes[p + f"self_attn.{name}.bias"] = (rows,)
@@ -307,7 +282,9 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (hd,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,)
-        for name, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
+        mlp = (("gate_up_proj", (2 * f, d)),) if cfg.fused_checkpoint else \
+            (("gate_proj", (f, d)), ("up_proj", (f, d)))
+        for name, shape in (*mlp, ("down_proj", (d, f))):
             shapes[p + f"mlp.{name}.weight"] = shape
             if cfg.mlp_bias:
                 shapes[p + f"mlp.{name}.bias"] = (shape[0],)

@@ -21,7 +21,16 @@ path can take the records as they are::
 Supported architectures (``general.architecture``): ``llama`` (also SmolLM/SmolLM2, and
 Mistral, which llama.cpp stores as ``llama``), ``qwen2``, ``qwen3``, ``gemma3`` (text; its
 norms are stored as ``w + 1`` and applied as stored; q/k rows unpermuted; llama.cpp's fixed
-local RoPE base 10000 and 6-layer pattern). This module does not import torch.
+local RoPE base 10000 and 6-layer pattern), ``phi3`` (fused ``attn_qkv`` and ``ffn_up`` =
+gate and up; partial rotary from ``rope.dimension_count``; q/k rows unpermuted).
+
+RoPE scaling as llama.cpp stores it: ``rope.scaling.type`` ``linear`` (``factor``), ``yarn``
+(``factor``, ``original_context_length``, ``yarn_attn_factor`` / ``attn_factor``,
+``yarn_beta_fast``, ``yarn_beta_slow``), ``longrope`` (the ``rope_factors_short`` and
+``rope_factors_long`` tensors, ``attn_factor``); Llama 3's scaling is the ``rope_freqs``
+tensor of per-frequency divisors. The factor tensors become part of the config
+(:class:`~coda.models.rope_scaling.RopeScaling`), computed into frequencies by
+:mod:`coda.models.rope` like an HF folder's. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -35,16 +44,16 @@ import numpy as np
 
 from coda.models.config import (
     ModelConfig,
-    RopeScaling,
     UnsupportedModelError,
     gemma3_local_layers,
     hf_tensor_shapes,
 )
 from coda.models.gguf_header import GGUFFormatError, GGUFHeader, TensorInfo, read_header
+from coda.models.rope_scaling import ROPE_TENSORS, gguf_rope_scaling, rope_factor_values
 
 # general.architecture -> ModelConfig.arch
 _ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-          "gemma3": "gemma3"}
+          "gemma3": "gemma3", "phi3": "phi3"}
 # Tensor types dequantized at load (gguf.quants implements each in numpy).
 SUPPORTED_QTYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                               "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
@@ -77,6 +86,12 @@ _GEMMA3_NAMES = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+# NOTE: Phi-3's fused tensors: ffn_up holds gate and up (gate first), attn_qkv q, k and v.
+_PHI3_NAMES = {
+    **_LAYER_NAMES,
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -136,7 +151,7 @@ def hf_name(gguf_name: str, gguf_arch: str = "llama") -> str | None:
     """HF parameter name for a GGUF tensor name; None for tensors the model does not use."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    names = _GEMMA3_NAMES if gguf_arch == "gemma3" else _LAYER_NAMES
+    names = {"gemma3": _GEMMA3_NAMES, "phi3": _PHI3_NAMES}.get(gguf_arch, _LAYER_NAMES)
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}"
@@ -173,8 +188,12 @@ def _majority_qtype(ckpt: GGUFCheckpoint) -> str:
 
 
 def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
-                         vocab_size: int | None) -> tuple[ModelConfig, str]:
-    """Build the ModelConfig from GGUF metadata; returns ``(config, gguf_arch)``."""
+                         vocab_size: int | None,
+                         rope_tensors: dict[str, tuple[float, ...]] | None = None,
+                         ) -> tuple[ModelConfig, str]:
+    """Build the ModelConfig from GGUF metadata; returns ``(config, gguf_arch)``.
+    ``rope_tensors``: the values of the file's :data:`ROPE_TENSORS` (a name in
+    ``tensor_names`` without its values is refused)."""
     arch = str(meta.get("general.architecture", ""))
     if arch not in _ARCHS:
         raise UnsupportedModelError(
@@ -197,13 +216,14 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
     if int(get("attention.value_length", head_dim)) != head_dim:
         raise UnsupportedModelError("GGUF key_length != value_length is not supported")
     rope_dim = int(get("rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise UnsupportedModelError(f"partial RoPE ({rope_dim} of {head_dim} dims) is not supported")
-    if "rope_freqs.weight" in tensor_names:
-        raise UnsupportedModelError(
-            "GGUF tensor 'rope_freqs.weight' (Llama 3.1 RoPE scaling factors) is not supported")
+    if rope_dim != head_dim and arch != "phi3":
+        raise UnsupportedModelError(f"partial RoPE ({rope_dim} of {head_dim} dims) is not supported"
+                                    f" for {arch} (only phi3)")
+    if rope_dim <= 0 or rope_dim % 2 or rope_dim > head_dim:
+        raise UnsupportedModelError(f"GGUF rope.dimension_count {rope_dim} is not usable")
     vocab = int(get("vocab_size", vocab_size))
     ctx = int(get("context_length"))
+    factors = rope_factor_values(tensor_names, rope_tensors or {}, rope_dim)
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     gemma = _gemma3_fields(get, heads, hidden, head_dim) if arch == "gemma3" else {}
     cfg = ModelConfig(
@@ -217,17 +237,21 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
         head_dim=head_dim,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         rope_theta=float(get("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(get, ctx),
+        rope_scaling=gguf_rope_scaling(get, ctx, factors, arch),
         max_position_embeddings=ctx,
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         attention_out_bias="blk.0.attn_output.bias" in tensor_names,
         mlp_bias=False,
         qk_norm=kind in ("qwen3", "gemma3"),
-        sliding_window=None,  # NOTE: llama.cpp runs these archs with full attention too
+        # NOTE: llama.cpp runs these archs with full attention; Phi-3's window (full attention
+        # in llama.cpp too) caps the context as the HF config's does, so both agree
+        sliding_window=_phi3_window(get) if arch == "phi3" else None,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
         torch_dtype="float32",
+        rotary_dim=None if rope_dim == head_dim else rope_dim,
+        fused_checkpoint=arch == "phi3",
         **gemma,
     )
     return cfg, arch
@@ -245,16 +269,9 @@ def _gemma3_fields(get: Any, heads: int, hidden: int, head_dim: int) -> dict[str
             "attn_scale": float(scalar) ** -0.5, "norm_weight_offset": 0.0}
 
 
-def _rope_scaling(get: Any, ctx: int) -> RopeScaling | None:
-    kind = get("rope.scaling.type", "none", required=False)
-    if kind in ("none", None):
-        return None
-    if kind != "linear":
-        raise UnsupportedModelError(f"GGUF rope scaling {kind!r} is not supported (only linear)")
-    factor = float(get("rope.scaling.factor", 1.0, required=False))
-    return RopeScaling(kind="linear", factor=factor,
-                       original_max_position_embeddings=int(
-                           get("rope.scaling.original_context_length", ctx, required=False)))
+def _phi3_window(get: Any) -> int | None:
+    window = get("attention.sliding_window", 0, required=False)
+    return int(window) if window else None
 
 
 def open_gguf(path: str | Path) -> GGUFCheckpoint:
@@ -265,8 +282,10 @@ def open_gguf(path: str | Path) -> GGUFCheckpoint:
     except GGUFFormatError as exc:
         raise UnsupportedModelError(f"{path} is not a readable GGUF file: {exc}") from None
     names = {t.name for t in header.tensors}
+    rope = {t.name: tuple(float(x) for x in np.asarray(header.data(t), dtype=np.float32))
+            for t in header.tensors if t.name in ROPE_TENSORS and t.type_name in ("F32", "F16")}
     cfg, arch = config_from_metadata(header.metadata, names,
-                                     header.array_length("tokenizer.ggml.tokens"))
+                                     header.array_length("tokenizer.ggml.tokens"), rope)
     ckpt = GGUFCheckpoint(path, header.metadata, cfg, arch, header)
     _validate(ckpt)
     return ckpt
@@ -278,7 +297,9 @@ def _validate(ckpt: GGUFCheckpoint) -> None:
     for t in ckpt.header.tensors:
         hf = hf_name(t.name, ckpt.gguf_arch)
         if hf is None:
-            if t.name.startswith("blk.") or t.name in ("rope_freqs.weight",):
+            if t.name in ROPE_TENSORS:
+                continue  # NOTE: read into the config by config_from_metadata
+            if t.name.startswith("blk."):
                 raise UnsupportedModelError(f"GGUF tensor {t.name!r} has no place in a "
                                             f"{ckpt.config.arch} model")
             continue

@@ -27,7 +27,6 @@ Rows of a quantized tensor are whole blocks along the input dimension, so ``row_
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 from coda.models.config import hf_tensor_shapes
-from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor, open_gguf
+from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor
 from coda.models.llama import CausalLM
 from coda.models.loader import build_model, param_target
 from coda.models.quant import GROUP, Int4Linear, Int8Linear, Q8Split, q4_groups, q8_0_groups
@@ -166,7 +165,7 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
     kernel (float32 activations in both modes). ``kernels`` collects type -> kernel."""
     from coda.models.kernels import native
     from coda.models.kernels.ggml_linear import GgmlLinear
-    from coda.models.kernels.kquant_linear import KQuantLinear, kernel_name
+    from coda.models.kernels.kquant_linear import Q8K_TYPES, KQuantLinear, kernel_name
 
     def make(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> nn.Module:
         if _legacy(parts, biases):
@@ -177,11 +176,13 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
             return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
         by_name = {b.hf_name.removesuffix("bias"): b for b in biases}
         segs = [segment(t, by_name.get(t.hf_name.removesuffix("weight"))) for t in parts]
+        # NOTE: Q8_K activations where every part is a K-quant; else float32 for all parts
+        kact = "q8" if act == "q8" and all(t.qtype in Q8K_TYPES for t in parts) else "f32"
         for t in parts:
             if kernels is not None:
-                extra = " (no q8 kernel: float32 activations)" if act == "q8" else ""
-                _note(kernels, t.qtype, f"{kernel_name(t.qtype)} (in place){extra}")
-        return KQuantLinear(segs)
+                extra = " (no q8 kernel: float32 activations)" if act != kact else ""
+                _note(kernels, t.qtype, f"{kernel_name(t.qtype, kact)} (in place){extra}")
+        return KQuantLinear(segs, kact)
 
     return make
 
@@ -282,12 +283,3 @@ def build_q4(ckpt: GGUFCheckpoint, head: str = "q8split", device: str = "cpu") -
         raise UnsupportedModelError(why)
     return build_packed(ckpt, int4_linear, q4_head(head), device)
 
-
-def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
-                    device: str = "cpu") -> CausalLM:
-    """A GGUF file's model in serving mode ``quant`` (for benchmarks and scripts; the engine
-    loads through :func:`coda.models.source.open_model`)."""
-    from coda.models.modes import resolve_mode
-
-    ckpt = path if isinstance(path, GGUFCheckpoint) else open_gguf(path)
-    return resolve_mode(quant, None, ckpt).build_gguf(ckpt, device)

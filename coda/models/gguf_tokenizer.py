@@ -211,7 +211,7 @@ def _add_special_tokens(tok: Tokenizer, v: GGUFVocab) -> None:
 # Token texts llama.cpp treats as end of generation (llama-vocab.cpp, "special_eog_ids").
 EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
                         "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-                        "<|end_of_text|>", "<end_of_utterance>"})
+                        "<|end_of_text|>", "<end_of_utterance>", "</s>"})
 _FIM_PAD = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>")
 _FIM_REP = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
 _FIM_SEP = ("<|file_sep|>",)

@@ -3,8 +3,12 @@ seed 000 §4.7; issue 8).
 
 Two outputs can be compared knowing they came from the same thing only if the snapshot names
 the *content*, not a folder: the weights' bytes, the tokenizer, the chat template, the serving
-dtype, quantization and serving mode (``--quant``), and the Coda version (whose rules decide the
-bytes and the endings).
+dtype, quantization and serving mode (``--quant``), the Coda version (whose rules decide the
+bytes and the endings) and the kernels' summation order (``kernel_order``: Coda's native
+kernels' one canonical order, the same on every machine and ISA, e.g. ``lanes16-v2``; or, for a
+mode whose matmuls run on torch, the torch version and CPU capability, since BLAS picks its
+order from the machine: a replica whose kernels sum in another order is another snapshot, so a
+request is never resumed on a replica that would continue it with other bits; issue 18).
 
 :func:`model_identity` is the one place the identity is computed; every loader calls it once at
 load with its own inputs (the safetensors loader with its ``*.safetensors`` files via
@@ -70,6 +74,7 @@ class ModelIdentity:
     quantization: str | None
     coda_version: str
     quant_mode: str | None = None  # the serving mode (coda/models/modes.py): fp32, q4 …
+    kernel_order: str | None = None  # the matmuls' summation order (QuantMode.kernel_order)
 
     @property
     def snapshot(self) -> str:
@@ -83,7 +88,7 @@ class ModelIdentity:
 
 def model_identity(*, weights_sha256: str, tokenizer: str | bytes, chat_template: str | None,
                    dtype: str, quantization: str | None = None, quant_mode: str | None = None,
-                   version: str | None = None) -> ModelIdentity:
+                   version: str | None = None, kernel_order: str | None = None) -> ModelIdentity:
     """The one computation of a model's identity (see the module docstring).
 
     ``weights_sha256``: :func:`digest_files` of the weight files (or :func:`digest_chunks` of
@@ -91,9 +96,10 @@ def model_identity(*, weights_sha256: str, tokenizer: str | bytes, chat_template
     GGUF's tokenizer fields serialized canonically); ``chat_template``: the template source, or
     None; ``dtype``: the serving (activation) dtype; ``quantization``: e.g. ``"Q4_1"``, None if
     unquantized; ``quant_mode``: how the weights are served (``"q4"`` keeps them packed,
-    ``"fp32"`` dequantizes them): a different mode is a different snapshot.
+    ``"fp32"`` dequantizes them): a different mode is a different snapshot; ``kernel_order``:
+    the summation order its kernels keep (:meth:`coda.models.modes.QuantMode.kernel_order`).
     """
     return ModelIdentity(weights_sha256=weights_sha256, tokenizer_sha256=_sha(tokenizer) or "",
                          chat_template_sha256=_sha(chat_template), dtype=dtype,
                          quantization=quantization, coda_version=version or coda_version(),
-                         quant_mode=quant_mode)
+                         quant_mode=quant_mode, kernel_order=kernel_order)

@@ -1,10 +1,11 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma 3) over a paged KV
-cache.
+"""The Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3) over a
+paged KV cache.
 
 One module covers every supported architecture; :class:`~coda.models.config.ModelConfig`
 switches the differences on (q/k/v bias, per-head q/k RMSNorm, tied embeddings, RoPE scaling;
 Gemma 3's sliding-window local layers with their own RoPE base, four norms per layer applied as
-``offset + w``, GELU-tanh gate, scaled embeddings and query scale).
+``offset + w``, GELU-tanh gate, scaled embeddings and query scale; Phi-3's partial rotary).
+RoPE frequencies come from :mod:`coda.models.rope` (every scaling type, HF or GGUF).
 Projections are fused (``qkv_proj``, ``gate_up_proj``); the loader maps HF tensor names onto
 them. :meth:`CausalLM.forward` takes a flattened varlen batch (see ``attention.py``) and
 returns hidden states; :meth:`CausalLM.compute_logits` turns the rows you need into logits.
@@ -15,7 +16,6 @@ cast to the activation dtype.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +26,7 @@ from torch import nn
 from coda.models.attention import AttentionMetadata, PagedKVCache, attend_native, paged_attention
 from coda.models.attention_window import WindowMasks, window_masks
 from coda.models.config import ModelConfig
+from coda.models.rope import cos_sin_scale, inv_freq
 
 # NOTE: RoPE table growth step (positions); 1024 × d_h × 2 floats is 0.5 MiB at d_h = 64.
 _ROPE_CHUNK = 1024
@@ -55,36 +56,16 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
-    """Inverse RoPE frequencies [d_h / 2] in float32, with the config's scaling applied
-    (``local``: Gemma 3's local layers, base ``rope_local_theta`` and never scaled)."""
-    dim = cfg.head_dim
-    arange = torch.arange(0, dim, 2, dtype=torch.float32, device="cpu")  # NOTE: not meta
-    theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
-    inv = 1.0 / (theta ** (arange / dim))
-    rs = None if local else cfg.rope_scaling
-    if rs is None or rs.kind == "dynamic":
-        return inv  # NOTE: dynamic NTK is the identity within max_context (see config.py)
-    if rs.kind == "linear":
-        return inv / rs.factor
-    # llama3: long wavelengths divided by factor, short kept, a smooth blend in between.
-    old_len = rs.original_max_position_embeddings
-    low_wavelen = old_len / rs.low_freq_factor
-    high_wavelen = old_len / rs.high_freq_factor
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
-    smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-    blended = (1 - smooth) * scaled / rs.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, blended, scaled)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """``x``: [T, H, d]; ``cos``/``sin_signed``: [T, 1, d] (HF's non-interleaved half rotation).
+    """``x``: [T, H, d]; ``cos``/``sin_signed``: [T, 1, r] (HF's non-interleaved half rotation
+    of the first ``r`` dimensions; the other ``d - r`` pass through: partial rotary, Phi-4).
 
     ``sin_signed`` is ``sin`` with its first half negated, so HF's ``rotate_half(x) * sin`` =
     ``cat(-x2, x1) * sin`` becomes ``cat(x2, x1) * sin_signed`` (a sign flip is exact)."""
-    half = x.shape[-1] // 2
+    rot = cos.shape[-1]
+    if rot != x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rot], cos, sin_signed), x[..., rot:]), dim=-1)
+    half = rot // 2
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
 
 
@@ -184,22 +165,40 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # NOTE: given its (zero) weight, so no random init runs: under the loader's meta device a
+        # normal_ imports torch._dynamo (2-10 s of every load); weights come from the checkpoint
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.zeros(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_weight_offset)
 
 
 @dataclass(frozen=True)
 class _LayerCalls:
-    """One layer for the native path: its norms' weights and its projections as plain calls."""
+    """One layer for the native path: its norms' weights (``offset + w`` already applied) and
+    its projections as plain calls; the Qwen3 / Gemma 3 extras are None where absent."""
 
     norm_in: torch.Tensor
     qkv: Callable[[torch.Tensor], torch.Tensor]
     o: Callable[[torch.Tensor], torch.Tensor]
-    norm_mid: torch.Tensor
+    norm_mid: torch.Tensor  # NOTE: the MLP's input norm (Gemma 3: pre_feedforward_layernorm)
     gate_up: Callable[[torch.Tensor], torch.Tensor]
     down: Callable[[torch.Tensor], torch.Tensor]
     norm_out: torch.Tensor  # NOTE: the next layer's input norm, or the final norm
+    q_norm: torch.Tensor | None = None  # per-head q/k norms before RoPE (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None
+    post_attn: torch.Tensor | None = None  # sandwich norms (Gemma 3)
+    post_ff: torch.Tensor | None = None
+    local: bool = False  # a sliding-window layer (Gemma 3)
+
+
+def _norm_weight(norm: RMSNorm | None) -> torch.Tensor | None:
+    """The float32 weight the native norm multiplies by: ``offset + w`` (Gemma's HF ``1 + w``,
+    as HF rounds it: in float32), or ``w``."""
+    if norm is None:
+        return None
+    w = norm.weight.detach()
+    return (norm.offset + w.float()).contiguous() if norm.offset else w
 
 
 def _direct(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -226,8 +225,9 @@ class CausalLM(nn.Module):
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
         # NOTE: a plain attribute, not a buffer: built on CPU even under a meta-device init.
-        self._inv_freq = rope_inv_freq(cfg)
-        self._inv_freq_local = rope_inv_freq(cfg, local=True)
+        self._inv_freq = inv_freq(cfg)
+        self._inv_freq_local = inv_freq(cfg, local=True)
+        self._rope_scale = (cos_sin_scale(cfg), cos_sin_scale(cfg, local=True))
         # NOTE: cos and signed sin [positions, 1, d] per position, grown on demand (see _rope)
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope_table_local: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -255,7 +255,9 @@ class CausalLM(nn.Module):
         top = meta.max_position if meta.max_position >= 0 else int(positions.max())
         cos, sin = self._rope(positions, h.dtype, top)
         if meta.rows is not None:
-            return self._forward_native(h, cos, sin, meta, kv)
+            native_local = (self._rope(positions, h.dtype, top, local=True)
+                            if cfg.local_layers and cfg.local_window is not None else None)
+            return self._forward_native(h, cos, sin, meta, kv, native_local)
         local: tuple[torch.Tensor, torch.Tensor, WindowMasks | None] | None = None
         if cfg.local_layers and cfg.local_window is not None:
             # NOTE: once per step, shared by every local layer (Gemma 3)
@@ -271,24 +273,38 @@ class CausalLM(nn.Module):
         return normed
 
     def _forward_native(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        meta: AttentionMetadata, kv: PagedKVCache) -> torch.Tensor:
+                        meta: AttentionMetadata, kv: PagedKVCache,
+                        local: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The layers with the native row ops (``kernels/csrc/rows.h``; float32, chosen by the
         runner for its whole life, see ``AttentionMetadata.rows``): each residual add is fused
-        with the norm after it, the gate's SiLU with the up product, and RoPE, the cache write
-        and attention are one call (:func:`attend_native`). Every op is row-local with a fixed
-        reduction order, so a row's bits never depend on its batch (T4). The projections are
-        called without module dispatch (:meth:`_native_plan`): at batch 1 that overhead was
-        ~10% of the step."""
+        with the norm after it, the gate's activation with the up product, and the per-head
+        q/k norms, RoPE, the cache write and attention (a sliding window on local layers) are
+        one call (:func:`attend_native`). Every op is row-local with a fixed reduction order,
+        so a row's bits never depend on its batch (T4). ``local``: the local layers' cos/sin
+        (Gemma 3). The projections are called without module dispatch (:meth:`_native_plan`):
+        at batch 1 that overhead was ~10% of the step."""
         from coda.models.kernels import ops as ext
-        eps = self.config.rms_norm_eps
-        n_heads, n_kv = self.config.num_heads, self.config.num_kv_heads
+        cfg = self.config
+        eps, window = cfg.rms_norm_eps, cfg.local_window or 0
+        n_heads, n_kv = cfg.num_heads, cfg.num_kv_heads
+        act = ext.gelu_tanh_mul if cfg.hidden_act == "gelu_tanh" else ext.silu_mul
         plan = self._native_plan()
         h = h.contiguous()  # NOTE: the residual stream, updated in place by add_rms_norm
         x = ext.rms_norm(h, plan[0].norm_in, eps)
         for i, p in enumerate(plan):
-            fused = attend_native(p.qkv(x), cos, sin, kv.layers[i], meta, n_heads, n_kv)
-            x = ext.add_rms_norm(h, p.o(fused), p.norm_mid, eps)
-            x = ext.add_rms_norm(h, p.down(ext.silu_mul(p.gate_up(x))), p.norm_out, eps)
+            c, s, w = (local[0], local[1], window) if p.local and local is not None else \
+                (cos, sin, 0)
+            fused = attend_native(p.qkv(x), c, s, kv.layers[i], meta, n_heads, n_kv, window=w,
+                                  scale=cfg.attn_scale, q_norm=p.q_norm, k_norm=p.k_norm,
+                                  eps=eps)
+            attn, mlp_in = p.o(fused), p.norm_mid
+            if p.post_attn is not None:
+                attn = ext.rms_norm(attn, p.post_attn, eps)
+            x = ext.add_rms_norm(h, attn, mlp_in, eps)
+            mlp = p.down(act(p.gate_up(x)))
+            if p.post_ff is not None:
+                mlp = ext.rms_norm(mlp, p.post_ff, eps)
+            x = ext.add_rms_norm(h, mlp, p.norm_out, eps)
         out: torch.Tensor = x
         return out
 
@@ -297,13 +313,25 @@ class CausalLM(nn.Module):
         # (in-place loads still show), not the modules, so modules swapped later are not seen.
         if self._plan is None:
             layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+
+            def norm(n: RMSNorm) -> torch.Tensor:
+                w = _norm_weight(n)
+                assert w is not None
+                return w
+
             self._plan = [_LayerCalls(
-                norm_in=layer.input_layernorm.weight,
+                norm_in=norm(layer.input_layernorm),
                 qkv=_direct(layer.self_attn.qkv_proj), o=_direct(layer.self_attn.o_proj),
-                norm_mid=layer.post_attention_layernorm.weight,
+                norm_mid=norm(layer.pre_feedforward_layernorm or layer.post_attention_layernorm),
                 gate_up=_direct(layer.mlp.gate_up_proj), down=_direct(layer.mlp.down_proj),
-                norm_out=(layers[i + 1].input_layernorm.weight if i + 1 < len(layers)
-                          else self.model.norm.weight),
+                norm_out=norm(layers[i + 1].input_layernorm if i + 1 < len(layers)
+                              else self.model.norm),
+                q_norm=_norm_weight(layer.self_attn.q_norm),
+                k_norm=_norm_weight(layer.self_attn.k_norm),
+                post_attn=(norm(layer.post_attention_layernorm)
+                           if layer.pre_feedforward_layernorm is not None else None),
+                post_ff=_norm_weight(layer.post_feedforward_layernorm),
+                local=layer.self_attn.local,
             ) for i, layer in enumerate(layers)]
         return self._plan
 
@@ -337,7 +365,9 @@ class CausalLM(nn.Module):
         freqs = pos.float()[:, None] * inv[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [chunk, 1, d]
         half = freqs.shape[-1]
-        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        scale = self._rope_scale[1 if local else 0]
+        # NOTE: as HF: the attention factor applied in float32, then the cast
+        cos, sin = (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
         return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # NOTE: see apply_rope
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,7 @@ from safetensors import safe_open
 from torch import nn
 
 from coda.models.config import ModelConfig, hf_tensor_shapes
-from coda.models.identity import ModelIdentity, digest_files, model_identity
 from coda.models.llama import CausalLM
-from coda.models.modes import DENSE_BY_DTYPE
 
 # HF projection name -> (our fused module, which shard)
 _FUSED: dict[str, tuple[str, str]] = {
@@ -133,7 +131,7 @@ def build_model(
             model.set_submodule(path, nn.Identity())
     if untied_head:
         model.lm_head = None
-    model = model.to_empty(device=device).to(torch_dtype(dtype))
+    model = _materialize(model, torch.device(device)).to(torch_dtype(dtype))
     for path, module in modules.items():
         # NOTE: inserted after the dtype cast: packed buffers keep their own dtypes
         if path == "logits_head":
@@ -159,23 +157,30 @@ def build_model(
     return model
 
 
+def _materialize(model: CausalLM, device: torch.device) -> CausalLM:
+    """``model.to_empty(device)`` through plain factories: every meta parameter and buffer
+    becomes an uninitialised tensor of its shape and dtype (shared ones stay shared).
+
+    NOTE: ``to_empty`` calls ``empty_like`` on meta tensors, which runs torch's Python
+    reference and imports sympy and ``torch.fx`` symbolic shapes: 1-2 s of every load."""
+    made: dict[int, torch.Tensor] = {}
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            made[id(t)] = torch.empty(tuple(t.shape), dtype=t.dtype, device=device)
+        return made[id(t)]
+
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                module._parameters[name] = nn.Parameter(fresh(p), requires_grad=p.requires_grad)
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = fresh(b)
+    return model
+
+
 def safetensors_files(model_dir: str | Path) -> list[Path]:
     """The weight files of an HF folder, in a stable order (shard names sorted)."""
     return sorted(set(_tensor_files(Path(model_dir)).values()))
 
-
-def folder_identity(model_dir: str | Path, dtype: str,
-                    chat_template: str | None = None,
-                    quant_mode: str | None = None) -> ModelIdentity:
-    """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
-    ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
-    own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
-    and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
-    from coda.models.tokenizer_bundle import folder_chat_template
-
-    model_dir = Path(model_dir)
-    template = chat_template if chat_template is not None else folder_chat_template(model_dir)
-    return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
-                          tokenizer=(model_dir / "tokenizer.json").read_bytes(),
-                          chat_template=template, dtype=dtype,
-                          quant_mode=quant_mode or DENSE_BY_DTYPE.get(dtype))

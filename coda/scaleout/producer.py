@@ -20,6 +20,7 @@ disconnect) and gets its ``cancelled`` terminal. A live ingress's requests are n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from dataclasses import dataclass
@@ -37,15 +38,15 @@ log = logging.getLogger("coda.scaleout")
 @dataclass(frozen=True)
 class DurableSpec:
     """What a replica needs to write a request's log: where the log is and how it is kept
-    (the ingress's settings), the fencing token the request carries when it is claimed (its
-    current owner's, normally the ingress's) and the API record it belongs to."""
+    (the ingress's settings) and the fencing token the request carries when it is claimed
+    (its current owner's, normally the ingress's). The API record it belongs to is linked by
+    the ingress's store (:meth:`~coda.durable.redis_log.RedisStreamLog.put_record`)."""
 
     url: str
     prefix: str
     retention_s: float
     lease_ttl_s: float
     fence: str
-    record_id: str = ""
 
 
 class NotOwner(RuntimeError):
@@ -73,9 +74,11 @@ class ReplicaLog:
         self.cancelled_orphans = 0
         threading.Thread(target=self._watch, name="coda-orphan-watch", daemon=True).start()
 
-    def begin(self, engine: Any, req: Any, spec: DurableSpec) -> DurableCopy:
-        """Claim ``req`` in the log, submit it to ``engine`` and mirror it; returns the copy
-        the call forwards (durable events only). Raises :class:`NotOwner` if the claim fails."""
+    def begin(self, engine: Any, req: Any, spec: DurableSpec,
+              loop: asyncio.AbstractEventLoop) -> DurableCopy:
+        """Claim ``req`` in the log, submit it to ``engine`` and mirror it (observed on the
+        replica's ``loop``); returns the copy the call forwards (durable events only). Raises
+        :class:`NotOwner` if the claim fails."""
         rid = req.request_id
         code, _ = self.log.take(rid, spec.fence)
         if code != 1:
@@ -89,9 +92,9 @@ class ReplicaLog:
         def fenced() -> None:
             handle.cancel(CancelCause.SHUTDOWN)
 
-        copy = self.mirror.watch(handle.stream, record_id=spec.record_id,
+        copy = self.mirror.watch(handle.stream, record_id="",
                                  prompt_tokens=len(req.prompt_token_ids), on_fenced=fenced,
-                                 opened=True, ack_on_write=True)
+                                 opened=True, ack_on_write=True, loop=loop)
         with self._lock:
             self._running[rid] = _Running(handle, ingress)
         return copy

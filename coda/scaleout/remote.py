@@ -9,8 +9,7 @@ on the handle (``route``) and in the server log.
 Failures: a replica call that fails before the request's first frame is resubmitted to another
 replica (same request, same seed: the counter RNG makes the output identical); after it, the
 request ends exactly once with ``model_error``, billing the committed tokens — decided in
-:mod:`coda.scaleout.failover` (with a durable log, :meth:`RemoteEngine.bind_log`, the log
-decides).
+:mod:`coda.scaleout.failover` (with a durable log, given at construction, the log decides).
 
 Transport: events come back through one streaming ``feed`` call per replica (and event loop),
 carrying batches of every request's events (:mod:`coda.scaleout.feed`), not one Ray item per
@@ -52,13 +51,7 @@ class RemoteHandle(StreamReading):
     engine: RemoteEngine
     route: dict[str, Any] = field(default_factory=dict)
     replica: int = -1
-    record_id: str = ""  # NOTE: set by the server's durable layer before the first call
     detach: bool = False  # NOTE: runs on without a client (background): the log says so
-
-    @property
-    def durable(self) -> bool:
-        """The replicas write this request's log themselves (``--redis-url``)."""
-        return self.engine.log is not None
 
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         if self.stream.closed or self.replica < 0:
@@ -69,10 +62,16 @@ class RemoteHandle(StreamReading):
 
 
 class RemoteEngine:
-    """Routes requests over Serve deployment handles ``replicas`` (one replica each)."""
+    """Routes requests over Serve deployment handles ``replicas`` (one replica each).
+
+    ``log`` (``--redis-url``): this ingress's :class:`~coda.durable.redis_log.RedisStreamLog`
+    (its lease and fencing token); the replicas then write every request's log themselves and
+    the first frame is the first durable delta. It is a
+    :class:`~coda.durable.engine.LogWriting` engine, which the server's
+    :class:`~coda.durable.engine.DurableEngine` passes through (issue 22 step 3)."""
 
     def __init__(self, replicas: list[Any], config: EngineConfig, *,
-                 affinity_slack: int = 256) -> None:
+                 affinity_slack: int = 256, log: Any = None) -> None:
         self.replicas = replicas
         self.config = config
         # NOTE: the ingress holds the replica's own tokenizer and model data (pickled), so it
@@ -97,14 +96,8 @@ class RemoteEngine:
         self.num_requests_total = 0
         self.num_resubmits_total = 0
         self.owns_replicas = True  # NOTE: False when it joined replicas another ingress made
-        self.log: Any = None  # NOTE: a RedisStreamLog once bound (coda.durable is optional)
+        self.log: Any = log  # NOTE: a RedisStreamLog or None (coda.durable is optional)
         self.trace = RoutedTraceSink(self, config.recent_traces or 64)
-
-    def bind_log(self, durable_log: Any) -> None:
-        """With ``--redis-url``: the replicas write every request's log themselves and the
-        first frame is the first durable delta. ``durable_log`` is this ingress's
-        :class:`~coda.durable.redis_log.RedisStreamLog` (its lease and fencing token)."""
-        self.log = durable_log
 
     # -- Engine protocol -----------------------------------------------------------------
     def start(self) -> None:
@@ -142,7 +135,9 @@ class RemoteEngine:
             num_blocks=sum(p.num_blocks for p in parts),
             num_free_blocks=sum(p.num_free_blocks for p in parts),
             num_requests_total=self.num_requests_total,
-            num_preemptions_total=sum(p.num_preemptions_total for p in parts))
+            num_preemptions_total=sum(p.num_preemptions_total for p in parts),
+            kv_cache_reserved_bytes=sum(p.kv_cache_reserved_bytes for p in parts),
+            kv_cache_committed_bytes=sum(p.kv_cache_committed_bytes for p in parts))
 
     def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
         raise KeyError(request_id)  # NOTE: resume is the durable log's (--redis-url)
@@ -150,6 +145,15 @@ class RemoteEngine:
     def cancel(self, request_id: str, cause: CancelCause = CancelCause.CLIENT) -> bool:
         handle = self._live.get(request_id)
         return handle.cancel(cause) if handle is not None else False
+
+    def detach(self, request_id: str) -> None:
+        """P4 ``continue`` / background: ``request_id`` runs on without a client; with a log,
+        also if this ingress dies (its replica writes the rest instead of cancelling it)."""
+        handle = self._live.get(request_id)
+        if handle is not None:
+            handle.detach = True
+        if self.log is not None:
+            self.log.detach(request_id)
 
     def mark_cancel(self, request_id: str, cause: CancelCause) -> None:
         """With a log, record the cancel there too: a cancel that overtakes the replica's
@@ -233,8 +237,7 @@ class RemoteEngine:
         if self.log is not None:
             try:
                 await asyncio.to_thread(self.log.open, h.request_id,
-                                        prompt_tokens=h.prompt_tokens, record_id=h.record_id,
-                                        detached=h.detach)
+                                        prompt_tokens=h.prompt_tokens, detached=h.detach)
             except Exception as exc:  # NOTE: redis.RedisError: nothing was sent, nothing seen
                 log.exception("stream log unreachable; request not started",
                               extra={"request_id": h.request_id})
@@ -279,7 +282,7 @@ class RemoteEngine:
         from coda.scaleout.producer import DurableSpec
 
         return DurableSpec(self.log.url, self.log.prefix, self.log.retention_ms / 1000,
-                           self.log.lease_ttl_ms / 1000, self.log.fence, h.record_id)
+                           self.log.lease_ttl_ms / 1000, self.log.fence)
 
 
 def _resolve(calls: list[Any]) -> None:

@@ -62,7 +62,8 @@ class EngineReplica:
         if durable is None:
             return self.engine.submit(req).stream
         plog = await asyncio.to_thread(self._log, durable)
-        return await asyncio.to_thread(plog.begin, self.engine, req, durable)
+        return await asyncio.to_thread(plog.begin, self.engine, req, durable,
+                                       asyncio.get_running_loop())
 
     def _outbox(self, feed_id: str) -> Outbox:
         box = self._outboxes.get(feed_id)

@@ -11,22 +11,25 @@ failed. A final assistant message is a prefill the model continues.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
+from coda.reader import replay
 from coda.server import tools as tl
 from coda.server.admission import off_loop
 from coda.server.chat import content_text, render_chat
-from coda.server.common import collect, new_id, now, state_of, stream_or_wait
+from coda.server.common import collect, state_of
+from coda.server.create import Parsed, create
 from coda.server.failures import anthropic_error, failed_json, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
-from coda.server.params import Knobs, build_requests, rename_map
+from coda.server.params import Knobs
 from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicRequest
+from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
-from coda.server.state import Record
+from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import anthropic_history
 from coda.stream import EventType, StreamEvent, Terminal
 
@@ -60,22 +63,24 @@ def _usage(terminal: Terminal | None, input_tokens: int, cached: int = 0) -> dic
 class AnthropicRenderer(Renderer):
     def __init__(self, record: Record, after: list[int] | None) -> None:
         super().__init__(1, after)
-        self.r = record
+        spec = record.spec
+        assert isinstance(spec, AnthropicRender)
+        self.r, self.input_tokens = record, spec.input_tokens
         # NOTE: with tools, blocks open lazily: text (index k) or tool_use, one at a time
         self.parser: tl.ToolCallParser | None = None
         self.block = -1          # index of the last block started
         self.text_open = False
         unstamped = 0  # NOTE: bytes before the resume point that no stamped frame covered
-        if record.extra.get("tools"):
+        if spec.tools:
             stream = record.handles[0].stream
             self.parser = tl.ToolCallParser()
-            for e in stream.events_after(-1):
+            for e in replay(stream):
                 if e.type is EventType.DELTA and e.seq <= self.after[0]:
                     # NOTE: replays the block state
                     out = self._blocks(self.parser.feed(e.text), "")
                     stamped = any(_is_block_delta(f.data) for f in out)
                     unstamped = 0 if stamped else unstamped + len(e.data)
-        if record.extra.get("verify"):
+        if spec.verify:
             self.enable_verify(record.streams)
             if self.verify is not None and unstamped:
                 self.verify.unstamp(0, unstamped)
@@ -86,7 +91,7 @@ class AnthropicRenderer(Renderer):
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
         fid = position_id(positions)
         if ev.type is EventType.START:
-            return []  # NOTE: D9: message_start waits for the prefix-cache lookup's result
+            return []  # NOTE: issue 20 D9: message_start waits for the prefix-cache lookup's result
         if ev.seq == 1:  # NOTE: the first event after start: a replay past it never repeats it
             return [*self._start(ev, fid), *self._on_event(index, ev, fid)]
         return self._on_event(index, ev, fid)
@@ -95,7 +100,7 @@ class AnthropicRenderer(Renderer):
         """``message_start`` with the final input usage (issue 20 D9): the first delta or the
         terminal comes after the prefix-cache lookup and states how many prompt tokens it
         held (``input_tokens`` + ``cache_read_input_tokens`` = the prompt)."""
-        prompt = self.r.extra["input_tokens"]
+        prompt = self.input_tokens
         if ev.terminal is not None:
             usage = {**_usage(ev.terminal, prompt), "output_tokens": 0}
         else:
@@ -113,7 +118,7 @@ class AnthropicRenderer(Renderer):
     def _on_event(self, index: int, ev: StreamEvent, fid: str) -> list[Frame]:
         if ev.type is EventType.DELTA:
             if self.parser is not None:
-                self.take(index, ev)  # NOTE: D5: the next block delta's stamp covers it
+                self.take(index, ev)  # NOTE: issue 20 D5: the next block delta's stamp covers it
                 out = self._blocks(self.parser.feed(ev.text), fid)
                 self.stamp_last(index, [f.data for f in out], _is_block_delta)
                 return out
@@ -129,7 +134,7 @@ class AnthropicRenderer(Renderer):
         if self.parser is not None:
             frames = self._blocks(self.parser.finish(), fid)
             self.stamp_last(index, [f.data for f in frames], _is_block_delta)
-            self.stamp_into(index, ext)  # NOTE: bytes no block delta carried (D5), if any
+            self.stamp_into(index, ext)  # NOTE: bytes no block delta carried (issue 20 D5), if any
             calls = self.parser.calls
             ext["tool_calls"] = {"count": calls, "removed_bytes": self.parser.removed_bytes}
         if is_failed(terminal):
@@ -143,7 +148,7 @@ class AnthropicRenderer(Renderer):
         return [*frames,
                 self._frame("message_delta", fid,
                             delta={"stop_reason": reason, "stop_sequence": stop},
-                            usage=_usage(terminal, self.r.extra["input_tokens"]), coda=ext),
+                            usage=_usage(terminal, self.input_tokens), coda=ext),
                 self._frame("message_stop", fid)]
 
 
@@ -195,7 +200,7 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
     return msgs
 
 
-async def _prompt_ids(st: Any, body: AnthropicRequest | AnthropicCountRequest,
+async def _prompt_ids(st: ServerState, body: AnthropicRequest | AnthropicCountRequest,
                       plan: tl.ToolPlan | None) -> list[int]:
     """The prompt's token ids: the chat template over system, messages and the plan's tools
     (a final assistant message is a prefill the model continues); off the event loop."""
@@ -207,55 +212,61 @@ async def _prompt_ids(st: Any, body: AnthropicRequest | AnthropicCountRequest,
     return ids
 
 
+class AnthropicAdapter:
+    """Messages as a :class:`~coda.server.create.Adapter`."""
+
+    kind: Literal["anthropic"] = "anthropic"
+    id_prefix = "msg_"
+    id_header = "request-id"
+
+    async def parse(self, st: ServerState, body: AnthropicRequest) -> Parsed:
+        plan = tl.anthropic_plan(body.tools, body.tool_choice)
+        if body.thinking and body.thinking.get("type") not in (None, "disabled"):
+            raise InvalidRequestError("thinking: extended thinking is not supported",
+                                      field="thinking")
+        ids = await _prompt_ids(st, body, plan)
+        knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
+                      prompt_field="messages", stop=body.stop_sequences,
+                      stop_field="stop_sequences", seed=body.seed,
+                      temperature=body.temperature, top_p=body.top_p,
+                      **tl.knob_fields(plan, body.response_format))
+        spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
+                               verify=body.stream_verify)
+        return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect)
+
+    def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
+        spec = record.spec
+        assert terminals is not None and isinstance(spec, AnthropicRender)
+        rid, headers = record.id, {"request-id": record.id}
+        c = collect(record.handles[0].stream)
+        if is_failed(c.terminal):  # defect 4: error status, partial text and outcome, no retry
+            return failed_json({"type": "error", "error": anthropic_error(c.terminal),
+                                "id": rid, "content": [{"type": "text", "text": c.text}],
+                                "coda": coda_extension(c.terminal)}, c.terminal, headers=headers)
+        ext = coda_extension(c.terminal)
+        content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
+        calls: list[tl.ToolCall] = []
+        if spec.tools:
+            text, calls, removed = tl.split(c.text)
+            ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
+            content = ([{"type": "text", "text": text}] if text or not calls else []) + [
+                _tool_use(k, rid) for k in calls]
+        reason, stop = _stop_fields(c.terminal, len(calls))
+        return JSONResponse({"id": rid, "type": "message", "role": "assistant",
+                             "model": record.model, "content": content,
+                             "stop_reason": reason, "stop_sequence": stop,
+                             "usage": _usage(c.terminal, spec.input_tokens),
+                             "coda": ext}, headers=headers)
+
+
+MESSAGES = AnthropicAdapter()
+register_renderer(AnthropicRender, AnthropicRenderer)
+
+
 @router.post("/v1/messages")
 async def create_message(body: AnthropicRequest, request: Request) -> Response:
     """Anthropic Messages (streaming and not) with the Coda extensions."""
-    st = state_of(request)
-    st.check_model(body.model)
-    plan = tl.anthropic_plan(body.tools, body.tool_choice)
-    if body.thinking and body.thinking.get("type") not in (None, "disabled"):
-        raise InvalidRequestError("thinking: extended thinking is not supported",
-                                  field="thinking")
-    ids = await _prompt_ids(st, body, plan)
-    knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
-                  prompt_field="messages", stop=body.stop_sequences, stop_field="stop_sequences",
-                  seed=body.seed, temperature=body.temperature, top_p=body.top_p,
-                  **tl.knob_fields(plan, body.response_format))
-    rid = new_id("msg_")
-    reqs = build_requests(body, knobs, ids, request_id=rid,
-                          default_max_tokens=st.engine_config.default_max_tokens,
-                          context_length=st.engine.context_length,
-                          backpressure=st.settings.backpressure)
-    handles = st.submit_all(reqs, rename_map(knobs))
-    record = Record(rid, "anthropic", handles, now(), st.engine.model_name,
-                    make_renderer=lambda after: AnthropicRenderer(record, after),
-                    extra={"input_tokens": len(ids), "tools": bool(plan and plan.active),
-                           "verify": body.stream_verify})
-    st.store.put(record)
-    done = await stream_or_wait(request, st, record, stream=body.stream,
-                                policy=body.on_disconnect or st.settings.on_disconnect,
-                                headers={"request-id": rid})
-    if isinstance(done, Response):
-        return done
-    c = collect(handles[0].stream)
-    if is_failed(c.terminal):  # defect 4: error status, partial text and outcome, no retry
-        return failed_json({"type": "error", "error": anthropic_error(c.terminal), "id": rid,
-                            "content": [{"type": "text", "text": c.text}],
-                            "coda": coda_extension(c.terminal)}, headers={"request-id": rid})
-    ext = coda_extension(c.terminal)
-    content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
-    calls: list[tl.ToolCall] = []
-    if record.extra["tools"]:
-        text, calls, removed = tl.split(c.text)
-        ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
-        content = ([{"type": "text", "text": text}] if text or not calls else []) + [
-            _tool_use(k, rid) for k in calls]
-    reason, stop = _stop_fields(c.terminal, len(calls))
-    return JSONResponse({"id": rid, "type": "message", "role": "assistant",
-                         "model": record.model, "content": content,
-                         "stop_reason": reason, "stop_sequence": stop,
-                         "usage": _usage(c.terminal, len(ids)),
-                         "coda": ext}, headers={"request-id": rid})
+    return await create(request, body, MESSAGES)
 
 
 @router.post("/v1/messages/count_tokens")

@@ -70,34 +70,34 @@ def create_app(engine: Engine, *, api_key: str | None = None,
                durable: ServerDurable | None = None) -> FastAPI:
     """The FastAPI app serving ``engine``. With ``manage_engine`` the lifespan starts the
     engine and shuts it down at the end (every in-flight request gets its terminal event).
-    ``durable`` (issue 12): mirror every request into the Redis stream log and serve resumes
-    of requests this process does not hold from it."""
-    state = ServerState(engine, settings or ServerSettings(), api_key)
-    state.manage_engine = manage_engine
+    ``durable`` (issue 12, issue 22 step 3): serve ``engine`` behind the Redis stream log (a
+    :class:`~coda.durable.engine.DurableEngine`) with a store of records kept there too, chosen
+    here once; the routes see an engine and a store either way."""
+    settings = settings or ServerSettings()
+    served: Engine = engine
+    store = None
     if durable is not None:
-        state.store.on_put, state.store.loader = durable.watch, durable.load
-        state.on_detach = durable.detach
-        bind = getattr(engine, "bind_log", None)
-        if bind is not None:  # NOTE: replicas write the log themselves (issue 12 item 2)
-            bind(durable.log)
-            durable.cancel_remote = getattr(engine, "cancel_anywhere", None)
+        served, store = durable.build(engine, manage_engine=manage_engine,
+                                      capacity=settings.max_stored_requests)
+    state = ServerState(served, settings, api_key, store)
+    # NOTE: the durable wrapper starts and stops itself (its lease) even over a shared engine
+    state.manage_engine = manage_engine or durable is not None
+    register = getattr(engine, "register_metrics", None)
+    if register is not None:  # NOTE: several models: loads and unloads (coda.server.model_router)
+        register(state.metrics.registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if manage_engine:
-            engine.start()
-        if durable is not None:
-            await asyncio.to_thread(durable.start)
+        if state.manage_engine:
+            await asyncio.to_thread(served.start)
         try:
             yield
         finally:
             state.shutting_down = True
-            if manage_engine:
-                await asyncio.to_thread(engine.shutdown)
+            if state.manage_engine:
+                await asyncio.to_thread(served.shutdown)
             # NOTE: bounded only with a stream log: there, detached requests run on elsewhere
             await state.drain_tasks(timeout=5.0 if durable is not None else None)
-            if durable is not None:
-                await asyncio.to_thread(durable.stop)
 
     app = FastAPI(title="Coda", version="0.1.0", lifespan=lifespan,
                   description="OpenAI- and Anthropic-compatible API; see docs/api.md.")
@@ -116,6 +116,9 @@ def create_app(engine: Engine, *, api_key: str | None = None,
 
 
 def _model_card(engine: Engine) -> dict[str, Any]:
+    routed = getattr(engine, "model_card", None)
+    if routed is not None:  # NOTE: several models: the selected one's card
+        return dict(routed())
     card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
             "max_model_len": engine.context_length}
     card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
@@ -141,7 +144,10 @@ def _operational_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(state_of(request).engine)]})
+        engine = state_of(request).engine
+        cards = getattr(engine, "model_cards", None)  # NOTE: several models: every one
+        return JSONResponse({"object": "list",
+                             "data": cards() if cards is not None else [_model_card(engine)]})
 
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str, request: Request) -> Response:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.responses import Response
 
-from coda.reader import terminal_of
+from coda.reader import replay, terminal_of
 from coda.server.logprobs import reported_trailing
 from coda.server.sse import SSEResponse
 from coda.server.state import DisconnectPolicy, Record, ServerState
@@ -88,7 +88,7 @@ class Collected:
 
 
 def collect(stream: RequestStream) -> Collected:
-    deltas = [(e.text, e.tokens) for e in stream.events_after(-1) if e.type is EventType.DELTA]
+    deltas = [(e.text, e.tokens) for e in replay(stream) if e.type is EventType.DELTA]
     terminal = stream.terminal
     assert terminal is not None, "collect() needs a finished stream"
     trailing = reported_trailing(terminal)
@@ -98,10 +98,10 @@ def collect(stream: RequestStream) -> Collected:
 
 
 def partial_text(stream: RequestStream) -> str:
-    return "".join(e.text for e in stream.events_after(-1) if e.type is EventType.DELTA)
+    return "".join(e.text for e in replay(stream) if e.type is EventType.DELTA)
 
 
 def text_before(stream: RequestStream, seq: int) -> int:
     """Characters returned by deltas up to and including ``seq`` (for resumed offsets)."""
-    return sum(len(e.text) for e in stream.events_after(-1)
+    return sum(len(e.text) for e in replay(stream)
                if e.type is EventType.DELTA and e.seq <= seq)

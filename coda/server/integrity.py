@@ -21,6 +21,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from coda.reader import replay
 from coda.server.http_errors import ApiError
 from coda.stream import EventType, RequestStream, StreamEvent
 
@@ -29,7 +30,7 @@ def _hash_through(stream: RequestStream, seq: int) -> tuple[int, Any]:
     """(bytes, running sha256) of ``stream``'s deltas with sequence number <= ``seq``."""
     h = hashlib.sha256()
     n = 0
-    for ev in stream.events_after(-1):
+    for ev in replay(stream):
         if ev.seq > seq:
             break
         if ev.type is EventType.DELTA:
@@ -125,7 +126,7 @@ def _boundary(stream: RequestStream, offset: int) -> tuple[int | None, int, Any]
     h = hashlib.sha256()
     n = 0
     found: int | None = None
-    for ev in stream.events_after(-1):
+    for ev in replay(stream):
         if ev.type is EventType.DELTA:
             if n + len(ev.data) > offset:
                 break

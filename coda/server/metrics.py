@@ -1,7 +1,7 @@
 """Prometheus metrics with vLLM-style names, one registry per app (issue 4 item 6; SPEC P5, L4).
 
-Latencies are observed once per request, when its terminal event is appended (from the
-stream's listener, on the engine thread; prometheus-client is thread-safe): time to first
+Latencies are observed once per request, once its terminal event is appended (woken by the
+wake-up channel on the server's event loop, never on the engine thread): time to first
 token, inter-token latency (gaps between deltas), queue time, end-to-end latency, and the
 exact finish reason: a FINISHED or CANCELLED request counts in ``request_success`` by its
 reason, a FAILED one (a K3 decoding error keeps a normal reason such as ``max_output_tokens``)
@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from coda.lifecycle import State
-from coda.reader import when_closed
+from coda.reader import replay, when_closed
 from coda.stream import EventType
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
@@ -49,14 +49,19 @@ class ServerMetrics:
         self.waiting = Gauge("coda:num_requests_waiting", "Requests queued.", registry=r)
         self.kv_usage = Gauge("coda:kv_cache_usage_perc", "KV cache usage (0-1).", registry=r)
         self.preemptions = Gauge("coda:num_preemptions", "Preemptions so far.", registry=r)
+        # NOTE: issue 19 item 3: the cache is reserved at load and committed as it is written
+        self.kv_reserved = Gauge("coda:kv_cache_reserved_bytes", "KV cache mapping (bytes).",
+                                 registry=r)
+        self.kv_committed = Gauge("coda:kv_cache_committed_bytes",
+                                  "KV cache bytes ever written (committed).", registry=r)
 
     def track(self, handle: Any) -> None:
-        """Observe ``handle``'s latencies once, when its terminal event is appended."""
+        """Observe ``handle``'s latencies once, after its terminal event (call on the loop)."""
         stream = handle.stream
         when_closed(stream, lambda _terminal: self._observe(stream))
 
     def _observe(self, stream: Any) -> None:
-        events = stream.events_after(-1)
+        events = replay(stream)
         terminal = stream.terminal
         if terminal is None:
             return
@@ -69,7 +74,7 @@ class ServerMetrics:
         for a, b in zip(stamps, stamps[1:], strict=False):
             self.itl.observe(max(0.0, b - a))
         reason = terminal.finish_reason.value
-        if terminal.state is State.FAILED:  # NOTE: D7: a failure, whatever its reason says
+        if terminal.state is State.FAILED:  # NOTE: issue 20 D7: a failure, whatever its reason
             code = terminal.error_code.value if terminal.error_code is not None else "model_error"
             self.failure.labels(finished_reason=reason, error=code).inc()
         else:
@@ -83,4 +88,6 @@ class ServerMetrics:
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
         self.preemptions.set(stats.num_preemptions_total)
+        self.kv_reserved.set(stats.kv_cache_reserved_bytes)
+        self.kv_committed.set(stats.kv_cache_committed_bytes)
         return generate_latest(self.registry)

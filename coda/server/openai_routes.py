@@ -9,23 +9,26 @@ outcome in ``coda`` (finish reason, matched stop, split usage, timings).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
+from coda.reader import replay
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.admission import off_loop
 from coda.server.chat import render_chat
-from coda.server.common import collect, new_id, now, state_of, stream_or_wait, text_before
+from coda.server.common import collect, text_before
+from coda.server.create import Parsed, create
 from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
-from coda.server.params import Knobs, build_requests, rename_map
+from coda.server.params import Knobs
+from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
-from coda.server.state import Record, ServerState
+from coda.server.state import Record, ServerState, register_renderer
 from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
 
 router = APIRouter()
@@ -34,29 +37,29 @@ router = APIRouter()
 class OpenAIRenderer(Renderer):
     """Chunks of one chat / completion call over its n (× prompts) engine streams."""
 
-    def __init__(self, record: Record, *, include_usage: bool,
-                 logprobs: bool, after: Sequence[int] | None,
-                 continuous_usage: bool = False) -> None:
+    def __init__(self, record: Record, after: Sequence[int] | None) -> None:
         super().__init__(len(record.handles), after)
-        self.r = record
-        self.continuous_usage = continuous_usage
-        self.skip = bool(record.extra.get("skip_special", True))
-        if record.extra.get("verify"):
+        spec = record.spec
+        assert isinstance(spec, OpenAIRender)
+        self.r, self.spec = record, spec
+        self.continuous_usage = spec.continuous_usage
+        self.skip = spec.skip_special
+        if spec.verify:
             self.enable_verify(record.streams)
         # NOTE: tokens selected so far per choice (a resumed stream counts what it skipped)
-        self.selected = [sum(len(e.tokens) for e in h.stream.events_after(-1)[:a + 1])
+        self.selected = [sum(len(e.tokens) for e in replay(h.stream)[:a + 1])
                          for h, a in zip(record.handles, self.after, strict=True)]
         self.chat = record.kind == "chat"
-        self.include_usage, self.logprobs = include_usage, logprobs
+        self.include_usage, self.logprobs = spec.include_usage, spec.logprobs
         # NOTE: legacy text_offset continues where a resumed stream left off.
         self.offsets = [text_before(h.stream, a) for h, a in zip(record.handles, self.after,
                                                                   strict=True)]
         # NOTE: tool calls are parsed out of the text (coda.server.tools); a resumed stream
         # primes each parser with the text it already sent.
-        self.parsers = ([tl.primed(e.text for e in h.stream.events_after(-1)
+        self.parsers = ([tl.primed(e.text for e in replay(h.stream)
                                    if e.type is EventType.DELTA and e.seq <= a)
                          for h, a in zip(record.handles, self.after, strict=True)]
-                        if record.extra.get("tools") else None)
+                        if spec.tools else None)
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -86,7 +89,7 @@ class OpenAIRenderer(Renderer):
         if self.parsers is not None:
             parser = self.parsers[index]
             frames = self._tool_frames(index, parser.finish(), None, fid)
-            self.stamp_into(index, ext)  # NOTE: bytes no frame carried (D5), on the last chunk
+            self.stamp_into(index, ext)  # NOTE: unframed bytes (issue 20 D5), on the last chunk
             ext["tool_calls"] = {"count": parser.calls, "removed_bytes": parser.removed_bytes}
         trailing = lp.reported_trailing(terminal)
         if is_failed(terminal):
@@ -123,7 +126,7 @@ class OpenAIRenderer(Renderer):
         """vLLM's ``continuous_usage_stats``: the choice's usage so far on every chunk."""
         if not self.continuous_usage:
             return {}
-        prompt = self.r.extra["prompt_tokens"][index // self.r.extra["n"]]
+        prompt = self.spec.prompt_tokens[index // self.spec.n]
         done = self.selected[index]
         return {"usage": {"prompt_tokens": prompt, "completion_tokens": done,
                           "total_tokens": prompt + done}}
@@ -131,8 +134,9 @@ class OpenAIRenderer(Renderer):
     def _tool_frames(self, index: int, items: list[tl.Item], ev: StreamEvent | None,
                      fid: str) -> list[Frame]:
         """Text and complete calls of a tools request as one chunk (none if both are empty).
-        With ``stream_verify`` the chunk's stamp covers every delta since the last stamp (D5):
-        a delta whose bytes are held back or inside an open call makes no chunk of its own."""
+        With ``stream_verify`` the chunk's stamp covers every delta since the last stamp (issue
+        20 D5): a delta whose bytes are held back or inside an open call makes no chunk of its
+        own."""
         if ev is not None:
             self.take(index, ev)
         text = tl.texts(items)
@@ -170,7 +174,7 @@ class OpenAIRenderer(Renderer):
         frames = []
         if self.include_usage and all(t is not None for t in terminals):
             done = [t for t in terminals if t is not None]
-            frames.append(Frame(self._chunk([], usage=openai_usage(done, self.r.extra["n"])),
+            frames.append(Frame(self._chunk([], usage=openai_usage(done, self.spec.n)),
                                 id=fid))
         frames.append(Frame("[DONE]", id=fid))
         return frames
@@ -217,69 +221,66 @@ def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
     return out
 
 
-async def _handle(request: Request, body: ChatCompletionRequest | CompletionRequest) -> Response:
-    st = state_of(request)
-    st.check_model(body.model)
-    _reject_unsupported(body)
-    chat = isinstance(body, ChatCompletionRequest)
-    rid = new_id("chatcmpl-" if chat else "cmpl-")
-    plan = (tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
-            if isinstance(body, ChatCompletionRequest) else None)
-    if chat:
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        mt_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    else:
-        max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
-    knobs = Knobs(max_tokens=max_tokens, max_tokens_field=mt_field,
-                  prompt_field="messages" if chat else "prompt", stop=body.stop, n=body.n,
-                  seed=body.seed, temperature=body.temperature, top_p=body.top_p,
-                  presence_penalty=body.presence_penalty,
-                  frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
-                  logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
-                  **tl.knob_fields(plan, body.response_format))
-    prompts = await off_loop(_prompts, st, body, plan)
-    requests = []
-    for k, ids in enumerate(prompts):
-        sub_id = rid if len(prompts) == 1 else f"{rid}-p{k}"
-        requests += build_requests(body, knobs, ids, request_id=sub_id,
-                                   default_max_tokens=st.engine_config.default_max_tokens,
-                                   context_length=st.engine.context_length,
-                                   backpressure=st.settings.backpressure)
-    handles = st.submit_all(requests, rename_map(knobs))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats)
-    record = Record(rid, "chat" if chat else "completion", handles, now(), st.engine.model_name,
-                    make_renderer=lambda after: OpenAIRenderer(
-                        record, include_usage=include_usage,
-                        logprobs=logprobs is not None, after=after,
-                        continuous_usage=continuous),
-                    # NOTE: plain data only: the extras rebuild the renderer on any ingress
-                    extra={"n": body.n, "tools": bool(plan and plan.active),
-                           "prompt_tokens": [len(p) for p in prompts],
-                           "skip_special": body.skip_special_tokens,
-                           "verify": body.stream_verify, "include_usage": include_usage,
-                           "logprobs": logprobs is not None, "continuous_usage": continuous})
-    st.store.put(record)
-    if chat and body.store is False:  # type: ignore[union-attr]
-        st.forget_when_done(record)  # NOTE: not kept for resume once it ended (privacy)
-    terminals = await stream_or_wait(request, st, record, stream=body.stream,
-                                     policy=body.on_disconnect or st.settings.on_disconnect,
-                                     headers={"x-request-id": rid})
-    if isinstance(terminals, Response):
-        return terminals
-    answer = _final_object(record, terminals, logprobs is not None)
-    failed = [t for t in terminals if is_failed(t)]
-    if failed:  # defect 4: an error status that carries the partial text and the outcome
-        answer = {"error": openai_error(failed[0]), **answer,
-                  "coda": coda_extension(failed[0])}
-        return failed_json(answer, headers={"x-request-id": rid})
-    return JSONResponse(answer, headers={"x-request-id": rid})
+class OpenAIAdapter:
+    """Chat completions or legacy completions as a :class:`~coda.server.create.Adapter`."""
+
+    id_header = "x-request-id"
+
+    def __init__(self, kind: Literal["chat", "completion"], id_prefix: str) -> None:
+        self.kind: Literal["chat", "completion"] = kind
+        self.id_prefix = id_prefix
+
+    async def parse(self, st: ServerState,
+                    body: ChatCompletionRequest | CompletionRequest) -> Parsed:
+        _reject_unsupported(body)
+        chat = isinstance(body, ChatCompletionRequest)
+        plan = (tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+                if isinstance(body, ChatCompletionRequest) else None)
+        if isinstance(body, ChatCompletionRequest):
+            max_tokens = body.max_completion_tokens or body.max_tokens
+            mt_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        else:
+            max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
+        knobs = Knobs(max_tokens=max_tokens, max_tokens_field=mt_field,
+                      prompt_field="messages" if chat else "prompt", stop=body.stop, n=body.n,
+                      seed=body.seed, temperature=body.temperature, top_p=body.top_p,
+                      presence_penalty=body.presence_penalty,
+                      frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
+                      logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
+                      **tl.knob_fields(plan, body.response_format))
+        prompts = await off_loop(_prompts, st, body, plan)
+        options = body.stream_options
+        spec = OpenAIRender(
+            n=body.n, prompt_tokens=tuple(len(p) for p in prompts),
+            tools=bool(plan and plan.active), skip_special=body.skip_special_tokens,
+            verify=body.stream_verify, logprobs=logprobs is not None,
+            include_usage=bool(options and options.include_usage),
+            continuous_usage=bool(options and options.continuous_usage_stats))
+        return Parsed(prompts, knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect,
+                      keep=not (isinstance(body, ChatCompletionRequest) and body.store is False))
+
+    def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
+        assert terminals is not None and isinstance(record.spec, OpenAIRender)
+        headers = {"x-request-id": record.id}
+        answer = _final_object(record, terminals, record.spec)
+        failed = [t for t in terminals if is_failed(t)]
+        if failed:  # defect 4: an error status that carries the partial text and the outcome
+            answer = {"error": openai_error(failed[0]), **answer,
+                      "coda": coda_extension(failed[0])}
+            return failed_json(answer, failed[0], headers=headers)
+        return JSONResponse(answer, headers=headers)
+
+
+CHAT = OpenAIAdapter("chat", "chatcmpl-")
+COMPLETIONS = OpenAIAdapter("completion", "cmpl-")
+register_renderer(OpenAIRender, OpenAIRenderer)
 
 
 def _final_object(record: Record, terminals: list[Terminal],
-                  with_logprobs: bool) -> dict[str, Any]:
+                  spec: OpenAIRender) -> dict[str, Any]:
     chat = record.kind == "chat"
+    with_logprobs = spec.logprobs
     choices = []
     for i, h in enumerate(record.handles):
         c = collect(h.stream)
@@ -289,7 +290,7 @@ def _final_object(record: Record, terminals: list[Terminal],
             logprobs = ({"content": lp.chat_entries([t for _, ts in c.deltas for t in ts]),
                          "refusal": None} if with_logprobs else None)
             message: dict[str, Any] = {"role": "assistant", "content": c.text}
-            if record.extra.get("tools"):
+            if spec.tools:
                 text, calls, removed = tl.split(c.text)
                 ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
                 message["content"] = text if text or not calls else None
@@ -305,23 +306,23 @@ def _final_object(record: Record, terminals: list[Terminal],
                 for text, toks in c.deltas:
                     parts.append(lp.legacy_logprobs(
                         toks, pos, pos + len(text),
-                        skip_special=record.extra.get("skip_special", True)))
+                        skip_special=spec.skip_special))
                     pos += len(text)
                 legacy = lp.merge_legacy(parts)
             choices.append({"index": i, "text": c.text, "logprobs": legacy,
                             "finish_reason": reason, "coda": ext})
     return {"id": record.id, "object": "chat.completion" if chat else "text_completion",
             "created": record.created, "model": record.model, "choices": choices,
-            "usage": openai_usage(terminals, record.extra["n"])}
+            "usage": openai_usage(terminals, spec.n)}
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI chat completions (streaming and not) with the Coda extensions."""
-    return await _handle(request, body)
+    return await create(request, body, CHAT)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     """OpenAI legacy completions (prompt text or token ids, legacy logprobs)."""
-    return await _handle(request, body)
+    return await create(request, body, COMPLETIONS)

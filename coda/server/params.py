@@ -106,14 +106,11 @@ def _early_stop(raw: dict[str, Any] | None) -> EarlyStopPolicy | None:
 
 
 def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int], *,
-                   request_id: str, default_max_tokens: int, context_length: int,
+                   request_id: str, default_max_tokens: int,
                    backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
-    """n engine requests for one API call; choice i gets seed ``seed + i`` (issue 4)."""
-    max_tokens = knobs.max_tokens
-    if max_tokens is None and default_max_tokens < context_length - len(prompt_ids):
-        # NOTE: an omitted limit is the configured default; where the context comes first the
-        # engine gets no limit, so the request ends context_limit, never max_output_tokens (L4).
-        max_tokens = default_max_tokens
+    """n engine requests for one API call; choice i gets seed ``seed + i`` (issue 4). The
+    token budget is the engine's to check and derive (coda.engine.plan): an omitted limit
+    travels as ``default_max_tokens``."""
     stops = _stops(knobs.stop, knobs.stop_field)
     early = _early_stop(ext.early_stop)
     backpressure_cfg = _backpressure(ext, backpressure)
@@ -140,7 +137,8 @@ def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int],
             field = knobs.logprobs_field if exc.field == "logprobs" else exc.field
             raise InvalidRequestError(exc.message, field=field) from None
         out.append(GenerationRequest(
-            prompt_token_ids=tuple(prompt_ids), sampling=sampling, max_tokens=max_tokens,
+            prompt_token_ids=tuple(prompt_ids), sampling=sampling, max_tokens=knobs.max_tokens,
+            default_max_tokens=default_max_tokens,
             stop=stops, stop_token_ids=_stop_ids(ext.stop_token_ids),
             include_stop_str_in_output=ext.include_stop_str_in_output,
             skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,

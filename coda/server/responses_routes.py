@@ -12,7 +12,7 @@ delta, then ``output_text.done``, ``content_part.done``, ``output_item.done`` an
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
@@ -20,29 +20,25 @@ from starlette.responses import JSONResponse, Response
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import CancelCause
-from coda.reader import terminal_of
+from coda.reader import replay, terminal_of
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.admission import off_loop
 from coda.server.chat import render_chat
-from coda.server.common import (
-    new_id,
-    now,
-    partial_text,
-    state_of,
-    stream_or_wait,
-)
+from coda.server.common import partial_text, state_of
+from coda.server.create import Parsed, create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.fields import reject_unhonoured
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
-from coda.server.params import Knobs, build_requests, rename_map
+from coda.server.params import Knobs
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
+from coda.server.render_spec import ResponsesRender
 from coda.server.sse import Frame, Renderer, SSEResponse
-from coda.server.state import Record
+from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import tool_history_item
-from coda.stream import EventType, RequestStream, StreamEvent
+from coda.stream import EventType, RequestStream, StreamEvent, Terminal
 
 router = APIRouter()
 _ROLES = frozenset({"system", "developer", "user", "assistant"})
@@ -55,24 +51,25 @@ def _item_id(record: Record) -> str:
 def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
     """The response as it stands (``initial``: the snapshot of ``response.created``)."""
     stream: RequestStream = record.handles[0].stream
+    spec = _spec(record)
     terminal = None if initial else stream.terminal
     body: dict[str, Any] = {
         "id": record.id, "object": "response", "created_at": record.created,
         "model": record.model, "status": "queued" if record.background else "in_progress",
         "background": record.background, "error": None, "incomplete_details": None,
-        "instructions": record.extra.get("instructions"), "metadata": record.extra["metadata"],
-        "max_output_tokens": record.extra.get("max_output_tokens"), "output": [],
-        "parallel_tool_calls": False, "temperature": record.extra.get("temperature"),
-        "top_p": record.extra.get("top_p"), "tool_choice": "auto", "tools": [],
-        "text": {"format": record.extra["format"]}, "truncation": "disabled", "usage": None,
-        "store": record.extra.get("store", True),
+        "instructions": spec.instructions, "metadata": dict(spec.metadata),
+        "max_output_tokens": spec.max_output_tokens, "output": [],
+        "parallel_tool_calls": False, "temperature": spec.temperature,
+        "top_p": spec.top_p, "tool_choice": "auto", "tools": [],
+        "text": {"format": dict(spec.format)}, "truncation": "disabled", "usage": None,
+        "store": spec.store,
     }
     if initial:
         return body
     body["status"] = "in_progress"
     text = partial_text(stream)
     calls: list[tl.ToolCall] = []
-    if record.extra.get("tools"):
+    if spec.tools:
         text, calls, _ = tl.split(text)
     item_status = "in_progress"
     if terminal is not None:
@@ -93,10 +90,16 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         body["coda"] = coda_extension(terminal)
     body["output"] = [_message_item(record, text, item_status, _logprobs(record, stream)),
                       *(_call_item(record, k, "completed") for k in calls)]
-    if record.extra.get("tools"):
-        body.update(tools=record.extra["tools_echo"], tool_choice=record.extra["tool_choice"],
-                    parallel_tool_calls=record.extra["parallel"])
+    if spec.tools:
+        body.update(tools=list(spec.tools_echo), tool_choice=spec.tool_choice,
+                    parallel_tool_calls=spec.parallel)
     return body
+
+
+def _spec(record: Record) -> ResponsesRender:
+    spec = record.spec
+    assert isinstance(spec, ResponsesRender)
+    return spec
 
 
 def _is_delta(obj: dict[str, Any]) -> bool:
@@ -113,9 +116,9 @@ def _call_item(record: Record, call: tl.ToolCall, status: str) -> dict[str, Any]
 def _logprobs(record: Record, stream: RequestStream) -> list[dict[str, Any]]:
     """Every returned token's logprobs so far (the final ``output_text`` carries them all,
     like the deltas did; trailing tokens as :func:`coda.server.logprobs.reported_trailing`)."""
-    if not record.extra.get("logprobs"):
+    if not _spec(record).logprobs:
         return []
-    tokens = [t for e in stream.events_after(-1) if e.type is EventType.DELTA for t in e.tokens]
+    tokens = [t for e in replay(stream) if e.type is EventType.DELTA for t in e.tokens]
     terminal = stream.terminal
     if terminal is not None:
         tokens.extend(lp.reported_trailing(terminal))
@@ -134,12 +137,14 @@ class ResponsesRenderer(Renderer):
 
     position_ids = False  # NOTE: every frame carries its own sequence number
 
-    def __init__(self, record: Record, logprobs: bool, starting_after: int) -> None:
+    def __init__(self, record: Record, after: list[int] | None) -> None:
         super().__init__(1, [-1])  # NOTE: always regenerate from the start (deterministic)
-        self.r, self.logprobs = record, logprobs
-        self.skip, self.seq, self.text = starting_after, 0, ""
-        self.parser = tl.ToolCallParser() if record.extra.get("tools") else None
-        if record.extra.get("verify"):
+        spec = _spec(record)
+        self.r, self.logprobs = record, spec.logprobs
+        # NOTE: ``after`` holds the last Responses sequence number the client has
+        self.skip, self.seq, self.text = -1 if after is None else after[0], 0, ""
+        self.parser = tl.ToolCallParser() if spec.tools else None
+        if spec.verify:
             self.enable_verify(record.streams)
 
     def _emit(self, obj: dict[str, Any]) -> list[Frame]:
@@ -167,7 +172,7 @@ class ResponsesRenderer(Renderer):
         if ev.type is EventType.DELTA:
             entries = lp.chat_entries(ev.tokens) if self.logprobs else []
             if self.parser is not None:
-                self.take(index, ev)  # NOTE: D5: the next delta event's stamp covers it
+                self.take(index, ev)  # NOTE: issue 20 D5: the next delta event's stamp covers it
                 return self._emit_all(index, self._tool_events(self.parser.feed(ev.text), ids,
                                                                entries))
             self.text += ev.text
@@ -192,7 +197,7 @@ class ResponsesRenderer(Renderer):
 
 
     def _emit_all(self, index: int, objs: list[dict[str, Any]]) -> list[Frame]:
-        """Emit ``objs``, the last delta event stamped (D5) even when replay skips it, so a
+        """Emit ``objs``, the last delta event stamped (issue 20 D5) even when replay skips it, so a
         resumed stream's stamps are the first delivery's."""
         self.stamp_last(index, objs, _is_delta)
         return [f for obj in objs for f in self._emit(obj)]
@@ -258,69 +263,68 @@ def _grammar(fmt: TextFormat | None) -> GrammarSpec | None:
 
 def _record(request: Request, rid: str) -> Record:
     record = state_of(request).store.get(rid)
-    if record is None or record.kind != "response" or not record.extra.get("store", True):
+    if record is None or not isinstance(record.spec, ResponsesRender) or not record.spec.store:
         raise ApiError(404, f"No response found with id '{rid}'", param="response_id",
                        code="not_found")
     return record
 
 
+class ResponsesAdapter:
+    """Responses as a :class:`~coda.server.create.Adapter`; ``background`` keeps running
+    without a client (P4)."""
+
+    kind: Literal["response"] = "response"
+    id_prefix = "resp_"
+    id_header = None
+
+    async def parse(self, st: ServerState, body: ResponsesRequest) -> Parsed:
+        plan = tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
+        reject_unhonoured(body)
+        if body.previous_response_id:
+            raise InvalidRequestError("previous_response_id: not supported",
+                                      field="previous_response_id")
+        text = await off_loop(render_chat, st.engine, _messages(body), field="input",
+                              tools=plan.tools if plan else ())
+        fmt = body.text.format if body.text else None
+        logprobs = body.top_logprobs if body.top_logprobs is not None else (
+            0 if body.include and "message.output_text.logprobs" in body.include else None)
+        knobs = Knobs(max_tokens=body.max_output_tokens, max_tokens_field="max_output_tokens",
+                      prompt_field="input", stop=body.stop, seed=body.seed,
+                      temperature=body.temperature, top_p=body.top_p,
+                      presence_penalty=body.presence_penalty,
+                      frequency_penalty=body.frequency_penalty, logprobs=logprobs,
+                      logprobs_field="top_logprobs",
+                      **(tl.knob_fields(plan, _grammar(fmt), "text.format")
+                         or {"grammar": _grammar(fmt)}))
+        ids = await off_loop(st.encode, text, add_special_tokens=False, field="input")
+        spec = ResponsesRender(
+            format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
+                    else {"type": "text"}),
+            instructions=body.instructions, metadata=body.metadata or {},
+            max_output_tokens=body.max_output_tokens, temperature=body.temperature,
+            top_p=body.top_p, tools=bool(plan and plan.active),
+            tools_echo=tuple(body.tools or ()), parallel=plan.parallel if plan else False,
+            tool_choice=body.tool_choice or "auto", store=body.store,
+            logprobs=logprobs is not None, verify=body.stream_verify)
+        return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect,
+                      background=body.background, keep=body.store)
+
+    def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
+        if terminals is None:  # NOTE: background: answered at once, queued
+            return JSONResponse(response_object(record, initial=True))
+        if is_failed(terminals[0]):  # defect 4: status failed, an error status not retried
+            return failed_json(response_object(record), terminals[0])
+        return JSONResponse(response_object(record))
+
+
+RESPONSES = ResponsesAdapter()
+register_renderer(ResponsesRender, ResponsesRenderer)
+
+
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     """Create a response; ``background`` keeps running without a client (P4)."""
-    st = state_of(request)
-    st.check_model(body.model)
-    plan = tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
-    reject_unhonoured(body)
-    if body.previous_response_id:
-        raise InvalidRequestError("previous_response_id: not supported",
-                                  field="previous_response_id")
-    text = await off_loop(render_chat, st.engine, _messages(body), field="input",
-                       tools=plan.tools if plan else ())
-    fmt = body.text.format if body.text else None
-    logprobs = body.top_logprobs if body.top_logprobs is not None else (
-        0 if body.include and "message.output_text.logprobs" in body.include else None)
-    knobs = Knobs(max_tokens=body.max_output_tokens, max_tokens_field="max_output_tokens",
-                  prompt_field="input", stop=body.stop, seed=body.seed,
-                  temperature=body.temperature, top_p=body.top_p,
-                  presence_penalty=body.presence_penalty,
-                  frequency_penalty=body.frequency_penalty, logprobs=logprobs,
-                  logprobs_field="top_logprobs",
-                  **(tl.knob_fields(plan, _grammar(fmt), "text.format")
-                     or {"grammar": _grammar(fmt)}))
-    rid = new_id("resp_")
-    ids = await off_loop(st.encode, text, add_special_tokens=False, field="input")
-    reqs = build_requests(body, knobs, ids,
-                          request_id=rid, default_max_tokens=st.engine_config.default_max_tokens,
-                          context_length=st.engine.context_length,
-                          backpressure=st.settings.backpressure)
-    handles = st.submit_all(reqs, rename_map(knobs))
-    fmt_dump = fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}
-    record = Record(rid, "response", handles, now(), st.engine.model_name,
-                    make_renderer=lambda after: ResponsesRenderer(
-                        record, logprobs is not None, -1 if after is None else after[0]),
-                    background=body.background,
-                    extra={"instructions": body.instructions, "metadata": body.metadata or {},
-                           "max_output_tokens": body.max_output_tokens,
-                           "temperature": body.temperature, "top_p": body.top_p,
-                           "format": fmt_dump, "tools": bool(plan and plan.active),
-                           "tools_echo": body.tools or [], "parallel": plan.parallel if plan
-                           else False, "tool_choice": body.tool_choice or "auto",
-                           "store": body.store, "logprobs": logprobs is not None,
-                           "verify": body.stream_verify})
-    st.store.put(record)
-    if not body.store:
-        st.forget_when_done(record)  # NOTE: store=false: never retrievable, not kept
-    if body.background:
-        st.keep_draining(handles[0])  # NOTE: acks the log so nobody-reading never overflows
-    if body.background and not body.stream:
-        return JSONResponse(response_object(record, initial=True))
-    done = await stream_or_wait(request, st, record, stream=body.stream,
-                                policy=body.on_disconnect or st.settings.on_disconnect)
-    if isinstance(done, Response):
-        return done
-    if is_failed(done[0]):  # defect 4: status failed, and an error status the SDK won't retry
-        return failed_json(response_object(record))
-    return JSONResponse(response_object(record))
+    return await create(request, body, RESPONSES)
 
 
 def _last_event_through(record: Record, seq: int) -> int:
@@ -331,7 +335,7 @@ def _last_event_through(record: Record, seq: int) -> int:
     r = record.make_renderer([1 << 62])  # NOTE: skips every frame; only numbers them
     assert isinstance(r, ResponsesRenderer)
     r.header()
-    for ev in record.streams[0].events_after(-1):
+    for ev in replay(record.streams[0]):
         if ev.seq > seq:
             break
         r.on_event(0, ev, [ev.seq])

@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import EngineConfig, GenerationRequest
@@ -20,8 +20,10 @@ from coda.models.source import model_key
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
+from coda.server.render_spec import RecordKind, RenderSpec
 from coda.server.replay import DeliveryRecord
-from coda.stream import BackpressureConfig
+from coda.server.sse import Renderer
+from coda.stream import BackpressureConfig, RequestStream
 
 log = logging.getLogger("coda.server")
 
@@ -66,22 +68,36 @@ class ServerSettings:
             raise ValueError("max_stored_requests must be >= 1")
 
 
+# NOTE: each protocol registers how its renderer is rebuilt from a record (its spec type)
+RendererFactory = Callable[["Record", "list[int] | None"], Renderer]
+_RENDERERS: dict[type, RendererFactory] = {}
+
+
+def register_renderer(spec_type: type, factory: RendererFactory) -> None:
+    """Called once per protocol at import (coda.server.create's adapters)."""
+    _RENDERERS[spec_type] = factory
+
+
 @dataclass
 class Record:
-    """A submitted API request: its n engine handles and what is needed to re-render it."""
+    """A submitted API request: its n engine handles and the typed spec its renderer is
+    rebuilt from (coda.server.render_spec; the durable log stores it as plain data)."""
 
     id: str
-    kind: Literal["chat", "completion", "anthropic", "response"]
+    kind: RecordKind
     handles: list[EngineHandle]
     created: int
     model: str
-    make_renderer: Callable[[list[int] | None], Any]
+    spec: RenderSpec
     background: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)  # NOTE: plain data (the durable log)
     delivery: DeliveryRecord = field(default_factory=DeliveryRecord)
 
+    def make_renderer(self, after: list[int] | None) -> Renderer:
+        """The protocol's renderer over this record's streams, resuming after ``after``."""
+        return _RENDERERS[type(self.spec)](self, after)
+
     @property
-    def streams(self) -> list[Any]:
+    def streams(self) -> list[RequestStream]:
         return [h.stream for h in self.handles]
 
     @property
@@ -93,22 +109,41 @@ class Record:
             h.cancel(cause)
 
 
+class ResponseStore(Protocol):
+    """Where the server keeps its API records (replays, ``GET /v1/responses/{id}``, cancel by
+    id): in memory (:class:`RecordStore`), or in memory and the durable stream log
+    (:class:`coda.server.durable.RedisResponseStore`, ``--redis-url``). Chosen once, when the
+    app is built (issue 22 step 3)."""
+
+    def put(self, record: Record) -> None: ...
+
+    def get(self, rid: str) -> Record | None: ...
+
+    def remove(self, rid: str) -> None: ...
+
+    def records(self) -> list[Record]:
+        """The records held in this process."""
+        ...
+
+    def detach(self, record: Record) -> None:
+        """P4 ``continue``: ``record``'s requests run on without a client (the durable log
+        records it, so they survive this ingress)."""
+        ...
+
+    def __len__(self) -> int: ...
+
+
 class RecordStore:
-    """Bounded map id → :class:`Record`; evicts the oldest finished record first.
+    """The in-memory :class:`ResponseStore`: a bounded map id → :class:`Record` that evicts
+    the oldest finished record first. A subclass rebuilds records it does not hold
+    (:meth:`_load`), which are then kept."""
 
-    ``on_put`` sees every stored record (the durable log mirrors it); ``loader`` rebuilds a
-    record this process does not hold (from the durable log, issue 12), which is then kept."""
-
-    def __init__(self, capacity: int, *, on_put: Callable[[Record], None] | None = None,
-                 loader: Callable[[str], Record | None] | None = None) -> None:
+    def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._items: OrderedDict[str, Record] = OrderedDict()
         self._lock = threading.Lock()
-        self.on_put, self.loader = on_put, loader
 
     def put(self, record: Record) -> None:
-        if self.on_put is not None:
-            self.on_put(record)
         with self._lock:
             self._items[record.id] = record
             while len(self._items) > self._capacity:
@@ -118,12 +153,18 @@ class RecordStore:
     def get(self, rid: str) -> Record | None:
         with self._lock:
             record = self._items.get(rid)
-        if record is None and self.loader is not None:
-            record = self.loader(rid)
+        if record is None:
+            record = self._load(rid)
             if record is not None:
                 with self._lock:
                     record = self._items.setdefault(rid, record)
         return record
+
+    def _load(self, rid: str) -> Record | None:
+        return None  # NOTE: one process's memory: what it does not hold does not exist
+
+    def detach(self, record: Record) -> None:
+        return None  # NOTE: in one process a request lives as long as its engine anyway
 
     def remove(self, rid: str) -> None:
         with self._lock:
@@ -138,28 +179,42 @@ class RecordStore:
 
 
 class ServerState:
-    def __init__(self, engine: Engine, settings: ServerSettings, api_key: str | None) -> None:
+    """What one app serves with: its engine and its store, both fixed at construction."""
+
+    def __init__(self, engine: Engine, settings: ServerSettings, api_key: str | None,
+                 store: ResponseStore | None = None) -> None:
         self.engine = engine
         self.settings = settings
         self.api_key = api_key
-        self.store = RecordStore(settings.max_stored_requests)
+        self.store: ResponseStore = (store if store is not None
+                                     else RecordStore(settings.max_stored_requests))
         self.metrics = ServerMetrics(engine)
         self.shutting_down = False
         self.manage_engine = True
-        # NOTE: told when a record's P4 policy is continue (the durable log records it)
-        self.on_detach: Callable[[Record], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         cfg = getattr(engine, "config", None)
         self.engine_config: EngineConfig = cfg if isinstance(cfg, EngineConfig) else EngineConfig()
         self.prompt_bound = PromptBound.of(engine.tokenizer)
+        self._bounds: dict[int, PromptBound] = {id(engine.tokenizer): self.prompt_bound}
 
     def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt") -> list[int]:
         """Tokenize a prompt (call it off the event loop, :func:`~coda.server.admission.off_loop`);
         a prompt whose byte length alone exceeds the context is refused untokenized."""
-        self.prompt_bound.check(text, self.engine.context_length, field)
-        return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        tokenizer = self.engine.tokenizer  # NOTE: several models: the routed model's
+        bound = self._bounds.get(id(tokenizer))
+        if bound is None:
+            bound = self._bounds[id(tokenizer)] = PromptBound.of(tokenizer)
+        bound.check(text, self.engine.context_length, field)
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def check_model(self, name: str) -> None:
+        select = getattr(self.engine, "select_model", None)
+        if select is not None:  # NOTE: several models (coda.server.model_router): route by name
+            if not select(name):
+                raise ApiError(404, f"The model '{name}' does not exist; this server serves "
+                                    f"{', '.join(repr(n) for n in cast(Any, self.engine).served_names())}",
+                               param="model", code="model_not_found")
+            return
         if model_key(name) not in self.engine.model_aliases:
             raise ApiError(404, f"The model '{name}' does not exist; this server serves "
                                 f"'{self.engine.model_name}'", param="model",
@@ -258,8 +313,8 @@ class ServerState:
 
     def disconnect_handler(self, record: Record, policy: DisconnectPolicy) -> Callable[[], None]:
         """P4: what a lost client does to ``record`` — cancel (transport_error) or nothing."""
-        if policy == "continue" and not record.background and self.on_detach is not None:
-            self.on_detach(record)
+        if policy == "continue" and not record.background:
+            self.store.detach(record)
 
         def on_disconnect() -> None:
             if record.background or policy == "continue":

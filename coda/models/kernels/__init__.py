@@ -81,6 +81,17 @@ def set_threads(n: int) -> None:
         native().set_threads(max(1, int(n)))
 
 
+def order(native_kernels: bool) -> str:
+    """The summation order a mode's matmuls keep, for the model identity (P1; issue 18): the
+    native module's one canonical order (``csrc/isa.h``; every ISA build keeps it, so it names
+    no ISA), or for torch's (BLAS) matmuls the torch version and CPU capability they depend on."""
+    if native_kernels:
+        return f"coda-native/{native().canonical_order}"
+    import torch  # NOTE: only here: this package stays importable without torch
+
+    return f"torch-{torch.__version__}/{torch.backends.cpu.get_cpu_capability()} (per machine)"
+
+
 def describe() -> dict[str, str]:
     """The kernel state for the load summary: the ISA in use, the summation order every ISA
     shares, the thread count; or why the kernels are missing."""

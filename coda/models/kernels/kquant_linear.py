@@ -6,6 +6,11 @@ memory-mapped row bytes: no re-laid-out or concatenated copy; llama.cpp's q/k ro
 followed through a row map (int32 per output row) instead of moving rows; biases are float32.
 :class:`KQuantEmbedding` gathers token rows from the blocks, decoding only the rows asked for.
 
+``act="q8"`` (the ``packed-q8`` mode, K-quant tensors only: :data:`Q8K_TYPES`): each input row
+is quantized per 256 to llama.cpp's Q8_K (int8 codes, one scale per block) and multiplied by
+the blocks' integer codes exactly (``csrc/kquants_q8.h``: its order is fixed per output, the
+same on every ISA).
+
 Numerics (the ``packed`` mode): each weight is decoded bit for bit as
 ``gguf.quants.dequantize`` (``csrc/kquants.h``, ``csrc/kquants_avx2.h``), and each output is
 summed in the canonical order of ``csrc/kquant_kernels.h`` (16 float lanes, input k in lane
@@ -33,8 +38,14 @@ TYPES: dict[str, tuple[int, int, int]] = {
 }
 
 
-def kernel_name(qtype: str) -> str:
+Q8K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+ACTS = ("f32", "q8")
+
+
+def kernel_name(qtype: str, act: str = "f32") -> str:
     """What runs a tensor of ``qtype`` (for the load summary)."""
+    if act == "q8" and qtype in Q8K_TYPES:
+        return f"packed-q8k/{native().isa()}"
     return f"packed-f32/{native().isa()}"
 
 
@@ -81,13 +92,21 @@ def _input(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class KQuantLinear(nn.Module):
-    """``y = x @ W.T (+ b)`` with W the row-concatenation of ``segments`` (same K)."""
+    """``y = x @ W.T (+ b)`` with W the row-concatenation of ``segments`` (same K); ``act``
+    ``"q8"``: Q8_K activations (every segment a K-quant type, see the module docstring)."""
 
-    def __init__(self, segments: Sequence[Segment]) -> None:
+    def __init__(self, segments: Sequence[Segment], act: str = "f32") -> None:
         super().__init__()
         if not segments or len({s.cols for s in segments}) != 1:
             raise ValueError("segments must be non-empty and share the input width")
-        self._linear: Callable[..., None] = native().kq_linear  # NOTE: KernelUnavailable here
+        if act not in ACTS:
+            raise ValueError(f"unknown activation mode {act!r}; use one of {ACTS}")
+        if act == "q8" and (bad := [s.qtype for s in segments if s.qtype not in Q8K_TYPES]):
+            raise ValueError(f"q8 activations need K-quant tensors ({', '.join(Q8K_TYPES)}), "
+                             f"got {', '.join(bad)}")
+        mod = native()  # NOTE: KernelUnavailable here
+        self.act = act
+        self._linear: Callable[..., None] = mod.kq_linear_q8 if act == "q8" else mod.kq_linear
         self.segments = list(segments)  # NOTE: keeps the mapped bytes, row maps, biases alive
         self._table = table(self.segments)
         self.in_features = segments[0].cols
@@ -114,7 +133,7 @@ class KQuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         kinds = "+".join(s.qtype for s in self.segments)
-        return f"{self.in_features}->{self.out_features}, {kinds}"
+        return f"{self.in_features}->{self.out_features}, {kinds}, act={self.act}"
 
 
 class KQuantEmbedding(nn.Module):

@@ -26,10 +26,22 @@ async function loadModel() {
     const r = await fetch("/v1/models", { headers: headers(false) });
     if (!r.ok) { $("model").textContent = r.status === 401 ? "API key needed" : "models: " + r.status; return; }
     const data = await r.json();
-    state.model = data.data[0].id;
-    $("model").textContent = "model: " + state.model;
+    const ids = data.data.map((m) => m.id);
+    if (!ids.includes(state.model)) state.model = ids[0];
+    // several models (coda serve --model A --model B): pick one; each loads on first use
+    const pick = $("model-pick");
+    pick.replaceChildren(...data.data.map((m) => {
+      const o = el("option", null, m.coda_model ? m.id + " (" + m.coda_model.status + ")" : m.id);
+      o.value = m.id;
+      return o;
+    }));
+    pick.value = state.model;
+    $("model-pick-label").hidden = ids.length < 2;
+    $("model").textContent = ids.length < 2 ? "model: " + state.model : "";
   } catch (e) { $("model").textContent = "server unreachable"; }
 }
+
+$("model-pick").addEventListener("change", () => { state.model = $("model-pick").value; });
 
 function stopStrings() {
   const raw = $("stop").value;

@@ -101,14 +101,19 @@ void quantize_rows(Ptr x, int64_t M, int64_t K, Ptr q, Ptr dx, Ptr sx) {
 
 void attend(Ptr qkv, Ptr cos, Ptr sin, Ptr kv, Ptr slots, Ptr seq_of, Ptr positions, Ptr tables,
             int64_t T, int64_t H, int64_t Hkv, int64_t d, int64_t blocks, int64_t bs,
-            int64_t B, int64_t maxb, Ptr out) {
+            int64_t B, int64_t maxb, Ptr out, int64_t rot, int64_t window, double scale,
+            Ptr qn, Ptr kn, double eps) {
   require(Hkv > 0 && H > 0 && H % Hkv == 0 && H / Hkv <= 16, "bad head counts");
-  require(d == 32 || d == 64 || d == 96 || d == 128, "head_dim must be 32, 64, 96 or 128");
+  require(d == 32 || d == 64 || d == 96 || d == 128 || d == 256,
+          "head_dim must be 32, 64, 96, 128 or 256");
   require(T >= 0 && blocks > 0 && bs > 0 && B >= 0 && maxb >= 0, "bad shapes");
+  require(rot > 0 && rot <= d && rot % 2 == 0, "rotary dims must be even, in (0, head_dim]");
+  require(window >= 0 && scale >= 0.0, "bad window or scale");
   AttendCall a{at<const float>(qkv), at<const float>(cos), at<const float>(sin), at<float>(kv),
                at<const int64_t>(slots), at<const int64_t>(seq_of), at<const int64_t>(positions),
                at<const int64_t>(tables), T, H, Hkv, d, blocks * bs, maxb, bs, 0, nullptr,
-               at<float>(out)};
+               at<float>(out), rot, window, static_cast<float>(scale), at<const float>(qn),
+               at<const float>(kn), static_cast<float>(eps)};
   for (int64_t t = 0; t < T; ++t) {
     in_range(a.slot[t] >= 0 && a.slot[t] < a.slots, "slot out of range");
     in_range(a.seq[t] >= 0 && a.seq[t] < B, "sequence index out of range");
@@ -132,6 +137,11 @@ void add_rms_norm(Ptr x, Ptr r, Ptr w, double eps, Ptr y, int64_t T, int64_t D) 
   require(T >= 0 && D > 0, "bad shapes");
   active().add_rms_norm(at<float>(x), at<const float>(r), at<const float>(w), static_cast<float>(eps),
                    at<float>(y), T, D);
+}
+
+void gelu_tanh_mul(Ptr gu, Ptr y, int64_t T, int64_t I) {
+  require(T >= 0 && I > 0 && I % 8 == 0, "I must be a positive multiple of 8");
+  active().gelu_tanh_mul(at<const float>(gu), at<float>(y), T, I);
 }
 
 void silu_mul(Ptr gu, Ptr y, int64_t T, int64_t I) {
@@ -168,6 +178,21 @@ void kq_linear(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y) {
   if (M == 0) return;
   active().kq_linear({at<const float>(x), M, K, table.data(), static_cast<int>(table.size()), N,
                       at<float>(y)});
+}
+
+void kq_linear_q8(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y) {
+  require(M >= 0, "bad M");
+  const std::vector<KqSeg> table = kq_segs(segs, nseg, K);
+  int64_t N = 0;
+  for (const KqSeg& g : table) {
+    require(g.type == ggml::Q2_K || g.type == ggml::Q3_K || g.type == ggml::Q4_K ||
+                g.type == ggml::Q5_K || g.type == ggml::Q6_K,
+            "q8 activations need K-quant segments (Q2_K..Q6_K)");
+    N += g.rows;
+  }
+  if (M == 0) return;
+  active().kq_linear_q8({at<const float>(x), M, K, table.data(), static_cast<int>(table.size()),
+                         N, at<float>(y)});
 }
 
 void kq_gather(Ptr ids, int64_t T, Ptr seg, int64_t K, Ptr out) {

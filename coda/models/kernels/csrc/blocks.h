@@ -7,8 +7,11 @@
 // paired by halves: [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]). ggml order: weight j of a Q4
 // block is the low nibble of byte j for j < 16 and the high nibble of byte j - 16.
 //
-// f32 mode: weight w = fma(q, d, m) (Q4; m = -8d for Q4_0) or q * d (Q8_0), one rounding, then
-// the canonical 8-lane dot of isa.h: lane k mod 8, acc = fma(w, x, acc) in increasing k, hsum8.
+// f32 mode: weight w = fma(q, d, m) (Q4; m = -8d for Q4_0) or q * d (Q8_0), one rounding (the
+// file's weight exactly, as kquants.h decodes it), then isa.h's canonical 16-lane dot: lane
+// k mod 16, acc = fma(w, x, acc) in increasing k, tree16 (so a Q4_0/Q4_1/Q8_0 matrix gives the
+// in-place kernel's bits: one order for every matmul). Sub-vector V of a block (weights
+// 8V..8V+7) feeds lanes 0..7 for even V, 8..15 for odd V.
 // q8 mode: each row's activations are quantised per block of 32 (dx = amax / 127, q = rint(x / dx)
 // as x * (1 / dx), ties to even; sx = dx * sum(q)), stored twice as wide (XQB layout: [x0..15,
 // x0..15, x16..31, x16..31]); the integer dots are exact; per output 4 float lanes (isa.h), then
@@ -74,26 +77,30 @@ inline F8 dequant8(const uint8_t* q, float d, float m) {
 #endif
 }
 
+#if CODA_ISA != CODA_AVX512  // NOTE: AVX-512's f32 tiles are blocks_avx512.h's
 template <bool Q8W, int R, int C, int V>
 inline void step_f32(const float* x, int64_t K, const float* d, const float* m, const uint8_t* q,
-                     int64_t c0, F8 acc[R][C]) {
+                     int64_t c0, F16 acc[R][C]) {
   constexpr int64_t qb = Q8W ? 32 : 16;
   for (int c = 0; c < C; ++c) {
     const int64_t c1 = c0 + c, at = Q8W ? (c1 / 2) * 64 + (c1 % 2) * 16 : c1 * qb;
     const F8 w = dequant8<Q8W, V>(q + at, d[c1], m[c1]);
-    for (int r = 0; r < R; ++r) acc[r][c] = fma8(w, load8(x + r * K + 8 * V), acc[r][c]);
+    for (int r = 0; r < R; ++r) {
+      F8& lane = V % 2 ? acc[r][c].hi : acc[r][c].lo;  // NOTE: k mod 16 = 8 (V % 2) + l
+      lane = fma8(w, load8(x + r * K + 8 * V), lane);
+    }
   }
 }
 
-// R rows x C outputs (columns c0..c0+C of one tile), f32 activations.
+// R rows x C outputs (columns c0..c0+C of one tile), f32 activations (scalar and AVX2).
 template <int KIND, int R, int C>
 void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
                float* y, int64_t ldy, int64_t ncols) {
   constexpr bool Q8W = kQ8<KIND>;
   const int64_t nb = K / QK, qb = kQB<KIND>;
-  F8 acc[R][C];
+  F16 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = zero8();
+    for (int c = 0; c < C; ++c) acc[r][c] = zero16();
   float d[8], m[8];
   for (int64_t b = 0; b < nb; ++b) {
     scales8<KIND>(sc + b * kSC<KIND>, d, m);
@@ -106,15 +113,17 @@ void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs,
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
-      if (c0 + c < ncols) y[r * ldy + c0 + c] = hsum8(acc[r][c]);
+      if (c0 + c < ncols) y[r * ldy + c0 + c] = tree16(acc[r][c]);
 }
 
 template <int KIND, int R>
 void tile_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
               int64_t ldy, int64_t ncols) {
-  constexpr int C = R == 1 ? 8 : R == 2 ? 4 : 2;
+  // NOTE: 2 registers per accumulator on AVX2 (16 ymm): at most 8 accumulators live
+  constexpr int C = R == 1 ? 4 : R == 2 ? 2 : 1;
   for (int64_t c0 = 0; c0 < TILE; c0 += C) micro_f32<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols);
 }
+#endif
 
 // The min term of a tile's 8 outputs for one row: mt[c] = sum_b fma(m_c, sx_b, .), in order.
 template <int KIND>

@@ -1,7 +1,7 @@
 // AVX-512 tiles of the block matmuls (blocks.h), included by blocks.h in the AVX-512 build only.
 // Same canonical order as every build (isa.h), two or four outputs per 512-bit register:
-// f32 mode: lanes 0..7 hold output c's 8 lanes, lanes 8..15 output c + 1's (lane k mod 8 each),
-//   updated by one fma per sub-vector of 8 weights in increasing k, then hsum8 on each half;
+// f32 mode: one 512-bit register per output holds its 16 lanes (lane k mod 16), updated by one
+//   fma per half block (weights 0..15, then 16..31) in increasing k, then tree16;
 // q8 mode: 128-bit chunk q holds output c + q's 4 lanes; the exact integer sums come from VNNI
 //   (vpdpbusd: 4 adjacent byte products, the same k mod 16 partition as the AVX2 build's
 //   maddubs + madd), then one fma per block, then (0 + 2) + (1 + 3) per chunk and the min term.
@@ -10,86 +10,56 @@
 // NOTE: included inside blocks.h's namespace coda_native::avx512::blocks, after its helpers.
 #if CODA_ISA == CODA_AVX512
 
-// idx lanes: [a x 8, b x 8]
-inline __m512i pair_index(int a, int b) {
-  return _mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1);
-}
-
-// A tile-block's scales as [d0..7, m0..7] (m: Q4_1 its own, Q4_0 -8d, Q8_0 unused).
-template <int KIND>
-inline __m512 scales16(const uint16_t* s) {
-  if (KIND == Q4_1) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-  return _mm512_insertf32x8(_mm512_castps256_ps512(d), _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)), 1);
-}
-
-// The 4 sub-vectors (V = 0..3) of a block's weights of outputs c and c + 1, as pairs.
+// Output c's weights of one block as two 16-lane halves (w[0]: weights 0..15, w[1]: 16..31).
 template <bool Q8W>
-inline void dequant_pair(const uint8_t* q, int64_t c, __m512 d, __m512 m, __m512 w[4]) {
+inline void dequant_out(const uint8_t* q, int64_t c, float d, float m, __m512 w[2]) {
+  const __m512 dv = _mm512_set1_ps(d);
   if (Q8W) {  // NOTE: pair layout [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]
-    const uint8_t* p = q + (c / 2) * 64;
-    for (int h = 0; h < 2; ++h) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 * h));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 * h + 16));
-      w[2 * h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi64(a, b))), d);
-      w[2 * h + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi64(a, b))), d);
-    }
+    const uint8_t* p = q + (c / 2) * 64 + (c % 2) * 16;
+    for (int h = 0; h < 2; ++h)
+      w[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 * h)))), dv);
     return;
   }
-  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c * 16));
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c * 16 + 16));
-  const __m512i i0 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b));  // bytes 0..7 of each
-  const __m512i i1 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, b));  // bytes 8..15 of each
-  const __m512i low = _mm512_set1_epi32(0xF);
-  w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(i0, low)), d, m);
-  w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(i1, low)), d, m);
-  w[2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(i0, 4)), d, m);
-  w[3] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(i1, 4)), d, m);
+  const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c * 16)));
+  const __m512 mv = _mm512_set1_ps(m);
+  w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(i, _mm512_set1_epi32(0xF))), dv, mv);
+  w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(i, 4)), dv, mv);
 }
 
-// R rows x P output pairs (pairs p0..p0+P of one tile), f32 activations.
-template <int KIND, int R, int P>
-void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t p0,
+// R rows x C outputs (columns c0..c0+C of one tile), f32 activations.
+template <int KIND, int R, int C>
+void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
                    float* y, int64_t ldy, int64_t ncols) {
   constexpr bool Q8W = kQ8<KIND>;
   const int64_t nb = K / QK, qb = kQB<KIND>;
-  __m512 acc[R][P];
+  F16 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
-  __m512i di[P], mi[P];
-  for (int p = 0; p < P; ++p) {
-    const int c = static_cast<int>(2 * (p0 + p));
-    di[p] = pair_index(c, c + 1);
-    mi[p] = pair_index(c + 8, c + 9);
-  }
+    for (int c = 0; c < C; ++c) acc[r][c] = zero16();
+  float d[8], m[8];
   for (int64_t b = 0; b < nb; ++b) {
-    const __m512 dm = scales16<KIND>(sc + b * kSC<KIND>);
+    scales8<KIND>(sc + b * kSC<KIND>, d, m);
     const uint8_t* q = qs + b * TILE * qb;
     const float* xb = x + b * QK;
-    __m512 w[P][4];
-    for (int p = 0; p < P; ++p)
-      dequant_pair<Q8W>(q, 2 * (p0 + p), _mm512_permutexvar_ps(di[p], dm),
-                        _mm512_permutexvar_ps(mi[p], dm), w[p]);
-    for (int v = 0; v < 4; ++v)
+    __m512 w[C][2];
+    for (int c = 0; c < C; ++c) dequant_out<Q8W>(q, c0 + c, d[c0 + c], m[c0 + c], w[c]);
+    for (int h = 0; h < 2; ++h)
       for (int r = 0; r < R; ++r) {
-        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xb + r * K + 8 * v));
-        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(w[p][v], xv, acc[r][p]);
+        const __m512 xv = _mm512_loadu_ps(xb + r * K + 16 * h);
+        for (int c = 0; c < C; ++c) acc[r][c].v = _mm512_fmadd_ps(w[c][h], xv, acc[r][c].v);
       }
   }
   for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p) {
-      const int64_t c = 2 * (p0 + p);
-      if (c < ncols) y[r * ldy + c] = hsum8(_mm512_castps512_ps256(acc[r][p]));
-      if (c + 1 < ncols) y[r * ldy + c + 1] = hsum8(_mm512_extractf32x8_ps(acc[r][p], 1));
-    }
+    for (int c = 0; c < C; ++c)
+      if (c0 + c < ncols) y[r * ldy + c0 + c] = tree16(acc[r][c]);
 }
 
 template <int KIND, int R>
 void tile_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
                   int64_t ldy, int64_t ncols) {
-  constexpr int P = R <= 2 ? 4 : 2;
-  for (int64_t p0 = 0; p0 < TILE / 2; p0 += P)
-    micro_f32_512<KIND, R, P>(x, K, sc, qs, p0, y, ldy, ncols);
+  constexpr int C = R == 1 ? 8 : 4;  // NOTE: R C accumulators + 2 C weights <= 25 zmm
+  for (int64_t c0 = 0; c0 < TILE; c0 += C)
+    micro_f32_512<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols);
 }
 
 // R rows x one tile (8 outputs = 2 quads), int8 activations.

@@ -9,19 +9,27 @@
 // with different target flags must never share a symbol, or the linker could keep the AVX-512 copy
 // for the scalar path. For the same reason kernel headers use no std:: templates (builtins only).
 //
-// THE CANONICAL ORDER (every ISA implements exactly this; tests/test_kernel_isa.py checks it):
-// * dot products (block matmul f32 mode, attention scores, RMSNorm's sum of squares): per output
-//   8 float lanes; the product of input index k goes to lane k mod 8; each lane is updated in
-//   increasing k by a fused multiply-add (the first attention product is a plain multiply); then
-//   the fixed tree hsum8: lane i += lane i + 4, then i += i + 2, then lane 0 + lane 1.
-// * q8 block dots: per output 4 float lanes; lane j adds, block by block in increasing order,
-//   fma(float(s), d_w * d_x, lane) where s is the exact integer dot over the block's k with
-//   k mod 16 in [4j, 4j + 4); then (lane 0 + lane 2) + (lane 1 + lane 3), then + the min term.
+// THE CANONICAL ORDER "lanes16-v2" (every ISA implements exactly this; the name is
+// coda._native.canonical_order, recorded in the model identity; tests/test_kernel_order.py):
+// * float dot products (every f32-activation matmul: blocks.h's re-laid-out Q4_0/Q4_1/Q8_0 tiles,
+//   kquant_kernels.h's in-place rows of every GGUF type and of dense F32 weights; attention
+//   scores; RMSNorm's sum of squares): per output 16 float lanes starting at +0.0; the product
+//   of input index k goes to lane k mod 16; each lane is updated in increasing k by a fused
+//   multiply-add; then the fixed tree tree16: lane i += lane i + 8 (i < 8), then i += i + 4,
+//   then i += i + 2, then lane 0 + lane 1 (then + bias; RMSNorm adds a tail of n mod 16
+//   elements left to right after the tree). Scalar holds the 16 lanes as two F8, AVX2 as two
+//   8-lane registers, AVX-512 as one 512-bit register (F16 below).
+// * q8 block dots (packed-q8's int8 activations): per output 4 float lanes; lane j adds, block
+//   by block in increasing order, fma(float(s), d_w * d_x, lane) where s is the exact integer
+//   dot over the block's k with k mod 16 in [4j, 4j + 4); then (lane 0 + lane 2) + (lane 1 +
+//   lane 3), then + the min term.
 // * weighted sums over keys (attention's values) and the softmax denominator: strictly left to
 //   right over the keys, one fma (values) or add (denominator) per key.
 // * elementwise ops (RoPE, SiLU, exp, scaling): no fused contraction unless written as fma
 //   (builds use -ffp-contract=off), the same formula per element.
-// An ISA that could not keep this order would have to say so in the model identity; all three do.
+// (Until lanes16-v2 the re-laid-out tiles, attention and norms summed in 8 lanes, "lanes8-v1",
+// beside the in-place kernel's 16: two orders in one model.) Change the name when the order
+// changes: a replica with another order must not share a model_snapshot.
 #pragma once
 
 #define CODA_SCALAR 1
@@ -165,6 +173,33 @@ inline F8 exp8(F8 x) {
 }
 
 #endif
+
+// The canonical 16-lane accumulator (see THE CANONICAL ORDER above): lanes 0..7 are lo, 8..15 hi.
+#if CODA_ISA == CODA_AVX512
+struct F16 { __m512 v; };
+inline F16 zero16() { return {_mm512_setzero_ps()}; }
+inline F16 load16(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store16(float* p, const F16& a) { _mm512_storeu_ps(p, a.v); }
+inline F16 fma16(const F16& a, const F16& b, const F16& c) {
+  return {_mm512_fmadd_ps(a.v, b.v, c.v)};
+}
+inline F8 lo8(const F16& a) { return _mm512_castps512_ps256(a.v); }
+inline F8 hi8(const F16& a) { return _mm512_extractf32x8_ps(a.v, 1); }
+#else
+struct F16 { F8 lo, hi; };
+inline F16 zero16() { return {zero8(), zero8()}; }
+inline F16 load16(const float* p) { return {load8(p), load8(p + 8)}; }
+inline void store16(float* p, const F16& a) { store8(p, a.lo); store8(p + 8, a.hi); }
+inline F16 fma16(const F16& a, const F16& b, const F16& c) {
+  return {fma8(a.lo, b.lo, c.lo), fma8(a.hi, b.hi, c.hi)};
+}
+inline F8 lo8(const F16& a) { return a.lo; }
+inline F8 hi8(const F16& a) { return a.hi; }
+#endif
+
+// tree16: lane i + lane i + 8, then hsum8's tree (i + 4, i + 2, 0 + 1) on the 8 sums.
+inline float tree16(const F16& a) { return hsum8(add8(lo8(a), hi8(a))); }
+inline float tree16(const float* a) { return tree16(load16(a)); }
 
 }  // namespace CODA_NS
 }  // namespace coda_native

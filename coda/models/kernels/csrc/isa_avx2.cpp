@@ -6,4 +6,5 @@
 #include "blocks.h"
 #include "rows.h"
 #include "kquant_kernels.h"
+#include "kquants_q8.h"
 #include "kernels_def.h"

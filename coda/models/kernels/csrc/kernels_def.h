@@ -20,7 +20,9 @@ const Kernels& CODA_CAT(kernels_, CODA_NS)() {
       CODA_NS::rms_norm,
       CODA_NS::add_rms_norm,
       CODA_NS::silu_mul,
+      CODA_NS::gelu_tanh_mul,
       CODA_NS::kq::linear,
+      CODA_NS::kq::linear_q8,
       CODA_NS::kq::gather,
   };
   return table;

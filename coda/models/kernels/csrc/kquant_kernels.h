@@ -3,12 +3,10 @@
 //
 // y[m, n] = sum_k x[m, k] * W[n, k] + bias[n], W decoded bit for bit as gguf.quants.dequantize.
 //
-// Canonical summation order (the same in every ISA build, so a row's bits are the same on every
-// machine): per output, a 16-lane float32 accumulator; the product of input k goes to lane
-// k mod 16, lanes updated in increasing k with a fused multiply-add; then the fixed tree
-// lane i += lane i + 8 (i < 8), i + 4 (i < 4), i + 2 (i < 2), i + 1 (i < 1); then + bias.
-// AVX2 holds the 16 lanes as two 8-lane registers, AVX-512 as one, scalar as an array. (The
-// re-laid-out Q4_0/Q4_1/Q8_0 kernel of blocks.h keeps isa.h's 8-lane order; both are fixed.)
+// Summation order: isa.h's canonical order (lanes16-v2), the one every kernel shares: per
+// output, a 16-lane float32 accumulator; the product of input k goes to lane k mod 16, lanes
+// updated in increasing k with a fused multiply-add; then tree16; then + bias. AVX2 holds the
+// 16 lanes as two 8-lane registers, AVX-512 as one, scalar as an array.
 //
 // Decode once, use for every row: a span of KC weights of G = 4 output rows is decoded into a
 // small L1 buffer and multiplied into the accumulators of every input row of the row block
@@ -36,22 +34,7 @@ constexpr int LANES = 16;
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-inline float tree16(const float* a) {
-#if CODA_ISA == CODA_AVX512 || CODA_ISA == CODA_AVX2
-  // NOTE: the same additions as the scalar tree below, in vector lanes (the bits are equal); at
-  // K = 256 the scalar tree was as long as the row's FMAs (the default model's prefill)
-  const __m256 t8 = _mm256_add_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8));
-  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
-  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
-#else
-  float t[8];
-  for (int i = 0; i < 8; ++i) t[i] = a[i] + a[i + 8];
-  for (int i = 0; i < 4; ++i) t[i] = t[i] + t[i + 4];
-  for (int i = 0; i < 2; ++i) t[i] = t[i] + t[i + 2];
-  return t[0] + t[1];
-#endif
-}
+// NOTE: the final tree is isa.h's tree16 (one definition for every kernel).
 
 // Accumulators live in acc[c][r][16] (c < G outputs of the group, r < MB rows) between spans.
 inline float* acc_at(float* acc, int c, int64_t r) { return acc + (c * MB + r) * LANES; }

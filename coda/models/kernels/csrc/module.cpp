@@ -18,16 +18,18 @@ PYBIND11_MODULE(_native, m) {
   const auto nogil = py::call_guard<py::gil_scoped_release>();
   m.doc() = "Coda's CPU kernels (GGUF block matmuls, row ops), built at install";
   m.attr("source_hash") = CODA_NATIVE_SOURCE_HASH;
-  m.attr("canonical_order") = "lanes8-v1";  // NOTE: isa.h; change it when the order changes
+  m.attr("canonical_order") = "lanes16-v2";  // NOTE: isa.h; change it when the order changes
   m.def("linear", &api::linear, "y[M, N] = x[M, K] @ W.T on re-laid-out GGUF blocks", nogil);
   m.def("quantize_rows", &api::quantize_rows, "the q8 mode's activation quantisation", nogil);
   m.def("attend", &api::attend, "RoPE + cache write + row-by-row paged attention", nogil);
   m.def("rms_norm", &api::rms_norm, "row-wise RMSNorm", nogil);
   m.def("add_rms_norm", &api::add_rms_norm, "x += r in place; y = rms_norm(x)", nogil);
   m.def("silu_mul", &api::silu_mul, "silu(gate) * up of [T, 2I] rows", nogil);
-  m.attr("kquant_order") = "lanes16-v1";  // NOTE: kquant_kernels.h's order (in-place GGUF rows)
+  m.def("gelu_tanh_mul", &api::gelu_tanh_mul, "gelu_tanh(gate) * up of [T, 2I] rows", nogil);
   m.def("kq_linear", &api::kq_linear, "y[M, N] = x[M, K] @ W.T over GGUF tensors read in place",
         nogil);
+  m.def("kq_linear_q8", &api::kq_linear_q8,
+        "kq_linear with Q8_K activations (K-quant tensors; llama.cpp's numerics)", nogil);
   m.def("kq_gather", &api::kq_gather, "rows of one GGUF tensor decoded to float32", nogil);
   m.def("isas", &api::isas, "the kernel builds this CPU can run");
   m.def("isa", &api::isa, "the kernel build in use");

@@ -33,8 +33,8 @@ struct LinearCall {
 // RoPE + cache write + row-by-row paged attention (rows.h); qr [T, H, d] is scratch.
 struct AttendCall {
   const float* qkv;   // [T, (H + 2 Hkv) d]
-  const float* cos;   // [T, d]
-  const float* sin;   // [T, d], signed
+  const float* cos;   // [T, rot]
+  const float* sin;   // [T, rot], signed
   float* kv;          // [2, Hkv, blocks, bs, d]
   const int64_t* slot;
   const int64_t* seq;
@@ -43,6 +43,12 @@ struct AttendCall {
   int64_t T, H, Hkv, d, slots, maxb, bs, max_pos;
   float* qr;
   float* out;  // [T, H d]
+  int64_t rot;        // rotated dims per head (d: full RoPE; fewer: partial rotary), even
+  int64_t window;     // keys a row sees, its own included (0: all; Gemma 3's local layers)
+  float scale;        // query scale (0: 1 / sqrt(d))
+  const float* qn;    // per-head RMSNorm weight [d] of q before RoPE, or null (Qwen3, Gemma 3)
+  const float* kn;    // the same for k, or null
+  float eps;          // their epsilon
 };
 
 // GGUF tensors read in place by the kquant kernels (kquants.h, kquant_kernels.h; issue 18).
@@ -116,7 +122,9 @@ struct Kernels {
   void (*add_rms_norm)(float* x, const float* r, const float* w, float eps, float* y, int64_t T,
                        int64_t D);
   void (*silu_mul)(const float* gu, float* y, int64_t T, int64_t I);
+  void (*gelu_tanh_mul)(const float* gu, float* y, int64_t T, int64_t I);
   void (*kq_linear)(const KqCall&);
+  void (*kq_linear_q8)(const KqCall&);  // K-quant segments only (checked by api.cpp)
   // rows ids[0..T) of one segment decoded to out [T, K] (ids checked by api.cpp)
   void (*kq_gather)(const KqSeg& seg, int64_t K, const int64_t* ids, int64_t T, float* out);
 };

@@ -83,6 +83,10 @@ _ARCHS: dict[str, dict[str, Any]] = {
                    hidden_activation="gelu_pytorch_tanh", rope_theta=1_000_000.0,
                    rope_local_base_freq=10000.0, sliding_window=8, query_pre_attn_scalar=64,
                    tie_word_embeddings=True, attention_bias=False),
+    # NOTE: pad_token_id inside the vocabulary (transformers' default 32000 is an Embedding
+    # padding_idx); rope_scaling / partial_rotary_factor come as overrides
+    "phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", pad_token_id=0,
+                 sliding_window=None),
 }  # fmt: skip
 
 
@@ -190,7 +194,7 @@ def make_random_checkpoint(
     **overrides: Any,
 ) -> Path:
     """Write a random-weight checkpoint of ``arch`` ("llama", "smollm", "mistral", "qwen2",
-    "qwen3", "gemma3") shaped by ``preset``; ``overrides`` set HF config keys (e.g. ``rope_scaling``).
+    "qwen3", "gemma3", "phi3") shaped by ``preset``; ``overrides`` set HF config keys (e.g. ``rope_scaling``).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

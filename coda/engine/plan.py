@@ -1,0 +1,171 @@
+"""Admission: one request and the model's limits become one frozen :class:`RequestPlan`
+(issue 22 step 1; SPEC L4, L5, S1, G3, K3, E). Pure Python: no torch, no tokenizer.
+
+This is the only place a request's fields are checked against the model: the prompt's ids and
+length, the token budget, stops, the vocabulary, the sampling's logit bias, the K3 tail
+policy and the deadline. The engine consumes the plan as it is; nothing downstream checks or
+derives the budget again.
+
+The token budget has one name, ``max_tokens``, and one derivation (:func:`plan_request`):
+the limit the client asked for; else the configured default where it ends before the context;
+else the room the context leaves (then the request ends ``context_limit``, never
+``max_output_tokens``, L4). The served context never exceeds the KV cache
+(:class:`~coda.engine.async_engine.AsyncEngine`), so a plan that fits the context fits the
+cache: this check is the KV-capacity check (the scheduler keeps its own as an invariant).
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from coda.early_stop import EarlyStopPolicy
+from coda.engine.types import GenerationRequest, GrammarSpec
+from coda.errors import ContextLengthExceededError, InvalidRequestError
+from coda.output import UTF8_TAIL_POLICIES, OutputSpec
+from coda.sampling import SamplingParams
+from coda.stops import stop_bytes
+from coda.stream import BackpressureConfig
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a plan is checked against, fixed when the engine starts."""
+
+    context_length: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    max_stop_strings: int = 16
+    max_stop_string_bytes: int = 256
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """Everything the engine runs one request by, checked once (see the module doc).
+
+    ``max_tokens``: the most output tokens the request may select (the token budget).
+    ``context_bound``: no limit applies before the context, so reaching the context ends
+    ``context_limit`` (L4). ``seed``: the request's RNG seed, drawn here when none was asked
+    (E). ``deadline_s`` is relative to arrival (G3)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    context_bound: bool
+    sampling: SamplingParams
+    seed: int
+    limits: ModelLimits
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    include_stop_str_in_output: bool = False
+    stops_end_at: str | None = None
+    skip_special_tokens: bool = True
+    utf8_tail: str = "auto"
+    grammar: GrammarSpec | None = None
+    early_stop: EarlyStopPolicy | None = None
+    deadline_s: float | None = None
+    backpressure: BackpressureConfig | None = None
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Prompt plus budget: the sequence's bound in the KV cache."""
+        return len(self.prompt_token_ids) + self.max_tokens
+
+    @property
+    def logprobs(self) -> bool:
+        return self.sampling.logprobs is not None
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.limits.eos_token_ids
+
+    @property
+    def closes_within_budget(self) -> bool:
+        """Issue 13: steer a grammar to close within the budget (coda.engine.closure)."""
+        return self.grammar is not None and self.grammar.closes_within_budget
+
+    def require_budget(self, tokens: int, what: str) -> None:
+        """The budget's one check for what is known only after planning (a compiled
+        grammar's shortest completion, issue 13): InvalidRequestError naming max_tokens when
+        ``tokens`` exceed it."""
+        if tokens > self.max_tokens:
+            raise InvalidRequestError(
+                f"max_tokens ({self.max_tokens}) is too small for {what} {tokens} tokens",
+                field="max_tokens")
+
+    def output_spec(self) -> OutputSpec:
+        """The per-token checks' rules (coda.output, G1 order)."""
+        # NOTE: L4: with the context as the limit, hitting it is context_limit, not
+        # max_output_tokens: the max-tokens check (earlier in G1's order) must not fire at the
+        # same step, so its bound sits one past the context.
+        return OutputSpec(
+            max_output_tokens=self.max_tokens + 1 if self.context_bound else self.max_tokens,
+            context_limit=self.limits.context_length,
+            prompt_len=len(self.prompt_token_ids), eos_token_ids=self.limits.eos_token_ids,
+            ignore_eos=self.sampling.ignore_eos, stop_strings=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens, utf8_tail=self.utf8_tail,
+            stops_end_at=(self.stops_end_at or "").encode(), min_tokens=self.sampling.min_tokens)
+
+
+def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
+    """Check ``req`` against ``limits`` and fix its plan; raises InvalidRequestError /
+    ContextLengthExceededError (naming the engine's field) on the first bad field."""
+    prompt = tuple(req.prompt_token_ids)
+    vocab = limits.vocab_size
+    if not prompt:
+        raise InvalidRequestError("the prompt is empty", field="prompt")
+    if any(not 0 <= t < vocab for t in prompt):
+        raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", field="prompt")
+    max_tokens, context_bound = _budget(req, limits, len(prompt))
+    if len(req.stop) > limits.max_stop_strings:
+        raise InvalidRequestError(f"at most {limits.max_stop_strings} stop strings",
+                                  field="stop")
+    for s in req.stop:
+        if len(stop_bytes(s)) > limits.max_stop_string_bytes:  # NOTE: typed error on bad text
+            raise InvalidRequestError(
+                f"each stop string must be 1..{limits.max_stop_string_bytes} bytes", field="stop")
+    stop_ids = tuple(tuple(s) for s in req.stop_token_ids)
+    for ids in stop_ids:
+        if not ids or any(not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError("stop_token_ids must be non-empty sequences of valid ids",
+                                      field="stop_token_ids")
+    req.sampling.validate_for_vocab(vocab)
+    if req.utf8_tail not in UTF8_TAIL_POLICIES:
+        raise InvalidRequestError(f"utf8_tail must be one of {list(UTF8_TAIL_POLICIES)}",
+                                  field="utf8_tail")
+    if req.deadline_s is not None and not req.deadline_s > 0:
+        raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
+    seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
+    return RequestPlan(
+        request_id=req.request_id or f"req-{uuid.uuid4().hex[:16]}",
+        prompt_token_ids=prompt, max_tokens=max_tokens, context_bound=context_bound,
+        sampling=req.sampling, seed=seed, limits=limits, stop=tuple(req.stop),
+        stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
+        stops_end_at=req.stops_end_at, skip_special_tokens=req.skip_special_tokens,
+        utf8_tail=req.utf8_tail, grammar=req.grammar, early_stop=req.early_stop,
+        deadline_s=req.deadline_s, backpressure=req.backpressure)
+
+
+def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tuple[int, bool]:
+    """The one check and derivation of the token budget: ``(max_tokens, context_bound)``."""
+    room = limits.context_length - prompt_len
+    if room <= 0:
+        raise ContextLengthExceededError(
+            f"the prompt has {prompt_len} tokens; this model's context is "
+            f"{limits.context_length} tokens", field="prompt")
+    asked = req.max_tokens
+    if asked is None:
+        default = req.default_max_tokens
+        # NOTE: an omitted limit is the default; where the context comes first there is no
+        # limit but the context, so the request ends context_limit (L4)
+        return (default, False) if default is not None and 1 <= default < room else (room, True)
+    if isinstance(asked, bool) or asked < 1:
+        raise InvalidRequestError("max_tokens must be an integer >= 1", field="max_tokens")
+    if asked > room:
+        raise ContextLengthExceededError(
+            f"prompt ({prompt_len}) + max_tokens ({asked}) exceeds the context "
+            f"({limits.context_length})", field="max_tokens")
+    return asked, False

@@ -1,0 +1,359 @@
+"""The parent side of a model worker process (issue 23 item 1; SPEC P1–P3, P6, C1, L2, L5).
+
+:class:`WorkerProcess` starts one model in its own process (:mod:`coda.engine.process_worker`,
+a fresh interpreter) and keeps, per submitted request, a local :class:`WorkerCopy` of its stream that
+the server's readers read as if the engine were in process. A reader thread receives the
+worker's messages and appends each request's events in seq order (``RequestStream.extend``:
+a duplicate is skipped, a gap refused), so the stream log's seq numbers are the worker's own.
+
+Exactly one terminal per request, whatever happens to the process:
+
+- the worker's engine ends the request → its terminal arrives like any event;
+- the worker refuses it at submit (bad input the engine found) → ``rejected`` → a FAILED
+  terminal carrying the engine's error code and message;
+- the process dies (a crash, an OOM kill, SIGKILL) → the pipe closes → every request still
+  open on it ends FAILED ``model_error`` naming the model and how the process ended, billing
+  the deltas that reached the parent (:func:`end_failed`).
+
+``close`` refuses a second terminal, so whichever comes first is the one; nothing is appended
+after it. Cancel goes to the worker by id; the worker's engine ends the request (C1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from coda.engine.types import EngineConfig, GenerationRequest
+from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, InvalidRequestError
+from coda.finish import CancelCause, FinishReason, Usage
+from coda.lifecycle import State
+from coda.stream import (
+    BackpressureConfig,
+    EventType,
+    RequestStream,
+    StreamClosed,
+    StreamEvent,
+    Terminal,
+    Timings,
+)
+
+log = logging.getLogger("coda.engine")
+
+# NOTE: the worker's own stream enforces the request's bound (acks travel back); the copy
+# must never refuse what the worker produced
+_UNBOUNDED = BackpressureConfig(pause_bytes=1 << 62, max_bytes=1 << 62)
+_VALIDATE_WAIT_S = 10.0
+
+
+class WorkerCopy(RequestStream):
+    """The parent's copy of a request's stream; acknowledging it acknowledges the worker's
+    stream (P6: the credit the request pauses or overflows on is the client's)."""
+
+    def __init__(self, request_id: str, on_ack: Callable[[str, int], None]) -> None:
+        super().__init__(request_id, _UNBOUNDED)
+        self.on_ack = on_ack
+        self.acked_to_worker = -1
+
+    def ack(self, seq: int) -> None:
+        super().ack(seq)
+        if seq > self.acked_to_worker:
+            self.acked_to_worker = seq
+            self.on_ack(self.request_id, seq)
+
+
+def end_locally(stream: RequestStream, model: str, prompt_tokens: int, terminal: Terminal
+                ) -> bool:
+    """Close ``stream`` here with ``terminal`` (after a start event if it has none), usage
+    billing the deltas it holds; False when it already had its terminal (L2: one ending)."""
+    try:
+        if stream.last_seq < 0:
+            stream.start(model)
+        evs = stream.events_after(-1)
+        committed = sum(len(e.tokens) for e in evs if e.type is EventType.DELTA)
+        usage = Usage(prompt_tokens=prompt_tokens, selected_tokens=committed,
+                      processed_output_tokens=committed, returned_tokens=committed,
+                      returned_bytes=sum(len(e.data) for e in evs))
+        stream.close(Terminal(terminal.state, terminal.finish_reason, usage,
+                              terminal.error_code, terminal.error_message,
+                              timings=terminal.timings,
+                              model_snapshot=evs[0].model_snapshot if evs else None))
+        return True
+    except StreamClosed:
+        return False
+
+
+def end_failed(stream: RequestStream, model: str, prompt_tokens: int, message: str,
+               code: ErrorCode = ErrorCode.MODEL_ERROR, waited_s: float = 0.0) -> bool:
+    """End ``stream`` FAILED ``model_error`` (L5) with ``code`` and ``message``."""
+    return end_locally(stream, model, prompt_tokens, Terminal(
+        State.FAILED, FinishReason.MODEL_ERROR, Usage(), code, message,
+        timings=Timings(queue_s=waited_s, total_s=waited_s)))
+
+
+def end_cancelled(stream: RequestStream, model: str, prompt_tokens: int,
+                  reason: FinishReason, waited_s: float = 0.0) -> bool:
+    """End ``stream`` CANCELLED with ``reason`` (a cancel cause's, or ``deadline_exceeded``)
+    before any engine saw it."""
+    return end_locally(stream, model, prompt_tokens, Terminal(
+        State.CANCELLED, reason, Usage(), timings=Timings(queue_s=waited_s, total_s=waited_s)))
+
+
+def rebuild_error(kind: str, code: str, message: str, field: str | None) -> Exception:
+    """The worker engine's refusal as the exception its ``submit`` raised (by kind)."""
+    if kind == "value":
+        return ValueError(message)
+    cls = {ErrorCode.INVALID_REQUEST.value: InvalidRequestError,
+           ErrorCode.CONTEXT_LENGTH_EXCEEDED.value: ContextLengthExceededError}.get(code)
+    if cls is not None:
+        return cls(message, field=field)
+    err = CodaError(message, field=field)
+    err.code = ErrorCode(code)
+    return err
+
+
+def exit_reason(code: int | None) -> str:
+    """How a process ended, in words (a negative code is the signal that killed it)."""
+    if code is None:
+        return "stopped responding"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with status {code}"
+
+
+class WorkerProcess:
+    """One model's worker process, seen from the server (see the module docstring).
+
+    ``state``: ``loading`` → ``ready`` → ``exited``, or ``loading`` → ``failed``. ``settled``
+    is set once it is no longer ``loading``. ``on_exit(worker)`` is called once, from the
+    reader thread, when the process is gone (or failed to load)."""
+
+    def __init__(self, name: str, model: str | None, config: EngineConfig, *,
+                 kv_available: int | None = None,
+                 log_setup: Callable[[], None] | None = None,
+                 on_exit: Callable[[WorkerProcess], None] | None = None) -> None:
+        self.name = name
+        self.model, self.config, self.kv_available = model, config, kv_available
+        self.on_exit = on_exit
+        self.log_setup = log_setup
+        self.state = "loading"
+        self.error: str | None = None
+        self.info: dict[str, Any] = {}
+        self.settled = threading.Event()
+        self.started_at = time.monotonic()
+        self.load_s: float | None = None
+        self._open: dict[str, tuple[RequestStream, int]] = {}
+        self._lock = threading.Lock()  # NOTE: guards _open and state
+        # NOTE: a separate lock for the pipe: the reader never waits behind a blocked send
+        self._send_lock = threading.Lock()
+        self._calls: dict[int, list[Any]] = {}
+        self._waits: dict[str, list[Any]] = {}  # NOTE: submits waiting for accepted/rejected
+        self._ids = itertools.count()
+        self._proc: Any = None
+        self._conn: Any = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> WorkerProcess:
+        """Start the process (``python -m coda.engine.process_worker FD``: a fresh
+        interpreter that imports nothing of the server's main module) and its reader."""
+        ours, theirs = socket.socketpair()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "coda.engine.process_worker", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._send(("init", self.model, self.config, self.kv_available, self.log_setup))
+        threading.Thread(target=self._read, name=f"coda-worker-{self.name}",
+                         daemon=True).start()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask the worker to end (its engine ends every request it holds, cause shutdown,
+        and their terminals come back), then wait; kill it past ``timeout``."""
+        self._send(("shutdown",))
+        if self._proc is None:
+            return
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(5)
+        self.settled.wait(5)
+
+    def kill(self) -> None:
+        """SIGKILL the process (tests; what the kernel's OOM killer does)."""
+        if self._proc is not None:
+            self._proc.kill()
+
+    # -- requests ------------------------------------------------------------------------
+    def submit(self, req: GenerationRequest, stream: RequestStream, *,
+               validate: bool = False) -> None:
+        """Send ``req`` (its ``request_id`` set) to the worker; its events go to ``stream``.
+        A worker already gone ends ``stream`` at once (FAILED). A request the worker's engine
+        refuses ends FAILED with the engine's error code — or, with ``validate``, raises that
+        error here (what the in-process engine's ``submit`` raises: the server's 400): the
+        call then waits for the worker's answer (a pipe round trip)."""
+        rid = req.request_id
+        assert rid is not None
+        waiter: list[Any] = [threading.Event()]
+        with self._lock:
+            alive = self.state == "ready"
+            if alive:
+                self._open[rid] = (stream, len(req.prompt_token_ids))
+                if validate:
+                    self._waits[rid] = waiter
+        if not alive or not self._send(("submit", req, validate)):
+            self._forget(rid)
+            end_failed(stream, self.name, len(req.prompt_token_ids),
+                       f"model worker '{self.name}' is not running ({self.error or self.state})")
+            return
+        if not validate:
+            return
+        # NOTE: bounded; past it (or if the worker dies) the stream's own ending applies
+        waiter[0].wait(_VALIDATE_WAIT_S)
+        with self._lock:
+            self._waits.pop(rid, None)
+        if len(waiter) > 1:
+            self._forget(rid)
+            raise rebuild_error(*waiter[1])
+
+    def cancel(self, request_id: str, cause: CancelCause) -> None:
+        self._send(("cancel", request_id, cause.value))
+
+    def ack(self, request_id: str, seq: int) -> None:
+        self._send(("ack", request_id, seq))
+
+    def call(self, method: str, *args: Any, timeout: float = 10.0) -> Any:
+        """A blocking call answered by the worker (``stats``, ``num_waiting``,
+        ``trace_rows``); TimeoutError if no answer (e.g. the worker died)."""
+        slot: list[Any] = [threading.Event()]
+        call_id = next(self._ids)
+        self._calls[call_id] = slot
+        try:
+            if (not self._send(("call", call_id, method, args)) or not slot[0].wait(timeout)
+                    or len(slot) < 2):
+                raise TimeoutError(f"model worker '{self.name}' did not answer {method}")
+            return slot[1]
+        finally:
+            self._calls.pop(call_id, None)
+
+    @property
+    def num_open(self) -> int:
+        return len(self._open)
+
+    # -- internals -----------------------------------------------------------------------
+    def _send(self, msg: tuple[Any, ...]) -> bool:
+        if self._conn is None:
+            return False
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+            return True
+        except (OSError, ValueError, BrokenPipeError):  # NOTE: the process is gone
+            return False
+
+    def _forget(self, rid: str) -> None:
+        with self._lock:
+            self._open.pop(rid, None)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self._dispatch(self._conn.recv())
+        except (EOFError, OSError):
+            pass
+        except Exception:  # NOTE: a bug here must still end the requests, never hang them
+            log.exception("model worker reader failed", extra={"model": self.name})
+            self.kill()
+        self._gone()
+
+    def _dispatch(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "events":
+            for rid, evs in msg[1]:
+                self._deliver(rid, evs)
+        elif kind == "rejected":
+            _, rid, kind_, code, message, field = msg
+            with self._lock:
+                waiter = self._waits.pop(rid, None)
+                entry = self._open.pop(rid, None) if waiter is None else None
+            if waiter is not None:
+                waiter.append((kind_, code, message, field))
+                waiter[0].set()
+            elif entry is not None:
+                end_failed(entry[0], self.name, entry[1], message, ErrorCode(code))
+        elif kind == "accepted":
+            with self._lock:
+                waiter = self._waits.pop(msg[1], None)
+            if waiter is not None:
+                waiter[0].set()
+        elif kind == "reply":
+            slot = self._calls.get(msg[1])
+            if slot is not None:
+                slot.append(msg[2])
+                slot[0].set()
+        elif kind == "loaded":
+            self.info, self.state = msg[1], "ready"
+            self.load_s = time.monotonic() - self.started_at
+            self.settled.set()
+        elif kind == "load_failed":
+            self.error, self.state = msg[1], "failed"
+            self.settled.set()
+
+    def _deliver(self, rid: str, evs: list[StreamEvent]) -> None:
+        with self._lock:
+            entry = self._open.get(rid)
+        if entry is None:
+            return
+        stream = entry[0]
+        try:
+            stream.extend(evs)
+        except (StreamClosed, ValueError):
+            # NOTE: ended here first (the process died while this batch was in flight)
+            log.warning("events after the request's end dropped", extra={"request_id": rid})
+        if stream.closed:
+            self._forget(rid)
+
+    def _gone(self) -> None:
+        """The pipe closed: the process ended. Every open request ends FAILED, once."""
+        code = None
+        if self._proc is not None:
+            try:
+                code = self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                code = self._proc.wait(5)
+        why = exit_reason(code)
+        with self._lock:
+            if self.state == "loading":
+                self.state, self.error = "failed", f"the worker {why} while loading"
+            elif self.state == "ready":
+                self.state, self.error = "exited", f"the worker {why}"
+            open_, self._open = self._open, {}
+        self.settled.set()
+        if self.on_exit is not None:  # NOTE: first: once a request has ended, it is counted
+            self.on_exit(self)
+        for stream, prompt_tokens in open_.values():
+            if not stream.closed:
+                end_failed(stream, self.name, prompt_tokens,
+                           f"model worker '{self.name}' {why}")
+        for slot in [*self._calls.values(), *self._waits.values()]:
+            slot[0].set()  # NOTE: unanswered calls time out at once (no value appended)

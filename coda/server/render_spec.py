@@ -1,0 +1,83 @@
+"""What a protocol's renderer needs beyond the engine's streams, as typed frozen values
+(issue 22 step 2; SPEC P3).
+
+Each create route's adapter (:mod:`coda.server.create`) turns the body into one of these; the
+record keeps it and every renderer of the record — the first delivery, a resume, a replay on
+another ingress from the durable log — is rebuilt from it alone, so a replay renders the same
+frames (P3). :func:`spec_data` / :func:`spec_from_data` are its plain-data form in the stream
+log's record descriptor (the field names are the descriptor's keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
+
+RecordKind = Literal["chat", "completion", "anthropic", "response"]
+
+
+@dataclass(frozen=True)
+class OpenAIRender:
+    """Chat and legacy completions: ``n`` choices per prompt, each prompt's token count
+    (``continuous_usage``), and the options that shape the chunks."""
+
+    n: int
+    prompt_tokens: tuple[int, ...]
+    tools: bool = False
+    skip_special: bool = True
+    verify: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    continuous_usage: bool = False
+
+
+@dataclass(frozen=True)
+class AnthropicRender:
+    """Messages: the prompt's token count (``message_start`` usage) and the options."""
+
+    input_tokens: int
+    tools: bool = False
+    verify: bool = False
+
+
+@dataclass(frozen=True)
+class ResponsesRender:
+    """Responses: the request's echoed fields (the response object repeats them) and options.
+    ``format`` / ``tools_echo`` / ``tool_choice`` are the client's JSON, echoed unchanged."""
+
+    format: Mapping[str, object]
+    instructions: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: bool = False
+    tools_echo: tuple[object, ...] = ()
+    parallel: bool = False
+    tool_choice: object = "auto"
+    store: bool = True
+    logprobs: bool = False
+    verify: bool = False
+
+
+RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender
+
+_BY_KIND: dict[str, type[OpenAIRender] | type[AnthropicRender] | type[ResponsesRender]] = {
+    "chat": OpenAIRender, "completion": OpenAIRender, "anthropic": AnthropicRender,
+    "response": ResponsesRender}
+
+
+def spec_data(spec: RenderSpec) -> dict[str, object]:
+    """The plain-data form written to the durable log."""
+    return asdict(spec)
+
+
+def spec_from_data(kind: str, data: Mapping[str, object]) -> RenderSpec:
+    """Rebuild a record's spec from its descriptor (KeyError on an unknown kind; fields the
+    descriptor lacks take their defaults)."""
+    cls = _BY_KIND[kind]
+    # NOTE: JSON/msgpack turn tuples into lists; the frozen spec keeps tuples
+    values = {f.name: tuple(v) if isinstance(v := data[f.name], list) else v
+              for f in fields(cls) if f.name in data}
+    return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,303 @@
+"""Measure one streaming chat's walk through Coda (issue 22): files, objects, re-entries.
+
+Drives ONE streaming ``/v1/chat/completions`` call with the official ``openai`` client through
+the real app (``coda.server.app.create_app`` over the embedded default model, or ``--model``),
+in process over httpx's ASGI transport, after one identical warm-up call (lazy imports and
+first-call caches are not the request's). ``sys.setprofile`` / ``threading.setprofile`` watch
+every thread (event loop, ``off_loop`` workers, the engine thread) from the moment the client
+sends until the stream has ended, and report:
+
+- **files**: the ``coda/`` modules with a function executed in that window;
+- **objects**: ``coda`` class instances created in the window (an ``__init__`` / ``__new__`` of
+  a class defined under ``coda``), as distinct classes and as instances, overall and during
+  admission (arrival until the server's ``submit_all`` returns);
+- **re-entries**, two ways, both along admission (every thread but the engine's, arrival
+  until the server's ``submit_all`` returns); a *stop* is a change of module, a stop at a
+  module the path already left is a *re-entry*:
+  - *all calls*: the innermost ``coda`` module of whatever runs (every helper call counts);
+  - *body path* (the issue's walk "following the route's request body"): only calls that
+    carry request data — an argument is the route's parsed body or a ``coda`` object made
+    from it (constructed by a call holding request data, or returned by a stop) — and the
+    returns from them to the nearest such caller (a coroutine parked at an ``await`` has not
+    returned);
+- **max_tokens**: an AST scan of ``coda/`` for comparisons (``<``, ``>``, ...) and derivations
+  (assignments, ``or``/``if`` defaults) that involve a token-budget name, listed by name.
+
+Usage: ``python scripts/request_walk.py [--model PATH] [--max-tokens 8] [--json OUT]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import dis
+import inspect
+import json
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# NOTE: the request's output-token budget under every spelling the code uses (the
+# scheduler's and the KV cache's own "budget"s are other quantities and are not counted)
+BUDGET_NAMES = ("max_tokens", "max_output_tokens", "max_completion_tokens", "max_new_tokens",
+                "max_tokens_field")
+
+
+@dataclass
+class Walk:
+    active: bool = False
+    admitting: bool = False
+    engine_thread: int | None = None
+    files: set[str] = field(default_factory=set)
+    classes: Counter[str] = field(default_factory=Counter)
+    admission_classes: Counter[str] = field(default_factory=Counter)
+    seen: dict[int, object] = field(default_factory=dict)
+    current: dict[int, str | None] = field(default_factory=dict)
+    path: list[str] = field(default_factory=list)
+    carriers: dict[int, object] = field(default_factory=dict)
+    stop_frames: dict[int, FrameType] = field(default_factory=dict)
+    body_path: list[str] = field(default_factory=list)
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if not self.active:
+            return
+        tid = threading.get_ident()
+        if event == "call":
+            mod = frame.f_globals.get("__name__", "")
+            if isinstance(mod, str) and mod.startswith("coda"):
+                self.files.add(mod)
+            name = frame.f_code.co_name
+            if name == "__init__":
+                obj = frame.f_locals.get("self")
+                if obj is not None:
+                    self._made(obj)
+            self._move(tid, frame)
+            if self.admitting and tid != self.engine_thread and str(mod).startswith("coda"):
+                self._carry(frame, str(mod))
+        elif event == "return":
+            if frame.f_code.co_name == "__new__" and arg is not None:
+                self._made(arg)
+            if suspended(frame):
+                return  # NOTE: an await parks the coroutine; it has not returned
+            if self.stop_frames.pop(id(frame), None) is not None:
+                self._returned(frame, arg)
+            if (frame.f_code.co_name == "submit_all"
+                    and str(frame.f_globals.get("__name__", "")).startswith("coda.server")):
+                self.admitting = False
+            self._move(tid, frame.f_back)
+
+    def _made(self, obj: object) -> None:
+        cls = type(obj)
+        if not cls.__module__.startswith("coda") or id(obj) in self.seen:
+            return
+        self.seen[id(obj)] = obj  # NOTE: kept alive, so an id is never reused in the window
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        self.classes[name] += 1
+        if self.admitting:
+            self.admission_classes[name] += 1
+
+    # -- the body path: calls that carry the request's data ------------------------------------
+    def _carry(self, frame: FrameType, mod: str) -> None:
+        """A call is a stop of the body path when an argument is request data: the route's
+        parsed body, or a coda object made from it (by a call holding request data)."""
+        code = frame.f_code
+        nargs = (code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4)
+                 + bool(code.co_flags & 8))
+        local = frame.f_locals
+        args = [local.get(n) for n in code.co_varnames[:nargs]]
+        if not self.carriers and mod.endswith("_routes") and "body" in code.co_varnames[:nargs]:
+            self.carriers[id(local["body"])] = local["body"]  # NOTE: the walk starts here
+        if not any(self._carries(a) for a in args):
+            caller = frame.f_back
+            made_here = (code.co_name == "__init__" and caller is not None
+                         and any(self._carries(v) for v in caller.f_locals.values()))
+            if not made_here:
+                return
+        if code.co_name == "__init__":
+            self.carriers[id(args[0])] = args[0]
+        self.stop_frames[id(frame)] = frame
+        self._step(mod)
+
+    def _carries(self, value: object) -> bool:
+        if isinstance(value, tuple | list):
+            return any(id(v) in self.carriers for v in value[:8])
+        return id(value) in self.carriers
+
+    def _returned(self, frame: FrameType, value: object) -> None:
+        for v in (value if isinstance(value, tuple | list) else (value,))[:8]:
+            if type(v).__module__.startswith("coda"):
+                self.carriers[id(v)] = v
+        up = frame.f_back
+        while up is not None and id(up) not in self.stop_frames:
+            up = up.f_back
+        if up is not None:
+            self._step(str(up.f_globals["__name__"]))
+
+    def _step(self, mod: str) -> None:
+        if not self.body_path or self.body_path[-1] != mod:
+            self.body_path.append(mod)
+
+    def _move(self, tid: int, frame: FrameType | None) -> None:
+        while frame is not None:
+            mod = frame.f_globals.get("__name__", "")
+            if isinstance(mod, str) and mod.startswith("coda"):
+                break
+            frame = frame.f_back
+        mod = frame.f_globals["__name__"] if frame is not None else None
+        if self.current.get(tid) == mod:
+            return
+        self.current[tid] = mod
+        if (self.admitting and tid != self.engine_thread and mod is not None
+                and (not self.path or self.path[-1] != mod)):
+            self.path.append(mod)
+
+
+_COROUTINE = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_YIELD = dis.opmap["YIELD_VALUE"]
+
+
+def suspended(frame: FrameType) -> bool:
+    """A coroutine's 'return' event at an await (not its end)."""
+    code = frame.f_code
+    return bool(code.co_flags & _COROUTINE) and code.co_code[frame.f_lasti] == _YIELD
+
+
+def reentries(path: list[str]) -> int:
+    seen: set[str] = set()
+    count = 0
+    for i, mod in enumerate(path):
+        if mod in seen:
+            count += 1
+        if i:
+            seen.add(path[i - 1])
+    return count
+
+
+TEST_SUPPORT = frozenset({"bench.py", "loop.py", "structured_eval.py", "invariance.py"})
+
+
+def budget_sites(root: Path) -> tuple[list[str], Counter[str]]:
+    """Checks (comparisons) and derivations (assignments) involving a token-budget name."""
+
+    def names_in(node: ast.AST) -> set[str]:
+        out = set()
+        for n in ast.walk(node):
+            name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(
+                n, ast.Attribute) else n.arg if isinstance(n, ast.keyword) else None
+            if name and any(name == b or name.endswith("_" + b) for b in BUDGET_NAMES) \
+                    and name != "close_within_budget":
+                out.add(name)
+        return out
+
+    sites: dict[str, set[str]] = {}
+    names: Counter[str] = Counter()
+    for path in sorted((root / "coda").rglob("*.py")):
+        if path.name in TEST_SUPPORT:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                kind = "check"
+            elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                kind = "derive"
+                if not names_in(node.targets[0] if isinstance(node, ast.Assign)
+                                else node.target):
+                    continue
+            else:
+                continue
+            found = names_in(node)
+            if not found or found <= {"max_tokens_field"}:
+                continue
+            key = f"{kind} {path.relative_to(root)}:{node.lineno}"
+            sites.setdefault(key, set()).update(found)
+    for found in sites.values():
+        names.update(found)
+    return sorted(f"{k} {sorted(v)}" for k, v in sites.items()), names
+
+
+async def drive(app: Any, max_tokens: int) -> str:
+    import httpx
+    import openai
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://walk") as http:
+        client = openai.AsyncOpenAI(api_key="x", base_url="http://walk/v1", http_client=http)
+        stream = await client.chat.completions.create(
+            model=app.state.coda.engine.model_name, stream=True, max_tokens=max_tokens,
+            temperature=0, messages=[{"role": "user", "content": "Say hello."}])
+        text = []
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text.append(chunk.choices[0].delta.content)
+        return "".join(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model path (default: the embedded model)")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+    from coda.server.app import create_app
+
+    walk = Walk()
+    threading.setprofile(walk.profile)  # NOTE: before the engine and worker threads start
+    sys.setprofile(walk.profile)
+    engine = AsyncEngine.from_model_dir(args.model, EngineConfig(max_num_seqs=4))
+    engine.start()
+    assert engine._thread is not None
+    walk.engine_thread = engine._thread.ident
+    app = create_app(engine, manage_engine=False)
+    try:
+        asyncio.run(drive(app, args.max_tokens))  # warm-up: imports, caches, worker threads
+        walk.active = walk.admitting = True
+        text = asyncio.run(drive(app, args.max_tokens))
+        walk.active = False
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+        engine.shutdown()
+    sites, names = budget_sites(ROOT)
+    result = {
+        "text": text,
+        "files": len(walk.files),
+        "classes": len(walk.classes),
+        "instances": sum(walk.classes.values()),
+        "admission_classes": len(walk.admission_classes),
+        "admission_instances": sum(walk.admission_classes.values()),
+        "admission_stops": len(walk.path),
+        "admission_modules": len(set(walk.path)),
+        "admission_reentries": reentries(walk.path),
+        "body_path_stops": len(walk.body_path),
+        "body_path_modules": len(set(walk.body_path)),
+        "body_path_reentries": reentries(walk.body_path),
+        "max_tokens_sites": len(sites),
+        "max_tokens_names": dict(names),
+    }
+    print(json.dumps(result, indent=1))
+    print("\nfiles:", *sorted(walk.files), sep="\n  ")
+    print("\nclasses (instances):",
+          *(f"{n} x{c}" for n, c in sorted(walk.classes.items())), sep="\n  ")
+    print("\nadmission classes:", *sorted(walk.admission_classes), sep="\n  ")
+    print("\nadmission path:", " -> ".join(p.removeprefix("coda.") for p in walk.path))
+    print("\nbody path:", " -> ".join(p.removeprefix("coda.") for p in walk.body_path))
+    print("\nmax_tokens sites:", *sites, sep="\n  ")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**result, "files_list": sorted(walk.files),
+                                               "classes_list": dict(walk.classes),
+                                               "path": walk.path, "body_path": walk.body_path,
+                                               "sites": sites}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

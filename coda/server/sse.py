@@ -223,8 +223,7 @@ class SSEResponse(Response):
                 ended += sum(1 for _, ev in batch if is_terminal(ev))
                 # NOTE: credit (P6) only for what reached the socket, never after the client left.
                 source.ack()
-            # NOTE: the footer keeps its plain ids: a resume after the last id is sent it again
-            tail = self._group(r.footer(), positions, footer=True)
+            tail = self._group(r.footer(), positions)
             try:
                 await conn.write(b"".join(f.encode() for f in tail), more_body=False)
             except ClientGone:
@@ -237,12 +236,14 @@ class SSEResponse(Response):
             source.close()
 
 
-    def _group(self, frames: list[Frame], before: list[int], *,
-                footer: bool = False) -> list[Frame]:
+    def _group(self, frames: list[Frame], before: list[int]) -> list[Frame]:
         """One event's frames (or the footer) with their ids (:func:`frame_id`), less those
         the resuming client already holds."""
         r = self._renderer
-        if r.position_ids and not footer:
+        # NOTE: the footer too (a usage chunk then [DONE]): a client cut after its usage
+        # chunk holds a sub-id and is sent [DONE] alone; the last frame keeps the plain id,
+        # so a resume after the terminal event (or after [DONE]) is sent the footer again
+        if r.position_ids:
             frames = [replace(f, id=frame_id(before, j + 1))
                       if j < len(frames) - 1 and f.id is not None else f
                       for j, f in enumerate(frames)]

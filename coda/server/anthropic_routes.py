@@ -146,14 +146,18 @@ class AnthropicRenderer(Renderer):
                                    **self.stamp(0, ev)))
             return out
         out += self._close_thinking(fid)
+        return out + self._text(fid, ev.text, **self.stamp(0, ev))
+
+    def _text(self, fid: str, text: str, **extra: Any) -> list[Frame]:
+        """A text delta, opening the text block first where none is open."""
+        out: list[Frame] = []
         if not self.text_open:
             self.block += 1
             self.text_open = True
             out.append(self._frame("content_block_start", fid, index=self.block,
                                    content_block={"type": "text", "text": ""}))
         out.append(self._frame("content_block_delta", fid, index=self.block,
-                               delta={"type": "text_delta", "text": ev.text},
-                               **self.stamp(0, ev)))
+                               delta={"type": "text_delta", "text": text}, **extra))
         return out
 
     def _close_thinking(self, fid: str) -> list[Frame]:
@@ -218,15 +222,8 @@ class AnthropicRenderer(Renderer):
         out: list[Frame] = []
         for item in items:
             if isinstance(item, str):
-                if not item:
-                    continue
-                if not self.text_open:
-                    self.block += 1
-                    self.text_open = True
-                    out.append(self._frame("content_block_start", fid, index=self.block,
-                                           content_block={"type": "text", "text": ""}))
-                out.append(self._frame("content_block_delta", fid, index=self.block,
-                                       delta={"type": "text_delta", "text": item}))
+                if item:
+                    out += self._text(fid, item)
                 continue
             if self.text_open:
                 out.append(self._frame("content_block_stop", fid, index=self.block))

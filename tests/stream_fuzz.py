@@ -210,18 +210,25 @@ def group_safe(events: list[SSEEvent], k: int) -> bool:
     return events[k].id != events[k - 1].id
 
 
+def _skipped(case: Case, before: list[SSEEvent], tally: Tally) -> bool:
+    """A cut not to check: the client holds the whole stream (a resume after the last id is
+    sent the footer again by design, docs/api.md), or one inside a frame group while
+    :data:`CUT_INSIDE_GROUPS` is off."""
+    if len(before) == len(case.events):
+        tally.counts["cuts_after_the_end_skipped"] += 1
+        return True
+    if not group_safe(case.events, len(before)) and not CUT_INSIDE_GROUPS:
+        tally.counts["cuts_inside_group_skipped"] += 1
+        return True
+    return False
+
+
 def cut_and_resume(url: str, case: Case, cut: int, tally: Tally) -> None:
     """The client holds ``raw[:cut]`` (any partial event is lost, as on a real disconnect)
     and resumes from its last event id through the server."""
     parser = SSEParser()
     before = parser.feed(case.raw[:cut])
-    if len(before) == len(case.events):
-        # NOTE: a client holding [DONE] has the whole stream; resuming after the last id is
-        # sent the footer again by design (docs/api.md), not a cut to check
-        tally.counts["cuts_after_the_end_skipped"] += 1
-        return
-    if not group_safe(case.events, len(before)) and not CUT_INSIDE_GROUPS:
-        tally.counts["cuts_inside_group_skipped"] += 1
+    if _skipped(case, before, tally):
         return
     rest = resume(url, case.protocol, case.rid, before, parser.last_id)
     if rest is None:
@@ -273,13 +280,7 @@ def live_cut(url: str, case: Case, cut: int, sizes: list[int], tally: Tally) -> 
                 break   # NOTE: leaving the block closes the connection mid-stream
     tally.counts["requests"] += 1
     # NOTE: the same seeded request has the recorded stream's event structure
-    if len(before) == len(case.events):
-        # NOTE: a client holding [DONE] has the whole stream; resuming after the last id is
-        # sent the footer again by design (docs/api.md), not a cut to check
-        tally.counts["cuts_after_the_end_skipped"] += 1
-        return
-    if not group_safe(case.events, len(before)) and not CUT_INSIDE_GROUPS:
-        tally.counts["cuts_inside_group_skipped"] += 1
+    if _skipped(case, before, tally):
         return
     rest = resume(url, case.protocol, _rid(case.protocol, headers, before), before,
                   parser.last_id)

@@ -315,8 +315,7 @@ class OutputProcessor:
         if text:
             # NOTE: L6, K2: bytes drained here are output of the tokens before the sequence,
             # visible like a push's (the token they complete is returned), nothing held
-            self._unreturned.append(self._visible)
-            self._visible += len(text)
+            self._note_visible(text)
             if self._tracing:
                 self._record(tr.STOP_STATE, nbytes=len(text), held=0, detok_pending=0,
                              ids_held=0)
@@ -394,10 +393,15 @@ class OutputProcessor:
     # -- internals -------------------------------------------------------------------------
     def _detok_push(self, token_id: int) -> bytes:
         data = self.detok.push(token_id)
-        if data:  # L6: a token counts as returned once its first visible byte is sent
-            self._unreturned.append(self._visible)
-            self._visible += len(data)
+        if data:
+            self._note_visible(data)
         return data
+
+    def _note_visible(self, data: bytes) -> None:
+        """L6: ``data`` is one token's first visible bytes; the token counts as returned once
+        the first of them is sent (:meth:`_send`)."""
+        self._unreturned.append(self._visible)
+        self._visible += len(data)
 
     def _emit(self, new: bytes, held_ids: int, *, reasoning: bytes = b"", pre: int = 0,
               removed: int = 0) -> bool:

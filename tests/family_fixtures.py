@@ -64,12 +64,8 @@ def _vocab(folder: Path) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def folder_to_gguf(folder: Path, path: Path, arch: str, *,
-                   kv: Callable[[gguf.GGUFWriter], None] | None = None,
-                   tensors: dict[str, np.ndarray] | None = None) -> Path:
-    """``folder`` as a GGUF of ``arch`` at ``path`` (see the module docstring)."""
-    cfg = ModelConfig.from_dir(folder)
-    w = gguf.GGUFWriter(str(path), arch)
+def add_hparams(w: gguf.GGUFWriter, cfg: ModelConfig, arch: str) -> None:
+    """The ``<arch>.*`` hyperparameters of ``cfg``, as llama.cpp's converter writes them."""
     w.add_name(f"tiny {arch}")
     w.add_block_count(cfg.num_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -79,9 +75,18 @@ def folder_to_gguf(folder: Path, path: Path, arch: str, *,
     w.add_head_count_kv(cfg.num_kv_heads)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
-    w.add_rope_dimension_count(cfg.rope_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
+
+
+def folder_to_gguf(folder: Path, path: Path, arch: str, *,
+                   kv: Callable[[gguf.GGUFWriter], None] | None = None,
+                   tensors: dict[str, np.ndarray] | None = None) -> Path:
+    """``folder`` as a GGUF of ``arch`` at ``path`` (see the module docstring)."""
+    cfg = ModelConfig.from_dir(folder)
+    w = gguf.GGUFWriter(str(path), arch)
+    add_hparams(w, cfg, arch)
+    w.add_rope_dimension_count(cfg.rope_dim)
     if kv is not None:
         kv(w)
     tokens, types, merges = _vocab(folder)

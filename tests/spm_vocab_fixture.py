@@ -78,6 +78,23 @@ def generated_pieces(size: int, seed: int = 0) -> list[tuple[str, float]]:
     return [(pieces[i], s) for i, s in zip(order, scores, strict=True)]
 
 
+def add_gemma_spm_vocab(w: gguf.GGUFWriter, tokens: list[str], types: list[int],
+                        scores: list[float]) -> None:
+    """A SentencePiece vocabulary in Gemma's layout: ``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2,
+    ``<unk>`` 3, BOS added, no space prefix."""
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores(scores)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+
+
 def write_spm_vocab_gguf(path: Path, size: int = 262_144, seed: int = 0) -> Path:
     """Write the generated vocabulary (``size`` tokens in all) as a vocab-only GGUF."""
     fixed = len(SPECIALS) + len(USER_DEFINED) + 256
@@ -94,17 +111,7 @@ def write_spm_vocab_gguf(path: Path, size: int = 262_144, seed: int = 0) -> Path
     w.add_head_count(1)
     w.add_head_count_kv(1)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_scores(scores)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)
+    add_gemma_spm_vocab(w, tokens, types, scores)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

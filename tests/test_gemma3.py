@@ -25,8 +25,9 @@ from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
 from coda.models.tokenizer_bundle import GEMMA_CHAT_TEMPLATE, bundle_from_gguf, bundle_from_hf_dir
-from tests.family_fixtures import chat_through_both_sdks, greedy_steps
+from tests.family_fixtures import add_hparams, chat_through_both_sdks, greedy_steps
 from tests.random_checkpoint import make_random_checkpoint
+from tests.spm_vocab_fixture import add_gemma_spm_vocab
 from tests.test_models import full_forward, hf_logits
 
 WINDOW, LAYERS, VOCAB = 8, 7, 300
@@ -51,33 +52,13 @@ def write_gemma_gguf(folder: Path, path: Path) -> Path:
     (specials, the 256 byte tokens, pieces with scores; no space prefix; BOS added)."""
     cfg = ModelConfig.from_dir(folder)
     w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_name("tiny gemma3")
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta)
+    add_hparams(w, cfg, "gemma3")
     w.add_sliding_window(WINDOW)
     tokens = SPECIALS + [f"<0x{b:02X}>" for b in range(256)] + PIECES
     assert len(tokens) == VOCAB
     types = [3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * len(PIECES)
     scores = [0.0] * (len(SPECIALS) + 256) + [-100.0 + len(p) for p in PIECES]
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_scores(scores)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)
+    add_gemma_spm_vocab(w, tokens, types, scores)
     # NOTE: no tokenizer.chat_template, as in the real Gemma 3 270M file: the family format
     names = {"model.embed_tokens.weight": "token_embd.weight",
              "model.norm.weight": "output_norm.weight"}

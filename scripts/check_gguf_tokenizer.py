@@ -61,18 +61,6 @@ CORPUS = (
 )
 
 
-class _Header:
-    """What ``bundle_from_gguf`` reads: metadata fields (no tensors needed)."""
-
-    def __init__(self, path: Path) -> None:
-        from coda.models.gguf_header import read_header
-
-        self._h = read_header(path)
-
-    def field(self, key: str, default: Any = None) -> Any:
-        return self._h.field(key, default)
-
-
 def model_path(name: str, scratch: Path) -> Path:
     if name == "generated":
         return write_spm_vocab_gguf(scratch / "generated-spm-262k.gguf")
@@ -84,9 +72,10 @@ def model_path(name: str, scratch: Path) -> Path:
 def compare(name: str, path: Path, record: list[dict[str, Any]]) -> int:
     import llama_cpp
 
+    from coda.models.gguf_header import read_header
     from coda.models.tokenizer_bundle import bundle_from_gguf
 
-    bundle = bundle_from_gguf(_Header(path))
+    bundle = bundle_from_gguf(read_header(path))  # NOTE: metadata only: no tensors needed
     tok = bundle.tokenizer
     ref = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     failures = 0

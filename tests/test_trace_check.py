@@ -84,20 +84,21 @@ def test_issue20_d4_c1_a_dropped_cancel_requested_is_rejected() -> None:
     _flags(rows[:i] + rows[i + 1:], "C1")
 
 
+def _moved_before(rows: list[TraceEvent], kind: str, before: str) -> list[TraceEvent]:
+    """``rows`` with the first ``kind`` row moved to just before the first ``before`` row."""
+    moved = list(rows)
+    moved.insert(_index(rows, before), moved.pop(_index(rows, kind)))
+    return moved
+
+
 def test_issue20_d4_c1_cancel_observed_before_cancel_requested_is_rejected() -> None:
     rows = _one("CANCELLED", kinds=(tr.CANCEL_OBSERVED,))
-    req, obs = _index(rows, tr.CANCEL_REQUESTED), _index(rows, tr.CANCEL_OBSERVED)
-    moved = list(rows)
-    moved.insert(req, moved.pop(obs))
-    _flags(moved, "C1")
+    _flags(_moved_before(rows, tr.CANCEL_OBSERVED, tr.CANCEL_REQUESTED), "C1")
 
 
 def test_issue20_d4_g1_a_delta_before_the_first_token_selection_is_rejected() -> None:
     rows = _one("FINISHED", kinds=(tr.STREAM_DELTA,))
-    first_tok, first_delta = _index(rows, tr.TOKEN_SELECTED), _index(rows, tr.STREAM_DELTA)
-    moved = list(rows)
-    moved.insert(first_tok, moved.pop(first_delta))
-    _flags(moved, "G1")
+    _flags(_moved_before(rows, tr.STREAM_DELTA, tr.TOKEN_SELECTED), "G1")
 
 
 def test_issue20_d4_l6_a_tampered_usage_selected_tokens_is_rejected() -> None:

@@ -23,7 +23,7 @@ declare -A TESTS=(
   [detokenizer]="tests/test_detokenizer.py tests/test_detokenizer_eager.py tests/test_detokenizer_cut.py tests/test_logprob_pieces.py tests/test_utf8_tail_auto.py tests/test_step_stops.py"
   [stream]="tests/test_stream.py tests/test_request_run.py tests/test_resources.py tests/test_reader.py"
   [reader]="tests/test_reader.py tests/test_stream.py"
-  [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py"
+  [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py tests/test_step_stops_fallback.py tests/test_reasoning_split.py tests/test_utf8_tail_auto.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
   [early_stop]="tests/test_early_stop.py"
 )

@@ -109,11 +109,14 @@ def test_readme_anthropic_example_runs_verbatim(readme_server: str) -> None:
 
 
 def test_readme_ollama_example_runs_verbatim(readme_server: str) -> None:
-    """Issue 23 item 2: the README's Ollama example runs through the official client."""
+    """Issue 23 item 2: the README's Ollama example (chat, then an embedding) runs through
+    the official client."""
     port = readme_server.rsplit(":", 1)[1]
     run = _run_python(_readme_block("### The official `ollama` client", "python"), port)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip().split()[-2] in ("stop", "length"), run.stdout
+    reply, size = run.stdout.strip().rsplit("\n", 1)
+    assert reply.split()[-2] in ("stop", "length"), run.stdout
+    assert size == "576", run.stdout  # NOTE: SmolLM2's hidden size: the /api/embed vector
 
 
 @pytest.mark.skipif(not any(Path(d, "curl").exists() for d in os.environ["PATH"].split(":")),

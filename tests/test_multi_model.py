@@ -247,6 +247,24 @@ def test_killed_worker_ends_only_its_models_requests_l2_l5(two: tuple[LiveServer
     assert metric(server.url, "coda:model_loads_total", model="smol", outcome="ok") == 2
 
 
+def test_embeddings_route_to_each_models_worker(two: tuple[LiveServer, ModelRouter]) -> None:
+    """``/api/embed`` and ``/v1/embeddings`` run in the routed model's worker: each model's
+    own hidden size, the same vector through either API; a model that cannot load is a 503
+    naming why, never a hang."""
+    import ollama
+
+    server, router = two
+    client = ollama.Client(host=server.url)
+    got = {n: client.embed(model=n, input="hello there").embeddings[0] for n in ("a", "smol")}
+    hidden = {s.name: s for s in router.slots}["a"]
+    assert len(got["smol"]) == 576 and len(got["a"]) != 576 and hidden.status == "loaded"
+    same = oai(server).embeddings.create(model="smol", input="hello there")
+    assert same.data[0].embedding == pytest.approx(list(got["smol"]), rel=1e-6, abs=1e-7)
+    bad = httpx.post(server.url + "/v1/embeddings", timeout=300,
+                     json={"model": "broken", "input": "hi"})
+    assert bad.status_code == 503 and "could not be loaded" in bad.json()["error"]["message"]
+
+
 # -- a memory budget ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -206,12 +206,6 @@ def test_bad_input_is_a_4xx_in_ollama_shape(smollm_live: Any, client: ollama.Cli
     assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
 
 
-def test_embed_is_a_clear_400(smollm_live: Any, client: ollama.Client, name: str) -> None:
-    with pytest.raises(ollama.ResponseError) as exc:
-        client.embed(model=name, input="hello")
-    assert exc.value.status_code == 400 and "embeddings" in exc.value.error
-
-
 def test_empty_request_loads(client: ollama.Client, name: str) -> None:
     """Ollama's load call: an empty prompt answers ``done_reason: "load"`` at once."""
     r = client.generate(model=name + ":latest", prompt="", stream=False)

@@ -151,6 +151,23 @@ def test_one_ingress_speaks_the_api_over_replicas_p1(remote: Any) -> None:
     assert text == full.choices[0].message.content
 
 
+def test_embeddings_on_either_replica_are_the_same(remote: Any) -> None:
+    """Issue 23 item 2 over replicas: the ingress sends embeddings to the replicas in turn;
+    both compute the same vector (same weights, one forward each), and bad ids are refused
+    with the engine's typed error."""
+    from coda.errors import InvalidRequestError
+
+    async def main() -> list[list[float]]:
+        return [await remote.embed([5, 6, 7, 8]) for _ in range(4)]
+
+    got = asyncio.run(main())
+    assert len(got[0]) > 0 and got == [got[0]] * 4
+    with pytest.raises(InvalidRequestError):
+        asyncio.run(remote.embed([]))
+    with pytest.raises(InvalidRequestError, match="vocabulary"):
+        asyncio.run(remote.embed([10 ** 9]))
+
+
 def test_100_streams_30pct_disconnects_nothing_lost_or_leaked_p1_p2_p4_l7(remote: Any) -> None:
     """100 streams over the two replicas through one ingress, 30% of the clients leave early
     (P4 cancel): every stream's log has contiguous seqs and one terminal (P1, P2), every

@@ -202,3 +202,6 @@ class DurableEngine:
 
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()
+
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        return await self.inner.embed(token_ids)  # NOTE: nothing of it is a stream to log

@@ -8,12 +8,14 @@ validates synchronously (typed errors, nothing queued on failure) and returns a
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 from coda.early_stop import EarlyStopController
@@ -24,7 +26,7 @@ from coda.engine.grammar import GrammarMatcher
 from coda.engine.handle import RequestHandle
 from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
 from coda.engine.kv_cache import BlockManager
-from coda.engine.plan import ModelLimits, RequestPlan, plan_request
+from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
@@ -94,6 +96,8 @@ class AsyncEngine:
         self.core = EngineCore(runner, sched, self.tokenizer, trace,
                                max_forward_retries=config.max_forward_retries)
         self._inbox: deque[EngineRequest] = deque()
+        # NOTE: work that must run on the engine thread between steps (embeddings)
+        self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -259,6 +263,41 @@ class AsyncEngine:
             self._cond.notify_all()
         return [h for _, h in built]
 
+    def embed_future(self, token_ids: list[int]) -> Future[list[float]]:
+        """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state,
+        :meth:`ModelRunner.embed`) to run on the engine thread between two steps; raises
+        InvalidRequestError (field ``input``) on an empty, too long or out-of-vocabulary
+        input, EngineNotStartedError before :meth:`start`."""
+        ids = list(token_ids)
+        check_embedding_input(ids, self.context_length, self.limits.vocab_size)
+        fut: Future[list[float]] = Future()
+        with self._cond:
+            if self._stopping:
+                raise InvalidRequestError("the engine is shutting down", field=None)
+            if self._thread is None:
+                raise EngineNotStartedError("the engine is not started: call engine.start() "
+                                            "(or use `with engine:`) before embed")
+            self._calls.append((lambda: self.runner.embed(ids), fut))
+            self._cond.notify_all()
+        return fut
+
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """:meth:`embed_future`, awaited (the :class:`~coda.engine.protocol.Engine` seam)."""
+        return await asyncio.wrap_future(self.embed_future(token_ids))
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._cond:
+                if not self._calls:
+                    return
+                fn, fut = self._calls.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except Exception as exc:  # NOTE: the caller's error, never the engine loop's
+                fut.set_exception(exc)
+
     def _track(self, handle: RequestHandle) -> None:
         """Keep ``handle`` reachable by id for ``cancel``. Ended ones are dropped here, when
         the map has doubled since the last sweep (amortised O(1) per submit), and by
@@ -344,13 +383,15 @@ class AsyncEngine:
                 self._check_when_idle()  # NOTE: once per busy -> idle transition
                 checked = True
             with self._cond:
-                while not self._stopping and not self._inbox and not self.core.has_work:
+                while (not self._stopping and not self._inbox and not self._calls
+                       and not self.core.has_work):
                     self._cond.wait(0.5)
                 if self._stopping:
                     return
                 incoming = list(self._inbox)
                 self._inbox.clear()
             checked = False
+            self._run_calls()
             for ereq in incoming:
                 self._admit(ereq)
             try:
@@ -386,6 +427,12 @@ class AsyncEngine:
         for ereq in incoming:
             self._admit(ereq)
         self.core.abort_all(CancelCause.SHUTDOWN)
+        with self._cond:
+            calls = list(self._calls)
+            self._calls.clear()
+        for _, fut in calls:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(InvalidRequestError("the engine is shutting down", field=None))
 
 
 def _early_stop_hook(controller: EarlyStopController | None, arrival: float,

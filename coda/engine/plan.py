@@ -189,3 +189,18 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
             f"prompt ({prompt_len}) + max_tokens ({asked}) exceeds the context "
             f"({limits.context_length})", field="max_tokens")
     return asked, False
+
+
+def check_embedding_input(token_ids: list[int], context_length: int,
+                          vocab_size: int | None = None) -> None:
+    """An embedding's input (``/api/embed``, ``/v1/embeddings``): at least one token, no more
+    than the context, every id in the vocabulary (when known here). InvalidRequestError,
+    field ``input``, otherwise."""
+    if not token_ids:
+        raise InvalidRequestError("input: must not be empty", field="input")
+    if len(token_ids) > context_length:
+        raise InvalidRequestError(f"input: {len(token_ids)} tokens exceed the model's context "
+                                  f"of {context_length} tokens", field="input")
+    if vocab_size is not None and not all(0 <= t < vocab_size for t in token_ids):
+        raise InvalidRequestError("input: token id out of the vocabulary", field="input")
+

@@ -34,7 +34,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, InvalidRequestError
+from coda.errors import (
+    CodaError,
+    ContextLengthExceededError,
+    EngineNotStartedError,
+    ErrorCode,
+    InvalidRequestError,
+)
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
 from coda.stream import (
@@ -254,6 +260,19 @@ class WorkerProcess:
             return slot[1]
         finally:
             self._calls.pop(call_id, None)
+
+    def embed(self, token_ids: list[int], timeout: float = 600.0) -> list[float]:
+        """The worker engine's :meth:`~coda.engine.async_engine.AsyncEngine.embed` (blocking;
+        its refusal re-raised as the exception the engine raised)."""
+        try:
+            answer = self.call("embed", token_ids, timeout=timeout)
+        except TimeoutError:
+            raise EngineNotStartedError(f"model worker '{self.name}' did not answer the "
+                                        f"embedding ({self.error or self.state})") from None
+        if answer[0] != "ok":
+            raise rebuild_error(*answer)
+        vector: list[float] = answer[1]
+        return vector
 
     @property
     def num_open(self) -> int:

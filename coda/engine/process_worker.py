@@ -208,9 +208,35 @@ def _serve(conn: Connection, engine: Any, sender: _Sender, send: Any) -> None:
                     del streams[msg[1]]
         elif kind == "call":
             _, call_id, method, args = msg
-            send(("reply", call_id, _call(engine, method, args)))
+            if method == "embed":
+                _embed(engine, call_id, args[0], send)
+            else:
+                send(("reply", call_id, _call(engine, method, args)))
         elif kind == "shutdown":
             return
+
+
+def _embed(engine: Any, call_id: int, token_ids: list[int], send: Any) -> None:
+    """Queue an embedding; it is answered (``("ok", vector)`` or the refusal as
+    :func:`~coda.engine.process_engine.rebuild_error` reads it) once the engine thread ran it,
+    while this loop keeps serving the model's requests."""
+    from concurrent.futures import Future
+
+    from coda.errors import CodaError
+
+    def refusal(exc: BaseException) -> tuple[Any, ...]:
+        if isinstance(exc, CodaError):
+            return ("coda", exc.code.value, exc.message, exc.field)
+        return ("value", "invalid_request", str(exc), None)
+
+    def reply(fut: Future[list[float]]) -> None:
+        exc = fut.exception()
+        send(("reply", call_id, ("ok", fut.result()) if exc is None else refusal(exc)))
+
+    try:
+        engine.embed_future(token_ids).add_done_callback(reply)
+    except Exception as exc:
+        send(("reply", call_id, refusal(exc)))
 
 
 def _call(engine: Any, method: str, args: tuple[Any, ...]) -> Any:

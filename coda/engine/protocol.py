@@ -95,6 +95,11 @@ class Engine(Protocol):
 
     def model_info(self) -> ModelInfo: ...
 
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """The mean-pooled last hidden state of ``token_ids`` (after the final norm; not
+        normalised): InvalidRequestError on an empty, too long or out-of-vocabulary input."""
+        ...
+
 
 class StreamLog(Protocol):
     """The per-request event log (P1–P3): appends are idempotent by ``(request_id, seq)``

@@ -19,6 +19,7 @@ event; a request starts with a unary ``submit`` call.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coda.durable.mirror import feed
+from coda.engine.plan import check_embedding_input
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
@@ -95,6 +97,7 @@ class RemoteEngine:
         self._feeds: dict[asyncio.AbstractEventLoop, list[FeedClient]] = {}
         self.num_requests_total = 0
         self.num_resubmits_total = 0
+        self._embed_turn = itertools.count()
         self.owns_replicas = True  # NOTE: False when it joined replicas another ingress made
         self.log: Any = log  # NOTE: a RedisStreamLog or None (coda.durable is optional)
         self.trace = RoutedTraceSink(self, config.recent_traces or 64)
@@ -120,6 +123,14 @@ class RemoteEngine:
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
+
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """On any replica (they serve the same weights), in turn; the replica checks the ids
+        against its vocabulary."""
+        check_embedding_input(token_ids, self.context_length)
+        idx = next(self._embed_turn) % len(self.replicas)
+        out: list[float] = await self.replicas[idx].embed.remote(token_ids)
+        return out
 
     def num_waiting(self) -> int:
         # NOTE: seen from the ingress: accepted, not closed, no delta yet (only seq 0, start)

@@ -129,6 +129,9 @@ class EngineReplica:
     def model_info(self) -> ModelInfo:
         return self.engine.model_info()
 
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        return await self.engine.embed(token_ids)
+
     def whoami(self) -> dict[str, Any]:
         return {"pid": self.pid, "server_id": self.server_id,
                 "orphans_cancelled": sum(p.cancelled_orphans for p in self._logs.values())}

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from coda.engine.protocol import Engine
 from coda.server import (
     anthropic_routes,
+    embeddings,
     ollama_info,
     ollama_routes,
     openai_routes,
@@ -115,6 +116,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(ollama_info.router)
+    app.include_router(embeddings.router)
     app.include_router(playground_routes.router)
     _operational_routes(app)
     # NOTE: added before the key check, so the key check runs first (outermost)

@@ -334,6 +334,35 @@ class ModelRouter:
             h.worker = w
             w.submit(req, h.stream)
 
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """On the selected model's worker, loaded first as a request's would be (a model that
+        cannot load: EngineNotStartedError, the server's 503)."""
+        from coda.engine.plan import check_embedding_input
+        from coda.errors import EngineNotStartedError
+
+        slot = self._slot()
+        check_embedding_input(token_ids, slot.context_length)
+        waited_on: WorkerProcess | None = None
+        while (w := slot.worker) is None or w.state != "ready":
+            if waited_on is not None and waited_on.state in ("failed", "exited"):
+                self.loads.exited(slot, waited_on)
+                raise EngineNotStartedError(
+                    f"model '{slot.name}' could not be loaded: {waited_on.error}")
+            if w is None:
+                with self.loads.lock:
+                    problem = self.loads.try_load(slot) if slot.worker is None else None
+                if problem is not None:
+                    raise EngineNotStartedError(problem)
+            waited_on = waited_on or slot.worker
+            await asyncio.sleep(_POLL_S)
+        key = f"embed-{uuid.uuid4().hex[:16]}"
+        slot.live.add(key)  # NOTE: in flight: not unloaded under it
+        try:
+            return await asyncio.to_thread(w.embed, token_ids)
+        finally:
+            slot.live.discard(key)
+            slot.last_used = time.monotonic()
+
     def _fail(self, h: RoutedHandle, message: str) -> None:
         with h.lock:
             if h.worker is None:

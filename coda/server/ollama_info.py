@@ -1,6 +1,5 @@
 """The Ollama API's model endpoints (issue 23 item 2): ``GET /api/tags``, ``POST /api/show``,
-``GET /api/ps``, ``GET /api/version``, and ``POST /api/embed`` (not offered: a 400 in
-Ollama's error shape).
+``GET /api/ps`` and ``GET /api/version`` (``/api/embed``: :mod:`coda.server.embeddings`).
 
 Every field comes from the served models' cards (``/v1/models``): ``digest`` is the weights'
 SHA-256 (P1 identity), ``size`` the model's memory (weights + KV) where the server knows it
@@ -21,7 +20,7 @@ from coda.engine.protocol import Engine
 from coda.models.identity import coda_version
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
-from coda.server.ollama_schemas import OllamaEmbedRequest, OllamaShowRequest, model_name
+from coda.server.ollama_schemas import OllamaShowRequest, model_name
 
 router = APIRouter()
 _WATCHERS: set[asyncio.Task[None]] = set()
@@ -126,18 +125,7 @@ async def show(body: OllamaShowRequest, request: Request) -> Response:
         "model_info": {"general.name": engine.model_name,
                        "coda.context_length": engine.context_length,
                        "coda.identity": card.get("coda") or {}},
-        # NOTE: tools through Coda's tool calling (coda.server.tools) on every model
-        "capabilities": ["completion", "tools"]})
+        # NOTE: tools through Coda's tool calling (coda.server.tools), embeddings through
+        # coda.server.embeddings (mean-pooled hidden state), on every model
+        "capabilities": ["completion", "tools", "embedding"]})
 
-
-@router.post("/api/embed")
-async def embed(body: OllamaEmbedRequest, request: Request) -> Response:
-    """Not offered: the served models are generative and Coda exposes no embedding."""
-    state_of(request).check_model(body.model)
-    # NOTE: 400 as Ollama answers a capability the model lacks (and no input is ever a 5xx)
-    raise ApiError(400, f"{body.model!r} does not support embeddings on this server")
-
-
-@router.post("/api/embeddings")
-async def embeddings_legacy(body: OllamaEmbedRequest, request: Request) -> Response:
-    return await embed(body, request)

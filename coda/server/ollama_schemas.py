@@ -165,7 +165,16 @@ class OllamaShowRequest(BaseModel):
 
 
 class OllamaEmbedRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """``/api/embed`` (``input``) and the older ``/api/embeddings`` (``prompt``). ``options``
+    are checked as everywhere and change nothing of an embedding; ``truncate`` (default on)
+    cuts an input to the context, off it is a 400."""
+
+    model_config = ConfigDict(extra="forbid")
     model: str
     _tag = field_validator("model")(model_name)
     input: str | list[str] = ""
+    prompt: str | None = None
+    truncate: bool = True
+    dimensions: int | None = Field(None, ge=1)
+    options: OllamaOptions | None = None
+    keep_alive: float | str | None = None

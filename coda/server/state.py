@@ -197,15 +197,25 @@ class ServerState:
         self.prompt_bound = PromptBound.of(engine.tokenizer)
         self._bounds: dict[int, PromptBound] = {id(engine.tokenizer): self.prompt_bound}
 
-    def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt") -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt",
+               truncate: bool = False) -> list[int]:
         """Tokenize a prompt (call it off the event loop, :func:`~coda.server.admission.off_loop`);
-        a prompt whose byte length alone exceeds the context is refused untokenized."""
+        a prompt whose byte length alone exceeds the context is refused untokenized, or with
+        ``truncate`` cut to the context's first tokens (embeddings)."""
         tokenizer = self.engine.tokenizer  # NOTE: several models: the routed model's
         bound = self._bounds.get(id(tokenizer))
         if bound is None:
             bound = self._bounds[id(tokenizer)] = PromptBound.of(tokenizer)
-        bound.check(text, self.engine.context_length, field)
-        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        limit = self.engine.context_length
+        if not truncate:
+            bound.check(text, limit, field)
+            return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        if bound.certain:
+            # NOTE: `limit` tokens span at most limit × the longest token's bytes; twice that
+            # keeps the cut far from the tokens kept, so they are the whole text's
+            cut = text.encode("utf-8", "surrogatepass")[:2 * limit * bound.max_token_bytes]
+            text = cut.decode("utf-8", "ignore")
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)[:limit]
 
     def check_model(self, name: str) -> None:
         select = getattr(self.engine, "select_model", None)

@@ -1,0 +1,152 @@
+"""Embeddings (issue 23 item 2): ``POST /api/embed`` and the older ``POST /api/embeddings``
+(Ollama), ``POST /v1/embeddings`` (OpenAI).
+
+What an embedding is here: the mean over the input's tokens of the model's last hidden state
+(after the final norm, before the LM head; :meth:`coda.engine.runner.ModelRunner.embed`),
+one forward per input on the engine thread between two decode steps, over a scratch KV cache
+(the engine's cache and prefix entries are untouched). Every served model can embed, but a
+generative model's pooled state is a weak sentence embedding: use it for what it is.
+
+Per protocol: ``/api/embed`` and ``/v1/embeddings`` return vectors of unit L2 norm (as Ollama
+and OpenAI do), ``/api/embeddings`` the raw mean; ``dimensions`` keeps the first *d* values and
+normalises again (Matryoshka-style truncation). The input is tokenized with the model's
+special tokens (its BOS), as a completion prompt is. Ollama's ``truncate`` (default on) cuts an
+input to the context; off, or on the OpenAI API, a longer input is a 400. An empty ``input``
+on ``/api/embed`` loads the model and returns no embeddings (Ollama's behaviour).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+import time
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse, Response
+
+from coda.errors import InvalidRequestError
+from coda.server.admission import off_loop
+from coda.server.common import state_of
+from coda.server.http_errors import ApiError
+from coda.server.ollama_info import unload_when_idle
+from coda.server.ollama_schemas import OllamaEmbedRequest
+from coda.server.ollama_wire import keep_alive_zero
+from coda.server.state import ServerState
+
+router = APIRouter()
+MAX_INPUTS = 2048  # NOTE: OpenAI's limit on inputs per request
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    """``POST /v1/embeddings``: text, texts, token ids or lists of token ids."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+def normalised(vector: list[float], dimensions: int | None) -> list[float]:
+    """The first ``dimensions`` values (all if None) scaled to unit L2 norm (a zero vector
+    stays zero). ``dimensions`` above the vector's size is a 400."""
+    if dimensions is not None:
+        if dimensions > len(vector):
+            raise InvalidRequestError(f"dimensions: {dimensions} exceeds this model's "
+                                      f"embedding size {len(vector)}", field="dimensions")
+        vector = vector[:dimensions]
+    norm = math.sqrt(math.fsum(x * x for x in vector))
+    return [x / norm for x in vector] if norm > 0 else list(vector)
+
+
+async def embed_all(st: ServerState, inputs: list[list[int]]) -> list[list[float]]:
+    """One raw embedding per input, in order (a refusal is a CodaError: the server's 4xx)."""
+    return [await st.engine.embed(ids) for ids in inputs]
+
+
+def _encode_texts(st: ServerState, texts: list[str], truncate: bool) -> list[list[int]]:
+    out = []
+    for text in texts:
+        if not text:
+            raise InvalidRequestError("input: an input must not be empty", field="input")
+        out.append(st.encode(text, add_special_tokens=True, field="input", truncate=truncate))
+    return out
+
+
+async def _encoded(st: ServerState, texts: list[str], truncate: bool) -> list[list[int]]:
+    return await off_loop(_encode_texts, st, texts, truncate)  # NOTE: CPU-bound
+
+
+@router.post("/api/embed")
+async def ollama_embed(body: OllamaEmbedRequest, request: Request) -> Response:
+    """Ollama's ``/api/embed``: unit-norm vectors, one per input."""
+    st = state_of(request)
+    st.check_model(body.model)
+    if body.prompt is not None:
+        raise ApiError(400, "prompt: /api/embed takes `input` (`prompt` is /api/embeddings')",
+                       param="prompt")
+    start = time.monotonic_ns()
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    texts = [] if texts == [""] else texts
+    if len(texts) > MAX_INPUTS:
+        raise ApiError(400, f"input: at most {MAX_INPUTS} inputs", param="input")
+    inputs = await _encoded(st, texts, body.truncate)
+    vectors = [normalised(v, body.dimensions) for v in await embed_all(st, inputs)]
+    if keep_alive_zero(body.keep_alive):
+        unload_when_idle(st.engine)
+    return JSONResponse({
+        "model": body.model, "embeddings": vectors,
+        "total_duration": time.monotonic_ns() - start, "load_duration": 0,
+        "prompt_eval_count": sum(len(ids) for ids in inputs)})
+
+
+@router.post("/api/embeddings")
+async def ollama_embeddings_legacy(body: OllamaEmbedRequest, request: Request) -> Response:
+    """Ollama's older endpoint: one ``prompt``, the raw (not normalised) vector."""
+    st = state_of(request)
+    st.check_model(body.model)
+    if body.input:
+        raise ApiError(400, "input: /api/embeddings takes `prompt` (`input` is /api/embed's)",
+                       param="input")
+    if not body.prompt:
+        return JSONResponse({"embedding": []})
+    inputs = await _encoded(st, [body.prompt], body.truncate)
+    (vector,) = await embed_all(st, inputs)
+    if body.dimensions is not None:
+        vector = normalised(vector, body.dimensions)
+    if keep_alive_zero(body.keep_alive):
+        unload_when_idle(st.engine)
+    return JSONResponse({"embedding": vector})
+
+
+@router.post("/v1/embeddings")
+async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
+    """OpenAI's embeddings: unit-norm vectors, as floats or base64 of little-endian float32
+    (what the official client asks for by default)."""
+    st = state_of(request)
+    st.check_model(body.model)
+    raw = body.input
+    if isinstance(raw, str):
+        raw = [raw]
+    if not raw:
+        raise ApiError(400, "input: must not be empty", param="input")
+    if len(raw) > MAX_INPUTS:
+        raise ApiError(400, f"input: at most {MAX_INPUTS} inputs", param="input")
+    if all(isinstance(x, int) for x in raw):
+        inputs: list[list[int]] = [[int(x) for x in raw]]  # type: ignore[union-attr]
+    elif all(isinstance(x, list) for x in raw):
+        inputs = [list(x) for x in raw]  # type: ignore[arg-type]
+    else:
+        inputs = await _encoded(st, [str(x) for x in raw], truncate=False)
+    vectors = [normalised(v, body.dimensions) for v in await embed_all(st, inputs)]
+    data = [{"object": "embedding", "index": i,
+             "embedding": (base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode()
+                           if body.encoding_format == "base64" else v)}
+            for i, v in enumerate(vectors)]
+    used = sum(len(ids) for ids in inputs)
+    return JSONResponse({"object": "list", "data": data, "model": body.model,
+                         "usage": {"prompt_tokens": used, "total_tokens": used}})

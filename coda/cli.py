@@ -193,7 +193,9 @@ def generate(prompt: str,
         from coda.server.chat import render_chat
 
         text = render_chat(engine, [{"role": "user", "content": prompt}])
-    ids = engine.tokenizer.encode(text, add_special_tokens=False).ids
+    # NOTE: a raw prompt gets the model's special tokens (its BOS), as /v1/completions does;
+    # a rendered chat template already holds them
+    ids = engine.tokenizer.encode(text, add_special_tokens=not chat).ids
     req = GenerationRequest(tuple(ids), SamplingParams(temperature=temperature, top_p=top_p,
                                                        seed=seed),
                             max_tokens=max_tokens, stop=tuple(stop or ()), deadline_s=deadline)

@@ -82,3 +82,21 @@ def test_a_truncated_cached_copy_is_assembled_again(site: Path) -> None:
     assert resolve_model("tiny-model").path.read_bytes() == BODY
 
 
+
+
+def test_coda_models_lists_a_chunked_package_before_and_after_assembly(site: Path) -> None:
+    """Issue 19 item 5: the umbrella is listed under the name to pass to ``--model`` (its parts'
+    packages are not); before the first load it says it is assembled then (nothing is written
+    by listing), after it the row describes the assembled file."""
+    from coda.models.catalog import gguf_packages, list_models
+
+    _publish(site)
+    cache = Path(os.environ["CODA_CACHE_DIR"]) / "gguf"
+    found = dict(gguf_packages())
+    assert found.get("tiny-model") == [cache / "tiny.gguf"]
+    assert not any(name.startswith("tiny_model_part") for name in found)
+    row = next(e for e in list_models([]) if e.model == "tiny-model")
+    assert "assembled" in row.error and not cache.exists()
+    resolve_model("tiny-model")
+    row = next(e for e in list_models([]) if e.model == "tiny-model")
+    assert row.path == cache / "tiny.gguf" and "assembled" not in row.error

@@ -28,7 +28,8 @@ PROMPT = [5, 17, 40, 2, 88, 93, 94, 61, 3, 70]
 
 
 def write_gguf(path: Path, arch: str, *, name: str = "tiny", qtype: str = "F32",
-               seed: int = 0, extra_tokens: int = 0, tied_embd_qtype: str | None = None) -> Path:
+               seed: int = 0, extra_tokens: int = 0, tied_embd_qtype: str | None = None,
+               bos: bool = False) -> Path:
     """A random 2-layer model with a small byte-level BPE vocabulary (``extra_tokens`` more
     plain tokens at its end: the int4 kernel needs a vocabulary that is a multiple of 16);
     ``tied_embd_qtype``: no ``output.weight``, the embedding stored in that type."""
@@ -55,6 +56,9 @@ def write_gguf(path: Path, arch: str, *, name: str = "tiny", qtype: str = "F32",
     w.add_token_types([1] * (len(BPE_TOKENS) - 3) + [3, 3, 3] + [1] * extra_tokens)
     w.add_token_merges(["Ġ t", "h e", "Ġt he"])
     w.add_eos_token_id(len(BPE_TOKENS) - 1)
+    if bos:  # NOTE: <|im_start|> stands in for a BOS the tokenizer prepends (Gemma, Llama)
+        w.add_bos_token_id(len(BPE_TOKENS) - 2)
+        w.add_add_bos_token(True)
     vocab = len(BPE_TOKENS) + extra_tokens
 
     def t(name: str, *shape: int, qtype: str = qtype) -> None:
@@ -194,3 +198,17 @@ def test_unsupported_arch_and_tensor_type_fail_at_load_naming_what(tmp_path: Pat
     assert res.exit_code == 2 and "gemma" in res.output and "Traceback" not in res.output
     with pytest.raises(ModelLoadError, match="not found"):
         resolve_model("no-such-model-anywhere")
+
+
+def test_cli_generate_gives_a_raw_prompt_the_models_bos(tmp_path: Path) -> None:
+    """``coda generate PROMPT`` encodes a raw prompt as ``/v1/completions`` does: with the
+    special tokens the GGUF asks for (``add_bos_token``: Gemma's and Llama's files); without
+    its BOS such a model answers garbage (found on Gemma 3 270M)."""
+    path = write_gguf(tmp_path / "bos.gguf", "llama", bos=True)
+    tok = bundle_from_gguf(open_gguf(path)).tokenizer
+    want = len(tok.encode("the", add_special_tokens=True).ids)
+    assert want == len(tok.encode("the", add_special_tokens=False).ids) + 1
+    res = CliRunner().invoke(app, ["generate", "the", "--model", str(path), "--max-tokens", "1",
+                                   "--quant", "fp32"])
+    assert res.exit_code == 0, res.output
+    assert f'"prompt_tokens": {want},' in res.output

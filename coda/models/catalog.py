@@ -12,12 +12,14 @@ load its tensors: a row takes well under a second (``read_s`` says how long it t
 from __future__ import annotations
 
 import importlib.metadata as md
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coda.models.config import ModelConfig, ModelLoadError
+from coda.models.gguf_parts import _PART, cache_dir, find_parts
 from coda.models.source import ModelSource, package_ggufs, resolve_model
 
 if TYPE_CHECKING:
@@ -98,15 +100,37 @@ def _reasons(ckpt: GGUFCheckpoint | None, auto: str, names: tuple[str, ...]
 
 
 def gguf_packages() -> list[tuple[str, list[Path]]]:
-    """``(distribution name, its .gguf files)`` for every installed distribution shipping any."""
+    """``(distribution name, its .gguf files)`` for every installed distribution shipping any,
+    and for every umbrella of a GGUF shipped in parts (:mod:`coda.models.gguf_parts`): its
+    assembled copy in the cache, or the parts' would-be path there before the first load."""
     found: dict[str, list[Path]] = {}
+    part_dists: set[str] = set()
     for dist in md.distributions():
         name = dist.metadata["Name"]
         if not name or name in found:
             continue
-        if any(str(f).endswith(".gguf") for f in dist.files or ()):
+        files = [str(f) for f in dist.files or ()]
+        if any(f.endswith(".gguf") for f in files):
             found[name] = package_ggufs(dist)
+        elif any(_PART.search(f) for f in files):
+            part_dists.add(md_key(name))
+    for dist in md.distributions():
+        name = dist.metadata["Name"]
+        if name and name not in found and md_key(name) not in part_dists and any(
+                md_key(r) in part_dists for r in _requirement_names(dist)):
+            parts = find_parts(dist)
+            if len(parts) == 1:
+                found[name] = [cache_dir() / next(iter(parts))]
     return sorted(found.items())
+
+
+def md_key(name: str) -> str:
+    """A distribution name as the index compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_names(dist: md.Distribution) -> list[str]:
+    return [re.split(r"[\s;<>=!~\[(]", r.strip(), maxsplit=1)[0] for r in dist.requires or ()]
 
 
 def list_models(extra: list[str]) -> list[ModelEntry]:
@@ -118,7 +142,11 @@ def list_models(extra: list[str]) -> list[ModelEntry]:
         mode.available()  # NOTE: the same for every row: the kernels' import, checked once
     entries = [describe_source("(default)", resolve_model(None))]
     for name, files in gguf_packages():
-        if len(files) == 1:
+        if len(files) == 1 and not files[0].is_file():  # NOTE: parts, not assembled yet
+            entries.append(ModelEntry(name, "gguf", files[0], error=(
+                "shipped in parts: assembled into this path on the first load "
+                f"(`coda serve --model {name}`), then described here")))
+        elif len(files) == 1:
             entries.append(describe_source(name, ModelSource("gguf", files[0], files[0].stem,
                                                              package=name)))
         else:  # NOTE: not loadable by package name; each file still is, by its path

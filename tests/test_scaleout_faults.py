@@ -52,6 +52,12 @@ from tests.scaleout_support import FaultRow, kill_session, sse_events, wait_for 
 
 STREAMS = int(os.environ.get("CODA_FAULT_STREAMS", "120"))
 REPEATS = int(os.environ.get("CODA_FAULT_REPEATS", "1"))
+# NOTE: the lease must outlast a live process's longest heartbeat stall: at 1,000 streams on
+# the shared 2 cores a 2 s lease lapsed for live replicas and front ends (their requests were
+# reaped while they ran them; test_fenced_live_replica_forwards_the_peers_terminal_l2_l5
+# covers that fault). Short at the CI size, so B's cancel-policy orphans are cancelled soon
+# after the kill (the replicas' orphan watch runs every lease / 3).
+LEASE_S = float(os.environ.get("CODA_FAULT_LEASE_S", "2" if STREAMS <= 200 else "10"))
 
 pytestmark = pytest.mark.timeout(600 + 400 * REPEATS * max(1, STREAMS // 250))
 
@@ -113,7 +119,7 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
             model: str, killed: list[int], rng: random.Random) -> dict[str, Any]:
     """One run of the load with its two kills, then every check; its counts."""
     dlog = RedisStreamLog(redis.url)
-    b = fl.start_b(ckpt, redis.url, address)
+    b = fl.start_b(ckpt, redis.url, address, LEASE_S)
     b.wait_healthy()
     streams = fl.plan(STREAMS, seed=n)
     orphans: set[str] = set()
@@ -239,7 +245,7 @@ def test_faults_under_load_every_stream_once_p2_p3_p4_l2_l7_o2(
         server_checkpoint: Path, redis_server: RedisServer, tmp_path: Path) -> None:
     """See the module docstring; CI size: 120 streams, 1 repeat."""
     trace = tmp_path / "trace.jsonl"
-    a = fl.start_a(server_checkpoint, redis_server.url, trace, max_num_seqs=8)
+    a = fl.start_a(server_checkpoint, redis_server.url, trace, max_num_seqs=8, lease_s=LEASE_S)
     killed: list[int] = []
     rng = random.Random(24)
     results = []

@@ -21,9 +21,10 @@ tested in test_redis_log). Then:
 - over 3 repeats or more (``scripts/fault_matrix.py --streams 1000``), the RSS of A and of
   replica 0 grows ≤ 5% from repeat 2 to 3.
 
-CI runs 120 streams, 1 repeat (about 2-3 minutes on a loaded 2-core box, most of it starting
-the two front ends); ``CODA_FAULT_STREAMS`` / ``CODA_FAULT_REPEATS`` size it
-(``scripts/fault_matrix.py --streams 1000`` runs 1,000 × 3 repeats)."""
+CI runs 120 streams, 1 repeat (about 90 s on the loaded 2-core development box, half of it
+starting the two front ends), leases of 2 s; ``CODA_FAULT_STREAMS`` / ``CODA_FAULT_REPEATS``
+size it (``scripts/fault_matrix.py --streams 1000`` runs 1,000 × 3 repeats, leases of 10 s:
+see ``LEASE_S``)."""
 
 from __future__ import annotations
 

@@ -155,7 +155,8 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
                    f"replica and front end SIGKILLed (repeat {n + 1})")
     states: dict[str, list[State]] = {}
     ends: dict[str, list[str]] = {}  # NOTE: state/finish_reason per client kind, reported
-    with httpx.Client(timeout=120) as client:
+    problems: list[dict[str, Any]] = []  # NOTE: every failed check, reported, then asserted
+    with httpx.Client(timeout=30) as client:
         for s in streams:
             if s.rid is None:
                 continue  # NOTE: B died before answering; the open-set check covers it
@@ -165,34 +166,58 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
             states.setdefault(f"{s.front}:{s.kind}", []).append(term.state)
             ends.setdefault(f"{s.front}:{s.kind}", []).append(
                 f"{term.state.value}/{term.finish_reason.value}")
-            if s.kind == "background":
-                _check_background(client, a.url, s, evs, rng, row)
-                continue
-            pick = rng.randint(-1, len(evs) - 1)
-            tail = _tail(client, a.url, s.rid, pick)
-            assert [_seq(e) for e in tail if _seq(e) is not None] == \
-                list(range(pick + 1, len(evs))), (s, pick)
-            assert _text(tail) == _log_text(evs[pick + 1:]), s
-            seen = [q for q in map(_seq, s.got) if q is not None]
-            if not s.complete:
-                last = max(seen, default=-1)
-                seen += [q for q in map(_seq, _tail(client, a.url, s.rid, last))
-                         if q is not None]
-            row.add_log(evs, seen)
-            if s.policy == "continue":
-                assert term.state is not State.CANCELLED, s
             if s.rid in orphans and s.policy == "cancel":
                 states.setdefault("orphan:cancel", []).append(term.state)
+            try:
+                if s.kind == "background":
+                    _check_background(client, a.url, s, evs, rng, row)
+                else:
+                    _check_chat(client, a.url, s, evs, rng, row)
+            except (AssertionError, httpx.TransportError) as exc:
+                problems.append({"stream": s.i, "front": s.front, "kind": s.kind,
+                                 "problem": str(exc)[-400:], "meta": dlog.meta(rids[s.rid]),
+                                 "log_end": term.error_message})
         wait_for(lambda: _idle(client, a), timeout=180, what="every KV block free (L7)")
+    summary = {"streams": row.streams, "events": row.events, "lost": row.lost,
+               "duplicated": row.duplicated, "bad_terminals": row.bad_terminals,
+               "orphans": len(orphans), "problems": len(problems),
+               "orphans_cancelled": states.get("orphan:cancel", []).count(State.CANCELLED),
+               "ends": {k: {x: v.count(x) for x in sorted(set(v))} for k, v in ends.items()}}
+    if problems:
+        _report({**summary, "first_problems": problems[:8]})
+    assert not problems, problems[:8]
     row.report()
     assert State.CANCELLED in states.get("orphan:cancel", []), states  # P4 on B's orphans
     assert State.CANCELLED in states.get("A:disconnect", []) + states.get("B:disconnect", [])
-    retries = _check_traces(a, killed)
+    summary["retries"] = _check_traces(a, killed)
     fl.wait_replica_back(a, 1, old)
-    return {"streams": row.streams, "events": row.events, "orphans": len(orphans),
-            "retries": retries, "orphans_cancelled": states.get("orphan:cancel", []).count(
-                State.CANCELLED),
-            "ends": {k: {x: v.count(x) for x in sorted(set(v))} for k, v in ends.items()}}
+    return summary
+
+
+def _report(load: dict[str, Any]) -> None:
+    if os.environ.get("CODA_FAULT_REPORT"):  # NOTE: scripts/fault_matrix.py prints it
+        with open(os.environ["CODA_FAULT_REPORT"], "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"load": load}) + "\n")
+
+
+def _check_chat(client: httpx.Client, base: str, s: fl.Stream, evs: list[StreamEvent],
+                rng: random.Random, row: FaultRow) -> None:
+    """Resume on ``base`` from a random seq: exactly the log's events after it, and its text;
+    what the client received, completed by a resume after its last event if it was cut, is
+    every event of the log once; a ``continue`` request is never cancelled."""
+    pick = rng.randint(-1, len(evs) - 1)
+    tail = _tail(client, base, str(s.rid), pick)
+    assert [_seq(e) for e in tail if _seq(e) is not None] == \
+        list(range(pick + 1, len(evs))), (s, pick)
+    assert _text(tail) == _log_text(evs[pick + 1:]), s
+    seen = [q for q in map(_seq, s.got) if q is not None]
+    if not s.complete:
+        last = max(seen, default=-1)
+        seen += [q for q in map(_seq, _tail(client, base, str(s.rid), last)) if q is not None]
+    row.add_log(evs, seen)
+    term = evs[-1].terminal
+    if s.policy == "continue":
+        assert term is not None and term.state is not State.CANCELLED, s
 
 
 def _log_rid(dlog: RedisStreamLog, rid: str) -> str:
@@ -260,9 +285,7 @@ def test_faults_under_load_every_stream_once_p2_p3_p4_l2_l7_o2(
             results[-1]["rss_kib"] = {"A": fl.rss_kib(a.proc.pid),
                                       "replica0": fl.rss_kib(fl.replica_pid(a, 0))}
             print(json.dumps(results[-1]), flush=True)
-            if os.environ.get("CODA_FAULT_REPORT"):  # NOTE: scripts/fault_matrix.py prints it
-                with open(os.environ["CODA_FAULT_REPORT"], "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps({"load": results[-1]}) + "\n")
+            _report(results[-1])
     finally:
         kill_session(a.proc.pid)
         a.proc.wait(30)

@@ -23,7 +23,7 @@ tested in test_redis_log). Then:
 
 CI runs 120 streams, 1 repeat (about 90 s on the loaded 2-core development box, half of it
 starting the two front ends), leases of 2 s; ``CODA_FAULT_STREAMS`` / ``CODA_FAULT_REPEATS``
-size it (``scripts/fault_matrix.py --streams 1000`` runs 1,000 × 3 repeats, leases of 10 s:
+size it (``scripts/fault_matrix.py --streams 1000`` runs 1,000 × 3 repeats, leases of 60 s:
 see ``LEASE_S``)."""
 
 from __future__ import annotations
@@ -53,12 +53,15 @@ from tests.scaleout_support import FaultRow, kill_session, sse_events, wait_for 
 
 STREAMS = int(os.environ.get("CODA_FAULT_STREAMS", "120"))
 REPEATS = int(os.environ.get("CODA_FAULT_REPEATS", "1"))
-# NOTE: the lease must outlast a live process's longest heartbeat stall: at 1,000 streams on
-# the shared 2 cores a 2 s lease lapsed for live replicas and front ends (their requests were
-# reaped while they ran them; test_fenced_live_replica_forwards_the_peers_terminal_l2_l5
-# covers that fault). Short at the CI size, so B's cancel-policy orphans are cancelled soon
-# after the kill (the replicas' orphan watch runs every lease / 3).
-LEASE_S = float(os.environ.get("CODA_FAULT_LEASE_S", "2" if STREAMS <= 200 else "10"))
+# NOTE: the lease must outlast the longest gap a live process's heartbeat sees. At 1,000
+# streams on the shared 2 cores, 2 s and 10 s leases of live front ends and replicas lapsed
+# (every owner's at once; cause not established: Redis blocked on its AOF, or the heartbeat
+# thread, which also runs the reaper, delayed) and their running requests were reaped
+# (test_fenced_live_replica_forwards_the_peers_terminal_l2_l5 covers that fault; what is
+# still wrong then is in docs/scale-out.md). Hence 60 s at full size; 2 s at the CI size, so
+# B's cancel-policy orphans are cancelled soon after the kill (the replicas' orphan watch runs
+# every lease / 3).
+LEASE_S = float(os.environ.get("CODA_FAULT_LEASE_S", "2" if STREAMS <= 200 else "60"))
 
 pytestmark = pytest.mark.timeout(600 + 400 * REPEATS * max(1, STREAMS // 250))
 

@@ -186,6 +186,7 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
                "orphans": len(orphans), "problems": len(problems),
                "orphans_cancelled": states.get("orphan:cancel", []).count(State.CANCELLED),
                "ends": {k: {x: v.count(x) for x in sorted(set(v))} for k, v in ends.items()}}
+    print(json.dumps(summary), flush=True)  # NOTE: shown with -s, whatever fails below
     if problems:
         _report({**summary, "first_problems": problems[:8]})
     assert not problems, problems[:8]

@@ -104,8 +104,16 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           threads: ThreadsOpt = None) -> None:
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
     from coda.engine.types import EngineConfig
+    from coda.optional import MissingDependency, require
     from coda.server.listen import ListenError, bind_listener
 
+    # NOTE: the extras first (issue 24 item 5): one message naming them, before any work
+    try:
+        require(*(["replicas"] if replicas > 0 or ray_address else []),
+                *(["redis"] if redis_url else []))
+    except MissingDependency as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     # NOTE: the port first: a busy port is said in a second, not after the model loaded
     try:
         sock = bind_listener(host, port)

@@ -42,8 +42,11 @@ RESOURCE_RELEASED = "resource.released"
 TERMINAL = "terminal"
 ERROR = "error"
 
-# The kinds the checker knows; rows of other kinds (a router's ``route.decided``) are not the
-# request's own and are left alone.
+# issue 12/24, O2: a replica router's decision (coda.scaleout), checked by coda.trace_route
+ROUTE_DECIDED = "route.decided"
+
+# The kinds the engine's rules know (coda.trace_check); ``route.decided`` rows are checked on
+# their own (coda.trace_route), other kinds are left alone.
 KNOWN_KINDS = frozenset({
     LIFECYCLE, PREFILL_STARTED, PREFILL_COMPLETED, TOKEN_SELECTED, DECODE_STARTED,
     DECODE_COMPLETED, STOP_STATE, STOP_HIT, GRAMMAR_FORCED, STREAM_DELTA, UTF8_TAIL_DROPPED,

@@ -27,6 +27,8 @@ of a real trace that no run could have produced must be rejected. The rules, per
   CANCELLED; no token after the observation.
 - L4–L6 terminal: reason allowed for the state, error code iff FAILED, usage equal to what the
   rows count (selected, processed, returned tokens and bytes, prompt and cache hits).
+- O2 routing: ``route.decided`` rows (a replica router's) before the engine's, each decision
+  consistent with the loads it saw (:mod:`coda.trace_route`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from coda.trace_output import (
     on_stop_state,
     on_tail_dropped,
 )
+from coda.trace_route import check_routes
 from coda.trace_rules import (
     CANCEL_CAUSES,
     FAILURE_DECISIONS,
@@ -67,8 +70,9 @@ def check_trace(events: Iterable[tr.TraceEvent]) -> list[str]:
         by_req[ev.request_id].append(ev)
     problems: list[str] = []
     for rid, evs in by_req.items():
+        problems.extend(f"{rid}: {p}" for p in check_routes(evs))
         if not any(e.kind in tr.KNOWN_KINDS for e in evs):
-            continue  # NOTE: not a request's rows (a several-model server's model.* rows)
+            continue  # NOTE: not a request's rows (model.* rows; an ingress's decisions alone)
         problems.extend(f"{rid}: {p}" for p in _Walk(evs).run())
     return problems
 

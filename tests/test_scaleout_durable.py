@@ -251,6 +251,51 @@ def test_durable_delta_never_received_is_final_l5_l6(bound: tuple[Any, RedisStre
     row.report()
 
 
+def test_fenced_live_replica_forwards_the_peers_terminal_l2_l5(
+        bound: tuple[Any, RedisStreamLog], cluster: Any, redis_server: RedisServer) -> None:
+    """Issue 24 (found at 1,000 streams on 2 loaded cores): replica 0 is alive and running a
+    request when its lease lapses (here: its lease key deleted) and a peer's reaper ends the
+    request (model_error). The replica's next append is fenced out; the ingress still gets
+    the one terminal — the log's, forwarded by the replica's copy following the log — and
+    holds exactly the log. Before the fix the ingress waited forever for the replica's own
+    terminal, which the log refuses."""
+    engine, dlog = bound
+    peer = RedisStreamLog(redis_server.url, lease_ttl_s=LEASE_S)
+    peer.start()
+
+    async def main() -> Any:
+        h = _pin(engine, 0, _req(63, 480, "fenced"))
+        await _until(lambda: h.stream.last_seq >= 2, what="two deltas at the ingress")
+        owner = dlog.meta("fenced")["owner"]
+        assert owner.startswith("replica-")
+        # NOTE: the replica's heartbeat may put its lease back between the two calls: retry
+        reaped = False
+        while not reaped and "term" not in dlog.meta("fenced"):
+            dlog.r.delete(dlog._lease(owner))
+            reaped = peer.reap("fenced", owner)
+        assert reaped, "the request ended before the reaper could fence it"
+        await asyncio.wait_for(h.result(), timeout=60)
+        return h
+
+    try:
+        h = asyncio.run(main())
+    finally:
+        peer.stop()
+    evs = dlog.read("fenced")
+    term = h.stream.terminal
+    assert term is not None and term.finish_reason is FinishReason.MODEL_ERROR
+    assert _same(h.stream.events_after(-1), evs)  # the client holds exactly the log
+    assert evs[-1].terminal is not None and "lease expired" in evs[-1].terminal.error_message
+    row = FaultRow("live replica fenced out by a reaper (its lease lapsed)")
+    row.add_log(evs, [e.seq for e in h.stream.events_after(-1)])
+    row.report()
+    def idle() -> bool:
+        st = cluster.stats()
+        return bool(st.num_running == st.num_waiting == 0 and st.num_free_blocks == st.num_blocks)
+
+    wait_for(idle, timeout=60, what="the fenced request's KV blocks freed (L7)")
+
+
 def test_cancel_through_another_ingress_c1_p2(cluster: Any, redis_server: RedisServer) -> None:
     """C1 across ingresses: a background response made on ingress A is cancelled through
     ingress B, which only knows it from the log (a rebuilt record): the replica running it

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ import redis
 from coda.durable.mirror import DurableCopy, LogMirror
 from coda.durable.redis_log import RedisStreamLog
 from coda.finish import CancelCause
+from coda.stream import StreamClosed
 
 log = logging.getLogger("coda.scaleout")
 
@@ -89,15 +91,52 @@ class ReplicaLog:
             handle.cancel(CancelCause(meta["cancel"]))
         ingress = meta.get("via", "")
 
-        def fenced() -> None:
+        held: list[DurableCopy] = []
+
+        def fenced() -> None:  # NOTE: on the mirror's thread
             handle.cancel(CancelCause.SHUTDOWN)
+            if held:
+                threading.Thread(target=self._follow_peer, args=(held[0],), daemon=True,
+                                 name="coda-fenced-follow").start()
 
         copy = self.mirror.watch(handle.stream, record_id="",
                                  prompt_tokens=len(req.prompt_token_ids), on_fenced=fenced,
                                  opened=True, ack_on_write=True, loop=loop)
+        held.append(copy)
         with self._lock:
             self._running[rid] = _Running(handle, ingress)
         return copy
+
+    def _follow_peer(self, copy: DurableCopy) -> None:
+        """A request this replica ran was taken over (its lease lapsed while it was alive, and
+        a reaper or an ingress fenced it out): what the ingress reads follows the log to the
+        terminal the peer wrote, so the ingress and its client end with the log's terminal
+        instead of waiting for ours, which the log refuses (issue 24: found at 1,000 streams
+        on 2 loaded cores, a live replica's heartbeat stalled past a 2 s lease)."""
+        rid = copy.request_id
+        deadline = time.monotonic() + 3 * self.log.lease_ttl_ms / 1000 + 30
+        while not copy.closed and time.monotonic() < deadline:
+            try:
+                evs = self.log.wait(rid, copy.last_seq, 1.0)
+            except redis.RedisError:
+                time.sleep(0.5)
+                continue
+            try:
+                copy.extend(evs)
+            except (ValueError, StreamClosed):
+                # NOTE: the reaper ended it before even its start was durable (a log holding
+                # only a terminal at seq 0), which a stream cannot hold: end the copy with
+                # that terminal after a start of its own (the client ends; its ids differ)
+                term = next((e.terminal for e in evs if e.terminal is not None), None)
+                if term is not None and copy.last_seq < 0:
+                    copy.start("")
+                    copy.close(term)
+                log.warning("fenced request's log does not extend its copy",
+                            extra={"request_id": rid})
+                return
+        if not copy.closed:
+            log.warning("fenced request's log has no terminal; the ingress settles it",
+                        extra={"request_id": rid})
 
     def _watch(self) -> None:
         period = self.log.lease_ttl_ms / 3000

@@ -26,6 +26,8 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from coda.engine.async_engine import AsyncEngine
@@ -46,6 +48,8 @@ class EngineReplica:
 
         torch.set_num_threads(torch_threads)
         self.pid = os.getpid()
+        if config.trace_path:
+            config = replace(config, trace_path=replica_trace_path(config.trace_path, self.pid))
         self.engine = AsyncEngine.from_model_dir(model_dir, config)
         self.engine.start()
         self.server_id = f"replica-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -141,6 +145,15 @@ class EngineReplica:
         logprobs, chat template data, the model's identity), for the ingress to hold locally:
         every attribute of :data:`SERVED_ATTRS` this engine has, pickled by Ray."""
         return {k: getattr(self.engine, k) for k in SERVED_ATTRS if hasattr(self.engine, k)}
+
+
+def replica_trace_path(path: str, pid: int) -> str:
+    """``coda serve --replicas N --trace PATH``: each replica process writes its own JSONL,
+    ``PATH`` with ``.replica-<pid>`` before the suffix, so ``coda trace check`` reads one
+    process's rows per file — a replica SIGKILLed mid-request leaves that request unfinished in
+    its file only, and a request resubmitted to another replica is whole in that one's."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.replica-{pid}{p.suffix}"))
 
 
 # NOTE: the Engine protocol's data attributes; an engine version lacking one just omits it

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from coda.trace import RecentTraceSink, TraceEvent
+from coda.trace import ROUTE_DECIDED, RecentTraceSink, TraceEvent
 
-ROUTE_DECIDED = "route.decided"
+__all__ = ["ROUTE_DECIDED", "RoutedTraceSink"]
 
 log = logging.getLogger("coda.scaleout")
 

@@ -67,6 +67,9 @@ class ResponsesRender:
     # issue 23: the output is split and its reasoning shown: a ``reasoning`` output item
     # before the message (False: no split, or its reasoning dropped)
     thinking: bool = False
+    # issue 24 item 3: the conversation this response answered (the inherited history and
+    # its input as messages, instructions excluded): what ``previous_response_id`` continues
+    history: tuple[Mapping[str, object], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from coda.server.params import Knobs
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import ResponsesRender
+from coda.server.responses_history import previous_history
 from coda.server.sse import Frame, Renderer, SSEResponse
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import tool_history_item
@@ -342,10 +343,13 @@ class ResponsesAdapter:
     async def parse(self, st: ServerState, body: ResponsesRequest) -> Parsed:
         plan = tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
         reject_unhonoured(body)
-        if body.previous_response_id:
-            raise InvalidRequestError("previous_response_id: not supported",
-                                      field="previous_response_id")
-        text = await off_loop(render_chat, st.engine, _messages(body), field="input",
+        msgs = _messages(body)
+        # NOTE: issue 24 item 3: any front end continues a stored response (Redis or memory)
+        history = await previous_history(st, body.previous_response_id) \
+            if body.previous_response_id else []
+        own = msgs[1:] if body.instructions else msgs
+        msgs = [*msgs[:len(msgs) - len(own)], *history, *own]
+        text = await off_loop(render_chat, st.engine, msgs, field="input",
                               tools=plan.tools if plan else ())
         fmt = body.text.format if body.text else None
         logprobs = body.top_logprobs if body.top_logprobs is not None else (
@@ -372,7 +376,8 @@ class ResponsesAdapter:
             tools_echo=tuple(body.tools or ()), parallel=plan.parallel if plan else False,
             tool_choice=body.tool_choice or "auto", store=body.store,
             logprobs=logprobs is not None, verify=body.stream_verify,
-            thinking=reasoning is not None and body.include_reasoning)
+            thinking=reasoning is not None and body.include_reasoning,
+            history=tuple([*history, *own]))
         return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect,
                       background=body.background, keep=body.store)
 

@@ -1,0 +1,42 @@
+"""``previous_response_id`` (issue 24 item 3): a Responses request continues a stored
+response's conversation — that response's own history and input, then its output (the
+assistant message, its function calls), then the new input; the new request's
+``instructions`` replace the previous ones (OpenAI's rule: they are not carried over).
+
+The previous response is found through the server's record store: in memory, or with
+``--redis-url`` in the stream log (:class:`~coda.server.durable.RedisResponseStore` rebuilds a
+record another front end stored), so any front end continues any conversation. A response
+still running is waited for (its output is the history); an unknown, unstored or expired one
+is a 400 naming ``previous_response_id``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from coda.errors import InvalidRequestError
+from coda.reader import terminal_of
+from coda.server.render_spec import ResponsesRender
+from coda.server.state import ServerState
+from coda.server.tool_messages import tool_history_item
+
+__all__ = ["previous_history"]
+
+
+async def previous_history(st: ServerState, response_id: str) -> list[dict[str, Any]]:
+    """The messages a continuation of ``response_id`` starts with (OpenAI-shaped)."""
+    from coda.server.responses_routes import response_object
+
+    record = st.store.get(response_id)  # NOTE: as GET /v1/responses/{id} reads it
+    if record is None or not isinstance(record.spec, ResponsesRender) or not record.spec.store:
+        raise InvalidRequestError(f"previous_response_id: no stored response "
+                                  f"'{response_id}'", field="previous_response_id")
+    await asyncio.gather(*(terminal_of(h.stream) for h in record.handles))
+    out: list[dict[str, Any]] = [dict(m) for m in record.spec.history]
+    for item in response_object(record)["output"]:
+        if item["type"] == "message":
+            text = "".join(p["text"] for p in item["content"] if p["type"] == "output_text")
+            out.append({"role": "assistant", "content": text})
+        elif item["type"] == "function_call":
+            out += tool_history_item(item, "previous_response_id")
+    return out

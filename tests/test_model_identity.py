@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.models.identity import digest_chunks, digest_files, model_identity
+from coda.models.identity import digest_chunks, digest_files, digest_files_soon, model_identity
 from coda.models.loader import safetensors_files
 from coda.models.modes import folder_identity
 
@@ -35,6 +36,18 @@ def test_p1_digest_files_streams_equal_to_a_whole_read_oracle(blobs: list[bytes]
             paths.append(p)
         oracle = hashlib.sha256(b"".join(len(b).to_bytes(8, "big") + b for b in blobs))
         assert digest_files(paths) == oracle.hexdigest() == digest_chunks(blobs)
+
+
+def test_p1_digest_files_soon_is_digest_files_and_hands_over_its_error(tmp_path: Path) -> None:
+    """P1, issue 19 item 2: the GGUF load hashes its file in a background thread beside the
+    other steps; the digest it hands back is digest_files', and a file it cannot read raises
+    there (at the join), not in the thread."""
+    a = tmp_path / "a"
+    a.write_bytes(bytes(range(256)) * 5000)
+    assert digest_files_soon([a])() == digest_files([a])
+    missing = digest_files_soon([tmp_path / "missing"])
+    with pytest.raises(FileNotFoundError):
+        missing()
 
 
 def test_p1_framing_moving_bytes_between_shards_changes_the_digest(tmp_path: Path) -> None:

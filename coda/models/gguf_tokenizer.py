@@ -150,10 +150,9 @@ def _bpe(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     if not v.merges:
         raise UnsupportedModelError("GGUF BPE tokenizer has no merges (tokenizer.ggml.merges)")
     pre = _pre_tokenizer(v)
-    merges: list[tuple[str, str]] = []
-    for m in v.merges:
-        cut = m.find(" ", 1)  # NOTE: as llama.cpp: the first space after the first character
-        merges.append((m[:cut], m[cut + 1:]) if cut > 0 else (m, ""))
+    # NOTE: as llama.cpp: split at the first space after the first character
+    merges = [(m[:cut], m[cut + 1:]) if (cut := m.find(" ", 1)) > 0 else (m, "")
+              for m in v.merges]
     vocab = {t: i for i, t in enumerate(v.tokens)}
     tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(

@@ -13,7 +13,7 @@ request is never resumed on a replica that would continue it with other bits; is
 :func:`model_identity` is the one place the identity is computed; every loader calls it once at
 load with its own inputs (the safetensors loader with its ``*.safetensors`` files via
 :func:`digest_files`; a GGUF loader with its ``.gguf`` file and its quantization name). Pure
-Python (``hashlib``), no torch: hashing streams the files in 1 MiB blocks, so a multi-GB
+Python (``hashlib``), no torch: hashing streams the files in 16 MiB blocks, so a multi-GB
 checkpoint costs one sequential read (about a second per GB), once.
 """
 
@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-_BLOCK = 1 << 20
+# NOTE: 16 MiB: the read and the hash release the GIL, and each block takes it back twice; with
+# small blocks a digest beside the load (digest_files_soon) stalls the load's thread
+_BLOCK = 16 << 20
 
 
 def coda_version() -> str:
@@ -40,12 +44,38 @@ def digest_files(paths: Sequence[Path]) -> str:
     """sha256 over the files' bytes in the given order, each framed by its length, so that
     moving bytes from one shard to the next changes the digest. Streams; never loads a file."""
     h = hashlib.sha256()
+    block = memoryview(bytearray(_BLOCK))
     for path in paths:
         h.update(path.stat().st_size.to_bytes(8, "big"))
-        with open(path, "rb") as fh:
-            while block := fh.read(_BLOCK):
-                h.update(block)
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(block):
+                h.update(block[:n])
     return h.hexdigest()
+
+
+def digest_files_soon(paths: Sequence[Path]) -> Callable[[], str]:
+    """:func:`digest_files` started now in a background thread (file reads and hashlib's
+    updates release the GIL, so it runs beside the load's other steps: the weights' re-layout,
+    the tokenizer); the returned function waits for the digest (raising what it raised)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["digest"] = digest_files(paths)
+        except BaseException as exc:  # NOTE: handed to the caller, raised there
+            box["error"] = exc
+
+    # NOTE: a daemon: a load that fails meanwhile exits without waiting for the hash
+    worker = threading.Thread(target=run, name="coda-digest", daemon=True)
+    worker.start()
+
+    def result() -> str:
+        worker.join()
+        if "error" in box:
+            raise box["error"]
+        return str(box["digest"])
+
+    return result
 
 
 def digest_chunks(chunks: Iterable[bytes]) -> str:

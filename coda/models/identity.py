@@ -24,13 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 # NOTE: 16 MiB: the read and the hash release the GIL, and each block takes it back twice; with
 # small blocks a digest beside the load (digest_files_soon) stalls the load's thread
@@ -85,7 +83,8 @@ def digest_files_soon(paths: Sequence[Path]) -> Callable[[], str]:
     hashing), else started now in a background thread (file reads and hashlib's updates release
     the GIL, so it runs beside the load's other steps: the weights' re-layout, the tokenizer)
     and remembered; the returned function waits for the digest (raising what it raised)."""
-    box: dict[str, Any] = {}
+    from coda.models.background import soon
+
     entry: Path | None = None
     try:
         entry, settled = _remembered(paths)
@@ -95,26 +94,13 @@ def digest_files_soon(paths: Sequence[Path]) -> Callable[[], str]:
     except OSError:  # NOTE: no entry yet, no cache, or a missing file (the hash raises it)
         pass
 
-    def run() -> None:
-        try:
-            box["digest"] = digest_files(paths)
-        except BaseException as exc:  # NOTE: handed to the caller, raised there
-            box["error"] = exc
-            return
+    def run() -> str:
+        digest = digest_files(paths)
         if entry is not None and settled:
-            _remember(entry, box["digest"])
+            _remember(entry, digest)
+        return digest
 
-    # NOTE: a daemon: a load that fails meanwhile exits without waiting for the hash
-    worker = threading.Thread(target=run, name="coda-digest", daemon=True)
-    worker.start()
-
-    def result() -> str:
-        worker.join()
-        if "error" in box:
-            raise box["error"]
-        return str(box["digest"])
-
-    return result
+    return soon(run, "coda-digest")
 
 
 def _remember(entry: Path, digest: str) -> None:

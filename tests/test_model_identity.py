@@ -5,18 +5,20 @@ the start event, the ``coda`` object and ``/v1/models``."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.models.identity import digest_chunks, digest_files, model_identity
+from coda.models.identity import digest_chunks, digest_files, digest_files_soon, model_identity
 from coda.models.loader import safetensors_files
 from coda.models.modes import folder_identity
 
@@ -35,6 +37,65 @@ def test_p1_digest_files_streams_equal_to_a_whole_read_oracle(blobs: list[bytes]
             paths.append(p)
         oracle = hashlib.sha256(b"".join(len(b).to_bytes(8, "big") + b for b in blobs))
         assert digest_files(paths) == oracle.hexdigest() == digest_chunks(blobs)
+
+
+def test_p1_digest_files_soon_is_digest_files_and_hands_over_its_error(tmp_path: Path) -> None:
+    """P1, issue 19 item 2: the GGUF load hashes its file in a background thread beside the
+    other steps; the digest it hands back is digest_files', and a file it cannot read raises
+    there (at the join), not in the thread."""
+    a = tmp_path / "a"
+    a.write_bytes(bytes(range(256)) * 5000)
+    assert digest_files_soon([a])() == digest_files([a])
+    missing = digest_files_soon([tmp_path / "missing"])
+    with pytest.raises(FileNotFoundError):
+        missing()
+
+
+def test_p1_a_settled_files_digest_is_remembered_and_a_changed_file_is_hashed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """P1, issue 19 item 2: a warm start reads the digest of an unchanged file from the cache
+    (no hash: the hash here raises); a file whose size, mtime or inode changed is hashed
+    again, and the digest is always digest_files' of the bytes now."""
+    import coda.models.identity as ident
+
+    monkeypatch.setenv("CODA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ident, "_SETTLED_S", -1.0)  # NOTE: the file counts as old
+    f = tmp_path / "w.gguf"
+    f.write_bytes(b"a" * 1000)
+    first = digest_files_soon([f])()
+    assert first == digest_files([f])
+
+    def no_hash(paths: object) -> str:
+        raise AssertionError("hashed although the file is unchanged")
+
+    real = ident.digest_files
+    monkeypatch.setattr(ident, "digest_files", no_hash)
+    assert digest_files_soon([f])() == first
+    monkeypatch.setattr(ident, "digest_files", real)
+    f.write_bytes(b"a" * 999 + b"b")  # NOTE: same size; the mtime set apart explicitly
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert digest_files_soon([f])() == digest_files([f]) != first
+    f.write_bytes(b"a" * 1001)
+    assert digest_files_soon([f])() == digest_files([f])
+    moved = tmp_path / "new"
+    moved.write_bytes(b"c" * 1000)
+    os.replace(moved, f)  # NOTE: another inode at the same path
+    assert digest_files_soon([f])() == digest_files([f])
+
+
+def test_p1_a_file_changed_just_now_is_not_remembered(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """P1: a file written within the settling time is hashed but not remembered (its next
+    change could fall in the same timestamp tick and keep the key)."""
+    import coda.models.identity as ident
+
+    monkeypatch.setenv("CODA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ident, "_SETTLED_S", 3600.0)
+    f = tmp_path / "w.gguf"
+    f.write_bytes(b"x" * 100)
+    assert digest_files_soon([f])() == digest_files([f])
+    assert not (tmp_path / "cache" / "digests").exists()
 
 
 def test_p1_framing_moving_bytes_between_shards_changes_the_digest(tmp_path: Path) -> None:

@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import llguidance as llg
 import torch
 
 from coda.engine.grammar import GrammarMatcher
 from coda.finish import FinishReason
+
+if TYPE_CHECKING:  # NOTE: llguidance is imported by the first grammar (issue 19 item 2)
+    import llguidance as llg
 
 __all__ = ["BudgetCloser", "ByteTable", "ClosingPath", "byte_table", "closing_path"]
 

@@ -33,15 +33,17 @@ import json
 import logging
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import llguidance as llg
 import numpy as np
 import tokenizers
 import torch
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # NOTE: imported by the first grammar, not by the server's start (issue 19)
+    import llguidance as llg
 
 __all__ = ["GrammarMatcher", "compile_grammar", "grammar_source", "ll_tokenizer"]
 
@@ -61,6 +63,8 @@ def ll_tokenizer(tokenizer: tokenizers.Tokenizer,
                  eos_token_ids: frozenset[int]) -> llg.LLTokenizer:
     """The llguidance tokenizer for ``tokenizer`` with these EOS ids, built once and cached
     (keyed weakly by the tokenizer object, so a dropped engine frees it)."""
+    import llguidance as llg
+
     eos = tuple(sorted(eos_token_ids))
     with _cache_lock:
         per_tok = _tokenizer_cache.setdefault(tokenizer, {})
@@ -74,6 +78,8 @@ def ll_tokenizer(tokenizer: tokenizers.Tokenizer,
 
 def grammar_source(spec: GrammarSpec) -> str:
     """The llguidance grammar text for ``spec`` (exactly one of its fields must be set)."""
+    import llguidance as llg
+
     chosen = [name for name, on in (("json_schema", spec.json_schema is not None),
                                     ("json_object", spec.json_object),
                                     ("regex", spec.regex is not None),
@@ -103,6 +109,8 @@ def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_si
                     eos_token_ids: frozenset[int]) -> GrammarMatcher:
     """Compile ``spec`` for this tokenizer and model vocabulary; raises InvalidRequestError
     (``field="response_format"``) when the schema, regex or grammar is invalid."""
+    import llguidance as llg
+
     tok = ll_tokenizer(tokenizer, eos_token_ids)
     matcher = llg.LLMatcher(tok, grammar_source(spec), log_level=0)
     if matcher.is_error():

@@ -172,8 +172,9 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
             kind = parts[0].qtype
             if kernels is not None:
                 _note(kernels, kind, f"blocks-{act}/{native().isa()} (re-laid-out)")
-            raw = np.concatenate([_raw_rows(t) for t in parts])
-            return GgmlLinear(raw, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
+            # NOTE: the parts' rows go straight from the mapped file into the kernel's layout
+            raws = [_raw_rows(t) for t in parts]
+            return GgmlLinear(raws, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
         by_name = {b.hf_name.removesuffix("bias"): b for b in biases}
         segs = [segment(t, by_name.get(t.hf_name.removesuffix("weight"))) for t in parts]
         # NOTE: Q8_K activations where every part is a K-quant; else float32 for all parts

@@ -25,10 +25,15 @@ from coda.models.config import ModelLoadError
 _PART = re.compile(r"(?P<name>[^/]+\.gguf)\.part(?P<index>\d+)$")
 
 
+def cache_root() -> Path:
+    """Coda's cache: ``$CODA_CACHE_DIR`` (default ``~/.cache/coda``)."""
+    root = os.environ.get("CODA_CACHE_DIR") or str(Path.home() / ".cache" / "coda")
+    return Path(root).expanduser()
+
+
 def cache_dir() -> Path:
     """Where assembled files live: ``$CODA_CACHE_DIR/gguf`` (default ``~/.cache/coda/gguf``)."""
-    root = os.environ.get("CODA_CACHE_DIR") or str(Path.home() / ".cache" / "coda")
-    return Path(root).expanduser() / "gguf"
+    return cache_root() / "gguf"
 
 
 def _required(dist: md.Distribution) -> list[md.Distribution]:

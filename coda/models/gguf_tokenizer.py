@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from tokenizers import (
@@ -91,6 +92,12 @@ class GGUFVocab:
     eos_id: int | None
     unk_id: int | None
 
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Token text -> id (the last id of a text the vocabulary repeats), built once for the
+        BPE model and the end-of-generation lookup."""
+        return {t: i for i, t in enumerate(self.tokens)}
+
     @classmethod
     def from_fields(cls, get: Any) -> GGUFVocab:
         """``get(key, default)`` reads one metadata value (arrays as lists)."""
@@ -150,11 +157,10 @@ def _bpe(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     if not v.merges:
         raise UnsupportedModelError("GGUF BPE tokenizer has no merges (tokenizer.ggml.merges)")
     pre = _pre_tokenizer(v)
-    merges: list[tuple[str, str]] = []
-    for m in v.merges:
-        cut = m.find(" ", 1)  # NOTE: as llama.cpp: the first space after the first character
-        merges.append((m[:cut], m[cut + 1:]) if cut > 0 else (m, ""))
-    vocab = {t: i for i, t in enumerate(v.tokens)}
+    # NOTE: as llama.cpp: split at the first space after the first character
+    merges = [(m[:cut], m[cut + 1:]) if (cut := m.find(" ", 1)) > 0 else (m, "")
+              for m in v.merges]
+    vocab = v.index
     tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
@@ -167,7 +173,7 @@ def _bpe(v: GGUFVocab) -> tuple[Tokenizer, bool]:
 def _spm(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     if v.scores is None:
         raise UnsupportedModelError("GGUF SentencePiece tokenizer has no scores")
-    vocab = {t: i for i, t in enumerate(v.tokens)}
+    vocab = v.index
     scores = [float(s) for s in v.scores]
     mergeable = [i for i, t in enumerate(v.token_types) if t in (NORMAL, USER_DEFINED, UNUSED)]
     ranked: list[tuple[float, int, int, int, str, str]] = []
@@ -225,13 +231,13 @@ def end_of_generation_ids(v: GGUFVocab, get: Any) -> frozenset[int]:
         val = get(f"tokenizer.ggml.{key}_token_id", None)
         if val is not None:
             ids.add(int(val))
-    index = {t: i for i, t in enumerate(v.tokens)}
+    index = v.index
     for key, names in (("fim_pad", _FIM_PAD), ("fim_rep", _FIM_REP), ("fim_sep", _FIM_SEP)):
         if get(f"tokenizer.ggml.{key}_token_id", None) is None:
             found = [index[n] for n in names if n in index]
             if found:
                 ids.add(found[0])
-    ids.update(i for t, i in index.items() if t in EOG_TEXTS)
+    ids.update(index[t] for t in EOG_TEXTS if t in index)
     if v.eos_id is not None:
         ids.add(v.eos_id)
     return frozenset(ids)

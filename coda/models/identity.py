@@ -13,20 +13,26 @@ request is never resumed on a replica that would continue it with other bits; is
 :func:`model_identity` is the one place the identity is computed; every loader calls it once at
 load with its own inputs (the safetensors loader with its ``*.safetensors`` files via
 :func:`digest_files`; a GGUF loader with its ``.gguf`` file and its quantization name). Pure
-Python (``hashlib``), no torch: hashing streams the files in 1 MiB blocks, so a multi-GB
-checkpoint costs one sequential read (about a second per GB), once.
+Python (``hashlib``), no torch: hashing streams the files in 16 MiB blocks, so a multi-GB
+checkpoint costs one sequential read (about a second per GB), once; a GGUF load hashes beside
+its other steps and remembers the digest of a file that has not changed since
+(:func:`digest_files_soon`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-_BLOCK = 1 << 20
+# NOTE: 16 MiB: the read and the hash release the GIL, and each block takes it back twice; with
+# small blocks a digest beside the load (digest_files_soon) stalls the load's thread
+_BLOCK = 16 << 20
 
 
 def coda_version() -> str:
@@ -40,12 +46,73 @@ def digest_files(paths: Sequence[Path]) -> str:
     """sha256 over the files' bytes in the given order, each framed by its length, so that
     moving bytes from one shard to the next changes the digest. Streams; never loads a file."""
     h = hashlib.sha256()
+    block = memoryview(bytearray(_BLOCK))
     for path in paths:
         h.update(path.stat().st_size.to_bytes(8, "big"))
-        with open(path, "rb") as fh:
-            while block := fh.read(_BLOCK):
-                h.update(block)
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(block):
+                h.update(block[:n])
     return h.hexdigest()
+
+
+# NOTE: a file changed this recently is never remembered (its next change could keep the
+# timestamps: they tick coarser than nanoseconds); as git's "racy" index entries
+_SETTLED_S = 2.0
+
+
+def _remembered(paths: Sequence[Path]) -> tuple[Path, bool]:
+    """Where :func:`digest_files_soon` keeps the digest of these files as they are now, and
+    whether every file is old enough for it to be kept. The key is each file's path, device,
+    inode, size, mtime and ctime (ctime cannot be set back: a file rewritten in place and its
+    mtime restored still gets a new key)."""
+    from coda.models.gguf_parts import cache_root
+
+    key, settled = [], True
+    for path in paths:
+        st = os.stat(path)
+        key.append([str(Path(path).resolve()), st.st_dev, st.st_ino, st.st_size,
+                    st.st_mtime_ns, st.st_ctime_ns])
+        settled &= time.time() - max(st.st_mtime, st.st_ctime) > _SETTLED_S
+    name = hashlib.sha256(json.dumps(["digest_files-v1", key]).encode()).hexdigest()
+    return cache_root() / "digests" / name, settled
+
+
+def digest_files_soon(paths: Sequence[Path]) -> Callable[[], str]:
+    """:func:`digest_files` of files unchanged since a load hashed them read back from the
+    cache (``$CODA_CACHE_DIR/digests``: a warm start of a 1 GB model skips a second of
+    hashing), else started now in a background thread (file reads and hashlib's updates release
+    the GIL, so it runs beside the load's other steps: the weights' re-layout, the tokenizer)
+    and remembered; the returned function waits for the digest (raising what it raised)."""
+    from coda.models.background import soon
+
+    entry: Path | None = None
+    try:
+        entry, settled = _remembered(paths)
+        known = entry.read_text(encoding="ascii").strip()
+        if len(known) == 64 and all(c in "0123456789abcdef" for c in known):
+            return lambda: known
+    except OSError:  # NOTE: no entry yet, no cache, or a missing file (the hash raises it)
+        pass
+
+    def run() -> str:
+        digest = digest_files(paths)
+        if entry is not None and settled:
+            _remember(entry, digest)
+        return digest
+
+    return soon(run, "coda-digest")
+
+
+def _remember(entry: Path, digest: str) -> None:
+    """Write ``entry`` whole or not at all (a temporary name, then a rename); a cache that
+    cannot be written is only a slower next start."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
+        tmp.write_text(digest, encoding="ascii")
+        os.replace(tmp, entry)
+    except OSError:
+        pass
 
 
 def digest_chunks(chunks: Iterable[bytes]) -> str:

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from coda.models.background import soon
 from coda.models.config import ModelConfig, ModelLoadError
 from coda.models.gguf_parts import assembled_from_parts
-from coda.models.identity import ModelIdentity, digest_files, model_identity
+from coda.models.identity import ModelIdentity, digest_files_soon, model_identity
 from coda.models.modes import QuantMode, resolve_mode
 from coda.models.tokenizer_bundle import TokenizerBundle
 
@@ -169,10 +170,15 @@ def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = Non
 
         ckpt = open_gguf(source.path)
         mode = resolve_mode(quant, dtype, ckpt)
-        bundle = bundle_from_gguf(ckpt)  # NOTE: first: a bad tokenizer fails before the weights
-        model = mode.build_gguf(ckpt, device)
+        # NOTE: the file's digest (the snapshot's weights part) is read beside the next steps
+        weights_sha256 = digest_files_soon([source.path])
+        # NOTE: the weights are laid out beside the tokenizer (their copies release the GIL);
+        # a bad tokenizer still fails at once, without waiting for them
+        model_soon = soon(lambda: mode.build_gguf(ckpt, device), "coda-weights")
+        bundle = bundle_from_gguf(ckpt)
+        model = model_soon()
         # NOTE: the file holds weights and tokenizer alike; its bytes name both
-        identity = model_identity(weights_sha256=digest_files([source.path]),
+        identity = model_identity(weights_sha256=weights_sha256(),
                                   tokenizer=bundle.tokenizer.to_str(),
                                   chat_template=bundle.chat_template, dtype=mode.dtype,
                                   quantization=ckpt.quantization, quant_mode=mode.name,

@@ -13,15 +13,15 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any
-
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from typing import TYPE_CHECKING, Any
 
 from coda.errors import InvalidRequestError
 from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.server.tool_messages import prepare
 from coda.server.tools import Tool
+
+if TYPE_CHECKING:
+    import jinja2
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -40,6 +40,9 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
+    # NOTE: jinja2 is imported by the first render, not by the server's start (issue 19 item 2)
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise_exception
@@ -114,6 +117,8 @@ def render_chat(engine: Any, messages: Sequence[Any], *, add_generation_prompt: 
     With ``continue_final_message`` the last (assistant) message is left open, so the model
     continues it (Anthropic's assistant prefill). ``tools`` and tool history are handed to the
     template as :mod:`coda.server.tool_messages` describes."""
+    import jinja2
+
     chat: TokenizerBundle = engine.chat
     raw, template_tools = prepare(messages, tools, chat.chat_template, field)
     msgs = normalise_messages(raw, field)

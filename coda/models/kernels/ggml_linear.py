@@ -19,7 +19,7 @@ the row's position in it, the thread count and the CPU's instruction set (the ke
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,12 +33,14 @@ KINDS = {"Q4_0": (18, 16), "Q4_1": (20, 16), "Q8_0": (34, 32)}
 ACTS = ("f32", "q8")
 
 
-def repack(raw: np.ndarray, kind: str, out_features: int,
+def repack(raw: np.ndarray | Sequence[np.ndarray], kind: str, out_features: int,
            in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw GGUF row bytes [N, row bytes] -> (float16 scales [T, B, 8 or 16], quants uint8
-    [T, B, 8, 16|32]) with T = ceil(N / 8) tiles (padding rows are zero) and B = K / 32 blocks:
-    per tile-block the 8 rows' d, then (Q4_1) their m; Q8_0 quants of rows 2p and 2p + 1 are
-    interleaved by halves (the kernel's pair layout). As many bytes as the file's blocks."""
+    """Raw GGUF row bytes [N, row bytes] (or a fused projection's parts, [n_i, row bytes] each,
+    rows concatenated) -> (float16 scales [T, B, 8 or 16], quants uint8 [T, B, 8, 16|32]) with
+    T = ceil(N / 8) tiles (padding rows are zero) and B = K / 32 blocks: per tile-block the 8
+    rows' d, then (Q4_1) their m; Q8_0 quants of rows 2p and 2p + 1 are interleaved by halves
+    (the kernel's pair layout). As many bytes as the file's blocks, written once: each part's
+    whole tiles are copied straight from its bytes (the mapped file, no intermediate copy)."""
     if kind not in KINDS:
         raise ValueError(f"unsupported block kind {kind!r}; use one of {sorted(KINDS)}")
     if in_features <= 0 or in_features % QK or out_features <= 0:
@@ -46,31 +48,71 @@ def repack(raw: np.ndarray, kind: str, out_features: int,
                          f"of {QK}")
     size, qb = KINDS[kind]
     nb = in_features // QK
-    raw = np.asarray(raw, dtype=np.uint8)
-    if raw.size != out_features * nb * size:
-        raise ValueError(f"{raw.size} bytes do not hold a {kind} {out_features}x{in_features} "
-                         f"matrix ({out_features * nb * size} expected)")
+    parts = [np.asarray(raw, dtype=np.uint8)] if isinstance(raw, np.ndarray) else \
+        [np.asarray(r, dtype=np.uint8) for r in raw]
+    if sum(p.size for p in parts) != out_features * nb * size:
+        raise ValueError(f"{sum(p.size for p in parts)} bytes do not hold a {kind} "
+                         f"{out_features}x{in_features} matrix ({out_features * nb * size} "
+                         "expected)")
     tiles = -(-out_features // TILE)
-    blocks = np.zeros((tiles * TILE, nb, size), np.uint8)
-    blocks[:out_features] = raw.reshape(out_features, nb, size)
     fields = size - qb  # NOTE: d (and Q4_1's m): float16 fields ahead of the quants
-    sc = blocks[..., :fields].copy().view(np.float16)  # [N, B, 1 or 2]
-    sc = np.ascontiguousarray(sc.reshape(tiles, TILE, nb, -1).transpose(0, 2, 3, 1))
-    q = blocks[..., fields:].reshape(tiles, TILE, nb, qb).transpose(0, 2, 1, 3)  # [T, B, 8, qb]
+    sc = np.empty((tiles, nb, fields // 2, TILE, 2), np.uint8)  # float16 bytes, rows last
+    q = np.empty((tiles, nb, TILE, qb), np.uint8)
+    row = 0  # NOTE: always a whole number of tiles
+    for part in parts:
+        blocks = part.reshape(-1, nb, size)
+        whole = len(blocks) // TILE * TILE
+        _tiles_into(blocks[:whole], sc, q, row // TILE, kind)
+        row += whole
+        if whole < len(blocks):
+            break  # NOTE: a ragged part (never in real models): the rest, zero-padded, below
+    if row < out_features:
+        _tiles_into(_padded_rows(parts, nb * size)[row:], sc, q, row // TILE, kind)
+    return (torch.from_numpy(sc.reshape(tiles, nb, -1).view(np.float16)),
+            torch.from_numpy(q))
+
+
+def _padded_rows(parts: Sequence[np.ndarray], row_bytes: int) -> np.ndarray:
+    """All parts' rows [N padded to whole tiles, row bytes], the padding rows zero."""
+    rows = np.concatenate([p.reshape(-1, row_bytes) for p in parts])
+    out = np.zeros((-(-len(rows) // TILE) * TILE, row_bytes), np.uint8)
+    out[:len(rows)] = rows
+    return out
+
+
+def _tiles_into(blocks: np.ndarray, sc: np.ndarray, q: np.ndarray, t0: int, kind: str) -> None:
+    """Write whole tiles of ``blocks`` ([8 t, B, block bytes]) into tiles t0.. of ``sc`` and
+    ``q`` (repack's layout): one strided copy each, of float16 scales and 16-byte quant runs
+    (NOTE: as uint16 / ``V16`` items, not bytes: numpy's byte-wise strided copy is 10x slower)."""
+    size, qb = KINDS[kind]
+    fields = size - qb
+    nb = sc.shape[1]
+    blocks = blocks.reshape(-1, nb, size)
+    t = len(blocks) // TILE
+    if not t:
+        return
+    # scales: [8 t, B, F] -> [t, 8, B, F] -> [t, B, F, 8]
+    src = blocks[..., :fields].view(np.uint16).reshape(t, TILE, nb, fields // 2)
+    np.copyto(sc[t0:t0 + t].view(np.uint16)[..., 0], src.transpose(0, 2, 3, 1))
+    runs = blocks[..., fields:].view("V16")  # [8 t, B, qb / 16]
+    out = q[t0:t0 + t].reshape(t, nb, TILE, qb).view("V16")  # [t, B, 8, qb / 16]
     if kind == "Q8_0":  # NOTE: pairs of rows as [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]
-        q = q.reshape(tiles, nb, TILE // 2, 2, 2, 16).transpose(0, 1, 2, 4, 3, 5)
-    q = np.ascontiguousarray(q).reshape(tiles, nb, TILE, qb)
-    return torch.from_numpy(sc.reshape(tiles, nb, -1)), torch.from_numpy(q)
+        # out [t, B, p, h, j] = row 8 t + 2 p + j, block B, quants 16 h ..
+        np.copyto(out.reshape(t, nb, TILE // 2, 2, 2),
+                  runs.reshape(t, TILE // 2, 2, nb, 2).transpose(0, 3, 1, 4, 2))
+    else:
+        np.copyto(out[..., 0], runs.reshape(t, TILE, nb).transpose(0, 2, 1))
 
 
 class GgmlLinear(nn.Module):
-    """``y = x @ W.T`` with W the GGUF matrix ``raw`` ([N, row bytes] as ``GGUFReader`` gives)."""
+    """``y = x @ W.T`` with W the GGUF matrix ``raw`` ([N, row bytes] as ``GGUFReader`` gives;
+    or a fused projection's parts, rows concatenated)."""
 
     scales: torch.Tensor  # NOTE: buffers (repack's layout), typed for the pointer calls
     quants: torch.Tensor
 
-    def __init__(self, raw: np.ndarray, kind: str, out_features: int, in_features: int,
-                 act: str = "f32") -> None:
+    def __init__(self, raw: np.ndarray | Sequence[np.ndarray], kind: str, out_features: int,
+                 in_features: int, act: str = "f32") -> None:
         super().__init__()
         if act not in ACTS:
             raise ValueError(f"unknown activation mode {act!r}; use one of {ACTS}")

@@ -146,14 +146,14 @@ SERVED_ATTRS = ("model_name", "model_aliases", "context_length", "eos_token_ids"
 
 
 def _fail_deltas(plog: ReplicaLog) -> None:
-    """Fault injection: every append run holding a delta raises (as a lost Redis would)."""
+    """Fault injection: every append holding a delta raises (as a lost Redis would)."""
     import redis
 
-    inner = plog.log.append_batch
+    inner = plog.log.append_runs
 
-    def failing(items: list[Any]) -> list[Any]:
-        if any(ev.seq >= 1 for ev, _ in items):
+    def failing(batch: list[Any]) -> list[Any]:
+        if any(ev.seq >= 1 for evs, _ in batch for ev in evs):
             raise redis.ConnectionError("injected: append refused")
-        return inner(items)
+        return inner(batch)
 
-    plog.log.append_batch = failing  # type: ignore[method-assign]
+    plog.log.append_runs = failing  # type: ignore[method-assign]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import redis
 
-from coda.durable.redis_log import Fenced, RedisStreamLog
+from coda.durable.redis_log import RedisStreamLog
 from coda.stream import BackpressureConfig, EventType, RequestStream, StreamEvent
 
 log = logging.getLogger("coda.durable")

@@ -30,26 +30,49 @@ from typing import Any
 
 from coda.durable.codec import decode_batch, encode_batch
 from coda.stream import EventType, RequestStream, StreamEvent
+from coda.wakeup import CHANNEL
 
 log = logging.getLogger("coda.scaleout")
 
 
 class Outbox:
     """The replica side of one ingress's feed: events waiting to be yielded, filled and
-    drained on the replica's event loop."""
+    drained on the replica's event loop.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    ``engine`` (the replica's :class:`~coda.engine.async_engine.AsyncEngine`): messages follow
+    its steps (issue 24 item 2). An engine appends one delta per running request at the end
+    of each step, and its end is posted on the wake-up channel with the engine as the source;
+    an append observed while a step runs waits for that step's end, so one message carries
+    every request's events of the step (the replica's loop may otherwise wake at the first
+    append of the burst and send the rest in a second message). An append observed while no
+    step runs (a start at submit, a cancel while idle) is sent at once. So every event is
+    sent by the end of the step running when it was observed, never later."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, engine: Any = None) -> None:
         self._loop = loop
         self._lock = threading.Lock()
         self._pending: list[tuple[RequestStream, list[StreamEvent]]] = []
         self._wake = asyncio.Event()
         self.closed = False
+        self.messages = 0  # NOTE: yielded (per step with an engine; a benchmark's counter)
+        self._engine = engine
+        self._unsubscribe: Callable[[], None] | None = None
+        if engine is not None:
+            self._unsubscribe = CHANNEL.subscribe(engine, self._step_ended, loop)
 
-    def forward(self, stream: RequestStream, *, start_only: bool = False) -> None:
+    def _step_ended(self, _step: int) -> None:  # NOTE: on the replica's loop (the channel)
+        if self._pending:
+            self._wake.set()
+
+    def forward(self, stream: RequestStream, *, start_only: bool = False,
+                by_step: bool = True) -> None:
         """Forward every event of ``stream`` (from seq 0) until its terminal; ``start_only``
-        (fault injection, ``stall_forwarding``): the start event and nothing after it."""
+        (fault injection, ``stall_forwarding``): the start event and nothing after it.
+        ``by_step``: this stream is the engine's (its appends come in steps); False for a
+        durable copy, appended by the log's mirror after each flush, sent at once."""
         pos = -1
         remover: list[Callable[[], None]] = []
+        engine = self._engine if by_step else None
 
         def on_append(_seq: int = -1) -> None:  # NOTE: on the replica's loop (the channel)
             nonlocal pos
@@ -63,7 +86,9 @@ class Outbox:
                 self._pending.append((stream, evs))
             if evs[-1].type is EventType.TERMINAL and remover:
                 remover[0]()
-            self._wake.set()
+            # NOTE: a step running now posts its end after its appends (see the class)
+            if engine is None or not engine.stepping:
+                self._wake.set()
 
         remover.append(stream.subscribe(on_append, self._loop))
         on_append()  # NOTE: the start event was appended before the subscription
@@ -78,6 +103,7 @@ class Outbox:
                     items, self._pending = self._pending, []
                 if not items:
                     continue
+                self.messages += 1
                 yield encode_batch([(s.request_id, evs) for s, evs in items])
                 for stream, evs in items:
                     stream.ack(evs[-1].seq)
@@ -85,6 +111,8 @@ class Outbox:
             with self._lock:
                 self.closed = True
                 self._pending = []
+            if self._unsubscribe is not None:
+                self._unsubscribe()
 
 
 class FeedClient:
@@ -124,10 +152,10 @@ class FeedClient:
             await asyncio.sleep(0.05)
 
     async def events(self, req: Any, request_id: str, *extra: Any
-                     ) -> AsyncIterator[StreamEvent]:
+                     ) -> AsyncIterator[list[StreamEvent]]:
         """Submit ``req`` (``submit(req, feed_id, *extra)``) to the replica and yield its
-        events through its terminal; raises what the submit or the feed raised (the replica
-        failed)."""
+        events, a message's worth at a time, through its terminal; raises what the submit or
+        the feed raised (the replica failed)."""
         q: asyncio.Queue[list[StreamEvent] | BaseException] = asyncio.Queue()
         self._routes[request_id] = q
         try:
@@ -136,10 +164,9 @@ class FeedClient:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                for ev in item:
-                    yield ev
-                    if ev.type is EventType.TERMINAL:
-                        return
+                yield item
+                if item and item[-1].type is EventType.TERMINAL:
+                    return
         finally:
             if self._routes.get(request_id) is q:
                 del self._routes[request_id]

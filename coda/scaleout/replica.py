@@ -68,7 +68,7 @@ class EngineReplica:
     def _outbox(self, feed_id: str) -> Outbox:
         box = self._outboxes.get(feed_id)
         if box is None:
-            box = self._outboxes[feed_id] = Outbox(asyncio.get_running_loop())
+            box = self._outboxes[feed_id] = Outbox(asyncio.get_running_loop(), self.engine)
         return box
 
     async def submit(self, req: GenerationRequest, feed_id: str,
@@ -77,7 +77,9 @@ class EngineReplica:
         """Start ``req`` as :meth:`generate` does; its events go to the ingress reading
         ``feed(feed_id)``."""
         stream = await self._start(req, durable, route)
-        self._outbox(feed_id).forward(stream, start_only="stall_forwarding" in self.faults)
+        # NOTE: with a log the stream is the durable copy, filled by the mirror per flush
+        self._outbox(feed_id).forward(stream, start_only="stall_forwarding" in self.faults,
+                                      by_step=durable is None)
 
     async def feed(self, feed_id: str) -> AsyncIterator[bytes]:
         """Batches of the events of every request submitted with ``feed_id`` (one call per
@@ -128,6 +130,11 @@ class EngineReplica:
 
     def model_info(self) -> ModelInfo:
         return self.engine.model_info()
+
+    def feed_stats(self) -> dict[str, int]:
+        """Engine steps taken and feed messages sent (by the live outboxes), for benchmarks."""
+        return {"steps": self.engine.steps,
+                "messages": sum(b.messages for b in self._outboxes.values())}
 
     def whoami(self) -> dict[str, Any]:
         return {"pid": self.pid, "server_id": self.server_id,

@@ -124,14 +124,31 @@ def _start_redis() -> tuple[Any, str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def _steps(engine: Any) -> tuple[int, int]:
-    """(engine steps, feed messages) summed over ``engine``'s replicas ((0, 0) from replicas
-    without the counters: an older build, when comparing)."""
+async def _steps(engine: Any) -> int:
+    """Engine steps summed over ``engine``'s replicas (0 from replicas without the counter:
+    an older build, when comparing)."""
     try:
-        stats = [r.feed_stats.remote().result() for r in engine.replicas]
+        return sum([(await r.feed_stats.remote())["steps"] for r in engine.replicas])
     except Exception:
-        return 0, 0
-    return sum(s["steps"] for s in stats), sum(s["messages"] for s in stats)
+        return 0
+
+
+class _Messages:
+    """Feed messages the ingress received (all replicas): counts ``decode_batch`` calls."""
+
+    n = 0
+
+    @classmethod
+    def install(cls) -> None:
+        from coda.scaleout import feed
+
+        inner = feed.decode_batch
+
+        def counting(blob: bytes) -> Any:
+            cls.n += 1
+            return inner(blob)
+
+        feed.decode_batch = counting  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -164,6 +181,7 @@ def main() -> None:
         dlog = RedisStreamLog(url, prefix=f"b{uuid.uuid4().hex[:6]}:")
         dlog.start()
     local.start()
+    _Messages.install()
     try:
         two = start_replicas(2, a.model, cfg, num_cpus=1, torch_threads=1, local_cpus=2,
                              log=dlog)
@@ -178,17 +196,18 @@ def main() -> None:
                     await _load(engine, a.concurrency, 4, a.concurrency)
                 for _ in range(a.repeats):
                     for name, engine in engines.items():
-                        before, steps0 = split.snapshot(), (
-                            _steps(engine) if name != names[0] else (0, 0))
+                        remote = name != names[0]
+                        steps0 = await _steps(engine) if remote else 0
+                        before, msgs0 = split.snapshot(), _Messages.n
                         r = await _load(engine, a.requests, a.max_tokens, a.concurrency)
                         cpu = CpuSplit.since(before, split.snapshot())
                         tokens = r["tok_s"] * r["wall_s"]
                         for g, sec in cpu.items():
                             r[f"cpu_{g}"] = sec / tokens * 1e3
-                        if name != names[0]:
-                            steps1 = _steps(engine)
-                            r["msg_per_step"] = (steps1[1] - steps0[1]) / max(
-                                1, steps1[0] - steps0[0])
+                        if remote:
+                            msgs = _Messages.n - msgs0
+                            r["msg_per_token"] = msgs / tokens
+                            r["msg_per_step"] = msgs / max(1, await _steps(engine) - steps0)
                         runs[name].append(r)
                         load.append(os.getloadavg()[0])
 
@@ -210,8 +229,8 @@ def main() -> None:
               f"TTFT p50 {r['ttft_p50_ms']:7.1f} ms  p99 {r['ttft_p99_ms']:7.1f} ms  "
               f"error endings {r['failed']:.0f}  "
               f"[{' '.join(format(x['tok_s'], '.0f') for x in runs[name])}]")
-        per_step = (f", {r['msg_per_step']:.2f} feed messages per engine step"
-                    if "msg_per_step" in r else "")
+        per_step = (f"; feed messages: {r['msg_per_token']:.3f} per token, "
+                    f"{r['msg_per_step']:.2f} per engine step" if "msg_per_step" in r else "")
         print(f"{'':28s} CPU ms/token: ingress {r['cpu_ingress']:.2f}, replicas "
               f"{r['cpu_replicas']:.2f}, Ray {r['cpu_ray']:.2f}, Redis {r['cpu_redis']:.2f}"
               f"{per_step}")

@@ -93,17 +93,17 @@ def _step(engine: _Steps, n: int, streams: list[RequestStream], pause_s: float) 
 @given(n=st.integers(2, 5), steps=st.integers(1, 6), pause_ms=st.sampled_from([0.0, 1.0, 3.0]))
 def test_one_feed_message_per_engine_step_with_every_request_p1_p6(
         n: int, steps: int, pause_ms: float) -> None:
-    """Issue 24 item 2 (P1, P6): with the engine given, the outbox sends one message per
-    engine step carrying that step's delta of every request — even when the replica's loop
+    """Issue 24 item 2 (P1, P6): with the streams' step source given (the engine; for
+    durable copies the log's mirror), the outbox sends one message per engine step carrying that step's delta of every request — even when the replica's loop
     runs between the step's appends — and every event once, in order; what was appended
     while no step ran (the starts) is sent at once."""
     async def main() -> list[list[tuple[str, list[int]]]]:
         engine = _Steps()
-        box = Outbox(asyncio.get_running_loop(), engine)
+        box = Outbox(asyncio.get_running_loop())
         streams = [RequestStream(f"r{k}") for k in range(n)]
         for s in streams:
             s.start("m")
-            box.forward(s)
+            box.forward(s, steps=engine)
         gen = box.drain()
         messages = [[(rid, [e.seq for e in evs]) for rid, evs in
                      decode_batch(await asyncio.wait_for(gen.__anext__(), 10))]]
@@ -121,6 +121,35 @@ def test_one_feed_message_per_engine_step_with_every_request_p1_p6(
     messages = asyncio.run(main())
     rids = [f"r{k}" for k in range(n)]
     assert messages == [[(rid, [k]) for rid in rids] for k in range(steps + 1)]
+
+
+def test_a_late_dispatch_still_sends_the_step_that_ended_p1() -> None:
+    """Issue 24 item 2 (P1): the previous step's end, a step's appends, its end and the start
+    of the next step all posted before the replica's loop dispatches once (it calls the
+    engine's older entry first): the ended step is still sent then, not held until the next
+    step ends."""
+    async def main() -> list[tuple[str, list[int]]]:
+        engine = _Steps()
+        box = Outbox(asyncio.get_running_loop())
+        streams = [RequestStream(f"r{k}") for k in range(3)]
+        for s in streams:
+            s.start("m")
+            box.forward(s, steps=engine)
+        gen = box.drain()
+        await asyncio.wait_for(gen.__anext__(), 10)  # NOTE: the starts
+        CHANNEL.post(engine, 1)  # NOTE: all on the loop, so nothing is dispatched meanwhile
+        engine.stepping = True
+        for s in streams:
+            s.delta(b"x", (TokenInfo(1, piece=b"x"),))
+        engine.stepping = False
+        CHANNEL.post(engine, 2)
+        engine.stepping = True  # NOTE: the next step runs (and does not end here)
+        got = [(rid, [e.seq for e in evs])
+               for rid, evs in decode_batch(await asyncio.wait_for(gen.__anext__(), 10))]
+        await gen.aclose()
+        return got
+
+    assert asyncio.run(main()) == [(f"r{k}", [1]) for k in range(3)]
 
 
 class _FakeReplica:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -15,6 +16,7 @@ from coda.durable import append
 from coda.durable.mirror import LogMirror
 from coda.durable.redis_log import RedisStreamLog
 from coda.stream import BackpressureConfig, EventType, RequestStream, StreamEvent, TokenInfo
+from coda.wakeup import CHANNEL
 from tests.redis_support import RedisServer, running_redis
 
 pytestmark = pytest.mark.timeout(60)
@@ -98,3 +100,104 @@ def test_the_mirror_gathers_a_burst_within_its_hold_into_one_round_trip_p1(
     for s, c in zip(streams, copies, strict=True):
         assert [e.seq for e in c.events_after(-1)] == [0, 1]
         assert [e.seq for e in log.read(s.request_id)] == [0, 1]
+
+
+class _Steps:
+    """An engine as the mirror sees it: ``stepping``, and its step ends on the channel."""
+
+    stepping = False
+
+
+def test_the_mirror_flushes_once_per_engine_step_given_the_engine_p1(
+        redis_server: RedisServer) -> None:
+    """P1 (issue 24 item 1): a mirror given the engine's steps writes a step's burst — one
+    delta on each of six streams, appended with pauses while the observers' loop runs —
+    in one append call at the step's end, without any hold; its copies' burst is marked
+    (``stepping``) and its end posted with the mirror as the source (what a replica's feed
+    waits for)."""
+    log = _log(redis_server)
+    calls: list[list[append.Run]] = []
+    inner = log.append_runs
+
+    def counting(batch: list[append.Run]) -> list[tuple[int, int]]:
+        calls.append(batch)
+        return inner(batch)
+
+    log.append_runs = counting  # type: ignore[method-assign]
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    engine = _Steps()
+    mirror = LogMirror(log, hold_s=0.0, steps=engine)
+    ends: list[int] = []
+    CHANNEL.subscribe(mirror, ends.append, loop)
+    big = BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30)
+    streams = [RequestStream(uuid.uuid4().hex, big) for _ in range(6)]
+    copies = []
+    for s in streams:
+        s.start("m")
+        copies.append(mirror.watch(s, record_id="", prompt_tokens=1, on_fenced=lambda: None,
+                                   loop=loop))
+    for c in copies:
+        assert c.wait_after(-1, timeout=30)
+    before = len(calls)
+    engine.stepping = True
+    for s in streams:
+        s.delta(b"x", (TokenInfo(1),))
+        time.sleep(0.01)  # NOTE: the loop observes the appends one by one meanwhile
+    time.sleep(0.05)
+    assert len(calls) == before  # NOTE: nothing flushed while the step runs
+    engine.stepping = False
+    CHANNEL.post(engine, 1)
+    for c in copies:
+        assert c.wait_after(0, timeout=30)
+    mirror.flush(0)
+    assert [[e.seq for e in evs] for evs, _ in calls[before]] == [[1]] * 6
+    assert len(calls) == before + 1
+    deadline = time.monotonic() + 30
+    while not ends and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(ends) >= 1 and not mirror.stepping
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def test_a_late_dispatch_still_flushes_the_step_that_ended_p1(
+        redis_server: RedisServer) -> None:
+    """P1 (issue 24 item 1): when the observers' loop comes late — the previous step's end,
+    this step's appends, its end and the start of the next step all posted before one
+    dispatch, which calls the engine's older entry first — the ended step is still flushed
+    then, not held until the next step ends."""
+    log = _log(redis_server)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    engine = _Steps()
+    mirror = LogMirror(log, hold_s=0.0, steps=engine)
+    big = BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30)
+    streams = [RequestStream(uuid.uuid4().hex, big) for _ in range(3)]
+    copies = [mirror.watch(s, record_id="", prompt_tokens=1, on_fenced=lambda: None,
+                           loop=loop) for s in streams]
+    for s in streams:
+        s.start("m")
+    for c in copies:
+        assert c.wait_after(-1, timeout=30)
+    blocked, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        blocked.set()
+        release.wait(30)
+
+    loop.call_soon_threadsafe(block)  # NOTE: the loop dispatches nothing meanwhile
+    assert blocked.wait(30)
+    CHANNEL.post(engine, 1)  # NOTE: the previous step's end, not yet dispatched
+    engine.stepping = True
+    for s in streams:
+        s.delta(b"x", (TokenInfo(1),))
+    engine.stepping = False
+    CHANNEL.post(engine, 2)
+    engine.stepping = True  # NOTE: the next step runs (and does not end in this test)
+    release.set()
+    for c in copies:
+        assert c.wait_after(0, timeout=30)
+    assert [[e.seq for e in c.events_after(-1)] for c in copies] == [[0, 1]] * 3
+    engine.stepping = False
+    mirror.flush(0)
+    loop.call_soon_threadsafe(loop.stop)

@@ -39,40 +39,44 @@ class Outbox:
     """The replica side of one ingress's feed: events waiting to be yielded, filled and
     drained on the replica's event loop.
 
-    ``engine`` (the replica's :class:`~coda.engine.async_engine.AsyncEngine`): messages follow
-    its steps (issue 24 item 2). An engine appends one delta per running request at the end
-    of each step, and its end is posted on the wake-up channel with the engine as the source;
-    an append observed while a step runs waits for that step's end, so one message carries
-    every request's events of the step (the replica's loop may otherwise wake at the first
-    append of the burst and send the rest in a second message). An append observed while no
-    step runs (a start at submit, a cancel while idle) is sent at once. So every event is
-    sent by the end of the step running when it was observed, never later."""
+    Messages follow the producer's steps (issue 24 item 2). A stream is forwarded with its
+    step source (:meth:`forward`): the replica's engine for its own streams (an engine appends
+    one delta per running request at the end of each step), the log's mirror for durable
+    copies (it appends a flush's events to every copy in one burst). The source has a
+    ``stepping`` flag and posts the end of each step on the wake-up channel with itself as the
+    source; an append observed while a step runs waits for that step's end, so one message
+    carries the step's events of every request (the replica's loop may otherwise wake at the
+    first append of the burst and send the rest in a second message). An append observed
+    while no step runs (a start at submit, a cancel while idle) is sent at once. So every
+    event is sent by the end of the step running when it was observed, never later."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, engine: Any = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
         self._pending: list[tuple[RequestStream, list[StreamEvent]]] = []
         self._wake = asyncio.Event()
         self.closed = False
-        self.messages = 0  # NOTE: yielded (per step with an engine; a benchmark's counter)
-        self._engine = engine
-        self._unsubscribe: Callable[[], None] | None = None
-        if engine is not None:
-            self._unsubscribe = CHANNEL.subscribe(engine, self._step_ended, loop)
+        self.messages = 0  # NOTE: yielded (a benchmark's counter)
+        self._sources: dict[int, Callable[[], None]] = {}  # NOTE: id(step source) -> remover
 
     def _step_ended(self, _step: int) -> None:  # NOTE: on the replica's loop (the channel)
+        # NOTE: checked after the rest of this dispatch: a dispatch that comes late calls the
+        # source's (older) entry first, then the appends of the step that just ended
+        self._loop.call_soon(self._wake_if_pending)
+
+    def _wake_if_pending(self) -> None:
         if self._pending:
             self._wake.set()
 
     def forward(self, stream: RequestStream, *, start_only: bool = False,
-                by_step: bool = True) -> None:
+                steps: Any = None) -> None:
         """Forward every event of ``stream`` (from seq 0) until its terminal; ``start_only``
         (fault injection, ``stall_forwarding``): the start event and nothing after it.
-        ``by_step``: this stream is the engine's (its appends come in steps); False for a
-        durable copy, appended by the log's mirror after each flush, sent at once."""
+        ``steps``: the stream's step source (see the class; None: each wake-up is sent)."""
         pos = -1
         remover: list[Callable[[], None]] = []
-        engine = self._engine if by_step else None
+        if steps is not None and id(steps) not in self._sources and not self.closed:
+            self._sources[id(steps)] = CHANNEL.subscribe(steps, self._step_ended, self._loop)
 
         def on_append(_seq: int = -1) -> None:  # NOTE: on the replica's loop (the channel)
             nonlocal pos
@@ -87,7 +91,7 @@ class Outbox:
             if evs[-1].type is EventType.TERMINAL and remover:
                 remover[0]()
             # NOTE: a step running now posts its end after its appends (see the class)
-            if engine is None or not engine.stepping:
+            if steps is None or not steps.stepping:
                 self._wake.set()
 
         remover.append(stream.subscribe(on_append, self._loop))
@@ -111,8 +115,9 @@ class Outbox:
             with self._lock:
                 self.closed = True
                 self._pending = []
-            if self._unsubscribe is not None:
-                self._unsubscribe()
+            for unsubscribe in self._sources.values():
+                unsubscribe()
+            self._sources.clear()
 
 
 class FeedClient:

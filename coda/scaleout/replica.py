@@ -54,21 +54,23 @@ class EngineReplica:
         self._outboxes: dict[str, Outbox] = {}
 
     async def _start(self, req: GenerationRequest, durable: DurableSpec | None,
-                     route: dict[str, Any] | None) -> RequestStream:
+                     route: dict[str, Any] | None) -> tuple[RequestStream, Any]:
         """Submit ``req`` (claimed and mirrored by this replica with ``durable``); the stream
-        to forward (durable events only, with a log)."""
+        to forward (durable events only, with a log) and what appends to it in steps (the
+        engine, or with a log its mirror: :class:`~coda.scaleout.feed.Outbox`)."""
         if route is not None and req.request_id:
             self.engine.trace.record(TraceEvent(req.request_id, ROUTE_DECIDED, route))
         if durable is None:
-            return self.engine.submit(req).stream
+            return self.engine.submit(req).stream, self.engine
         plog = await asyncio.to_thread(self._log, durable)
-        return await asyncio.to_thread(plog.begin, self.engine, req, durable,
+        copy = await asyncio.to_thread(plog.begin, self.engine, req, durable,
                                        asyncio.get_running_loop())
+        return copy, plog.mirror
 
     def _outbox(self, feed_id: str) -> Outbox:
         box = self._outboxes.get(feed_id)
         if box is None:
-            box = self._outboxes[feed_id] = Outbox(asyncio.get_running_loop(), self.engine)
+            box = self._outboxes[feed_id] = Outbox(asyncio.get_running_loop())
         return box
 
     async def submit(self, req: GenerationRequest, feed_id: str,
@@ -76,10 +78,9 @@ class EngineReplica:
                      route: dict[str, Any] | None = None) -> None:
         """Start ``req`` as :meth:`generate` does; its events go to the ingress reading
         ``feed(feed_id)``."""
-        stream = await self._start(req, durable, route)
-        # NOTE: with a log the stream is the durable copy, filled by the mirror per flush
+        stream, steps = await self._start(req, durable, route)
         self._outbox(feed_id).forward(stream, start_only="stall_forwarding" in self.faults,
-                                      by_step=durable is None)
+                                      steps=steps)
 
     async def feed(self, feed_id: str) -> AsyncIterator[bytes]:
         """Batches of the events of every request submitted with ``feed_id`` (one call per
@@ -94,7 +95,7 @@ class EngineReplica:
 
     async def generate(self, req: GenerationRequest, durable: DurableSpec | None = None,
                        route: dict[str, Any] | None = None) -> AsyncIterator[StreamEvent]:
-        stream = await self._start(req, durable, route)
+        stream, _ = await self._start(req, durable, route)
         # NOTE: a cancelled generator (caller gone) leaves the engine request running
         async for ev in follow(stream):
             if "stall_forwarding" in self.faults and ev.type is not EventType.START:
@@ -104,7 +105,7 @@ class EngineReplica:
     def _log(self, spec: DurableSpec) -> ReplicaLog:
         key = (spec.url, spec.prefix)
         if key not in self._logs or self._logs[key].closed:
-            self._logs[key] = ReplicaLog(spec, self.server_id)
+            self._logs[key] = ReplicaLog(spec, self.server_id, steps=self.engine)
             if "fail_appends" in self.faults:
                 _fail_deltas(self._logs[key])
         return self._logs[key]

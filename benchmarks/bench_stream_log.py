@@ -15,7 +15,8 @@ as the engine emits them. Three writers of the same events:
   what Redis does on another core, the CPU sum counts it (``--cpus 0`` pins this process and
   Redis to one core, so the wall time counts it too);
 * ``paced`` — the same mirror fed like a decoding engine: one token per stream per step, a
-  step every ``--step-ms``, so most flushes carry one event per stream (the worst case for
+  step every ``--step-ms``, each step's end signalled as an engine does (the mirror flushes
+  at it), so most flushes carry one event per stream (the worst case for
   batching). Figures are CPU per token: the producer's appends with and without the mirror
   observing (a post to the wake-up channel; the mirror's mark runs on the observers' loop),
   the mirror thread (encoding, the round trip's client side, the durable copy), and
@@ -50,6 +51,7 @@ from coda.stream import (
     Terminal,
     TokenInfo,
 )
+from coda.wakeup import CHANNEL
 
 _BIG = BackpressureConfig(pause_bytes=1 << 40, max_bytes=1 << 40)
 
@@ -104,11 +106,22 @@ def _observers() -> asyncio.AbstractEventLoop:
     return _LOOP[0]
 
 
-def _mirror(log: RedisStreamLog, hold_ms: float | None, cls: type[LogMirror] = LogMirror
-            ) -> LogMirror:
-    if hold_ms is None:  # NOTE: the mirror's default (and a mirror without the option)
-        return cls(log)
-    return cls(log, hold_s=hold_ms / 1e3)  # type: ignore[call-arg,unused-ignore]
+class _Engine:
+    """What the mirror sees of an engine (``LogMirror(steps=...)``): a ``stepping`` flag and
+    each step's end posted on the wake-up channel with it as the source."""
+
+    stepping = False
+
+
+def _mirror(log: RedisStreamLog, hold_ms: float | None, cls: type[LogMirror] = LogMirror,
+            steps: _Engine | None = None) -> LogMirror:
+    kw: dict[str, Any] = {} if hold_ms is None else {"hold_s": hold_ms / 1e3}
+    if steps is not None:
+        try:  # NOTE: a build whose mirror does not take the engine's steps holds instead
+            return cls(log, steps=steps, **kw)
+        except TypeError:
+            pass
+    return cls(log, **kw)
 
 
 def redis_mirror(log: RedisStreamLog, tokens: int, streams: int, hold_ms: float | None = None
@@ -153,8 +166,10 @@ def _redis_cpu(log: RedisStreamLog) -> float:
 def paced(log: RedisStreamLog | None, steps: int, streams: int, step_s: float,
           hold_ms: float | None = None) -> tuple[float, float, float]:
     """CPU per token: (producer appends, mirror thread, Redis main thread); no mirror if
-    ``log`` is None."""
-    mirror = _mirror(log, hold_ms, _TimedMirror) if log is not None else None
+    ``log`` is None. The producer signals its steps as an engine does (the mirror then
+    flushes at each step's end; ``--hold-ms`` applies to a mirror without steps)."""
+    engine = _Engine()
+    mirror = _mirror(log, hold_ms, _TimedMirror, engine) if log is not None else None
     ss = [RequestStream(uuid.uuid4().hex, _BIG) for _ in range(streams)]
     for s in ss:
         s.start("m")
@@ -166,8 +181,11 @@ def paced(log: RedisStreamLog | None, steps: int, streams: int, step_s: float,
     next_step = time.perf_counter()
     for i in range(steps):
         t = time.thread_time()
+        engine.stepping = True
         for s in ss:
             s.delta(b" tok", (TokenInfo(i, piece=b" tok"),))
+        engine.stepping = False
+        CHANNEL.post(engine, i)
         produce += time.thread_time() - t
         next_step += step_s
         time.sleep(max(0.0, next_step - time.perf_counter()))

@@ -134,7 +134,8 @@ class LogMirror:
         with self._cond:
             self._watched[rid] = _Watched(stream, copy, record_id, on_fenced, ack_on_write)
             self._dirty.add(rid)
-        self._pending.set()
+        if steps is None or not steps.stepping:  # NOTE: else with the running step's flush
+            self._pending.set()
 
         def mark(_seq: int) -> None:  # NOTE: on the event loop, woken by the channel
             # NOTE: no lock: set.add is atomic, and the writer takes the dirty ids only after

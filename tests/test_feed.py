@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,8 @@ from coda.finish import FinishReason, Usage
 from coda.lifecycle import State
 from coda.scaleout.feed import FeedClient, Outbox
 from coda.stream import EventType, RequestStream, StreamEvent, Terminal, TokenInfo
+from coda.wakeup import CHANNEL
+from tests.conftest import examples
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,6 +69,87 @@ def test_outbox_forwards_each_event_once_in_order_and_acks_p1_p2_p6(
         assert [(e.seq, e.type, e.data, e.tokens) for e in got[s.request_id]] == [
             (e.seq, e.type, e.data, e.tokens) for e in want]
         assert s.unacked_bytes == 0
+
+
+class _Steps:
+    """An engine as the outbox sees it: a ``stepping`` flag and its step ends posted on the
+    wake-up channel with itself as the source."""
+
+    stepping = False
+
+
+def _step(engine: _Steps, n: int, streams: list[RequestStream], pause_s: float) -> None:
+    """Step ``n``: one delta per stream, with a pause between appends (the replica's loop
+    runs meanwhile), then the step's end."""
+    engine.stepping = True
+    for s in streams:
+        s.delta(f"s{n}".encode(), (TokenInfo(n, piece=b"s"),))
+        time.sleep(pause_s)
+    engine.stepping = False
+    CHANNEL.post(engine, n)
+
+
+@settings(deadline=None, max_examples=examples(10))
+@given(n=st.integers(2, 5), steps=st.integers(1, 6), pause_ms=st.sampled_from([0.0, 1.0, 3.0]))
+def test_one_feed_message_per_engine_step_with_every_request_p1_p6(
+        n: int, steps: int, pause_ms: float) -> None:
+    """Issue 24 item 2 (P1, P6): with the streams' step source given (the engine; for
+    durable copies the log's mirror), the outbox sends one message per engine step carrying that step's delta of every request — even when the replica's loop
+    runs between the step's appends — and every event once, in order; what was appended
+    while no step ran (the starts) is sent at once."""
+    async def main() -> list[list[tuple[str, list[int]]]]:
+        engine = _Steps()
+        box = Outbox(asyncio.get_running_loop())
+        streams = [RequestStream(f"r{k}") for k in range(n)]
+        for s in streams:
+            s.start("m")
+            box.forward(s, steps=engine)
+        gen = box.drain()
+        messages = [[(rid, [e.seq for e in evs]) for rid, evs in
+                     decode_batch(await asyncio.wait_for(gen.__anext__(), 10))]]
+        for k in range(1, steps + 1):
+            producer = threading.Thread(target=_step, args=(engine, k, streams, pause_ms / 1e3))
+            producer.start()
+            messages.append([(rid, [e.seq for e in evs]) for rid, evs in
+                             decode_batch(await asyncio.wait_for(gen.__anext__(), 10))])
+            producer.join()
+        with pytest.raises(TimeoutError):  # NOTE: nothing is left over
+            await asyncio.wait_for(gen.__anext__(), 0.05)
+        await gen.aclose()
+        return messages
+
+    messages = asyncio.run(main())
+    rids = [f"r{k}" for k in range(n)]
+    assert messages == [[(rid, [k]) for rid in rids] for k in range(steps + 1)]
+
+
+def test_a_late_dispatch_still_sends_the_step_that_ended_p1() -> None:
+    """Issue 24 item 2 (P1): the previous step's end, a step's appends, its end and the start
+    of the next step all posted before the replica's loop dispatches once (it calls the
+    engine's older entry first): the ended step is still sent then, not held until the next
+    step ends."""
+    async def main() -> list[tuple[str, list[int]]]:
+        engine = _Steps()
+        box = Outbox(asyncio.get_running_loop())
+        streams = [RequestStream(f"r{k}") for k in range(3)]
+        for s in streams:
+            s.start("m")
+            box.forward(s, steps=engine)
+        gen = box.drain()
+        await asyncio.wait_for(gen.__anext__(), 10)  # NOTE: the starts
+        CHANNEL.post(engine, 1)  # NOTE: all on the loop, so nothing is dispatched meanwhile
+        engine.stepping = True
+        for s in streams:
+            s.delta(b"x", (TokenInfo(1, piece=b"x"),))
+        engine.stepping = False
+        CHANNEL.post(engine, 2)
+        engine.stepping = True  # NOTE: the next step runs (and does not end here)
+        got = [(rid, [e.seq for e in evs])
+               for rid, evs in decode_batch(await asyncio.wait_for(gen.__anext__(), 10))]
+        await gen.aclose()
+        return got
+
+    assert asyncio.run(main()) == [(f"r{k}", [1]) for k in range(3)]
 
 
 class _FakeReplica:
@@ -119,7 +203,7 @@ def test_feed_client_routes_batches_and_fails_every_request_when_the_feed_breaks
         client = FeedClient(rep.feed, rep.submit)
 
         async def collect(rid: str, n: int) -> list[int]:
-            return [ev.seq async for ev in client.events((rid, n), rid)]
+            return [ev.seq async for evs in client.events((rid, n), rid) for ev in evs]
 
         done = await asyncio.gather(*(collect(f"a{k}", 5 + k) for k in range(4)))
         err: BaseException | None = None

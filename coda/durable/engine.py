@@ -96,7 +96,9 @@ class DurableEngine:
         if self._started:
             return
         self.log.start()
-        self.mirror = LogMirror(self.log)
+        # NOTE: an engine that posts its step ends (AsyncEngine) gets one flush per step
+        steps = self.inner if getattr(self.inner, "stepping", None) is not None else None
+        self.mirror = LogMirror(self.log, steps=steps)
         self._started = True
         if self.manage_inner:
             self.inner.start()

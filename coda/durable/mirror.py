@@ -18,11 +18,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
-from coda.durable.redis_log import Fenced, RedisStreamLog
+from coda.durable.redis_log import RedisStreamLog
 from coda.stream import BackpressureConfig, EventType, RequestStream, StreamEvent
+from coda.wakeup import CHANNEL
 
 log = logging.getLogger("coda.durable")
 
@@ -60,11 +62,37 @@ class _Watched:
     written: int = -1
 
 
-class LogMirror:
-    """One writer thread copying watched streams into ``log`` (idempotent appends)."""
+# NOTE: the default flush hold (see LogMirror): what an event may wait before its flush starts
+HOLD_S = 0.002
 
-    def __init__(self, durable: RedisStreamLog) -> None:
+
+class LogMirror:
+    """One writer thread copying watched streams into ``log`` (idempotent appends).
+
+    When to flush (issue 24 item 1): an engine appends one delta per running request in a
+    burst at the end of each step, and a flush that starts at the burst's first append sends
+    the rest as a second run per request (Redis's cost is per run). ``steps``: the engine
+    whose streams this mirrors (:class:`~coda.engine.async_engine.AsyncEngine`: its
+    ``stepping`` flag, each step's end posted on the wake-up channel with it as the source) —
+    an append observed while a step runs is flushed at that step's end, one observed between
+    steps at once: one flush per step, and time to durable grows only by the rest of the
+    step's burst. Without it, ``hold_s``: after a wake-up the writer waits this long before it
+    takes what is new (so at most ``hold_s`` is added to every event's time to durable, and
+    so to the first frame, seed 004); 0 flushes at once. Either way a writer that is busy
+    gathers several steps per flush.
+
+    The copies of a flush are appended while ``stepping`` is set, and the flush's end is
+    posted on the wake-up channel with the mirror as the source: a replica's feed sends one
+    message per flush (:class:`coda.scaleout.feed.Outbox`)."""
+
+    def __init__(self, durable: RedisStreamLog, *, hold_s: float = HOLD_S,
+                 steps: Any = None) -> None:
         self.log = durable
+        self.hold_s = hold_s
+        self.steps = steps
+        self.stepping = False
+        self.flushes = 0
+        self._step_loops: set[asyncio.AbstractEventLoop] = set()
         self._watched: dict[str, _Watched] = {}
         self._dirty: set[str] = set()
         self._cond = threading.Condition()
@@ -73,6 +101,15 @@ class LogMirror:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="coda-log-mirror", daemon=True)
         self._thread.start()
+
+    def _step_ended(self, _step: int) -> None:  # NOTE: on an observers' loop (the channel)
+        # NOTE: checked after the rest of this dispatch: a dispatch that comes late calls the
+        # engine's (older) entry first, then the marks of the step that just ended
+        asyncio.get_running_loop().call_soon(self._wake_if_dirty)
+
+    def _wake_if_dirty(self) -> None:
+        if self._dirty and not self._pending.is_set():
+            self._pending.set()
 
     def watch(self, stream: RequestStream, *, record_id: str, prompt_tokens: int,
               on_fenced: Callable[[], None], opened: bool = False,
@@ -88,17 +125,25 @@ class LogMirror:
         if not opened:
             self.log.open(rid, prompt_tokens=prompt_tokens, record_id=record_id)
         copy = DurableCopy(stream)
+        steps = self.steps
+        if steps is not None:
+            lp = loop if loop is not None else asyncio.get_running_loop()
+            if lp not in self._step_loops:  # NOTE: one subscription per observers' loop
+                self._step_loops.add(lp)
+                CHANNEL.subscribe(steps, self._step_ended, lp)
         with self._cond:
             self._watched[rid] = _Watched(stream, copy, record_id, on_fenced, ack_on_write)
             self._dirty.add(rid)
-        self._pending.set()
+        if steps is None or not steps.stepping:  # NOTE: else with the running step's flush
+            self._pending.set()
 
         def mark(_seq: int) -> None:  # NOTE: on the event loop, woken by the channel
             # NOTE: no lock: set.add is atomic, and the writer takes the dirty ids only after
             # clearing _pending, so an append is either in this round's read of the stream
             # (taken after its mark) or sets _pending again for the next round
             self._dirty.add(rid)
-            if not self._pending.is_set():
+            # NOTE: a step running now posts its end after its appends (_step_ended)
+            if (steps is None or not steps.stepping) and not self._pending.is_set():
                 self._pending.set()
 
         stream.subscribe(mark, loop)  # NOTE: dropped by the channel after the terminal
@@ -107,6 +152,8 @@ class LogMirror:
     def _run(self) -> None:
         while True:
             self._pending.wait()
+            if self.steps is None and self.hold_s > 0 and not self._stopping:
+                time.sleep(self.hold_s)  # NOTE: gather the rest of the step (see hold_s)
             with self._cond:
                 self._pending.clear()
                 if self._stopping and not self._dirty:
@@ -117,13 +164,13 @@ class LogMirror:
             self._flush(batch)
 
     def _flush(self, batch: list[_Watched]) -> None:
-        """Everything new in ``batch`` in one pipelined round trip (issue 12 item 6)."""
-        todo = [(w, w.stream.events_after(w.written)) for w in batch]
-        todo = [(w, evs) for w, evs in todo if evs]
+        """Everything new in ``batch`` in one pipelined round trip (issue 12 item 6): one run
+        per request (its events after what is written: consecutive, a terminal only last)."""
+        todo = [(w, evs) for w in batch if (evs := w.stream.events_after(w.written))]
         if not todo:
             return
         try:
-            results = self.log.append_batch([(ev, w.record_id) for w, evs in todo for ev in evs])
+            results = self.log.append_runs([(evs, w.record_id) for w, evs in todo])
         except redis.RedisError:
             # NOTE: retried at the next append or flush (appends are idempotent)
             log.exception("stream log append failed")
@@ -132,22 +179,26 @@ class LogMirror:
             self._pending.set()
             time.sleep(0.1)
             return
-        k = 0
-        for w, evs in todo:
-            res, k = results[k:k + len(evs)], k + len(evs)
-            rid = w.stream.request_id
-            if any(isinstance(r, Fenced) for r in res):
-                log.warning("request taken over by a peer; cancelling locally",
-                            extra={"request_id": rid})
-                self._forget(rid)
-                w.on_fenced()
-                continue
-            w.written = evs[-1].seq
-            w.copy.extend(evs)
-            if w.ack_on_write:
-                w.stream.ack(w.written)
-            if evs[-1].type is EventType.TERMINAL:
-                self._forget(rid)
+        self.stepping = True
+        try:
+            for (w, evs), (code, _) in zip(todo, results, strict=True):
+                rid = w.stream.request_id
+                if code == -1:
+                    log.warning("request taken over by a peer; cancelling locally",
+                                extra={"request_id": rid})
+                    self._forget(rid)
+                    w.on_fenced()
+                    continue
+                w.written = evs[-1].seq
+                w.copy.extend(evs)
+                if w.ack_on_write:
+                    w.stream.ack(w.written)
+                if evs[-1].type is EventType.TERMINAL:
+                    self._forget(rid)
+        finally:
+            self.stepping = False
+            self.flushes += 1
+            CHANNEL.post(self, self.flushes)  # NOTE: the copies' burst ended (see the class)
 
     def _forget(self, rid: str) -> None:
         with self._cond:

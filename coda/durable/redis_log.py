@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.exceptions import NoScriptError
 
 from coda.durable import append, lua
 from coda.durable.codec import decode_event, pack_event, unpack_events
@@ -190,26 +191,54 @@ class RedisStreamLog:
         True written, False a duplicate (or after the terminal), a :class:`Fenced` if a peer
         owns the request now; a gap raises (a writer bug)."""
         batch = append.runs(items)
+        out: list[bool | Fenced] = []
+        for (evs, _), (code, prev_last) in zip(batch, self.append_runs(batch), strict=True):
+            for ev in evs:
+                out.append(Fenced(ev.request_id) if code == -1
+                           else code == 1 and ev.seq > prev_last)
+        return out
+
+    def append_runs(self, batch: list[append.Run]) -> list[tuple[int, int]]:
+        """Append ``batch`` (runs: consecutive events of one request, a terminal only last,
+        with the run's record id) in one round trip; per run ``(code, last seq before)``,
+        codes as :data:`coda.durable.lua.APPEND`'s (1 written or a duplicate, 0 after the
+        terminal, -1 fenced); a gap raises (a writer bug). What the mirror calls: it has its
+        runs already (one per request of a flush), so nothing is cut or expanded per event."""
         calls = append.frame(batch, self.prefix, self.retention_ms, self.fence)
+        replies = self._send(calls)
+        out = list(append.outcomes(replies))
+        for (evs, _), (code, _last) in zip(batch, out, strict=True):
+            if code == -2:
+                raise RuntimeError(
+                    f"{evs[0].request_id}: append of seq {evs[0].seq} leaves a gap")
+        return out
+
+    def _send(self, calls: list[bytes]) -> list[bytes]:
+        """Send ``calls`` (framed ``EVALSHA`` calls) in one round trip; a call answered
+        ``NOSCRIPT`` (the script is not cached: a restarted Redis) is sent again with the
+        script's body (it did not run, so this is no retry of a write)."""
         pool = self.r.connection_pool
         conn = pool.get_connection()
         try:
             conn.send_packed_command(calls)  # NOTE: a list of chunks, sent in turn
-            replies = [conn.read_response() for _ in calls]
+            replies: list[bytes | None] = []
+            missing = []
+            for k in range(len(calls)):
+                try:
+                    replies.append(conn.read_response())
+                except NoScriptError:
+                    replies.append(None)
+                    missing.append(k)
+            if missing:
+                conn.send_packed_command([append.with_body(calls[k]) for k in missing])
+                for k in missing:
+                    replies[k] = conn.read_response()
         except BaseException:
             conn.disconnect()  # NOTE: replies may be left unread; never reuse the connection
             raise
         finally:
             pool.release(conn)
-        out: list[bool | Fenced] = []
-        for run, code, prev_last in append.outcomes(batch, replies):
-            first = run[0][0]
-            if code == -2:
-                raise RuntimeError(f"{first.request_id}: append of seq {first.seq} leaves a gap")
-            for ev, _ in run:
-                out.append(Fenced(ev.request_id) if code == -1
-                           else code == 1 and ev.seq > prev_last)
-        return out
+        return [r for r in replies if r is not None]
 
     def append(self, event: StreamEvent, record_id: str | None = None) -> bool:
         """Append one event (idempotent); raises :class:`Fenced` if a peer took it over."""

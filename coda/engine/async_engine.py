@@ -42,6 +42,7 @@ from coda.reader import follow
 from coda.request import RequestRun
 from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
+from coda.wakeup import CHANNEL
 
 log = logging.getLogger("coda.engine")
 
@@ -110,6 +111,11 @@ class AsyncEngine:
         self._live: dict[str, RequestHandle] = {}  # NOTE: what ``cancel`` by id reaches
         self._live_lock = threading.Lock()
         self._sweep_at = 64
+        # NOTE: issue 24 item 2: steps taken, and whether one runs now; each step's end is
+        # posted to the wake-up channel with this engine as the source (a replica's feed
+        # sends one message per step: coda.scaleout.feed)
+        self.steps = 0
+        self.stepping = False
 
     @classmethod
     def from_model_dir(cls, model: str | Path | None = None,
@@ -395,7 +401,14 @@ class AsyncEngine:
             for ereq in incoming:
                 self._admit(ereq)
             try:
-                if self.core.step() == 0:
+                self.stepping = True
+                try:
+                    ran = self.core.step()
+                finally:
+                    self.stepping = False
+                    self.steps += 1
+                    CHANNEL.post(self, self.steps)  # NOTE: one dict lookup if nobody listens
+                if ran == 0:
                     with self._cond:  # nothing runnable (paused / out of blocks): don't spin
                         self._cond.wait(0.005)
             except Exception as exc:  # a bug in the engine itself: fail everyone, keep serving

@@ -30,13 +30,25 @@ from typing import Any
 
 from coda.durable.codec import decode_batch, encode_batch
 from coda.stream import EventType, RequestStream, StreamEvent
+from coda.wakeup import CHANNEL
 
 log = logging.getLogger("coda.scaleout")
 
 
 class Outbox:
     """The replica side of one ingress's feed: events waiting to be yielded, filled and
-    drained on the replica's event loop."""
+    drained on the replica's event loop.
+
+    Messages follow the producer's steps (issue 24 item 2). A stream is forwarded with its
+    step source (:meth:`forward`): the replica's engine for its own streams (an engine appends
+    one delta per running request at the end of each step), the log's mirror for durable
+    copies (it appends a flush's events to every copy in one burst). The source has a
+    ``stepping`` flag and posts the end of each step on the wake-up channel with itself as the
+    source; an append observed while a step runs waits for that step's end, so one message
+    carries the step's events of every request (the replica's loop may otherwise wake at the
+    first append of the burst and send the rest in a second message). An append observed
+    while no step runs (a start at submit, a cancel while idle) is sent at once. So every
+    event is sent by the end of the step running when it was observed, never later."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -44,12 +56,27 @@ class Outbox:
         self._pending: list[tuple[RequestStream, list[StreamEvent]]] = []
         self._wake = asyncio.Event()
         self.closed = False
+        self.messages = 0  # NOTE: yielded (a benchmark's counter)
+        self._sources: dict[int, Callable[[], None]] = {}  # NOTE: id(step source) -> remover
 
-    def forward(self, stream: RequestStream, *, start_only: bool = False) -> None:
+    def _step_ended(self, _step: int) -> None:  # NOTE: on the replica's loop (the channel)
+        # NOTE: checked after the rest of this dispatch: a dispatch that comes late calls the
+        # source's (older) entry first, then the appends of the step that just ended
+        self._loop.call_soon(self._wake_if_pending)
+
+    def _wake_if_pending(self) -> None:
+        if self._pending:
+            self._wake.set()
+
+    def forward(self, stream: RequestStream, *, start_only: bool = False,
+                steps: Any = None) -> None:
         """Forward every event of ``stream`` (from seq 0) until its terminal; ``start_only``
-        (fault injection, ``stall_forwarding``): the start event and nothing after it."""
+        (fault injection, ``stall_forwarding``): the start event and nothing after it.
+        ``steps``: the stream's step source (see the class; None: each wake-up is sent)."""
         pos = -1
         remover: list[Callable[[], None]] = []
+        if steps is not None and id(steps) not in self._sources and not self.closed:
+            self._sources[id(steps)] = CHANNEL.subscribe(steps, self._step_ended, self._loop)
 
         def on_append(_seq: int = -1) -> None:  # NOTE: on the replica's loop (the channel)
             nonlocal pos
@@ -63,7 +90,9 @@ class Outbox:
                 self._pending.append((stream, evs))
             if evs[-1].type is EventType.TERMINAL and remover:
                 remover[0]()
-            self._wake.set()
+            # NOTE: a step running now posts its end after its appends (see the class)
+            if steps is None or not steps.stepping:
+                self._wake.set()
 
         remover.append(stream.subscribe(on_append, self._loop))
         on_append()  # NOTE: the start event was appended before the subscription
@@ -78,6 +107,7 @@ class Outbox:
                     items, self._pending = self._pending, []
                 if not items:
                     continue
+                self.messages += 1
                 yield encode_batch([(s.request_id, evs) for s, evs in items])
                 for stream, evs in items:
                     stream.ack(evs[-1].seq)
@@ -85,6 +115,9 @@ class Outbox:
             with self._lock:
                 self.closed = True
                 self._pending = []
+            for unsubscribe in self._sources.values():
+                unsubscribe()
+            self._sources.clear()
 
 
 class FeedClient:
@@ -124,10 +157,10 @@ class FeedClient:
             await asyncio.sleep(0.05)
 
     async def events(self, req: Any, request_id: str, *extra: Any
-                     ) -> AsyncIterator[StreamEvent]:
+                     ) -> AsyncIterator[list[StreamEvent]]:
         """Submit ``req`` (``submit(req, feed_id, *extra)``) to the replica and yield its
-        events through its terminal; raises what the submit or the feed raised (the replica
-        failed)."""
+        events, a message's worth at a time, through its terminal; raises what the submit or
+        the feed raised (the replica failed)."""
         q: asyncio.Queue[list[StreamEvent] | BaseException] = asyncio.Queue()
         self._routes[request_id] = q
         try:
@@ -136,10 +169,9 @@ class FeedClient:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                for ev in item:
-                    yield ev
-                    if ev.type is EventType.TERMINAL:
-                        return
+                yield item
+                if item and item[-1].type is EventType.TERMINAL:
+                    return
         finally:
             if self._routes.get(request_id) is q:
                 del self._routes[request_id]

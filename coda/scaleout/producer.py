@@ -64,11 +64,12 @@ class _Running:
 class ReplicaLog:
     """One replica's lease, mirror and orphan watch on one Redis (log settings of ``spec``)."""
 
-    def __init__(self, spec: DurableSpec, server_id: str) -> None:
+    def __init__(self, spec: DurableSpec, server_id: str, *, steps: Any = None) -> None:
         self.log = RedisStreamLog(spec.url, prefix=spec.prefix, retention_s=spec.retention_s,
                                   lease_ttl_s=spec.lease_ttl_s, server_id=server_id)
         self.log.start()
-        self.mirror = LogMirror(self.log)
+        # NOTE: steps: the replica's engine, so the mirror flushes once per engine step
+        self.mirror = LogMirror(self.log, steps=steps)
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -259,10 +259,10 @@ class RemoteEngine:
             got_delta = False
             failure: BaseException | None = None
             try:
-                async for ev in self._feed(idx).events(req, h.request_id, self._spec(h),
-                                                       h.route):
-                    got_delta = got_delta or ev.type is EventType.DELTA
-                    feed(h.stream, [ev])
+                async for evs in self._feed(idx).events(req, h.request_id, self._spec(h),
+                                                        h.route):
+                    got_delta = got_delta or any(ev.type is EventType.DELTA for ev in evs)
+                    feed(h.stream, evs)  # NOTE: one append and one wake-up per message
             except Exception as exc:  # NOTE: a dead replica (RayActorError, ...)
                 failure = exc
             if failure is None and h.stream.closed:

@@ -58,16 +58,18 @@ class EngineReplica:
         self._outboxes: dict[str, Outbox] = {}
 
     async def _start(self, req: GenerationRequest, durable: DurableSpec | None,
-                     route: dict[str, Any] | None) -> RequestStream:
+                     route: dict[str, Any] | None) -> tuple[RequestStream, Any]:
         """Submit ``req`` (claimed and mirrored by this replica with ``durable``); the stream
-        to forward (durable events only, with a log)."""
+        to forward (durable events only, with a log) and what appends to it in steps (the
+        engine, or with a log its mirror: :class:`~coda.scaleout.feed.Outbox`)."""
         if route is not None and req.request_id:
             self.engine.trace.record(TraceEvent(req.request_id, ROUTE_DECIDED, route))
         if durable is None:
-            return self.engine.submit(req).stream
+            return self.engine.submit(req).stream, self.engine
         plog = await asyncio.to_thread(self._log, durable)
-        return await asyncio.to_thread(plog.begin, self.engine, req, durable,
+        copy = await asyncio.to_thread(plog.begin, self.engine, req, durable,
                                        asyncio.get_running_loop())
+        return copy, plog.mirror
 
     def _outbox(self, feed_id: str) -> Outbox:
         box = self._outboxes.get(feed_id)
@@ -80,8 +82,9 @@ class EngineReplica:
                      route: dict[str, Any] | None = None) -> None:
         """Start ``req`` as :meth:`generate` does; its events go to the ingress reading
         ``feed(feed_id)``."""
-        stream = await self._start(req, durable, route)
-        self._outbox(feed_id).forward(stream, start_only="stall_forwarding" in self.faults)
+        stream, steps = await self._start(req, durable, route)
+        self._outbox(feed_id).forward(stream, start_only="stall_forwarding" in self.faults,
+                                      steps=steps)
 
     async def feed(self, feed_id: str) -> AsyncIterator[bytes]:
         """Batches of the events of every request submitted with ``feed_id`` (one call per
@@ -96,7 +99,7 @@ class EngineReplica:
 
     async def generate(self, req: GenerationRequest, durable: DurableSpec | None = None,
                        route: dict[str, Any] | None = None) -> AsyncIterator[StreamEvent]:
-        stream = await self._start(req, durable, route)
+        stream, _ = await self._start(req, durable, route)
         # NOTE: a cancelled generator (caller gone) leaves the engine request running
         async for ev in follow(stream):
             if "stall_forwarding" in self.faults and ev.type is not EventType.START:
@@ -106,7 +109,7 @@ class EngineReplica:
     def _log(self, spec: DurableSpec) -> ReplicaLog:
         key = (spec.url, spec.prefix)
         if key not in self._logs or self._logs[key].closed:
-            self._logs[key] = ReplicaLog(spec, self.server_id)
+            self._logs[key] = ReplicaLog(spec, self.server_id, steps=self.engine)
             if "fail_appends" in self.faults:
                 _fail_deltas(self._logs[key])
         return self._logs[key]
@@ -136,6 +139,11 @@ class EngineReplica:
     async def embed(self, token_ids: list[int]) -> list[float]:
         return await self.engine.embed(token_ids)
 
+    def feed_stats(self) -> dict[str, int]:
+        """Engine steps taken and feed messages sent (by the live outboxes), for benchmarks."""
+        return {"steps": self.engine.steps,
+                "messages": sum(b.messages for b in self._outboxes.values())}
+
     def whoami(self) -> dict[str, Any]:
         return {"pid": self.pid, "server_id": self.server_id,
                 "orphans_cancelled": sum(p.cancelled_orphans for p in self._logs.values())}
@@ -162,14 +170,14 @@ SERVED_ATTRS = ("model_name", "model_aliases", "context_length", "eos_token_ids"
 
 
 def _fail_deltas(plog: ReplicaLog) -> None:
-    """Fault injection: every append run holding a delta raises (as a lost Redis would)."""
+    """Fault injection: every append holding a delta raises (as a lost Redis would)."""
     import redis
 
-    inner = plog.log.append_batch
+    inner = plog.log.append_runs
 
-    def failing(items: list[Any]) -> list[Any]:
-        if any(ev.seq >= 1 for ev, _ in items):
+    def failing(batch: list[Any]) -> list[Any]:
+        if any(ev.seq >= 1 for evs, _ in batch for ev in evs):
             raise redis.ConnectionError("injected: append refused")
-        return inner(items)
+        return inner(batch)
 
-    plog.log.append_batch = failing  # type: ignore[method-assign]
+    plog.log.append_runs = failing  # type: ignore[method-assign]

@@ -184,6 +184,29 @@ def test_orphans_of_an_expired_lease_end_once_and_fence_the_owner_l2_l5_l6(
     assert owner.terminal(rid) == term
 
 
+def test_an_orphan_reaped_before_its_start_was_durable_gets_start_then_terminal_p1_p2(
+        redis_server: RedisServer) -> None:
+    """P1, P2 (issue 24, found at 1,000 streams): an owner that died after opening a request
+    but before its start event was durable left an empty log; the reaper writes the start
+    event first, then the one model_error terminal, so the log is a stream a reader (and a
+    resume from any seq) can hold: seqs 0, 1, nothing billed."""
+    owner = _log(redis_server, lease_ttl_s=0.4)
+    peer = RedisStreamLog(redis_server.url, prefix=owner.prefix)
+    peer.fence = str(peer.r.incr(f"{peer.prefix}fence"))
+    peer.heartbeat()
+    rid = uuid.uuid4().hex
+    owner.open(rid, prompt_tokens=4)
+    owner.stop(release=False)  # NOTE: as if SIGKILLed: no heartbeat, the lease lapses
+    time.sleep(0.6)
+    assert peer.reap_orphans() == 1 and peer.reap_orphans() == 0
+    got = peer.read(rid)
+    assert [(e.seq, e.type) for e in got] == [(0, EventType.START), (1, EventType.TERMINAL)]
+    term = got[-1].terminal
+    assert term is not None and term.finish_reason is FinishReason.MODEL_ERROR
+    assert (term.usage.prompt_tokens, term.usage.selected_tokens) == (4, 0)
+    assert [e.seq for e in peer.read(rid, after_seq=0)] == [1] and peer.terminal(rid) == term
+
+
 @given(runs=st.lists(st.tuples(st.integers(0, 7), st.integers(1, 4)), min_size=1, max_size=20))
 def test_batched_overlapping_appends_write_each_seq_once_p2_p3(
         redis_server: RedisServer, runs: list[tuple[int, int]]) -> None:

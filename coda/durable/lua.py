@@ -104,16 +104,18 @@ return table.concat(out, ',')
 """
 
 # KEYS: log, meta, open, the owner's lease, record ('' if none)
-# ARGV: terminal seq, the terminal in v2, (unused), retention_ms, new fence, request_id
+# ARGV: the terminal's seq, the run ending in it in v2 (the terminal; with the start event
+# first when the log had none), the run's first seq, retention_ms, new fence, request_id
 REAP = _END_REQUEST + """
 local meta = KEYS[2]
 if redis.call('HEXISTS', meta, 'term') == 1 then return 0 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
 local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
-if last ~= tonumber(ARGV[1]) - 1 then return -2 end
+local a, b = tonumber(ARGV[3]), tonumber(ARGV[1])
+if last ~= a - 1 then return -2 end
 redis.call('HSET', meta, 'fence', ARGV[5])
-redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[1]) + 1), 'a', ARGV[1], 'v2', ARGV[2])
-end_request(KEYS[1], meta, KEYS[3], KEYS[5], ARGV[1], ARGV[6], ARGV[4])
+redis.call('XADD', KEYS[1], '0-' .. (b + 1), 'a', a, 'v2', ARGV[2])
+end_request(KEYS[1], meta, KEYS[3], KEYS[5], b, ARGV[6], ARGV[4])
 return 1
 """
 

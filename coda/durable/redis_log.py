@@ -311,12 +311,17 @@ class RedisStreamLog:
         terminal = failed_terminal(
             evs, int(meta.get(b"prompt", 0)),
             f"the server that owned this request ({owner}) stopped; its lease expired")
-        ev = StreamEvent(request_id, len(evs), EventType.TERMINAL, terminal=terminal)
+        run = [] if evs else [StreamEvent(request_id, 0, EventType.START, model="")]
+        # NOTE: a stream starts with its start event (P1): when the owner died before even
+        # that was durable, the reaper writes it first, in the same run as the terminal
+        run.append(StreamEvent(request_id, len(evs) + len(run), EventType.TERMINAL,
+                               terminal=terminal))
         rec = meta.get(b"rec", b"").decode()
         keys = [self._k("log", request_id), self._k("meta", request_id), self._open,
                 self._lease(owner), self._k("rec", rec) if rec else ""]
-        res = self._reap(keys=keys, args=[ev.seq, pack_event(ev), 0, self.retention_ms,
-                                          self.fence, request_id])
+        res = self._reap(keys=keys, args=[run[-1].seq, b"".join(pack_event(e) for e in run),
+                                          run[0].seq, self.retention_ms, self.fence,
+                                          request_id])
         return bool(res == 1)
 
 

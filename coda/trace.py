@@ -41,6 +41,9 @@ RESOURCE_ACQUIRED = "resource.acquired"
 RESOURCE_RELEASED = "resource.released"
 TERMINAL = "terminal"
 ERROR = "error"
+# issue 21: one speculative verification (drafted = accepted + rejected; t = the first output
+# position it verified); transparent to the step order (coda.engine.speculative)
+SPECULATIVE = "speculative.verify"
 
 # The kinds the checker knows; rows of other kinds (a router's ``route.decided``) are not the
 # request's own and are left alone.
@@ -48,7 +51,7 @@ KNOWN_KINDS = frozenset({
     LIFECYCLE, PREFILL_STARTED, PREFILL_COMPLETED, TOKEN_SELECTED, DECODE_STARTED,
     DECODE_COMPLETED, STOP_STATE, STOP_HIT, GRAMMAR_FORCED, STREAM_DELTA, UTF8_TAIL_DROPPED,
     REASONING_SPLIT, CANCEL_REQUESTED, CANCEL_OBSERVED, CANCEL_EFFECTIVE, RESOURCE_ACQUIRED, RESOURCE_RELEASED,
-    TERMINAL, ERROR})
+    TERMINAL, ERROR, SPECULATIVE})
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from coda.engine.protocol import InMemoryStreamLog, ModelInfo
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.sequence import Sequence
+from coda.engine.speculative import SpeculativeConfig, refusal, state_for
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
@@ -78,6 +79,11 @@ class AsyncEngine:
         self.eos_token_ids: frozenset[int] = bundle.eos_token_ids
         self.limits = ModelLimits(self.context_length, mc.vocab_size, self.eos_token_ids,
                                   config.max_stop_strings, config.max_stop_string_bytes)
+        why = refusal(config.speculative, loaded.mode.batch_invariant
+                      and runner.invariant_attention, loaded.mode.name)
+        if why is not None:  # NOTE: issue 21: said at start, nothing served inexactly
+            raise ValueError(why)
+        self.speculative = SpeculativeConfig() if config.speculative != "off" else None
         self.kv_reason = kv_reason
         self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
         if trace is None:
@@ -181,6 +187,7 @@ class AsyncEngine:
                 "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
                 # NOTE: the native row kernel, or torch with the reason it was refused
                 "attention": self.runner.attention_note,
+                "speculative": self.config.speculative,  # issue 21 (coda.engine.speculative)
                 **({"context_lowered_from": self.context_lowered_from}
                    if self.context_lowered_from else {})}
 
@@ -236,7 +243,10 @@ class AsyncEngine:
             grammar_budget_end=closer.budget_end if closer is not None else None)
         seq = Sequence(next(self._ids), list(plan.prompt_token_ids), plan.max_total_tokens)
         deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
-        ereq = EngineRequest(plan, run, seq, deadline, grammar, controller, closer)
+        spec = state_for(self.speculative, plan) if closer is None else None
+        if spec is not None:
+            run.speculative = spec.counts  # NOTE: the terminal reports them (coda.speculative)
+        ereq = EngineRequest(plan, run, seq, deadline, grammar, controller, closer, spec=spec)
         handle = RequestHandle(run, self._wake)
         self._track(handle)
         run.stream.start(self.model_name, self.model_snapshot)

@@ -122,6 +122,8 @@ class AsyncEngine:
         config = config or EngineConfig()
         if config.max_model_len is not None and config.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        if (why := refusal(config.speculative, True, config.quant)) is not None:
+            raise ValueError(why)  # NOTE: an unknown --speculative fails before the load
         started = time.perf_counter()
         # NOTE: parsed (a typo fails at once) and measured before the weights take memory
         memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None
@@ -163,6 +165,7 @@ class AsyncEngine:
             f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
             f"{mode.numerics}",
             f"attention: {self.runner.attention_note}",
+            f"speculative decoding: {self.config.speculative}",
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
             f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "

@@ -234,6 +234,24 @@ def test_s2_l4_stop_string_and_max_tokens_inside_an_accepted_run(engines: Any) -
     assert _settled(spec)
 
 
+def test_o1_trace_checker_rejects_a_speculative_row_that_does_not_add_up(engines: Any) -> None:
+    """O1: the checker accepts the engine's verification rows and rejects one whose counts do
+    not add up, or one moved before the token it verified was chosen."""
+    plain, spec, sink = engines
+    req = replace(_requests(1, plain.limits.vocab_size, seed=2)[0], request_id="o1-probe")
+    _run(spec, [req])
+    rows = [e for e in sink.events if e.request_id == "o1-probe"]
+    assert check_trace(rows) == []
+    i = next(k for k, e in enumerate(rows) if e.kind == tr.SPECULATIVE)
+    bad = dict(rows[i].data, rejected=rows[i].data["rejected"] + 1)
+    broken = rows[:i] + [replace(rows[i], data=bad)] + rows[i + 1:]
+    assert any("O1" in p for p in check_trace(broken))
+    early = [e for e in rows if e.kind == tr.TOKEN_SELECTED][0]
+    at = rows.index(early)
+    moved = rows[:at] + [rows[i]] + [e for k, e in enumerate(rows[at:], at) if k != i]
+    assert any("O1" in p for p in check_trace(moved))
+
+
 def test_per_request_opt_out_decodes_plainly(engines: Any) -> None:
     """`speculative: false` on a request: no drafting (no counts, no verify rows), same output."""
     plain, spec, sink = engines

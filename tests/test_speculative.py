@@ -46,12 +46,20 @@ class Result:
     speculative: dict[str, int] | None
 
 
+# NOTE: drafting as eagerly as possible (a step's fixed cost "infinite", so every draft is
+# worth its row): k_max drafts whenever an n-gram matches, in crowds too, so that exactness is
+# tested on as many verified rows as possible; the cost-aware default drafts fewer
+EAGER = SpeculativeConfig(step_rows=1e9)
+
+
 def _engine(model: Path | str, speculative: str, sink: ListTraceSink | None = None,
-            **cfg: Any) -> AsyncEngine:
+            eager: bool = True, **cfg: Any) -> AsyncEngine:
     cfg.setdefault("num_blocks", 256)
     engine = AsyncEngine.from_model_dir(model, EngineConfig(speculative=speculative,
                                                             max_stop_strings=4, **cfg),
                                         trace=sink)
+    if eager and engine.speculative is not None:
+        engine.speculative = EAGER
     engine.start()
     return engine
 
@@ -323,28 +331,35 @@ def _decoding_seq(tokens: list[int], outputs: list[int]) -> Seq:
 
 
 def test_prompt_lookup_drafts_what_followed_the_latest_match() -> None:
-    state = SpecState(SpeculativeConfig(min_ngram=2, max_ngram=3, k_start=3))
+    state = SpecState(SpeculativeConfig(min_ngram=2, max_ngram=3, k_max=3, prior_accept=0.99))
     # ... 1 2 3 | 9 9 ... 1 2 3 | 7 8 6 ... then "2 3" again: the latest "2 3" was followed by 7
     seq = _decoding_seq([1, 2, 3, 9, 9, 5, 1, 2, 3, 7, 8, 6, 4], [2, 3])
     assert state.propose(seq, max_tokens=100) == (7, 8, 6)
     # NOTE: the budget bounds the drafts: 2 outputs so far, budget 4: one draft at most
-    assert SpecState(SpeculativeConfig()).propose(seq, max_tokens=4) == (7,)
-    assert SpecState(SpeculativeConfig()).propose(seq, max_tokens=3) == ()
-    assert SpecState(SpeculativeConfig()).propose(_decoding_seq([5, 6, 7], [8]), 100) == ()
+    assert state.propose(seq, max_tokens=4) == (7,)
+    assert state.propose(seq, max_tokens=3) == ()
+    assert state.propose(_decoding_seq([5, 6, 7], [8]), 100) == ()
 
 
-def test_adaptive_k_and_low_acceptance_turns_drafting_off() -> None:
-    cfg = SpeculativeConfig(k_start=4, k_max=8, window=4, min_acceptance=0.5)
+def test_k_is_the_drafts_worth_their_rows_and_low_acceptance_stops_drafting() -> None:
+    """k = the largest j with a**j > N / (F + N): the prior alone drafts a few at batch 1,
+    none in a crowd of 8; full acceptance raises k to k_max; rejections drop it to 0, after
+    which the request decodes plainly (no draft proposed)."""
+    cfg = SpeculativeConfig(k_max=8, step_rows=1.2, prior_accept=0.8, prior_weight=4, window=4)
     state = SpecState(cfg)
-    state.record(4, 4)
-    assert state.k == 6 and state.on
-    state.record(6, 1)
-    assert state.k == 2
-    state.record(2, 0)
-    state.record(2, 0)  # window full: 5 accepted of 14 drafted < 0.5
-    assert not state.on
-    assert state.counts == {"drafted": 14, "accepted": 5, "rejected": 9, "verify_steps": 4}
+    assert state.acceptance == pytest.approx(0.8)
+    assert state.k_for(1) == 3  # 0.8**3 = 0.51 > 1/2.2 = 0.45 > 0.8**4 = 0.41
+    assert state.k_for(8) == 0  # 0.8 < 8/9.2
+    for _ in range(4):
+        state.record(8, 8)
+    assert state.acceptance == pytest.approx((3.2 + 32) / 36)
+    assert state.k_for(1) == 8
+    for _ in range(4):
+        state.record(4, 0)  # the window now holds four rejections of the first draft
+    assert state.acceptance == pytest.approx(3.2 / 8)
+    assert state.k_for(1) == 0
     assert state.propose(_decoding_seq([1, 2, 1, 2], [1]), 100) == ()
+    assert state.counts == {"drafted": 48, "accepted": 32, "rejected": 16, "verify_steps": 8}
 
 
 def test_verify_rows_sample_each_position_after_the_accepted_prefix() -> None:

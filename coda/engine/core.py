@@ -171,8 +171,9 @@ class EngineCore:
 
     def _drafts(self) -> dict[int, tuple[int, ...]]:
         """Issue 21: each speculating decoder's drafted tokens (coda.engine.speculative)."""
+        rows = self.scheduler.num_running
         return {sid: d for sid, r in self.requests.items() if r.spec is not None
-                and (d := r.spec.propose(r.seq, r.plan.max_tokens))}
+                and (d := r.spec.propose(r.seq, r.plan.max_tokens, rows))}
 
     def _safe_point(self) -> None:
         """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""

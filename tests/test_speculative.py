@@ -260,6 +260,36 @@ def test_o1_trace_checker_rejects_a_speculative_row_that_does_not_add_up(engines
     assert any("O1" in p for p in check_trace(moved))
 
 
+def test_g3_c1_deadline_and_cancel_end_on_a_prefix_of_plain_decoding(engines: Any) -> None:
+    """G3, C1: deadline and cancel are wall-clock, so where they land is not reproducible; with
+    speculation they are checked before every emitted token: the output is a prefix of the
+    plain run's, the reason is deadline_exceeded / cancelled, and every block comes back."""
+    plain, spec, sink = engines
+    reqs = _requests(4, plain.limits.vocab_size, seed=21, max_tokens=200)
+    want = _run(plain, reqs)
+    timed = [replace(r, deadline_s=0.05 + 0.05 * i, request_id=f"dl-{i}")
+             for i, r in enumerate(reqs)]
+    lengths = []
+    for w, g in zip(want, _run(spec, timed), strict=True):
+        assert g.finish_reason == "deadline_exceeded"
+        assert w.signature[0][:len(g.signature[0])] == g.signature[0]
+        lengths.append(len(g.signature[0]))
+    assert any(0 < n < 200 for n in lengths), lengths  # NOTE: ended mid-output
+    handles = spec.submit_all([replace(r, request_id=f"cx-{i}") for i, r in enumerate(reqs)])
+    time.sleep(0.1)
+    for h in handles:
+        spec.cancel(h.request_id)
+    for w, h in zip(want, handles, strict=True):
+        assert h.wait(60)
+        evs = h.stream.events_after(-1)
+        term = evs[-1].terminal
+        assert term is not None and term.finish_reason.value in ("cancelled", "max_output_tokens")
+        got = signature(evs)[0]
+        assert w.signature[0][:len(got)] == got
+    assert _settled(spec)
+    assert check_trace([e for e in sink.events if e.request_id.startswith(("dl-", "cx-"))]) == []
+
+
 def test_per_request_opt_out_decodes_plainly(engines: Any) -> None:
     """`speculative: false` on a request: no drafting (no counts, no verify rows), same output."""
     plain, spec, sink = engines

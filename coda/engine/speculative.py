@@ -63,7 +63,7 @@ class SpeculativeConfig:
     max_ngram: int = 4
     k_max: int = 8
     step_rows: float = 1.2     # F: a step's fixed cost, in rows' worth (module docstring)
-    prior_accept: float = 0.8  # a request's per-token acceptance before any verification
+    prior_accept: float = 0.65  # a request's per-token acceptance before any verification
     prior_weight: int = 4      # ... worth this many verified tokens
     window: int = 8            # verifications the acceptance is estimated over
 

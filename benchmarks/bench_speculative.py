@@ -22,6 +22,7 @@ Run: ``python benchmarks/bench_speculative.py [--max-tokens 128] [--repeats 1] [
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -170,7 +171,8 @@ def main() -> None:
         speculative="prompt-lookup", **cfg))
     print(f"model {args.model}, mode {plain.loaded.mode.name} "
           f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
-          f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}")
+          f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "
+          f"{os.getloadavg()[0]:.1f}")
     costs = row_costs(plain)
     base, last = costs[0][1], costs[-1]
     per_row = (last[1] - base) / last[0]
@@ -203,7 +205,7 @@ def main() -> None:
                                  b.accepted / b.verify_steps if b.verify_steps else 0.0,
                                  f"{same}/{len(reqs)}"))
                     print(rows[-1], flush=True)
-    print()
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
     print("| workload | sampling | batch | requests | plain tok/s | speculative tok/s | speedup "
           "| acceptance | accepted / verify | byte-identical |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -101,7 +101,8 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
           kv_cache_fraction: KvFracOpt = None,
-          threads: ThreadsOpt = None) -> None:
+          threads: ThreadsOpt = None,
+          speculative: Annotated[str, typer.Option(help="speculative decoding: off, or prompt-lookup (drafts from each request's own prompt and output, verified in the same step; the output is exactly plain decoding's; needs a batch-invariant --quant; docs/speculative.md)")] = "off") -> None:
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
     from coda.engine.types import EngineConfig
     from coda.optional import MissingDependency, require
@@ -128,7 +129,8 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
                        served_model_name=served_model_name,
                        trace_path=str(trace) if trace else None, max_model_len=max_model_len,
                        kv_cache_bytes=kv_cache_bytes, kv_cache_memory_fraction=kv_cache_fraction,
-                       num_threads=threads, recent_traces=recent_traces)
+                       num_threads=threads, recent_traces=recent_traces,
+                       speculative=speculative)
     # NOTE: serve's --memory-budget is the several-models router's (one model included): it
     # gives each model its share (weights + KV); without it one model takes the default budget
     # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed

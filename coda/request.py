@@ -64,6 +64,8 @@ class RequestRun:
         self.cached_prompt_tokens = 0
         self.processed_prompt_tokens = 0
         self.processed_output_tokens = 0
+        # issue 21: the speculative counts the driver keeps (None: the request did not draft)
+        self.speculative: Mapping[str, int] | None = None
         self._early_reason: FinishReason | None = None  # D6: an early stop's own reason
         self.acquire(ResourceKind.STREAM_BUFFER, stream.release_live)
         self.acquire(ResourceKind.TRACE_HANDLE, self.trace.close)
@@ -213,7 +215,8 @@ class RequestRun:
             early_stop=self.early_stop_summary,
             dropped_tail=proc.dropped_tail if proc is not None else b"",
             model_snapshot=self.stream.model_snapshot,
-            reasoning=proc.reasoning_split() if proc is not None else None)
+            reasoning=proc.reasoning_split() if proc is not None else None,
+            speculative=dict(self.speculative) if self.speculative is not None else None)
 
         def emit() -> None:
             ev = self.stream.close(terminal)

@@ -94,6 +94,9 @@ class Terminal:
     # Issue 23, K2: the reasoning split (removed markers, reasoning byte count, forced close);
     # None when the output had no reasoning block (coda.reasoning)
     reasoning: ReasoningSplit | None = None
+    # issue 21, O1: drafted / accepted / rejected tokens and verification steps of a request
+    # that speculated (None: it did not); usage counts accepted tokens only
+    speculative: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)

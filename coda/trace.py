@@ -41,6 +41,9 @@ RESOURCE_ACQUIRED = "resource.acquired"
 RESOURCE_RELEASED = "resource.released"
 TERMINAL = "terminal"
 ERROR = "error"
+# issue 21: one speculative verification (drafted = accepted + rejected; t = the first output
+# position it verified); transparent to the step order (coda.engine.speculative)
+SPECULATIVE = "speculative.verify"
 
 # issue 12/24, O2: a replica router's decision (coda.scaleout), checked by coda.trace_route
 ROUTE_DECIDED = "route.decided"
@@ -51,7 +54,7 @@ KNOWN_KINDS = frozenset({
     LIFECYCLE, PREFILL_STARTED, PREFILL_COMPLETED, TOKEN_SELECTED, DECODE_STARTED,
     DECODE_COMPLETED, STOP_STATE, STOP_HIT, GRAMMAR_FORCED, STREAM_DELTA, UTF8_TAIL_DROPPED,
     REASONING_SPLIT, CANCEL_REQUESTED, CANCEL_OBSERVED, CANCEL_EFFECTIVE, RESOURCE_ACQUIRED, RESOURCE_RELEASED,
-    TERMINAL, ERROR})
+    TERMINAL, ERROR, SPECULATIVE})
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,16 @@ class _Walk:
             r.bad("T1", f"cache length {ev.data.get('cache_len')} after decoding token "
                         f"{r.decoded} of a {prompt}-token prompt")
 
+    def _speculative_verify(self, ev: tr.TraceEvent) -> None:
+        """Issue 21 (O1): a verification happens while DECODING, at the next token's choose,
+        and its counts add up."""
+        r, d = self.r, ev.data
+        if r.state != "DECODING" or d.get("t") != r.selected + 1:
+            r.bad("O1", f"speculative.verify t={d.get('t')} while {r.state} with "
+                        f"{r.selected} selected")
+        if d.get("drafted") != (d.get("accepted") or 0) + (d.get("rejected") or 0):
+            r.bad("O1", "speculative.verify: drafted != accepted + rejected")
+
     def _error(self, ev: tr.TraceEvent) -> None:
         r = self.r
         if r.state not in ("PREFILLING", "DECODING", "CANCEL_REQUESTED") and \

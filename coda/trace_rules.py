@@ -100,8 +100,11 @@ class Request:
     def is_driver(self, i: int) -> bool:
         """False for a cancel.requested from another thread (a client, a disconnect, a slow
         reader), written at any live moment; an early stop's and a shutdown's are the
-        driver's own (D6, ``abort_all``), observed at once."""
+        driver's own (D6, ``abort_all``), observed at once. A ``speculative.verify`` row is
+        the step's own summary and is skipped by the neighbour checks too."""
         ev = self.rows[i]
+        if ev.kind == tr.SPECULATIVE:
+            return False  # NOTE: issue 21: a verification's summary sits inside its step
         return not (ev.kind == tr.CANCEL_REQUESTED and ev.data.get("cause") not in _DRIVER_CAUSES)
 
     def prev_row(self) -> tr.TraceEvent | None:

@@ -61,9 +61,9 @@ def test_fixture_is_a_sound_fault_mix() -> None:
                                     "deadline_exceeded", "transport_error", "context_limit",
                                     "model_error"}
     kinds = {e.kind for e in events}
-    # NOTE: reasoning.split (issue 23) postdates the fixture; tests/test_reasoning_split.py
-    # checks every trace it writes
-    assert kinds == tr.KNOWN_KINDS - {tr.REASONING_SPLIT}
+    # NOTE: reasoning.split (issue 23) and speculative.verify (issue 21) postdate the fixture;
+    # tests/test_reasoning_split.py and tests/test_speculative.py check every trace they write
+    assert kinds == tr.KNOWN_KINDS - {tr.REASONING_SPLIT, tr.SPECULATIVE}
 
 
 def test_issue20_d4_p2_l6_a_dropped_stream_delta_is_rejected() -> None:

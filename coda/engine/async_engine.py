@@ -31,6 +31,7 @@ from coda.engine.protocol import InMemoryStreamLog, ModelInfo
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.sequence import Sequence
+from coda.engine.speculative import SpeculativeConfig, refusal, state_for
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
@@ -81,6 +82,11 @@ class AsyncEngine:
         self.eos_token_ids: frozenset[int] = bundle.eos_token_ids
         self.limits = ModelLimits(self.context_length, mc.vocab_size, self.eos_token_ids,
                                   config.max_stop_strings, config.max_stop_string_bytes)
+        why = refusal(config.speculative, loaded.mode.batch_invariant
+                      and runner.invariant_attention, loaded.mode.name)
+        if why is not None:  # NOTE: issue 21: said at start, nothing served inexactly
+            raise ValueError(why)
+        self.speculative = SpeculativeConfig() if config.speculative != "off" else None
         self.kv_reason = kv_reason
         self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
         if trace is None:
@@ -126,6 +132,8 @@ class AsyncEngine:
         config = config or EngineConfig()
         if config.max_model_len is not None and config.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        if (why := refusal(config.speculative, True, config.quant)) is not None:
+            raise ValueError(why)  # NOTE: an unknown --speculative fails before the load
         started = time.perf_counter()
         # NOTE: parsed (a typo fails at once) and measured before the weights take memory
         memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None
@@ -167,6 +175,7 @@ class AsyncEngine:
             f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
             f"{mode.numerics}",
             f"attention: {self.runner.attention_note}",
+            f"speculative decoding: {self.config.speculative}",
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
             f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "
@@ -191,6 +200,7 @@ class AsyncEngine:
                 "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
                 # NOTE: the native row kernel, or torch with the reason it was refused
                 "attention": self.runner.attention_note,
+                "speculative": self.config.speculative,  # issue 21 (coda.engine.speculative)
                 **({"context_lowered_from": self.context_lowered_from}
                    if self.context_lowered_from else {})}
 
@@ -246,7 +256,10 @@ class AsyncEngine:
             grammar_budget_end=closer.budget_end if closer is not None else None)
         seq = Sequence(next(self._ids), list(plan.prompt_token_ids), plan.max_total_tokens)
         deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
-        ereq = EngineRequest(plan, run, seq, deadline, grammar, controller, closer)
+        spec = state_for(self.speculative, plan) if closer is None else None
+        if spec is not None:
+            run.speculative = spec.counts  # NOTE: the terminal reports them (coda.speculative)
+        ereq = EngineRequest(plan, run, seq, deadline, grammar, controller, closer, spec=spec)
         handle = RequestHandle(run, self._wake)
         self._track(handle)
         run.stream.start(self.model_name, self.model_snapshot)

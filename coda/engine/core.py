@@ -27,6 +27,7 @@ from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from coda.engine.sequence import Sequence
+from coda.engine.speculative import SpecState, accepted_prefix, verify_rows
 from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
@@ -58,6 +59,7 @@ class EngineRequest:
     computed_high: int = 0                   # highest num_computed_tokens reached (L6)
     retries: int = 0                         # forward retries used (seed 004 D5)
     scheduled_once: bool = False
+    spec: SpecState | None = None            # issue 21: prompt-lookup drafting (None: off)
     rng: RngCursor = field(init=False)
     processor: OutputProcessor = field(init=False)
 
@@ -135,7 +137,7 @@ class EngineCore:
         """One engine step; returns the number of tokens computed (0 = nothing runnable)."""
         self._safe_point()
         paused = frozenset(sid for sid, r in self.requests.items() if r.run.stream.should_pause)
-        out = self.scheduler.schedule(paused=paused)
+        out = self.scheduler.schedule(paused=paused, drafts=self._drafts())
         self.num_preemptions_total += len(out.preempted)
         if out.is_empty:
             return 0
@@ -156,16 +158,22 @@ class EngineCore:
         self.scheduler.on_step_done(out, skip=frozenset(failed))
         for chunk in out.chunks:
             self._account(chunk)
-        rows: list[tuple[EngineRequest, int]] = []
-        for i, chunk in enumerate(c for c in out.chunks if c.need_logits):
+        rows: list[tuple[EngineRequest, int, ScheduledChunk]] = []
+        for i, chunk in _logit_rows(out):
             live = self.requests.get(chunk.seq.seq_id)
             if live is None or live.run.lifecycle.is_terminal:
                 continue
             if chunk.seq.seq_id in failed:
                 continue  # retried next step (or already ended by the triage)
-            rows.append((live, i))
+            rows.append((live, i, chunk))
         self._choose(rows, logits)
         return out.num_batched_tokens
+
+    def _drafts(self) -> dict[int, tuple[int, ...]]:
+        """Issue 21: each speculating decoder's drafted tokens (coda.engine.speculative)."""
+        rows = self.scheduler.num_running
+        return {sid: d for sid, r in self.requests.items() if r.spec is not None
+                and (d := r.spec.propose(r.seq, r.plan.max_tokens, rows))}
 
     def _safe_point(self) -> None:
         """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""
@@ -193,8 +201,9 @@ class EngineCore:
                 failed[sc.seq.seq_id] = exc
                 res = None
             if chunk.need_logits:
-                rows.append(res[0] if res is not None else torch.zeros(self.runner.config.vocab_size))
-        return (torch.stack(rows) if rows else torch.empty(0)), failed
+                rows.append(res if res is not None else
+                            torch.zeros(chunk.num_logits, self.runner.config.vocab_size))
+        return (torch.cat(rows) if rows else torch.empty(0)), failed
 
     def _triage_failures(self, failed: dict[int, BaseException]) -> None:
         """Retry a failed forward only before the first frame (seed 004, D5): the step is
@@ -221,13 +230,14 @@ class EngineCore:
                 self._end_failed(req, exc)
 
     def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
-        return SeqChunk(c.token_ids, c.start_pos, tuple(c.seq.block_table), c.need_logits)
+        return SeqChunk(c.token_ids, c.start_pos, tuple(c.seq.block_table), c.need_logits,
+                        1 + c.num_draft)
 
     def _account(self, chunk: ScheduledChunk) -> None:
         req = self.requests.get(chunk.seq.seq_id)
         if req is None:
             return
-        end = chunk.start_pos + chunk.num_tokens
+        end = chunk.start_pos + chunk.num_tokens - chunk.num_draft  # NOTE: drafts: on commit
         if end <= req.computed_high:
             return  # recomputation after preemption is not counted twice (L6)
         p = chunk.seq.num_prompt_tokens
@@ -240,9 +250,10 @@ class EngineCore:
             self._record(req, tr.DECODE_COMPLETED, t=chunk.seq.num_output_tokens,
                          cache_len=chunk.seq.num_computed_tokens)
 
-    def _choose(self, rows: list[tuple[EngineRequest, int]], logits: torch.Tensor) -> None:
-        live: list[tuple[EngineRequest, int]] = []
-        for req, i in rows:
+    def _choose(self, rows: list[tuple[EngineRequest, int, ScheduledChunk]],
+                logits: torch.Tensor) -> None:
+        live: list[tuple[EngineRequest, int, tuple[int, ...]]] = []
+        for req, i, chunk in rows:
             run = req.run
             if run.lifecycle.state is State.PREFILLING:
                 run.lifecycle.transition(State.DECODING)
@@ -254,28 +265,35 @@ class EngineCore:
             elif req.deadline is not None and self.clock() >= req.deadline:
                 self._finish(req, FinishReason.DEADLINE_EXCEEDED)
             else:
-                live.append((req, i))
+                live.append((req, i, chunk.token_ids[chunk.num_tokens - chunk.num_draft:]))
         if not live:
             return
         sampling_rows: list[SamplingRow] = []
-        ok: list[tuple[EngineRequest, int]] = []
-        for req, i in live:
-            try:
-                sampling_rows.append(self._row(req))
-                ok.append((req, i))
+        ok: list[tuple[EngineRequest, int, tuple[int, ...]]] = []
+        index: list[int] = []
+        for req, i, drafts in live:
+            try:  # NOTE: a verification samples 1 + k rows (coda.engine.speculative)
+                sampling_rows.extend(verify_rows(self._row(req), drafts))
+                ok.append((req, i, drafts))
+                index.extend(range(i, i + 1 + len(drafts)))
             except Exception as exc:  # one broken grammar fails only its own request
                 self._end_failed(req, exc)
         live = ok
         if not live:
             return
-        index = torch.tensor([i for _, i in live], dtype=torch.long)
         try:
-            decisions = self.sampler.sample(logits.index_select(0, index), sampling_rows)
+            decisions = self.sampler.sample(
+                logits.index_select(0, torch.tensor(index, dtype=torch.long)), sampling_rows)
         except Exception as exc:
-            for req, _ in live:
+            for req, _, _ in live:
                 self._end_failed(req, exc)
             return
-        for (req, i), dec in zip(live, decisions, strict=True):
+        at = 0
+        for req, i, drafts in live:
+            dec, at = decisions[at], at + 1 + len(drafts)
+            if drafts:
+                self._emit_verified(req, decisions[at - 1 - len(drafts):at], drafts)
+                continue
             if req.closer is not None:
                 try:
                     dec = self._keep_closable(req, dec, logits[i:i + 1])
@@ -283,6 +301,42 @@ class EngineCore:
                     self._end_failed(req, exc)
                     continue
             self._on_decision(req, dec)
+
+    def _emit_verified(self, req: EngineRequest, decs: list[TokenDecision],
+                       drafts: tuple[int, ...]) -> None:
+        """Issue 21: emit the accepted drafts and the pick after them one by one through the
+        exact loop, then roll the rejected tail back (coda.engine.speculative)."""
+        assert req.spec is not None
+        accepted = accepted_prefix(drafts, decs)
+        req.spec.record(len(drafts), accepted)
+        self._record(req, tr.SPECULATIVE, drafted=len(drafts), accepted=accepted,
+                     rejected=len(drafts) - accepted, t=req.seq.num_output_tokens + 1)
+        for j, dec in enumerate(decs[:accepted + 1]):
+            if j and not self._commit_draft(req):
+                break
+            self._on_decision(req, dec)
+            if req.run.lifecycle.state is not State.DECODING:
+                return  # NOTE: ended: its blocks went back with the KV resource
+        self.scheduler.rollback(req.seq)
+
+    def _commit_draft(self, req: EngineRequest) -> bool:
+        """Before the next accepted token: the last one's K/V (this step's forward) becomes
+        computed, with plain decoding's rows and count (L6, O1); then G1's checks as plain
+        decoding's next step makes them. False: stop here (what was not emitted is dropped)."""
+        run, seq = req.run, req.seq
+        if run.stream.should_pause:
+            return False  # NOTE: P6: a paused reader stops here; the rest decodes later
+        self.scheduler.commit_draft(seq)
+        self._record(req, tr.DECODE_STARTED, t=seq.num_output_tokens)
+        run.processed_output_tokens += max(0, seq.num_computed_tokens - req.computed_high)
+        req.computed_high = max(req.computed_high, seq.num_computed_tokens)
+        self._record(req, tr.DECODE_COMPLETED, t=seq.num_output_tokens,
+                     cache_len=seq.num_computed_tokens)
+        if run.cancel_pending:
+            run.cancel()
+        elif req.deadline is not None and self.clock() >= req.deadline:
+            self._finish(req, FinishReason.DEADLINE_EXCEEDED)
+        return run.lifecycle.state is State.DECODING
 
     def _keep_closable(self, req: EngineRequest, dec: TokenDecision,
                        logits: torch.Tensor) -> TokenDecision:
@@ -371,3 +425,14 @@ class EngineCore:
     def _record(self, req: EngineRequest, kind: str, **data: object) -> None:
         if self._tracing:  # NOTE: through the request's trace handle (L7), never after its seal
             req.run.trace.record(TraceEvent(req.run.request_id, kind, data))
+
+
+def _logit_rows(out: SchedulerOutput) -> list[tuple[int, ScheduledChunk]]:
+    """Each chunk that needs logits with the index of its first logits row (a verification
+    has ``1 + num_draft`` rows, coda.engine.speculative)."""
+    rows, at = [], 0
+    for chunk in out.chunks:
+        if chunk.need_logits:
+            rows.append((at, chunk))
+            at += 1 + chunk.num_draft
+    return rows

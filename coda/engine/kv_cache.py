@@ -218,6 +218,20 @@ class BlockManager:
                     heapq.heappush(self._free, block_id)
         seq.block_table = []
 
+    def truncate(self, seq: Sequence) -> None:
+        """Return the blocks past ``seq.num_computed_tokens`` (issue 21: a verification's
+        rejected drafts). They are private and never registered (only full computed blocks
+        are), so each goes back to the free heap."""
+        if not self.is_allocated(seq):
+            raise KVCacheError(f"seq {seq.seq_id} is not allocated")
+        keep = blocks_needed(seq.num_computed_tokens, self.block_size)
+        while len(seq.block_table) > keep:
+            block = self._blocks[seq.block_table.pop()]
+            if block.ref_count != 1 or block.hash is not None:
+                raise KVCacheError(f"seq {seq.seq_id}: truncating shared block {block.block_id}")
+            block.ref_count = 0
+            heapq.heappush(self._free, block.block_id)
+
     def _take_block(self) -> int:
         if self._free:
             block_id = heapq.heappop(self._free)

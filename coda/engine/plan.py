@@ -68,6 +68,7 @@ class RequestPlan:
     deadline_s: float | None = None
     backpressure: BackpressureConfig | None = None
     reasoning: ReasoningSpec | None = None  # issue 23 (coda.reasoning)
+    speculative: bool = True  # issue 21: may this request speculate (if the server does)
 
     @property
     def max_total_tokens(self) -> int:
@@ -150,7 +151,8 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
         stops_end_at=req.stops_end_at, skip_special_tokens=req.skip_special_tokens,
         utf8_tail=req.utf8_tail, grammar=req.grammar, early_stop=req.early_stop,
-        deadline_s=req.deadline_s, backpressure=req.backpressure, reasoning=req.reasoning)
+        deadline_s=req.deadline_s, backpressure=req.backpressure, reasoning=req.reasoning,
+        speculative=req.speculative)
 
 
 def _check_reasoning(req: GenerationRequest, limits: ModelLimits) -> None:

@@ -57,13 +57,16 @@ class SeqChunk:
 
     ``token_ids`` are the tokens whose K/V are computed now (a prefill chunk or the one decode
     token); ``start_pos`` is the logical position of ``token_ids[0]`` (== tokens already in the
-    cache); ``block_table`` covers positions ``[0, start_pos + len(token_ids))``.
+    cache); ``block_table`` covers positions ``[0, start_pos + len(token_ids))``. With
+    ``need_logits``, the logits of the chunk's last ``num_logits`` tokens come back (more than
+    one: a speculative verification, coda.engine.speculative).
     """
 
     token_ids: tuple[int, ...]
     start_pos: int
     block_table: tuple[int, ...]
     need_logits: bool
+    num_logits: int = 1
 
 
 class ModelRunner:
@@ -153,7 +156,8 @@ class ModelRunner:
             raise ValueError(f"block id out of range [0, {self.num_blocks})")
 
     def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
-        """Run one step; float32 logits ``[n_chunks_with_need_logits, vocab]`` in chunk order."""
+        """Run one step; float32 logits ``[sum of num_logits over chunks with need_logits,
+        vocab]`` in chunk order."""
         vocab = self.config.vocab_size
         if not chunks:
             return torch.empty((0, vocab), dtype=torch.float32)
@@ -176,7 +180,7 @@ class ModelRunner:
         for chunk, n in zip(chunks, q_lens, strict=True):
             offset += n
             if chunk.need_logits:
-                last_rows.append(offset - 1)
+                last_rows.extend(range(offset - min(chunk.num_logits, n), offset))
         with torch.inference_mode():
             input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
             start = time.perf_counter()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from coda.engine.kv_cache import BlockManager, blocks_needed
@@ -47,12 +48,18 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """Tokens ``token_ids`` of ``seq`` at positions ``start_pos ..`` to compute this step."""
+    """Tokens ``token_ids`` of ``seq`` at positions ``start_pos ..`` to compute this step.
+
+    ``num_draft`` (issue 21, coda.engine.speculative): the last ``num_draft`` tokens are
+    drafted, not selected: their K/V is written but not counted as computed until the engine
+    commits it (:meth:`Scheduler.commit_draft`); every one of the chunk's last
+    ``1 + num_draft`` rows needs logits."""
 
     seq: Sequence
     token_ids: tuple[int, ...]
     start_pos: int
     need_logits: bool
+    num_draft: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -169,11 +176,14 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     # ----- one step ----------------------------------------------------------------------
-    def schedule(self, paused: frozenset[int] = frozenset()) -> SchedulerOutput:
+    def schedule(self, paused: frozenset[int] = frozenset(),
+                 drafts: Mapping[int, tuple[int, ...]] | None = None) -> SchedulerOutput:
         """Pick this step's chunks: running sequences first, then admit waiting ones.
 
         Running sequences whose id is in ``paused`` keep their blocks but are not stepped
-        (backpressure policy 1, P6): they resume at the same token and position.
+        (backpressure policy 1, P6): they resume at the same token and position. A decoding
+        sequence with ``drafts`` carries them after its token when the step's budget and the
+        free blocks allow (never by preempting: a draft that does not fit is dropped).
         """
         cfg, bm = self.config, self.block_manager
         budget = cfg.max_num_batched_tokens
@@ -189,6 +199,10 @@ class Scheduler:
             if k == 0:  # NOTE: engine has not appended/finished it yet; nothing to compute
                 i += 1
                 continue
+            # NOTE: drafts never take a later running sequence's decode token from the budget
+            room = budget - (len(self._running) - i - 1)
+            draft = self._fit_draft(seq, k, drafts.get(seq.seq_id, ()) if drafts else (), room)
+            k += len(draft)
             while not bm.can_append(seq, k):
                 victim = self._running[-1]  # most recently arrived (list sorted by arrival)
                 self._preempt(victim)
@@ -198,7 +212,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 break  # NOTE: seq preempted itself, and it was the last running one
             bm.append(seq, k)
-            chunks.append(self._chunk(seq, k))
+            chunks.append(self._chunk(seq, k, draft))
             budget -= k
             i += 1
         # NOTE: after a preemption, admit nothing this step (it would thrash on the freed blocks).
@@ -217,10 +231,18 @@ class Scheduler:
             budget -= k
         return SchedulerOutput(chunks, preempted)
 
-    def _chunk(self, seq: Sequence, k: int) -> ScheduledChunk:
-        start = seq.num_computed_tokens
-        tokens = tuple(seq.all_token_ids[start : start + k])
-        return ScheduledChunk(seq, tokens, start, need_logits=start + k == seq.num_tokens)
+    def _fit_draft(self, seq: Sequence, k: int, draft: tuple[int, ...],
+                   budget: int) -> tuple[int, ...]:
+        if not draft or k != 1 or seq.num_uncomputed_tokens != 1:
+            return ()
+        draft = draft[: budget - 1]
+        return draft if draft and self.block_manager.can_append(seq, 1 + len(draft)) else ()
+
+    def _chunk(self, seq: Sequence, k: int, draft: tuple[int, ...] = ()) -> ScheduledChunk:
+        start, own = seq.num_computed_tokens, k - len(draft)
+        tokens = tuple(seq.all_token_ids[start : start + own]) + draft
+        return ScheduledChunk(seq, tokens, start, need_logits=start + own == seq.num_tokens,
+                              num_draft=len(draft))
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-preemption (T4): drop K/V, keep selected tokens, requeue at the front."""
@@ -240,11 +262,27 @@ class Scheduler:
         """
         for chunk in output.chunks:
             seq = chunk.seq
-            if seq.seq_id in skip:
-                continue
             if seq.status is not SequenceStatus.RUNNING or self._by_id.get(seq.seq_id) is not seq:
+                continue
+            if seq.seq_id in skip:
+                if chunk.num_draft:
+                    self.rollback(seq)  # NOTE: a failed verification's drafts hold no blocks
                 continue
             if seq.num_computed_tokens != chunk.start_pos:
                 raise RuntimeError(f"seq {seq.seq_id}: step result out of order")
-            seq.num_computed_tokens += chunk.num_tokens
+            seq.num_computed_tokens += chunk.num_tokens - chunk.num_draft
             self.block_manager.cache_computed_blocks(seq)
+
+    def commit_draft(self, seq: Sequence) -> None:
+        """The engine accepted the drafted token just appended to ``seq``: its K/V, written by
+        this step's forward, is now computed (and its full blocks registered for reuse)."""
+        if seq.num_computed_tokens + 1 != seq.num_tokens:
+            raise RuntimeError(f"seq {seq.seq_id}: commit_draft without an appended draft")
+        seq.num_computed_tokens += 1
+        self.block_manager.cache_computed_blocks(seq)
+
+    def rollback(self, seq: Sequence) -> None:
+        """Free the blocks past the computed tokens (a verification's rejected drafts): the
+        sequence holds what plain decoding would hold."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.block_manager.truncate(seq)

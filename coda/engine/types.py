@@ -68,6 +68,8 @@ class GenerationRequest:
     default_max_tokens: int | None = None
     # issue 23: split the reasoning block off the answer (coda.reasoning), with its budget
     reasoning: ReasoningSpec | None = None
+    # issue 21: False opts this request out of the server's speculative decoding
+    speculative: bool = True
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class EngineConfig:
     # server's playground reads them through GET /v1/traces/{id}. ``coda serve`` turns it on.
     recent_traces: int = 0
     served_model_name: str | None = None
+    # issue 21: "prompt-lookup" drafts from each request's own tokens and verifies the drafts
+    # in the same step (coda.engine.speculative); refused where the mode is not batch-invariant
+    speculative: str = "off"
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,8 @@ def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> d
         out["error"] = {"code": terminal.error_code.value, "message": terminal.error_message}
     if terminal.reasoning is not None:
         out["reasoning"] = reasoning_record(terminal)
+    if terminal.speculative is not None:  # issue 21: what speculation drafted and kept
+        out["speculative"] = dict(terminal.speculative)
     return out
 
 

@@ -147,7 +147,8 @@ def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int],
             early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
             utf8_tail=ext.utf8_tail,
             request_id=request_id if knobs.n == 1 else f"{request_id}-{i}",
-            stops_end_at=knobs.stops_end_at, reasoning=knobs.reasoning))
+            stops_end_at=knobs.stops_end_at, reasoning=knobs.reasoning,
+            speculative=ext.speculative))
     return out
 
 

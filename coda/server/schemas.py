@@ -66,6 +66,8 @@ class CodaExtensions(_Strict):
     # and dropped), and the reasoning budget (Anthropic: thinking.budget_tokens)
     include_reasoning: bool = True
     max_reasoning_tokens: int | None = Field(None, ge=0)
+    # issue 21: false opts this request out of `coda serve --speculative` (docs/speculative.md)
+    speculative: bool = True
 
 
 class _OpenAISampling(CodaExtensions):

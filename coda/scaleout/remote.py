@@ -59,7 +59,10 @@ class RemoteHandle(StreamReading):
         if self.stream.closed or self.replica < 0:
             return False
         self.engine.mark_cancel(self.request_id, cause)
-        self.engine.replicas[self.replica].cancel.remote(self.request_id, cause)
+        call = self.engine.replicas[self.replica].cancel.remote(self.request_id, cause)
+        # NOTE: resolved off the event loop, as cancel_anywhere's (a Serve call left
+        # unresolved may not be delivered)
+        threading.Thread(target=_resolve, args=([call],), daemon=True).start()
         return True
 
 

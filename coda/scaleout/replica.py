@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +43,8 @@ from coda.scaleout.routing_trace import ROUTE_DECIDED
 from coda.stream import EventType, RequestStream, StreamEvent
 from coda.trace import TraceEvent
 
+_EARLY_CANCELS = 4096  # NOTE: cancels kept for requests not (yet) submitted here
+
 
 class EngineReplica:
     def __init__(self, model_dir: str | None, config: EngineConfig, torch_threads: int) -> None:
@@ -56,6 +60,9 @@ class EngineReplica:
         self._logs: dict[tuple[str, str], ReplicaLog] = {}
         self.faults: set[str] = set()
         self._outboxes: dict[str, Outbox] = {}
+        # NOTE: C1: cancels that found no request here yet (see cancel), applied at its start
+        self._early_cancels: OrderedDict[str, CancelCause] = OrderedDict()
+        self._cancel_lock = threading.Lock()
 
     async def _start(self, req: GenerationRequest, durable: DurableSpec | None,
                      route: dict[str, Any] | None) -> tuple[RequestStream, Any]:
@@ -65,11 +72,21 @@ class EngineReplica:
         if route is not None and req.request_id:
             self.engine.trace.record(TraceEvent(req.request_id, ROUTE_DECIDED, route))
         if durable is None:
-            return self.engine.submit(req).stream, self.engine
+            stream: RequestStream = self.engine.submit(req).stream
+            self._apply_early_cancel(req.request_id)
+            return stream, self.engine
         plog = await asyncio.to_thread(self._log, durable)
         copy = await asyncio.to_thread(plog.begin, self.engine, req, durable,
                                        asyncio.get_running_loop())
+        self._apply_early_cancel(req.request_id)
         return copy, plog.mirror
+
+    def _apply_early_cancel(self, request_id: str | None) -> None:
+        """A cancel that arrived before this request was submitted here ends it now (C1)."""
+        with self._cancel_lock:
+            cause = self._early_cancels.pop(request_id or "", None)
+        if cause is not None:
+            self.engine.cancel(request_id or "", cause)
 
     def _outbox(self, feed_id: str) -> Outbox:
         box = self._outboxes.get(feed_id)
@@ -128,7 +145,18 @@ class EngineReplica:
         return None if found is None else [e.to_dict() for e in found[0]]
 
     def cancel(self, request_id: str, cause: CancelCause) -> bool:
-        return self.engine.cancel(request_id, cause)
+        """Cancel ``request_id`` here (C1). The ingress's submit and cancel are two Serve
+        calls with no order between them, so a cancel may overtake the submit: one that finds
+        no request is kept (bounded) and applied when the request starts here. Checked and
+        kept under one lock, after the submit, so none falls between (the start checks after
+        its submit)."""
+        with self._cancel_lock:
+            if self.engine.cancel(request_id, cause):
+                return True
+            self._early_cancels[request_id] = cause
+            while len(self._early_cancels) > _EARLY_CANCELS:
+                self._early_cancels.popitem(last=False)
+        return False
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -212,7 +212,7 @@ namespace kq {
 #if CODA_ISA == CODA_AVX512
 constexpr int64_t FUSED_M = 8;
 #else
-constexpr int64_t FUSED_M = 2;
+constexpr int64_t FUSED_M = 1;
 #endif
 
 inline void linear(const KqCall& c) {

@@ -8,6 +8,8 @@
 // updated in increasing k with a fused multiply-add; then tree16; then + bias. AVX2 holds the
 // 16 lanes as two 8-lane registers, AVX-512 as one, scalar as an array.
 //
+// Decode batches (AVX-512: up to FUSED_M = 8 rows; AVX2: 1) of K-quant tensors run the register
+// kernel of kquant_fused.h instead (no span buffer; same operations, same order, same bits).
 // Decode once, use for every row: a span of KC weights of G = 4 output rows is decoded into a
 // small L1 buffer and multiplied into the accumulators of every input row of the row block
 // (MB rows), whose partial sums wait in a small array between spans; the G outputs run side by

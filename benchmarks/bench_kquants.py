@@ -12,6 +12,9 @@ share of a decode step; attention, norms and sampling come on top), medians of i
 repeats, and the weight bytes each mode streams per step.
 
     nice -n 10 python benchmarks/bench_kquants.py --mixes Q4_K_M,Q4_0,Q6_K --batches 1,8
+
+``--q8`` adds each mix in ``packed-q8`` (``<mix>/q8``); ``--clock cpu`` times the calling
+thread's CPU time (1 thread: the kernels' own cost on a machine shared with other jobs).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from torch import nn
 
 from coda.models.kernels import native
 from coda.models.kernels.ggml_linear import GgmlLinear
-from coda.models.kernels.kquant_linear import TYPES, KQuantLinear, Segment
+from coda.models.kernels.kquant_linear import Q8K_TYPES, TYPES, KQuantLinear, Segment
 
 H, LAYERS, NH, NKV, HD, FFN, VOCAB = 2048, 16, 32, 8, 64, 8192, 49152
 SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
@@ -76,17 +79,24 @@ class Dense(nn.Module):
         return F.linear(x, self.w)
 
 
-def packed(parts: list[tuple[str, int]], cols: int, rng: np.random.Generator) -> nn.Module:
+def packed(parts: list[tuple[str, int]], cols: int, rng: np.random.Generator,
+           act: str = "f32") -> nn.Module:
+    """As ``packed`` (act ``f32``) or ``packed-q8`` (``q8``: int8 blocks of 32 for Q4_0/Q4_1/
+    Q8_0, Q8_K for K-quants) load the parts."""
     raws = [random_rows(q, rows, cols, rng) for q, rows in parts]
     kinds = {q for q, _ in parts}
     if len(kinds) == 1 and parts[0][0] in ("Q4_0", "Q4_1", "Q8_0"):
-        return GgmlLinear(np.concatenate(raws), parts[0][0], sum(r for _, r in parts), cols)
-    return KQuantLinear([Segment(raw, q, (r, cols)) for raw, (q, r) in zip(raws, parts, strict=True)])
+        return GgmlLinear(np.concatenate(raws), parts[0][0], sum(r for _, r in parts), cols,
+                          act=act)
+    return KQuantLinear([Segment(raw, q, (r, cols)) for raw, (q, r) in zip(raws, parts, strict=True)],
+                        act=act if kinds <= set(Q8K_TYPES) else "f32")
 
 
-def model(mix: str, layers: int) -> tuple[Callable[[torch.Tensor], None], int]:
-    """The step function and the weight bytes it streams."""
+def model(mode: str, layers: int) -> tuple[Callable[[torch.Tensor], None], int]:
+    """The step function and the weight bytes it streams (mode: ``fp32``, a mix, or
+    ``<mix>/q8`` for the mix in ``packed-q8``)."""
     rng = np.random.default_rng(0)
+    mix, _, act = mode.partition("/")
     pick = MIXES.get(mix)
     mats: list[tuple[nn.Module, int]] = []
     nbytes = 0
@@ -98,7 +108,7 @@ def model(mix: str, layers: int) -> tuple[Callable[[torch.Tensor], None], int]:
             return Dense(sum(r for _, r in names), cols)
         parts = [(pick(n, layer), r) for n, r in names]
         nbytes += sum(r * cols // TYPES[q][1] * TYPES[q][2] for q, r in parts)
-        return packed(parts, cols, rng)
+        return packed(parts, cols, rng, "q8" if act == "q8" else "f32")
 
     for i in range(layers):
         mats.append((make([("q", NH * HD), ("k", NKV * HD), ("v", NKV * HD)], i, H), H))
@@ -123,12 +133,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--q8", action="store_true", help="also each mix in packed-q8 (<mix>/q8)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     native().set_threads(args.threads)
-    modes = ["fp32", *args.mixes.split(",")]
+    mixes = args.mixes.split(",")
+    modes = ["fp32", *mixes, *([f"{m}/q8" for m in mixes] if args.q8 else [])]
     steps = {m: model(m, args.layers) for m in modes}
     batches = [int(b) for b in args.batches.split(",")]
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     times: dict[tuple[str, int], list[float]] = {}
     for b in batches:
         x = torch.randn(b, H)
@@ -136,11 +150,12 @@ def main() -> None:
             steps[m][0](x)  # NOTE: warm-up (first touch of the weights)
         for _ in range(args.repeats):
             for m in modes:
-                t0 = time.perf_counter()
+                t0 = clock()
                 steps[m][0](x)
-                times.setdefault((m, b), []).append(time.perf_counter() - t0)
+                times.setdefault((m, b), []).append(clock() - t0)
     print(f"load average {os.getloadavg()}; {args.threads} threads; isa {native().isa()}; "
-          f"{args.layers} layers + head; medians of {args.repeats} interleaved repeats")
+          f"{args.layers} layers + head; medians of {args.repeats} interleaved repeats; "
+          f"{args.clock} clock")
     print("| mode | weight MB | " + " | ".join(f"M={b} ms (tok/s, × fp32)" for b in batches) + " |")
     print("|---" * (len(batches) + 2) + "|")
     for m in modes:

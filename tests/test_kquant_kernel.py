@@ -154,6 +154,39 @@ def test_fused_parts_of_different_types_are_one_call() -> None:
     assert torch.equal(fused, alone)
 
 
+@pytest.mark.parametrize("act", ["f32", "q8"])
+def test_t4_k_quant_segments_give_the_same_bits_in_every_kernel_and_batch(act: str) -> None:
+    """T4: a fused projection of K-quant parts (Q4_K, Q6_K, Q4_K, with a row map and biases)
+    gives, for every batch size 1..10 (the register kernel for decode batches, the span kernel
+    beyond), on every ISA, the bits of its parts called alone and (f32) of the same kernel on
+    the dequantized float32 weights; a row's bits are the same alone and in the batch."""
+    rng = np.random.default_rng(8)
+    k = 768  # NOTE: three super-blocks; 15 outputs: groups cut by part ends and the tail
+    parts = [("Q4_K", 5), ("Q6_K", 7), ("Q4_K", 3)]
+    raws = [random_blocks(q, r, k, rng) for q, r in parts]
+    maps = [rng.permutation(r) if i != 1 else None for i, (_, r) in enumerate(parts)]
+    biases = [torch.from_numpy(rng.standard_normal(r).astype(np.float32)) if act == "f32" else None
+              for _, r in parts]
+    segs = [Segment(raw, q, (r, k), m, b)
+            for raw, (q, r), m, b in zip(raws, parts, maps, biases, strict=True)]
+    fused = KQuantLinear(segs, act=act)
+    alone = [KQuantLinear([g], act=act) for g in segs]
+    dense = KQuantLinear([Segment(as_f32(raw, q, r, k), "F32", (r, k), m, b)
+                          for raw, (q, r), m, b in zip(raws, parts, maps, biases, strict=True)])
+    xs = torch.randn(10, k, generator=torch.Generator().manual_seed(9))
+    with using_isa("scalar"):
+        want = fused(xs)
+    for isa in HERE_ISAS:
+        with using_isa(isa):
+            for m in range(1, 11):
+                y = fused(xs[:m])
+                assert torch.equal(y, want[:m]), (isa, m)
+                assert torch.equal(y, torch.cat([lin(xs[:m]) for lin in alone], dim=1)), (isa, m)
+                if act == "f32":
+                    assert torch.equal(y, dense(xs[:m])), (isa, m)
+            assert torch.equal(fused(xs[3:4])[0], want[3]), isa
+
+
 @settings(max_examples=examples(15), deadline=None)
 @given(qtype=st.sampled_from(["Q4_K", "Q6_K", "Q3_K", "Q5_0"]), batch=st.integers(1, 70),
        data=st.data())

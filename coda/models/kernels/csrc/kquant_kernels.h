@@ -8,6 +8,8 @@
 // updated in increasing k with a fused multiply-add; then tree16; then + bias. AVX2 holds the
 // 16 lanes as two 8-lane registers, AVX-512 as one, scalar as an array.
 //
+// Decode batches (AVX-512: up to FUSED_M = 8 rows; AVX2: 1) of K-quant tensors run the register
+// kernel of kquant_fused.h instead (no span buffer; same operations, same order, same bits).
 // Decode once, use for every row: a span of KC weights of G = 4 output rows is decoded into a
 // small L1 buffer and multiplied into the accumulators of every input row of the row block
 // (MB rows), whose partial sums wait in a small array between spans; the G outputs run side by
@@ -197,7 +199,31 @@ inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch
   }
 }
 
+}  // namespace kq
+}  // namespace CODA_NS
+}  // namespace coda_native
+
+#include "kquant_fused.h"
+
+namespace coda_native {
+namespace CODA_NS {
+namespace kq {
+
+// NOTE: input rows up to which the register kernel (kquant_fused.h) beats the span kernel
+// (which decodes a span once for up to MB rows); the same bits either way
+#if CODA_ISA == CODA_AVX512
+constexpr int64_t FUSED_M = 8;
+#else
+constexpr int64_t FUSED_M = 1;
+#endif
+
 inline void linear(const KqCall& c) {
+#if CODA_ISA != CODA_SCALAR
+  if (fused::fits(c, FUSED_M)) {
+    pool::parallel_for(c.N, 16, [&c](int64_t n0, int64_t n1) { fused::range(c, n0, n1); });
+    return;
+  }
+#endif
   // NOTE: chunks of 16 outputs at least (4 groups); any split gives the same bits
   pool::parallel_for(c.N, 16, [&c](int64_t n0, int64_t n1) {
     alignas(64) float scratch[SCRATCH];

@@ -1,0 +1,309 @@
+// The exact-mode K-quant matmul for a few input rows (decode steps; issue 18 item 3), AVX2 and
+// AVX-512 builds: each super-block's scales are decoded once per output, its 16 chunks of 16
+// weights are decoded straight into registers and multiplied into register accumulators for
+// every row of the row tile (no L1 span buffer, no accumulator round trip per span: the span
+// kernel of kquant_kernels.h spent half its batch-1 time there).
+//
+// Bits: a weight is computed by the same float32 operations as kquants.h (an exact product,
+// then at most one rounding: fma(q, d1, -m1) equals d1 * q - m1, Q6_K/Q3_K a plain multiply),
+// and each output's 16 lanes see their products in increasing k (lane k mod 16), then tree16,
+// then + bias: the canonical order of isa.h, so the bits are the span kernel's and the scalar
+// build's (tests/test_kernel_isa.py, tests/test_kquant_kernel.py).
+#pragma once
+
+#if CODA_ISA != CODA_SCALAR
+#include <immintrin.h>
+
+#include "kquants.h"
+#include "kquants_avx2.h"
+#include "table.h"
+
+namespace coda_native {
+namespace CODA_NS {
+namespace kq {
+namespace fused {
+
+#define CODA_AI inline __attribute__((always_inline))
+
+// 16 lanes of weights (AVX-512: one register; AVX2: two).
+#if CODA_ISA == CODA_AVX512
+using W16 = __m512;
+CODA_AI W16 codes16(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+CODA_AI W16 scodes16(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+CODA_AI W16 fmaw(W16 a, float b, float c) {
+  return _mm512_fmadd_ps(a, _mm512_set1_ps(b), _mm512_set1_ps(c));
+}
+CODA_AI W16 mulw(W16 a, float b) { return _mm512_mul_ps(a, _mm512_set1_ps(b)); }
+#else
+struct W16 { __m256 lo, hi; };
+CODA_AI W16 codes16(__m128i b) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+CODA_AI W16 scodes16(__m128i b) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+CODA_AI W16 fmaw(W16 a, float b, float c) {
+  const __m256 bv = _mm256_set1_ps(b), cv = _mm256_set1_ps(c);
+  return {_mm256_fmadd_ps(a.lo, bv, cv), _mm256_fmadd_ps(a.hi, bv, cv)};
+}
+CODA_AI W16 mulw(W16 a, float b) {
+  const __m256 bv = _mm256_set1_ps(b);
+  return {_mm256_mul_ps(a.lo, bv), _mm256_mul_ps(a.hi, bv)};
+}
+#endif
+
+CODA_AI __m128i ld16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+CODA_AI __m128i bits(__m128i v, int shift, int mask) {
+  return _mm_and_si128(_mm_srli_epi16(v, shift), _mm_set1_epi8(static_cast<char>(mask)));
+}
+
+// A super-block's factors per sub-block: w = fma(q, a[j], b[j]) (Q4_K, Q5_K: 8 sub-blocks of
+// 32; Q2_K: 16 of 16) or q * a[j] (Q6_K, Q3_K: 16 of 16).
+struct Scales {
+  float a[16], b[16];
+};
+
+// 8 bytes -> 8 floats (unsigned or signed) times d, stored at out.
+template <bool SIGNED>
+CODA_AI void times8(uint64_t bytes, float d, float* out) {
+  const __m128i b = _mm_cvtsi64_si128(static_cast<long long>(bytes));
+  const __m256i i = SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(d)));
+}
+
+template <int T>
+CODA_AI void scales(const uint8_t* blk, Scales& s) {
+  if (T == Q4_K || T == Q5_K) {  // NOTE: a[j], b[j] per sub-block j of 32 (kquants.h's
+    // scale_min_k4 on all 8 at once: bytes 0..3 low 6 bits; 4..7 from the 4-bit and 2-bit parts)
+    const uint32_t u0 = le32(blk + 4), u1 = le32(blk + 8), u2 = le32(blk + 12);
+    const uint32_t sc_hi = (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
+    times8<false>((u0 & 0x3F3F3F3Fu) | static_cast<uint64_t>(sc_hi) << 32, f16c(blk), s.a);
+    // NOTE: -(dmin * mn): the product is exact, so negating the factor first is the same value
+    times8<false>((u1 & 0x3F3F3F3Fu) | static_cast<uint64_t>(mn_hi) << 32, -f16c(blk + 2), s.b);
+  } else if (T == Q6_K) {
+    const float d = f16c(blk + 208);
+    uint64_t lo, hi;
+    std::memcpy(&lo, blk + 192, 8);
+    std::memcpy(&hi, blk + 200, 8);
+    times8<true>(lo, d, s.a);
+    times8<true>(hi, d, s.a + 8);
+  } else if (T == Q3_K) {
+    const float d = f16c(blk + 108);
+    for (int i = 0; i < 16; ++i) s.a[i] = d * static_cast<float>(scale_q3k(blk + 96, i));
+  } else {  // Q2_K
+    const float d = f16c(blk + 80), dmin = f16c(blk + 82);
+    for (int i = 0; i < 16; ++i) {
+      s.a[i] = d * static_cast<float>(blk[i] & 15);
+      s.b[i] = -(dmin * static_cast<float>(blk[i] >> 4));
+    }
+  }
+}
+
+// Weights 16 i .. 16 i + 15 of a super-block (kquants.h's layouts and formulas).
+template <int T, int I>
+CODA_AI W16 chunk(const uint8_t* blk, const Scales& s) {
+  if (T == Q4_K) {  // idx = c*64 + h*32 + l: byte qs[c*32 + l], nibble h
+    constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2;
+    return fmaw(codes16(bits(ld16(blk + 16 + c * 32 + half * 16), 4 * h, 15)), s.a[I / 2], s.b[I / 2]);
+  } else if (T == Q5_K) {
+    constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2, j = 2 * c + h;
+    const __m128i lo = bits(ld16(blk + 48 + c * 32 + half * 16), 4 * h, 15);
+    const __m128i hi = _mm_slli_epi16(bits(ld16(blk + 16 + half * 16), j, 1), 4);
+    return fmaw(codes16(_mm_or_si128(lo, hi)), s.a[I / 2], s.b[I / 2]);
+  } else if (T == Q6_K) {  // idx = half*128 + s*32 + g*16 + l
+    constexpr int hf = I / 8, sh = (I / 2) % 4, g = I % 2;
+    const __m128i lo = bits(ld16(blk + hf * 64 + (sh % 2) * 32 + g * 16), 4 * (sh / 2), 15);
+    const __m128i hi = _mm_slli_epi16(bits(ld16(blk + 128 + hf * 32 + g * 16), 2 * sh, 3), 4);
+    const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+    return mulw(scodes16(q), s.a[I]);
+  } else if (T == Q3_K) {  // idx = h*128 + s*32 + half*16 + l
+    constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2, hb = h * 4 + sh;
+    const __m128i lo = bits(ld16(blk + 32 + h * 32 + half * 16), 2 * sh, 3);
+    const __m128i bit = bits(ld16(blk + half * 16), hb, 1);
+    // NOTE: q = lo - 4 where the mask bit is 0
+    const __m128i q = _mm_sub_epi8(lo, _mm_andnot_si128(_mm_slli_epi16(bit, 2), _mm_set1_epi8(4)));
+    return mulw(scodes16(q), s.a[I]);
+  } else {  // Q2_K, idx = h*128 + s*32 + half*16 + l
+    constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2;
+    return fmaw(codes16(bits(ld16(blk + 16 + h * 32 + half * 16), 2 * sh, 3)), s.a[I], s.b[I]);
+  }
+}
+
+// R rows x G outputs of one type, accumulators in registers over the whole row.
+template <int T, int R, int G>
+struct Tile {
+#if CODA_ISA == CODA_AVX512
+  __m512 acc[R][G];
+#else
+  __m256 lo[R][G], hi[R][G];
+#endif
+
+  CODA_AI void zero() {
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) {
+#if CODA_ISA == CODA_AVX512
+        acc[r][g] = _mm512_setzero_ps();
+#else
+        lo[r][g] = hi[r][g] = _mm256_setzero_ps();
+#endif
+      }
+  }
+
+  template <int I>
+  CODA_AI void step(const uint8_t* const* blk, const Scales* s, const float* x, int64_t ldx) {
+    W16 w[G];
+    for (int g = 0; g < G; ++g) w[g] = chunk<T, I>(blk[g], s[g]);
+    for (int r = 0; r < R; ++r) {
+#if CODA_ISA == CODA_AVX512
+      const __m512 xv = _mm512_loadu_ps(x + r * ldx + 16 * I);
+      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_fmadd_ps(w[g], xv, acc[r][g]);
+#else
+      const __m256 x0 = _mm256_loadu_ps(x + r * ldx + 16 * I);
+      const __m256 x1 = _mm256_loadu_ps(x + r * ldx + 16 * I + 8);
+      for (int g = 0; g < G; ++g) {
+        lo[r][g] = _mm256_fmadd_ps(w[g].lo, x0, lo[r][g]);
+        hi[r][g] = _mm256_fmadd_ps(w[g].hi, x1, hi[r][g]);
+      }
+#endif
+    }
+  }
+
+  template <int... I>
+  CODA_AI void block(const uint8_t* const* blk, const Scales* s, const float* x, int64_t ldx) {
+    (step<I>(blk, s, x, ldx), ...);
+  }
+
+  CODA_AI float out(int r, int g) const {
+#if CODA_ISA == CODA_AVX512
+    return tree16(::coda_native::CODA_NS::F16{acc[r][g]});
+#else
+    return tree16(::coda_native::CODA_NS::F16{lo[r][g], hi[r][g]});
+#endif
+  }
+};
+
+constexpr int64_t QKK_ = 256;
+
+// Outputs row[0..G) (one type T) for rows x[0..R) of length K; y[r * ldy + g] (+ bias[g]).
+template <int T, int R, int G>
+inline void run(const uint8_t* const* row, const uint8_t* const* next, const float* x,
+                int64_t ldx, int64_t K, const float* bias, float* y, int64_t ldy) {
+  constexpr int64_t bb = T == Q2_K ? 84 : T == Q3_K ? 110 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
+  Tile<T, R, G> t;
+  t.zero();
+  const int64_t nb = K / QKK_;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk[G];
+    Scales s[G];
+    for (int g = 0; g < G; ++g) {
+      blk[g] = row[g] + b * bb;
+      scales<T>(blk[g], s[g]);
+      // NOTE: the next group's rows, super-block by super-block (rows are short streams the
+      // hardware prefetcher learns too late; see kquant_kernels.h)
+      if (next[g])
+        for (int64_t o = 0; o < bb; o += 64) __builtin_prefetch(next[g] + b * bb + o);
+    }
+    t.template block<0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>(blk, s, x + b * QKK_,
+                                                                           ldx);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) {
+      const float v = t.out(r, g);
+      y[r * ldy + g] = bias ? v + bias[g] : v;
+    }
+}
+
+// The widest row tile each build keeps in registers with G outputs.
+#if CODA_ISA == CODA_AVX512
+constexpr int RT = 4, GMAX = 4;
+#else
+constexpr int RT = 1, GMAX = 4;
+#endif
+
+template <int T, int G>
+inline void rows_g(const uint8_t* const* row, const uint8_t* const* next, const float* x,
+                   int64_t M, int64_t K, const float* bias, float* y, int64_t ldy) {
+  int64_t r = 0;
+#if CODA_ISA == CODA_AVX512
+  for (; r + 4 <= M; r += 4) run<T, 4, G>(row, next, x + r * K, K, K, bias, y + r * ldy, ldy);
+  if (M - r == 3) run<T, 3, G>(row, next, x + r * K, K, K, bias, y + r * ldy, ldy);
+  if (M - r == 2) run<T, 2, G>(row, next, x + r * K, K, K, bias, y + r * ldy, ldy);
+  if (M - r == 1) run<T, 1, G>(row, next, x + r * K, K, K, bias, y + r * ldy, ldy);
+#else
+  for (; r < M; ++r) run<T, 1, G>(row, next, x + r * K, K, K, bias, y + r * ldy, ldy);
+#endif
+}
+
+template <int T>
+inline void rows(int g, const uint8_t* const* row, const uint8_t* const* next, const float* x,
+                 int64_t M, int64_t K, const float* bias, float* y, int64_t ldy) {
+  if (g == 4) rows_g<T, 4>(row, next, x, M, K, bias, y, ldy);
+  else if (g == 3) rows_g<T, 3>(row, next, x, M, K, bias, y, ldy);
+  else if (g == 2) rows_g<T, 2>(row, next, x, M, K, bias, y, ldy);
+  else rows_g<T, 1>(row, next, x, M, K, bias, y, ldy);
+}
+
+inline bool fits(const KqCall& c, int64_t max_m) {
+  if (c.M > max_m || c.K % QKK_ != 0) return false;
+  for (int i = 0; i < c.nseg; ++i) {
+    const int32_t t = c.segs[i].type;
+    if (t != Q2_K && t != Q3_K && t != Q4_K && t != Q5_K && t != Q6_K) return false;
+  }
+  return true;
+}
+
+// Outputs [n0, n1): groups of up to GMAX outputs of one segment.
+inline void range(const KqCall& c, int64_t n0, int64_t n1) {
+  int s = 0;
+  int64_t first = 0;
+  auto locate = [&c](int64_t n, int& seg, int64_t& f) {
+    while (n >= f + c.segs[seg].rows) f += c.segs[seg++].rows;
+  };
+  for (int64_t n = n0; n < n1;) {
+    locate(n, s, first);
+    const KqSeg& q = c.segs[s];
+    const int64_t i0 = n - first;
+    const int g = static_cast<int>(min64(min64(GMAX, n1 - n), q.rows - i0));
+    const uint8_t* row[GMAX];
+    const uint8_t* next[GMAX] = {nullptr, nullptr, nullptr, nullptr};
+    for (int j = 0; j < g; ++j) {
+      const int64_t i = i0 + j;
+      row[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
+    }
+    // the group after the next one (two groups ahead, as the span kernel)
+    {
+      int t = s;
+      int64_t f = first;
+      for (int j = 0; j < GMAX; ++j) {
+        const int64_t m = n + 2 * GMAX + j;
+        if (m >= n1) break;
+        locate(m, t, f);
+        const KqSeg& u = c.segs[t];
+        if (u.row_bytes != q.row_bytes) break;
+        const int64_t i = m - f;
+        next[j] = u.base + (u.row_map ? u.row_map[i] : i) * u.row_bytes;
+      }
+    }
+    const float* bias = q.bias ? q.bias + i0 : nullptr;
+    float* y = c.y + n;
+    switch (q.type) {
+      case Q4_K: rows<Q4_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
+      case Q5_K: rows<Q5_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
+      case Q6_K: rows<Q6_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
+      case Q3_K: rows<Q3_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
+      default: rows<Q2_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
+    }
+    n += g;
+  }
+}
+
+}  // namespace fused
+}  // namespace kq
+}  // namespace CODA_NS
+}  // namespace coda_native
+
+#undef CODA_AI
+#endif  // CODA_ISA != CODA_SCALAR

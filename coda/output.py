@@ -31,6 +31,7 @@ stop); the sequence's own text never is. Offsets (stream bytes, one owner token 
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -156,7 +157,9 @@ class OutputProcessor:
         self._armed_at = 0                    # issue 20 D6: offset where stop strings count
         # detokenizer states before each held id (the last ``depth``): on an id hit, the one
         # before the sequence's first id drains the text that precedes the sequence (S1)
-        self._forks: deque[IncrementalDetokenizer] = deque()
+        # NOTE: per held id of a pending id-sequence match: the detokenizer and the string
+        # matcher (with a waiting tag start) as they were before that id (S1, S4)
+        self._forks: deque[tuple[IncrementalDetokenizer, StopStringMatcher, bytes]] = deque()
         # L6: prompt tokens the prefix cache held; the driver sets it at the lookup, before any
         # token is selected (0: no prefix cache), and the first delta carries it (issue 20 D9)
         self.cached_prompt_tokens = 0
@@ -200,14 +203,17 @@ class OutputProcessor:
         if self.token_stops is not None:
             hit = self.token_stops.push(token_id, self._armed)
             if hit is not None:  # NOTE: its last id never reaches the detokenizer (ids first)
-                self._end_before_ids(hit.end - hit.start)
+                earlier = self._end_before_ids(hit.end - hit.start)
+                if earlier is not None:  # NOTE: S4: a stop string ending before the ids
+                    return self._on_hit(earlier)
                 if self._id_base:  # NOTE: issue 23: the matcher saw the answer's tokens only
                     hit = replace(hit, start=hit.start + self._id_base,
                                   end=hit.end + self._id_base)
                 return self._on_hit(hit)
             depth = self.token_stops.depth
             if depth:
-                self._forks.append(self.detok.fork())
+                self._forks.append((self.detok.fork(), copy.copy(self.stops),
+                                    self._tag_tail))
                 while len(self._forks) > depth:
                     self._forks.popleft()
             else:
@@ -289,21 +295,29 @@ class OutputProcessor:
         """Bytes the detokenizer produced so far."""
         return self._visible
 
-    def _end_before_ids(self, k: int) -> None:
+    def _end_before_ids(self, k: int) -> StopHit | None:
         """An id sequence of ``k`` ids hit: send the whole text of the tokens before its first
         id, nothing of its own (S1, S3). ``_ends[-k]`` is the stream offset after the token
         before the sequence (its first k-1 ids were pushed); bytes those tokens left in the
         detokenizer (an open byte-fallback run, a partial character) are drained from its
         state before the sequence's first id: whole characters are sent, a partial last one is
-        removed and recorded like a cut tail (K2, K3)."""
+        removed and recorded like a cut tail (K2, K3). The drained bytes are output, so they
+        go through the stop-string matcher as it was before the sequence: a string they
+        complete ends before the ids and wins (S4, earliest end; no stop string reaches the
+        stream): it is returned, and only the text before it is sent."""
         upto = self._ends[-k]
-        self._release(upto)
-        self._stream.clear()  # NOTE: the sequence's own bytes: never sent
+        discarded = self._sent_off + len(self._stream) - upto
+        del self._stream[max(upto - self._sent_off, 0):]  # NOTE: the sequence's own bytes
         # NOTE: L6: the sequence's tokens are never returned (``_unreturned`` counts every
         # detokenized byte; stream offsets start at the answer, issue 23)
         while self._unreturned and self._unreturned[-1] >= upto + self._answer_base:
             self._unreturned.pop()
-        det = self.detok if k == 1 else self._forks[-(k - 1)]
+        # NOTE: the sequence's bytes are gone: what the fork drains below starts at ``upto``
+        # (a byte run closed by the sequence's first id was counted from there already)
+        self._visible = upto + self._answer_base
+        det = self.detok
+        if k > 1:
+            det, self.stops, self._tag_tail = self._forks[-(k - 1)]
         residue = det.pending
         try:
             text, cut = det.finish_cut()
@@ -312,14 +326,26 @@ class OutputProcessor:
         self.detok.discard_pending()
         self._forks.clear()
         self._hit_cut = cut  # NOTE: recorded by the drain, where the trace expects it (K3)
+        hit = None
         if text:
             # NOTE: L6, K2: bytes drained here are output of the tokens before the sequence,
-            # visible like a push's (the token they complete is returned), nothing held
+            # visible like a push's (the token they complete is returned)
             self._note_visible(text)
+            self._stream += text
+            self._draining = True  # NOTE: no byte follows: a waiting tag start is text
+            hit = self._match(text)
             if self._tracing:
+                # NOTE: ``discarded``: the sequence's own bytes, pushed while it was a partial
+                # match, are gone: the checker's stream offsets go back to its start, where
+                # the matcher held ``held_before`` bytes
+                rewind = ({"discarded": discarded,
+                           "held_before": len(self.stops.held) + len(self._tag_tail)}
+                          if discarded else {})
                 self._record(tr.STOP_STATE, nbytes=len(text), held=0, detok_pending=0,
-                             ids_held=0)
-        self._send(text)
+                             ids_held=0, **rewind)
+        self._release(self.stops.emitted_bytes if hit is not None
+                      else self._sent_off + len(self._stream))
+        return hit
 
     def _drop_tail(self, tail: bytes) -> None:
         """K2: an incomplete UTF-8 tail removed at the end, recorded."""

@@ -36,6 +36,15 @@ def on_stop_state(r: Request, ev: tr.TraceEvent) -> None:
             r.bad("S2", "the matcher holds bytes after stop strings were switched off")
         return
     r.last_state = ev
+    discarded = ev.data.get("discarded")
+    if isinstance(discarded, int) and discarded > 0:
+        # NOTE: S1: an id sequence's own bytes, pushed while it was a partial match, are
+        # dropped at its hit; the bytes drained after it continue at the sequence's start
+        r.pushed -= discarded
+        while r.token_starts and r.token_starts[-1] >= r.pushed:
+            r.token_starts.pop()  # NOTE: L6: the sequence's tokens are never returned
+        before = ev.data.get("held_before")
+        r.last_held = before if isinstance(before, int) else r.last_held
     r.held_before, r.last_held = r.last_held, held
     if isinstance(nbytes, int):
         if nbytes <= 0:

@@ -114,3 +114,41 @@ def test_p3_p5_http_replay_of_n2_chat_is_identical(server_live: Any) -> None:
         with httpx.stream("GET", f"{server_live.url}/v1/streams/{rid}",
                           headers={"Last-Event-ID": fid}) as resp:
             assert _parse(resp.read()) == live[k + 1:], fid
+
+
+def test_p5_a_terminal_counts_the_send_of_what_preceded_it_in_its_batch() -> None:
+    """P5: ``network_send_s`` on a terminal is the time spent sending the output before it.
+    When a whole output reaches the reader as one batch (a fast producer, a loaded server),
+    what precedes the terminal is sent first; rendered with nothing sent yet it read 0.0 (the
+    live ``n = 2`` test below failed so under load)."""
+
+    class Recording(_EchoRenderer):
+        seen: list[float] = []
+
+        def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
+            if ev.terminal is not None:
+                self.seen.append(self.network_send_s)
+            return super().on_event(index, ev, positions)
+
+    async def scenario() -> list[float]:
+        streams = [RequestStream(f"r-{i}") for i in range(2)]
+        for s in streams:  # NOTE: the whole output exists before the reader's first batch
+            s.start("m")
+            s.delta(b"hello")
+            s.close(_TERMINAL)
+        never = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await never.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            await asyncio.sleep(0.002)  # NOTE: a write that takes time, as a socket's does
+
+        renderer = Recording(2, None, 0)
+        resp = SSEResponse(streams, renderer, keepalive_s=5.0)
+        await asyncio.wait_for(resp({"type": "http"}, receive, send), 10)  # type: ignore[arg-type]
+        return renderer.seen
+
+    seen = asyncio.run(scenario())
+    assert len(seen) == 2 and all(s > 0 for s in seen), seen

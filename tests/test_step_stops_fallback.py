@@ -11,7 +11,9 @@ match of another sequence was pending. The oracle re-decodes the whole output af
   valid start of a character): what may be sent so far (K1);
 * an id sequence that is a suffix of ids[:t] ends the output (longest, then configuration
   order) with text before(ids[:t - len]): the decode of those ids less a trailing partial
-  character, which is removed and recorded (K2);
+  character, which is removed and recorded (K2) -- unless a stop string occurs in that text
+  (bytes a byte run held until the sequence closed it may complete one): it ends first and
+  wins (S4, earliest end; no stop string reaches the stream);
 * otherwise the earliest-ending stop string in visible(ids[:t]) ends it (then longest, then
   configuration order), text before it; at the same token an id sequence wins (G1 order).
 """
@@ -86,15 +88,17 @@ def _oracle(script: list[int], strings: tuple[str, ...],
         ids = script[:t]
         id_hits = [(-len(q), i) for i, q in enumerate(seqs)
                    if len(q) <= t and tuple(ids[t - len(q):]) == q]
+        vis = _visible(ids)
         if id_hits:
             neg, i = min(id_hits)
-            return _before(ids[: t + neg]), FinishReason.STOP_SEQUENCE, ("token_ids", i)
-        vis = _visible(ids)
+            vis = _before(ids[: t + neg])  # NOTE: the drained bytes are output: matched too
         found = [(vis.find(s.encode()) + len(s.encode()), -len(s.encode()), i)
                  for i, s in enumerate(strings) if s.encode() in vis]
-        if found:
-            end, neg, i = min(found)
-            return vis[: end + neg], FinishReason.STOP_SEQUENCE, ("string", i)
+        if found:  # NOTE: before the ids, a string found now ends first (S4)
+            end, neg_s, j = min(found)
+            return vis[: end + neg_s], FinishReason.STOP_SEQUENCE, ("string", j)
+        if id_hits:
+            return vis, FinishReason.STOP_SEQUENCE, ("token_ids", i)
     return _decode(script), FinishReason.EOS, None
 
 
@@ -174,3 +178,45 @@ def test_s1_l6_k2_bytes_drained_before_a_stop_id_are_output_of_a_returned_token(
     assert deltas[-1]["text"] == "B"  # NOTE: the drained byte token's text, sent
     assert term.usage.returned_bytes == sum(d["nbytes"] for d in deltas)
     assert term.usage.returned_tokens == len(word) + 1
+
+
+def test_s1_l6_byte_run_closed_by_a_held_id_of_a_longer_sequence_is_returned() -> None:
+    """S1, L6, K2 (found by the property above at CI's example count): ``A`` as a byte token,
+    then a word token twice with the id sequence ``[word, word]``. The first ``word`` closes
+    the byte run (the detokenizer outputs ``A`` with the word's bytes) and is held as a
+    partial match; the second completes the sequence. The answer is ``A``, drained from the
+    detokenizer as it was before the sequence, and the byte token counts as returned (it was
+    counted against the discarded bytes' offsets: returned_tokens 0 for 1 byte sent)."""
+    word = TEXT[0]
+    sink = ListTraceSink()
+    spec = OutputSpec(max_output_tokens=1000, context_limit=10_000, prompt_len=len(PROMPT),
+                      eos_token_ids=frozenset({EOS}), stop_token_ids=((word, word),))
+    run = generate(PROMPT, spec, ScriptedModel([A, word, word, EOS]), ScriptedChooser(), TOK,
+                   trace=sink)
+    assert check_trace(sink.events) == []
+    term = run.stream.terminal
+    assert term is not None and term.finish_reason is FinishReason.STOP_SEQUENCE
+    assert run.stream.text() == "A"
+    assert (term.usage.returned_tokens, term.usage.returned_bytes) == (1, 1)
+
+
+def test_s4_s1_a_stop_string_completed_by_bytes_drained_before_stop_ids_wins() -> None:
+    """S4, S1, S3 (found by the property above at CI's example count): a word ending in
+    ``c``, the byte token ``A``, then a stop id; stop string ``cA``. The byte waits in the
+    detokenizer until the stop id ends the output; drained, it completes ``cA``, which ends
+    before the ids and wins: the text stops before it and ``cA`` never reaches the stream
+    (it leaked before, and the trace checker flagged the drain's row order)."""
+    word, stop_id = TEXT
+    last = TOK.decode([word])[-1]
+    sink = ListTraceSink()
+    spec = OutputSpec(max_output_tokens=1000, context_limit=10_000, prompt_len=len(PROMPT),
+                      eos_token_ids=frozenset({EOS}), stop_strings=(last + "A",),
+                      stop_token_ids=((stop_id,),))
+    run = generate(PROMPT, spec, ScriptedModel([word, A, stop_id, word, EOS]),
+                   ScriptedChooser(), TOK, trace=sink)
+    assert check_trace(sink.events) == []
+    term = run.stream.terminal
+    assert term is not None and term.stop is not None
+    assert (term.finish_reason, term.stop.kind) == (FinishReason.STOP_SEQUENCE, "string")
+    assert run.stream.text() == _decode([word])[:-1].decode()
+    assert (last + "A") not in run.stream.text()

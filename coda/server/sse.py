@@ -213,6 +213,12 @@ class SSEResponse(Response):
                     continue
                 frames: list[Frame] = []
                 for index, ev in batch:
+                    if frames and is_terminal(ev):
+                        # NOTE: P5: what precedes a terminal is sent before it is rendered, so
+                        # its network_send_s counts that send (a batch may hold a whole output)
+                        await conn.write(b"".join(f.encode() for f in frames))
+                        r.network_send_s = conn.send_s
+                        frames = []
                     before = list(positions)
                     positions[index] = ev.seq  # NOTE: each frame's id is its own cut (P3)
                     frames.extend(self._group(r.on_event(index, ev, list(positions)), before))

@@ -65,12 +65,9 @@ def test_a_flushed_script_cache_is_answered_with_the_body_each_seq_once_p1_p2(
         assert [int(f[b"a"]) for _, f in entries] == [0, 1, 3]  # NOTE: each seq stored once
 
 
-def test_the_mirror_gathers_a_burst_within_its_hold_into_one_round_trip_p1(
-        redis_server: RedisServer) -> None:
-    """P1 (issue 24 item 1): a mirror with a flush hold writes every event appended within
-    the hold after its wake-up — here the start events and one delta on each of eight
-    streams, an engine step — in one append call, one run per stream, in seq order."""
-    log = _log(redis_server)
+
+def _count_appends(log: RedisStreamLog) -> list[list[append.Run]]:
+    """Every batch ``log`` appends from now on, in order (the calls still go through)."""
     calls: list[list[append.Run]] = []
     inner = log.append_runs
 
@@ -79,8 +76,23 @@ def test_the_mirror_gathers_a_burst_within_its_hold_into_one_round_trip_p1(
         return inner(batch)
 
     log.append_runs = counting  # type: ignore[method-assign]
+    return calls
+
+
+def _running_loop() -> asyncio.AbstractEventLoop:
+    """An event loop running on its own daemon thread (the observers' loop)."""
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
+    return loop
+
+def test_the_mirror_gathers_a_burst_within_its_hold_into_one_round_trip_p1(
+        redis_server: RedisServer) -> None:
+    """P1 (issue 24 item 1): a mirror with a flush hold writes every event appended within
+    the hold after its wake-up — here the start events and one delta on each of eight
+    streams, an engine step — in one append call, one run per stream, in seq order."""
+    log = _log(redis_server)
+    calls = _count_appends(log)
+    loop = _running_loop()
     mirror = LogMirror(log, hold_s=2.0)
     big = BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30)
     streams = [RequestStream(uuid.uuid4().hex, big) for _ in range(8)]
@@ -116,16 +128,8 @@ def test_the_mirror_flushes_once_per_engine_step_given_the_engine_p1(
     (``stepping``) and its end posted with the mirror as the source (what a replica's feed
     waits for)."""
     log = _log(redis_server)
-    calls: list[list[append.Run]] = []
-    inner = log.append_runs
-
-    def counting(batch: list[append.Run]) -> list[tuple[int, int]]:
-        calls.append(batch)
-        return inner(batch)
-
-    log.append_runs = counting  # type: ignore[method-assign]
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    calls = _count_appends(log)
+    loop = _running_loop()
     engine = _Steps()
     mirror = LogMirror(log, hold_s=0.0, steps=engine)
     ends: list[int] = []
@@ -167,8 +171,7 @@ def test_a_late_dispatch_still_flushes_the_step_that_ended_p1(
     dispatch, which calls the engine's older entry first — the ended step is still flushed
     then, not held until the next step ends."""
     log = _log(redis_server)
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    loop = _running_loop()
     engine = _Steps()
     mirror = LogMirror(log, hold_s=0.0, steps=engine)
     big = BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30)

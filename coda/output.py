@@ -22,8 +22,10 @@ budget makes :meth:`OutputProcessor.forced_token` name the closer id the engine 
 
 Earliest end wins across kinds, counted in selected tokens; an id sequence and a string
 completing at the same token: the id sequence wins (it is checked first, G1). On an id hit the
-bytes of every token before the sequence's first id are sent (they can no longer be part of a
-stop); the sequence's own text never is. Offsets (stream bytes, one owner token each)::
+bytes of every token before the sequence's first id are sent; the sequence's own text never
+is. Bytes the detokenizer still held for those tokens (a byte-fallback run the sequence closed)
+are drained then and matched by the string matcher as it stood before the sequence: a stop
+string they complete ends before the ids and wins (S4). Offsets (stream bytes, one owner token each)::
 
     stream  | sent ... | unsent: string-held or owned by held ids | (next push)
             0       sent_off                                  consumed

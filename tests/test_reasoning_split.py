@@ -178,6 +178,18 @@ def test_k2_marker_across_tokens_is_held_then_removed() -> None:
     assert term.reasoning is not None and term.reasoning.closer == b"</think>"
 
 
+def test_l6_s1_answer_byte_held_by_a_string_before_stop_ids_is_returned() -> None:
+    """L6, S1 (a surviving mutant of ``_end_before_ids``): after a reasoning block, the answer
+    ``a`` is held as the start of stop string ``ab`` when the stop id ``\\n\\n`` ends the
+    output. ``a`` is the text before the sequence: it is sent, and its token counts as
+    returned (offsets of unreturned tokens are in the whole decode's bytes, the sequence's
+    start in the answer's: the reasoning bytes lie between)."""
+    reasoning, answer, term = _run([101, CLOSE_ID, 101, 112], True, ("ab",), stop_ids=(112,))
+    assert (reasoning, answer) == (b"a", b"a")
+    assert term.finish_reason is FinishReason.STOP_SEQUENCE
+    assert (term.usage.returned_tokens, term.usage.returned_bytes) == (3, 2)
+
+
 def test_splitter_opening_ruled_out_is_answer() -> None:
     sp = ReasoningSplitter(ReasoningSpec())
     assert sp.push(b"<th") == (b"", b"")

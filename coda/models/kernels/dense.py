@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from coda.models.kernels import native
 from coda.models.kernels.kquant_linear import KQuantLinear, Segment
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ def make_invariant(model: CausalLM) -> CausalLM:
     """Replace every ``nn.Linear`` of the decoder layers and the LM head (tied or not) of a
     float32 ``model`` by :func:`dense_linear` layers on the same weights, in place; returns it.
     ``model.kernels`` says what runs where (the load summary)."""
-    from coda.models.kernels import native
-
     if (why := unfit(model.config)) is not None:
         raise ValueError(why)
     for path, module in list(model.model.layers.named_modules()):
@@ -67,5 +66,5 @@ def make_invariant(model: CausalLM) -> CausalLM:
     isa = native().isa()
     model.kernels = {"F32 projections and head": f"packed-f32/{isa} (in place)",
                      "F32 embeddings": "float32 table (row gather)"}
-    model._plan = None  # NOTE: the native plan holds the modules' calls; rebuild it
+    model._plans.clear()  # NOTE: the layer plans hold the modules' calls; rebuild them
     return model

@@ -30,6 +30,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from coda.models.background import soon
+from coda.models.gguf_parts import cache_root
+
 # NOTE: 16 MiB: the read and the hash release the GIL, and each block takes it back twice; with
 # small blocks a digest beside the load (digest_files_soon) stalls the load's thread
 _BLOCK = 16 << 20
@@ -65,8 +68,6 @@ def _remembered(paths: Sequence[Path]) -> tuple[Path, bool]:
     whether every file is old enough for it to be kept. The key is each file's path, device,
     inode, size, mtime and ctime (ctime cannot be set back: a file rewritten in place and its
     mtime restored still gets a new key)."""
-    from coda.models.gguf_parts import cache_root
-
     key, settled = [], True
     for path in paths:
         st = os.stat(path)
@@ -83,8 +84,6 @@ def digest_files_soon(paths: Sequence[Path]) -> Callable[[], str]:
     hashing), else started now in a background thread (file reads and hashlib's updates release
     the GIL, so it runs beside the load's other steps: the weights' re-layout, the tokenizer)
     and remembered; the returned function waits for the digest (raising what it raised)."""
-    from coda.models.background import soon
-
     entry: Path | None = None
     try:
         entry, settled = _remembered(paths)

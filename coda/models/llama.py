@@ -211,17 +211,18 @@ class CausalLM(nn.Module):
     def layer_plan(self, ops: RowOps) -> list[LayerCalls]:
         """The layers as ``ops`` runs them (:class:`~coda.models.row_ops.LayerCalls`).
 
-        NOTE: built on the first step with ``ops``, after loading: it holds the weights'
-        tensors (in-place loads still show), not the modules, so modules swapped later are not
-        seen unless ``_plans`` is cleared (``kernels.dense.make_invariant`` does)."""
-        plan = self._plans.get(ops.name)
+        NOTE: with ``ops.plan_once`` (native) built on the first step, after loading: it holds
+        the weights' tensors (in-place loads still show), not the modules, so modules swapped
+        later are not seen unless ``_plans`` is cleared (``dense_invariant.make_invariant``
+        does); the torch rows' plan is rebuilt each step."""
+        plan = self._plans.get(ops.name) if ops.plan_once else None
         if plan is None:
             layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
 
             def ref(norm: RMSNorm | None) -> Any:
                 return None if norm is None else ops.norm_ref(norm)
 
-            plan = self._plans[ops.name] = [LayerCalls(
+            plan = [LayerCalls(
                 norm_in=ref(layer.input_layernorm),
                 qkv=_direct(layer.self_attn.qkv_proj), o=_direct(layer.self_attn.o_proj),
                 norm_mid=ref(layer.pre_feedforward_layernorm or layer.post_attention_layernorm),
@@ -232,8 +233,10 @@ class CausalLM(nn.Module):
                 post_attn=(ref(layer.post_attention_layernorm)
                            if layer.pre_feedforward_layernorm is not None else None),
                 post_ff=ref(layer.post_feedforward_layernorm),
-                local=layer.self_attn.local,
+                local=layer.self_attn.local, scale=layer.self_attn.scale,
             ) for i, layer in enumerate(layers)]
+            if ops.plan_once:
+                self._plans[ops.name] = plan
         return plan
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int,

@@ -20,6 +20,12 @@ is one entry here plus its builder; :func:`resolve_mode` is the only place a mod
 An explicit mode with an explicit ``dtype`` must run that dtype (``--quant q4 --dtype float32``
 is fine: q4's activations are float32).
 
+:func:`resolve_backend` is mode resolution as the loader uses it: the mode (the linear
+factory: how every matrix is held and multiplied) together with the decoder's row ops (native or
+torch, :mod:`coda.models.row_ops`) as one frozen :class:`Backend`, chosen once at load; the model
+takes its row ops at construction and the load summary prints the backend's state (the ISA, the
+kernel of each tensor type, which row ops run and why).
+
 A mode that does not apply (``q4`` on an HF folder, or on a file whose projections are not
 Q4_0/Q4_1; ``packed`` on a tensor type it has no kernel for), is not available on this machine, or contradicts ``dtype`` raises
 :class:`~coda.models.config.UnsupportedModelError` / :class:`ModelLoadError` with one line
@@ -28,28 +34,48 @@ saying why; nothing is loaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from coda.models.config import DENSE_BY_DTYPE, ModelLoadError, UnsupportedModelError
+from coda.models import kernels
+from coda.models.config import DENSE_BY_DTYPE, ModelConfig, ModelLoadError, UnsupportedModelError
+from coda.models.gguf_file import GGUFCheckpoint, open_gguf
+from coda.models.identity import ModelIdentity, digest_files, model_identity
+from coda.models.tokenizer_bundle import folder_chat_template
 
 if TYPE_CHECKING:
-    from coda.models.gguf_file import GGUFCheckpoint
-    from coda.models.identity import ModelIdentity
     from coda.models.llama import CausalLM
+    from coda.models.row_ops import RowOps
 
-Builder = Callable[["GGUFCheckpoint", str], "CausalLM"]  # (checkpoint, device) -> model
-FolderBuilder = Callable[["Path", str], "CausalLM"]  # (HF folder, device) -> model
+# NOTE: the builders import torch and the kernels inside their bodies, on purpose: this table
+# is read by `coda models` and by mode resolution before any weight is loaded, without torch.
+
+
+class Builder(Protocol):
+    """(checkpoint, device, the backend's row ops) -> model."""
+
+    def __call__(self, ckpt: GGUFCheckpoint, device: str,
+                 rows: RowOps | None = None) -> CausalLM: ...
+
+
+class FolderBuilder(Protocol):
+    """(HF folder, device, row ops, the folder's config as served) -> model."""
+
+    def __call__(self, path: Path, device: str, rows: RowOps | None = None,
+                 config: ModelConfig | None = None) -> CausalLM: ...
+
+
 Check = Callable[["GGUFCheckpoint"], "str | None"]  # None = applies; else why not
 
 
 def _folder(dtype: str) -> FolderBuilder:
-    def build(path: Path, device: str) -> CausalLM:
-        from coda.models.loader import load_model
+    def build(path: Path, device: str, rows: RowOps | None = None,
+              config: ModelConfig | None = None) -> CausalLM:
+        from coda.models.loader import load_model  # NOTE: torch (see the note above)
 
-        return load_model(path, dtype=dtype, device=device)
+        return load_model(path, dtype=dtype, device=device, rows=rows, config=config)
 
     return build
 
@@ -82,96 +108,92 @@ class QuantMode:
         """The summation order of this mode's matmuls, for the model identity (P1): the
         native kernels' canonical order (the same bits on every machine), or torch's, which
         is per machine (:func:`coda.models.kernels.order`)."""
-        from coda.models.kernels import order
+        return kernels.order(self.native_matmuls)
 
-        return order(self.native_matmuls)
-
-    def load_folder(self, path: Path, device: str) -> CausalLM:
+    def load_folder(self, path: Path, device: str, rows: RowOps | None = None,
+                    config: ModelConfig | None = None) -> CausalLM:
         """This mode's model of the HF folder ``path`` (dense modes only)."""
         build = self.build_folder or _folder(self.dtype)
-        return build(path, device)
+        return build(path, device, rows, config)
 
     def summary(self) -> dict[str, str | bool]:
         """The mode's part of the load summary, with the native kernels' state (the ISA that
         runs, or why they are missing and so which path runs instead)."""
-        from coda.models.kernels import describe
-
         return {"quant_mode": self.name, "numerics": self.numerics,
                 "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype,
-                **describe()}
+                **kernels.describe()}
 
 
 def _dense(dtype: str) -> Builder:
-    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
-        from coda.models.gguf_weights import load_gguf_model
+    def build(ckpt: GGUFCheckpoint, device: str, rows: RowOps | None = None) -> CausalLM:
+        from coda.models.gguf_weights import load_gguf_model  # NOTE: torch (see above)
 
-        return load_gguf_model(ckpt, dtype=dtype, device=device)
+        return load_gguf_model(ckpt, dtype=dtype, device=device, rows=rows)
 
     return build
 
 
 def _packed(head: str) -> Builder:
-    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
-        from coda.models.gguf_packed import build_q4
+    def build(ckpt: GGUFCheckpoint, device: str, rows: RowOps | None = None) -> CausalLM:
+        from coda.models.gguf_packed import build_q4  # NOTE: torch (see above)
 
-        return build_q4(ckpt, head=head, device=device)
+        return build_q4(ckpt, head=head, device=device, rows=rows)
 
     return build
 
 
 def _ggml(act: str) -> Builder:
-    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
-        from coda.models.gguf_packed import build_ggml
+    def build(ckpt: GGUFCheckpoint, device: str, rows: RowOps | None = None) -> CausalLM:
+        from coda.models.gguf_packed import build_ggml  # NOTE: torch (see above)
 
-        return build_ggml(ckpt, act=act, device=device)
+        return build_ggml(ckpt, act=act, device=device, rows=rows)
 
     return build
 
 
-def _kernel_folder(path: Path, device: str) -> CausalLM:
-    from coda.models.config import ModelConfig
-    from coda.models.kernels.dense import make_invariant, unfit
+def _kernel_folder(path: Path, device: str, rows: RowOps | None = None,
+                   config: ModelConfig | None = None) -> CausalLM:
+    from coda.models.dense_invariant import make_invariant, unfit  # NOTE: torch (see above)
     from coda.models.loader import load_model
 
-    why = unfit(ModelConfig.from_dir(path)) or (None if device == "cpu" else
-                                                "the kernels run on the CPU only")
+    cfg = config if config is not None else ModelConfig.from_dir(path)
+    why = unfit(cfg) or (None if device == "cpu" else "the kernels run on the CPU only")
     if why is not None:
         raise UnsupportedModelError(f"--quant fp32-kernel cannot serve {path.name}: {why}")
-    return make_invariant(load_model(path, dtype="float32", device=device))
+    return make_invariant(load_model(path, dtype="float32", device=device, rows=rows,
+                                     config=cfg))
 
 
-def _kernel_gguf(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
+def _kernel_gguf(ckpt: GGUFCheckpoint, device: str, rows: RowOps | None = None) -> CausalLM:
+    from coda.models.dense_invariant import make_invariant  # NOTE: torch (see above)
     from coda.models.gguf_packed import build_ggml, float_applies
     from coda.models.gguf_weights import load_gguf_model
-    from coda.models.kernels.dense import make_invariant
 
     if float_applies(ckpt) is None:  # NOTE: F32/F16/BF16 rows read in place from the file
-        return build_ggml(ckpt, act="f32", device=device, floats=True)
+        return build_ggml(ckpt, act="f32", device=device, floats=True, rows=rows)
     # NOTE: a quantized file asked for fp32-kernel (auto only lands here when packed and q4
     # refuse it): dequantized to float32 like fp32, multiplied by the invariant kernel
-    return make_invariant(load_gguf_model(ckpt, dtype="float32", device=device))
+    return make_invariant(load_gguf_model(ckpt, dtype="float32", device=device, rows=rows))
 
 
 def _kernel_applies(ckpt: GGUFCheckpoint) -> str | None:
-    from coda.models.kernels.dense import unfit
+    from coda.models.dense_invariant import unfit  # NOTE: torch (see above)
 
     return unfit(ckpt.config)
 
 
 def _ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
-    from coda.models.gguf_packed import ggml_applies
+    from coda.models.gguf_packed import ggml_applies  # NOTE: torch (see above)
 
     return ggml_applies(ckpt)
 
 
 def _ggml_kernel() -> str | None:
-    from coda.models.kernels import unavailable
-
-    return unavailable()  # NOTE: an import of the module built at install; never a compile
+    return kernels.unavailable()  # NOTE: an import of the module built at install; never a compile
 
 
 def _q4_applies(ckpt: GGUFCheckpoint) -> str | None:
-    from coda.models.gguf_packed import q4_applies
+    from coda.models.gguf_packed import q4_applies  # NOTE: torch (see above)
 
     return q4_applies(ckpt)
 
@@ -277,6 +299,53 @@ def resolve_mode(quant: str, dtype: str | None, ckpt: GGUFCheckpoint | None) -> 
     return mode
 
 
+@dataclass(frozen=True)
+class Backend:
+    """What the model runs on, chosen once at load (issue 18 item 6): ``mode`` is the linear
+    factory (how every matrix is held and multiplied: its builders make each projection's
+    module), ``rows`` the decoder's row ops (:data:`~coda.models.row_ops.NATIVE_ROWS` or
+    :data:`~coda.models.row_ops.TORCH_ROWS`), ``rows_note`` which of them and why. The model
+    takes ``rows`` at construction; nothing re-chooses them per layer or per step."""
+
+    mode: QuantMode
+    rows: RowOps
+    rows_note: str
+
+    def load_gguf(self, ckpt: GGUFCheckpoint, device: str) -> CausalLM:
+        return self.mode.build_gguf(ckpt, device, self.rows)
+
+    def load_folder(self, path: Path, device: str,
+                    config: ModelConfig | None = None) -> CausalLM:
+        return self.mode.load_folder(path, device, self.rows, config)
+
+    def summary(self, per_type: Mapping[str, str]) -> dict[str, str | bool]:
+        """The load summary's part (O1): the mode, the native kernels' state (the ISA that
+        runs, or why none does), the row ops and why, and as ``kernels`` ``per_type``: which
+        kernel runs each tensor type (the model's record, ``CausalLM.kernels``; empty for
+        torch's dense)."""
+        return {**self.mode.summary(), "row_ops": self.rows_note,
+                "kernels": ", ".join(f"{k}: {v}" for k, v in per_type.items())}
+
+    def describe(self, per_type: Mapping[str, str]) -> list[str]:
+        """The same as lines for the CLI's start-up output."""
+        s = self.summary(per_type)
+        order_part = f", order {s['kernel_order']}" if "kernel_order" in s else ""
+        return [f"kernels: native {s['native_kernels']}{order_part}",
+                f"kernel per tensor type: {s['kernels'] or 'torch (F.linear / torch ops)'}"]
+
+
+def resolve_backend(quant: str, dtype: str | None, ckpt: GGUFCheckpoint | None,
+                    config: ModelConfig, device: str = "cpu") -> Backend:
+    """Mode resolution for loading: :func:`resolve_mode`'s mode and the row ops a model of
+    ``config`` runs in that mode's dtype on ``device`` (native unless
+    :func:`coda.models.attention.native_attention_refusal` says why not)."""
+    mode = resolve_mode(quant, dtype, ckpt)
+    from coda.models.row_ops import rows_for  # NOTE: torch (see the builders' note)
+
+    rows, note = rows_for(config, mode.dtype, device)
+    return Backend(mode, rows, note)
+
+
 def modes_for(ckpt: GGUFCheckpoint | None) -> tuple[QuantMode, tuple[str, ...]]:
     """What ``auto`` picks for ``ckpt`` (None: an HF folder) and every mode that would load."""
     names = tuple(n for n, m in QUANT_MODES.items()
@@ -289,10 +358,7 @@ def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
                     device: str = "cpu") -> CausalLM:
     """A GGUF file's model in serving mode ``quant`` (for benchmarks, scripts and tests; the
     engine loads through :func:`coda.models.source.open_model`)."""
-    from coda.models.gguf_file import GGUFCheckpoint as Checkpoint
-    from coda.models.gguf_file import open_gguf
-
-    ckpt = path if isinstance(path, Checkpoint) else open_gguf(path)
+    ckpt = path if isinstance(path, GGUFCheckpoint) else open_gguf(path)
     return resolve_mode(quant, None, ckpt).build_gguf(ckpt, device)
 
 
@@ -304,9 +370,7 @@ def folder_identity(model_dir: str | Path, dtype: str,
     own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
     and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``), the
     mode's summation order (``QuantMode.kernel_order``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
-    from coda.models.identity import digest_files, model_identity
-    from coda.models.loader import safetensors_files
-    from coda.models.tokenizer_bundle import folder_chat_template
+    from coda.models.loader import safetensors_files  # NOTE: torch (see the builders' note)
 
     model_dir = Path(model_dir)
     mode = quant_mode or DENSE_BY_DTYPE.get(dtype)

@@ -57,6 +57,7 @@ class LayerCalls:
     post_attn: Any = None  # sandwich norms (Gemma 3)
     post_ff: Any = None
     local: bool = False  # a sliding-window layer (Gemma 3)
+    scale: float | None = None  # the query scale (None: 1/sqrt(d))
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class RowOps:
     returns ``(h + r, norm(h + r))`` (the native op updates ``h`` in place)."""
 
     name: str
+    plan_once: bool  # NOTE: keep the layer plan from the first step (else rebuilt each step)
     norm_ref: Callable[[Any], Any]
     norm: Callable[[torch.Tensor, Any, float], torch.Tensor]
     add_norm: Callable[[torch.Tensor, torch.Tensor, Any, float],
@@ -109,7 +111,7 @@ def _native_act(gu: torch.Tensor, gelu: bool) -> torch.Tensor:
 def _native_attend(qkv: torch.Tensor, rope: StepRope, kv_layer: torch.Tensor,
                    meta: AttentionMetadata, p: LayerCalls, cfg: ModelConfig) -> torch.Tensor:
     return attend_native(qkv, rope.cos, rope.sin, kv_layer, meta, cfg.num_heads,
-                         cfg.num_kv_heads, window=rope.window, scale=cfg.attn_scale,
+                         cfg.num_kv_heads, window=rope.window, scale=p.scale,
                          q_norm=p.q_norm, k_norm=p.k_norm, eps=cfg.rms_norm_eps)
 
 
@@ -117,7 +119,7 @@ def _no_masks(meta: AttentionMetadata, window: int) -> None:
     return None  # NOTE: the native kernel masks the window itself
 
 
-NATIVE_ROWS = RowOps("native", native_norm_weight, native_ops.rms_norm, _native_add_norm,
+NATIVE_ROWS = RowOps("native", True, native_norm_weight, native_ops.rms_norm, _native_add_norm,
                      _native_act, _native_attend, _no_masks)
 
 
@@ -142,7 +144,7 @@ def _torch_attend(qkv: torch.Tensor, rope: StepRope, kv_layer: torch.Tensor,
     n, d, qs, kvs = qkv.shape[0], cfg.head_dim, cfg.q_size, cfg.kv_size
     v = qkv[:, qs + kvs:].view(n, cfg.num_kv_heads, d)
     if p.q_norm is not None and p.k_norm is not None:
-        q, k, _ = qkv.split([qs, kvs, kvs], dim=-1)
+        q, k, _ = torch.split(qkv, [qs, kvs, kvs], dim=-1)
         # NOTE: Qwen3 and Gemma 3 normalise per head, pre-RoPE
         q = p.q_norm(q.view(n, cfg.num_heads, d))
         k = p.k_norm(k.view(n, cfg.num_kv_heads, d))
@@ -152,10 +154,12 @@ def _torch_attend(qkv: torch.Tensor, rope: StepRope, kv_layer: torch.Tensor,
         qk = qkv[:, : qs + kvs].view(n, -1, d)
         q, k = torch.split(apply_rope(qk, rope.cos, rope.sin),
                            [cfg.num_heads, cfg.num_kv_heads], dim=1)
-    return paged_attention(q, k, v, kv_layer, meta, cfg.attn_scale, rope.masks)
+    return paged_attention(q, k, v, kv_layer, meta, p.scale, rope.masks)
 
 
-TORCH_ROWS = RowOps("torch", lambda norm: norm, _torch_norm, _torch_add_norm, _torch_act,
+# NOTE: the torch rows read the modules at every step, as module calls did (a module or flag
+# changed after the first step is seen); the native plan is kept (~10% of a batch-1 step)
+TORCH_ROWS = RowOps("torch", False, lambda norm: norm, _torch_norm, _torch_add_norm, _torch_act,
                     _torch_attend, window_masks)
 
 

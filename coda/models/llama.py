@@ -145,7 +145,7 @@ class CausalLM(nn.Module):
         # NOTE: a packed head (coda/models/quant.py) replaces the dense one when set.
         self.logits_head: nn.Module | None = None
         self.kernels: dict[str, str] = {}  # NOTE: tensor type -> kernel (packed modes' summary)
-        # NOTE: the backend's row ops, chosen once (coda.models.modes.Backend); never per step
+        # NOTE: the backend's row ops, chosen once (coda.models.backend.Backend); never per step
         self.rows: RowOps = rows if rows is not None else default_rows()
         self._plans: dict[str, list[LayerCalls]] = {}  # NOTE: by row ops; see layer_plan
 

@@ -83,7 +83,7 @@ def load_model(
 ) -> CausalLM:
     """Build the model for ``model_dir/config.json`` (or ``config``, the folder's as served:
     :meth:`ModelConfig.serving`) and fill it from its safetensors; ``rows``: the backend's row
-    ops (:class:`~coda.models.modes.Backend`; None: :func:`coda.models.row_ops.default_rows`)."""
+    ops (:class:`~coda.models.backend.Backend`; None: :func:`coda.models.row_ops.default_rows`)."""
     model_dir = Path(model_dir)
     cfg = config if config is not None else ModelConfig.from_dir(model_dir)
     expected = hf_tensor_shapes(cfg)

@@ -20,11 +20,8 @@ is one entry here plus its builder; :func:`resolve_mode` is the only place a mod
 An explicit mode with an explicit ``dtype`` must run that dtype (``--quant q4 --dtype float32``
 is fine: q4's activations are float32).
 
-:func:`resolve_backend` is mode resolution as the loader uses it: the mode (the linear
-factory: how every matrix is held and multiplied) together with the decoder's row ops (native or
-torch, :mod:`coda.models.row_ops`) as one frozen :class:`Backend`, chosen once at load; the model
-takes its row ops at construction and the load summary prints the backend's state (the ISA, the
-kernel of each tensor type, which row ops run and why).
+:func:`coda.models.backend.resolve_backend` is mode resolution as the loader uses it: the mode
+with the decoder's row ops, one frozen value chosen once at load.
 
 A mode that does not apply (``q4`` on an HF folder, or on a file whose projections are not
 Q4_0/Q4_1; ``packed`` on a tensor type it has no kernel for), is not available on this machine, or contradicts ``dtype`` raises
@@ -34,7 +31,7 @@ saying why; nothing is loaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -297,53 +294,6 @@ def resolve_mode(quant: str, dtype: str | None, ckpt: GGUFCheckpoint | None) -> 
     if ckpt is not None and (why := mode.applies(ckpt)) is not None:
         raise UnsupportedModelError(f"--quant {quant} does not apply to {ckpt.path.name}: {why}")
     return mode
-
-
-@dataclass(frozen=True)
-class Backend:
-    """What the model runs on, chosen once at load (issue 18 item 6): ``mode`` is the linear
-    factory (how every matrix is held and multiplied: its builders make each projection's
-    module), ``rows`` the decoder's row ops (:data:`~coda.models.row_ops.NATIVE_ROWS` or
-    :data:`~coda.models.row_ops.TORCH_ROWS`), ``rows_note`` which of them and why. The model
-    takes ``rows`` at construction; nothing re-chooses them per layer or per step."""
-
-    mode: QuantMode
-    rows: RowOps
-    rows_note: str
-
-    def load_gguf(self, ckpt: GGUFCheckpoint, device: str) -> CausalLM:
-        return self.mode.build_gguf(ckpt, device, self.rows)
-
-    def load_folder(self, path: Path, device: str,
-                    config: ModelConfig | None = None) -> CausalLM:
-        return self.mode.load_folder(path, device, self.rows, config)
-
-    def summary(self, per_type: Mapping[str, str]) -> dict[str, str | bool]:
-        """The load summary's part (O1): the mode, the native kernels' state (the ISA that
-        runs, or why none does), the row ops and why, and as ``kernels`` ``per_type``: which
-        kernel runs each tensor type (the model's record, ``CausalLM.kernels``; empty for
-        torch's dense)."""
-        return {**self.mode.summary(), "row_ops": self.rows_note,
-                "kernels": ", ".join(f"{k}: {v}" for k, v in per_type.items())}
-
-    def describe(self, per_type: Mapping[str, str]) -> list[str]:
-        """The same as lines for the CLI's start-up output."""
-        s = self.summary(per_type)
-        order_part = f", order {s['kernel_order']}" if "kernel_order" in s else ""
-        return [f"kernels: native {s['native_kernels']}{order_part}",
-                f"kernel per tensor type: {s['kernels'] or 'torch (F.linear / torch ops)'}"]
-
-
-def resolve_backend(quant: str, dtype: str | None, ckpt: GGUFCheckpoint | None,
-                    config: ModelConfig, device: str = "cpu") -> Backend:
-    """Mode resolution for loading: :func:`resolve_mode`'s mode and the row ops a model of
-    ``config`` runs in that mode's dtype on ``device`` (native unless
-    :func:`coda.models.attention.native_attention_refusal` says why not)."""
-    mode = resolve_mode(quant, dtype, ckpt)
-    from coda.models.row_ops import rows_for  # NOTE: torch (see the builders' note)
-
-    rows, note = rows_for(config, mode.dtype, device)
-    return Backend(mode, rows, note)
 
 
 def modes_for(ckpt: GGUFCheckpoint | None) -> tuple[QuantMode, tuple[str, ...]]:

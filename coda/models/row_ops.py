@@ -9,7 +9,7 @@ row kernels, ``kernels/csrc/rows.h``: float32, CPU, one fixed reduction order pe
 :data:`TORCH_ROWS` (the same maths in torch, any dtype: ``attention.py``'s batch-invariant
 attention, HF's RMSNorm numerics). Both are batch-invariant but round differently, so a runner
 keeps one for its life. :class:`~coda.models.llama.CausalLM` takes its row ops at construction
-(from :class:`~coda.models.modes.Backend`, chosen once at load by mode resolution) and runs one
+(from :class:`~coda.models.backend.Backend`, chosen once at load by mode resolution) and runs one
 layer loop over :class:`LayerCalls` plans: nothing is chosen or imported per layer or per step.
 
 This module never imports ``coda.engine``.

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from coda.models.backend import Backend, resolve_backend
 from coda.models.background import soon
 from coda.models.config import ModelConfig, ModelLoadError
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_parts import assembled_from_parts
 from coda.models.identity import ModelIdentity, digest_files_soon, model_identity
-from coda.models.modes import Backend, QuantMode, folder_identity, resolve_backend
+from coda.models.modes import QuantMode, folder_identity
 from coda.models.tokenizer_bundle import TokenizerBundle, bundle_from_gguf, bundle_from_hf_dir
 
 if TYPE_CHECKING:

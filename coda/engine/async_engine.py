@@ -139,7 +139,7 @@ class AsyncEngine:
         memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None
                   else MemoryBudget.default())
         loaded = open_model(resolve_model(model), quant=config.quant, dtype=config.dtype,
-                            device=config.device)
+                            device=config.device, max_model_len=config.max_model_len)
         mc = loaded.config
         context = min(mc.max_context, config.max_model_len or mc.max_context)
         budget = None

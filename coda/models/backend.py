@@ -36,6 +36,7 @@ class Backend:
     mode: QuantMode
     rows: RowOps
     rows_note: str
+    rope: str | None = None  # a RoPE choice made at load (ModelConfig.rope_choice)
 
     def load_gguf(self, ckpt: GGUFCheckpoint, device: str) -> CausalLM:
         return self.mode.build_gguf(ckpt, device, self.rows)
@@ -50,23 +51,26 @@ class Backend:
         kernel runs each tensor type (the model's record, ``CausalLM.kernels``; empty for
         torch's dense)."""
         return {**self.mode.summary(), "row_ops": self.rows_note,
-                "kernels": ", ".join(f"{k}: {v}" for k, v in per_type.items())}
+                "kernels": ", ".join(f"{k}: {v}" for k, v in per_type.items()),
+                **({"rope": self.rope} if self.rope else {})}
 
     def describe(self, per_type: Mapping[str, str]) -> list[str]:
         """The same as lines for the CLI's start-up output."""
         s = self.summary(per_type)
         order_part = f", order {s['kernel_order']}" if "kernel_order" in s else ""
         return [f"kernels: native {s['native_kernels']}{order_part}",
-                f"kernel per tensor type: {s['kernels'] or 'torch (F.linear / torch ops)'}"]
+                f"kernel per tensor type: {s['kernels'] or 'torch (F.linear / torch ops)'}",
+                *([f"rope: {self.rope}"] if self.rope else [])]
 
 
 def resolve_backend(quant: str, dtype: str | None, ckpt: GGUFCheckpoint | None,
                     config: ModelConfig, device: str = "cpu") -> Backend:
     """Mode resolution for loading: :func:`resolve_mode`'s mode and the row ops a model of
-    ``config`` runs in that mode's dtype on ``device`` (native unless
+    ``config`` (as served: :meth:`ModelConfig.serving`) runs in that mode's dtype on
+    ``device`` (native unless
     :func:`coda.models.attention.native_attention_refusal` says why not)."""
     mode = resolve_mode(quant, dtype, ckpt)
     from coda.models.row_ops import rows_for  # NOTE: torch, only once weights load
 
     rows, note = rows_for(config, mode.dtype, device)
-    return Backend(mode, rows, note)
+    return Backend(mode, rows, note, config.rope_choice())

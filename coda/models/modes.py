@@ -314,7 +314,7 @@ def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
 
 def folder_identity(model_dir: str | Path, dtype: str,
                     chat_template: str | None = None,
-                    quant_mode: str | None = None) -> ModelIdentity:
+                    quant_mode: str | None = None, rope: str | None = None) -> ModelIdentity:
     """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
     ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
     own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
@@ -329,4 +329,4 @@ def folder_identity(model_dir: str | Path, dtype: str,
     return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
                           tokenizer=(model_dir / "tokenizer.json").read_bytes(),
                           chat_template=template, dtype=dtype,
-                          quant_mode=mode, kernel_order=kernel_order)
+                          quant_mode=mode, kernel_order=kernel_order, rope=rope)

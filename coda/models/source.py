@@ -18,6 +18,7 @@ Anything else raises :class:`~coda.models.config.ModelLoadError` saying what was
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import re
 from dataclasses import dataclass
@@ -166,12 +167,16 @@ class LoadedModel:
 
 
 def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = None,
-               device: str = "cpu") -> LoadedModel:
+               device: str = "cpu", max_model_len: int | None = None) -> LoadedModel:
     """Load weights in serving mode ``quant`` (``dtype``: an explicit dense dtype, see
     :func:`coda.models.modes.resolve_mode`) and the tokenizer bundle of ``source``. The mode
-    is resolved before any weight is read: a mode that does not apply fails first."""
+    is resolved before any weight is read: a mode that does not apply fails first.
+    ``max_model_len`` (``--max-model-len``) is the context asked for: the config is served as
+    :meth:`ModelConfig.serving` says (LongRoPE's long factors past the original context)."""
     if source.kind == "gguf":
         ckpt = open_gguf(source.path)
+        # NOTE: the config as served (LongRoPE's long factors past the original context)
+        ckpt = dataclasses.replace(ckpt, config=ckpt.config.serving(max_model_len))
         backend = resolve_backend(quant, dtype, ckpt, ckpt.config, device)
         mode = backend.mode
         # NOTE: the file's digest (the snapshot's weights part) is read beside the next steps
@@ -186,13 +191,15 @@ def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = Non
                                   tokenizer=bundle.tokenizer.to_str(),
                                   chat_template=bundle.chat_template, dtype=mode.dtype,
                                   quantization=ckpt.quantization, quant_mode=mode.name,
-                                  kernel_order=mode.kernel_order())
+                                  kernel_order=mode.kernel_order(),
+                                  rope=ckpt.config.rope_choice())
         return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity,
                            backend)
-    cfg = ModelConfig.from_dir(source.path)
+    cfg = ModelConfig.from_dir(source.path).serving(max_model_len)
     backend = resolve_backend(quant, dtype, None, cfg, device)
     mode = backend.mode
     bundle = bundle_from_hf_dir(source.path, cfg)
     model = backend.load_folder(source.path, device, cfg)
-    identity = folder_identity(source.path, mode.dtype, bundle.chat_template, mode.name)
+    identity = folder_identity(source.path, mode.dtype, bundle.chat_template, mode.name,
+                               rope=cfg.rope_choice())
     return LoadedModel(source, model, cfg, bundle, cfg.torch_dtype, identity, backend)

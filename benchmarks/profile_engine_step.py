@@ -38,7 +38,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import coda.models.llama as llama_mod
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.runner import choose_num_threads
 from coda.engine.types import EngineConfig, GenerationRequest
@@ -70,14 +69,15 @@ class Probe:
 
     def install(self, engine: AsyncEngine) -> None:
         core, runner, model = engine.core, engine.runner, engine.runner.model
-        plan = model._native_plan()
-        model._plan = [dataclasses.replace(
+        # NOTE: the model's row ops with a timed attention (the loop reads model.rows each step)
+        model.rows = dataclasses.replace(model.rows,
+                                         attend=self.timed(model.rows.attend, "attention"))
+        plan = model.layer_plan(model.rows)
+        model._plans[model.rows.name] = [dataclasses.replace(
             p, qkv=self.timed(p.qkv, "kernels"), o=self.timed(p.o, "kernels"),
             gate_up=self.timed(p.gate_up, "kernels"), down=self.timed(p.down, "kernels"))
             for p in plan]
         model.compute_logits = self.timed(model.compute_logits, "kernels")  # type: ignore[method-assign]
-        # NOTE: the name _forward_native looks up at each call
-        llama_mod.attend_native = self.timed(vars(llama_mod)["attend_native"], "attention")  # type: ignore[attr-defined]
         runner.execute = self.timed(runner.execute, "execute")  # type: ignore[method-assign]
         core.scheduler.schedule = self.timed(core.scheduler.schedule, "scheduler")  # type: ignore[method-assign]
         core.scheduler.on_step_done = self.timed(core.scheduler.on_step_done, "scheduler")  # type: ignore[method-assign]

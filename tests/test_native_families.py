@@ -32,6 +32,7 @@ from coda.models.attention import AttentionMetadata  # noqa: E402
 from coda.models.kernels import ops  # noqa: E402
 from coda.models.llama import CausalLM, apply_rope  # noqa: E402
 from coda.models.loader import load_model  # noqa: E402
+from coda.models.row_ops import NATIVE_ROWS  # noqa: E402
 from tests.random_checkpoint import make_random_checkpoint  # noqa: E402
 
 VOCAB, WINDOW = 300, 8
@@ -82,7 +83,8 @@ def test_t3_gemma3_native_path_equals_the_torch_path(gemma3: Path) -> None:
     assert model.config.local_window == WINDOW and model.config.head_dim == 256
     fast, (got, toks), (want, want_toks) = _both(model)
     assert (got - want).abs().max().item() <= 1e-4 and toks == want_toks
-    model._plan = [dataclasses.replace(p, local=False) for p in model._native_plan()]
+    model._plans["native"] = [dataclasses.replace(p, local=False)
+                              for p in model.layer_plan(NATIVE_ROWS)]
     assert (_greedy(ModelRunner(model, num_blocks=16))[0] - want).abs().max().item() > 1e-2
 
 
@@ -94,7 +96,8 @@ def test_t3_qwen3_native_path_equals_the_torch_path(qwen3: Path) -> None:
     assert model.config.qk_norm
     fast, (got, toks), (want, want_toks) = _both(model)
     assert (got - want).abs().max().item() <= 1e-4 and toks == want_toks
-    model._plan = [dataclasses.replace(p, q_norm=None, k_norm=None) for p in model._native_plan()]
+    model._plans["native"] = [dataclasses.replace(p, q_norm=None, k_norm=None)
+                              for p in model.layer_plan(NATIVE_ROWS)]
     assert (_greedy(ModelRunner(model, num_blocks=16))[0] - want).abs().max().item() > 1e-2
 
 

@@ -138,6 +138,35 @@ def test_t3_phi3_long_factors_past_the_original_context(folder: Path, phi3_gguf:
         assert (full_forward(_long(model), LONG_PROMPT) - ref).abs().max().item() <= 1e-4
 
 
+def test_t3_phi3_max_model_len_past_the_original_serves_the_long_factors(
+        folder: Path, phi3_gguf: Path) -> None:
+    """Issue 19: ``--max-model-len`` beyond ``original_max_position_embeddings`` serves
+    LongRoPE's long factors (it was capped at the original 32 positions, the long factors never
+    enabled). From the folder and from the GGUF, the engine serves the asked context and a
+    44-token prompt then 8 greedy steps (past the original length) give transformers' Phi3
+    logits within 1e-4 at every step, so its tokens; the load summary and the model identity
+    say so. At the original length the short factors and their cap stay."""
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+
+    for path in (folder, phi3_gguf):
+        engine = AsyncEngine.from_model_dir(path, EngineConfig(max_model_len=MAX_POS,
+                                                               max_num_seqs=1))
+        rs = engine.runner.config.rope_scaling
+        assert rs is not None and rs.long and engine.context_length == MAX_POS
+        assert "LongRoPE long factors" in str(engine.load_summary()["rope"])
+        assert any(line.startswith("rope: LongRoPE long factors") for line in engine.describe())
+        tokens, logits = greedy_steps(engine.runner, LONG_PROMPT, 8)
+        ref = hf_logits(folder, LONG_PROMPT + tokens, torch.float32)[len(LONG_PROMPT) - 1: -1]
+        assert (logits - ref).abs().max().item() <= 1e-4
+        assert tokens == ref.argmax(-1).tolist()
+        short = AsyncEngine.from_model_dir(path, EngineConfig(max_model_len=ORIG, max_num_seqs=1))
+        rs = short.runner.config.rope_scaling
+        assert rs is not None and not rs.long and short.context_length == ORIG
+        assert "rope" not in short.load_summary()
+        assert short.model_snapshot != engine.model_snapshot
+
+
 def test_phi3_partial_rotary_falls_back_from_the_native_kernel(folder: Path) -> None:
     """The native row kernel rotates whole heads: a partial-rotary model runs its attention
     in Python, and says why (the load summary's attention line)."""

@@ -139,7 +139,7 @@ class AsyncEngine:
         memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None
                   else MemoryBudget.default())
         loaded = open_model(resolve_model(model), quant=config.quant, dtype=config.dtype,
-                            device=config.device)
+                            device=config.device, max_model_len=config.max_model_len)
         mc = loaded.config
         context = min(mc.max_context, config.max_model_len or mc.max_context)
         budget = None
@@ -175,6 +175,7 @@ class AsyncEngine:
             f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
             f"{mode.numerics}",
             f"attention: {self.runner.attention_note}",
+            *self.loaded.backend.describe(self.loaded.model.kernels),
             f"speculative decoding: {self.config.speculative}",
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
@@ -189,15 +190,14 @@ class AsyncEngine:
         """What was loaded as one flat record (``coda serve`` logs it as one JSON line, O1)."""
         return {"model": str(self.source.path), "source_kind": self.source.kind,
                 "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
-                **self.loaded.mode.summary(), "context": self.context_length,
+                **self.loaded.backend.summary(self.loaded.model.kernels),
+                "context": self.context_length,
                 "kv_cache_bytes": int(self.runner.kv.nbytes),  # NOTE: reserved (as before)
                 "kv_cache_reserved_bytes": int(self.runner.kv.nbytes),
                 "kv_cache_committed_bytes": self._kv_committed(), "kv_cache_reason": self.kv_reason,
                 **({"load_s": round(self.load_s, 3)} if self.load_s is not None else {}),
                 **({"rss_bytes_at_load": self.rss_at_load} if self.rss_at_load is not None
                    else {}),
-                # NOTE: which kernel runs each tensor type (packed modes; empty for dense)
-                "kernels": ", ".join(f"{k}: {v}" for k, v in self.loaded.model.kernels.items()),
                 # NOTE: the native row kernel, or torch with the reason it was refused
                 "attention": self.runner.attention_note,
                 "speculative": self.config.speculative,  # issue 21 (coda.engine.speculative)

@@ -46,6 +46,7 @@ from coda.models.attention_meta import (
 )
 from coda.models.attention_window import WindowMasks
 from coda.models.config import ModelConfig
+from coda.models.kernels import ops, unavailable
 
 __all__ = ["AttentionMetadata", "PagedKVCache", "attend_native", "native_attention_refusal",
            "paged_attention", "split_size"]
@@ -313,8 +314,6 @@ def native_attention_refusal(cfg: ModelConfig, kv_dtype: torch.dtype,
     if cfg.head_dim not in (32, 64, 96, 128, 256) or cfg.num_heads % cfg.num_kv_heads or \
             cfg.num_heads // cfg.num_kv_heads > 16:
         return f"head shape {cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim} unsupported"
-    from coda.models.kernels import unavailable
-
     return unavailable()
 
 
@@ -326,8 +325,6 @@ def attend_native(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     ``meta.slot_mapping``, and each row's attention over its own keys in one fixed order (T4;
     ``kernels/csrc/rows.h``). Needs ``meta.rows`` (``AttentionMetadata.build(kernel=True)``).
     ``options``: :func:`coda.models.kernels.ops.attend`'s (window, scale, q/k norms, eps)."""
-    from coda.models.kernels import ops
-
     rows = meta.rows
     assert rows is not None
     return ops.attend(

@@ -16,14 +16,12 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from coda.models.config import ModelConfig, ModelLoadError
+from coda.models.gguf_file import GGUFCheckpoint, open_gguf
 from coda.models.gguf_parts import _PART, cache_dir, find_parts
+from coda.models.modes import AUTO_ORDER, FOLDER_AUTO, QUANT_MODES, modes_for
 from coda.models.source import ModelSource, package_ggufs, resolve_model
-
-if TYPE_CHECKING:
-    from coda.models.gguf_file import GGUFCheckpoint
 
 
 @dataclass(frozen=True)
@@ -54,14 +52,10 @@ def _size(path: Path) -> int:
 
 def describe_source(model: str, src: ModelSource) -> ModelEntry:
     """The catalog row of one resolved source."""
-    from coda.models.modes import modes_for
-
     start = time.perf_counter()
     try:
         ckpt = None
         if src.kind == "gguf":
-            from coda.models.gguf_file import open_gguf
-
             ckpt = open_gguf(src.path)
             cfg, quant = ckpt.config, ckpt.quantization
         else:
@@ -79,8 +73,6 @@ def describe_source(model: str, src: ModelSource) -> ModelEntry:
 def _reasons(ckpt: GGUFCheckpoint | None, auto: str, names: tuple[str, ...]
              ) -> tuple[str, tuple[tuple[str, str], ...]]:
     """(why ``auto`` is ``auto``, each mode that would not load and why) for one model."""
-    from coda.models.modes import AUTO_ORDER, FOLDER_AUTO, QUANT_MODES
-
     refused: list[tuple[str, str]] = []
     for name, mode in QUANT_MODES.items():
         if name in names:
@@ -135,9 +127,6 @@ def _requirement_names(dist: md.Distribution) -> list[str]:
 
 def list_models(extra: list[str]) -> list[ModelEntry]:
     """The embedded model, GGUF packages, then ``extra`` (folders, files, package names)."""
-    from coda.models import gguf_file  # noqa: F401  (imported once, before any row is timed)
-    from coda.models.modes import QUANT_MODES
-
     for mode in QUANT_MODES.values():
         mode.available()  # NOTE: the same for every row: the kernels' import, checked once
     entries = [describe_source("(default)", resolve_model(None))]

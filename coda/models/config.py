@@ -32,6 +32,7 @@ and its own RoPE base on local layers; HF stores its norm weights as ``w`` appli
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,27 @@ class ModelConfig:
         if rs is not None and (rs.kind == "dynamic" or (rs.kind == "longrope" and not rs.long)):
             limit = min(limit, rs.original_max_position_embeddings)
         return limit
+
+    def serving(self, max_model_len: int | None) -> ModelConfig:
+        """This config as served with ``--max-model-len`` (issue 19): a LongRoPE model asked
+        for more than its original context serves LongRoPE's long factors (the whole context;
+        transformers' numerics for sequences past the original length, which it picks per
+        sequence and a paged cache cannot), else the short ones, capped at the original
+        length (transformers' numerics there). Every other config is served as it is."""
+        rs = self.rope_scaling
+        if (max_model_len is None or rs is None or rs.kind != "longrope" or rs.long
+                or max_model_len <= rs.original_max_position_embeddings):
+            return self
+        return dataclasses.replace(self, rope_scaling=dataclasses.replace(rs, long=True))
+
+    def rope_choice(self) -> str | None:
+        """The RoPE choice :meth:`serving` made, for the model identity and the load summary
+        (None: the file's own numbers)."""
+        rs = self.rope_scaling
+        if rs is not None and rs.kind == "longrope" and rs.long:
+            return (f"LongRoPE long factors (context past the original "
+                    f"{rs.original_max_position_embeddings})")
+        return None
 
     @property
     def rope_dim(self) -> int:

@@ -33,11 +33,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from coda.models.config import hf_tensor_shapes
+from coda.models.config import UnsupportedModelError, hf_tensor_shapes
 from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor
+from coda.models.gguf_weights import dequantize
+from coda.models.kernels import native
+from coda.models.kernels.ggml_linear import GgmlLinear
+from coda.models.kernels.kquant_linear import (
+    Q8K_TYPES,
+    KQuantEmbedding,
+    KQuantLinear,
+    Segment,
+    kernel_name,
+)
 from coda.models.llama import CausalLM
 from coda.models.loader import build_model, param_target
 from coda.models.quant import GROUP, Int4Linear, Int8Linear, Q8Split, q4_groups, q8_0_groups
+from coda.models.row_ops import RowOps
 
 Q4_TYPES = ("Q4_0", "Q4_1")
 Q4_HEAD_TYPES = (*Q4_TYPES, "Q8_0")
@@ -73,8 +84,6 @@ def q4_parts(t: GGUFTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _bias(biases: Sequence[GGUFTensor]) -> torch.Tensor | None:
-    from coda.models.gguf_weights import dequantize
-
     return torch.cat([dequantize(b) for b in biases]) if biases else None
 
 
@@ -90,8 +99,6 @@ def q4_head(head: str) -> HeadFactory:
         if t.qtype in Q4_TYPES:
             return int4_linear([t], [])
         if head == "int8":
-            from coda.models.gguf_weights import dequantize
-
             return Int8Linear(dequantize(t))
         values, scale = q8_0_groups(np.asarray(t.data).reshape(t.shape[0], -1))
         v, s = _rows(t, values, scale)
@@ -101,13 +108,12 @@ def q4_head(head: str) -> HeadFactory:
 
 
 def build_packed(ckpt: GGUFCheckpoint, make_linear: LinearFactory, make_head: HeadFactory,
-                 device: str = "cpu", extra: dict[str, nn.Module] | None = None) -> CausalLM:
+                 device: str = "cpu", extra: dict[str, nn.Module] | None = None,
+                 rows: RowOps | None = None) -> CausalLM:
     """The model with every projection and the head built by the factories, and ``extra``
     modules by path (the token embeddings of the packed modes); the remaining tensors (norms,
     and embeddings unless given) dequantized to float32. Nothing dense is allocated for what
     the factories replace."""
-    from coda.models.gguf_weights import dequantize
-
     tensors = {t.hf_name: t for t in ckpt.tensors()}
     modules: dict[str, nn.Module] = dict(extra or {})
     covered = {f"{path}.weight" for path in modules}
@@ -118,7 +124,8 @@ def build_packed(ckpt: GGUFCheckpoint, make_linear: LinearFactory, make_head: He
     modules["logits_head"] = make_head(head_tensor(tensors))
     covered.add("lm_head.weight")
     rest = ((n, dequantize(t)) for n, t in tensors.items() if n not in covered)
-    return build_model(ckpt.config, rest, dtype="float32", device=device, modules=modules)
+    return build_model(ckpt.config, rest, dtype="float32", device=device, modules=modules,
+                       rows=rows)
 
 
 GGML_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the re-laid-out kernel (csrc/blocks.h)
@@ -144,9 +151,6 @@ def _legacy(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> bool:
 def segment(t: GGUFTensor, bias: GGUFTensor | None = None) -> Any:
     """``t`` as the in-place kernel reads it: the mapped bytes, llama.cpp's row order as a
     row map (no rows moved), the bias (a small vector) in float32."""
-    from coda.models.gguf_weights import dequantize
-    from coda.models.kernels.kquant_linear import Segment
-
     return Segment(np.asarray(t.data), t.qtype, t.shape, t.row_order,
                    None if bias is None else dequantize(bias))
 
@@ -163,9 +167,6 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
     without bias through ``csrc/blocks.h`` (re-laid-out once, as many bytes as the file; f32 or q8
     activations), every other one (K-quants, Q5, F16, mixed types, biases) through the in-place
     kernel (float32 activations in both modes). ``kernels`` collects type -> kernel."""
-    from coda.models.kernels import native
-    from coda.models.kernels.ggml_linear import GgmlLinear
-    from coda.models.kernels.kquant_linear import Q8K_TYPES, KQuantLinear, kernel_name
 
     def make(parts: Sequence[GGUFTensor], biases: Sequence[GGUFTensor]) -> nn.Module:
         if _legacy(parts, biases):
@@ -235,22 +236,19 @@ def float_applies(ckpt: GGUFCheckpoint) -> str | None:
 
 
 def build_ggml(ckpt: GGUFCheckpoint, act: str = "f32", device: str = "cpu",
-               floats: bool = False) -> CausalLM:
+               floats: bool = False, rows: RowOps | None = None) -> CausalLM:
     """The ``packed`` (``act="f32"``) and ``packed-q8`` (``act="q8"``) models, and with
     ``floats`` the ``fp32-kernel`` model of a float GGUF (same kernels). Token embeddings
     are gathered from their blocks (:class:`KQuantEmbedding`); ``model.kernels`` says which
     kernel runs each tensor type (the load summary shows it)."""
-    from coda.models.kernels.kquant_linear import KQuantEmbedding
-
     why = float_applies(ckpt) if floats else ggml_applies(ckpt)
     if why is not None:
-        from coda.models.config import UnsupportedModelError
-
         raise UnsupportedModelError(why)
     kernels: dict[str, str] = {}
     embed = next(t for t in ckpt.tensors() if t.hf_name == "model.embed_tokens.weight")
     extra: dict[str, nn.Module] = {"model.embed_tokens": KQuantEmbedding(segment(embed))}
-    model = build_packed(ckpt, ggml_linear(act, kernels), ggml_head(act, kernels), device, extra)
+    model = build_packed(ckpt, ggml_linear(act, kernels), ggml_head(act, kernels), device, extra,
+                         rows)
     kernels[f"{embed.qtype} embeddings"] = "row gather (in place)"
     model.kernels = dict(sorted(kernels.items()))
     return model
@@ -275,12 +273,11 @@ def q4_applies(ckpt: GGUFCheckpoint) -> str | None:
     return None
 
 
-def build_q4(ckpt: GGUFCheckpoint, head: str = "q8split", device: str = "cpu") -> CausalLM:
+def build_q4(ckpt: GGUFCheckpoint, head: str = "q8split", device: str = "cpu",
+             rows: RowOps | None = None) -> CausalLM:
     """The ``q4`` (``head="q8split"``) and ``q4-int8head`` (``head="int8"``) models."""
     why = q4_applies(ckpt)
     if why is not None:
-        from coda.models.config import UnsupportedModelError
-
         raise UnsupportedModelError(why)
-    return build_packed(ckpt, int4_linear, q4_head(head), device)
+    return build_packed(ckpt, int4_linear, q4_head(head), device, rows=rows)
 

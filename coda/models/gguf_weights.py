@@ -19,6 +19,7 @@ import torch
 from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor, open_gguf
 from coda.models.llama import CausalLM
 from coda.models.loader import build_model
+from coda.models.row_ops import RowOps
 
 
 def dequantize(t: GGUFTensor) -> torch.Tensor:
@@ -49,9 +50,11 @@ def load_gguf_model(
     path: str | Path | GGUFCheckpoint,
     dtype: str = "float32",
     device: str | torch.device = "cpu",
+    rows: RowOps | None = None,
 ) -> CausalLM:
     """Open (or take) a GGUF checkpoint and build the model, dequantized to ``dtype``.
 
     Peak memory is the model in ``dtype`` plus one float32 tensor at a time."""
     ckpt = path if isinstance(path, GGUFCheckpoint) else open_gguf(path)
-    return build_model(ckpt.config, dequantized_tensors(ckpt), dtype=dtype, device=device)
+    return build_model(ckpt.config, dequantized_tensors(ckpt), dtype=dtype, device=device,
+                       rows=rows)

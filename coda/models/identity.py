@@ -30,6 +30,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from coda.models.background import soon
+from coda.models.gguf_parts import cache_root
+
 # NOTE: 16 MiB: the read and the hash release the GIL, and each block takes it back twice; with
 # small blocks a digest beside the load (digest_files_soon) stalls the load's thread
 _BLOCK = 16 << 20
@@ -65,8 +68,6 @@ def _remembered(paths: Sequence[Path]) -> tuple[Path, bool]:
     whether every file is old enough for it to be kept. The key is each file's path, device,
     inode, size, mtime and ctime (ctime cannot be set back: a file rewritten in place and its
     mtime restored still gets a new key)."""
-    from coda.models.gguf_parts import cache_root
-
     key, settled = [], True
     for path in paths:
         st = os.stat(path)
@@ -83,8 +84,6 @@ def digest_files_soon(paths: Sequence[Path]) -> Callable[[], str]:
     hashing), else started now in a background thread (file reads and hashlib's updates release
     the GIL, so it runs beside the load's other steps: the weights' re-layout, the tokenizer)
     and remembered; the returned function waits for the digest (raising what it raised)."""
-    from coda.models.background import soon
-
     entry: Path | None = None
     try:
         entry, settled = _remembered(paths)
@@ -142,11 +141,15 @@ class ModelIdentity:
     coda_version: str
     quant_mode: str | None = None  # the serving mode (coda/models/modes.py): fp32, q4 …
     kernel_order: str | None = None  # the matmuls' summation order (QuantMode.kernel_order)
+    rope: str | None = None  # a RoPE choice made at load (LongRoPE's long factors), else None
 
     @property
     def snapshot(self) -> str:
         """``sha256:<hex>`` over the canonical JSON of every part: equal iff all parts are."""
-        canon = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        parts = asdict(self)
+        if parts["rope"] is None:
+            del parts["rope"]  # NOTE: so every snapshot taken before this part existed stays
+        canon = json.dumps(parts, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, str | None]:
@@ -155,7 +158,8 @@ class ModelIdentity:
 
 def model_identity(*, weights_sha256: str, tokenizer: str | bytes, chat_template: str | None,
                    dtype: str, quantization: str | None = None, quant_mode: str | None = None,
-                   version: str | None = None, kernel_order: str | None = None) -> ModelIdentity:
+                   version: str | None = None, kernel_order: str | None = None,
+                   rope: str | None = None) -> ModelIdentity:
     """The one computation of a model's identity (see the module docstring).
 
     ``weights_sha256``: :func:`digest_files` of the weight files (or :func:`digest_chunks` of
@@ -164,9 +168,11 @@ def model_identity(*, weights_sha256: str, tokenizer: str | bytes, chat_template
     None; ``dtype``: the serving (activation) dtype; ``quantization``: e.g. ``"Q4_1"``, None if
     unquantized; ``quant_mode``: how the weights are served (``"q4"`` keeps them packed,
     ``"fp32"`` dequantizes them): a different mode is a different snapshot; ``kernel_order``:
-    the summation order its kernels keep (:meth:`coda.models.modes.QuantMode.kernel_order`).
+    the summation order its kernels keep (:meth:`coda.models.modes.QuantMode.kernel_order`);
+    ``rope``: a RoPE choice made at load that changes the numbers
+    (:meth:`coda.models.config.ModelConfig.rope_choice`), None for the file's own.
     """
     return ModelIdentity(weights_sha256=weights_sha256, tokenizer_sha256=_sha(tokenizer) or "",
                          chat_template_sha256=_sha(chat_template), dtype=dtype,
                          quantization=quantization, coda_version=version or coda_version(),
-                         quant_mode=quant_mode, kernel_order=kernel_order)
+                         quant_mode=quant_mode, kernel_order=kernel_order, rope=rope)

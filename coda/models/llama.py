@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coda.models.attention import AttentionMetadata, PagedKVCache, attend_native, paged_attention
-from coda.models.attention_window import WindowMasks, window_masks
+from coda.models.attention import AttentionMetadata, PagedKVCache
 from coda.models.config import ModelConfig
-from coda.models.rope import cos_sin_scale, inv_freq
+from coda.models.rope import apply_rope, cos_sin_scale, inv_freq
+from coda.models.row_ops import NATIVE_ROWS, TORCH_ROWS, LayerCalls, RowOps, StepRope, default_rows
+
+__all__ = ["CausalLM", "RMSNorm", "apply_rope"]
 
 # NOTE: RoPE table growth step (positions); 1024 × d_h × 2 floats is 0.5 MiB at d_h = 64.
 _ROPE_CHUNK = 1024
@@ -56,19 +58,6 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """``x``: [T, H, d]; ``cos``/``sin_signed``: [T, 1, r] (HF's non-interleaved half rotation
-    of the first ``r`` dimensions; the other ``d - r`` pass through: partial rotary, Phi-4).
-
-    ``sin_signed`` is ``sin`` with its first half negated, so HF's ``rotate_half(x) * sin`` =
-    ``cat(-x2, x1) * sin`` becomes ``cat(x2, x1) * sin_signed`` (a sign flip is exact)."""
-    rot = cos.shape[-1]
-    if rot != x.shape[-1]:
-        return torch.cat((apply_rope(x[..., :rot], cos, sin_signed), x[..., rot:]), dim=-1)
-    half = rot // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -89,32 +78,6 @@ class Attention(nn.Module):
         self.scale = cfg.attn_scale
         self.local = layer_idx in cfg.local_layers  # NOTE: a sliding-window layer (Gemma 3)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        kv: PagedKVCache,
-        window: WindowMasks | None = None,
-    ) -> torch.Tensor:
-        n_tok = x.shape[0]
-        qkv = self.qkv_proj(x)
-        v = qkv[:, self.q_size + self.kv_size :].view(n_tok, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = self.q_norm(q.view(n_tok, self.num_heads, self.head_dim))
-            k = self.k_norm(k.view(n_tok, self.num_kv_heads, self.head_dim))
-            # NOTE: Qwen3 and Gemma 3 normalise per head, pre-RoPE
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        else:
-            # NOTE: q and k heads side by side: one RoPE pass over [T, H + H_kv, d]
-            qk = qkv[:, : self.q_size + self.kv_size].view(n_tok, -1, self.head_dim)
-            q, k = torch.split(apply_rope(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
-        out = paged_attention(q, k, v, kv.layers[self.layer_idx], meta, self.scale, window)
-        projected: torch.Tensor = self.o_proj(out)
-        return projected
-
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -122,12 +85,6 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.gelu = cfg.hidden_act == "gelu_tanh"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        down: torch.Tensor = self.down_proj(act * up)
-        return down
 
 
 class DecoderLayer(nn.Module):
@@ -143,24 +100,6 @@ class DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(d, eps, off) if cfg.sandwich_norms else None
         self.mlp = MLP(cfg)
 
-    def forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        kv: PagedKVCache,
-        window: WindowMasks | None = None,
-    ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), cos, sin, meta, kv, window)
-        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
-            h = h + attn
-            out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
-            return out
-        h = h + self.post_attention_layernorm(attn)
-        mlp: torch.Tensor = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
-        return h + mlp
-
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -171,34 +110,6 @@ class DecoderModel(nn.Module):
                                          _weight=torch.zeros(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_weight_offset)
-
-
-@dataclass(frozen=True)
-class _LayerCalls:
-    """One layer for the native path: its norms' weights (``offset + w`` already applied) and
-    its projections as plain calls; the Qwen3 / Gemma 3 extras are None where absent."""
-
-    norm_in: torch.Tensor
-    qkv: Callable[[torch.Tensor], torch.Tensor]
-    o: Callable[[torch.Tensor], torch.Tensor]
-    norm_mid: torch.Tensor  # NOTE: the MLP's input norm (Gemma 3: pre_feedforward_layernorm)
-    gate_up: Callable[[torch.Tensor], torch.Tensor]
-    down: Callable[[torch.Tensor], torch.Tensor]
-    norm_out: torch.Tensor  # NOTE: the next layer's input norm, or the final norm
-    q_norm: torch.Tensor | None = None  # per-head q/k norms before RoPE (Qwen3, Gemma 3)
-    k_norm: torch.Tensor | None = None
-    post_attn: torch.Tensor | None = None  # sandwich norms (Gemma 3)
-    post_ff: torch.Tensor | None = None
-    local: bool = False  # a sliding-window layer (Gemma 3)
-
-
-def _norm_weight(norm: RMSNorm | None) -> torch.Tensor | None:
-    """The float32 weight the native norm multiplies by: ``offset + w`` (Gemma's HF ``1 + w``,
-    as HF rounds it: in float32), or ``w``."""
-    if norm is None:
-        return None
-    w = norm.weight.detach()
-    return (norm.offset + w.float()).contiguous() if norm.offset else w
 
 
 def _direct(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -215,7 +126,7 @@ def _direct(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
 class CausalLM(nn.Module):
     """Decoder + LM head. Parameter names mirror HF's except for the fused projections."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, rows: RowOps | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.model = DecoderModel(cfg)
@@ -234,7 +145,21 @@ class CausalLM(nn.Module):
         # NOTE: a packed head (coda/models/quant.py) replaces the dense one when set.
         self.logits_head: nn.Module | None = None
         self.kernels: dict[str, str] = {}  # NOTE: tensor type -> kernel (packed modes' summary)
-        self._plan: list[_LayerCalls] | None = None  # NOTE: see _native_plan
+        # NOTE: the backend's row ops, chosen once (coda.models.backend.Backend); never per step
+        self.rows: RowOps = rows if rows is not None else default_rows()
+        self._plans: dict[str, list[LayerCalls]] = {}  # NOTE: by row ops; see layer_plan
+
+    def row_ops(self, meta: AttentionMetadata) -> RowOps:
+        """The row ops of this step: the model's own (:attr:`rows`, fixed at construction)
+        when the runner built the native kernel's row index (``meta.rows``: it runs native
+        attention for its whole life), else the torch rows (the runner refused native
+        attention for this model's dtype, device or shape, or turned it off)."""
+        if meta.rows is None:
+            return TORCH_ROWS
+        if self.rows.name != NATIVE_ROWS.name:
+            raise ValueError("the step carries native row indices, but this model's backend "
+                             f"runs the {self.rows.name} row ops")
+        return self.rows
 
     def forward(
         self,
@@ -243,97 +168,76 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
         kv: PagedKVCache,
     ) -> torch.Tensor:
-        """``input_ids``/``positions``: LongTensor[T] (flattened batch) -> hidden [T, D].
+        """``input_ids``/``positions``: LongTensor[T] (flattened batch) -> hidden [T, D] after
+        the final norm.
 
-        Appends each token's K/V at ``meta.slot_mapping`` in every layer (T3).
+        Appends each token's K/V at ``meta.slot_mapping`` in every layer (T3). One loop over
+        the layers' plans (:meth:`layer_plan`) and the step's row ops (:meth:`row_ops`): each
+        residual add is fused with the norm after it, the gate's activation with the up
+        product, and q/k norms, RoPE, the cache write and attention (a sliding window on local
+        layers) are one call. Every op is row-local with a fixed reduction order, so a row's
+        bits never depend on its batch (T4). Projections are called without module dispatch:
+        at batch 1 that overhead was ~10% of the step.
         """
         h = self.model.embed_tokens(input_ids)
         cfg = self.config
         if cfg.embed_scale:
             # NOTE: as HF: sqrt(hidden) as a float32 tensor, cast to the model's dtype
             h = h * torch.tensor(cfg.hidden_size**0.5).to(h.dtype)
+        ops = self.row_ops(meta)
         top = meta.max_position if meta.max_position >= 0 else int(positions.max())
-        cos, sin = self._rope(positions, h.dtype, top)
-        if meta.rows is not None:
-            native_local = (self._rope(positions, h.dtype, top, local=True)
-                            if cfg.local_layers and cfg.local_window is not None else None)
-            return self._forward_native(h, cos, sin, meta, kv, native_local)
-        local: tuple[torch.Tensor, torch.Tensor, WindowMasks | None] | None = None
+        full = StepRope(*self._rope(positions, h.dtype, top))
+        local = full
         if cfg.local_layers and cfg.local_window is not None:
             # NOTE: once per step, shared by every local layer (Gemma 3)
-            local = (*self._rope(positions, h.dtype, top, local=True),
-                     window_masks(meta, cfg.local_window))
-        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
-        for layer in layers:
-            if local is not None and layer.self_attn.local:
-                h = layer(h, local[0], local[1], meta, kv, local[2])
-            else:
-                h = layer(h, cos, sin, meta, kv)
-        normed: torch.Tensor = self.model.norm(h)
-        return normed
-
-    def _forward_native(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        meta: AttentionMetadata, kv: PagedKVCache,
-                        local: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """The layers with the native row ops (``kernels/csrc/rows.h``; float32, chosen by the
-        runner for its whole life, see ``AttentionMetadata.rows``): each residual add is fused
-        with the norm after it, the gate's activation with the up product, and the per-head
-        q/k norms, RoPE, the cache write and attention (a sliding window on local layers) are
-        one call (:func:`attend_native`). Every op is row-local with a fixed reduction order,
-        so a row's bits never depend on its batch (T4). ``local``: the local layers' cos/sin
-        (Gemma 3). The projections are called without module dispatch (:meth:`_native_plan`):
-        at batch 1 that overhead was ~10% of the step."""
-        from coda.models.kernels import ops as ext
-        cfg = self.config
-        eps, window = cfg.rms_norm_eps, cfg.local_window or 0
-        n_heads, n_kv = cfg.num_heads, cfg.num_kv_heads
-        act = ext.gelu_tanh_mul if cfg.hidden_act == "gelu_tanh" else ext.silu_mul
-        plan = self._native_plan()
-        h = h.contiguous()  # NOTE: the residual stream, updated in place by add_rms_norm
-        x = ext.rms_norm(h, plan[0].norm_in, eps)
+            local = StepRope(*self._rope(positions, h.dtype, top, local=True),
+                             window=cfg.local_window, masks=ops.window(meta, cfg.local_window))
+        eps, gelu = cfg.rms_norm_eps, cfg.hidden_act == "gelu_tanh"
+        plan = self.layer_plan(ops)
+        h = h.contiguous()  # NOTE: the residual stream (the native add updates it in place)
+        x = ops.norm(h, plan[0].norm_in, eps)
         for i, p in enumerate(plan):
-            c, s, w = (local[0], local[1], window) if p.local and local is not None else \
-                (cos, sin, 0)
-            fused = attend_native(p.qkv(x), c, s, kv.layers[i], meta, n_heads, n_kv, window=w,
-                                  scale=cfg.attn_scale, q_norm=p.q_norm, k_norm=p.k_norm,
-                                  eps=eps)
-            attn, mlp_in = p.o(fused), p.norm_mid
+            attn = p.o(ops.attend(p.qkv(x), local if p.local else full, kv.layers[i], meta, p,
+                                  cfg))
             if p.post_attn is not None:
-                attn = ext.rms_norm(attn, p.post_attn, eps)
-            x = ext.add_rms_norm(h, attn, mlp_in, eps)
-            mlp = p.down(act(p.gate_up(x)))
+                attn = ops.norm(attn, p.post_attn, eps)
+            h, x = ops.add_norm(h, attn, p.norm_mid, eps)
+            mlp = p.down(ops.act(p.gate_up(x), gelu))
             if p.post_ff is not None:
-                mlp = ext.rms_norm(mlp, p.post_ff, eps)
-            x = ext.add_rms_norm(h, mlp, p.norm_out, eps)
-        out: torch.Tensor = x
-        return out
+                mlp = ops.norm(mlp, p.post_ff, eps)
+            h, x = ops.add_norm(h, mlp, p.norm_out, eps)
+        return x
 
-    def _native_plan(self) -> list[_LayerCalls]:
-        # NOTE: built on the first native step, after loading: it holds the weights' tensors
-        # (in-place loads still show), not the modules, so modules swapped later are not seen.
-        if self._plan is None:
+    def layer_plan(self, ops: RowOps) -> list[LayerCalls]:
+        """The layers as ``ops`` runs them (:class:`~coda.models.row_ops.LayerCalls`).
+
+        NOTE: with ``ops.plan_once`` (native) built on the first step, after loading: it holds
+        the weights' tensors (in-place loads still show), not the modules, so modules swapped
+        later are not seen unless ``_plans`` is cleared (``dense_invariant.make_invariant``
+        does); the torch rows' plan is rebuilt each step."""
+        plan = self._plans.get(ops.name) if ops.plan_once else None
+        if plan is None:
             layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
 
-            def norm(n: RMSNorm) -> torch.Tensor:
-                w = _norm_weight(n)
-                assert w is not None
-                return w
+            def ref(norm: RMSNorm | None) -> Any:
+                return None if norm is None else ops.norm_ref(norm)
 
-            self._plan = [_LayerCalls(
-                norm_in=norm(layer.input_layernorm),
+            plan = [LayerCalls(
+                norm_in=ref(layer.input_layernorm),
                 qkv=_direct(layer.self_attn.qkv_proj), o=_direct(layer.self_attn.o_proj),
-                norm_mid=norm(layer.pre_feedforward_layernorm or layer.post_attention_layernorm),
+                norm_mid=ref(layer.pre_feedforward_layernorm or layer.post_attention_layernorm),
                 gate_up=_direct(layer.mlp.gate_up_proj), down=_direct(layer.mlp.down_proj),
-                norm_out=norm(layers[i + 1].input_layernorm if i + 1 < len(layers)
-                              else self.model.norm),
-                q_norm=_norm_weight(layer.self_attn.q_norm),
-                k_norm=_norm_weight(layer.self_attn.k_norm),
-                post_attn=(norm(layer.post_attention_layernorm)
+                norm_out=ref(layers[i + 1].input_layernorm if i + 1 < len(layers)
+                             else self.model.norm),
+                q_norm=ref(layer.self_attn.q_norm), k_norm=ref(layer.self_attn.k_norm),
+                post_attn=(ref(layer.post_attention_layernorm)
                            if layer.pre_feedforward_layernorm is not None else None),
-                post_ff=_norm_weight(layer.post_feedforward_layernorm),
-                local=layer.self_attn.local,
+                post_ff=ref(layer.post_feedforward_layernorm),
+                local=layer.self_attn.local, scale=layer.self_attn.scale,
             ) for i, layer in enumerate(layers)]
-        return self._plan
+            if ops.plan_once:
+                self._plans[ops.name] = plan
+        return plan
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int,
               local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

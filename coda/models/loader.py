@@ -19,6 +19,7 @@ from torch import nn
 
 from coda.models.config import ModelConfig, hf_tensor_shapes
 from coda.models.llama import CausalLM
+from coda.models.row_ops import RowOps
 
 # HF projection name -> (our fused module, which shard)
 _FUSED: dict[str, tuple[str, str]] = {
@@ -76,10 +77,15 @@ def load_model(
     model_dir: str | Path,
     dtype: str = "float32",
     device: str | torch.device = "cpu",
+    *,
+    rows: RowOps | None = None,
+    config: ModelConfig | None = None,
 ) -> CausalLM:
-    """Build the model for ``model_dir/config.json`` and fill it from its safetensors."""
+    """Build the model for ``model_dir/config.json`` (or ``config``, the folder's as served:
+    :meth:`ModelConfig.serving`) and fill it from its safetensors; ``rows``: the backend's row
+    ops (:class:`~coda.models.backend.Backend`; None: :func:`coda.models.row_ops.default_rows`)."""
     model_dir = Path(model_dir)
-    cfg = ModelConfig.from_dir(model_dir)
+    cfg = config if config is not None else ModelConfig.from_dir(model_dir)
     expected = hf_tensor_shapes(cfg)
     files = _tensor_files(model_dir)
     missing = sorted(set(expected) - set(files))
@@ -101,7 +107,7 @@ def load_model(
                 for name in names:
                     yield name, fh.get_tensor(name)
 
-    return build_model(cfg, tensors(), dtype=dtype, device=device)
+    return build_model(cfg, tensors(), dtype=dtype, device=device, rows=rows)
 
 
 def build_model(
@@ -110,6 +116,7 @@ def build_model(
     dtype: str = "float32",
     device: str | torch.device = "cpu",
     modules: Mapping[str, nn.Module] | None = None,
+    rows: RowOps | None = None,
 ) -> CausalLM:
     """A :class:`CausalLM` for ``cfg`` in ``dtype`` on ``device``, every parameter filled from
     ``(hf_name, tensor)`` pairs (any float dtype; cast on copy). Each expected tensor must come
@@ -124,7 +131,7 @@ def build_model(
                 if param_target(cfg, n)[0].rpartition(".")[0] not in modules
                 and not (untied_head and n == "lm_head.weight")}
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(cfg, rows)
     for path in modules:
         if path != "logits_head":
             # NOTE: a placeholder, so that nothing dense is allocated for what is replaced
@@ -146,8 +153,8 @@ def build_model(
                 raise ValueError(f"unexpected or repeated tensor {name!r}")
             if tuple(tensor.shape) != expected[name]:
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} != expected {expected[name]}")
-            target, rows = param_target(cfg, name)
-            dst = params[target] if rows is None else params[target][rows]
+            target, part = param_target(cfg, name)
+            dst = params[target] if part is None else params[target][part]
             dst.copy_(tensor)
             seen.add(name)
     missing = sorted(set(expected) - seen)

@@ -20,6 +20,9 @@ is one entry here plus its builder; :func:`resolve_mode` is the only place a mod
 An explicit mode with an explicit ``dtype`` must run that dtype (``--quant q4 --dtype float32``
 is fine: q4's activations are float32).
 
+:func:`coda.models.backend.resolve_backend` is mode resolution as the loader uses it: the mode
+with the decoder's row ops, one frozen value chosen once at load.
+
 A mode that does not apply (``q4`` on an HF folder, or on a file whose projections are not
 Q4_0/Q4_1; ``packed`` on a tensor type it has no kernel for), is not available on this machine, or contradicts ``dtype`` raises
 :class:`~coda.models.config.UnsupportedModelError` / :class:`ModelLoadError` with one line
@@ -31,25 +34,45 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from coda.models.config import DENSE_BY_DTYPE, ModelLoadError, UnsupportedModelError
+from coda.models import kernels
+from coda.models.config import DENSE_BY_DTYPE, ModelConfig, ModelLoadError, UnsupportedModelError
+from coda.models.gguf_file import GGUFCheckpoint, open_gguf
+from coda.models.identity import ModelIdentity, digest_files, model_identity
+from coda.models.tokenizer_bundle import folder_chat_template
 
 if TYPE_CHECKING:
-    from coda.models.gguf_file import GGUFCheckpoint
-    from coda.models.identity import ModelIdentity
     from coda.models.llama import CausalLM
+    from coda.models.row_ops import RowOps
 
-Builder = Callable[["GGUFCheckpoint", str], "CausalLM"]  # (checkpoint, device) -> model
-FolderBuilder = Callable[["Path", str], "CausalLM"]  # (HF folder, device) -> model
+# NOTE: the builders import torch and the kernels inside their bodies, on purpose: this table
+# is read by `coda models` and by mode resolution before any weight is loaded, without torch.
+
+
+class Builder(Protocol):
+    """(checkpoint, device, the backend's row ops) -> model."""
+
+    def __call__(self, ckpt: GGUFCheckpoint, device: str,
+                 rows: RowOps | None = None) -> CausalLM: ...
+
+
+class FolderBuilder(Protocol):
+    """(HF folder, device, row ops, the folder's config as served) -> model."""
+
+    def __call__(self, path: Path, device: str, rows: RowOps | None = None,
+                 config: ModelConfig | None = None) -> CausalLM: ...
+
+
 Check = Callable[["GGUFCheckpoint"], "str | None"]  # None = applies; else why not
 
 
 def _folder(dtype: str) -> FolderBuilder:
-    def build(path: Path, device: str) -> CausalLM:
-        from coda.models.loader import load_model
+    def build(path: Path, device: str, rows: RowOps | None = None,
+              config: ModelConfig | None = None) -> CausalLM:
+        from coda.models.loader import load_model  # NOTE: torch (see the note above)
 
-        return load_model(path, dtype=dtype, device=device)
+        return load_model(path, dtype=dtype, device=device, rows=rows, config=config)
 
     return build
 
@@ -82,96 +105,92 @@ class QuantMode:
         """The summation order of this mode's matmuls, for the model identity (P1): the
         native kernels' canonical order (the same bits on every machine), or torch's, which
         is per machine (:func:`coda.models.kernels.order`)."""
-        from coda.models.kernels import order
+        return kernels.order(self.native_matmuls)
 
-        return order(self.native_matmuls)
-
-    def load_folder(self, path: Path, device: str) -> CausalLM:
+    def load_folder(self, path: Path, device: str, rows: RowOps | None = None,
+                    config: ModelConfig | None = None) -> CausalLM:
         """This mode's model of the HF folder ``path`` (dense modes only)."""
         build = self.build_folder or _folder(self.dtype)
-        return build(path, device)
+        return build(path, device, rows, config)
 
     def summary(self) -> dict[str, str | bool]:
         """The mode's part of the load summary, with the native kernels' state (the ISA that
         runs, or why they are missing and so which path runs instead)."""
-        from coda.models.kernels import describe
-
         return {"quant_mode": self.name, "numerics": self.numerics,
                 "batch_invariant": self.batch_invariant, "activation_dtype": self.dtype,
-                **describe()}
+                **kernels.describe()}
 
 
 def _dense(dtype: str) -> Builder:
-    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
-        from coda.models.gguf_weights import load_gguf_model
+    def build(ckpt: GGUFCheckpoint, device: str, rows: RowOps | None = None) -> CausalLM:
+        from coda.models.gguf_weights import load_gguf_model  # NOTE: torch (see above)
 
-        return load_gguf_model(ckpt, dtype=dtype, device=device)
+        return load_gguf_model(ckpt, dtype=dtype, device=device, rows=rows)
 
     return build
 
 
 def _packed(head: str) -> Builder:
-    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
-        from coda.models.gguf_packed import build_q4
+    def build(ckpt: GGUFCheckpoint, device: str, rows: RowOps | None = None) -> CausalLM:
+        from coda.models.gguf_packed import build_q4  # NOTE: torch (see above)
 
-        return build_q4(ckpt, head=head, device=device)
+        return build_q4(ckpt, head=head, device=device, rows=rows)
 
     return build
 
 
 def _ggml(act: str) -> Builder:
-    def build(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
-        from coda.models.gguf_packed import build_ggml
+    def build(ckpt: GGUFCheckpoint, device: str, rows: RowOps | None = None) -> CausalLM:
+        from coda.models.gguf_packed import build_ggml  # NOTE: torch (see above)
 
-        return build_ggml(ckpt, act=act, device=device)
+        return build_ggml(ckpt, act=act, device=device, rows=rows)
 
     return build
 
 
-def _kernel_folder(path: Path, device: str) -> CausalLM:
-    from coda.models.config import ModelConfig
-    from coda.models.kernels.dense import make_invariant, unfit
+def _kernel_folder(path: Path, device: str, rows: RowOps | None = None,
+                   config: ModelConfig | None = None) -> CausalLM:
+    from coda.models.dense_invariant import make_invariant, unfit  # NOTE: torch (see above)
     from coda.models.loader import load_model
 
-    why = unfit(ModelConfig.from_dir(path)) or (None if device == "cpu" else
-                                                "the kernels run on the CPU only")
+    cfg = config if config is not None else ModelConfig.from_dir(path)
+    why = unfit(cfg) or (None if device == "cpu" else "the kernels run on the CPU only")
     if why is not None:
         raise UnsupportedModelError(f"--quant fp32-kernel cannot serve {path.name}: {why}")
-    return make_invariant(load_model(path, dtype="float32", device=device))
+    return make_invariant(load_model(path, dtype="float32", device=device, rows=rows,
+                                     config=cfg))
 
 
-def _kernel_gguf(ckpt: GGUFCheckpoint, device: str) -> CausalLM:
+def _kernel_gguf(ckpt: GGUFCheckpoint, device: str, rows: RowOps | None = None) -> CausalLM:
+    from coda.models.dense_invariant import make_invariant  # NOTE: torch (see above)
     from coda.models.gguf_packed import build_ggml, float_applies
     from coda.models.gguf_weights import load_gguf_model
-    from coda.models.kernels.dense import make_invariant
 
     if float_applies(ckpt) is None:  # NOTE: F32/F16/BF16 rows read in place from the file
-        return build_ggml(ckpt, act="f32", device=device, floats=True)
+        return build_ggml(ckpt, act="f32", device=device, floats=True, rows=rows)
     # NOTE: a quantized file asked for fp32-kernel (auto only lands here when packed and q4
     # refuse it): dequantized to float32 like fp32, multiplied by the invariant kernel
-    return make_invariant(load_gguf_model(ckpt, dtype="float32", device=device))
+    return make_invariant(load_gguf_model(ckpt, dtype="float32", device=device, rows=rows))
 
 
 def _kernel_applies(ckpt: GGUFCheckpoint) -> str | None:
-    from coda.models.kernels.dense import unfit
+    from coda.models.dense_invariant import unfit  # NOTE: torch (see above)
 
     return unfit(ckpt.config)
 
 
 def _ggml_applies(ckpt: GGUFCheckpoint) -> str | None:
-    from coda.models.gguf_packed import ggml_applies
+    from coda.models.gguf_packed import ggml_applies  # NOTE: torch (see above)
 
     return ggml_applies(ckpt)
 
 
 def _ggml_kernel() -> str | None:
-    from coda.models.kernels import unavailable
-
-    return unavailable()  # NOTE: an import of the module built at install; never a compile
+    return kernels.unavailable()  # NOTE: an import of the module built at install; never a compile
 
 
 def _q4_applies(ckpt: GGUFCheckpoint) -> str | None:
-    from coda.models.gguf_packed import q4_applies
+    from coda.models.gguf_packed import q4_applies  # NOTE: torch (see above)
 
     return q4_applies(ckpt)
 
@@ -289,24 +308,19 @@ def load_gguf_model(path: str | Path | GGUFCheckpoint, quant: str = "auto",
                     device: str = "cpu") -> CausalLM:
     """A GGUF file's model in serving mode ``quant`` (for benchmarks, scripts and tests; the
     engine loads through :func:`coda.models.source.open_model`)."""
-    from coda.models.gguf_file import GGUFCheckpoint as Checkpoint
-    from coda.models.gguf_file import open_gguf
-
-    ckpt = path if isinstance(path, Checkpoint) else open_gguf(path)
+    ckpt = path if isinstance(path, GGUFCheckpoint) else open_gguf(path)
     return resolve_mode(quant, None, ckpt).build_gguf(ckpt, device)
 
 
 def folder_identity(model_dir: str | Path, dtype: str,
                     chat_template: str | None = None,
-                    quant_mode: str | None = None) -> ModelIdentity:
+                    quant_mode: str | None = None, rope: str | None = None) -> ModelIdentity:
     """``model_snapshot`` of an HF safetensors folder (P1): its weight files' bytes, its
     ``tokenizer.json``, its chat template (the one the loader resolved; by default the folder's
     own, as :func:`coda.models.tokenizer_bundle.bundle_from_hf_dir` finds it), the serving dtype
     and mode (``quant_mode``; by default the dense mode of ``dtype``: ``fp32``/``bf16``/``fp16``), the
     mode's summation order (``QuantMode.kernel_order``) and the Coda version. Computed once at load by :func:`coda.models.identity.model_identity`."""
-    from coda.models.identity import digest_files, model_identity
-    from coda.models.loader import safetensors_files
-    from coda.models.tokenizer_bundle import folder_chat_template
+    from coda.models.loader import safetensors_files  # NOTE: torch (see the builders' note)
 
     model_dir = Path(model_dir)
     mode = quant_mode or DENSE_BY_DTYPE.get(dtype)
@@ -315,4 +329,4 @@ def folder_identity(model_dir: str | Path, dtype: str,
     return model_identity(weights_sha256=digest_files(safetensors_files(model_dir)),
                           tokenizer=(model_dir / "tokenizer.json").read_bytes(),
                           chat_template=template, dtype=dtype,
-                          quant_mode=mode, kernel_order=kernel_order)
+                          quant_mode=mode, kernel_order=kernel_order, rope=rope)

@@ -96,3 +96,16 @@ def _yarn(rs: RopeScaling, theta: float, dim: int) -> torch.Tensor:
     keep = 1 - ramp  # NOTE: the share of the unscaled (extrapolated) frequency
     pos = _base(theta, dim)
     return (1.0 / (rs.factor * pos)) * (1 - keep) + (1.0 / pos) * keep
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """``x``: [T, H, d]; ``cos``/``sin_signed``: [T, 1, r] (HF's non-interleaved half rotation
+    of the first ``r`` dimensions; the other ``d - r`` pass through: partial rotary, Phi-4).
+
+    ``sin_signed`` is ``sin`` with its first half negated, so HF's ``rotate_half(x) * sin`` =
+    ``cat(-x2, x1) * sin`` becomes ``cat(x2, x1) * sin_signed`` (a sign flip is exact)."""
+    rot = cos.shape[-1]
+    if rot != x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rot], cos, sin_signed), x[..., rot:]), dim=-1)
+    half = rot // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed

@@ -18,18 +18,21 @@ Anything else raises :class:`~coda.models.config.ModelLoadError` saying what was
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from coda.models.backend import Backend, resolve_backend
 from coda.models.background import soon
 from coda.models.config import ModelConfig, ModelLoadError
+from coda.models.gguf_file import open_gguf
 from coda.models.gguf_parts import assembled_from_parts
 from coda.models.identity import ModelIdentity, digest_files_soon, model_identity
-from coda.models.modes import QuantMode, resolve_mode
-from coda.models.tokenizer_bundle import TokenizerBundle
+from coda.models.modes import QuantMode, folder_identity
+from coda.models.tokenizer_bundle import TokenizerBundle, bundle_from_gguf, bundle_from_hf_dir
 
 if TYPE_CHECKING:
     from coda.models.llama import CausalLM
@@ -133,7 +136,12 @@ class LoadedModel:
     bundle: TokenizerBundle
     quantization: str  # stored tensor type ("Q4_1", "float32" …)
     identity: ModelIdentity  # P1: content identity, computed once at load
-    mode: QuantMode  # how the weights are served (``--quant``); ``mode.dtype`` runs the cache
+    backend: Backend  # the mode (``--quant``) and row ops it runs on, chosen once at load
+
+    @property
+    def mode(self) -> QuantMode:
+        """How the weights are served (``--quant``); ``mode.dtype`` runs the cache."""
+        return self.backend.mode
 
     @property
     def dtype(self) -> str:
@@ -159,22 +167,23 @@ class LoadedModel:
 
 
 def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = None,
-               device: str = "cpu") -> LoadedModel:
+               device: str = "cpu", max_model_len: int | None = None) -> LoadedModel:
     """Load weights in serving mode ``quant`` (``dtype``: an explicit dense dtype, see
     :func:`coda.models.modes.resolve_mode`) and the tokenizer bundle of ``source``. The mode
-    is resolved before any weight is read: a mode that does not apply fails first."""
-    from coda.models.tokenizer_bundle import bundle_from_gguf, bundle_from_hf_dir  # noqa: I001
-
+    is resolved before any weight is read: a mode that does not apply fails first.
+    ``max_model_len`` (``--max-model-len``) is the context asked for: the config is served as
+    :meth:`ModelConfig.serving` says (LongRoPE's long factors past the original context)."""
     if source.kind == "gguf":
-        from coda.models.gguf_file import open_gguf
-
         ckpt = open_gguf(source.path)
-        mode = resolve_mode(quant, dtype, ckpt)
+        # NOTE: the config as served (LongRoPE's long factors past the original context)
+        ckpt = dataclasses.replace(ckpt, config=ckpt.config.serving(max_model_len))
+        backend = resolve_backend(quant, dtype, ckpt, ckpt.config, device)
+        mode = backend.mode
         # NOTE: the file's digest (the snapshot's weights part) is read beside the next steps
         weights_sha256 = digest_files_soon([source.path])
         # NOTE: the weights are laid out beside the tokenizer (their copies release the GIL);
         # a bad tokenizer still fails at once, without waiting for them
-        model_soon = soon(lambda: mode.build_gguf(ckpt, device), "coda-weights")
+        model_soon = soon(lambda: backend.load_gguf(ckpt, device), "coda-weights")
         bundle = bundle_from_gguf(ckpt)
         model = model_soon()
         # NOTE: the file holds weights and tokenizer alike; its bytes name both
@@ -182,13 +191,15 @@ def open_model(source: ModelSource, quant: str = "auto", dtype: str | None = Non
                                   tokenizer=bundle.tokenizer.to_str(),
                                   chat_template=bundle.chat_template, dtype=mode.dtype,
                                   quantization=ckpt.quantization, quant_mode=mode.name,
-                                  kernel_order=mode.kernel_order())
-        return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity, mode)
-    from coda.models.modes import folder_identity
-
-    mode = resolve_mode(quant, dtype, None)
-    cfg = ModelConfig.from_dir(source.path)
+                                  kernel_order=mode.kernel_order(),
+                                  rope=ckpt.config.rope_choice())
+        return LoadedModel(source, model, ckpt.config, bundle, ckpt.quantization, identity,
+                           backend)
+    cfg = ModelConfig.from_dir(source.path).serving(max_model_len)
+    backend = resolve_backend(quant, dtype, None, cfg, device)
+    mode = backend.mode
     bundle = bundle_from_hf_dir(source.path, cfg)
-    model = mode.load_folder(source.path, device)
-    identity = folder_identity(source.path, mode.dtype, bundle.chat_template, mode.name)
-    return LoadedModel(source, model, cfg, bundle, cfg.torch_dtype, identity, mode)
+    model = backend.load_folder(source.path, device, cfg)
+    identity = folder_identity(source.path, mode.dtype, bundle.chat_template, mode.name,
+                               rope=cfg.rope_choice())
+    return LoadedModel(source, model, cfg, bundle, cfg.torch_dtype, identity, backend)

@@ -33,6 +33,7 @@ from typing import Any
 import tokenizers
 
 from coda.models.config import ModelConfig, ModelLoadError
+from coda.models.gguf_tokenizer import EOG_TEXTS, GGUFVocab, build_tokenizer, end_of_generation_ids
 
 log = logging.getLogger("coda.models")
 
@@ -159,16 +160,12 @@ def template_turn_ends(tok: tokenizers.Tokenizer, template: str) -> set[int]:
     """Ids of the end-of-generation tokens (llama.cpp's list of turn-end texts) that the chat
     template writes and the vocabulary holds: a chat turn must end where the template ends it
     (Gemma's ``<end_of_turn>``, which its ``config.json`` may not list)."""
-    from coda.models.gguf_tokenizer import EOG_TEXTS
-
     found = (tok.token_to_id(text) for text in EOG_TEXTS if text in template)
     return {i for i in found if i is not None}
 
 
 def bundle_from_gguf(ckpt: Any) -> TokenizerBundle:
     """The bundle of an opened :class:`~coda.models.gguf_file.GGUFCheckpoint`."""
-    from coda.models.gguf_tokenizer import GGUFVocab, build_tokenizer, end_of_generation_ids
-
     vocab = GGUFVocab.from_fields(ckpt.field)
     tok, _ = build_tokenizer(vocab)
     template = ckpt.field("tokenizer.chat_template", None)

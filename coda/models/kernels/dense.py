@@ -8,21 +8,15 @@ the thread count: the same row gives different bits alone and in a crowd (issue 
 tensor's own memory, no copy): each output is summed in the canonical 16-lane order, so a row's
 bits depend on its input row only, whatever the batch, its position in it, the thread count or
 the ISA build. The token embeddings stay a float32 table (a gather is exact); norms, RoPE and
-attention are the runner's (native rows, also batch-invariant).
+attention are the runner's (native rows, also batch-invariant). :mod:`coda.models.dense_invariant`
+puts these layers into a model.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-from torch import nn
 
 from coda.models.kernels.kquant_linear import KQuantLinear, Segment
-
-if TYPE_CHECKING:
-    from coda.models.config import ModelConfig
-    from coda.models.llama import CausalLM
 
 LANE = 16  # NOTE: the kernel's K granularity (csrc/kquant_kernels.h: 16 float lanes)
 
@@ -40,32 +34,3 @@ def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> KQua
         raise ValueError(f"a {n}x{k} weight: K must be a multiple of {LANE}")
     # NOTE: .numpy() shares the tensor's memory and holds the tensor through its base
     return KQuantLinear([Segment(w.numpy(), "F32", (n, k), bias=bias)])
-
-
-def unfit(cfg: ModelConfig) -> str | None:
-    """Why :func:`make_invariant` cannot convert a model of ``cfg`` (None: it can)."""
-    for name, k in (("hidden_size", cfg.hidden_size), ("intermediate_size",
-                    cfg.intermediate_size), ("attention width", cfg.q_size)):
-        if k % LANE:
-            return f"{name} {k} is not a multiple of {LANE} (the invariant kernel's lanes)"
-    return None
-
-
-def make_invariant(model: CausalLM) -> CausalLM:
-    """Replace every ``nn.Linear`` of the decoder layers and the LM head (tied or not) of a
-    float32 ``model`` by :func:`dense_linear` layers on the same weights, in place; returns it.
-    ``model.kernels`` says what runs where (the load summary)."""
-    from coda.models.kernels import native
-
-    if (why := unfit(model.config)) is not None:
-        raise ValueError(why)
-    for path, module in list(model.model.layers.named_modules()):
-        if type(module) is nn.Linear:
-            model.model.layers.set_submodule(path, dense_linear(module.weight, module.bias))
-    head = model.lm_head.weight if model.lm_head is not None else model.model.embed_tokens.weight
-    model.logits_head = dense_linear(head)  # NOTE: a tied head reads the embedding table itself
-    isa = native().isa()
-    model.kernels = {"F32 projections and head": f"packed-f32/{isa} (in place)",
-                     "F32 embeddings": "float32 table (row gather)"}
-    model._plan = None  # NOTE: the native plan holds the modules' calls; rebuild it
-    return model

@@ -67,7 +67,7 @@ def test_d6_c1_early_stop_takes_the_cancel_path_with_the_policys_reason(
         < kinds.index(tr.CANCEL_EFFECTIVE) < kinds.index(tr.TERMINAL)
     assert run.cancel_requested_at is not None and run.cancel_effective_at is not None
     assert run.cancel_requested_at <= run.cancel_effective_at
-    assert run.ledger.held == frozenset() and len(run.ledger.released) == 5
+    assert run.lifecycle.held == frozenset() and len(run.lifecycle.released) == 5
     # a late stop_early on a terminal run changes nothing
     n = len(sink.events)
     run.stop_early(FinishReason.CONFIDENCE_STOP)

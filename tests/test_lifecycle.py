@@ -361,7 +361,8 @@ def test_l7_a_release_runs_outside_the_lifecycle_lock() -> None:
     seen: list[tuple[bool, bool]] = []
 
     def release() -> None:
-        seen.append((lc._lock.locked(), lc.while_live(lambda s: s is State.QUEUED)))
+        held = lc._lock.locked()  # NOTE: checked first: a held lock would hang while_live
+        seen.append((held, not held and lc.while_live(lambda s: s is State.QUEUED)))
 
     lc.transition(State.QUEUED)
     lc.acquire(ResourceKind.KV_CACHE, release)

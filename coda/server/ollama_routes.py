@@ -22,6 +22,7 @@ once, or ``"unload"`` with ``keep_alive: 0`` and several models.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -32,10 +33,9 @@ from coda.errors import InvalidRequestError
 from coda.reader import replay
 from coda.reasoning import ReasoningSpec
 from coda.server import tools as tl
-from coda.server.admission import off_loop
 from coda.server.chat import render_chat
-from coda.server.common import collect, now, state_of
-from coda.server.create import Parsed, create
+from coda.server.common import collect, new_id, now, state_of
+from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.ndjson import JSONLine, NDJSONRenderer
 from coda.server.ollama_info import unload_now, unload_when_idle
@@ -47,7 +47,7 @@ from coda.server.ollama_wire import (
     keep_alive_zero,
     tool_call,
 )
-from coda.server.params import Knobs
+from coda.server.params import Knobs, Parsed, plan_call
 from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
@@ -175,6 +175,7 @@ class OllamaAdapter:
         self.id_prefix = "ollama-chat-" if chat else "ollama-gen-"
 
     async def parse(self, st: ServerState, body: OllamaBody) -> Parsed:
+        st.check_model(body.model)
         _check_common(body)
         if isinstance(body, OllamaGenerateRequest):
             _generate_checks(body)
@@ -191,13 +192,16 @@ class OllamaAdapter:
             top_p=o.top_p if o else None,
             presence_penalty=o.presence_penalty if o else None,
             frequency_penalty=o.frequency_penalty if o else None, **tool_knobs)
-        ids = await off_loop(_prompt, st, body, plan)
+        ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
         reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
         if reasoning is not None:
             knobs = replace(knobs, reasoning=reasoning)
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
                             thinking=reasoning is not None and body.think not in (False, "none"))
-        return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect)
+        return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
+                         default_max_tokens=st.engine_config.default_max_tokens,
+                         backpressure=st.settings.backpressure, stream=body.stream,
+                         on_disconnect=body.on_disconnect)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         assert terminals is not None
@@ -269,7 +273,7 @@ async def _run(request: Request, body: OllamaBody, adapter: OllamaAdapter, *,
         st = state_of(request)
         st.check_model(body.model)
         return _loaded(st, body, chat=adapter.chat)
-    response = await create(request, body, adapter)
+    response = await create(request, await adapter.parse(state_of(request), body), adapter)
     if keep_alive_zero(body.keep_alive):
         unload_when_idle(state_of(request).engine)
     return response

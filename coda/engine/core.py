@@ -43,7 +43,7 @@ class EngineRequest(RequestRun):
     """The engine's one live object per request (issue 22): the request's run (lifecycle with
     its resources, stream, output processor, trace handle and the three endings, inherited
     from :class:`RequestRun`) plus what only the engine keeps: the frozen plan, the
-    scheduler's view, the RNG cursor, the grammar's state, the closer and the drafting state;
+    scheduler's view, the RNG state (seed, step), the grammar's state, the closer and the drafting state;
     everything is released through ``lifecycle`` (L7).
 
     Why the rest stays apart: :class:`RequestRun` is the base, not a second object, because the
@@ -67,7 +67,11 @@ class EngineRequest(RequestRun):
         self.spec = spec                     # issue 21: prompt-lookup drafting (None: off)
         if spec is not None:
             self.speculative = spec.counts   # NOTE: the terminal reports them (coda.speculative)
-        self.rng = RngCursor(plan.seed)
+        # T4, L7: the request's whole RNG state is the counter RNG's (seed, step), which every
+        # sampling row reads (EngineCore._row); the RNG itself keeps no state (coda.engine.rng),
+        # so these two are what the rng_state resource holds (released: see release_rng)
+        self._rng_seed: int | None = plan.seed
+        self.rng_step = 0
         self.computed_high = 0               # highest num_computed_tokens reached (L6)
         self.retries = 0                     # forward retries used (seed 004 D5)
         self.scheduled_once = False
@@ -78,27 +82,18 @@ class EngineRequest(RequestRun):
         assert proc is not None  # NOTE: built with one: an engine request selects tokens
         return proc
 
-
-class RngCursor:
-    """The request's whole RNG state (T4, L7): the counter RNG's ``(seed, step)``, which every
-    sampling row of the request reads (:meth:`EngineCore._row`). The RNG itself keeps no state
-    (coda.engine.rng), so this cursor is what the ``rng_state`` resource holds; releasing it
-    makes any later draw for the request a loud error instead of a silently reused stream."""
-
-    def __init__(self, seed: int) -> None:
-        self._seed = seed
-        self.step = 0
-        self.released = False
-
     @property
-    def seed(self) -> int:
-        if self.released:
+    def rng_seed(self) -> int:
+        """The seed every sampling row of the request draws with; after the ``rng_state``
+        release any later draw is a loud error instead of a silently reused stream (L7)."""
+        if self._rng_seed is None:
             raise RuntimeError("the request's RNG state was released; no draw may follow")
-        return self._seed
+        return self._rng_seed
 
-    def release(self) -> dict[str, int]:
-        self.released = True
-        return {"step": self.step}
+    def release_rng(self) -> dict[str, int]:
+        """The ``rng_state`` resource's release: no draw may follow; reports the last step."""
+        self._rng_seed = None
+        return {"step": self.rng_step}
 
 
 class EngineCore:
@@ -129,7 +124,7 @@ class EngineCore:
         self.requests[seq.seq_id] = req
         req.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(seq.seq_id))
         req.acquire(ResourceKind.BATCH_SLOT, lambda: self._release_slot(seq.seq_id))
-        req.acquire(ResourceKind.RNG_STATE, req.rng.release)
+        req.acquire(ResourceKind.RNG_STATE, req.release_rng)
         req.lifecycle.transition(State.QUEUED)
 
     def _release_slot(self, seq_id: int) -> None:
@@ -375,14 +370,14 @@ class EngineCore:
             mask[forced] = True
         # NOTE: the cursor's step is the number of output tokens (advanced in _on_decision;
         # kept across preemption and retries, so a recomputed step draws the same uniform)
-        return SamplingRow(params=req.plan.sampling, seed=req.rng.seed, step=req.rng.step,
+        return SamplingRow(params=req.plan.sampling, seed=req.rng_seed, step=req.rng_step,
                            prompt_token_ids=seq.prompt_token_ids,
                            output_token_ids=seq.output_token_ids,
                            eos_token_ids=req.plan.eos_token_ids, allowed_token_ids_mask=mask)
 
     def _on_decision(self, req: EngineRequest, dec: TokenDecision) -> None:
         req.seq.append_token(dec.token_id)
-        req.rng.step = req.seq.num_output_tokens
+        req.rng_step = req.seq.num_output_tokens
         if req.first_token_at is None:
             req.first_token_at = self.clock()
         if req.grammar is not None and not req.grammar.consume(dec.token_id):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -300,16 +299,16 @@ class AnthropicAdapter:
         plan = tl.anthropic_plan(body.tools, body.tool_choice)
         show, budget = _thinking(body)
         ids = await asyncio.to_thread(_prompt_ids, st, body, plan)
+        fmt = body.response_format
+        tool = tl.knob_fields(plan, fmt)
+        reasoning = reasoning_spec(
+            st.engine.tokenizer, ids, budget=budget, budget_field="thinking.budget_tokens",
+            grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
         knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
                       prompt_field="messages", stop=body.stop_sequences,
                       stop_field="stop_sequences", seed=body.seed,
-                      temperature=body.temperature, top_p=body.top_p,
-                      **tl.knob_fields(plan, body.response_format))
-        fmt = body.response_format
-        reasoning = reasoning_spec(
-            st.engine.tokenizer, ids, budget=budget, budget_field="thinking.budget_tokens",
-            grammar=knobs.grammar is not None or (fmt is not None and fmt.type != "text"))
-        knobs = replace(knobs, reasoning=reasoning)
+                      temperature=body.temperature, top_p=body.top_p, reasoning=reasoning,
+                      **tool)
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
                                verify=body.stream_verify, thinking=reasoning is not None,
                                reasoning=show)

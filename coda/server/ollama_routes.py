@@ -23,7 +23,6 @@ once, or ``"unload"`` with ``keep_alive: 0`` and several models.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -184,6 +183,8 @@ class OllamaAdapter:
         grammar = body.grammar()
         o = body.options
         tool_knobs = tl.knob_fields(plan, grammar, "format") or {"grammar": grammar}
+        ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
+        reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
         knobs = Knobs(
             max_tokens=o.max_tokens() if o else None, max_tokens_field="options.num_predict",
             prompt_field="messages" if self.chat else "prompt",
@@ -191,11 +192,8 @@ class OllamaAdapter:
             seed=o.seed if o else None, temperature=o.temperature if o else None,
             top_p=o.top_p if o else None,
             presence_penalty=o.presence_penalty if o else None,
-            frequency_penalty=o.frequency_penalty if o else None, **tool_knobs)
-        ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
-        reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
-        if reasoning is not None:
-            knobs = replace(knobs, reasoning=reasoning)
+            frequency_penalty=o.frequency_penalty if o else None, reasoning=reasoning,
+            **tool_knobs)
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
                             thinking=reasoning is not None and body.think not in (False, "none"))
         return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -254,24 +253,26 @@ class OpenAIAdapter:
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
             max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
+        tool = tl.knob_fields(plan, body.response_format)
+        prompts = await asyncio.to_thread(_prompts, st, body, plan)  # NOTE: CPU-bound
+        reasoning = None
+        if chat:
+            fmt = body.response_format
+            reasoning = reasoning_spec(
+                st.engine.tokenizer, prompts[0], budget=body.max_reasoning_tokens,
+                budget_field="max_reasoning_tokens",
+                grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
+        elif body.max_reasoning_tokens is not None:
+            raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
+                                      field="max_reasoning_tokens")
+        # NOTE: one frozen Knobs, made once everything it holds is known
         knobs = Knobs(max_tokens=max_tokens, max_tokens_field=mt_field,
                       prompt_field="messages" if chat else "prompt", stop=body.stop, n=body.n,
                       seed=body.seed, temperature=body.temperature, top_p=body.top_p,
                       presence_penalty=body.presence_penalty,
                       frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
                       logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
-                      **tl.knob_fields(plan, body.response_format))
-        prompts = await asyncio.to_thread(_prompts, st, body, plan)  # NOTE: CPU-bound
-        if chat:
-            fmt = body.response_format
-            reasoning = reasoning_spec(
-                st.engine.tokenizer, prompts[0], budget=body.max_reasoning_tokens,
-                budget_field="max_reasoning_tokens",
-                grammar=knobs.grammar is not None or (fmt is not None and fmt.type != "text"))
-            knobs = replace(knobs, reasoning=reasoning)
-        elif body.max_reasoning_tokens is not None:
-            raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
-                                      field="max_reasoning_tokens")
+                      reasoning=reasoning, **tool)
         options = body.stream_options
         spec = OpenAIRender(
             n=body.n, prompt_tokens=tuple(len(p) for p in prompts),

@@ -15,7 +15,6 @@ follows at output index 1.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -360,18 +359,16 @@ class ResponsesAdapter:
         fmt = body.text.format if body.text else None
         logprobs = body.top_logprobs if body.top_logprobs is not None else (
             0 if body.include and "message.output_text.logprobs" in body.include else None)
+        tool = tl.knob_fields(plan, _grammar(fmt), "text.format") or {"grammar": _grammar(fmt)}
+        reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=body.max_reasoning_tokens,
+                                   budget_field="max_reasoning_tokens",
+                                   grammar=tool["grammar"] is not None)
         knobs = Knobs(max_tokens=body.max_output_tokens, max_tokens_field="max_output_tokens",
                       prompt_field="input", stop=body.stop, seed=body.seed,
                       temperature=body.temperature, top_p=body.top_p,
                       presence_penalty=body.presence_penalty,
                       frequency_penalty=body.frequency_penalty, logprobs=logprobs,
-                      logprobs_field="top_logprobs",
-                      **(tl.knob_fields(plan, _grammar(fmt), "text.format")
-                         or {"grammar": _grammar(fmt)}))
-        reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=body.max_reasoning_tokens,
-                                   budget_field="max_reasoning_tokens",
-                                   grammar=knobs.grammar is not None)
-        knobs = replace(knobs, reasoning=reasoning)
+                      logprobs_field="top_logprobs", reasoning=reasoning, **tool)
         spec = ResponsesRender(
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),

@@ -68,10 +68,13 @@ def test_d6_c1_early_stop_takes_the_cancel_path_with_the_policys_reason(
     assert run.cancel_requested_at is not None and run.cancel_effective_at is not None
     assert run.cancel_requested_at <= run.cancel_effective_at
     assert run.lifecycle.held == frozenset() and len(run.lifecycle.released) == 5
-    # a late stop_early on a terminal run changes nothing
-    n = len(sink.events)
+    # a late stop_early on a terminal run changes nothing: no row (not even one the sealed
+    # handle drops), no new cancel or end time
+    n, effective, ended = len(sink.events), run.cancel_effective_at, run.ended_at
     run.stop_early(FinishReason.CONFIDENCE_STOP)
     assert len(sink.events) == n and run.stream.terminal is t
+    assert run.trace.late_rows == 0
+    assert run.cancel_effective_at == effective and run.ended_at == ended
 
 
 def test_d6_c1_an_earlier_cancel_keeps_its_own_cause_and_reason() -> None:

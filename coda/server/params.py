@@ -113,8 +113,8 @@ def _early_stop(raw: dict[str, Any] | None) -> EarlyStopPolicy | None:
 
 
 def _requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int], *,
-                   request_id: str, default_max_tokens: int,
-                   backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
+              request_id: str, default_max_tokens: int,
+              backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
     """n engine requests for one API call; choice i gets seed ``seed + i`` (issue 4). The
     token budget is the engine's to check and derive (coda.engine.plan): an omitted limit
     travels as ``default_max_tokens``."""

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
+from coda.reasoning import reasoning_spec
 from coda.server import tools as tl
 from coda.server.chat import content_text, render_chat
 from coda.server.common import collect, new_id, state_of
@@ -29,7 +30,6 @@ from coda.server.failures import anthropic_error, failed_json, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
 from coda.server.params import Knobs, Parsed, plan_call
 from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicRequest
-from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
-from coda.reasoning import ReasoningSpec
+from coda.reasoning import ReasoningSpec, reasoning_spec
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, now, state_of
@@ -47,7 +47,6 @@ from coda.server.ollama_wire import (
     tool_call,
 )
 from coda.server.params import Knobs, Parsed, plan_call
-from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
 from coda.server.state import Record, ServerState, register_renderer

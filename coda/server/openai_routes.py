@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
+from coda.reasoning import reasoning_spec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
@@ -25,7 +26,6 @@ from coda.server.create import create
 from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
 from coda.server.params import Knobs, Parsed, plan_call
-from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id

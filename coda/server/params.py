@@ -47,7 +47,7 @@ class Knobs:
     logprobs_field: str = "logprobs"
     grammar: GrammarSpec | None = None
     stops_end_at: str | None = None  # a tool call's opening tag (coda.server.tools)
-    reasoning: ReasoningSpec | None = None  # issue 23 (coda.server.reasoning)
+    reasoning: ReasoningSpec | None = None  # issue 23 (coda.reasoning.reasoning_spec)
 
 
 def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_format"

@@ -24,6 +24,7 @@ from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import CancelCause
 from coda.reader import replay, terminal_of
+from coda.reasoning import reasoning_spec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
@@ -36,7 +37,6 @@ from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
 from coda.server.params import Knobs, Parsed, plan_call
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
-from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
 from coda.server.sse import Frame, Renderer, SSEResponse

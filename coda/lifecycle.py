@@ -1,5 +1,5 @@
 """Request lifecycle: states, the legal transition graph, the terminal critical section and
-the resource ledger (SPEC L1, L2, L3, L7; seed 000 §4.1, §4.3, §4.10).
+the resources held, in one :class:`Lifecycle` per request (SPEC L1, L2, L3, L7; seed 000 §4.1, §4.3, §4.10).
 
 Graph (seed §4.1), with the two additions the state table implies::
 
@@ -17,7 +17,8 @@ Graph (seed §4.1), with the two additions the state table implies::
 All transitions of one request happen under one lock. Fixing a terminal state and queueing the
 single terminal event happen in the same critical section (L2), so a cancel racing a normal
 completion yields exactly one terminal. The lock is a ``threading.Lock`` that is never held
-across an ``await``, so it is safe under threads and asyncio alike.
+across an ``await``, so it is safe under threads and asyncio alike. The resources share it:
+a release function runs after the lock is let go, so it may never deadlock on its own request.
 """
 
 from __future__ import annotations
@@ -70,14 +71,58 @@ class IllegalTransition(RuntimeError):
     """A transition outside the §4.1 graph (L1), or out of a terminal state (L2)."""
 
 
+class ResourceKind(StrEnum):
+    KV_CACHE = "kv_cache"
+    BATCH_SLOT = "batch_slot"
+    RNG_STATE = "rng_state"
+    STREAM_BUFFER = "stream_buffer"
+    TRACE_HANDLE = "trace_handle"
+
+
+# A release function; it may return what it freed, for the trace row (see Lifecycle).
+Release = Callable[[], "Mapping[str, object] | None"]
+
+
+class DoubleRelease(RuntimeError):
+    """A resource released twice: the design makes this impossible; raising proves it (L7)."""
+
+
 @dataclass
 class Lifecycle:
-    """The state of one request. Every change goes through :meth:`transition` or
-    :meth:`terminate`; ``on_transition`` observes each change (for the trace)."""
+    """The state of one request and the resources it holds, under one lock (L1, L2, L7).
+
+    Every state change goes through :meth:`transition` or :meth:`terminate`;
+    ``on_transition`` observes each change (for the trace). Every resource is taken with
+    :meth:`acquire` and given back exactly once with :meth:`release`: the entry is popped
+    before its release function runs, so a second release of the same kind raises
+    :class:`DoubleRelease` instead of freeing twice. A release function that fails is logged as
+    a background error (``errors`` keeps them) and never reopens the request. A release
+    function may return what it freed (a small mapping, e.g. ``{"unacked_bytes": 12}``);
+    ``on_release`` receives it with the outcome, so the trace row says what the release did.
+
+    The five resource kinds and who releases what (nothing here is a placeholder):
+
+    - ``kv_cache``: the sequence's blocks back to the block manager (engine) or the model's
+      cache (reference loop);
+    - ``batch_slot``: the request's entry in the engine's running set;
+    - ``rng_state``: the request's counter-RNG cursor (seed, step) that every sampling row
+      reads; released, it refuses further reads (coda.engine.core.EngineRequest.rng_seed);
+    - ``stream_buffer``: the stream's live delivery: its backpressure credit and its listeners
+      (the replay log itself stays, for resume, P3; :meth:`coda.stream.RequestStream.release_live`);
+    - ``trace_handle``: the request's binding to the trace sink, sealed last
+      (:class:`coda.trace.TraceHandle`).
+
+    One object, not a lifecycle and a ledger forwarding to each other (issue 22): the state
+    and the resources are the same request's, and both are read by its one run.
+    """
 
     request_id: str
     on_transition: Callable[[State, State], None] | None = None
+    on_release: Callable[[ResourceKind, bool, Mapping[str, object]], None] | None = None
     state: State = State.CREATED
+    errors: list[tuple[ResourceKind, BaseException]] = field(default_factory=list)
+    _held: dict[ResourceKind, Release] = field(default_factory=dict)
+    _released: set[ResourceKind] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def transition(self, to: State) -> None:
@@ -134,53 +179,7 @@ class Lifecycle:
         if self.on_transition is not None:
             self.on_transition(frm, to)
 
-
-class ResourceKind(StrEnum):
-    KV_CACHE = "kv_cache"
-    BATCH_SLOT = "batch_slot"
-    RNG_STATE = "rng_state"
-    STREAM_BUFFER = "stream_buffer"
-    TRACE_HANDLE = "trace_handle"
-
-
-# A release function; it may return what it freed, for the trace row (see ResourceLedger).
-Release = Callable[[], "Mapping[str, object] | None"]
-
-
-class DoubleRelease(RuntimeError):
-    """A resource released twice: the design makes this impossible; raising proves it (L7)."""
-
-
-@dataclass
-class ResourceLedger:
-    """Resources a request holds, each released exactly once on every path (L7).
-
-    ``release`` pops the entry before calling its release function, so a second release of the
-    same kind raises instead of freeing twice. A release function that fails is logged as a
-    background error (``errors`` keeps them) and never reopens the request. A release function
-    may return what it freed (a small mapping, e.g. ``{"unacked_bytes": 12}``); ``on_release``
-    receives it with the outcome, so the trace row says what the release did.
-
-    The five kinds and who releases what (nothing here is a placeholder):
-
-    - ``kv_cache``: the sequence's blocks back to the block manager (engine) or the model's
-      cache (reference loop);
-    - ``batch_slot``: the request's entry in the engine's running set;
-    - ``rng_state``: the request's counter-RNG cursor (seed, step) that every sampling row
-      reads; released, it refuses further reads (coda.engine.core.RngCursor);
-    - ``stream_buffer``: the stream's live delivery: its backpressure credit and its listeners
-      (the replay log itself stays, for resume, P3; :meth:`coda.stream.RequestStream.release_live`);
-    - ``trace_handle``: the request's binding to the trace sink, sealed last
-      (:class:`coda.trace.TraceHandle`).
-    """
-
-    request_id: str
-    on_release: Callable[[ResourceKind, bool, Mapping[str, object]], None] | None = None
-    errors: list[tuple[ResourceKind, BaseException]] = field(default_factory=list)
-    _held: dict[ResourceKind, Release] = field(default_factory=dict)
-    _released: set[ResourceKind] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
+    # -- resources (L7) -------------------------------------------------------------------
     def acquire(self, kind: ResourceKind, release: Release) -> None:
         with self._lock:
             if kind in self._held or kind in self._released:
@@ -196,6 +195,7 @@ class ResourceLedger:
                 raise DoubleRelease(f"{self.request_id}: {kind.value} is not held")
             fn = self._held.pop(kind)
             self._released.add(kind)
+        # NOTE: outside the lock: a release function may read the state (never re-enter it)
         ok = True
         detail: Mapping[str, object] = {}
         try:

@@ -1,9 +1,12 @@
 """One request's run: lifecycle, resources, stream and the terminal, in one place
 (SPEC L1–L7, C1–C3, G3, P1, P5, O1).
 
-Both drivers — the reference loop (``tests/reference_loop.py``, the engine's test oracle) and the batched engine — build one
-:class:`RequestRun` per request with :meth:`RequestRun.create` (stream, trace handle, output
-processor and its grammar/early-stop hooks, in one constructor; nothing is attached later) and
+Both drivers — the reference loop (``tests/reference_loop.py``, the engine's test oracle) and
+the batched engine — hold one :class:`RequestRun` per request, built from
+:func:`output_processor` (stream, trace handle, output processor and its grammar/early-stop
+hooks, in one call; nothing is attached later): the loop a plain run
+(:meth:`RequestRun.create`), the engine its own subclass
+(:class:`coda.engine.core.EngineRequest`, the engine's one live object per request), and
 end it through exactly one of :meth:`finish`,
 :meth:`fail` or :meth:`cancel`. Each releases the model resources and then fixes the terminal
 state and queues the terminal event inside the lifecycle's critical section (L2); the stream
@@ -20,7 +23,7 @@ import tokenizers
 from coda import trace as tr
 from coda.errors import BackpressureOverflowError, CodaError, DecodingError, ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
-from coda.lifecycle import Lifecycle, Release, ResourceKind, ResourceLedger, State
+from coda.lifecycle import Lifecycle, Release, ResourceKind, State
 from coda.output import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
 from coda.stream import BackpressureConfig, RequestStream, Terminal, Timings
 from coda.trace import TraceEvent, TraceHandle, TraceSink
@@ -29,9 +32,26 @@ MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.
 STREAM_RESOURCES = (ResourceKind.STREAM_BUFFER, ResourceKind.TRACE_HANDLE)
 
 
+def output_processor(request_id: str, tokenizer: tokenizers.Tokenizer, spec: OutputSpec,
+                     trace: TraceSink, *, prompt_token_ids: tuple[int, ...],
+                     stream: RequestStream | None = None,
+                     backpressure: BackpressureConfig | None = None,
+                     grammar_done: GrammarDone | None = None,
+                     grammar_budget_end: GrammarBudgetEnd | None = None,
+                     early_stop: EarlyStopHook | None = None) -> OutputProcessor:
+    """The parts a run is built from, in one call both drivers make: the stream (unless
+    given), the request's trace handle and the output processor holding both with its grammar
+    and early-stop hooks (``proc.stream``, ``proc.trace``). Raises InvalidRequestError (a bad
+    stop) before anything is held."""
+    stream = stream if stream is not None else RequestStream(request_id, backpressure)
+    return OutputProcessor(request_id, tokenizer, spec, stream, TraceHandle(trace, request_id),
+                           prompt_token_ids=prompt_token_ids, grammar_done=grammar_done,
+                           early_stop=early_stop, grammar_budget_end=grammar_budget_end)
+
+
 class RequestRun:
-    """Lifecycle + ledger + stream + output processor + trace handle of one request, built once
-    (issue 11 item 2): nothing is attached after construction. Thread-safe where it must be:
+    """Lifecycle (state and resources) + stream + output processor + trace handle of one
+    request, built once (issue 11 item 2): nothing is attached after construction. Thread-safe where it must be:
     :meth:`request_cancel` may be called from any thread; everything else from the driver.
 
     Construction acquires the two resources every request holds from its first moment: the
@@ -48,8 +68,9 @@ class RequestRun:
         self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
         self.prompt_tokens = prompt_tokens
         self._processor = processor  # NOTE: fixed at construction (read-only property)
-        self.lifecycle = Lifecycle(request_id, on_transition=self._on_transition)
-        self.ledger = ResourceLedger(request_id, on_release=self._on_release)
+        # NOTE: one object for the state and the resources (L2, L7): no ledger beside it
+        self.lifecycle = Lifecycle(request_id, on_transition=self._on_transition,
+                                   on_release=self._on_release)
         self.cancel_cause: CancelCause | None = None
         self.cancel_requested_at: float | None = None
         self.cancel_observed_at: float | None = None
@@ -79,16 +100,16 @@ class RequestRun:
                grammar_budget_end: GrammarBudgetEnd | None = None,
                early_stop: EarlyStopHook | None = None,
                arrival: float | None = None) -> RequestRun:
-        """The one constructor both drivers use: the stream (unless given), the trace handle,
-        the output processor with its grammar and early-stop hooks, and the run holding them.
-        Raises InvalidRequestError (a bad stop) before anything is held."""
-        stream = stream if stream is not None else RequestStream(request_id, backpressure)
-        handle = TraceHandle(trace, request_id)
-        proc = OutputProcessor(request_id, tokenizer, spec, stream, handle,
-                               prompt_token_ids=prompt_token_ids, grammar_done=grammar_done,
-                               early_stop=early_stop, grammar_budget_end=grammar_budget_end)
-        return cls(request_id, stream, handle, proc, prompt_tokens=len(prompt_token_ids),
-                   arrival=arrival)
+        """The reference loop's constructor: the stream (unless given), the trace handle,
+        the output processor with its grammar and early-stop hooks (:func:`output_processor`),
+        and the run holding them. Raises InvalidRequestError (a bad stop) before anything is
+        held."""
+        proc = output_processor(request_id, tokenizer, spec, trace,
+                                prompt_token_ids=prompt_token_ids, stream=stream,
+                                backpressure=backpressure, grammar_done=grammar_done,
+                                grammar_budget_end=grammar_budget_end, early_stop=early_stop)
+        return cls(request_id, proc.stream, proc.trace, proc,
+                   prompt_tokens=len(prompt_token_ids), arrival=arrival)
 
     @property
     def processor(self) -> OutputProcessor | None:
@@ -96,7 +117,7 @@ class RequestRun:
 
     # -- resources -------------------------------------------------------------------------
     def acquire(self, kind: ResourceKind, release: Release) -> None:
-        self.ledger.acquire(kind, release)
+        self.lifecycle.acquire(kind, release)
         self._record(tr.RESOURCE_ACQUIRED, resource=kind.value)
 
     # -- cancellation (C1) -----------------------------------------------------------------
@@ -194,7 +215,7 @@ class RequestRun:
             self.observe_cancel()
         if self.processor is not None:
             self.processor.discard()
-        self.ledger.release_all(MODEL_RESOURCES)
+        self.lifecycle.release_all(MODEL_RESOURCES)
         self.cancel_effective_at = time.monotonic()
         self._record(tr.CANCEL_EFFECTIVE)
         cause = self.cancel_cause or CancelCause.CLIENT
@@ -205,7 +226,7 @@ class RequestRun:
     def _end(self, state: State, reason: FinishReason, code: ErrorCode | None = None,
              message: str | None = None) -> None:
         self.ended_at = time.monotonic()
-        self.ledger.release_all(MODEL_RESOURCES)
+        self.lifecycle.release_all(MODEL_RESOURCES)
         proc = self.processor
         terminal = Terminal(
             state=state, finish_reason=reason, usage=self.usage(), error_code=code,
@@ -228,7 +249,7 @@ class RequestRun:
 
         if not self.lifecycle.terminate(state, emit):
             return
-        self.ledger.release_all(STREAM_RESOURCES)
+        self.lifecycle.release_all(STREAM_RESOURCES)
 
     def usage(self) -> Usage:
         proc = self.processor

@@ -4,7 +4,7 @@ Drives ONE streaming ``/v1/chat/completions`` call with the official ``openai`` 
 the real app (``coda.server.app.create_app`` over the embedded default model, or ``--model``),
 in process over httpx's ASGI transport, after one identical warm-up call (lazy imports and
 first-call caches are not the request's). ``sys.setprofile`` / ``threading.setprofile`` watch
-every thread (event loop, ``off_loop`` workers, the engine thread) from the moment the client
+every thread (event loop, worker threads, the engine thread) from the moment the client
 sends until the stream has ended, and report:
 
 - **files**: the ``coda/`` modules with a function executed in that window;

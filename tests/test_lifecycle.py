@@ -1,4 +1,4 @@
-"""Lifecycle graph, terminal critical section and resource ledger (L1, L2, L3, L7)."""
+"""Lifecycle graph, terminal critical section and the resources it holds (L1, L2, L3, L7)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from coda.lifecycle import (
     IllegalTransition,
     Lifecycle,
     ResourceKind,
-    ResourceLedger,
     State,
 )
 from coda.request import RequestRun
@@ -174,7 +173,7 @@ def test_l2_terminal_race_under_asyncio() -> None:
 
 def test_l7_ledger_releases_each_resource_exactly_once() -> None:
     freed: list[str] = []
-    led = ResourceLedger("r")
+    led = Lifecycle("r")
     for k in ResourceKind:
         led.acquire(k, lambda k=k: freed.append(k.value))
     led.release_all()
@@ -198,7 +197,7 @@ def test_l7_failed_cleanup_is_logged_and_never_reopens(caplog: pytest.LogCapture
         run.lifecycle.transition(s)
     run.finish(FinishReason.EOS)
     assert run.lifecycle.state is State.FINISHED
-    assert run.ledger.errors and run.ledger.errors[0][0] is ResourceKind.KV_CACHE
+    assert run.lifecycle.errors and run.lifecycle.errors[0][0] is ResourceKind.KV_CACHE
     assert "releasing kv_cache failed" in caplog.text
     assert stream.closed and stream.terminal is not None
     assert stream.terminal.finish_reason is FinishReason.EOS
@@ -339,7 +338,7 @@ def test_l7_ledger_reports_each_release_and_releases_only_the_kinds_asked() -> N
     """L7: on_release sees each kind once with ok=True, or ok=False when its clean-up failed;
     release_all(kinds) leaves the other kinds held."""
     seen: list[tuple[ResourceKind, bool]] = []
-    led = ResourceLedger("r", on_release=lambda k, ok, _detail: seen.append((k, ok)))
+    led = Lifecycle("r", on_release=lambda k, ok, _detail: seen.append((k, ok)))
 
     def boom() -> None:
         raise OSError("gone")
@@ -352,3 +351,20 @@ def test_l7_ledger_reports_each_release_and_releases_only_the_kinds_asked() -> N
     assert seen == [(ResourceKind.KV_CACHE, False), (ResourceKind.BATCH_SLOT, True)]
     assert led.held == {ResourceKind.STREAM_BUFFER} and not led.holds(ResourceKind.KV_CACHE)
     assert led.released == {ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT}
+
+
+def test_l7_a_release_runs_outside_the_lifecycle_lock() -> None:
+    """L2, L7: the state and the resources share one lock (issue 22: one object), so a
+    release function must run after it is let go: one that reads the state under the lock
+    (``while_live``) completes, and none of them sees the lock held."""
+    lc = Lifecycle("r")
+    seen: list[tuple[bool, bool]] = []
+
+    def release() -> None:
+        held = lc._lock.locked()  # NOTE: checked first: a held lock would hang while_live
+        seen.append((held, not held and lc.while_live(lambda s: s is State.QUEUED)))
+
+    lc.transition(State.QUEUED)
+    lc.acquire(ResourceKind.KV_CACHE, release)
+    lc.release(ResourceKind.KV_CACHE)
+    assert seen == [(False, True)]

@@ -100,7 +100,7 @@ def test_l4_l7_failures_in_prefill_choose_and_step_end_failed_and_release_all(
     assert (t.finish_reason, t.error_code) == (FinishReason.MODEL_ERROR, ErrorCode.MODEL_ERROR)
     assert run.stream.text() == text and t.usage.selected_tokens == selected
     assert sink.kinds().count(tr.TERMINAL) == 1 and sink.kinds()[-1] != tr.DECODE_STARTED
-    assert run.ledger.held == frozenset() and len(run.ledger.released) == 5
+    assert run.lifecycle.held == frozenset() and len(run.lifecycle.released) == 5
     assert model.released == 1
     assert [c for c in model.calls if c[0] == "decode"] == ([("decode", 3)] if where == "choose"
                                                             else [])

@@ -213,7 +213,7 @@ def test_anthropic_thinking_sent_back_is_accepted(r1: ScriptedServer) -> None:
 def test_reasoning_spec_without_markers() -> None:
     """A model without the markers: no split, and a budget is a 400 naming the field."""
     from coda.errors import InvalidRequestError
-    from coda.server.reasoning import reasoning_spec
+    from coda.reasoning import reasoning_spec
     from tests.scripted import scripted_tokenizer
 
     tok = scripted_tokenizer({101: b"a"})

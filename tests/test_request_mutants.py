@@ -67,11 +67,14 @@ def test_d6_c1_early_stop_takes_the_cancel_path_with_the_policys_reason(
         < kinds.index(tr.CANCEL_EFFECTIVE) < kinds.index(tr.TERMINAL)
     assert run.cancel_requested_at is not None and run.cancel_effective_at is not None
     assert run.cancel_requested_at <= run.cancel_effective_at
-    assert run.ledger.held == frozenset() and len(run.ledger.released) == 5
-    # a late stop_early on a terminal run changes nothing
-    n = len(sink.events)
+    assert run.lifecycle.held == frozenset() and len(run.lifecycle.released) == 5
+    # a late stop_early on a terminal run changes nothing: no row (not even one the sealed
+    # handle drops), no new cancel or end time
+    n, effective, ended = len(sink.events), run.cancel_effective_at, run.ended_at
     run.stop_early(FinishReason.CONFIDENCE_STOP)
     assert len(sink.events) == n and run.stream.terminal is t
+    assert run.trace.late_rows == 0
+    assert run.cancel_effective_at == effective and run.ended_at == ended
 
 
 def test_d6_c1_an_earlier_cancel_keeps_its_own_cause_and_reason() -> None:
@@ -177,3 +180,33 @@ def test_l6_p5_a_live_run_without_model_work_counts_nothing() -> None:
         assert (timings.prefill_s, timings.decode_s, timings.stop_buffer_s,
                 timings.first_token_s) == (0.0, 0.0, 0.0, None)
     assert t.usage == Usage(prompt_tokens=2)
+
+
+def test_l6_p5_a_run_without_a_processor_counts_only_its_prompt() -> None:
+    """L6, P5: a run that never selects a token (no output processor: the lifecycle's own
+    tests) reports zero selected and returned tokens and bytes and no stop-buffer time, live
+    and in its terminal."""
+    sink = ListTraceSink()
+    stream = RequestStream("r")
+    run = RequestRun("r", stream, sink, prompt_tokens=3)
+    stream.start("m")
+    assert run.usage() == Usage(prompt_tokens=3) and run.timings().stop_buffer_s == 0.0
+    run.lifecycle.transition(State.QUEUED)
+    run.finish(FinishReason.EOS)
+    t = stream.terminal
+    assert t is not None and t.usage == Usage(prompt_tokens=3) and t.timings.stop_buffer_s == 0.0
+
+
+def test_c1_a_cancel_observed_after_the_terminal_is_refused_and_records_nothing() -> None:
+    """C1, L2: moment 2 after the request already ended (a lost race) returns False, marks no
+    observed time and writes no row (not even one the sealed trace handle would drop)."""
+    sink = ListTraceSink()
+    stream = RequestStream("r")
+    run = RequestRun("r", stream, sink, prompt_tokens=1)
+    stream.start("m")
+    run.lifecycle.transition(State.QUEUED)
+    run.finish(FinishReason.EOS)
+    n = len(sink.events)
+    assert run.observe_cancel() is False
+    assert run.cancel_observed_at is None and len(sink.events) == n
+    assert run.trace.late_rows == 0

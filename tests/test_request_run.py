@@ -55,8 +55,8 @@ def test_l7_p6_reference_loop_overflow_fails_with_its_own_error_and_releases_all
     assert t is not None and t.state is State.FAILED
     assert (t.finish_reason, t.error_code) == (FinishReason.TRANSPORT_ERROR,
                                                ErrorCode.BACKPRESSURE_OVERFLOW)
-    assert run.lifecycle.state is State.FAILED and run.ledger.held == frozenset()
-    assert len(run.ledger.released) == 5 and model.released == 1
+    assert run.lifecycle.state is State.FAILED and run.lifecycle.held == frozenset()
+    assert len(run.lifecycle.released) == 5 and model.released == 1
     assert stream.text() == "ABAB" and t.usage.returned_bytes == 4
     assert sink.kinds().count(tr.TERMINAL) == 1
 

@@ -12,17 +12,20 @@ import pytest
 
 from coda import trace as tr
 from coda.engine.async_engine import AsyncEngine
-from coda.engine.core import RngCursor
+from coda.engine.core import EngineRequest
 from coda.engine.kv_cache import KVCacheError
+from coda.engine.plan import ModelLimits, plan_request
+from coda.engine.sequence import Sequence
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.finish import FinishReason
 from coda.lifecycle import ResourceKind, State
-from coda.request import RequestRun
+from coda.request import RequestRun, output_processor
 from coda.sampling import SamplingParams
 from coda.stream import RequestStream, StreamClosed
 from coda.trace import ListTraceSink, TraceEvent, TraceHandle, check_trace
 
 from .engine_support import tiny_checkpoint
+from .scripted import scripted_tokenizer
 
 HAPPY = (State.QUEUED, State.PREFILLING, State.DECODING)
 
@@ -63,14 +66,20 @@ def test_l7_p3_engine_releases_are_real_and_traced_and_the_log_stays_replayable(
         assert asyncio.run(replay()) == list(range(h.stream.last_seq + 1))
 
 
-def test_l7_released_rng_cursor_refuses_a_draw() -> None:
-    """L7, T4: the released RNG state cannot feed another sampling row."""
-    cur = RngCursor(seed=42)
-    cur.step = 3
-    assert cur.seed == 42
-    assert cur.release() == {"step": 3}
+def test_l7_released_rng_state_refuses_a_draw() -> None:
+    """L7, T4: the released RNG state (the engine request's seed and step) cannot feed another
+    sampling row; the release reports the last step."""
+    plan = plan_request(GenerationRequest(prompt_token_ids=(1, 2), sampling=SamplingParams(seed=42),
+                                          max_tokens=4, request_id="r"),
+                        ModelLimits(context_length=64, vocab_size=300, eos_token_ids=frozenset({0})))
+    proc = output_processor("r", scripted_tokenizer({1: b"a", 2: b"b"}), plan.output_spec(),
+                            ListTraceSink(), prompt_token_ids=plan.prompt_token_ids)
+    req = EngineRequest(plan, Sequence(0, [1, 2], 6), proc, arrival=0.0)
+    req.rng_step = 3
+    assert req.rng_seed == 42
+    assert req.release_rng() == {"step": 3}
     with pytest.raises(RuntimeError):
-        _ = cur.seed
+        _ = req.rng_seed
 
 
 def test_l7_trace_handle_seals_the_request_trace() -> None:

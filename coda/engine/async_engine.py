@@ -40,7 +40,7 @@ from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.output import EarlyStopHook
 from coda.reader import follow
-from coda.request import RequestRun
+from coda.request import output_processor
 from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 from coda.wakeup import CHANNEL
@@ -230,7 +230,7 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------------------
     def _prepare(self, req: GenerationRequest) -> tuple[EngineRequest, RequestHandle]:
-        """Plan ``req`` (the one check, coda.engine.plan) and build its run and handle (not
+        """Plan ``req`` (the one check, coda.engine.plan) and build its engine request and handle (not
         yet queued)."""
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
@@ -246,23 +246,20 @@ class AsyncEngine:
                                         "`with engine:`) before submit")
         arrival = time.monotonic()
         # NOTE: the one constructor: stream, trace handle, processor and hooks, built once
-        run = RequestRun.create(
+        proc = output_processor(
             plan.request_id, self.tokenizer, plan.output_spec(), self.trace,
             prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
-            arrival=arrival,
             grammar_done=(closer.done if closer is not None else
                           grammar.is_terminated if grammar is not None else None),
             early_stop=_early_stop_hook(controller, arrival, grammar),
             grammar_budget_end=closer.budget_end if closer is not None else None)
         seq = Sequence(next(self._ids), list(plan.prompt_token_ids), plan.max_total_tokens)
-        deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
-        spec = state_for(self.speculative, plan) if closer is None else None
-        if spec is not None:
-            run.speculative = spec.counts  # NOTE: the terminal reports them (coda.speculative)
-        ereq = EngineRequest(plan, run, seq, deadline, grammar, controller, closer, spec=spec)
-        handle = RequestHandle(run, self._wake)
+        ereq = EngineRequest(plan, seq, proc, arrival=arrival, grammar=grammar,
+                             early_stop=controller, closer=closer,
+                             spec=state_for(self.speculative, plan) if closer is None else None)
+        handle = RequestHandle(ereq, self._wake)
         self._track(handle)
-        run.stream.start(self.model_name, self.model_snapshot)
+        ereq.stream.start(self.model_name, self.model_snapshot)
         return ereq, handle
 
     def submit(self, req: GenerationRequest) -> RequestHandle:
@@ -444,7 +441,7 @@ class AsyncEngine:
         try:
             self.core.add(ereq)
         except InvalidRequestError as exc:
-            ereq.run.fail(exc)
+            ereq.fail(exc)
 
     def _abort_everything(self) -> None:
         with self._cond:

@@ -2,9 +2,10 @@
 (SPEC G1, T1–T4, C1–C3, L7; seed 000 §4.3, §4.4, §4.8).
 
 Runs on ONE thread (the engine thread). Other threads only enqueue submissions and call
-``RequestRun.request_cancel`` — both are observed here, at the safe point before ``choose``.
+``EngineRequest.request_cancel`` — both are observed here, at the safe point before ``choose``.
 Each request keeps the core's semantics exactly: the per-token checks are the shared
-:class:`~coda.output.OutputProcessor`, and the endings are the shared :class:`~coda.request.RequestRun`.
+:class:`~coda.output.OutputProcessor`, and the endings are the shared :class:`~coda.request.RequestRun` that each
+:class:`EngineRequest` is.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import tokenizers
 import torch
@@ -39,56 +39,61 @@ from coda.trace import TraceEvent, TraceSink
 log = logging.getLogger("coda.engine")
 
 
-@dataclass(eq=False)
-class EngineRequest:
-    """The engine's one live object per request (issue 22): its frozen plan, its run
-    (lifecycle, ledger, stream, output processor, trace handle), the scheduler's view, the
-    RNG cursor and the grammar's state; released through ``run.ledger`` (L7).
+class EngineRequest(RequestRun):
+    """The engine's one live object per request (issue 22): the request's run (lifecycle with
+    its resources, stream, output processor, trace handle and the three endings, inherited
+    from :class:`RequestRun`) plus what only the engine keeps: the frozen plan, the
+    scheduler's view, the RNG state (seed, step), the grammar's state, the closer and the drafting state;
+    everything is released through ``lifecycle`` (L7).
 
-    Two parts stay separate objects by design: the :class:`RequestRun` is shared with the
-    reference loop (coda.loop), so it holds nothing of the engine; the :class:`Sequence` is the
-    scheduler's and block manager's view (ids, tokens, blocks), tested without an engine."""
+    Why the rest stays apart: :class:`RequestRun` is the base, not a second object, because the
+    reference loop (tests/reference_loop.py, the engine's oracle) ends its requests through
+    the very same code; the :class:`Sequence` is the scheduler's and block manager's view (ids,
+    tokens, blocks; coda.engine.speculative drafts from it), tested without an engine."""
 
-    plan: RequestPlan
-    run: RequestRun
-    seq: Sequence
-    deadline: float | None                   # absolute (monotonic), from plan.deadline_s
-    grammar: GrammarMatcher | None = None
-    early_stop: EarlyStopController | None = None
-    closer: BudgetCloser | None = None       # issue 13: close within the budget
-    computed_high: int = 0                   # highest num_computed_tokens reached (L6)
-    retries: int = 0                         # forward retries used (seed 004 D5)
-    scheduled_once: bool = False
-    spec: SpecState | None = None            # issue 21: prompt-lookup drafting (None: off)
-    rng: RngCursor = field(init=False)
-    processor: OutputProcessor = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rng = RngCursor(self.plan.seed)
-        assert self.run.processor is not None, "an engine request selects tokens"
-        self.processor = self.run.processor
-
-
-class RngCursor:
-    """The request's whole RNG state (T4, L7): the counter RNG's ``(seed, step)``, which every
-    sampling row of the request reads (:meth:`EngineCore._row`). The RNG itself keeps no state
-    (coda.engine.rng), so this cursor is what the ``rng_state`` resource holds; releasing it
-    makes any later draw for the request a loud error instead of a silently reused stream."""
-
-    def __init__(self, seed: int) -> None:
-        self._seed = seed
-        self.step = 0
-        self.released = False
+    def __init__(self, plan: RequestPlan, seq: Sequence, processor: OutputProcessor, *,
+                 arrival: float, grammar: GrammarMatcher | None = None,
+                 early_stop: EarlyStopController | None = None,
+                 closer: BudgetCloser | None = None, spec: SpecState | None = None) -> None:
+        super().__init__(plan.request_id, processor.stream, processor.trace, processor,
+                         prompt_tokens=len(plan.prompt_token_ids), arrival=arrival)
+        self.plan = plan
+        self.seq = seq
+        # NOTE: absolute (monotonic), from plan.deadline_s
+        self.deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
+        self.grammar = grammar
+        self.early_stop = early_stop
+        self.closer = closer                 # issue 13: close within the budget
+        self.spec = spec                     # issue 21: prompt-lookup drafting (None: off)
+        if spec is not None:
+            self.speculative = spec.counts   # NOTE: the terminal reports them (coda.speculative)
+        # T4, L7: the request's whole RNG state is the counter RNG's (seed, step), which every
+        # sampling row reads (EngineCore._row); the RNG itself keeps no state (coda.engine.rng),
+        # so these two are what the rng_state resource holds (released: see release_rng)
+        self._rng_seed: int | None = plan.seed
+        self.rng_step = 0
+        self.computed_high = 0               # highest num_computed_tokens reached (L6)
+        self.retries = 0                     # forward retries used (seed 004 D5)
+        self.scheduled_once = False
 
     @property
-    def seed(self) -> int:
-        if self.released:
-            raise RuntimeError("the request's RNG state was released; no draw may follow")
-        return self._seed
+    def processor(self) -> OutputProcessor:
+        proc = self._processor
+        assert proc is not None  # NOTE: built with one: an engine request selects tokens
+        return proc
 
-    def release(self) -> dict[str, int]:
-        self.released = True
-        return {"step": self.step}
+    @property
+    def rng_seed(self) -> int:
+        """The seed every sampling row of the request draws with; after the ``rng_state``
+        release any later draw is a loud error instead of a silently reused stream (L7)."""
+        if self._rng_seed is None:
+            raise RuntimeError("the request's RNG state was released; no draw may follow")
+        return self._rng_seed
+
+    def release_rng(self) -> dict[str, int]:
+        """The ``rng_state`` resource's release: no draw may follow; reports the last step."""
+        self._rng_seed = None
+        return {"step": self.rng_step}
 
 
 class EngineCore:
@@ -113,14 +118,14 @@ class EngineCore:
     # -- admission ---------------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
         """Register a validated request: QUEUED, holding a scheduler entry, a batch slot and
-        its RNG state (each released exactly once by the ledger)."""
-        seq, run = req.seq, req.run
+        its RNG state (each released exactly once by its lifecycle, L7)."""
+        seq = req.seq
         self.scheduler.add(seq)
         self.requests[seq.seq_id] = req
-        run.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(seq.seq_id))
-        run.acquire(ResourceKind.BATCH_SLOT, lambda: self._release_slot(seq.seq_id))
-        run.acquire(ResourceKind.RNG_STATE, req.rng.release)
-        run.lifecycle.transition(State.QUEUED)
+        req.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(seq.seq_id))
+        req.acquire(ResourceKind.BATCH_SLOT, lambda: self._release_slot(seq.seq_id))
+        req.acquire(ResourceKind.RNG_STATE, req.release_rng)
+        req.lifecycle.transition(State.QUEUED)
 
     def _release_slot(self, seq_id: int) -> None:
         del self.requests[seq_id]
@@ -136,7 +141,7 @@ class EngineCore:
     def step(self) -> int:
         """One engine step; returns the number of tokens computed (0 = nothing runnable)."""
         self._safe_point()
-        paused = frozenset(sid for sid, r in self.requests.items() if r.run.stream.should_pause)
+        paused = frozenset(sid for sid, r in self.requests.items() if r.stream.should_pause)
         out = self.scheduler.schedule(paused=paused, drafts=self._drafts())
         self.num_preemptions_total += len(out.preempted)
         if out.is_empty:
@@ -146,12 +151,12 @@ class EngineCore:
             req = self.requests[chunk.seq.seq_id]
             if not req.scheduled_once:
                 req.scheduled_once = True
-                req.run.cached_prompt_tokens = req.processor.cached_prompt_tokens = chunk.start_pos
-                req.run.lifecycle.transition(State.PREFILLING)
-                req.run.prefill_started = now
+                req.cached_prompt_tokens = req.processor.cached_prompt_tokens = chunk.start_pos
+                req.lifecycle.transition(State.PREFILLING)
+                req.prefill_started = now
                 self._record(req, tr.PREFILL_STARTED, tokens=chunk.seq.num_prompt_tokens,
                              cached=chunk.start_pos)
-            elif chunk.need_logits and req.run.lifecycle.state is State.DECODING:
+            elif chunk.need_logits and req.lifecycle.state is State.DECODING:
                 self._record(req, tr.DECODE_STARTED, t=chunk.seq.num_output_tokens)
         logits, failed = self._execute(out)
         self._triage_failures(failed)
@@ -161,7 +166,7 @@ class EngineCore:
         rows: list[tuple[EngineRequest, int, ScheduledChunk]] = []
         for i, chunk in _logit_rows(out):
             live = self.requests.get(chunk.seq.seq_id)
-            if live is None or live.run.lifecycle.is_terminal:
+            if live is None or live.lifecycle.is_terminal:
                 continue
             if chunk.seq.seq_id in failed:
                 continue  # retried next step (or already ended by the triage)
@@ -179,9 +184,8 @@ class EngineCore:
         """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""
         now = self.clock()
         for req in list(self.requests.values()):
-            run = req.run
-            if run.cancel_pending:
-                run.cancel()
+            if req.cancel_pending:
+                req.cancel()
             elif req.deadline is not None and now >= req.deadline:
                 self._finish(req, FinishReason.DEADLINE_EXCEEDED)
 
@@ -211,11 +215,11 @@ class EngineCore:
         Otherwise the request ends FAILED(model_error) and its committed tokens are billed."""
         for sid, exc in failed.items():
             req = self.requests.get(sid)
-            if req is None or req.run.lifecycle.is_terminal:
+            if req is None or req.lifecycle.is_terminal:
                 continue
             policy = req.early_stop.policy if req.early_stop is not None else None
             decision = decide_stream_failure(
-                first_frame_sent=req.run.stream.last_seq > 0,  # seq 0 is the start event
+                first_frame_sent=req.stream.last_seq > 0,  # seq 0 is the start event
                 error_retryable=req.retries < self.max_forward_retries,
                 no_retry_after_first_frame=(policy.no_retry_after_first_frame
                                             if policy is not None else True),
@@ -242,11 +246,11 @@ class EngineCore:
             return  # recomputation after preemption is not counted twice (L6)
         p = chunk.seq.num_prompt_tokens
         start = max(chunk.start_pos, req.computed_high)
-        req.run.processed_prompt_tokens += max(0, min(end, p) - max(start, p if start >= p else start))
+        req.processed_prompt_tokens += max(0, min(end, p) - max(start, p if start >= p else start))
         new_out = max(0, end - max(start, p))
-        req.run.processed_output_tokens += new_out
+        req.processed_output_tokens += new_out
         req.computed_high = end
-        if new_out and req.run.lifecycle.state is State.DECODING:
+        if new_out and req.lifecycle.state is State.DECODING:
             self._record(req, tr.DECODE_COMPLETED, t=chunk.seq.num_output_tokens,
                          cache_len=chunk.seq.num_computed_tokens)
 
@@ -254,14 +258,13 @@ class EngineCore:
                 logits: torch.Tensor) -> None:
         live: list[tuple[EngineRequest, int, tuple[int, ...]]] = []
         for req, i, chunk in rows:
-            run = req.run
-            if run.lifecycle.state is State.PREFILLING:
-                run.lifecycle.transition(State.DECODING)
-                run.decode_started = self.clock()
+            if req.lifecycle.state is State.PREFILLING:
+                req.lifecycle.transition(State.DECODING)
+                req.decode_started = self.clock()
                 self._record(req, tr.PREFILL_COMPLETED, cache_len=req.seq.num_computed_tokens)
             # G1: cancel -> deadline -> choose (C2: a step that finished after the cancel is discarded)
-            if run.cancel_pending:
-                run.cancel()
+            if req.cancel_pending:
+                req.cancel()
             elif req.deadline is not None and self.clock() >= req.deadline:
                 self._finish(req, FinishReason.DEADLINE_EXCEEDED)
             else:
@@ -315,7 +318,7 @@ class EngineCore:
             if j and not self._commit_draft(req):
                 break
             self._on_decision(req, dec)
-            if req.run.lifecycle.state is not State.DECODING:
+            if req.lifecycle.state is not State.DECODING:
                 return  # NOTE: ended: its blocks went back with the KV resource
         self.scheduler.rollback(req.seq)
 
@@ -323,20 +326,20 @@ class EngineCore:
         """Before the next accepted token: the last one's K/V (this step's forward) becomes
         computed, with plain decoding's rows and count (L6, O1); then G1's checks as plain
         decoding's next step makes them. False: stop here (what was not emitted is dropped)."""
-        run, seq = req.run, req.seq
-        if run.stream.should_pause:
+        seq = req.seq
+        if req.stream.should_pause:
             return False  # NOTE: P6: a paused reader stops here; the rest decodes later
         self.scheduler.commit_draft(seq)
         self._record(req, tr.DECODE_STARTED, t=seq.num_output_tokens)
-        run.processed_output_tokens += max(0, seq.num_computed_tokens - req.computed_high)
+        req.processed_output_tokens += max(0, seq.num_computed_tokens - req.computed_high)
         req.computed_high = max(req.computed_high, seq.num_computed_tokens)
         self._record(req, tr.DECODE_COMPLETED, t=seq.num_output_tokens,
                      cache_len=seq.num_computed_tokens)
-        if run.cancel_pending:
-            run.cancel()
+        if req.cancel_pending:
+            req.cancel()
         elif req.deadline is not None and self.clock() >= req.deadline:
             self._finish(req, FinishReason.DEADLINE_EXCEEDED)
-        return run.lifecycle.state is State.DECODING
+        return req.lifecycle.state is State.DECODING
 
     def _keep_closable(self, req: EngineRequest, dec: TokenDecision,
                        logits: torch.Tensor) -> TokenDecision:
@@ -367,17 +370,16 @@ class EngineCore:
             mask[forced] = True
         # NOTE: the cursor's step is the number of output tokens (advanced in _on_decision;
         # kept across preemption and retries, so a recomputed step draws the same uniform)
-        return SamplingRow(params=req.plan.sampling, seed=req.rng.seed, step=req.rng.step,
+        return SamplingRow(params=req.plan.sampling, seed=req.rng_seed, step=req.rng_step,
                            prompt_token_ids=seq.prompt_token_ids,
                            output_token_ids=seq.output_token_ids,
                            eos_token_ids=req.plan.eos_token_ids, allowed_token_ids_mask=mask)
 
     def _on_decision(self, req: EngineRequest, dec: TokenDecision) -> None:
-        run = req.run
         req.seq.append_token(dec.token_id)
-        req.rng.step = req.seq.num_output_tokens
-        if run.first_token_at is None:
-            run.first_token_at = self.clock()
+        req.rng_step = req.seq.num_output_tokens
+        if req.first_token_at is None:
+            req.first_token_at = self.clock()
         if req.grammar is not None and not req.grammar.consume(dec.token_id):
             self._end_failed(req, ModelError(f"grammar rejected token {dec.token_id}"))
             return
@@ -391,7 +393,7 @@ class EngineCore:
         if reason is FinishReason.EOS and req.closer is not None and req.closer.forcing:
             reason = FinishReason.GRAMMAR_FORCED_CLOSE  # NOTE: the closer chose EOS (end_now)
         if reason is not None:
-            run.conclude(reason)  # NOTE: an early stop takes the cancel path (D6)
+            req.conclude(reason)  # NOTE: an early stop takes the cancel path (D6)
 
     def _logprob_info(self, dec: TokenDecision) -> TokenInfo:
         """The token with its logprobs and the exact bytes of it and its alternatives."""
@@ -403,28 +405,28 @@ class EngineCore:
 
     # -- endings -------------------------------------------------------------------------------
     def _finish(self, req: EngineRequest, reason: FinishReason) -> None:
-        req.run.finish(reason)
+        req.finish(reason)
 
     def _end_failed(self, req: EngineRequest, exc: BaseException) -> None:
         err = exc if isinstance(exc, CodaError) else ModelError(f"forward failed: {exc!r}")
         reason = (FinishReason.TRANSPORT_ERROR if isinstance(exc, BackpressureOverflowError)
                   else FinishReason.MODEL_ERROR)
-        if req.run.lifecycle.is_terminal:
+        if req.lifecycle.is_terminal:
             return
-        if req.run.lifecycle.state is State.CANCEL_REQUESTED:
-            req.run.cancel()
+        if req.lifecycle.state is State.CANCEL_REQUESTED:
+            req.cancel()
             return
-        req.run.fail(err, reason)
+        req.fail(err, reason)
 
     def abort_all(self, cause: CancelCause) -> None:
         """Shutdown: every live request ends CANCELLED with a terminal event."""
         for req in list(self.requests.values()):
-            req.run.request_cancel(cause)
-            req.run.cancel()
+            req.request_cancel(cause)
+            req.cancel()
 
     def _record(self, req: EngineRequest, kind: str, **data: object) -> None:
         if self._tracing:  # NOTE: through the request's trace handle (L7), never after its seal
-            req.run.trace.record(TraceEvent(req.run.request_id, kind, data))
+            req.trace.record(TraceEvent(req.request_id, kind, data))
 
 
 def _logit_rows(out: SchedulerOutput) -> list[tuple[int, ScheduledChunk]]:

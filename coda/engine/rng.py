@@ -13,7 +13,8 @@ inverse CDF, the first token (in id order) whose cumulative probability under
 with a shift and a mask). No generator state exists, so a request's draw is independent of its
 batch neighbours, row index, arrival order and preemption: resuming at the same ``step`` with
 the same logits yields the same token. A request's whole RNG state is its cursor ``(seed,
-step)`` (:class:`coda.engine.core.RngCursor`), the ``rng_state`` resource of its ledger (L7).
+step)`` (``EngineRequest.rng_seed`` / ``rng_step`` in coda.engine.core), the ``rng_state``
+resource its lifecycle holds (L7).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ Three guards, cheapest first:
    (byte-fallback tokens are longer than the byte they stand for, so they only strengthen it). Otherwise only the exact check after
    tokenizing applies.
 3. **Never block the event loop** — chat templates are rendered and prompts tokenized on a
-   worker thread (:func:`off_loop`), so one huge prompt never freezes other streams or
-   ``/health``.
+   worker thread (``asyncio.to_thread``, in each adapter's parse), so one huge prompt never
+   freezes other streams or ``/health``.
 
 Overload (a bounded waiting queue → 429 with ``Retry-After``) is checked at submit time by
 :meth:`coda.server.state.ServerState.submit_all`.
@@ -23,26 +23,17 @@ Overload (a bounded waiting queue → 429 with ``Retry-After``) is checked at su
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coda.errors import ContextLengthExceededError
 from coda.server.http_errors import error_response, protocol_of
 
-T = TypeVar("T")
 _CERTAIN_PRE_TOKENIZERS = frozenset({"ByteLevel", "Metaspace"})
-
-
-async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run CPU-bound request preparation (template, tokenizer) on a worker thread."""
-    return await asyncio.to_thread(partial(fn, *args, **kwargs))
 
 
 class BodyLimitMiddleware:

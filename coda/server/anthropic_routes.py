@@ -12,8 +12,8 @@ output (issue 23) opens its blocks lazily: a ``thinking`` block (``thinking_delt
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -21,16 +21,15 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
+from coda.reasoning import reasoning_spec
 from coda.server import tools as tl
-from coda.server.admission import off_loop
 from coda.server.chat import content_text, render_chat
-from coda.server.common import collect, state_of
-from coda.server.create import Parsed, create
+from coda.server.common import collect, new_id, state_of
+from coda.server.create import create
 from coda.server.failures import anthropic_error, failed_json, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
-from coda.server.params import Knobs
+from coda.server.params import Knobs, Parsed, plan_call
 from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicRequest
-from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer
@@ -276,16 +275,16 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
     return msgs
 
 
-async def _prompt_ids(st: ServerState, body: AnthropicRequest | AnthropicCountRequest,
-                      plan: tl.ToolPlan | None) -> list[int]:
+def _prompt_ids(st: ServerState, body: AnthropicRequest | AnthropicCountRequest,
+                plan: tl.ToolPlan | None) -> list[int]:
     """The prompt's token ids: the chat template over system, messages and the plan's tools
-    (a final assistant message is a prefill the model continues); off the event loop."""
+    (a final assistant message is a prefill the model continues). CPU-bound: callers run it
+    on a worker thread, never on the event loop."""
     msgs = chat_messages(body)
     prefill = msgs[-1]["role"] == "assistant"
-    text = await off_loop(render_chat, st.engine, msgs, continue_final_message=prefill,
-                          tools=plan.tools if plan else ())
-    ids: list[int] = await off_loop(st.encode, text, add_special_tokens=False, field="messages")
-    return ids
+    text = render_chat(st.engine, msgs, continue_final_message=prefill,
+                       tools=plan.tools if plan else ())
+    return st.encode(text, add_special_tokens=False, field="messages")
 
 
 class AnthropicAdapter:
@@ -296,23 +295,27 @@ class AnthropicAdapter:
     id_header = "request-id"
 
     async def parse(self, st: ServerState, body: AnthropicRequest) -> Parsed:
+        st.check_model(body.model)
         plan = tl.anthropic_plan(body.tools, body.tool_choice)
         show, budget = _thinking(body)
-        ids = await _prompt_ids(st, body, plan)
+        ids = await asyncio.to_thread(_prompt_ids, st, body, plan)
+        fmt = body.response_format
+        tool = tl.knob_fields(plan, fmt)
+        reasoning = reasoning_spec(
+            st.engine.tokenizer, ids, budget=budget, budget_field="thinking.budget_tokens",
+            grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
         knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
                       prompt_field="messages", stop=body.stop_sequences,
                       stop_field="stop_sequences", seed=body.seed,
-                      temperature=body.temperature, top_p=body.top_p,
-                      **tl.knob_fields(plan, body.response_format))
-        fmt = body.response_format
-        reasoning = reasoning_spec(
-            st.engine.tokenizer, ids, budget=budget, budget_field="thinking.budget_tokens",
-            grammar=knobs.grammar is not None or (fmt is not None and fmt.type != "text"))
-        knobs = replace(knobs, reasoning=reasoning)
+                      temperature=body.temperature, top_p=body.top_p, reasoning=reasoning,
+                      **tool)
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
                                verify=body.stream_verify, thinking=reasoning is not None,
                                reasoning=show)
-        return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect)
+        return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
+                         default_max_tokens=st.engine_config.default_max_tokens,
+                         backpressure=st.settings.backpressure, stream=body.stream,
+                         on_disconnect=body.on_disconnect)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         spec = record.spec
@@ -348,7 +351,7 @@ register_renderer(AnthropicRender, AnthropicRenderer)
 @router.post("/v1/messages")
 async def create_message(body: AnthropicRequest, request: Request) -> Response:
     """Anthropic Messages (streaming and not) with the Coda extensions."""
-    return await create(request, body, MESSAGES)
+    return await create(request, await MESSAGES.parse(state_of(request), body), MESSAGES)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -357,5 +360,6 @@ async def count_tokens(body: AnthropicCountRequest, request: Request) -> Respons
     system, messages and tools, counted by the served model's tokenizer (nothing is queued)."""
     st = state_of(request)
     st.check_model(body.model)
-    ids = await _prompt_ids(st, body, tl.anthropic_plan(body.tools, body.tool_choice))
+    ids = await asyncio.to_thread(_prompt_ids, st, body,
+                                  tl.anthropic_plan(body.tools, body.tool_choice))
     return JSONResponse({"input_tokens": len(ids)})

@@ -17,6 +17,7 @@ on ``/api/embed`` loads the model and returns no embeddings (Ollama's behaviour)
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import struct
@@ -28,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
-from coda.server.admission import off_loop
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
 from coda.server.ollama_info import unload_when_idle
@@ -78,7 +78,7 @@ def _encode_texts(st: ServerState, texts: list[str], truncate: bool) -> list[lis
 
 
 async def _encoded(st: ServerState, texts: list[str], truncate: bool) -> list[list[int]]:
-    return await off_loop(_encode_texts, st, texts, truncate)  # NOTE: CPU-bound
+    return await asyncio.to_thread(_encode_texts, st, texts, truncate)  # NOTE: CPU-bound
 
 
 @router.post("/api/embed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -63,7 +64,7 @@ def error_response(protocol: Protocol, status: int, message: str, *, param: str 
                         status_code=status, headers=headers)
 
 
-def api_error_from(exc: CodaError, rename: dict[str, str] | None = None) -> ApiError:
+def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> ApiError:
     """A typed engine/validation error as an :class:`ApiError`; ``rename`` maps engine field
     names (``deadline_s``, ``prompt``) to the protocol's own (``deadline``, ``messages``)."""
     param = exc.field

@@ -22,7 +22,7 @@ once, or ``"unload"`` with ``keep_alive: 0`` and several models.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -30,12 +30,11 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
-from coda.reasoning import ReasoningSpec
+from coda.reasoning import ReasoningSpec, reasoning_spec
 from coda.server import tools as tl
-from coda.server.admission import off_loop
 from coda.server.chat import render_chat
-from coda.server.common import collect, now, state_of
-from coda.server.create import Parsed, create
+from coda.server.common import collect, new_id, now, state_of
+from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.ndjson import JSONLine, NDJSONRenderer
 from coda.server.ollama_info import unload_now, unload_when_idle
@@ -47,8 +46,7 @@ from coda.server.ollama_wire import (
     keep_alive_zero,
     tool_call,
 )
-from coda.server.params import Knobs
-from coda.server.reasoning import reasoning_spec
+from coda.server.params import Knobs, Parsed, plan_call
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
 from coda.server.state import Record, ServerState, register_renderer
@@ -175,6 +173,7 @@ class OllamaAdapter:
         self.id_prefix = "ollama-chat-" if chat else "ollama-gen-"
 
     async def parse(self, st: ServerState, body: OllamaBody) -> Parsed:
+        st.check_model(body.model)
         _check_common(body)
         if isinstance(body, OllamaGenerateRequest):
             _generate_checks(body)
@@ -183,6 +182,8 @@ class OllamaAdapter:
         grammar = body.grammar()
         o = body.options
         tool_knobs = tl.knob_fields(plan, grammar, "format") or {"grammar": grammar}
+        ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
+        reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
         knobs = Knobs(
             max_tokens=o.max_tokens() if o else None, max_tokens_field="options.num_predict",
             prompt_field="messages" if self.chat else "prompt",
@@ -190,14 +191,14 @@ class OllamaAdapter:
             seed=o.seed if o else None, temperature=o.temperature if o else None,
             top_p=o.top_p if o else None,
             presence_penalty=o.presence_penalty if o else None,
-            frequency_penalty=o.frequency_penalty if o else None, **tool_knobs)
-        ids = await off_loop(_prompt, st, body, plan)
-        reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
-        if reasoning is not None:
-            knobs = replace(knobs, reasoning=reasoning)
+            frequency_penalty=o.frequency_penalty if o else None, reasoning=reasoning,
+            **tool_knobs)
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
                             thinking=reasoning is not None and body.think not in (False, "none"))
-        return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect)
+        return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
+                         default_max_tokens=st.engine_config.default_max_tokens,
+                         backpressure=st.settings.backpressure, stream=body.stream,
+                         on_disconnect=body.on_disconnect)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         assert terminals is not None
@@ -269,7 +270,7 @@ async def _run(request: Request, body: OllamaBody, adapter: OllamaAdapter, *,
         st = state_of(request)
         st.check_model(body.model)
         return _loaded(st, body, chat=adapter.chat)
-    response = await create(request, body, adapter)
+    response = await create(request, await adapter.parse(state_of(request), body), adapter)
     if keep_alive_zero(body.keep_alive):
         unload_when_idle(state_of(request).engine)
     return response

@@ -8,8 +8,8 @@ outcome in ``coda`` (finish reason, matched stop, split usage, timings).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -17,16 +17,15 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
+from coda.reasoning import reasoning_spec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
-from coda.server.admission import off_loop
 from coda.server.chat import render_chat
-from coda.server.common import collect, text_before
-from coda.server.create import Parsed, create
+from coda.server.common import collect, new_id, state_of, text_before
+from coda.server.create import create
 from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
-from coda.server.params import Knobs
-from coda.server.reasoning import reasoning_spec
+from coda.server.params import Knobs, Parsed, plan_call
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
@@ -243,6 +242,7 @@ class OpenAIAdapter:
 
     async def parse(self, st: ServerState,
                     body: ChatCompletionRequest | CompletionRequest) -> Parsed:
+        st.check_model(body.model)
         _reject_unsupported(body)
         chat = isinstance(body, ChatCompletionRequest)
         plan = (tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
@@ -253,24 +253,26 @@ class OpenAIAdapter:
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
             max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
+        tool = tl.knob_fields(plan, body.response_format)
+        prompts = await asyncio.to_thread(_prompts, st, body, plan)  # NOTE: CPU-bound
+        reasoning = None
+        if chat:
+            fmt = body.response_format
+            reasoning = reasoning_spec(
+                st.engine.tokenizer, prompts[0], budget=body.max_reasoning_tokens,
+                budget_field="max_reasoning_tokens",
+                grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
+        elif body.max_reasoning_tokens is not None:
+            raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
+                                      field="max_reasoning_tokens")
+        # NOTE: one frozen Knobs, made once everything it holds is known
         knobs = Knobs(max_tokens=max_tokens, max_tokens_field=mt_field,
                       prompt_field="messages" if chat else "prompt", stop=body.stop, n=body.n,
                       seed=body.seed, temperature=body.temperature, top_p=body.top_p,
                       presence_penalty=body.presence_penalty,
                       frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
                       logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
-                      **tl.knob_fields(plan, body.response_format))
-        prompts = await off_loop(_prompts, st, body, plan)
-        if chat:
-            fmt = body.response_format
-            reasoning = reasoning_spec(
-                st.engine.tokenizer, prompts[0], budget=body.max_reasoning_tokens,
-                budget_field="max_reasoning_tokens",
-                grammar=knobs.grammar is not None or (fmt is not None and fmt.type != "text"))
-            knobs = replace(knobs, reasoning=reasoning)
-        elif body.max_reasoning_tokens is not None:
-            raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
-                                      field="max_reasoning_tokens")
+                      reasoning=reasoning, **tool)
         options = body.stream_options
         spec = OpenAIRender(
             n=body.n, prompt_tokens=tuple(len(p) for p in prompts),
@@ -279,8 +281,12 @@ class OpenAIAdapter:
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
             reasoning=body.include_reasoning)
-        return Parsed(prompts, knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect,
-                      keep=not (isinstance(body, ChatCompletionRequest) and body.store is False))
+        return plan_call(body, knobs, prompts, spec, call_id=new_id(self.id_prefix),
+                         default_max_tokens=st.engine_config.default_max_tokens,
+                         backpressure=st.settings.backpressure, stream=body.stream,
+                         on_disconnect=body.on_disconnect,
+                         keep=not (isinstance(body, ChatCompletionRequest)
+                                   and body.store is False))
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         assert terminals is not None and isinstance(record.spec, OpenAIRender)
@@ -344,10 +350,10 @@ def _final_object(record: Record, terminals: list[Terminal],
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI chat completions (streaming and not) with the Coda extensions."""
-    return await create(request, body, CHAT)
+    return await create(request, await CHAT.parse(state_of(request), body), CHAT)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     """OpenAI legacy completions (prompt text or token ids, legacy logprobs)."""
-    return await create(request, body, COMPLETIONS)
+    return await create(request, await COMPLETIONS.parse(state_of(request), body), COMPLETIONS)

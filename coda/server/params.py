@@ -1,14 +1,17 @@
-"""Protocol parameters → :class:`~coda.engine.types.GenerationRequest` (issue 4 item 3).
+"""Protocol parameters → one call's frozen plan, :class:`Parsed` (issue 4 item 3, issue 22).
 
 One place turns every endpoint's knobs (and the Coda extensions) into engine requests, so a
-parameter means the same thing everywhere. Errors are raised as
-:class:`~coda.errors.InvalidRequestError` naming the protocol's field; ``rename`` tells the
-caller how to rename the engine's own field names in errors raised later by ``submit``.
+parameter means the same thing everywhere. An adapter's parse ends with one call,
+:func:`plan_call`, that hands on a frozen :class:`Parsed` (the engine requests, the error
+renames, the render spec); the create handler (:mod:`coda.server.create`) only submits it and
+never calls back. Errors are raised as :class:`~coda.errors.InvalidRequestError` naming the
+protocol's field; ``Parsed.rename`` tells the create handler how to rename the engine's own
+field names in errors raised later by ``submit``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,7 +20,9 @@ from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
+from coda.server.render_spec import RenderSpec
 from coda.server.schemas import CodaExtensions, ResponseFormat
+from coda.server.state import DisconnectPolicy
 from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig, BackpressurePolicy
 
@@ -42,7 +47,7 @@ class Knobs:
     logprobs_field: str = "logprobs"
     grammar: GrammarSpec | None = None
     stops_end_at: str | None = None  # a tool call's opening tag (coda.server.tools)
-    reasoning: ReasoningSpec | None = None  # issue 23 (coda.server.reasoning)
+    reasoning: ReasoningSpec | None = None  # issue 23 (coda.reasoning.reasoning_spec)
 
 
 def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_format"
@@ -107,9 +112,9 @@ def _early_stop(raw: dict[str, Any] | None) -> EarlyStopPolicy | None:
         raise InvalidRequestError(exc.message, field=name) from None
 
 
-def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int], *,
-                   request_id: str, default_max_tokens: int,
-                   backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
+def _requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int], *,
+              request_id: str, default_max_tokens: int,
+              backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
     """n engine requests for one API call; choice i gets seed ``seed + i`` (issue 4). The
     token budget is the engine's to check and derive (coda.engine.plan): an omitted limit
     travels as ``default_max_tokens``."""
@@ -152,9 +157,41 @@ def build_requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int],
     return out
 
 
-def rename_map(knobs: Knobs) -> dict[str, str]:
+def _rename(knobs: Knobs) -> dict[str, str]:
     """Engine field names → this protocol's names, for errors raised by ``submit``."""
     return {"prompt": knobs.prompt_field, "max_tokens": knobs.max_tokens_field,
             "deadline_s": "deadline", "stop": knobs.stop_field,
             "logprobs": knobs.logprobs_field}
 
+
+@dataclass(frozen=True)
+class Parsed:
+    """One API call, planned: everything :func:`coda.server.create.create` needs, frozen.
+    ``keep``: the record stays readable after it ended (False: forgotten at its end)."""
+
+    id: str
+    requests: tuple[GenerationRequest, ...]
+    rename: Mapping[str, str]
+    spec: RenderSpec
+    stream: bool
+    on_disconnect: DisconnectPolicy | None = None
+    background: bool = False
+    keep: bool = True
+
+
+def plan_call(ext: CodaExtensions, knobs: Knobs, prompts: Sequence[Sequence[int]],
+              spec: RenderSpec, *, call_id: str, default_max_tokens: int,
+              backpressure: BackpressureConfig | None, stream: bool,
+              on_disconnect: DisconnectPolicy | None = None, background: bool = False,
+              keep: bool = True) -> Parsed:
+    """The last step of every adapter's parse: n engine requests per prompt (ids
+    ``call_id``, ``call_id-p<k>`` for several prompts, then ``-<i>`` per choice) and the
+    renames, as one frozen :class:`Parsed`. Raises InvalidRequestError naming the protocol's
+    field; nothing is submitted."""
+    requests: list[GenerationRequest] = []
+    for k, ids in enumerate(prompts):
+        requests += _requests(ext, knobs, ids,
+                              request_id=call_id if len(prompts) == 1 else f"{call_id}-p{k}",
+                              default_max_tokens=default_max_tokens, backpressure=backpressure)
+    return Parsed(call_id, tuple(requests), _rename(knobs), spec, stream, on_disconnect,
+                  background, keep)

@@ -15,7 +15,6 @@ follows at output index 1.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -25,20 +24,19 @@ from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import CancelCause
 from coda.reader import replay, terminal_of
+from coda.reasoning import reasoning_spec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
-from coda.server.admission import off_loop
 from coda.server.chat import render_chat
-from coda.server.common import partial_text, state_of
-from coda.server.create import Parsed, create
+from coda.server.common import new_id, partial_text, state_of
+from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.fields import reject_unhonoured
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
-from coda.server.params import Knobs
+from coda.server.params import Knobs, Parsed, plan_call
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
-from coda.server.reasoning import reasoning_spec
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
 from coda.server.sse import Frame, Renderer, SSEResponse
@@ -332,6 +330,13 @@ def _record(request: Request, rid: str) -> Record:
     return record
 
 
+def _prompt_ids(st: ServerState, msgs: list[dict[str, Any]],
+                plan: tl.ToolPlan | None) -> list[int]:
+    """The input's token ids through the chat template (on a worker thread: CPU-bound)."""
+    text = render_chat(st.engine, msgs, field="input", tools=plan.tools if plan else ())
+    return st.encode(text, add_special_tokens=False, field="input")
+
+
 class ResponsesAdapter:
     """Responses as a :class:`~coda.server.create.Adapter`; ``background`` keeps running
     without a client (P4)."""
@@ -341,6 +346,7 @@ class ResponsesAdapter:
     id_header = None
 
     async def parse(self, st: ServerState, body: ResponsesRequest) -> Parsed:
+        st.check_model(body.model)
         plan = tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
         reject_unhonoured(body)
         msgs = _messages(body)
@@ -349,24 +355,20 @@ class ResponsesAdapter:
             if body.previous_response_id else []
         own = msgs[1:] if body.instructions else msgs
         msgs = [*msgs[:len(msgs) - len(own)], *history, *own]
-        text = await off_loop(render_chat, st.engine, msgs, field="input",
-                              tools=plan.tools if plan else ())
+        ids = await asyncio.to_thread(_prompt_ids, st, msgs, plan)  # NOTE: CPU-bound
         fmt = body.text.format if body.text else None
         logprobs = body.top_logprobs if body.top_logprobs is not None else (
             0 if body.include and "message.output_text.logprobs" in body.include else None)
+        tool = tl.knob_fields(plan, _grammar(fmt), "text.format") or {"grammar": _grammar(fmt)}
+        reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=body.max_reasoning_tokens,
+                                   budget_field="max_reasoning_tokens",
+                                   grammar=tool["grammar"] is not None)
         knobs = Knobs(max_tokens=body.max_output_tokens, max_tokens_field="max_output_tokens",
                       prompt_field="input", stop=body.stop, seed=body.seed,
                       temperature=body.temperature, top_p=body.top_p,
                       presence_penalty=body.presence_penalty,
                       frequency_penalty=body.frequency_penalty, logprobs=logprobs,
-                      logprobs_field="top_logprobs",
-                      **(tl.knob_fields(plan, _grammar(fmt), "text.format")
-                         or {"grammar": _grammar(fmt)}))
-        ids = await off_loop(st.encode, text, add_special_tokens=False, field="input")
-        reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=body.max_reasoning_tokens,
-                                   budget_field="max_reasoning_tokens",
-                                   grammar=knobs.grammar is not None)
-        knobs = replace(knobs, reasoning=reasoning)
+                      logprobs_field="top_logprobs", reasoning=reasoning, **tool)
         spec = ResponsesRender(
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),
@@ -378,8 +380,11 @@ class ResponsesAdapter:
             logprobs=logprobs is not None, verify=body.stream_verify,
             thinking=reasoning is not None and body.include_reasoning,
             history=tuple([*history, *own]))
-        return Parsed([ids], knobs, spec, stream=body.stream, on_disconnect=body.on_disconnect,
-                      background=body.background, keep=body.store)
+        return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
+                         default_max_tokens=st.engine_config.default_max_tokens,
+                         backpressure=st.settings.backpressure, stream=body.stream,
+                         on_disconnect=body.on_disconnect, background=body.background,
+                         keep=body.store)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         if terminals is None:  # NOTE: background: answered at once, queued
@@ -396,7 +401,7 @@ register_renderer(ResponsesRender, ResponsesRenderer)
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     """Create a response; ``background`` keeps running without a client (P4)."""
-    return await create(request, body, RESPONSES)
+    return await create(request, await RESPONSES.parse(state_of(request), body), RESPONSES)
 
 
 def _last_event_through(record: Record, seq: int) -> int:

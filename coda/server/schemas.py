@@ -62,7 +62,7 @@ class CodaExtensions(_Strict):
     stream_verify: bool = False  # P3: byte offset + running digest on every delta
     # issue 13: structured output closes within max_tokens (None: on for json_schema and tools)
     close_within_budget: bool | None = None
-    # issue 23: reasoning models (coda.server.reasoning): send the reasoning (False: split off
+    # issue 23: reasoning models (coda.reasoning): send the reasoning (False: split off
     # and dropped), and the reasoning budget (Anthropic: thinking.budget_tokens)
     include_reasoning: bool = True
     max_reasoning_tokens: int | None = Field(None, ge=0)

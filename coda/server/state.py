@@ -8,7 +8,7 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
@@ -199,7 +199,7 @@ class ServerState:
 
     def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt",
                truncate: bool = False) -> list[int]:
-        """Tokenize a prompt (call it off the event loop, :func:`~coda.server.admission.off_loop`);
+        """Tokenize a prompt (call it off the event loop, on a worker thread: ``asyncio.to_thread``);
         a prompt whose byte length alone exceeds the context is refused untokenized, or with
         ``truncate`` cut to the context's first tokens (embeddings)."""
         tokenizer = self.engine.tokenizer  # NOTE: several models: the routed model's
@@ -231,7 +231,7 @@ class ServerState:
                            code="model_not_found")
 
     def submit_all(self, requests: Sequence[GenerationRequest],
-                   rename: dict[str, str]) -> list[EngineHandle]:
+                   rename: Mapping[str, str]) -> list[EngineHandle]:
         """Submit every request or none (a failure cancels those already queued)."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)

@@ -8,9 +8,11 @@ Two tokenizer models (``tokenizer.ggml.model``):
   style vocabularies also take a whole word that is in the vocabulary without merging
   (llama.cpp's ``ignore_merges``). Decoding is byte-level, with no space clean-up.
   (``transformers``' GGUF converter ignores ``tokenizer.ggml.pre``; it is not used here.)
-* ``llama`` — SentencePiece BPE: merges ranked by the merged piece's score, byte fallback to
-  the ``<0xNN>`` tokens, spaces as ``▁`` with a space prefix (``add_space_prefix``, default on)
-  before the first text and after every special token, as llama.cpp does.
+* ``llama`` — SentencePiece: llama.cpp's merging by score (:mod:`coda.models.gguf_spm`: through
+  characters that are not pieces, ties by position), byte fallback to the ``<0xNN>`` tokens,
+  spaces as ``▁`` with a space prefix (``add_space_prefix``, default on) before the first text
+  and after every special token, as llama.cpp does. Its serialized form (``to_str``) is a BPE
+  table with merges ranked by the merged piece's score: the same vocabulary and decoding.
 
 Control and user-defined tokens are added tokens (control ones special); byte tokens
 (``<0xNN>``, type 6) are ordinary vocabulary, never special. An unknown ``tokenizer.ggml.pre``
@@ -140,6 +142,11 @@ def build_tokenizer(v: GGUFVocab) -> tuple[Tokenizer, bool]:
         bos = v.tokens[v.bos_id]
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, v.bos_id)])
+    if v.model == "llama":
+        # NOTE: the BPE table above is the serialized form; llama.cpp's merging is not a BPE
+        from coda.models.gguf_spm import exact_spm
+
+        tok = exact_spm(tok, _spm_scores(v))
     return tok, add_bos
 
 
@@ -200,6 +207,13 @@ def _spm(v: GGUFVocab) -> tuple[Tokenizer, bool]:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(steps)
     return tok, v.add_bos if v.add_bos is not None else True
+
+
+def _spm_scores(v: GGUFVocab) -> dict[str, float]:
+    """Every token text -> its score (the last id of a repeated text, as llama.cpp's lookup);
+    llama.cpp merges into tokens of any type."""
+    assert v.scores is not None
+    return {t: float(v.scores[i]) for t, i in v.index.items()}
 
 
 def _add_special_tokens(tok: Tokenizer, v: GGUFVocab) -> None:

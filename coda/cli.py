@@ -8,6 +8,7 @@ and exit status 2, never a stack trace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -58,6 +59,35 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     return engine
 
 
+def _preload_torch_libraries() -> None:
+    """Load torch's shared libraries (``libtorch_python`` and what it links: libtorch_cpu,
+    c10, gomp) in a background thread, so that the later ``import torch`` finds them loaded.
+
+    Issue 19 item 2: mapping and relocating them is a fifth of ``import torch`` (~0.3 s of CPU),
+    and ``ctypes`` releases the GIL for it, so it runs on the second core while this thread
+    imports the server (FastAPI, pydantic: ~0.7 s). Loaded ``RTLD_LOCAL`` as torch loads them
+    itself; ``import torch`` waits on the loader's lock if it comes first, so nothing else
+    changes. Where the file is not found (another layout or platform) nothing is done."""
+    import ctypes
+    import importlib.util
+    import threading
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib" / "libtorch_python.so"
+    if not lib.is_file():
+        return
+
+    def load() -> None:
+        # NOTE: a failure is import torch's to report, as it always was; ctypes never unloads
+        # a library, so the handle may be dropped
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(str(lib))
+
+    threading.Thread(target=load, name="coda-torch-libs", daemon=True).start()
+
+
 def _load_router(models: list[str], models_file: Path | None, pins: list[str],
                  memory_budget: str | None, cfg: Any, log_level: str) -> Any:
     """Several models (issue 23): each described now (names, tokenizer, context; no weights),
@@ -104,6 +134,9 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           threads: ThreadsOpt = None,
           speculative: Annotated[str, typer.Option(help="speculative decoding: off, or prompt-lookup (drafts from each request's own prompt and output, verified in the same step; the output is exactly plain decoding's; needs a batch-invariant --quant; docs/speculative.md)")] = "off") -> None:
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
+    # NOTE: first: it runs beside the checks, the bind and the server's imports below
+    if replicas == 0:
+        _preload_torch_libraries()
     from coda.engine.types import EngineConfig
     from coda.optional import MissingDependency, require
     from coda.server.listen import ListenError, bind_listener

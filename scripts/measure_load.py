@@ -11,7 +11,9 @@ ratio of the medians. Besides wall time each run reports the server's CPU second
 system, all threads) until its first /health: on a machine shared with other jobs the wall
 time follows their load, the CPU time much less so.
 
-Warm: the file and the libraries are in the page cache (a run just before). Cold: before each
+Warm: the file and the libraries are in the page cache and Coda's bytecode is compiled (a run
+just before; ``PYTHONDONTWRITEBYTECODE`` is dropped for it, as an installed package has its
+``.pyc`` files: with it set every start compiles Coda's ~150 modules again). Cold: before each
 run the model file, torch's and Coda's shared libraries are evicted from the page cache
 (``posix_fadvise(DONTNEED)``: no root needed, clean pages only) and Python compiles Coda afresh
 (an empty ``PYTHONPYCACHEPREFIX``): a first start after install, short of a reboot.
@@ -90,6 +92,9 @@ def time_to_health(model: str, quant: str, cold: bool, model_path: Path,
         if cold:
             evict(cold_files(model_path, root))
             env["PYTHONPYCACHEPREFIX"] = cache
+        else:
+            # NOTE: the warm-up run writes the tree's __pycache__, the measured ones read it
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "coda.cli", "serve", "--model", model,
                                  "--quant", quant, "--port", str(port), "--log-level", "warning"],

@@ -88,11 +88,13 @@ class _SpmSplit:
         pretok.split(self._split)
 
 
-def exact_spm(plain: Tokenizer, scores: dict[str, float]) -> Tokenizer:
+def exact_spm(plain: Tokenizer, scores: dict[str, float],
+              lookup: Tokenizer | None = None) -> Tokenizer:
     """``plain`` (an SPM tokenizer: normalizer, byte-fallback BPE, decoder, added tokens),
     encoding with llama.cpp's segmentation. Returned as the same object: its parts, ``to_str``
-    and decoding stay the plain table's."""
-    exact = Tokenizer.from_str(plain.to_str())
+    and decoding stay the plain table's. ``lookup`` is ``plain``'s pipeline over a BPE model
+    with ``ignore_merges`` (built from ``plain`` when not given)."""
+    exact = lookup if lookup is not None else Tokenizer.from_str(plain.to_str())
     # NOTE: every segment is a whole token (looked up as is) or one character that is none
     # (its bytes), so the BPE merges never run
     exact.model.ignore_merges = True

@@ -137,17 +137,25 @@ def build_tokenizer(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     else:
         raise UnsupportedModelError(
             f"GGUF tokenizer model {v.model!r} is not supported; supported: gpt2 (BPE), llama (SPM)")
+    _finish(tok, v, add_bos)
+    if v.model == "llama":
+        # NOTE: the BPE table above is the serialized form; llama.cpp's merging is not a BPE.
+        # The encoder is the same pipeline over a whole-token lookup (no merges: built
+        # directly, not through the table's JSON, 1 s of a 262k vocabulary's load)
+        from coda.models.gguf_spm import exact_spm
+
+        lookup = _spm_pipeline(Tokenizer(_spm_model(v, [], ignore_merges=True)), v)
+        _finish(lookup, v, add_bos)
+        tok = exact_spm(tok, _spm_scores(v), lookup)
+    return tok, add_bos
+
+
+def _finish(tok: Tokenizer, v: GGUFVocab, add_bos: bool) -> None:
     _add_special_tokens(tok, v)
     if add_bos and v.bos_id is not None:
         bos = v.tokens[v.bos_id]
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, v.bos_id)])
-    if v.model == "llama":
-        # NOTE: the BPE table above is the serialized form; llama.cpp's merging is not a BPE
-        from coda.models.gguf_spm import exact_spm
-
-        tok = exact_spm(tok, _spm_scores(v))
-    return tok, add_bos
 
 
 def _pre_tokenizer(v: GGUFVocab) -> PreTokenizer:
@@ -194,9 +202,19 @@ def _spm(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     # NOTE: llama.cpp merges the adjacent pair whose result scores highest; ties between two
     # splits of one piece go to the lower left id (as transformers' SentencePiece extractor).
     ranked.sort()
-    merges = [(r[4], r[5]) for r in ranked]
+    tok = _spm_pipeline(Tokenizer(_spm_model(v, [(r[4], r[5]) for r in ranked])), v)
+    return tok, v.add_bos if v.add_bos is not None else True
+
+
+def _spm_model(v: GGUFVocab, merges: list[tuple[str, str]],
+               ignore_merges: bool = False) -> models.BPE:
     unk = v.tokens[v.unk_id] if v.unk_id is not None else None
-    tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    return models.BPE(v.index, merges, unk_token=unk, fuse_unk=True, byte_fallback=True,
+                      ignore_merges=ignore_merges)
+
+
+def _spm_pipeline(tok: Tokenizer, v: GGUFVocab) -> Tokenizer:
+    """``tok`` with SentencePiece's spaces: the normalizer and the decoder."""
     prefix = v.add_space_prefix if v.add_space_prefix is not None else True
     # NOTE: a normalizer, not Metaspace: it runs on every text segment between added tokens and
     # prepends even when the text already starts with a space ("  a" -> "▁▁▁a"), as llama.cpp.
@@ -206,7 +224,7 @@ def _spm(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     if prefix:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(steps)
-    return tok, v.add_bos if v.add_bos is not None else True
+    return tok
 
 
 def _spm_scores(v: GGUFVocab) -> dict[str, float]:

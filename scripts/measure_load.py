@@ -9,9 +9,13 @@ cold and warm, and the server's RSS then. Not CI.
 run between this tree and DIR, so both see the same load from other jobs, and prints the
 ratio of the medians. Besides wall time each run reports the server's CPU seconds (user +
 system, all threads) until its first /health: on a machine shared with other jobs the wall
-time follows their load, the CPU time much less so.
+time follows their load, the CPU time much less so. The main thread's CPU seconds are the
+critical path on an idle machine (work on other threads, such as the weights' re-layout or
+torch's libraries loaded beside the imports, runs on the other cores).
 
-Warm: the file and the libraries are in the page cache (a run just before). Cold: before each
+Warm: the file and the libraries are in the page cache and Coda's bytecode is compiled (a run
+just before; ``PYTHONDONTWRITEBYTECODE`` is dropped for it, as an installed package has its
+``.pyc`` files: with it set every start compiles Coda's ~150 modules again). Cold: before each
 run the model file, torch's and Coda's shared libraries are evicted from the page cache
 (``posix_fadvise(DONTNEED)``: no root needed, clean pages only) and Python compiles Coda afresh
 (an empty ``PYTHONPYCACHEPREFIX``): a first start after install, short of a reboot.
@@ -70,26 +74,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+def cpu_s(pid: int, main_thread: bool = False) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads; with
+    ``main_thread``, its main thread's alone: the critical path on an idle machine)."""
+    path = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
+    with open(path, encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-Run = tuple[float, float, float, float]  # wall s, CPU s, RSS MiB, of it mapped files MiB
+# wall s, CPU s, RSS MiB, of it mapped files MiB, main thread's CPU s
+Run = tuple[float, float, float, float, float]
 
 
 def time_to_health(model: str, quant: str, cold: bool, model_path: Path,
                    root: Path = ROOT) -> Run:
     """(seconds from spawn to the first 200 on /health, the server's CPU seconds until then,
-    its RSS then and the part of it that is mapped files, in MiB), serving from ``root``."""
+    its RSS then and the part of it that is mapped files, in MiB, its main thread's CPU
+    seconds), serving from ``root``."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(root))
     with tempfile.TemporaryDirectory() as cache:
         if cold:
             evict(cold_files(model_path, root))
             env["PYTHONPYCACHEPREFIX"] = cache
+        else:
+            # NOTE: the warm-up run writes the tree's __pycache__, the measured ones read it
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "coda.cli", "serve", "--model", model,
                                  "--quant", quant, "--port", str(port), "--log-level", "warning"],
@@ -105,7 +116,8 @@ def time_to_health(model: str, quant: str, cold: bool, model_path: Path,
                                                 timeout=0.5) as r:
                         if r.status == 200:
                             return (time.perf_counter() - start, cpu_s(proc.pid),
-                                    rss_mib(proc.pid), rss_mib(proc.pid, "RssFile"))
+                                    rss_mib(proc.pid), rss_mib(proc.pid, "RssFile"),
+                                    cpu_s(proc.pid, main_thread=True))
                 except OSError:
                     time.sleep(0.05)
         finally:
@@ -137,9 +149,11 @@ def steps(model: str, quant: str) -> None:
 
 
 def summary(runs: list[Run]) -> str:
-    wall, cpu = [r[0] for r in runs], [r[1] for r in runs]
+    wall, cpu, main = [r[0] for r in runs], [r[1] for r in runs], [r[4] for r in runs]
     return (f"{statistics.median(wall):.2f} s median (runs {', '.join(f'{w:.2f}' for w in wall)}"
             f"), CPU {statistics.median(cpu):.2f} s (runs {', '.join(f'{c:.2f}' for c in cpu)}), "
+            f"main thread's CPU {statistics.median(main):.2f} s "
+            f"(runs {', '.join(f'{c:.2f}' for c in main)}), "
             f"RSS {statistics.median(r[2] for r in runs):.0f} MiB (of it mapped files, shared: "
             f"{statistics.median(r[3] for r in runs):.0f} MiB)")
 
@@ -174,10 +188,11 @@ def main() -> None:
             print(f"{kind} ({root}): coda serve --model {args.model} --quant {args.quant} to "
                   f"/health {summary(runs[root])}")
         if args.baseline:
-            med = {root: [statistics.median(r[i] for r in runs[root]) for i in (0, 1)]
+            med = {root: [statistics.median(r[i] for r in runs[root]) for i in (0, 1, 4)]
                    for root in trees}
             print(f"{kind}: this tree / baseline: wall {med[ROOT][0] / med[trees[1]][0]:.2f}, "
-                  f"CPU {med[ROOT][1] / med[trees[1]][1]:.2f}")
+                  f"CPU {med[ROOT][1] / med[trees[1]][1]:.2f}, main thread's CPU "
+                  f"{med[ROOT][2] / med[trees[1]][2]:.2f}")
     print(f"load average {os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} CPUs")
 
 

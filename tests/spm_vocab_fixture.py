@@ -79,9 +79,9 @@ def generated_pieces(size: int, seed: int = 0) -> list[tuple[str, float]]:
 
 
 def add_gemma_spm_vocab(w: gguf.GGUFWriter, tokens: list[str], types: list[int],
-                        scores: list[float]) -> None:
+                        scores: list[float], space_prefix: bool = False) -> None:
     """A SentencePiece vocabulary in Gemma's layout: ``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2,
-    ``<unk>`` 3, BOS added, no space prefix."""
+    ``<unk>`` 3, BOS added, no space prefix (unless ``space_prefix``)."""
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -92,13 +92,20 @@ def add_gemma_spm_vocab(w: gguf.GGUFWriter, tokens: list[str], types: list[int],
     w.add_unk_token_id(3)
     w.add_pad_token_id(0)
     w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)
+    w.add_add_space_prefix(space_prefix)
 
 
 def write_spm_vocab_gguf(path: Path, size: int = 262_144, seed: int = 0) -> Path:
     """Write the generated vocabulary (``size`` tokens in all) as a vocab-only GGUF."""
     fixed = len(SPECIALS) + len(USER_DEFINED) + 256
-    pieces = generated_pieces(size - fixed, seed)
+    return write_pieces_gguf(path, generated_pieces(size - fixed, seed))
+
+
+def write_pieces_gguf(path: Path, pieces: list[tuple[str, float]],
+                      space_prefix: bool = False) -> Path:
+    """Write a vocab-only GGUF of Gemma's special and byte tokens followed by ``pieces``
+    (normal tokens, with their scores)."""
+    fixed = len(SPECIALS) + len(USER_DEFINED) + 256
     tokens = SPECIALS + USER_DEFINED + [f"<0x{b:02X}>" for b in range(256)] + [p for p, _ in pieces]
     types = [3] * len(SPECIALS) + [4] * len(USER_DEFINED) + [6] * 256 + [1] * len(pieces)
     scores = [0.0] * fixed + [s for _, s in pieces]
@@ -111,7 +118,7 @@ def write_spm_vocab_gguf(path: Path, size: int = 262_144, seed: int = 0) -> Path
     w.add_head_count(1)
     w.add_head_count_kv(1)
     w.add_layer_norm_rms_eps(1e-6)
-    add_gemma_spm_vocab(w, tokens, types, scores)
+    add_gemma_spm_vocab(w, tokens, types, scores, space_prefix)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -16,11 +16,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.models.config import UnsupportedModelError
+from coda.models.ggml_types import GGML_BLOCK_SIZES, GGMLType
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_header import SMALL_ARRAY, GGUFFormatError, read_header
 from coda.models.source import resolve_model
 from tests.conftest import examples
 from tests.test_gguf_tiny import write_gguf
+
+
+def test_d1_ggml_type_table_equals_ggufs() -> None:
+    """The header's own type table (kept so a start does not import ``gguf``) has gguf's ids,
+    names and block sizes for every type gguf knows sizes of."""
+    for t, sizes in gguf.GGML_QUANT_SIZES.items():
+        assert GGMLType(int(t)).name == t.name
+        assert GGML_BLOCK_SIZES[GGMLType(int(t))] == sizes
 
 
 def _assert_equals_gguf_reader(path: Path) -> None:

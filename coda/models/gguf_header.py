@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from coda.models.ggml_types import GGML_BLOCK_SIZES, GGMLType
 
 SMALL_ARRAY = 64  # NOTE: arrays up to this many entries are parsed with the header
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
@@ -38,10 +39,10 @@ _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 
           10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
 # NOTE: element views of the types numpy holds natively; every other type is raw block bytes
-_ELEMENT_DTYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
-                   GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
-                   GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
-                   GGMLQuantizationType.I64: np.int64}
+_ELEMENT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16,
+                   GGMLType.F64: np.float64, GGMLType.I8: np.int8,
+                   GGMLType.I16: np.int16, GGMLType.I32: np.int32,
+                   GGMLType.I64: np.int64}
 
 
 class GGUFFormatError(ValueError):
@@ -54,7 +55,7 @@ class TensorInfo:
     number of columns); ``offset`` is absolute in the file."""
 
     name: str
-    tensor_type: GGMLQuantizationType
+    tensor_type: GGMLType
     dims: tuple[int, ...]
     offset: int
     nbytes: int
@@ -121,7 +122,7 @@ class GGUFHeader:
         dtype = _ELEMENT_DTYPES.get(t.tensor_type)
         if dtype is not None:
             return raw.view(dtype).reshape(shape)
-        block, size = GGML_QUANT_SIZES[t.tensor_type]
+        block, size = GGML_BLOCK_SIZES[t.tensor_type]
         return raw.reshape(*shape[:-1], shape[-1] // block * size)
 
 
@@ -185,8 +186,8 @@ def _parse(path: Path, mapped: np.memmap, buf: memoryview) -> GGUFHeader:
 def _tensor(path: Path, name: str, dims: tuple[int, ...], ttype: int, offset: int,
             size: int) -> TensorInfo:
     try:
-        qtype = GGMLQuantizationType(ttype)
-        block, type_size = GGML_QUANT_SIZES[qtype]
+        qtype = GGMLType(ttype)
+        block, type_size = GGML_BLOCK_SIZES[qtype]
     except (ValueError, KeyError):
         raise GGUFFormatError(f"{path}: tensor {name!r} has unknown type id {ttype}") from None
     n = int(np.prod(dims)) if dims else 1

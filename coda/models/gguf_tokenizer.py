@@ -8,9 +8,11 @@ Two tokenizer models (``tokenizer.ggml.model``):
   style vocabularies also take a whole word that is in the vocabulary without merging
   (llama.cpp's ``ignore_merges``). Decoding is byte-level, with no space clean-up.
   (``transformers``' GGUF converter ignores ``tokenizer.ggml.pre``; it is not used here.)
-* ``llama`` — SentencePiece BPE: merges ranked by the merged piece's score, byte fallback to
-  the ``<0xNN>`` tokens, spaces as ``▁`` with a space prefix (``add_space_prefix``, default on)
-  before the first text and after every special token, as llama.cpp does.
+* ``llama`` — SentencePiece: llama.cpp's merging by score (:mod:`coda.models.gguf_spm`: through
+  characters that are not pieces, ties by position), byte fallback to the ``<0xNN>`` tokens,
+  spaces as ``▁`` with a space prefix (``add_space_prefix``, default on) before the first text
+  and after every special token, as llama.cpp does. Its serialized form (``to_str``) is a BPE
+  table with merges ranked by the merged piece's score: the same vocabulary and decoding.
 
 Control and user-defined tokens are added tokens (control ones special); byte tokens
 (``<0xNN>``, type 6) are ordinary vocabulary, never special. An unknown ``tokenizer.ggml.pre``
@@ -135,12 +137,25 @@ def build_tokenizer(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     else:
         raise UnsupportedModelError(
             f"GGUF tokenizer model {v.model!r} is not supported; supported: gpt2 (BPE), llama (SPM)")
+    _finish(tok, v, add_bos)
+    if v.model == "llama":
+        # NOTE: the BPE table above is the serialized form; llama.cpp's merging is not a BPE.
+        # The encoder is the same pipeline over a whole-token lookup (no merges: built
+        # directly, not through the table's JSON, 1 s of a 262k vocabulary's load)
+        from coda.models.gguf_spm import exact_spm
+
+        lookup = _spm_pipeline(Tokenizer(_spm_model(v, [], ignore_merges=True)), v)
+        _finish(lookup, v, add_bos)
+        tok = exact_spm(tok, _spm_scores(v), lookup)
+    return tok, add_bos
+
+
+def _finish(tok: Tokenizer, v: GGUFVocab, add_bos: bool) -> None:
     _add_special_tokens(tok, v)
     if add_bos and v.bos_id is not None:
         bos = v.tokens[v.bos_id]
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, v.bos_id)])
-    return tok, add_bos
 
 
 def _pre_tokenizer(v: GGUFVocab) -> PreTokenizer:
@@ -187,9 +202,19 @@ def _spm(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     # NOTE: llama.cpp merges the adjacent pair whose result scores highest; ties between two
     # splits of one piece go to the lower left id (as transformers' SentencePiece extractor).
     ranked.sort()
-    merges = [(r[4], r[5]) for r in ranked]
+    tok = _spm_pipeline(Tokenizer(_spm_model(v, [(r[4], r[5]) for r in ranked])), v)
+    return tok, v.add_bos if v.add_bos is not None else True
+
+
+def _spm_model(v: GGUFVocab, merges: list[tuple[str, str]],
+               ignore_merges: bool = False) -> models.BPE:
     unk = v.tokens[v.unk_id] if v.unk_id is not None else None
-    tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    return models.BPE(v.index, merges, unk_token=unk, fuse_unk=True, byte_fallback=True,
+                      ignore_merges=ignore_merges)
+
+
+def _spm_pipeline(tok: Tokenizer, v: GGUFVocab) -> Tokenizer:
+    """``tok`` with SentencePiece's spaces: the normalizer and the decoder."""
     prefix = v.add_space_prefix if v.add_space_prefix is not None else True
     # NOTE: a normalizer, not Metaspace: it runs on every text segment between added tokens and
     # prepends even when the text already starts with a space ("  a" -> "▁▁▁a"), as llama.cpp.
@@ -199,7 +224,14 @@ def _spm(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     if prefix:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(steps)
-    return tok, v.add_bos if v.add_bos is not None else True
+    return tok
+
+
+def _spm_scores(v: GGUFVocab) -> dict[str, float]:
+    """Every token text -> its score (the last id of a repeated text, as llama.cpp's lookup);
+    llama.cpp merges into tokens of any type."""
+    assert v.scores is not None
+    return {t: float(v.scores[i]) for t, i in v.index.items()}
 
 
 def _add_special_tokens(tok: Tokenizer, v: GGUFVocab) -> None:

@@ -24,15 +24,17 @@ from coda.models.row_ops import RowOps
 
 def dequantize(t: GGUFTensor) -> torch.Tensor:
     """Float32 ``t.shape`` tensor in HF layout (rows reordered by ``t.row_order``)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize as gguf_dequantize
-
-    qtype = GGMLQuantizationType[t.qtype]
-    if t.qtype == "F32":
-        arr = np.asarray(t.data, dtype=np.float32)
+    if t.qtype in ("F32", "F16"):
+        # NOTE: numpy's own widening (exact); ``gguf`` is imported only for block types: its
+        # package import is part of every start otherwise (the norms are F32, issue 19 item 2)
+        arr = np.asarray(t.data).astype(np.float32, copy=False)
     else:
-        # NOTE: gguf returns float32 for every block type (F16/BF16 included)
-        arr = gguf_dequantize(np.asarray(t.data), qtype).astype(np.float32, copy=False)
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize as gguf_dequantize
+
+        # NOTE: gguf returns float32 for every block type (BF16 included)
+        arr = gguf_dequantize(np.asarray(t.data), GGMLQuantizationType[t.qtype]).astype(
+            np.float32, copy=False)
     arr = arr.reshape(t.shape)
     if t.row_order is not None:
         arr = arr[t.row_order]

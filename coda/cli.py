@@ -145,6 +145,10 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
                     "--served-model-name (name each model as --model NAME=SPEC)",
                     fg="red", err=True)
         raise typer.Exit(2)
+    if several and draft_model:  # NOTE: a draft must share ONE target's tokenizer (issue 21)
+        typer.secho("error: --draft-model drafts for one model; it is not supported with "
+                    "several models", fg="red", err=True)
+        raise typer.Exit(2)
     durable = None
     if redis_url:
         from coda.server.durable import ServerDurable

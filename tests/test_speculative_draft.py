@@ -12,6 +12,7 @@ itself and for the 30-layer SmolLM2 as a cut of 12 layers (GGUF, the stored Q4_1
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -203,6 +204,32 @@ def test_l7_draft_cache_follows_the_accepted_tokens(server_checkpoint: Path, pai
         engine.shutdown()
 
 
+def test_a_failing_draft_forward_only_means_no_drafts(server_checkpoint: Path, pair: Path,
+                                                      plain: AsyncEngine) -> None:
+    """A draft forward that raises (every third one here) costs that step its drafts, never a
+    request: the draft state is dropped and rebuilt, the outputs equal plain decoding's and
+    every target and draft block is free after."""
+    reqs = _requests(6, plain.limits.vocab_size, seed=7)
+    want = _run(plain, reqs, crowd=False)
+    spec = _engine(server_checkpoint, pair)
+    try:
+        assert spec.drafter is not None
+        real, calls = spec.drafter.runner.execute, itertools.count()
+
+        def flaky(chunks: Any) -> Any:
+            if next(calls) % 3 == 1:
+                raise RuntimeError("draft forward failed")
+            return real(chunks)
+
+        spec.drafter.runner.execute = flaky  # type: ignore[method-assign]
+        got = _run(spec, reqs)
+        _same(got, want)
+        assert sum(_counts(got)) > 0 and next(calls) > 3
+        assert _settled(spec)
+    finally:
+        spec.shutdown()
+
+
 def test_draft_model_with_another_vocabulary_is_refused_at_start(server_checkpoint: Path) -> None:
     """A draft whose tokenizer differs from the target's (the embedded model's 4096-token
     vocabulary against the tiny model's) is refused before anything is served, saying why."""
@@ -223,12 +250,17 @@ def test_speculative_mode_from_the_flags() -> None:
 
 
 def test_cli_speculative_draft_without_a_model_exits_2() -> None:
-    """`coda serve --speculative draft` without --draft-model: refused before any load."""
+    """`coda serve --speculative draft` without --draft-model: refused before any load; so is
+    a draft for several models (it shares one target's tokenizer)."""
     from coda.cli import app
 
     result = CliRunner().invoke(app, ["serve", "--port", "0", "--speculative", "draft"])
     assert result.exit_code == 2
     assert "needs --draft-model" in result.output
+    result = CliRunner().invoke(app, ["serve", "--port", "0", "--model", "a", "--model", "b",
+                                      "--draft-model", "c"])
+    assert result.exit_code == 2
+    assert "not supported with several models" in result.output
 
 
 # -------------------------------------------------------------------- the live server, streamed

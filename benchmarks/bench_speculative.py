@@ -184,6 +184,8 @@ def main() -> None:
     ap.add_argument("--draft-model", default=None,
                     help="draft with a model: self, cut:N (the target cut to N blocks), a model")
     ap.add_argument("--requests", type=int, default=None, help="the first N prompts of each")
+    ap.add_argument("--eager-k", type=int, default=None,
+                    help="draft up to N tokens whenever possible (the cost-aware k off)")
     args = ap.parse_args()
     global CPU_CLOCK
     CPU_CLOCK = args.clock == "cpu"
@@ -193,10 +195,15 @@ def main() -> None:
     draft = _draft_model(args.model, args.draft_model)
     spec = AsyncEngine.from_model_dir(args.model, EngineConfig(  # type: ignore[arg-type]
         speculative="prompt-lookup" if draft is None else "draft", draft_model=draft, **cfg))
+    if args.eager_k is not None and spec.speculative is not None:
+        from coda.engine.speculative import SpeculativeConfig
+
+        spec.speculative = SpeculativeConfig(step_rows=1e9, k_max=args.eager_k)
     print(f"model {args.model}, mode {plain.loaded.mode.name} "
           f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
           f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "
-          f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'}")
+          f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'}, k: "
+          f"{'up to ' + str(args.eager_k) if args.eager_k else 'cost-aware'}")
     costs = row_costs(plain)
     base, last = costs[0][1], costs[-1]
     per_row = (last[1] - base) / last[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import gguf
@@ -32,9 +33,12 @@ def cut_hf(src: Path, dst: Path, layers: int) -> Path:
     return dst
 
 
-def cut_gguf(src: Path, dst: Path, layers: int) -> Path:
-    """``src`` (a GGUF file) with only its first ``layers`` blocks, tensors kept as stored
-    (same quantization), every other metadata field copied."""
+def cut_gguf(src: Path, dst: Path, layers: int | Sequence[int]) -> Path:
+    """``src`` (a GGUF file) with only its first ``layers`` blocks (or the blocks listed, in
+    order, renumbered from 0), tensors kept as stored (same quantization), every other
+    metadata field copied."""
+    keep = list(range(layers)) if isinstance(layers, int) else list(layers)
+    new_index = {old: new for new, old in enumerate(keep)}
     reader = gguf.GGUFReader(str(src))
     arch = str(reader.fields["general.architecture"].contents())
     w = gguf.GGUFWriter(str(dst), arch)
@@ -43,12 +47,15 @@ def cut_gguf(src: Path, dst: Path, layers: int) -> Path:
             continue
         kind = field.types[0]
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        value = layers if field.name == f"{arch}.block_count" else field.contents()
+        value = len(keep) if field.name == f"{arch}.block_count" else field.contents()
         w.add_key_value(field.name, value, kind, sub_type=sub)
     for t in reader.tensors:
         m = _GGUF_LAYER.match(t.name)
-        if m is None or int(m.group(1)) < layers:
+        if m is None:
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        elif int(m.group(1)) in new_index:
+            name = f"blk.{new_index[int(m.group(1))]}.{t.name[m.end():]}"
+            w.add_tensor(name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -32,7 +32,6 @@ A draft cache that is full, or a draft context that is too short, only means no 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -45,8 +44,6 @@ from coda.engine.sampler import Sampler, SamplingRow
 from coda.engine.sequence import Sequence, SequenceStatus
 from coda.engine.speculative import SpeculativeConfig, verify_rows
 from coda.models.source import LoadedModel, open_model, resolve_model
-
-log = logging.getLogger("coda.engine")
 
 MODE = "draft"
 # NOTE: drafting with a model costs a draft forward per token, so k starts higher than prompt

@@ -21,6 +21,8 @@ from typing import Any
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from coda import trace as tr
@@ -30,9 +32,9 @@ from coda.engine.speculative import SpeculativeConfig
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams
 from coda.trace import ListTraceSink, check_trace
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, examples
 from tests.draft_fixtures import cut_gguf, cut_hf
-from tests.test_speculative import Result, _run, _streamed
+from tests.test_speculative import _PARAMS, Result, _run, _streamed
 
 # NOTE: as eager as possible (every draft worth its row), so exactness is tested on many rows
 EAGER = SpeculativeConfig(step_rows=1e9, k_max=5)
@@ -228,6 +230,33 @@ def test_a_failing_draft_forward_only_means_no_drafts(server_checkpoint: Path, p
         assert _settled(spec)
     finally:
         spec.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cut_engine(server_checkpoint: Path, pair: Path) -> Iterator[AsyncEngine]:
+    engine = _engine(server_checkpoint, pair)
+    yield engine
+    engine.shutdown()
+
+
+@settings(max_examples=examples(10), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(params=_PARAMS, prompt=st.lists(st.integers(40, 200), min_size=1, max_size=30),
+       max_tokens=st.integers(1, 40),
+       stop=st.one_of(st.none(), st.text(alphabet="abcdefgh ", min_size=1, max_size=3)),
+       ignore_eos=st.booleans(), crowd=st.integers(1, 4))
+def test_property_draft_model_equals_plain_decoding(
+        plain: AsyncEngine, cut_engine: AsyncEngine, params: dict[str, Any], prompt: list[int],
+        max_tokens: int, stop: str | None, ignore_eos: bool, crowd: int) -> None:
+    """For all prompts, sampling settings (penalties, min_tokens, top-k/p, seeds), budgets,
+    stop strings and crowd sizes: drafting with the cut model gives plain decoding's outcome
+    (T4, L6), and the target's and the draft's blocks all come back (L7)."""
+    sampling = SamplingParams(logprobs=1, ignore_eos=ignore_eos, **params)
+    reqs = [GenerationRequest(tuple(prompt) + (40 + i,), sampling, max_tokens=max_tokens,
+                              stop=(stop,) if stop and stop.strip() else (), utf8_tail="drop")
+            for i in range(crowd)]
+    _same(_run(cut_engine, reqs), _run(plain, reqs))
+    assert _settled(cut_engine)
 
 
 def test_draft_model_with_another_vocabulary_is_refused_at_start(server_checkpoint: Path) -> None:

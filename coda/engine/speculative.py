@@ -52,7 +52,7 @@ from coda.engine.plan import RequestPlan
 from coda.engine.sampler import SamplingRow, TokenDecision
 from coda.engine.sequence import Sequence
 
-MODES = ("off", "prompt-lookup")
+MODES = ("off", "prompt-lookup", "draft")  # NOTE: draft: coda.engine.draft
 
 
 @dataclass(frozen=True)

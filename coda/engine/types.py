@@ -115,6 +115,9 @@ class EngineConfig:
     # issue 21: "prompt-lookup" drafts from each request's own tokens and verifies the drafts
     # in the same step (coda.engine.speculative); refused where the mode is not batch-invariant
     speculative: str = "off"
+    # issue 21 item 2: a draft model (anything ``model`` takes) sharing the tokenizer; implies
+    # speculative="draft" (coda.engine.draft)
+    draft_model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,227 @@
+"""Exact draft-model speculative decoding (issue 21 item 2; SPEC T1, T3, T4, L7, O1).
+
+``coda serve --draft-model MODEL`` (``--speculative draft``, implied by the flag) loads a second
+model through the same loader as the target (:func:`coda.models.source.open_model`) and runs it
+in the same engine, with its **own** paged KV cache (its own :class:`BlockManager`, no prefix
+cache). The draft must share the target's tokenizer: the vocabularies (every token's id and
+string, and the logits' width) are compared at start and a difference is refused with the
+reason before anything is served (:func:`vocabulary_mismatch`).
+
+**Proposing** (:meth:`Drafter.propose`, before the target's step is scheduled). For each
+speculating sequence about to choose output token ``t`` (one uncomputed token), the draft
+first catches its cache up with the target's tokens (the prompt at first, later the one to
+two tokens the last verification emitted), then chooses ``k`` tokens one forward at a time,
+every sequence's row in one batched forward. Draft position ``j`` is chosen **with the same
+draw as the target's row j**: the target's sampler on the draft's logits, with the very row
+:func:`~coda.engine.speculative.verify_rows` gives the target (the request's counter RNG at
+output position ``t + j``, the prefix ``output + drafts[:j]`` for penalties and min_tokens;
+greedy is the argmax). Where the two distributions are close the inverse-CDF draws coincide,
+so a seeded request's drafts are accepted as often as greedy ones.
+
+**Verification** is unchanged (coda.engine.speculative: sample-and-match as extra rows of the
+target's step), so exactness never depends on the draft: a wrong draft is only a rejected row.
+
+**The draft's KV follows the accepted tokens exactly.** Its cache holds a prefix of the
+target's tokens and the drafts fed after it; after a verification (:meth:`Drafter.rollback`)
+and again before proposing, it is cut back to the longest common prefix with the target's
+tokens (the rejected tail's blocks freed). A preempted target sequence drops its draft state
+(:meth:`Drafter.drop`; the draft rebuilds it by prefill on the next proposal); the request's
+end drops it through the same KV resource that frees the target's blocks, exactly once (L7).
+A draft cache that is full, or a draft context that is too short, only means no drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import tokenizers
+
+from coda.engine.kv_cache import BlockManager
+from coda.engine.runner import ModelRunner, SeqChunk
+from coda.engine.sampler import Sampler, SamplingRow
+from coda.engine.sequence import Sequence, SequenceStatus
+from coda.engine.speculative import SpeculativeConfig, verify_rows
+from coda.models.source import LoadedModel, open_model, resolve_model
+
+MODE = "draft"
+# NOTE: drafting with a model costs a draft forward per token, so k starts higher than prompt
+# lookup's (a draft that shares the target's training agrees more often) and stops at 6
+DRAFT_CONFIG = SpeculativeConfig(k_max=6, prior_accept=0.8)
+_UNBOUNDED = 1 << 62
+
+
+def speculative_mode(speculative: str, draft_model: str | None) -> str:
+    """The speculative mode a server runs, given ``--speculative`` and ``--draft-model``:
+    ``--draft-model`` implies ``draft``; raises ValueError on a contradiction."""
+    if draft_model is None:
+        if speculative == MODE:
+            raise ValueError("--speculative draft needs --draft-model MODEL (a model that "
+                             "shares the target's tokenizer)")
+        return speculative
+    if speculative not in ("off", MODE):
+        raise ValueError(f"--draft-model drafts with a model; --speculative {speculative} "
+                         f"drafts another way: give one of them")
+    return MODE
+
+
+def vocabulary_mismatch(target: tokenizers.Tokenizer, draft: tokenizers.Tokenizer,
+                        target_logits: int, draft_logits: int) -> str | None:
+    """Why a draft cannot propose tokens for the target (None: same vocabulary): its token
+    ids must mean the same strings, and its logits must be as wide (the same draw picks the
+    same id)."""
+    if target_logits != draft_logits:
+        return (f"its logits cover {draft_logits} token ids, the target's {target_logits}")
+    tv, dv = target.get_vocab(with_added_tokens=True), draft.get_vocab(with_added_tokens=True)
+    if tv != dv:
+        differ = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: kv[1])
+        token, tid = differ[0]
+        return (f"its vocabulary differs from the target's ({len(tv)} vs {len(dv)} tokens; "
+                f"{len(differ)} (token, id) pairs differ, e.g. {token!r} = {tid})")
+    return None
+
+
+@dataclass(frozen=True)
+class DraftJob:
+    """One speculating sequence of the target (about to choose output token ``row.step``),
+    with at most ``k`` drafts wanted and the target's sampling row for that token."""
+
+    seq: Sequence
+    k: int
+    row: SamplingRow
+
+
+class Drafter:
+    """The draft model, its KV cache and one draft sequence per speculating request."""
+
+    def __init__(self, runner: ModelRunner, name: str,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+        self.runner = runner
+        self.name = name
+        self.eos_token_ids = eos_token_ids
+        self.blocks = BlockManager(runner.num_blocks, runner.block_size,
+                                   enable_prefix_caching=False)  # NOTE: never a shared block
+        self.sampler = Sampler()
+        self._seqs: dict[int, Sequence] = {}  # target seq id -> the draft's sequence
+
+    @property
+    def num_live(self) -> int:
+        """Sequences holding draft state (blocks)."""
+        return len(self._seqs)
+
+    # -- proposing ---------------------------------------------------------------------------
+    def propose(self, jobs: Iterable[DraftJob]) -> dict[int, tuple[int, ...]]:
+        """Up to ``job.k`` drafts per job (module docstring), by target sequence id."""
+        ctx = self.runner.config.max_context
+        live: list[tuple[DraftJob, Sequence, int]] = []
+        for job in jobs:
+            tokens = job.seq.all_token_ids
+            k = min(job.k, ctx - len(tokens) + 1)  # NOTE: the last draft fed sits at len+k-2
+            if k <= 0:
+                continue
+            d = self._synced(job.seq.seq_id, tokens)
+            if d is None:
+                continue
+            need = len(tokens) + k - 1 - d.num_computed_tokens
+            if not self.blocks.can_append(d, need):
+                self.drop(job.seq.seq_id)  # NOTE: a full draft cache only means no drafts
+                continue
+            self.blocks.append(d, need)
+            live.append((job, d, k))
+        drafts: dict[int, list[int]] = {job.seq.seq_id: [] for job, _, _ in live}
+        while live:  # NOTE: one batched forward per draft position
+            fed = [len(d.prompt_token_ids) - d.num_computed_tokens for _, d, _ in live]
+            logits = self.runner.execute([
+                SeqChunk(tuple(d.prompt_token_ids[d.num_computed_tokens:]),
+                         d.num_computed_tokens, tuple(d.block_table), True) for _, d, _ in live])
+            # NOTE: the target's own row for output position t + j: the same draw (module doc)
+            rows = [verify_rows(job.row, drafts[job.seq.seq_id])[-1] for job, _, _ in live]
+            nxt: list[tuple[DraftJob, Sequence, int]] = []
+            for (job, d, k), n, dec in zip(live, fed, self.sampler.sample(logits, rows),
+                                           strict=True):
+                d.num_computed_tokens += n
+                out = drafts[job.seq.seq_id]
+                out.append(dec.token_id)
+                if len(out) < k and dec.token_id not in self.eos_token_ids:
+                    d.prompt_token_ids.append(dec.token_id)  # NOTE: fed next round
+                    nxt.append((job, d, k))
+            live = nxt
+        for sid in drafts:
+            d = self._seqs[sid]
+            self.blocks.truncate(d)  # NOTE: an early end (EOS) leaves unwritten blocks
+        return {sid: tuple(out) for sid, out in drafts.items()}
+
+    def _synced(self, seq_id: int, tokens: list[int]) -> Sequence | None:
+        """The draft sequence of ``seq_id`` holding the longest cached prefix of ``tokens``
+        (created and allocated on first use), its known tokens set to ``tokens``."""
+        d = self._seqs.get(seq_id)
+        if d is None:
+            d = Sequence(seq_id, list(tokens), _UNBOUNDED, status=SequenceStatus.RUNNING)
+            if not self.blocks.can_allocate(d):
+                return None
+            self.blocks.allocate(d)
+            self._seqs[seq_id] = d
+            return d
+        self._cut(d, tokens)
+        d.prompt_token_ids[d.num_computed_tokens:] = tokens[d.num_computed_tokens:]
+        return d
+
+    def _cut(self, d: Sequence, tokens: Seq[int]) -> None:
+        """Keep only the cached prefix ``d`` shares with ``tokens``, and at least one token of
+        ``tokens`` uncomputed (the logits of the last one are the first draft's)."""
+        have = d.prompt_token_ids
+        n = min(d.num_computed_tokens, len(tokens) - 1)
+        lcp = 0
+        while lcp < n and have[lcp] == tokens[lcp]:
+            lcp += 1
+        d.num_computed_tokens = lcp
+        del have[lcp:]
+        self.blocks.truncate(d)
+
+    # -- following the target ----------------------------------------------------------------
+    def rollback(self, seq: Sequence) -> None:
+        """After a verification: drop the draft's rejected tail (its blocks freed)."""
+        d = self._seqs.get(seq.seq_id)
+        if d is not None:
+            self._cut(d, seq.all_token_ids)
+
+    def drop(self, seq_id: int) -> None:
+        """Free ``seq_id``'s draft state (preemption, the request's end; idempotent)."""
+        d = self._seqs.pop(seq_id, None)
+        if d is not None and self.blocks.is_allocated(d):
+            self.blocks.free(d)
+
+    def drop_all(self) -> None:
+        for sid in list(self._seqs):
+            self.drop(sid)
+
+
+def load_drafter(spec: str, target: LoadedModel, target_runner: ModelRunner, *,
+                 quant: str = "auto", device: str = "cpu",
+                 num_threads: int | None = None) -> Drafter:
+    """Load ``spec`` (anything ``--model`` takes) as the draft of ``target``: through the
+    target's loader, refused (ValueError, before anything is served) unless it shares the
+    target's vocabulary; its KV cache holds as many tokens as the target's, plus room for
+    the drafts of a full batch."""
+    source = resolve_model(spec)
+    draft = open_model(source, quant=quant, device=device)
+    why = vocabulary_mismatch(target.bundle.tokenizer, draft.bundle.tokenizer,
+                              target.config.vocab_size, draft.config.vocab_size)
+    if why is not None:
+        raise ValueError(f"--draft-model {spec}: {why}; a draft model must share the "
+                         f"target's tokenizer")
+    bs = target_runner.block_size
+    runner = ModelRunner(draft.model, dtype=draft.dtype, device=device, block_size=bs,
+                         num_blocks=target_runner.num_blocks + 8, num_threads=num_threads)
+    return Drafter(runner, str(source.path), target.bundle.eos_token_ids)
+
+
+def describe(drafter: Drafter | None) -> Mapping[str, str]:
+    """The load summary's draft fields (none without a draft)."""
+    if drafter is None:
+        return {}
+    mc = drafter.runner.config
+    return {"draft_model": drafter.name,
+            "draft_architecture": f"{mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
+                                  f"{mc.num_layers} layers"}

@@ -38,6 +38,7 @@ from tokenizers import (
 )
 
 from coda.models.config import UnsupportedModelError
+from coda.models.gguf_spm import exact_spm
 
 # llama.cpp's token types (llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -142,7 +143,6 @@ def build_tokenizer(v: GGUFVocab) -> tuple[Tokenizer, bool]:
         # NOTE: the BPE table above is the serialized form; llama.cpp's merging is not a BPE.
         # The encoder is the same pipeline over a whole-token lookup (no merges: built
         # directly, not through the table's JSON, 1 s of a 262k vocabulary's load)
-        from coda.models.gguf_spm import exact_spm
 
         lookup = _spm_pipeline(Tokenizer(_spm_model(v, [], ignore_merges=True)), v)
         _finish(lookup, v, add_bos)

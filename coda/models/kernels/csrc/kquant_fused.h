@@ -144,8 +144,22 @@ CODA_AI void scales(const uint8_t* blk, Scales& s) {
     q6_codes(blk, s.q);
 #endif
   } else if (T == Q3_K) {
+    // NOTE: kquants.h's scale_q3k for all 16 at once (byte i: the low or high nibble of byte
+    // i % 8, | bits 2 (i / 4) of byte 8 + i % 4 at bit 4; then as int8 minus 32), and
+    // d * sc as times8's sc * d (the same product)
+    const uint32_t a0 = le32(blk + 96), a1 = le32(blk + 100), t = le32(blk + 104);
+    const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
+    const __m128i u = _mm_sub_epi8(  // NOTE: bytewise, no borrow between bytes
+        _mm_set_epi32(static_cast<int>(((a1 >> 4) & m4) | (((t >> 6) & m2) << 4)),
+                      static_cast<int>(((a0 >> 4) & m4) | (((t >> 4) & m2) << 4)),
+                      static_cast<int>((a1 & m4) | (((t >> 2) & m2) << 4)),
+                      static_cast<int>((a0 & m4) | ((t & m2) << 4))),
+        _mm_set1_epi8(32));
+    const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(u));
+    const uint64_t hi = static_cast<uint64_t>(_mm_extract_epi64(u, 1));
     const float d = f16c(blk + 108);
-    for (int i = 0; i < 16; ++i) s.a[i] = d * static_cast<float>(scale_q3k(blk + 96, i));
+    times8<true>(lo, d, s.a);
+    times8<true>(hi, d, s.a + 8);
   } else {  // Q2_K
     const float d = f16c(blk + 80), dmin = f16c(blk + 82);
     for (int i = 0; i < 16; ++i) {

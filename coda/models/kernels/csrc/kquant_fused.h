@@ -63,7 +63,55 @@ CODA_AI __m128i bits(__m128i v, int shift, int mask) {
 // 32; Q2_K: 16 of 16) or q * a[j] (Q6_K, Q3_K: 16 of 16).
 struct Scales {
   float a[16], b[16];
+  // NOTE: Q6_K only: the block's 256 signed codes (q - 32) in weight order, unpacked once per
+  // block with full-width integer ops (a 16-weight chunk then costs one widening load instead of
+  // nine integer ops on 16 bytes); the codes are the same integers, so the bits are unchanged
+#if CODA_ISA == CODA_AVX512
+  __m512i qv[4];  // NOTE: kept in registers where the compiler can (constant indices)
+#else
+  alignas(64) int8_t q[256];
+#endif
 };
+
+// Q6_K: the 256 codes of a block, q = (ql nibble | qh pair << 4) - 32 (kquants.h's layout:
+// weight half*128 + s*32 + l takes nibble s / 2 of ql[half*64 + (s % 2)*32 + l] and bits 2s of
+// qh[half*32 + l]).
+#if CODA_ISA == CODA_AVX512
+CODA_AI void q6_codes(const uint8_t* blk, __m512i* q) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30),
+                o32 = _mm512_set1_epi8(32);
+  // NOTE: per 16-bit lane shift counts: low 256 bits (s = 0 / 2), high 256 bits (s = 1 / 3);
+  // ((qh >> 2s) & 3) << 4 is (qh << (4 - 2s)) & 0x30; bits crossing a byte are masked off
+  const __m512i sl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i sr23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  for (int hf = 0; hf < 2; ++hf) {
+    const __m512i l = _mm512_loadu_si512(blk + hf * 64);
+    const __m512i h = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + hf * 32)));
+    const __m512i lo = _mm512_and_si512(l, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+    // NOTE: 0xF8 = A | (B & C)
+    const __m512i q01 = _mm512_ternarylogic_epi32(lo, _mm512_sllv_epi16(h, sl01), m30, 0xF8);
+    const __m512i q23 = _mm512_ternarylogic_epi32(hi, _mm512_srlv_epi16(h, sr23), m30, 0xF8);
+    q[2 * hf] = _mm512_sub_epi8(q01, o32);
+    q[2 * hf + 1] = _mm512_sub_epi8(q23, o32);
+  }
+}
+#else
+CODA_AI void q6_codes(const uint8_t* blk, int8_t* q) {
+  const __m256i three = _mm256_set1_epi8(3), o32 = _mm256_set1_epi8(32);
+  for (int hf = 0; hf < 2; ++hf) {
+    const __m256i hv = load32(blk + 128 + hf * 32);
+    for (int sh = 0; sh < 4; ++sh) {
+      const __m256i lv = load32(blk + hf * 64 + (sh % 2) * 32);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * sh), three);
+      const __m256i v = _mm256_or_si256(nibbles(lv, 4 * (sh / 2)), _mm256_slli_epi16(hi, 4));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q + hf * 128 + sh * 32),
+                         _mm256_sub_epi8(v, o32));
+    }
+  }
+}
+#endif
 
 // 8 bytes -> 8 floats (unsigned or signed) times d, stored at out.
 template <bool SIGNED>
@@ -90,9 +138,28 @@ CODA_AI void scales(const uint8_t* blk, Scales& s) {
     std::memcpy(&hi, blk + 200, 8);
     times8<true>(lo, d, s.a);
     times8<true>(hi, d, s.a + 8);
+#if CODA_ISA == CODA_AVX512
+    q6_codes(blk, s.qv);
+#else
+    q6_codes(blk, s.q);
+#endif
   } else if (T == Q3_K) {
+    // NOTE: kquants.h's scale_q3k for all 16 at once (byte i: the low or high nibble of byte
+    // i % 8, | bits 2 (i / 4) of byte 8 + i % 4 at bit 4; then as int8 minus 32), and
+    // d * sc as times8's sc * d (the same product)
+    const uint32_t a0 = le32(blk + 96), a1 = le32(blk + 100), t = le32(blk + 104);
+    const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
+    const __m128i u = _mm_sub_epi8(  // NOTE: bytewise, no borrow between bytes
+        _mm_set_epi32(static_cast<int>(((a1 >> 4) & m4) | (((t >> 6) & m2) << 4)),
+                      static_cast<int>(((a0 >> 4) & m4) | (((t >> 4) & m2) << 4)),
+                      static_cast<int>((a1 & m4) | (((t >> 2) & m2) << 4)),
+                      static_cast<int>((a0 & m4) | ((t & m2) << 4))),
+        _mm_set1_epi8(32));
+    const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(u));
+    const uint64_t hi = static_cast<uint64_t>(_mm_extract_epi64(u, 1));
     const float d = f16c(blk + 108);
-    for (int i = 0; i < 16; ++i) s.a[i] = d * static_cast<float>(scale_q3k(blk + 96, i));
+    times8<true>(lo, d, s.a);
+    times8<true>(hi, d, s.a + 8);
   } else {  // Q2_K
     const float d = f16c(blk + 80), dmin = f16c(blk + 82);
     for (int i = 0; i < 16; ++i) {
@@ -113,12 +180,12 @@ CODA_AI W16 chunk(const uint8_t* blk, const Scales& s) {
     const __m128i lo = bits(ld16(blk + 48 + c * 32 + half * 16), 4 * h, 15);
     const __m128i hi = _mm_slli_epi16(bits(ld16(blk + 16 + half * 16), j, 1), 4);
     return fmaw(codes16(_mm_or_si128(lo, hi)), s.a[I / 2], s.b[I / 2]);
-  } else if (T == Q6_K) {  // idx = half*128 + s*32 + g*16 + l
-    constexpr int hf = I / 8, sh = (I / 2) % 4, g = I % 2;
-    const __m128i lo = bits(ld16(blk + hf * 64 + (sh % 2) * 32 + g * 16), 4 * (sh / 2), 15);
-    const __m128i hi = _mm_slli_epi16(bits(ld16(blk + 128 + hf * 32 + g * 16), 2 * sh, 3), 4);
-    const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
-    return mulw(scodes16(q), s.a[I]);
+  } else if (T == Q6_K) {  // the codes unpacked by scales<Q6_K> (q6_codes)
+#if CODA_ISA == CODA_AVX512
+    return mulw(scodes16(_mm512_extracti32x4_epi32(s.qv[I / 4], I % 4)), s.a[I]);
+#else
+    return mulw(scodes16(ld16(reinterpret_cast<const uint8_t*>(s.q) + 16 * I)), s.a[I]);
+#endif
   } else if (T == Q3_K) {  // idx = h*128 + s*32 + half*16 + l
     constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2, hb = h * 4 + sh;
     const __m128i lo = bits(ld16(blk + 32 + h * 32 + half * 16), 2 * sh, 3);

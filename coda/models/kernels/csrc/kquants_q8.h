@@ -289,7 +289,7 @@ inline int32_t scaled_dot(const IntBlock& w, const int8_t* x) {
 }
 
 #if CODA_ISA != CODA_SCALAR
-// Q4_K and Q6_K straight from the block bytes (no IntBlock): the codes of a super-block are
+// Q2_K..Q6_K straight from the block bytes (no IntBlock): the codes of a super-block are
 // unpacked once into registers and used for every row; isum, osum and msum are the same exact
 // integers as scaled_dot / bsum_dots compute (integer sums: any association gives the same
 // value), so the float steps and the bits are the portable path's.
@@ -301,7 +301,8 @@ struct Codes {
   int32_t off;
 };
 
-inline void codes_q4_k(const uint8_t* b, Codes& o) {
+// Q4_K / Q5_K: d, dmin and the 8 six-bit scales and mins (bytes 0..15 of the block).
+inline void scales_k4(const uint8_t* b, Codes& o) {
   o.d = f16c(b);
   o.dmin = f16c(b + 2);
   o.off = 0;
@@ -318,6 +319,10 @@ inline void codes_q4_k(const uint8_t* b, Codes& o) {
   o.mnb = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
   for (int j = 0; j < 8; ++j)
     o.sc16[j] = _mm256_set1_epi16(static_cast<int16_t>((scs >> (8 * j)) & 0xFF));
+}
+
+inline void codes_q4_k(const uint8_t* b, Codes& o) {
+  scales_k4(b, o);
   for (int c = 0; c < 4; ++c) {
     const __m256i v = load32(b + 16 + c * 32);
     o.q[2 * c] = nibbles(v, 0);
@@ -346,6 +351,83 @@ inline void codes_q6_k(const uint8_t* b, Codes& o) {
   }
 }
 
+// Sub-blocks of 16 (Q6_K, Q3_K, Q2_K): the 16 scales (and mins) as int16, and per maddubs
+// lane of step i the scale of sub-block 2i (low 128 bits) or 2i + 1 (high 128 bits).
+inline void scales16(const int16_t* sc, const int16_t* mn, Codes& o) {
+  o.scb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
+  o.mnb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn));
+  for (int i = 0; i < 8; ++i)
+    o.sc16[i] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * i + 1]), _mm_set1_epi16(sc[2 * i]));
+}
+
+inline void codes_q5_k(const uint8_t* b, Codes& o) {
+  scales_k4(b, o);
+  const __m256i qh = load32(b + 16);
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = load32(b + 48 + c * 32);
+    for (int h = 0; h < 2; ++h) {
+      const int j = 2 * c + h;
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+      o.q[j] = _mm256_or_si256(nibbles(v, 4 * h), _mm256_slli_epi16(hi, 4));
+    }
+  }
+}
+
+inline void codes_q3_k(const uint8_t* b, Codes& o) {
+  o.d = f16c(b + 108);
+  o.dmin = 0.0f;
+  o.off = 4;
+  // NOTE: kquants.h's scale_q3k for all 16 at once: byte i is the low nibble of byte i % 8
+  // (i < 8) or its high nibble, | bits 2 (i / 4) of byte 8 + i % 4 at bit 4; minus 32
+  const uint32_t a0 = le32(b + 96), a1 = le32(b + 100), t = le32(b + 104);
+  const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
+  alignas(32) int16_t sc[16], mn[16] = {};
+  const __m128i u = _mm_set_epi32(static_cast<int>(((a1 >> 4) & m4) | (((t >> 6) & m2) << 4)),
+                                  static_cast<int>(((a0 >> 4) & m4) | (((t >> 4) & m2) << 4)),
+                                  static_cast<int>((a1 & m4) | (((t >> 2) & m2) << 4)),
+                                  static_cast<int>((a0 & m4) | ((t & m2) << 4)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sc),
+                     _mm256_sub_epi16(_mm256_cvtepu8_epi16(u), _mm256_set1_epi16(32)));
+  scales16(sc, mn, o);
+  const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  const __m256i hm = load32(b);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = load32(b + 32 + h * 32);
+    for (int s = 0; s < 4; ++s) {
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
+      const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hm, h * 4 + s), one);
+      o.q[h * 4 + s] = _mm256_or_si256(lo, _mm256_slli_epi16(bit, 2));
+    }
+  }
+}
+
+inline void codes_q2_k(const uint8_t* b, Codes& o) {
+  o.d = f16c(b + 80);
+  o.dmin = f16c(b + 82);
+  o.off = 0;
+  alignas(32) int16_t sc[16], mn[16];
+  for (int j = 0; j < 16; ++j) {
+    sc[j] = static_cast<int16_t>(b[j] & 15);
+    mn[j] = static_cast<int16_t>(b[j] >> 4);
+  }
+  scales16(sc, mn, o);
+  const __m256i three = _mm256_set1_epi8(3);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = load32(b + 16 + h * 32);
+    for (int s = 0; s < 4; ++s) o.q[h * 4 + s] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
+  }
+}
+
+inline void codes(int32_t t, const uint8_t* b, Codes& o) {
+  switch (t) {
+    case Q4_K: codes_q4_k(b, o); break;
+    case Q6_K: codes_q6_k(b, o); break;
+    case Q5_K: codes_q5_k(b, o); break;
+    case Q3_K: codes_q3_k(b, o); break;
+    default: codes_q2_k(b, o); break;
+  }
+}
+
 inline int32_t hsum_i32(__m256i v) {
   __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
@@ -353,7 +435,7 @@ inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(h);
 }
 
-// Outputs [n0, n1) of Q4_K/Q6_K segments (fast_q8 says which calls qualify).
+// Outputs [n0, n1) of K-quant segments (fast_q8 says which calls qualify).
 inline void range_q8_fast(const KqCall& c, const int8_t* xq, const int16_t* bs, const float* dx,
                           int64_t n0, int64_t n1, float* acc) {
   const int64_t K = c.K, nb = K / QKK, M = c.M;
@@ -379,8 +461,7 @@ inline void range_q8_fast(const KqCall& c, const int8_t* xq, const int16_t* bs, 
     }
     for (int64_t r = 0; r < 2 * M; ++r) acc[r] = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
-      if (g.type == Q4_K) codes_q4_k(row + b * bb, w);
-      else codes_q6_k(row + b * bb, w);
+      codes(g.type, row + b * bb, w);
       for (int64_t r = 0; r < M; ++r) {
         const int8_t* xb = xq + r * K + b * QKK;
         __m256i is = _mm256_setzero_si256();
@@ -413,7 +494,7 @@ inline void range_q8_fast(const KqCall& c, const int8_t* xq, const int16_t* bs, 
 inline bool fast_q8(const KqCall& c) {
 #if CODA_ISA != CODA_SCALAR
   for (int i = 0; i < c.nseg; ++i)
-    if (c.segs[i].type != Q4_K && c.segs[i].type != Q6_K) return false;
+    if (!is_kquant(c.segs[i].type)) return false;
   return true;
 #else
   (void)c;

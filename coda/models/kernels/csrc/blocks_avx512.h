@@ -34,7 +34,7 @@ inline void dequant_out(const uint8_t* q, int64_t c, float d, float m, __m512 w[
 // R rows x C outputs (columns c0..c0+C of one tile), f32 activations.
 template <int KIND, int R, int C>
 void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
-                   float* y, int64_t ldy, int64_t ncols) {
+                   float* y, int64_t ldy, int64_t ncols, const Ahead& next) {
   constexpr bool Q8W = kQ8<KIND>;
   const int64_t nb = K / QK, qb = kQB<KIND>;
   F16 acc[R][C];
@@ -44,12 +44,16 @@ void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t*
   for (int64_t b = 0; b < nb; ++b) {
     scales8<KIND>(sc + b * kSC<KIND>, d, m);
     const uint8_t* q = qs + b * TILE * qb;
-    const float* xb = x + b * QK;
+    const float* xb = x + b * R * QK;  // NOTE: the call's rows side by side (linear_f32)
+    next.block<KIND>(b);
     __m512 w[C][2];
     for (int c = 0; c < C; ++c) dequant_out<Q8W>(q, c0 + c, d[c0 + c], m[c0 + c], w[c]);
     for (int h = 0; h < 2; ++h)
       for (int r = 0; r < R; ++r) {
-        const __m512 xv = _mm512_loadu_ps(xb + r * K + 16 * h);
+        __m512 xv = _mm512_loadu_ps(xb + r * QK + 16 * h);
+        // NOTE: one load for the C products: without this GCC folds a load into every fma
+        // (C times the loads; the load ports, not the FMAs, then bound the multi-row tiles)
+        __asm__("" : "+v"(xv));
         for (int c = 0; c < C; ++c) acc[r][c].v = _mm512_fmadd_ps(w[c][h], xv, acc[r][c].v);
       }
   }
@@ -60,10 +64,13 @@ void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t*
 
 template <int KIND, int R>
 void tile_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
-                  int64_t ldy, int64_t ncols) {
-  constexpr int C = R == 1 ? 8 : 4;  // NOTE: R C accumulators + 2 C weights <= 25 zmm
-  for (int64_t c0 = 0; c0 < TILE; c0 += C)
-    micro_f32_512<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols);
+                  int64_t ldy, int64_t ncols, const Ahead& next) {
+  // NOTE: R C accumulators + 2 C weights + the x row and the decode's temporaries fit the 32
+  // zmm: C = 8 at one row, 4 up to 4 rows, 2 up to 8 (the tile's weights are decoded once per
+  // call whatever C is; a narrower C only reloads x rows, which stay in L1)
+  constexpr int C = R == 1 ? 8 : R <= 4 ? 4 : 2;
+  for (int64_t c0 = 0; c0 < TILE; c0 += C)  // NOTE: the first pass prefetches the next tile
+    micro_f32_512<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols, c0 == 0 ? next : Ahead{});
 }
 
 // R rows x one tile (8 outputs = 2 quads), int8 activations.

@@ -36,19 +36,19 @@ inline void dequant_out(const uint8_t* q, int64_t c, float d, float m, __m512 w[
 // instruction instead of one (at K = 576 the one-by-one trees were ~15% of a multi-row tile).
 // Quarters (128 bits) are written qN; tree16 is: s = lo8 + hi8; t = s0..3 + s4..7;
 // u = t0 + t2, t1 + t3; u0 + u1.
-inline void tree16x4(const __m512 v[4], float out[4]) {
+inline void tree16x4(const F16 v[4], float out[4]) {
   constexpr int LO = _MM_SHUFFLE(1, 0, 1, 0), HI = _MM_SHUFFLE(3, 2, 3, 2);
   // [a lanes 0..7 | b lanes 0..7] + [a lanes 8..15 | b lanes 8..15]: a's s, then b's
-  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], LO),
-                                  _mm512_shuffle_f32x4(v[0], v[1], HI));
-  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], LO),
-                                  _mm512_shuffle_f32x4(v[2], v[3], HI));
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0].v, v[1].v, LO),
+                                  _mm512_shuffle_f32x4(v[0].v, v[1].v, HI));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2].v, v[3].v, LO),
+                                  _mm512_shuffle_f32x4(v[2].v, v[3].v, HI));
   // quarter j: output j's t = s0..3 + s4..7
   const __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
                                  _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
   const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));  // movehl
   const __m512 w = _mm512_add_ps(u, _mm512_movehdup_ps(u));  // NOTE: lane 0 of each quarter
-  _mm_store_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(
                         _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), w)));
 }
 
@@ -80,10 +80,10 @@ void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t*
   }
   constexpr int N4 = (R * C + 3) / 4;  // NOTE: the R C trees four at a time, zero-padded
   for (int g = 0; g < N4; ++g) {
-    __m512 v[4];
+    F16 v[4];
     for (int j = 0; j < 4; ++j) {
       const int i = 4 * g + j;
-      v[j] = i < R * C ? acc[i / C][i % C].v : _mm512_setzero_ps();
+      v[j] = i < R * C ? acc[i / C][i % C] : zero16();
     }
     alignas(16) float out[4];
     tree16x4(v, out);

@@ -1,7 +1,7 @@
 """Multi-row tile calls of the GGUF block kernel (issues 18, 21; SPEC T4): a decode step of
-``1 + k`` rows (speculative verification) runs each output tile for up to 8 rows in one call
+``1 + k`` rows (speculative verification) runs each output tile for up to 12 rows in one call
 (``csrc/blocks.h`` ``linear_f32``: the tile's weights decoded once for all of them, the rows
-packed per block, ``ceil(M / 8)`` near-equal calls per tile; AVX2 and scalar: 4 rows). Which
+packed per block, ``ceil(M / 12)`` near-equal calls per tile; AVX2 and scalar: 4 rows). Which
 call a row lands in, how many rows share it and where it sits must never change its bits: every
 batch of 1..16 rows, at any offset, gives each row exactly its bits alone on the portable
 (scalar) build, on every ISA the CPU runs, for every block kind and both activation modes.
@@ -25,7 +25,7 @@ if (_why := kernels.unavailable()) is not None:  # NOTE: CI sets CODA_REQUIRE_NA
 
 from coda.models.kernels.ggml_linear import KINDS, GgmlLinear  # noqa: E402
 
-ROWS = 16  # NOTE: two full 8-row calls on AVX-512, four 4-row calls elsewhere
+ROWS = 16  # NOTE: one call of 1..12 rows or two (13..16) on AVX-512, up to four elsewhere
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:

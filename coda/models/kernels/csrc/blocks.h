@@ -378,14 +378,19 @@ inline void tile(const float* x, int64_t K, const uint16_t* sc, const uint8_t* q
 }
 
 // NOTE: rows one tile call takes: each call decodes the tile's weights once for all its rows
-// (AVX-512: 32 zmm hold up to 8 rows' accumulators; AVX2's 16 ymm, 4)
-constexpr int64_t MAX_ROWS = CODA_ISA == CODA_AVX512 ? 8 : 4;
+// (AVX-512: 32 zmm hold up to 12 rows' accumulators, 2 outputs each; AVX2's 16 ymm, 4 rows):
+// a verification of k_max = 8 drafts (9 rows) is one call
+constexpr int64_t MAX_ROWS = CODA_ISA == CODA_AVX512 ? 12 : 4;
 
 template <int KIND>
 inline void tile_rows(int64_t R, const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs,
                       float* y, int64_t ldy, int64_t ncols, const Ahead& next) {
   switch (R) {
 #if CODA_ISA == CODA_AVX512
+    case 12: return tile<KIND, 12>(x, K, sc, qs, y, ldy, ncols, next);
+    case 11: return tile<KIND, 11>(x, K, sc, qs, y, ldy, ncols, next);
+    case 10: return tile<KIND, 10>(x, K, sc, qs, y, ldy, ncols, next);
+    case 9: return tile<KIND, 9>(x, K, sc, qs, y, ldy, ncols, next);
     case 8: return tile<KIND, 8>(x, K, sc, qs, y, ldy, ncols, next);
     case 7: return tile<KIND, 7>(x, K, sc, qs, y, ldy, ncols, next);
     case 6: return tile<KIND, 6>(x, K, sc, qs, y, ldy, ncols, next);
@@ -411,8 +416,8 @@ inline void pack_rows(const float* x, int64_t R, int64_t K, float* xp) {
     }
 }
 
-// Per output tile, the M rows in ceil(M / MAX_ROWS) calls of near-equal size (9 rows: 4 + 5,
-// not 8 + 1: a call costs its weight decode plus its rows' FMAs, and a lone row's call is
+// Per output tile, the M rows in ceil(M / MAX_ROWS) calls of near-equal size (13 rows: 6 + 7,
+// not 12 + 1: a call costs its weight decode plus its rows' FMAs, and a lone row's call is
 // decode-bound). Which call a row lands in, and where its inputs sit, never changes its
 // operations (file comment).
 template <int KIND>

@@ -78,6 +78,11 @@ void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t*
         for (int c = 0; c < C; ++c) acc[r][c].v = _mm512_fmadd_ps(w[c][h], xv, acc[r][c].v);
       }
   }
+  if constexpr (R == 1) {  // NOTE: one row: no measured gain from the grouped trees
+    for (int c = 0; c < C; ++c)
+      if (c0 + c < ncols) y[c0 + c] = tree16(acc[0][c]);
+    return;
+  }
   constexpr int N4 = (R * C + 3) / 4;  // NOTE: the R C trees four at a time, zero-padded
   for (int g = 0; g < N4; ++g) {
     F16 v[4];
@@ -98,7 +103,7 @@ template <int KIND, int R>
 void tile_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
                   int64_t ldy, int64_t ncols, const Ahead& next) {
   // NOTE: R C accumulators + 2 C weights + the x row and the decode's temporaries fit the 32
-  // zmm: C = 8 at one row, 4 up to 4 rows, 2 up to 8 (the tile's weights are decoded once per
+  // zmm: C = 8 at one row, 4 up to 4 rows, 2 up to 12 (the tile's weights are decoded once per
   // call whatever C is; a narrower C only reloads x rows, which stay in L1)
   constexpr int C = R == 1 ? 8 : R <= 4 ? 4 : 2;
   for (int64_t c0 = 0; c0 < TILE; c0 += C)  // NOTE: the first pass prefetches the next tile

@@ -357,13 +357,6 @@ inline void quantize_row(const float* x, int64_t nb, int8_t* q, float* dx, float
 
 #endif
 
-#if CODA_ISA != CODA_AVX512
-// tree16 of four accumulators (AVX-512 does the four at once: blocks_avx512.h; same bits).
-inline void tree16x4(const F16 v[4], float out[4]) {
-  for (int j = 0; j < 4; ++j) out[j] = tree16(v[j]);
-}
-#endif
-
 #include "blocks_avx512.h"
 
 // R rows x one tile, f32 activations: the widest tile this ISA has.

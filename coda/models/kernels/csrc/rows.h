@@ -28,7 +28,6 @@
 
 #include <cstdlib>
 
-#include "blocks.h"  // NOTE: blocks::tree16x4
 #include "isa.h"
 #include "pool.h"
 #include "table.h"
@@ -100,44 +99,36 @@ inline float dot_qk(const F16* qv, const float* k) {
   return tree16(acc);
 }
 
-// Keys per chunk of pass 2: a chunk's K (then V) rows stay in L1 while every query head of the
-// group reads them (8 KiB at d = 64), instead of each head streaming all of them from L2.
-constexpr int64_t KEYS = 32;
-
 // Pass 2 for one (row, KV head): its `group` query heads over keys 0..n-1 (offsets `off`).
-// NOTE: the loops run chunk by chunk of keys, heads inside: only the interleaving of independent
-// chains changes; each score and each head's value sums see the same operations in the same
-// order (a head's partial sums wait in `out` between chunks: float32 stores are exact).
 template <int D16>
 void attend_one(const float* q, const float* K, const float* V, const int64_t* off, int64_t n,
                 int64_t group, float* scores, float* out) {
   constexpr int64_t d = D16 * 16, D8 = D16 * 2;
   const int64_t stride = (n + 7) / 8 * 8;
-  for (int64_t i0 = 0; i0 < n; i0 += KEYS) {
-    const int64_t i1 = i0 + KEYS < n ? i0 + KEYS : n;
-    for (int64_t h = 0; h < group; ++h) {
-      F16 qv[D16];
-      for (int j = 0; j < D16; ++j) qv[j] = load16(q + h * d + j * 16);
-      float* sc = scores + h * stride;
-      int64_t i = i0;
-      for (; i + 4 <= i1; i += 4) {  // NOTE: 4 keys side by side: independent chains, same order
-        const float* k0 = K + off[i];
-        const float* k1 = K + off[i + 1];
-        const float* k2 = K + off[i + 2];
-        const float* k3 = K + off[i + 3];
-        F16 a[4] = {zero16(), zero16(), zero16(), zero16()};
-        for (int j = 0; j < D16; ++j) {
-          a[0] = fma16(qv[j], load16(k0 + j * 16), a[0]);
-          a[1] = fma16(qv[j], load16(k1 + j * 16), a[1]);
-          a[2] = fma16(qv[j], load16(k2 + j * 16), a[2]);
-          a[3] = fma16(qv[j], load16(k3 + j * 16), a[3]);
-        }
-        blocks::tree16x4(a, sc + i);  // NOTE: tree16 of each, four at once on AVX-512
+  for (int64_t h = 0; h < group; ++h) {
+    F16 qv[D16];
+    for (int j = 0; j < D16; ++j) qv[j] = load16(q + h * d + j * 16);
+    float* sc = scores + h * stride;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {  // NOTE: 4 keys side by side: independent chains, same order
+      const float* k0 = K + off[i];
+      const float* k1 = K + off[i + 1];
+      const float* k2 = K + off[i + 2];
+      const float* k3 = K + off[i + 3];
+      F16 a0 = zero16(), a1 = zero16(), a2 = zero16(), a3 = zero16();
+      for (int j = 0; j < D16; ++j) {
+        a0 = fma16(qv[j], load16(k0 + j * 16), a0);
+        a1 = fma16(qv[j], load16(k1 + j * 16), a1);
+        a2 = fma16(qv[j], load16(k2 + j * 16), a2);
+        a3 = fma16(qv[j], load16(k3 + j * 16), a3);
       }
-      for (; i < i1; ++i) sc[i] = dot_qk<D16>(qv, K + off[i]);
+      sc[i] = tree16(a0);
+      sc[i + 1] = tree16(a1);
+      sc[i + 2] = tree16(a2);
+      sc[i + 3] = tree16(a3);
     }
+    for (; i < n; ++i) sc[i] = dot_qk<D16>(qv, K + off[i]);
   }
-  float denom[16];  // NOTE: group <= 16 (api.cpp checks)
   for (int64_t h = 0; h < group; ++h) {
     float* sc = scores + h * stride;
     float m = sc[0];
@@ -145,29 +136,17 @@ void attend_one(const float* q, const float* K, const float* V, const int64_t* o
     for (int64_t i = n; i < stride; ++i) sc[i] = m;  // NOTE: padding lanes; never summed
     const F8 mv = set8(m);
     for (int64_t i = 0; i < stride; i += 8) store8(sc + i, exp8(sub8(load8(sc + i), mv)));
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum += sc[i];  // NOTE: strictly left to right
-    denom[h] = sum;
-  }
-  // NOTE: element j * 8 + l of head h sums e_i v_i[j * 8 + l] over i, left to right
-  for (int64_t i0 = 0; i0 < n; i0 += KEYS) {
-    const int64_t i1 = i0 + KEYS < n ? i0 + KEYS : n;
-    for (int64_t h = 0; h < group; ++h) {
-      const float* sc = scores + h * stride;
-      float* o = out + h * d;
-      F8 acc[D8];
-      for (int j = 0; j < D8; ++j) acc[j] = i0 == 0 ? zero8() : load8(o + j * 8);
-      for (int64_t i = i0; i < i1; ++i) {
-        const float* v = V + off[i];
-        const F8 e = set8(sc[i]);
-        for (int j = 0; j < D8; ++j) acc[j] = fma8(e, load8(v + j * 8), acc[j]);
-      }
-      for (int j = 0; j < D8; ++j) store8(o + j * 8, acc[j]);
+    float denom = 0.0f;
+    for (int64_t i = 0; i < n; ++i) denom += sc[i];  // NOTE: strictly left to right
+    F8 acc[D8];  // NOTE: element j * 8 + l sums e_i v_i[j * 8 + l] over i, left to right
+    for (int j = 0; j < D8; ++j) acc[j] = zero8();
+    for (int64_t i = 0; i < n; ++i) {
+      const float* v = V + off[i];
+      const F8 e = set8(sc[i]);
+      for (int j = 0; j < D8; ++j) acc[j] = fma8(e, load8(v + j * 8), acc[j]);
     }
-  }
-  for (int64_t h = 0; h < group; ++h) {
-    const F8 dv = set8(denom[h]);
-    for (int j = 0; j < D8; ++j) store8(out + h * d + j * 8, div8(load8(out + h * d + j * 8), dv));
+    const F8 dv = set8(denom);
+    for (int j = 0; j < D8; ++j) store8(out + h * d + j * 8, div8(acc[j], dv));
   }
 }
 

@@ -17,6 +17,8 @@ sums both threads' work, so it shows efficiency, not latency).
 
     nice -n 10 python benchmarks/bench_kernels.py --batches 1,8,32 --threads 1,2 --repeats 7
     nice -n 10 python benchmarks/bench_kernels.py --threads 1 --clock cpu
+    python benchmarks/bench_kernels.py --modes packed --batches 1,2,3,5,9 --threads 1 --clock cpu
+        # a decode step of 1 + k rows (speculative verification): the extra-row cost table
     CODA_KERNEL_ISA=avx2 python benchmarks/bench_kernels.py --modes packed,packed-q8  # one build
 """
 
@@ -144,6 +146,20 @@ def main() -> None:
             ref = statistics.median(times[("fp32", b, th)]) * 1e3 if "fp32" in modes else med
             cells.append(f"{med:.1f} ({ref / med:.2f}×)")
         print(f"| {m} | " + " | ".join(cells) + " |")
+    ones = {th for b, th in cols if b == 1}
+    if ones and len({b for b, _ in cols}) > 1:
+        # NOTE: what a drafted row of a speculative verification costs (issue 21): the step of
+        # 1 + k rows over the step of one, per extra row
+        print("\nextra row cost: (t(M) - t(1)) / (M - 1) / t(1) per mode, same run")
+        extra = [(b, th) for b, th in cols if b > 1 and th in ones]
+        print("| mode | " + " | ".join(f"M={b} t={th}" for b, th in extra) + " |")
+        print("|---" * (len(extra) + 1) + "|")
+        for m in modes:
+            cells = []
+            for b, th in extra:
+                one = statistics.median(times[(m, 1, th)])
+                cells.append(f"{(statistics.median(times[(m, b, th)]) - one) / (b - 1) / one:.2f}")
+            print(f"| {m} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def test_the_module_names_one_order() -> None:
 
 
 @settings(max_examples=examples(30), deadline=None)
-@given(m=st.integers(1, 9), n=st.integers(1, 27), blocks=st.integers(1, 5),
+@given(m=st.integers(1, 17), n=st.integers(1, 27), blocks=st.integers(1, 5),
        kind=st.sampled_from(sorted(KINDS)), seed=st.integers(0, 2**16),
        scale=st.sampled_from([1e-3, 1.0, 1e3]))
 def test_t4_relaid_tiles_and_in_place_kernel_are_one_order_on_every_isa(

@@ -31,10 +31,31 @@ inline void dequant_out(const uint8_t* q, int64_t c, float d, float m, __m512 w[
   w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(i, 4), table);
 }
 
+// isa.h's tree16 of four accumulators at once: the same additions of the same operands in the
+// same operand order (so the same bits, -0.0 and NaN payloads included), four outputs per
+// instruction instead of one (at K = 576 the one-by-one trees were ~15% of a multi-row tile).
+// Quarters (128 bits) are written qN; tree16 is: s = lo8 + hi8; t = s0..3 + s4..7;
+// u = t0 + t2, t1 + t3; u0 + u1.
+inline void tree16x4(const F16 v[4], float out[4]) {
+  constexpr int LO = _MM_SHUFFLE(1, 0, 1, 0), HI = _MM_SHUFFLE(3, 2, 3, 2);
+  // [a lanes 0..7 | b lanes 0..7] + [a lanes 8..15 | b lanes 8..15]: a's s, then b's
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0].v, v[1].v, LO),
+                                  _mm512_shuffle_f32x4(v[0].v, v[1].v, HI));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2].v, v[3].v, LO),
+                                  _mm512_shuffle_f32x4(v[2].v, v[3].v, HI));
+  // quarter j: output j's t = s0..3 + s4..7
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));  // movehl
+  const __m512 w = _mm512_add_ps(u, _mm512_movehdup_ps(u));  // NOTE: lane 0 of each quarter
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(
+                        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), w)));
+}
+
 // R rows x C outputs (columns c0..c0+C of one tile), f32 activations.
 template <int KIND, int R, int C>
 void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
-                   float* y, int64_t ldy, int64_t ncols) {
+                   float* y, int64_t ldy, int64_t ncols, const Ahead& next) {
   constexpr bool Q8W = kQ8<KIND>;
   const int64_t nb = K / QK, qb = kQB<KIND>;
   F16 acc[R][C];
@@ -44,26 +65,49 @@ void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t*
   for (int64_t b = 0; b < nb; ++b) {
     scales8<KIND>(sc + b * kSC<KIND>, d, m);
     const uint8_t* q = qs + b * TILE * qb;
-    const float* xb = x + b * QK;
+    const float* xb = x + b * R * QK;  // NOTE: the call's rows side by side (linear_f32)
+    next.block<KIND>(b);
     __m512 w[C][2];
     for (int c = 0; c < C; ++c) dequant_out<Q8W>(q, c0 + c, d[c0 + c], m[c0 + c], w[c]);
     for (int h = 0; h < 2; ++h)
       for (int r = 0; r < R; ++r) {
-        const __m512 xv = _mm512_loadu_ps(xb + r * K + 16 * h);
+        __m512 xv = _mm512_loadu_ps(xb + r * QK + 16 * h);
+        // NOTE: one load for the C products: without this GCC folds a load into every fma
+        // (C times the loads; the load ports, not the FMAs, then bound the multi-row tiles)
+        __asm__("" : "+v"(xv));
         for (int c = 0; c < C; ++c) acc[r][c].v = _mm512_fmadd_ps(w[c][h], xv, acc[r][c].v);
       }
   }
-  for (int r = 0; r < R; ++r)
+  if constexpr (R == 1) {  // NOTE: one row: no measured gain from the grouped trees
     for (int c = 0; c < C; ++c)
-      if (c0 + c < ncols) y[r * ldy + c0 + c] = tree16(acc[r][c]);
+      if (c0 + c < ncols) y[c0 + c] = tree16(acc[0][c]);
+    return;
+  }
+  constexpr int N4 = (R * C + 3) / 4;  // NOTE: the R C trees four at a time, zero-padded
+  for (int g = 0; g < N4; ++g) {
+    F16 v[4];
+    for (int j = 0; j < 4; ++j) {
+      const int i = 4 * g + j;
+      v[j] = i < R * C ? acc[i / C][i % C] : zero16();
+    }
+    alignas(16) float out[4];
+    tree16x4(v, out);
+    for (int j = 0; j < 4 && 4 * g + j < R * C; ++j) {
+      const int i = 4 * g + j, r = i / C, c = i % C;
+      if (c0 + c < ncols) y[r * ldy + c0 + c] = out[j];
+    }
+  }
 }
 
 template <int KIND, int R>
 void tile_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
-                  int64_t ldy, int64_t ncols) {
-  constexpr int C = R == 1 ? 8 : 4;  // NOTE: R C accumulators + 2 C weights <= 25 zmm
-  for (int64_t c0 = 0; c0 < TILE; c0 += C)
-    micro_f32_512<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols);
+                  int64_t ldy, int64_t ncols, const Ahead& next) {
+  // NOTE: R C accumulators + 2 C weights + the x row and the decode's temporaries fit the 32
+  // zmm: C = 8 at one row, 4 up to 4 rows, 2 up to 12 (the tile's weights are decoded once per
+  // call whatever C is; a narrower C only reloads x rows, which stay in L1)
+  constexpr int C = R == 1 ? 8 : R <= 4 ? 4 : 2;
+  for (int64_t c0 = 0; c0 < TILE; c0 += C)  // NOTE: the first pass prefetches the next tile
+    micro_f32_512<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols, c0 == 0 ? next : Ahead{});
 }
 
 // R rows x one tile (8 outputs = 2 quads), int8 activations.

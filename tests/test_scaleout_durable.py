@@ -300,6 +300,11 @@ def test_cancel_through_another_ingress_c1_p2(cluster: Any, redis_server: RedisS
     """C1 across ingresses: a background response made on ingress A is cancelled through
     ingress B, which only knows it from the log (a rebuilt record): the replica running it
     ends it, once, cancelled, and both ingresses then show that one terminal."""
+    # NOTE: the fencing test before this one deletes a replica's lease: until its heartbeat
+    # puts it back, a reaper may fence this request out (failed, "lease expired"), not cancel it
+    dlog = _log(redis_server.url)
+    wait_for(lambda: len(dlog.r.keys(dlog._lease("replica-*"))) >= len(cluster.replicas),
+             timeout=60, what="every replica's lease held again")
     a, _ = _ingress(cluster, redis_server.url)
     b, _ = _ingress(cluster, redis_server.url)
     try:

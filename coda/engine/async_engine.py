@@ -455,8 +455,9 @@ class AsyncEngine:
         try:
             self.core.scheduler.block_manager.check_integrity()
         except Exception as exc:
-            self.idle_check_failures += 1
+            # NOTE: logged before it is counted: whoever waits on the count finds the log
             log.error("KV cache integrity check failed while idle: %s", exc)
+            self.idle_check_failures += 1
 
     def _admit(self, ereq: EngineRequest) -> None:
         try:

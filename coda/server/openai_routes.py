@@ -52,9 +52,10 @@ class OpenAIRenderer(Renderer):
                          for h, a in zip(record.handles, self.after, strict=True)]
         self.chat = record.kind == "chat"
         self.include_usage, self.logprobs = spec.include_usage, spec.logprobs
-        # NOTE: legacy text_offset continues where a resumed stream left off.
-        self.offsets = [text_before(h.stream, a) for h, a in zip(record.handles, self.after,
-                                                                  strict=True)]
+        # NOTE: legacy text_offset continues where a resumed stream left off, after the echo.
+        self.offsets = [len(self._echo(i)) + text_before(h.stream, a)
+                        for i, (h, a) in enumerate(zip(record.handles, self.after,
+                                                       strict=True))]
         # NOTE: tool calls are parsed out of the text (coda.server.tools); a resumed stream
         # primes each parser with the text it already sent.
         self.parsers = ([tl.primed(e.text for e in replay(h.stream)
@@ -62,6 +63,10 @@ class OpenAIRenderer(Renderer):
                                    and not e.reasoning)
                          for h, a in zip(record.handles, self.after, strict=True)]
                         if spec.tools else None)
+
+    def _echo(self, index: int) -> str:
+        """The echoed prompt text of choice ``index`` ("" without echo)."""
+        return self.spec.echo[index // self.spec.n] if self.spec.echo else ""
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -72,7 +77,12 @@ class OpenAIRenderer(Renderer):
         fid = position_id(positions)
         if ev.type is EventType.START:
             if not self.chat:
-                return []
+                if not self.spec.echo:
+                    return []
+                # NOTE: legacy echo: the prompt's text is the first chunk of its choice
+                choice = {"index": index, "text": self._echo(index), "logprobs": None,
+                          "finish_reason": None}
+                return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
             choice = {"index": index, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None}
             return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
@@ -200,12 +210,29 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")
         return
-    if body.echo:
-        raise InvalidRequestError("echo: echo=true is not supported", field="echo")
+    if body.echo and body.logprobs is not None:
+        raise InvalidRequestError("echo: echo=true with logprobs is not supported",
+                                  field="echo")
     if body.suffix:
         raise InvalidRequestError("suffix: suffix is not supported", field="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequestError("best_of: only best_of == n is supported", field="best_of")
+
+
+def _echo_texts(st: ServerState, body: CompletionRequest,
+                prompts: Sequence[Sequence[int]]) -> tuple[str, ...]:
+    """Legacy ``echo``: each prompt's text as the client sent it; a token-id prompt's is its
+    decoded text (special tokens shown unless ``skip_special_tokens``, like the output)."""
+    if not body.echo:
+        return ()
+    p = body.prompt
+    # NOTE: one token-id prompt is a flat list of ints (cf. _prompts)
+    items: list[object] = ([p] if isinstance(p, str) or all(isinstance(x, int) for x in p)
+                           else list(p))
+    tok = st.engine.tokenizer
+    return tuple(x if isinstance(x, str)
+                 else tok.decode(list(ids), skip_special_tokens=body.skip_special_tokens)
+                 for x, ids in zip(items, prompts, strict=True))
 
 
 def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
@@ -280,7 +307,9 @@ class OpenAIAdapter:
             verify=body.stream_verify, logprobs=logprobs is not None,
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
-            reasoning=body.include_reasoning)
+            reasoning=body.include_reasoning,
+            echo=(await asyncio.to_thread(_echo_texts, st, body, prompts)
+                  if isinstance(body, CompletionRequest) else ()))
         return plan_call(body, knobs, prompts, spec, call_id=new_id(self.id_prefix),
                          default_max_tokens=st.engine_config.default_max_tokens,
                          backpressure=st.settings.backpressure, stream=body.stream,
@@ -331,16 +360,17 @@ def _final_object(record: Record, terminals: list[Terminal],
             choices.append({"index": i, "message": message,
                             "logprobs": logprobs, "finish_reason": reason, "coda": ext})
         else:
+            echo = spec.echo[i // spec.n] if spec.echo else ""
             legacy = None
             if with_logprobs:
-                parts, pos = [], 0
+                parts, pos = [], len(echo)
                 for text, toks in c.deltas:
                     parts.append(lp.legacy_logprobs(
                         toks, pos, pos + len(text),
                         skip_special=spec.skip_special))
                     pos += len(text)
                 legacy = lp.merge_legacy(parts)
-            choices.append({"index": i, "text": c.text, "logprobs": legacy,
+            choices.append({"index": i, "text": echo + c.text, "logprobs": legacy,
                             "finish_reason": reason, "coda": ext})
     return {"id": record.id, "object": "chat.completion" if chat else "text_completion",
             "created": record.created, "model": record.model, "choices": choices,

@@ -31,6 +31,8 @@ class OpenAIRender:
     logprobs: bool = False
     continuous_usage: bool = False
     reasoning: bool = True  # issue 23: render reasoning deltas (False: drop them)
+    # legacy ``echo``: each prompt's text, put before its choices' text (empty: no echo)
+    echo: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

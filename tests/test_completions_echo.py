@@ -71,6 +71,82 @@ def test_echo_token_id_prompt_decodes_it(client: openai.OpenAI, smollm_engine: A
     assert batch.usage.prompt_tokens == len(ids) + len(other)
 
 
+def test_echo_logprobs_cover_prompt_then_completion_o1(client: openai.OpenAI,
+                                                      smollm_engine: Any,
+                                                      smollm_hf: Any) -> None:
+    """O1: with echo and logprobs the prompt tokens come first (the first one null), each
+    equal to the log_softmax of transformers' logits at its position (teacher-forced), then
+    the completion's, unchanged; text_offset indexes the echoed text."""
+    import torch
+
+    model = _model(client)
+    ids = smollm_engine.tokenizer.encode(PROMPT).ids
+    plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0,
+                                      logprobs=3)
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0,
+                                  logprobs=3, echo=True)
+    got, done = r.choices[0].logprobs, plain.choices[0].logprobs
+    n = len(ids)
+    assert len(got.tokens) == n + len(done.tokens)
+    assert "".join(got.tokens) == r.choices[0].text == PROMPT + plain.choices[0].text
+    assert got.token_logprobs[0] is None and got.top_logprobs[0] is None
+    assert got.tokens[n:] == done.tokens
+    assert got.token_logprobs[n:] == pytest.approx(done.token_logprobs, abs=1e-4)
+    assert got.text_offset[n:] == [len(PROMPT) + o for o in done.text_offset]
+    assert got.text_offset[:n] == [len(PROMPT[:o]) for o in got.text_offset[:n]]
+    assert got.text_offset[:n] == sorted(got.text_offset[:n]) and got.text_offset[0] == 0
+    with torch.no_grad():
+        ref = torch.log_softmax(smollm_hf(torch.tensor([ids])).logits[0].float(), -1)
+    for i in range(1, n):
+        want = float(ref[i - 1, ids[i]])
+        assert abs(got.token_logprobs[i] - want) <= 2e-3, (i, got.token_logprobs[i], want)
+        top = ref[i - 1].topk(3)
+        assert len(got.top_logprobs[i]) == 3
+        assert sorted(got.top_logprobs[i].values(), reverse=True) == pytest.approx(
+            top.values.tolist(), abs=2e-3)
+
+
+def test_echo_logprobs_equal_decoding_the_tokens_one_by_one_o1(client: openai.OpenAI,
+                                                               smollm_engine: Any) -> None:
+    """O1: a prompt made of a prompt and its greedy continuation scores the continuation's
+    tokens as decoding them did (values, alternatives); streamed, the prompt's logprobs come
+    with the echo chunk and the whole equals the non-streamed logprobs."""
+    from coda.engine.types import GenerationRequest
+    from coda.reader import replay
+    from coda.sampling import SamplingParams
+    from coda.stream import EventType
+
+    model = _model(client)
+    ids = smollm_engine.tokenizer.encode("Once upon a time").ids
+    handle = smollm_engine.submit(GenerationRequest(
+        tuple(ids), SamplingParams(temperature=0.0, ignore_eos=True, logprobs=2),
+        max_tokens=5))
+    handle.wait(300)
+    decoded = [t for e in replay(handle.stream) if e.type is EventType.DELTA for t in e.tokens]
+    decoded += handle.stream.terminal.trailing_tokens
+    assert len(decoded) == 5
+    prompt = ids + [t.token_id for t in decoded]
+    kw: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": 1,
+                          "temperature": 0, "logprobs": 2, "echo": True}
+    r = client.completions.create(**kw)
+    got = r.choices[0].logprobs
+    n = len(ids)
+    # NOTE: the fixture's exact fp32 mode is not batch-invariant (T4): rows of a different
+    # batch may differ in the last bits; a batch-invariant mode gives the same bits.
+    assert got.token_logprobs[n:n + 5] == pytest.approx([t.logprob for t in decoded],
+                                                        abs=1e-4)
+    for entry, t in zip(got.top_logprobs[n:n + 5], decoded, strict=True):
+        assert list(entry.values()) == pytest.approx([v for _, v in t.top_logprobs], abs=1e-4)
+    chunks = list(client.completions.create(stream=True, **kw))
+    assert chunks[0].choices[0].text == r.choices[0].text[:len(chunks[0].choices[0].text)]
+    assert chunks[0].choices[0].logprobs.tokens == got.tokens[:len(prompt)]
+    lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for x in lps for t in x.tokens] == got.tokens
+    assert [o for x in lps for o in x.text_offset] == got.text_offset
+    flat = [v for x in lps for v in x.token_logprobs]
+    assert flat[0] is None and flat[1:] == pytest.approx(got.token_logprobs[1:], abs=1e-4)
+
+
 BAD = [
     ({"echo": True, "max_tokens": 0}, "max_tokens"),
     ({"echo": True, "suffix": "x"}, "suffix"),

@@ -19,6 +19,7 @@ from coda.errors import InvalidRequestError
 from coda.reader import replay
 from coda.reasoning import reasoning_spec
 from coda.server import logprobs as lp
+from coda.server import prompt_logprobs as pl
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, state_of, text_before
@@ -68,6 +69,11 @@ class OpenAIRenderer(Renderer):
         """The echoed prompt text of choice ``index`` ("" without echo)."""
         return self.spec.echo[index // self.spec.n] if self.spec.echo else ""
 
+    def _echo_logprobs(self, index: int) -> Any:
+        """The echoed prompt's legacy logprobs of choice ``index`` (None without them)."""
+        spec = self.spec
+        return spec.echo_logprobs[index // spec.n] if spec.echo_logprobs else None
+
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {"id": self.r.id, "object": obj, "created": self.r.created,
@@ -80,8 +86,8 @@ class OpenAIRenderer(Renderer):
                 if not self.spec.echo:
                     return []
                 # NOTE: legacy echo: the prompt's text is the first chunk of its choice
-                choice = {"index": index, "text": self._echo(index), "logprobs": None,
-                          "finish_reason": None}
+                choice = {"index": index, "text": self._echo(index),
+                          "logprobs": self._echo_logprobs(index), "finish_reason": None}
                 return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
             choice = {"index": index, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None}
@@ -210,9 +216,6 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")
         return
-    if body.echo and body.logprobs is not None:
-        raise InvalidRequestError("echo: echo=true with logprobs is not supported",
-                                  field="echo")
     if body.suffix:
         raise InvalidRequestError("suffix: suffix is not supported", field="suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -233,6 +236,20 @@ def _echo_texts(st: ServerState, body: CompletionRequest,
     return tuple(x if isinstance(x, str)
                  else tok.decode(list(ids), skip_special_tokens=body.skip_special_tokens)
                  for x, ids in zip(items, prompts, strict=True))
+
+
+async def _echo_logprobs(st: ServerState, body: CompletionRequest, prompts: list[list[int]],
+                         texts: tuple[str, ...], call_id: str
+                         ) -> tuple[dict[str, Any], ...]:
+    """Echo with logprobs: each prompt's own logprobs (coda.server.prompt_logprobs)."""
+    if not body.echo or body.logprobs is None:
+        return ()
+    k = body.logprobs
+    scored = await asyncio.gather(*(
+        pl.prompt_tokens(st.engine, ids, k, f"{call_id}-echo{j}")
+        for j, ids in enumerate(prompts)))
+    return tuple(pl.echo_legacy(toks, text, skip_special=body.skip_special_tokens)
+                 for toks, text in zip(scored, texts, strict=True))
 
 
 def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
@@ -301,6 +318,12 @@ class OpenAIAdapter:
                       logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
                       reasoning=reasoning, **tool)
         options = body.stream_options
+        call_id = new_id(self.id_prefix)
+        echo: tuple[str, ...] = ()
+        echo_lp: tuple[dict[str, Any], ...] = ()
+        if isinstance(body, CompletionRequest) and body.echo:
+            echo = await asyncio.to_thread(_echo_texts, st, body, prompts)
+            echo_lp = await _echo_logprobs(st, body, prompts, echo, call_id)
         spec = OpenAIRender(
             n=body.n, prompt_tokens=tuple(len(p) for p in prompts),
             tools=bool(plan and plan.active), skip_special=body.skip_special_tokens,
@@ -308,9 +331,8 @@ class OpenAIAdapter:
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
             reasoning=body.include_reasoning,
-            echo=(await asyncio.to_thread(_echo_texts, st, body, prompts)
-                  if isinstance(body, CompletionRequest) else ()))
-        return plan_call(body, knobs, prompts, spec, call_id=new_id(self.id_prefix),
+            echo=echo, echo_logprobs=echo_lp)
+        return plan_call(body, knobs, prompts, spec, call_id=call_id,
                          default_max_tokens=st.engine_config.default_max_tokens,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
@@ -363,7 +385,8 @@ def _final_object(record: Record, terminals: list[Terminal],
             echo = spec.echo[i // spec.n] if spec.echo else ""
             legacy = None
             if with_logprobs:
-                parts, pos = [], len(echo)
+                parts = [spec.echo_logprobs[i // spec.n]] if spec.echo_logprobs else []
+                pos = len(echo)
                 for text, toks in c.deltas:
                     parts.append(lp.legacy_logprobs(
                         toks, pos, pos + len(text),

@@ -147,6 +147,26 @@ def test_echo_logprobs_equal_decoding_the_tokens_one_by_one_o1(client: openai.Op
     assert flat[0] is None and flat[1:] == pytest.approx(got.token_logprobs[1:], abs=1e-4)
 
 
+def test_echo_logprobs_each_choice_scores_its_own_prompt_o1(client: openai.OpenAI,
+                                                           smollm_engine: Any) -> None:
+    """O1, L6: a batch of prompts with n=2: every choice's logprobs start with its own
+    prompt's tokens (same values for the two choices of a prompt); usage is unchanged."""
+    model = _model(client)
+    prompts = [PROMPT, "Blue and"]
+    r = client.completions.create(model=model, prompt=prompts, n=2, max_tokens=2, logprobs=1,
+                                  echo=True, temperature=0)
+    sizes = [len(smollm_engine.tokenizer.encode(p).ids) for p in prompts]
+    for c in r.choices:
+        k = c.index // 2
+        got = c.logprobs
+        assert "".join(got.tokens[:sizes[k]]) == prompts[k] and c.text.startswith(prompts[k])
+        assert got.token_logprobs[0] is None and all(
+            v is not None and v <= 0 for v in got.token_logprobs[1:sizes[k]])
+    a, b = r.choices[0].logprobs, r.choices[1].logprobs
+    assert a.token_logprobs[:sizes[0]] == b.token_logprobs[:sizes[0]]
+    assert r.usage.prompt_tokens == sum(sizes)  # NOTE: each prompt once, the aux requests never
+
+
 BAD = [
     ({"echo": True, "max_tokens": 0}, "max_tokens"),
     ({"echo": True, "suffix": "x"}, "suffix"),

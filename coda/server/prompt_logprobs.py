@@ -55,19 +55,29 @@ async def prompt_tokens(engine: Engine, ids: Sequence[int], k: int,
     """The prompt's tokens with their logprobs and ``k`` alternatives (module docstring)."""
     if not ids:
         return []
-    handles: list[EngineHandle] = []
+
+    def submit(i: int) -> EngineHandle:
+        sampling = SamplingParams(temperature=0.0, logit_bias=((ids[i], MAX_ABS_BIAS),),
+                                  logprobs=k)
+        return engine.submit(GenerationRequest(
+            prompt_token_ids=tuple(ids[:i]), sampling=sampling, max_tokens=1,
+            skip_special_tokens=False, request_id=f"{request_id}-{i}", speculative=False))
+
+    last: list[EngineHandle] = []
+    handles: list[EngineHandle] = []  # NOTE: positions 1 .. n-2, in order
     try:
-        for i in range(1, len(ids)):
-            sampling = SamplingParams(temperature=0.0, logit_bias=((ids[i], MAX_ABS_BIAS),),
-                                      logprobs=k)
-            handles.append(engine.submit(GenerationRequest(
-                prompt_token_ids=tuple(ids[:i]), sampling=sampling, max_tokens=1,
-                skip_special_tokens=False, request_id=f"{request_id}-{i}",
-                speculative=False)))
+        if len(ids) > 1:
+            # NOTE: the longest prefix first, alone: its full blocks enter the prefix cache,
+            # so each later request computes under one block, not its whole prefix (O(n^2))
+            last.append(submit(len(ids) - 1))
+            await last[0].result()
+        for i in range(1, len(ids) - 1):
+            handles.append(submit(i))
         await asyncio.gather(*(h.result() for h in handles))
     finally:
-        for h in handles:  # NOTE: a failure or a cancelled parse leaves nothing running
+        for h in (*handles, *last):  # NOTE: a failure or a cancelled parse leaves none running
             h.cancel()
+    handles += last
     return [_first(engine, ids[0]),
             *(_forced(h, t) for h, t in zip(handles, ids[1:], strict=True))]
 

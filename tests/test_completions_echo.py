@@ -170,12 +170,16 @@ def test_echo_logprobs_each_choice_scores_its_own_prompt_o1(client: openai.OpenA
 BAD = [
     ({"echo": True, "max_tokens": 0}, "max_tokens"),
     ({"echo": True, "suffix": "x"}, "suffix"),
+    ({"echo": True, "logprobs": 6}, "logprobs"),
+    ({"echo": True, "logprobs": 1, "prompt": [1, 10**7]}, "prompt"),  # NOTE: the prefix path
+    ({"echo": True, "logprobs": 1, "prompt": [1, 2] * 700}, "prompt"),  # NOTE: > context
 ]
 
 
 @pytest.mark.parametrize(("extra", "param"), BAD, ids=[p for _, p in BAD])
 def test_echo_bad_combinations_are_400(smollm_live: Any, extra: dict[str, Any],
                                        param: str) -> None:
+    """Bad input with echo (and the prompt-logprob requests) is a 400 naming the field."""
     body = {"model": MODEL, "prompt": PROMPT, **extra}
     r = httpx.post(smollm_live.url + "/v1/completions", content=json.dumps(body),
                    headers={"content-type": "application/json"})

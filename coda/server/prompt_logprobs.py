@@ -22,7 +22,7 @@ from typing import Any
 
 from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import GenerationRequest
-from coda.errors import ModelError
+from coda.errors import InvalidRequestError, ModelError
 from coda.reader import replay
 from coda.sampling import MAX_ABS_BIAS, SamplingParams
 from coda.server import logprobs as lp
@@ -59,9 +59,16 @@ async def prompt_tokens(engine: Engine, ids: Sequence[int], k: int,
     def submit(i: int) -> EngineHandle:
         sampling = SamplingParams(temperature=0.0, logit_bias=((ids[i], MAX_ABS_BIAS),),
                                   logprobs=k)
-        return engine.submit(GenerationRequest(
-            prompt_token_ids=tuple(ids[:i]), sampling=sampling, max_tokens=1,
-            skip_special_tokens=False, request_id=f"{request_id}-{i}", speculative=False))
+        try:
+            return engine.submit(GenerationRequest(
+                prompt_token_ids=tuple(ids[:i]), sampling=sampling, max_tokens=1,
+                skip_special_tokens=False, request_id=f"{request_id}-{i}", speculative=False))
+        except InvalidRequestError as exc:
+            if exc.field != "logit_bias":
+                raise
+            # NOTE: the bias names the prompt's own token: the client's error is the prompt
+            raise InvalidRequestError(f"prompt: token {ids[i]} at position {i}: {exc.message}",
+                                      field="prompt") from None
 
     last: list[EngineHandle] = []
     handles: list[EngineHandle] = []  # NOTE: positions 1 .. n-2, in order

@@ -18,8 +18,8 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.reader import replay
 from coda.reasoning import reasoning_spec
+from coda.server import echo as ec
 from coda.server import logprobs as lp
-from coda.server import prompt_logprobs as pl
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, state_of, text_before
@@ -222,36 +222,6 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         raise InvalidRequestError("best_of: only best_of == n is supported", field="best_of")
 
 
-def _echo_texts(st: ServerState, body: CompletionRequest,
-                prompts: Sequence[Sequence[int]]) -> tuple[str, ...]:
-    """Legacy ``echo``: each prompt's text as the client sent it; a token-id prompt's is its
-    decoded text (special tokens shown unless ``skip_special_tokens``, like the output)."""
-    if not body.echo:
-        return ()
-    p = body.prompt
-    # NOTE: one token-id prompt is a flat list of ints (cf. _prompts)
-    items: list[object] = ([p] if isinstance(p, str) or all(isinstance(x, int) for x in p)
-                           else list(p))
-    tok = st.engine.tokenizer
-    return tuple(x if isinstance(x, str)
-                 else tok.decode(list(ids), skip_special_tokens=body.skip_special_tokens)
-                 for x, ids in zip(items, prompts, strict=True))
-
-
-async def _echo_logprobs(st: ServerState, body: CompletionRequest, prompts: list[list[int]],
-                         texts: tuple[str, ...], call_id: str
-                         ) -> tuple[dict[str, Any], ...]:
-    """Echo with logprobs: each prompt's own logprobs (coda.server.prompt_logprobs)."""
-    if not body.echo or body.logprobs is None:
-        return ()
-    k = body.logprobs
-    scored = await asyncio.gather(*(
-        pl.prompt_tokens(st.engine, ids, k, f"{call_id}-echo{j}")
-        for j, ids in enumerate(prompts)))
-    return tuple(pl.echo_legacy(toks, text, skip_special=body.skip_special_tokens)
-                 for toks, text in zip(scored, texts, strict=True))
-
-
 def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
              plan: tl.ToolPlan | None = None) -> list[list[int]]:
     """The prompts' token ids (CPU-bound: runs on a worker thread, never on the event loop)."""
@@ -322,8 +292,7 @@ class OpenAIAdapter:
         echo: tuple[str, ...] = ()
         echo_lp: tuple[dict[str, Any], ...] = ()
         if isinstance(body, CompletionRequest) and body.echo:
-            echo = await asyncio.to_thread(_echo_texts, st, body, prompts)
-            echo_lp = await _echo_logprobs(st, body, prompts, echo, call_id)
+            echo, echo_lp = await ec.echo_parts(st, body, prompts, call_id)
         spec = OpenAIRender(
             n=body.n, prompt_tokens=tuple(len(p) for p in prompts),
             tools=bool(plan and plan.active), skip_special=body.skip_special_tokens,

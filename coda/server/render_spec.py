@@ -33,7 +33,7 @@ class OpenAIRender:
     reasoning: bool = True  # issue 23: render reasoning deltas (False: drop them)
     # legacy ``echo``: each prompt's text, put before its choices' text (empty: no echo)
     echo: tuple[str, ...] = ()
-    # echo with logprobs: each prompt's legacy logprobs (coda.server.prompt_logprobs)
+    # echo with logprobs: each prompt's legacy logprobs (coda.server.echo)
     echo_logprobs: tuple[Mapping[str, object], ...] = ()
 
 

@@ -1,4 +1,9 @@
-"""Legacy completions ``echo`` with ``logprobs``: the prompt tokens' logprobs (SPEC O1, L6).
+"""Legacy completions ``echo`` (docs/api.md, "Echo"): each prompt's text, and with
+``logprobs`` its tokens' logprobs (SPEC O1, L6).
+
+The text: a text prompt exactly as sent; a token-id prompt decoded (special tokens shown unless
+``skip_special_tokens``, like the output). It and the prompt's logprobs travel in the render
+spec (:class:`coda.server.render_spec.OpenAIRender`), so a resume or replay renders the same.
 
 What a prompt token's logprob is here: exactly what the same token would get if the model had
 *decoded* it after the tokens before it — the log_softmax of the raw logits at that position
@@ -26,6 +31,8 @@ from coda.errors import InvalidRequestError, ModelError
 from coda.reader import replay
 from coda.sampling import MAX_ABS_BIAS, SamplingParams
 from coda.server import logprobs as lp
+from coda.server.schemas import CompletionRequest
+from coda.server.state import ServerState
 from coda.stream import EventType, TokenInfo
 
 
@@ -97,3 +104,40 @@ def echo_legacy(tokens: Sequence[TokenInfo], text: str, *,
     if out["top_logprobs"]:
         out["top_logprobs"][0] = None
     return out
+
+
+def _texts(st: ServerState, body: CompletionRequest,
+                prompts: Sequence[Sequence[int]]) -> tuple[str, ...]:
+    """Each prompt's echoed text (module docstring)."""
+    if not body.echo:
+        return ()
+    p = body.prompt
+    # NOTE: one token-id prompt is a flat list of ints (cf. _prompts)
+    items: list[object] = ([p] if isinstance(p, str) or all(isinstance(x, int) for x in p)
+                           else list(p))
+    tok = st.engine.tokenizer
+    return tuple(x if isinstance(x, str)
+                 else tok.decode(list(ids), skip_special_tokens=body.skip_special_tokens)
+                 for x, ids in zip(items, prompts, strict=True))
+
+
+async def _logprobs(st: ServerState, body: CompletionRequest, prompts: list[list[int]],
+                         texts: tuple[str, ...], call_id: str
+                         ) -> tuple[dict[str, Any], ...]:
+    """Echo with logprobs: each prompt's own legacy logprobs."""
+    if not body.echo or body.logprobs is None:
+        return ()
+    k = body.logprobs
+    scored = await asyncio.gather(*(
+        prompt_tokens(st.engine, ids, k, f"{call_id}-echo{j}")
+        for j, ids in enumerate(prompts)))
+    return tuple(echo_legacy(toks, text, skip_special=body.skip_special_tokens)
+                 for toks, text in zip(scored, texts, strict=True))
+
+
+async def echo_parts(st: ServerState, body: CompletionRequest, prompts: list[list[int]],
+                     call_id: str) -> tuple[tuple[str, ...], tuple[dict[str, Any], ...]]:
+    """The render spec's ``echo`` and ``echo_logprobs`` of a completions call (both empty
+    without echo; the logprobs empty without ``logprobs``)."""
+    texts = await asyncio.to_thread(_texts, st, body, prompts)  # NOTE: decoding is CPU-bound
+    return texts, await _logprobs(st, body, prompts, texts, call_id)

@@ -167,6 +167,28 @@ def test_echo_logprobs_each_choice_scores_its_own_prompt_o1(client: openai.OpenA
     assert r.usage.prompt_tokens == sum(sizes)  # NOTE: each prompt once, the aux requests never
 
 
+def test_echo_logprobs_score_eos_and_split_utf8_prompt_tokens_o1(client: openai.OpenAI,
+                                                                 smollm_engine: Any) -> None:
+    """O1, K3: an EOS inside a token-id prompt (a token no delta carries) and the byte pieces
+    of a split emoji are scored like any prompt token; the special token adds no offset when
+    skipped and shows in the echo when not."""
+    model = _model(client)
+    tok = smollm_engine.tokenizer
+    eos = min(smollm_engine.model_info().eos_token_ids)
+    ids = tok.encode("Party").ids + [eos] + tok.encode(" 🎉 time").ids
+    for skip in (True, False):
+        r = client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0,
+                                      logprobs=1, echo=True,
+                                      extra_body={"skip_special_tokens": skip})
+        got = r.choices[0].logprobs
+        assert len(got.tokens) == len(ids) + 1
+        assert all(v is not None and v <= 0 for v in got.token_logprobs[1:])
+        at = len(tok.encode("Party").ids)
+        assert got.tokens[at] == "<|endoftext|>"
+        assert r.choices[0].text.startswith(tok.decode(ids, skip_special_tokens=skip))
+        assert (got.text_offset[at + 1] == got.text_offset[at]) is skip
+
+
 BAD = [
     ({"echo": True, "max_tokens": 0}, "max_tokens"),
     ({"echo": True, "suffix": "x"}, "suffix"),

@@ -27,7 +27,10 @@ _json = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(ma
                      max_leaves=6)
 specs = st.one_of(
     st.builds(OpenAIRender, n=st.integers(1, 4),
-              prompt_tokens=st.lists(st.integers(1, 99), max_size=3).map(tuple)),
+              prompt_tokens=st.lists(st.integers(1, 99), max_size=3).map(tuple),
+              echo=st.lists(st.text(max_size=4), max_size=2).map(tuple),
+              echo_logprobs=st.lists(st.dictionaries(st.text(max_size=3), _json, max_size=2),
+                                     max_size=2).map(tuple)),
     st.builds(AnthropicRender, input_tokens=st.integers(1, 99)),
     st.builds(OllamaRender, chat=st.booleans(), model=st.text(max_size=8)),
     st.builds(ResponsesRender, format=st.dictionaries(st.text(max_size=3), _json, max_size=2),

@@ -12,7 +12,7 @@ they are the stop itself, which never reaches the client (S3).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from coda.finish import FinishReason
@@ -63,7 +63,7 @@ def legacy_logprobs(tokens: Iterable[TokenInfo], start: int, end: int, *,
     return out
 
 
-def merge_legacy(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def merge_legacy(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                               "text_offset": []}
     for p in parts:

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.reader import replay
 from coda.reasoning import reasoning_spec
+from coda.server import echo as ec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
@@ -52,9 +53,10 @@ class OpenAIRenderer(Renderer):
                          for h, a in zip(record.handles, self.after, strict=True)]
         self.chat = record.kind == "chat"
         self.include_usage, self.logprobs = spec.include_usage, spec.logprobs
-        # NOTE: legacy text_offset continues where a resumed stream left off.
-        self.offsets = [text_before(h.stream, a) for h, a in zip(record.handles, self.after,
-                                                                  strict=True)]
+        # NOTE: legacy text_offset continues where a resumed stream left off, after the echo.
+        self.offsets = [len(self._echo(i)) + text_before(h.stream, a)
+                        for i, (h, a) in enumerate(zip(record.handles, self.after,
+                                                       strict=True))]
         # NOTE: tool calls are parsed out of the text (coda.server.tools); a resumed stream
         # primes each parser with the text it already sent.
         self.parsers = ([tl.primed(e.text for e in replay(h.stream)
@@ -62,6 +64,15 @@ class OpenAIRenderer(Renderer):
                                    and not e.reasoning)
                          for h, a in zip(record.handles, self.after, strict=True)]
                         if spec.tools else None)
+
+    def _echo(self, index: int) -> str:
+        """The echoed prompt text of choice ``index`` ("" without echo)."""
+        return self.spec.echo[index // self.spec.n] if self.spec.echo else ""
+
+    def _echo_logprobs(self, index: int) -> Any:
+        """The echoed prompt's legacy logprobs of choice ``index`` (None without them)."""
+        spec = self.spec
+        return spec.echo_logprobs[index // spec.n] if spec.echo_logprobs else None
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -72,7 +83,12 @@ class OpenAIRenderer(Renderer):
         fid = position_id(positions)
         if ev.type is EventType.START:
             if not self.chat:
-                return []
+                if not self.spec.echo:
+                    return []
+                # NOTE: legacy echo: the prompt's text is the first chunk of its choice
+                choice = {"index": index, "text": self._echo(index),
+                          "logprobs": self._echo_logprobs(index), "finish_reason": None}
+                return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
             choice = {"index": index, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None}
             return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
@@ -200,8 +216,6 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")
         return
-    if body.echo:
-        raise InvalidRequestError("echo: echo=true is not supported", field="echo")
     if body.suffix:
         raise InvalidRequestError("suffix: suffix is not supported", field="suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -274,14 +288,20 @@ class OpenAIAdapter:
                       logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
                       reasoning=reasoning, **tool)
         options = body.stream_options
+        call_id = new_id(self.id_prefix)
+        echo: tuple[str, ...] = ()
+        echo_lp: tuple[dict[str, Any], ...] = ()
+        if isinstance(body, CompletionRequest) and body.echo:
+            echo, echo_lp = await ec.echo_parts(st, body, prompts, call_id)
         spec = OpenAIRender(
             n=body.n, prompt_tokens=tuple(len(p) for p in prompts),
             tools=bool(plan and plan.active), skip_special=body.skip_special_tokens,
             verify=body.stream_verify, logprobs=logprobs is not None,
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
-            reasoning=body.include_reasoning)
-        return plan_call(body, knobs, prompts, spec, call_id=new_id(self.id_prefix),
+            reasoning=body.include_reasoning,
+            echo=echo, echo_logprobs=echo_lp)
+        return plan_call(body, knobs, prompts, spec, call_id=call_id,
                          default_max_tokens=st.engine_config.default_max_tokens,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
@@ -331,16 +351,18 @@ def _final_object(record: Record, terminals: list[Terminal],
             choices.append({"index": i, "message": message,
                             "logprobs": logprobs, "finish_reason": reason, "coda": ext})
         else:
+            echo = spec.echo[i // spec.n] if spec.echo else ""
             legacy = None
             if with_logprobs:
-                parts, pos = [], 0
+                parts = [spec.echo_logprobs[i // spec.n]] if spec.echo_logprobs else []
+                pos = len(echo)
                 for text, toks in c.deltas:
                     parts.append(lp.legacy_logprobs(
                         toks, pos, pos + len(text),
                         skip_special=spec.skip_special))
                     pos += len(text)
                 legacy = lp.merge_legacy(parts)
-            choices.append({"index": i, "text": c.text, "logprobs": legacy,
+            choices.append({"index": i, "text": echo + c.text, "logprobs": legacy,
                             "finish_reason": reason, "coda": ext})
     return {"id": record.id, "object": "chat.completion" if chat else "text_completion",
             "created": record.created, "model": record.model, "choices": choices,

@@ -31,6 +31,10 @@ class OpenAIRender:
     logprobs: bool = False
     continuous_usage: bool = False
     reasoning: bool = True  # issue 23: render reasoning deltas (False: drop them)
+    # legacy ``echo``: each prompt's text, put before its choices' text (empty: no echo)
+    echo: tuple[str, ...] = ()
+    # echo with logprobs: each prompt's legacy logprobs (coda.server.echo)
+    echo_logprobs: tuple[Mapping[str, object], ...] = ()
 
 
 @dataclass(frozen=True)

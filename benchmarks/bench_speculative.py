@@ -199,6 +199,8 @@ def main() -> None:
         from coda.engine.speculative import SpeculativeConfig
 
         spec.speculative = SpeculativeConfig(step_rows=1e9, k_max=args.eager_k)
+        if spec.drafter is not None:
+            spec.drafter.costs = None  # NOTE: the draft's pricing off too
     print(f"model {args.model}, mode {plain.loaded.mode.name} "
           f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
           f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "

@@ -168,7 +168,7 @@ def test_o1_a_draft_that_does_not_pay_leaves_the_step_count_of_plain_decoding(
         server_checkpoint: Path) -> None:
     """T4, O1: the tiny model drafting for itself with the default (priced) k, its costs
     measured on an injected clock where a draft position costs a target step: after the first
-    step's measuring drafts nothing more is drafted, so the engine takes (to those few
+    two steps' measuring drafts nothing more is drafted, so the engine takes (to those few
     accepted tokens, one step) the steps plain decoding takes, and the output is plain decoding's."""
     (plain, plain_steps), (spec, spec_steps) = (
         _engine(server_checkpoint, None), _engine(server_checkpoint, server_checkpoint))
@@ -182,9 +182,9 @@ def test_o1_a_draft_that_does_not_pay_leaves_the_step_count_of_plain_decoding(
             [(w.signature, w.text, w.usage) for w in want]
         drafted = sum((r.speculative or {}).get("drafted", 0) for r in got)
         accepted = sum((r.speculative or {}).get("accepted", 0) for r in got)
-        assert drafted <= PROBE_K
-        # NOTE: a verification of the few drafts saves at most one step more than it accepts
-        assert plain_steps[0] - accepted - 1 <= spec_steps[0] <= plain_steps[0]
+        assert drafted <= 2 * PROBE_K  # NOTE: the first two steps measure (DraftCosts.choose)
+        # NOTE: those few verifications save at most a step more than they accept
+        assert plain_steps[0] - accepted - 2 <= spec_steps[0] <= plain_steps[0]
     finally:
         plain.shutdown()
         spec.shutdown()

@@ -31,7 +31,8 @@ A draft cache that is full, or a draft context that is too short, only means no 
 
 **How many (priced).** A draft token costs a draft forward, so prompt lookup's row rule is not
 enough: the drafter times the target's decode steps (:meth:`Drafter.watch`) and its own
-one-position forwards on its clock (``Drafter.clock``, injectable), and each request gets the
+one-position forwards on its clock (``Drafter.clock``, injectable; on the CPU the engine
+thread's CPU time), and each request gets the
 ``k`` that maximizes its expected tokens per second given its measured acceptance
 (:class:`~coda.engine.speculative.DraftCosts`; ``k`` from the request's state is only the
 cap). ``k = 0`` when no ``k`` beats plain decoding; such a request re-probes with
@@ -309,8 +310,12 @@ def load_drafter(spec: str, target: LoadedModel, target_runner: ModelRunner, *,
     bs = target_runner.block_size
     runner = ModelRunner(draft.model, dtype=draft.dtype, device=device, block_size=bs,
                          num_blocks=target_runner.num_blocks + 8, num_threads=num_threads)
+    # NOTE: on the CPU the engine thread's own CPU time: a shared machine's waits for a core
+    # would price a forward by the load, not by its rows (the thread pool's other threads
+    # share each forward alike, so the ratios hold)
+    clock = time.thread_time if device == "cpu" else time.monotonic
     drafter = Drafter(runner, str(source.path), target.bundle.eos_token_ids,
-                      costs=DraftCosts(SpeculativeConfig().step_rows))
+                      costs=DraftCosts(SpeculativeConfig().step_rows), clock=clock)
     drafter.watch(target_runner)
     return drafter
 

@@ -237,8 +237,8 @@ class DraftCosts:
         """The best ``k <= k_max`` for a request with per-token ``acceptance`` in a step of
         ``seqs`` speculating sequences; None while nothing is measured yet."""
         step = self.step()
-        if step is None or self.draft is None:
-            return None
+        if step is None or self.draft is None or min(self.forwards, self.draft_forwards) < 2:
+            return None  # NOTE: one forward may be a first call's allocations: measure more
         plain, row = step
         per_draft = row + self.draft
         best_k, best = 0, 1.0 / plain  # NOTE: seqs tokens for seqs * plain seconds

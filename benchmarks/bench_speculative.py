@@ -214,8 +214,9 @@ def main() -> None:
           f"{(base - per_row) / per_row:.2f}", flush=True)
     rows = []
     with plain, spec:
-        for engine in (plain, spec):  # NOTE: warm-up (first-call allocations)
-            run_set(engine, [GenerationRequest((1, 2, 3), max_tokens=4)], 1)
+        for engine in (plain, spec):  # NOTE: warm-up (first-call allocations; a draft
+            # model's first decode steps also measure its costs, coda.engine.draft)
+            run_set(engine, [GenerationRequest((1, 2, 3), max_tokens=16)], 1)
         for workload in args.workloads.split(","):
             texts = prompts(workload)[:args.requests]
             for sampling_name, sampling in (("greedy", lambda i: SamplingParams(temperature=0.0)),

@@ -199,6 +199,8 @@ def main() -> None:
         from coda.engine.speculative import SpeculativeConfig
 
         spec.speculative = SpeculativeConfig(step_rows=1e9, k_max=args.eager_k)
+        if spec.drafter is not None:
+            spec.drafter.costs = None  # NOTE: the draft's pricing off too
     print(f"model {args.model}, mode {plain.loaded.mode.name} "
           f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
           f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "
@@ -212,8 +214,9 @@ def main() -> None:
           f"{(base - per_row) / per_row:.2f}", flush=True)
     rows = []
     with plain, spec:
-        for engine in (plain, spec):  # NOTE: warm-up (first-call allocations)
-            run_set(engine, [GenerationRequest((1, 2, 3), max_tokens=4)], 1)
+        for engine in (plain, spec):  # NOTE: warm-up (first-call allocations; a draft
+            # model's first decode steps also measure its costs, coda.engine.draft)
+            run_set(engine, [GenerationRequest((1, 2, 3), max_tokens=16)], 1)
         for workload in args.workloads.split(","):
             texts = prompts(workload)[:args.requests]
             for sampling_name, sampling in (("greedy", lambda i: SamplingParams(temperature=0.0)),

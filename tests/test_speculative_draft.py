@@ -49,6 +49,8 @@ def _engine(model: Path | str, draft: Path | str | None, sink: ListTraceSink | N
         trace=sink)
     if engine.speculative is not None:
         engine.speculative = EAGER
+    if engine.drafter is not None:
+        engine.drafter.costs = None  # NOTE: unpriced: the cap (EAGER's k_max) every step
     engine.start()
     return engine
 

@@ -28,13 +28,28 @@ tokens (the rejected tail's blocks freed). A preempted target sequence drops its
 (:meth:`Drafter.drop`; the draft rebuilds it by prefill on the next proposal); the request's
 end drops it through the same KV resource that frees the target's blocks, exactly once (L7).
 A draft cache that is full, or a draft context that is too short, only means no drafts.
+
+**How many (priced).** A draft token costs a draft forward, so prompt lookup's row rule is not
+enough: the drafter times the target's decode steps (:meth:`Drafter.watch`) and its own
+one-position forwards on its clock (``Drafter.clock``, injectable; on the CPU the engine
+thread's CPU time), and each request gets the
+``k`` that maximizes its expected tokens per second given its measured acceptance
+(:class:`~coda.engine.speculative.DraftCosts`; ``k`` from the request's state is only the
+cap). ``k = 0`` when no ``k`` beats plain decoding; such a request re-probes with
+``PROBE_K`` drafts after ``PROBE_EVERY`` plain steps, the wait doubling (up to
+``PROBE_MAX``) while probes do not pay, so drafts that would pay come back (a draft too dear
+to pay even when always accepted waits ``PROBE_MAX``: only its cost could change). ``costs = None``
+drafts the cap every step (tests, ``--eager-k``). Choosing ``k`` never changes the output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any
 
 import tokenizers
 
@@ -42,13 +57,14 @@ from coda.engine.kv_cache import BlockManager
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.engine.speculative import SpeculativeConfig, verify_rows
+from coda.engine.speculative import DraftCosts, SpecState, SpeculativeConfig, verify_rows
 from coda.models.source import LoadedModel, open_model, resolve_model
 
 MODE = "draft"
-# NOTE: drafting with a model costs a draft forward per token, so k starts higher than prompt
-# lookup's (a draft that shares the target's training agrees more often) and stops at 6
-DRAFT_CONFIG = SpeculativeConfig(k_max=6, prior_accept=0.8)
+# NOTE: a draft that shares the target's training agrees more often than prompt lookup (prior
+# 0.8); k is priced by the drafter (DraftCosts), so the request's rule only caps it at k_max
+DRAFT_CONFIG = SpeculativeConfig(k_max=6, prior_accept=0.8, step_rows=math.inf)
+PROBE_K, PROBE_EVERY, PROBE_MAX = 2, 16, 256
 _UNBOUNDED = 1 << 62
 
 
@@ -92,18 +108,86 @@ class DraftJob:
     row: SamplingRow
 
 
+@dataclass
+class _Priced:
+    """One request's pricing state: its acceptance, the drafts awaiting their verification
+    (the target's token count when they were drafted, the drafts) and its probe schedule."""
+
+    spec: SpecState
+    pending: tuple[int, tuple[int, ...]] | None = None
+    idle: int = 0                      # plain steps since it last drafted
+    every: int = PROBE_EVERY           # ... before it probes again
+
+
 class Drafter:
     """The draft model, its KV cache and one draft sequence per speculating request."""
 
     def __init__(self, runner: ModelRunner, name: str,
-                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+                 eos_token_ids: frozenset[int] = frozenset(), *,
+                 costs: DraftCosts | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
         self.name = name
         self.eos_token_ids = eos_token_ids
         self.blocks = BlockManager(runner.num_blocks, runner.block_size,
                                    enable_prefix_caching=False)  # NOTE: never a shared block
         self.sampler = Sampler()
+        self.costs = costs   # None: draft what the request's state allows (eager)
+        self.clock = clock
         self._seqs: dict[int, Sequence] = {}  # target seq id -> the draft's sequence
+        self._priced: dict[int, _Priced] = {}
+
+    def watch(self, target: ModelRunner) -> None:
+        """Time the target's decode-only forwards on :attr:`clock` (the verification's cost
+        per drafted row against a plain step, :class:`DraftCosts`)."""
+        execute = target.execute
+
+        def timed(chunks: Seq[SeqChunk]) -> Any:
+            start = self.clock()
+            out = execute(chunks)
+            if self.costs is not None and chunks and all(
+                    c.need_logits and len(c.token_ids) == c.num_logits for c in chunks):
+                rows = sum(len(c.token_ids) for c in chunks)
+                self.costs.observe_step(len(chunks), rows - len(chunks), self.clock() - start)
+            return out
+
+        target.execute = timed  # type: ignore[method-assign]  # NOTE: the step is the engine's
+
+    # -- pricing -----------------------------------------------------------------------------
+    def _settle(self, p: _Priced, tokens: Seq[int]) -> None:
+        """Record the pending drafts' outcome once the target's tokens are past them."""
+        if p.pending is None or len(tokens) <= p.pending[0]:
+            return
+        base, drafts = p.pending
+        accepted = 0
+        while (accepted < len(drafts) and base + accepted < len(tokens)
+               and tokens[base + accepted] == drafts[accepted]):
+            accepted += 1
+        p.spec.record(len(drafts), accepted)
+        p.pending = None
+
+    def _price(self, job: DraftJob, seqs: int) -> int:
+        """How many drafts ``job`` gets this step (the module docstring's pricing)."""
+        if self.costs is None:
+            return job.k
+        sid = job.seq.seq_id
+        p = self._priced.get(sid)
+        if p is None:
+            p = self._priced[sid] = _Priced(SpecState(DRAFT_CONFIG))
+        self._settle(p, job.seq.all_token_ids)
+        k = self.costs.choose(p.spec.acceptance, job.k, seqs)
+        if k is None:
+            return min(job.k, PROBE_K)  # NOTE: nothing measured yet: measure
+        if k > 0:
+            p.idle, p.every = 0, PROBE_EVERY
+            return k
+        if self.costs.choose(1.0, job.k, seqs) == 0:
+            p.every = PROBE_MAX  # NOTE: not even a draft always accepted pays: costs only
+        p.idle += 1
+        if p.idle < p.every:
+            return 0
+        p.idle, p.every = 0, min(2 * p.every, PROBE_MAX)  # NOTE: a probe: acceptance, costs
+        return min(job.k, PROBE_K)
 
     @property
     def num_live(self) -> int:
@@ -115,9 +199,11 @@ class Drafter:
         """Up to ``job.k`` drafts per job (module docstring), by target sequence id."""
         ctx = self.runner.config.max_context
         live: list[tuple[DraftJob, Sequence, int]] = []
+        jobs = list(jobs)
         for job in jobs:
             tokens = job.seq.all_token_ids
-            k = min(job.k, ctx - len(tokens) + 1)  # NOTE: the last draft fed sits at len+k-2
+            k = min(self._price(job, len(jobs)),
+                    ctx - len(tokens) + 1)  # NOTE: the last draft fed sits at len+k-2
             if k <= 0:
                 continue
             d = self._synced(job.seq.seq_id, tokens)
@@ -132,6 +218,7 @@ class Drafter:
         drafts: dict[int, list[int]] = {job.seq.seq_id: [] for job, _, _ in live}
         while live:  # NOTE: one batched forward per draft position
             fed = [len(d.prompt_token_ids) - d.num_computed_tokens for _, d, _ in live]
+            start = self.clock()
             logits = self.runner.execute([
                 SeqChunk(tuple(d.prompt_token_ids[d.num_computed_tokens:]),
                          d.num_computed_tokens, tuple(d.block_table), True) for _, d, _ in live])
@@ -146,10 +233,15 @@ class Drafter:
                 if len(out) < k and dec.token_id not in self.eos_token_ids:
                     d.prompt_token_ids.append(dec.token_id)  # NOTE: fed next round
                     nxt.append((job, d, k))
+            if self.costs is not None and max(fed) == 1:  # NOTE: a prefill is no position
+                self.costs.observe_draft(len(fed), self.clock() - start)
             live = nxt
         for sid in drafts:
             d = self._seqs[sid]
             self.blocks.truncate(d)  # NOTE: an early end (EOS) leaves unwritten blocks
+            p = self._priced.get(sid)
+            if p is not None:  # NOTE: all but the last draft were fed after the target's tokens
+                p.pending = (len(d.prompt_token_ids) - len(drafts[sid]) + 1, tuple(drafts[sid]))
         return {sid: tuple(out) for sid, out in drafts.items()}
 
     def _synced(self, seq_id: int, tokens: list[int]) -> Sequence | None:
@@ -185,9 +277,13 @@ class Drafter:
         d = self._seqs.get(seq.seq_id)
         if d is not None:
             self._cut(d, seq.all_token_ids)
+        p = self._priced.get(seq.seq_id)
+        if p is not None:
+            self._settle(p, seq.all_token_ids)
 
     def drop(self, seq_id: int) -> None:
         """Free ``seq_id``'s draft state (preemption, the request's end; idempotent)."""
+        self._priced.pop(seq_id, None)
         d = self._seqs.pop(seq_id, None)
         if d is not None and self.blocks.is_allocated(d):
             self.blocks.free(d)
@@ -214,7 +310,14 @@ def load_drafter(spec: str, target: LoadedModel, target_runner: ModelRunner, *,
     bs = target_runner.block_size
     runner = ModelRunner(draft.model, dtype=draft.dtype, device=device, block_size=bs,
                          num_blocks=target_runner.num_blocks + 8, num_threads=num_threads)
-    return Drafter(runner, str(source.path), target.bundle.eos_token_ids)
+    # NOTE: on the CPU the engine thread's own CPU time: a shared machine's waits for a core
+    # would price a forward by the load, not by its rows (the thread pool's other threads
+    # share each forward alike, so the ratios hold)
+    clock = time.thread_time if device == "cpu" else time.monotonic
+    drafter = Drafter(runner, str(source.path), target.bundle.eos_token_ids,
+                      costs=DraftCosts(SpeculativeConfig().step_rows), clock=clock)
+    drafter.watch(target_runner)
+    return drafter
 
 
 def describe(drafter: Drafter | None) -> Mapping[str, str]:

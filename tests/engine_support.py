@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import tokenizers
 
+from coda.engine.async_engine import AsyncEngine
 from coda.engine.runner import ModelRunner
 from coda.engine.types import GenerationRequest
 from coda.output import OutputSpec
@@ -63,3 +65,17 @@ def reference_outcome(model_dir: Path, tokenizer: tokenizers.Tokenizer, req: Gen
                    trace=sink)
     assert check_trace(sink.events) == []
     return outcome_of(run.stream)
+
+
+def cached_blocks_hold_only_output(engine: AsyncEngine, requests: Sequence[GenerationRequest],
+                                   token_ids: Sequence[Sequence[int]]) -> bool:
+    """L7 under speculation: every block in the prefix cache holds a block-aligned run of some
+    request's prompt + returned tokens (never a rejected draft)."""
+    bm = engine.core.scheduler.block_manager
+    bs = bm.block_size
+    known: set[tuple[int, ...]] = set()
+    for r, out in zip(requests, token_ids, strict=True):
+        ids = list(r.prompt_token_ids) + list(out)
+        known |= {tuple(ids[i:i + bs]) for i in range(0, len(ids) - bs + 1, bs)}
+    blocks = [b.tokens for b in bm._blocks if b.hash is not None]
+    return bool(blocks) and all(tuple(t) in known for t in blocks)

@@ -32,6 +32,7 @@ from coda.finish import Usage
 from coda.sampling import SamplingParams
 from coda.trace import ListTraceSink, check_trace
 from tests.conftest import examples
+from tests.engine_support import cached_blocks_hold_only_output
 from tests.invariance import Signature, signature
 
 SPEC = "prompt-lookup"
@@ -188,14 +189,7 @@ def test_l7_prefix_cache_holds_only_accepted_tokens(server_checkpoint: Path,
                 [(w.signature, w.text, w.finish_reason) for w in want]
         assert sum(g.usage.cached_prompt_tokens for g in second) > 0
         assert _settled(cached)
-        bm = cached.core.scheduler.block_manager
-        bs = bm.block_size
-        known = set()
-        for r, g in zip(reqs, first, strict=True):
-            ids = list(r.prompt_token_ids) + list(g.signature[0])
-            known |= {tuple(ids[i:i + bs]) for i in range(0, len(ids) - bs + 1, bs)}
-        blocks = [b.tokens for b in bm._blocks if b.hash is not None]
-        assert blocks and all(t in known for t in blocks)
+        assert cached_blocks_hold_only_output(cached, reqs, [g.signature[0] for g in first])
     finally:
         cached.shutdown()
 

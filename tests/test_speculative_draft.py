@@ -34,6 +34,7 @@ from coda.sampling import SamplingParams
 from coda.trace import ListTraceSink, check_trace
 from tests.conftest import LiveServer, examples
 from tests.draft_fixtures import cut_gguf, cut_hf
+from tests.engine_support import cached_blocks_hold_only_output
 from tests.test_speculative import _PARAMS, Result, _run, _streamed
 
 # NOTE: as eager as possible (every draft worth its row), so exactness is tested on many rows
@@ -169,14 +170,7 @@ def test_l7_draft_model_prefix_cache_holds_only_accepted_tokens(
                 [(w.signature, w.text, w.finish_reason) for w in want]
         assert sum(g.usage.cached_prompt_tokens for g in second) > 0
         assert _settled(cached)
-        bm = cached.core.scheduler.block_manager
-        bs = bm.block_size
-        known = set()
-        for r, g in zip(reqs, first, strict=True):
-            ids = list(r.prompt_token_ids) + list(g.signature[0])
-            known |= {tuple(ids[i:i + bs]) for i in range(0, len(ids) - bs + 1, bs)}
-        blocks = [b.tokens for b in bm._blocks if b.hash is not None]
-        assert blocks and all(t in known for t in blocks)
+        assert cached_blocks_hold_only_output(cached, reqs, [g.signature[0] for g in first])
     finally:
         cached.shutdown()
 

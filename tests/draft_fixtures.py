@@ -14,6 +14,8 @@ import gguf
 import numpy as np
 from safetensors.torch import load_file, save_file
 
+from tests.kquant_files import writer_like
+
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -41,14 +43,7 @@ def cut_gguf(src: Path, dst: Path, layers: int | Sequence[int]) -> Path:
     new_index = {old: new for new, old in enumerate(keep)}
     reader = gguf.GGUFReader(str(src))
     arch = str(reader.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        value = len(keep) if field.name == f"{arch}.block_count" else field.contents()
-        w.add_key_value(field.name, value, kind, sub_type=sub)
+    w = writer_like(reader, dst, {f"{arch}.block_count": len(keep)})
     for t in reader.tensors:
         m = _GGUF_LAYER.match(t.name)
         if m is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -146,11 +147,10 @@ def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-def requantize(src: Path, dst: Path, type_of: Callable[[str], str | None]) -> Path:
-    """``src`` rewritten with tensor ``name`` re-quantized to ``type_of(name)`` (None: kept as
-    stored): its stored weights dequantized by gguf-py, then quantized by gguf-py (Q4_0, Q4_1,
-    Q5_0, Q5_1, Q8_0) or :func:`quantize_q6_k`. Metadata and row order are copied unchanged."""
-    reader = gguf.GGUFReader(str(src))
+def writer_like(reader: gguf.GGUFReader, dst: Path,
+                overrides: dict[str, Any] | None = None) -> gguf.GGUFWriter:
+    """A writer for ``dst`` with every metadata field of ``reader`` copied (a field named in
+    ``overrides`` gets that value, same type); tensors are the caller's."""
     arch = str(reader.fields["general.architecture"].contents())
     w = gguf.GGUFWriter(str(dst), arch)
     for field in reader.fields.values():
@@ -158,7 +158,17 @@ def requantize(src: Path, dst: Path, type_of: Callable[[str], str | None]) -> Pa
             continue
         kind = field.types[0]
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+        value = (overrides or {}).get(field.name, field.contents())
+        w.add_key_value(field.name, value, kind, sub_type=sub)
+    return w
+
+
+def requantize(src: Path, dst: Path, type_of: Callable[[str], str | None]) -> Path:
+    """``src`` rewritten with tensor ``name`` re-quantized to ``type_of(name)`` (None: kept as
+    stored): its stored weights dequantized by gguf-py, then quantized by gguf-py (Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0) or :func:`quantize_q6_k`. Metadata and row order are copied unchanged."""
+    reader = gguf.GGUFReader(str(src))
+    w = writer_like(reader, dst)
     for t in reader.tensors:
         new = type_of(t.name)
         if new is None or new == t.tensor_type.name:

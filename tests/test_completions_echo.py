@@ -195,6 +195,10 @@ BAD = [
     ({"echo": True, "logprobs": 6}, "logprobs"),
     ({"echo": True, "logprobs": 1, "prompt": [1, 10**7]}, "prompt"),  # NOTE: the prefix path
     ({"echo": True, "logprobs": 1, "prompt": [1, 2] * 700}, "prompt"),  # NOTE: > context
+    # NOTE: found by schemathesis: ids decoded for the echo before the engine's prompt check
+    # (a negative id was a 500, OverflowError)
+    ({"echo": True, "prompt": [-1, 5]}, "prompt"),
+    ({"echo": True, "prompt": [[5, 6], [2**40]]}, "prompt"),
 ]
 
 

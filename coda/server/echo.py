@@ -116,6 +116,13 @@ def _texts(st: ServerState, body: CompletionRequest,
     items: list[object] = ([p] if isinstance(p, str) or all(isinstance(x, int) for x in p)
                            else list(p))
     tok = st.engine.tokenizer
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    for x, ids in zip(items, prompts, strict=True):
+        # NOTE: decoded here, before the engine's own prompt check: an id the tokenizer cannot
+        # hold (negative, past its table) is the client's error, said as the engine says it
+        if not isinstance(x, str) and any(not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})",
+                                      field="prompt")
     return tuple(x if isinstance(x, str)
                  else tok.decode(list(ids), skip_special_tokens=body.skip_special_tokens)
                  for x, ids in zip(items, prompts, strict=True))

@@ -102,6 +102,14 @@ def _copy_prompt(rng: random.Random, vocab: int, size: int = 10, repeats: int = 
     return tuple(seg * repeats)
 
 
+def alternate_sampling(i: int, rng: random.Random) -> SamplingParams:
+    """Request i's sampling: greedy for even i, seeded T = 0.8 / top-p 0.95 for odd i."""
+    if i % 2 == 0:
+        return SamplingParams(temperature=0.0, ignore_eos=True, logprobs=2)
+    return SamplingParams(temperature=0.8, top_p=0.95, seed=rng.randrange(2**31),
+                          ignore_eos=True, logprobs=2)
+
+
 def _requests(n: int, vocab: int, seed: int = 0, max_tokens: int = 40,
               **extra: Any) -> list[GenerationRequest]:
     rng = random.Random(seed)
@@ -109,9 +117,7 @@ def _requests(n: int, vocab: int, seed: int = 0, max_tokens: int = 40,
     for i in range(n):
         # NOTE: the tiny random model's sampled output rarely repeats itself, so sampled drafts
         # are rarely accepted here; SmolLM2's copy test (below) covers accepted T = 0.8 runs
-        sampling = (SamplingParams(temperature=0.0, ignore_eos=True, logprobs=2) if i % 2 == 0
-                    else SamplingParams(temperature=0.8, top_p=0.95, seed=rng.randrange(2**31),
-                                        ignore_eos=True, logprobs=2))
+        sampling = alternate_sampling(i, rng)
         out.append(GenerationRequest(_copy_prompt(rng, vocab, size=rng.randint(3, 12)),
                                      sampling, max_tokens=max_tokens, utf8_tail="drop", **extra))
     return out

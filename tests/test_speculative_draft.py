@@ -35,7 +35,7 @@ from coda.trace import ListTraceSink, check_trace
 from tests.conftest import LiveServer, examples
 from tests.draft_fixtures import cut_gguf, cut_hf
 from tests.engine_support import cached_blocks_hold_only_output
-from tests.test_speculative import _PARAMS, Result, _run, _streamed
+from tests.test_speculative import _PARAMS, Result, _run, _streamed, alternate_sampling
 
 # NOTE: as eager as possible (every draft worth its row), so exactness is tested on many rows
 EAGER = SpeculativeConfig(step_rows=1e9, k_max=5)
@@ -76,9 +76,7 @@ def _requests(n: int, vocab: int, seed: int = 0, max_tokens: int = 32) -> list[G
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        sampling = (SamplingParams(temperature=0.0, ignore_eos=True, logprobs=2) if i % 2 == 0
-                    else SamplingParams(temperature=0.8, top_p=0.95, seed=rng.randrange(2**31),
-                                        ignore_eos=True, logprobs=2))
+        sampling = alternate_sampling(i, rng)
         prompt = tuple(rng.randrange(40, vocab) for _ in range(rng.randint(3, 40)))
         out.append(GenerationRequest(prompt, sampling, max_tokens=max_tokens, utf8_tail="drop"))
     return out

@@ -188,16 +188,24 @@ def test_l7_prefix_cache_holds_only_accepted_tokens(server_checkpoint: Path,
     want = _run(plain, reqs)
     cached = _engine(server_checkpoint, SPEC, enable_prefix_caching=True)
     try:
-        first, second = _run(cached, reqs), _run(cached, reqs)
-        assert _accepted(first) > 0
-        for got in (first, second):
-            assert [(g.signature, g.text, g.finish_reason) for g in got] == \
-                [(w.signature, w.text, w.finish_reason) for w in want]
-        assert sum(g.usage.cached_prompt_tokens for g in second) > 0
-        assert _settled(cached)
-        assert cached_blocks_hold_only_output(cached, reqs, [g.signature[0] for g in first])
+        assert _accepted(prefix_cache_runs_equal_plain(cached, reqs, want)) > 0
     finally:
         cached.shutdown()
+
+
+def prefix_cache_runs_equal_plain(cached: AsyncEngine, reqs: list[GenerationRequest],
+                                  want: list[Result]) -> list[Result]:
+    """L7, T4: ``reqs`` run twice on ``cached`` (prefix caching on) equal plain decoding's
+    ``want``; the second run hits the cache, the engine settles, and the cache holds only
+    returned tokens. Returns the first run."""
+    first, second = _run(cached, reqs), _run(cached, reqs)
+    for got in (first, second):
+        assert [(g.signature, g.text, g.finish_reason) for g in got] == \
+            [(w.signature, w.text, w.finish_reason) for w in want]
+    assert sum(g.usage.cached_prompt_tokens for g in second) > 0
+    assert _settled(cached)
+    assert cached_blocks_hold_only_output(cached, reqs, [g.signature[0] for g in first])
+    return first
 
 
 def _accepted_runs(sink: ListTraceSink, request_id: str) -> list[tuple[int, int]]:

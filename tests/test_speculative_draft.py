@@ -34,8 +34,14 @@ from coda.sampling import SamplingParams
 from coda.trace import ListTraceSink, check_trace
 from tests.conftest import LiveServer, examples
 from tests.draft_fixtures import cut_gguf, cut_hf
-from tests.engine_support import cached_blocks_hold_only_output
-from tests.test_speculative import _PARAMS, Result, _run, _streamed, alternate_sampling
+from tests.test_speculative import (
+    _PARAMS,
+    Result,
+    _run,
+    _streamed,
+    alternate_sampling,
+    prefix_cache_runs_equal_plain,
+)
 
 # NOTE: as eager as possible (every draft worth its row), so exactness is tested on many rows
 EAGER = SpeculativeConfig(step_rows=1e9, k_max=5)
@@ -161,14 +167,7 @@ def test_l7_draft_model_prefix_cache_holds_only_accepted_tokens(
     want = _run(plain, reqs)
     cached = _engine(server_checkpoint, pair, enable_prefix_caching=True)
     try:
-        first, second = _run(cached, reqs), _run(cached, reqs)
-        assert all(n > 0 for n in _counts(first))
-        for got in (first, second):
-            assert [(g.signature, g.text, g.finish_reason) for g in got] == \
-                [(w.signature, w.text, w.finish_reason) for w in want]
-        assert sum(g.usage.cached_prompt_tokens for g in second) > 0
-        assert _settled(cached)
-        assert cached_blocks_hold_only_output(cached, reqs, [g.signature[0] for g in first])
+        assert all(n > 0 for n in _counts(prefix_cache_runs_equal_plain(cached, reqs, want)))
     finally:
         cached.shutdown()
 

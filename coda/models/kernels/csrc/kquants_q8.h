@@ -132,6 +132,24 @@ inline bool is_kquant(int32_t t) {
   return t == Q2_K || t == Q3_K || t == Q4_K || t == Q5_K || t == Q6_K;
 }
 
+// One block's contribution to row r's two sums (sum (u - off) x = sum u x - off sum x,
+// exactly; both kernels below add the same products in the same order).
+template <class W>
+inline void add_block(const W& w, int32_t isum, int32_t osum, int32_t msum, float d, float* acc,
+                      int64_t r) {
+  isum -= w.off * osum;
+  acc[2 * r] = fma1(static_cast<float>(isum), w.d * d, acc[2 * r]);
+  acc[2 * r + 1] = fma1(static_cast<float>(msum), w.dmin * d, acc[2 * r + 1]);
+}
+
+// Output n (row i of segment g) of every row: scaled sum less the min sum, plus the bias.
+inline void store_output(const KqCall& c, const KqSeg& g, int64_t i, int64_t n, const float* acc) {
+  for (int64_t r = 0; r < c.M; ++r) {
+    const float v = acc[2 * r] - acc[2 * r + 1];
+    c.y[r * c.N + n] = g.bias ? v + g.bias[i] : v;
+  }
+}
+
 #if CODA_ISA != CODA_SCALAR
 // The codes of ints_* above with AVX2 (the same bytes; scales and mins as the portable code).
 inline void store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
@@ -474,19 +492,11 @@ inline void range_q8_fast(const KqCall& c, const int8_t* xq, const int16_t* bs, 
         const __m256i bsum =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + (r * nb + b) * 16));
         (void)ones;
-        int32_t isum = hsum_i32(is);
-        const int32_t osum = hsum_i32(_mm256_madd_epi16(w.scb, bsum));
-        const int32_t msum = hsum_i32(_mm256_madd_epi16(w.mnb, bsum));
-        isum -= w.off * osum;  // NOTE: as linear_q8 below: sum (u - off) x, exactly
-        const float d = dx[r * nb + b];
-        acc[2 * r] = fma1(static_cast<float>(isum), w.d * d, acc[2 * r]);
-        acc[2 * r + 1] = fma1(static_cast<float>(msum), w.dmin * d, acc[2 * r + 1]);
+        add_block(w, hsum_i32(is), hsum_i32(_mm256_madd_epi16(w.scb, bsum)),
+                  hsum_i32(_mm256_madd_epi16(w.mnb, bsum)), dx[r * nb + b], acc, r);
       }
     }
-    for (int64_t r = 0; r < M; ++r) {
-      const float v = acc[2 * r] - acc[2 * r + 1];
-      c.y[r * c.N + n] = g.bias ? v + g.bias[i] : v;
-    }
+    store_output(c, g, i, n, acc);
   }
 }
 #endif
@@ -535,18 +545,12 @@ inline void linear_q8(const KqCall& c) {
         for (int64_t r = 0; r < M; ++r) {
           const int8_t* xb = xq + r * K + b * QKK;
           const int16_t* bsum = bs + (r * nb + b) * 16;
-          int32_t isum = scaled_dot(w, xb), msum, osum;
+          int32_t msum, osum;
           bsum_dots(w, bsum, osum, msum);
-          isum -= w.off * osum;  // NOTE: sum (u - off) x = sum u x - off sum x, exactly
-          const float d = dx[r * nb + b];
-          acc[2 * r] = fma1(static_cast<float>(isum), w.d * d, acc[2 * r]);
-          acc[2 * r + 1] = fma1(static_cast<float>(msum), w.dmin * d, acc[2 * r + 1]);
+          add_block(w, scaled_dot(w, xb), osum, msum, dx[r * nb + b], acc, r);
         }
       }
-      for (int64_t r = 0; r < M; ++r) {
-        const float v = acc[2 * r] - acc[2 * r + 1];
-        c.y[r * c.N + n] = g.bias ? v + g.bias[i] : v;
-      }
+      store_output(c, g, i, n, acc);
     }
     std::free(acc);
   });

@@ -216,6 +216,8 @@ class EngineCore:
         """Run the batch; on failure retry each chunk alone so one bad request fails alone."""
         chunks = [self._seq_chunk(c) for c in out.chunks]
         try:
+            if self.drafter is not None:  # NOTE: drafts are priced by the step's measured cost
+                return self.drafter.timed_forward(self.runner.execute, chunks), {}
             return self.runner.execute(chunks), {}
         except Exception as exc:  # isolate the culprit(s)
             log.warning("batch forward failed (%r); isolating", exc)

@@ -137,21 +137,18 @@ class Drafter:
         self._seqs: dict[int, Sequence] = {}  # target seq id -> the draft's sequence
         self._priced: dict[int, _Priced] = {}
 
-    def watch(self, target: ModelRunner) -> None:
-        """Time the target's decode-only forwards on :attr:`clock` (the verification's cost
-        per drafted row against a plain step, :class:`DraftCosts`)."""
-        execute = target.execute
-
-        def timed(chunks: Seq[SeqChunk]) -> Any:
-            start = self.clock()
-            out = execute(chunks)
-            if self.costs is not None and chunks and all(
-                    c.need_logits and len(c.token_ids) == c.num_logits for c in chunks):
-                rows = sum(len(c.token_ids) for c in chunks)
-                self.costs.observe_step(len(chunks), rows - len(chunks), self.clock() - start)
-            return out
-
-        target.execute = timed  # type: ignore[method-assign]  # NOTE: the step is the engine's
+    def timed_forward(self, execute: Callable[[Seq[SeqChunk]], Any],
+                      chunks: Seq[SeqChunk]) -> Any:
+        """The engine's batch forward ``execute(chunks)``, timed on :attr:`clock` when every
+        row is a decode or verify row (the verification's cost per drafted row against a
+        plain step, :class:`DraftCosts`)."""
+        start = self.clock()
+        out = execute(chunks)
+        if self.costs is not None and chunks and all(
+                c.need_logits and len(c.token_ids) == c.num_logits for c in chunks):
+            rows = sum(len(c.token_ids) for c in chunks)
+            self.costs.observe_step(len(chunks), rows - len(chunks), self.clock() - start)
+        return out
 
     # -- pricing -----------------------------------------------------------------------------
     def _settle(self, p: _Priced, tokens: Seq[int]) -> None:
@@ -316,7 +313,6 @@ def load_drafter(spec: str, target: LoadedModel, target_runner: ModelRunner, *,
     clock = time.thread_time if device == "cpu" else time.monotonic
     drafter = Drafter(runner, str(source.path), target.bundle.eos_token_ids,
                       costs=DraftCosts(SpeculativeConfig().step_rows), clock=clock)
-    drafter.watch(target_runner)
     return drafter
 
 

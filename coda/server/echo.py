@@ -57,8 +57,9 @@ async def prompt_tokens(engine: Engine, ids: Sequence[int], k: int,
         prompt_logprobs=k))
     try:
         terminal = await handle.result()
-    finally:
-        handle.cancel()  # NOTE: a cancelled parse leaves nothing running (a no-op once ended)
+    except BaseException:
+        handle.cancel()  # NOTE: a cancelled parse (the client went away) leaves nothing running
+        raise
     scored = terminal.prompt_logprobs
     if terminal.finish_reason is not FinishReason.MAX_OUTPUT_TOKENS or len(scored) != len(ids) - 1:
         raise ModelError(f"prompt logprobs: the scoring request ended "

@@ -25,7 +25,7 @@ from coda.errors import BackpressureOverflowError, CodaError, DecodingError, Err
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import Lifecycle, Release, ResourceKind, State
 from coda.output import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
-from coda.stream import BackpressureConfig, RequestStream, Terminal, Timings
+from coda.stream import BackpressureConfig, RequestStream, Terminal, Timings, TokenInfo
 from coda.trace import TraceEvent, TraceHandle, TraceSink
 
 MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.RNG_STATE)
@@ -87,6 +87,8 @@ class RequestRun:
         self.processed_output_tokens = 0
         # issue 21: the speculative counts the driver keeps (None: the request did not draft)
         self.speculative: Mapping[str, int] | None = None
+        # echo: the prompt tokens the driver scored (coda.engine.core; empty: none asked)
+        self.prompt_logprobs: list[TokenInfo] = []
         self._early_reason: FinishReason | None = None  # D6: an early stop's own reason
         self.acquire(ResourceKind.STREAM_BUFFER, stream.release_live)
         self.acquire(ResourceKind.TRACE_HANDLE, self.trace.close)
@@ -237,7 +239,8 @@ class RequestRun:
             dropped_tail=proc.dropped_tail if proc is not None else b"",
             model_snapshot=self.stream.model_snapshot,
             reasoning=proc.reasoning_split() if proc is not None else None,
-            speculative=dict(self.speculative) if self.speculative is not None else None)
+            speculative=dict(self.speculative) if self.speculative is not None else None,
+            prompt_logprobs=tuple(self.prompt_logprobs))
 
         def emit() -> None:
             ev = self.stream.close(terminal)

@@ -97,6 +97,9 @@ class Terminal:
     # issue 21, O1: drafted / accepted / rejected tokens and verification steps of a request
     # that speculated (None: it did not); usage counts accepted tokens only
     speculative: Mapping[str, int] | None = None
+    # O1, echo: each prompt token after the first, scored in the prefill (a request with
+    # ``prompt_logprobs``; empty otherwise): its record as if decoded (coda.engine.core)
+    prompt_logprobs: tuple[TokenInfo, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -65,9 +65,12 @@ def _reason(r: Request, state: Any, reason: Any, error: Any) -> None:
         frm = r.rows[r.drain_at].data.get("from")
         if frm in ("QUEUED", "PREFILLING") and reason != "deadline_exceeded":
             r.bad("G3", f"drained from {frm} with reason {reason!r}")
-    # T2: decided right after the last token: no decode of it, drained in its step
-    if reason in TOKEN_REASONS and r.drain_at is not None and r.model_run and (
-            not r.drain_after_token or r.drain_selected != r.drain_decoded + 1):
+    # T2: decided right after the last token: no decode of it, drained in its step; a
+    # prefill-only request (max_tokens 0, prompt scoring) ends right after its prefill instead
+    prefill_only = (reason == "max_output_tokens" and r.selected == 0
+                    and r.prefill_done is not None)
+    if reason in TOKEN_REASONS and r.drain_at is not None and r.model_run and not prefill_only \
+            and (not r.drain_after_token or r.drain_selected != r.drain_decoded + 1):
         r.bad("T2", f"{reason} end not decided in the step of the last token")
     if reason == "eos" and r.drain_at is not None and r.last_token_at is not None:
         between = [e.kind for e in r.rows[r.last_token_at + 1:r.drain_at]

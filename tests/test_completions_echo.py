@@ -131,8 +131,9 @@ def test_echo_logprobs_equal_decoding_the_tokens_one_by_one_o1(client: openai.Op
     r = client.completions.create(**kw)
     got = r.choices[0].logprobs
     n = len(ids)
-    # NOTE: the fixture's exact fp32 mode is not batch-invariant (T4): rows of a different
-    # batch may differ in the last bits; a batch-invariant mode gives the same bits.
+    # NOTE: the fixture's exact fp32 mode is not batch-invariant (T4): the prompt is scored in
+    # one prefill, whose many-row matmuls round differently from a decode's in the last bits;
+    # a batch-invariant mode gives the same bits (tests/test_prompt_logprobs.py).
     assert got.token_logprobs[n:n + 5] == pytest.approx([t.logprob for t in decoded],
                                                         abs=1e-4)
     for entry, t in zip(got.top_logprobs[n:n + 5], decoded, strict=True):
@@ -190,7 +191,8 @@ def test_echo_logprobs_score_eos_and_split_utf8_prompt_tokens_o1(client: openai.
 
 
 BAD = [
-    ({"echo": True, "max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),  # NOTE: 0 is prompt scoring: only with echo
+    ({"echo": True, "max_tokens": -1}, "max_tokens"),
     ({"echo": True, "suffix": "x"}, "suffix"),
     ({"echo": True, "logprobs": 6}, "logprobs"),
     ({"echo": True, "logprobs": 1, "prompt": [1, 10**7]}, "prompt"),  # NOTE: the prefix path

@@ -26,7 +26,8 @@ def oracle(prompt_len: int, asked: int | None, default: int | None,
     if room <= 0:
         return "prompt"
     if asked is not None:
-        return "max_tokens" if asked < 1 or asked > room else (asked, False)
+        # NOTE: 0 prefills only (prompt scoring): the request ends max_output_tokens, no token
+        return "max_tokens" if asked < 0 or asked > room else (asked, False)
     if default is not None and 1 <= default < room:
         return (default, False)
     return (room, True)

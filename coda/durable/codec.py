@@ -75,7 +75,8 @@ def _terminal(t: Terminal) -> dict[str, Any]:
             "versions": [t.finish_reason_version, t.stop_rule_version],
             "model_snapshot": t.model_snapshot,
             "reasoning": _split(t.reasoning),
-            "speculative": dict(t.speculative) if t.speculative is not None else None}
+            "speculative": dict(t.speculative) if t.speculative is not None else None,
+            "prompt_logprobs": _tokens(t.prompt_logprobs)}
 
 
 def _split(r: ReasoningSplit | None) -> dict[str, Any] | None:
@@ -104,7 +105,8 @@ def _unterminal(d: dict[str, Any]) -> Terminal:
                     _untokens(d["trailing_tokens"]), d["early_stop"],
                     base64.b64decode(d.get("dropped_tail", "")),
                     int(d["versions"][0]), str(d["versions"][1]), d.get("model_snapshot"),
-                    _unsplit(d.get("reasoning")), d.get("speculative"))
+                    _unsplit(d.get("reasoning")), d.get("speculative"),
+                    _untokens(d.get("prompt_logprobs", [])))
 
 
 def encode_event(ev: StreamEvent) -> bytes:

@@ -117,6 +117,8 @@ class EngineCore:
         self.num_retries_total = 0
         self._tracing = not isinstance(trace, tr.NullTraceSink)
         self.drafter = drafter  # issue 21 item 2: draft-model drafting (coda.engine.draft)
+        # O1, echo: requests still scoring their prompt (every row's logits; no prefix reuse)
+        self._scoring: set[int] = set()
 
     # -- admission ---------------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
@@ -128,10 +130,13 @@ class EngineCore:
         req.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(seq.seq_id))
         req.acquire(ResourceKind.BATCH_SLOT, lambda: self._release_slot(seq.seq_id))
         req.acquire(ResourceKind.RNG_STATE, req.release_rng)
+        if req.plan.prompt_logprobs is not None and seq.num_prompt_tokens > 1:
+            self._scoring.add(seq.seq_id)
         req.lifecycle.transition(State.QUEUED)
 
     def _release_slot(self, seq_id: int) -> None:
         del self.requests[seq_id]
+        self._scoring.discard(seq_id)
 
     def _release_kv(self, seq_id: int) -> None:
         self.scheduler.abort(seq_id)  # frees the blocks, if any, exactly once
@@ -147,7 +152,9 @@ class EngineCore:
         """One engine step; returns the number of tokens computed (0 = nothing runnable)."""
         self._safe_point()
         paused = frozenset(sid for sid, r in self.requests.items() if r.stream.should_pause)
-        out = self.scheduler.schedule(paused=paused, drafts=self._drafts(paused))
+        # NOTE: a scoring request computes every prompt position: no prefix-cache reuse
+        out = self.scheduler.schedule(paused=paused, drafts=self._drafts(paused),
+                                      fresh=frozenset(self._scoring))
         self.num_preemptions_total += len(out.preempted)
         if self.drafter is not None:
             for seq in out.preempted:  # NOTE: rebuilt by the draft's prefill when it resumes
@@ -166,13 +173,19 @@ class EngineCore:
                              cached=chunk.start_pos)
             elif chunk.need_logits and req.lifecycle.state is State.DECODING:
                 self._record(req, tr.DECODE_STARTED, t=chunk.seq.num_output_tokens)
-        logits, failed = self._execute(out)
+        seq_chunks = [self._seq_chunk(c) for c in out.chunks]  # NOTE: once: scoring may end
+        logits, failed = self._execute(out, seq_chunks)
         self._triage_failures(failed)
         self.scheduler.on_step_done(out, skip=frozenset(failed))
         for chunk in out.chunks:
             self._account(chunk)
+        spans = _logit_rows(out, seq_chunks)
+        self._score(spans, logits, failed)
         rows: list[tuple[EngineRequest, int, ScheduledChunk]] = []
-        for i, chunk in _logit_rows(out):
+        for at, chunk, scored in spans:
+            if not chunk.need_logits:
+                continue
+            i = at + scored  # NOTE: the chunk's own row(s) follow its scoring rows
             live = self.requests.get(chunk.seq.seq_id)
             if live is None or live.lifecycle.is_terminal:
                 continue
@@ -212,9 +225,9 @@ class EngineCore:
             elif req.deadline is not None and now >= req.deadline:
                 self._finish(req, FinishReason.DEADLINE_EXCEEDED)
 
-    def _execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, dict[int, BaseException]]:
+    def _execute(self, out: SchedulerOutput, chunks: list[SeqChunk]
+                 ) -> tuple[torch.Tensor, dict[int, BaseException]]:
         """Run the batch; on failure retry each chunk alone so one bad request fails alone."""
-        chunks = [self._seq_chunk(c) for c in out.chunks]
         try:
             if self.drafter is not None:  # NOTE: drafts are priced by the step's measured cost
                 return self.drafter.timed_forward(self.runner.execute, chunks), {}
@@ -259,8 +272,48 @@ class EngineCore:
                 self._end_failed(req, exc)
 
     def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
+        if self._scored_rows(c):  # NOTE: every row: the prompt's scores, then the next token's
+            return SeqChunk(c.token_ids, c.start_pos, tuple(c.seq.block_table), True,
+                            c.num_tokens)
         return SeqChunk(c.token_ids, c.start_pos, tuple(c.seq.block_table), c.need_logits,
                         1 + c.num_draft)
+
+    def _scored_rows(self, c: ScheduledChunk) -> int:
+        """The rows at the start of a scoring request's chunk that score a prompt token: the
+        row of position ``p`` gives prompt token ``p + 1``'s record (O1, echo)."""
+        if c.seq.seq_id not in self._scoring or c.num_draft:
+            return 0
+        return max(0, min(c.start_pos + c.num_tokens, c.seq.num_prompt_tokens - 1) - c.start_pos)
+
+    def _score(self, spans: list[tuple[int, ScheduledChunk, int]], logits: torch.Tensor,
+               failed: dict[int, BaseException]) -> None:
+        """O1, echo: each scoring row becomes its prompt token's record, reduced from the
+        chunk's logits right away (never ``[prompt, vocab]`` at once): exactly the record
+        decoding that token after the tokens before it reports (Sampler.score; the same bits
+        in a batch-invariant mode, T4). A row recomputed after a preemption is not scored
+        twice; a failed forward's rows are scored when the chunk is retried."""
+        for at, chunk, n in spans:
+            sid = chunk.seq.seq_id
+            req = self.requests.get(sid)
+            if not n or req is None or req.lifecycle.is_terminal or sid in failed:
+                continue
+            done = len(req.prompt_logprobs)  # NOTE: tokens 1 .. done are scored
+            skip = max(0, done - chunk.start_pos)
+            if chunk.start_pos > done:  # NOTE: no reuse, so positions come in order
+                self._end_failed(req, ModelError(f"prompt scoring skipped positions "
+                                                 f"{done}..{chunk.start_pos}"))
+                continue
+            prompt = chunk.seq.prompt_token_ids
+            targets = prompt[chunk.start_pos + 1 + skip:chunk.start_pos + 1 + n]
+            k = req.plan.prompt_logprobs or 0
+            try:
+                decs = self.sampler.score(logits[at + skip:at + n], targets, k)
+            except Exception as exc:  # NOTE: a bad row fails only its own request
+                self._end_failed(req, exc)
+                continue
+            req.prompt_logprobs.extend(self._logprob_info(d) for d in decs)
+            if len(req.prompt_logprobs) >= len(prompt) - 1:
+                self._scoring.discard(sid)  # NOTE: a recompute may reuse the cache again
 
     def _account(self, chunk: ScheduledChunk) -> None:
         req = self.requests.get(chunk.seq.seq_id)
@@ -292,6 +345,8 @@ class EngineCore:
                 req.cancel()
             elif req.deadline is not None and self.clock() >= req.deadline:
                 self._finish(req, FinishReason.DEADLINE_EXCEEDED)
+            elif req.plan.max_tokens == 0:  # NOTE: prefill only (prompt scoring): no token
+                self._finish(req, FinishReason.MAX_OUTPUT_TOKENS)
             else:
                 live.append((req, i, chunk.token_ids[chunk.num_tokens - chunk.num_draft:]))
         if not live:
@@ -456,12 +511,15 @@ class EngineCore:
             req.trace.record(TraceEvent(req.request_id, kind, data))
 
 
-def _logit_rows(out: SchedulerOutput) -> list[tuple[int, ScheduledChunk]]:
-    """Each chunk that needs logits with the index of its first logits row (a verification
-    has ``1 + num_draft`` rows, coda.engine.speculative)."""
+def _logit_rows(out: SchedulerOutput, chunks: list[SeqChunk]
+                ) -> list[tuple[int, ScheduledChunk, int]]:
+    """Each chunk that has logits rows: the index of its first one and how many of them score
+    prompt tokens (they come first; then a verification's ``1 + num_draft`` rows,
+    coda.engine.speculative, or the one row of the next token)."""
     rows, at = [], 0
-    for chunk in out.chunks:
-        if chunk.need_logits:
-            rows.append((at, chunk))
-            at += 1 + chunk.num_draft
+    for chunk, sc in zip(out.chunks, chunks, strict=True):
+        if sc.need_logits:
+            own = 1 + chunk.num_draft if chunk.need_logits else 0
+            rows.append((at, chunk, sc.num_logits - own))
+            at += sc.num_logits
     return rows

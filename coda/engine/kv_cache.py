@@ -154,16 +154,17 @@ class BlockManager:
         return matched
 
     # ----- allocate / append / free --------------------------------------------------
-    def can_allocate(self, seq: Sequence) -> bool:
+    def can_allocate(self, seq: Sequence, reuse: bool = True) -> bool:
         """Whether :meth:`allocate` would succeed now."""
         if self.is_allocated(seq):
             return False
-        hits = self._match_prefix(seq.all_token_ids)
+        hits = self._match_prefix(seq.all_token_ids) if reuse else []
         shared_live = sum(1 for b in hits if b.ref_count > 0)  # cost no free block
         return blocks_needed(seq.num_tokens, self.block_size) - shared_live <= self.num_free_blocks
 
-    def allocate(self, seq: Sequence) -> None:
-        """Give ``seq`` blocks for all its known tokens, reusing cached full blocks.
+    def allocate(self, seq: Sequence, reuse: bool = True) -> None:
+        """Give ``seq`` blocks for all its known tokens, reusing cached full blocks (unless
+        ``reuse`` is False: a request that scores its prompt computes every position).
 
         A hit sets ``seq.num_computed_tokens`` to the cached length (always < num_tokens).
         """
@@ -171,9 +172,9 @@ class BlockManager:
             raise KVCacheError(f"seq {seq.seq_id} is already allocated")
         if seq.num_computed_tokens != 0:
             raise KVCacheError(f"seq {seq.seq_id}: allocate with computed tokens")
-        if not self.can_allocate(seq):
+        if not self.can_allocate(seq, reuse):
             raise KVCacheError(f"seq {seq.seq_id}: not enough free blocks")
-        hits = self._match_prefix(seq.all_token_ids)
+        hits = self._match_prefix(seq.all_token_ids) if reuse else []
         for block in hits:
             if block.ref_count == 0:
                 del self._evictable[block.block_id]

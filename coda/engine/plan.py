@@ -25,7 +25,7 @@ from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.output import UTF8_TAIL_POLICIES, OutputSpec
 from coda.reasoning import ReasoningSpec
-from coda.sampling import SamplingParams
+from coda.sampling import MAX_LOGPROBS, SamplingParams
 from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig
 
@@ -69,6 +69,7 @@ class RequestPlan:
     backpressure: BackpressureConfig | None = None
     reasoning: ReasoningSpec | None = None  # issue 23 (coda.reasoning)
     speculative: bool = True  # issue 21: may this request speculate (if the server does)
+    prompt_logprobs: int | None = None  # score each prompt token, k alternatives (echo)
 
     @property
     def max_total_tokens(self) -> int:
@@ -137,6 +138,11 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
             raise InvalidRequestError("stop_token_ids must be non-empty sequences of valid ids",
                                       field="stop_token_ids")
     req.sampling.validate_for_vocab(vocab)
+    if req.prompt_logprobs is not None and (
+            isinstance(req.prompt_logprobs, bool)
+            or not 0 <= req.prompt_logprobs <= MAX_LOGPROBS):
+        raise InvalidRequestError(f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}]",
+                                  field="prompt_logprobs")
     if req.utf8_tail not in UTF8_TAIL_POLICIES:
         raise InvalidRequestError(f"utf8_tail must be one of {list(UTF8_TAIL_POLICIES)}",
                                   field="utf8_tail")
@@ -152,7 +158,7 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         stops_end_at=req.stops_end_at, skip_special_tokens=req.skip_special_tokens,
         utf8_tail=req.utf8_tail, grammar=req.grammar, early_stop=req.early_stop,
         deadline_s=req.deadline_s, backpressure=req.backpressure, reasoning=req.reasoning,
-        speculative=req.speculative)
+        speculative=req.speculative, prompt_logprobs=req.prompt_logprobs)
 
 
 def _check_reasoning(req: GenerationRequest, limits: ModelLimits) -> None:
@@ -184,8 +190,9 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
         # NOTE: an omitted limit is the default; where the context comes first there is no
         # limit but the context, so the request ends context_limit (L4)
         return (default, False) if default is not None and 1 <= default < room else (room, True)
-    if isinstance(asked, bool) or asked < 1:
-        raise InvalidRequestError("max_tokens must be an integer >= 1", field="max_tokens")
+    if isinstance(asked, bool) or asked < 0:
+        # NOTE: 0 prefills only (prompt scoring): the request ends max_output_tokens, no token
+        raise InvalidRequestError("max_tokens must be an integer >= 0", field="max_tokens")
     if asked > room:
         raise ContextLengthExceededError(
             f"prompt ({prompt_len}) + max_tokens ({asked}) exceeds the context "

@@ -278,7 +278,7 @@ class Sampler:
         best, tokens = x.max(-1)
         self._raise_bad(raw, best)
         x = _truncate(self._temper(x, rows), rows)
-        vocab, device = x.shape[1], x.device
+        device = x.device
         greedy = [r.params.is_greedy for r in rows]
         sampled = [i for i, g in enumerate(greedy) if not g]
         if sampled:
@@ -287,23 +287,53 @@ class Sampler:
             index = torch.tensor(sampled, device=device)
             tokens[index] = _draw(x.index_select(0, index), keys)
 
-        chosen = tokens[:, None]
-        raw_lse = torch.logsumexp(raw, -1)
-        if bool(torch.isnan(raw_lse).any()):  # NOTE: a NaN the mask hid from `best`
-            raise ModelError("logits contain NaN")
-        logprob_t = raw.gather(1, chosen).squeeze(1) - raw_lse
+        logprob_t, raw_lse = _raw_logprobs(raw, tokens)
         # NOTE: one logsumexp per row instead of a softmax; x is raw when nothing processed it.
         prob_t = (logprob_t if x is raw
-                  else x.gather(1, chosen).squeeze(1) - torch.logsumexp(x, -1)).exp()
+                  else x.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(x, -1)).exp()
         logprob, prob = logprob_t.tolist(), prob_t.tolist()
-        wanted = [r.params.logprobs or 0 for r in rows]
-        top: list[tuple[tuple[int, float], ...]] = [()] * len(rows)
-        asked = [i for i, w in enumerate(wanted) if w > 0]
-        if asked:
-            index = torch.tensor(asked, device=device)
-            vals, ids = raw.index_select(0, index).topk(min(max(wanted), vocab), dim=-1)
-            vals = vals - raw_lse.index_select(0, index)[:, None]
-            for i, v_row, id_row in zip(asked, vals.tolist(), ids.tolist(), strict=True):
-                top[i] = tuple(zip(id_row[: wanted[i]], v_row[: wanted[i]], strict=True))
+        top = _top_logprobs(raw, raw_lse, [r.params.logprobs or 0 for r in rows])
         return [TokenDecision(tok, logprob[i], prob[i], top[i], greedy[i])
                 for i, tok in enumerate(tokens.tolist())]
+
+    def score(self, logits: torch.Tensor, token_ids: Sequence[int],
+              k: int) -> list[TokenDecision]:
+        """The record of each given token under its row of raw logits (prompt scoring, O1):
+        what :meth:`sample` reports for that token had it chosen it (the same operations on
+        the row: log_softmax of the raw logits and the ``k`` best), whatever the row's
+        processing; ``prob`` is under the raw distribution and ``greedy`` is False."""
+        raw = logits.to(torch.float32)
+        if raw.dim() != 2 or raw.shape[0] != len(token_ids):
+            raise ModelError(f"logits shape {tuple(raw.shape)} does not match "
+                             f"{len(token_ids)} tokens")
+        if not token_ids:
+            return []
+        tokens = torch.tensor(list(token_ids), dtype=torch.long, device=raw.device)
+        logprob_t, raw_lse = _raw_logprobs(raw, tokens)
+        logprob = logprob_t.tolist()
+        top = _top_logprobs(raw, raw_lse, [k] * len(token_ids))
+        return [TokenDecision(tok, logprob[i], math.exp(logprob[i]), top[i], False)
+                for i, tok in enumerate(token_ids)]
+
+
+def _raw_logprobs(raw: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``tokens`` logprob under log_softmax(raw), and the rows' logsumexp: ONE
+    home for the values a token's record reports (chosen or scored)."""
+    raw_lse = torch.logsumexp(raw, -1)
+    if bool(torch.isnan(raw_lse).any()):  # NOTE: a NaN the mask hid from `best`
+        raise ModelError("logits contain NaN")
+    return raw.gather(1, tokens[:, None]).squeeze(1) - raw_lse, raw_lse
+
+
+def _top_logprobs(raw: torch.Tensor, raw_lse: torch.Tensor,
+                  wanted: list[int]) -> list[tuple[tuple[int, float], ...]]:
+    """Each row's ``wanted[i]`` best (token, logprob) pairs under log_softmax(raw)."""
+    top: list[tuple[tuple[int, float], ...]] = [()] * len(wanted)
+    asked = [i for i, w in enumerate(wanted) if w > 0]
+    if asked:
+        index = torch.tensor(asked, device=raw.device)
+        vals, ids = raw.index_select(0, index).topk(min(max(wanted), raw.shape[1]), dim=-1)
+        vals = vals - raw_lse.index_select(0, index)[:, None]
+        for i, v_row, id_row in zip(asked, vals.tolist(), ids.tolist(), strict=True):
+            top[i] = tuple(zip(id_row[: wanted[i]], v_row[: wanted[i]], strict=True))
+    return top

@@ -177,13 +177,16 @@ class Scheduler:
 
     # ----- one step ----------------------------------------------------------------------
     def schedule(self, paused: frozenset[int] = frozenset(),
-                 drafts: Mapping[int, tuple[int, ...]] | None = None) -> SchedulerOutput:
+                 drafts: Mapping[int, tuple[int, ...]] | None = None,
+                 fresh: frozenset[int] = frozenset()) -> SchedulerOutput:
         """Pick this step's chunks: running sequences first, then admit waiting ones.
 
         Running sequences whose id is in ``paused`` keep their blocks but are not stepped
         (backpressure policy 1, P6): they resume at the same token and position. A decoding
         sequence with ``drafts`` carries them after its token when the step's budget and the
         free blocks allow (never by preempting: a draft that does not fit is dropped).
+        A waiting sequence whose id is in ``fresh`` is admitted without prefix-cache reuse
+        (it scores its prompt, so every position is computed: coda.engine.core).
         """
         cfg, bm = self.config, self.block_manager
         budget = cfg.max_num_batched_tokens
@@ -220,10 +223,11 @@ class Scheduler:
             if len(self._running) >= cfg.max_num_seqs:
                 break
             seq = self._waiting[0]
-            if not bm.can_allocate(seq):
+            reuse = seq.seq_id not in fresh
+            if not bm.can_allocate(seq, reuse):
                 break  # NOTE: FCFS — no overtaking, no preempting to admit
             self._waiting.popleft()
-            bm.allocate(seq)  # may set num_computed_tokens on a prefix hit
+            bm.allocate(seq, reuse)  # may set num_computed_tokens on a prefix hit
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=lambda s: s.arrival)
             k = min(seq.num_uncomputed_tokens, cfg.long_prefill_chunk, budget)

@@ -44,7 +44,8 @@ class GrammarSpec:
 class GenerationRequest:
     """One generation request in token space (checked once, by :func:`coda.engine.plan.plan_request`).
 
-    ``max_tokens`` None means ``default_max_tokens`` where that ends before the context, else
+    ``max_tokens`` 0 prefills the prompt only: the request ends ``max_output_tokens`` with no
+    token (prompt scoring, with ``prompt_logprobs``). ``max_tokens`` None means ``default_max_tokens`` where that ends before the context, else
     "up to the context limit" (the server passes its configured default; None: no default). ``deadline_s`` is relative to submit;
     past it the request ends ``deadline_exceeded`` (G3). ``stop_token_ids`` are id sequences
     (a single id is a sequence of length one). ``stops_end_at`` (a tool call's opening tag):
@@ -70,6 +71,9 @@ class GenerationRequest:
     reasoning: ReasoningSpec | None = None
     # issue 21: False opts this request out of the server's speculative decoding
     speculative: bool = True
+    # echo: score every prompt token in the prefill, with this many alternatives (0..20;
+    # None: no scoring); the terminal carries them (coda.engine.plan, Terminal.prompt_logprobs)
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ What a prompt token's logprob is here: exactly what the same token would get if 
 completion token's. The first prompt token has no context: its logprob and top logprobs are
 ``null`` (as OpenAI and vLLM report them).
 
-How: for each prompt position ``i >= 1`` one engine request decodes a single token after
-``prompt[:i]``, greedy, with ``logit_bias`` +100 on ``prompt[i]`` so that token is the one
-selected. A bias never moves the reported values (they are under the raw logits), so each
-entry *is* the engine's own decode record of that token. The requests share the prompt's
-prefix-cache blocks, so each computes at most one block of new positions; the cost is one
-short request per prompt token, paid only by requests that ask for echo with logprobs.
+How: ONE engine request per prompt, ``max_tokens`` 0 with ``prompt_logprobs`` ``k``: the engine
+prefills the prompt chunk by chunk, takes every row's logits and reduces each at once to its
+token's record (:meth:`coda.engine.sampler.Sampler.score`, the same operations as a decode's
+record, so in a batch-invariant mode the same bits, T4); it computes every position (no
+prefix-cache reuse for it) and ends ``max_output_tokens`` with no token. Its terminal carries
+the records (:attr:`coda.stream.Terminal.prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -25,28 +25,15 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from coda.engine.protocol import Engine, EngineHandle
+from coda.engine.protocol import Engine
 from coda.engine.types import GenerationRequest
 from coda.errors import InvalidRequestError, ModelError
-from coda.reader import replay
-from coda.sampling import MAX_ABS_BIAS, SamplingParams
+from coda.finish import FinishReason
+from coda.sampling import SamplingParams
 from coda.server import logprobs as lp
 from coda.server.schemas import CompletionRequest
 from coda.server.state import ServerState
-from coda.stream import EventType, TokenInfo
-
-
-def _forced(handle: EngineHandle, target: int) -> TokenInfo:
-    """The one token ``handle`` selected (a delta's, or a trailing token's: EOS, held bytes)."""
-    terminal = handle.stream.terminal
-    assert terminal is not None
-    tokens = [t for e in replay(handle.stream) if e.type is EventType.DELTA for t in e.tokens]
-    tokens += terminal.trailing_tokens
-    if len(tokens) != 1 or tokens[0].token_id != target:
-        # NOTE: a raw logit gap above MAX_ABS_BIAS, or the request ended early
-        raise ModelError(f"prompt logprobs: could not score token {target} "
-                         f"({terminal.finish_reason})")
-    return tokens[0]
+from coda.stream import TokenInfo
 
 
 def _first(engine: Engine, token_id: int) -> TokenInfo:
@@ -62,38 +49,24 @@ async def prompt_tokens(engine: Engine, ids: Sequence[int], k: int,
     """The prompt's tokens with their logprobs and ``k`` alternatives (module docstring)."""
     if not ids:
         return []
-
-    def submit(i: int) -> EngineHandle:
-        sampling = SamplingParams(temperature=0.0, logit_bias=((ids[i], MAX_ABS_BIAS),),
-                                  logprobs=k)
-        try:
-            return engine.submit(GenerationRequest(
-                prompt_token_ids=tuple(ids[:i]), sampling=sampling, max_tokens=1,
-                skip_special_tokens=False, request_id=f"{request_id}-{i}", speculative=False))
-        except InvalidRequestError as exc:
-            if exc.field != "logit_bias":
-                raise
-            # NOTE: the bias names the prompt's own token: the client's error is the prompt
-            raise InvalidRequestError(f"prompt: token {ids[i]} at position {i}: {exc.message}",
-                                      field="prompt") from None
-
-    last: list[EngineHandle] = []
-    handles: list[EngineHandle] = []  # NOTE: positions 1 .. n-2, in order
+    if len(ids) == 1:
+        return [_first(engine, ids[0])]
+    handle = engine.submit(GenerationRequest(
+        prompt_token_ids=tuple(ids), sampling=SamplingParams(temperature=0.0), max_tokens=0,
+        skip_special_tokens=False, request_id=request_id, speculative=False,
+        prompt_logprobs=k))
     try:
-        if len(ids) > 1:
-            # NOTE: the longest prefix first, alone: its full blocks enter the prefix cache,
-            # so each later request computes under one block, not its whole prefix (O(n^2))
-            last.append(submit(len(ids) - 1))
-            await last[0].result()
-        for i in range(1, len(ids) - 1):
-            handles.append(submit(i))
-        await asyncio.gather(*(h.result() for h in handles))
-    finally:
-        for h in (*handles, *last):  # NOTE: a failure or a cancelled parse leaves none running
-            h.cancel()
-    handles += last
-    return [_first(engine, ids[0]),
-            *(_forced(h, t) for h, t in zip(handles, ids[1:], strict=True))]
+        terminal = await handle.result()
+    except BaseException:
+        handle.cancel()  # NOTE: a cancelled parse (the client went away) leaves nothing running
+        raise
+    scored = terminal.prompt_logprobs
+    if terminal.finish_reason is not FinishReason.MAX_OUTPUT_TOKENS or len(scored) != len(ids) - 1:
+        raise ModelError(f"prompt logprobs: the scoring request ended "
+                         f"{terminal.finish_reason.value} after {len(scored)} of "
+                         f"{len(ids) - 1} tokens"
+                         + (f": {terminal.error_message}" if terminal.error_message else ""))
+    return [_first(engine, ids[0]), *scored]
 
 
 def echo_legacy(tokens: Sequence[TokenInfo], text: str, *,

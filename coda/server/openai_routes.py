@@ -218,6 +218,10 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         return
     if body.suffix:
         raise InvalidRequestError("suffix: suffix is not supported", field="suffix")
+    if body.max_tokens == 0 and not body.echo:
+        raise InvalidRequestError("max_tokens: 0 is only allowed with echo: true (the prompt "
+                                  "echoed, with its logprobs if asked, and no completion)",
+                                  field="max_tokens")
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequestError("best_of: only best_of == n is supported", field="best_of")
 

@@ -121,6 +121,8 @@ class ChatCompletionRequest(_OpenAISampling):
 
 class CompletionRequest(_OpenAISampling):
     prompt: str | list[int] | list[str] | list[list[int]]
+    # NOTE: 0 only with echo (vLLM's prompt scoring; coda.server.echo), else a 400 at parse
+    max_tokens: int | None = Field(None, ge=0)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None

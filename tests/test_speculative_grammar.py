@@ -224,19 +224,54 @@ def test_t4_draft_model_under_a_grammar_equals_plain(tiny: Any, which: str,
         spec.shutdown()
 
 
+def _looping(engine: AsyncEngine, grammar: str = REGEX, bias: tuple[tuple[int, float], ...] = (),
+             **kw: Any) -> GenerationRequest:
+    """A greedy request the tiny model answers in loops under ``grammar`` (its drafts are
+    accepted: asserted where used); EOS banned to its budget of 40."""
+    prompt = tuple(engine.tokenizer.encode("fed fed fed fed", add_special_tokens=False).ids)
+    return GenerationRequest(prompt, SamplingParams(temperature=0.0, min_tokens=40, logprobs=1,
+                                                    logit_bias=bias),
+                             max_tokens=40, utf8_tail="drop", grammar=GrammarSpec(regex=grammar),
+                             **kw)
+
+
 def test_t4_reasoning_budget_with_prompt_lookup_equals_plain(tiny: Any) -> None:
     """T4, K2: a reasoning budget forces its closer at the budget's row even inside an
     accepted run (the drafts stop at the budget; the forced row is chosen again with the
-    closer's mask): outputs, reasoning splits and usage equal plain decoding's."""
+    closer's mask), under a grammar that allows the closer: outputs, reasoning splits and
+    usage equal plain decoding's; drafts were accepted before and after the forced closer."""
     plain, spec, _ = tiny
     close_ids = tuple(plain.tokenizer.encode("</think>", add_special_tokens=False).ids)
-    reqs = [replace(r, grammar=None, reasoning=ReasoningSpec(
-        inside=True, close_ids=close_ids, max_tokens=m), max_tokens=40)
-        for r, m in zip(_tiny_requests(plain.limits.vocab_size, 8, seed=9),
-                        (3, 7, 12, 20, 3, 7, 12, 20), strict=True)]
+    # NOTE: the model never starts the closer itself (the budget's forced ids would then not
+    # fit the grammar after its own "<", in plain decoding alike): only the budget closes
+    lt = tuple((i, -100.0) for t, i in plain.tokenizer.get_vocab().items()
+               if "<" in t and not t.startswith("<|"))
+    budgets = (1, 3, 7, 12, 20)
+    loose = [_looping(plain, "[a-f ]{0,200}(</think>[a-f ]{0,200})?", lt,
+                      reasoning=ReasoningSpec(inside=True, close_ids=close_ids, max_tokens=m))
+             for m in budgets]
+    reqs = []
+    for r, w in zip(loose, _run(plain, loose), strict=True):
+        think, answer = plain.tokenizer.decode(list(w.signature[0])).split("</think>")
+        # NOTE: as tight as plain decoding's output: a byte consumed twice ends it early
+        reqs.append(replace(r, grammar=GrammarSpec(
+            regex=f"[a-f ]{{0,{len(think)}}}(</think>[a-f ]{{0,{len(answer)}}})?")))
     want, got = _run(plain, reqs), _run(spec, reqs)
     _same(got, want)
-    assert _accepted(got) > 0
+    assert {w.finish_reason for w in want} == {"max_output_tokens"}
+    assert all("</think>" not in w.text for w in want)  # NOTE: the split removed the closer
+    assert all((g.speculative or {}).get("accepted", 0) > 0 for g in got)
+
+
+@pytest.fixture(scope="module")
+def mate(tiny: Any) -> GenerationRequest:
+    """A looping request whose regex allows exactly as many bytes as plain decoding writes
+    for it: a grammar that counts every byte it consumed, so a drafted token it consumed and
+    did not roll back ends the output early."""
+    plain = tiny[0]
+    loose = _looping(plain)
+    text = plain.tokenizer.decode(list(_run(plain, [loose])[0].signature[0]))
+    return replace(loose, grammar=GrammarSpec(regex=f"[a-f ]{{0,{len(text)}}}"))
 
 
 _GRAMMARS = [GrammarSpec(regex=REGEX), GrammarSpec(json_object=True),
@@ -247,24 +282,31 @@ _GRAMMARS = [GrammarSpec(regex=REGEX), GrammarSpec(json_object=True),
 @settings(max_examples=examples(10), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(params=_PARAMS, grammar=st.integers(0, len(_GRAMMARS)),
-       seg=st.lists(st.integers(40, 200), min_size=1, max_size=10),
+       seg=st.text(alphabet='abcdef {}[]":,', min_size=1, max_size=24),
        repeats=st.integers(1, 4), max_tokens=st.integers(1, 40), crowd=st.integers(1, 3))
 def test_property_constrained_speculation_equals_plain_decoding(
-        tiny: Any, params: dict[str, Any], grammar: int, seg: list[int], repeats: int,
-        max_tokens: int, crowd: int) -> None:
+        tiny: Any, mate: GenerationRequest, params: dict[str, Any], grammar: int, seg: str,
+        repeats: int, max_tokens: int, crowd: int) -> None:
     """For all grammars (regex, json_object, JSON schema with and without the closer, a tool
-    call), sampling settings (penalties, min_tokens, top-k/p, seeds), budgets and crowds:
-    speculation's outcome equals plain decoding's (T4, L4, L6)."""
+    call), copyable prompts, sampling settings (penalties, min_tokens, top-k/p, seeds),
+    budgets and crowds: speculation's outcome equals plain decoding's (T4, L4, L6)."""
     plain, spec, _ = tiny
     spec_g = _GRAMMARS[grammar] if grammar < len(_GRAMMARS) else tool_grammar()
     budget = max_tokens + TOOL_MIN * (spec_g.lark is not None)
-    reqs = [GenerationRequest(tuple(seg * repeats) + (40 + i,),
-                              SamplingParams(logprobs=1, **params), max_tokens=budget,
-                              utf8_tail="drop", grammar=spec_g) for i in range(crowd)]
+    # NOTE: text the grammars allow, repeated: prompt lookup drafts it and accepts some
+    prompt = tuple(plain.tokenizer.encode(seg * (repeats + 1), add_special_tokens=False).ids)
+    reqs = [GenerationRequest(prompt + (40 + i,), SamplingParams(logprobs=1, **params),
+                              max_tokens=budget, utf8_tail="drop", grammar=spec_g)
+            for i in range(crowd)]
     try:
         want = _run(plain, reqs)
     except Exception as exc:  # NOTE: a budget below the closer's shortest completion: a 4xx
         with pytest.raises(type(exc)):
             _run(spec, reqs)
-        return
-    _same(_run(spec, reqs), want)
+        reqs, want = [], []
+    # NOTE: the crowd shares its steps with a request whose drafts are accepted under its
+    # grammar (the random model seldom copies the drawn ones): each example verifies some
+    got = _run(spec, [*reqs, mate])
+    _same(got[:-1], want)
+    _same(got[-1:], _run(plain, [mate]))
+    assert _accepted(got[-1:]) > 0

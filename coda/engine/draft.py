@@ -15,8 +15,10 @@ every sequence's row in one batched forward. Draft position ``j`` is chosen **wi
 draw as the target's row j**: the target's sampler on the draft's logits, with the very row
 :func:`~coda.engine.speculative.verify_rows` gives the target (the request's counter RNG at
 output position ``t + j``, the prefix ``output + drafts[:j]`` for penalties and min_tokens;
-greedy is the argmax). Where the two distributions are close the inverse-CDF draws coincide,
-so a seeded request's drafts are accepted as often as greedy ones.
+greedy is the argmax; under a grammar, the mask of the target's grammar advanced through the
+drafts before it, :class:`~coda.engine.grammar.Lookahead`, rolled back after proposing). Where
+the two distributions are close the inverse-CDF draws coincide, so a seeded request's drafts
+are accepted as often as greedy ones, and a constrained one's drafts are always grammatical.
 
 **Verification** is unchanged (coda.engine.speculative: sample-and-match as extra rows of the
 target's step), so exactness never depends on the draft: a wrong draft is only a rejected row.

@@ -20,6 +20,11 @@ Contract (what the engine relies on):
   ends ``grammar_complete`` without spending a step on EOS) and the mask, if asked, allows only
   EOS. When it accepts but could continue, EOS is one of the allowed tokens; the model choosing
   it ends the request ``eos``.
+- Speculation (issue 21, :mod:`coda.engine.speculative`) never consumes a drafted token:
+  ``valid_prefix(ids)`` says how many drafts the grammar allows in order (state unchanged),
+  and ``lookahead()`` advances the matcher through drafted tokens to give the masks of the
+  rows after them, rolling exactly those tokens back when closed (the cached mask, the
+  consumed count and the error stay the request's own).
 - Ids at or above the tokenizer's size (a model vocabulary padded past the tokenizer) are never
   allowed.
 - JSON (``json_schema``, ``json_object``) is compact by default (``whitespace_flexible: false``):

@@ -38,8 +38,32 @@ same ``decode.started``/``decode.completed`` rows and processed count plain deco
 (L6, O1). The rejected tail is rolled back (``Scheduler.rollback``: its blocks freed, never
 registered in the prefix cache), so nothing of it reaches the stream, the usage or the cache.
 
-Requests whose choice depends on state that the per-token loop advances (a grammar, the budget
-closer, a reasoning budget) do not speculate in this slice.
+**Constrained requests** (a grammar: ``response_format``, tools; the budget closer; a reasoning
+budget) speculate too, by the same rule: each row's processed logits are plain decoding's
+after the accepted prefix, the grammar included.
+
+* *Drafts* are cut before the step where they could never be accepted (``EngineCore
+  ._verifiable``): at the first token the grammar forbids at its position
+  (:meth:`~coda.engine.grammar.GrammarMatcher.valid_prefix`: its row's pick is constrained,
+  so never that token), and at :func:`plain_horizon`: none while the budget closer forces its
+  path or a reasoning budget forces its closer, and inside a reasoning block with a budget no
+  more than the tokens the budget has left (the row where the closer is forced is the last).
+* *Verification* (:func:`verify_constrained`): row 0 is sampled with the step's batch; row
+  ``j + 1`` only once ``d_j`` is accepted, with the mask of the grammar advanced through
+  ``d_0 .. d_j`` (:class:`~coda.engine.grammar.Lookahead`, rolled back after: the request's
+  grammar only ever consumes emitted tokens, in ``_on_decision``). So a mask is computed only
+  for a row plain decoding also needs (none for a rejected row; the rows are sampled one at a
+  time instead of in one batch). With a budget closer, ``d_j`` is accepted only where the
+  closer admits it at that position (:meth:`~coda.engine.closure.BudgetCloser.admits` with
+  ``ahead = j``), as plain decoding's check would.
+* *The pick* (the first mismatch, or the bonus row) goes through what the per-token loop does
+  to a sampled token (``EngineCore._live_pick``): sampled again from the loop's own row where
+  its state now forces another mask (a reasoning budget's closer at the horizon), then the
+  closer's check, which may start forcing the closing path. Accepted rows before it need
+  neither: the horizon and the closer's check at each position stopped the run where they
+  would change the choice.
+
+Unconstrained requests are unchanged: all ``1 + k`` rows in the step's one batched sample.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ request's end) differ from plain decoding's.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Iterator, Sequence
@@ -194,6 +195,25 @@ def test_t4_grammar_crowd_of_16_with_prompt_lookup_equals_plain(tiny: Any) -> No
     assert _settled(spec)
 
 
+def test_t4_l7_grammar_speculation_after_preemption_equals_plain(
+        tiny: Any, mate: GenerationRequest) -> None:
+    """T4, L7: a cache too small for the constrained crowd preempts (recompute) while drafts
+    are verified under the grammars: the grammars' states are the emitted tokens' only, the
+    outputs stay plain decoding's, and every block comes back."""
+    plain, _, model = tiny
+    reqs = [*_tiny_requests(plain.limits.vocab_size, 8, seed=3), mate]
+    want = _run(plain, reqs, crowd=False)
+    small = _engine(model, "prompt-lookup", num_blocks=14)
+    try:
+        got = _run(small, reqs)
+        assert small.core.num_preemptions_total > 0
+        _same(got, want)
+        assert _accepted(got) > 0
+        assert _settled(small)
+    finally:
+        small.shutdown()
+
+
 @pytest.mark.parametrize("which", ["self", "cut"])
 def test_t4_draft_model_under_a_grammar_equals_plain(tiny: Any, which: str,
                                                      tmp_path_factory: pytest.TempPathFactory
@@ -310,3 +330,62 @@ def test_property_constrained_speculation_equals_plain_decoding(
     _same(got[:-1], want)
     _same(got[-1:], _run(plain, [mate]))
     assert _accepted(got[-1:]) > 0
+
+
+# -- the grammar's lookahead against a brute-force oracle -------------------------------------
+_LOOK_RE = "[ab ]{0,14}(,[0-9]{1,3})?"
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(consumed=st.text(alphabet="ab ,0123", max_size=16),
+       drafted=st.text(alphabet="ab ,0123x", max_size=12))
+def test_property_lookahead_masks_equal_fresh_consumption_and_roll_back(
+        consumed: str, drafted: str) -> None:
+    """For all consumed outputs and drafted tokens: ``valid_prefix`` is the number of drafts
+    a matcher accepts one by one; the lookahead's mask after ``d_0 .. d_j`` equals the mask of
+    a fresh matcher that consumed them for real; closing it restores the state exactly (its
+    fresh mask, what it accepts next, and that it still accepts the drafts) (T4, S1)."""
+    import torch
+
+    from coda.engine.grammar import compile_grammar
+
+    tok = _tiny_tokenizer()
+    vocab, eos = tok.get_vocab_size(), frozenset({0})
+
+    def fresh(ids: Sequence[int]) -> Any:
+        g = compile_grammar(GrammarSpec(regex=_LOOK_RE), tok, vocab, eos)
+        for t in ids:
+            assert g.consume(t)
+        return g
+
+    real: list[int] = []
+    probe = compile_grammar(GrammarSpec(regex=_LOOK_RE), tok, vocab, eos)
+    for t in tok.encode(consumed, add_special_tokens=False).ids:
+        if not probe.consume(t):
+            break
+        real.append(t)
+    drafts = tok.encode(drafted, add_special_tokens=False).ids
+    g = fresh(real)
+    before = g.allowed_mask()
+    n = 0
+    oracle = fresh(real)
+    while n < len(drafts) and oracle.valid_prefix([drafts[n]]) == 1:
+        oracle.consume(drafts[n])
+        n += 1
+    assert g.valid_prefix(drafts) == n
+    with g.lookahead() as ahead:
+        for j in range(n):
+            assert ahead.push(drafts[j])
+            assert torch.equal(ahead.mask(), fresh(real + drafts[:j + 1]).allowed_mask())
+        assert n == len(drafts) or not ahead.push(drafts[n])
+    with g.lookahead() as again:  # NOTE: a fresh mask of the state now, not the cached one
+        assert torch.equal(again.mask(), before)
+    assert g.valid_prefix(drafts) == n and g.num_consumed == len(real) and g.error is None
+    assert torch.equal(g.allowed_mask(), before)
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_tokenizer() -> Any:
+    import tokenizers
+
+    return tokenizers.Tokenizer.from_file(str(tiny_checkpoint() / "tokenizer.json"))

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig
 from tests.conftest import LiveServer
+from tests.test_speculative import EAGER
 
 MODEL = "tiny-chat"
 # NOTE: a copy-heavy message: the tiny model's continuation repeats, so drafts are accepted
@@ -116,3 +117,52 @@ def test_cli_unknown_speculative_mode_exits_2(monkeypatch: pytest.MonkeyPatch) -
     result = CliRunner().invoke(app, ["serve", "--port", "0", "--speculative", "eagle"])
     assert result.exit_code == 2
     assert "unknown --speculative 'eagle'" in result.output
+
+
+# -- a tool call (grammar + budget closer) through the server, on the embedded default model --
+CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+        '</tool_call>')
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather forecast for a city.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+                   "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def tool_servers() -> Iterator[tuple[openai.OpenAI, openai.OpenAI]]:
+    from coda.engine.async_engine import DEFAULT_MODEL_DIR
+
+    plain_engine, plain = _live(DEFAULT_MODEL_DIR, "off")
+    spec_engine, spec = _live(DEFAULT_MODEL_DIR, "prompt-lookup")
+    spec_engine.speculative = EAGER  # NOTE: every draft worth its row: many verified rows
+    yield (openai.OpenAI(base_url=plain.url + "/v1", api_key="x", max_retries=0),
+           openai.OpenAI(base_url=spec.url + "/v1", api_key="x", max_retries=0))
+    for live, engine in ((plain, plain_engine), (spec, spec_engine)):
+        live.stop()
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 7}])
+def test_t4_s1_tool_call_through_the_speculative_server_equals_plain(
+        tool_servers: Any, sampling: dict[str, Any]) -> None:
+    """T4, S1, L6: ``tools`` with ``tool_choice: required`` (a grammar with the budget closer)
+    through the official client: the speculative server returns the plain server's tool call,
+    logprobs, finish reason and usage, and drafts were accepted under the grammar."""
+    plain, spec = tool_servers
+    msg = [{"role": "user", "content": f"Call the tool exactly like this: {CALL} {CALL}"}]
+
+    def call(client: openai.OpenAI) -> tuple[Any, ...]:
+        c = client.chat.completions.create(
+            model="default_model", messages=msg, tools=TOOLS, tool_choice="required",
+            parallel_tool_calls=False, max_tokens=60, logprobs=True, top_logprobs=2,
+            **sampling).choices[0]
+        calls = [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []]
+        return calls, c.logprobs.model_dump() if c.logprobs else None, c.finish_reason, \
+            c.model_extra["coda"]
+
+    want, got = call(plain), call(spec)
+    assert want[0] and got[:3] == want[:3]
+    assert got[3]["usage"] == want[3]["usage"] and got[3]["finish_reason"] == \
+        want[3]["finish_reason"]
+    counts = got[3]["speculative"]
+    assert counts["accepted"] > 0, counts

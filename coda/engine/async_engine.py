@@ -277,7 +277,7 @@ class AsyncEngine:
         seq = Sequence(next(self._ids), list(plan.prompt_token_ids), plan.max_total_tokens)
         ereq = EngineRequest(plan, seq, proc, arrival=arrival, grammar=grammar,
                              early_stop=controller, closer=closer,
-                             spec=state_for(self.speculative, plan) if closer is None else None)
+                             spec=state_for(self.speculative, plan))
         handle = RequestHandle(ereq, self._wake)
         self._track(handle)
         ereq.stream.start(self.model_name, self.model_snapshot)

@@ -181,8 +181,10 @@ class BudgetCloser:
     def forcing(self) -> bool:
         return self.path is not None
 
-    def admits(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
-        """Whether choosing ``token_id`` keeps a completion within the budget left after it."""
+    def admits(self, token_id: int, eos_token_ids: frozenset[int], ahead: int = 0) -> bool:
+        """Whether choosing ``token_id`` keeps a completion within the budget left after it.
+        ``ahead``: drafted tokens the matcher was advanced through past the consumed ones
+        (issue 21's verification, :class:`~coda.engine.grammar.Lookahead`)."""
         if self.path is not None or not self.closable or token_id in eos_token_ids:
             return True
         m = self.grammar.matcher
@@ -192,7 +194,7 @@ class BudgetCloser:
             after = closing_path(m, self.tok, self.table)
         finally:
             m.rollback(1)
-        return after is not None and len(after) <= self._left() - 1
+        return after is not None and len(after) <= self._left() - ahead - 1
 
     def force(self) -> ClosingPath | None:
         """Start forcing the closing path from the current state; None if none is found (the

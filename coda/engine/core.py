@@ -28,7 +28,13 @@ from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.engine.speculative import SpecState, accepted_prefix, verify_rows
+from coda.engine.speculative import (
+    SpecState,
+    accepted_prefix,
+    plain_horizon,
+    verify_constrained,
+    verify_rows,
+)
 from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
@@ -201,20 +207,33 @@ class EngineCore:
         rows = self.scheduler.num_running
         if self.drafter is None:
             return {sid: d for sid, r in self.requests.items() if r.spec is not None
-                    and (d := r.spec.propose(r.seq, r.plan.max_tokens, rows))}
-        jobs = [DraftJob(r.seq, k, self._row(r)) for sid, r in self.requests.items()
+                    and (d := self._verifiable(r, r.spec.propose(r.seq, r.plan.max_tokens,
+                                                                 rows)))}
+        jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for sid, r in self.requests.items()
                 if r.spec is not None and sid not in paused and r.seq.num_uncomputed_tokens == 1
                 and r.seq.status is SequenceStatus.RUNNING
                 and (k := min(r.plan.max_tokens - r.seq.num_output_tokens - 1,
-                              r.spec.k_for(rows))) > 0]
+                              r.spec.k_for(rows), plain_horizon(r.processor, r.closer))) > 0]
         if not jobs:
             return {}
         try:
-            return self.drafter.propose(jobs)
+            proposed = self.drafter.propose(jobs)
         except Exception as exc:  # NOTE: a failed draft only means no drafts (never inexact)
             log.warning("draft model failed (%r); decoding this step without drafts", exc)
             self.drafter.drop_all()
             return {}
+        return {sid: v for sid, d in proposed.items()
+                if (v := self._verifiable(self.requests[sid], d))}
+
+    @staticmethod
+    def _verifiable(req: EngineRequest, drafts: tuple[int, ...]) -> tuple[int, ...]:
+        """``drafts`` cut where they could not be accepted: past the rows plain decoding
+        chooses with the grammar's own mask (:func:`plain_horizon`), and at the first token
+        the grammar forbids there (its row's pick never is)."""
+        drafts = drafts[:plain_horizon(req.processor, req.closer)]
+        if drafts and req.grammar is not None:
+            drafts = drafts[:req.grammar.valid_prefix(drafts)]
+        return drafts
 
     def _safe_point(self) -> None:
         """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""
@@ -352,30 +371,33 @@ class EngineCore:
         if not live:
             return
         sampling_rows: list[SamplingRow] = []
-        ok: list[tuple[EngineRequest, int, tuple[int, ...]]] = []
+        ok: list[tuple[EngineRequest, int, tuple[int, ...], SamplingRow]] = []
         index: list[int] = []
         for req, i, drafts in live:
-            try:  # NOTE: a verification samples 1 + k rows (coda.engine.speculative)
-                sampling_rows.extend(verify_rows(self._row(req), drafts))
-                ok.append((req, i, drafts))
-                index.extend(range(i, i + 1 + len(drafts)))
+            try:  # NOTE: a verification samples 1 + k rows (coda.engine.speculative); under a
+                # grammar only row 0 here, the others once the drafts before them are accepted
+                base = self._row(req)
+                sampled = [base] if req.grammar is not None else verify_rows(base, drafts)
+                sampling_rows.extend(sampled)
+                ok.append((req, i, drafts, base))
+                index.extend(range(i, i + len(sampled)))
             except Exception as exc:  # one broken grammar fails only its own request
                 self._end_failed(req, exc)
-        live = ok
-        if not live:
+        if not ok:
             return
         try:
             decisions = self.sampler.sample(
                 logits.index_select(0, torch.tensor(index, dtype=torch.long)), sampling_rows)
         except Exception as exc:
-            for req, _, _ in live:
+            for req, _, _, _ in ok:
                 self._end_failed(req, exc)
             return
         at = 0
-        for req, i, drafts in live:
-            dec, at = decisions[at], at + 1 + len(drafts)
+        for req, i, drafts, base in ok:
+            n = 1 if req.grammar is not None else 1 + len(drafts)
+            dec, at = decisions[at], at + n
             if drafts:
-                self._emit_verified(req, decisions[at - 1 - len(drafts):at], drafts)
+                self._emit_verified(req, decisions[at - n:at], drafts, base, logits, i)
                 continue
             if req.closer is not None:
                 try:
@@ -386,17 +408,38 @@ class EngineCore:
             self._on_decision(req, dec)
 
     def _emit_verified(self, req: EngineRequest, decs: list[TokenDecision],
-                       drafts: tuple[int, ...]) -> None:
+                       drafts: tuple[int, ...], base: SamplingRow, logits: torch.Tensor,
+                       i: int) -> None:
         """Issue 21: emit the accepted drafts and the pick after them one by one through the
-        exact loop, then roll the rejected tail back (coda.engine.speculative)."""
+        exact loop, then roll the rejected tail back (coda.engine.speculative). ``decs``:
+        rows ``0..k`` sampled (row 0 alone under a grammar), ``base`` row 0, ``logits[i + j]``
+        row ``j``'s."""
         assert req.spec is not None
-        accepted = accepted_prefix(drafts, decs)
+        try:
+            if req.grammar is not None:
+                closer = req.closer
+                decs, accepted = verify_constrained(
+                    base, decs[0], drafts, req.grammar,
+                    lambda j, row: self.sampler.sample(logits[i + j:i + j + 1], [row])[0],
+                    None if closer is None else
+                    lambda tok, ahead: closer.admits(tok, req.plan.eos_token_ids, ahead))
+            else:
+                accepted = accepted_prefix(drafts, decs)
+        except Exception as exc:  # NOTE: a grammar or closure fault fails only its request
+            self._end_failed(req, exc)
+            return
         req.spec.record(len(drafts), accepted)
         self._record(req, tr.SPECULATIVE, drafted=len(drafts), accepted=accepted,
                      rejected=len(drafts) - accepted, t=req.seq.num_output_tokens + 1)
         for j, dec in enumerate(decs[:accepted + 1]):
             if j and not self._commit_draft(req):
                 break
+            if j == accepted:  # NOTE: the pick: what the per-token loop would make of it
+                try:
+                    dec = self._live_pick(req, dec, logits[i + j:i + j + 1], j > 0)
+                except Exception as exc:
+                    self._end_failed(req, exc)
+                    return
             self._on_decision(req, dec)
             if req.lifecycle.state is not State.DECODING:
                 return  # NOTE: ended: its blocks went back with the KV resource
@@ -422,6 +465,20 @@ class EngineCore:
         elif req.deadline is not None and self.clock() >= req.deadline:
             self._finish(req, FinishReason.DEADLINE_EXCEEDED)
         return req.lifecycle.state is State.DECODING
+
+    def _live_pick(self, req: EngineRequest, dec: TokenDecision, logits: torch.Tensor,
+                   ahead: bool) -> TokenDecision:
+        """The pick of a verification (its last emitted row) as plain decoding makes it: a row
+        sampled ahead is sampled again where the loop's state now forces another mask (a
+        reasoning budget's closer at the horizon, :func:`plain_horizon`); then the budget
+        closer's check, as for every plain pick. Accepted rows before it need neither: the
+        horizon and :func:`verify_constrained` stopped the run where they would."""
+        if ahead and (req.processor.forced_token() is not None
+                      or (req.closer is not None and req.closer.forcing)):
+            dec = self.sampler.sample(logits.clone(), [self._row(req)])[0]
+        if req.closer is not None:
+            dec = self._keep_closable(req, dec, logits)
+        return dec
 
     def _keep_closable(self, req: EngineRequest, dec: TokenDecision,
                        logits: torch.Tensor) -> TokenDecision:

@@ -15,8 +15,10 @@ every sequence's row in one batched forward. Draft position ``j`` is chosen **wi
 draw as the target's row j**: the target's sampler on the draft's logits, with the very row
 :func:`~coda.engine.speculative.verify_rows` gives the target (the request's counter RNG at
 output position ``t + j``, the prefix ``output + drafts[:j]`` for penalties and min_tokens;
-greedy is the argmax). Where the two distributions are close the inverse-CDF draws coincide,
-so a seeded request's drafts are accepted as often as greedy ones.
+greedy is the argmax; under a grammar, the mask of the target's grammar advanced through the
+drafts before it, :class:`~coda.engine.grammar.Lookahead`, rolled back after proposing). Where
+the two distributions are close the inverse-CDF draws coincide, so a seeded request's drafts
+are accepted as often as greedy ones, and a constrained one's drafts are always grammatical.
 
 **Verification** is unchanged (coda.engine.speculative: sample-and-match as extra rows of the
 target's step), so exactness never depends on the draft: a wrong draft is only a rejected row.
@@ -53,11 +55,18 @@ from typing import Any
 
 import tokenizers
 
+from coda.engine.grammar import GrammarMatcher, Lookahead
 from coda.engine.kv_cache import BlockManager
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.engine.speculative import DraftCosts, SpecState, SpeculativeConfig, verify_rows
+from coda.engine.speculative import (
+    DraftCosts,
+    SpecState,
+    SpeculativeConfig,
+    row_at,
+    verify_rows,
+)
 from coda.models.source import LoadedModel, open_model, resolve_model
 
 MODE = "draft"
@@ -101,11 +110,13 @@ def vocabulary_mismatch(target: tokenizers.Tokenizer, draft: tokenizers.Tokenize
 @dataclass(frozen=True)
 class DraftJob:
     """One speculating sequence of the target (about to choose output token ``row.step``),
-    with at most ``k`` drafts wanted and the target's sampling row for that token."""
+    with at most ``k`` drafts wanted, the target's sampling row for that token and its
+    grammar (None: unconstrained), which the drafts follow and leave as it was."""
 
     seq: Sequence
     k: int
     row: SamplingRow
+    grammar: GrammarMatcher | None = None
 
 
 @dataclass
@@ -213,26 +224,14 @@ class Drafter:
             self.blocks.append(d, need)
             live.append((job, d, k))
         drafts: dict[int, list[int]] = {job.seq.seq_id: [] for job, _, _ in live}
-        while live:  # NOTE: one batched forward per draft position
-            fed = [len(d.prompt_token_ids) - d.num_computed_tokens for _, d, _ in live]
-            start = self.clock()
-            logits = self.runner.execute([
-                SeqChunk(tuple(d.prompt_token_ids[d.num_computed_tokens:]),
-                         d.num_computed_tokens, tuple(d.block_table), True) for _, d, _ in live])
-            # NOTE: the target's own row for output position t + j: the same draw (module doc)
-            rows = [verify_rows(job.row, drafts[job.seq.seq_id])[-1] for job, _, _ in live]
-            nxt: list[tuple[DraftJob, Sequence, int]] = []
-            for (job, d, k), n, dec in zip(live, fed, self.sampler.sample(logits, rows),
-                                           strict=True):
-                d.num_computed_tokens += n
-                out = drafts[job.seq.seq_id]
-                out.append(dec.token_id)
-                if len(out) < k and dec.token_id not in self.eos_token_ids:
-                    d.prompt_token_ids.append(dec.token_id)  # NOTE: fed next round
-                    nxt.append((job, d, k))
-            if self.costs is not None and max(fed) == 1:  # NOTE: a prefill is no position
-                self.costs.observe_draft(len(fed), self.clock() - start)
-            live = nxt
+        # NOTE: a constrained job's grammar advanced through its drafts, rolled back at the end
+        aheads = {job.seq.seq_id: job.grammar.lookahead() for job, _, _ in live
+                  if job.grammar is not None}
+        try:
+            self._draft(live, drafts, aheads)
+        finally:
+            for ahead in aheads.values():
+                ahead.close()
         for sid in drafts:
             d = self._seqs[sid]
             self.blocks.truncate(d)  # NOTE: an early end (EOS) leaves unwritten blocks
@@ -240,6 +239,41 @@ class Drafter:
             if p is not None:  # NOTE: all but the last draft were fed after the target's tokens
                 p.pending = (len(d.prompt_token_ids) - len(drafts[sid]) + 1, tuple(drafts[sid]))
         return {sid: tuple(out) for sid, out in drafts.items()}
+
+    def _draft(self, live: list[tuple[DraftJob, Sequence, int]], drafts: dict[int, list[int]],
+               aheads: Mapping[int, Lookahead]) -> None:
+        """The draft forwards: position ``j`` of every job in one batch, chosen with the
+        target's row ``j`` (its grammar's mask after the drafts before it)."""
+        while live:  # NOTE: one batched forward per draft position
+            fed = [len(d.prompt_token_ids) - d.num_computed_tokens for _, d, _ in live]
+            start = self.clock()
+            logits = self.runner.execute([
+                SeqChunk(tuple(d.prompt_token_ids[d.num_computed_tokens:]),
+                         d.num_computed_tokens, tuple(d.block_table), True) for _, d, _ in live])
+            # NOTE: the target's own row for output position t + j: the same draw (module doc)
+            rows = [self._row(job, drafts[job.seq.seq_id], aheads) for job, _, _ in live]
+            nxt: list[tuple[DraftJob, Sequence, int]] = []
+            for (job, d, k), n, dec in zip(live, fed, self.sampler.sample(logits, rows),
+                                           strict=True):
+                d.num_computed_tokens += n
+                out = drafts[job.seq.seq_id]
+                out.append(dec.token_id)
+                ahead = aheads.get(job.seq.seq_id)
+                if len(out) < k and dec.token_id not in self.eos_token_ids and (
+                        ahead is None or ahead.push(dec.token_id)):
+                    d.prompt_token_ids.append(dec.token_id)  # NOTE: fed next round
+                    nxt.append((job, d, k))
+            if self.costs is not None and max(fed) == 1:  # NOTE: a prefill is no position
+                self.costs.observe_draft(len(fed), self.clock() - start)
+            live = nxt
+
+    @staticmethod
+    def _row(job: DraftJob, out: list[int], aheads: Mapping[int, Lookahead]) -> SamplingRow:
+        """The target's row for the job's next draft position (after the drafts ``out``)."""
+        ahead = aheads.get(job.seq.seq_id)
+        if ahead is None or not out:
+            return verify_rows(job.row, out)[-1]
+        return row_at(job.row, out, len(out), ahead.mask())
 
     def _synced(self, seq_id: int, tokens: list[int]) -> Sequence | None:
         """The draft sequence of ``seq_id`` holding the longest cached prefix of ``tokens``

@@ -20,6 +20,11 @@ Contract (what the engine relies on):
   ends ``grammar_complete`` without spending a step on EOS) and the mask, if asked, allows only
   EOS. When it accepts but could continue, EOS is one of the allowed tokens; the model choosing
   it ends the request ``eos``.
+- Speculation (issue 21, :mod:`coda.engine.speculative`) never consumes a drafted token:
+  ``valid_prefix(ids)`` says how many drafts the grammar allows in order (state unchanged),
+  and ``lookahead()`` advances the matcher through drafted tokens to give the masks of the
+  rows after them, rolling exactly those tokens back when closed (the cached mask, the
+  consumed count and the error stay the request's own).
 - Ids at or above the tokenizer's size (a model vocabulary padded past the tokenizer) are never
   allowed.
 - JSON (``json_schema``, ``json_object``) is compact by default (``whitespace_flexible: false``):
@@ -33,6 +38,7 @@ import json
 import logging
 import threading
 import weakref
+from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,7 +51,7 @@ from coda.errors import InvalidRequestError
 if TYPE_CHECKING:  # NOTE: imported by the first grammar, not by the server's start (issue 19)
     import llguidance as llg
 
-__all__ = ["GrammarMatcher", "compile_grammar", "grammar_source", "ll_tokenizer"]
+__all__ = ["GrammarMatcher", "Lookahead", "compile_grammar", "grammar_source", "ll_tokenizer"]
 
 log = logging.getLogger("coda.engine.grammar")
 
@@ -141,14 +147,18 @@ class GrammarMatcher:
         """Bool ``[vocab_size]`` of the tokens the grammar allows next (a fresh tensor; the
         caller may keep it). Computed once per state: repeated calls before ``consume`` reuse it."""
         if self._mask is None:
-            words = self._words
-            # NOTE: fills one bit per tokenizer id, little-endian within each int32 word
-            self._m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
-            bits = np.unpackbits(words.view(np.uint8), count=self._n_real, bitorder="little")
-            allowed = np.zeros(self.vocab_size, dtype=np.bool_)
-            allowed[: self._n_real] = bits.view(np.bool_)
-            self._mask = torch.from_numpy(allowed)
+            self._mask = self._compute_mask()
         return self._mask.clone()
+
+    def _compute_mask(self) -> torch.Tensor:
+        """The mask of the matcher's state now (uncached)."""
+        words = self._words
+        # NOTE: fills one bit per tokenizer id, little-endian within each int32 word
+        self._m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        bits = np.unpackbits(words.view(np.uint8), count=self._n_real, bitorder="little")
+        allowed = np.zeros(self.vocab_size, dtype=np.bool_)
+        allowed[: self._n_real] = bits.view(np.bool_)
+        return torch.from_numpy(allowed)
 
     def consume(self, token_id: int) -> bool:
         """Advance past the chosen token. Never raises (it runs inside the engine step):
@@ -163,6 +173,20 @@ class GrammarMatcher:
                       self.num_consumed - 1, self.error)
         return bool(ok)
 
+    # -- speculation (issue 21): drafted tokens, never consumed ----------------------------
+    def valid_prefix(self, token_ids: Seq[int]) -> int:
+        """How many of ``token_ids``, in order, the grammar allows from its state now (the
+        state is unchanged): a drafted token past them can never be a pick."""
+        n = 0
+        while n < len(token_ids) and 0 <= token_ids[n] < self._n_real:
+            n += 1
+        return int(self._m.validate_tokens(list(token_ids[:n]))) if n else 0
+
+    def lookahead(self) -> Lookahead:
+        """A tentative advance through drafted tokens, rolled back when it closes
+        (:class:`Lookahead`)."""
+        return Lookahead(self)
+
     def is_terminated(self) -> bool:
         """True when the output is complete and nothing but EOS may follow (or on error)."""
         return self.error is not None or self._m.is_stopped()
@@ -175,3 +199,39 @@ class GrammarMatcher:
     def is_closed(self) -> bool:
         """Closure for the early-stop ``require_closure`` rule (D1): the grammar accepts."""
         return self.is_accepting()
+
+
+class Lookahead:
+    """Issue 21: the grammar advanced through drafted tokens and rolled back after, so that the
+    verification row after ``d_0 .. d_{j-1}`` gets the mask plain decoding would compute once
+    those tokens were chosen. Use as a context manager: :meth:`close` rolls the matcher back
+    to where it was (the matcher's cached mask, its consumed count and error stay untouched:
+    only what was pushed here is undone, exactly)."""
+
+    def __init__(self, grammar: GrammarMatcher) -> None:
+        self._g = grammar
+        self.pushed = 0
+
+    def push(self, token_id: int) -> bool:
+        """Advance past ``token_id``; False (nothing consumed) where the grammar forbids it."""
+        g = self._g
+        if not 0 <= token_id < g._n_real or g._m.try_consume_tokens([token_id]) != 1:
+            return False
+        self.pushed += 1
+        return True
+
+    def mask(self) -> torch.Tensor:
+        """The allowed tokens after what was pushed (a fresh tensor, as ``allowed_mask``)."""
+        return self._g._compute_mask()
+
+    def close(self) -> None:
+        if self.pushed:
+            # NOTE: exactly what was pushed: rolling back one more puts llguidance in error
+            self._g._m.rollback(self.pushed)
+            self.pushed = 0
+
+    def __enter__(self) -> Lookahead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

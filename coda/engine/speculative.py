@@ -38,21 +38,56 @@ same ``decode.started``/``decode.completed`` rows and processed count plain deco
 (L6, O1). The rejected tail is rolled back (``Scheduler.rollback``: its blocks freed, never
 registered in the prefix cache), so nothing of it reaches the stream, the usage or the cache.
 
-Requests whose choice depends on state that the per-token loop advances (a grammar, the budget
-closer, a reasoning budget) do not speculate in this slice.
+**Constrained requests** (a grammar: ``response_format``, tools; the budget closer; a reasoning
+budget) speculate too, by the same rule: each row's processed logits are plain decoding's
+after the accepted prefix, the grammar included.
+
+* *Drafts* are cut before the step where they could never be accepted (``EngineCore
+  ._verifiable``): at the first token the grammar forbids at its position
+  (:meth:`~coda.engine.grammar.GrammarMatcher.valid_prefix`: its row's pick is constrained,
+  so never that token), and at :func:`plain_horizon`: none while the budget closer forces its
+  path or a reasoning budget forces its closer, and inside a reasoning block with a budget no
+  more than the tokens the budget has left (the row where the closer is forced is the last).
+* *Verification* (:func:`verify_constrained`): row 0 is sampled with the step's batch; row
+  ``j + 1`` only once ``d_j`` is accepted, with the mask of the grammar advanced through
+  ``d_0 .. d_j`` (:class:`~coda.engine.grammar.Lookahead`, rolled back after: the request's
+  grammar only ever consumes emitted tokens, in ``_on_decision``). So a mask is computed only
+  for a row plain decoding also needs (none for a rejected row; the rows are sampled one at a
+  time instead of in one batch). With a budget closer, ``d_j`` is accepted only where the
+  closer admits it at that position (:meth:`~coda.engine.closure.BudgetCloser.admits` with
+  ``ahead = j``), as plain decoding's check would.
+* *The pick* (the first mismatch, or the bonus row) goes through what the per-token loop does
+  to a sampled token (``EngineCore._live_pick``): sampled again from the loop's own row where
+  its state now forces another mask (a reasoning budget's closer at the horizon), then the
+  closer's check, which may start forcing the closing path. Accepted rows before it need
+  neither: the horizon and the closer's check at each position stopped the run where they
+  would change the choice.
+
+Unconstrained requests are unchanged: all ``1 + k`` rows in the step's one batched sample.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+import torch
+
+from coda.engine.grammar import GrammarMatcher
 from coda.engine.plan import RequestPlan
 from coda.engine.sampler import SamplingRow, TokenDecision
 from coda.engine.sequence import Sequence
+from coda.output import OutputProcessor
+from coda.reasoning import Phase
+
+if TYPE_CHECKING:
+    from coda.engine.closure import BudgetCloser
 
 MODES = ("off", "prompt-lookup", "draft")  # NOTE: draft: coda.engine.draft
+_UNBOUNDED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -89,11 +124,9 @@ def refusal(mode: str, batch_invariant: bool, mode_name: str) -> str | None:
 
 def state_for(config: SpeculativeConfig | None, plan: RequestPlan) -> SpecState | None:
     """The request's speculation state, or None where it does not speculate (off on the
-    server, ``speculative: false`` on the request, or a choice this slice cannot verify
-    ahead: a grammar or a reasoning budget)."""
-    if config is None or not plan.speculative or plan.grammar is not None:
-        return None
-    if plan.reasoning is not None and plan.reasoning.max_tokens is not None:
+    server, ``speculative: false`` on the request). A grammar, the budget closer and a
+    reasoning budget speculate too (the module docstring's "Constrained requests")."""
+    if config is None or not plan.speculative:
         return None
     return SpecState(config)
 
@@ -159,12 +192,58 @@ class SpecState:
         self._recent.append((accepted, accepted + (accepted < drafted)))
 
 
+def plain_horizon(processor: OutputProcessor, closer: BudgetCloser | None) -> int:
+    """How many drafts a request can verify now: rows ``1 .. h - 1`` are then sure to be
+    chosen with the grammar's own mask (or none), as :func:`row_at` samples them, and row
+    ``h`` is checked again when it is the pick (``EngineCore._live_pick``). 0 while the
+    budget closer forces its path or a reasoning budget forces its closer; inside (or
+    before) a reasoning block with a budget, the tokens left of it: the closer is forced at
+    the first row where the block holds ``max_tokens`` tokens, and each row adds at most one."""
+    if (closer is not None and closer.forcing) or processor.forced_token() is not None:
+        return 0
+    sp = processor.splitter
+    if sp is None or sp.phase is Phase.ANSWER or sp.spec.max_tokens is None:
+        return _UNBOUNDED
+    return max(0, sp.spec.max_tokens - processor.reasoning_tokens)
+
+
+def row_at(base: SamplingRow, drafts: Seq[int], j: int,
+           mask: torch.Tensor | None = None) -> SamplingRow:
+    """Row ``j`` of a verification: what plain decoding samples at output position
+    ``base.step + j`` once ``drafts[:j]`` were chosen (row 0 is ``base`` itself); ``mask``:
+    the grammar's allowed tokens after ``drafts[:j]`` (None: unconstrained)."""
+    if j == 0:
+        return base
+    return replace(base, step=base.step + j, allowed_token_ids_mask=mask,
+                   output_token_ids=list(base.output_token_ids) + list(drafts[:j]))
+
+
 def verify_rows(base: SamplingRow, drafts: Seq[int]) -> list[SamplingRow]:
-    """Rows ``0..k`` of a verification: row ``j`` is what plain decoding samples at output
-    position ``base.step + j`` once ``drafts[:j]`` were chosen (row 0 is ``base`` itself)."""
-    out = list(base.output_token_ids)
-    return [base] + [replace(base, step=base.step + j, output_token_ids=out + list(drafts[:j]))
-                     for j in range(1, len(drafts) + 1)]
+    """Rows ``0..k`` of an unconstrained request's verification (:func:`row_at`)."""
+    return [row_at(base, drafts, j) for j in range(len(drafts) + 1)]
+
+
+def verify_constrained(base: SamplingRow, first: TokenDecision, drafts: Seq[int],
+                       grammar: GrammarMatcher,
+                       sample: Callable[[int, SamplingRow], TokenDecision],
+                       admits: Callable[[int, int], bool] | None = None,
+                       ) -> tuple[list[TokenDecision], int]:
+    """Sample-and-match under a grammar (module docstring, "Constrained requests").
+
+    ``first`` is row 0's decision (``base``: the grammar's mask now). Draft ``d_j`` is
+    accepted iff it equals row ``j``'s pick and ``admits(d_j, j)`` (the budget closer's check
+    as plain decoding makes it there; None: no closer); only then is the grammar advanced
+    past it and row ``j + 1`` sampled, ``sample(j + 1, row)``, with the mask after
+    ``d_0 .. d_j``. The grammar is rolled back after. Returns the decisions of rows
+    ``0 .. a`` and ``a``, the accepted count: decision ``a`` is the pick after them."""
+    decs = [first]
+    with grammar.lookahead() as ahead:
+        for j, d in enumerate(drafts):
+            if decs[j].token_id != d or (admits is not None and not admits(d, j)) or \
+                    not ahead.push(d):
+                return decs, j
+            decs.append(sample(j + 1, row_at(base, drafts, j + 1, ahead.mask())))
+    return decs, len(drafts)
 
 
 def accepted_prefix(drafts: Seq[int], decisions: Seq[TokenDecision]) -> int:

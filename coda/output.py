@@ -75,9 +75,11 @@ EarlyStopHook = Callable[[int, float], EarlyStopVerdict]
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """Termination rules of one request, normalised once (S1)."""
+    """Termination rules of one request, normalised once (S1). ``max_tokens``: the token
+    budget (its one name, coda.engine.plan); None: no budget but the context, which then ends
+    the request ``context_limit`` (L4)."""
 
-    max_output_tokens: int
+    max_tokens: int | None
     context_limit: int
     prompt_len: int
     eos_token_ids: frozenset[int] = frozenset()
@@ -226,7 +228,8 @@ class OutputProcessor:
 
     def _after_emit(self, confidence: float) -> FinishReason | None:
         """The checks after the emit (G1): max tokens, context, grammar, early stop."""
-        if self.generated >= self.spec.max_output_tokens:
+        budget = self.spec.max_tokens
+        if budget is not None and self.generated >= budget:
             return self._budget_end(FinishReason.MAX_OUTPUT_TOKENS)
         # the cache would hold prompt + t tokens after decoding y_t (seed: logical_length + 1)
         if self.spec.prompt_len + self.generated >= self.spec.context_limit:

@@ -49,7 +49,7 @@ from coda.finish import FinishReason
 from coda.reasoning import Phase, ReasoningSpec, ReasoningSplit, ReasoningSplitter
 from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
 from coda.stream import RequestStream, TokenInfo
-from coda.trace import TraceEvent, TraceSink
+from coda.trace import TraceHandle, TraceSink
 
 # A grammar hook answers "must the output end now?" after the token was consumed: True
 # (grammar_complete) or the exact reason (grammar_forced_close, coda.engine.closure).
@@ -125,8 +125,10 @@ class OutputProcessor:
         self.request_id = request_id
         self.spec = spec
         self.stream = stream
-        self.trace = trace
-        self._tracing = tr.is_tracing(trace)
+        # NOTE: rows go through the request's handle, which stamps its id (one from
+        # coda.request.output_processor is kept; a bare sink gets its own)
+        self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
+        self._tracing = self.trace.enabled
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=spec.skip_special_tokens,
                                             prompt_token_ids=prompt_token_ids)
         self.stops = StopStringMatcher(spec.stop_strings,
@@ -228,8 +230,7 @@ class OutputProcessor:
 
     def _after_emit(self, confidence: float) -> FinishReason | None:
         """The checks after the emit (G1): max tokens, context, grammar, early stop."""
-        budget = self.spec.max_tokens
-        if budget is not None and self.generated >= budget:
+        if self.spec.max_tokens is not None and self.generated >= self.spec.max_tokens:
             return self._budget_end(FinishReason.MAX_OUTPUT_TOKENS)
         # the cache would hold prompt + t tokens after decoding y_t (seed: logical_length + 1)
         if self.spec.prompt_len + self.generated >= self.spec.context_limit:
@@ -558,7 +559,7 @@ class OutputProcessor:
             self._held_since = None
 
     def _record(self, kind: str, **data: Any) -> None:
-        self.trace.record(TraceEvent(self.request_id, kind, data))
+        self.trace.emit(kind, data)
 
 
 def _tag_start_len(data: bytes, tag: bytes) -> int:

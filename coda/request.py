@@ -26,7 +26,7 @@ from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import Lifecycle, Release, ResourceKind, State
 from coda.output import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
 from coda.stream import BackpressureConfig, RequestStream, Terminal, Timings
-from coda.trace import TraceEvent, TraceHandle, TraceSink
+from coda.trace import TraceHandle, TraceSink
 
 MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.RNG_STATE)
 STREAM_RESOURCES = (ResourceKind.STREAM_BUFFER, ResourceKind.TRACE_HANDLE)
@@ -279,12 +279,9 @@ class RequestRun:
         self._record(tr.LIFECYCLE, **{"from": frm.value, "to": to.value})
 
     def _on_release(self, kind: ResourceKind, ok: bool, detail: Mapping[str, object]) -> None:
-        row = TraceEvent(self.request_id, tr.RESOURCE_RELEASED,
-                         {"resource": kind.value, "ok": ok, **detail})
-        if kind is ResourceKind.TRACE_HANDLE:
-            self.trace.record_last(row)  # NOTE: the sealed handle's own row is its last
-        else:
-            self.trace.record(row)
+        # NOTE: the sealed handle's own release row is its last
+        self.trace.emit(tr.RESOURCE_RELEASED, {"resource": kind.value, "ok": ok, **detail},
+                        last=kind is ResourceKind.TRACE_HANDLE)
 
     def _record(self, kind: str, **data: object) -> None:
-        self.trace.record(TraceEvent(self.request_id, kind, data))
+        self.trace.emit(kind, data)

@@ -68,9 +68,11 @@ class RequestRun:
         self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
         self.prompt_tokens = prompt_tokens
         self._processor = processor  # NOTE: fixed at construction (read-only property)
-        # NOTE: one object for the state and the resources (L2, L7): no ledger beside it
-        self.lifecycle = Lifecycle(request_id, on_transition=self._on_transition,
-                                   on_release=self._on_release)
+        # NOTE: one object for the state and the resources (L2, L7), writing its own rows;
+        # born holding the stream buffer and the trace handle
+        self.lifecycle = Lifecycle(request_id, self.trace, {
+            ResourceKind.STREAM_BUFFER: stream.release_live,
+            ResourceKind.TRACE_HANDLE: self.trace.close})
         self.cancel_cause: CancelCause | None = None
         self.cancel_requested_at: float | None = None
         self.cancel_observed_at: float | None = None
@@ -88,8 +90,6 @@ class RequestRun:
         # issue 21: the speculative counts the driver keeps (None: the request did not draft)
         self.speculative: Mapping[str, int] | None = None
         self._early_reason: FinishReason | None = None  # D6: an early stop's own reason
-        self.acquire(ResourceKind.STREAM_BUFFER, stream.release_live)
-        self.acquire(ResourceKind.TRACE_HANDLE, self.trace.close)
 
     @classmethod
     def create(cls, request_id: str, tokenizer: tokenizers.Tokenizer, spec: OutputSpec,
@@ -118,7 +118,6 @@ class RequestRun:
     # -- resources -------------------------------------------------------------------------
     def acquire(self, kind: ResourceKind, release: Release) -> None:
         self.lifecycle.acquire(kind, release)
-        self._record(tr.RESOURCE_ACQUIRED, resource=kind.value)
 
     # -- cancellation (C1) -----------------------------------------------------------------
     def request_cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
@@ -274,14 +273,6 @@ class RequestRun:
             first_token_s=(self.first_token_at - self.arrival) if self.first_token_at else None,
             total_s=end - self.arrival,
         )
-
-    def _on_transition(self, frm: State, to: State) -> None:
-        self._record(tr.LIFECYCLE, **{"from": frm.value, "to": to.value})
-
-    def _on_release(self, kind: ResourceKind, ok: bool, detail: Mapping[str, object]) -> None:
-        # NOTE: the sealed handle's own release row is its last
-        self.trace.emit(tr.RESOURCE_RELEASED, {"resource": kind.value, "ok": ok, **detail},
-                        last=kind is ResourceKind.TRACE_HANDLE)
 
     def _record(self, kind: str, **data: object) -> None:
         self.trace.emit(kind, data)

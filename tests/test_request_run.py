@@ -97,6 +97,11 @@ def test_g1_stop_hit_before_max_tokens_and_max_tokens_before_context_limit() -> 
     run, _, _ = _go([107] * 5, max_tokens=4, context_limit=5)
     t = run.stream.terminal
     assert t is not None and t.finish_reason is FinishReason.CONTEXT_LIMIT
+    # L4: no budget but the context (a context-bound plan hands on None): context_limit
+    run, _, _ = _go([107] * 5, max_tokens=None, context_limit=5)
+    t = run.stream.terminal
+    assert t is not None and t.finish_reason is FinishReason.CONTEXT_LIMIT
+    assert t.usage.selected_tokens == 3
 
 
 # ----------------------------------------------------------------------------- L6 with stops

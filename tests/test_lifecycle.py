@@ -336,6 +336,22 @@ def test_l2_c1_a_late_cancel_returns_false_and_records_nothing() -> None:
     assert live.request_cancel() is True and live.request_cancel() is False
 
 
+def test_l7_o1_after_the_trace_handle_is_sealed_lifecycle_rows_are_dropped_and_counted() -> None:
+    """L7, O1: the trace handle's release seals it: its own release row is the last written;
+    a later state change or acquisition writes no row, each is counted as late."""
+    sink = ListTraceSink()
+    handle = TraceHandle(sink, "r")
+    lc = Lifecycle("r", handle, {ResourceKind.TRACE_HANDLE: handle.close})
+    lc.transition(State.QUEUED)
+    lc.release(ResourceKind.TRACE_HANDLE)
+    assert [e.kind for e in sink.events] == [tr.RESOURCE_ACQUIRED, tr.LIFECYCLE,
+                                             tr.RESOURCE_RELEASED]
+    assert handle.rows == 3 and handle.late_rows == 0
+    lc.transition(State.PREFILLING)
+    lc.acquire(ResourceKind.KV_CACHE, lambda: None)
+    assert len(sink.events) == 3 and handle.rows == 3 and handle.late_rows == 2
+
+
 def test_l7_ledger_reports_each_release_and_releases_only_the_kinds_asked() -> None:
     """L7, O1: each kind's release row says ok=True, or ok=False when its clean-up failed, with
     what the release reported; release_all(kinds) leaves the other kinds held."""

@@ -122,7 +122,6 @@ class OutputProcessor:
                  grammar_done: GrammarDone | None = None,
                  early_stop: EarlyStopHook | None = None,
                  grammar_budget_end: GrammarBudgetEnd | None = None) -> None:
-        self.request_id = request_id
         self.spec = spec
         self.stream = stream
         # NOTE: rows go through the request's handle, which stamps its id (one from

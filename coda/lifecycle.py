@@ -26,8 +26,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from enum import StrEnum
+
+from coda import trace as tr
+from coda.trace import TraceHandle
 
 log = logging.getLogger("coda.lifecycle")
 
@@ -91,14 +94,19 @@ class DoubleRelease(RuntimeError):
 class Lifecycle:
     """The state of one request and the resources it holds, under one lock (L1, L2, L7).
 
-    Every state change goes through :meth:`transition` or :meth:`terminate`;
-    ``on_transition`` observes each change (for the trace). Every resource is taken with
+    Every state change goes through :meth:`transition` or :meth:`terminate`. Every resource is taken with
     :meth:`acquire` and given back exactly once with :meth:`release`: the entry is popped
     before its release function runs, so a second release of the same kind raises
     :class:`DoubleRelease` instead of freeing twice. A release function that fails is logged as
     a background error (``errors`` keeps them) and never reopens the request. A release
-    function may return what it freed (a small mapping, e.g. ``{"unacked_bytes": 12}``);
-    ``on_release`` receives it with the outcome, so the trace row says what the release did.
+    function may return what it freed (a small mapping, e.g. ``{"unacked_bytes": 12}``), which
+    the release's trace row reports with the outcome.
+
+    The lifecycle writes its own facts to the request's ``trace`` handle (O1): a ``lifecycle``
+    row per state change (inside the critical section, so it precedes any racing terminal),
+    and a row per acquisition and per release; the trace handle's own release row is its
+    last (it seals the handle). ``holding``: the resources the request holds from its first
+    moment (the run's stream buffer and trace handle), acquired at construction.
 
     The five resource kinds and who releases what (nothing here is a placeholder):
 
@@ -117,13 +125,17 @@ class Lifecycle:
     """
 
     request_id: str
-    on_transition: Callable[[State, State], None] | None = None
-    on_release: Callable[[ResourceKind, bool, Mapping[str, object]], None] | None = None
+    trace: TraceHandle | None = None
+    holding: InitVar[Mapping[ResourceKind, Release] | None] = None
     state: State = State.CREATED
     errors: list[tuple[ResourceKind, BaseException]] = field(default_factory=list)
     _held: dict[ResourceKind, Release] = field(default_factory=dict)
     _released: set[ResourceKind] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self, holding: Mapping[ResourceKind, Release] | None) -> None:
+        for kind, release in (holding or {}).items():
+            self.acquire(kind, release)
 
     def transition(self, to: State) -> None:
         """Move to a non-terminal state; raises IllegalTransition off the graph (L1)."""
@@ -176,8 +188,7 @@ class Lifecycle:
         if to not in TRANSITIONS[frm]:
             raise IllegalTransition(f"{self.request_id}: {frm.value} -> {to.value} is not legal")
         self.state = to
-        if self.on_transition is not None:
-            self.on_transition(frm, to)
+        self._row(tr.LIFECYCLE, {"from": frm.value, "to": to.value})
 
     # -- resources (L7) -------------------------------------------------------------------
     def acquire(self, kind: ResourceKind, release: Release) -> None:
@@ -185,6 +196,7 @@ class Lifecycle:
             if kind in self._held or kind in self._released:
                 raise DoubleRelease(f"{self.request_id}: {kind.value} acquired twice")
             self._held[kind] = release
+        self._row(tr.RESOURCE_ACQUIRED, {"resource": kind.value})
 
     def holds(self, kind: ResourceKind) -> bool:
         return kind in self._held
@@ -204,8 +216,9 @@ class Lifecycle:
             ok = False
             self.errors.append((kind, exc))
             log.error("request %s: releasing %s failed: %r", self.request_id, kind.value, exc)
-        if self.on_release is not None:
-            self.on_release(kind, ok, detail)
+        # NOTE: the sealed trace handle's own release row is its last
+        self._row(tr.RESOURCE_RELEASED, {"resource": kind.value, "ok": ok, **detail},
+                  last=kind is ResourceKind.TRACE_HANDLE)
 
     def release_all(self, kinds: tuple[ResourceKind, ...] | None = None) -> None:
         """Release every held resource of ``kinds`` (all if None), in acquisition order."""
@@ -220,3 +233,7 @@ class Lifecycle:
     @property
     def released(self) -> frozenset[ResourceKind]:
         return frozenset(self._released)
+
+    def _row(self, kind: str, data: Mapping[str, object], *, last: bool = False) -> None:
+        if self.trace is not None:
+            self.trace.emit(kind, data, last=last)

@@ -49,7 +49,7 @@ from coda.finish import FinishReason
 from coda.reasoning import Phase, ReasoningSpec, ReasoningSplit, ReasoningSplitter
 from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
 from coda.stream import RequestStream, TokenInfo
-from coda.trace import TraceEvent, TraceSink
+from coda.trace import TraceHandle, TraceSink
 
 # A grammar hook answers "must the output end now?" after the token was consumed: True
 # (grammar_complete) or the exact reason (grammar_forced_close, coda.engine.closure).
@@ -75,9 +75,11 @@ EarlyStopHook = Callable[[int, float], EarlyStopVerdict]
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """Termination rules of one request, normalised once (S1)."""
+    """Termination rules of one request, normalised once (S1). ``max_tokens``: the token
+    budget (its one name, coda.engine.plan); None: no budget but the context, which then ends
+    the request ``context_limit`` (L4)."""
 
-    max_output_tokens: int
+    max_tokens: int | None
     context_limit: int
     prompt_len: int
     eos_token_ids: frozenset[int] = frozenset()
@@ -120,11 +122,12 @@ class OutputProcessor:
                  grammar_done: GrammarDone | None = None,
                  early_stop: EarlyStopHook | None = None,
                  grammar_budget_end: GrammarBudgetEnd | None = None) -> None:
-        self.request_id = request_id
         self.spec = spec
         self.stream = stream
-        self.trace = trace
-        self._tracing = tr.is_tracing(trace)
+        # NOTE: rows go through the request's handle, which stamps its id (one from
+        # coda.request.output_processor is kept; a bare sink gets its own)
+        self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
+        self._tracing = self.trace.enabled
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=spec.skip_special_tokens,
                                             prompt_token_ids=prompt_token_ids)
         self.stops = StopStringMatcher(spec.stop_strings,
@@ -226,7 +229,7 @@ class OutputProcessor:
 
     def _after_emit(self, confidence: float) -> FinishReason | None:
         """The checks after the emit (G1): max tokens, context, grammar, early stop."""
-        if self.generated >= self.spec.max_output_tokens:
+        if self.spec.max_tokens is not None and self.generated >= self.spec.max_tokens:
             return self._budget_end(FinishReason.MAX_OUTPUT_TOKENS)
         # the cache would hold prompt + t tokens after decoding y_t (seed: logical_length + 1)
         if self.spec.prompt_len + self.generated >= self.spec.context_limit:
@@ -555,7 +558,7 @@ class OutputProcessor:
             self._held_since = None
 
     def _record(self, kind: str, **data: Any) -> None:
-        self.trace.record(TraceEvent(self.request_id, kind, data))
+        self.trace.emit(kind, data)
 
 
 def _tag_start_len(data: bytes, tag: bytes) -> int:

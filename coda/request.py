@@ -26,7 +26,7 @@ from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import Lifecycle, Release, ResourceKind, State
 from coda.output import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
 from coda.stream import BackpressureConfig, RequestStream, Terminal, Timings, TokenInfo
-from coda.trace import TraceEvent, TraceHandle, TraceSink
+from coda.trace import TraceHandle, TraceSink
 
 MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.RNG_STATE)
 STREAM_RESOURCES = (ResourceKind.STREAM_BUFFER, ResourceKind.TRACE_HANDLE)
@@ -68,9 +68,11 @@ class RequestRun:
         self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
         self.prompt_tokens = prompt_tokens
         self._processor = processor  # NOTE: fixed at construction (read-only property)
-        # NOTE: one object for the state and the resources (L2, L7): no ledger beside it
-        self.lifecycle = Lifecycle(request_id, on_transition=self._on_transition,
-                                   on_release=self._on_release)
+        # NOTE: one object for the state and the resources (L2, L7), writing its own rows;
+        # born holding the stream buffer and the trace handle
+        self.lifecycle = Lifecycle(request_id, self.trace, {
+            ResourceKind.STREAM_BUFFER: stream.release_live,
+            ResourceKind.TRACE_HANDLE: self.trace.close})
         self.cancel_cause: CancelCause | None = None
         self.cancel_requested_at: float | None = None
         self.cancel_observed_at: float | None = None
@@ -90,8 +92,6 @@ class RequestRun:
         # echo: the prompt tokens the driver scored (coda.engine.core; empty: none asked)
         self.prompt_logprobs: list[TokenInfo] = []
         self._early_reason: FinishReason | None = None  # D6: an early stop's own reason
-        self.acquire(ResourceKind.STREAM_BUFFER, stream.release_live)
-        self.acquire(ResourceKind.TRACE_HANDLE, self.trace.close)
 
     @classmethod
     def create(cls, request_id: str, tokenizer: tokenizers.Tokenizer, spec: OutputSpec,
@@ -120,7 +120,6 @@ class RequestRun:
     # -- resources -------------------------------------------------------------------------
     def acquire(self, kind: ResourceKind, release: Release) -> None:
         self.lifecycle.acquire(kind, release)
-        self._record(tr.RESOURCE_ACQUIRED, resource=kind.value)
 
     # -- cancellation (C1) -----------------------------------------------------------------
     def request_cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
@@ -278,16 +277,5 @@ class RequestRun:
             total_s=end - self.arrival,
         )
 
-    def _on_transition(self, frm: State, to: State) -> None:
-        self._record(tr.LIFECYCLE, **{"from": frm.value, "to": to.value})
-
-    def _on_release(self, kind: ResourceKind, ok: bool, detail: Mapping[str, object]) -> None:
-        row = TraceEvent(self.request_id, tr.RESOURCE_RELEASED,
-                         {"resource": kind.value, "ok": ok, **detail})
-        if kind is ResourceKind.TRACE_HANDLE:
-            self.trace.record_last(row)  # NOTE: the sealed handle's own row is its last
-        else:
-            self.trace.record(row)
-
     def _record(self, kind: str, **data: object) -> None:
-        self.trace.record(TraceEvent(self.request_id, kind, data))
+        self.trace.emit(kind, data)

@@ -103,13 +103,28 @@ class TraceHandle:
         self._open = True
 
     def record(self, event: TraceEvent) -> None:
+        if self._admit(event.kind):
+            self.sink.record(event)
+
+    def emit(self, kind: str, data: Mapping[str, Any], *, last: bool = False) -> None:
+        """A row about this request, stamped with the handle's id: built only where the sink
+        keeps rows (a null sink's rows are counted, never built). ``last``: the handle's own
+        release row, written after :meth:`close` (see :meth:`record_last`)."""
+        if last:
+            self.rows += 1
+        elif not self._admit(kind):
+            return
+        if self.enabled:
+            self.sink.record(TraceEvent(self.request_id, kind, data))
+
+    def _admit(self, kind: str) -> bool:
+        """Count a row offered while open; a late one is dropped, counted and logged."""
         if not self._open:
             self.late_rows += 1
-            _log.warning("trace of %s is closed; dropped a late %s row", self.request_id,
-                         event.kind)
-            return
+            _log.warning("trace of %s is closed; dropped a late %s row", self.request_id, kind)
+            return False
         self.rows += 1
-        self.sink.record(event)
+        return True
 
     def close(self) -> dict[str, int]:
         """Seal the trace; returns what the release row reports (rows written so far)."""

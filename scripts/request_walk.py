@@ -21,7 +21,10 @@ sends until the stream has ended, and report:
     returns from them to the nearest such caller (a coroutine parked at an ``await`` has not
     returned);
 - **max_tokens**: an AST scan of ``coda/`` for comparisons (``<``, ``>``, ...) and derivations
-  (assignments, ``or``/``if`` defaults) that involve a token-budget name, listed by name.
+  (assignments, ``or``/``if`` defaults) that involve a token-budget name, listed by name; then
+  split by layer: *wire* (the protocol schemas' field declarations), *adapter* (the protocol
+  routes that map a wire field onto the internal name) and *internal* (everything below),
+  with the names and the checking modules of the internal ones.
 
 Usage: ``python scripts/request_walk.py [--model PATH] [--max-tokens 8] [--json OUT]``.
 """
@@ -182,6 +185,31 @@ def reentries(path: list[str]) -> int:
 TEST_SUPPORT = frozenset({"bench.py", "loop.py", "structured_eval.py", "invariance.py"})
 
 
+def layer(site: str) -> str:
+    """``wire``, ``adapter`` or ``internal`` for a site line of :func:`budget_sites`."""
+    path = site.split()[1].split(":")[0]
+    name = path.rsplit("/", 1)[-1]
+    if path.startswith("coda/server/") and name.endswith("schemas.py"):
+        return "wire"
+    if path.startswith("coda/server/") and name.endswith("_routes.py"):
+        return "adapter"
+    return "internal"
+
+
+def by_layer(sites: list[str]) -> dict[str, object]:
+    """The sites per layer, and the internal ones' names and checking modules."""
+    internal = [s for s in sites if layer(s) == "internal"]
+    names: Counter[str] = Counter()
+    for s in internal:
+        names.update(ast.literal_eval(s[s.index("["):]))
+    return {
+        "layers": dict(Counter(layer(s) for s in sites)),
+        "internal_names": dict(names),
+        "internal_check_modules": sorted({s.split()[1].split(":")[0] for s in internal
+                                          if s.startswith("check")}),
+    }
+
+
 def budget_sites(root: Path) -> tuple[list[str], Counter[str]]:
     """Checks (comparisons) and derivations (assignments) involving a token-budget name."""
 
@@ -282,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "body_path_reentries": reentries(walk.body_path),
         "max_tokens_sites": len(sites),
         "max_tokens_names": dict(names),
+        "max_tokens_by_layer": by_layer(sites),
     }
     print(json.dumps(result, indent=1))
     print("\nfiles:", *sorted(walk.files), sep="\n  ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ def reference_outcome(model_dir: Path, tokenizer: tokenizers.Tokenizer, req: Gen
                       seed: int, eos: frozenset[int], context: int) -> Outcome:
     """Run ``req`` alone through the reference loop on the real runner and sampler."""
     runner = _reference_runner(model_dir)
-    spec = OutputSpec(max_output_tokens=req.max_tokens or context - len(req.prompt_token_ids),
+    spec = OutputSpec(max_tokens=req.max_tokens or context - len(req.prompt_token_ids),
                       context_limit=context, prompt_len=len(req.prompt_token_ids),
                       eos_token_ids=eos, ignore_eos=req.sampling.ignore_eos,
                       stop_strings=req.stop, stop_token_ids=req.stop_token_ids,
@@ -79,3 +80,14 @@ def cached_blocks_hold_only_output(engine: AsyncEngine, requests: Sequence[Gener
         known |= {tuple(ids[i:i + bs]) for i in range(0, len(ids) - bs + 1, bs)}
     blocks = [b.tokens for b in bm._blocks if b.hash is not None]
     return bool(blocks) and all(tuple(t) in known for t in blocks)
+
+
+def trace_problems_once_settled(sink: ListTraceSink, timeout: float = 10.0) -> list[str]:
+    """``check_trace`` of ``sink``'s rows once they stop changing into a sound trace: the engine
+    frees a request's blocks and *then* writes the release row (coda.lifecycle), so an idle
+    engine's trace may still lack a row for a moment. A lasting violation (a second release, a
+    missing terminal) is still returned after ``timeout``."""
+    end = time.monotonic() + timeout
+    while (problems := check_trace(list(sink.events))) and time.monotonic() < end:
+        time.sleep(0.02)
+    return problems

@@ -26,7 +26,7 @@ from coda.lifecycle import (
 )
 from coda.request import RequestRun
 from coda.stream import EventType, RequestStream, StreamClosed
-from coda.trace import ListTraceSink, TraceEvent, check_trace
+from coda.trace import ListTraceSink, TraceEvent, TraceHandle, check_trace
 
 HAPPY = [State.QUEUED, State.PREFILLING, State.DECODING, State.DRAINING]
 
@@ -34,11 +34,13 @@ HAPPY = [State.QUEUED, State.PREFILLING, State.DECODING, State.DRAINING]
 def test_l1_happy_path_and_every_illegal_transition_raises() -> None:
     """L1: every pair off the graph raises and changes nothing; L2: a terminal state is never
     left (terminate() from a terminal is a no-op that emits nothing)."""
-    seen: list[tuple[State, State]] = []
-    lc = Lifecycle("r", on_transition=lambda a, b: seen.append((a, b)))
+    sink = ListTraceSink()
+    lc = Lifecycle("r", TraceHandle(sink, "r"))
     for s in HAPPY:
         lc.transition(s)
     assert lc.terminate(State.FINISHED, lambda: None)
+    seen = [(State(e.data["from"]), State(e.data["to"])) for e in sink.events]
+    assert [e.kind for e in sink.events] == [tr.LIFECYCLE] * len(seen)
     assert seen == list(zip([State.CREATED, *HAPPY], [*HAPPY, State.FINISHED], strict=True))
     for frm, to in itertools.product(State, State):
         if to in TRANSITIONS[frm]:
@@ -334,21 +336,42 @@ def test_l2_c1_a_late_cancel_returns_false_and_records_nothing() -> None:
     assert live.request_cancel() is True and live.request_cancel() is False
 
 
+def test_l7_o1_after_the_trace_handle_is_sealed_lifecycle_rows_are_dropped_and_counted() -> None:
+    """L7, O1: the trace handle's release seals it: its own release row is the last written;
+    a later state change or acquisition writes no row, each is counted as late."""
+    sink = ListTraceSink()
+    handle = TraceHandle(sink, "r")
+    lc = Lifecycle("r", handle, {ResourceKind.TRACE_HANDLE: handle.close})
+    lc.transition(State.QUEUED)
+    lc.release(ResourceKind.TRACE_HANDLE)
+    assert [e.kind for e in sink.events] == [tr.RESOURCE_ACQUIRED, tr.LIFECYCLE,
+                                             tr.RESOURCE_RELEASED]
+    assert handle.rows == 3 and handle.late_rows == 0
+    lc.transition(State.PREFILLING)
+    lc.acquire(ResourceKind.KV_CACHE, lambda: None)
+    assert len(sink.events) == 3 and handle.rows == 3 and handle.late_rows == 2
+
+
 def test_l7_ledger_reports_each_release_and_releases_only_the_kinds_asked() -> None:
-    """L7: on_release sees each kind once with ok=True, or ok=False when its clean-up failed;
-    release_all(kinds) leaves the other kinds held."""
-    seen: list[tuple[ResourceKind, bool]] = []
-    led = Lifecycle("r", on_release=lambda k, ok, _detail: seen.append((k, ok)))
+    """L7, O1: each kind's release row says ok=True, or ok=False when its clean-up failed, with
+    what the release reported; release_all(kinds) leaves the other kinds held."""
+    sink = ListTraceSink()
+    led = Lifecycle("r", TraceHandle(sink, "r"))
 
     def boom() -> None:
         raise OSError("gone")
 
     led.acquire(ResourceKind.KV_CACHE, boom)
-    led.acquire(ResourceKind.BATCH_SLOT, lambda: None)
+    led.acquire(ResourceKind.BATCH_SLOT, lambda: {"slot": 3})
     led.acquire(ResourceKind.STREAM_BUFFER, lambda: None)
+    assert [(e.kind, e.data) for e in sink.events] == [
+        (tr.RESOURCE_ACQUIRED, {"resource": k}) for k in ("kv_cache", "batch_slot",
+                                                          "stream_buffer")]
     assert led.holds(ResourceKind.KV_CACHE) and not led.holds(ResourceKind.RNG_STATE)
     led.release_all((ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT))
-    assert seen == [(ResourceKind.KV_CACHE, False), (ResourceKind.BATCH_SLOT, True)]
+    assert [(e.kind, e.data) for e in sink.events[3:]] == [
+        (tr.RESOURCE_RELEASED, {"resource": "kv_cache", "ok": False}),
+        (tr.RESOURCE_RELEASED, {"resource": "batch_slot", "ok": True, "slot": 3})]
     assert led.held == {ResourceKind.STREAM_BUFFER} and not led.holds(ResourceKind.KV_CACHE)
     assert led.released == {ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT}
 

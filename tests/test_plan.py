@@ -4,11 +4,13 @@ checks' OutputSpec."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.engine.plan import ModelLimits, plan_request
+from coda.engine.plan import ModelLimits, claimed_tokens, plan_request
 from coda.engine.types import GenerationRequest
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.sampling import SamplingParams
@@ -38,21 +40,29 @@ def oracle(prompt_len: int, asked: int | None, default: int | None,
        default=st.none() | st.integers(1, 80))
 def test_l4_budget_matches_oracle(prompt_len: int, asked: int | None,
                                   default: int | None) -> None:
-    """L4: one derivation of max_tokens; a context-bound plan's max-tokens check sits past the
-    context, so reaching it ends context_limit, never max_output_tokens."""
-    req = GenerationRequest(tuple([5] * prompt_len), max_tokens=asked, default_max_tokens=default)
+    """L4: one derivation of max_tokens (the engine's default from its limits); a context-bound
+    plan hands the per-token checks no budget, so reaching the context ends context_limit,
+    never max_output_tokens."""
+    req = GenerationRequest(tuple([5] * prompt_len), max_tokens=asked)
+    limits = replace(LIMITS, default_max_tokens=default)
     want = oracle(prompt_len, asked, default, LIMITS.context_length)
     if isinstance(want, str):
         with pytest.raises((InvalidRequestError, ContextLengthExceededError)) as err:
-            plan_request(req, LIMITS)
+            plan_request(req, limits)
         assert err.value.field == want
         return
-    plan = plan_request(req, LIMITS)
+    plan = plan_request(req, limits)
     assert (plan.max_tokens, plan.context_bound) == want
     assert plan.max_total_tokens <= LIMITS.context_length
     spec = plan.output_spec()
-    assert spec.max_output_tokens == plan.max_tokens + (1 if plan.context_bound else 0)
+    assert spec.max_tokens == (None if plan.context_bound else plan.max_tokens)
     assert spec.context_limit == LIMITS.context_length and spec.prompt_len == prompt_len
+
+
+def test_claimed_tokens_is_the_asked_budget_else_the_default() -> None:
+    """A router's estimate (coda.scaleout.remote) of an unplanned request's budget."""
+    assert claimed_tokens(GenerationRequest((5,), max_tokens=7), 32) == 7
+    assert claimed_tokens(GenerationRequest((5,)), 32) == 32
 
 
 def test_plan_checks_each_field_naming_it() -> None:

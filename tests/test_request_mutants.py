@@ -68,6 +68,9 @@ def test_d6_c1_early_stop_takes_the_cancel_path_with_the_policys_reason(
     assert run.cancel_requested_at is not None and run.cancel_effective_at is not None
     assert run.cancel_requested_at <= run.cancel_effective_at
     assert run.lifecycle.held == frozenset() and len(run.lifecycle.released) == 5
+    # O1: the run, its handle and every row name the one request
+    assert run.request_id == run.trace.request_id == "req-0"  # NOTE: the loop's default id
+    assert {e.request_id for e in sink.events} == {"req-0"}
     # a late stop_early on a terminal run changes nothing: no row (not even one the sealed
     # handle drops), no new cancel or end time
     n, effective, ended = len(sink.events), run.cancel_effective_at, run.ended_at

@@ -98,6 +98,30 @@ def test_l7_trace_handle_seals_the_request_trace() -> None:
     assert len(sink.events) == n and run.trace.late_rows == 1
     assert sink.events[-1].data.get("resource") == "trace_handle"
     assert check_trace(sink.events) == []
+    run.trace.emit(tr.ERROR, {"error": "late too"})
+    assert len(sink.events) == n and run.trace.late_rows == 2
+
+
+def test_l7_o1_a_null_sink_counts_the_rows_it_never_builds() -> None:
+    """L7, O1: a request traced to a null sink writes nothing, yet its handle counts every row
+    offered (the release row reports the same count as with a real sink) and still seals."""
+    counts = []
+    for sink in (ListTraceSink(), tr.NullTraceSink()):
+        stream = RequestStream("r")
+        run = RequestRun("r", stream, sink, prompt_tokens=1)
+        stream.start("m")
+        for s in HAPPY:
+            run.lifecycle.transition(s)
+        run.finish(FinishReason.EOS)
+        counts.append(run.trace.rows)
+        run.trace.emit(tr.ERROR, {"error": "late"})
+        assert run.trace.late_rows == 1 and run.trace.rows == counts[-1]
+    real = ListTraceSink()
+    handle = TraceHandle(real, "x")
+    handle.emit(tr.ERROR, {"error": "e"})
+    assert [(e.request_id, e.kind, dict(e.data)) for e in real.events] == [
+        ("x", tr.ERROR, {"error": "e"})]
+    assert counts[0] == counts[1] and counts[0] > 5
 
 
 def test_p6_l7_stream_buffer_release_returns_credit_and_needs_the_terminal() -> None:

@@ -31,9 +31,10 @@ from coda.engine.draft import speculative_mode
 from coda.engine.speculative import SpeculativeConfig
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams
-from coda.trace import ListTraceSink, check_trace
+from coda.trace import ListTraceSink
 from tests.conftest import LiveServer, examples
 from tests.draft_fixtures import cut_gguf, cut_hf
+from tests.engine_support import trace_problems_once_settled
 from tests.test_speculative import (
     _PARAMS,
     Result,
@@ -134,7 +135,7 @@ def test_t4_draft_model_outputs_equal_plain_decoding_alone_and_in_a_crowd(
             else:
                 assert accepted > 0 and rejected > 0, "the pair must accept and reject"
         assert _settled(spec)
-        assert check_trace(sink.events) == []
+        assert trace_problems_once_settled(sink) == []
         assert any(e.kind == tr.SPECULATIVE for e in sink.events)
     finally:
         spec.shutdown()

@@ -31,9 +31,9 @@ from coda.engine.types import EngineConfig, GenerationRequest, GrammarSpec
 from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
 from coda.server.tools import grammar_for, openai_plan
-from coda.trace import ListTraceSink, check_trace
+from coda.trace import ListTraceSink
 from tests.conftest import examples
-from tests.engine_support import tiny_checkpoint
+from tests.engine_support import tiny_checkpoint, trace_problems_once_settled
 from tests.test_speculative import _PARAMS, EAGER, Result, _run, _settled, _streamed
 
 SCHEMA: dict[str, Any] = {
@@ -130,7 +130,7 @@ def test_t4_s1_json_schema_and_tool_call_with_prompt_lookup_equal_plain(smollm: 
         [g.speculative for g in alone]
     _same(_streamed(spec, reqs), want)
     assert _settled(spec)
-    assert check_trace(sink.events) == []
+    assert trace_problems_once_settled(sink) == []
 
 
 def test_l4_closer_forcing_inside_speculation_equals_plain(smollm: Any) -> None:

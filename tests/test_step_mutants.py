@@ -207,7 +207,7 @@ def test_g1_grammar_done_ends_with_its_own_reason() -> None:
 
 @pytest.mark.parametrize("closed", [None, FinishReason.GRAMMAR_FORCED_CLOSE])
 @pytest.mark.parametrize(("limits", "reason"), [
-    ({"max_output_tokens": 2}, FinishReason.MAX_OUTPUT_TOKENS),
+    ({"max_tokens": 2}, FinishReason.MAX_OUTPUT_TOKENS),
     ({"context_limit": 4}, FinishReason.CONTEXT_LIMIT),
 ])
 def test_g1_budget_end_is_renamed_only_by_a_closed_grammar(
@@ -309,7 +309,7 @@ def test_g2_e1_drained_tail_goes_out_with_the_hold_it_releases() -> None:
     vocab = tok.get_vocab()
     head = [vocab["▁the"]] if "▁the" in vocab else tok.encode("the").ids
     script = head + [vocab[f"<0x{b:02X}>"] for b in "中".encode()]
-    spec = OutputSpec(max_output_tokens=len(script), context_limit=1000, prompt_len=1,
+    spec = OutputSpec(max_tokens=len(script), context_limit=1000, prompt_len=1,
                       stop_strings=("eX",))
     run = generate(tok.encode("Hi").ids, spec, ScriptedModel(script), ScriptedChooser(), tok)
     deltas = [e.data for e in run.stream.events_after(-1) if e.type is EventType.DELTA]

@@ -85,7 +85,8 @@ class AsyncEngine:
         self.context_length: int = min(context, capacity)
         self.eos_token_ids: frozenset[int] = bundle.eos_token_ids
         self.limits = ModelLimits(self.context_length, mc.vocab_size, self.eos_token_ids,
-                                  config.max_stop_strings, config.max_stop_string_bytes)
+                                  config.max_stop_strings, config.max_stop_string_bytes,
+                                  config.default_max_tokens)
         why = refusal(config.speculative, loaded.mode.batch_invariant
                       and runner.invariant_attention, loaded.mode.name)
         if why is not None:  # NOTE: issue 21: said at start, nothing served inexactly
@@ -257,7 +258,8 @@ class AsyncEngine:
             raise InvalidRequestError("the engine is shutting down", field=None)
         plan = plan_request(req, self.limits)
         # NOTE: issue 19 item 3: one the cache could never hold is refused here, a 4xx
-        self.core.scheduler.check_fits(len(plan.prompt_token_ids) + plan.max_tokens)
+        total = plan.max_total_tokens
+        self.core.scheduler.check_fits(total)
         # NOTE: everything that can reject the request runs before any resource is acquired
         grammar = self._grammar(plan)
         closer = self._closer(plan, grammar)
@@ -274,7 +276,7 @@ class AsyncEngine:
                           grammar.is_terminated if grammar is not None else None),
             early_stop=_early_stop_hook(controller, arrival, grammar),
             grammar_budget_end=closer.budget_end if closer is not None else None)
-        seq = Sequence(next(self._ids), list(plan.prompt_token_ids), plan.max_total_tokens)
+        seq = Sequence(next(self._ids), list(plan.prompt_token_ids), total)
         ereq = EngineRequest(plan, seq, proc, arrival=arrival, grammar=grammar,
                              early_stop=controller, closer=closer,
                              spec=state_for(self.speculative, plan))

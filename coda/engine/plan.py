@@ -6,10 +6,13 @@ length, the token budget, stops, the vocabulary, the sampling's logit bias, the 
 policy and the deadline. The engine consumes the plan as it is; nothing downstream checks or
 derives the budget again.
 
-The token budget has one name, ``max_tokens``, and one derivation (:func:`plan_request`):
-the limit the client asked for; else the configured default where it ends before the context;
-else the room the context leaves (then the request ends ``context_limit``, never
-``max_output_tokens``, L4). The served context never exceeds the KV cache
+The token budget has one name, ``max_tokens``, and one check and derivation
+(:func:`plan_request`): the limit the client asked for; else the engine's configured default
+(``ModelLimits.default_max_tokens``) where it ends before the context; else the room the
+context leaves (then the request ends ``context_limit``, never ``max_output_tokens``, L4).
+Each protocol adapter maps its own wire field (``max_completion_tokens``,
+``max_output_tokens``, ``options.num_predict``, ...) onto ``max_tokens`` once, at parse; below
+the adapters no other name for it exists (tests/test_one_budget_name.py). The served context never exceeds the KV cache
 (:class:`~coda.engine.async_engine.AsyncEngine`), so a plan that fits the context fits the
 cache: this check is the KV-capacity check (the scheduler keeps its own as an invariant).
 """
@@ -32,13 +35,16 @@ from coda.stream import BackpressureConfig
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """What a plan is checked against, fixed when the engine starts."""
+    """What a plan is checked against, fixed when the engine starts. ``default_max_tokens``:
+    the budget of a request that names none (``EngineConfig.default_max_tokens``; None: the
+    context)."""
 
     context_length: int
     vocab_size: int
     eos_token_ids: frozenset[int]
     max_stop_strings: int = 16
     max_stop_string_bytes: int = 256
+    default_max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,9 +108,9 @@ class RequestPlan:
         """The per-token checks' rules (coda.output, G1 order)."""
         # NOTE: L4: with the context as the limit, hitting it is context_limit, not
         # max_output_tokens: the max-tokens check (earlier in G1's order) must not fire at the
-        # same step, so its bound sits one past the context.
+        # same step, so a context-bound plan hands on no budget (None) at all.
         return OutputSpec(
-            max_output_tokens=self.max_tokens + 1 if self.context_bound else self.max_tokens,
+            max_tokens=None if self.context_bound else self.max_tokens,
             context_limit=self.limits.context_length,
             prompt_len=len(self.prompt_token_ids), eos_token_ids=self.limits.eos_token_ids,
             ignore_eos=self.sampling.ignore_eos, stop_strings=self.stop,
@@ -186,7 +192,7 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
             f"{limits.context_length} tokens", field="prompt")
     asked = req.max_tokens
     if asked is None:
-        default = req.default_max_tokens
+        default = limits.default_max_tokens
         # NOTE: an omitted limit is the default; where the context comes first there is no
         # limit but the context, so the request ends context_limit (L4)
         return (default, False) if default is not None and 1 <= default < room else (room, True)
@@ -198,6 +204,12 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
             f"prompt ({prompt_len}) + max_tokens ({asked}) exceeds the context "
             f"({limits.context_length})", field="max_tokens")
     return asked, False
+
+
+def claimed_tokens(req: GenerationRequest, default_max_tokens: int) -> int:
+    """What an unplanned request may cost in output tokens, for a router's load estimate
+    (coda.scaleout.remote): the asked budget, else the default (the replica plans it)."""
+    return default_max_tokens if req.max_tokens is None else req.max_tokens
 
 
 def check_embedding_input(token_ids: list[int], context_length: int,

@@ -44,9 +44,11 @@ class GrammarSpec:
 class GenerationRequest:
     """One generation request in token space (checked once, by :func:`coda.engine.plan.plan_request`).
 
-    ``max_tokens`` 0 prefills the prompt only: the request ends ``max_output_tokens`` with no
-    token (prompt scoring, with ``prompt_logprobs``). ``max_tokens`` None means ``default_max_tokens`` where that ends before the context, else
-    "up to the context limit" (the server passes its configured default; None: no default). ``deadline_s`` is relative to submit;
+    ``max_tokens`` is the token budget under its one name (every protocol's spelling is mapped
+    onto it at parse); None means the engine's ``EngineConfig.default_max_tokens`` where that
+    ends before the context, else "up to the context limit"; 0 prefills the prompt only: the
+    request ends ``max_output_tokens`` with no token (prompt scoring, with ``prompt_logprobs``).
+    ``deadline_s`` is relative to submit;
     past it the request ends ``deadline_exceeded`` (G3). ``stop_token_ids`` are id sequences
     (a single id is a sequence of length one). ``stops_end_at`` (a tool call's opening tag):
     stop strings are matched only before and through it, never inside the call (issue 13)."""
@@ -66,7 +68,6 @@ class GenerationRequest:
     utf8_tail: str = "auto"  # K3 tail policy: "auto" | "fail" | "drop" (coda.output)
     # stop strings apply only up to the end of this text's first occurrence (step.OutputSpec)
     stops_end_at: str | None = None
-    default_max_tokens: int | None = None
     # issue 23: split the reasoning block off the answer (coda.reasoning), with its budget
     reasoning: ReasoningSpec | None = None
     # issue 21: False opts this request out of the server's speculative decoding

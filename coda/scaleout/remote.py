@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coda.durable.mirror import feed
-from coda.engine.plan import check_embedding_input
+from coda.engine.plan import check_embedding_input, claimed_tokens
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
@@ -226,7 +226,7 @@ class RemoteEngine:
 
     # -- routing -------------------------------------------------------------------------
     def choose(self, req: GenerationRequest, exclude: set[int]) -> tuple[int, dict[str, Any]]:
-        budget = req.max_tokens or self.config.default_max_tokens
+        budget = claimed_tokens(req, self.config.default_max_tokens)
         key = hash(tuple(req.prompt_token_ids[:self.config.block_size]))
         with self._lock:
             cands = [i for i in range(len(self.replicas)) if i not in exclude]
@@ -243,7 +243,7 @@ class RemoteEngine:
 
     def _done(self, idx: int, req: GenerationRequest) -> None:
         with self._lock:
-            self.outstanding[idx] -= req.max_tokens or self.config.default_max_tokens
+            self.outstanding[idx] -= claimed_tokens(req, self.config.default_max_tokens)
 
     async def _pump(self, req: GenerationRequest, h: RemoteHandle) -> None:
         tried: set[int] = set()

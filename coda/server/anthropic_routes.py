@@ -313,7 +313,6 @@ class AnthropicAdapter:
                                verify=body.stream_verify, thinking=reasoning is not None,
                                reasoning=show)
         return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
-                         default_max_tokens=st.engine_config.default_max_tokens,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect)
 

@@ -196,7 +196,6 @@ class OllamaAdapter:
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
                             thinking=reasoning is not None and body.think not in (False, "none"))
         return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
-                         default_max_tokens=st.engine_config.default_max_tokens,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect)
 

@@ -306,7 +306,6 @@ class OpenAIAdapter:
             reasoning=body.include_reasoning,
             echo=echo, echo_logprobs=echo_lp)
         return plan_call(body, knobs, prompts, spec, call_id=call_id,
-                         default_max_tokens=st.engine_config.default_max_tokens,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
                          keep=not (isinstance(body, ChatCompletionRequest)

@@ -29,7 +29,10 @@ from coda.stream import BackpressureConfig, BackpressurePolicy
 
 @dataclass(frozen=True)
 class Knobs:
-    """Protocol-level values after the protocol's own spelling has been resolved."""
+    """Protocol-level values after the protocol's own spelling has been resolved.
+
+    ``max_tokens``: the token budget under its one internal name, whatever the wire called it;
+    ``max_tokens_field`` is that wire name (errors about the budget name it)."""
 
     max_tokens: int | None
     max_tokens_field: str
@@ -113,11 +116,11 @@ def _early_stop(raw: dict[str, Any] | None) -> EarlyStopPolicy | None:
 
 
 def _requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int], *,
-              request_id: str, default_max_tokens: int,
+              request_id: str,
               backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
     """n engine requests for one API call; choice i gets seed ``seed + i`` (issue 4). The
-    token budget is the engine's to check and derive (coda.engine.plan): an omitted limit
-    travels as ``default_max_tokens``."""
+    token budget travels as ``max_tokens`` (None when omitted), the engine's to check and
+    derive (coda.engine.plan)."""
     stops = _stops(knobs.stop, knobs.stop_field)
     early = _early_stop(ext.early_stop)
     backpressure_cfg = _backpressure(ext, backpressure)
@@ -145,7 +148,6 @@ def _requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int], *,
             raise InvalidRequestError(exc.message, field=field) from None
         out.append(GenerationRequest(
             prompt_token_ids=tuple(prompt_ids), sampling=sampling, max_tokens=knobs.max_tokens,
-            default_max_tokens=default_max_tokens,
             stop=stops, stop_token_ids=_stop_ids(ext.stop_token_ids),
             include_stop_str_in_output=ext.include_stop_str_in_output,
             skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,
@@ -180,7 +182,7 @@ class Parsed:
 
 
 def plan_call(ext: CodaExtensions, knobs: Knobs, prompts: Sequence[Sequence[int]],
-              spec: RenderSpec, *, call_id: str, default_max_tokens: int,
+              spec: RenderSpec, *, call_id: str,
               backpressure: BackpressureConfig | None, stream: bool,
               on_disconnect: DisconnectPolicy | None = None, background: bool = False,
               keep: bool = True) -> Parsed:
@@ -192,6 +194,6 @@ def plan_call(ext: CodaExtensions, knobs: Knobs, prompts: Sequence[Sequence[int]
     for k, ids in enumerate(prompts):
         requests += _requests(ext, knobs, ids,
                               request_id=call_id if len(prompts) == 1 else f"{call_id}-p{k}",
-                              default_max_tokens=default_max_tokens, backpressure=backpressure)
+                              backpressure=backpressure)
     return Parsed(call_id, tuple(requests), _rename(knobs), spec, stream, on_disconnect,
                   background, keep)

@@ -58,7 +58,7 @@ class ResponsesRender:
     format: Mapping[str, object]
     instructions: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
-    max_output_tokens: int | None = None
+    max_tokens: int | None = None  # NOTE: echoed as the wire's ``max_output_tokens``
     temperature: float | None = None
     top_p: float | None = None
     tools: bool = False

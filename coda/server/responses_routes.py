@@ -69,7 +69,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         "model": record.model, "status": "queued" if record.background else "in_progress",
         "background": record.background, "error": None, "incomplete_details": None,
         "instructions": spec.instructions, "metadata": dict(spec.metadata),
-        "max_output_tokens": spec.max_output_tokens, "output": [],
+        "max_output_tokens": spec.max_tokens, "output": [],
         "parallel_tool_calls": False, "temperature": spec.temperature,
         "top_p": spec.top_p, "tool_choice": "auto", "tools": [],
         "text": {"format": dict(spec.format)}, "truncation": "disabled", "usage": None,
@@ -363,7 +363,8 @@ class ResponsesAdapter:
         reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=body.max_reasoning_tokens,
                                    budget_field="max_reasoning_tokens",
                                    grammar=tool["grammar"] is not None)
-        knobs = Knobs(max_tokens=body.max_output_tokens, max_tokens_field="max_output_tokens",
+        max_tokens = body.max_output_tokens  # NOTE: the wire's budget, under its one name
+        knobs = Knobs(max_tokens=max_tokens, max_tokens_field="max_output_tokens",
                       prompt_field="input", stop=body.stop, seed=body.seed,
                       temperature=body.temperature, top_p=body.top_p,
                       presence_penalty=body.presence_penalty,
@@ -373,7 +374,7 @@ class ResponsesAdapter:
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),
             instructions=body.instructions, metadata=body.metadata or {},
-            max_output_tokens=body.max_output_tokens, temperature=body.temperature,
+            max_tokens=max_tokens, temperature=body.temperature,
             top_p=body.top_p, tools=bool(plan and plan.active),
             tools_echo=tuple(body.tools or ()), parallel=plan.parallel if plan else False,
             tool_choice=body.tool_choice or "auto", store=body.store,
@@ -381,7 +382,6 @@ class ResponsesAdapter:
             thinking=reasoning is not None and body.include_reasoning,
             history=tuple([*history, *own]))
         return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
-                         default_max_tokens=st.engine_config.default_max_tokens,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,
                          keep=body.store)

@@ -1,0 +1,134 @@
+"""Issue 22: the token budget has one name and one check (SPEC L4).
+
+Each protocol spells the output budget its own way on the wire (OpenAI ``max_tokens`` /
+``max_completion_tokens``, Responses ``max_output_tokens``, Anthropic ``max_tokens``, Ollama
+``options.num_predict``). The wire spellings live only in the protocol schemas and in the
+adapters' ``parse``, which map them once onto ``max_tokens``; below the adapters no other name
+for the budget exists, the request carries no second budget field, and only the plan
+(coda.engine.plan) checks and derives it. An error about the budget still names the field the
+client sent.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+CODA = Path(__file__).resolve().parent.parent / "coda"
+# the budget's wire spellings (and transformers' own, which bench.py calls)
+WIRE_NAMES = frozenset({"max_completion_tokens", "max_output_tokens", "num_predict",
+                        "max_new_tokens"})
+SCHEMAS = frozenset({"server/schemas.py", "server/protocol_schemas.py",
+                     "server/ollama_schemas.py"})
+ADAPTERS = frozenset({"server/openai_routes.py", "server/responses_routes.py"})
+# NOTE: comparisons with a budget: the plan's check; the per-token stop (G1); the early-stop
+# policy's own hard budget (D1, a field of the client's policy); the draft length, which never
+# passes the budget (issue 21)
+COMPARES_BUDGET = frozenset({"engine/plan.py", "output.py", "early_stop.py", "engine/core.py",
+                             "engine/speculative.py"})
+PRODUCT_ONLY = frozenset({"bench.py"})  # NOTE: test support calling transformers.generate
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    return [(str(p.relative_to(CODA)), ast.parse(p.read_text(encoding="utf-8")))
+            for p in sorted(CODA.rglob("*.py")) if p.name not in PRODUCT_ONLY]
+
+
+def _name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.keyword | ast.arg):
+        return node.arg
+    return None
+
+
+def _wire_uses(rel: str, tree: ast.Module) -> list[tuple[int, str, str]]:
+    """(line, name, enclosing function) of each identifier spelled like a wire budget."""
+    out: list[tuple[int, str, str]] = []
+
+    def visit(node: ast.AST, func: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(
+                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) else func
+            if _name(child) in WIRE_NAMES:
+                out.append((getattr(child, "lineno", 0), str(_name(child)), func))
+            visit(child, inner)
+
+    visit(tree, "<module>")
+    return out
+
+
+def test_l4_wire_budget_names_stop_at_the_adapters() -> None:
+    """L4: a wire spelling of the budget appears only in a protocol schema or an adapter's
+    ``parse`` (which maps it onto ``max_tokens``), never below."""
+    bad = []
+    for rel, tree in _modules():
+        for line, name, func in _wire_uses(rel, tree):
+            if rel in SCHEMAS or (rel in ADAPTERS and func == "parse"):
+                continue
+            bad.append(f"coda/{rel}:{line} {name} (in {func})")
+    assert bad == []
+
+
+def test_l4_the_request_path_carries_one_budget_field() -> None:
+    """L4: every per-request value from the parsed knobs to the per-token checks names the
+    budget ``max_tokens`` and carries no second budget field (no per-request default: that is
+    the engine's, ``ModelLimits.default_max_tokens``)."""
+    from coda.engine.plan import ModelLimits, RequestPlan
+    from coda.engine.types import GenerationRequest
+    from coda.output import OutputSpec
+    from coda.server.params import Knobs
+    from coda.server.render_spec import ResponsesRender
+
+    for cls in (Knobs, GenerationRequest, RequestPlan, OutputSpec, ResponsesRender):
+        budget = [f.name for f in dataclasses.fields(cls)
+                  if "max" in f.name and "tokens" in f.name]
+        assert budget in (["max_tokens"], ["max_tokens", "max_tokens_field"]), (cls, budget)
+    assert "default_max_tokens" in {f.name for f in dataclasses.fields(ModelLimits)}
+
+
+def test_l4_only_the_plan_checks_the_budget() -> None:
+    """L4: a comparison involving ``max_tokens`` sits only in the plan (the admission check)
+    and where the budget is spent (per-token stop, D1 policy, draft length)."""
+    bad = []
+    for rel, tree in _modules():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Compare) and rel not in COMPARES_BUDGET and any(
+                    (_name(n) or "").endswith("max_tokens") for n in ast.walk(node))):
+                bad.append(f"coda/{rel}:{node.lineno}")
+    assert bad == []
+    plan = {node.name for rel, tree in _modules() if rel == "engine/plan.py"
+            for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    assert {"plan_request", "_budget", "require_budget"} <= plan
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": 100_000}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "max_completion_tokens": 100_000}, "max_completion_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 100_000}, "max_tokens"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 100_000}, "max_output_tokens"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 100_000}, "max_tokens"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "hi"}], "stream": False,
+                   "options": {"num_predict": 100_000}}, "options.num_predict"),
+])
+def test_l4_a_budget_past_the_context_names_the_wire_field(
+        server_live: Any, path: str, body: dict[str, Any], field: str) -> None:
+    """L4: the plan's one check refuses a budget past the context with a 4xx in the
+    protocol's shape that names the field the client sent."""
+    resp = httpx.post(server_live.url + path, json={"model": "tiny-chat", **body}, timeout=60)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    text = err if isinstance(err, str) else err.get("param") or err["message"]
+    assert field in text
+    if isinstance(err, dict) and "param" in err:
+        assert err["param"] == field

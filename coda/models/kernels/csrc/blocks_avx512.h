@@ -113,7 +113,8 @@ void tile_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* 
 // R rows x one tile (8 outputs = 2 quads), int8 activations.
 template <int KIND, int R>
 void tile_q8_512(const int8_t* xq, const float* dx, const float* sx, int64_t nb,
-                 const uint16_t* sc, const uint8_t* qs, float* y, int64_t ldy, int64_t ncols) {
+                 const uint16_t* sc, const uint8_t* qs, float* y, int64_t ldy, int64_t ncols,
+                 const Ahead& next) {
   constexpr bool Q8W = kQ8<KIND>;
   const int64_t qb = kQB<KIND>;
   float mt[R][8];
@@ -125,6 +126,7 @@ void tile_q8_512(const int8_t* xq, const float* dx, const float* sx, int64_t nb,
   const __m512i low = _mm512_set1_epi8(0xF);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* q = qs + b * TILE * qb;
+    next.block<KIND>(b);
     const __m512 d16 = _mm512_castps256_ps512(
         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * kSC<KIND>))));
     const __m512 d[2] = {_mm512_permutexvar_ps(quad0, d16), _mm512_permutexvar_ps(quad1, d16)};
@@ -181,14 +183,15 @@ void tile_q8_512(const int8_t* xq, const float* dx, const float* sx, int64_t nb,
 
 template <int KIND>
 void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t nb,
-              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols) {
+              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols,
+              const Ahead& next) {
   int64_t r = 0;
-  for (; r + 4 <= M; r += 4)
+  for (; r + 4 <= M; r += 4)  // NOTE: the first call over the tile prefetches the next one
     tile_q8_512<KIND, 4>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy,
-                         ldy, ncols);
+                         ldy, ncols, r == 0 ? next : Ahead{});
   for (; r < M; ++r)
     tile_q8_512<KIND, 1>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy,
-                         ldy, ncols);
+                         ldy, ncols, r == 0 ? next : Ahead{});
 }
 
 #endif

@@ -123,11 +123,12 @@ void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs,
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = zero16();
   float d[8], m[8];
+  const Ahead ahead = next;  // NOTE: in registers (see blocks_avx512.h micro_f32_512)
   for (int64_t b = 0; b < nb; ++b) {
     scales8<KIND>(sc + b * kSC<KIND>, d, m);
     const uint8_t* q = qs + b * TILE * qb;
     const float* xb = x + b * R * QK;
-    next.block<KIND>(b);
+    ahead.block<KIND>(b);
     step_f32<Q8W, R, C, 0>(xb, K, d, m, q, c0, acc);
     step_f32<Q8W, R, C, 1>(xb, K, d, m, q, c0, acc);
     step_f32<Q8W, R, C, 2>(xb, K, d, m, q, c0, acc);
@@ -201,7 +202,8 @@ void tile_q8_row(const int8_t* xq, const float* dx, const float* sx, int64_t nb,
 
 template <int KIND>
 void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t nb,
-              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols) {
+              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols,
+              const Ahead&) {
   for (int64_t r = 0; r < M; ++r)
     tile_q8_row<KIND>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy,
                       ncols);
@@ -308,7 +310,8 @@ void tile_q8(const int8_t* xq, const float* dx, const float* sx, int64_t nb, con
 #if CODA_ISA == CODA_AVX2
 template <int KIND>
 void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t nb,
-              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols) {
+              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols,
+              const Ahead&) {
   int64_t r = 0;
   for (; r + 4 <= M; r += 4)
     tile_q8<KIND, 4>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy, ldy,
@@ -434,6 +437,10 @@ void linear_f32(const LinearCall& a) {
       const int64_t ncols = N - t * TILE;
       Ahead next;  // NOTE: the following tile, by the first call on this one
       if (t + 1 < tiles) next = {s + nb * kSC<KIND>, q + nb * TILE * kQB<KIND>};
+      if (M == 1) {  // NOTE: a decode step's one row: no call split, division or row switch
+        tile<KIND, 1>(xs, K, s, q, yt, N, ncols, next);  // per tile (~4% of a K = 576 tile)
+        continue;
+      }
       for (int64_t c = 0, r = 0; c < calls; ++c) {
         const int64_t rows = (M - r) / (calls - c);  // NOTE: the last calls take the extra rows
         tile_rows<KIND>(rows, xs + r * K, K, s, q, yt + r * N, N, ncols, c == 0 ? next : Ahead{});
@@ -451,10 +458,15 @@ void linear_q8(const LinearCall& a) {
     for (int64_t r = r0; r < r1; ++r)
       quantize_row(a.x + r * K, nb, a.xq + r * nb * XQB, a.dx + r * nb, a.sx + r * nb);
   });
-  pool::parallel_for((N + TILE - 1) / TILE, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      tiles_q8<KIND>(a.xq, a.dx, a.sx, M, nb, a.sc + t * nb * kSC<KIND>,
-                     a.qs + t * nb * TILE * kQB<KIND>, a.y + t * TILE, N, N - t * TILE);
+  const int64_t tiles = (N + TILE - 1) / TILE;
+  pool::parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* s = a.sc + t * nb * kSC<KIND>;
+      const uint8_t* q = a.qs + t * nb * TILE * kQB<KIND>;
+      Ahead next;  // NOTE: the following tile of this thread's run (see linear_f32)
+      if (t + 1 < t1) next = {s + nb * kSC<KIND>, q + nb * TILE * kQB<KIND>};
+      tiles_q8<KIND>(a.xq, a.dx, a.sx, M, nb, s, q, a.y + t * TILE, N, N - t * TILE, next);
+    }
   });
 }
 

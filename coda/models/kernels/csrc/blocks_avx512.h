@@ -62,11 +62,14 @@ void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t*
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = zero16();
   float d[8], m[8];
+  // NOTE: a copy in registers: through the reference, every block reloaded the next tile's
+  // pointers (the scale stores to d and m may alias it), ~12 instructions of a one-row block
+  const Ahead ahead = next;
   for (int64_t b = 0; b < nb; ++b) {
     scales8<KIND>(sc + b * kSC<KIND>, d, m);
     const uint8_t* q = qs + b * TILE * qb;
     const float* xb = x + b * R * QK;  // NOTE: the call's rows side by side (linear_f32)
-    next.block<KIND>(b);
+    ahead.block<KIND>(b);
     __m512 w[C][2];
     for (int c = 0; c < C; ++c) dequant_out<Q8W>(q, c0 + c, d[c0 + c], m[c0 + c], w[c]);
     for (int h = 0; h < 2; ++h)
@@ -113,7 +116,8 @@ void tile_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* 
 // R rows x one tile (8 outputs = 2 quads), int8 activations.
 template <int KIND, int R>
 void tile_q8_512(const int8_t* xq, const float* dx, const float* sx, int64_t nb,
-                 const uint16_t* sc, const uint8_t* qs, float* y, int64_t ldy, int64_t ncols) {
+                 const uint16_t* sc, const uint8_t* qs, float* y, int64_t ldy, int64_t ncols,
+                 const Ahead& next) {
   constexpr bool Q8W = kQ8<KIND>;
   const int64_t qb = kQB<KIND>;
   float mt[R][8];
@@ -123,8 +127,10 @@ void tile_q8_512(const int8_t* xq, const float* dx, const float* sx, int64_t nb,
   const __m512i quad0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i quad1 = _mm512_add_epi32(quad0, _mm512_set1_epi32(4));
   const __m512i low = _mm512_set1_epi8(0xF);
+  const Ahead ahead = next;  // NOTE: in registers (see micro_f32_512)
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* q = qs + b * TILE * qb;
+    ahead.block<KIND>(b);
     const __m512 d16 = _mm512_castps256_ps512(
         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + b * kSC<KIND>))));
     const __m512 d[2] = {_mm512_permutexvar_ps(quad0, d16), _mm512_permutexvar_ps(quad1, d16)};
@@ -181,14 +187,15 @@ void tile_q8_512(const int8_t* xq, const float* dx, const float* sx, int64_t nb,
 
 template <int KIND>
 void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int64_t nb,
-              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols) {
+              const uint16_t* sc, const uint8_t* qs, float* yt, int64_t ldy, int64_t ncols,
+              const Ahead& next) {
   int64_t r = 0;
-  for (; r + 4 <= M; r += 4)
+  for (; r + 4 <= M; r += 4)  // NOTE: the first call over the tile prefetches the next one
     tile_q8_512<KIND, 4>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy,
-                         ldy, ncols);
+                         ldy, ncols, r == 0 ? next : Ahead{});
   for (; r < M; ++r)
     tile_q8_512<KIND, 1>(xq + r * nb * XQB, dx + r * nb, sx + r * nb, nb, sc, qs, yt + r * ldy,
-                         ldy, ncols);
+                         ldy, ncols, r == 0 ? next : Ahead{});
 }
 
 #endif

@@ -1,16 +1,21 @@
-// The persistent thread pool of pool.h. Protocol: a job is [0, n) cut into `count` chunks of
-// `grain`; one 64-bit ticket holds (job id, next chunk, count). The caller writes the job's
-// parameters, then publishes the ticket; the caller and the workers claim chunks by a
-// compare-and-swap on the ticket that succeeds only while it still names their job, and count
-// each finished chunk in `done`. The caller returns once done == count: it waits only for chunks
+// The persistent thread pool of pool.h. Protocol: a job is [0, n) cut into `count` units of
+// `grain`; one 64-bit ticket holds (job id, lo, hi): the units [lo, hi) nobody has claimed yet.
+// The caller claims from the front (lo up), the workers from the back (hi down), each claim a
+// compare-and-swap on the ticket that succeeds only while it still names their job and takes
+// a guided share of what is left (ceil(left / (2 threads)) units, at least one), so a job is a
+// few claims, not one per unit, and each thread streams long contiguous runs of its matrix (the
+// tiles' software prefetch and the hardware prefetcher follow one thread's run; a unit at a time
+// the threads alternated tiles, and each prefetched a tile the other one computed). Finished
+// units are counted in `done`; the caller returns once done == count: it waits only for units
 // someone claimed, never for a thread that took none (a worker that wakes late, or is
 // descheduled before claiming, finds the job gone and touches nothing). A claim proves the job
 // is not finished, so the parameters a worker reads after its claim are that job's.
 // Workers spin briefly before sleeping (a decode step makes ~150 calls microseconds apart); the
-// caller spins briefly for the last chunks, then sleeps until the worker finishing them wakes it.
+// caller spins briefly for the last units, then sleeps until the worker finishing them wakes it.
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,18 +52,25 @@ bool spin_until(const F& done) {
       if (done()) return true;
       cpu_relax();
     }
+    // NOTE: lets a thread of this pool that shares the core run (the scheduler may put the
+    // caller and a woken worker on one core of a busy machine: spinning there only delays the
+    // work waited for); alone on its core this returns at once
+    sched_yield();
     if (std::chrono::steady_clock::now() >= end) return done();
   }
 }
 
-// The ticket: job id (24 bits, wrapping) | next chunk (20 bits) | chunk count (20 bits).
+// The ticket: job id (24 bits, wrapping) | lo (20 bits) | hi (20 bits), in units.
 constexpr int kIdxBits = 20;
 constexpr uint64_t kIdxMask = (uint64_t{1} << kIdxBits) - 1;
 constexpr int64_t kMaxChunks = int64_t{1} << kIdxBits;
 
 inline uint64_t job_of(uint64_t t) { return t >> (2 * kIdxBits); }
-inline int64_t next_of(uint64_t t) { return static_cast<int64_t>((t >> kIdxBits) & kIdxMask); }
-inline int64_t count_of(uint64_t t) { return static_cast<int64_t>(t & kIdxMask); }
+inline int64_t lo_of(uint64_t t) { return static_cast<int64_t>((t >> kIdxBits) & kIdxMask); }
+inline int64_t hi_of(uint64_t t) { return static_cast<int64_t>(t & kIdxMask); }
+inline uint64_t ticket_of(uint64_t job, int64_t lo, int64_t hi) {
+  return job << (2 * kIdxBits) | static_cast<uint64_t>(lo) << kIdxBits | static_cast<uint64_t>(hi);
+}
 
 struct Pool {
   std::mutex submit;  // NOTE: one job at a time; a second caller runs its job inline
@@ -71,26 +83,28 @@ struct Pool {
   std::atomic<bool> caller_sleeps{false};
   Task fn = nullptr;
   void* ctx = nullptr;
-  int64_t n = 0, grain = 1;
+  int64_t n = 0, grain = 1, count = 0, most = 1;
+  int64_t share = 2;  // NOTE: a claim takes 1 / share of the units left: 2 per thread
   std::atomic<bool> stop{false};
   std::vector<std::thread> workers;
 
-  // Claims the next chunk of job `job` (ticket seen as t); false once the job has none left.
-  bool claim(uint64_t job, uint64_t& t, int64_t& i) {
+  // Claims a guided share of job `job`'s units left (ticket seen as t): from the front for the
+  // caller, from the back for a worker; [u0, u1) the units taken. False once none are left.
+  bool claim(uint64_t job, uint64_t& t, bool front, int64_t& u0, int64_t& u1) {
     for (;;) {
-      if (job_of(t) != job || next_of(t) >= count_of(t)) return false;
-      if (ticket.compare_exchange_weak(t, t + (uint64_t{1} << kIdxBits),
-                                       std::memory_order_acq_rel, std::memory_order_acquire)) {
-        i = next_of(t);
+      const int64_t lo = lo_of(t), hi = hi_of(t);
+      if (job_of(t) != job || lo >= hi) return false;
+      const int64_t take = std::min((hi - lo + share - 1) / share, most);
+      u0 = front ? lo : hi - take;
+      u1 = front ? lo + take : hi;
+      const uint64_t next = front ? ticket_of(job, u1, hi) : ticket_of(job, lo, u0);
+      if (ticket.compare_exchange_weak(t, next, std::memory_order_acq_rel,
+                                       std::memory_order_acquire))
         return true;
-      }
     }
   }
 
-  void chunk(int64_t i) {
-    const int64_t lo = i * grain;
-    fn(ctx, lo, std::min(lo + grain, n));
-  }
+  void units(int64_t u0, int64_t u1) { fn(ctx, u0 * grain, std::min(u1 * grain, n)); }
 
   void worker_loop() {
     uint64_t seen = job_of(ticket.load());
@@ -105,11 +119,12 @@ struct Pool {
       if (stop.load()) return;
       uint64_t t = ticket.load(std::memory_order_acquire);
       seen = job_of(t);
-      int64_t i;
-      while (claim(seen, t, i)) {
-        const int64_t count = count_of(t);
-        chunk(i);
-        if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == count && caller_sleeps.load()) {
+      int64_t u0, u1;
+      while (claim(seen, t, false, u0, u1)) {
+        const int64_t total = count;  // NOTE: read after the claim: this job's
+        units(u0, u1);
+        if (done.fetch_add(u1 - u0, std::memory_order_acq_rel) + (u1 - u0) == total &&
+            caller_sleeps.load()) {
           std::lock_guard<std::mutex> lk(m);
           done_cv.notify_one();
         }
@@ -117,8 +132,9 @@ struct Pool {
     }
   }
 
-  void start(int count) {
-    for (int i = 0; i < count; ++i) workers.emplace_back([this] { worker_loop(); });
+  void start(int nworkers) {
+    share = 2 * (nworkers + 1);
+    for (int i = 0; i < nworkers; ++i) workers.emplace_back([this] { worker_loop(); });
   }
 
   void shutdown() {
@@ -138,19 +154,20 @@ struct Pool {
       g *= (chunks + kMaxChunks - 2) / (kMaxChunks - 1);
       chunks = (count_n + g - 1) / g;
     }
-    fn = f, ctx = c, n = count_n, grain = g;
+    fn = f, ctx = c, n = count_n, grain = g, count = chunks;
+    most = (chunks + 2 * share - 1) / (2 * share);
     done.store(0, std::memory_order_relaxed);
     const uint64_t job = (job_of(ticket.load()) + 1) & ((uint64_t{1} << 24) - 1);
-    uint64_t t = job << (2 * kIdxBits) | static_cast<uint64_t>(chunks);
+    uint64_t t = ticket_of(job, 0, chunks);
     ticket.store(t);  // NOTE: seq_cst, paired with the sleepers count below (no lost wake-up)
     if (sleepers.load() > 0) {
       { std::lock_guard<std::mutex> lk(m); }
       work_cv.notify_all();
     }
-    int64_t i, mine = 0;
-    while (claim(job, t, i)) {
-      chunk(i);
-      ++mine;
+    int64_t u0, u1, mine = 0;
+    while (claim(job, t, true, u0, u1)) {
+      units(u0, u1);
+      mine += u1 - u0;
     }
     if (mine == chunks) return;
     done.fetch_add(mine, std::memory_order_acq_rel);

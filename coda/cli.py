@@ -242,7 +242,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
 @app.command()
 def generate(prompt: str,
              model: ModelOpt = None,
-             max_tokens: int = 128,
+             max_tokens: Annotated[int, typer.Option(min=1)] = 128,
              temperature: float = 0.8,
              top_p: float = 0.95,
              seed: Annotated[Optional[int], typer.Option()] = None,  # noqa: UP045
@@ -258,8 +258,14 @@ def generate(prompt: str,
              threads: ThreadsOpt = None) -> None:
     """Stream one completion to the terminal, then its finish reason, usage and timings."""
     from coda.engine.types import EngineConfig, GenerationRequest
+    from coda.errors import CodaError
     from coda.sampling import SamplingParams
 
+    try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
+        params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    except CodaError as exc:
+        typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
+        raise typer.Exit(2) from None
     engine = _load(model, EngineConfig(quant=quant, dtype=dtype, max_num_seqs=4, max_model_len=max_model_len,
                                        kv_cache_bytes=kv_cache_bytes,
                                        kv_cache_memory_fraction=kv_cache_fraction,
@@ -272,9 +278,8 @@ def generate(prompt: str,
     # NOTE: a raw prompt gets the model's special tokens (its BOS), as /v1/completions does;
     # a rendered chat template already holds them
     ids = engine.tokenizer.encode(text, add_special_tokens=not chat).ids
-    req = GenerationRequest(tuple(ids), SamplingParams(temperature=temperature, top_p=top_p,
-                                                       seed=seed),
-                            max_tokens=max_tokens, stop=tuple(stop or ()), deadline_s=deadline)
+    req = GenerationRequest(tuple(ids), params, max_tokens=max_tokens, stop=tuple(stop or ()),
+                            deadline_s=deadline)
 
     async def run() -> int:
         handle = engine.submit(req)
@@ -300,8 +305,6 @@ def generate(prompt: str,
                            err=True)
                 return 0 if t.state.value == "FINISHED" else 1
         return 1
-
-    from coda.errors import CodaError
 
     with engine:
         try:
@@ -387,7 +390,13 @@ def trace_check(path: Path) -> None:
     rule (coda/trace_check.py)."""
     from coda.trace import check_trace, read_jsonl
 
-    events = read_jsonl(path)
+    try:
+        events = read_jsonl(path)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        # NOTE: a missing or non-trace file is a bad argument (exit 2, one line), not a traceback
+        typer.secho(f"error: cannot read trace {path}: {type(exc).__name__}: {exc}", fg="red",
+                    err=True)
+        raise typer.Exit(2) from None
     problems = check_trace(events)
     n = len({e.request_id for e in events})
     if problems:

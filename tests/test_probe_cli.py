@@ -1,0 +1,42 @@
+"""`coda` refuses bad arguments the way it refuses bad flags: one clear message, exit 2, no
+traceback (brief "CLI subcommands"; the CLI's side of SPEC E1: bad input is refused before any
+work)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _coda(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "coda.cli", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--top-p", "0"], "top_p"),
+    (["generate", "hi", "--max-tokens", "0"], "--max-tokens"),
+], ids=["temperature", "top_p", "max_tokens"])
+def test_generate_bad_value_is_exit_2_with_message(argv: list[str], names: str) -> None:
+    r = _coda(*argv)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and names in r.stderr, r.stderr[-2000:]
+    assert "loading model" not in r.stderr + r.stdout  # NOTE: refused before the model loads
+
+
+@pytest.mark.parametrize("content", [None, "not json\n", '{"a": 1}\n'],
+                         ids=["missing", "not-json", "not-a-trace"])
+def test_trace_check_unreadable_file_is_exit_2_with_message(tmp_path: Path,
+                                                            content: str | None) -> None:
+    path = tmp_path / "t.jsonl"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    r = _coda("trace", "check", str(path))
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and str(path) in r.stderr, r.stderr[-2000:]

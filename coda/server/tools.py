@@ -100,6 +100,14 @@ def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
     if not isinstance(params, Mapping):
         raise InvalidRequestError(f"{field_name}: the parameters schema must be an object",
                                   field=field_name)
+    import llguidance as llg
+
+    # NOTE: checked here so a bad schema is a 400 naming the tool, not `response_format`
+    error = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(
+        json.dumps(dict(params), default=str)))
+    if error:
+        raise InvalidRequestError(f"{field_name}: invalid parameters schema: {error}",
+                                  field=field_name)
     return Tool(name, description if isinstance(description, str) else "", dict(params))
 
 

@@ -13,9 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _coda(*argv: str) -> subprocess.CompletedProcess[str]:
+def _coda(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "coda.cli", *argv], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize(("argv", "names"), [
@@ -40,3 +40,22 @@ def test_trace_check_unreadable_file_is_exit_2_with_message(tmp_path: Path,
     r = _coda("trace", "check", str(path))
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and str(path) in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--port", "70000"],
+    ["serve", "--max-body-bytes", "0"],
+    ["serve", "--threads", "0"],
+    ["serve", "--max-num-seqs", "0"],
+    ["serve", "--max-waiting", "-2"],
+    ["generate", "hi", "--threads", "0"],
+    ["bench", "-n", "0"],
+    ["bench", "-n", "1", "--concurrency", "0"],
+], ids=lambda a: "_".join(a))
+def test_out_of_range_flag_is_exit_2_before_any_work(argv: list[str]) -> None:
+    try:  # NOTE: unchecked, `serve --port 70000` loads and serves: a hang is a failure too
+        r = _coda(*argv, timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"coda {' '.join(argv)} did not refuse the value")
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and argv[-2] in r.stderr, r.stderr[-2000:]

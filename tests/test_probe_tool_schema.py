@@ -52,3 +52,25 @@ def test_anthropic_bad_tool_schema_is_400_naming_the_tool(server_live: Any) -> N
     assert isinstance(body, dict) and body["error"]["type"] == "invalid_request_error", body
     assert "tools.0" in body["error"]["message"], body
     assert "response_format" not in body["error"]["message"], body
+
+
+def test_anthropic_tool_choice_without_name_says_the_name_is_missing(server_live: Any) -> None:
+    client = anthropic.Anthropic(base_url=server_live.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model=MODEL, max_tokens=40, messages=MSG,  # type: ignore[arg-type]
+                               tools=[{"name": "f", "input_schema": OK}],  # type: ignore[list-item,typeddict-item]
+                               tool_choice={"type": "tool"})  # type: ignore[typeddict-item]
+    message = e.value.body["error"]["message"]  # type: ignore[index]
+    assert "tool_choice" in message and "name" in message and "None" not in message, message
+
+
+def test_openai_named_tool_choice_without_name_says_the_name_is_missing(
+        oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(
+            model=MODEL, messages=MSG, max_tokens=40,  # type: ignore[arg-type]
+            tools=[{"type": "function", "function": {"name": "f", "parameters": OK}}],
+            tool_choice={"type": "function", "function": {}})  # type: ignore[typeddict-item]
+    err = e.value.body
+    assert isinstance(err, dict) and err["param"] == "tool_choice", err
+    assert "name" in err["message"] and "None" not in err["message"], err

@@ -119,6 +119,9 @@ def _unique(tools: list[Tool], field_name: str) -> tuple[Tool, ...]:
 
 
 def _named(plan_tools: tuple[Tool, ...], name: Any, field_name: str) -> str:
+    if not isinstance(name, str):  # NOTE: else "no tool named None": say what is missing
+        raise InvalidRequestError(f"{field_name}: a tool choice needs the tool's name (a string)",
+                                  field=field_name)
     if not any(t.name == name for t in plan_tools):
         raise InvalidRequestError(f"{field_name}: no tool named {name!r} in tools",
                                   field=field_name)

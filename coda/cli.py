@@ -30,7 +30,7 @@ KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help=
 MemBudgetOpt = Annotated[Optional[str], typer.Option("--memory-budget", help="memory the model may hold, weights + KV cache: 8GiB, 8G, 512MiB, bytes or 40%% of available; the KV cache is max-num-seqs full contexts within it, committed as used (default: half the memory available at start)")]  # noqa: UP045
 QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: packed, the fastest batch-invariant mode that keeps the exact model's answers; HF folder: fp32), fp32 (exact), bf16, fp16, packed (exact weights, own kernel), packed-q8 (8-bit activations like llama.cpp), q4, q4-int8head (docs/quantization.md)")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="a dense mode by its dtype: float32 = --quant fp32, bfloat16 = bf16, float16 = fp16")]  # noqa: UP045
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
 
 
 def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
@@ -138,15 +138,15 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           memory_budget: Annotated[Optional[str], typer.Option(help="several models: weights + KV cache of the loaded models stay under this (bytes, or 4GiB); least recently used idle models are unloaded to make room")] = None,  # noqa: UP045
           pin: Annotated[Optional[list[str]], typer.Option(help="several models: load this model (NAME) at start and never unload it (repeatable)")] = None,  # noqa: UP045
           host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
-          port: int = 8000,
+          port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
           api_key: Annotated[Optional[str], typer.Option(help="require this bearer key")] = None,  # noqa: UP045
           quant: QuantOpt = "auto",
           dtype: DtypeOpt = None,
-          max_num_seqs: int = 64,
+          max_num_seqs: Annotated[int, typer.Option(min=1)] = 64,
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
-          max_body_bytes: Annotated[int, typer.Option(help="larger request bodies get 413, unparsed")] = 16 * 1024 * 1024,
-          max_waiting: Annotated[int, typer.Option(help="requests allowed to wait for a slot; past it 429 + Retry-After (-1: unbounded)")] = 1024,
+          max_body_bytes: Annotated[int, typer.Option(min=1, help="larger request bodies get 413, unparsed")] = 16 * 1024 * 1024,
+          max_waiting: Annotated[int, typer.Option(min=-1, help="requests allowed to wait for a slot; past it 429 + Retry-After (-1: unbounded)")] = 1024,
           recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
           redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
           log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
@@ -242,7 +242,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
 @app.command()
 def generate(prompt: str,
              model: ModelOpt = None,
-             max_tokens: int = 128,
+             max_tokens: Annotated[int, typer.Option(min=1)] = 128,
              temperature: float = 0.8,
              top_p: float = 0.95,
              seed: Annotated[Optional[int], typer.Option()] = None,  # noqa: UP045
@@ -258,8 +258,14 @@ def generate(prompt: str,
              threads: ThreadsOpt = None) -> None:
     """Stream one completion to the terminal, then its finish reason, usage and timings."""
     from coda.engine.types import EngineConfig, GenerationRequest
+    from coda.errors import CodaError
     from coda.sampling import SamplingParams
 
+    try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
+        params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    except CodaError as exc:
+        typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
+        raise typer.Exit(2) from None
     engine = _load(model, EngineConfig(quant=quant, dtype=dtype, max_num_seqs=4, max_model_len=max_model_len,
                                        kv_cache_bytes=kv_cache_bytes,
                                        kv_cache_memory_fraction=kv_cache_fraction,
@@ -272,9 +278,8 @@ def generate(prompt: str,
     # NOTE: a raw prompt gets the model's special tokens (its BOS), as /v1/completions does;
     # a rendered chat template already holds them
     ids = engine.tokenizer.encode(text, add_special_tokens=not chat).ids
-    req = GenerationRequest(tuple(ids), SamplingParams(temperature=temperature, top_p=top_p,
-                                                       seed=seed),
-                            max_tokens=max_tokens, stop=tuple(stop or ()), deadline_s=deadline)
+    req = GenerationRequest(tuple(ids), params, max_tokens=max_tokens, stop=tuple(stop or ()),
+                            deadline_s=deadline)
 
     async def run() -> int:
         handle = engine.submit(req)
@@ -301,8 +306,6 @@ def generate(prompt: str,
                 return 0 if t.state.value == "FINISHED" else 1
         return 1
 
-    from coda.errors import CodaError
-
     with engine:
         try:
             code = asyncio.run(run())
@@ -314,9 +317,9 @@ def generate(prompt: str,
 
 @app.command()
 def bench(model: ModelOpt = None,
-          num_requests: Annotated[int, typer.Option("--num-requests", "-n")] = 64,
-          concurrency: int = 32,
-          max_tokens: int = 64,
+          num_requests: Annotated[int, typer.Option("--num-requests", "-n", min=1)] = 64,
+          concurrency: Annotated[int, typer.Option(min=1)] = 32,
+          max_tokens: Annotated[int, typer.Option(min=1)] = 64,
           quant: QuantOpt = "auto",
           dtype: DtypeOpt = None,
           compare_hf: Annotated[bool, typer.Option("--compare-hf", help="also run transformers.generate")] = False,
@@ -387,7 +390,13 @@ def trace_check(path: Path) -> None:
     rule (coda/trace_check.py)."""
     from coda.trace import check_trace, read_jsonl
 
-    events = read_jsonl(path)
+    try:
+        events = read_jsonl(path)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        # NOTE: a missing or non-trace file is a bad argument (exit 2, one line), not a traceback
+        typer.secho(f"error: cannot read trace {path}: {type(exc).__name__}: {exc}", fg="red",
+                    err=True)
+        raise typer.Exit(2) from None
     problems = check_trace(events)
     n = len({e.request_id for e in events})
     if problems:

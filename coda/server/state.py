@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, cast
 
 from coda.engine.protocol import Engine, EngineHandle
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.errors import CodaError, ErrorCode
+from coda.errors import CodaError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import model_key
 from coda.server.admission import PromptBound
@@ -202,6 +202,11 @@ class ServerState:
         """Tokenize a prompt (call it off the event loop, on a worker thread: ``asyncio.to_thread``);
         a prompt whose byte length alone exceeds the context is refused untokenized, or with
         ``truncate`` cut to the context's first tokens (embeddings)."""
+        try:  # NOTE: JSON "\ud800" decodes to a lone surrogate, which no tokenizer takes (a 500)
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequestError(f"{field}: must be valid Unicode text (no lone surrogates)",
+                                      field=field) from None
         tokenizer = self.engine.tokenizer  # NOTE: several models: the routed model's
         bound = self._bounds.get(id(tokenizer))
         if bound is None:

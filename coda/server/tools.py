@@ -100,6 +100,14 @@ def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
     if not isinstance(params, Mapping):
         raise InvalidRequestError(f"{field_name}: the parameters schema must be an object",
                                   field=field_name)
+    import llguidance as llg
+
+    # NOTE: checked here so a bad schema is a 400 naming the tool, not `response_format`
+    error = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(
+        json.dumps(dict(params), default=str)))
+    if error:
+        raise InvalidRequestError(f"{field_name}: invalid parameters schema: {error}",
+                                  field=field_name)
     return Tool(name, description if isinstance(description, str) else "", dict(params))
 
 
@@ -111,6 +119,9 @@ def _unique(tools: list[Tool], field_name: str) -> tuple[Tool, ...]:
 
 
 def _named(plan_tools: tuple[Tool, ...], name: Any, field_name: str) -> str:
+    if not isinstance(name, str):  # NOTE: else "no tool named None": say what is missing
+        raise InvalidRequestError(f"{field_name}: a tool choice needs the tool's name (a string)",
+                                  field=field_name)
     if not any(t.name == name for t in plan_tools):
         raise InvalidRequestError(f"{field_name}: no tool named {name!r} in tools",
                                   field=field_name)

@@ -186,6 +186,9 @@ def test_s1_l4_anthropic_forced_tool_round_trip(an: anthropic.Anthropic, stream:
 # -- Responses -----------------------------------------------------------------------------
 @pytest.mark.parametrize("stream", [False, True])
 def test_s1_responses_forced_function_call(oa: openai.OpenAI, stream: bool) -> None:
+    """S1, K2: a forced call's response is the call alone: ``output[0]`` is the function call
+    (no empty message item beside it, as OpenAI's), and the stream opens exactly the final
+    response's items, at the same output indices, each once."""
     model = oa.models.list().data[0].id
     tools: Any = [{"type": "function", "name": "get_time", "parameters": TIME, "strict": True}]
     kwargs: Any = dict(model=model, input="time?", tools=tools, tool_choice="required",
@@ -196,8 +199,14 @@ def test_s1_responses_forced_function_call(oa: openai.OpenAI, stream: bool) -> N
         kinds = [e.type for e in events]
         assert "response.function_call_arguments.done" in kinds
         resp = events[-1].response  # type: ignore[union-attr]
+        added = [(e.output_index, e.item.type) for e in events  # type: ignore[union-attr]
+                 if e.type == "response.output_item.added"]
+        done = [(e.output_index, e.item.type) for e in events  # type: ignore[union-attr]
+                if e.type == "response.output_item.done"]
+        assert added == done == list(enumerate(o.type for o in resp.output)), (added, done)
     else:
         resp = oa.responses.create(**kwargs)
+    assert [o.type for o in resp.output] == ["function_call"], resp.output
     calls = [o for o in resp.output if o.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_time"
     _valid("get_time", calls[0].arguments)
@@ -335,3 +344,19 @@ def test_s1_default_template_gets_tool_prompt_and_history_in_call_syntax() -> No
     assert "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>" in text
     assert tl.split(text.split("<|im_start|>assistant\n")[1])[1] == [
         tl.ToolCall(0, "get_time", '{"zone": "UTC"}')]
+
+
+def test_k2_responses_items_follow_the_output_order() -> None:
+    """K2, S1: a Responses output's items in the model's order: the message item (its text
+    outside calls) sits before the calls the model wrote after its first text, and there is
+    none when the output is calls alone; an empty output is one empty message."""
+    from coda.server.responses_routes import _layout
+
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    assert _layout("") == ("", [], 0)
+    assert _layout("Hi") == ("Hi", [], 0)
+    text, calls, at = _layout(call + call)
+    assert (text, len(calls), at) == ("", 2, None)
+    assert _layout("Hi " + call)[2] == 0
+    text, calls, at = _layout(call + "then" + call)
+    assert (text, [c.index for c in calls], at) == ("then", [0, 1], 1)

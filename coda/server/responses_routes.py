@@ -78,10 +78,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
     if initial:
         return body
     body["status"] = "in_progress"
-    text = partial_text(stream)
-    calls: list[tl.ToolCall] = []
-    if spec.tools:
-        text, calls, _ = tl.split(text)
+    text, calls, at = _layout(partial_text(stream)) if spec.tools else (partial_text(stream), [], 0)
     item_status = "in_progress"
     if terminal is not None:
         _, status = responses_status(terminal)
@@ -101,16 +98,33 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
         body["coda"] = coda_extension(terminal)
     reasoning = partial_text(stream, reasoning=True) if spec.thinking else ""
+    cut = len(calls) if at is None else at
     body["output"] = [
         # NOTE: issue 23: a reasoning item exactly when reasoning deltas were rendered
         *([_reasoning_item(record, reasoning, "completed" if text or terminal is not None
                            else "in_progress")] if reasoning else []),
-        _message_item(record, text, item_status, _logprobs(record, stream)),
-        *(_call_item(record, k, "completed") for k in calls)]
+        *(_call_item(record, k, "completed") for k in calls[:cut]),
+        *([_message_item(record, text, item_status, _logprobs(record, stream))]
+          if at is not None else []),
+        *(_call_item(record, k, "completed") for k in calls[cut:])]
     if spec.tools:
         body.update(tools=list(spec.tools_echo), tool_choice=spec.tool_choice,
                     parallel_tool_calls=spec.parallel)
     return body
+
+
+def _layout(text: str) -> tuple[str, list[tl.ToolCall], int | None]:
+    """An output with tools: its text outside calls, its calls, and the message item's place
+    among the calls (how many calls the model wrote before its first text), or None when the
+    output is calls alone: as OpenAI's, a function call is then ``output[0]``, with no empty
+    message beside it. The stream opens its items in the same order."""
+    p = tl.ToolCallParser()
+    items = p.feed(text) + p.finish()
+    calls = [i for i in items if isinstance(i, tl.ToolCall)]
+    first = next((n for n, i in enumerate(items) if isinstance(i, str) and i), None)
+    if first is None:
+        return "", calls, None if calls else 0
+    return tl.texts(items), calls, sum(isinstance(i, tl.ToolCall) for i in items[:first])
 
 
 def _spec(record: Record) -> ResponsesRender:
@@ -167,6 +181,8 @@ class ResponsesRenderer(Renderer):
         self.show_reasoning = spec.thinking
         self.reasoning: str | None = None   # the reasoning item's text once it opened
         self.message_open = False
+        self.message_at = 0  # NOTE: the message item's output_index once it opened
+        self.calls = 0  # function_call items opened so far
 
     def _emit(self, obj: dict[str, Any]) -> list[Frame]:
         seq = self.seq
@@ -182,33 +198,40 @@ class ResponsesRenderer(Renderer):
                 + self._emit({"type": "response.in_progress",
                               "response": {**snap, "status": "in_progress"}}))
 
-    def _open_message(self) -> list[Frame]:
-        """Close the reasoning item (if open) and open the message item (once)."""
+    def _close_reasoning(self) -> list[dict[str, Any]]:
+        """The reasoning item's end (once, before the first item after it)."""
+        if self.reasoning is None or self.message_open or self.calls:
+            return []
+        rid = "rs_" + self.r.id.removeprefix("resp_")
+        return [{"type": "response.reasoning_text.done", "item_id": rid, "output_index": 0,
+                 "content_index": 0, "text": self.reasoning},
+                {"type": "response.output_item.done", "output_index": 0,
+                 "item": _reasoning_item(self.r, self.reasoning, "completed")}]
+
+    def _message_opening(self) -> list[dict[str, Any]]:
+        """Close the reasoning item (if open) and open the message item (once), after the
+        items already opened."""
         if self.message_open:
             return []
+        out = self._close_reasoning()
         self.message_open = True
-        out: list[Frame] = []
-        if self.reasoning is not None:
-            rid = "rs_" + self.r.id.removeprefix("resp_")
-            out += self._emit({"type": "response.reasoning_text.done", "item_id": rid,
-                               "output_index": 0, "content_index": 0, "text": self.reasoning})
-            out += self._emit({"type": "response.output_item.done", "output_index": 0,
-                               "item": _reasoning_item(self.r, self.reasoning, "completed")})
+        self.message_at = int(self.reasoning is not None) + self.calls
         ids = self._ids()
-        return (out + self._emit({"type": "response.output_item.added",
-                                  "output_index": ids["output_index"],
-                                  "item": _message_item(self.r, "", "in_progress")})
-                + self._emit({"type": "response.content_part.added", **ids,
-                              "part": {"type": "output_text", "text": "",
-                                       "annotations": [], "logprobs": []}}))
+        return out + [{"type": "response.output_item.added", "output_index": self.message_at,
+                       "item": _message_item(self.r, "", "in_progress")},
+                      {"type": "response.content_part.added", **ids,
+                       "part": {"type": "output_text", "text": "", "annotations": [],
+                                "logprobs": []}}]
+
+    def _open_message(self) -> list[Frame]:
+        return [f for obj in self._message_opening() for f in self._emit(obj)]
 
     def _ids(self) -> dict[str, Any]:
-        return {"item_id": _item_id(self.r), "output_index": int(self.reasoning is not None),
-                "content_index": 0}
+        return {"item_id": _item_id(self.r), "output_index": self.message_at, "content_index": 0}
 
     def _reasoning_delta(self, index: int, ev: StreamEvent) -> list[Frame]:
         """Issue 23: a reasoning delta: the reasoning item opens at the first."""
-        if not self.show_reasoning or self.message_open:
+        if not self.show_reasoning or self.message_open or self.calls:
             return []
         out: list[Frame] = []
         rid = "rs_" + self.r.id.removeprefix("resp_")
@@ -224,17 +247,19 @@ class ResponsesRenderer(Renderer):
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
         if ev.type is EventType.START:
             # NOTE: a split output (issue 23) may start with a reasoning item instead
-            return [] if self.show_reasoning else self._open_message()
+            # and with tools the message item opens at the first text (_layout)
+            return [] if self.show_reasoning or self.parser is not None else self._open_message()
         if ev.type is EventType.DELTA and ev.reasoning:
             return self._reasoning_delta(index, ev)
-        opened = self._open_message()
+        if ev.type is EventType.DELTA and self.parser is not None:
+            # NOTE: with tools the message item opens at the first text: calls alone have none
+            entries = lp.chat_entries(ev.tokens) if self.logprobs else []
+            self.take(index, ev)  # NOTE: issue 20 D5: the next delta event's stamp covers it
+            return self._emit_all(index, self._tool_events(self.parser.feed(ev.text), entries))
+        opened = [] if self.parser is not None else self._open_message()
         ids = self._ids()
         if ev.type is EventType.DELTA:
             entries = lp.chat_entries(ev.tokens) if self.logprobs else []
-            if self.parser is not None:
-                self.take(index, ev)  # NOTE: issue 20 D5: the next delta event's stamp covers it
-                return opened + self._emit_all(
-                    index, self._tool_events(self.parser.feed(ev.text), ids, entries))
             self.text += ev.text
             return opened + self._emit({"type": "response.output_text.delta", **ids,
                                         "delta": ev.text, "logprobs": entries,
@@ -242,9 +267,18 @@ class ResponsesRenderer(Renderer):
         assert ev.terminal is not None
         pre: list[Frame] = []
         if self.parser is not None:
-            pre = self._emit_all(index, self._tool_events(self.parser.finish(), ids, []))
+            pre = self._emit_all(index, self._tool_events(self.parser.finish(), []))
+            if not self.message_open and not self.calls:
+                pre += self._open_message()  # NOTE: no text and no call: one empty message
         final = response_object(self.r)
         kind, _ = responses_status(ev.terminal)
+        if not self.message_open:
+            # NOTE: calls alone: no message item to close
+            pre += [f for obj in self._close_reasoning() for f in self._emit(obj)]
+            end = {"type": kind, "response": final}
+            self.stamp_last(index, [end])  # NOTE: bytes no delta event carried, if any
+            return pre + self._emit(end)
+        ids = self._ids()
         item = final["output"][ids["output_index"]]
         done = {"type": "response.output_text.done", **ids, "text": self.text,
                 "logprobs": item["content"][0]["logprobs"]}
@@ -263,19 +297,23 @@ class ResponsesRenderer(Renderer):
         self.stamp_last(index, objs, _is_delta)
         return [f for obj in objs for f in self._emit(obj)]
 
-    def _tool_events(self, items: list[tl.Item], ids: dict[str, Any],
-                     entries: list[Any]) -> list[dict[str, Any]]:
-        """Text deltas of the message item, and one function_call output item per call
-        (added, the whole arguments as one delta, done)."""
+    def _tool_events(self, items: list[tl.Item], entries: list[Any]) -> list[dict[str, Any]]:
+        """Text deltas of the message item (opened at the first text), and one function_call
+        output item per call (added, the whole arguments as one delta, done), each item after
+        those already opened (the order of :func:`_layout`)."""
         out: list[dict[str, Any]] = []
         for item in items:
             if isinstance(item, str):
                 if item:
+                    out += self._message_opening()
                     self.text += item
-                    out.append({"type": "response.output_text.delta", **ids,
+                    out.append({"type": "response.output_text.delta", **self._ids(),
                                 "delta": item, "logprobs": entries})
                 continue
-            at = {"output_index": item.index + 1}
+            out += self._close_reasoning()
+            at = {"output_index": int(self.reasoning is not None) + self.calls
+                  + int(self.message_open)}
+            self.calls += 1
             added = _call_item(self.r, item, "in_progress")
             done = _call_item(self.r, item, "completed")
             out += [{"type": "response.output_item.added", **at, "item": added},

@@ -25,6 +25,19 @@ JSON never needs raw control bytes, and 0xC0/0xC1 never occur in UTF-8. Only whe
 completion is found from the start (a grammar that needs a byte the tokenizer cannot spell) is
 closure off for the request: it then behaves as before and may end ``max_output_tokens``.
 
+Optional parts (tools ``auto``; ``GrammarSpec.trigger``, the opening tag): free text accepts at
+every byte, text ending in ``<tool_c`` included, so the walk alone would count an empty
+completion there and let the tag start when the call can no longer fit (the request then ended
+with the half tag as text). Output that ends with the trigger's first ``k`` bytes
+(``0 < k < len``), where writing the rest of it would leave free text (the grammar stops
+accepting: the call must follow), counts as the call *begun*: its completion is the rest of the
+trigger, then the walk (``closing_path(..., lead=rest)``). So a token that starts or continues
+the tag is admitted only where the tag plus the shortest call fits in the tokens left after it;
+a rejected tag start in complete text ends the output there (:meth:`BudgetCloser.end_now`),
+and forcing from a begun tag finishes the call. Which ``k`` to try comes from the chosen
+token's bytes (a cheap filter; the grammar decides), so plain text costs no extra walk. A
+forced path ends the request only once it is all chosen (its lead crosses accepting text).
+
 Admission: when even the initial closing path is longer than the budget, ``submit`` raises
 :class:`~coda.errors.InvalidRequestError` naming ``max_tokens`` (a 400), before anything runs.
 

@@ -213,6 +213,8 @@ class BudgetCloser:
         """Whether writing ``rest`` now completes the trigger, i.e. the output ends with its
         other bytes as free text: the grammar then no longer accepts (what the trigger opens
         must follow). ``m`` is left in the state it was in."""
+        if not m.is_accepting():
+            return False  # NOTE: inside what the trigger opened: the trigger is just bytes there
         n = 0
         try:
             for b in rest:

@@ -28,8 +28,8 @@ closure off for the request: it then behaves as before and may end ``max_output_
 Optional parts (tools ``auto``; ``GrammarSpec.trigger``, the opening tag): free text accepts at
 every byte, text ending in ``<tool_c`` included, so the walk alone would count an empty
 completion there and let the tag start when the call can no longer fit (the request then ended
-with the half tag as text). Output that ends with the trigger's first ``k`` bytes
-(``0 < k < len``), where writing the rest of it would leave free text (the grammar stops
+with the half tag as text). Free text (the output accepts) that ends with the trigger's first
+``k`` bytes (``0 < k < len``), where writing the rest of it would leave free text (the grammar stops
 accepting: the call must follow), counts as the call *begun*: its completion is the rest of the
 trigger, then the walk (``closing_path(..., lead=rest)``). So a token that starts or continues
 the tag is admitted only where the tag plus the shortest call fits in the tokens left after it;

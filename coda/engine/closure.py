@@ -35,8 +35,9 @@ trigger, then the walk (``closing_path(..., lead=rest)``). So a token that start
 the tag is admitted only where the tag plus the shortest call fits in the tokens left after it;
 a rejected tag start in complete text ends the output there (:meth:`BudgetCloser.end_now`),
 and forcing from a begun tag finishes the call. Which ``k`` to try comes from the chosen
-token's bytes (a cheap filter; the grammar decides): only a token that may be in the tag costs a walk. A
-forced path ends the request only once it is all chosen (its lead crosses accepting text).
+token's bytes (a cheap filter; the grammar decides): only a token that may be in the tag costs
+a walk. A forced path ends the request only once it is all chosen (its lead crosses accepting
+text).
 
 Admission: when even the initial closing path is longer than the budget, ``submit`` raises
 :class:`~coda.errors.InvalidRequestError` naming ``max_tokens`` (a 400), before anything runs.

@@ -25,6 +25,20 @@ JSON never needs raw control bytes, and 0xC0/0xC1 never occur in UTF-8. Only whe
 completion is found from the start (a grammar that needs a byte the tokenizer cannot spell) is
 closure off for the request: it then behaves as before and may end ``max_output_tokens``.
 
+Optional parts (tools ``auto``; ``GrammarSpec.trigger``, the opening tag): free text accepts at
+every byte, text ending in ``<tool_c`` included, so the walk alone would count an empty
+completion there and let the tag start when the call can no longer fit (the request then ended
+with the half tag as text). Free text (the output accepts) that ends with the trigger's first
+``k`` bytes (``0 < k < len``), where writing the rest of it would leave free text (the grammar stops
+accepting: the call must follow), counts as the call *begun*: its completion is the rest of the
+trigger, then the walk (``closing_path(..., lead=rest)``). So a token that starts or continues
+the tag is admitted only where the tag plus the shortest call fits in the tokens left after it;
+a rejected tag start in complete text ends the output there (:meth:`BudgetCloser.end_now`),
+and forcing from a begun tag finishes the call. Which ``k`` to try comes from the chosen
+token's bytes (a cheap filter; the grammar decides): only a token that may be in the tag costs
+a walk. A forced path ends the request only once it is all chosen (its lead crosses accepting
+text).
+
 Admission: when even the initial closing path is longer than the budget, ``submit`` raises
 :class:`~coda.errors.InvalidRequestError` naming ``max_tokens`` (a 400), before anything runs.
 
@@ -38,6 +52,7 @@ step) and the decision record is the real one.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -113,14 +128,22 @@ class ClosingPath:
 
 
 def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
-                 limit: int = MAX_WALK) -> ClosingPath | None:
+                 limit: int = MAX_WALK, lead: bytes = b"") -> ClosingPath | None:
     """A short completion of ``m``'s output (see the module doc), or None when none is found
-    within ``limit`` bytes. ``m`` is left in the state it was in."""
+    within ``limit`` bytes. ``lead``: bytes the completion must start with (the rest of a begun
+    trigger), taken before the walk even where the output accepts. ``m`` is left in the state
+    it was in."""
     if m.is_error():
         return None
     consumed: list[int] = []
     text = bytearray()
     try:
+        for b in lead:
+            tid = table.ids[b]
+            if tid is None or m.try_consume_tokens([tid]) != 1:
+                return None
+            consumed.append(tid)
+            text.append(b)
         while not m.is_accepting():
             if len(text) >= limit:
                 return None
@@ -165,6 +188,7 @@ class BudgetCloser:
         self.tok: llg.LLTokenizer = grammar.ll_tokenizer
         self.budget = budget
         self.table = byte_table(self.tok)
+        self.trigger = grammar.trigger or b""  # NOTE: an optional part's opening (module doc)
         self.path: ClosingPath | None = None   # the forced completion, once forcing started
         self.forced_at = 0                     # tokens consumed when forcing started
         # NOTE: any tokenizer: the walk only uses bytes that have a token (module doc)
@@ -175,7 +199,47 @@ class BudgetCloser:
 
     def initial(self) -> ClosingPath | None:
         """The closing path from the current state (admission: from the start)."""
-        return closing_path(self.grammar.matcher, self.tok, self.table)
+        return self._completion(self.grammar.matcher, range(1, len(self.trigger)))
+
+    def _completion(self, m: llg.LLMatcher, ends: Iterable[int]) -> ClosingPath | None:
+        """The completion the invariant counts from ``m``'s state: through the rest of the
+        trigger when the output ends inside it (a begun optional part), else the walk's."""
+        for k in sorted(ends, reverse=True):  # NOTE: the longest begun prefix is the real one
+            rest = self.trigger[k:]
+            if self._enters(m, rest):
+                return closing_path(m, self.tok, self.table, lead=rest)
+        return closing_path(m, self.tok, self.table)
+
+    def _enters(self, m: llg.LLMatcher, rest: bytes) -> bool:
+        """Whether writing ``rest`` now completes the trigger, i.e. the output ends with its
+        other bytes as free text: the grammar then no longer accepts (what the trigger opens
+        must follow). ``m`` is left in the state it was in."""
+        if not m.is_accepting():
+            return False  # NOTE: inside what the trigger opened: the trigger is just bytes there
+        n = 0
+        try:
+            for b in rest:
+                tid = self.table.ids[b]
+                if tid is None or m.try_consume_tokens([tid]) != 1:
+                    return False
+                n += 1
+            return not m.is_accepting()
+        finally:
+            if n:
+                m.rollback(n)
+
+    def _ends(self, token_id: int) -> list[int]:
+        """The lengths ``k`` for which the output after ``token_id`` may end with the trigger's
+        first ``k`` bytes (0 < k < len): the token ends with them, or the token lies inside the
+        trigger where they end. A cheap filter: :meth:`_enters` decides (from the grammar)."""
+        t = self.trigger
+        if not t:
+            return []
+        b = self.tok.decode_bytes([token_id])
+        ends = {k for k in range(1, min(len(b), len(t) - 1) + 1) if b.endswith(t[:k])}
+        ends |= {j + len(b) for j in range(1, len(t) - len(b))
+                 if b and t[j:j + len(b)] == b}
+        return sorted(ends)
 
     @property
     def forcing(self) -> bool:
@@ -191,7 +255,7 @@ class BudgetCloser:
         if m.try_consume_tokens([token_id]) != 1:
             return True  # NOTE: the grammar's own check reports it (never happens under the mask)
         try:
-            after = closing_path(m, self.tok, self.table)
+            after = self._completion(m, self._ends(token_id))
         finally:
             m.rollback(1)
         return after is not None and len(after) <= self._left() - ahead - 1
@@ -229,9 +293,16 @@ class BudgetCloser:
     def done(self) -> FinishReason | bool:
         """The grammar hook of the per-token checks (G1): a forced path that reached an
         accepting state ends ``grammar_forced_close``; otherwise the grammar's own end."""
-        if self.path is not None and self.grammar.is_accepting():
+        if self._closed():
             return FinishReason.GRAMMAR_FORCED_CLOSE
         return self.grammar.is_terminated()
+
+    def _closed(self) -> bool:
+        """The forced path is all chosen and the output accepts. NOTE: "accepts" alone is not
+        enough: a path through a begun trigger crosses accepting free text before the tag is
+        whole."""
+        return (self.path is not None and self.grammar.is_accepting()
+                and self.grammar.num_consumed - self.forced_at >= len(self.path.tokens))
 
     def budget_end(self) -> FinishReason | None:
         """At max tokens / context limit (G1: the budget's check, only its name may change):
@@ -240,7 +311,7 @@ class BudgetCloser:
         stopped: nothing but EOS may follow); otherwise None, and the budget names the end
         (L4). NOTE: "accepting" alone is not enough: free text under a tool grammar
         (``auto``) accepts at every byte, so it renamed every budget end (issue 20 D1)."""
-        if self.path is not None and self.grammar.is_accepting():
+        if self._closed():
             return FinishReason.GRAMMAR_FORCED_CLOSE
         if self.grammar.error is None and self.grammar.is_terminated():
             return FinishReason.GRAMMAR_COMPLETE

@@ -123,15 +123,18 @@ def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_si
         raise InvalidRequestError(f"invalid grammar: {matcher.get_error().strip()}", field=FIELD)
     for warning in matcher.get_grammar_warnings():
         log.warning("grammar warning: %s", warning)
-    return GrammarMatcher(matcher, tok.vocab_size, vocab_size, tok)
+    trigger = spec.trigger.encode() if spec.trigger else None
+    return GrammarMatcher(matcher, tok.vocab_size, vocab_size, tok, trigger)
 
 
 class GrammarMatcher:
     """The state of one request's grammar; engine thread only (see the module contract)."""
 
     def __init__(self, matcher: llg.LLMatcher, tokenizer_size: int, vocab_size: int,
-                 ll_tokenizer: llg.LLTokenizer | None = None) -> None:
+                 ll_tokenizer: llg.LLTokenizer | None = None,
+                 trigger: bytes | None = None) -> None:
         self._m = matcher
+        self.trigger = trigger          # NOTE: GrammarSpec.trigger, for the closure walk
         self.matcher = matcher          # NOTE: the closure walk (coda.engine.closure) reads it
         self.ll_tokenizer = ll_tokenizer
         self.vocab_size = vocab_size

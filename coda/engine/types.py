@@ -24,7 +24,9 @@ class GrammarSpec:
 
     ``close_within_budget`` (issue 13, :mod:`coda.engine.closure`): steer to a short completion
     when the budget is about to run out mid-structure; None = the default, on for
-    ``json_schema`` (tool grammars set it on).
+    ``json_schema`` (tool grammars set it on). ``trigger``: the string that opens an *optional*
+    constrained part of a lark grammar (a tool call's opening tag under ``auto``); the closer
+    counts output that ends inside it as that part begun (:mod:`coda.engine.closure`).
     """
 
     json_schema: dict[str, object] | None = None  # NOTE: the client's JSON, as parsed
@@ -32,6 +34,7 @@ class GrammarSpec:
     regex: str | None = None
     lark: str | None = None
     close_within_budget: bool | None = None
+    trigger: str | None = None
 
     @property
     def closes_within_budget(self) -> bool:

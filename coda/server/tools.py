@@ -208,7 +208,9 @@ def grammar_for(plan: ToolPlan) -> GrammarSpec | None:
                  rf"TEXT_OPEN: /(.|\n)*{tag}/ & ~/(.|\n)*{tag}(.|\n)*{tag}/", *lines]
     else:
         lines = [f"start: {_lark_str(OPEN_TAG)} calls", *lines]
-    return GrammarSpec(lark="\n".join(lines) + "\n", close_within_budget=True)
+    # NOTE: under auto the call is optional: the closer admits its tag only where it fits
+    return GrammarSpec(lark="\n".join(lines) + "\n", close_within_budget=True,
+                       trigger=OPEN_TAG if plan.mode == "auto" else None)
 
 
 # -- wiring helpers shared by the routes ----------------------------------------------------

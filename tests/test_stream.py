@@ -310,3 +310,53 @@ def test_extend_applies_the_appends_checks_p1_p2_g1() -> None:
     with pytest.raises(StreamClosed, match="after the terminal"):
         done.extend([ev("d", 2, EventType.DELTA, b"x")])  # P2: nothing after the terminal
     assert done.last_seq == 1
+
+
+def test_p1_p2_extend_skips_what_it_holds_appends_the_rest_and_posts_the_last_seq() -> None:
+    """P1, P2, L3: ``extend`` with a resent slice skips the events it already holds and
+    appends every later one (not stopping at the first it skips), posts the new last seq once
+    (final with the terminal), and after a copied terminal the stream is closed."""
+    src = RequestStream("src")
+    src.start("m")
+    for part in (b"a", b"b", b"c"):
+        src.delta(part)
+    src.close(DONE)
+    log = src.events_after(-1)
+    posts = PostLog()
+    copy = RequestStream("c", channel=posts)
+    assert copy.extend(log[:2]) == 2
+    assert copy.extend(log) == 3  # NOTE: seq 0 and 1 resent first: skipped, not the end
+    assert [e.seq for e in copy.events_after(-1)] == [0, 1, 2, 3, 4]
+    assert posts.posts == [(1, False), (4, True)]
+    assert copy.closed
+    with pytest.raises(StreamClosed):
+        copy.delta(b"late")
+
+
+@pytest.mark.parametrize("append", ["start", "delta", "close", "extend"])
+def test_p3_every_kind_of_append_wakes_a_blocking_reader(append: str) -> None:
+    """P3: a reader blocked in ``wait_after`` (the synchronous API) is woken by each kind of
+    append, not left to its timeout: a 60 s wait returns within 10 s of the append."""
+    s = RequestStream("r")
+    if append != "start":
+        s.start("m")
+    after = s.last_seq
+    do = {"start": lambda: s.start("m"), "delta": lambda: s.delta(b"x"),
+          "close": lambda: s.close(DONE),
+          "extend": lambda: s.extend([StreamEvent("r", after + 1, EventType.DELTA, b"y")])}
+    woke: list[bool] = []
+    reader = threading.Thread(target=lambda: woke.append(s.wait_after(after, 60)))
+    reader.start()
+    while not s._sync_waiters:  # NOTE: the reader is blocked before the append
+        threading.Event().wait(0.005)
+    do[append]()
+    reader.join(10)
+    assert not reader.is_alive() and woke == [True]
+
+
+def test_p2_a_delta_is_answer_text_unless_marked_reasoning() -> None:
+    """P2 (issue 23): a delta appended without ``reasoning`` is the answer's."""
+    s = RequestStream("r")
+    s.start("m")
+    assert s.delta(b"x").reasoning is False
+    assert s.delta(b"y", reasoning=True).reasoning is True

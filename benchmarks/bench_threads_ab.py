@@ -17,28 +17,19 @@ thread counts (printed if not).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kquants as bk  # noqa: E402
-
-
-def load(i: int, path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"ab{i}._native", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench_native_ab import load  # noqa: E402  (one build's module, loaded beside the others)
 
 
 def build(mode: str, layers: int) -> list[tuple[torch.nn.Module, int]]:
@@ -83,7 +74,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=bk.LAYERS)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    mods = [load(i, p) for i, p in enumerate(args.builds)]
+    mods = [load(f"ab{i}", p) for i, p in enumerate(args.builds)]
     threads = [int(t) for t in args.threads.split(",")]
     modes = args.modes.split(",")
     mats = {m: build(m, args.layers) for m in modes}

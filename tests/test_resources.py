@@ -22,7 +22,7 @@ from coda.lifecycle import ResourceKind, State
 from coda.request import RequestRun, output_processor
 from coda.sampling import SamplingParams
 from coda.stream import RequestStream, StreamClosed
-from coda.trace import ListTraceSink, TraceEvent, TraceHandle, check_trace
+from coda.trace import ListTraceSink, TraceEvent, TraceHandle, TraceSink, check_trace
 
 from .engine_support import tiny_checkpoint
 from .scripted import scripted_tokenizer
@@ -66,6 +66,17 @@ def test_l7_p3_engine_releases_are_real_and_traced_and_the_log_stays_replayable(
         assert asyncio.run(replay()) == list(range(h.stream.last_seq + 1))
 
 
+def _finished_run(sink: TraceSink) -> RequestRun:
+    """A request run from start to an EOS finish, traced to ``sink``."""
+    stream = RequestStream("r")
+    run = RequestRun("r", stream, sink, prompt_tokens=1)
+    stream.start("m")
+    for s in HAPPY:
+        run.lifecycle.transition(s)
+    run.finish(FinishReason.EOS)
+    return run
+
+
 def test_l7_released_rng_state_refuses_a_draw() -> None:
     """L7, T4: the released RNG state (the engine request's seed and step) cannot feed another
     sampling row; the release reports the last step."""
@@ -86,12 +97,7 @@ def test_l7_trace_handle_seals_the_request_trace() -> None:
     """L7: after the trace handle's release a late row for the request is not written (it is
     counted), so the trace still ends with the handle's own release row."""
     sink = ListTraceSink()
-    stream = RequestStream("r")
-    run = RequestRun("r", stream, sink, prompt_tokens=1)
-    stream.start("m")
-    for s in HAPPY:
-        run.lifecycle.transition(s)
-    run.finish(FinishReason.EOS)
+    run = _finished_run(sink)
     assert isinstance(run.trace, TraceHandle)
     n = len(sink.events)
     run.trace.record(TraceEvent("r", tr.ERROR, {"error": "late"}))
@@ -107,12 +113,7 @@ def test_l7_o1_a_null_sink_counts_the_rows_it_never_builds() -> None:
     offered (the release row reports the same count as with a real sink) and still seals."""
     counts = []
     for sink in (ListTraceSink(), tr.NullTraceSink()):
-        stream = RequestStream("r")
-        run = RequestRun("r", stream, sink, prompt_tokens=1)
-        stream.start("m")
-        for s in HAPPY:
-            run.lifecycle.transition(s)
-        run.finish(FinishReason.EOS)
+        run = _finished_run(sink)
         counts.append(run.trace.rows)
         run.trace.emit(tr.ERROR, {"error": "late"})
         assert run.trace.late_rows == 1 and run.trace.rows == counts[-1]

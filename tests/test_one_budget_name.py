@@ -138,3 +138,22 @@ def test_l4_a_budget_past_the_context_names_the_wire_field(
     assert field in text
     if isinstance(err, dict) and "param" in err:
         assert err["param"] == field
+
+
+def test_l4_min_tokens_above_the_asked_max_tokens_is_a_400_naming_min_tokens(
+        server_live: Any) -> None:
+    """L4 (as vLLM): an asked ``max_tokens`` below the asked ``min_tokens`` can honour
+    neither: the budget's one check refuses it with a 400 in OpenAI's shape naming
+    ``min_tokens``; equal is served, and makes exactly that many tokens."""
+    import openai
+
+    oai = openai.OpenAI(base_url=server_live.url + "/v1", api_key="unused", max_retries=0)
+    msgs: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=3,
+                                    extra_body={"min_tokens": 4})
+    err = e.value.body
+    assert isinstance(err, dict) and err["param"] == "min_tokens", err
+    ok = oai.chat.completions.create(model="tiny-chat", messages=msgs, max_tokens=3,
+                                     extra_body={"min_tokens": 3})
+    assert ok.usage is not None and ok.usage.completion_tokens == 3

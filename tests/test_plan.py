@@ -21,15 +21,18 @@ LIMITS = ModelLimits(context_length=64, vocab_size=100, eos_token_ids=frozenset(
 
 
 def oracle(prompt_len: int, asked: int | None, default: int | None,
-           context: int) -> tuple[int, bool] | str:
-    """The budget as the docs state it: what was asked; else the default where it ends before
-    the context; else up to the context (then it ends context_limit, L4)."""
+           context: int, min_tokens: int = 0) -> tuple[int, bool] | str:
+    """The budget as the docs state it: what was asked (never below an asked ``min_tokens``);
+    else the default where it ends before the context; else up to the context (then it ends
+    context_limit, L4)."""
     room = context - prompt_len
     if room <= 0:
         return "prompt"
     if asked is not None:
         # NOTE: 0 prefills only (prompt scoring): the request ends max_output_tokens, no token
-        return "max_tokens" if asked < 0 or asked > room else (asked, False)
+        if asked < 0 or asked > room:
+            return "max_tokens"
+        return "min_tokens" if min_tokens > asked else (asked, False)
     if default is not None and 1 <= default < room:
         return (default, False)
     return (room, True)
@@ -37,15 +40,16 @@ def oracle(prompt_len: int, asked: int | None, default: int | None,
 
 @settings(deadline=None, max_examples=examples(300))
 @given(prompt_len=st.integers(1, 70), asked=st.none() | st.integers(-2, 80),
-       default=st.none() | st.integers(1, 80))
+       default=st.none() | st.integers(1, 80), min_tokens=st.integers(0, 80))
 def test_l4_budget_matches_oracle(prompt_len: int, asked: int | None,
-                                  default: int | None) -> None:
+                                  default: int | None, min_tokens: int) -> None:
     """L4: one derivation of max_tokens (the engine's default from its limits); a context-bound
     plan hands the per-token checks no budget, so reaching the context ends context_limit,
-    never max_output_tokens."""
-    req = GenerationRequest(tuple([5] * prompt_len), max_tokens=asked)
+    never max_output_tokens; an asked budget below the asked min_tokens is refused."""
+    req = GenerationRequest(tuple([5] * prompt_len), SamplingParams(min_tokens=min_tokens),
+                            max_tokens=asked)
     limits = replace(LIMITS, default_max_tokens=default)
-    want = oracle(prompt_len, asked, default, LIMITS.context_length)
+    want = oracle(prompt_len, asked, default, LIMITS.context_length, min_tokens)
     if isinstance(want, str):
         with pytest.raises((InvalidRequestError, ContextLengthExceededError)) as err:
             plan_request(req, limits)

@@ -334,6 +334,7 @@ def test_property_speculation_equals_plain_decoding(
     stop strings and crowd sizes: speculation's outcome equals plain decoding's (T4, L6)."""
     plain, spec, _ = engines
     sampling = SamplingParams(logprobs=1, ignore_eos=ignore_eos, **params)
+    max_tokens = max(max_tokens, params["min_tokens"])  # NOTE: below it: a 400 (L4)
     reqs = [GenerationRequest(tuple(seg * repeats) + (40 + i,), sampling, max_tokens=max_tokens,
                               stop=(stop,) if stop and stop.strip() else (), utf8_tail="drop")
             for i in range(crowd)]

@@ -246,6 +246,7 @@ def test_property_draft_model_equals_plain_decoding(
     stop strings and crowd sizes: drafting with the cut model gives plain decoding's outcome
     (T4, L6), and the target's and the draft's blocks all come back (L7)."""
     sampling = SamplingParams(logprobs=1, ignore_eos=ignore_eos, **params)
+    max_tokens = max(max_tokens, params["min_tokens"])  # NOTE: below it: a 400 (L4)
     reqs = [GenerationRequest(tuple(prompt) + (40 + i,), sampling, max_tokens=max_tokens,
                               stop=(stop,) if stop and stop.strip() else (), utf8_tail="drop")
             for i in range(crowd)]

@@ -203,6 +203,10 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
         raise ContextLengthExceededError(
             f"prompt ({prompt_len}) + max_tokens ({asked}) exceeds the context "
             f"({limits.context_length})", field="max_tokens")
+    if req.sampling.min_tokens > asked:
+        # NOTE: as vLLM: an asked budget below the asked minimum can honour neither
+        raise InvalidRequestError(f"min_tokens ({req.sampling.min_tokens}) must not exceed "
+                                  f"max_tokens ({asked})", field="min_tokens")
     return asked, False
 
 

@@ -103,6 +103,9 @@ class EngineRequest(RequestRun):
         return {"step": self.rng_step}
 
 
+_NONE: frozenset[int] = frozenset()  # NOTE: most steps score nothing: no set built
+
+
 class EngineCore:
     """Owns scheduler, runner and sampler; :meth:`step` advances every live request once."""
 
@@ -160,7 +163,7 @@ class EngineCore:
         paused = frozenset(sid for sid, r in self.requests.items() if r.stream.should_pause)
         # NOTE: a scoring request computes every prompt position: no prefix-cache reuse
         out = self.scheduler.schedule(paused=paused, drafts=self._drafts(paused),
-                                      fresh=frozenset(self._scoring))
+                                      fresh=frozenset(self._scoring) if self._scoring else _NONE)
         self.num_preemptions_total += len(out.preempted)
         if self.drafter is not None:
             for seq in out.preempted:  # NOTE: rebuilt by the draft's prefill when it resumes

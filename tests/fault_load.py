@@ -12,6 +12,7 @@ worker of a replica carries ``ServeReplica:coda-replica-<i>`` in its command lin
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -65,6 +66,11 @@ class Front:
     url: str
     err: Any
     trace: Path | None = None  # NOTE: A's --trace (each replica writes its own file from it)
+
+    def trace_of(self, pid: int) -> Path:
+        """The ``--trace`` file the replica process ``pid`` writes."""
+        assert self.trace is not None
+        return self.trace.with_name(f"{self.trace.stem}.replica-{pid}{self.trace.suffix}")
 
     def tail(self) -> str:
         self.err.seek(0)
@@ -209,10 +215,16 @@ async def _run_one(client: httpx.AsyncClient, base: str, model: str, s: Stream) 
         s.cut = True  # NOTE: the front end died under it (or before it answered)
 
 
+# NOTE: when the faults strike, as the share of streams ended. Early, while the queues are
+# deep: on a quiet machine the whole CI load drains in ~4 s, and at 30% / 55% replica 1 held
+# nothing queued (no retry to see, O2) and B nothing running on replica 0 (no orphan to cancel)
+KILL_REPLICA_AT, KILL_B_AT = 0.15, 0.35
+
+
 async def run_load(streams: list[Stream], urls: dict[str, str], model: str,
                    kill_replica: Any, kill_b: Any) -> None:
-    """Every stream at once; ``kill_replica()`` once 30% ended, ``kill_b()`` once 55% did
-    (both blocking: run in a thread)."""
+    """Every stream at once; ``kill_replica()`` once :data:`KILL_REPLICA_AT` of them ended,
+    ``kill_b()`` once :data:`KILL_B_AT` did (both blocking: run in a thread)."""
     ended = 0
 
     async def one(s: Stream) -> None:
@@ -223,7 +235,7 @@ async def run_load(streams: list[Stream], urls: dict[str, str], model: str,
             ended += 1
 
     async def faults() -> None:
-        for share, act in ((0.3, kill_replica), (0.55, kill_b)):
+        for share, act in ((KILL_REPLICA_AT, kill_replica), (KILL_B_AT, kill_b)):
             while ended < share * len(streams):
                 await asyncio.sleep(0.05)
             await asyncio.to_thread(act)
@@ -232,6 +244,57 @@ async def run_load(streams: list[Stream], urls: dict[str, str], model: str,
     # NOTE: a stream that stops moving for 2 minutes is cut (then its resume fails the test)
     async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=60), limits=limits) as client:
         await asyncio.gather(faults(), *(one(s) for s in streams))
+
+
+@dataclass
+class TraceView:
+    """What a replica's ``--trace`` file shows so far (flushed per row; a row cut mid-write
+    is skipped): the requests routed to it, started there, ended there, and those routed to it
+    as a retry after another replica failed (O2)."""
+
+    routed: set[str] = field(default_factory=set)
+    started: set[str] = field(default_factory=set)
+    ended: set[str] = field(default_factory=set)
+    retried: set[str] = field(default_factory=set)
+
+    @classmethod
+    def read(cls, path: Path) -> TraceView:
+        view = cls()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return view
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            rid, kind = row.get("request_id"), row.get("kind")
+            if kind == "route.decided":
+                view.routed.add(rid)
+                if row.get("reason") == "retry_after_failure":
+                    view.retried.add(rid)
+            elif kind == "prefill.started":
+                view.started.add(rid)
+            elif kind == "terminal":
+                view.ended.add(rid)
+        return view
+
+    @property
+    def queued(self) -> set[str]:
+        return self.routed - self.started - self.ended
+
+    @property
+    def open(self) -> set[str]:
+        return self.routed - self.ended
+
+
+def wait_until(check: Any, timeout: float) -> bool:
+    """Poll ``check()`` every 20 ms until it is true or ``timeout`` passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while not (ok := bool(check())) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return ok
 
 
 def kill(pid: int) -> None:

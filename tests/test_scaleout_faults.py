@@ -4,10 +4,11 @@ N concurrent streams over two replicas with the Redis log, through two front end
 ``coda serve --replicas 2 --redis-url`` server, and B, a ``coda serve`` that joined A's Ray
 cluster with ``--ray-address`` (:mod:`tests.fault_load`). 3 in 10 clients leave early,
 cancel or hit a deadline, 1 in 10 runs on without a client (``on_disconnect=continue``) and 1
-in 20 is a background response. Once 30% of the streams ended replica 1 is SIGKILLed; once
-55% did, front end B is, and its lease is deleted right after (NOTE: so its orphans' fate does
-not depend on how long the tiny model takes versus ``--lease-ttl-s``; lease expiry itself is
-tested in test_redis_log). Then:
+in 20 is a background response. Once 15% of the streams ended and replica 1's trace shows
+requests queued there, replica 1 is SIGKILLed; once 35% ended and that failure settled (each
+request replica 1 held retried or ended), front end B is, and its lease is deleted right after
+(NOTE: so its orphans' fate does not depend on how long the tiny model takes versus
+``--lease-ttl-s``; lease expiry itself is tested in test_redis_log). Then:
 
 - every request ends exactly once: one terminal, last, in the log; nothing left open (P2, L2);
 - every stream resumes on the surviving front end A from a random sequence number with exactly
@@ -129,12 +130,27 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
     streams = fl.plan(STREAMS, seed=n)
     orphans: set[str] = set()
     old = fl.replica_pid(a, 1)
+    at_kill: dict[str, Any] = {"queued": 0, "open": set()}
 
     def kill_replica() -> None:
+        # NOTE: with requests queued on it, so the kill makes retries (O2); should none come
+        # (a loaded machine dispatched them all), the kill proceeds and the counts say so
+        fl.wait_until(lambda: len(fl.TraceView.read(a.trace_of(old)).queued) >= 2, 10)
+        view = fl.TraceView.read(a.trace_of(old))
         fl.kill(old)
         killed.append(old)
+        at_kill.update(queued=len(view.queued), open=view.open)
+
+    def settled() -> bool:
+        """Every request open on the killed replica was retried on replica 0 or ended."""
+        retried = fl.TraceView.read(a.trace_of(fl.replica_pid(a, 0))).retried
+        return all(r in retried or "term" in dlog.meta(r) for r in at_kill["open"])
 
     def kill_b() -> None:
+        # NOTE: once the replica's failure settled: B's own requests on it were retried or
+        # ended by B, not left to the reaper because B died before it noticed (under load
+        # B's traffic can reach the replicas seconds after A's)
+        fl.wait_until(settled, 60)
         b.proc.kill()
         b.proc.wait(30)
         mine = [s.rid for s in streams if s.front == "B" and s.rid]
@@ -194,7 +210,7 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
     row.report()
     assert State.CANCELLED in states.get("orphan:cancel", []), states  # P4 on B's orphans
     assert State.CANCELLED in states.get("A:disconnect", []) + states.get("B:disconnect", [])
-    summary["retries"] = _check_traces(a, killed)
+    summary["retries"], summary["queued_at_kill"] = _check_traces(a, killed), at_kill["queued"]
     fl.wait_replica_back(a, 1, old)
     return summary
 
@@ -294,7 +310,8 @@ def test_faults_under_load_every_stream_once_p2_p3_p4_l2_l7_o2(
     finally:
         kill_session(a.proc.pid)
         a.proc.wait(30)
-    assert sum(r["retries"] for r in results) >= 1  # the kill hit queued requests (O2 rows)
+    # NOTE: the kill hit queued requests: their ingress retried them on replica 0 (O2 rows)
+    assert sum(r["retries"] for r in results) >= 1, results
     if REPEATS >= 3:
         for who in ("A", "replica0"):
             two, three = results[1]["rss_kib"][who], results[2]["rss_kib"][who]

@@ -367,7 +367,10 @@ class AsyncEngine:
         return handle.cancel(cause) if handle is not None else False
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
+        mc = self.runner.config
+        return ModelInfo(self.model_name, self.context_length, self.eos_token_ids,
+                         architecture=mc.arch, parameters=mc.num_parameters,
+                         quantization=self.loaded.quantization)
 
     def _grammar(self, plan: RequestPlan) -> GrammarMatcher | None:
         if plan.grammar is None:

@@ -172,10 +172,11 @@ def _check_reasoning(req: GenerationRequest, limits: ModelLimits) -> None:
     r = req.reasoning
     if r is None:
         return
-    if r.max_tokens is not None and (isinstance(r.max_tokens, bool) or r.max_tokens < 0):
+    if r.budget_tokens is not None and (isinstance(r.budget_tokens, bool)
+                                        or r.budget_tokens < 0):
         raise InvalidRequestError("max_reasoning_tokens must be an integer >= 0",
                                   field="max_reasoning_tokens")
-    if r.max_tokens is not None and not r.close_ids:
+    if r.budget_tokens is not None and not r.close_ids:
         raise InvalidRequestError("this model has no reasoning closer to force",
                                   field="max_reasoning_tokens")
     if any(not 0 <= t < limits.vocab_size for t in r.close_ids):

@@ -256,10 +256,9 @@ class AsyncEngine:
         yet queued)."""
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
+        # NOTE: issue 19 item 3: the plan's context check is also the cache's (the context is
+        # lowered to the cache above): one the cache could never hold is refused here, a 4xx
         plan = plan_request(req, self.limits)
-        # NOTE: issue 19 item 3: one the cache could never hold is refused here, a 4xx
-        total = plan.max_total_tokens
-        self.core.scheduler.check_fits(total)
         # NOTE: everything that can reject the request runs before any resource is acquired
         grammar = self._grammar(plan)
         closer = self._closer(plan, grammar)
@@ -276,7 +275,7 @@ class AsyncEngine:
                           grammar.is_terminated if grammar is not None else None),
             early_stop=_early_stop_hook(controller, arrival, grammar),
             grammar_budget_end=closer.budget_end if closer is not None else None)
-        seq = Sequence(next(self._ids), list(plan.prompt_token_ids), total)
+        seq = Sequence(next(self._ids), list(plan.prompt_token_ids), plan.max_total_tokens)
         ereq = EngineRequest(plan, seq, proc, arrival=arrival, grammar=grammar,
                              early_stop=controller, closer=closer,
                              spec=state_for(self.speculative, plan))

@@ -12,9 +12,12 @@ The token budget has one name, ``max_tokens``, and one check and derivation
 context leaves (then the request ends ``context_limit``, never ``max_output_tokens``, L4).
 Each protocol adapter maps its own wire field (``max_completion_tokens``,
 ``max_output_tokens``, ``options.num_predict``, ...) onto ``max_tokens`` once, at parse; below
-the adapters no other name for it exists (tests/test_one_budget_name.py). The served context never exceeds the KV cache
-(:class:`~coda.engine.async_engine.AsyncEngine`), so a plan that fits the context fits the
-cache: this check is the KV-capacity check (the scheduler keeps its own as an invariant).
+the adapters no other name for it exists (tests/test_one_budget_name.py).
+
+The served context never exceeds the KV cache (:class:`~coda.engine.async_engine.AsyncEngine`
+lowers it to what the cache holds), so a plan that fits the context fits the whole cache: this
+is the one "can this request ever fit" check (T3/D1), a 4xx before anything is acquired; the
+scheduler only asks whether a planned sequence fits *now* (tests/test_kv_budget.py).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class EngineRequest(RequestRun):
                  speculative: SpeculativeConfig | None = None) -> None:
         # NOTE: the one constructor of the parts: stream, trace handle, processor and hooks
         processor = output_processor(
-            plan.request_id, tokenizer, plan.output_spec(), trace,
+            plan.request_id, tokenizer, plan.output, trace,
             prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
             grammar_done=(closer.done if closer is not None else
                           grammar.is_terminated if grammar is not None else None),

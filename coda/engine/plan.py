@@ -56,7 +56,8 @@ class RequestPlan:
     ``max_tokens``: the most output tokens the request may select (the token budget).
     ``output``: the per-token checks' rules (coda.output, G1 order: budget, context, EOS,
     stops, K3 tail, reasoning split), fixed here and handed to the output processor as they
-    are; its ``max_tokens`` is None when the plan is :attr:`context_bound`. ``seed``: the
+    are; its ``max_tokens`` is None when no limit applies before the context (reaching the
+    context then ends ``context_limit``, L4). ``seed``: the
     request's RNG seed, drawn here when none was asked (E). ``deadline_s`` is relative to
     arrival (G3)."""
 
@@ -73,11 +74,6 @@ class RequestPlan:
     backpressure: BackpressureConfig | None = None
     speculative: bool = True  # issue 21: may this request speculate (if the server does)
     prompt_logprobs: int | None = None  # score each prompt token, k alternatives (echo)
-
-    @property
-    def context_bound(self) -> bool:
-        """No limit applies before the context: reaching it ends ``context_limit`` (L4)."""
-        return self.output.max_tokens is None
 
     @property
     def max_total_tokens(self) -> int:

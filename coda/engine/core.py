@@ -63,7 +63,10 @@ class EngineRequest(RequestRun):
     Why the rest stays apart: :class:`RequestRun` is the base, not a second object, because the
     reference loop (tests/reference_loop.py, the engine's oracle) ends its requests through
     the very same code; the :class:`Sequence` is the scheduler's and block manager's view (ids,
-    tokens, blocks; coda.engine.speculative drafts from it), tested without an engine."""
+    tokens, blocks; coda.engine.speculative drafts from it), tested without an engine; the
+    :class:`~coda.engine.handle.RequestHandle` is the caller's view (any thread: cancel is C1's
+    moment 1 plus a wake-up), never handed the engine thread's endings (``cancel`` here is
+    C1's moment 3, ``finish``, ``fail``)."""
 
     def __init__(self, plan: RequestPlan, seq_id: int, tokenizer: tokenizers.Tokenizer,
                  trace: TraceSink, *, arrival: float, grammar: GrammarMatcher | None = None,

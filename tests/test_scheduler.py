@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from coda.engine.kv_cache import BlockManager
 from coda.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.errors import InvalidRequestError
 from tests.test_kv_cache import FakeKV
 
 VOCAB = 7
@@ -133,12 +132,16 @@ def test_decode_first_then_prefill() -> None:
     assert out.chunks[0].start_pos == 3 and out.chunks[0].need_logits
 
 
-def test_add_rejects_request_that_never_fits() -> None:
+def test_t3_a_sequence_filling_the_whole_cache_is_queued_and_runs_to_its_bound() -> None:
+    """T3: the scheduler asks only "does it fit now" (whether it can ever fit is the plan's
+    one check, tests/test_kv_budget.py): a sequence bounded by exactly every slot of the cache
+    is queued behind another that holds blocks, and both run to their bounds."""
     h = Harness(num_blocks=4, block_size=2)
-    with pytest.raises(InvalidRequestError) as err:
-        h.add([1, 2, 3], 6)  # 9 tokens > 8 slots
-    assert err.value.field == "max_tokens" and not h.sched.has_work
-    h.add([1, 2, 3], 5)  # exactly 8 fits
+    first = h.add([5, 6], 3)
+    h.step()
+    full = h.add([1, 2, 3], 5)  # NOTE: exactly 8 tokens = 8 slots
+    h.drain()
+    assert h.done == {first.seq_id: reference([5, 6], 3), full.seq_id: reference([1, 2, 3], 5)}
 
 
 @pytest.mark.parametrize("caching", [True, False])

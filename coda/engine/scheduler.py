@@ -26,9 +26,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from coda.engine.kv_cache import BlockManager, blocks_needed
+from coda.engine.kv_cache import BlockManager
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.errors import ContextLengthExceededError
 
 
 @dataclass(frozen=True)
@@ -129,29 +128,17 @@ class Scheduler:
         return self._by_id.get(seq_id)
 
     def add(self, seq: Sequence) -> None:
-        """Queue a new sequence; reject one that could never fit the whole cache."""
+        """Queue a new sequence. Its bound fits the whole cache: the plan admitted it (the one
+        "can it ever fit" check, coda.engine.plan, T3/D1); here only "does it fit now" is
+        asked, at each step."""
         if seq.seq_id in self._by_id:
             raise ValueError(f"seq {seq.seq_id} is already scheduled")
         if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens or seq.block_table:
             raise ValueError(f"seq {seq.seq_id} is not a fresh sequence")
-        self.check_fits(seq.max_total_tokens)
         seq.arrival = self._next_arrival
         self._next_arrival += 1
         self._waiting.append(seq)
         self._by_id[seq.seq_id] = seq
-
-    def check_fits(self, max_total_tokens: int) -> None:
-        """Raise :class:`ContextLengthExceededError` (a 4xx, field ``max_tokens``) unless a
-        sequence of ``max_total_tokens`` (prompt + max output) fits the whole cache alone: one
-        that never could would wait forever (issue 19 item 3). Reads only immutable sizes, so
-        any thread may call it (the engine's submit does, before anything is queued)."""
-        bm = self.block_manager
-        if blocks_needed(max_total_tokens, bm.block_size) > bm.num_blocks:
-            raise ContextLengthExceededError(
-                f"prompt + max output tokens ({max_total_tokens}) exceed the KV cache "
-                f"({bm.num_blocks * bm.block_size} tokens)",
-                field="max_tokens",
-            )
 
     def finish(self, seq: Sequence) -> None:
         """End a sequence the engine is done with; frees its blocks exactly once (L7)."""

@@ -47,6 +47,9 @@ from coda.wakeup import CHANNEL
 log = logging.getLogger("coda.engine")
 
 
+# NOTE: the logits of one step's prompt-scoring rows (echo, prompt logprobs), at most
+SCORING_LOGITS_BYTES = 64 << 20
+
 
 class AsyncEngine:
     """A thread-backed engine: loads a model (HF folder, GGUF file or package) and runs the
@@ -102,8 +105,12 @@ class AsyncEngine:
         self.trace = trace
         blocks = BlockManager(runner.num_blocks, runner.block_size,
                               enable_prefix_caching=config.enable_prefix_caching)
+        # NOTE: a step's prompt-scoring rows each hold a float32 vocabulary of logits: at most
+        # SCORING_LOGITS_BYTES of them (512 rows of a 262k vocabulary were 0.5 GB)
+        rows = max(16, SCORING_LOGITS_BYTES // (4 * runner.config.vocab_size))
         sched = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                          config.long_prefill_chunk, config.enable_prefix_caching),
+                                          config.long_prefill_chunk, config.enable_prefix_caching,
+                                          scoring_rows=min(rows, config.long_prefill_chunk)),
                           blocks)
         self.core = EngineCore(runner, sched, self.tokenizer, trace,
                                max_forward_retries=config.max_forward_retries, drafter=drafter)

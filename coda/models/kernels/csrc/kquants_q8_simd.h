@@ -209,6 +209,7 @@ inline void outputs4(const uint8_t* const* row, const uint8_t* const* next, int 
     const __m256i bsum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + b * 16));
     __m256i is[4], ms[4];
     uint32_t dd[4];
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
       Blk<T> w;
       load_blk<T>(r[j] + b * bb, w);
@@ -244,6 +245,7 @@ inline void rows4(const uint8_t* row, const uint8_t* next, int64_t M, int64_t K,
     const __m256 d = _mm256_cvtph_ps(_mm_set1_epi32(static_cast<int>(w.dd)));
     for (int64_t q = 0; q < Mq; ++q) {
       __m256i is[4], ms[4];
+#pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
         const int64_t r = 4 * q + j < M ? 4 * q + j : M - 1;  // NOTE: padding lanes unused
         const __m256i bsum =

@@ -6,7 +6,8 @@ T4). ``csrc/kquants_q8.h``.
   integer sums are exact, so the only error is float32 rounding of a few block terms;
 * every ISA build gives the scalar build's bits (the integer parts are exact, the float steps
   one fixed order), with a row map, a bias and a fused Q4_K + Q6_K projection;
-* a row's bits do not depend on its batch (T4);
+* a row's bits do not depend on its batch (T4), whatever grouping of outputs and rows the SIMD
+  path (``csrc/kquants_q8_simd.h``) takes (short groups, segment mixes, thread counts);
 * a Q4_K_M-like model in ``packed-q8`` runs the K-quants on Q8_K (the load summary says so)
   and stays near ``packed``'s logits (8-bit activations: lossy, as llama.cpp's CPU path).
 """
@@ -18,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coda.models.kernels import native, unavailable
 from tests.conftest import examples, kernel_isas, using_isa

@@ -6,7 +6,8 @@ T4). ``csrc/kquants_q8.h``.
   integer sums are exact, so the only error is float32 rounding of a few block terms;
 * every ISA build gives the scalar build's bits (the integer parts are exact, the float steps
   one fixed order), with a row map, a bias and a fused Q4_K + Q6_K projection;
-* a row's bits do not depend on its batch (T4);
+* a row's bits do not depend on its batch (T4), whatever grouping of outputs and rows the SIMD
+  path (``csrc/kquants_q8_simd.h``) takes (short groups, segment mixes, thread counts);
 * a Q4_K_M-like model in ``packed-q8`` runs the K-quants on Q8_K (the load summary says so)
   and stays near ``packed``'s logits (8-bit activations: lossy, as llama.cpp's CPU path).
 """
@@ -20,9 +21,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from coda.models.kernels import unavailable
-from tests.conftest import kernel_isas, using_isa
+from coda.models.kernels import native, unavailable
+from tests.conftest import examples, kernel_isas, using_isa
 from tests.kquant_files import q4_k_m, random_blocks, write_mixed
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
@@ -106,6 +109,43 @@ def test_t4_each_k_quant_type_has_the_scalar_bits_on_every_isa(qtype: str) -> No
     for isa in kernel_isas():
         with using_isa(isa):
             assert torch.equal(lin(x).view(torch.int32), want.view(torch.int32)), isa
+
+
+@settings(max_examples=examples(12), deadline=None)
+@given(parts=st.lists(st.tuples(st.sampled_from(Q8K_TYPES), st.integers(1, 9), st.booleans(),
+                                st.booleans()), min_size=1, max_size=4),
+       m=st.integers(1, 9), threads=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_t4_q8k_groups_and_row_quads_keep_the_scalar_bits(
+        parts: list[tuple[str, int, bool, bool]], m: int, threads: int, seed: int) -> None:
+    """T4: the SIMD builds group four (output, row) pairs per reduction (``kquants_q8_simd.h``:
+    four outputs of one segment at M = 1, four activation rows of one output at M >= 2). For any
+    segments (types, row counts that leave a short last group, row maps, biases), any M (short
+    last quad) and any thread count (ranges cut anywhere), every output has the scalar build's
+    bits, and each row alone gives its bits in the batch."""
+    rng = np.random.default_rng(seed)
+    k = 512
+    segs = []
+    for qtype, rows, mapped, biased in parts:
+        raw = random_blocks(qtype, rows, k, rng)
+        bias = torch.from_numpy(rng.standard_normal(rows).astype(np.float32)) if biased else None
+        segs.append(Segment(raw, qtype, (rows, k), rng.permutation(rows) if mapped else None,
+                            bias))
+    lin = KQuantLinear(segs, act="q8")
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 2
+    with using_isa("scalar"):
+        want = lin(x)
+    before = native().threads()
+    try:
+        native().set_threads(threads)
+        for isa in kernel_isas():
+            with using_isa(isa):
+                got = lin(x)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (isa, m)
+                r = m - 1
+                assert torch.equal(lin(x[r:r + 1].clone())[0].view(torch.int32),
+                                   want[r].view(torch.int32)), (isa, r)
+    finally:
+        native().set_threads(before)
 
 
 def test_q8_needs_k_quant_tensors() -> None:

@@ -19,6 +19,7 @@
 #include "isa.h"
 #include "kquants.h"
 #include "kquants_avx2.h"
+#include "kquants_q8_simd.h"
 #include "pool.h"
 #include "table.h"
 
@@ -306,201 +307,6 @@ inline int32_t scaled_dot(const IntBlock& w, const int8_t* x) {
 #endif
 }
 
-#if CODA_ISA != CODA_SCALAR
-// Q2_K..Q6_K straight from the block bytes (no IntBlock): the codes of a super-block are
-// unpacked once into registers and used for every row; isum, osum and msum are the same exact
-// integers as scaled_dot / bsum_dots compute (integer sums: any association gives the same
-// value), so the float steps and the bits are the portable path's.
-struct Codes {
-  __m256i q[8];      // 32 codes each, weights 32 i .. 32 i + 31 (unsigned: 0..15 or 0..63)
-  __m256i sc16[8];   // per int16 lane of maddubs' output: its sub-block's scale
-  __m256i scb, mnb;  // per bsum i (16 int16): the scale and the min of its 16 weights
-  float d, dmin;
-  int32_t off;
-};
-
-// Q4_K / Q5_K: d, dmin and the 8 six-bit scales and mins (bytes 0..15 of the block).
-inline void scales_k4(const uint8_t* b, Codes& o) {
-  o.d = f16c(b);
-  o.dmin = f16c(b + 2);
-  o.off = 0;
-  // NOTE: kquants.h's scale_min_k4 for all 8 sub-blocks at once (bytes 0..3: low 6 bits;
-  // 4..7: 4 bits from bytes 8..11 and 2 from the top of bytes 0..3 / 4..7), in registers
-  const uint32_t u0 = le32(b + 4), u1 = le32(b + 8), u2 = le32(b + 12);
-  const uint64_t scs = (u0 & 0x3F3F3F3Fu) |
-      static_cast<uint64_t>((u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4)) << 32;
-  const uint64_t mns = (u1 & 0x3F3F3F3Fu) |
-      static_cast<uint64_t>(((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4)) << 32;
-  const __m128i s8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(scs)));
-  const __m128i m8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mns)));
-  o.scb = _mm256_set_m128i(_mm_unpackhi_epi16(s8, s8), _mm_unpacklo_epi16(s8, s8));
-  o.mnb = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
-  for (int j = 0; j < 8; ++j)
-    o.sc16[j] = _mm256_set1_epi16(static_cast<int16_t>((scs >> (8 * j)) & 0xFF));
-}
-
-inline void codes_q4_k(const uint8_t* b, Codes& o) {
-  scales_k4(b, o);
-  for (int c = 0; c < 4; ++c) {
-    const __m256i v = load32(b + 16 + c * 32);
-    o.q[2 * c] = nibbles(v, 0);
-    o.q[2 * c + 1] = nibbles(v, 4);
-  }
-}
-
-inline void codes_q6_k(const uint8_t* b, Codes& o) {
-  o.d = f16c(b + 208);
-  o.dmin = 0.0f;
-  o.off = 32;
-  const int8_t* s8 = reinterpret_cast<const int8_t*>(b + 192);
-  const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s8)));
-  o.scb = sc;
-  o.mnb = _mm256_setzero_si256();
-  for (int i = 0; i < 8; ++i)
-    o.sc16[i] = _mm256_set_m128i(_mm_set1_epi16(s8[2 * i + 1]), _mm_set1_epi16(s8[2 * i]));
-  const __m256i three = _mm256_set1_epi8(3);
-  for (int half = 0; half < 2; ++half) {
-    const __m256i hv = load32(b + 128 + half * 32);
-    for (int sh = 0; sh < 4; ++sh) {
-      const __m256i lv = load32(b + half * 64 + (sh % 2) * 32);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * sh), three);
-      o.q[half * 4 + sh] = _mm256_or_si256(nibbles(lv, 4 * (sh / 2)), _mm256_slli_epi16(hi, 4));
-    }
-  }
-}
-
-// Sub-blocks of 16 (Q6_K, Q3_K, Q2_K): the 16 scales (and mins) as int16, and per maddubs
-// lane of step i the scale of sub-block 2i (low 128 bits) or 2i + 1 (high 128 bits).
-inline void scales16(const int16_t* sc, const int16_t* mn, Codes& o) {
-  o.scb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
-  o.mnb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn));
-  for (int i = 0; i < 8; ++i)
-    o.sc16[i] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * i + 1]), _mm_set1_epi16(sc[2 * i]));
-}
-
-inline void codes_q5_k(const uint8_t* b, Codes& o) {
-  scales_k4(b, o);
-  const __m256i qh = load32(b + 16);
-  for (int c = 0; c < 4; ++c) {
-    const __m256i v = load32(b + 48 + c * 32);
-    for (int h = 0; h < 2; ++h) {
-      const int j = 2 * c + h;
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
-      o.q[j] = _mm256_or_si256(nibbles(v, 4 * h), _mm256_slli_epi16(hi, 4));
-    }
-  }
-}
-
-inline void codes_q3_k(const uint8_t* b, Codes& o) {
-  o.d = f16c(b + 108);
-  o.dmin = 0.0f;
-  o.off = 4;
-  // NOTE: kquants.h's scale_q3k for all 16 at once: byte i is the low nibble of byte i % 8
-  // (i < 8) or its high nibble, | bits 2 (i / 4) of byte 8 + i % 4 at bit 4; minus 32
-  const uint32_t a0 = le32(b + 96), a1 = le32(b + 100), t = le32(b + 104);
-  const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
-  alignas(32) int16_t sc[16], mn[16] = {};
-  const __m128i u = _mm_set_epi32(static_cast<int>(((a1 >> 4) & m4) | (((t >> 6) & m2) << 4)),
-                                  static_cast<int>(((a0 >> 4) & m4) | (((t >> 4) & m2) << 4)),
-                                  static_cast<int>((a1 & m4) | (((t >> 2) & m2) << 4)),
-                                  static_cast<int>((a0 & m4) | ((t & m2) << 4)));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(sc),
-                     _mm256_sub_epi16(_mm256_cvtepu8_epi16(u), _mm256_set1_epi16(32)));
-  scales16(sc, mn, o);
-  const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-  const __m256i hm = load32(b);
-  for (int h = 0; h < 2; ++h) {
-    const __m256i v = load32(b + 32 + h * 32);
-    for (int s = 0; s < 4; ++s) {
-      const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
-      const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hm, h * 4 + s), one);
-      o.q[h * 4 + s] = _mm256_or_si256(lo, _mm256_slli_epi16(bit, 2));
-    }
-  }
-}
-
-inline void codes_q2_k(const uint8_t* b, Codes& o) {
-  o.d = f16c(b + 80);
-  o.dmin = f16c(b + 82);
-  o.off = 0;
-  alignas(32) int16_t sc[16], mn[16];
-  for (int j = 0; j < 16; ++j) {
-    sc[j] = static_cast<int16_t>(b[j] & 15);
-    mn[j] = static_cast<int16_t>(b[j] >> 4);
-  }
-  scales16(sc, mn, o);
-  const __m256i three = _mm256_set1_epi8(3);
-  for (int h = 0; h < 2; ++h) {
-    const __m256i v = load32(b + 16 + h * 32);
-    for (int s = 0; s < 4; ++s) o.q[h * 4 + s] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
-  }
-}
-
-inline void codes(int32_t t, const uint8_t* b, Codes& o) {
-  switch (t) {
-    case Q4_K: codes_q4_k(b, o); break;
-    case Q6_K: codes_q6_k(b, o); break;
-    case Q5_K: codes_q5_k(b, o); break;
-    case Q3_K: codes_q3_k(b, o); break;
-    default: codes_q2_k(b, o); break;
-  }
-}
-
-inline int32_t hsum_i32(__m256i v) {
-  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
-  return _mm_cvtsi128_si32(h);
-}
-
-// Outputs [n0, n1) of K-quant segments (fast_q8 says which calls qualify).
-inline void range_q8_fast(const KqCall& c, const int8_t* xq, const int16_t* bs, const float* dx,
-                          int64_t n0, int64_t n1, float* acc) {
-  const int64_t K = c.K, nb = K / QKK, M = c.M;
-  const __m256i ones = _mm256_set1_epi16(1);
-  int s = 0;
-  int64_t first = 0;
-  Codes w;
-  for (int64_t n = n0; n < n1; ++n) {
-    while (n >= first + c.segs[s].rows) first += c.segs[s++].rows;
-    const KqSeg& g = c.segs[s];
-    const int64_t i = n - first;
-    const uint8_t* row = g.base + (g.row_map ? g.row_map[i] : i) * g.row_bytes;
-    const int64_t bb = g.row_bytes / nb;
-    // NOTE: the next rows ahead (short streams the hardware prefetcher learns late)
-    if (n + 4 < n1) {
-      int t = s;
-      int64_t f = first;
-      while (n + 4 >= f + c.segs[t].rows) f += c.segs[t++].rows;
-      const KqSeg& u = c.segs[t];
-      const int64_t j = n + 4 - f;
-      const uint8_t* nx = u.base + (u.row_map ? u.row_map[j] : j) * u.row_bytes;
-      for (int64_t o = 0; o < u.row_bytes; o += 64) __builtin_prefetch(nx + o);
-    }
-    for (int64_t r = 0; r < 2 * M; ++r) acc[r] = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-      codes(g.type, row + b * bb, w);
-      for (int64_t r = 0; r < M; ++r) {
-        const int8_t* xb = xq + r * K + b * QKK;
-        __m256i is = _mm256_setzero_si256();
-        for (int k = 0; k < 8; ++k) {
-          // NOTE: |u x + u x| <= 2 * 63 * 127 fits int16; times a scale |sc| <= 128 in int32
-          const __m256i p = _mm256_maddubs_epi16(
-              w.q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 32 * k)));
-          is = _mm256_add_epi32(is, _mm256_madd_epi16(p, w.sc16[k]));
-        }
-        const __m256i bsum =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + (r * nb + b) * 16));
-        (void)ones;
-        add_block(w, hsum_i32(is), hsum_i32(_mm256_madd_epi16(w.scb, bsum)),
-                  hsum_i32(_mm256_madd_epi16(w.mnb, bsum)), dx[r * nb + b], acc, r);
-      }
-    }
-    store_output(c, g, i, n, acc);
-  }
-}
-#endif
-
 inline bool fast_q8(const KqCall& c) {
 #if CODA_ISA != CODA_SCALAR
   for (int i = 0; i < c.nseg; ++i)
@@ -513,7 +319,7 @@ inline bool fast_q8(const KqCall& c) {
 }
 
 inline void linear_q8(const KqCall& c) {
-  const int64_t K = c.K, nb = K / QKK, M = c.M;
+  const int64_t K = c.K, nb = K / QKK, M = c.M, Mq = (M + 3) / 4;
   int8_t* xq = static_cast<int8_t*>(std::malloc(static_cast<size_t>(M * K)));
   int16_t* bs = static_cast<int16_t*>(std::malloc(sizeof(int16_t) * M * nb * 16));
   float* dx = static_cast<float*>(std::malloc(sizeof(float) * M * nb));
@@ -522,11 +328,18 @@ inline void linear_q8(const KqCall& c) {
       quantize_q8k(c.x + r * K, nb, xq + r * K, bs + r * nb * 16, dx + r * nb);
   });
   [[maybe_unused]] const bool fast = fast_q8(c);
+  float* dx2 = nullptr;
+#if CODA_ISA != CODA_SCALAR
+  if (fast && M > 1) {
+    dx2 = static_cast<float*>(std::malloc(sizeof(float) * Mq * nb * 8));
+    q8s::spread_dx(dx, M, nb, dx2);
+  }
+#endif
   pool::parallel_for(c.N, 16, [&](int64_t n0, int64_t n1) {
-    float* acc = static_cast<float*>(std::malloc(sizeof(float) * 2 * M));
+    float* acc = static_cast<float*>(std::malloc(sizeof(float) * 8 * Mq));
 #if CODA_ISA != CODA_SCALAR
     if (fast) {
-      range_q8_fast(c, xq, bs, dx, n0, n1, acc);
+      q8s::range(c, xq, bs, dx, dx2, n0, n1, acc);
       std::free(acc);
       return;
     }
@@ -554,6 +367,7 @@ inline void linear_q8(const KqCall& c) {
     }
     std::free(acc);
   });
+  std::free(dx2);
   std::free(dx);
   std::free(bs);
   std::free(xq);

@@ -14,7 +14,11 @@ acceptance over its recent verifications, from a prior of ``prior_accept``), exc
 tokens-per-row rate of the step without it, ``N / (F + N)`` for ``N`` sequences in the step.
 So ``k`` is the largest ``j <= k_max`` with ``a**j > N / (F + N)``: long runs at batch 1 when
 the request copies, fewer drafts in a crowd (where a row costs everyone's latency), and none
-once acceptance stays low (the request then decodes plainly to its end).
+once acceptance stays low (the request then decodes plainly to its end, but where a longer
+match says it copies again). A longer match is surer: drafts after a suffix match of ``n``
+tokens are priced with ``a_n = 1 - (1 - a) * sqrt(min_ngram / n)`` (:meth:`SpecState.
+acceptance_at`; on the benchmark's copy-heavy outputs a 6-token match was followed by 5 to 13
+accepted tokens, a 2-token match by about one; docs/speculative.md "What limits the speedup").
 
 **Verification** is the same engine step: the drafted tokens ride after the sequence's pending
 token as extra query rows of its chunk (:class:`~coda.engine.scheduler.ScheduledChunk`
@@ -163,9 +167,18 @@ class SpecState:
         hits = cfg.prior_accept * cfg.prior_weight + sum(h for h, _ in self._recent)
         return hits / (cfg.prior_weight + sum(t for _, t in self._recent))
 
-    def k_for(self, rows: int) -> int:
-        """Drafts worth their rows in a step of ``rows`` sequences (module docstring)."""
-        a, threshold = self.acceptance, rows / (self.config.step_rows + rows)
+    def acceptance_at(self, n: int) -> float:
+        """The per-token acceptance of drafts that follow a suffix match of ``n`` tokens: the
+        request's :attr:`acceptance` ``a`` at the shortest match, surer for a longer one
+        (module docstring)."""
+        a = self.acceptance
+        return 1.0 - (1.0 - a) * (self.config.min_ngram / max(n, self.config.min_ngram)) ** 0.5
+
+    def k_for(self, rows: int, acceptance: float | None = None) -> int:
+        """Drafts worth their rows in a step of ``rows`` sequences (module docstring), at
+        ``acceptance`` (default: the request's :attr:`acceptance`)."""
+        a = self.acceptance if acceptance is None else acceptance
+        threshold = rows / (self.config.step_rows + rows)
         k, chance = 0, a
         while k < self.config.k_max and chance > threshold:
             k, chance = k + 1, chance * a
@@ -175,8 +188,8 @@ class SpecState:
         """Drafts for output positions ``t + 1 ..`` of a sequence about to decode token ``t``
         (one uncomputed token) in a step of ``rows`` sequences, or () when nothing matches,
         nothing fits, or no draft is worth its row."""
-        k = min(max_tokens - seq.num_output_tokens - 1, self.k_for(rows))
-        if k <= 0 or seq.num_uncomputed_tokens != 1:
+        room = max_tokens - seq.num_output_tokens - 1
+        if room <= 0 or seq.num_uncomputed_tokens != 1:
             return ()
         tokens = seq.all_token_ids
         n_tok = len(tokens)
@@ -188,6 +201,7 @@ class SpecState:
         for n in range(self.config.max_ngram, self.config.min_ngram - 1, -1):
             at = self._index[n].get(tuple(tokens[n_tok - n:])) if n_tok >= n else None
             if at is not None:
+                k = min(room, self.k_for(rows, self.acceptance_at(n)))
                 return tuple(tokens[at:at + k])
         return ()
 

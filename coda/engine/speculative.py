@@ -80,6 +80,7 @@ Unconstrained requests are unchanged: all ``1 + k`` rows in the step's one batch
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -172,7 +173,7 @@ class SpecState:
         request's :attr:`acceptance` ``a`` at the shortest match, surer for a longer one
         (module docstring)."""
         a = self.acceptance
-        return 1.0 - (1.0 - a) * (self.config.min_ngram / max(n, self.config.min_ngram)) ** 0.5
+        return 1.0 - (1.0 - a) * math.sqrt(self.config.min_ngram / max(n, self.config.min_ngram))
 
     def k_for(self, rows: int, acceptance: float | None = None) -> int:
         """Drafts worth their rows in a step of ``rows`` sequences (module docstring), at

@@ -211,7 +211,7 @@ class EngineCore:
         a draft model, coda.engine.draft)."""
         rows = self.scheduler.num_running
         out: dict[int, tuple[int, ...]] = {}
-        guess: list[EngineRequest] = []
+        guess: list[tuple[EngineRequest, SpecState]] = []
         for sid, r in self.requests.items():
             if r.spec is None:
                 continue
@@ -219,16 +219,16 @@ class EngineCore:
             if forced := forced_drafts(r.spec, r.seq, r.plan.max_tokens, r.processor, r.closer):
                 out[sid] = forced
             elif not r.spec.forced:
-                guess.append(r)
+                guess.append((r, r.spec))
         if self.drafter is None:
-            out.update((r.seq.seq_id, d) for r in guess if (d := self._verifiable(
-                r, r.spec.propose(r.seq, r.plan.max_tokens, rows) if r.spec else ())))
+            out.update((r.seq.seq_id, d) for r, spec in guess if (d := self._verifiable(
+                r, spec.propose(r.seq, r.plan.max_tokens, rows))))
             return out
-        jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for r in guess
-                if r.spec is not None and r.seq.seq_id not in paused
+        jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for r, spec in guess
+                if r.seq.seq_id not in paused
                 and r.seq.num_uncomputed_tokens == 1 and r.seq.status is SequenceStatus.RUNNING
                 and (k := min(r.plan.max_tokens - r.seq.num_output_tokens - 1,
-                              r.spec.k_for(rows), plain_horizon(r.processor, r.closer))) > 0]
+                              spec.k_for(rows), plain_horizon(r.processor, r.closer))) > 0]
         if not jobs:
             return out
         try:

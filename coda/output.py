@@ -250,11 +250,11 @@ class OutputProcessor:
         """The closer id the reasoning budget forces at the next step, or None (the engine
         masks the step to it, like the grammar closure)."""
         sp = self.splitter
-        if sp is None or not sp.in_reasoning or sp.spec.max_tokens is None:
+        if sp is None or not sp.in_reasoning or sp.spec.budget_tokens is None:
             return None
         ids = sp.spec.close_ids
         if self._forced >= len(ids) or (not self._forced
-                                        and self.reasoning_tokens < sp.spec.max_tokens):
+                                        and self.reasoning_tokens < sp.spec.budget_tokens):
             return None
         return ids[self._forced]
 

@@ -57,14 +57,15 @@ class ReasoningSpec:
     ``open_ids``: the opener's token id(s): when the prompt did not open the block, the output
     opens one exactly when its first token is one of them (token level, so an output without a
     block is answer from its first token: stop ids see it). Empty: decided on bytes.
-    ``max_tokens``: the reasoning budget (tokens selected inside the block before the closer
-    is forced; None: no budget)."""
+    ``budget_tokens``: the reasoning budget, tokens selected inside the block before the closer
+    is forced (None: no budget). Named as Anthropic's ``thinking.budget_tokens``, never
+    ``max_tokens``: that is the output budget's one name (L4)."""
 
     open: bytes = OPEN_MARKER.encode()
     close: bytes = CLOSE_MARKER.encode()
     inside: bool = False
     close_ids: tuple[int, ...] = ()
-    max_tokens: int | None = None
+    budget_tokens: int | None = None
     open_ids: tuple[int, ...] = ()
 
 
@@ -206,7 +207,7 @@ def reasoning_spec(tokenizer: tokenizers.Tokenizer, prompt_ids: Sequence[int], *
     open_id, close_id = ids
     last_open = _last(prompt_ids, open_id)
     return ReasoningSpec(inside=last_open > _last(prompt_ids, close_id), close_ids=(close_id,),
-                         max_tokens=budget, open_ids=(open_id,))
+                         budget_tokens=budget, open_ids=(open_id,))
 
 
 def _last(ids: Sequence[int], token: int) -> int:

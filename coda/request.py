@@ -4,10 +4,9 @@
 Both drivers — the reference loop (``tests/reference_loop.py``, the engine's test oracle) and
 the batched engine — hold one :class:`RequestRun` per request, built from
 :func:`output_processor` (stream, trace handle, output processor and its grammar/early-stop
-hooks, in one call; nothing is attached later): the loop a plain run
-(:meth:`RequestRun.create`), the engine its own subclass
-(:class:`coda.engine.core.EngineRequest`, the engine's one live object per request), and
-end it through exactly one of :meth:`finish`,
+hooks, in one call; nothing is attached later): the loop a plain run, the engine its own
+subclass (:class:`coda.engine.core.EngineRequest`, the engine's one live object per request),
+and end it through exactly one of :meth:`finish`,
 :meth:`fail` or :meth:`cancel`. Each releases the model resources and then fixes the terminal
 state and queues the terminal event inside the lifecycle's critical section (L2); the stream
 buffer and the trace handle are released after the terminal event is queued.
@@ -92,26 +91,6 @@ class RequestRun:
         # echo: the prompt tokens the driver scored (coda.engine.core; empty: none asked)
         self.prompt_logprobs: list[TokenInfo] = []
         self._early_reason: FinishReason | None = None  # D6: an early stop's own reason
-
-    @classmethod
-    def create(cls, request_id: str, tokenizer: tokenizers.Tokenizer, spec: OutputSpec,
-               trace: TraceSink, *, prompt_token_ids: tuple[int, ...],
-               stream: RequestStream | None = None,
-               backpressure: BackpressureConfig | None = None,
-               grammar_done: GrammarDone | None = None,
-               grammar_budget_end: GrammarBudgetEnd | None = None,
-               early_stop: EarlyStopHook | None = None,
-               arrival: float | None = None) -> RequestRun:
-        """The reference loop's constructor: the stream (unless given), the trace handle,
-        the output processor with its grammar and early-stop hooks (:func:`output_processor`),
-        and the run holding them. Raises InvalidRequestError (a bad stop) before anything is
-        held."""
-        proc = output_processor(request_id, tokenizer, spec, trace,
-                                prompt_token_ids=prompt_token_ids, stream=stream,
-                                backpressure=backpressure, grammar_done=grammar_done,
-                                grammar_budget_end=grammar_budget_end, early_stop=early_stop)
-        return cls(request_id, proc.stream, proc.trace, proc,
-                   prompt_tokens=len(prompt_token_ids), arrival=arrival)
 
     @property
     def processor(self) -> OutputProcessor | None:

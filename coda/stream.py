@@ -147,6 +147,10 @@ class BackpressureConfig:
             raise ValueError("need 0 < pause_bytes <= max_bytes")
 
 
+DEFAULT_BACKPRESSURE = BackpressureConfig()
+"""A stream's policy when its request declares none (frozen: one value shared by all)."""
+
+
 class RequestStream:
     """Append-only, sequence-numbered event log of one request; thread-safe.
 
@@ -159,7 +163,7 @@ class RequestStream:
     def __init__(self, request_id: str, backpressure: BackpressureConfig | None = None, *,
                  channel: WakeChannel | None = None) -> None:
         self.request_id = request_id
-        self.backpressure = backpressure or BackpressureConfig()
+        self.backpressure = backpressure or DEFAULT_BACKPRESSURE
         self._events: list[StreamEvent] = []
         self._lock = threading.Lock()
         # NOTE: the blocking readers' wake-up (no callback: they wait on the stream itself)

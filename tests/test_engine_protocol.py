@@ -44,7 +44,13 @@ def test_async_engine_is_the_engine_protocol_p1_p3_c1() -> None:
                 ev.seq, ev.type, ev.data, ev.tokens, ev.terminal)
         info = engine.model_info()
         assert pickle.loads(pickle.dumps(info)) == info
-        assert info == ModelInfo(engine.model_name, engine.context_length, engine.eos_token_ids)
+        assert isinstance(info, ModelInfo)
+        assert (info.name, info.context_length, info.eos_token_ids) == (
+            engine.model_name, engine.context_length, engine.eos_token_ids)
+        # NOTE: what Ollama's /api/show describes (coda.server.ollama_info)
+        mc = engine.runner.config
+        assert (info.architecture, info.parameters) == (mc.arch, mc.num_parameters)
+        assert info.quantization == engine.loaded.quantization
         # C1: cancel by id reaches a running request once; unknown or ended ids say False
         slow = engine.submit(GenerationRequest((1, 2, 3), SamplingParams(seed=1),
                                                request_id="seam-2"))

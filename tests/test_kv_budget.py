@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.kv_budget import MemoryBudget, MemoryBudgetError, kv_cache_budget, rss_bytes
 from coda.engine.kv_cache import BlockManager
-from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.sequence import Sequence
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import ContextLengthExceededError
@@ -190,17 +189,40 @@ def test_d1_budget_below_one_context_serves_what_fits_and_refuses_the_rest_with_
     assert 0 < metrics["coda:kv_cache_committed_bytes"] <= metrics["coda:kv_cache_reserved_bytes"]
 
 
-def test_d1_scheduler_refuses_a_sequence_the_whole_cache_cannot_hold() -> None:
-    """T3/D1: check_fits (called by submit before anything is queued, and by add) raises the
-    typed 4xx error naming max_tokens for a sequence longer than every block together."""
-    sched = Scheduler(SchedulerConfig(), BlockManager(num_blocks=3, block_size=4))
-    sched.check_fits(12)
-    with pytest.raises(ContextLengthExceededError) as exc:
-        sched.check_fits(13)
-    assert exc.value.field == "max_tokens"
-    with pytest.raises(ContextLengthExceededError):
-        sched.add(Sequence(1, [1, 2, 3], 13))
-    assert sched.num_waiting == 0
+def test_d1_a_request_the_cache_could_never_hold_is_refused_once_by_the_plan(
+        server_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T3/D1 (issue 22): "can this request ever fit the cache" has one home, the plan. The
+    engine lowers the context to the cache, so the plan's budget check refuses a request one
+    token past the whole cache with the typed 4xx naming ``max_tokens``, before the scheduler
+    sees it; one that fills the cache exactly is not refused a second way: the scheduler admits
+    it and it runs to its budget. No other engine or core module raises the refusal."""
+    import ast
+
+    engine = AsyncEngine.from_model_dir(server_checkpoint, EngineConfig(num_blocks=3))
+    capacity = 3 * engine.runner.block_size
+    assert engine.context_length == capacity
+    added: list[int] = []
+    add = engine.core.scheduler.add
+    monkeypatch.setattr(engine.core.scheduler, "add",
+                        lambda seq: (added.append(seq.max_total_tokens), add(seq))[1])
+    prompt = tuple(range(1, 9))
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+    with engine:
+        with pytest.raises(ContextLengthExceededError) as exc:
+            engine.submit(GenerationRequest(prompt, greedy, max_tokens=capacity - 7))
+        assert exc.value.field == "max_tokens"
+        assert str(exc.traceback[-1].path).endswith("coda/engine/plan.py")
+        assert added == [] and engine.num_waiting() == 0
+        full = GenerationRequest(prompt, greedy, max_tokens=capacity - 8)
+        term = engine.submit(full).wait(120)
+        assert term.state.value == "FINISHED" and term.usage.selected_tokens == capacity - 8
+        assert added == [capacity]
+    coda = Path(__file__).resolve().parent.parent / "coda"
+    raisers = {str(f.relative_to(coda)) for f in [*coda.glob("*.py"), *coda.glob("engine/*.py")]
+               if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                      and n.func.id == "ContextLengthExceededError"
+                      for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))))}
+    assert raisers == {"engine/plan.py"}
 
 
 def test_cli_refuses_a_bad_memory_budget_before_loading() -> None:

@@ -265,6 +265,21 @@ def test_embeddings_route_to_each_models_worker(two: tuple[LiveServer, ModelRout
     assert bad.status_code == 503 and "could not be loaded" in bad.json()["error"]["message"]
 
 
+def test_ollama_show_describes_each_loaded_model(two: tuple[LiveServer, ModelRouter]) -> None:
+    """``/api/show`` for a model of several: once its worker loaded, ``details`` and
+    ``model_info`` describe that model (its family, size, stored type), not an empty card."""
+    import ollama
+
+    server, _ = two
+    client = ollama.Client(host=server.url)
+    client.embed(model="smol", input="load it")
+    shown = client.show("smol")
+    assert shown.details is not None and shown.details.family == "llama"
+    assert shown.details.quantization_level == "Q4_1"
+    assert shown.details.parameter_size == "134.52M"
+    assert (shown.modelinfo or {}).get("general.parameter_count") == 134515008
+
+
 # -- a memory budget ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

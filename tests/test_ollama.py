@@ -368,3 +368,33 @@ def test_prompt_over_the_context_is_a_400(client: ollama.Client, name: str) -> N
     with pytest.raises(ollama.ResponseError) as exc:
         client.generate(model=name, prompt="word " * 3000, raw=True)
     assert exc.value.status_code == 400 and exc.value.error
+
+
+def test_show_details_and_model_info_describe_the_loaded_model(client: ollama.Client,
+                                                               name: str) -> None:
+    """``/api/show`` through the client's ``show()``: ``details`` (family and families = the
+    architecture, parameter size as Ollama writes it, the GGUF's quantization level) and
+    ``model_info`` (GGUF metadata keys Open WebUI reads) describe SmolLM2-135M Q4_1; ``list()``
+    carries the same details."""
+    shown = client.show(name)
+    d = shown.details
+    assert d is not None and d.family == "llama" and d.families == ["llama"]
+    assert d.parameter_size == "134.52M" and d.quantization_level == "Q4_1"
+    info = shown.modelinfo or {}
+    assert info["general.architecture"] == "llama"
+    assert info["general.parameter_count"] == 134_515_008
+    assert info["general.file_type"] == 3  # NOTE: llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_1
+    assert info["llama.context_length"] == 1024
+    listed = client.list().models[0].details
+    assert listed is not None and listed.parameter_size == "134.52M"
+    assert listed.family == "llama" and listed.quantization_level == "Q4_1"
+
+
+@pytest.mark.parametrize(("count", "text"), [
+    (134_515_008, "134.52M"), (135_000_000, "135M"), (1_235_814_400, "1.2B"),
+    (7_000_000_000, "7B"), (494_032_768, "494.03M"), (22_400, "22K"), (999, "999"), (0, "")])
+def test_parameter_size_is_written_as_ollama_writes_it(count: int, text: str) -> None:
+    """Billions with one decimal, millions with two, none when whole, thousands rounded."""
+    from coda.server.ollama_info import parameter_size
+
+    assert parameter_size(count) == text

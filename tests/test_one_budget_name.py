@@ -97,6 +97,41 @@ def test_l4_the_request_path_carries_one_budget_field() -> None:
     assert "default_max_tokens" in {f.name for f in dataclasses.fields(ModelLimits)}
 
 
+# NOTE: every class field spelled ``*max_tokens`` below the wire schemas, and why: each holds
+# THE output budget (or the engine's default for it); D1's early-stop policy is the client's
+# own wire object (SPEC D1 ``maxTokens``) and bench.py is test support
+BUDGET_HOLDERS = frozenset({
+    ("server/params.py", "Knobs", "max_tokens"),
+    ("engine/types.py", "GenerationRequest", "max_tokens"),
+    ("engine/types.py", "EngineConfig", "default_max_tokens"),
+    ("engine/plan.py", "ModelLimits", "default_max_tokens"),
+    ("engine/plan.py", "RequestPlan", "max_tokens"),
+    ("output.py", "OutputSpec", "max_tokens"),
+    ("server/render_spec.py", "ResponsesRender", "max_tokens"),
+    ("early_stop.py", "EarlyStopPolicy", "max_tokens"),
+})
+
+
+def test_l4_no_second_budget_is_named_max_tokens() -> None:
+    """L4: ``max_tokens`` names the output budget and nothing else: a class field spelled
+    ``*max_tokens`` exists only on the holders of that one budget (:data:`BUDGET_HOLDERS`);
+    another budget has its own name (the reasoning budget is ``ReasoningSpec.budget_tokens``,
+    as Anthropic's ``thinking.budget_tokens``)."""
+    found = set()
+    for rel, tree in _modules():
+        if rel in SCHEMAS:
+            continue
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef):
+                found |= {(rel, cls.name, n.target.id) for n in cls.body
+                          if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                          and n.target.id.endswith("max_tokens")}
+    assert found == BUDGET_HOLDERS
+    from coda.reasoning import ReasoningSpec
+
+    assert "budget_tokens" in {f.name for f in dataclasses.fields(ReasoningSpec)}
+
+
 def test_l4_only_the_plan_checks_the_budget() -> None:
     """L4: a comparison involving ``max_tokens`` sits only in the plan (the admission check)
     and where the budget is spent (per-token stop, D1 policy, draft length)."""

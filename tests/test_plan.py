@@ -56,10 +56,11 @@ def test_l4_budget_matches_oracle(prompt_len: int, asked: int | None,
         assert err.value.field == want
         return
     plan = plan_request(req, limits)
-    assert (plan.max_tokens, plan.context_bound) == want
+    max_tokens, context_bound = want
+    assert plan.max_tokens == max_tokens
     assert plan.max_total_tokens <= LIMITS.context_length
-    spec = plan.output_spec()
-    assert spec.max_tokens == (None if plan.context_bound else plan.max_tokens)
+    spec = plan.output
+    assert spec.max_tokens == (None if context_bound else max_tokens)
     assert spec.context_limit == LIMITS.context_length and spec.prompt_len == prompt_len
 
 

@@ -36,7 +36,7 @@ STOPS = ["a", "b", "ab", "ba", "</", "k>", "ink", "\n\n", "<th"]
 
 
 def _spec(inside: bool, budget: int | None = None) -> ReasoningSpec:
-    return ReasoningSpec(inside=inside, close_ids=(CLOSE_ID,), max_tokens=budget,
+    return ReasoningSpec(inside=inside, close_ids=(CLOSE_ID,), budget_tokens=budget,
                          open_ids=(OPEN_ID,))
 
 

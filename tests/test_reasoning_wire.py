@@ -242,7 +242,7 @@ def test_k2_engine_trace_of_a_forced_close_checks(tmp_path: Path) -> None:
     engine.start()
     try:
         prompt = tuple(engine.tokenizer.encode("<|im_start|>assistant\n<think>\n").ids)
-        spec = ReasoningSpec(inside=True, close_ids=(CLOSE_ID,), max_tokens=1)
+        spec = ReasoningSpec(inside=True, close_ids=(CLOSE_ID,), budget_tokens=1)
         handle = engine.submit(GenerationRequest(prompt, max_tokens=20, stop=("re",),
                                                  reasoning=spec))
         term = handle.wait(60)

@@ -15,11 +15,10 @@ from coda.engine.async_engine import AsyncEngine
 from coda.engine.core import EngineRequest
 from coda.engine.kv_cache import KVCacheError
 from coda.engine.plan import ModelLimits, plan_request
-from coda.engine.sequence import Sequence
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.finish import FinishReason
 from coda.lifecycle import ResourceKind, State
-from coda.request import RequestRun, output_processor
+from coda.request import RequestRun
 from coda.sampling import SamplingParams
 from coda.stream import RequestStream, StreamClosed
 from coda.trace import ListTraceSink, TraceEvent, TraceHandle, TraceSink, check_trace
@@ -83,9 +82,9 @@ def test_l7_released_rng_state_refuses_a_draw() -> None:
     plan = plan_request(GenerationRequest(prompt_token_ids=(1, 2), sampling=SamplingParams(seed=42),
                                           max_tokens=4, request_id="r"),
                         ModelLimits(context_length=64, vocab_size=300, eos_token_ids=frozenset({0})))
-    proc = output_processor("r", scripted_tokenizer({1: b"a", 2: b"b"}), plan.output_spec(),
-                            ListTraceSink(), prompt_token_ids=plan.prompt_token_ids)
-    req = EngineRequest(plan, Sequence(0, [1, 2], 6), proc, arrival=0.0)
+    req = EngineRequest(plan, 0, scripted_tokenizer({1: b"a", 2: b"b"}), ListTraceSink(),
+                        arrival=0.0)
+    assert (req.seq.prompt_token_ids, req.seq.max_total_tokens) == ([1, 2], 6)
     req.rng_step = 3
     assert req.rng_seed == 42
     assert req.release_rng() == {"step": 3}

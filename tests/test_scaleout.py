@@ -9,6 +9,7 @@ import asyncio
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -144,8 +145,12 @@ def test_one_ingress_speaks_the_api_over_replicas_p1(remote: Any) -> None:
         chunks = list(client.chat.completions.create(
             model=remote.model_name, messages=msgs, max_tokens=8, seed=4, stream=True,
             extra_body={"ignore_eos": True}))
+        # NOTE: Ollama's /api/show describes the replicas' model (the ingress loads none)
+        details = httpx.post(f"{live.url}/api/show", json={"model": remote.model_name}
+                             ).json()["details"]
     finally:
         live.stop()
+    assert details["family"] and details["parameter_size"], details
     assert full.choices[0].finish_reason == "length"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content

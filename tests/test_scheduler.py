@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from coda.engine.kv_cache import BlockManager
 from coda.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.errors import InvalidRequestError
+from tests.conftest import examples
 from tests.test_kv_cache import FakeKV
 
 VOCAB = 7
@@ -41,6 +41,7 @@ class Harness:
         self.kv = FakeKV(self.bm)
         self.done: dict[int, list[int]] = {}
         self.next_id = 0
+        self.fresh: set[int] = set()  # NOTE: the sequences scoring their prompt (O1, echo)
 
     def add(self, prompt: list[int], max_out: int) -> Sequence:
         seq = Sequence(self.next_id, list(prompt), len(prompt) + max_out)
@@ -49,7 +50,7 @@ class Harness:
         return seq
 
     def step(self) -> SchedulerOutput:
-        out = self.sched.schedule()
+        out = self.sched.schedule(fresh=frozenset(self.fresh))
         self.bm.check_integrity()
         chosen: dict[int, int] = {}
         for c in out.chunks:
@@ -133,12 +134,16 @@ def test_decode_first_then_prefill() -> None:
     assert out.chunks[0].start_pos == 3 and out.chunks[0].need_logits
 
 
-def test_add_rejects_request_that_never_fits() -> None:
+def test_t3_a_sequence_filling_the_whole_cache_is_queued_and_runs_to_its_bound() -> None:
+    """T3: the scheduler asks only "does it fit now" (whether it can ever fit is the plan's
+    one check, tests/test_kv_budget.py): a sequence bounded by exactly every slot of the cache
+    is queued behind another that holds blocks, and both run to their bounds."""
     h = Harness(num_blocks=4, block_size=2)
-    with pytest.raises(InvalidRequestError) as err:
-        h.add([1, 2, 3], 6)  # 9 tokens > 8 slots
-    assert err.value.field == "max_tokens" and not h.sched.has_work
-    h.add([1, 2, 3], 5)  # exactly 8 fits
+    first = h.add([5, 6], 3)
+    h.step()
+    full = h.add([1, 2, 3], 5)  # NOTE: exactly 8 tokens = 8 slots
+    h.drain()
+    assert h.done == {first.seq_id: reference([5, 6], 3), full.seq_id: reference([1, 2, 3], 5)}
 
 
 @pytest.mark.parametrize("caching", [True, False])
@@ -267,3 +272,31 @@ def test_t4_l7_random_operations(
     assert set(h.done) | aborted == set(added)
     for seq_id, out in h.done.items():
         assert out == reference(*added[seq_id])
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(prompts=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+       scoring=st.lists(st.booleans(), min_size=6, max_size=6),
+       scoring_rows=st.integers(1, 16), chunk=st.integers(1, 16),
+       budget=st.integers(6, 48))
+def test_o1_scoring_rows_per_step_are_bounded_for_all_mixes(
+        prompts: list[int], scoring: list[bool], scoring_rows: int, chunk: int,
+        budget: int) -> None:
+    """O1, echo: sequences scoring their prompt keep every row's logits (a vocabulary each),
+    so between them they compute at most ``scoring_rows`` positions per step, however many
+    there are and whatever else runs; everything still completes, each output the reference."""
+    h = Harness(num_blocks=256, block_size=4, scoring_rows=scoring_rows,
+                long_prefill_chunk=chunk, max_num_batched_tokens=budget)
+    seqs = []
+    for n, (length, scores) in enumerate(zip(prompts, scoring, strict=False)):
+        seqs.append(h.add([(n * 7 + i) % VOCAB + 1 for i in range(length)], 2))
+        if scores:
+            h.fresh.add(seqs[-1].seq_id)
+    for _ in range(2000):
+        if not h.sched.has_work:
+            break
+        out = h.step()
+        assert sum(c.num_tokens for c in out.chunks if c.seq.seq_id in h.fresh) <= scoring_rows
+        assert all(c.num_tokens > 0 for c in out.chunks)  # NOTE: nothing admitted to idle
+    h.drain()
+    assert h.done == {s.seq_id: reference(s.prompt_token_ids, 2) for s in seqs}

@@ -268,7 +268,7 @@ def test_t4_reasoning_budget_with_prompt_lookup_equals_plain(tiny: Any) -> None:
                if "<" in t and not t.startswith("<|"))
     budgets = (1, 3, 7, 12, 20)
     loose = [_looping(plain, "[a-f ]{0,200}(</think>[a-f ]{0,200})?", lt,
-                      reasoning=ReasoningSpec(inside=True, close_ids=close_ids, max_tokens=m))
+                      reasoning=ReasoningSpec(inside=True, close_ids=close_ids, budget_tokens=m))
              for m in budgets]
     reqs = []
     for r, w in zip(loose, _run(plain, loose), strict=True):

@@ -76,3 +76,26 @@ def test_k1_spm_tokenizer_serializes_as_its_bpe_table(tmp_path: Path) -> None:
     plain = type(tok).from_str(tok.to_str())
     assert plain.get_vocab() == tok.get_vocab()
     assert plain.decode(ids) == tok.decode(ids) == "日本日"
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(pieces=pieces_st, texts=st.lists(st.text(TEXT_CHARS, min_size=1, max_size=16),
+                                        min_size=1, max_size=4), space_prefix=st.booleans())
+def test_k1_the_grammar_engine_spells_text_as_the_model_does(
+        pieces: dict[str, float], texts: list[str], space_prefix: bool) -> None:
+    """K1, G: llguidance (which spells the budget closer's canonical completions) tokenizes a
+    GGUF SentencePiece vocabulary's text exactly as Coda's encode does, and knows each id's
+    bytes: a serialized lookup table would spell pieces the merging never reaches whole."""
+    from coda.engine.grammar import ll_tokenizer
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = write_pieces_gguf(Path(scratch) / "v.gguf", sorted(pieces.items()), space_prefix)
+        tok = bundle_from_gguf(read_header(path)).tokenizer
+        ll = ll_tokenizer(tok, frozenset())
+        for text in texts:
+            ids = tok.encode(text, add_special_tokens=False).ids
+            assert ll.tokenize_str(text) == ids, text
+            # NOTE: the bytes the grammar sees: the text as normalized (spaces, the prefix),
+            # where pieces spell it (a byte-fallback "▁" stays the character's bytes)
+            if not any((tok.id_to_token(i) or "").startswith("<0x") for i in ids):
+                assert ll.decode_bytes(ids) == ((" " if space_prefix else "") + text).encode()

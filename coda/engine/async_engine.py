@@ -24,7 +24,6 @@ from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore, EngineRequest
 from coda.engine.draft import DRAFT_CONFIG, Drafter, load_drafter, speculative_mode
 from coda.engine.draft import describe as describe_draft
-from coda.engine.early_stop_hook import make_hook
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.handle import RequestHandle
 from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
@@ -33,23 +32,23 @@ from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, pl
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
-from coda.engine.sequence import Sequence
-from coda.engine.speculative import SpeculativeConfig, refusal, state_for
+from coda.engine.speculative import SpeculativeConfig, refusal
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
-from coda.output import EarlyStopHook
 from coda.reader import follow
-from coda.request import output_processor
 from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 from coda.wakeup import CHANNEL
 
 log = logging.getLogger("coda.engine")
 
+
+# NOTE: the logits of one step's prompt-scoring rows (echo, prompt logprobs), at most
+SCORING_LOGITS_BYTES = 64 << 20
 
 
 class AsyncEngine:
@@ -106,8 +105,12 @@ class AsyncEngine:
         self.trace = trace
         blocks = BlockManager(runner.num_blocks, runner.block_size,
                               enable_prefix_caching=config.enable_prefix_caching)
+        # NOTE: a step's prompt-scoring rows each hold a float32 vocabulary of logits: at most
+        # SCORING_LOGITS_BYTES of them (512 rows of a 262k vocabulary were 0.5 GB)
+        rows = max(16, SCORING_LOGITS_BYTES // (4 * runner.config.vocab_size))
         sched = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                          config.long_prefill_chunk, config.enable_prefix_caching),
+                                          config.long_prefill_chunk, config.enable_prefix_caching,
+                                          scoring_rows=min(rows, config.long_prefill_chunk)),
                           blocks)
         self.core = EngineCore(runner, sched, self.tokenizer, trace,
                                max_forward_retries=config.max_forward_retries, drafter=drafter)
@@ -256,10 +259,9 @@ class AsyncEngine:
         yet queued)."""
         if self._stopping:
             raise InvalidRequestError("the engine is shutting down", field=None)
+        # NOTE: issue 19 item 3: the plan's context check is also the cache's (the context is
+        # lowered to the cache above): one the cache could never hold is refused here, a 4xx
         plan = plan_request(req, self.limits)
-        # NOTE: issue 19 item 3: one the cache could never hold is refused here, a 4xx
-        total = plan.max_total_tokens
-        self.core.scheduler.check_fits(total)
         # NOTE: everything that can reject the request runs before any resource is acquired
         grammar = self._grammar(plan)
         closer = self._closer(plan, grammar)
@@ -267,19 +269,9 @@ class AsyncEngine:
         if self._thread is None:  # NOTE: after validation, before anything is acquired
             raise EngineNotStartedError("the engine is not started: call engine.start() (or use "
                                         "`with engine:`) before submit")
-        arrival = time.monotonic()
-        # NOTE: the one constructor: stream, trace handle, processor and hooks, built once
-        proc = output_processor(
-            plan.request_id, self.tokenizer, plan.output_spec(), self.trace,
-            prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
-            grammar_done=(closer.done if closer is not None else
-                          grammar.is_terminated if grammar is not None else None),
-            early_stop=_early_stop_hook(controller, arrival, grammar),
-            grammar_budget_end=closer.budget_end if closer is not None else None)
-        seq = Sequence(next(self._ids), list(plan.prompt_token_ids), total)
-        ereq = EngineRequest(plan, seq, proc, arrival=arrival, grammar=grammar,
-                             early_stop=controller, closer=closer,
-                             spec=state_for(self.speculative, plan))
+        ereq = EngineRequest(plan, next(self._ids), self.tokenizer, self.trace,
+                             arrival=time.monotonic(), grammar=grammar, early_stop=controller,
+                             closer=closer, speculative=self.speculative)
         handle = RequestHandle(ereq, self._wake)
         self._track(handle)
         ereq.stream.start(self.model_name, self.model_snapshot)
@@ -367,7 +359,10 @@ class AsyncEngine:
         return handle.cancel(cause) if handle is not None else False
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
+        mc = self.runner.config
+        return ModelInfo(self.model_name, self.context_length, self.eos_token_ids,
+                         architecture=mc.arch, parameters=mc.num_parameters,
+                         quantization=self.loaded.quantization)
 
     def _grammar(self, plan: RequestPlan) -> GrammarMatcher | None:
         if plan.grammar is None:
@@ -481,7 +476,3 @@ class AsyncEngine:
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(InvalidRequestError("the engine is shutting down", field=None))
 
-
-def _early_stop_hook(controller: EarlyStopController | None, arrival: float,
-                     grammar: GrammarMatcher | None) -> EarlyStopHook | None:
-    return make_hook(controller, arrival, grammar) if controller is not None else None

@@ -22,6 +22,7 @@ from coda.detokenizer import profile_of
 from coda.early_stop import EarlyStopController, decide_stream_failure
 from coda.engine.closure import BudgetCloser
 from coda.engine.draft import Drafter, DraftJob
+from coda.engine.early_stop_hook import make_hook
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.plan import RequestPlan
 from coda.engine.runner import ModelRunner, SeqChunk
@@ -29,11 +30,12 @@ from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from coda.engine.sequence import Sequence, SequenceStatus
 from coda.engine.speculative import (
-    SpecState,
+    SpeculativeConfig,
     accepted_prefix,
     forced_drafts,
     live_forced,
     plain_horizon,
+    state_for,
     verify_constrained,
     verify_rows,
 )
@@ -41,7 +43,7 @@ from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.output import OutputProcessor
-from coda.request import RequestRun
+from coda.request import RequestRun, output_processor
 from coda.stream import TokenInfo
 from coda.trace import TraceEvent, TraceSink
 
@@ -52,28 +54,47 @@ class EngineRequest(RequestRun):
     """The engine's one live object per request (issue 22): the request's run (lifecycle with
     its resources, stream, output processor, trace handle and the three endings, inherited
     from :class:`RequestRun`) plus what only the engine keeps: the frozen plan, the
-    scheduler's view, the RNG state (seed, step), the grammar's state, the closer and the drafting state;
-    everything is released through ``lifecycle`` (L7).
+    scheduler's view, the RNG state (seed, step), the grammar's state, the closer and the
+    drafting state; everything is released through ``lifecycle`` (L7).
+
+    It is built from the plan and its parts in one place, here: its sequence, its output
+    processor and its drafting state follow from the plan, and the processor's hooks from the
+    grammar, the closer and the early-stop controller it holds (so a hook never disagrees with
+    what the request keeps).
 
     Why the rest stays apart: :class:`RequestRun` is the base, not a second object, because the
     reference loop (tests/reference_loop.py, the engine's oracle) ends its requests through
     the very same code; the :class:`Sequence` is the scheduler's and block manager's view (ids,
-    tokens, blocks; coda.engine.speculative drafts from it), tested without an engine."""
+    tokens, blocks; coda.engine.speculative drafts from it), tested without an engine; the
+    :class:`~coda.engine.handle.RequestHandle` is the caller's view (any thread: cancel is C1's
+    moment 1 plus a wake-up), never handed the engine thread's endings (``cancel`` here is
+    C1's moment 3, ``finish``, ``fail``)."""
 
-    def __init__(self, plan: RequestPlan, seq: Sequence, processor: OutputProcessor, *,
-                 arrival: float, grammar: GrammarMatcher | None = None,
+    def __init__(self, plan: RequestPlan, seq_id: int, tokenizer: tokenizers.Tokenizer,
+                 trace: TraceSink, *, arrival: float, grammar: GrammarMatcher | None = None,
                  early_stop: EarlyStopController | None = None,
-                 closer: BudgetCloser | None = None, spec: SpecState | None = None) -> None:
+                 closer: BudgetCloser | None = None,
+                 speculative: SpeculativeConfig | None = None) -> None:
+        # NOTE: the one constructor of the parts: stream, trace handle, processor and hooks
+        processor = output_processor(
+            plan.request_id, tokenizer, plan.output, trace,
+            prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
+            grammar_done=(closer.done if closer is not None else
+                          grammar.is_terminated if grammar is not None else None),
+            early_stop=(make_hook(early_stop, arrival, grammar) if early_stop is not None
+                        else None),
+            grammar_budget_end=closer.budget_end if closer is not None else None)
         super().__init__(plan.request_id, processor.stream, processor.trace, processor,
                          prompt_tokens=len(plan.prompt_token_ids), arrival=arrival)
         self.plan = plan
-        self.seq = seq
+        self.seq = Sequence(seq_id, list(plan.prompt_token_ids), plan.max_total_tokens)
         # NOTE: absolute (monotonic), from plan.deadline_s
         self.deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
         self.grammar = grammar
         self.early_stop = early_stop
         self.closer = closer                 # issue 13: close within the budget
-        self.spec = spec                     # issue 21: prompt-lookup drafting (None: off)
+        # NOTE: issue 21: drafting state (None: off on the server or for this request)
+        self.spec = spec = state_for(speculative, plan)
         if spec is not None:
             self.speculative = spec.counts   # NOTE: the terminal reports them (coda.speculative)
         # T4, L7: the request's whole RNG state is the counter RNG's (seed, step), which every

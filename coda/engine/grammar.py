@@ -69,17 +69,45 @@ def ll_tokenizer(tokenizer: tokenizers.Tokenizer,
                  eos_token_ids: frozenset[int]) -> llg.LLTokenizer:
     """The llguidance tokenizer for ``tokenizer`` with these EOS ids, built once and cached
     (keyed weakly by the tokenizer object, so a dropped engine frees it)."""
-    import llguidance as llg
 
     eos = tuple(sorted(eos_token_ids))
     with _cache_lock:
         per_tok = _tokenizer_cache.setdefault(tokenizer, {})
         cached = per_tok.get(eos)
         if cached is None:
-            # NOTE: the HF tokenizer JSON carries the vocabulary, added tokens and pre-tokenizer
-            cached = llg.LLTokenizer(tokenizer.to_str(), eos_token=list(eos) or None)
+            cached = _build_ll_tokenizer(tokenizer, list(eos) or None)
             per_tok[eos] = cached
         return cached
+
+
+def _build_ll_tokenizer(tokenizer: tokenizers.Tokenizer,
+                        eos: list[int] | None) -> llg.LLTokenizer:
+    import llguidance as llg
+
+    from coda.models.gguf_spm import spm_token_bytes
+
+    spm = spm_token_bytes(tokenizer)
+    if spm is None:
+        # NOTE: the HF tokenizer JSON carries the vocabulary, added tokens and pre-tokenizer
+        return llg.LLTokenizer(tokenizer.to_str(), eos_token=eos)
+    # NOTE: a GGUF SentencePiece tokenizer's JSON is only its lookup table (llama.cpp's
+    # merging is no BPE): llguidance tokenizes through its exact encode instead, so the
+    # budget closer's canonical completions count the tokens the model really spells
+    tokens, special = spm
+
+    class _Exact:
+        eos_token_id = (eos or [0])[0]
+        bos_token_id = None
+        special_token_ids = special
+
+        def __init__(self) -> None:
+            self.tokens = tokens
+
+        def __call__(self, text: bytes) -> list[int]:
+            return list(tokenizer.encode(text.decode("utf-8", "replace"),
+                                         add_special_tokens=False).ids)
+
+    return llg.LLTokenizer(llg.TokenizerWrapper(_Exact()), eos_token=eos)
 
 
 def grammar_source(spec: GrammarSpec) -> str:

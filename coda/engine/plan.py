@@ -12,9 +12,12 @@ The token budget has one name, ``max_tokens``, and one check and derivation
 context leaves (then the request ends ``context_limit``, never ``max_output_tokens``, L4).
 Each protocol adapter maps its own wire field (``max_completion_tokens``,
 ``max_output_tokens``, ``options.num_predict``, ...) onto ``max_tokens`` once, at parse; below
-the adapters no other name for it exists (tests/test_one_budget_name.py). The served context never exceeds the KV cache
-(:class:`~coda.engine.async_engine.AsyncEngine`), so a plan that fits the context fits the
-cache: this check is the KV-capacity check (the scheduler keeps its own as an invariant).
+the adapters no other name for it exists (tests/test_one_budget_name.py).
+
+The served context never exceeds the KV cache (:class:`~coda.engine.async_engine.AsyncEngine`
+lowers it to what the cache holds), so a plan that fits the context fits the whole cache: this
+is the one "can this request ever fit" check (T3/D1), a 4xx before anything is acquired; the
+scheduler only asks whether a planned sequence fits *now* (tests/test_kv_budget.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from coda.early_stop import EarlyStopPolicy
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.output import UTF8_TAIL_POLICIES, OutputSpec
-from coda.reasoning import ReasoningSpec
 from coda.sampling import MAX_LOGPROBS, SamplingParams
 from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig
@@ -52,28 +54,24 @@ class RequestPlan:
     """Everything the engine runs one request by, checked once (see the module doc).
 
     ``max_tokens``: the most output tokens the request may select (the token budget).
-    ``context_bound``: no limit applies before the context, so reaching the context ends
-    ``context_limit`` (L4). ``seed``: the request's RNG seed, drawn here when none was asked
-    (E). ``deadline_s`` is relative to arrival (G3)."""
+    ``output``: the per-token checks' rules (coda.output, G1 order: budget, context, EOS,
+    stops, K3 tail, reasoning split), fixed here and handed to the output processor as they
+    are; its ``max_tokens`` is None when no limit applies before the context (reaching the
+    context then ends ``context_limit``, L4). ``seed``: the
+    request's RNG seed, drawn here when none was asked (E). ``deadline_s`` is relative to
+    arrival (G3)."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
-    context_bound: bool
     sampling: SamplingParams
     seed: int
     limits: ModelLimits
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[tuple[int, ...], ...] = ()
-    include_stop_str_in_output: bool = False
-    stops_end_at: str | None = None
-    skip_special_tokens: bool = True
-    utf8_tail: str = "auto"
+    output: OutputSpec
     grammar: GrammarSpec | None = None
     early_stop: EarlyStopPolicy | None = None
     deadline_s: float | None = None
     backpressure: BackpressureConfig | None = None
-    reasoning: ReasoningSpec | None = None  # issue 23 (coda.reasoning)
     speculative: bool = True  # issue 21: may this request speculate (if the server does)
     prompt_logprobs: int | None = None  # score each prompt token, k alternatives (echo)
 
@@ -104,21 +102,6 @@ class RequestPlan:
                 f"max_tokens ({self.max_tokens}) is too small for {what} {tokens} tokens",
                 field="max_tokens")
 
-    def output_spec(self) -> OutputSpec:
-        """The per-token checks' rules (coda.output, G1 order)."""
-        # NOTE: L4: with the context as the limit, hitting it is context_limit, not
-        # max_output_tokens: the max-tokens check (earlier in G1's order) must not fire at the
-        # same step, so a context-bound plan hands on no budget (None) at all.
-        return OutputSpec(
-            max_tokens=None if self.context_bound else self.max_tokens,
-            context_limit=self.limits.context_length,
-            prompt_len=len(self.prompt_token_ids), eos_token_ids=self.limits.eos_token_ids,
-            ignore_eos=self.sampling.ignore_eos, stop_strings=self.stop,
-            stop_token_ids=self.stop_token_ids,
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens, utf8_tail=self.utf8_tail,
-            stops_end_at=(self.stops_end_at or "").encode(), min_tokens=self.sampling.min_tokens,
-            reasoning=self.reasoning)
 
 
 def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
@@ -156,14 +139,22 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
     _check_reasoning(req, limits)
     seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
+    # NOTE: L4: with the context as the limit, hitting it is context_limit, not
+    # max_output_tokens: the max-tokens check (earlier in G1's order) must not fire at the
+    # same step, so a context-bound plan hands the per-token checks no budget (None) at all.
+    output = OutputSpec(
+        max_tokens=None if context_bound else max_tokens, context_limit=limits.context_length,
+        prompt_len=len(prompt), eos_token_ids=limits.eos_token_ids,
+        ignore_eos=req.sampling.ignore_eos, stop_strings=tuple(req.stop),
+        stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
+        stops_end_at=(req.stops_end_at or "").encode(), min_tokens=req.sampling.min_tokens,
+        reasoning=req.reasoning)
     return RequestPlan(
         request_id=req.request_id or f"req-{uuid.uuid4().hex[:16]}",
-        prompt_token_ids=prompt, max_tokens=max_tokens, context_bound=context_bound,
-        sampling=req.sampling, seed=seed, limits=limits, stop=tuple(req.stop),
-        stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
-        stops_end_at=req.stops_end_at, skip_special_tokens=req.skip_special_tokens,
-        utf8_tail=req.utf8_tail, grammar=req.grammar, early_stop=req.early_stop,
-        deadline_s=req.deadline_s, backpressure=req.backpressure, reasoning=req.reasoning,
+        prompt_token_ids=prompt, max_tokens=max_tokens, sampling=req.sampling, seed=seed,
+        limits=limits, output=output, grammar=req.grammar, early_stop=req.early_stop,
+        deadline_s=req.deadline_s, backpressure=req.backpressure,
         speculative=req.speculative, prompt_logprobs=req.prompt_logprobs)
 
 
@@ -172,10 +163,11 @@ def _check_reasoning(req: GenerationRequest, limits: ModelLimits) -> None:
     r = req.reasoning
     if r is None:
         return
-    if r.max_tokens is not None and (isinstance(r.max_tokens, bool) or r.max_tokens < 0):
+    if r.budget_tokens is not None and (isinstance(r.budget_tokens, bool)
+                                        or r.budget_tokens < 0):
         raise InvalidRequestError("max_reasoning_tokens must be an integer >= 0",
                                   field="max_reasoning_tokens")
-    if r.max_tokens is not None and not r.close_ids:
+    if r.budget_tokens is not None and not r.close_ids:
         raise InvalidRequestError("this model has no reasoning closer to force",
                                   field="max_reasoning_tokens")
     if any(not 0 <= t < limits.vocab_size for t in r.close_ids):

@@ -168,7 +168,8 @@ def worker_main(conn: Connection, model: str | None, config: EngineConfig,
 def _info(engine: Any) -> dict[str, Any]:
     return {"model_name": engine.model_name, "context_length": engine.context_length,
             "identity": engine.identity, "kv_cache_bytes": int(engine.runner.kv.nbytes),
-            "summary": engine.load_summary(), "describe": engine.describe()}
+            "summary": engine.load_summary(), "describe": engine.describe(),
+            "model_info": engine.model_info()}
 
 
 def _serve(conn: Connection, engine: Any, sender: _Sender, send: Any) -> None:

@@ -41,6 +41,10 @@ class ModelInfo:
     name: str
     context_length: int
     eos_token_ids: frozenset[int]
+    # NOTE: what Ollama's /api/show describes ("" / 0 where the engine does not know it)
+    architecture: str = ""  # ModelConfig.arch: "llama", "qwen2", ...
+    parameters: int = 0  # parameter count (ModelConfig.num_parameters)
+    quantization: str = ""  # the stored tensor type: "Q4_1", "float32", ...
 
 
 @runtime_checkable

@@ -26,22 +26,24 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from coda.engine.kv_cache import BlockManager, blocks_needed
+from coda.engine.kv_cache import BlockManager
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.errors import ContextLengthExceededError
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Batch limits: sequences per step, tokens per step, prefill chunk per sequence."""
+    """Batch limits: sequences per step, tokens per step, prefill chunk per sequence, and the
+    prompt rows scored per step (each holds a whole vocabulary of logits: O1, echo)."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     long_prefill_chunk: int = 512
     enable_prefix_caching: bool = True
+    scoring_rows: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "long_prefill_chunk"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "long_prefill_chunk",
+                     "scoring_rows"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SchedulerConfig.{name} must be positive")
 
@@ -129,29 +131,17 @@ class Scheduler:
         return self._by_id.get(seq_id)
 
     def add(self, seq: Sequence) -> None:
-        """Queue a new sequence; reject one that could never fit the whole cache."""
+        """Queue a new sequence. Its bound fits the whole cache: the plan admitted it (the one
+        "can it ever fit" check, coda.engine.plan, T3/D1); here only "does it fit now" is
+        asked, at each step."""
         if seq.seq_id in self._by_id:
             raise ValueError(f"seq {seq.seq_id} is already scheduled")
         if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens or seq.block_table:
             raise ValueError(f"seq {seq.seq_id} is not a fresh sequence")
-        self.check_fits(seq.max_total_tokens)
         seq.arrival = self._next_arrival
         self._next_arrival += 1
         self._waiting.append(seq)
         self._by_id[seq.seq_id] = seq
-
-    def check_fits(self, max_total_tokens: int) -> None:
-        """Raise :class:`ContextLengthExceededError` (a 4xx, field ``max_tokens``) unless a
-        sequence of ``max_total_tokens`` (prompt + max output) fits the whole cache alone: one
-        that never could would wait forever (issue 19 item 3). Reads only immutable sizes, so
-        any thread may call it (the engine's submit does, before anything is queued)."""
-        bm = self.block_manager
-        if blocks_needed(max_total_tokens, bm.block_size) > bm.num_blocks:
-            raise ContextLengthExceededError(
-                f"prompt + max output tokens ({max_total_tokens}) exceed the KV cache "
-                f"({bm.num_blocks * bm.block_size} tokens)",
-                field="max_tokens",
-            )
 
     def finish(self, seq: Sequence) -> None:
         """End a sequence the engine is done with; frees its blocks exactly once (L7)."""
@@ -185,11 +175,13 @@ class Scheduler:
         (backpressure policy 1, P6): they resume at the same token and position. A decoding
         sequence with ``drafts`` carries them after its token when the step's budget and the
         free blocks allow (never by preempting: a draft that does not fit is dropped).
-        A waiting sequence whose id is in ``fresh`` is admitted without prefix-cache reuse
-        (it scores its prompt, so every position is computed: coda.engine.core).
+        A sequence whose id is in ``fresh`` scores its prompt (every position computed, every
+        row's logits kept: coda.engine.core): it is admitted without prefix-cache reuse, and
+        such sequences compute at most ``scoring_rows`` positions per step between them.
         """
         cfg, bm = self.config, self.block_manager
         budget = cfg.max_num_batched_tokens
+        scoring = cfg.scoring_rows  # NOTE: rows of [rows, vocab] logits left this step
         chunks: list[ScheduledChunk] = []
         preempted: list[Sequence] = []
         i = 0
@@ -199,7 +191,9 @@ class Scheduler:
                 i += 1
                 continue
             k = min(seq.num_uncomputed_tokens, cfg.long_prefill_chunk, budget)
-            if k == 0:  # NOTE: engine has not appended/finished it yet; nothing to compute
+            if seq.seq_id in fresh:
+                k = min(k, scoring)
+            if k == 0:  # NOTE: nothing to compute yet, or no scoring rows left this step
                 i += 1
                 continue
             # NOTE: drafts never take a later running sequence's decode token from the budget
@@ -217,6 +211,7 @@ class Scheduler:
             bm.append(seq, k)
             chunks.append(self._chunk(seq, k, draft))
             budget -= k
+            scoring -= k if seq.seq_id in fresh else 0
             i += 1
         # NOTE: after a preemption, admit nothing this step (it would thrash on the freed blocks).
         while self._waiting and not preempted and budget > 0:
@@ -224,15 +219,19 @@ class Scheduler:
                 break
             seq = self._waiting[0]
             reuse = seq.seq_id not in fresh
+            if not reuse and scoring == 0:
+                break  # NOTE: FCFS: it waits for the next step's scoring rows
             if not bm.can_allocate(seq, reuse):
                 break  # NOTE: FCFS — no overtaking, no preempting to admit
             self._waiting.popleft()
             bm.allocate(seq, reuse)  # may set num_computed_tokens on a prefix hit
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=lambda s: s.arrival)
-            k = min(seq.num_uncomputed_tokens, cfg.long_prefill_chunk, budget)
+            k = min(seq.num_uncomputed_tokens, cfg.long_prefill_chunk, budget,
+                    budget if reuse else scoring)
             chunks.append(self._chunk(seq, k))
             budget -= k
+            scoring -= 0 if reuse else k
         return SchedulerOutput(chunks, preempted)
 
     def _fit_draft(self, seq: Sequence, k: int, draft: tuple[int, ...],

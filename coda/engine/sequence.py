@@ -39,8 +39,8 @@ class Sequence:
       * ``num_computed_tokens`` counts tokens whose K/V are in the cache; only the
         scheduler changes it (advance after a step, reset on preemption).
       * ``block_table`` is written only by the block manager.
-      * ``max_total_tokens`` (prompt + max output) bounds ``num_tokens``; the scheduler
-        rejects a sequence whose bound can never fit the cache.
+      * ``max_total_tokens`` (prompt + max output) bounds ``num_tokens``; it fits the whole
+        cache (the plan refused any that could not, coda.engine.plan).
     """
 
     seq_id: int

@@ -275,13 +275,13 @@ def plain_horizon(processor: OutputProcessor, closer: BudgetCloser | None) -> in
     ``h`` is checked again when it is the pick (``EngineCore._live_pick``). 0 while the
     budget closer forces its path or a reasoning budget forces its closer; inside (or
     before) a reasoning block with a budget, the tokens left of it: the closer is forced at
-    the first row where the block holds ``max_tokens`` tokens, and each row adds at most one."""
+    the first row where the block holds ``budget_tokens`` tokens, and each row adds at most one."""
     if (closer is not None and closer.forcing) or processor.forced_token() is not None:
         return 0
     sp = processor.splitter
-    if sp is None or sp.phase is Phase.ANSWER or sp.spec.max_tokens is None:
+    if sp is None or sp.phase is Phase.ANSWER or sp.spec.budget_tokens is None:
         return _UNBOUNDED
-    return max(0, sp.spec.max_tokens - processor.reasoning_tokens)
+    return max(0, sp.spec.budget_tokens - processor.reasoning_tokens)
 
 
 def row_at(base: SamplingRow, drafts: Seq[int], j: int,

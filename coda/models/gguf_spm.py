@@ -14,13 +14,17 @@ a bigram queue by score, stale entries skipped by size). :func:`exact_spm` puts 
 front of a whole-piece BPE lookup encodes for the first, so callers keep one tokenizer type
 with real :class:`~tokenizers.Encoding` objects, added tokens, normalizer and BOS template. A
 custom pre-tokenizer cannot be serialized, so it stays out of the tokenizer callers see: its
-parts and ``to_str`` are the plain BPE table it was built from (the same vocabulary and
-decoder, for identity, llguidance and replicas), and a pickled copy encodes exactly again.
+parts and ``to_str`` are the plain whole-piece table it was built from (the same vocabulary
+and decoder, for identity and replicas), and a pickled copy encodes exactly again. A grammar
+engine, which must spell text as the model does, gets each id's bytes from
+:func:`spm_token_bytes` and tokenizes through the exact encode.
 """
 
 from __future__ import annotations
 
 import heapq
+import re
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,7 +113,34 @@ def exact_spm(plain: Tokenizer, scores: dict[str, float],
     plain.encode_batch = exact.encode_batch  # type: ignore[method-assign]
     plain.encode_batch_fast = exact.encode_batch_fast  # type: ignore[method-assign]
     plain.__reduce_ex__ = reduce_ex  # type: ignore[method-assign]
+    _EXACT.add(plain)
     return plain
+
+
+_EXACT: weakref.WeakSet[Tokenizer] = weakref.WeakSet()
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def spm_token_bytes(tok: Tokenizer) -> tuple[list[bytes], list[int]] | None:
+    """For a tokenizer :func:`exact_spm` made: each id's bytes and the special ids, for a
+    grammar engine that must tokenize as the model does (llguidance's ``TokenizerWrapper``:
+    special tokens marked by a leading 0xFF, as its llama.cpp binding does). None for any other
+    tokenizer (its serialized form already encodes as it does)."""
+    if tok not in _EXACT:
+        return None
+    special = sorted(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    marked = set(special)
+    out: list[bytes] = []
+    for i in range(tok.get_vocab_size()):
+        text = tok.id_to_token(i) or ""
+        byte = _BYTE_TOKEN.fullmatch(text)
+        if i in marked:
+            out.append(b"\xff" + text.encode())
+        elif byte is not None:  # NOTE: byte fallback's tokens (no piece is spelled <0xNN>)
+            out.append(bytes([int(byte.group(1), 16)]))
+        else:
+            out.append(text.replace("\u2581", " ").encode())
+    return out, special
 
 
 def _rebuild(serialized: str, scores: dict[str, float]) -> Tokenizer:

@@ -11,8 +11,8 @@ Two tokenizer models (``tokenizer.ggml.model``):
 * ``llama`` — SentencePiece: llama.cpp's merging by score (:mod:`coda.models.gguf_spm`: through
   characters that are not pieces, ties by position), byte fallback to the ``<0xNN>`` tokens,
   spaces as ``▁`` with a space prefix (``add_space_prefix``, default on) before the first text
-  and after every special token, as llama.cpp does. Its serialized form (``to_str``) is a BPE
-  table with merges ranked by the merged piece's score: the same vocabulary and decoding.
+  and after every special token, as llama.cpp does. Its serialized form (``to_str``) is the
+  vocabulary as a whole-piece BPE lookup without merges: the same vocabulary and decoding.
 
 Control and user-defined tokens are added tokens (control ones special); byte tokens
 (``<0xNN>``, type 6) are ordinary vocabulary, never special. An unknown ``tokenizer.ggml.pre``
@@ -133,29 +133,36 @@ def build_tokenizer(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     """The tokenizer for ``v`` and whether encode(add_special_tokens=True) prepends BOS."""
     if v.model == "gpt2":
         tok, add_bos = _bpe(v)
-    elif v.model == "llama":
-        tok, add_bos = _spm(v)
-    else:
-        raise UnsupportedModelError(
-            f"GGUF tokenizer model {v.model!r} is not supported; supported: gpt2 (BPE), llama (SPM)")
-    _finish(tok, v, add_bos)
+        _finish(tok, v, add_bos)
+        return tok, add_bos
     if v.model == "llama":
-        # NOTE: the BPE table above is the serialized form; llama.cpp's merging is not a BPE.
-        # The encoder is the same pipeline over a whole-token lookup (no merges: built
-        # directly, not through the table's JSON, 1 s of a 262k vocabulary's load)
+        if v.scores is None:
+            raise UnsupportedModelError("GGUF SentencePiece tokenizer has no scores")
+        add_bos = v.add_bos if v.add_bos is not None else True
+        # NOTE: llama.cpp's merging is no BPE (gguf_spm): the serialized table is the
+        # whole-piece lookup, no merges. Ranking every split of every piece into a merge table
+        # (what a HF converter writes) took 9 s of a 262k vocabulary's load and encoded nothing:
+        # the encoder is gguf_spm's segmentation over a second copy of the same lookup
+        # NOTE: one vocabulary model and one added-token list serve both (a 262k vocabulary's
+        # model takes ~0.7 s to build, its added tokens ~0.3 s)
+        model, added = _spm_model(v), _added_tokens(v)
+        plain, lookup = (_finish(_spm_pipeline(Tokenizer(model), v), v, add_bos, added)
+                         for _ in range(2))
+        return exact_spm(plain, _spm_scores(v), lookup), add_bos
+    raise UnsupportedModelError(
+        f"GGUF tokenizer model {v.model!r} is not supported; supported: gpt2 (BPE), llama (SPM)")
 
-        lookup = _spm_pipeline(Tokenizer(_spm_model(v, [], ignore_merges=True)), v)
-        _finish(lookup, v, add_bos)
-        tok = exact_spm(tok, _spm_scores(v), lookup)
-    return tok, add_bos
 
-
-def _finish(tok: Tokenizer, v: GGUFVocab, add_bos: bool) -> None:
-    _add_special_tokens(tok, v)
+def _finish(tok: Tokenizer, v: GGUFVocab, add_bos: bool,
+            added: list[AddedToken] | None = None) -> Tokenizer:
+    """``tok`` with the file's added tokens (``added``, else built) and, where the file asks,
+    its BOS template."""
+    tok.add_tokens(_added_tokens(v) if added is None else added)  # NOTE: ids already in vocab
     if add_bos and v.bos_id is not None:
         bos = v.tokens[v.bos_id]
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, v.bos_id)])
+    return tok
 
 
 def _pre_tokenizer(v: GGUFVocab) -> PreTokenizer:
@@ -185,32 +192,11 @@ def _bpe(v: GGUFVocab) -> tuple[Tokenizer, bool]:
     return tok, add_bos
 
 
-def _spm(v: GGUFVocab) -> tuple[Tokenizer, bool]:
-    if v.scores is None:
-        raise UnsupportedModelError("GGUF SentencePiece tokenizer has no scores")
-    vocab = v.index
-    scores = [float(s) for s in v.scores]
-    mergeable = [i for i, t in enumerate(v.token_types) if t in (NORMAL, USER_DEFINED, UNUSED)]
-    ranked: list[tuple[float, int, int, int, str, str]] = []
-    for i in mergeable:
-        piece = v.tokens[i]
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            li, ri = vocab.get(left), vocab.get(right)
-            if li is not None and ri is not None:
-                ranked.append((-scores[i], i, li, ri, left, right))
-    # NOTE: llama.cpp merges the adjacent pair whose result scores highest; ties between two
-    # splits of one piece go to the lower left id (as transformers' SentencePiece extractor).
-    ranked.sort()
-    tok = _spm_pipeline(Tokenizer(_spm_model(v, [(r[4], r[5]) for r in ranked])), v)
-    return tok, v.add_bos if v.add_bos is not None else True
-
-
-def _spm_model(v: GGUFVocab, merges: list[tuple[str, str]],
-               ignore_merges: bool = False) -> models.BPE:
+def _spm_model(v: GGUFVocab) -> models.BPE:
+    """The vocabulary as a whole-piece lookup with byte fallback (no merges)."""
     unk = v.tokens[v.unk_id] if v.unk_id is not None else None
-    return models.BPE(v.index, merges, unk_token=unk, fuse_unk=True, byte_fallback=True,
-                      ignore_merges=ignore_merges)
+    return models.BPE(v.index, [], unk_token=unk, fuse_unk=True, byte_fallback=True,
+                      ignore_merges=True)
 
 
 def _spm_pipeline(tok: Tokenizer, v: GGUFVocab) -> Tokenizer:
@@ -234,7 +220,7 @@ def _spm_scores(v: GGUFVocab) -> dict[str, float]:
     return {t: float(v.scores[i]) for t, i in v.index.items()}
 
 
-def _add_special_tokens(tok: Tokenizer, v: GGUFVocab) -> None:
+def _added_tokens(v: GGUFVocab) -> list[AddedToken]:
     """Control/unknown tokens become special added tokens, user-defined ones plain added
     tokens (always matched whole, as llama.cpp does); byte tokens are never added."""
     added: list[AddedToken] = []
@@ -243,7 +229,7 @@ def _add_special_tokens(tok: Tokenizer, v: GGUFVocab) -> None:
             added.append(AddedToken(text, special=True, normalized=False))
         elif kind == USER_DEFINED:
             added.append(AddedToken(text, special=False, normalized=False))
-    tok.add_tokens(added)  # NOTE: ids are already in the vocabulary; add_tokens keeps them
+    return added
 
 
 # Token texts llama.cpp treats as end of generation (llama-vocab.cpp, "special_eog_ids").

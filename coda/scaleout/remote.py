@@ -19,6 +19,7 @@ event; a request starts with a unary ``submit`` call.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import threading
@@ -125,7 +126,11 @@ class RemoteEngine:
             time.sleep(0.01)
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
+        info: ModelInfo | None = getattr(self, "served_model_info", None)
+        if info is None:  # NOTE: a replica of an engine version without it
+            return ModelInfo(self.model_name, self.context_length, self.eos_token_ids)
+        return dataclasses.replace(info, name=self.model_name, context_length=self.context_length,
+                                   eos_token_ids=self.eos_token_ids)
 
     async def embed(self, token_ids: list[int]) -> list[float]:
         """On any replica (they serve the same weights), in turn; the replica checks the ids

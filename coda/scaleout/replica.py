@@ -180,7 +180,10 @@ class EngineReplica:
         """What the server reads off its engine besides calls (the tokenizer for prompts and
         logprobs, chat template data, the model's identity), for the ingress to hold locally:
         every attribute of :data:`SERVED_ATTRS` this engine has, pickled by Ray."""
-        return {k: getattr(self.engine, k) for k in SERVED_ATTRS if hasattr(self.engine, k)}
+        attrs = {k: getattr(self.engine, k) for k in SERVED_ATTRS if hasattr(self.engine, k)}
+        if hasattr(self.engine, "model_info"):  # NOTE: what /api/show describes
+            attrs["served_model_info"] = self.engine.model_info()
+        return attrs
 
 
 def replica_trace_path(path: str, pid: int) -> str:

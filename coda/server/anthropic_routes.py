@@ -34,6 +34,7 @@ from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import anthropic_history
+from coda.server.tool_results import check_anthropic_results
 from coda.stream import EventType, StreamEvent, Terminal
 
 router = APIRouter()
@@ -53,6 +54,11 @@ def _tool_use(call: tl.ToolCall, rid: str) -> dict[str, Any]:
             "name": call.name, "input": json.loads(call.arguments)}
 
 
+def _tier(spec: AnthropicRender) -> dict[str, str]:
+    """``usage.service_tier``, when the request named one: the one local tier, "standard"."""
+    return {"service_tier": spec.service_tier} if spec.service_tier else {}
+
+
 def _usage(terminal: Terminal | None, input_tokens: int, cached: int = 0) -> dict[str, int]:
     if terminal is None:  # NOTE: message_start: after the prefix-cache lookup (issue 20 D9)
         return {"input_tokens": input_tokens - cached, "cache_read_input_tokens": cached,
@@ -69,6 +75,7 @@ class AnthropicRenderer(Renderer):
         spec = record.spec
         assert isinstance(spec, AnthropicRender)
         self.r, self.input_tokens = record, spec.input_tokens
+        self.tier = _tier(spec)
         # NOTE: with tools, blocks open lazily: text (index k) or tool_use, one at a time
         self.parser: tl.ToolCallParser | None = None
         self.block = -1          # index of the last block started
@@ -118,7 +125,7 @@ class AnthropicRenderer(Renderer):
             usage = _usage(None, prompt, ev.cached_prompt_tokens or 0)
         message = {"id": self.r.id, "type": "message", "role": "assistant",
                    "model": self.r.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": usage}
+                   "stop_sequence": None, "usage": {**usage, **self.tier}}
         if self.parser is not None or self.thinking:
             return [self._frame("message_start", fid, message=message), self._frame("ping", fid)]
         return [self._frame("message_start", fid, message=message),
@@ -211,7 +218,8 @@ class AnthropicRenderer(Renderer):
         return [*frames,
                 self._frame("message_delta", fid,
                             delta={"stop_reason": reason, "stop_sequence": stop},
-                            usage=_usage(terminal, self.input_tokens), coda=ext),
+                            usage={**_usage(terminal, self.input_tokens), **self.tier},
+                            coda=ext),
                 self._frame("message_stop", fid)]
 
 
@@ -262,7 +270,9 @@ def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
 
 
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:
-    """The request's system prompt and messages as chat messages (roles checked)."""
+    """The request's system prompt and messages as chat messages (roles checked, every
+    ``tool_result`` answering a ``tool_use`` of the message before it)."""
+    check_anthropic_results(body.messages)
     msgs: list[dict[str, Any]] = []
     if body.system:
         msgs.append({"role": "system", "content": content_text(body.system, "system")})
@@ -311,7 +321,8 @@ class AnthropicAdapter:
                       **tool)
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
                                verify=body.stream_verify, thinking=reasoning is not None,
-                               reasoning=show)
+                               reasoning=show,
+                               service_tier="standard" if body.service_tier else None)
         return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect)
@@ -339,7 +350,8 @@ class AnthropicAdapter:
         return JSONResponse({"id": rid, "type": "message", "role": "assistant",
                              "model": record.model, "content": content,
                              "stop_reason": reason, "stop_sequence": stop,
-                             "usage": _usage(c.terminal, spec.input_tokens),
+                             "usage": {**_usage(c.terminal, spec.input_tokens),
+                                       **_tier(spec)},
                              "coda": ext}, headers=headers)
 
 

@@ -25,7 +25,7 @@ import time
 from typing import Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
@@ -34,6 +34,7 @@ from coda.server.http_errors import ApiError
 from coda.server.ollama_info import unload_when_idle
 from coda.server.ollama_schemas import OllamaEmbedRequest
 from coda.server.ollama_wire import keep_alive_zero
+from coda.server.schemas import STRICT
 from coda.server.state import ServerState
 
 router = APIRouter()
@@ -43,7 +44,7 @@ MAX_INPUTS = 2048  # NOTE: OpenAI's limit on inputs per request
 class OpenAIEmbeddingRequest(BaseModel):
     """``POST /v1/embeddings``: text, texts, token ids or lists of token ids."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"

@@ -1,10 +1,32 @@
-"""Fields a protocol accepts whose meaning Coda does not provide are refused, never ignored
-(issue 14 item 5). Each check names the field in a 400, as the upstream APIs do."""
+"""Protocol fields whose upstream meaning has no effect on a local server, or only part of one
+(issue 14 item 5, the API-gaps issue item 1). One home for what each does here:
+
+- refused with a 400 naming the field where the value asks for something Coda does not do
+  (Responses ``truncation: "auto"``, ``modalities`` with ``"audio"``);
+- accepted with no effect where nothing local corresponds: ``prompt_cache_key``,
+  ``safety_identifier`` (prefix caching is automatic; there is no abuse monitoring), and
+  ``service_tier``, answered ``"default"`` in the response as OpenAI answers the tier it
+  actually used (one local tier);
+- ``reasoning_effort`` (chat) / ``reasoning.effort`` (Responses) mapped onto the reasoning
+  budget (``max_reasoning_tokens``, SPEC-side :mod:`coda.reasoning`) on a model with reasoning
+  markers, accepted and ignored on any other model (it has no reasoning to bound).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from coda.errors import InvalidRequestError
+from coda.reasoning import marker_ids
 from coda.server.protocol_schemas import ResponsesRequest
+
+# NOTE: effort -> reasoning tokens before the closer is forced (None: no budget but max_tokens).
+# Monotone; "none" asks for no reasoning, so the closer is forced at once.
+EFFORT_BUDGET: dict[str, int | None] = {"none": 0, "minimal": 128, "low": 512,
+                                        "medium": 2048, "high": 8192, "xhigh": 32768,
+                                        "max": None}
+SERVED_TIER = "default"  # NOTE: the tier every request is served in (one local tier)
 
 
 def reject_unhonoured(body: ResponsesRequest) -> None:
@@ -18,3 +40,41 @@ def reject_unhonoured(body: ResponsesRequest) -> None:
     if body.background and not body.store:
         raise InvalidRequestError("background: background responses require store=true",
                                   field="background")
+
+
+def check_modalities(modalities: Sequence[str] | None) -> None:
+    """Chat ``modalities``: text is what every Coda model writes; audio output is a 400."""
+    if modalities is not None and "audio" in modalities:
+        raise InvalidRequestError(
+            "modalities: audio output is not supported (the served model writes text only); "
+            "use [\"text\"] or omit modalities", field="modalities")
+
+
+def served_tier(asked: str | None) -> str | None:
+    """The ``service_tier`` the response reports: ``"default"`` when the request named one
+    (whatever it named), nothing otherwise (OpenAI reports it when the parameter is set)."""
+    return SERVED_TIER if asked is not None else None
+
+
+def effort_budget(tokenizer: Any, effort: str | None, explicit: int | None, *,
+                  grammar: bool) -> int | None:
+    """The reasoning budget of a request: ``explicit`` (``max_reasoning_tokens``) when given,
+    else ``effort`` mapped by :data:`EFFORT_BUDGET` on a model with reasoning markers and no
+    grammar (a constrained output has no reasoning split), else None (effort ignored)."""
+    if explicit is not None or effort is None:
+        return explicit
+    if grammar or marker_ids(tokenizer) is None:
+        return None  # NOTE: accepted and ignored: nothing to bound (docs/api.md)
+    return EFFORT_BUDGET[effort]
+
+
+def responses_effort(reasoning: dict[str, Any] | None) -> str | None:
+    """Responses ``reasoning.effort`` (checked against OpenAI's values), or None."""
+    effort = (reasoning or {}).get("effort")
+    if effort is None:
+        return None
+    if not isinstance(effort, str) or effort not in EFFORT_BUDGET:
+        raise InvalidRequestError(
+            f"reasoning.effort: must be one of {sorted(EFFORT_BUDGET)}, got {effort!r}",
+            field="reasoning.effort")
+    return effort

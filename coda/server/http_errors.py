@@ -84,10 +84,13 @@ def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> A
     return ApiError(400, message, param=param, code=exc.code.value)
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
+
+
 def _loc_name(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if p != "body"]
     # NOTE: pydantic puts union-member tags (``str``, ``list[int]``) in the loc; drop them.
-    parts = [p for p in parts if not any(c in p for c in "[]") and p not in ("str", "int")]
+    parts = [p for p in parts if not any(c in p for c in "[]") and p not in _TYPE_TAGS]
     return ".".join(parts)
 
 

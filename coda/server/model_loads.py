@@ -80,6 +80,7 @@ class ModelLoads:
         if w.state != "ready":
             return
         slot.identity = w.info.get("identity")
+        slot.info = w.info.get("model_info")
         slot.context_length = min(slot.context_length, int(w.info.get("context_length",
                                                                        slot.context_length)))
         self.metrics.loaded(slot, w)

@@ -162,7 +162,10 @@ class ModelRouter:
 
     def model_info(self) -> ModelInfo:
         s = self._slot()
-        return ModelInfo(s.name, s.context_length, s.chat.eos_token_ids)
+        if s.info is None:  # NOTE: not loaded yet: what the slot knows before
+            return ModelInfo(s.name, s.context_length, s.chat.eos_token_ids)
+        return replace(s.info, name=s.name, context_length=s.context_length,
+                                   eos_token_ids=s.chat.eos_token_ids)
 
     def model_card(self) -> dict[str, Any]:
         return self._card(self._slot())

@@ -19,6 +19,7 @@ from typing import Any
 
 from coda.engine.kv_budget import DEFAULT_KV_MEMORY_FRACTION
 from coda.engine.process_engine import WorkerProcess
+from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig
 from coda.models.identity import ModelIdentity
 from coda.models.source import ModelSource, model_key, resolve_model
@@ -39,6 +40,7 @@ class ModelSlot:
     kv_available: int | None = None  # NOTE: the model's share minus its weights (a budget)
     worker: WorkerProcess | None = None
     identity: ModelIdentity | None = None  # NOTE: known once loaded (P1: computed at load)
+    info: ModelInfo | None = None  # NOTE: architecture, parameters, quantization: once loaded
     live: set[str] = field(default_factory=set)
     last_used: float = field(default_factory=time.monotonic)
     loads: int = 0

@@ -16,7 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from coda.engine.protocol import Engine
+from coda.engine.protocol import Engine, ModelInfo
+from coda.models.gguf_file import FILE_TYPES
 from coda.models.identity import coda_version
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
@@ -65,19 +66,66 @@ def _cards(engine: Engine) -> list[dict[str, Any]]:
              "coda": identity.to_dict() if identity is not None else {}}]
 
 
-def _details(card: dict[str, Any]) -> dict[str, Any]:
+def parameter_size(count: int) -> str:
+    """A parameter count as Ollama writes ``details.parameter_size``: billions with one
+    decimal, millions with two (no decimals when whole), thousands rounded ("134.52M",
+    "1.2B", "7B"); "" when unknown."""
+    if count <= 0:
+        return ""
+    for unit, scale, places in (("B", 10**9, 1), ("M", 10**6, 2), ("K", 10**3, 0)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.{places}f}{unit}"
+    return str(count)
+
+
+def file_type(quantization: str) -> int | None:
+    """llama.cpp's ``general.file_type`` of a stored tensor type (None when it has none)."""
+    code = _FILE_TYPE_CODES.get(quantization)
+    return code if code is not None else _FILE_TYPE_CODES.get(_DENSE.get(quantization, ""))
+
+
+_FILE_TYPE_CODES = {name: code for code, name in FILE_TYPES.items()}
+_DENSE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def _details(card: dict[str, Any], info: ModelInfo | None = None) -> dict[str, Any]:
+    """Ollama's ``details``: family (the architecture), parameter size and quantization
+    level (the stored tensor type, ``Q4_1``/``F32`` as Ollama names them) where known."""
     ident = card.get("coda") or {}
-    quant = ident.get("quantization") or ident.get("quant_mode") or ident.get("dtype")
+    quant = (info.quantization if info is not None and info.quantization else
+             ident.get("quantization") or ident.get("quant_mode") or ident.get("dtype") or "")
+    arch = info.architecture if info is not None else ""
     return {"parent_model": "", "format": "gguf" if ident.get("quantization") else "coda",
-            "family": "", "families": None, "parameter_size": "",
-            "quantization_level": quant or ""}
+            "family": arch, "families": [arch] if arch else None,
+            "parameter_size": parameter_size(info.parameters if info is not None else 0),
+            "quantization_level": _DENSE.get(quant, quant)}
 
 
-def _entry(card: dict[str, Any]) -> dict[str, Any]:
+def _model_info(engine: Engine, card: dict[str, Any], info: ModelInfo | None) -> dict[str, Any]:
+    """Ollama's ``model_info`` (GGUF metadata keys) from the loaded model, plus Coda's own
+    keys. ``<arch>.context_length`` is the served context (what a client may fill)."""
+    out: dict[str, Any] = {"general.name": engine.model_name}
+    if info is not None and info.architecture:
+        arch = info.architecture
+        out["general.architecture"] = arch
+        out[f"{arch}.context_length"] = engine.context_length
+        if info.parameters:
+            out["general.parameter_count"] = info.parameters
+        code = file_type(info.quantization)
+        if code is not None:
+            out["general.file_type"] = code
+    out.update({"coda.context_length": engine.context_length,
+                "coda.identity": card.get("coda") or {}})
+    return out
+
+
+def _entry(card: dict[str, Any], info: ModelInfo) -> dict[str, Any]:
     weights = (card.get("coda") or {}).get("weights_sha256") or ""
     size = int((card.get("coda_model") or {}).get("memory_bytes") or 0)
+    own = info if info.name == card["id"] else None  # NOTE: the model this process describes
     return {"name": card["id"], "model": card["id"], "modified_at": _EPOCH, "size": size,
-            "digest": weights, "details": _details(card)}
+            "digest": weights, "details": _details(card, own)}
 
 
 def _loaded(card: dict[str, Any]) -> bool:
@@ -88,16 +136,20 @@ def _loaded(card: dict[str, Any]) -> bool:
 @router.get("/api/tags")
 async def tags(request: Request) -> Response:
     """Every served model."""
-    return JSONResponse({"models": [_entry(c) for c in _cards(state_of(request).engine)]})
+    engine = state_of(request).engine
+    info = engine.model_info()
+    return JSONResponse({"models": [_entry(c, info) for c in _cards(engine)]})
 
 
 @router.get("/api/ps")
 async def ps(request: Request) -> Response:
     """The models in memory now."""
     out = []
-    for card in _cards(state_of(request).engine):
+    engine = state_of(request).engine
+    info = engine.model_info()
+    for card in _cards(engine):
         if _loaded(card):
-            e = _entry(card)
+            e = _entry(card, info)
             out.append({**e, "size_vram": 0, "context_length": card.get("max_model_len")})
     return JSONResponse({"models": out})
 
@@ -118,13 +170,12 @@ async def show(body: OllamaShowRequest, request: Request) -> Response:
     engine = st.engine
     card = next((c for c in _cards(engine) if c["id"] == engine.model_name), None)
     card = card or {"id": engine.model_name, "max_model_len": engine.context_length}
+    info = engine.model_info()
     return JSONResponse({
         "modelfile": "", "parameters": "", "license": "",
         "template": engine.chat.chat_template or "",
-        "details": _details(card), "modified_at": _EPOCH,
-        "model_info": {"general.name": engine.model_name,
-                       "coda.context_length": engine.context_length,
-                       "coda.identity": card.get("coda") or {}},
+        "details": _details(card, info), "modified_at": _EPOCH,
+        "model_info": _model_info(engine, card, info),
         # NOTE: tools through Coda's tool calling (coda.server.tools), embeddings through
         # coda.server.embeddings (mean-pooled hidden state), on every model
         "capabilities": ["completion", "tools", "embedding"]})

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
-from coda.server.schemas import CodaExtensions
+from coda.server.schemas import OPEN, STRICT, CodaExtensions
 
 # NOTE: option name -> its neutral value (the one setting that asks for no such sampler)
 _NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0,
@@ -30,7 +30,7 @@ _NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0,
 class OllamaOptions(BaseModel):
     """``options``: see the module docstring for what each one does here."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     # sampling, mapped
     seed: int | None = None
     num_predict: int | None = Field(None, ge=-2)
@@ -87,7 +87,7 @@ class OllamaOptions(BaseModel):
 class OllamaMessage(BaseModel):
     """One chat message; ``images`` are refused (no vision model is served)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: str
     content: str = ""
     images: list[str] | None = None
@@ -159,7 +159,7 @@ class OllamaGenerateRequest(_OllamaCreate):
 
 
 class OllamaShowRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # NOTE: ``verbose`` and older ``name``
+    model_config = OPEN  # NOTE: ``verbose`` and older ``name``
     model: str | None = None
     name: str | None = None
 
@@ -169,7 +169,7 @@ class OllamaEmbedRequest(BaseModel):
     are checked as everywhere and change nothing of an embedding; ``truncate`` (default on)
     cuts an input to the context, off it is a 400."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str
     _tag = field_validator("model")(model_name)
     input: str | list[str] = ""

@@ -25,12 +25,15 @@ from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, state_of, text_before
 from coda.server.create import create
 from coda.server.failures import failed_json, is_failed, openai_error
+from coda.server.fields import check_modalities, effort_budget, served_tier
+from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
 from coda.server.params import Knobs, Parsed, plan_call
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer
+from coda.server.tool_results import check_openai_results
 from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
 
 router = APIRouter()
@@ -76,8 +79,9 @@ class OpenAIRenderer(Renderer):
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
+        tier = {"service_tier": self.spec.service_tier} if self.spec.service_tier else {}
         return {"id": self.r.id, "object": obj, "created": self.r.created,
-                "model": self.r.model, "choices": choices, **extra}
+                "model": self.r.model, **tier, "choices": choices, **extra}
 
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
         fid = position_id(positions)
@@ -127,7 +131,7 @@ class OpenAIRenderer(Renderer):
             return [*pre, Frame({"error": openai_error(terminal), "coda": ext}, id=fid)]
         reason = openai_finish_reason(terminal.finish_reason)
         if self.parsers is not None and self.parsers[index].calls and reason == "stop":
-            reason = "tool_calls"
+            reason = "function_call" if self.spec.legacy_functions else "tool_calls"
         # NOTE: textless last tokens: their logprobs on the final chunk
         choice = self._trailing_choice(index, trailing if self.logprobs else (), reason)
         self.selected[index] = terminal.usage.selected_tokens
@@ -173,7 +177,9 @@ class OpenAIRenderer(Renderer):
         if not text and not calls and logprobs is None:
             return []
         delta: dict[str, Any] = {"content": text} if text or not calls else {}
-        if calls:
+        if calls and self.spec.legacy_functions:  # NOTE: one call at most (never parallel)
+            delta["function_call"] = calls[0]["function"]
+        elif calls:
             delta["tool_calls"] = calls
         chunk = self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
                               "finish_reason": None}])
@@ -226,12 +232,30 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         raise InvalidRequestError("best_of: only best_of == n is supported", field="best_of")
 
 
+def _chat_tools(body: ChatCompletionRequest
+                ) -> tuple[tl.ToolPlan | None, list[Any], bool]:
+    """The chat request's tool plan (legacy ``functions`` translated), its messages (legacy
+    function turns translated) with every tool result checked against the calls it answers,
+    and whether the answer takes the legacy ``function_call`` shape."""
+    check_modalities(body.modalities)
+    tools, choice, legacy = legacy_tools(body.functions, body.function_call, body.tools,
+                                         body.tool_choice)
+    messages: list[Any] = (legacy_history(body.messages) if has_legacy_history(body.messages)
+                           else list(body.messages))
+    check_openai_results(messages)
+    # NOTE: a legacy answer holds one call (message.function_call), so never parallel calls
+    plan = tl.openai_plan(tools, choice, False if legacy else body.parallel_tool_calls)
+    return plan, messages, legacy
+
+
 def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
-             plan: tl.ToolPlan | None = None) -> list[list[int]]:
+             plan: tl.ToolPlan | None = None, messages: Sequence[Any] = ()
+             ) -> list[list[int]]:
     """The prompts' token ids (CPU-bound: runs on a worker thread, never on the event loop)."""
     engine = st.engine
     if isinstance(body, ChatCompletionRequest):
-        text = render_chat(engine, body.messages, add_generation_prompt=body.add_generation_prompt,
+        text = render_chat(engine, messages or body.messages,
+                           add_generation_prompt=body.add_generation_prompt,
                            continue_final_message=body.continue_final_message,
                            tools=plan.tools if plan else ())
         return [st.encode(text, add_special_tokens=False, field="messages")]
@@ -263,8 +287,8 @@ class OpenAIAdapter:
         st.check_model(body.model)
         _reject_unsupported(body)
         chat = isinstance(body, ChatCompletionRequest)
-        plan = (tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
-                if isinstance(body, ChatCompletionRequest) else None)
+        plan, messages, legacy = _chat_tools(body) if isinstance(
+            body, ChatCompletionRequest) else (None, [], False)
         if isinstance(body, ChatCompletionRequest):
             max_tokens = body.max_completion_tokens or body.max_tokens
             mt_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
@@ -272,14 +296,16 @@ class OpenAIAdapter:
         else:
             max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
         tool = tl.knob_fields(plan, body.response_format)
-        prompts = await asyncio.to_thread(_prompts, st, body, plan)  # NOTE: CPU-bound
+        prompts = await asyncio.to_thread(_prompts, st, body, plan, messages)  # NOTE: CPU-bound
         reasoning = None
-        if chat:
+        if isinstance(body, ChatCompletionRequest):
             fmt = body.response_format
+            grammar = "grammar" in tool or (fmt is not None and fmt.type != "text")
+            budget = effort_budget(st.engine.tokenizer, body.reasoning_effort,
+                                   body.max_reasoning_tokens, grammar=grammar)
             reasoning = reasoning_spec(
-                st.engine.tokenizer, prompts[0], budget=body.max_reasoning_tokens,
-                budget_field="max_reasoning_tokens",
-                grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
+                st.engine.tokenizer, prompts[0], budget=budget,
+                budget_field="max_reasoning_tokens", grammar=grammar)
         elif body.max_reasoning_tokens is not None:
             raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
                                       field="max_reasoning_tokens")
@@ -304,7 +330,10 @@ class OpenAIAdapter:
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
             reasoning=body.include_reasoning,
-            echo=echo, echo_logprobs=echo_lp)
+            echo=echo, echo_logprobs=echo_lp,
+            service_tier=(served_tier(body.service_tier)
+                          if isinstance(body, ChatCompletionRequest) else None),
+            legacy_functions=legacy)
         return plan_call(body, knobs, prompts, spec, call_id=call_id,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
@@ -348,7 +377,10 @@ def _final_object(record: Record, terminals: list[Terminal],
                 text, calls, removed = tl.split(c.text)
                 ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
                 message["content"] = text if text or not calls else None
-                if calls:
+                if calls and spec.legacy_functions:  # NOTE: the deprecated shape, one call
+                    message["function_call"] = tl.openai_call(calls[0], record.id)["function"]
+                    reason = "function_call" if reason == "stop" else reason
+                elif calls:
                     message["tool_calls"] = [tl.openai_call(k, record.id) for k in calls]
                     reason = "tool_calls" if reason == "stop" else reason
             choices.append({"index": i, "message": message,
@@ -367,8 +399,9 @@ def _final_object(record: Record, terminals: list[Terminal],
                 legacy = lp.merge_legacy(parts)
             choices.append({"index": i, "text": echo + c.text, "logprobs": legacy,
                             "finish_reason": reason, "coda": ext})
+    tier = {"service_tier": spec.service_tier} if spec.service_tier else {}
     return {"id": record.id, "object": "chat.completion" if chat else "text_completion",
-            "created": record.created, "model": record.model, "choices": choices,
+            "created": record.created, "model": record.model, **tier, "choices": choices,
             "usage": openai_usage(terminals, spec.n)}
 
 

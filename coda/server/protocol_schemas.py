@@ -8,15 +8,22 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from coda.server.schemas import CodaExtensions, ResponseFormat, StopField
+from coda.server.schemas import (
+    OPEN,
+    STRICT,
+    CodaExtensions,
+    ResponseFormat,
+    ServiceTier,
+    StopField,
+)
 
 
 class InputMessage(BaseModel):
     """A Responses ``input`` item of type ``message`` (``type`` may be omitted)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = OPEN
     type: Literal["message"] = "message"
     role: str
     content: str | list[dict[str, Any]]
@@ -26,7 +33,7 @@ class InputToolItem(BaseModel):
     """A Responses ``function_call`` (a call the model made) or ``function_call_output`` (its
     result) input item (issue 13)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = OPEN
     type: Literal["function_call", "function_call_output"]
     call_id: str
     name: str | None = None
@@ -35,7 +42,7 @@ class InputToolItem(BaseModel):
 
 
 class TextFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")  # NOTE: name/strict/description are informative
+    model_config = OPEN  # NOTE: name/strict/description are informative
     type: Literal["text", "json_object", "json_schema", "regex", "lark"] = "text"
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     regex: str | None = None
@@ -43,7 +50,7 @@ class TextFormat(BaseModel):
 
 
 class TextConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     format: TextFormat | None = None
 
 
@@ -71,13 +78,16 @@ class ResponsesRequest(CodaExtensions):
     parallel_tool_calls: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     previous_response_id: str | None = None
-    # issue 23: accepted; effort has no mapping (the budget is max_reasoning_tokens) and no
-    # summary is generated (docs/api.md)
+    # issue 23: ``effort`` maps onto the reasoning budget on a reasoning model
+    # (coda.server.fields), no summary is generated (docs/api.md)
     reasoning: dict[str, Any] | None = None
+    service_tier: ServiceTier | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 class AnthropicMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: str
     content: str | list[dict[str, Any]]
 
@@ -98,12 +108,15 @@ class AnthropicRequest(CodaExtensions):
     thinking: dict[str, Any] | None = None
     # NOTE: accepted, no effect needed: Coda caches prompt prefixes automatically (docs/api.md).
     cache_control: dict[str, Any] | None = None
+    # NOTE: accepted; one local tier, reported as usage.service_tier "standard" (docs/api.md)
+    service_tier: Literal["auto", "standard_only"] | None = None
     # NOTE: top_k is Anthropic's own field; CodaExtensions already declares it.
 
 
 class AnthropicCountRequest(BaseModel):
     """``POST /v1/messages/count_tokens``: what shapes the prompt, nothing that samples."""
 
+    model_config = OPEN
     model: str
     messages: list[AnthropicMessage] = Field(..., min_length=1)
     system: str | list[dict[str, Any]] | None = None

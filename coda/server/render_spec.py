@@ -35,6 +35,11 @@ class OpenAIRender:
     echo: tuple[str, ...] = ()
     # echo with logprobs: each prompt's legacy logprobs (coda.server.echo)
     echo_logprobs: tuple[Mapping[str, object], ...] = ()
+    # ``service_tier`` reported on the answer and every chunk (None: not asked, not reported)
+    service_tier: str | None = None
+    # the deprecated ``functions``: a call is ``function_call``, not ``tool_calls``
+    # (coda.server.legacy_functions)
+    legacy_functions: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class AnthropicRender:
     # thinking block first; ``reasoning`` False drops the reasoning (thinking disabled)
     thinking: bool = False
     reasoning: bool = True
+    service_tier: str | None = None  # NOTE: ``usage.service_tier`` when asked ("standard")
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ class ResponsesRender:
     # issue 24 item 3: the conversation this response answered (the inherited history and
     # its input as messages, instructions excluded): what ``previous_response_id`` continues
     history: tuple[Mapping[str, object], ...] = ()
+    service_tier: str | None = None  # NOTE: reported when asked (coda.server.fields)
 
 
 @dataclass(frozen=True)

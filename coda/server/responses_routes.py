@@ -31,7 +31,7 @@ from coda.server.chat import render_chat
 from coda.server.common import new_id, partial_text, state_of
 from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
-from coda.server.fields import reject_unhonoured
+from coda.server.fields import effort_budget, reject_unhonoured, responses_effort, served_tier
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
@@ -42,6 +42,7 @@ from coda.server.responses_history import previous_history
 from coda.server.sse import Frame, Renderer, SSEResponse
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import tool_history_item
+from coda.server.tool_results import check_responses_results
 from coda.stream import EventType, RequestStream, StreamEvent, Terminal
 
 router = APIRouter()
@@ -74,6 +75,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         "top_p": spec.top_p, "tool_choice": "auto", "tools": [],
         "text": {"format": dict(spec.format)}, "truncation": "disabled", "usage": None,
         "store": spec.store,
+        **({"service_tier": spec.service_tier} if spec.service_tier else {}),
     }
     if initial:
         return body
@@ -391,6 +393,8 @@ class ResponsesAdapter:
         # NOTE: issue 24 item 3: any front end continues a stored response (Redis or memory)
         history = await previous_history(st, body.previous_response_id) \
             if body.previous_response_id else []
+        if not isinstance(body.input, str):
+            check_responses_results([i.model_dump() for i in body.input], history=history)
         own = msgs[1:] if body.instructions else msgs
         msgs = [*msgs[:len(msgs) - len(own)], *history, *own]
         ids = await asyncio.to_thread(_prompt_ids, st, msgs, plan)  # NOTE: CPU-bound
@@ -398,7 +402,9 @@ class ResponsesAdapter:
         logprobs = body.top_logprobs if body.top_logprobs is not None else (
             0 if body.include and "message.output_text.logprobs" in body.include else None)
         tool = tl.knob_fields(plan, _grammar(fmt), "text.format") or {"grammar": _grammar(fmt)}
-        reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=body.max_reasoning_tokens,
+        budget = effort_budget(st.engine.tokenizer, responses_effort(body.reasoning),
+                               body.max_reasoning_tokens, grammar=tool["grammar"] is not None)
+        reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=budget,
                                    budget_field="max_reasoning_tokens",
                                    grammar=tool["grammar"] is not None)
         max_tokens = body.max_output_tokens  # NOTE: the wire's budget, under its one name
@@ -418,7 +424,7 @@ class ResponsesAdapter:
             tool_choice=body.tool_choice or "auto", store=body.store,
             logprobs=logprobs is not None, verify=body.stream_verify,
             thinking=reasoning is not None and body.include_reasoning,
-            history=tuple([*history, *own]))
+            history=tuple([*history, *own]), service_tier=served_tier(body.service_tier))
         return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,

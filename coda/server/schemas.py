@@ -14,11 +14,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 StopField = str | list[str] | None
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 StopTokenIds = list[int | list[int]] | None
 
 
+# NOTE: strict (issue "API gaps" item 2): a JSON ``true`` is never the integer 1 nor the number
+# 1.0, and ``"5"`` is not 5, as the upstream APIs answer; an int is still a valid float.
+STRICT = ConfigDict(extra="forbid", strict=True)
+OPEN = ConfigDict(extra="allow", strict=True)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
 
 class BackpressureBody(_Strict):
@@ -94,13 +102,13 @@ class StreamOptions(_Strict):
 class TextPart(BaseModel):
     """A text content part; other part kinds (images, audio) are rejected by the renderer."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = OPEN
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # NOTE: the protocol allows name, refusal, ...
+    model_config = OPEN  # NOTE: the protocol allows name, refusal, ...
     role: str
     content: str | list[TextPart] | None = None
 
@@ -117,6 +125,15 @@ class ChatCompletionRequest(_OpenAISampling):
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
+    # NOTE: accepted as OpenAI documents them (coda.server.fields says what each does here)
+    service_tier: ServiceTier | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    # NOTE: the deprecated function calling, translated to tools (coda.server.legacy_functions)
+    functions: list[dict[str, Any]] | None = None
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
 
 
 class CompletionRequest(_OpenAISampling):

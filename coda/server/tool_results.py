@@ -1,0 +1,79 @@
+"""A tool result must answer a call the conversation made (the API-gaps issue item 3), as the
+upstream APIs check it, so a result pointing at a call nobody issued is a 400 naming the
+message, never a prompt the model is asked to make sense of:
+
+- OpenAI Chat Completions: a ``{"role": "tool"}`` message answers a call of the assistant
+  message before it (tool messages follow that message directly, one per call): its
+  ``tool_call_id`` must be one of that message's ``tool_calls`` ids.
+- Anthropic Messages: a ``tool_result`` block in message *i* answers a ``tool_use`` block of
+  message *i - 1*: its ``tool_use_id`` must be one of that message's ``tool_use`` ids.
+- Responses: a ``function_call_output`` item answers a ``function_call`` item before it (in
+  the input or the continued response's history): its ``call_id`` must be one of theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from coda.errors import InvalidRequestError
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+
+
+def check_openai_results(messages: Sequence[Any], field: str = "messages") -> None:
+    """Every ``tool`` message answers a call of the assistant message it follows."""
+    issued: set[object] = set()
+    for i, m in enumerate(messages):
+        role = _get(m, "role")
+        if role != "tool":
+            calls = _get(m, "tool_calls") if role == "assistant" else None
+            issued = {c.get("id") for c in calls or () if isinstance(c, Mapping)}
+            continue
+        tid = _get(m, "tool_call_id")
+        if not isinstance(tid, str) or not tid:
+            raise InvalidRequestError(f"{field}.{i}.tool_call_id: required on a tool message",
+                                      field=f"{field}.{i}.tool_call_id")
+        if tid not in issued:
+            raise InvalidRequestError(
+                f"{field}.{i}.tool_call_id: {tid!r} does not answer a tool call of the "
+                "preceding assistant message (a tool message must follow the assistant "
+                "message whose tool_calls issued its id)", field=f"{field}.{i}.tool_call_id")
+
+
+def check_anthropic_results(messages: Sequence[Any], field: str = "messages") -> None:
+    """Every ``tool_result`` block answers a ``tool_use`` block of the message before it."""
+    issued: set[object] = set()
+    for i, m in enumerate(messages):
+        content = _get(m, "content")
+        blocks = content if isinstance(content, list) else []
+        for j, block in enumerate(blocks):
+            if not isinstance(block, Mapping) or block.get("type") != "tool_result":
+                continue
+            tid = block.get("tool_use_id")
+            if not isinstance(tid, str) or tid not in issued:
+                raise InvalidRequestError(
+                    f"{field}.{i}.content.{j}: unexpected tool_use_id {tid!r} in a tool_result "
+                    "block: each tool_result block must answer a tool_use block of the "
+                    "previous message", field=f"{field}.{i}.content.{j}.tool_use_id")
+        issued = {b.get("id") for b in blocks
+                  if isinstance(b, Mapping) and b.get("type") == "tool_use"}
+
+
+def check_responses_results(items: Sequence[Mapping[str, Any]], field: str = "input",
+                            history: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Every ``function_call_output`` item answers a ``function_call`` made before it (in
+    ``history``, the continued response's messages, or earlier in ``items``)."""
+    issued = {c.get("id") for m in history for c in m.get("tool_calls") or ()
+              if isinstance(c, Mapping)}
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        if kind == "function_call":
+            issued.add(item.get("call_id"))
+        elif kind == "function_call_output" and item.get("call_id") not in issued:
+            raise InvalidRequestError(
+                f"{field}.{i}.call_id: no function call found with call_id "
+                f"{item.get('call_id')!r} for this function_call_output",
+                field=f"{field}.{i}.call_id")

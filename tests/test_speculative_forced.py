@@ -123,7 +123,7 @@ def _reasoning_requests(plain: AsyncEngine) -> tuple[list[GenerationRequest], in
     out = []
     for m in (1, 3, 7, 12, 20):
         r = _looping(plain, "[a-f ]{0,200}(</think>[a-f ]{0,200})?", lt,
-                     reasoning=ReasoningSpec(inside=True, close_ids=close_ids, max_tokens=m))
+                     reasoning=ReasoningSpec(inside=True, close_ids=close_ids, budget_tokens=m))
         seeded = replace(r.sampling, temperature=0.8, seed=100 + m)
         out += [r, replace(r, grammar=None), replace(r, sampling=seeded),
                 replace(r, grammar=None, sampling=seeded)]
@@ -161,7 +161,7 @@ def test_k2_reasoning_closer_drafts_stop_at_the_budget(tiny: Any) -> None:
     reqs, n_close = _reasoning_requests(plain)
     tight = [replace(r, max_tokens=3 + j, sampling=replace(r.sampling, min_tokens=0))
              for r in reqs[:2] for j in range(n_close)]
-    tight = [replace(r, reasoning=replace(r.reasoning, max_tokens=3)) for r in tight
+    tight = [replace(r, reasoning=replace(r.reasoning, budget_tokens=3)) for r in tight
              if r.reasoning is not None]
     want = _run(plain, tight, crowd=False)
     got = _run_with(spec, FORCED_ONLY, tight, True)

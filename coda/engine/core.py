@@ -30,6 +30,7 @@ from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from coda.engine.sequence import Sequence, SequenceStatus
 from coda.engine.speculative import (
+    SpecState,
     SpeculativeConfig,
     accepted_prefix,
     forced_drafts,

@@ -15,6 +15,12 @@ the wall time of the whole set), the speedup, the acceptance rate (accepted / dr
 accepted tokens per verification, and the byte comparison: how many requests gave identical
 text, token ids, logprobs, finish reason and usage with and without speculation.
 
+Speculation speeds the decode phase only, and a copy-heavy prompt is long (its prefill is about
+half of a plain copy request's time at batch 1 on the CPU), so the table also gives **decode
+tok/s**: the tokens after each request's first over the set's time less the time of the same
+set cut to one token (``max_tokens = 1``: the prefills and first picks, run on each engine in
+the same interleaving).
+
 With ``--draft-model MODEL`` (issue 21 item 2) the speculative engine drafts with a model
 instead of prompt lookup: ``self`` is the target itself (the degenerate check: every greedy draft
 agrees), ``cut:N`` the target's GGUF cut to its first N blocks (tests/draft_fixtures.py), or
@@ -31,7 +37,7 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from coda.engine.async_engine import AsyncEngine
@@ -135,6 +141,11 @@ def run_set(engine: AsyncEngine, reqs: list[GenerationRequest], batch: int) -> R
     return res
 
 
+def _decode_tps(full: RunResult, first: RunResult) -> float:
+    """Tokens after each request's first over the time past the prefills and first picks."""
+    return (full.tokens - first.tokens) / max(full.seconds - first.seconds, 1e-9)
+
+
 def row_costs(engine: AsyncEngine, ks: tuple[int, ...] = (0, 1, 2, 4, 8),
               context: int = 400, repeats: int = 8) -> list[tuple[int, float]]:
     """Median ms (``_clock``) of one forward of ``1 + k`` rows of one sequence at ``context``:
@@ -226,26 +237,34 @@ def main() -> None:
                                           max_tokens=args.max_tokens)
                         for i, t in enumerate(texts)]
                 for batch in (int(b) for b in args.batches.split(",")):
-                    plain_tps, spec_tps = [], []
+                    firsts = [replace(r, max_tokens=1) for r in reqs]
+                    plain_tps, spec_tps, plain_dec, spec_dec = [], [], [], []
                     for _ in range(args.repeats):
                         a = run_set(plain, reqs, batch)
                         b = run_set(spec, reqs, batch)
+                        a1 = run_set(plain, firsts, batch)
+                        b1 = run_set(spec, firsts, batch)
                         plain_tps.append(a.tokens / a.seconds)
                         spec_tps.append(b.tokens / b.seconds)
+                        plain_dec.append(_decode_tps(a, a1))
+                        spec_dec.append(_decode_tps(b, b1))
                     same = sum(x == y for x, y in zip(a.outcomes, b.outcomes, strict=True))
                     p, s = statistics.median(plain_tps), statistics.median(spec_tps)
+                    pd, sd = statistics.median(plain_dec), statistics.median(spec_dec)
                     rows.append((workload, sampling_name, batch, len(reqs), p, s, s / p,
+                                 pd, sd, sd / pd,
                                  b.accepted / b.drafted if b.drafted else 0.0,
                                  b.accepted / b.verify_steps if b.verify_steps else 0.0,
                                  f"{same}/{len(reqs)}"))
                     print(rows[-1], flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
     print("| workload | sampling | batch | requests | plain tok/s | speculative tok/s | speedup "
+          "| decode tok/s, plain | decode tok/s, speculative | decode speedup "
           "| acceptance | accepted / verify | byte-identical |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for w, smp, bt, n, p, s, x, acc, per, same in rows:
-        print(f"| {w} | {smp} | {bt} | {n} | {p:.1f} | {s:.1f} | {x:.2f}x | {acc:.0%} | "
-              f"{per:.2f} | {same} |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for w, smp, bt, n, p, s, x, pd, sd, xd, acc, per, same in rows:
+        print(f"| {w} | {smp} | {bt} | {n} | {p:.1f} | {s:.1f} | {x:.2f}x | {pd:.1f} | "
+              f"{sd:.1f} | {xd:.2f}x | {acc:.0%} | {per:.2f} | {same} |")
 
 
 if __name__ == "__main__":

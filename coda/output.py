@@ -258,6 +258,14 @@ class OutputProcessor:
             return None
         return ids[self._forced]
 
+    def forced_tokens(self) -> tuple[int, ...]:
+        """Every closer id the reasoning budget still forces, in order, from
+        :meth:`forced_token` on (issue 21 drafts them); () when none is forced now."""
+        if self.forced_token() is None:
+            return ()
+        assert self.splitter is not None
+        return self.splitter.spec.close_ids[self._forced:]
+
     def reasoning_split(self) -> ReasoningSplit | None:
         """The terminal's record of the split (K2), None without a reasoning block."""
         if self.splitter is None:

@@ -30,8 +30,11 @@ from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from coda.engine.sequence import Sequence, SequenceStatus
 from coda.engine.speculative import (
+    SpecState,
     SpeculativeConfig,
     accepted_prefix,
+    forced_drafts,
+    live_forced,
     plain_horizon,
     state_for,
     verify_constrained,
@@ -229,25 +232,36 @@ class EngineCore:
         """Issue 21: each speculating decoder's drafted tokens (coda.engine.speculative; with
         a draft model, coda.engine.draft)."""
         rows = self.scheduler.num_running
+        out: dict[int, tuple[int, ...]] = {}
+        guess: list[tuple[EngineRequest, SpecState]] = []
+        for sid, r in self.requests.items():
+            if r.spec is None:
+                continue
+            # NOTE: a forced path is known: its own draft, every one accepted (no guess)
+            if forced := forced_drafts(r.spec, r.seq, r.plan.max_tokens, r.processor, r.closer):
+                out[sid] = forced
+            elif not r.spec.forced:
+                guess.append((r, r.spec))
         if self.drafter is None:
-            return {sid: d for sid, r in self.requests.items() if r.spec is not None
-                    and (d := self._verifiable(r, r.spec.propose(r.seq, r.plan.max_tokens,
-                                                                 rows)))}
-        jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for sid, r in self.requests.items()
-                if r.spec is not None and sid not in paused and r.seq.num_uncomputed_tokens == 1
-                and r.seq.status is SequenceStatus.RUNNING
+            out.update((r.seq.seq_id, d) for r, spec in guess if (d := self._verifiable(
+                r, spec.propose(r.seq, r.plan.max_tokens, rows))))
+            return out
+        jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for r, spec in guess
+                if r.seq.seq_id not in paused
+                and r.seq.num_uncomputed_tokens == 1 and r.seq.status is SequenceStatus.RUNNING
                 and (k := min(r.plan.max_tokens - r.seq.num_output_tokens - 1,
-                              r.spec.k_for(rows), plain_horizon(r.processor, r.closer))) > 0]
+                              spec.k_for(rows), plain_horizon(r.processor, r.closer))) > 0]
         if not jobs:
-            return {}
+            return out
         try:
             proposed = self.drafter.propose(jobs)
         except Exception as exc:  # NOTE: a failed draft only means no drafts (never inexact)
             log.warning("draft model failed (%r); decoding this step without drafts", exc)
             self.drafter.drop_all()
-            return {}
-        return {sid: v for sid, d in proposed.items()
-                if (v := self._verifiable(self.requests[sid], d))}
+            return out
+        out.update((sid, v) for sid, d in proposed.items()
+                   if (v := self._verifiable(self.requests[sid], d)))
+        return out
 
     @staticmethod
     def _verifiable(req: EngineRequest, drafts: tuple[int, ...]) -> tuple[int, ...]:
@@ -401,7 +415,8 @@ class EngineCore:
             try:  # NOTE: a verification samples 1 + k rows (coda.engine.speculative); under a
                 # grammar only row 0 here, the others once the drafts before them are accepted
                 base = self._row(req)
-                sampled = [base] if req.grammar is not None else verify_rows(base, drafts)
+                sampled = [base] if req.grammar is not None else verify_rows(
+                    base, drafts, req.spec.forced if req.spec else (), self._vocab)
                 sampling_rows.extend(sampled)
                 ok.append((req, i, drafts, base))
                 index.extend(range(i, i + len(sampled)))
@@ -439,6 +454,7 @@ class EngineCore:
         rows ``0..k`` sampled (row 0 alone under a grammar), ``base`` row 0, ``logits[i + j]``
         row ``j``'s."""
         assert req.spec is not None
+        forced = req.spec.forced  # NOTE: the forced path's rows (their one-token masks)
         try:
             if req.grammar is not None:
                 closer = req.closer
@@ -446,27 +462,34 @@ class EngineCore:
                     base, decs[0], drafts, req.grammar,
                     lambda j, row: self.sampler.sample(logits[i + j:i + j + 1], [row])[0],
                     None if closer is None else
-                    lambda tok, ahead: closer.admits(tok, req.plan.eos_token_ids, ahead))
+                    lambda tok, ahead: closer.admits(tok, req.plan.eos_token_ids, ahead),
+                    forced, self._vocab)
             else:
                 accepted = accepted_prefix(drafts, decs)
         except Exception as exc:  # NOTE: a grammar or closure fault fails only its request
             self._end_failed(req, exc)
             return
-        req.spec.record(len(drafts), accepted)
+        req.spec.record(len(drafts), accepted, evidence=not forced)
         self._record(req, tr.SPECULATIVE, drafted=len(drafts), accepted=accepted,
                      rejected=len(drafts) - accepted, t=req.seq.num_output_tokens + 1)
         for j, dec in enumerate(decs[:accepted + 1]):
             if j and not self._commit_draft(req):
                 break
-            if j == accepted:  # NOTE: the pick: what the per-token loop would make of it
+            # NOTE: a row sampled ahead assumed the loop forces forced[j] there (or nothing)
+            stale = j > 0 and live_forced(req.processor, req.closer) != (
+                forced[j] if j < len(forced) else None)
+            last = j == accepted or stale
+            if last:  # NOTE: the pick: what the per-token loop would make of it
                 try:
-                    dec = self._live_pick(req, dec, logits[i + j:i + j + 1], j > 0)
+                    dec = self._live_pick(req, dec, logits[i + j:i + j + 1], stale)
                 except Exception as exc:
                     self._end_failed(req, exc)
                     return
             self._on_decision(req, dec)
             if req.lifecycle.state is not State.DECODING:
                 return  # NOTE: ended: its blocks went back with the KV resource
+            if last:
+                break
         self.scheduler.rollback(req.seq)
         if self.drafter is not None:
             self.drafter.rollback(req.seq)  # NOTE: the draft's rejected tail too
@@ -491,14 +514,14 @@ class EngineCore:
         return req.lifecycle.state is State.DECODING
 
     def _live_pick(self, req: EngineRequest, dec: TokenDecision, logits: torch.Tensor,
-                   ahead: bool) -> TokenDecision:
-        """The pick of a verification (its last emitted row) as plain decoding makes it: a row
-        sampled ahead is sampled again where the loop's state now forces another mask (a
-        reasoning budget's closer at the horizon, :func:`plain_horizon`); then the budget
-        closer's check, as for every plain pick. Accepted rows before it need neither: the
-        horizon and :func:`verify_constrained` stopped the run where they would."""
-        if ahead and (req.processor.forced_token() is not None
-                      or (req.closer is not None and req.closer.forcing)):
+                   stale: bool) -> TokenDecision:
+        """The pick of a verification (its last emitted row) as plain decoding makes it: a
+        ``stale`` row (sampled ahead with another forced token than the loop's state now
+        forces: a reasoning budget's closer at the horizon, :func:`plain_horizon`) is sampled
+        again from the loop's own row; then the budget closer's check, as for every plain
+        pick. Accepted rows before it need neither: the horizon and
+        :func:`verify_constrained` stopped the run where they would."""
+        if stale:
             dec = self.sampler.sample(logits.clone(), [self._row(req)])[0]
         if req.closer is not None:
             dec = self._keep_closable(req, dec, logits)
@@ -521,6 +544,10 @@ class EngineCore:
         if path is None or not path.tokens:
             return dec
         return self.sampler.sample(logits.clone(), [self._row(req)])[0]
+
+    @property
+    def _vocab(self) -> int:
+        return self.runner.config.vocab_size
 
     def _row(self, req: EngineRequest) -> SamplingRow:
         seq = req.seq

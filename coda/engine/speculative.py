@@ -14,7 +14,11 @@ acceptance over its recent verifications, from a prior of ``prior_accept``), exc
 tokens-per-row rate of the step without it, ``N / (F + N)`` for ``N`` sequences in the step.
 So ``k`` is the largest ``j <= k_max`` with ``a**j > N / (F + N)``: long runs at batch 1 when
 the request copies, fewer drafts in a crowd (where a row costs everyone's latency), and none
-once acceptance stays low (the request then decodes plainly to its end).
+once acceptance stays low (the request then decodes plainly to its end, but where a longer
+match says it copies again). A longer match is surer: drafts after a suffix match of ``n``
+tokens are priced with ``a_n = 1 - (1 - a) * sqrt(min_ngram / n)`` (:meth:`SpecState.
+acceptance_at`; on the benchmark's copy-heavy outputs a 6-token match was followed by 5 to 13
+accepted tokens, a 2-token match by about one; docs/speculative.md "What limits the speedup").
 
 **Verification** is the same engine step: the drafted tokens ride after the sequence's pending
 token as extra query rows of its chunk (:class:`~coda.engine.scheduler.ScheduledChunk`
@@ -45,12 +49,19 @@ after the accepted prefix, the grammar included.
 * *Drafts* are cut before the step where they could never be accepted (``EngineCore
   ._verifiable``): at the first token the grammar forbids at its position
   (:meth:`~coda.engine.grammar.GrammarMatcher.valid_prefix`: its row's pick is constrained,
-  so never that token), and at :func:`plain_horizon`: none while the budget closer forces its
-  path or a reasoning budget forces its closer, and inside a reasoning block with a budget no
-  more than the tokens the budget has left (the row where the closer is forced is the last).
+  so never that token), and at :func:`plain_horizon`: inside a reasoning block with a budget
+  no more than the tokens the budget has left (the row where the closer is forced is the last).
+* *A forced path is its own draft* (:func:`forced_drafts`): while the budget closer forces its
+  closing path or a reasoning budget forces its closer, the tokens plain decoding will choose
+  are known in advance (:func:`forced_path`), so they are drafted instead of prompt lookup's
+  (or the draft model's) guess, and each of their rows is sampled with the one-token mask
+  plain decoding's row has there (:func:`row_mask`): the pick is the forced token, with plain
+  decoding's logprobs, so every such draft is accepted. The budget closer's path ends the
+  request with its last token, which is the pick of the last row (never a draft); after a
+  reasoning closer the bonus row is the answer's first token, under the grammar's mask.
 * *Verification* (:func:`verify_constrained`): row 0 is sampled with the step's batch; row
   ``j + 1`` only once ``d_j`` is accepted, with the mask of the grammar advanced through
-  ``d_0 .. d_j`` (:class:`~coda.engine.grammar.Lookahead`, rolled back after: the request's
+  ``d_0 .. d_j`` (a forced row's one-token mask instead) (:class:`~coda.engine.grammar.Lookahead`, rolled back after: the request's
   grammar only ever consumes emitted tokens, in ``_on_decision``). So a mask is computed only
   for a row plain decoding also needs (none for a rejected row; the rows are sampled one at a
   time instead of in one batch). With a budget closer, ``d_j`` is accepted only where the
@@ -58,16 +69,18 @@ after the accepted prefix, the grammar included.
   ``ahead = j``), as plain decoding's check would.
 * *The pick* (the first mismatch, or the bonus row) goes through what the per-token loop does
   to a sampled token (``EngineCore._live_pick``): sampled again from the loop's own row where
-  its state now forces another mask (a reasoning budget's closer at the horizon), then the
-  closer's check, which may start forcing the closing path. Accepted rows before it need
-  neither: the horizon and the closer's check at each position stopped the run where they
-  would change the choice.
+  its state now forces another token than the row assumed (:func:`live_forced`: a reasoning
+  budget's closer at the horizon), then the closer's check, which may start forcing the
+  closing path. Accepted rows before it need neither: the horizon and the closer's check at
+  each position stopped the run where they would change the choice (the engine checks the
+  forced token at each emitted row all the same, and ends the run at a row that disagrees).
 
 Unconstrained requests are unchanged: all ``1 + k`` rows in the step's one batched sample.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -144,6 +157,8 @@ class SpecState:
         self._index: dict[int, dict[tuple[int, ...], int]] = {
             n: {} for n in range(config.min_ngram, config.max_ngram + 1)}
         self._indexed = 0
+        # NOTE: this step's forced path (forced_drafts): row j is forced to forced[j]
+        self.forced: tuple[int, ...] = ()
 
     @property
     def acceptance(self) -> float:
@@ -153,9 +168,18 @@ class SpecState:
         hits = cfg.prior_accept * cfg.prior_weight + sum(h for h, _ in self._recent)
         return hits / (cfg.prior_weight + sum(t for _, t in self._recent))
 
-    def k_for(self, rows: int) -> int:
-        """Drafts worth their rows in a step of ``rows`` sequences (module docstring)."""
-        a, threshold = self.acceptance, rows / (self.config.step_rows + rows)
+    def acceptance_at(self, n: int) -> float:
+        """The per-token acceptance of drafts that follow a suffix match of ``n`` tokens: the
+        request's :attr:`acceptance` ``a`` at the shortest match, surer for a longer one
+        (module docstring)."""
+        a = self.acceptance
+        return 1.0 - (1.0 - a) * math.sqrt(self.config.min_ngram / max(n, self.config.min_ngram))
+
+    def k_for(self, rows: int, acceptance: float | None = None) -> int:
+        """Drafts worth their rows in a step of ``rows`` sequences (module docstring), at
+        ``acceptance`` (default: the request's :attr:`acceptance`)."""
+        a = self.acceptance if acceptance is None else acceptance
+        threshold = rows / (self.config.step_rows + rows)
         k, chance = 0, a
         while k < self.config.k_max and chance > threshold:
             k, chance = k + 1, chance * a
@@ -165,8 +189,8 @@ class SpecState:
         """Drafts for output positions ``t + 1 ..`` of a sequence about to decode token ``t``
         (one uncomputed token) in a step of ``rows`` sequences, or () when nothing matches,
         nothing fits, or no draft is worth its row."""
-        k = min(max_tokens - seq.num_output_tokens - 1, self.k_for(rows))
-        if k <= 0 or seq.num_uncomputed_tokens != 1:
+        room = max_tokens - seq.num_output_tokens - 1
+        if room <= 0 or seq.num_uncomputed_tokens != 1:
             return ()
         tokens = seq.all_token_ids
         n_tok = len(tokens)
@@ -178,18 +202,71 @@ class SpecState:
         for n in range(self.config.max_ngram, self.config.min_ngram - 1, -1):
             at = self._index[n].get(tuple(tokens[n_tok - n:])) if n_tok >= n else None
             if at is not None:
+                k = min(room, self.k_for(rows, self.acceptance_at(n)))
                 return tuple(tokens[at:at + k])
         return ()
 
-    def record(self, drafted: int, accepted: int) -> None:
-        """One verification's outcome: the counts and the acceptance estimate."""
+    def record(self, drafted: int, accepted: int, evidence: bool = True) -> None:
+        """One verification's outcome: the counts and (``evidence``: drafts that were a
+        guess, not a forced path) the acceptance estimate."""
         c = self.counts
         c["drafted"] += drafted
         c["accepted"] += accepted
         c["rejected"] += drafted - accepted
         c["verify_steps"] += 1
-        # NOTE: drafts after the first rejected one were never decided: not evidence
-        self._recent.append((accepted, accepted + (accepted < drafted)))
+        if evidence:  # NOTE: drafts after the first rejected one were never decided either
+            self._recent.append((accepted, accepted + (accepted < drafted)))
+
+
+def forced_path(processor: OutputProcessor, closer: BudgetCloser | None
+                ) -> tuple[tuple[int, ...], bool]:
+    """The tokens the per-token loop forces from the next one on, in order, as
+    ``EngineCore._row`` masks them (a reasoning budget's closer first), and whether the
+    request ends with the last of them: a reasoning budget's closer ids still to choose (the
+    answer follows), else the budget closer's path still to choose (the request ends
+    ``grammar_forced_close`` with it); ``((), False)`` when nothing is forced."""
+    rest = processor.forced_tokens()
+    if rest:
+        return rest, False
+    if closer is not None and closer.path is not None:
+        return closer.path.tokens[closer.grammar.num_consumed - closer.forced_at:], True
+    return (), False
+
+
+def live_forced(processor: OutputProcessor, closer: BudgetCloser | None) -> int | None:
+    """The token the loop's next row is forced to (None: not forced; -1: a mask that allows
+    nothing, a closing path chosen to its end)."""
+    forced = processor.forced_token()
+    if forced is not None:
+        return forced
+    if closer is None or closer.path is None:
+        return None
+    pos = closer.grammar.num_consumed - closer.forced_at
+    return closer.path.tokens[pos] if pos < len(closer.path.tokens) else -1
+
+
+def forced_drafts(spec: SpecState, seq: Sequence, max_tokens: int, processor: OutputProcessor,
+                  closer: BudgetCloser | None) -> tuple[int, ...]:
+    """The drafts of a request whose next tokens are forced (module docstring, "A forced path
+    is its own draft"): the forced path, without its last token where that ends the request
+    (the last row picks it), at most ``k_max`` and never past the budget; () when nothing is
+    forced. Sets ``spec.forced`` (the rows :func:`row_mask` forces) for this step."""
+    path, ends = forced_path(processor, closer)
+    spec.forced = path
+    if not path or seq.num_uncomputed_tokens != 1:
+        return ()
+    k = min(spec.config.k_max, max_tokens - seq.num_output_tokens - 1, len(path) - ends)
+    return path[:max(k, 0)]
+
+
+def row_mask(forced: Seq[int], j: int, vocab_size: int) -> torch.Tensor | None:
+    """Row ``j``'s mask where a forced path decides it (plain decoding's one-token mask), else
+    None (the grammar's, or none)."""
+    if j >= len(forced):
+        return None
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[forced[j]] = True
+    return mask
 
 
 def plain_horizon(processor: OutputProcessor, closer: BudgetCloser | None) -> int:
@@ -218,15 +295,19 @@ def row_at(base: SamplingRow, drafts: Seq[int], j: int,
                    output_token_ids=list(base.output_token_ids) + list(drafts[:j]))
 
 
-def verify_rows(base: SamplingRow, drafts: Seq[int]) -> list[SamplingRow]:
-    """Rows ``0..k`` of an unconstrained request's verification (:func:`row_at`)."""
-    return [row_at(base, drafts, j) for j in range(len(drafts) + 1)]
+def verify_rows(base: SamplingRow, drafts: Seq[int], forced: Seq[int] = (),
+                vocab_size: int = 0) -> list[SamplingRow]:
+    """Rows ``0..k`` of an unconstrained request's verification (:func:`row_at`); ``forced``:
+    the forced path's rows (:func:`row_mask`; row 0's is ``base``'s own)."""
+    return [row_at(base, drafts, j, row_mask(forced, j, vocab_size))
+            for j in range(len(drafts) + 1)]
 
 
 def verify_constrained(base: SamplingRow, first: TokenDecision, drafts: Seq[int],
                        grammar: GrammarMatcher,
                        sample: Callable[[int, SamplingRow], TokenDecision],
                        admits: Callable[[int, int], bool] | None = None,
+                       forced: Seq[int] = (), vocab_size: int = 0,
                        ) -> tuple[list[TokenDecision], int]:
     """Sample-and-match under a grammar (module docstring, "Constrained requests").
 
@@ -234,7 +315,8 @@ def verify_constrained(base: SamplingRow, first: TokenDecision, drafts: Seq[int]
     accepted iff it equals row ``j``'s pick and ``admits(d_j, j)`` (the budget closer's check
     as plain decoding makes it there; None: no closer); only then is the grammar advanced
     past it and row ``j + 1`` sampled, ``sample(j + 1, row)``, with the mask after
-    ``d_0 .. d_j``. The grammar is rolled back after. Returns the decisions of rows
+    ``d_0 .. d_j`` (a forced row: plain decoding's one-token mask, :func:`row_mask`, the
+    grammar advanced all the same). The grammar is rolled back after. Returns the decisions of rows
     ``0 .. a`` and ``a``, the accepted count: decision ``a`` is the pick after them."""
     decs = [first]
     with grammar.lookahead() as ahead:
@@ -242,7 +324,9 @@ def verify_constrained(base: SamplingRow, first: TokenDecision, drafts: Seq[int]
             if decs[j].token_id != d or (admits is not None and not admits(d, j)) or \
                     not ahead.push(d):
                 return decs, j
-            decs.append(sample(j + 1, row_at(base, drafts, j + 1, ahead.mask())))
+            mask = row_mask(forced, j + 1, vocab_size)
+            decs.append(sample(j + 1, row_at(base, drafts, j + 1,
+                                             ahead.mask() if mask is None else mask)))
     return decs, len(drafts)
 
 

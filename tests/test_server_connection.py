@@ -124,3 +124,34 @@ def test_p4_on_disconnect_continue_keeps_generating_after_a_stall(
     assert coda["finish_reason"] == "max_output_tokens" and coda["state"] == "FINISHED"
     assert coda["usage"]["selected_tokens"] == 200
     server_settle()
+
+
+def test_p5_every_write_counts_its_send_time_on_uvloop() -> None:
+    """P5: ``network_send_s`` sums the time spent inside writes. Under uvicorn's loop (uvloop)
+    a sub-millisecond write counts too: uvloop's ``loop.time()`` is the iteration's cached
+    millisecond, so timing writes with it read 0.0 for a whole fast stream (an ``n = 2`` chat's
+    terminals both reported a send of 0.0)."""
+    import asyncio
+
+    uvloop = pytest.importorskip("uvloop")
+    from coda.server.connection import Connection
+
+    async def send(_message: Any) -> None:
+        t = time.perf_counter()
+        while time.perf_counter() - t < 2e-4:  # NOTE: a 0.2 ms write, within one iteration
+            pass
+
+    async def receive() -> Any:
+        await asyncio.sleep(3600)
+
+    async def main() -> list[float]:
+        conn = Connection(receive, send, write_timeout_s=5.0)
+        seen = []
+        for _ in range(20):
+            before = conn.send_s
+            await conn.write(b"x")
+            seen.append(conn.send_s - before)
+        return seen
+
+    seen = uvloop.run(main())
+    assert all(s >= 2e-4 for s in seen), seen

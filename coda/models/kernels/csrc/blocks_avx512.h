@@ -24,7 +24,11 @@ inline void dequant_out(const uint8_t* q, int64_t c, const float* d, const float
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 * h)))), dv);
     return;
   }
-  const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c * 16)));
+  // NOTE: the dword layout (blocks.h): word l of group c / 4 holds the row's weights l and
+  // 16 + l at bits 8 (c % 4) and 8 (c % 4) + 4 (c is a constant here: immediate shifts)
+  const __m512i g = _mm512_loadu_si512(q + (c / 4) * 64);
+  const int sh = 8 * static_cast<int>(c % 4);
+  const __m512i i = sh ? _mm512_srli_epi32(g, sh) : g;
   // NOTE: the 16 possible weights fma(q, d, m), q = 0..15, once per block; each weight is then
   // looked up by its nibble (vpermps reads the low 4 bits of each index): the same bits as
   // converting every code, one shuffle per 16 weights instead of a convert and an fma.

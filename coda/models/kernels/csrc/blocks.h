@@ -104,17 +104,18 @@ inline F8 dequant8(const uint8_t* q, int64_t c, float d, float m) {
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qc + (V / 2) * 32 + (V % 2) * 8)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(d));
   }
-  const __m256i b = _mm256_and_si256(
-      _mm256_srl_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)), _mm_cvtsi32_si128(shift)),
-      _mm256_set1_epi32(0xF));
+  // NOTE: shift is a constant (c0 is a template constant): an immediate shift; the top
+  // nibble (shift 28) needs no mask
+  const __m256i v = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)), shift);
+  const __m256i b = shift == 28 ? v : _mm256_and_si256(v, _mm256_set1_epi32(0xF));
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_set1_ps(d), _mm256_set1_ps(m));
 #endif
 }
 
 #if CODA_ISA != CODA_AVX512  // NOTE: AVX-512's f32 tiles are blocks_avx512.h's
-template <bool Q8W, int R, int C, int V>
+template <bool Q8W, int R, int C, int V, int c0>
 inline void step_f32(const float* x, int64_t K, const float* d, const float* m, const uint8_t* q,
-                     int64_t c0, F16 acc[R][C]) {
+                     F16 acc[R][C]) {
   for (int c = 0; c < C; ++c) {
     const int64_t c1 = c0 + c;
     const F8 w = dequant8<Q8W, V>(q, c1, d[c1], m[c1]);
@@ -126,9 +127,10 @@ inline void step_f32(const float* x, int64_t K, const float* d, const float* m, 
 }
 
 // R rows x C outputs (columns c0..c0+C of one tile), f32 activations (scalar and AVX2).
-template <int KIND, int R, int C>
-void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
-               float* y, int64_t ldy, int64_t ncols, const Ahead& next) {
+// NOTE: c0 a constant (as blocks_avx512.h): the dword layout's shifts are then immediates
+template <int KIND, int R, int C, int c0>
+void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
+               int64_t ldy, int64_t ncols, const Ahead& next) {
   constexpr bool Q8W = kQ8<KIND>;
   const int64_t nb = K / QK, qb = kQB<KIND>;
   F16 acc[R][C];
@@ -141,14 +143,22 @@ void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs,
     const uint8_t* q = qs + b * TILE * qb;
     const float* xb = x + b * R * QK;
     ahead.block<KIND>(b);
-    step_f32<Q8W, R, C, 0>(xb, K, d, m, q, c0, acc);
-    step_f32<Q8W, R, C, 1>(xb, K, d, m, q, c0, acc);
-    step_f32<Q8W, R, C, 2>(xb, K, d, m, q, c0, acc);
-    step_f32<Q8W, R, C, 3>(xb, K, d, m, q, c0, acc);
+    step_f32<Q8W, R, C, 0, c0>(xb, K, d, m, q, acc);
+    step_f32<Q8W, R, C, 1, c0>(xb, K, d, m, q, acc);
+    step_f32<Q8W, R, C, 2, c0>(xb, K, d, m, q, acc);
+    step_f32<Q8W, R, C, 3, c0>(xb, K, d, m, q, acc);
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
       if (c0 + c < ncols) y[r * ldy + c0 + c] = tree16(acc[r][c]);
+}
+
+// Passes c0, c0 + C, .. of a tile; the first prefetches the next tile.
+template <int KIND, int R, int C, int c0>
+inline void passes_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
+                       int64_t ldy, int64_t ncols, const Ahead& next) {
+  micro_f32<KIND, R, C, c0>(x, K, sc, qs, y, ldy, ncols, c0 == 0 ? next : Ahead{});
+  if constexpr (c0 + C < TILE) passes_f32<KIND, R, C, c0 + C>(x, K, sc, qs, y, ldy, ncols, next);
 }
 
 template <int KIND, int R>
@@ -156,8 +166,7 @@ void tile_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, 
               int64_t ldy, int64_t ncols, const Ahead& next) {
   // NOTE: 2 registers per accumulator on AVX2 (16 ymm): at most 8 accumulators live
   constexpr int C = R == 1 ? 4 : R == 2 ? 2 : 1;
-  for (int64_t c0 = 0; c0 < TILE; c0 += C)
-    micro_f32<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols, c0 == 0 ? next : Ahead{});
+  passes_f32<KIND, R, C, 0>(x, K, sc, qs, y, ldy, ncols, next);
 }
 #endif
 

@@ -198,10 +198,12 @@ def test_a_missing_module_falls_back_to_q4_with_the_reason(
     assert modes.resolve_mode("auto", None, ckpt).name == "q4"
 
 
-def _layout_oracle(raw: np.ndarray, kind: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _layout_oracle(raw: np.ndarray, kind: str, n: int, k: int,
+                   act: str) -> tuple[np.ndarray, np.ndarray]:
     """repack's layout written out row by row from csrc/blocks.h's description: per (tile,
-    block) the 8 rows' d (then Q4_1's m), zero for padding rows; Q4 quants row after row, Q8_0
-    rows 2p and 2p + 1 interleaved by 16-byte halves."""
+    block) the 8 rows' d (then Q4_1's m), zero for padding rows; Q4 quants row after row (q8
+    mode) or in the dword layout (f32 mode: group g's byte 4 l + j is row 4 g + j's byte l),
+    Q8_0 rows 2p and 2p + 1 interleaved by 16-byte halves."""
     size, qb = KINDS[kind]
     fields, nb, tiles = size - qb, k // 32, -(-n // 8)
     blocks = raw.reshape(n, nb, size)
@@ -217,8 +219,12 @@ def _layout_oracle(raw: np.ndarray, kind: str, n: int, k: int) -> tuple[np.ndarr
                 pair[(i & 1) * 16:(i & 1) * 16 + 16] = quants[:16]
                 pair[32 + (i & 1) * 16:32 + (i & 1) * 16 + 16] = quants[16:]
                 q[t, b, i & ~1:(i & ~1) + 2] = pair.reshape(2, 32)
-            else:
+            elif act == "q8":
                 q[t, b, i] = quants
+            else:
+                group = q[t, b].reshape(-1)[(i // 4) * 64:(i // 4) * 64 + 64]
+                for lb in range(16):
+                    group[4 * lb + i % 4] = quants[lb]
     return sc.reshape(tiles, nb, -1), q
 
 
@@ -228,16 +234,17 @@ def test_repack_of_a_fused_projections_parts_is_the_row_by_row_layout(data: st.D
     """Issue 19 item 2: repack takes a fused projection's parts (as the packed loader passes
     them, straight from the mapped file) and writes the kernel's layout (T4's tiles) exactly
     as the row-by-row oracle does, parts of any row counts (ragged, not tile-aligned) included;
-    the same bytes as repacking their concatenation."""
+    the same bytes as repacking their concatenation; in each activation mode's layout."""
     kind = data.draw(st.sampled_from(sorted(KINDS)), label="kind")
+    act = data.draw(st.sampled_from(["f32", "q8"]), label="act")
     k = 32 * data.draw(st.integers(1, 4), label="blocks")
     rows = data.draw(st.lists(st.integers(1, 20), min_size=1, max_size=4), label="rows")
     size = KINDS[kind][0]
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
     parts = [rng.integers(0, 256, (r, k // 32 * size), dtype=np.uint8) for r in rows]
     whole = np.concatenate(parts)
-    sc_o, q_o = _layout_oracle(whole, kind, len(whole), k)
+    sc_o, q_o = _layout_oracle(whole, kind, len(whole), k, act)
     for given_raw in (parts, whole):
-        sc, q = repack(given_raw, kind, len(whole), k)
+        sc, q = repack(given_raw, kind, len(whole), k, act)
         assert np.array_equal(sc.numpy().view(np.uint16), sc_o.view(np.uint16))
         assert np.array_equal(q.numpy(), q_o)

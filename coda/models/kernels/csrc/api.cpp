@@ -195,6 +195,18 @@ void kq_linear_q8(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y) {
                          N, at<float>(y)});
 }
 
+void q4_dwords(Ptr qs, int64_t n) {
+  require(n >= 0, "bad block count");
+  uint8_t* p = at<uint8_t>(qs);
+  for (int64_t b = 0; b < n; ++b, p += TILE * 16) {
+    uint8_t t[TILE * 16];
+    for (int g = 0; g < 2; ++g)  // NOTE: byte (g, l, j) = row 4 g + j's byte l (blocks.h)
+      for (int l = 0; l < 16; ++l)
+        for (int j = 0; j < 4; ++j) t[g * 64 + 4 * l + j] = p[(4 * g + j) * 16 + l];
+    for (int i = 0; i < TILE * 16; ++i) p[i] = t[i];
+  }
+}
+
 void kq_gather(Ptr ids, int64_t T, Ptr seg, int64_t K, Ptr out) {
   require(T >= 0, "bad T");
   const std::vector<KqSeg> table = kq_segs(seg, 1, K);

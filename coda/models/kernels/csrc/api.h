@@ -32,6 +32,10 @@ void kq_linear(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y);
 void kq_linear_q8(Ptr x, int64_t M, int64_t K, Ptr segs, int64_t nseg, Ptr y);
 void kq_gather(Ptr ids, int64_t T, Ptr seg, int64_t K, Ptr out);
 
+// Q4 quants of re-laid-out tiles ([n, 8 rows, 16 bytes] per tile-block) into the f32 mode's
+// dword layout, in place (blocks.h): ISA-free, the same bytes on every machine.
+void q4_dwords(Ptr qs, int64_t n);
+
 std::vector<std::string> isas();   // the builds this CPU can run, portable first
 std::string isa();                 // the build in use
 void set_isa(const std::string& name);  // invalid_argument: unknown or not runnable here

@@ -6,6 +6,11 @@
 // float16 mins m), and the 8 rows' quants (16 bytes of nibbles for Q4; 32 int8 for Q8_0, rows
 // paired by halves: [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]). ggml order: weight j of a Q4
 // block is the low nibble of byte j for j < 16 and the high nibble of byte j - 16.
+// Q4 in f32 mode ("dword layout", api.cpp's q4_dwords): the 128 quant bytes as two groups of
+// four rows, group g's byte 4 l + j = row 4 g + j's byte l; so 32-bit word l of a group holds
+// weights l and 16 + l of its four rows, row j's at bits 8 j (low nibble) and 8 j + 4: a
+// 64-byte load and one shift put a row's 16 nibbles in the low bits of 16 words (AVX-512 then
+// looks them up with no widening shuffle). q8 mode keeps the byte layout (its integer dots).
 //
 // f32 mode: weight w = fma(q, d, m) (Q4; m = -8d for Q4_0) or q * d (Q8_0), one rounding (the
 // file's weight exactly, as kquants.h decodes it), then isa.h's canonical 16-lane dot: lane
@@ -71,41 +76,49 @@ inline void scales8(const uint16_t* s, float* d, float* m) {
   store8(m, mv);
 }
 
-// Sub-vector V (0..3) of a block's 32 weights of one output as 8 float32 (see the file comment).
-// q: the output's quants (Q8_0: its first 16 bytes; its last 16 are 32 bytes on).
+// Sub-vector V (0..3) of a block's 32 weights of output c as 8 float32 (see the file comment).
+// q: the tile-block's quants (Q8_0: pair layout; Q4: the f32 mode's dword layout).
 template <bool Q8W, int V>
-inline F8 dequant8(const uint8_t* q, float d, float m) {
+inline F8 dequant8(const uint8_t* q, int64_t c, float d, float m) {
+  // NOTE: Q4: weights 8 V + i are word 8 (V % 2) + i of group c / 4, nibble 2 (c % 4) + V / 2
+  const uint8_t* g = q + (c / 4) * 64 + 32 * (V % 2);
+  const int shift = 8 * static_cast<int>(c % 4) + 4 * (V / 2);
 #if CODA_ISA == CODA_SCALAR
   F8 w;
   for (int l = 0; l < 8; ++l) {
     if (Q8W) {
-      w.v[l] = static_cast<float>(static_cast<int8_t>(q[(V / 2) * 32 + (V % 2) * 8 + l])) * d;
+      const uint8_t* qc = q + (c / 2) * 64 + (c % 2) * 16;
+      w.v[l] = static_cast<float>(static_cast<int8_t>(qc[(V / 2) * 32 + (V % 2) * 8 + l])) * d;
     } else {
-      const uint8_t b = q[8 * (V & 1) + l];
-      w.v[l] = fma1(static_cast<float>(V < 2 ? b & 0xF : b >> 4), d, m);
+      const uint32_t word = static_cast<uint32_t>(g[4 * l]) | static_cast<uint32_t>(g[4 * l + 1]) << 8 |
+                            static_cast<uint32_t>(g[4 * l + 2]) << 16 |
+                            static_cast<uint32_t>(g[4 * l + 3]) << 24;
+      w.v[l] = fma1(static_cast<float>((word >> shift) & 0xF), d, m);
     }
   }
   return w;
 #else
   if (Q8W) {
+    const uint8_t* qc = q + (c / 2) * 64 + (c % 2) * 16;
     const __m256i i = _mm256_cvtepi8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + (V / 2) * 32 + (V % 2) * 8)));
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qc + (V / 2) * 32 + (V % 2) * 8)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(d));
   }
-  __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * (V & 1))));
-  b = V < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(b, 4);
+  // NOTE: shift is a constant (c0 is a template constant): an immediate shift; the top
+  // nibble (shift 28) needs no mask
+  const __m256i v = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)), shift);
+  const __m256i b = shift == 28 ? v : _mm256_and_si256(v, _mm256_set1_epi32(0xF));
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_set1_ps(d), _mm256_set1_ps(m));
 #endif
 }
 
 #if CODA_ISA != CODA_AVX512  // NOTE: AVX-512's f32 tiles are blocks_avx512.h's
-template <bool Q8W, int R, int C, int V>
+template <bool Q8W, int R, int C, int V, int c0>
 inline void step_f32(const float* x, int64_t K, const float* d, const float* m, const uint8_t* q,
-                     int64_t c0, F16 acc[R][C]) {
-  constexpr int64_t qb = Q8W ? 32 : 16;
+                     F16 acc[R][C]) {
   for (int c = 0; c < C; ++c) {
-    const int64_t c1 = c0 + c, at = Q8W ? (c1 / 2) * 64 + (c1 % 2) * 16 : c1 * qb;
-    const F8 w = dequant8<Q8W, V>(q + at, d[c1], m[c1]);
+    const int64_t c1 = c0 + c;
+    const F8 w = dequant8<Q8W, V>(q, c1, d[c1], m[c1]);
     for (int r = 0; r < R; ++r) {
       F8& lane = V % 2 ? acc[r][c].hi : acc[r][c].lo;  // NOTE: k mod 16 = 8 (V % 2) + l
       lane = fma8(w, load8(x + r * QK + 8 * V), lane);
@@ -114,9 +127,10 @@ inline void step_f32(const float* x, int64_t K, const float* d, const float* m, 
 }
 
 // R rows x C outputs (columns c0..c0+C of one tile), f32 activations (scalar and AVX2).
-template <int KIND, int R, int C>
-void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
-               float* y, int64_t ldy, int64_t ncols, const Ahead& next) {
+// NOTE: c0 a constant (as blocks_avx512.h): the dword layout's shifts are then immediates
+template <int KIND, int R, int C, int c0>
+void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
+               int64_t ldy, int64_t ncols, const Ahead& next) {
   constexpr bool Q8W = kQ8<KIND>;
   const int64_t nb = K / QK, qb = kQB<KIND>;
   F16 acc[R][C];
@@ -129,14 +143,22 @@ void micro_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs,
     const uint8_t* q = qs + b * TILE * qb;
     const float* xb = x + b * R * QK;
     ahead.block<KIND>(b);
-    step_f32<Q8W, R, C, 0>(xb, K, d, m, q, c0, acc);
-    step_f32<Q8W, R, C, 1>(xb, K, d, m, q, c0, acc);
-    step_f32<Q8W, R, C, 2>(xb, K, d, m, q, c0, acc);
-    step_f32<Q8W, R, C, 3>(xb, K, d, m, q, c0, acc);
+    step_f32<Q8W, R, C, 0, c0>(xb, K, d, m, q, acc);
+    step_f32<Q8W, R, C, 1, c0>(xb, K, d, m, q, acc);
+    step_f32<Q8W, R, C, 2, c0>(xb, K, d, m, q, acc);
+    step_f32<Q8W, R, C, 3, c0>(xb, K, d, m, q, acc);
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
       if (c0 + c < ncols) y[r * ldy + c0 + c] = tree16(acc[r][c]);
+}
+
+// Passes c0, c0 + C, .. of a tile; the first prefetches the next tile.
+template <int KIND, int R, int C, int c0>
+inline void passes_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
+                       int64_t ldy, int64_t ncols, const Ahead& next) {
+  micro_f32<KIND, R, C, c0>(x, K, sc, qs, y, ldy, ncols, c0 == 0 ? next : Ahead{});
+  if constexpr (c0 + C < TILE) passes_f32<KIND, R, C, c0 + C>(x, K, sc, qs, y, ldy, ncols, next);
 }
 
 template <int KIND, int R>
@@ -144,8 +166,7 @@ void tile_f32(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, 
               int64_t ldy, int64_t ncols, const Ahead& next) {
   // NOTE: 2 registers per accumulator on AVX2 (16 ymm): at most 8 accumulators live
   constexpr int C = R == 1 ? 4 : R == 2 ? 2 : 1;
-  for (int64_t c0 = 0; c0 < TILE; c0 += C)
-    micro_f32<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols, c0 == 0 ? next : Ahead{});
+  passes_f32<KIND, R, C, 0>(x, K, sc, qs, y, ldy, ncols, next);
 }
 #endif
 

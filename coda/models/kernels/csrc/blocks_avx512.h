@@ -11,22 +11,41 @@
 #if CODA_ISA == CODA_AVX512
 
 // Output c's weights of one block as two 16-lane halves (w[0]: weights 0..15, w[1]: 16..31).
-template <bool Q8W>
-inline void dequant_out(const uint8_t* q, int64_t c, float d, float m, __m512 w[2]) {
-  const __m512 dv = _mm512_set1_ps(d);
-  if (Q8W) {  // NOTE: pair layout [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]
+// d, m: the tile-block's 8 scales and mins as float32 in memory (scales8), read by the
+// instructions that use them (embedded broadcasts): a broadcast into a register first costs a
+// vector op per output and block (measured on Zen 4: ~20% of a one-row Q4 tile).
+template <int KIND>
+inline void dequant_out(const uint8_t* q, int64_t c, const float* d, const float* m, __m512 w[2]) {
+  if (kQ8<KIND>) {  // NOTE: pair layout [c 0..15 | c+1 0..15 | c 16..31 | c+1 16..31]
+    const __m512 dv = _mm512_set1_ps(d[c]);
     const uint8_t* p = q + (c / 2) * 64 + (c % 2) * 16;
     for (int h = 0; h < 2; ++h)
       w[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 * h)))), dv);
     return;
   }
-  const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c * 16)));
+  // NOTE: the dword layout (blocks.h): word l of group c / 4 holds the row's weights l and
+  // 16 + l at bits 8 (c % 4) and 8 (c % 4) + 4 (c is a constant here: immediate shifts)
+  const __m512i g = _mm512_loadu_si512(q + (c / 4) * 64);
+  const int sh = 8 * static_cast<int>(c % 4);
+  const __m512i i = sh ? _mm512_srli_epi32(g, sh) : g;
   // NOTE: the 16 possible weights fma(q, d, m), q = 0..15, once per block; each weight is then
   // looked up by its nibble (vpermps reads the low 4 bits of each index): the same bits as
-  // converting every code, one shuffle per 16 weights instead of a convert and an fma
-  const __m512 table = _mm512_fmadd_ps(
-      _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), dv, _mm512_set1_ps(m));
+  // converting every code, one shuffle per 16 weights instead of a convert and an fma.
+  // The table is built without an fma, with the same bits: q d is exact (4 bits times an
+  // float16's 11), so Q4_0's (q - 8) d is exactly fma(q, d, -8 d), and Q4_1's q d + m rounds
+  // once, as fma(q, d, m) does. A mul and an add (each with its scalar operand read from
+  // memory) run on separate pipes where an fma would need one operand broadcast first.
+  __m512 table;
+  if (KIND == Q4_0) {
+    table = _mm512_mul_ps(
+        _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_ps(d[c]));
+  } else {
+    table = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                      _mm512_set1_ps(d[c])),
+        _mm512_set1_ps(m[c]));
+  }
   w[0] = _mm512_permutexvar_ps(i, table);
   w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(i, 4), table);
 }
@@ -52,11 +71,11 @@ inline void tree16x4(const F16 v[4], float out[4]) {
                         _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), w)));
 }
 
-// R rows x C outputs (columns c0..c0+C of one tile), f32 activations.
-template <int KIND, int R, int C>
-void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, int64_t c0,
-                   float* y, int64_t ldy, int64_t ncols, const Ahead& next) {
-  constexpr bool Q8W = kQ8<KIND>;
+// R rows x C outputs (columns c0..c0+C of one tile), f32 activations. NOTE: c0 a constant:
+// a run-time c0 made every quant and scale address a register of its own (spilled at one row)
+template <int KIND, int R, int C, int c0>
+void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
+                   int64_t ldy, int64_t ncols, const Ahead& next) {
   const int64_t nb = K / QK, qb = kQB<KIND>;
   F16 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -67,11 +86,16 @@ void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t*
   const Ahead ahead = next;
   for (int64_t b = 0; b < nb; ++b) {
     scales8<KIND>(sc + b * kSC<KIND>, d, m);
+    // NOTE: opaque copies of &d, &m: without them GCC keeps the 8 scales in a register and
+    // broadcasts each from there (a shuffle per output and block) instead of from memory
+    const float* dm = d;
+    const float* mm = m;
+    __asm__("" : "+r"(dm), "+r"(mm));
     const uint8_t* q = qs + b * TILE * qb;
     const float* xb = x + b * R * QK;  // NOTE: the call's rows side by side (linear_f32)
     ahead.block<KIND>(b);
     __m512 w[C][2];
-    for (int c = 0; c < C; ++c) dequant_out<Q8W>(q, c0 + c, d[c0 + c], m[c0 + c], w[c]);
+    for (int c = 0; c < C; ++c) dequant_out<KIND>(q, c0 + c, dm, mm, w[c]);
     for (int h = 0; h < 2; ++h)
       for (int r = 0; r < R; ++r) {
         __m512 xv = _mm512_loadu_ps(xb + r * QK + 16 * h);
@@ -102,6 +126,14 @@ void micro_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t*
   }
 }
 
+// Passes c0, c0 + C, .. of a tile; the first prefetches the next tile.
+template <int KIND, int R, int C, int c0>
+inline void passes_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs,
+                           float* y, int64_t ldy, int64_t ncols, const Ahead& next) {
+  micro_f32_512<KIND, R, C, c0>(x, K, sc, qs, y, ldy, ncols, c0 == 0 ? next : Ahead{});
+  if constexpr (c0 + C < TILE) passes_f32_512<KIND, R, C, c0 + C>(x, K, sc, qs, y, ldy, ncols, next);
+}
+
 template <int KIND, int R>
 void tile_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* qs, float* y,
                   int64_t ldy, int64_t ncols, const Ahead& next) {
@@ -109,8 +141,7 @@ void tile_f32_512(const float* x, int64_t K, const uint16_t* sc, const uint8_t* 
   // zmm: C = 8 at one row, 4 up to 4 rows, 2 up to 12 (the tile's weights are decoded once per
   // call whatever C is; a narrower C only reloads x rows, which stay in L1)
   constexpr int C = R == 1 ? 8 : R <= 4 ? 4 : 2;
-  for (int64_t c0 = 0; c0 < TILE; c0 += C)  // NOTE: the first pass prefetches the next tile
-    micro_f32_512<KIND, R, C>(x, K, sc, qs, c0, y, ldy, ncols, c0 == 0 ? next : Ahead{});
+  passes_f32_512<KIND, R, C, 0>(x, K, sc, qs, y, ldy, ncols, next);
 }
 
 // R rows x one tile (8 outputs = 2 quads), int8 activations.

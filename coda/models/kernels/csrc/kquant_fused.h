@@ -65,19 +65,17 @@ struct Scales {
   float a[16], b[16];
   // NOTE: Q6_K only: the block's 256 signed codes (q - 32) in weight order, unpacked once per
   // block with full-width integer ops (a 16-weight chunk then costs one widening load instead of
-  // nine integer ops on 16 bytes); the codes are the same integers, so the bits are unchanged
-#if CODA_ISA == CODA_AVX512
-  __m512i qv[4];  // NOTE: kept in registers where the compiler can (constant indices)
-#else
+  // nine integer ops on 16 bytes); the codes are the same integers, so the bits are unchanged.
+  // In memory, not registers: a chunk's codes are then one widening load (pmovsxbd from
+  // memory) where a register copy needed an extract first (a shuffle per 16 weights)
   alignas(64) int8_t q[256];
-#endif
 };
 
 // Q6_K: the 256 codes of a block, q = (ql nibble | qh pair << 4) - 32 (kquants.h's layout:
 // weight half*128 + s*32 + l takes nibble s / 2 of ql[half*64 + (s % 2)*32 + l] and bits 2s of
 // qh[half*32 + l]).
 #if CODA_ISA == CODA_AVX512
-CODA_AI void q6_codes(const uint8_t* blk, __m512i* q) {
+CODA_AI void q6_codes(const uint8_t* blk, int8_t* out) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30),
                 o32 = _mm512_set1_epi8(32);
   // NOTE: per 16-bit lane shift counts: low 256 bits (s = 0 / 2), high 256 bits (s = 1 / 3);
@@ -93,8 +91,8 @@ CODA_AI void q6_codes(const uint8_t* blk, __m512i* q) {
     // NOTE: 0xF8 = A | (B & C)
     const __m512i q01 = _mm512_ternarylogic_epi32(lo, _mm512_sllv_epi16(h, sl01), m30, 0xF8);
     const __m512i q23 = _mm512_ternarylogic_epi32(hi, _mm512_srlv_epi16(h, sr23), m30, 0xF8);
-    q[2 * hf] = _mm512_sub_epi8(q01, o32);
-    q[2 * hf + 1] = _mm512_sub_epi8(q23, o32);
+    _mm512_store_si512(out + 128 * hf, _mm512_sub_epi8(q01, o32));
+    _mm512_store_si512(out + 128 * hf + 64, _mm512_sub_epi8(q23, o32));
   }
 }
 #else
@@ -138,11 +136,7 @@ CODA_AI void scales(const uint8_t* blk, Scales& s) {
     std::memcpy(&hi, blk + 200, 8);
     times8<true>(lo, d, s.a);
     times8<true>(hi, d, s.a + 8);
-#if CODA_ISA == CODA_AVX512
-    q6_codes(blk, s.qv);
-#else
     q6_codes(blk, s.q);
-#endif
   } else if (T == Q3_K) {
     // NOTE: kquants.h's scale_q3k for all 16 at once (byte i: the low or high nibble of byte
     // i % 8, | bits 2 (i / 4) of byte 8 + i % 4 at bit 4; then as int8 minus 32), and
@@ -174,18 +168,27 @@ template <int T, int I>
 CODA_AI W16 chunk(const uint8_t* blk, const Scales& s) {
   if (T == Q4_K) {  // idx = c*64 + h*32 + l: byte qs[c*32 + l], nibble h
     constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2;
+#if CODA_ISA == CODA_AVX512
+    // NOTE: as blocks_avx512.h's Q4 tiles: the sub-block's 16 possible weights q a + b (q a is
+    // exact: 4 bits times a's 17, so one rounding, fma(q, a, b)'s bits) looked up by nibble
+    // (vpermps reads the low 4 bits of each index: the high nibble needs a shift, no mask);
+    // a table and a widened load serve two chunks (the compiler shares them)
+    const __m512i q = _mm512_cvtepu8_epi32(ld16(blk + 16 + c * 32 + half * 16));
+    const __m512 table = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                      _mm512_set1_ps(s.a[I / 2])),
+        _mm512_set1_ps(s.b[I / 2]));
+    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(q, 4) : q, table);
+#else
     return fmaw(codes16(bits(ld16(blk + 16 + c * 32 + half * 16), 4 * h, 15)), s.a[I / 2], s.b[I / 2]);
+#endif
   } else if (T == Q5_K) {
     constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2, j = 2 * c + h;
     const __m128i lo = bits(ld16(blk + 48 + c * 32 + half * 16), 4 * h, 15);
     const __m128i hi = _mm_slli_epi16(bits(ld16(blk + 16 + half * 16), j, 1), 4);
     return fmaw(codes16(_mm_or_si128(lo, hi)), s.a[I / 2], s.b[I / 2]);
   } else if (T == Q6_K) {  // the codes unpacked by scales<Q6_K> (q6_codes)
-#if CODA_ISA == CODA_AVX512
-    return mulw(scodes16(_mm512_extracti32x4_epi32(s.qv[I / 4], I % 4)), s.a[I]);
-#else
     return mulw(scodes16(ld16(reinterpret_cast<const uint8_t*>(s.q) + 16 * I)), s.a[I]);
-#endif
   } else if (T == Q3_K) {  // idx = h*128 + s*32 + half*16 + l
     constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2, hb = h * 4 + sh;
     const __m128i lo = bits(ld16(blk + 32 + h * 32 + half * 16), 2 * sh, 3);
@@ -273,7 +276,11 @@ inline void run(const uint8_t* const* row, const uint8_t* const* next, const flo
       if (next[g])
         for (int64_t o = 0; o < bb; o += 64) __builtin_prefetch(next[g] + b * bb + o);
     }
-    t.template block<0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>(blk, s, x + b * QKK_,
+    // NOTE: an opaque copy of &s: without it GCC keeps the scales in registers and broadcasts
+    // each from there (a shuffle per 16 weights) instead of from memory (embedded broadcasts)
+    const Scales* sp = s;
+    __asm__("" : "+r"(sp));
+    t.template block<0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>(blk, sp, x + b * QKK_,
                                                                            ldx);
   }
   for (int r = 0; r < R; ++r)

@@ -31,6 +31,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("kq_linear_q8", &api::kq_linear_q8,
         "kq_linear with Q8_K activations (K-quant tensors; llama.cpp's numerics)", nogil);
   m.def("kq_gather", &api::kq_gather, "rows of one GGUF tensor decoded to float32", nogil);
+  m.def("q4_dwords", &api::q4_dwords, "Q4 tile quants into the f32 mode's dword layout", nogil);
   m.def("isas", &api::isas, "the kernel builds this CPU can run");
   m.def("isa", &api::isa, "the kernel build in use");
   m.def("set_isa", &api::set_isa, "use the named build (ValueError if unknown or not runnable)");

@@ -289,11 +289,12 @@ class TraceView:
         return self.routed - self.ended
 
 
-def wait_until(check: Any, timeout: float) -> bool:
-    """Poll ``check()`` every 20 ms until it is true or ``timeout`` passed; its last value."""
+def wait_until(check: Any, timeout: float, every: float = 0.02) -> bool:
+    """Poll ``check()`` every ``every`` s until it is true or ``timeout`` passed; its last
+    value."""
     deadline = time.monotonic() + timeout
     while not (ok := bool(check())) and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(every)
     return ok
 
 

@@ -150,7 +150,7 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
         # NOTE: once the replica's failure settled: B's own requests on it were retried or
         # ended by B, not left to the reaper because B died before it noticed (under load
         # B's traffic can reach the replicas seconds after A's)
-        fl.wait_until(settled, 60)
+        fl.wait_until(settled, 60, every=0.25)  # NOTE: each poll parses a whole trace file
         b.proc.kill()
         b.proc.wait(30)
         mine = [s.rid for s in streams if s.front == "B" and s.rid]

@@ -56,6 +56,8 @@ def _run(script: list[int], inside: bool, stops: tuple[str, ...], budget: int | 
         def choose(self, logits: int, step: int, output_ids: list[int]) -> Choice:
             proc = runs[0].processor
             forced = proc.forced_token() if proc is not None else None
+            if proc is not None:  # NOTE: what speculation drafts: the closer's ids from here
+                assert proc.forced_tokens() == (() if forced is None else (forced,))
             return chooser.choose(forced if forced is not None else logits, step, output_ids)
 
     run = generate([1], spec, ScriptedModel(script + [EOS_ID, EOS_ID]), Forcing(), TOK, trace=sink,

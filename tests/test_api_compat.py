@@ -17,8 +17,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import LiveServer
 from tests.reasoning_support import CHAIN, OPEN_ID, reasoning_model_dir
+from tests.tools_support import Wire, serve
 from tests.wire_support import ScriptedServer, scripted_server
 
 MODEL = "tiny-chat"
@@ -39,24 +39,14 @@ def an(server_live: Any) -> anthropic.Anthropic:
 
 
 @pytest.fixture(scope="module")
-def default_live() -> Iterator[LiveServer]:
+def wire() -> Iterator[Wire]:
     """The embedded default model (its context holds a tool prompt; tiny-chat's does not)."""
-    from coda.engine.async_engine import AsyncEngine
-    from coda.engine.types import EngineConfig
-    from coda.server.app import create_app
-
-    engine = AsyncEngine.from_model_dir(None, EngineConfig(max_num_seqs=8))
-    engine.start()
-    server = LiveServer(create_app(engine, manage_engine=False)).start()
-    yield server
-    server.stop()
-    engine.shutdown()
+    yield from serve()
 
 
 @pytest.fixture(scope="module")
-def fn(default_live: LiveServer) -> tuple[openai.OpenAI, str]:
-    client = openai.OpenAI(base_url=default_live.url + "/v1", api_key="k", max_retries=0)
-    return client, client.models.list().data[0].id
+def fn(wire: Wire) -> tuple[openai.OpenAI, str]:
+    return wire.oa, wire.model
 
 
 @pytest.fixture(scope="module")

@@ -96,8 +96,7 @@ def run_coda(tok: tokenizers.Tokenizer, ids: Sequence[int], stops: Sequence[str]
 
 def run_step(tok: tokenizers.Tokenizer, ids: Sequence[int], stops: Sequence[str]) -> bytes:
     stream = RequestStream("bench", BIG)
-    spec = OutputSpec(max_tokens=len(ids) + 1, context_limit=1 << 30, prompt_len=0,
-                      stop_strings=tuple(stops))
+    spec = OutputSpec(max_tokens=len(ids) + 1, stop_strings=tuple(stops))
     proc = OutputProcessor("bench", tok, spec, stream, NullTraceSink())
     for t in ids:
         if proc.on_token(t, TokenInfo(t)) is not None:

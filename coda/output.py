@@ -75,13 +75,15 @@ EarlyStopHook = Callable[[int, float], EarlyStopVerdict]
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """Termination rules of one request, normalised once (S1). ``max_tokens``: the token
-    budget (its one name, coda.engine.plan); None: no budget but the context, which then ends
-    the request ``context_limit`` (L4)."""
+    """Termination rules of one request, normalised once (S1). ``max_tokens``: the most tokens
+    the request selects (the token budget, its one name; resolved by coda.engine.plan, never
+    past the context); ``budget_end``: the reason reaching it ends with, ``max_output_tokens``,
+    or ``context_limit`` where the plan found no budget before the context (L4). The plan
+    decides both, so the per-token checks compare the count with one number, once (G1: the
+    max-tokens check, then the context's, which a plan's budget always reaches first)."""
 
-    max_tokens: int | None
-    context_limit: int
-    prompt_len: int
+    max_tokens: int
+    budget_end: FinishReason = FinishReason.MAX_OUTPUT_TOKENS
     eos_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     stop_strings: tuple[str, ...] = ()
@@ -228,12 +230,10 @@ class OutputProcessor:
         return self._after_emit(confidence)
 
     def _after_emit(self, confidence: float) -> FinishReason | None:
-        """The checks after the emit (G1): max tokens, context, grammar, early stop."""
-        if self.spec.max_tokens is not None and self.generated >= self.spec.max_tokens:
-            return self._budget_end(FinishReason.MAX_OUTPUT_TOKENS)
-        # the cache would hold prompt + t tokens after decoding y_t (seed: logical_length + 1)
-        if self.spec.prompt_len + self.generated >= self.spec.context_limit:
-            return self._budget_end(FinishReason.CONTEXT_LIMIT)
+        """The checks after the emit (G1): the budget (max tokens or context), grammar,
+        early stop."""
+        if self.budget_spent:
+            return self._budget_end(self.spec.budget_end)
         if self._grammar_done is not None:
             done = self._grammar_done()
             if done:
@@ -244,6 +244,17 @@ class OutputProcessor:
             self.stopped_early = verdict.reason is not None  # NOTE: D6: the cancel path
             return verdict.reason
         return None
+
+    @property
+    def budget_spent(self) -> bool:
+        """The budget's one per-token check (G1, L4): the tokens selected reached the plan's
+        ``max_tokens`` (at once for a budget of 0: prefill only, no token is chosen)."""
+        return self.generated >= self.spec.max_tokens
+
+    @property
+    def tokens_left(self) -> int:
+        """Tokens the request may still select within its budget (issue 21 drafts no more)."""
+        return self.spec.max_tokens - self.generated
 
     # -- the reasoning split (issue 23, coda.reasoning) ------------------------------------
     def forced_token(self) -> int | None:

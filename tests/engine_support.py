@@ -55,7 +55,6 @@ def reference_outcome(model_dir: Path, tokenizer: tokenizers.Tokenizer, req: Gen
     """Run ``req`` alone through the reference loop on the real runner and sampler."""
     runner = _reference_runner(model_dir)
     spec = OutputSpec(max_tokens=req.max_tokens or context - len(req.prompt_token_ids),
-                      context_limit=context, prompt_len=len(req.prompt_token_ids),
                       eos_token_ids=eos, ignore_eos=req.sampling.ignore_eos,
                       stop_strings=req.stop, stop_token_ids=req.stop_token_ids,
                       include_stop_str_in_output=req.include_stop_str_in_output,

@@ -109,8 +109,7 @@ class ScriptedChooser:
 def output_spec(**kw: object) -> OutputSpec:
     """An :class:`~coda.output.OutputSpec` with the scripted tests' defaults (50 tokens, a
     1000-token context, a 2-token prompt, EOS = :data:`EOS_ID`), overridden by ``kw``."""
-    base: dict[str, object] = dict(max_tokens=50, context_limit=1000, prompt_len=2,
-                                   eos_token_ids=frozenset({EOS_ID}))
+    base: dict[str, object] = dict(max_tokens=50, eos_token_ids=frozenset({EOS_ID}))
     base.update(kw)
     return OutputSpec(**base)  # type: ignore[arg-type]
 

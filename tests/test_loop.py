@@ -23,8 +23,7 @@ TOK = scripted_tokenizer(TABLE)
 
 
 def spec(**kw: object) -> OutputSpec:
-    base: dict[str, object] = dict(max_tokens=50, context_limit=1000, prompt_len=2,
-                                   eos_token_ids=frozenset({EOS_ID}))
+    base: dict[str, object] = dict(max_tokens=50, eos_token_ids=frozenset({EOS_ID}))
     base.update(kw)
     return OutputSpec(**base)  # type: ignore[arg-type]
 
@@ -119,7 +118,8 @@ def test_l4_max_output_tokens_and_context_limit() -> None:
     run, _, _ = run_script([107] * 10, max_tokens=3)
     assert run.stream.terminal and run.stream.terminal.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
     assert run.stream.text() == "xxx"
-    run, _, _ = run_script([107] * 10, context_limit=5)  # prompt 2 + 3 tokens
+    # NOTE: a context-bound plan (prompt 2, context 5): its budget is the room, 3 tokens
+    run, _, _ = run_script([107] * 10, max_tokens=3, budget_end=FinishReason.CONTEXT_LIMIT)
     assert run.stream.terminal and run.stream.terminal.finish_reason is FinishReason.CONTEXT_LIMIT
     assert run.stream.text() == "xxx"
 

@@ -23,8 +23,7 @@ from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, scripted_toke
 
 TABLE = {101: b"AB", 102: b"CD", 103: b"EF"}
 TOK = scripted_tokenizer(TABLE)
-SPEC = OutputSpec(max_tokens=50, context_limit=1000, prompt_len=3,
-                  eos_token_ids=frozenset({EOS_ID}))
+SPEC = OutputSpec(max_tokens=50, eos_token_ids=frozenset({EOS_ID}))
 
 
 def test_e1_o1_l1_start_event_prefill_rows_and_lifecycle() -> None:

@@ -26,10 +26,11 @@ WIRE_NAMES = frozenset({"max_completion_tokens", "max_output_tokens", "num_predi
 SCHEMAS = frozenset({"server/schemas.py", "server/protocol_schemas.py",
                      "server/ollama_schemas.py"})
 ADAPTERS = frozenset({"server/openai_routes.py", "server/responses_routes.py"})
-# NOTE: comparisons with a budget: the plan's check; the per-token stop (G1); the early-stop
-# policy's own hard budget (D1, a field of the client's policy); the draft length, which never
-# passes the budget (issue 21)
-COMPARES_BUDGET = frozenset({"engine/plan.py", "output.py", "early_stop.py", "engine/core.py",
+# NOTE: comparisons with a budget: the plan's check; the per-token stop (G1: the processor's
+# ``budget_spent``, which the core also asks before choosing, and ``tokens_left``, its draft
+# horizon); the early-stop policy's own hard budget (D1, a field of the client's policy); the
+# draft length, which never passes the budget (issue 21)
+COMPARES_BUDGET = frozenset({"engine/plan.py", "output.py", "early_stop.py",
                              "engine/speculative.py"})
 # NOTE: not the budget's range: what ``max_tokens: 0`` means on the completions wire (score the
 # echoed prompt only), so it is refused there without ``echo`` and accepted by the plan with it
@@ -90,10 +91,13 @@ def test_l4_the_request_path_carries_one_budget_field() -> None:
     from coda.server.params import Knobs
     from coda.server.render_spec import ResponsesRender
 
-    for cls in (Knobs, GenerationRequest, RequestPlan, OutputSpec, ResponsesRender):
+    for cls in (Knobs, GenerationRequest, OutputSpec, ResponsesRender):
         budget = [f.name for f in dataclasses.fields(cls)
                   if "max" in f.name and "tokens" in f.name]
         assert budget in (["max_tokens"], ["max_tokens", "max_tokens_field"]), (cls, budget)
+    # NOTE: the plan holds the resolved budget once, in its per-token rules (no copy)
+    assert not [f.name for f in dataclasses.fields(RequestPlan) if "max_tokens" in f.name]
+    assert isinstance(RequestPlan.__dict__["max_tokens"], property)
     assert "default_max_tokens" in {f.name for f in dataclasses.fields(ModelLimits)}
 
 
@@ -105,7 +109,6 @@ BUDGET_HOLDERS = frozenset({
     ("engine/types.py", "GenerationRequest", "max_tokens"),
     ("engine/types.py", "EngineConfig", "default_max_tokens"),
     ("engine/plan.py", "ModelLimits", "default_max_tokens"),
-    ("engine/plan.py", "RequestPlan", "max_tokens"),
     ("output.py", "OutputSpec", "max_tokens"),
     ("server/render_spec.py", "ResponsesRender", "max_tokens"),
     ("early_stop.py", "EarlyStopPolicy", "max_tokens"),

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from coda.engine.plan import ModelLimits, claimed_tokens, plan_request
 from coda.engine.types import GenerationRequest
 from coda.errors import ContextLengthExceededError, InvalidRequestError
+from coda.finish import FinishReason
 from coda.sampling import SamplingParams
 from tests.conftest import examples
 
@@ -44,8 +45,8 @@ def oracle(prompt_len: int, asked: int | None, default: int | None,
 def test_l4_budget_matches_oracle(prompt_len: int, asked: int | None,
                                   default: int | None, min_tokens: int) -> None:
     """L4: one derivation of max_tokens (the engine's default from its limits); a context-bound
-    plan hands the per-token checks no budget, so reaching the context ends context_limit,
-    never max_output_tokens; an asked budget below the asked min_tokens is refused."""
+    plan's budget is the room the context leaves and ends context_limit, never
+    max_output_tokens (the per-token checks compare with this one number); an asked budget below the asked min_tokens is refused."""
     req = GenerationRequest(tuple([5] * prompt_len), SamplingParams(min_tokens=min_tokens),
                             max_tokens=asked)
     limits = replace(LIMITS, default_max_tokens=default)
@@ -60,8 +61,9 @@ def test_l4_budget_matches_oracle(prompt_len: int, asked: int | None,
     assert plan.max_tokens == max_tokens
     assert plan.max_total_tokens <= LIMITS.context_length
     spec = plan.output
-    assert spec.max_tokens == (None if context_bound else max_tokens)
-    assert spec.context_limit == LIMITS.context_length and spec.prompt_len == prompt_len
+    assert spec.max_tokens == max_tokens
+    assert spec.budget_end is (FinishReason.CONTEXT_LIMIT if context_bound
+                               else FinishReason.MAX_OUTPUT_TOKENS)
 
 
 def test_claimed_tokens_is_the_asked_budget_else_the_default() -> None:

@@ -43,8 +43,7 @@ def _spec(inside: bool, budget: int | None = None) -> ReasoningSpec:
 def _run(script: list[int], inside: bool, stops: tuple[str, ...], budget: int | None = None,
          stop_ids: tuple[int, ...] = ()):  # type: ignore[no-untyped-def]
     sink = ListTraceSink()
-    spec = OutputSpec(max_tokens=1000, context_limit=10_000, prompt_len=1,
-                      eos_token_ids=frozenset({EOS_ID}), stop_strings=stops,
+    spec = OutputSpec(max_tokens=1000, eos_token_ids=frozenset({EOS_ID}), stop_strings=stops,
                       stop_token_ids=tuple((i,) for i in stop_ids),
                       reasoning=_spec(inside, budget))
     runs: list[RequestRun] = []
@@ -223,7 +222,6 @@ def test_p3_stream_log_keeps_the_split() -> None:
 
 
 def _events(script: list[int]) -> list:  # type: ignore[type-arg]
-    spec = OutputSpec(max_tokens=100, context_limit=1000, prompt_len=1,
-                      eos_token_ids=frozenset({EOS_ID}), reasoning=_spec(False))
+    spec = OutputSpec(max_tokens=100, eos_token_ids=frozenset({EOS_ID}), reasoning=_spec(False))
     run = generate([1], spec, ScriptedModel(script + [EOS_ID]), ScriptedChooser(), TOK)
     return run.stream.events_after(-1)

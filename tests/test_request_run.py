@@ -84,21 +84,20 @@ def test_g1_cancel_before_deadline_at_the_same_safe_point() -> None:
     assert t.usage.selected_tokens == 2
 
 
-def test_g1_stop_hit_before_max_tokens_and_max_tokens_before_context_limit() -> None:
-    """G1: on one token, a stop hit wins over max tokens (text cut, reason stop_sequence) and
-    max tokens wins over the context limit."""
+def test_g1_stop_hit_before_max_tokens_and_the_budget_ends_with_the_plans_reason() -> None:
+    """G1: on one token, a stop hit wins over max tokens (text cut, reason stop_sequence); the
+    budget ends the output at exactly ``max_tokens`` tokens with the reason the plan fixed
+    (L4: ``context_limit`` for a context-bound plan, whose budget is the room the context
+    leaves; which of the two applies is decided once, by coda.engine.plan)."""
     run, _, _ = _go([101, 102, 103], stop_strings=("CD",), max_tokens=2)
     t = run.stream.terminal
     assert t is not None and t.finish_reason is FinishReason.STOP_SEQUENCE
     assert run.stream.text() == "AB" and t.stop is not None and t.stop.stop == "CD"
-    run, _, _ = _go([107] * 5, max_tokens=3, context_limit=5)  # prompt 2 + 3 = 5
+    run, _, _ = _go([107] * 5, max_tokens=3)
     t = run.stream.terminal
     assert t is not None and t.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
-    run, _, _ = _go([107] * 5, max_tokens=4, context_limit=5)
-    t = run.stream.terminal
-    assert t is not None and t.finish_reason is FinishReason.CONTEXT_LIMIT
-    # L4: no budget but the context (a context-bound plan hands on None): context_limit
-    run, _, _ = _go([107] * 5, max_tokens=None, context_limit=5)
+    assert t.usage.selected_tokens == 3
+    run, _, _ = _go([107] * 5, max_tokens=3, budget_end=FinishReason.CONTEXT_LIMIT)
     t = run.stream.terminal
     assert t is not None and t.finish_reason is FinishReason.CONTEXT_LIMIT
     assert t.usage.selected_tokens == 3
@@ -169,8 +168,7 @@ def test_g2_tail_drained_at_finish_passes_the_stop_matcher() -> None:
     run_ids = [vocab[f"<0x{b:02X}>"] for b in "中".encode()]
     head = [vocab["▁the"]] if "▁the" in vocab else tok.encode("the").ids
     script = head + run_ids
-    spec = OutputSpec(max_tokens=len(script), context_limit=1000, prompt_len=1,
-                      stop_strings=("中",))
+    spec = OutputSpec(max_tokens=len(script), stop_strings=("中",))
     sink = ListTraceSink()
     run = generate(tok.encode("Hi").ids, spec, ScriptedModel(script), ScriptedChooser(), tok,
                    trace=sink)
@@ -182,7 +180,7 @@ def test_g2_tail_drained_at_finish_passes_the_stop_matcher() -> None:
     draining = next(i for i, e in enumerate(sink.events)
                     if e.kind == tr.LIFECYCLE and e.data["to"] == "DRAINING")
     assert kinds.index(tr.STOP_HIT) > draining
-    spec = OutputSpec(max_tokens=len(script), context_limit=1000, prompt_len=1)
+    spec = OutputSpec(max_tokens=len(script))
     run = generate(tok.encode("Hi").ids, spec, ScriptedModel(script), ScriptedChooser(), tok)
     last = run.stream.events_after(-1)[-2]
     assert run.stream.text().endswith("中") and last.data == "中".encode()

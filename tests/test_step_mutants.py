@@ -208,16 +208,31 @@ def test_g1_grammar_done_ends_with_its_own_reason() -> None:
 @pytest.mark.parametrize("closed", [None, FinishReason.GRAMMAR_FORCED_CLOSE])
 @pytest.mark.parametrize(("limits", "reason"), [
     ({"max_tokens": 2}, FinishReason.MAX_OUTPUT_TOKENS),
-    ({"context_limit": 4}, FinishReason.CONTEXT_LIMIT),
+    ({"max_tokens": 2, "budget_end": FinishReason.CONTEXT_LIMIT}, FinishReason.CONTEXT_LIMIT),
 ])
 def test_g1_budget_end_is_renamed_only_by_a_closed_grammar(
-        closed: FinishReason | None, limits: dict[str, int], reason: FinishReason) -> None:
+        closed: FinishReason | None, limits: dict[str, object], reason: FinishReason) -> None:
     """G1, issue 13: at max tokens / context limit the budget's check ends the output; a
     grammar that closed within the budget names the reason, otherwise the budget does."""
     proc = OutputProcessor("r", TOK, _spec(**limits), RequestStream("r"), NullTraceSink(),
                            grammar_budget_end=lambda: closed)
     assert proc.on_token(101, TokenInfo(101)) is None
     assert proc.on_token(102, TokenInfo(102)) is (closed or reason)
+
+
+def test_l4_g1_the_budget_is_counted_once_and_read_by_the_core() -> None:
+    """L4, G1, issue 21: ``budget_spent`` is the budget's one per-token check (the core asks it
+    before choosing: a budget of 0 is spent at once, prefill only) and ``tokens_left`` the room
+    drafts may use; both follow the tokens selected against the plan's ``max_tokens``."""
+    proc = OutputProcessor("r", TOK, _spec(max_tokens=3), RequestStream("r"), NullTraceSink())
+    assert (proc.budget_spent, proc.tokens_left) == (False, 3)
+    assert proc.on_token(101, TokenInfo(101)) is None
+    assert (proc.budget_spent, proc.tokens_left) == (False, 2)
+    assert proc.on_token(101, TokenInfo(101)) is None
+    assert proc.on_token(101, TokenInfo(101)) is FinishReason.MAX_OUTPUT_TOKENS
+    assert (proc.budget_spent, proc.tokens_left) == (True, 0)
+    none = OutputProcessor("z", TOK, _spec(max_tokens=0), RequestStream("z"), NullTraceSink())
+    assert (none.budget_spent, none.tokens_left) == (True, 0)
 
 
 # ------------------------------------------------------------------------------- O1
@@ -309,8 +324,7 @@ def test_g2_e1_drained_tail_goes_out_with_the_hold_it_releases() -> None:
     vocab = tok.get_vocab()
     head = [vocab["▁the"]] if "▁the" in vocab else tok.encode("the").ids
     script = head + [vocab[f"<0x{b:02X}>"] for b in "中".encode()]
-    spec = OutputSpec(max_tokens=len(script), context_limit=1000, prompt_len=1,
-                      stop_strings=("eX",))
+    spec = OutputSpec(max_tokens=len(script), stop_strings=("eX",))
     run = generate(tok.encode("Hi").ids, spec, ScriptedModel(script), ScriptedChooser(), tok)
     deltas = [e.data for e in run.stream.events_after(-1) if e.type is EventType.DELTA]
     assert run.stream.text().endswith("the中") and deltas[-1] == "e中".encode()

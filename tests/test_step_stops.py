@@ -30,8 +30,7 @@ def _run(script: list[int], strings: tuple[str, ...], id_seqs: tuple[tuple[int, 
          include: bool = False, min_tokens: int = 0
          ) -> tuple[bytes, FinishReason, object, int, int]:
     sink = ListTraceSink()
-    spec = OutputSpec(max_tokens=1000, context_limit=10_000, prompt_len=1,
-                      eos_token_ids=frozenset({EOS_ID}), stop_strings=strings,
+    spec = OutputSpec(max_tokens=1000, eos_token_ids=frozenset({EOS_ID}), stop_strings=strings,
                       stop_token_ids=id_seqs, include_stop_str_in_output=include,
                       min_tokens=min_tokens)
     run = generate([1], spec, ScriptedModel(script + [EOS_ID]), ScriptedChooser(), TOK,
@@ -133,8 +132,7 @@ def _sent_after_each_token(script: list[int], strings: tuple[str, ...],
                            min_tokens: int = 0) -> list[bytes]:
     """The text sent once each token was processed, read from the trace's deltas."""
     sink = ListTraceSink()
-    spec = OutputSpec(max_tokens=1000, context_limit=10_000, prompt_len=1,
-                      eos_token_ids=frozenset({EOS_ID}), stop_strings=strings,
+    spec = OutputSpec(max_tokens=1000, eos_token_ids=frozenset({EOS_ID}), stop_strings=strings,
                       stop_token_ids=id_seqs, min_tokens=min_tokens)
     generate([1], spec, ScriptedModel(script + [EOS_ID]), ScriptedChooser(), TOK, trace=sink)
     sent, out = b"", []

@@ -105,8 +105,7 @@ def _oracle(script: list[int], strings: tuple[str, ...],
 def _run(script: list[int], strings: tuple[str, ...],
          seqs: tuple[tuple[int, ...], ...]) -> Result:
     sink = ListTraceSink()
-    spec = OutputSpec(max_tokens=1000, context_limit=10_000, prompt_len=len(PROMPT),
-                      eos_token_ids=frozenset({EOS}), stop_strings=strings, stop_token_ids=seqs)
+    spec = OutputSpec(max_tokens=1000, eos_token_ids=frozenset({EOS}), stop_strings=strings, stop_token_ids=seqs)
     run = generate(PROMPT, spec, ScriptedModel([*script, EOS]), ScriptedChooser(), TOK,
                    trace=sink)
     assert check_trace(sink.events) == []
@@ -137,8 +136,7 @@ def test_k2_s1_partial_character_before_stop_ids_is_cut() -> None:
     e2, x82 = VOCAB["<0xE2>"], VOCAB["<0x82>"]
     assert _run([H, e2, x82, A], (), ((A,),)) == (b"h", FinishReason.STOP_SEQUENCE,
                                                 ("token_ids", 0))
-    spec = OutputSpec(max_tokens=1000, context_limit=10_000, prompt_len=len(PROMPT),
-                      eos_token_ids=frozenset({EOS}), stop_token_ids=((A,),))
+    spec = OutputSpec(max_tokens=1000, eos_token_ids=frozenset({EOS}), stop_token_ids=((A,),))
     run = generate(PROMPT, spec, ScriptedModel([H, e2, x82, A, EOS]), ScriptedChooser(), TOK)
     assert run.stream.terminal is not None and run.stream.terminal.dropped_tail == b"\xe2\x82"
 
@@ -167,8 +165,7 @@ def test_s1_l6_k2_bytes_drained_before_a_stop_id_are_output_of_a_returned_token(
     byte, stop = TOK.token_to_id("<0x42>"), TOK.encode(" the", add_special_tokens=False).ids[-1]
     assert byte is not None and len(word) >= 1
     sink = ListTraceSink()
-    spec = OutputSpec(max_tokens=1000, context_limit=10_000, prompt_len=len(PROMPT),
-                      eos_token_ids=frozenset({EOS}), stop_token_ids=((stop,),))
+    spec = OutputSpec(max_tokens=1000, eos_token_ids=frozenset({EOS}), stop_token_ids=((stop,),))
     run = generate(PROMPT, spec, ScriptedModel([*word, byte, stop, EOS]), ScriptedChooser(), TOK,
                    trace=sink)
     assert check_trace(sink.events) == []
@@ -189,8 +186,7 @@ def test_s1_l6_byte_run_closed_by_a_held_id_of_a_longer_sequence_is_returned() -
     counted against the discarded bytes' offsets: returned_tokens 0 for 1 byte sent)."""
     word = TEXT[0]
     sink = ListTraceSink()
-    spec = OutputSpec(max_tokens=1000, context_limit=10_000, prompt_len=len(PROMPT),
-                      eos_token_ids=frozenset({EOS}), stop_token_ids=((word, word),))
+    spec = OutputSpec(max_tokens=1000, eos_token_ids=frozenset({EOS}), stop_token_ids=((word, word),))
     run = generate(PROMPT, spec, ScriptedModel([A, word, word, EOS]), ScriptedChooser(), TOK,
                    trace=sink)
     assert check_trace(sink.events) == []
@@ -209,8 +205,7 @@ def test_s4_s1_a_stop_string_completed_by_bytes_drained_before_stop_ids_wins() -
     word, stop_id = TEXT
     last = TOK.decode([word])[-1]
     sink = ListTraceSink()
-    spec = OutputSpec(max_tokens=1000, context_limit=10_000, prompt_len=len(PROMPT),
-                      eos_token_ids=frozenset({EOS}), stop_strings=(last + "A",),
+    spec = OutputSpec(max_tokens=1000, eos_token_ids=frozenset({EOS}), stop_strings=(last + "A",),
                       stop_token_ids=((stop_id,),))
     run = generate(PROMPT, spec, ScriptedModel([word, A, stop_id, word, EOS]),
                    ScriptedChooser(), TOK, trace=sink)

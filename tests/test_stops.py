@@ -328,7 +328,7 @@ def test_s1_stop_with_a_lone_surrogate_is_an_invalid_request(bad: str) -> None:
         stop_bytes(bad, "stop_sequences")
     assert e.value.field == "stop_sequences"
     tok = scripted_tokenizer({101: b"AB"})
-    spec = OutputSpec(max_tokens=3, context_limit=100, prompt_len=1, stop_strings=(bad,))
+    spec = OutputSpec(max_tokens=3, stop_strings=(bad,))
     with pytest.raises(InvalidRequestError) as e:
         generate([1], spec, ScriptedModel([101, 101, 101]), ScriptedChooser(), tok)
     assert e.value.field == "stop"

@@ -38,8 +38,7 @@ def _go(script: list[int], **kw: object) -> tuple[RequestRun, ListTraceSink]:
     sink = ListTraceSink()
     run_kw = {k: kw.pop(k) for k in ("deadline", "clock", "on_created") if k in kw}
     model = kw.pop("model", None) or ScriptedModel(script)
-    base: dict[str, object] = dict(max_tokens=50, context_limit=1000, prompt_len=2,
-                                   eos_token_ids=frozenset({EOS_ID}))
+    base: dict[str, object] = dict(max_tokens=50, eos_token_ids=frozenset({EOS_ID}))
     spec = OutputSpec(**{**base, **kw})  # type: ignore[arg-type]
     run = generate([1, 2], spec, model, ScriptedChooser(), TOK, trace=sink,  # type: ignore[arg-type]
                    **run_kw)  # type: ignore[arg-type]
@@ -53,10 +52,10 @@ def _dropped_rows(sink: ListTraceSink) -> list[dict[str, object]]:
 
 @pytest.mark.parametrize("limits,reason", [
     ({"max_tokens": 2}, FinishReason.MAX_OUTPUT_TOKENS),
-    ({"context_limit": 4}, FinishReason.CONTEXT_LIMIT),
+    ({"max_tokens": 2, "budget_end": FinishReason.CONTEXT_LIMIT}, FinishReason.CONTEXT_LIMIT),
 ])
 def test_k3_auto_budget_end_inside_a_character_keeps_its_reason(
-        limits: dict[str, int], reason: FinishReason) -> None:
+        limits: dict[str, object], reason: FinishReason) -> None:
     """K3 (issue 20 deliverable 2): ``AB`` + the lead byte of ``é``, then the budget ends the
     request: FINISHED with the budget's own reason, text ``AB``; the byte is removed and
     recorded in the terminal and the trace. ``fail`` asks for the strict rule: FAILED."""
@@ -117,13 +116,12 @@ def test_k3_auto_byte_fallback_run_keeps_its_whole_characters() -> None:
     word = "▁st"  # NOTE: a plain word piece of the trained vocabulary
     script = [v[word], v["<0x68>"], v["<0xE2>"], v["<0x82>"]]
     for policy in ("auto", "drop"):
-        spec = OutputSpec(max_tokens=4, context_limit=1000, prompt_len=1,
-                          utf8_tail=policy)
+        spec = OutputSpec(max_tokens=4, utf8_tail=policy)
         run = generate([v[word]], spec, ScriptedModel(script), ScriptedChooser(), tok)
         t = run.stream.terminal
         assert t is not None and (t.state, t.finish_reason) == (
             State.FINISHED, FinishReason.MAX_OUTPUT_TOKENS)
         assert run.stream.text() == " sth" and t.dropped_tail == b"\xe2\x82"
-    spec = OutputSpec(max_tokens=4, context_limit=1000, prompt_len=1, utf8_tail="fail")
+    spec = OutputSpec(max_tokens=4, utf8_tail="fail")
     run = generate([v[word]], spec, ScriptedModel(script), ScriptedChooser(), tok)
     assert run.stream.terminal is not None and run.stream.terminal.state is State.FAILED

@@ -28,8 +28,7 @@ TOK = scripted_tokenizer({101: b"AB", 102: b"CD"})
 
 def stop_run() -> tuple[ListTraceSink, object]:
     sink = ListTraceSink()
-    spec = OutputSpec(max_tokens=10, context_limit=100, prompt_len=2,
-                      eos_token_ids=frozenset({EOS_ID}), stop_strings=("BC",))
+    spec = OutputSpec(max_tokens=10, eos_token_ids=frozenset({EOS_ID}), stop_strings=("BC",))
     run = generate([1, 2], spec, ScriptedModel([101, 102, EOS_ID]), ScriptedChooser(), TOK,
                    trace=sink)
     return sink, run

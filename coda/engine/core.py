@@ -249,7 +249,7 @@ class EngineCore:
         jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for r, spec in guess
                 if r.seq.seq_id not in paused
                 and r.seq.num_uncomputed_tokens == 1 and r.seq.status is SequenceStatus.RUNNING
-                and (k := min(r.plan.max_tokens - r.seq.num_output_tokens - 1,
+                and (k := min(r.processor.tokens_left - 1,
                               spec.k_for(rows), plain_horizon(r.processor, r.closer))) > 0]
         if not jobs:
             return out
@@ -402,8 +402,8 @@ class EngineCore:
                 req.cancel()
             elif req.deadline is not None and self.clock() >= req.deadline:
                 self._finish(req, FinishReason.DEADLINE_EXCEEDED)
-            elif req.plan.max_tokens == 0:  # NOTE: prefill only (prompt scoring): no token
-                self._finish(req, FinishReason.MAX_OUTPUT_TOKENS)
+            elif req.processor.budget_spent:  # NOTE: a budget of 0: prefill only, no token
+                self._finish(req, req.plan.output.budget_end)
             else:
                 live.append((req, i, chunk.token_ids[chunk.num_tokens - chunk.num_draft:]))
         if not live:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from coda.early_stop import EarlyStopPolicy
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import ContextLengthExceededError, InvalidRequestError
+from coda.finish import FinishReason
 from coda.output import UTF8_TAIL_POLICIES, OutputSpec
 from coda.sampling import MAX_LOGPROBS, SamplingParams
 from coda.stops import stop_bytes
@@ -53,17 +54,16 @@ class ModelLimits:
 class RequestPlan:
     """Everything the engine runs one request by, checked once (see the module doc).
 
-    ``max_tokens``: the most output tokens the request may select (the token budget).
-    ``output``: the per-token checks' rules (coda.output, G1 order: budget, context, EOS,
+    ``max_tokens``: the most output tokens the request may select (the token budget, held by
+    ``output``). ``output``: the per-token checks' rules (coda.output, G1 order: budget, context, EOS,
     stops, K3 tail, reasoning split), fixed here and handed to the output processor as they
-    are; its ``max_tokens`` is None when no limit applies before the context (reaching the
-    context then ends ``context_limit``, L4). ``seed``: the
+    are; its ``budget_end`` is ``context_limit`` when no limit applies before the context
+    (L4). ``seed``: the
     request's RNG seed, drawn here when none was asked (E). ``deadline_s`` is relative to
     arrival (G3)."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    max_tokens: int
     sampling: SamplingParams
     seed: int
     limits: ModelLimits
@@ -74,6 +74,11 @@ class RequestPlan:
     backpressure: BackpressureConfig | None = None
     speculative: bool = True  # issue 21: may this request speculate (if the server does)
     prompt_logprobs: int | None = None  # score each prompt token, k alternatives (echo)
+
+    @property
+    def max_tokens(self) -> int:
+        """The token budget: held once, by the per-token rules (``output.max_tokens``)."""
+        return self.output.max_tokens
 
     @property
     def max_total_tokens(self) -> int:
@@ -139,12 +144,13 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
     _check_reasoning(req, limits)
     seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
-    # NOTE: L4: with the context as the limit, hitting it is context_limit, not
-    # max_output_tokens: the max-tokens check (earlier in G1's order) must not fire at the
-    # same step, so a context-bound plan hands the per-token checks no budget (None) at all.
+    # NOTE: L4: with the context as the limit, reaching it is context_limit, not
+    # max_output_tokens; the budget never passes the context, so the per-token checks need
+    # the one number and the reason it ends with (G1's context check is reached no earlier)
     output = OutputSpec(
-        max_tokens=None if context_bound else max_tokens, context_limit=limits.context_length,
-        prompt_len=len(prompt), eos_token_ids=limits.eos_token_ids,
+        max_tokens=max_tokens,
+        budget_end=FinishReason.CONTEXT_LIMIT if context_bound else FinishReason.MAX_OUTPUT_TOKENS,
+        eos_token_ids=limits.eos_token_ids,
         ignore_eos=req.sampling.ignore_eos, stop_strings=tuple(req.stop),
         stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
@@ -152,7 +158,7 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         reasoning=req.reasoning)
     return RequestPlan(
         request_id=req.request_id or f"req-{uuid.uuid4().hex[:16]}",
-        prompt_token_ids=prompt, max_tokens=max_tokens, sampling=req.sampling, seed=seed,
+        prompt_token_ids=prompt, sampling=req.sampling, seed=seed,
         limits=limits, output=output, grammar=req.grammar, early_stop=req.early_stop,
         deadline_s=req.deadline_s, backpressure=req.backpressure,
         speculative=req.speculative, prompt_logprobs=req.prompt_logprobs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +89,14 @@ def test_l4_the_request_path_carries_one_budget_field() -> None:
     from coda.engine.plan import ModelLimits, RequestPlan
     from coda.engine.types import GenerationRequest
     from coda.output import OutputSpec
-    from coda.server.params import Knobs
+    from coda.server.params import plan_call
     from coda.server.render_spec import ResponsesRender
 
-    for cls in (Knobs, GenerationRequest, OutputSpec, ResponsesRender):
+    # NOTE: the adapters hand their resolved values to plan_call's keywords (no Knobs object)
+    keywords = [p for p in inspect.signature(plan_call).parameters
+                if "max" in p and "tokens" in p]
+    assert keywords == ["max_tokens", "max_tokens_field"]
+    for cls in (GenerationRequest, OutputSpec, ResponsesRender):
         budget = [f.name for f in dataclasses.fields(cls)
                   if "max" in f.name and "tokens" in f.name]
         assert budget in (["max_tokens"], ["max_tokens", "max_tokens_field"]), (cls, budget)
@@ -105,7 +110,6 @@ def test_l4_the_request_path_carries_one_budget_field() -> None:
 # THE output budget (or the engine's default for it); D1's early-stop policy is the client's
 # own wire object (SPEC D1 ``maxTokens``) and bench.py is test support
 BUDGET_HOLDERS = frozenset({
-    ("server/params.py", "Knobs", "max_tokens"),
     ("engine/types.py", "GenerationRequest", "max_tokens"),
     ("engine/types.py", "EngineConfig", "default_max_tokens"),
     ("engine/plan.py", "ModelLimits", "default_max_tokens"),

@@ -28,7 +28,7 @@ from coda.server.common import collect, new_id, state_of
 from coda.server.create import create
 from coda.server.failures import anthropic_error, failed_json, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
-from coda.server.params import Knobs, Parsed, plan_call
+from coda.server.params import Parsed, plan_call
 from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicRequest
 from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
@@ -314,18 +314,18 @@ class AnthropicAdapter:
         reasoning = reasoning_spec(
             st.engine.tokenizer, ids, budget=budget, budget_field="thinking.budget_tokens",
             grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
-        knobs = Knobs(max_tokens=body.max_tokens, max_tokens_field="max_tokens",
-                      prompt_field="messages", stop=body.stop_sequences,
-                      stop_field="stop_sequences", seed=body.seed,
-                      temperature=body.temperature, top_p=body.top_p, reasoning=reasoning,
-                      **tool)
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
                                verify=body.stream_verify, thinking=reasoning is not None,
                                reasoning=show,
                                service_tier="standard" if body.service_tier else None)
-        return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
+        return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
-                         on_disconnect=body.on_disconnect)
+                         on_disconnect=body.on_disconnect,
+                         max_tokens=body.max_tokens, max_tokens_field="max_tokens",
+                         prompt_field="messages", stop=body.stop_sequences,
+                         stop_field="stop_sequences", seed=body.seed,
+                         temperature=body.temperature, top_p=body.top_p, reasoning=reasoning,
+                         **tool)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         spec = record.spec

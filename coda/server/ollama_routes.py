@@ -46,7 +46,7 @@ from coda.server.ollama_wire import (
     keep_alive_zero,
     tool_call,
 )
-from coda.server.params import Knobs, Parsed, plan_call
+from coda.server.params import Parsed, plan_call
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
 from coda.server.state import Record, ServerState, register_renderer
@@ -184,7 +184,12 @@ class OllamaAdapter:
         tool_knobs = tl.knob_fields(plan, grammar, "format") or {"grammar": grammar}
         ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
         reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
-        knobs = Knobs(
+        spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
+                            thinking=reasoning is not None and body.think not in (False, "none"))
+        return plan_call(
+            body, [ids], spec, call_id=new_id(self.id_prefix),
+            backpressure=st.settings.backpressure, stream=body.stream,
+            on_disconnect=body.on_disconnect,
             max_tokens=o.max_tokens() if o else None, max_tokens_field="options.num_predict",
             prompt_field="messages" if self.chat else "prompt",
             stop=o.stop if o else None, stop_field="options.stop",
@@ -193,11 +198,6 @@ class OllamaAdapter:
             presence_penalty=o.presence_penalty if o else None,
             frequency_penalty=o.frequency_penalty if o else None, reasoning=reasoning,
             **tool_knobs)
-        spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
-                            thinking=reasoning is not None and body.think not in (False, "none"))
-        return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
-                         backpressure=st.settings.backpressure, stream=body.stream,
-                         on_disconnect=body.on_disconnect)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         assert terminals is not None

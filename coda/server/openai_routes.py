@@ -28,7 +28,7 @@ from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.fields import check_modalities, effort_budget, served_tier
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
-from coda.server.params import Knobs, Parsed, plan_call
+from coda.server.params import Parsed, plan_call
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
@@ -309,14 +309,6 @@ class OpenAIAdapter:
         elif body.max_reasoning_tokens is not None:
             raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
                                       field="max_reasoning_tokens")
-        # NOTE: one frozen Knobs, made once everything it holds is known
-        knobs = Knobs(max_tokens=max_tokens, max_tokens_field=mt_field,
-                      prompt_field="messages" if chat else "prompt", stop=body.stop, n=body.n,
-                      seed=body.seed, temperature=body.temperature, top_p=body.top_p,
-                      presence_penalty=body.presence_penalty,
-                      frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
-                      logprobs=logprobs, logprobs_field="top_logprobs" if chat else "logprobs",
-                      reasoning=reasoning, **tool)
         options = body.stream_options
         call_id = new_id(self.id_prefix)
         echo: tuple[str, ...] = ()
@@ -334,11 +326,20 @@ class OpenAIAdapter:
             service_tier=(served_tier(body.service_tier)
                           if isinstance(body, ChatCompletionRequest) else None),
             legacy_functions=legacy)
-        return plan_call(body, knobs, prompts, spec, call_id=call_id,
+        # NOTE: the parse's one call into params, with the protocol's resolved values
+        return plan_call(body, prompts, spec, call_id=call_id,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
                          keep=not (isinstance(body, ChatCompletionRequest)
-                                   and body.store is False))
+                                   and body.store is False),
+                         max_tokens=max_tokens, max_tokens_field=mt_field,
+                         prompt_field="messages" if chat else "prompt", stop=body.stop,
+                         n=body.n, seed=body.seed, temperature=body.temperature,
+                         top_p=body.top_p, presence_penalty=body.presence_penalty,
+                         frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
+                         logprobs=logprobs,
+                         logprobs_field="top_logprobs" if chat else "logprobs",
+                         reasoning=reasoning, **tool)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         assert terminals is not None and isinstance(record.spec, OpenAIRender)

@@ -1,8 +1,9 @@
 """Protocol parameters → one call's frozen plan, :class:`Parsed` (issue 4 item 3, issue 22).
 
 One place turns every endpoint's knobs (and the Coda extensions) into engine requests, so a
-parameter means the same thing everywhere. An adapter's parse ends with one call,
-:func:`plan_call`, that hands on a frozen :class:`Parsed` (the engine requests, the error
+parameter means the same thing everywhere. An adapter's parse calls here once, at its end:
+:func:`plan_call` takes the protocol's resolved values as keywords (no intermediate object)
+and hands on a frozen :class:`Parsed` (the engine requests, the error
 renames, the render spec); the create handler (:mod:`coda.server.create`) only submits it and
 never calls back. Errors are raised as :class:`~coda.errors.InvalidRequestError` naming the
 protocol's field; ``Parsed.rename`` tells the create handler how to rename the engine's own
@@ -25,32 +26,6 @@ from coda.server.schemas import CodaExtensions, ResponseFormat
 from coda.server.state import DisconnectPolicy
 from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig, BackpressurePolicy
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """Protocol-level values after the protocol's own spelling has been resolved.
-
-    ``max_tokens``: the token budget under its one internal name, whatever the wire called it;
-    ``max_tokens_field`` is that wire name (errors about the budget name it)."""
-
-    max_tokens: int | None
-    max_tokens_field: str
-    prompt_field: str
-    stop: str | Sequence[str] | None = None
-    stop_field: str = "stop"
-    n: int = 1
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    logprobs: int | None = None
-    logprobs_field: str = "logprobs"
-    grammar: GrammarSpec | None = None
-    stops_end_at: str | None = None  # a tool call's opening tag (coda.server.tools)
-    reasoning: ReasoningSpec | None = None  # issue 23 (coda.reasoning.reasoning_spec)
 
 
 def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_format"
@@ -115,57 +90,6 @@ def _early_stop(raw: dict[str, Any] | None) -> EarlyStopPolicy | None:
         raise InvalidRequestError(exc.message, field=name) from None
 
 
-def _requests(ext: CodaExtensions, knobs: Knobs, prompt_ids: Sequence[int], *,
-              request_id: str,
-              backpressure: BackpressureConfig | None) -> list[GenerationRequest]:
-    """n engine requests for one API call; choice i gets seed ``seed + i`` (issue 4). The
-    token budget travels as ``max_tokens`` (None when omitted), the engine's to check and
-    derive (coda.engine.plan)."""
-    stops = _stops(knobs.stop, knobs.stop_field)
-    early = _early_stop(ext.early_stop)
-    backpressure_cfg = _backpressure(ext, backpressure)
-    grammar = knobs.grammar if knobs.grammar is not None else grammar_from_format(
-        ext.response_format)
-    if grammar is not None and ext.close_within_budget is not None:
-        grammar = replace(grammar, close_within_budget=ext.close_within_budget)
-    out: list[GenerationRequest] = []
-    for i in range(knobs.n):
-        seed = knobs.seed + i if knobs.seed is not None else None
-        try:
-            sampling = SamplingParams(
-                temperature=1.0 if knobs.temperature is None else knobs.temperature,
-                top_p=1.0 if knobs.top_p is None else knobs.top_p,
-                top_k=0 if ext.top_k is None else ext.top_k,
-                min_p=0.0 if ext.min_p is None else ext.min_p,
-                repetition_penalty=(1.0 if ext.repetition_penalty is None
-                                    else ext.repetition_penalty),
-                presence_penalty=knobs.presence_penalty or 0.0,
-                frequency_penalty=knobs.frequency_penalty or 0.0,
-                logit_bias=knobs.logit_bias or (), seed=seed, min_tokens=ext.min_tokens,
-                ignore_eos=ext.ignore_eos, logprobs=knobs.logprobs)
-        except InvalidRequestError as exc:
-            field = knobs.logprobs_field if exc.field == "logprobs" else exc.field
-            raise InvalidRequestError(exc.message, field=field) from None
-        out.append(GenerationRequest(
-            prompt_token_ids=tuple(prompt_ids), sampling=sampling, max_tokens=knobs.max_tokens,
-            stop=stops, stop_token_ids=_stop_ids(ext.stop_token_ids),
-            include_stop_str_in_output=ext.include_stop_str_in_output,
-            skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,
-            early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
-            utf8_tail=ext.utf8_tail,
-            request_id=request_id if knobs.n == 1 else f"{request_id}-{i}",
-            stops_end_at=knobs.stops_end_at, reasoning=knobs.reasoning,
-            speculative=ext.speculative))
-    return out
-
-
-def _rename(knobs: Knobs) -> dict[str, str]:
-    """Engine field names → this protocol's names, for errors raised by ``submit``."""
-    return {"prompt": knobs.prompt_field, "max_tokens": knobs.max_tokens_field,
-            "deadline_s": "deadline", "stop": knobs.stop_field,
-            "logprobs": knobs.logprobs_field}
-
-
 @dataclass(frozen=True)
 class Parsed:
     """One API call, planned: everything :func:`coda.server.create.create` needs, frozen.
@@ -181,19 +105,69 @@ class Parsed:
     keep: bool = True
 
 
-def plan_call(ext: CodaExtensions, knobs: Knobs, prompts: Sequence[Sequence[int]],
-              spec: RenderSpec, *, call_id: str,
-              backpressure: BackpressureConfig | None, stream: bool,
+def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: RenderSpec, *,
+              call_id: str, backpressure: BackpressureConfig | None, stream: bool,
+              max_tokens: int | None, max_tokens_field: str, prompt_field: str,
+              stop: str | Sequence[str] | None = None, stop_field: str = "stop", n: int = 1,
+              seed: int | None = None, temperature: float | None = None,
+              top_p: float | None = None, presence_penalty: float | None = None,
+              frequency_penalty: float | None = None,
+              logit_bias: dict[str, float] | None = None, logprobs: int | None = None,
+              logprobs_field: str = "logprobs", grammar: GrammarSpec | None = None,
+              stops_end_at: str | None = None, reasoning: ReasoningSpec | None = None,
               on_disconnect: DisconnectPolicy | None = None, background: bool = False,
               keep: bool = True) -> Parsed:
-    """The last step of every adapter's parse: n engine requests per prompt (ids
-    ``call_id``, ``call_id-p<k>`` for several prompts, then ``-<i>`` per choice) and the
+    """The last step of every adapter's parse, its one call here: n engine requests per prompt
+    (ids ``call_id``, ``call_id-p<k>`` for several prompts, then ``-<i>`` per choice) and the
     renames, as one frozen :class:`Parsed`. Raises InvalidRequestError naming the protocol's
-    field; nothing is submitted."""
+    field; nothing is submitted.
+
+    The keywords are the protocol's values once its own spelling is resolved (what no
+    :class:`CodaExtensions` field holds): ``max_tokens`` is the token budget under its one
+    internal name, whatever the wire called it, and ``max_tokens_field`` that wire name
+    (errors about the budget name it); likewise ``prompt_field``, ``stop_field`` and
+    ``logprobs_field``. ``grammar`` and ``stops_end_at`` come from a tool plan
+    (:func:`coda.server.tools.knob_fields`), ``reasoning`` from
+    :func:`coda.reasoning.reasoning_spec` (issue 23)."""
+    stops = _stops(stop, stop_field)
+    early = _early_stop(ext.early_stop)
+    backpressure_cfg = _backpressure(ext, backpressure)
+    if grammar is None:
+        grammar = grammar_from_format(ext.response_format)
+    if grammar is not None and ext.close_within_budget is not None:
+        grammar = replace(grammar, close_within_budget=ext.close_within_budget)
+    samplings = []
+    for i in range(n):  # NOTE: choice i gets seed ``seed + i`` (issue 4)
+        try:
+            samplings.append(SamplingParams(
+                temperature=1.0 if temperature is None else temperature,
+                top_p=1.0 if top_p is None else top_p,
+                top_k=0 if ext.top_k is None else ext.top_k,
+                min_p=0.0 if ext.min_p is None else ext.min_p,
+                repetition_penalty=(1.0 if ext.repetition_penalty is None
+                                    else ext.repetition_penalty),
+                presence_penalty=presence_penalty or 0.0,
+                frequency_penalty=frequency_penalty or 0.0,
+                logit_bias=logit_bias or (), seed=None if seed is None else seed + i,
+                min_tokens=ext.min_tokens, ignore_eos=ext.ignore_eos, logprobs=logprobs))
+        except InvalidRequestError as exc:
+            field = logprobs_field if exc.field == "logprobs" else exc.field
+            raise InvalidRequestError(exc.message, field=field) from None
     requests: list[GenerationRequest] = []
     for k, ids in enumerate(prompts):
-        requests += _requests(ext, knobs, ids,
-                              request_id=call_id if len(prompts) == 1 else f"{call_id}-p{k}",
-                              backpressure=backpressure)
-    return Parsed(call_id, tuple(requests), _rename(knobs), spec, stream, on_disconnect,
-                  background, keep)
+        rid = call_id if len(prompts) == 1 else f"{call_id}-p{k}"
+        # NOTE: the budget travels as max_tokens (None when omitted): the plan checks it
+        requests += [GenerationRequest(
+            prompt_token_ids=tuple(ids), sampling=sampling, max_tokens=max_tokens,
+            stop=stops, stop_token_ids=_stop_ids(ext.stop_token_ids),
+            include_stop_str_in_output=ext.include_stop_str_in_output,
+            skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,
+            early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
+            utf8_tail=ext.utf8_tail, request_id=rid if n == 1 else f"{rid}-{i}",
+            stops_end_at=stops_end_at, reasoning=reasoning, speculative=ext.speculative)
+            for i, sampling in enumerate(samplings)]
+    # NOTE: engine field names → this protocol's, for errors raised later by ``submit``
+    rename = {"prompt": prompt_field, "max_tokens": max_tokens_field, "deadline_s": "deadline",
+              "stop": stop_field, "logprobs": logprobs_field}
+    return Parsed(call_id, tuple(requests), rename, spec, stream, on_disconnect, background,
+                  keep)

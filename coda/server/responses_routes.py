@@ -35,7 +35,7 @@ from coda.server.fields import effort_budget, reject_unhonoured, responses_effor
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
-from coda.server.params import Knobs, Parsed, plan_call
+from coda.server.params import Parsed, plan_call
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
@@ -408,12 +408,6 @@ class ResponsesAdapter:
                                    budget_field="max_reasoning_tokens",
                                    grammar=tool["grammar"] is not None)
         max_tokens = body.max_output_tokens  # NOTE: the wire's budget, under its one name
-        knobs = Knobs(max_tokens=max_tokens, max_tokens_field="max_output_tokens",
-                      prompt_field="input", stop=body.stop, seed=body.seed,
-                      temperature=body.temperature, top_p=body.top_p,
-                      presence_penalty=body.presence_penalty,
-                      frequency_penalty=body.frequency_penalty, logprobs=logprobs,
-                      logprobs_field="top_logprobs", reasoning=reasoning, **tool)
         spec = ResponsesRender(
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),
@@ -425,10 +419,16 @@ class ResponsesAdapter:
             logprobs=logprobs is not None, verify=body.stream_verify,
             thinking=reasoning is not None and body.include_reasoning,
             history=tuple([*history, *own]), service_tier=served_tier(body.service_tier))
-        return plan_call(body, knobs, [ids], spec, call_id=new_id(self.id_prefix),
+        return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,
-                         keep=body.store)
+                         keep=body.store,
+                         max_tokens=max_tokens, max_tokens_field="max_output_tokens",
+                         prompt_field="input", stop=body.stop, seed=body.seed,
+                         temperature=body.temperature, top_p=body.top_p,
+                         presence_penalty=body.presence_penalty,
+                         frequency_penalty=body.frequency_penalty, logprobs=logprobs,
+                         logprobs_field="top_logprobs", reasoning=reasoning, **tool)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         if terminals is None:  # NOTE: background: answered at once, queued

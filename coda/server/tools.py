@@ -216,8 +216,8 @@ def grammar_for(plan: ToolPlan) -> GrammarSpec | None:
 # -- wiring helpers shared by the routes ----------------------------------------------------
 def knob_fields(plan: ToolPlan | None, other_grammar: object | None,
                 format_field: str = "response_format") -> dict[str, Any]:
-    """The :class:`~coda.server.params.Knobs` fields of a tool plan: its grammar, and the rule
-    that stop strings end at the opening tag (a call is never cut by a stop)."""
+    """The :func:`~coda.server.params.plan_call` keywords of a tool plan: its grammar, and
+    the rule that stop strings end at the opening tag (a call is never cut by a stop)."""
     if plan is None or not plan.active:
         return {}
     if other_grammar is not None:

@@ -10,7 +10,9 @@ sends until the stream has ended, and report:
 - **files**: the ``coda/`` modules with a function executed in that window;
 - **objects**: ``coda`` class instances created in the window (an ``__init__`` / ``__new__`` of
   a class defined under ``coda``), as distinct classes and as instances, overall and during
-  admission (arrival until the server's ``submit_all`` returns);
+  admission (arrival until the server's ``submit_all`` returns); the classes are also split
+  by how often they are made: once or twice (the request's own objects) and at least once per
+  output token (``--max-tokens`` times or more: the step's and the token's values);
 - **re-entries**, two ways, both along admission (every thread but the engine's, arrival
   until the server's ``submit_all`` returns); a *stop* is a change of module, a stop at a
   module the path already left is a *re-entry*:
@@ -20,11 +22,23 @@ sends until the stream has ended, and report:
     from it (constructed by a call holding request data, or returned by a stop) — and the
     returns from them to the nearest such caller (a coroutine parked at an ``await`` has not
     returned);
+  and the body path's re-entries counted two ways:
+  - ``body_path_reentries`` (the issue's own count, "returns to a module already left"):
+    every stop at a module the path left before, a *return* to the caller included. Under it
+    any call tree re-enters (each callee's return lands in the caller it left), so "none" is
+    reachable only by a body path inside one module;
+  - ``body_path_call_reentries``: only stops reached by a *call* into a module the path
+    already entered and left before — the data going back to a module, such as an adapter
+    calling ``params`` twice, or a value's module called again from another layer. A callee
+    returning to its caller is the caller resuming, not the path re-entering it; this is the
+    count the goal "never re-enters a module it left" can be met on;
 - **max_tokens**: an AST scan of ``coda/`` for comparisons (``<``, ``>``, ...) and derivations
   (assignments, ``or``/``if`` defaults) that involve a token-budget name, listed by name; then
   split by layer: *wire* (the protocol schemas' field declarations), *adapter* (the protocol
-  routes that map a wire field onto the internal name) and *internal* (everything below),
-  with the names and the checking modules of the internal ones.
+  routes that map a wire field onto the internal name), *d1_policy* (the early-stop policy's
+  own ``maxTokens``, SPEC D1: another quantity under the same name) and *internal*
+  (everything else below the adapters), with the names and the checking modules of the
+  internal ones.
 
 Usage: ``python scripts/request_walk.py [--model PATH] [--max-tokens 8] [--json OUT]``.
 """
@@ -66,6 +80,7 @@ class Walk:
     carriers: dict[int, object] = field(default_factory=dict)
     stop_frames: dict[int, FrameType] = field(default_factory=dict)
     body_path: list[str] = field(default_factory=list)
+    body_calls: list[bool] = field(default_factory=list)  # NOTE: per stop: reached by a call
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if not self.active:
@@ -125,7 +140,7 @@ class Walk:
         if code.co_name == "__init__":
             self.carriers[id(args[0])] = args[0]
         self.stop_frames[id(frame)] = frame
-        self._step(mod)
+        self._step(mod, call=True)
 
     def _carries(self, value: object) -> bool:
         if isinstance(value, tuple | list):
@@ -140,11 +155,12 @@ class Walk:
         while up is not None and id(up) not in self.stop_frames:
             up = up.f_back
         if up is not None:
-            self._step(str(up.f_globals["__name__"]))
+            self._step(str(up.f_globals["__name__"]), call=False)
 
-    def _step(self, mod: str) -> None:
+    def _step(self, mod: str, *, call: bool) -> None:
         if not self.body_path or self.body_path[-1] != mod:
             self.body_path.append(mod)
+            self.body_calls.append(call)
 
     def _move(self, tid: int, frame: FrameType | None) -> None:
         while frame is not None:
@@ -182,13 +198,31 @@ def reentries(path: list[str]) -> int:
     return count
 
 
+def call_reentries(path: list[str], calls: list[bool]) -> list[str]:
+    """The stops reached by a call into a module the path had entered and left before, as
+    ``caller -> callee`` (returns to a caller are not counted: see the module doc)."""
+    seen: set[str] = set()
+    out = []
+    for i, mod in enumerate(path):
+        if calls[i] and mod in seen:
+            out.append(f"{path[i - 1]} -> {mod}".replace("coda.", ""))
+        if i:
+            seen.add(path[i - 1])
+    return out
+
+
 TEST_SUPPORT = frozenset({"bench.py", "loop.py", "structured_eval.py", "invariance.py"})
 
 
 def layer(site: str) -> str:
-    """``wire``, ``adapter`` or ``internal`` for a site line of :func:`budget_sites`."""
+    """``wire``, ``adapter``, ``d1_policy`` or ``internal`` for a site line of
+    :func:`budget_sites`. ``d1_policy``: the early-stop policy's own hard budget (SPEC D1
+    ``maxTokens``, a field of the client's policy object, checked by the policy's controller
+    and ending the request down the cancel path, D6), another quantity that shares the name."""
     path = site.split()[1].split(":")[0]
     name = path.rsplit("/", 1)[-1]
+    if path == "coda/early_stop.py":
+        return "d1_policy"
     if path.startswith("coda/server/") and name.endswith("schemas.py"):
         return "wire"
     if path.startswith("coda/server/") and name.endswith("_routes.py"):
@@ -308,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         "body_path_stops": len(walk.body_path),
         "body_path_modules": len(set(walk.body_path)),
         "body_path_reentries": reentries(walk.body_path),
+        "body_path_call_reentries": len(call_reentries(walk.body_path, walk.body_calls)),
+        "classes_made_once": sum(c <= 2 for c in walk.classes.values()),
+        "classes_made_per_token": sum(c >= args.max_tokens for c in walk.classes.values()),
         "max_tokens_sites": len(sites),
         "max_tokens_names": dict(names),
         "max_tokens_by_layer": by_layer(sites),
@@ -319,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nadmission classes:", *sorted(walk.admission_classes), sep="\n  ")
     print("\nadmission path:", " -> ".join(p.removeprefix("coda.") for p in walk.path))
     print("\nbody path:", " -> ".join(p.removeprefix("coda.") for p in walk.body_path))
+    print("\nbody path, call re-entries:",
+          *call_reentries(walk.body_path, walk.body_calls), sep="\n  ")
     print("\nmax_tokens sites:", *sites, sep="\n  ")
     if args.json:
         Path(args.json).write_text(json.dumps({**result, "files_list": sorted(walk.files),

@@ -1,0 +1,64 @@
+"""Issue 22: the walk script's counting rules (scripts/request_walk.py), on made-up paths.
+
+The two re-entry counts of the body path: the issue's (every stop at a module left before, a
+return to a caller included) and the call count (only a *call* into a module entered and left
+before: the data going back to a module). And the budget sites' layers (SPEC L4; the
+early-stop policy's own ``maxTokens`` is D1's quantity, not the output budget).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "request_walk.py"
+
+
+def _walk() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_request_walk", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # NOTE: dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_issue22_a_return_to_the_caller_is_no_call_reentry() -> None:
+    """route → params → (return) route → render → (return) route: the issue's count has two
+    re-entries (both returns), the call count none; a second call into params is one."""
+    walk = _walk()
+    path = ["route", "params", "route", "render", "route"]
+    calls = [True, True, False, True, False]
+    assert walk.reentries(path) == 2
+    assert walk.call_reentries(path, calls) == []
+    path2, calls2 = [*path, "params"], [*calls, True]
+    assert walk.reentries(path2) == 3
+    assert walk.call_reentries(path2, calls2) == ["route -> params"]
+
+
+def test_issue22_a_call_back_into_a_module_left_deeper_down_counts() -> None:
+    """plan → sampling (return) plan → output, then later request → output: output was
+    entered and left before, so the second call into it is a call re-entry; the module the
+    path is in when it calls (its own stop) never counts as left."""
+    walk = _walk()
+    path = ["plan", "sampling", "plan", "output", "plan", "request", "output"]
+    calls = [True, True, False, True, False, True, True]
+    assert walk.call_reentries(path, calls) == ["request -> output"]
+
+
+def test_l4_d1_budget_sites_are_split_by_layer() -> None:
+    """L4, D1: schemas are the wire, routes the adapters, the early-stop policy its own
+    quantity, the rest internal; the internal checks name their modules."""
+    walk = _walk()
+    sites = ["check coda/early_stop.py:278 ['max_tokens']",
+             "check coda/engine/plan.py:105 ['max_tokens']",
+             "check coda/output.py:252 ['max_tokens']",
+             "derive coda/server/schemas.py:94 ['max_tokens']",
+             "derive coda/server/openai_routes.py:293 ['max_tokens']"]
+    assert [walk.layer(s) for s in sites] == ["d1_policy", "internal", "internal", "wire",
+                                              "adapter"]
+    split = walk.by_layer(sites)
+    assert split["internal_check_modules"] == ["coda/engine/plan.py", "coda/output.py"]
+    assert split["internal_names"] == {"max_tokens": 2}

@@ -3,7 +3,9 @@ the batched engine (SPEC G1, G2, S1–S4, K1–K4, T1, T2, L6, O1; seed 000 §4.
 
 After ``choose`` the driver hands the token to :meth:`OutputProcessor.on_token`, which runs, in
 this order (G1): record → EOS → (stop token-id sequences) → detokenize → stop-match → emit →
-stop hit → max tokens → context limit → grammar termination → early-stop policy. It returns the
+stop hit → max tokens → context limit → grammar termination → early-stop policy. Max tokens and
+the context limit are one comparison here: the plan's budget never passes the context, and the
+plan fixed which of the two reaching it means (``OutputSpec.budget_end``, L4). It returns the
 finish reason, or None to continue with ``decode_one``. At a normal end :meth:`drain` runs the
 DRAINING step: after a stop hit the detokenizer's tail is discarded and ``finish()`` is not
 called (G2); otherwise ``finish()`` drains the tail, which still passes the stop matcher.

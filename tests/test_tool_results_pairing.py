@@ -27,7 +27,7 @@ def _call(cid: str) -> dict[str, Any]:
     return {"id": cid, "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
 
 
-def _calls(*ids: str) -> dict[str, Any]:
+def _calls(*ids: str) -> Any:
     return {"role": "assistant", "content": None, "tool_calls": [_call(i) for i in ids]}
 
 

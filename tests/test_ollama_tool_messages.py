@@ -17,10 +17,10 @@ from coda.server.chat import render_chat
 from coda.server.ollama_schemas import OllamaMessage
 from coda.server.ollama_wire import chat_messages
 
-ASK = {"role": "user", "content": "What is the weather in Paris?"}
+ASK: dict[str, Any] = {"role": "user", "content": "What is the weather in Paris?"}
 CALL = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
-ASSISTANT = {"role": "assistant", "content": "", "tool_calls": [CALL]}
-RESULT = {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"}
+ASSISTANT: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+RESULT: dict[str, Any] = {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -99,7 +99,7 @@ def test_p1_malformed_tool_messages_are_a_400_in_ollama_shape(
     assert list(error) == ["error"] and error["error"].startswith(field + ":")
     assert word in error["error"]
     try:  # NOTE: the client validates some shapes itself (arguments a Mapping, name a str)
-        [ollama.Message(**m) for m in messages]  # type: ignore[arg-type]
+        [ollama.Message(**m) for m in messages]
     except (ValueError, TypeError):
         return
     with pytest.raises(ollama.ResponseError) as exc:

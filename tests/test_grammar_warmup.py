@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,24 +24,25 @@ FORMAT: Any = {"type": "json_schema", "json_schema": {"name": "z", "schema": SCH
 
 
 @pytest.fixture
-def builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, float]]]:
-    """Each llguidance tokenizer build (the thread it ran on, when it ended), slowed by 1.5 s
-    so a request sent right after the start arrives while it runs."""
+def builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[str], threading.Event]]:
+    """Each llguidance tokenizer build (the thread it ran on), held until the gate opens, so
+    a request sent right after the start surely arrives while it runs."""
     real = grammar._build_ll_tokenizer
-    seen: list[tuple[str, float]] = []
+    seen: list[str] = []
+    gate = threading.Event()
 
-    def slow(tokenizer: Any, eos: Any) -> Any:
-        time.sleep(1.5)
-        out = real(tokenizer, eos)
-        seen.append((threading.current_thread().name, time.monotonic()))
-        return out
+    def held(tokenizer: Any, eos: Any) -> Any:
+        gate.wait(120)
+        seen.append(threading.current_thread().name)
+        return real(tokenizer, eos)
 
-    monkeypatch.setattr(grammar, "_build_ll_tokenizer", slow)
-    yield seen
+    monkeypatch.setattr(grammar, "_build_ll_tokenizer", held)
+    yield seen, gate
+    gate.set()
 
 
 def test_g1_first_grammar_request_waits_for_the_background_build_never_builds(
-        builds: list[tuple[str, float]], caplog: pytest.LogCaptureFixture) -> None:
+        builds: tuple[list[str], threading.Event], caplog: pytest.LogCaptureFixture) -> None:
     """G1/S1: the engine's start builds the tokenizer on ``coda-grammar-tokenizer`` (once, its
     time logged as ``grammar tokenizer built``); a json_schema request arriving mid-build
     waits for it and answers schema-valid JSON; a second request builds nothing either."""
@@ -51,6 +51,7 @@ def test_g1_first_grammar_request_waits_for_the_background_build_never_builds(
     from coda.server.app import create_app
     from tests.conftest import LiveServer
 
+    seen, gate = builds
     engine = AsyncEngine.from_model_dir(None, EngineConfig(max_num_seqs=2))
     caplog.set_level(logging.INFO, logger="coda.engine.grammar")
     engine.start()
@@ -58,19 +59,29 @@ def test_g1_first_grammar_request_waits_for_the_background_build_never_builds(
     try:
         oa = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
         model = oa.models.list().data[0].id
-        asked = time.monotonic()
         assert engine.grammar_warmup is not None and engine.grammar_warmup.is_alive()
-        for _ in range(2):
+        answers: list[str] = []
+
+        def ask() -> None:
             r = oa.chat.completions.create(
                 model=model, max_tokens=24, seed=1, response_format=FORMAT,
                 messages=[{"role": "user", "content": "Which zone?"}])
-            assert json.loads(r.choices[0].message.content or "")["zone"] in ("UTC", "CET")
-        assert [name for name, _ in builds] == ["coda-grammar-tokenizer"]
-        assert builds[0][1] > asked  # NOTE: the request came before the build ended: it waited
+            answers.append(r.choices[0].message.content or "")
+
+        first = threading.Thread(target=ask)
+        first.start()
+        first.join(0.5)
+        assert first.is_alive() and not answers  # NOTE: waiting for the build, not building
+        gate.set()
+        first.join(120)
+        ask()
+        assert [json.loads(a)["zone"] in ("UTC", "CET") for a in answers] == [True, True]
+        assert seen == ["coda-grammar-tokenizer"]
         done = [r for r in caplog.records if r.getMessage() == "grammar tokenizer built"]
-        assert len(done) == 1 and getattr(done[0], "grammar_tokenizer_s", 0) >= 1.5
+        assert len(done) == 1 and getattr(done[0], "grammar_tokenizer_s", 0) >= 0.5
         assert getattr(done[0], "model", None) == engine.model_name
     finally:
+        gate.set()
         server.stop()
         engine.shutdown()
 

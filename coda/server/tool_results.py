@@ -75,15 +75,6 @@ def check_anthropic_results(messages: Sequence[Any], field: str = "messages") ->
     for i, m in enumerate(messages):
         content = _get(m, "content")
         blocks = content if isinstance(content, list) else []
-        results = {b.get("tool_use_id") for b in blocks
-                   if isinstance(b, Mapping) and b.get("type") == "tool_result"}
-        missing = _unanswered(order, results)
-        if missing:
-            raise InvalidRequestError(
-                f"{field}.{i}: `tool_use` ids were found without `tool_result` blocks "
-                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
-                "corresponding `tool_result` block in the next message.",
-                field=f"{field}.{i}")
         for j, block in enumerate(blocks):
             if not isinstance(block, Mapping) or block.get("type") != "tool_result":
                 continue
@@ -93,6 +84,16 @@ def check_anthropic_results(messages: Sequence[Any], field: str = "messages") ->
                     f"{field}.{i}.content.{j}: unexpected tool_use_id {tid!r} in a tool_result "
                     "block: each tool_result block must answer a tool_use block of the "
                     "previous message", field=f"{field}.{i}.content.{j}.tool_use_id")
+        # NOTE: after the unknown ids (a mistyped id is said as such, not as a missing one)
+        results = {b.get("tool_use_id") for b in blocks
+                   if isinstance(b, Mapping) and b.get("type") == "tool_result"}
+        missing = _unanswered(order, results)
+        if missing:
+            raise InvalidRequestError(
+                f"{field}.{i}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
+                "corresponding `tool_result` block in the next message.",
+                field=f"{field}.{i}")
         order = [b.get("id") for b in blocks
                  if isinstance(b, Mapping) and b.get("type") == "tool_use"]
         issued = set(order)

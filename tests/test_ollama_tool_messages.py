@@ -105,3 +105,18 @@ def test_p1_malformed_tool_messages_are_a_400_in_ollama_shape(
     with pytest.raises(ollama.ResponseError) as exc:
         client.chat(model=name, messages=messages, stream=False)
     assert exc.value.status_code == 400 and word in exc.value.error
+
+
+def test_p1_null_arguments_are_no_arguments(smollm_engine: Any) -> None:
+    """``"arguments": null`` reads as no arguments (as Ollama decodes a null map): accepted and
+    rendered as ``{}``, while a call echoed back with Ollama's ``index`` and an ``id`` keeps
+    its arguments."""
+    call: dict[str, Any] = {"function": {"name": "get_weather", "arguments": None}}
+    m = OllamaMessage(role="assistant", tool_calls=[call])  # type: ignore[list-item]
+    assert m.template_calls() == [{"function": {"name": "get_weather"}}]
+    text = render_chat(smollm_engine, chat_messages([OllamaMessage(**ASK), m]), tools=())
+    assert '"arguments": {}' in text
+    echo: Any = [{"id": "call_1", "function": {"index": 0, **CALL["function"]}}]
+    echoed = OllamaMessage(role="assistant", tool_calls=echo)
+    assert echoed.template_calls() == [{"id": "call_1", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris"}, "index": 0}}]

@@ -236,7 +236,8 @@ class AsyncEngine:
             return
         self._thread = threading.Thread(target=self._loop, name="coda-engine", daemon=True)
         self._thread.start()
-        from coda.engine.grammar import warm_ll_tokenizer  # NOTE: llguidance stays unimported
+        # NOTE: llguidance is imported by the build, on its thread, not here
+        from coda.engine.grammar import warm_ll_tokenizer
 
         # NOTE: the grammar tokenizer, built off the request path (coda.engine.grammar)
         self.grammar_warmup = warm_ll_tokenizer(self.tokenizer, self.eos_token_ids,

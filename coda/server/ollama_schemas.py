@@ -90,7 +90,7 @@ class OllamaToolFunction(BaseModel):
 
     model_config = OPEN  # NOTE: a history echoed back may carry fields of newer servers
     name: str = Field(min_length=1)
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments: dict[str, Any] | None = None  # NOTE: null = no arguments, as Ollama reads it
     index: int | None = None
 
 

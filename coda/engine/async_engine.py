@@ -119,6 +119,7 @@ class AsyncEngine:
         self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self.grammar_warmup: threading.Thread | None = None  # NOTE: set by start()
         self._stopping = False
         self._ids = itertools.count(1)
         self.num_requests_total = 0
@@ -235,6 +236,12 @@ class AsyncEngine:
             return
         self._thread = threading.Thread(target=self._loop, name="coda-engine", daemon=True)
         self._thread.start()
+        # NOTE: llguidance is imported by the build, on its thread, not here
+        from coda.engine.grammar import warm_ll_tokenizer
+
+        # NOTE: the grammar tokenizer, built off the request path (coda.engine.grammar)
+        self.grammar_warmup = warm_ll_tokenizer(self.tokenizer, self.eos_token_ids,
+                                                self.model_name)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """End every in-flight request with a terminal event (cancelled, cause shutdown)."""

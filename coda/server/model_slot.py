@@ -2,7 +2,9 @@
 
 A :class:`ModelSlot` holds what the HTTP layer needs without the weights — the resolved
 source, its names, the tokenizer and chat template (read from the checkpoint: the GGUF header
-or the folder's tokenizer files), and the context — and, while loaded, its
+or the folder's tokenizer files), the context, and what Ollama's ``/api/show`` and
+``/api/tags`` describe (architecture, parameter count, stored type: from the same header or
+``config.json``, so a model not loaded yet is described all the same) — and, while loaded, its
 :class:`~coda.engine.process_engine.WorkerProcess`. The weights live only in the worker.
 
 Memory (``--memory-budget``, weights + KV in one budget): a model's footprint is its weight
@@ -40,7 +42,8 @@ class ModelSlot:
     kv_available: int | None = None  # NOTE: the model's share minus its weights (a budget)
     worker: WorkerProcess | None = None
     identity: ModelIdentity | None = None  # NOTE: known once loaded (P1: computed at load)
-    info: ModelInfo | None = None  # NOTE: architecture, parameters, quantization: once loaded
+    # NOTE: architecture, parameters, quantization: from the header (describe), then the worker's
+    info: ModelInfo | None = None
     live: set[str] = field(default_factory=set)
     last_used: float = field(default_factory=time.monotonic)
     loads: int = 0
@@ -96,12 +99,16 @@ def describe(spec: ModelSpec, config: EngineConfig) -> ModelSlot:
         ckpt = open_gguf(source.path)
         bundle, mc = bundle_from_gguf(ckpt), ckpt.config
         weights = source.path.stat().st_size
+        stored = ckpt.quantization  # NOTE: the header's file type (as the loaded model says)
     else:
         mc = ModelConfig.from_dir(source.path)
         bundle = bundle_from_hf_dir(source.path, mc)
         weights = sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
+        stored = mc.torch_dtype
     name = spec.name or source.name
     context = min(mc.max_context, config.max_model_len or mc.max_context)
     cfg = replace(config, served_model_name=name)
+    info = ModelInfo(name, context, bundle.eos_token_ids, architecture=mc.arch,
+                     parameters=mc.num_parameters, quantization=stored)
     return ModelSlot(spec, source, name, source.aliases | {model_key(name)}, bundle, context,
-                     weights, cfg)
+                     weights, cfg, info=info)

@@ -3,9 +3,11 @@
 
 Every field comes from the served models' cards (``/v1/models``): ``digest`` is the weights'
 SHA-256 (P1 identity), ``size`` the model's memory (weights + KV) where the server knows it
-(several models), else 0. ``/api/ps`` lists the loaded models: with several models the ones
-whose worker is up, with one model that model (loaded for the server's life, so no
-``expires_at``). ``/api/version`` is Coda's version, not an Ollama version.
+(several models), else 0; ``details`` (family, parameter size, stored type) come from each
+model's checkpoint header, read when the server starts, so a model of several that has not
+loaded yet is described as it will be once loaded. ``/api/ps`` lists the loaded models: with
+several models the ones whose worker is up, with one model that model (loaded for the
+server's life, so no ``expires_at``). ``/api/version`` is Coda's version, not an Ollama version.
 """
 
 from __future__ import annotations
@@ -96,7 +98,9 @@ def _details(card: dict[str, Any], info: ModelInfo | None = None) -> dict[str, A
     quant = (info.quantization if info is not None and info.quantization else
              ident.get("quantization") or ident.get("quant_mode") or ident.get("dtype") or "")
     arch = info.architecture if info is not None else ""
-    return {"parent_model": "", "format": "gguf" if ident.get("quantization") else "coda",
+    # NOTE: a folder's stored type is its torch dtype ("float32"); a GGUF's a type name ("Q4_1")
+    gguf = bool(ident.get("quantization")) or bool(quant) and quant not in _DENSE
+    return {"parent_model": "", "format": "gguf" if gguf else "coda",
             "family": arch, "families": [arch] if arch else None,
             "parameter_size": parameter_size(info.parameters if info is not None else 0),
             "quantization_level": _DENSE.get(quant, quant)}
@@ -120,12 +124,22 @@ def _model_info(engine: Engine, card: dict[str, Any], info: ModelInfo | None) ->
     return out
 
 
-def _entry(card: dict[str, Any], info: ModelInfo) -> dict[str, Any]:
+def _infos(engine: Engine) -> dict[str, ModelInfo]:
+    """Each served model's :class:`ModelInfo` by name: with several models each slot's (read
+    from its checkpoint's header when described, so a model not loaded yet has its family,
+    size and stored type too), else the one engine's."""
+    slots = getattr(engine, "slots", None)  # NOTE: several models (ModelRouter)
+    if slots is not None:
+        return {s.name: s.info for s in slots if s.info is not None}
+    info = engine.model_info()
+    return {info.name: info}
+
+
+def _entry(card: dict[str, Any], infos: dict[str, ModelInfo]) -> dict[str, Any]:
     weights = (card.get("coda") or {}).get("weights_sha256") or ""
     size = int((card.get("coda_model") or {}).get("memory_bytes") or 0)
-    own = info if info.name == card["id"] else None  # NOTE: the model this process describes
     return {"name": card["id"], "model": card["id"], "modified_at": _EPOCH, "size": size,
-            "digest": weights, "details": _details(card, own)}
+            "digest": weights, "details": _details(card, infos.get(card["id"]))}
 
 
 def _loaded(card: dict[str, Any]) -> bool:
@@ -137,8 +151,8 @@ def _loaded(card: dict[str, Any]) -> bool:
 async def tags(request: Request) -> Response:
     """Every served model."""
     engine = state_of(request).engine
-    info = engine.model_info()
-    return JSONResponse({"models": [_entry(c, info) for c in _cards(engine)]})
+    infos = _infos(engine)
+    return JSONResponse({"models": [_entry(c, infos) for c in _cards(engine)]})
 
 
 @router.get("/api/ps")
@@ -146,10 +160,10 @@ async def ps(request: Request) -> Response:
     """The models in memory now."""
     out = []
     engine = state_of(request).engine
-    info = engine.model_info()
+    infos = _infos(engine)
     for card in _cards(engine):
         if _loaded(card):
-            e = _entry(card, info)
+            e = _entry(card, infos)
             out.append({**e, "size_vram": 0, "context_length": card.get("max_model_len")})
     return JSONResponse({"models": out})
 

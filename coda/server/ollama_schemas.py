@@ -84,16 +84,58 @@ class OllamaOptions(BaseModel):
         return n if n is not None and n > 0 else None
 
 
+class OllamaToolFunction(BaseModel):
+    """A call's ``function``: as Ollama decodes it, ``arguments`` is an object (a JSON string
+    there is a 400, as Ollama's decoder refuses one), and Coda wants the ``name`` it renders."""
+
+    model_config = OPEN  # NOTE: a history echoed back may carry fields of newer servers
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] | None = None  # NOTE: null = no arguments, as Ollama reads it
+    index: int | None = None
+
+
+class OllamaToolCall(BaseModel):
+    """One entry of an assistant message's ``tool_calls`` (what ``/api/chat`` answered)."""
+
+    model_config = OPEN
+    function: OllamaToolFunction
+    id: str | None = None
+
+
 class OllamaMessage(BaseModel):
-    """One chat message; ``images`` are refused (no vision model is served)."""
+    """One chat message; ``images`` are refused (no vision model is served).
+
+    Tool messages (the API-gaps issue item 4) as Ollama takes them: ``{"role": "tool",
+    "content": "<result>", "tool_name": "<function>"}`` (``tool_name`` optional), rendered
+    through the model's template like any tool result. The shapes a template would silently
+    drop or misrender are a 400 in Ollama's error shape instead (P1): ``tool_calls`` on a
+    message other than the assistant's (only an assistant calls), ``tool_name`` on a message
+    other than a tool result, a call without ``function.name``, or ``arguments`` that are not
+    an object. Ollama itself does not pair a result with a call (it has no call ids), so
+    neither does Coda here."""
 
     model_config = STRICT
     role: str
     content: str = ""
     images: list[str] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
     thinking: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields_where_they_mean_something(self) -> OllamaMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls: only an assistant message carries tool calls "
+                             f"(this one is {self.role!r}); a tool result is a message "
+                             '{"role": "tool", "content": ..., "tool_name": ...}')
+        if self.tool_name and self.role != "tool":
+            raise ValueError(f"tool_name: only a tool result (role 'tool') names its tool "
+                             f"(this message is {self.role!r})")
+        return self
+
+    def template_calls(self) -> list[dict[str, Any]] | None:
+        """``tool_calls`` as plain data for the chat template (None when absent)."""
+        return [c.model_dump(exclude_none=True) for c in self.tool_calls or ()] or None
 
 
 def model_name(name: str) -> str:

@@ -73,7 +73,7 @@ def chat_messages(messages: Sequence[OllamaMessage], system: str | None = None
                                       "vision model is served)", field=f"messages.{i}.images")
         item: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.tool_calls:
-            item["tool_calls"] = m.tool_calls
+            item["tool_calls"] = m.template_calls()
         if m.tool_name:
             item["name"] = m.tool_name
         out.append(item)

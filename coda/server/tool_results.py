@@ -1,12 +1,18 @@
-"""A tool result must answer a call the conversation made (the API-gaps issue item 3), as the
-upstream APIs check it, so a result pointing at a call nobody issued is a 400 naming the
-message, never a prompt the model is asked to make sense of:
+"""A tool result must answer a call the conversation made, and a call must be answered (the
+API-gaps issue item 3), as the upstream APIs check it, so a result pointing at a call nobody
+issued, or a call the conversation moves past unanswered, is a 400 naming the message (P1),
+never a prompt the model is asked to make sense of:
 
 - OpenAI Chat Completions: a ``{"role": "tool"}`` message answers a call of the assistant
   message before it (tool messages follow that message directly, one per call): its
-  ``tool_call_id`` must be one of that message's ``tool_calls`` ids.
+  ``tool_call_id`` must be one of that message's ``tool_calls`` ids; and every id of those
+  ``tool_calls`` must have its tool message before the next message of another role.
 - Anthropic Messages: a ``tool_result`` block in message *i* answers a ``tool_use`` block of
-  message *i - 1*: its ``tool_use_id`` must be one of that message's ``tool_use`` ids.
+  message *i - 1*: its ``tool_use_id`` must be one of that message's ``tool_use`` ids; and
+  every ``tool_use`` of message *i - 1* must have its ``tool_result`` in message *i*.
+
+A conversation that *ends* with the calling message is left alone (nothing follows it yet: the
+rule is about what comes next, as the brief of the pairing check states it).
 - Responses: a ``function_call_output`` item answers a ``function_call`` item before it (in
   the input or the continued response's history): its ``call_id`` must be one of theirs.
 """
@@ -23,14 +29,31 @@ def _get(obj: Any, key: str) -> Any:
     return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
 
 
+def _unanswered(ids: Sequence[object], answered: set[object]) -> list[str]:
+    return [str(t) for t in ids if t not in answered]
+
+
 def check_openai_results(messages: Sequence[Any], field: str = "messages") -> None:
-    """Every ``tool`` message answers a call of the assistant message it follows."""
+    """Every ``tool`` message answers a call of the assistant message it follows, and every
+    call of an assistant message is answered before the next message of another role."""
     issued: set[object] = set()
+    calls_at = -1  # NOTE: the last assistant message (whose calls are open), by index
+    order: list[object] = []
+    answered: set[object] = set()
     for i, m in enumerate(messages):
         role = _get(m, "role")
         if role != "tool":
+            missing = _unanswered(order, answered)
+            if missing:
+                # NOTE: OpenAI names the message that came too early (param ...role)
+                raise InvalidRequestError(
+                    f"{field}.{i}.role: an assistant message with 'tool_calls' "
+                    f"({field}.{calls_at}) must be followed by tool messages responding to "
+                    "each 'tool_call_id'. The following tool_call_ids did not have response "
+                    f"messages: {', '.join(missing)}", field=f"{field}.{i}.role")
             calls = _get(m, "tool_calls") if role == "assistant" else None
-            issued = {c.get("id") for c in calls or () if isinstance(c, Mapping)}
+            order = [c.get("id") for c in calls or () if isinstance(c, Mapping)]
+            issued, calls_at, answered = set(order), i, set()
             continue
         tid = _get(m, "tool_call_id")
         if not isinstance(tid, str) or not tid:
@@ -41,11 +64,14 @@ def check_openai_results(messages: Sequence[Any], field: str = "messages") -> No
                 f"{field}.{i}.tool_call_id: {tid!r} does not answer a tool call of the "
                 "preceding assistant message (a tool message must follow the assistant "
                 "message whose tool_calls issued its id)", field=f"{field}.{i}.tool_call_id")
+        answered.add(tid)
 
 
 def check_anthropic_results(messages: Sequence[Any], field: str = "messages") -> None:
-    """Every ``tool_result`` block answers a ``tool_use`` block of the message before it."""
+    """Every ``tool_result`` block answers a ``tool_use`` block of the message before it, and
+    every ``tool_use`` block is answered by a ``tool_result`` of the next message."""
     issued: set[object] = set()
+    order: list[object] = []
     for i, m in enumerate(messages):
         content = _get(m, "content")
         blocks = content if isinstance(content, list) else []
@@ -58,8 +84,19 @@ def check_anthropic_results(messages: Sequence[Any], field: str = "messages") ->
                     f"{field}.{i}.content.{j}: unexpected tool_use_id {tid!r} in a tool_result "
                     "block: each tool_result block must answer a tool_use block of the "
                     "previous message", field=f"{field}.{i}.content.{j}.tool_use_id")
-        issued = {b.get("id") for b in blocks
-                  if isinstance(b, Mapping) and b.get("type") == "tool_use"}
+        # NOTE: after the unknown ids (a mistyped id is said as such, not as a missing one)
+        results = {b.get("tool_use_id") for b in blocks
+                   if isinstance(b, Mapping) and b.get("type") == "tool_result"}
+        missing = _unanswered(order, results)
+        if missing:
+            raise InvalidRequestError(
+                f"{field}.{i}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
+                "corresponding `tool_result` block in the next message.",
+                field=f"{field}.{i}")
+        order = [b.get("id") for b in blocks
+                 if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+        issued = set(order)
 
 
 def check_responses_results(items: Sequence[Mapping[str, Any]], field: str = "input",

@@ -26,9 +26,23 @@ instead of prompt lookup: ``self`` is the target itself (the degenerate check: e
 agrees), ``cut:N`` the target's GGUF cut to its first N blocks (tests/draft_fixtures.py), or
 anything ``--model`` takes. ``--requests N`` runs the first N prompts of each workload.
 
+**llama.cpp's plain decoding** on the same file and prompts (issue 21's Goals): where
+``llama_cpp`` (llama-cpp-python, the bench extra) is importable and ``--no-llamacpp`` is not
+given, each batch-1 set also runs through llama.cpp in this process
+(:class:`benchmarks.bench_vs_llamacpp.LlamaCppRun`: the same token ids, greedy argmax,
+the same thread count), each request decoding as many tokens as Coda's plain run selected
+for it, timed on the same clock in the same interleaving; its tok/s, decode tok/s and the
+speculative engine's ratios to them come from the same run (never asserted in tests).
+
+``--model`` takes a GGUF path too, e.g. the Llama-3.2-1B-shaped random-weight files of
+``scripts/make_1b_gguf.py`` (SmolLM2's tokenizer, so the same prompts): with random weights
+the output is not a copy of the prompt, so acceptance there says only what the machinery
+costs (the row cost, the Python per step), not what prompt lookup gains on a real 1B model.
+
 Run: ``PYTHONPATH=. python benchmarks/bench_speculative.py [--max-tokens 128] [--repeats 1]
-[--clock cpu] [--threads 1] [--draft-model cut:12] [--requests 4]`` (prints a markdown table;
-docs/speculative.md has the figures).
+[--clock cpu] [--threads 1] [--draft-model cut:12] [--requests 4] [--samplings greedy]
+[--model FILE.gguf] [--no-llamacpp]`` (prints a markdown table; docs/speculative.md has the
+figures).
 """
 
 from __future__ import annotations
@@ -37,8 +51,9 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
@@ -114,6 +129,7 @@ class RunResult:
     drafted: int = 0
     accepted: int = 0
     verify_steps: int = 0
+    lengths: list[int] = field(default_factory=list)  # NOTE: selected tokens per request
 
 
 def run_set(engine: AsyncEngine, reqs: list[GenerationRequest], batch: int) -> RunResult:
@@ -132,6 +148,7 @@ def run_set(engine: AsyncEngine, reqs: list[GenerationRequest], batch: int) -> R
         assert term is not None
         infos = [t for e in evs for t in e.tokens] + list(term.trailing_tokens)
         res.tokens += term.usage.selected_tokens
+        res.lengths.append(term.usage.selected_tokens)
         res.outcomes.append((h.stream.text(), tuple(t.token_id for t in infos),
                              tuple(t.logprob for t in infos), term.finish_reason, term.usage))
         if term.speculative is not None:
@@ -139,6 +156,33 @@ def run_set(engine: AsyncEngine, reqs: list[GenerationRequest], batch: int) -> R
             res.accepted += term.speculative["accepted"]
             res.verify_steps += term.speculative["verify_steps"]
     return res
+
+
+def llamacpp(path: str, capacity: int, threads: int | None) -> Any:
+    """llama.cpp on ``path`` (one sequence), or None where ``llama_cpp`` is not importable or
+    the file is not a GGUF (the reason printed)."""
+    if not path.endswith(".gguf"):
+        print("llama.cpp: skipped (--model is not a GGUF file)")
+        return None
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        print(f"llama.cpp: skipped (llama_cpp not importable: {exc})")
+        return None
+    from benchmarks.bench_vs_llamacpp import LlamaCppRun
+
+    return LlamaCppRun(Path(path), capacity, 1, threads or os.cpu_count() or 1)
+
+
+def llamacpp_set(run: Any, reqs: list[GenerationRequest], lengths: list[int]) -> RunResult:
+    """llama.cpp's plain (greedy argmax) decoding of ``reqs`` one after another, request
+    ``i`` for ``lengths[i]`` tokens (Coda's plain run's), on :func:`_clock`."""
+    start = _clock()
+    tokens = 0
+    for r, n in zip(reqs, lengths, strict=True):
+        if n > 0:
+            tokens += len(run.generate([list(r.prompt_token_ids)], n)[2][0])
+    return RunResult(_clock() - start, tokens, [])
 
 
 def _decode_tps(full: RunResult, first: RunResult) -> float:
@@ -197,6 +241,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None, help="the first N prompts of each")
     ap.add_argument("--eager-k", type=int, default=None,
                     help="draft up to N tokens whenever possible (the cost-aware k off)")
+    ap.add_argument("--samplings", default="greedy,T=0.8")
+    ap.add_argument("--no-llamacpp", action="store_true",
+                    help="do not run llama.cpp's plain decoding beside (batch 1)")
     args = ap.parse_args()
     global CPU_CLOCK
     CPU_CLOCK = args.clock == "cpu"
@@ -217,6 +264,11 @@ def main() -> None:
           f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "
           f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'}, k: "
           f"{'up to ' + str(args.eager_k) if args.eager_k else 'cost-aware'}")
+    longest = max(len(plain.tokenizer.encode(t).ids) for w in args.workloads.split(",")
+                  for t in prompts(w)[:args.requests])
+    llama = None if args.no_llamacpp else llamacpp(
+        str(plain.loaded.source.path),
+        longest + args.max_tokens + 8, args.threads)
     costs = row_costs(plain)
     base, last = costs[0][1], costs[-1]
     per_row = (last[1] - base) / last[0]
@@ -233,17 +285,27 @@ def main() -> None:
             for sampling_name, sampling in (("greedy", lambda i: SamplingParams(temperature=0.0)),
                                             ("T=0.8", lambda i: SamplingParams(temperature=0.8,
                                                                                seed=1000 + i))):
+                if sampling_name not in args.samplings.split(","):
+                    continue
                 reqs = [GenerationRequest(tuple(plain.tokenizer.encode(t).ids), sampling(i),
                                           max_tokens=args.max_tokens)
                         for i, t in enumerate(texts)]
                 for batch in (int(b) for b in args.batches.split(",")):
                     firsts = [replace(r, max_tokens=1) for r in reqs]
                     plain_tps, spec_tps, plain_dec, spec_dec = [], [], [], []
-                    for _ in range(args.repeats):
+                    llama_tps: list[float] = []
+                    llama_dec: list[float] = []
+                    for _ in range(args.repeats):  # NOTE: interleaved: the load hits all alike
                         a = run_set(plain, reqs, batch)
                         b = run_set(spec, reqs, batch)
+                        if llama is not None and batch == 1:
+                            c = llamacpp_set(llama, reqs, a.lengths)
                         a1 = run_set(plain, firsts, batch)
                         b1 = run_set(spec, firsts, batch)
+                        if llama is not None and batch == 1:
+                            c1 = llamacpp_set(llama, reqs, [min(n, 1) for n in a.lengths])
+                            llama_tps.append(c.tokens / c.seconds)
+                            llama_dec.append(_decode_tps(c, c1))
                         plain_tps.append(a.tokens / a.seconds)
                         spec_tps.append(b.tokens / b.seconds)
                         plain_dec.append(_decode_tps(a, a1))
@@ -251,20 +313,26 @@ def main() -> None:
                     same = sum(x == y for x, y in zip(a.outcomes, b.outcomes, strict=True))
                     p, s = statistics.median(plain_tps), statistics.median(spec_tps)
                     pd, sd = statistics.median(plain_dec), statistics.median(spec_dec)
+                    lp = statistics.median(llama_tps) if llama_tps else None
+                    ld = statistics.median(llama_dec) if llama_dec else None
                     rows.append((workload, sampling_name, batch, len(reqs), p, s, s / p,
                                  pd, sd, sd / pd,
                                  b.accepted / b.drafted if b.drafted else 0.0,
                                  b.accepted / b.verify_steps if b.verify_steps else 0.0,
-                                 f"{same}/{len(reqs)}"))
+                                 f"{same}/{len(reqs)}", lp, ld))
                     print(rows[-1], flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
     print("| workload | sampling | batch | requests | plain tok/s | speculative tok/s | speedup "
           "| decode tok/s, plain | decode tok/s, speculative | decode speedup "
-          "| acceptance | accepted / verify | byte-identical |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for w, smp, bt, n, p, s, x, pd, sd, xd, acc, per, same in rows:
+          "| acceptance | accepted / verify | byte-identical "
+          "| llama.cpp tok/s | speculative / llama.cpp "
+          "| llama.cpp decode tok/s | speculative / llama.cpp, decode |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for w, smp, bt, n, p, s, x, pd, sd, xd, acc, per, same, lp, ld in rows:
+        llama_cols = (f"{lp:.1f} | {s / lp:.2f}x | {ld:.1f} | {sd / ld:.2f}x"
+                      if lp is not None and ld is not None else "- | - | - | -")
         print(f"| {w} | {smp} | {bt} | {n} | {p:.1f} | {s:.1f} | {x:.2f}x | {pd:.1f} | "
-              f"{sd:.1f} | {xd:.2f}x | {acc:.0%} | {per:.2f} | {same} |")
+              f"{sd:.1f} | {xd:.2f}x | {acc:.0%} | {per:.2f} | {same} | {llama_cols} |")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def smollm(smollm_gguf: Path) -> Iterator[tuple[AsyncEngine, AsyncEngine, ListTr
     spec.shutdown()
 
 
-def _events(sink: ListTraceSink, request_id: str) -> list[tr.TraceEvent]:
+def _events(sink: ListTraceSink, request_id: str | None) -> list[tr.TraceEvent]:
     return [e for e in sink.events if e.request_id == request_id]
 
 
@@ -106,10 +106,11 @@ def test_l4_forced_closing_path_is_drafted_accepted_and_equals_plain(
 
 # -- the tiny random model: a reasoning budget's forced closer -------------------------------
 @pytest.fixture(scope="module")
-def tiny() -> Iterator[tuple[AsyncEngine, AsyncEngine]]:
+def tiny() -> Iterator[tuple[AsyncEngine, AsyncEngine, ListTraceSink]]:
     model = tiny_checkpoint()
-    plain, spec = _engine(model), _engine(model, "prompt-lookup")
-    yield plain, spec
+    sink = ListTraceSink()
+    plain, spec = _engine(model), _engine(model, "prompt-lookup", sink=sink)
+    yield plain, spec, sink
     plain.shutdown()
     spec.shutdown()
 
@@ -137,7 +138,7 @@ def test_k2_reasoning_budget_closer_is_drafted_accepted_and_equals_plain(tiny: A
     under the grammar's mask or none), unconstrained (one batched sample with the forced
     rows' one-token masks) and under a grammar, greedy and seeded, alone and in a crowd:
     outputs, reasoning splits and usage equal plain decoding's."""
-    plain, spec = tiny
+    plain, spec, _ = tiny
     reqs, n_close = _reasoning_requests(plain)
     assert n_close >= 2  # NOTE: a closer of several ids: a multi-row forced path
     want = _run(plain, reqs, crowd=False)
@@ -153,11 +154,39 @@ def test_k2_reasoning_budget_closer_is_drafted_accepted_and_equals_plain(tiny: A
     assert _settled(spec)
 
 
+def test_k2_reasoning_closer_is_drafted_after_the_guesses_that_reach_it(tiny: Any) -> None:
+    """K2, T4, O1: where prompt lookup's guesses reach a reasoning budget's limit (the row
+    where the closer is forced), the closer's ids are drafted after them in the same step:
+    the verification that emits the closer's first id after guessed rows also emits every
+    other closer id (all accepted), and its bonus row is the answer's first token, never the
+    closer's first id (which would leave the rest of the closer to the next step). Outputs,
+    reasoning splits and usage equal plain decoding's, greedy and seeded, with and without a
+    grammar, alone and in a crowd."""
+    plain, spec, sink = tiny
+    reqs, n_close = _reasoning_requests(plain)
+    want = _run(plain, reqs, crowd=False)
+    spanned = 0
+    for crowd in (False, True):
+        named = [replace(r, request_id=f"closer-after-{crowd}-{i}") for i, r in enumerate(reqs)]
+        got = _run_with(spec, EAGER, named, crowd)
+        _same(got, want)
+        for r in named:
+            assert r.reasoning is not None and r.reasoning.budget_tokens is not None
+            m = r.reasoning.budget_tokens  # NOTE: output index of the closer's first id
+            for v in (e.data for e in _events(sink, r.request_id) if e.kind == tr.SPECULATIVE):
+                row0, accepted = int(v["t"]) - 1, int(v["accepted"])  # NOTE: row 0's index
+                if row0 < m <= row0 + accepted:  # NOTE: guessed rows, then the closer's first
+                    assert row0 + accepted >= m + n_close, (m, v)  # NOTE: the whole closer
+                    spanned += 1
+    assert spanned >= 4  # NOTE: the guesses did reach the limit (asserted, not assumed)
+    assert _settled(spec)
+
+
 def test_k2_reasoning_closer_drafts_stop_at_the_budget(tiny: Any) -> None:
     """K2, L4: a reasoning closer longer than the room left: the forced drafts never pass
     ``max_tokens`` (the request ends ``max_output_tokens`` inside the closer as plain
     decoding ends it)."""
-    plain, spec = tiny
+    plain, spec, _ = tiny
     reqs, n_close = _reasoning_requests(plain)
     tight = [replace(r, max_tokens=3 + j, sampling=replace(r.sampling, min_tokens=0))
              for r in reqs[:2] for j in range(n_close)]
@@ -179,3 +208,27 @@ def test_forced_only_configuration_guesses_nothing() -> None:
     for _ in range(20):
         state.record(8, 8, evidence=False)
     assert state.k_for(1) == 0
+
+
+def test_o1_acceptance_counts_only_the_guesses_before_forced_rows() -> None:
+    """O1, issue 21: a verification of guesses followed by a forced closer counts every
+    drafted token in the terminal's counters, but only the guesses as evidence of the
+    request's acceptance (a forced row is always accepted: it says nothing about guessing);
+    a forced path alone is no evidence; without forced rows every draft is."""
+    from coda.engine.speculative import SpecState
+
+    cfg = SpeculativeConfig(prior_weight=1, window=8)
+    state = SpecState(cfg)
+    state.forced = (None, None, 7, 8, 9)
+    state.record(5, 5)  # NOTE: both guesses then the closer: 2 of 2 guesses
+    assert state._recent[-1] == (2, 2)
+    state.record(5, 1)  # NOTE: the second guess rejected: 1 of 2 decided
+    assert state._recent[-1] == (1, 2)
+    state.forced = (7, 8, 9)
+    state.record(3, 3)  # NOTE: a forced path alone: no evidence
+    assert len(state._recent) == 2
+    state.forced = ()
+    state.record(4, 2)
+    assert state._recent[-1] == (2, 3)
+    assert state.counts == {"drafted": 17, "accepted": 11, "rejected": 6, "verify_steps": 4}
+    assert state.acceptance == (cfg.prior_accept + 5) / (1 + 7)

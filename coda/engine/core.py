@@ -33,6 +33,7 @@ from coda.engine.speculative import (
     SpecState,
     SpeculativeConfig,
     accepted_prefix,
+    closer_after,
     forced_drafts,
     live_forced,
     plain_horizon,
@@ -268,10 +269,13 @@ class EngineCore:
         """``drafts`` cut where they could not be accepted: past the rows plain decoding
         chooses with the grammar's own mask (:func:`plain_horizon`), and at the first token
         the grammar forbids there (its row's pick never is)."""
-        drafts = drafts[:plain_horizon(req.processor, req.closer)]
+        horizon = plain_horizon(req.processor, req.closer)
+        drafts = drafts[:horizon]
         if drafts and req.grammar is not None:
             drafts = drafts[:req.grammar.valid_prefix(drafts)]
-        return drafts
+        assert req.spec is not None  # NOTE: then a reasoning closer forced at the horizon
+        return closer_after(req.spec, drafts, horizon, req.processor,
+                            req.plan.max_tokens - req.seq.num_output_tokens - 1)
 
     def _safe_point(self) -> None:
         """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""
@@ -469,7 +473,7 @@ class EngineCore:
         except Exception as exc:  # NOTE: a grammar or closure fault fails only its request
             self._end_failed(req, exc)
             return
-        req.spec.record(len(drafts), accepted, evidence=not forced)
+        req.spec.record(len(drafts), accepted)  # NOTE: evidence: the guesses before forced rows
         self._record(req, tr.SPECULATIVE, drafted=len(drafts), accepted=accepted,
                      rejected=len(drafts) - accepted, t=req.seq.num_output_tokens + 1)
         for j, dec in enumerate(decs[:accepted + 1]):

@@ -59,6 +59,11 @@ after the accepted prefix, the grammar included.
   decoding's logprobs, so every such draft is accepted. The budget closer's path ends the
   request with its last token, which is the pick of the last row (never a draft); after a
   reasoning closer the bonus row is the answer's first token, under the grammar's mask.
+  Guesses that reach a reasoning budget's limit (:func:`plain_horizon`: the next row is the
+  one where the closer is forced) are followed by the closer's ids in the same step
+  (:func:`closer_after`; :attr:`SpecState.forced` is then ``None`` for the guessed rows), so
+  the closer never waits for a step of its own. Only the guesses are evidence of the
+  request's acceptance (:meth:`SpecState.record`).
 * *Verification* (:func:`verify_constrained`): row 0 is sampled with the step's batch; row
   ``j + 1`` only once ``d_j`` is accepted, with the mask of the grammar advanced through
   ``d_0 .. d_j`` (a forced row's one-token mask instead) (:class:`~coda.engine.grammar.Lookahead`, rolled back after: the request's
@@ -157,8 +162,9 @@ class SpecState:
         self._index: dict[int, dict[tuple[int, ...], int]] = {
             n: {} for n in range(config.min_ngram, config.max_ngram + 1)}
         self._indexed = 0
-        # NOTE: this step's forced path (forced_drafts): row j is forced to forced[j]
-        self.forced: tuple[int, ...] = ()
+        # NOTE: this step's forced rows (forced_drafts, closer_after): row j is forced to
+        # forced[j] (None: not forced; the guessed drafts before a reasoning closer)
+        self.forced: tuple[int | None, ...] = ()
 
     @property
     def acceptance(self) -> float:
@@ -207,15 +213,22 @@ class SpecState:
         return ()
 
     def record(self, drafted: int, accepted: int, evidence: bool = True) -> None:
-        """One verification's outcome: the counts and (``evidence``: drafts that were a
-        guess, not a forced path) the acceptance estimate."""
+        """One verification's outcome: the counts and (``evidence``) the acceptance estimate,
+        from the drafts that were a guess: those before this step's first forced row
+        (:attr:`forced`; a forced path's drafts are never a guess)."""
         c = self.counts
         c["drafted"] += drafted
         c["accepted"] += accepted
         c["rejected"] += drafted - accepted
         c["verify_steps"] += 1
-        if evidence:  # NOTE: drafts after the first rejected one were never decided either
-            self._recent.append((accepted, accepted + (accepted < drafted)))
+        guessed = drafted
+        for j, tok in enumerate(self.forced[:drafted]):
+            if tok is not None:
+                guessed = j
+                break
+        if evidence and guessed:
+            hit = min(accepted, guessed)  # NOTE: drafts after the first rejected one: undecided
+            self._recent.append((hit, hit + (hit < guessed)))
 
 
 def forced_path(processor: OutputProcessor, closer: BudgetCloser | None
@@ -259,13 +272,37 @@ def forced_drafts(spec: SpecState, seq: Sequence, max_tokens: int, processor: Ou
     return path[:max(k, 0)]
 
 
-def row_mask(forced: Seq[int], j: int, vocab_size: int) -> torch.Tensor | None:
+def closer_after(spec: SpecState, drafts: tuple[int, ...], horizon: int,
+                 processor: OutputProcessor, room: int) -> tuple[int, ...]:
+    """``drafts`` (guesses, already cut to :func:`plain_horizon`), followed by the reasoning
+    budget's closer ids where they reach it (module docstring, "A forced path is its own
+    draft"): row ``horizon`` is the one where the closer is forced, so with every guess
+    accepted the closer's ids are chosen in this same step, with plain decoding's one-token
+    masks (:attr:`SpecState.forced`, set here). At most ``k_max`` of them and ``room`` drafts
+    in all (the budget); ``drafts`` unchanged where they stop short of the horizon or no
+    reasoning block with a budget is open. A guess that ends the block early (or is not
+    counted) leaves the loop's state different from the rows' assumption at the first forced
+    row: the engine checks it at every emitted row (:func:`live_forced`) and draws that row
+    again from its own state, so the output never depends on this."""
+    sp = processor.splitter
+    if (not drafts or len(drafts) != horizon or sp is None or not sp.in_reasoning
+            or sp.spec.budget_tokens is None):
+        return drafts
+    ids = sp.spec.close_ids[:max(0, min(spec.config.k_max, room - len(drafts)))]
+    if not ids:
+        return drafts
+    spec.forced = (None,) * len(drafts) + ids
+    return drafts + ids
+
+
+def row_mask(forced: Seq[int | None], j: int, vocab_size: int) -> torch.Tensor | None:
     """Row ``j``'s mask where a forced path decides it (plain decoding's one-token mask), else
     None (the grammar's, or none)."""
-    if j >= len(forced):
+    tok = forced[j] if j < len(forced) else None
+    if tok is None:
         return None
     mask = torch.zeros(vocab_size, dtype=torch.bool)
-    mask[forced[j]] = True
+    mask[tok] = True
     return mask
 
 
@@ -275,7 +312,8 @@ def plain_horizon(processor: OutputProcessor, closer: BudgetCloser | None) -> in
     ``h`` is checked again when it is the pick (``EngineCore._live_pick``). 0 while the
     budget closer forces its path or a reasoning budget forces its closer; inside (or
     before) a reasoning block with a budget, the tokens left of it: the closer is forced at
-    the first row where the block holds ``budget_tokens`` tokens, and each row adds at most one."""
+    the first row where the block holds ``budget_tokens`` tokens, and each row adds at most
+    one (guesses that reach it are followed by the closer's ids: :func:`closer_after`)."""
     if (closer is not None and closer.forcing) or processor.forced_token() is not None:
         return 0
     sp = processor.splitter
@@ -295,7 +333,7 @@ def row_at(base: SamplingRow, drafts: Seq[int], j: int,
                    output_token_ids=list(base.output_token_ids) + list(drafts[:j]))
 
 
-def verify_rows(base: SamplingRow, drafts: Seq[int], forced: Seq[int] = (),
+def verify_rows(base: SamplingRow, drafts: Seq[int], forced: Seq[int | None] = (),
                 vocab_size: int = 0) -> list[SamplingRow]:
     """Rows ``0..k`` of an unconstrained request's verification (:func:`row_at`); ``forced``:
     the forced path's rows (:func:`row_mask`; row 0's is ``base``'s own)."""
@@ -307,7 +345,7 @@ def verify_constrained(base: SamplingRow, first: TokenDecision, drafts: Seq[int]
                        grammar: GrammarMatcher,
                        sample: Callable[[int, SamplingRow], TokenDecision],
                        admits: Callable[[int, int], bool] | None = None,
-                       forced: Seq[int] = (), vocab_size: int = 0,
+                       forced: Seq[int | None] = (), vocab_size: int = 0,
                        ) -> tuple[list[TokenDecision], int]:
     """Sample-and-match under a grammar (module docstring, "Constrained requests").
 

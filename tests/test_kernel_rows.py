@@ -1,10 +1,13 @@
 """Multi-row tile calls of the GGUF block kernel (issues 18, 21; SPEC T4): a decode step of
 ``1 + k`` rows (speculative verification) runs each output tile for up to 12 rows in one call
 (``csrc/blocks.h`` ``linear_f32``: the tile's weights decoded once for all of them, the rows
-packed per block, ``ceil(M / 12)`` near-equal calls per tile; AVX2 and scalar: 4 rows). Which
-call a row lands in, how many rows share it and where it sits must never change its bits: every
-batch of 1..16 rows, at any offset, gives each row exactly its bits alone on the portable
-(scalar) build, on every ISA the CPU runs, for every block kind and both activation modes.
+packed per block, ``ceil(M / 12)`` near-equal calls per tile; AVX2 and scalar: up to 4 rows in
+registers, and from 5 rows ``csrc/blocks_gemm.h``: the tile decoded once per K chunk of <= 20
+blocks into a buffer, then groups of <= 6 rows). Which call or group a row lands in, how many
+rows share it, where it sits and how K is chunked must never change its bits: every batch of
+1..16 rows, at any offset, and of 1..33 rows over K of one to three chunks, gives each row
+exactly its bits alone on the portable (scalar) build, on every ISA the CPU runs, for every
+block kind and both activation modes.
 """
 
 from __future__ import annotations
@@ -88,3 +91,21 @@ def test_t4_a_rows_bits_do_not_depend_on_its_call_or_neighbours(
     with using_isa(isa):
         got = _bits(lin(x[list(order)]))
     assert np.array_equal(got, want[list(order)])
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("blocks", [1, 20, 21, 48])
+def test_t4_every_batch_of_1_to_33_rows_over_k_chunks_gives_each_rows_bits_alone(
+        kind: str, blocks: int) -> None:
+    """T4: M = 1..33 rows (register tiles up to 4 rows; from 5, buffered groups of <= 6 rows:
+    1..6 groups of every size) over K of 1, 20, 21 and 48 blocks (one, two and three K chunks
+    of the buffered path, the lanes carried between them) give each row its scalar bits alone,
+    f32 mode, on every ISA (a ragged last tile: N = 13)."""
+    n, k = 13, 32 * blocks
+    lin = _layer(kind, "f32", n, k, seed=blocks)
+    x = _rows(33, k, seed=blocks + 1)
+    want = _alone(lin, x)
+    for isa in kernel_isas():
+        with using_isa(isa):
+            for m in range(1, 34):
+                assert np.array_equal(_bits(lin(x[:m])), want[:m]), (isa, m)

@@ -437,8 +437,15 @@ inline void pack_rows(const float* x, int64_t R, int64_t K, float* xp) {
 // not 12 + 1: a call costs its weight decode plus its rows' FMAs, and a lone row's call is
 // decode-bound). Which call a row lands in, and where its inputs sit, never changes its
 // operations (file comment).
+#if CODA_ISA != CODA_AVX512
+#include "blocks_gemm.h"
+#endif
+
 template <int KIND>
 void linear_f32(const LinearCall& a) {
+#if CODA_ISA != CODA_AVX512
+  if (a.M >= GEMM_FROM) return linear_f32_rows<KIND>(a);  // NOTE: one decode for all rows
+#endif
   const int64_t nb = a.K / QK, M = a.M, K = a.K, N = a.N;
   const int64_t calls = (M + MAX_ROWS - 1) / MAX_ROWS;
   // NOTE: malloc, not std::vector: no std template is instantiated in an ISA build (isa.h)

@@ -67,7 +67,8 @@ CODA_AI __m128i bits(__m128i v, int shift, int mask) {
 // 32; Q2_K: 16 of 16) or q * a[j] (Q6_K, Q3_K: 16 of 16).
 struct Scales {
   float a[16], b[16];
-  // NOTE: Q6_K only: the block's 256 signed codes (q - 32) in weight order, unpacked once per
+  // NOTE: Q6_K only: the block's 256 codes (AVX-512: q - 32 signed; AVX2: q + 32 unsigned) in
+  // weight order, unpacked once per
   // block with full-width integer ops (a 16-weight chunk then costs one widening load instead of
   // nine integer ops on 16 bytes); the codes are the same integers, so the bits are unchanged.
   // In memory, not registers: a chunk's codes are then one widening load (pmovsxbd from
@@ -263,8 +264,43 @@ CODA_AI W16 chunk_avx2(const uint8_t* blk, const Scales& s) {
     const __m256 a = _mm256_broadcast_ss(s.a + I / 2), b = _mm256_broadcast_ss(s.b + I / 2);
     return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), a, b),
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), a, b)};
-  } else {
-    return chunk<T, I>(blk, s);
+  } else if constexpr (T == Q5_K) {  // NOTE: bit j of qh[l] is the code's bit 4
+    constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2, j = 2 * c + h;
+    const uint8_t* p = blk + 48 + c * 32 + half * 16;
+    const uint8_t* ph = blk + 16 + half * 16;
+    __m256i q[2];
+    for (int e = 0; e < 2; ++e) {
+      const __m256i v = ld8u(p + 8 * e), hv = ld8u(ph + 8 * e);
+      const __m256i lo = h ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15));
+      const __m256i hb = j <= 4 ? _mm256_slli_epi32(hv, 4 - j) : _mm256_srli_epi32(hv, j - 4);
+      q[e] = _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi32(16)));
+    }
+    const __m256 a = _mm256_broadcast_ss(s.a + I / 2), b = _mm256_broadcast_ss(s.b + I / 2);
+    return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q[0]), a, b),
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[1]), a, b)};
+  } else if constexpr (T == Q3_K) {  // NOTE: q = (lo | mask bit << 2) - 4
+    constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2, hb = h * 4 + sh;
+    const uint8_t* p = blk + 32 + h * 32 + half * 16;
+    const uint8_t* pm = blk + half * 16;
+    __m256i q[2];
+    for (int e = 0; e < 2; ++e) {
+      const __m256i v = ld8u(p + 8 * e), mv = ld8u(pm + 8 * e);
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 2 * sh), _mm256_set1_epi32(3));
+      const __m256i bt = hb <= 2 ? _mm256_slli_epi32(mv, 2 - hb) : _mm256_srli_epi32(mv, hb - 2);
+      q[e] = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_and_si256(bt, _mm256_set1_epi32(4))),
+                              _mm256_set1_epi32(4));
+    }
+    const __m256 a = _mm256_broadcast_ss(s.a + I);
+    return {_mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), a), _mm256_mul_ps(_mm256_cvtepi32_ps(q[1]), a)};
+  } else {  // Q2_K
+    constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2;
+    const uint8_t* p = blk + 16 + h * 32 + half * 16;
+    const __m256i m3 = _mm256_set1_epi32(3);
+    const __m256i q0 = _mm256_and_si256(_mm256_srli_epi32(ld8u(p), 2 * sh), m3);
+    const __m256i q1 = _mm256_and_si256(_mm256_srli_epi32(ld8u(p + 8), 2 * sh), m3);
+    const __m256 a = _mm256_broadcast_ss(s.a + I), b = _mm256_broadcast_ss(s.b + I);
+    return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), a, b),
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), a, b)};
   }
 }
 
@@ -385,7 +421,7 @@ inline void run(const uint8_t* const* row, const uint8_t* const* next, const flo
     const Scales* sp = s;
     __asm__("" : "+r"(sp));
 #if CODA_ISA == CODA_AVX2
-    if constexpr (T == Q6_K || T == Q4_K) {
+    {
       bool ok = true;
       for (int g = 0; g < G; ++g) ok = ok && fast_ok<T>(blk[g]);
       if (ok) {
@@ -416,7 +452,7 @@ constexpr int RT = 1, GMAX = 4;
 // four kept 8 accumulators beside the decode temporaries in 16 registers and spilled).
 inline int gwidth(int32_t t) {
 #if CODA_ISA == CODA_AVX2
-  return t == Q4_K ? 2 : GMAX;
+  return t == Q6_K ? GMAX : 2;
 #else
   (void)t;
   return GMAX;

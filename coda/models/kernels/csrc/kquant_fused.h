@@ -67,12 +67,12 @@ CODA_AI __m128i bits(__m128i v, int shift, int mask) {
 // 32; Q2_K: 16 of 16) or q * a[j] (Q6_K, Q3_K: 16 of 16).
 struct Scales {
   float a[16], b[16];
-  // NOTE: Q6_K only: the block's 256 codes (AVX-512: q - 32 signed; AVX2: q + 32 unsigned) in
-  // weight order, unpacked once per
-  // block with full-width integer ops (a 16-weight chunk then costs one widening load instead of
-  // nine integer ops on 16 bytes); the codes are the same integers, so the bits are unchanged.
-  // In memory, not registers: a chunk's codes are then one widening load (pmovsxbd from
-  // memory) where a register copy needed an extract first (a shuffle per 16 weights)
+  // NOTE: Q6_K only: the block's 256 codes (AVX-512: q - 32, signed; AVX2: q + 32, unsigned)
+  // in weight order, unpacked once per block with full-width integer ops (a 16-weight chunk
+  // then costs one widening load instead of nine integer ops on 16 bytes); the codes are the
+  // same integers, so the bits are unchanged. In memory, not registers: a chunk's codes are
+  // then one widening load (vpmovzx/sx from memory) where a register copy needed an extract
+  // first (a shuffle per 16 weights)
   alignas(64) int8_t q[256];
 #if CODA_ISA == CODA_AVX2
   // NOTE: Q6_K only: c[j] = -M * a[j] with M = 1.5 * 2^23 (see chunk_avx2); exact, since a[j] =
@@ -236,7 +236,10 @@ CODA_AI W16 chunk(const uint8_t* blk, const Scales& s) {
 //   "magic number" conversion, one integer add); then fma(f, a, c) with c = -M * a (exact, see
 //   Scales::c) is round(M a + q a - M a) = round(q * a): one rounding of the same real number
 //   as kquants.h's (d * sc) * q, so the same bits. Needs a finite a (run() checks d).
-// * Q4_K: the nibble from a dword (and 15, or shift 4), converted, then fma(q, a, b) as before.
+// * Q4_K, Q5_K, Q2_K: the code from its dword (and, shifts), converted, then fma(q, a, b) as
+//   before; Q3_K: (lo | mask bit << 2) - 4, converted, times a, as before.
+// (Measured at one row, 1B shapes, 1 thread, against the chunk() path on this build: Q6_K about
+// 1.25x, Q4_K 1.5-1.7x, Q5_K 1.2x, Q3_K / Q2_K 1.15x; docs/quantization.md.)
 CODA_AI __m256i ld8u(const void* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
@@ -448,8 +451,10 @@ constexpr int RT = 4, GMAX = 4;
 constexpr int RT = 1, GMAX = 4;
 #endif
 
-// Outputs per group for type t: AVX2 runs Q4_K two at a time (measured at batch 1, 1B shapes:
-// four kept 8 accumulators beside the decode temporaries in 16 registers and spilled).
+// Outputs per group for type t: AVX2 runs every type but Q6_K two at a time (measured at batch
+// 1, 1B shapes: with four, 8 accumulators beside the decode temporaries in 16 registers
+// spilled; Q6_K, whose chunk needs fewer temporaries, is faster at four). Any width gives the
+// same bits (each output's order is its own).
 inline int gwidth(int32_t t) {
 #if CODA_ISA == CODA_AVX2
   return t == Q6_K ? GMAX : 2;

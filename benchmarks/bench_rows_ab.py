@@ -13,25 +13,16 @@ ratio, and whether the two builds' outputs are bit-identical (they must be):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
-from types import ModuleType
 
 import numpy as np
 import torch
 
+from benchmarks.bench_native_ab import load  # NOTE: one loader of a build's .so by path
 from coda.models.kernels.ggml_linear import KINDS, repack
 
 SHAPES = [(960, 576, 30), (576, 576, 30), (3072, 576, 30), (576, 1536, 30), (49152, 576, 1)]
-
-
-def load(name: str, path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{name}._native", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def blocks(kind: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:

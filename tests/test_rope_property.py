@@ -73,7 +73,10 @@ def test_t3_llama3_frequencies_equal_transformers_and_llamacpp_divisors(
                      llama3_divisors(cfg.rope_scaling, theta, head_dim)):
         from_file = dataclasses.replace(cfg, rope_scaling=RopeScaling(
             kind="freq_factors", factor=1.0, short_factor=tuple(divisors)))
-        torch.testing.assert_close(inv_freq(from_file), inv_freq(cfg), rtol=2e-6, atol=0)
+        # NOTE: the divisors are computed in float64 (as llama.cpp's converter does), the config's
+        # frequencies in float32 (as transformers does); near the low-frequency edge
+        # `old / wavelen - low` cancels in float32, and a README run found 2.06e-6 there.
+        torch.testing.assert_close(inv_freq(from_file), inv_freq(cfg), rtol=1e-5, atol=0)
 
 
 @settings(max_examples=examples(40), deadline=None)

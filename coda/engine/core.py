@@ -275,7 +275,7 @@ class EngineCore:
             drafts = drafts[:req.grammar.valid_prefix(drafts)]
         assert req.spec is not None  # NOTE: then a reasoning closer forced at the horizon
         return closer_after(req.spec, drafts, horizon, req.processor,
-                            req.plan.max_tokens - req.seq.num_output_tokens - 1)
+                            req.processor.tokens_left - 1)
 
     def _safe_point(self) -> None:
         """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""

@@ -547,7 +547,5 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
 }  // namespace CODA_NS
 }  // namespace coda_native
 
-#include "kquant_gemm.h"  // NOTE: uses CODA_AI and the decode above
-
 #undef CODA_AI
 #endif  // CODA_ISA != CODA_SCALAR

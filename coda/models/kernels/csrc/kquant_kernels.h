@@ -218,13 +218,6 @@ constexpr int64_t FUSED_M = 1;
 #endif
 
 inline void linear(const KqCall& c) {
-#if CODA_ISA == CODA_AVX2
-  // NOTE: decode batches: each tile decoded once for all rows (kquant_gemm.h; same bits)
-  if (c.M >= fused::GEMM_FROM && c.K > 0 && fused::fits(c, fused::GEMM_MAX)) {
-    fused::gemm_linear(c);
-    return;
-  }
-#endif
 #if CODA_ISA != CODA_SCALAR
   if (fused::fits(c, FUSED_M)) {
     pool::parallel_for(c.N, 16, [&c](int64_t n0, int64_t n1) { fused::range(c, n0, n1); });

@@ -1,0 +1,230 @@
+// The K-quant super-block decode of the exact-mode register kernel (kquant_fused.h; issue 18),
+// AVX2 and AVX-512 builds: 16 weights at a time into registers (W16), by the same float32
+// operations as kquants.h (an exact product, then at most one rounding), so the weights are
+// kquants.h's values bit for bit. Split out of kquant_fused.h (size); included by it only.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kquants.h"
+#include "kquants_avx2.h"
+#include "table.h"
+
+#ifndef CODA_AI
+#error "included by kquant_fused.h (which defines CODA_AI)"
+#endif
+
+namespace coda_native {
+namespace CODA_NS {
+namespace kq {
+namespace fused {
+
+// 16 lanes of weights (AVX-512: one register; AVX2: two).
+#if CODA_ISA == CODA_AVX512
+using W16 = __m512;
+CODA_AI W16 codes16(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+CODA_AI W16 scodes16(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+CODA_AI W16 fmaw(W16 a, float b, float c) {
+  return _mm512_fmadd_ps(a, _mm512_set1_ps(b), _mm512_set1_ps(c));
+}
+CODA_AI W16 mulw(W16 a, float b) { return _mm512_mul_ps(a, _mm512_set1_ps(b)); }
+#else
+struct W16 { __m256 lo, hi; };
+CODA_AI W16 codes16(__m128i b) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+CODA_AI W16 scodes16(__m128i b) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+CODA_AI W16 fmaw(W16 a, float b, float c) {
+  const __m256 bv = _mm256_set1_ps(b), cv = _mm256_set1_ps(c);
+  return {_mm256_fmadd_ps(a.lo, bv, cv), _mm256_fmadd_ps(a.hi, bv, cv)};
+}
+CODA_AI W16 mulw(W16 a, float b) {
+  const __m256 bv = _mm256_set1_ps(b);
+  return {_mm256_mul_ps(a.lo, bv), _mm256_mul_ps(a.hi, bv)};
+}
+#endif
+
+#if CODA_ISA == CODA_AVX2
+constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23 (chunk_avx2)
+#endif
+
+CODA_AI __m128i ld16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+CODA_AI __m128i bits(__m128i v, int shift, int mask) {
+  return _mm_and_si128(_mm_srli_epi16(v, shift), _mm_set1_epi8(static_cast<char>(mask)));
+}
+
+// A super-block's factors per sub-block: w = fma(q, a[j], b[j]) (Q4_K, Q5_K: 8 sub-blocks of
+// 32; Q2_K: 16 of 16) or q * a[j] (Q6_K, Q3_K: 16 of 16).
+struct Scales {
+  float a[16], b[16];
+  // NOTE: Q6_K only: the block's 256 codes (AVX-512: q - 32, signed; AVX2: q + 32, unsigned)
+  // in weight order, unpacked once per block with full-width integer ops (a 16-weight chunk
+  // then costs one widening load instead of nine integer ops on 16 bytes); the codes are the
+  // same integers, so the bits are unchanged. In memory, not registers: a chunk's codes are
+  // then one widening load (vpmovzx/sx from memory) where a register copy needed an extract
+  // first (a shuffle per 16 weights)
+  alignas(64) int8_t q[256];
+#if CODA_ISA == CODA_AVX2
+  // NOTE: Q6_K only: c[j] = -M * a[j] with M = 1.5 * 2^23 (see chunk_avx2); exact, since a[j] =
+  // d * sc has at most 19 significant bits and M's odd part is 3
+  float c[16];
+#endif
+};
+
+// Q6_K: the 256 codes of a block, q = (ql nibble | qh pair << 4) - 32 (kquants.h's layout:
+// weight half*128 + s*32 + l takes nibble s / 2 of ql[half*64 + (s % 2)*32 + l] and bits 2s of
+// qh[half*32 + l]).
+#if CODA_ISA == CODA_AVX512
+CODA_AI void q6_codes(const uint8_t* blk, int8_t* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30),
+                o32 = _mm512_set1_epi8(32);
+  // NOTE: per 16-bit lane shift counts: low 256 bits (s = 0 / 2), high 256 bits (s = 1 / 3);
+  // ((qh >> 2s) & 3) << 4 is (qh << (4 - 2s)) & 0x30; bits crossing a byte are masked off
+  const __m512i sl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i sr23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  for (int hf = 0; hf < 2; ++hf) {
+    const __m512i l = _mm512_loadu_si512(blk + hf * 64);
+    const __m512i h = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + hf * 32)));
+    const __m512i lo = _mm512_and_si512(l, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+    // NOTE: 0xF8 = A | (B & C)
+    const __m512i q01 = _mm512_ternarylogic_epi32(lo, _mm512_sllv_epi16(h, sl01), m30, 0xF8);
+    const __m512i q23 = _mm512_ternarylogic_epi32(hi, _mm512_srlv_epi16(h, sr23), m30, 0xF8);
+    _mm512_store_si512(out + 128 * hf, _mm512_sub_epi8(q01, o32));
+    _mm512_store_si512(out + 128 * hf + 64, _mm512_sub_epi8(q23, o32));
+  }
+}
+#else
+// NOTE: AVX2 stores u = q + 32 in [0, 64) (unsigned; chunk_avx2 folds the - 32 into its magic
+// constant, the fallback chunk subtracts it), and takes the qh pair as (qh << (4 - 2 sh)) & 0x30
+// (sh = 3: (qh >> 2) & 0x30): 17 integer ops per 128 codes where the signed codes took 28
+CODA_AI void q6_codes(const uint8_t* blk, int8_t* q) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  for (int hf = 0; hf < 2; ++hf) {
+    const __m256i hv = load32(blk + 128 + hf * 32);
+    const __m256i l0 = load32(blk + hf * 64), l1 = load32(blk + hf * 64 + 32);
+    __m256i* o = reinterpret_cast<__m256i*>(q + hf * 128);
+    _mm256_store_si256(o, _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                          _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30)));
+    _mm256_store_si256(o + 1, _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                              _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30)));
+    _mm256_store_si256(o + 2, _mm256_or_si256(nibbles(l0, 4), _mm256_and_si256(hv, m30)));
+    _mm256_store_si256(o + 3, _mm256_or_si256(nibbles(l1, 4),
+                                              _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30)));
+  }
+}
+#endif
+
+// 8 bytes -> 8 floats (unsigned or signed) times d, stored at out.
+template <bool SIGNED>
+CODA_AI void times8(uint64_t bytes, float d, float* out) {
+  const __m128i b = _mm_cvtsi64_si128(static_cast<long long>(bytes));
+  const __m256i i = SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(d)));
+}
+
+template <int T>
+CODA_AI void scales(const uint8_t* blk, Scales& s) {
+  if (T == Q4_K || T == Q5_K) {  // NOTE: a[j], b[j] per sub-block j of 32 (kquants.h's
+    // scale_min_k4 on all 8 at once: bytes 0..3 low 6 bits; 4..7 from the 4-bit and 2-bit parts)
+    const uint32_t u0 = le32(blk + 4), u1 = le32(blk + 8), u2 = le32(blk + 12);
+    const uint32_t sc_hi = (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
+    times8<false>((u0 & 0x3F3F3F3Fu) | static_cast<uint64_t>(sc_hi) << 32, f16c(blk), s.a);
+    // NOTE: -(dmin * mn): the product is exact, so negating the factor first is the same value
+    times8<false>((u1 & 0x3F3F3F3Fu) | static_cast<uint64_t>(mn_hi) << 32, -f16c(blk + 2), s.b);
+  } else if (T == Q6_K) {
+    const float d = f16c(blk + 208);
+    uint64_t lo, hi;
+    std::memcpy(&lo, blk + 192, 8);
+    std::memcpy(&hi, blk + 200, 8);
+    times8<true>(lo, d, s.a);
+    times8<true>(hi, d, s.a + 8);
+    q6_codes(blk, s.q);
+#if CODA_ISA == CODA_AVX2
+    const __m256 nm = _mm256_set1_ps(-kMagic);
+    _mm256_storeu_ps(s.c, _mm256_mul_ps(_mm256_loadu_ps(s.a), nm));
+    _mm256_storeu_ps(s.c + 8, _mm256_mul_ps(_mm256_loadu_ps(s.a + 8), nm));
+#endif
+  } else if (T == Q3_K) {
+    // NOTE: kquants.h's scale_q3k for all 16 at once (byte i: the low or high nibble of byte
+    // i % 8, | bits 2 (i / 4) of byte 8 + i % 4 at bit 4; then as int8 minus 32), and
+    // d * sc as times8's sc * d (the same product)
+    const uint32_t a0 = le32(blk + 96), a1 = le32(blk + 100), t = le32(blk + 104);
+    const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
+    const __m128i u = _mm_sub_epi8(  // NOTE: bytewise, no borrow between bytes
+        _mm_set_epi32(static_cast<int>(((a1 >> 4) & m4) | (((t >> 6) & m2) << 4)),
+                      static_cast<int>(((a0 >> 4) & m4) | (((t >> 4) & m2) << 4)),
+                      static_cast<int>((a1 & m4) | (((t >> 2) & m2) << 4)),
+                      static_cast<int>((a0 & m4) | ((t & m2) << 4))),
+        _mm_set1_epi8(32));
+    const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(u));
+    const uint64_t hi = static_cast<uint64_t>(_mm_extract_epi64(u, 1));
+    const float d = f16c(blk + 108);
+    times8<true>(lo, d, s.a);
+    times8<true>(hi, d, s.a + 8);
+  } else {  // Q2_K
+    const float d = f16c(blk + 80), dmin = f16c(blk + 82);
+    for (int i = 0; i < 16; ++i) {
+      s.a[i] = d * static_cast<float>(blk[i] & 15);
+      s.b[i] = -(dmin * static_cast<float>(blk[i] >> 4));
+    }
+  }
+}
+
+// Weights 16 i .. 16 i + 15 of a super-block (kquants.h's layouts and formulas).
+template <int T, int I>
+CODA_AI W16 chunk(const uint8_t* blk, const Scales& s) {
+  if (T == Q4_K) {  // idx = c*64 + h*32 + l: byte qs[c*32 + l], nibble h
+    constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2;
+#if CODA_ISA == CODA_AVX512
+    // NOTE: as blocks_avx512.h's Q4 tiles: the sub-block's 16 possible weights q a + b (q a is
+    // exact: 4 bits times a's 17, so one rounding, fma(q, a, b)'s bits) looked up by nibble
+    // (vpermps reads the low 4 bits of each index: the high nibble needs a shift, no mask);
+    // a table and a widened load serve two chunks (the compiler shares them)
+    const __m512i q = _mm512_cvtepu8_epi32(ld16(blk + 16 + c * 32 + half * 16));
+    const __m512 table = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                      _mm512_set1_ps(s.a[I / 2])),
+        _mm512_set1_ps(s.b[I / 2]));
+    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(q, 4) : q, table);
+#else
+    return fmaw(codes16(bits(ld16(blk + 16 + c * 32 + half * 16), 4 * h, 15)), s.a[I / 2], s.b[I / 2]);
+#endif
+  } else if (T == Q5_K) {
+    constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2, j = 2 * c + h;
+    const __m128i lo = bits(ld16(blk + 48 + c * 32 + half * 16), 4 * h, 15);
+    const __m128i hi = _mm_slli_epi16(bits(ld16(blk + 16 + half * 16), j, 1), 4);
+    return fmaw(codes16(_mm_or_si128(lo, hi)), s.a[I / 2], s.b[I / 2]);
+  } else if (T == Q6_K) {  // the codes unpacked by scales<Q6_K> (q6_codes)
+#if CODA_ISA == CODA_AVX512
+    return mulw(scodes16(ld16(reinterpret_cast<const uint8_t*>(s.q) + 16 * I)), s.a[I]);
+#else  // NOTE: AVX2's q6_codes stores q + 32
+    const __m128i u = ld16(reinterpret_cast<const uint8_t*>(s.q) + 16 * I);
+    return mulw(scodes16(_mm_sub_epi8(u, _mm_set1_epi8(32))), s.a[I]);
+#endif
+  } else if (T == Q3_K) {  // idx = h*128 + s*32 + half*16 + l
+    constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2, hb = h * 4 + sh;
+    const __m128i lo = bits(ld16(blk + 32 + h * 32 + half * 16), 2 * sh, 3);
+    const __m128i bit = bits(ld16(blk + half * 16), hb, 1);
+    // NOTE: q = lo - 4 where the mask bit is 0
+    const __m128i q = _mm_sub_epi8(lo, _mm_andnot_si128(_mm_slli_epi16(bit, 2), _mm_set1_epi8(4)));
+    return mulw(scodes16(q), s.a[I]);
+  } else {  // Q2_K, idx = h*128 + s*32 + half*16 + l
+    constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2;
+    return fmaw(codes16(bits(ld16(blk + 16 + h * 32 + half * 16), 2 * sh, 3)), s.a[I], s.b[I]);
+  }
+}
+
+
+}  // namespace fused
+}  // namespace kq
+}  // namespace CODA_NS
+}  // namespace coda_native

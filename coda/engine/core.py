@@ -96,7 +96,8 @@ class EngineRequest(RequestRun):
         self.early_stop = early_stop
         self.closer = closer                 # issue 13: close within the budget
         # NOTE: issue 21: drafting state (None: off on the server or for this request)
-        self.spec = spec = state_for(speculative, plan)
+        # NOTE: issue 22: speculation off on the server: the drafting module is never entered
+        self.spec = spec = state_for(speculative, plan) if speculative is not None else None
         if spec is not None:
             self.speculative = spec.counts   # NOTE: the terminal reports them (coda.speculative)
         # T4, L7: the request's whole RNG state is the counter RNG's (seed, step), which every
@@ -419,7 +420,8 @@ class EngineCore:
             try:  # NOTE: a verification samples 1 + k rows (coda.engine.speculative); under a
                 # grammar only row 0 here, the others once the drafts before them are accepted
                 base = self._row(req)
-                sampled = [base] if req.grammar is not None else verify_rows(
+                # NOTE: no drafts (issue 22): row 0 is base itself, no call into the drafting
+                sampled = [base] if req.grammar is not None or not drafts else verify_rows(
                     base, drafts, req.spec.forced if req.spec else (), self._vocab)
                 sampling_rows.extend(sampled)
                 ok.append((req, i, drafts, base))

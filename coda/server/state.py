@@ -17,6 +17,7 @@ from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import model_key
+from coda.reasoning import marker_ids
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
@@ -196,6 +197,17 @@ class ServerState:
         self.engine_config: EngineConfig = cfg if isinstance(cfg, EngineConfig) else EngineConfig()
         self.prompt_bound = PromptBound.of(engine.tokenizer)
         self._bounds: dict[int, PromptBound] = {id(engine.tokenizer): self.prompt_bound}
+        self._markers: dict[int, bool] = {}
+
+    def reasoning_markers(self) -> bool:
+        """Whether the (routed) model's vocabulary has the reasoning markers
+        (:func:`coda.reasoning.marker_ids`), asked once per tokenizer: a fact of the model, so
+        a request on a model without them never enters :mod:`coda.reasoning` (issue 22)."""
+        tokenizer = self.engine.tokenizer
+        known = self._markers.get(id(tokenizer))
+        if known is None:
+            known = self._markers[id(tokenizer)] = marker_ids(tokenizer) is not None
+        return known
 
     def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt",
                truncate: bool = False) -> list[int]:

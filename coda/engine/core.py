@@ -240,13 +240,14 @@ class EngineCore:
             if r.spec is None:
                 continue
             # NOTE: a forced path is known: its own draft, every one accepted (no guess)
-            if forced := forced_drafts(r.spec, r.seq, r.plan.max_tokens, r.processor, r.closer):
+            left = r.processor.tokens_left  # NOTE: the processor's room: the one budget home
+            if forced := forced_drafts(r.spec, r.seq, left, r.processor, r.closer):
                 out[sid] = forced
             elif not r.spec.forced:
                 guess.append((r, r.spec))
         if self.drafter is None:
             out.update((r.seq.seq_id, d) for r, spec in guess if (d := self._verifiable(
-                r, spec.propose(r.seq, r.plan.max_tokens, rows))))
+                r, spec.propose(r.seq, r.processor.tokens_left, rows))))
             return out
         jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for r, spec in guess
                 if r.seq.seq_id not in paused

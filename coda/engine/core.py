@@ -45,7 +45,7 @@ from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.output import OutputProcessor
-from coda.request import RequestRun, output_processor
+from coda.request import RequestRun
 from coda.stream import TokenInfo
 from coda.trace import TraceEvent, TraceSink
 
@@ -77,17 +77,17 @@ class EngineRequest(RequestRun):
                  early_stop: EarlyStopController | None = None,
                  closer: BudgetCloser | None = None,
                  speculative: SpeculativeConfig | None = None) -> None:
-        # NOTE: the one constructor of the parts: stream, trace handle, processor and hooks
-        processor = output_processor(
-            plan.request_id, tokenizer, plan.output, trace,
+        # NOTE: the one constructor of the parts (RequestRun's): stream, trace handle,
+        # processor and its hooks, from the plan's per-token rules, in one call
+        super().__init__(
+            plan.request_id, None, trace, prompt_tokens=len(plan.prompt_token_ids),
+            arrival=arrival, output=plan.output, tokenizer=tokenizer,
             prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
             grammar_done=(closer.done if closer is not None else
                           grammar.is_terminated if grammar is not None else None),
             early_stop=(make_hook(early_stop, arrival, grammar) if early_stop is not None
                         else None),
             grammar_budget_end=closer.budget_end if closer is not None else None)
-        super().__init__(plan.request_id, processor.stream, processor.trace, processor,
-                         prompt_tokens=len(plan.prompt_token_ids), arrival=arrival)
         self.plan = plan
         self.seq = Sequence(seq_id, list(plan.prompt_token_ids), plan.max_total_tokens)
         # NOTE: absolute (monotonic), from plan.deadline_s

@@ -114,7 +114,7 @@ class OpenAIRenderer(Renderer):
         terminal = ev.terminal
         assert terminal is not None
         ext = {"index": index, **coda_extension(
-            terminal, self.r.delivery.network_send_s(index, self.network_send_s))}
+            terminal, self.r.network_send_s(index, self.network_send_s))}
         frames: list[Frame] = []
         if self.parsers is not None:
             parser = self.parsers[index]

@@ -129,7 +129,7 @@ class OutputProcessor:
         self.spec = spec
         self.stream = stream
         # NOTE: rows go through the request's handle, which stamps its id (one from
-        # coda.request.output_processor is kept; a bare sink gets its own)
+        # coda.request.RequestRun is kept; a bare sink gets its own)
         self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
         self._tracing = self.trace.enabled
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=spec.skip_special_tokens,

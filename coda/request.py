@@ -2,9 +2,9 @@
 (SPEC L1–L7, C1–C3, G3, P1, P5, O1).
 
 Both drivers — the reference loop (``tests/reference_loop.py``, the engine's test oracle) and
-the batched engine — hold one :class:`RequestRun` per request, built from
-:func:`output_processor` (stream, trace handle, output processor and its grammar/early-stop
-hooks, in one call; nothing is attached later): the loop a plain run, the engine its own
+the batched engine — hold one :class:`RequestRun` per request, which builds its own parts
+(stream, trace handle, output processor and its grammar/early-stop hooks, in its one
+constructor; nothing is attached later): the loop a plain run, the engine its own
 subclass (:class:`coda.engine.core.EngineRequest`, the engine's one live object per request),
 and end it through exactly one of :meth:`finish`,
 :meth:`fail` or :meth:`cancel`. Each releases the model resources and then fixes the terminal
@@ -31,23 +31,6 @@ MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.
 STREAM_RESOURCES = (ResourceKind.STREAM_BUFFER, ResourceKind.TRACE_HANDLE)
 
 
-def output_processor(request_id: str, tokenizer: tokenizers.Tokenizer, spec: OutputSpec,
-                     trace: TraceSink, *, prompt_token_ids: tuple[int, ...],
-                     stream: RequestStream | None = None,
-                     backpressure: BackpressureConfig | None = None,
-                     grammar_done: GrammarDone | None = None,
-                     grammar_budget_end: GrammarBudgetEnd | None = None,
-                     early_stop: EarlyStopHook | None = None) -> OutputProcessor:
-    """The parts a run is built from, in one call both drivers make: the stream (unless
-    given), the request's trace handle and the output processor holding both with its grammar
-    and early-stop hooks (``proc.stream``, ``proc.trace``). Raises InvalidRequestError (a bad
-    stop) before anything is held."""
-    stream = stream if stream is not None else RequestStream(request_id, backpressure)
-    return OutputProcessor(request_id, tokenizer, spec, stream, TraceHandle(trace, request_id),
-                           prompt_token_ids=prompt_token_ids, grammar_done=grammar_done,
-                           early_stop=early_stop, grammar_budget_end=grammar_budget_end)
-
-
 class RequestRun:
     """Lifecycle (state and resources) + stream + output processor + trace handle of one
     request, built once (issue 11 item 2): nothing is attached after construction. Thread-safe where it must be:
@@ -56,16 +39,38 @@ class RequestRun:
     Construction acquires the two resources every request holds from its first moment: the
     stream buffer (live delivery and backpressure credit) and the trace handle; the driver
     acquires the model resources (KV cache, batch slot, RNG state) when it admits the request.
-    ``processor`` is None only for runs that never select a token (tests of the lifecycle)."""
+    Both drivers pass the per-token rules (``output``, with the ``tokenizer``, the prompt and
+    the hooks) and the run builds its stream (unless given), trace handle and output
+    processor itself, in that order, before the lifecycle holds anything (a bad stop raises
+    InvalidRequestError first). ``processor``: one built by the caller (tests of the
+    processor); None with no ``output`` only for runs that never select a token (tests of the
+    lifecycle)."""
 
-    def __init__(self, request_id: str, stream: RequestStream, trace: TraceSink,
+    def __init__(self, request_id: str, stream: RequestStream | None, trace: TraceSink,
                  processor: OutputProcessor | None = None, *, prompt_tokens: int,
-                 arrival: float | None = None) -> None:
+                 arrival: float | None = None, output: OutputSpec | None = None,
+                 tokenizer: tokenizers.Tokenizer | None = None,
+                 prompt_token_ids: tuple[int, ...] = (),
+                 backpressure: BackpressureConfig | None = None,
+                 grammar_done: GrammarDone | None = None,
+                 grammar_budget_end: GrammarBudgetEnd | None = None,
+                 early_stop: EarlyStopHook | None = None) -> None:
         self.request_id = request_id
-        self.stream = stream
-        # NOTE: a handle passed in (by create, shared with the processor) is kept as it is
+        # NOTE: the stream is built here unless given (with the request's backpressure)
+        self.stream = stream = (stream if stream is not None
+                                else RequestStream(request_id, backpressure))
+        # NOTE: a handle passed in (shared with a processor built elsewhere) is kept as it is
         self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
         self.prompt_tokens = prompt_tokens
+        if output is not None:
+            # NOTE: the one constructor of the parts both drivers use (issue 22): with the
+            # per-token rules, the processor is built here, holding this stream and handle and
+            # the grammar / early-stop hooks; a bad stop raises before anything is held
+            assert processor is None and tokenizer is not None
+            processor = OutputProcessor(request_id, tokenizer, output, stream, self.trace,
+                                        prompt_token_ids=prompt_token_ids,
+                                        grammar_done=grammar_done, early_stop=early_stop,
+                                        grammar_budget_end=grammar_budget_end)
         self._processor = processor  # NOTE: fixed at construction (read-only property)
         # NOTE: one object for the state and the resources (L2, L7), writing its own rows;
         # born holding the stream buffer and the trace handle

@@ -363,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({**result, "files_list": sorted(walk.files),
                                                "classes_list": dict(walk.classes),
                                                "path": walk.path, "body_path": walk.body_path,
+                                               "body_calls": walk.body_calls,
                                                "sites": sites}, indent=1))
     return 0
 

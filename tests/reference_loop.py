@@ -21,7 +21,7 @@ from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.output import EarlyStopHook, GrammarDone, OutputSpec
-from coda.request import RequestRun, output_processor
+from coda.request import RequestRun
 from coda.stream import RequestStream, TokenInfo
 from coda.trace import NullTraceSink, TraceEvent, TraceSink
 
@@ -67,12 +67,12 @@ def generate(prompt_ids: Sequence[int], spec: OutputSpec, model: Model, chooser:
     first step, so a test (or a controller) can call ``run.request_cancel()`` at any moment.
     """
     # NOTE: one constructor; a bad stop (InvalidRequestError) raises before anything is held
-    proc = output_processor(request_id, tokenizer, spec,
-                            trace if trace is not None else NullTraceSink(),
-                            prompt_token_ids=tuple(prompt_ids), stream=stream,
-                            grammar_done=grammar_done, early_stop=early_stop)
-    run = RequestRun(request_id, proc.stream, proc.trace, proc, prompt_tokens=len(prompt_ids))
-    stream, sink = run.stream, run.trace
+    run = RequestRun(request_id, stream, trace if trace is not None else NullTraceSink(),
+                     prompt_tokens=len(prompt_ids), output=spec, tokenizer=tokenizer,
+                     prompt_token_ids=tuple(prompt_ids), grammar_done=grammar_done,
+                     early_stop=early_stop)
+    stream, sink, proc = run.stream, run.trace, run.processor
+    assert proc is not None  # NOTE: built with the rules: this run selects tokens
     if on_created is not None:
         on_created(run)
     run.lifecycle.transition(State.QUEUED)

@@ -9,6 +9,7 @@ early-stop policy's own ``maxTokens`` is D1's quantity, not the output budget).
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -62,3 +63,31 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
     split = walk.by_layer(sites)
     assert split["internal_check_modules"] == ["coda/engine/plan.py", "coda/output.py"]
     assert split["internal_names"] == {"max_tokens": 2}
+
+
+# NOTE: the figures of the last measured walk (docs/architecture.md, "The walk, measured"); a
+# change that raises one fails here: lower the bound with the figure when a step lowers it
+BOUNDS = {"files": 43, "body_path_call_reentries": 7, "classes_made_once": 26,
+          "max_tokens_sites": 19}
+# NOTE: what a plain chat (no tools, functions, tool turns, modalities, effort, tier,
+# logprobs, speculation) has nothing to do in: guarded at the call site, never entered
+NOTHING_TO_DO = ("coda.server.legacy_functions", "coda.server.tool_results",
+                 "coda.server.tools", "coda.server.tool_messages", "coda.server.fields",
+                 "coda.server.logprobs", "coda.reasoning", "coda.engine.speculative")
+
+
+def test_issue22_a_plain_streaming_chat_stays_within_the_measured_walk(tmp_path: Path) -> None:
+    """Issue 22 (L4: one budget home; P1 stream order unchanged): one streaming chat through
+    the real app, measured by the script: no more files, body-path call re-entries,
+    per-request classes or budget sites than the last measured figures, none of the modules a
+    plain chat has nothing to do in, and the engine's one constructor (no call back from the
+    core into ``request``, nor into the plan)."""
+    walk = _walk()
+    out = tmp_path / "walk.json"
+    assert walk.main(["--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["text"]  # NOTE: the chat answered
+    assert {k: got[k] for k in BOUNDS} == {k: min(got[k], v) for k, v in BOUNDS.items()}
+    assert not set(NOTHING_TO_DO) & set(got["files_list"])
+    calls = walk.call_reentries(got["body_path"], got["body_calls"])
+    assert "engine.core -> request" not in calls and "engine.core -> engine.plan" not in calls

@@ -373,10 +373,11 @@ def test_prompt_lookup_drafts_what_followed_the_latest_match() -> None:
     state = SpecState(SpeculativeConfig(min_ngram=2, max_ngram=3, k_max=3, prior_accept=0.99))
     # ... 1 2 3 | 9 9 ... 1 2 3 | 7 8 6 ... then "2 3" again: the latest "2 3" was followed by 7
     seq = _decoding_seq([1, 2, 3, 9, 9, 5, 1, 2, 3, 7, 8, 6, 4], [2, 3])
-    assert state.propose(seq, max_tokens=100) == (7, 8, 6)
-    # NOTE: the budget bounds the drafts: 2 outputs so far, budget 4: one draft at most
-    assert state.propose(seq, max_tokens=4) == (7,)
-    assert state.propose(seq, max_tokens=3) == ()
+    assert state.propose(seq, tokens_left=98) == (7, 8, 6)
+    # NOTE: the budget bounds the drafts: 2 outputs so far, budget 4 (2 left): one draft at
+    # most (the pick takes the last)
+    assert state.propose(seq, tokens_left=2) == (7,)
+    assert state.propose(seq, tokens_left=1) == ()
     assert state.propose(_decoding_seq([5, 6, 7], [8]), 100) == ()
 
 

@@ -45,7 +45,7 @@ from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.output import OutputProcessor
-from coda.request import RequestRun, output_processor
+from coda.request import RequestRun
 from coda.stream import TokenInfo
 from coda.trace import TraceEvent, TraceSink
 
@@ -77,17 +77,17 @@ class EngineRequest(RequestRun):
                  early_stop: EarlyStopController | None = None,
                  closer: BudgetCloser | None = None,
                  speculative: SpeculativeConfig | None = None) -> None:
-        # NOTE: the one constructor of the parts: stream, trace handle, processor and hooks
-        processor = output_processor(
-            plan.request_id, tokenizer, plan.output, trace,
+        # NOTE: the one constructor of the parts (RequestRun's): stream, trace handle,
+        # processor and its hooks, from the plan's per-token rules, in one call
+        super().__init__(
+            plan.request_id, None, trace, prompt_tokens=len(plan.prompt_token_ids),
+            arrival=arrival, output=plan.output, tokenizer=tokenizer,
             prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
             grammar_done=(closer.done if closer is not None else
                           grammar.is_terminated if grammar is not None else None),
             early_stop=(make_hook(early_stop, arrival, grammar) if early_stop is not None
                         else None),
             grammar_budget_end=closer.budget_end if closer is not None else None)
-        super().__init__(plan.request_id, processor.stream, processor.trace, processor,
-                         prompt_tokens=len(plan.prompt_token_ids), arrival=arrival)
         self.plan = plan
         self.seq = Sequence(seq_id, list(plan.prompt_token_ids), plan.max_total_tokens)
         # NOTE: absolute (monotonic), from plan.deadline_s
@@ -96,7 +96,8 @@ class EngineRequest(RequestRun):
         self.early_stop = early_stop
         self.closer = closer                 # issue 13: close within the budget
         # NOTE: issue 21: drafting state (None: off on the server or for this request)
-        self.spec = spec = state_for(speculative, plan)
+        # NOTE: issue 22: speculation off on the server: the drafting module is never entered
+        self.spec = spec = state_for(speculative, plan) if speculative is not None else None
         if spec is not None:
             self.speculative = spec.counts   # NOTE: the terminal reports them (coda.speculative)
         # T4, L7: the request's whole RNG state is the counter RNG's (seed, step), which every
@@ -239,13 +240,14 @@ class EngineCore:
             if r.spec is None:
                 continue
             # NOTE: a forced path is known: its own draft, every one accepted (no guess)
-            if forced := forced_drafts(r.spec, r.seq, r.plan.max_tokens, r.processor, r.closer):
+            left = r.processor.tokens_left  # NOTE: the processor's room: the one budget home
+            if forced := forced_drafts(r.spec, r.seq, left, r.processor, r.closer):
                 out[sid] = forced
             elif not r.spec.forced:
                 guess.append((r, r.spec))
         if self.drafter is None:
             out.update((r.seq.seq_id, d) for r, spec in guess if (d := self._verifiable(
-                r, spec.propose(r.seq, r.plan.max_tokens, rows))))
+                r, spec.propose(r.seq, r.processor.tokens_left, rows))))
             return out
         jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for r, spec in guess
                 if r.seq.seq_id not in paused
@@ -419,7 +421,8 @@ class EngineCore:
             try:  # NOTE: a verification samples 1 + k rows (coda.engine.speculative); under a
                 # grammar only row 0 here, the others once the drafts before them are accepted
                 base = self._row(req)
-                sampled = [base] if req.grammar is not None else verify_rows(
+                # NOTE: no drafts (issue 22): row 0 is base itself, no call into the drafting
+                sampled = [base] if req.grammar is not None or not drafts else verify_rows(
                     base, drafts, req.spec.forced if req.spec else (), self._vocab)
                 sampling_rows.extend(sampled)
                 ok.append((req, i, drafts, base))

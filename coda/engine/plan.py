@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coda.early_stop import EarlyStopPolicy
 from coda.engine.types import GenerationRequest, GrammarSpec
@@ -74,16 +74,19 @@ class RequestPlan:
     backpressure: BackpressureConfig | None = None
     speculative: bool = True  # issue 21: may this request speculate (if the server does)
     prompt_logprobs: int | None = None  # score each prompt token, k alternatives (echo)
+    # NOTE: prompt plus budget, the sequence's bound in the KV cache: derived once here (a
+    # value, not a property the engine calls back into the plan for, issue 22)
+    max_total_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_total_tokens",
+                           len(self.prompt_token_ids) + self.output.max_tokens)
 
     @property
     def max_tokens(self) -> int:
         """The token budget: held once, by the per-token rules (``output.max_tokens``)."""
         return self.output.max_tokens
 
-    @property
-    def max_total_tokens(self) -> int:
-        """Prompt plus budget: the sequence's bound in the KV cache."""
-        return len(self.prompt_token_ids) + self.max_tokens
 
     @property
     def logprobs(self) -> bool:
@@ -131,7 +134,8 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         if not ids or any(not 0 <= t < vocab for t in ids):
             raise InvalidRequestError("stop_token_ids must be non-empty sequences of valid ids",
                                       field="stop_token_ids")
-    req.sampling.validate_for_vocab(vocab)
+    if req.sampling.logit_bias:  # NOTE: issue 22: no bias, nothing to check against the vocab
+        req.sampling.validate_for_vocab(vocab)
     if req.prompt_logprobs is not None and (
             isinstance(req.prompt_logprobs, bool)
             or not 0 <= req.prompt_logprobs <= MAX_LOGPROBS):

@@ -191,11 +191,12 @@ class SpecState:
             k, chance = k + 1, chance * a
         return k
 
-    def propose(self, seq: Sequence, max_tokens: int, rows: int = 1) -> tuple[int, ...]:
+    def propose(self, seq: Sequence, tokens_left: int, rows: int = 1) -> tuple[int, ...]:
         """Drafts for output positions ``t + 1 ..`` of a sequence about to decode token ``t``
         (one uncomputed token) in a step of ``rows`` sequences, or () when nothing matches,
-        nothing fits, or no draft is worth its row."""
-        room = max_tokens - seq.num_output_tokens - 1
+        nothing fits, or no draft is worth its row. ``tokens_left``: the processor's
+        (``OutputProcessor.tokens_left``, the one home of the budget; the pick takes one)."""
+        room = tokens_left - 1
         if room <= 0 or seq.num_uncomputed_tokens != 1:
             return ()
         tokens = seq.all_token_ids
@@ -258,7 +259,7 @@ def live_forced(processor: OutputProcessor, closer: BudgetCloser | None) -> int 
     return closer.path.tokens[pos] if pos < len(closer.path.tokens) else -1
 
 
-def forced_drafts(spec: SpecState, seq: Sequence, max_tokens: int, processor: OutputProcessor,
+def forced_drafts(spec: SpecState, seq: Sequence, tokens_left: int, processor: OutputProcessor,
                   closer: BudgetCloser | None) -> tuple[int, ...]:
     """The drafts of a request whose next tokens are forced (module docstring, "A forced path
     is its own draft"): the forced path, without its last token where that ends the request
@@ -268,7 +269,7 @@ def forced_drafts(spec: SpecState, seq: Sequence, max_tokens: int, processor: Ou
     spec.forced = path
     if not path or seq.num_uncomputed_tokens != 1:
         return ()
-    k = min(spec.config.k_max, max_tokens - seq.num_output_tokens - 1, len(path) - ends)
+    k = min(spec.config.k_max, tokens_left - 1, len(path) - ends)
     return path[:max(k, 0)]
 
 

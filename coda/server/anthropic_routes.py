@@ -191,7 +191,7 @@ class AnthropicRenderer(Renderer):
         terminal = ev.terminal
         assert terminal is not None
         ext = coda_extension(
-            terminal, self.r.delivery.network_send_s(index, self.network_send_s))
+            terminal, self.r.network_send_s(index, self.network_send_s))
         frames: list[Frame] = []
         calls = 0
         if self.parser is not None:

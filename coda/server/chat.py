@@ -109,6 +109,15 @@ def normalise_messages(messages: Sequence[Any], field: str = "messages",
     return out
 
 
+def _tool_turns(messages: Sequence[Any]) -> bool:
+    """Whether any message is a tool result or carries tool calls (what
+    :func:`coda.server.tool_messages.prepare` rewrites)."""
+    def get(m: Any, key: str) -> Any:
+        return m.get(key) if isinstance(m, Mapping) else getattr(m, key, None)
+
+    return any(get(m, "tool_calls") or get(m, "role") == "tool" for m in messages)
+
+
 def render_chat(engine: Any, messages: Sequence[Any], *, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, field: str = "messages",
                 tools: Sequence[Tool] = ()) -> str:
@@ -120,7 +129,9 @@ def render_chat(engine: Any, messages: Sequence[Any], *, add_generation_prompt: 
     import jinja2
 
     chat: TokenizerBundle = engine.chat
-    raw, template_tools = prepare(messages, tools, chat.chat_template, field)
+    # NOTE: issue 22: no tools and no tool turn: the tool module has nothing to prepare
+    raw, template_tools = (prepare(messages, tools, chat.chat_template, field)
+                           if tools or _tool_turns(messages) else (messages, None))
     msgs = normalise_messages(raw, field)
     prefill = ""
     if continue_final_message:

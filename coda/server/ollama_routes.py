@@ -114,7 +114,7 @@ class OllamaRenderer(NDJSONRenderer):
         terminal = ev.terminal
         assert terminal is not None
         frames = self._lines(self.parser.finish()) if self.parser else []
-        end = done_fields(terminal, self.r.delivery.network_send_s(index, self.network_send_s))
+        end = done_fields(terminal, self.r.network_send_s(index, self.network_send_s))
         if self.parser is not None:
             end["coda"]["tool_calls"] = {"count": self.parser.calls,
                                          "removed_bytes": self.parser.removed_bytes}

@@ -114,14 +114,15 @@ class OpenAIRenderer(Renderer):
         terminal = ev.terminal
         assert terminal is not None
         ext = {"index": index, **coda_extension(
-            terminal, self.r.delivery.network_send_s(index, self.network_send_s))}
+            terminal, self.r.network_send_s(index, self.network_send_s))}
         frames: list[Frame] = []
         if self.parsers is not None:
             parser = self.parsers[index]
             frames = self._tool_frames(index, parser.finish(), None, fid)
             self.stamp_into(index, ext)  # NOTE: unframed bytes (issue 20 D5), on the last chunk
             ext["tool_calls"] = {"count": parser.calls, "removed_bytes": parser.removed_bytes}
-        trailing = lp.reported_trailing(terminal)
+        # NOTE: issue 22: the trailing logprobs only where the request asked for logprobs
+        trailing = lp.reported_trailing(terminal) if self.logprobs else ()
         if is_failed(terminal):
             # NOTE: issue 20 D8: the textless last tokens' logprobs, which the 500 body lists,
             # come in one chunk before the in-band error frame (the openai SDK raises APIError
@@ -232,11 +233,24 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         raise InvalidRequestError("best_of: only best_of == n is supported", field="best_of")
 
 
+def _plain_chat(body: ChatCompletionRequest) -> bool:
+    """No tools, functions, tool choice or modalities, and no tool or function turn in the
+    history: the tool modules would find nothing to do (issue 22: a plain chat never enters
+    them; ``_chat_tools`` of such a body is ``(None, messages, False)``)."""
+    if (body.tools is not None or body.tool_choice is not None or body.functions is not None
+            or body.function_call is not None or body.modalities is not None):
+        return False
+    return all(m.role not in ("tool", "function") and getattr(m, "tool_calls", None) is None
+               and getattr(m, "function_call", None) is None for m in body.messages)
+
+
 def _chat_tools(body: ChatCompletionRequest
                 ) -> tuple[tl.ToolPlan | None, list[Any], bool]:
     """The chat request's tool plan (legacy ``functions`` translated), its messages (legacy
     function turns translated) with every tool result checked against the calls it answers,
     and whether the answer takes the legacy ``function_call`` shape."""
+    if _plain_chat(body):
+        return None, list(body.messages), False
     check_modalities(body.modalities)
     tools, choice, legacy = legacy_tools(body.functions, body.function_call, body.tools,
                                          body.tool_choice)
@@ -295,17 +309,21 @@ class OpenAIAdapter:
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
             max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
-        tool = tl.knob_fields(plan, body.response_format)
+        tool = tl.knob_fields(plan, body.response_format) if plan is not None else {}
         prompts = await asyncio.to_thread(_prompts, st, body, plan, messages)  # NOTE: CPU-bound
         reasoning = None
         if isinstance(body, ChatCompletionRequest):
             fmt = body.response_format
             grammar = "grammar" in tool or (fmt is not None and fmt.type != "text")
-            budget = effort_budget(st.engine.tokenizer, body.reasoning_effort,
-                                   body.max_reasoning_tokens, grammar=grammar)
-            reasoning = reasoning_spec(
-                st.engine.tokenizer, prompts[0], budget=budget,
-                budget_field="max_reasoning_tokens", grammar=grammar)
+            # NOTE: issue 22: coda.reasoning only where there is something to split or check:
+            # an effort to map, a budget to check, or a model with markers and no grammar
+            budget = (body.max_reasoning_tokens if body.reasoning_effort is None
+                      else effort_budget(st.engine.tokenizer, body.reasoning_effort,
+                                         body.max_reasoning_tokens, grammar=grammar))
+            if budget is not None or (not grammar and st.reasoning_markers()):
+                reasoning = reasoning_spec(
+                    st.engine.tokenizer, prompts[0], budget=budget,
+                    budget_field="max_reasoning_tokens", grammar=grammar)
         elif body.max_reasoning_tokens is not None:
             raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
                                       field="max_reasoning_tokens")
@@ -324,7 +342,8 @@ class OpenAIAdapter:
             reasoning=body.include_reasoning,
             echo=echo, echo_logprobs=echo_lp,
             service_tier=(served_tier(body.service_tier)
-                          if isinstance(body, ChatCompletionRequest) else None),
+                          if isinstance(body, ChatCompletionRequest)
+                          and body.service_tier is not None else None),
             legacy_functions=legacy)
         # NOTE: the parse's one call into params, with the protocol's resolved values
         return plan_call(body, prompts, spec, call_id=call_id,

@@ -70,7 +70,7 @@ class Renderer:
         self.after = list(after) if after is not None else [-1] * n
         self.held = held  # NOTE: frames of the first group after ``after`` the client holds
         # NOTE: updated by the pump (P5 "network send"); rendered through the request's
-        # DeliveryRecord so a replay shows the first delivery's value (P3).
+        # record (Record.network_send_s) so a replay shows the first delivery's value (P3).
         self.network_send_s = 0.0
 
     verify: DeltaIntegrity | None = None  # NOTE: set when the request opted in (P3)

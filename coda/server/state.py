@@ -17,11 +17,11 @@ from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import model_key
+from coda.reasoning import marker_ids
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
 from coda.server.render_spec import RecordKind, RenderSpec
-from coda.server.replay import DeliveryRecord
 from coda.server.sse import Renderer
 from coda.stream import BackpressureConfig, RequestStream
 
@@ -90,7 +90,17 @@ class Record:
     model: str
     spec: RenderSpec
     background: bool = False
-    delivery: DeliveryRecord = field(default_factory=DeliveryRecord)
+    # NOTE: P3, P5: the first delivery's network send time per choice (network_send_s)
+    send_s: dict[int, float] = field(default_factory=dict)
+
+    def network_send_s(self, index: int, measured: float) -> float:
+        """The recorded network send time of choice ``index`` (``coda.timings``, P5):
+        ``measured`` becomes the record the first time any reader renders that choice's
+        terminal; every later rendering (a replay, a second reader) reads the recorded value,
+        so a replayed terminal is byte-identical to the live one (P3). Kept on the record
+        itself (issue 22: no per-request object of its own); ``dict.setdefault`` with an int
+        key is one atomic step, so two readers racing keep one value."""
+        return self.send_s.setdefault(index, round(measured, 6))
 
     def make_renderer(self, after: list[int] | None) -> Renderer:
         """The protocol's renderer over this record's streams, resuming after ``after``."""
@@ -196,6 +206,17 @@ class ServerState:
         self.engine_config: EngineConfig = cfg if isinstance(cfg, EngineConfig) else EngineConfig()
         self.prompt_bound = PromptBound.of(engine.tokenizer)
         self._bounds: dict[int, PromptBound] = {id(engine.tokenizer): self.prompt_bound}
+        self._markers: dict[int, bool] = {}
+
+    def reasoning_markers(self) -> bool:
+        """Whether the (routed) model's vocabulary has the reasoning markers
+        (:func:`coda.reasoning.marker_ids`), asked once per tokenizer: a fact of the model, so
+        a request on a model without them never enters :mod:`coda.reasoning` (issue 22)."""
+        tokenizer = self.engine.tokenizer
+        known = self._markers.get(id(tokenizer))
+        if known is None:
+            known = self._markers[id(tokenizer)] = marker_ids(tokenizer) is not None
+        return known
 
     def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt",
                truncate: bool = False) -> list[int]:

@@ -68,6 +68,31 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class FirstAnswerMiddleware:
+    """Issue 19 item 2: once the server has answered its first request (its last body part
+    sent), the engine's prepared grammar tokenizer build is released
+    (:class:`coda.engine.grammar.GrammarWarmup`): it holds the GIL for a while, and nothing
+    before it (``/health`` at the start) waits for it. An engine without one: nothing to do."""
+
+    def __init__(self, app: ASGIApp, engine: Engine) -> None:
+        self.app, self.engine, self.done = app, engine, False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.done or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self.done = True
+                warm = getattr(self.engine, "grammar_warmup", None)
+                if warm is not None:
+                    warm.release()
+
+        await self.app(scope, receive, sending)
+
+
 def _open_page(path: str) -> bool:
     # NOTE: the playground's static files hold no data; the page sends the key itself
     return path in playground_routes.OPEN_PATHS or path.startswith(playground_routes.OPEN_PREFIX)
@@ -119,6 +144,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(embeddings.router)
     app.include_router(playground_routes.router)
     _operational_routes(app)
+    app.add_middleware(FirstAnswerMiddleware, engine=engine)  # NOTE: innermost
     # NOTE: added before the key check, so the key check runs first (outermost)
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
     if api_key:

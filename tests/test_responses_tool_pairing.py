@@ -25,11 +25,11 @@ MODEL = "tiny-chat"
 USER: Any = {"role": "user", "content": "What time is it in UTC and CET?"}
 
 
-def _call(cid: str) -> dict[str, Any]:
+def _call(cid: str) -> Any:
     return {"type": "function_call", "call_id": cid, "name": "get_time", "arguments": "{}"}
 
 
-def _output(cid: str) -> dict[str, Any]:
+def _output(cid: str) -> Any:
     return {"type": "function_call_output", "call_id": cid, "output": "12:00"}
 
 

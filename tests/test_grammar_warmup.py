@@ -109,25 +109,27 @@ def test_g1_first_grammar_request_waits_for_the_background_build_never_builds(
 
 
 def test_s1_health_is_answered_before_the_build_begins(
-        builds: tuple[_Seen, threading.Event]) -> None:
-    """Issue 19 item 2: the engine's start only prepares the build; a server that has answered
-    nothing yet has not begun it, and ``/health`` (the first request) is answered without it —
-    the build holds the GIL, so anything it overlaps waits."""
+        builds: tuple[_Seen, threading.Event], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19 item 2: the engine's start only prepares the build and the server defers it;
+    ``/health`` (the first request) is answered without it — the build holds the GIL, so
+    anything it overlaps waits — and it begins once the server has been idle for
+    ``WARMUP_IDLE_S`` after that answer, not sooner."""
     from coda.engine.async_engine import AsyncEngine
     from coda.engine.types import EngineConfig
-    from coda.server.app import create_app
+    from coda.server import app as app_module
     from tests.conftest import LiveServer
 
+    monkeypatch.setattr(app_module, "WARMUP_IDLE_S", 1.5)
     seen, gate = builds
     engine = AsyncEngine.from_model_dir(None, EngineConfig(max_num_seqs=2))
     engine.start()
-    server = LiveServer(create_app(engine, manage_engine=False)).start()
+    server = LiveServer(app_module.create_app(engine, manage_engine=False)).start()
     try:
-        assert engine.grammar_warmup is not None and not engine.grammar_warmup.released
-        assert not seen.entered.wait(0.3)
-        seen.entered.clear()
+        warm = engine.grammar_warmup
+        assert warm is not None and warm.deferred and not warm.released
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
-        assert seen.entered.wait(30) and engine.grammar_warmup.released
+        assert not seen.entered.wait(0.5)  # NOTE: idle for less than 1.5 s yet
+        assert seen.entered.wait(30) and warm.released
     finally:
         gate.set()
         server.stop()
@@ -163,6 +165,21 @@ def test_g1_a_held_build_starts_after_its_hold(builds: tuple[_Seen, threading.Ev
     warm = grammar.warm_ll_tokenizer(tok, frozenset({0}), "m", hold_s=0.2)
     assert not seen.entered.wait(0.05) and not warm.released
     assert seen.entered.wait(30) and warm.released
+    gate.set()
+    warm.join(30)
+
+
+def test_g1_a_deferred_build_waits_past_its_hold_for_the_release(
+        builds: tuple[_Seen, threading.Event]) -> None:
+    """A deferred build (a server's) ignores the hold's end: only the release starts it."""
+    seen, gate = builds
+    seen.fake = types.SimpleNamespace(vocab_size=0)
+    tok: Any = type("T", (), {})()
+    warm = grammar.warm_ll_tokenizer(tok, frozenset({0}), "m", hold_s=0.2)
+    warm.defer()
+    assert not seen.entered.wait(0.6) and not warm.released
+    warm.release()
+    assert seen.entered.wait(30)
     gate.set()
     warm.join(30)
 

@@ -15,12 +15,12 @@ Contract (what the engine relies on):
   on a thread of its own): it costs seconds on a 262k vocabulary (Gemma 3), which the first
   grammar request would otherwise pay inside its submit. llguidance holds the GIL while it
   builds (no call of its Python API releases it), so the build *waits* first: until released
-  (the server does so once it has answered its first request, so ``/health`` and whatever
-  comes first never queue behind it), until a grammar request asks for the tokenizer (it is
-  then built on that thread, never the request's, and the request waits for it), or until
-  :data:`WARMUP_HOLD_S` passed. It is built in two halves (the tokenizer, then its mask
-  slices) with a pause between them, so the longest hold of the GIL is about half of it. The
-  build's time is logged (``grammar tokenizer built``).
+  (a server defers it and releases it once it has answered and no request came for a moment,
+  so ``/health`` and whatever comes first never queue behind it), until a grammar request asks
+  for the tokenizer (it is then built on that thread, never the request's, and the request
+  waits for it), or, not deferred, until :data:`WARMUP_HOLD_S` passed. It is built in two
+  halves (the tokenizer, then its mask slices) with a pause between them, so the longest hold
+  of the GIL is about half of it. The build's time is logged (``grammar tokenizer built``).
 - :class:`GrammarMatcher` is then used on the engine thread only, once per step:
   ``allowed_mask()`` before choosing (bool ``[vocab_size]``, True = allowed), ``consume(id)``
   after the choice, and ``is_terminated()`` from the per-token checks (G1: grammar termination
@@ -117,6 +117,7 @@ class GrammarWarmup:
         self.eos = tuple(sorted(eos_token_ids))
         self.model = model
         self.hold_s = hold_s
+        self.deferred = False
         self._go = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(tokenizer, eos_token_ids),
                                        name="coda-grammar-tokenizer", daemon=True)
@@ -124,6 +125,11 @@ class GrammarWarmup:
     def release(self) -> None:
         """Start the build now (if it has not started yet)."""
         self._go.set()
+
+    def defer(self) -> None:
+        """Wait for :meth:`release` (or a grammar request) only, not for the hold's end: a
+        server releases it once it has answered and gone idle."""
+        self.deferred = True
 
     @property
     def released(self) -> bool:
@@ -137,7 +143,10 @@ class GrammarWarmup:
 
     def _run(self, tokenizer: tokenizers.Tokenizer, eos_token_ids: frozenset[int]) -> None:
         try:
-            self._go.wait(self.hold_s)
+            end = time.monotonic() + self.hold_s
+            while not self._go.is_set() and (self.deferred or time.monotonic() < end):
+                # NOTE: short waits: a defer() during the hold is seen within 0.1 s
+                self._go.wait(0.1 if self.deferred else min(0.1, end - time.monotonic()))
             self._go.set()  # NOTE: released by the hold's end: ``released`` says it started
             self._build(tokenizer, eos_token_ids)
         finally:

@@ -44,8 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("coda.server")
 
-# NOTE: how long the server is idle (nothing in flight) before the grammar build may start
+# NOTE: how long the server is idle (nothing in flight) before the grammar build may start;
+# longer from the lifespan's start, as uvicorn starts accepting only after it
 WARMUP_IDLE_S = 0.5
+WARMUP_START_IDLE_S = 2.0
 _OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
 
 
@@ -86,10 +88,10 @@ class GrammarWarmupMiddleware:
     def _warmup(self) -> Any:
         return None if self.done else getattr(self.engine, "grammar_warmup", None)
 
-    def _arm(self) -> None:
+    def _arm(self, idle_s: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(self.idle_s, self._release)
+        self._timer = asyncio.get_running_loop().call_later(idle_s, self._release)
 
     def _release(self) -> None:
         warm = self._warmup()
@@ -103,7 +105,7 @@ class GrammarWarmupMiddleware:
                 warm = self._warmup()
                 if message["type"] == "lifespan.startup.complete" and warm is not None:
                     warm.defer()  # NOTE: the engine is started: from now on released here
-                    self._arm()
+                    self._arm(max(self.idle_s, WARMUP_START_IDLE_S))
                 await send(message)
 
             await self.app(scope, receive, started)
@@ -119,7 +121,7 @@ class GrammarWarmupMiddleware:
         finally:
             self.in_flight -= 1
             if self.in_flight == 0 and not self.done:
-                self._arm()
+                self._arm(self.idle_s)
 
 
 def _open_page(path: str) -> bool:

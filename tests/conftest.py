@@ -73,7 +73,12 @@ import socket  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+if TYPE_CHECKING:  # NOTE: the clients are imported by the fixtures that make them
+    import anthropic
+    import ollama
+    import openai
 
 
 class LiveServer:
@@ -219,6 +224,22 @@ def server_spawn(server_engine: Any) -> Iterator[Any]:
         live.stop()
 
 
+@pytest.fixture
+def oa(server_live: LiveServer) -> openai.OpenAI:
+    """The official ``openai`` client on ``server_live`` (a module's own ``oa`` overrides it)."""
+    import openai
+
+    return openai.OpenAI(base_url=server_live.url + "/v1", api_key="k", max_retries=0)
+
+
+@pytest.fixture
+def an(server_live: LiveServer) -> anthropic.Anthropic:
+    """The official ``anthropic`` client on ``server_live`` (likewise)."""
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server_live.url, api_key="k", max_retries=0)
+
+
 class SSEAccumulator:
     """Assembles SSE lines into events (``{"id": ..., "event": ..., "data": ...}``); comment
     lines (keepalives) are skipped. ``feed`` returns an event when a blank line ends one."""
@@ -288,6 +309,20 @@ def smollm_live(smollm_engine: Any) -> Iterator[LiveServer]:
                                  manage_engine=False)).start()
     yield live
     live.stop()
+
+
+@pytest.fixture
+def smollm_ollama(smollm_live: LiveServer) -> ollama.Client:
+    """The official ``ollama`` client on ``smollm_live``."""
+    import ollama
+
+    return ollama.Client(host=smollm_live.url)
+
+
+@pytest.fixture
+def smollm_name(smollm_engine: Any) -> str:
+    """The name ``smollm_live`` serves its model under."""
+    return str(smollm_engine.model_name)
 
 
 @pytest.fixture(scope="session")

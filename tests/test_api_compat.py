@@ -28,16 +28,6 @@ ZONE = {"type": "object", "required": ["zone"], "additionalProperties": False,
 FUNCTIONS: Any = [{"name": "get_time", "description": "The time", "parameters": ZONE}]
 
 
-@pytest.fixture
-def oa(server_live: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server_live.url + "/v1", api_key="k", max_retries=0)
-
-
-@pytest.fixture
-def an(server_live: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server_live.url, api_key="k", max_retries=0)
-
-
 @pytest.fixture(scope="module")
 def wire() -> Iterator[Wire]:
     """The embedded default model (its context holds a tool prompt; tiny-chat's does not)."""

@@ -25,22 +25,9 @@ from coda.server.render_spec import OllamaRender
 from coda.server.state import Record
 from coda.stream import RequestStream, Terminal, Usage
 from tests.conftest import examples
+from tests.tools_support import OLLAMA_WEATHER as WEATHER
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
-
-
-@pytest.fixture
-def client(smollm_live: Any) -> ollama.Client:
-    return ollama.Client(host=smollm_live.url)
-
-
-@pytest.fixture
-def name(smollm_engine: Any) -> str:
-    return str(smollm_engine.model_name)
 
 
 def _lines(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -52,18 +39,18 @@ def _lines(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_l6_p1_chat_streamed_equals_whole_with_one_done_last(
-        client: ollama.Client, name: str, smollm_live: Any) -> None:
+        smollm_ollama: ollama.Client, smollm_name: str, smollm_live: Any) -> None:
     """L6, P1, P2: a seeded sampled chat streams the text it returns whole; the raw stream has
     exactly one ``done: true`` object, last, with Coda's counts and nanosecond durations."""
     opts = {"temperature": 0.9, "seed": 5, "num_predict": 24}
-    whole = client.chat(model=name, messages=CAPITAL, options=opts, stream=False)
-    parts = list(client.chat(model=name, messages=CAPITAL, options=opts, stream=True))
+    whole = smollm_ollama.chat(model=smollm_name, messages=CAPITAL, options=opts, stream=False)
+    parts = list(smollm_ollama.chat(model=smollm_name, messages=CAPITAL, options=opts, stream=True))
     assert "".join(p.message.content or "" for p in parts) == whole.message.content
     assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
     last = parts[-1]
     assert last.done_reason == whole.done_reason and last.eval_count == whole.eval_count
     raw = _lines(smollm_live.url, "/api/chat",
-                 {"model": name, "messages": CAPITAL, "options": opts})
+                 {"model": smollm_name, "messages": CAPITAL, "options": opts})
     assert [o["done"] for o in raw].count(True) == 1 and raw[-1]["done"] is True
     end = raw[-1]
     usage = end["coda"]["usage"]
@@ -75,63 +62,65 @@ def test_l6_p1_chat_streamed_equals_whole_with_one_done_last(
     assert "".join(o["message"]["content"] for o in raw) == whole.message.content
 
 
-def test_p1_generate_streamed_and_not_greedy_answer(client: ollama.Client, name: str) -> None:
+def test_p1_generate_streamed_and_not_greedy_answer(smollm_ollama: ollama.Client,
+                                                    smollm_name: str) -> None:
     """P1: generate through the chat template answers, streamed and not, the same text."""
-    whole = client.generate(model=name, prompt="What is the capital of France?",
+    whole = smollm_ollama.generate(model=smollm_name, prompt="What is the capital of France?",
                             options={"temperature": 0}, stream=False)
     assert "Paris" in whole.response and whole.done_reason == "stop"
-    parts = list(client.generate(model=name, prompt="What is the capital of France?",
+    parts = list(smollm_ollama.generate(model=smollm_name, prompt="What is the capital of France?",
                                  options={"temperature": 0}, stream=True))
     assert "".join(p.response or "" for p in parts) == whole.response
     assert parts[-1].done and not any(p.done for p in parts[:-1])
 
 
-def test_l4_options_map_to_sampling(client: ollama.Client, name: str) -> None:
+def test_l4_options_map_to_sampling(smollm_ollama: ollama.Client, smollm_name: str) -> None:
     """L4: ``num_predict`` is the output budget (done_reason ``length``, exactly that many
     tokens); a seeded temperature sample repeats; greedy differs from nothing it should."""
-    r = client.generate(model=name, prompt="Count to twenty:",
+    r = smollm_ollama.generate(model=smollm_name, prompt="Count to twenty:",
                         options={"num_predict": 5, "temperature": 0}, stream=False)
     assert r.done_reason == "length" and r.eval_count == 5
     opts = {"temperature": 1.2, "top_p": 0.95, "top_k": 50, "seed": 123, "num_predict": 20}
-    a = client.chat(model=name, messages=CAPITAL, options=opts, stream=False)
-    b = client.chat(model=name, messages=CAPITAL, options=opts, stream=False)
+    a = smollm_ollama.chat(model=smollm_name, messages=CAPITAL, options=opts, stream=False)
+    b = smollm_ollama.chat(model=smollm_name, messages=CAPITAL, options=opts, stream=False)
     assert a.message.content == b.message.content
-    others = {client.chat(model=name, messages=CAPITAL, stream=False,
+    others = {smollm_ollama.chat(model=smollm_name, messages=CAPITAL, stream=False,
                           options={**opts, "seed": s}).message.content for s in range(4)}
     assert len(others) > 1  # NOTE: the seed reaches the sampler (else all four would agree)
 
 
-def test_s1_stop_never_leaked(client: ollama.Client, name: str, smollm_live: Any) -> None:
+def test_s1_stop_never_leaked(smollm_ollama: ollama.Client, smollm_name: str,
+                              smollm_live: Any) -> None:
     """S1: ``options.stop`` ends the answer before the stop string, streamed and not; the
     matched stop is named in ``coda``, and done_reason is ``stop``."""
-    free = client.chat(model=name, messages=CAPITAL, options={"temperature": 0},
+    free = smollm_ollama.chat(model=smollm_name, messages=CAPITAL, options={"temperature": 0},
                        stream=False).message.content or ""
     assert "Paris" in free
     cut = free.index("Paris")
     opts = {"temperature": 0, "stop": ["Paris"]}
-    whole = client.chat(model=name, messages=CAPITAL, options=opts, stream=False)
+    whole = smollm_ollama.chat(model=smollm_name, messages=CAPITAL, options=opts, stream=False)
     assert whole.message.content == free[:cut] and whole.done_reason == "stop"
     raw = _lines(smollm_live.url, "/api/chat",
-                 {"model": name, "messages": CAPITAL, "options": opts})
+                 {"model": smollm_name, "messages": CAPITAL, "options": opts})
     assert "".join(o["message"]["content"] for o in raw) == free[:cut]
     assert raw[-1]["coda"]["matched_stop"] == "Paris" and raw[-1]["done_reason"] == "stop"
 
 
-def test_format_json_schema_and_json(client: ollama.Client, name: str) -> None:
+def test_format_json_schema_and_json(smollm_ollama: ollama.Client, smollm_name: str) -> None:
     """Structured output: ``format`` as a JSON schema gives JSON that validates against it,
     streamed and not; ``"json"`` gives a JSON object."""
     schema = {"type": "object", "properties": {"city": {"type": "string"},
                                                "population": {"type": "integer"}},
               "required": ["city", "population"], "additionalProperties": False}
     msgs = [{"role": "user", "content": "Name a city and its population as JSON."}]
-    r = client.chat(model=name, messages=msgs, format=schema, stream=False,
+    r = smollm_ollama.chat(model=smollm_name, messages=msgs, format=schema, stream=False,
                     options={"temperature": 0, "num_predict": 60})
     jsonschema.validate(json.loads(r.message.content or ""), schema)
-    streamed = "".join(p.message.content or "" for p in client.chat(
-        model=name, messages=msgs, format=schema, stream=True,
+    streamed = "".join(p.message.content or "" for p in smollm_ollama.chat(
+        model=smollm_name, messages=msgs, format=schema, stream=True,
         options={"temperature": 0, "num_predict": 60}))
     assert streamed == r.message.content
-    g = client.generate(model=name, prompt="Describe Paris as JSON.", format="json",
+    g = smollm_ollama.generate(model=smollm_name, prompt="Describe Paris as JSON.", format="json",
                         options={"temperature": 0, "num_predict": 40}, stream=False)
     assert isinstance(json.loads(g.response), dict)
 
@@ -149,19 +138,19 @@ class _ToolChoice(httpx.HTTPTransport):
         return super().handle_request(request)
 
 
-def test_tools_come_back_as_message_tool_calls(smollm_live: Any, name: str) -> None:
+def test_tools_come_back_as_message_tool_calls(smollm_live: Any, smollm_name: str) -> None:
     """Tool calling: a call comes back in ``message.tool_calls`` with object arguments that
     satisfy the tool's schema, streamed and not; the call's bytes are not in ``content``."""
     c = ollama.Client(host=smollm_live.url, transport=_ToolChoice())
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r = c.chat(model=name, messages=msgs, tools=[WEATHER], stream=False,
+    r = c.chat(model=smollm_name, messages=msgs, tools=[WEATHER], stream=False,
                options={"temperature": 0})
     calls = r.message.tool_calls or []
     assert len(calls) >= 1 and calls[0].function.name == "get_weather"
     jsonschema.validate(dict(calls[0].function.arguments),
                         WEATHER["function"]["parameters"])  # type: ignore[index]
     assert "<tool_call>" not in (r.message.content or "")
-    parts = list(c.chat(model=name, messages=msgs, tools=[WEATHER], stream=True,
+    parts = list(c.chat(model=smollm_name, messages=msgs, tools=[WEATHER], stream=True,
                         options={"temperature": 0}))
     streamed = [k for p in parts for k in (p.message.tool_calls or [])]
     assert [(k.function.name, dict(k.function.arguments)) for k in streamed] == [
@@ -169,16 +158,17 @@ def test_tools_come_back_as_message_tool_calls(smollm_live: Any, name: str) -> N
     assert parts[-1].done
 
 
-def test_tags_show_ps_version_shapes(client: ollama.Client, name: str,
+def test_tags_show_ps_version_shapes(smollm_ollama: ollama.Client, smollm_name: str,
                                      smollm_live: Any) -> None:
     """The model endpoints parse in the official client and name the served model."""
-    models = client.list().models
-    assert [m.model for m in models] == [name]
+    models = smollm_ollama.list().models
+    assert [m.model for m in models] == [smollm_name]
     assert models[0].digest and models[0].details is not None
-    shown = client.show(name + ":latest")  # NOTE: Ollama's implicit tag names the same model
+    # NOTE: Ollama's implicit tag names the same model
+    shown = smollm_ollama.show(smollm_name + ":latest")
     assert shown.template and "tools" in (shown.capabilities or [])
     assert shown.modelinfo and shown.modelinfo["coda.context_length"] == 1024
-    assert [m.model for m in client.ps().models] == [name]
+    assert [m.model for m in smollm_ollama.ps().models] == [smollm_name]
     assert httpx.get(smollm_live.url + "/api/version").json()["version"]
 
 
@@ -190,27 +180,28 @@ def test_tags_show_ps_version_shapes(client: ollama.Client, name: str,
     ({"think": True}, 400, "think"),
     ({"model": "no-such-model"}, 404, "no-such-model"),
 ])
-def test_bad_input_is_a_4xx_in_ollama_shape(smollm_live: Any, client: ollama.Client,
-                                             name: str, body: dict[str, Any], status: int,
+def test_bad_input_is_a_4xx_in_ollama_shape(smollm_live: Any, smollm_ollama: ollama.Client,
+                                             smollm_name: str, body: dict[str, Any], status: int,
                                              word: str) -> None:
     """Bad input: a 4xx with ``{"error": "..."}``; the client raises ResponseError with it."""
-    full = {"model": name, "messages": CAPITAL, "stream": False, **body}
+    full = {"model": smollm_name, "messages": CAPITAL, "stream": False, **body}
     resp = httpx.post(smollm_live.url + "/api/chat", json=full, timeout=60)
     assert resp.status_code == status
     assert list(resp.json()) == ["error"] and word in resp.json()["error"]
     if body.get("format") != "xml":  # NOTE: the client itself refuses that one
         with pytest.raises(ollama.ResponseError) as exc:
-            client.chat(**{k: v for k, v in full.items() if k != "stream"})  # type: ignore[arg-type]
+            smollm_ollama.chat(**{k: v for k, v in full.items()  # type: ignore[arg-type]
+                                  if k != "stream"})
         assert exc.value.status_code == status and word in exc.value.error
     bad = httpx.post(smollm_live.url + "/api/generate", content=b"{nope", timeout=60)
     assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
 
 
-def test_empty_request_loads(client: ollama.Client, name: str) -> None:
+def test_empty_request_loads(smollm_ollama: ollama.Client, smollm_name: str) -> None:
     """Ollama's load call: an empty prompt answers ``done_reason: "load"`` at once."""
-    r = client.generate(model=name + ":latest", prompt="", stream=False)
+    r = smollm_ollama.generate(model=smollm_name + ":latest", prompt="", stream=False)
     assert r.done and r.done_reason == "load" and r.response == ""
-    assert r.model == name
+    assert r.model == smollm_name
 
 
 # -- the renderer over scripted streams: every ending, FAILED included ----------------------
@@ -284,7 +275,7 @@ def test_l5_failed_call_not_streamed_is_500_with_error(adapter: Any) -> None:
 
 
 def test_keep_alive_zero_unloads_with_several_models_and_is_ignored_with_one(
-        client: ollama.Client, name: str) -> None:
+        smollm_ollama: ollama.Client, smollm_name: str) -> None:
     """``keep_alive: 0`` unloads the model where the server runs a ModelRouter (it leaves
     ``/api/ps``; the next request loads it again); with one model it has no effect (the empty
     call answers ``load`` and the model stays listed)."""
@@ -294,8 +285,9 @@ def test_keep_alive_zero_unloads_with_several_models_and_is_ignored_with_one(
     from coda.server.model_specs import ModelSpec
     from tests.conftest import LiveServer
 
-    one = client.generate(model=name, prompt="", keep_alive=0, stream=False)
-    assert one.done_reason == "load" and [m.model for m in client.ps().models] == [name]
+    one = smollm_ollama.generate(model=smollm_name, prompt="", keep_alive=0, stream=False)
+    assert one.done_reason == "load"
+    assert [m.model for m in smollm_ollama.ps().models] == [smollm_name]
     router = build_router([ModelSpec(None, "x")], EngineConfig(max_num_seqs=2,
                                                                kv_cache_bytes=8 << 20))
     live = LiveServer(create_app(router)).start()
@@ -351,32 +343,32 @@ def test_p2_quiet_ndjson_stream_writes_no_keepalive_line() -> None:
     assert body.endswith(b"\n")
 
 
-def test_tool_history_round_trip(client: ollama.Client, name: str) -> None:
+def test_tool_history_round_trip(smollm_ollama: ollama.Client, smollm_name: str) -> None:
     """A conversation that carries an assistant tool call (object arguments) and its result
     (``tool_name``) renders and answers, as an Ollama tool loop sends it back."""
     msgs = [*CAPITAL,
             {"role": "assistant", "content": "", "tool_calls": [
                 {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
             {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"}]
-    r = client.chat(model=name, messages=msgs, tools=[WEATHER], stream=False,
+    r = smollm_ollama.chat(model=smollm_name, messages=msgs, tools=[WEATHER], stream=False,
                     options={"temperature": 0, "num_predict": 8})
     assert r.done and r.done_reason in ("stop", "length") and r.eval_count
 
 
-def test_prompt_over_the_context_is_a_400(client: ollama.Client, name: str) -> None:
+def test_prompt_over_the_context_is_a_400(smollm_ollama: ollama.Client, smollm_name: str) -> None:
     """A prompt longer than the context: 400 in Ollama's shape before any work."""
     with pytest.raises(ollama.ResponseError) as exc:
-        client.generate(model=name, prompt="word " * 3000, raw=True)
+        smollm_ollama.generate(model=smollm_name, prompt="word " * 3000, raw=True)
     assert exc.value.status_code == 400 and exc.value.error
 
 
-def test_show_details_and_model_info_describe_the_loaded_model(client: ollama.Client,
-                                                               name: str) -> None:
+def test_show_details_and_model_info_describe_the_loaded_model(smollm_ollama: ollama.Client,
+                                                               smollm_name: str) -> None:
     """``/api/show`` through the client's ``show()``: ``details`` (family and families = the
     architecture, parameter size as Ollama writes it, the GGUF's quantization level) and
     ``model_info`` (GGUF metadata keys Open WebUI reads) describe SmolLM2-135M Q4_1; ``list()``
     carries the same details."""
-    shown = client.show(name)
+    shown = smollm_ollama.show(smollm_name)
     d = shown.details
     assert d is not None and d.family == "llama" and d.families == ["llama"]
     assert d.parameter_size == "134.52M" and d.quantization_level == "Q4_1"
@@ -385,7 +377,7 @@ def test_show_details_and_model_info_describe_the_loaded_model(client: ollama.Cl
     assert info["general.parameter_count"] == 134_515_008
     assert info["general.file_type"] == 3  # NOTE: llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_1
     assert info["llama.context_length"] == 1024
-    listed = client.list().models[0].details
+    listed = smollm_ollama.list().models[0].details
     assert listed is not None and listed.parameter_size == "134.52M"
     assert listed.family == "llama" and listed.quantization_level == "Q4_1"
 

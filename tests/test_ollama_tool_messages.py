@@ -16,29 +16,17 @@ import pytest
 from coda.server.chat import render_chat
 from coda.server.ollama_schemas import OllamaMessage
 from coda.server.ollama_wire import chat_messages
+from tests.tools_support import OLLAMA_WEATHER as WEATHER
 
 ASK: dict[str, Any] = {"role": "user", "content": "What is the weather in Paris?"}
 CALL = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
 ASSISTANT: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [CALL]}
 RESULT: dict[str, Any] = {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
 
 
-@pytest.fixture
-def client(smollm_live: Any) -> ollama.Client:
-    return ollama.Client(host=smollm_live.url)
-
-
-@pytest.fixture
-def name(smollm_engine: Any) -> str:
-    return str(smollm_engine.model_name)
-
-
-def test_p1_tool_result_is_rendered_into_the_prompt(smollm_engine: Any, smollm_live: Any,
-                                                    client: ollama.Client, name: str) -> None:
+def test_p1_tool_result_is_rendered_into_the_prompt(
+        smollm_engine: Any, smollm_live: Any, smollm_ollama: ollama.Client,
+        smollm_name: str) -> None:
     """A tool result (with and without ``tool_name``) after the assistant's call is accepted
     and rendered: its text is in the template's output, and it adds to the prompt the model
     was given (``prompt_eval_count``)."""
@@ -49,10 +37,10 @@ def test_p1_tool_result_is_rendered_into_the_prompt(smollm_engine: Any, smollm_l
     opts = {"temperature": 0, "num_predict": 1}
 
     def prompt_tokens(messages: list[dict[str, Any]]) -> int:
-        assert client.chat(model=name, messages=messages, tools=[WEATHER], stream=False,
-                           options=opts).done
+        assert smollm_ollama.chat(model=smollm_name, messages=messages, tools=[WEATHER],
+                                  stream=False, options=opts).done
         r = httpx.post(smollm_live.url + "/api/chat", timeout=60, json={
-            "model": name, "messages": messages, "tools": [WEATHER], "stream": False,
+            "model": smollm_name, "messages": messages, "tools": [WEATHER], "stream": False,
             "options": opts}).json()
         # NOTE: the whole prompt (prompt_eval_count leaves out what the prefix cache held)
         return int(r["coda"]["usage"]["prompt_tokens"])
@@ -88,11 +76,11 @@ BAD: list[tuple[str, list[dict[str, Any]], str, str]] = [
 
 @pytest.mark.parametrize(("why", "messages", "field", "word"), BAD, ids=[b[0] for b in BAD])
 def test_p1_malformed_tool_messages_are_a_400_in_ollama_shape(
-        smollm_live: Any, client: ollama.Client, name: str, why: str,
+        smollm_live: Any, smollm_ollama: ollama.Client, smollm_name: str, why: str,
         messages: list[dict[str, Any]], field: str, word: str) -> None:
     """P1: each malformed shape is a 400 whose body is exactly ``{"error": "..."}`` naming the
     field; the official client (where it lets the shape through) raises ResponseError 400."""
-    body = {"model": name, "messages": messages, "stream": False}
+    body = {"model": smollm_name, "messages": messages, "stream": False}
     resp = httpx.post(smollm_live.url + "/api/chat", json=body, timeout=60)
     assert resp.status_code == 400, why
     error = resp.json()
@@ -103,7 +91,7 @@ def test_p1_malformed_tool_messages_are_a_400_in_ollama_shape(
     except (ValueError, TypeError):
         return
     with pytest.raises(ollama.ResponseError) as exc:
-        client.chat(model=name, messages=messages, stream=False)
+        smollm_ollama.chat(model=smollm_name, messages=messages, stream=False)
     assert exc.value.status_code == 400 and word in exc.value.error
 
 

@@ -17,16 +17,6 @@ from tests.test_server_openai import MODEL, sse_events
 FINALS = {"response.completed", "response.incomplete", "response.failed"}
 
 
-@pytest.fixture
-def client(server_live: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server_live.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def claude(server_live: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server_live.url, api_key="unused", max_retries=0)
-
-
 def check_responses_stream(events: list[dict[str, Any]], first: int = 0) -> None:
     """P2: sequence_number == SSE id, from ``first`` in steps of 1; event: == data.type;
     exactly one final event, last."""
@@ -38,15 +28,15 @@ def check_responses_stream(events: list[dict[str, Any]], first: int = 0) -> None
     assert sum(k in FINALS for k in kinds) == 1 and kinds[-1] in FINALS
 
 
-def test_responses_non_streaming_and_stream_p1_p2(client: openai.OpenAI,
+def test_responses_non_streaming_and_stream_p1_p2(oa: openai.OpenAI,
                                                   server_live: Any) -> None:
     # NOTE: ignore_eos: an unseeded random model may pick EOS; these assert a length ending
-    r = client.responses.create(model=MODEL, input="Hello", max_output_tokens=5,
+    r = oa.responses.create(model=MODEL, input="Hello", max_output_tokens=5,
                                 extra_body={"ignore_eos": True})
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.model_extra["coda"]["finish_reason"] == "max_output_tokens"
     assert r.usage.output_tokens == 5 and r.output_text
-    types = [e.type for e in client.responses.create(model=MODEL, input="Hello",
+    types = [e.type for e in oa.responses.create(model=MODEL, input="Hello",
                                                      max_output_tokens=4, stream=True,
                                                      extra_body={"ignore_eos": True})]
     assert types[:4] == ["response.created", "response.in_progress",
@@ -58,18 +48,18 @@ def test_responses_non_streaming_and_stream_p1_p2(client: openai.OpenAI,
         check_responses_stream(sse_events(resp))
 
 
-def test_responses_background_get_replay_cancel_p3_c1(client: openai.OpenAI,
+def test_responses_background_get_replay_cancel_p3_c1(oa: openai.OpenAI,
                                                       server_live: Any) -> None:
     """Background responses run without a client; GET replays the stored log from any
     starting_after (0 included) identically; cancel is idempotent and returns the final."""
-    bg = client.responses.create(model=MODEL, input="Hello", max_output_tokens=30,
+    bg = oa.responses.create(model=MODEL, input="Hello", max_output_tokens=30,
                                  background=True, extra_body={"seed": 1})
     assert bg.status == "queued"
     deadline = time.monotonic() + 20
-    while client.responses.retrieve(bg.id).status in ("queued", "in_progress"):
+    while oa.responses.retrieve(bg.id).status in ("queued", "in_progress"):
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    final = client.responses.retrieve(bg.id)
+    final = oa.responses.retrieve(bg.id)
     url = f"{server_live.url}/v1/responses/{bg.id}"
     with httpx.stream("GET", url, params={"stream": "true"}) as resp:
         everything = sse_events(resp)
@@ -85,20 +75,20 @@ def test_responses_background_get_replay_cancel_p3_c1(client: openai.OpenAI,
     with httpx.stream("GET", url, params={"stream": "true"},
                       headers={"Last-Event-ID": "4"}) as resp:
         assert sse_events(resp) == everything[5:]
-    again = client.responses.cancel(bg.id)
+    again = oa.responses.cancel(bg.id)
     assert again.status == final.status and again.output_text == final.output_text
 
 
-def test_responses_cancel_running_background_c1_l2(client: openai.OpenAI) -> None:
-    bg = client.responses.create(model=MODEL, input="Hello", max_output_tokens=400,
+def test_responses_cancel_running_background_c1_l2(oa: openai.OpenAI) -> None:
+    bg = oa.responses.create(model=MODEL, input="Hello", max_output_tokens=400,
                                  background=True, extra_body={"ignore_eos": True})
-    first = client.responses.cancel(bg.id)
-    second = client.responses.cancel(bg.id)
+    first = oa.responses.cancel(bg.id)
+    second = oa.responses.cancel(bg.id)
     assert first.status == second.status == "cancelled"
     assert first.model_extra["coda"]["finish_reason"] == "cancelled"
     assert first.output_text == second.output_text
     with pytest.raises(openai.NotFoundError):
-        client.responses.retrieve("resp_missing")
+        oa.responses.retrieve("resp_missing")
 
 
 def test_responses_bad_input_400(server_live: Any) -> None:
@@ -111,14 +101,14 @@ def test_responses_bad_input_400(server_live: Any) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
-def test_anthropic_messages_and_stream_event_order(claude: anthropic.Anthropic,
+def test_anthropic_messages_and_stream_event_order(an: anthropic.Anthropic,
                                                    server_live: Any) -> None:
-    m = claude.messages.create(model=MODEL, max_tokens=5,
+    m = an.messages.create(model=MODEL, max_tokens=5,
                                messages=[{"role": "user", "content": "Hello"}], system="sys",
                                extra_body={"ignore_eos": True})
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 5
     assert m.model_extra["coda"]["finish_reason"] == "max_output_tokens"
-    with claude.messages.stream(model=MODEL, max_tokens=5,
+    with an.messages.stream(model=MODEL, max_tokens=5,
                                 messages=[{"role": "user", "content": "Hello"}],
                                 extra_body={"ignore_eos": True}) as s:
         final = s.get_final_message()
@@ -134,13 +124,13 @@ def test_anthropic_messages_and_stream_event_order(claude: anthropic.Anthropic,
     assert all(e["id"] for e in events)
 
 
-def test_anthropic_stop_sequence_value_s3(claude: anthropic.Anthropic) -> None:
+def test_anthropic_stop_sequence_value_s3(an: anthropic.Anthropic) -> None:
     """The matched stop string comes back as ``stop_sequence``, never in the text."""
-    full = claude.messages.create(model=MODEL, max_tokens=24, extra_body={"top_k": 1},
+    full = an.messages.create(model=MODEL, max_tokens=24, extra_body={"top_k": 1},
                                   messages=[{"role": "user", "content": "Hello"}])
     text = full.content[0].text
     stop = text[4:7]
-    m = claude.messages.create(model=MODEL, max_tokens=24, extra_body={"top_k": 1}, stop_sequences=[stop],
+    m = an.messages.create(model=MODEL, max_tokens=24, extra_body={"top_k": 1}, stop_sequences=[stop],
                                messages=[{"role": "user", "content": "Hello"}])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
     assert m.content[0].text == text[: text.index(stop)]

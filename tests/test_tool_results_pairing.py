@@ -48,16 +48,6 @@ def _results(*ids: str, text: str | None = None) -> dict[str, Any]:
     return {"role": "user", "content": blocks}
 
 
-@pytest.fixture
-def oa(server_live: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server_live.url + "/v1", api_key="k", max_retries=0)
-
-
-@pytest.fixture
-def an(server_live: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server_live.url, api_key="k", max_retries=0)
-
-
 def test_p1_openai_unanswered_tool_call_is_a_400_naming_the_ids(oa: openai.OpenAI) -> None:
     """P1: a call left unanswered when a user (or assistant) message follows is a 400 in
     OpenAI's shape (``invalid_request_error``) naming the calling message and every missing

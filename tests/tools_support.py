@@ -24,6 +24,11 @@ AN_TOOLS: Any = [{"name": "get_time", "input_schema": TIME},
                  {"name": "note", "input_schema": NOTE}]
 RS_TOOLS: Any = [{"type": "function", "name": "get_time", "parameters": TIME},
                  {"type": "function", "name": "note", "parameters": NOTE}]
+# NOTE: Ollama's tool shape (OpenAI's function tool), a one-argument weather lookup
+OLLAMA_WEATHER: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
 STORY: Any = [{"role": "user", "content": "Tell me a long story about a cat."}]
 ASK: Any = [{"role": "user", "content": "What time is it?"}]
 # NOTE: ignore_eos: the answer is certainly cut by the budget (issue 20 D1)

@@ -24,7 +24,7 @@ from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore, EngineRequest
 from coda.engine.draft import DRAFT_CONFIG, Drafter, load_drafter, speculative_mode
 from coda.engine.draft import describe as describe_draft
-from coda.engine.grammar import GrammarMatcher
+from coda.engine.grammar import GrammarMatcher, GrammarWarmup
 from coda.engine.handle import RequestHandle
 from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
 from coda.engine.kv_cache import BlockManager
@@ -119,7 +119,7 @@ class AsyncEngine:
         self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self.grammar_warmup: threading.Thread | None = None  # NOTE: set by start()
+        self.grammar_warmup: GrammarWarmup | None = None  # NOTE: set by start()
         self._stopping = False
         self._ids = itertools.count(1)
         self.num_requests_total = 0

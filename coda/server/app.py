@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("coda.server")
 
+# NOTE: how long the server is idle (nothing in flight) before the grammar build may start;
+# longer from the lifespan's start, as uvicorn starts accepting only after it
+WARMUP_IDLE_S = 0.5
+WARMUP_START_IDLE_S = 2.0
 _OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
 
 
@@ -66,6 +70,58 @@ class ApiKeyMiddleware:
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class GrammarWarmupMiddleware:
+    """Issue 19 item 2: the engine's grammar tokenizer build holds the GIL for a while
+    (:class:`coda.engine.grammar.GrammarWarmup`), so the server defers it at its start and
+    releases it once it has been idle for ``idle_s`` (nothing in flight, nothing new): after
+    the first answers, never under them — ``/health`` at the start does not wait for it. A
+    grammar request that comes first starts it itself. An engine without one: nothing to do."""
+
+    def __init__(self, app: ASGIApp, engine: Engine, idle_s: float | None = None) -> None:
+        self.app, self.engine = app, engine
+        self.idle_s = WARMUP_IDLE_S if idle_s is None else idle_s
+        self.in_flight, self.done = 0, False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _warmup(self) -> Any:
+        return None if self.done else getattr(self.engine, "grammar_warmup", None)
+
+    def _arm(self, idle_s: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(idle_s, self._release)
+
+    def _release(self) -> None:
+        warm = self._warmup()
+        if self.in_flight == 0 and warm is not None:
+            warm.release()
+            self.done = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            async def started(message: Any) -> None:
+                warm = self._warmup()
+                if message["type"] == "lifespan.startup.complete" and warm is not None:
+                    warm.defer()  # NOTE: the engine is started: from now on released here
+                    self._arm(max(self.idle_s, WARMUP_START_IDLE_S))
+                await send(message)
+
+            await self.app(scope, receive, started)
+            return
+        if self.done or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.in_flight += 1
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0 and not self.done:
+                self._arm(self.idle_s)
 
 
 def _open_page(path: str) -> bool:
@@ -119,6 +175,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(embeddings.router)
     app.include_router(playground_routes.router)
     _operational_routes(app)
+    app.add_middleware(GrammarWarmupMiddleware, engine=engine)  # NOTE: innermost
     # NOTE: added before the key check, so the key check runs first (outermost)
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
     if api_key:

@@ -393,8 +393,9 @@ class ResponsesAdapter:
         # NOTE: issue 24 item 3: any front end continues a stored response (Redis or memory)
         history = await previous_history(st, body.previous_response_id) \
             if body.previous_response_id else []
-        if not isinstance(body.input, str):
-            check_responses_results([i.model_dump() for i in body.input], history=history)
+        # NOTE: a text input answers no call: the previous response's calls stay unanswered
+        check_responses_results([] if isinstance(body.input, str)
+                                else [i.model_dump() for i in body.input], history=history)
         own = msgs[1:] if body.instructions else msgs
         msgs = [*msgs[:len(msgs) - len(own)], *history, *own]
         ids = await asyncio.to_thread(_prompt_ids, st, msgs, plan)  # NOTE: CPU-bound

@@ -14,7 +14,11 @@ never a prompt the model is asked to make sense of:
 A conversation that *ends* with the calling message is left alone (nothing follows it yet: the
 rule is about what comes next, as the brief of the pairing check states it).
 - Responses: a ``function_call_output`` item answers a ``function_call`` item before it (in
-  the input or the continued response's history): its ``call_id`` must be one of theirs.
+  the input or the continued response's history): its ``call_id`` must be one of theirs; and
+  every ``function_call`` — of the input, or one the continued response (``previous_response_id``)
+  ended with and its history left unanswered — must have its ``function_call_output`` later in
+  the input, whatever the order of the outputs. OpenAI applies this one even when the input
+  ends with the call (``No tool output found for function call X.``, param ``input``).
 """
 
 from __future__ import annotations
@@ -102,15 +106,34 @@ def check_anthropic_results(messages: Sequence[Any], field: str = "messages") ->
 def check_responses_results(items: Sequence[Mapping[str, Any]], field: str = "input",
                             history: Sequence[Mapping[str, Any]] = ()) -> None:
     """Every ``function_call_output`` item answers a ``function_call`` made before it (in
-    ``history``, the continued response's messages, or earlier in ``items``)."""
-    issued = {c.get("id") for m in history for c in m.get("tool_calls") or ()
-              if isinstance(c, Mapping)}
+    ``history``, the continued response's messages, or earlier in ``items``), and every call
+    of ``items``, or left unanswered by ``history``, has its output later in ``items``."""
+    issued: set[object] = set()
+    open_calls: dict[object, int | None] = {}  # NOTE: unanswered call id -> its item (None: history)
+    for m in history:
+        for c in m.get("tool_calls") or ():
+            if isinstance(c, Mapping):
+                issued.add(c.get("id"))
+                open_calls[c.get("id")] = None
+        if m.get("role") == "tool":
+            open_calls.pop(m.get("tool_call_id"), None)
     for i, item in enumerate(items):
         kind = item.get("type")
         if kind == "function_call":
             issued.add(item.get("call_id"))
-        elif kind == "function_call_output" and item.get("call_id") not in issued:
-            raise InvalidRequestError(
-                f"{field}.{i}.call_id: no function call found with call_id "
-                f"{item.get('call_id')!r} for this function_call_output",
-                field=f"{field}.{i}.call_id")
+            open_calls.setdefault(item.get("call_id"), i)
+        elif kind == "function_call_output":
+            if item.get("call_id") not in issued:
+                raise InvalidRequestError(
+                    f"{field}.{i}.call_id: no function call found with call_id "
+                    f"{item.get('call_id')!r} for this function_call_output",
+                    field=f"{field}.{i}.call_id")
+            open_calls.pop(item.get("call_id"), None)
+    if open_calls:
+        cid, at = next(iter(open_calls.items()))  # NOTE: the first in the conversation's order
+        # NOTE: OpenAI's words, then where the call is (the field's name keeps them unprefixed)
+        where = (f"{field}.{at} is a function_call" if at is not None
+                 else "the previous response ended with this function_call")
+        raise InvalidRequestError(
+            f"No tool output found for function call {cid}. ({where}: {field} must carry a "
+            "function_call_output with its call_id after it)", field=field)

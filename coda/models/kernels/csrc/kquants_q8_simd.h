@@ -64,9 +64,10 @@ inline void widen_pairs(__m256i s16, Blk<T>& o) {  // s16: [even scales | odd sc
   for (int k = 0; k < 8; ++k) o.sc[k] = _mm256_shuffle_epi8(s16, lane16(k));
 }
 
-template <int T>
-inline void load_k4_scales(const uint8_t* b, Blk<T>& o) {  // Q4_K / Q5_K: 8 sub-blocks of 32
-  o.dd = le32(b);
+// Q4_K / Q5_K (8 sub-blocks of 32): d and dmin, the 8 scales as int16 (both halves: a sub-block
+// of 32 is both halves of a maddubs step) and the mins per bsum lane.
+inline void k4_scales(const uint8_t* b, uint32_t& dd, __m256i& s16, __m256i& mnb) {
+  dd = le32(b);
   // NOTE: kquants.h's scale_min_k4 for all 8 sub-blocks at once (bytes 0..3: low 6 bits;
   // 4..7: 4 bits from bytes 8..11 and 2 from the top of bytes 0..3 / 4..7), in registers
   const uint32_t u0 = le32(b + 4), u1 = le32(b + 8), u2 = le32(b + 12);
@@ -76,8 +77,15 @@ inline void load_k4_scales(const uint8_t* b, Blk<T>& o) {  // Q4_K / Q5_K: 8 sub
       static_cast<uint64_t>(((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4)) << 32;
   const __m128i s8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(scs)));
   const __m128i m8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mns)));
-  widen_pairs(_mm256_set_m128i(s8, s8), o);  // NOTE: a sub-block of 32 is both halves of a step
-  o.mnb = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+  s16 = _mm256_set_m128i(s8, s8);
+  mnb = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+}
+
+template <int T>
+inline void load_k4_scales(const uint8_t* b, Blk<T>& o) {
+  __m256i s16;
+  k4_scales(b, o.dd, s16, o.mnb);
+  widen_pairs(s16, o);
   o.scb = _mm256_setzero_si256();
 }
 
@@ -190,6 +198,58 @@ inline void dot(const Blk<T>& w, const int8_t* x, __m256i bsum, __m256i& i, __m2
   else m = _mm256_madd_epi16(w.mnb, bsum);
 }
 
+inline __m256i load_x(const int8_t* x) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+}
+
+// M = 1, Q4_K and Q6_K: dot's sums straight from the block bytes, each code vector and lane
+// scale made where the dot takes it (a whole Blk is 18 registers: with four outputs' sums live
+// the compiler spilled it; the sums are the same exact integers in any order).
+template <int T>
+inline void dot_bytes(const uint8_t* b, const int8_t* x, __m256i bsum, __m256i& i, __m256i& m,
+                      uint32_t& dd) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  if constexpr (T == Q4_K) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i s16, mnb;
+    k4_scales(b, dd, s16, mnb);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load32(b + 16 + c * 32);
+      const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(v, m4), load_x(x + 64 * c));
+      const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                              load_x(x + 64 * c + 32));
+      a0 = madd_acc(a0, p0, _mm256_shuffle_epi8(s16, lane16(2 * c)));
+      a1 = madd_acc(a1, p1, _mm256_shuffle_epi8(s16, lane16(2 * c + 1)));
+    }
+    i = _mm256_add_epi32(a0, a1);
+    m = _mm256_madd_epi16(mnb, bsum);
+  } else {  // Q6_K
+    const __m256i three = _mm256_set1_epi8(3);
+    uint16_t h;
+    std::memcpy(&h, b + 208, 2);  // NOTE: the last bytes of the block: no 4-byte read
+    dd = h;
+    const __m128i s8 = load16(b + 192);
+    const __m256i s16 = _mm256_cvtepi8_epi16(evens_odds(s8));
+    for (int half = 0; half < 2; ++half) {
+      const __m256i hv = load32(b + 128 + half * 32);
+      const __m256i l0 = load32(b + half * 64), l1 = load32(b + half * 64 + 32);
+      for (int s = 0; s < 4; ++s) {
+        const int k = half * 4 + s;
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * s), three);
+        const __m256i q =
+            _mm256_or_si256(nibbles(s % 2 ? l1 : l0, 4 * (s / 2)), _mm256_slli_epi16(hi, 4));
+        const __m256i p = _mm256_maddubs_epi16(q, load_x(x + 32 * k));
+        if (k % 2) a1 = madd_acc(a1, p, _mm256_shuffle_epi8(s16, lane16(k)));
+        else a0 = madd_acc(a0, p, _mm256_shuffle_epi8(s16, lane16(k)));
+      }
+    }
+    // NOTE: off = 32: the offset's sum comes off as 32 * osum (as dot)
+    const __m256i o = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), bsum);
+    i = _mm256_sub_epi32(_mm256_add_epi32(a0, a1), _mm256_slli_epi32(o, 5));
+    m = _mm256_setzero_si256();
+  }
+}
+
 // [sum i0, sum m0, sum i1, sum m1, sum i2, sum m2, sum i3, sum m3] (exact int32 sums).
 inline __m256i reduce8(const __m256i* i, const __m256i* m) {
   const __m256i a = _mm256_hadd_epi32(i[0], m[0]), b = _mm256_hadd_epi32(i[1], m[1]);
@@ -216,10 +276,14 @@ inline void outputs4(const uint8_t* const* row, const uint8_t* const* next, int 
     uint32_t dd[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      Blk<T> w;
-      load_blk<T>(r[j] + b * bb, w);
-      dot<T>(w, xq + b * QKK, bsum, is[j], ms[j]);
-      dd[j] = w.dd;
+      if constexpr (T == Q4_K || T == Q6_K) {
+        dot_bytes<T>(r[j] + b * bb, xq + b * QKK, bsum, is[j], ms[j], dd[j]);
+      } else {
+        Blk<T> w;
+        load_blk<T>(r[j] + b * bb, w);
+        dot<T>(w, xq + b * QKK, bsum, is[j], ms[j]);
+        dd[j] = w.dd;
+      }
     }
     const __m128i h = _mm_set_epi32(static_cast<int>(dd[3]), static_cast<int>(dd[2]),
                                     static_cast<int>(dd[1]), static_cast<int>(dd[0]));

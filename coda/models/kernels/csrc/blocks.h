@@ -239,8 +239,11 @@ void linear_f32(const LinearCall& a) {
 #endif
   const int64_t nb = a.K / QK, M = a.M, K = a.K, N = a.N;
   const int64_t calls = (M + MAX_ROWS - 1) / MAX_ROWS;
-  // NOTE: malloc, not std::vector: no std template is instantiated in an ISA build (isa.h)
-  float* xp = M > 1 ? static_cast<float*>(std::malloc(sizeof(float) * M * K)) : nullptr;
+  // NOTE: malloc, not std::vector: no std template is instantiated in an ISA build (isa.h).
+  // 64-byte aligned (as blocks_gemm.h's): malloc's 16 bytes put every other 32-byte input load
+  // across two cache lines (the row-block stride is 128 bytes); K % 32 == 0 so the size is a
+  // multiple of 64
+  float* xp = M > 1 ? static_cast<float*>(std::aligned_alloc(64, sizeof(float) * M * K)) : nullptr;
   for (int64_t c = 0, r = 0; xp != nullptr && c < calls; ++c) {
     const int64_t rows = (M - r) / (calls - c);
     pack_rows(a.x + r * K, rows, K, xp + r * K);

@@ -1,5 +1,5 @@
 """``packed-q8`` at small batches (issue 18, batch 1; SPEC T4): the SIMD builds' 1-row and 2..9-row
-matmuls (``csrc/blocks_q8.h`` for Q4_0/Q4_1/Q8_0, ``csrc/kquants_q8_simd.h`` for the K-quants)
+matmuls (``csrc/blocks_q8.h`` for Q4_0/Q4_1/Q8_0, ``csrc/kquants_q8_simd.h`` / ``kquants_q8_row.h`` for the K-quants)
 group outputs, share activation loads and prefetch the next weights, but each output keeps one
 fixed sequence of float steps. So for every block type, M = 1..9 rows, any output count (ragged
 last groups and tiles), any K and any thread count, every output has the scalar build's bits,

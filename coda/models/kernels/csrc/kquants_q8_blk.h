@@ -6,7 +6,8 @@
 // value); four pairs are reduced together into one vector [i0 m0 i1 m1 i2 m2 i3 m3], converted
 // to float and added by one vector fma into the pairs' (acc, macc) lanes, each lane doing the
 // portable path's scalar step fma(float(s), d_w * d_x, lane) in the same block order, so the
-// bits are the same whatever the grouping. At M = 1 the four pairs are four outputs of one
+// bits are the same whatever the grouping. At M = 1 (kquants_q8_row.h) Q4_K / Q6_K reduce four
+// blocks of one output and step them in order on scalars; the other types four outputs of one
 // segment (the activation block shared, one horizontal reduction per four outputs and block
 // instead of three per output and block); at M >= 2 one output's codes serve four rows.
 // Scales reach each int16 lane by pshufb from one register (not a broadcast per sub-block);

@@ -7,7 +7,7 @@ T4). ``csrc/kquants_q8.h``.
 * every ISA build gives the scalar build's bits (the integer parts are exact, the float steps
   one fixed order), with a row map, a bias and a fused Q4_K + Q6_K projection;
 * a row's bits do not depend on its batch (T4), whatever grouping of outputs and rows the SIMD
-  path (``csrc/kquants_q8_simd.h``) takes (short groups, segment mixes, thread counts);
+  path (``csrc/kquants_q8_simd.h``, ``kquants_q8_blk.h``, ``kquants_q8_row.h``) takes (short groups, segment mixes, thread counts);
 * a Q4_K_M-like model in ``packed-q8`` runs the K-quants on Q8_K (the load summary says so)
   and stays near ``packed``'s logits (8-bit activations: lossy, as llama.cpp's CPU path).
 """

@@ -1,16 +1,7 @@
-// packed-q8 K-quant dots in registers (AVX2 and AVX-512 builds; issue 18): Q2_K..Q6_K straight
-// from the block bytes against Q8_K activations, with the bits of kquants_q8.h's portable path.
-//
-// Per block and per (output, activation row) pair the integer sums are two int32 vectors whose
-// lanes add up to isum - off * osum and msum (exact integers: any association gives the same
-// value); four pairs are reduced together into one vector [i0 m0 i1 m1 i2 m2 i3 m3], converted
-// to float and added by one vector fma into the pairs' (acc, macc) lanes, each lane doing the
-// portable path's scalar step fma(float(s), d_w * d_x, lane) in the same block order, so the
-// bits are the same whatever the grouping. At M = 1 the four pairs are four outputs of one
-// segment (the activation block shared, one horizontal reduction per four outputs and block
-// instead of three per output and block); at M >= 2 one output's codes serve four rows.
-// Scales reach each int16 lane by pshufb from one register (not a broadcast per sub-block);
-// the AVX-512 build fuses multiply and add (VNNI dpwssd).
+// packed-q8 K-quant dots in registers (AVX2 and AVX-512 builds; issue 18): M >= 2 (one
+// output's codes serve four activation rows per reduction) and the dispatch over a segment's
+// outputs. The block dots and why the bits equal kquants_q8.h's portable path whatever the
+// grouping are in kquants_q8_blk.h; M = 1 is kquants_q8_row.h.
 #pragma once
 #include <cstdint>
 

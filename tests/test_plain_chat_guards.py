@@ -21,6 +21,7 @@ from coda.server.schemas import ChatCompletionRequest
 from coda.server.tool_messages import prepare
 from coda.server.tool_results import check_openai_results
 from coda.server.tools import openai_plan
+from tests.conftest import examples
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -66,7 +67,7 @@ def _full(body: ChatCompletionRequest) -> tuple[Any, list[Any], bool]:
     return openai_plan(tools, choice, False if legacy else body.parallel_tool_calls), msgs, legacy
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(bodies())
 def test_issue22_a_plain_chat_skips_only_calls_with_nothing_to_do(
         body: ChatCompletionRequest) -> None:
@@ -78,7 +79,7 @@ def test_issue22_a_plain_chat_skips_only_calls_with_nothing_to_do(
     assert _chat_tools(body) == (None, list(body.messages), False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(messages())
 def test_issue22_no_tool_turn_renders_the_same_messages_without_prepare(
         msgs: list[dict[str, Any]]) -> None:

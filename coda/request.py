@@ -66,7 +66,9 @@ class RequestRun:
             # NOTE: the one constructor of the parts both drivers use (issue 22): with the
             # per-token rules, the processor is built here, holding this stream and handle and
             # the grammar / early-stop hooks; a bad stop raises before anything is held
-            assert processor is None and tokenizer is not None
+            if processor is not None or tokenizer is None:
+                raise TypeError("RequestRun: output= builds the processor from tokenizer=; "
+                                "pass a tokenizer and no processor")
             processor = OutputProcessor(request_id, tokenizer, output, stream, self.trace,
                                         prompt_token_ids=prompt_token_ids,
                                         grammar_done=grammar_done, early_stop=early_stop,

@@ -255,3 +255,18 @@ def test_o2_row7_replays_are_deduped_by_sequence_number() -> None:
     i = max(k for k, e in enumerate(sink.events) if e.kind == tr.STREAM_DELTA)
     repeated = [*sink.events[: i + 1], sink.events[i], *sink.events[i + 1:]]
     assert any("not greater" in p for p in check_trace(repeated))
+
+
+def test_l2_one_constructor_refuses_a_processor_beside_output_or_no_tokenizer() -> None:
+    """L2 (issue 22's one constructor): ``output=`` builds the processor from ``tokenizer=``;
+    a processor given beside it, or no tokenizer, is a TypeError before anything is held."""
+    import pytest
+
+    done = RequestRun("ok", None, ListTraceSink(), prompt_tokens=1, output=output_spec(),
+                      tokenizer=TOK)
+    assert done.processor is not None
+    with pytest.raises(TypeError, match="tokenizer"):
+        RequestRun("a", None, ListTraceSink(), prompt_tokens=1, output=output_spec())
+    with pytest.raises(TypeError, match="processor"):
+        RequestRun("b", None, ListTraceSink(), done.processor, prompt_tokens=1,
+                   output=output_spec(), tokenizer=TOK)

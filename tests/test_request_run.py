@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from coda import trace as tr
 from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason
@@ -260,8 +262,6 @@ def test_o2_row7_replays_are_deduped_by_sequence_number() -> None:
 def test_l2_one_constructor_refuses_a_processor_beside_output_or_no_tokenizer() -> None:
     """L2 (issue 22's one constructor): ``output=`` builds the processor from ``tokenizer=``;
     a processor given beside it, or no tokenizer, is a TypeError before anything is held."""
-    import pytest
-
     done = RequestRun("ok", None, ListTraceSink(), prompt_tokens=1, output=output_spec(),
                       tokenizer=TOK)
     assert done.processor is not None

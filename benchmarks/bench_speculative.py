@@ -190,7 +190,7 @@ def _decode_tps(full: RunResult, first: RunResult) -> float:
     return (full.tokens - first.tokens) / max(full.seconds - first.seconds, 1e-9)
 
 
-def row_costs(engine: AsyncEngine, ks: tuple[int, ...] = (0, 1, 2, 4, 8),
+def row_costs(engine: AsyncEngine, ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8),
               context: int = 400, repeats: int = 8) -> list[tuple[int, float]]:
     """Median ms (``_clock``) of one forward of ``1 + k`` rows of one sequence at ``context``:
     what a verification of k drafts costs (the model's fixed cost per step, ``step_rows`` of

@@ -331,8 +331,12 @@ def smollm_hf(smollm_gguf: Path) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(smollm_gguf.parent), gguf_file=smollm_gguf.name,
-                                                dtype=torch.float32)
+    from tests.gguf_cache import parsed_once
+
+    with parsed_once():  # NOTE: the file parsed once, not twice (tests/gguf_cache.py)
+        return AutoModelForCausalLM.from_pretrained(str(smollm_gguf.parent),
+                                                    gguf_file=smollm_gguf.name,
+                                                    dtype=torch.float32)
 
 
 # --------------------------------------------------------------------------- replicas (issue 12)

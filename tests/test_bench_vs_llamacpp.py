@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import gguf
 import pytest
+
+from tests.gguf_cache import gguf_reader, parsed_once
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -51,8 +52,9 @@ def test_weight_bytes_counts_the_head_once_and_skips_gathered_embeddings(bench: 
 def test_gguf_facts_of_smollm2_match_its_tensor_table(bench: ModuleType) -> None:
     """SmolLM2-135M is tied, so a step reads every tensor of the file once."""
     path = bench.default_gguf()
-    facts = bench.gguf_facts(path)
-    reader = gguf.GGUFReader(str(path))
+    with parsed_once():  # NOTE: the session's parse of the file for both (tests/gguf_cache.py)
+        facts = bench.gguf_facts(path)
+    reader = gguf_reader(path)  # NOTE: gguf.GGUFReader, parsed once a session
     assert facts["weight_bytes"] == sum(int(t.n_bytes) for t in reader.tensors)
     assert facts["vocab"] == 49152
     assert facts["kv_elems_per_token"] == 2 * 30 * 3 * 64

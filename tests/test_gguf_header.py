@@ -21,6 +21,7 @@ from coda.models.gguf_file import open_gguf
 from coda.models.gguf_header import SMALL_ARRAY, GGUFFormatError, read_header
 from coda.models.source import resolve_model
 from tests.conftest import examples
+from tests.gguf_cache import gguf_reader
 from tests.test_gguf_tiny import write_gguf
 
 
@@ -33,7 +34,7 @@ def test_d1_ggml_type_table_equals_ggufs() -> None:
 
 
 def _assert_equals_gguf_reader(path: Path) -> None:
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_reader(path)  # NOTE: gguf.GGUFReader, parsed once a session
     header = read_header(path)
     keys = [k for k in reader.fields if not k.startswith("GGUF.")]
     assert set(keys) == set(header.metadata) | set(header._lazy)

@@ -109,7 +109,10 @@ def _collect_ids(engine: Any, prompt: list[int], n: int) -> list[int]:
 def hf_tokenizer(smollm_gguf: Any) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(smollm_gguf.parent), gguf_file=smollm_gguf.name)
+    from tests.gguf_cache import parsed_once
+
+    with parsed_once():  # NOTE: the session's parse of the file (tests/gguf_cache.py)
+        return AutoTokenizer.from_pretrained(str(smollm_gguf.parent), gguf_file=smollm_gguf.name)
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)

@@ -98,6 +98,11 @@ def gguf_packages() -> list[tuple[str, list[Path]]]:
     found: dict[str, list[Path]] = {}
     part_dists: set[str] = set()
     for dist in md.distributions():
+        record = dist.read_text("RECORD")
+        # NOTE: a wheel's RECORD without ".gguf" lists neither a GGUF nor a part: skip parsing
+        # it into paths (torch's alone is ~10k rows; ~2 s of `coda models` went there)
+        if record is not None and ".gguf" not in record:
+            continue
         name = dist.metadata["Name"]
         if not name or name in found:
             continue

@@ -17,7 +17,7 @@ from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import model_key
-from coda.reasoning import marker_ids
+from coda.reasoning import ReasoningSpec, marker_ids, reasoning_spec
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
@@ -188,6 +188,17 @@ class RecordStore:
         return len(self._items)
 
 
+def split_reasoning(tokenizer: Any, markers: bool, ids: Sequence[int], *, budget: int | None,
+                    budget_field: str, grammar: bool) -> ReasoningSpec | None:
+    """:func:`coda.reasoning.reasoning_spec`, entered only where it has something to do: a
+    budget to check, or a model with markers (``markers``: it has them) and no grammar.
+    Otherwise its answer is known without it: no split, and nothing to refuse (issue 22)."""
+    if budget is None and (grammar or not markers):
+        return None  # NOTE: reasoning_spec's own answer here: no markers, or a grammar
+    return reasoning_spec(tokenizer, ids, budget=budget, budget_field=budget_field,
+                          grammar=grammar)
+
+
 class ServerState:
     """What one app serves with: its engine and its store, both fixed at construction."""
 
@@ -217,6 +228,13 @@ class ServerState:
         if known is None:
             known = self._markers[id(tokenizer)] = marker_ids(tokenizer) is not None
         return known
+
+    def reasoning(self, ids: Sequence[int], *, budget: int | None, budget_field: str,
+                  grammar: bool) -> ReasoningSpec | None:
+        """The request's reasoning split (:func:`split_reasoning` with the routed model's
+        markers): every protocol's one way into :mod:`coda.reasoning` (issue 22, issue 23)."""
+        return split_reasoning(self.engine.tokenizer, self.reasoning_markers(), ids,
+                               budget=budget, budget_field=budget_field, grammar=grammar)
 
     def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt",
                truncate: bool = False) -> list[int]:

@@ -10,9 +10,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast
+from typing import Literal, Protocol
 
-from coda.engine.protocol import Engine, EngineHandle
+import tokenizers
+
+from coda.engine.protocol import Engine, EngineHandle, ModelSelecting
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause
@@ -188,7 +190,7 @@ class RecordStore:
         return len(self._items)
 
 
-def split_reasoning(tokenizer: Any, markers: bool, ids: Sequence[int], *, budget: int | None,
+def split_reasoning(tokenizer: tokenizers.Tokenizer, markers: bool, ids: Sequence[int], *, budget: int | None,
                     budget_field: str, grammar: bool) -> ReasoningSpec | None:
     """:func:`coda.reasoning.reasoning_spec`, entered only where it has something to do: a
     budget to check, or a model with markers (``markers``: it has them) and no grammar.
@@ -262,11 +264,11 @@ class ServerState:
         return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)[:limit]
 
     def check_model(self, name: str) -> None:
-        select = getattr(self.engine, "select_model", None)
-        if select is not None:  # NOTE: several models (coda.server.model_router): route by name
-            if not select(name):
+        engine = self.engine
+        if isinstance(engine, ModelSelecting):  # NOTE: several models: route by name
+            if not engine.select_model(name):
                 raise ApiError(404, f"The model '{name}' does not exist; this server serves "
-                                    f"{', '.join(repr(n) for n in cast(Any, self.engine).served_names())}",
+                                    f"{', '.join(repr(n) for n in engine.served_names())}",
                                param="model", code="model_not_found")
             return
         if model_key(name) not in self.engine.model_aliases:

@@ -54,11 +54,14 @@ class RequestRun:
                  backpressure: BackpressureConfig | None = None,
                  grammar_done: GrammarDone | None = None,
                  grammar_budget_end: GrammarBudgetEnd | None = None,
-                 early_stop: EarlyStopHook | None = None) -> None:
+                 early_stop: EarlyStopHook | None = None, model: str | None = None,
+                 model_snapshot: str | None = None) -> None:
         self.request_id = request_id
-        # NOTE: the stream is built here unless given (with the request's backpressure)
+        # NOTE: the stream is built here unless given (with the request's backpressure), and
+        # with ``model`` it opens with its start event (P1) as it is built
         self.stream = stream = (stream if stream is not None
-                                else RequestStream(request_id, backpressure))
+                                else RequestStream(request_id, backpressure, model=model,
+                                                   model_snapshot=model_snapshot))
         # NOTE: a handle passed in (shared with a processor built elsewhere) is kept as it is
         self.trace = trace if isinstance(trace, TraceHandle) else TraceHandle(trace, request_id)
         self.prompt_tokens = prompt_tokens

@@ -161,7 +161,11 @@ class RequestStream:
     """
 
     def __init__(self, request_id: str, backpressure: BackpressureConfig | None = None, *,
-                 channel: WakeChannel | None = None) -> None:
+                 channel: WakeChannel | None = None, model: str | None = None,
+                 model_snapshot: str | None = None) -> None:
+        """``model``: the log opens with its start event (seq 0, P1) for that model and
+        content identity, appended here (issue 22: the engine never calls back to start it);
+        None: the producer appends it with :meth:`start` (a copy, a worker's parent side)."""
         self.request_id = request_id
         self.backpressure = backpressure or DEFAULT_BACKPRESSURE
         self._events: list[StreamEvent] = []
@@ -174,6 +178,10 @@ class RequestStream:
         self._unacked_bytes = 0
         self._closed = False
         self._live = True  # NOTE: until release_live (L7 stream_buffer)
+        if model is not None:
+            # NOTE: nobody can have subscribed to a stream being built: nothing to post
+            self._events.append(StreamEvent(request_id, 0, EventType.START, model=model,
+                                            model_snapshot=model_snapshot))
 
     # -- producer side -------------------------------------------------------------------
     def start(self, model: str, model_snapshot: str | None = None) -> StreamEvent:

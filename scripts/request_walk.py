@@ -1,7 +1,7 @@
 """Measure one streaming chat's walk through Coda (issue 22): files, objects, re-entries.
 
-Drives ONE streaming ``/v1/chat/completions`` call with the official ``openai`` client through
-the real app (``coda.server.app.create_app`` over the embedded default model, or ``--model``),
+Drives ONE streaming ``/v1/chat/completions`` call (or ``--route``'s) with the official
+client through the real app (``coda.server.app.create_app`` over the embedded default model, or ``--model``),
 in process over httpx's ASGI transport, after one identical warm-up call (lazy imports and
 first-call caches are not the request's). ``sys.setprofile`` / ``threading.setprofile`` watch
 every thread (event loop, worker threads, the engine thread) from the moment the client
@@ -40,7 +40,12 @@ sends until the stream has ended, and report:
   (everything else below the adapters), with the names and the checking modules of the
   internal ones.
 
-Usage: ``python scripts/request_walk.py [--model PATH] [--max-tokens 8] [--json OUT]``.
+``--route`` walks another protocol's plain streaming call instead, each with its official
+client: ``anthropic`` (``/v1/messages``), ``responses`` (``/v1/responses``), ``ollama-chat``
+(``/api/chat``) or ``ollama-generate`` (``/api/generate``).
+
+Usage: ``python scripts/request_walk.py [--route openai] [--model PATH] [--max-tokens 8]
+[--json OUT]``.
 """
 
 from __future__ import annotations
@@ -283,17 +288,63 @@ def budget_sites(root: Path) -> tuple[list[str], Counter[str]]:
     return sorted(f"{k} {sorted(v)}" for k, v in sites.items()), names
 
 
-async def drive(app: Any, max_tokens: int) -> str:
-    import httpx
-    import openai
+ROUTES = ("openai", "anthropic", "responses", "ollama-chat", "ollama-generate")
 
+
+async def drive(app: Any, max_tokens: int, route: str = "openai") -> str:
+    """One streaming call of ``route`` with its official client, a plain request (no tools,
+    reasoning, logprobs...); the streamed text."""
+    import httpx
+
+    model = app.state.coda.engine.model_name
+    say = [{"role": "user", "content": "Say hello."}]
     transport = httpx.ASGITransport(app=app)
+    text: list[str] = []
+    if route.startswith("ollama"):
+        import ollama
+
+        client = ollama.AsyncClient(host="http://walk", transport=transport)
+        opts = {"num_predict": max_tokens, "temperature": 0}
+        if route == "ollama-chat":
+            async for part in await client.chat(model=model, messages=say, stream=True,
+                                                options=opts):
+                text.append(part.message.content or "")
+        else:
+            async for part in await client.generate(model=model, prompt="Say hello.",
+                                                    stream=True, options=opts):
+                text.append(part.response or "")
+        return "".join(text)
     async with httpx.AsyncClient(transport=transport, base_url="http://walk") as http:
+        if route == "anthropic":
+            import anthropic
+            import httpx2  # NOTE: the anthropic SDK's own httpx
+
+            async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app),
+                                          base_url="http://walk") as http2:
+                an = anthropic.AsyncAnthropic(api_key="x", base_url="http://walk",
+                                              http_client=http2)
+                # NOTE: this SDK has no temperature keyword: sent as a body field
+                events = await an.messages.create(model=model, max_tokens=max_tokens,
+                                                  messages=say, stream=True,  # type: ignore[arg-type]
+                                                  extra_body={"temperature": 0})
+                async for ev in events:
+                    if ev.type == "content_block_delta" and ev.delta.type == "text_delta":
+                        text.append(ev.delta.text)
+            return "".join(text)
+        import openai
+
         client = openai.AsyncOpenAI(api_key="x", base_url="http://walk/v1", http_client=http)
+        if route == "responses":
+            rstream = await client.responses.create(model=model, stream=True, temperature=0,
+                                                    max_output_tokens=max_tokens,
+                                                    input="Say hello.")
+            async for ev in rstream:
+                if ev.type == "response.output_text.delta":
+                    text.append(ev.delta)
+            return "".join(text)
         stream = await client.chat.completions.create(
-            model=app.state.coda.engine.model_name, stream=True, max_tokens=max_tokens,
-            temperature=0, messages=[{"role": "user", "content": "Say hello."}])
-        text = []
+            model=model, stream=True, max_tokens=max_tokens, temperature=0,
+            messages=say)  # type: ignore[arg-type]
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 text.append(chunk.choices[0].delta.content)
@@ -304,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model path (default: the embedded model)")
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--route", choices=ROUTES, default="openai",
+                    help="the protocol to walk: chat completions (default), Messages, "
+                         "Responses, Ollama chat or generate")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -318,11 +372,16 @@ def main(argv: list[str] | None = None) -> int:
     engine.start()
     assert engine._thread is not None
     walk.engine_thread = engine._thread.ident
+    warm = engine.grammar_warmup
+    if warm is not None:  # NOTE: its build thread (grammar, tokenizer) is not the request's
+        warm.release()
+        warm.join()
     app = create_app(engine, manage_engine=False)
     try:
-        asyncio.run(drive(app, args.max_tokens))  # warm-up: imports, caches, worker threads
+        # NOTE: warm-up: imports, caches, worker threads
+        asyncio.run(drive(app, args.max_tokens, args.route))
         walk.active = walk.admitting = True
-        text = asyncio.run(drive(app, args.max_tokens))
+        text = asyncio.run(drive(app, args.max_tokens, args.route))
         walk.active = False
     finally:
         sys.setprofile(None)
@@ -330,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.shutdown()
     sites, names = budget_sites(ROOT)
     result = {
+        "route": args.route,
         "text": text,
         "files": len(walk.files),
         "classes": len(walk.classes),

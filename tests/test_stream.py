@@ -115,6 +115,21 @@ def test_p2_every_append_posts_its_seq_to_the_channel_and_only_appends_do() -> N
     assert posts.posts == [(0, False), (1, False), (2, True)]
 
 
+def test_p1_a_stream_built_for_a_model_opens_with_its_start_event() -> None:
+    """P1 (issue 22): a stream built with ``model`` holds its start event (seq 0, the model
+    and its content identity) from its first moment, posts nothing (nobody can be subscribed
+    yet), refuses a second start, and numbers the next append 1."""
+    posts = PostLog()
+    s = RequestStream("r", channel=posts, model="m", model_snapshot="sha")
+    (ev,) = s.events_after(-1)
+    assert (ev.seq, ev.type, ev.model, ev.model_snapshot) == (0, EventType.START, "m", "sha")
+    assert s.last_seq == 0 and posts.posts == []
+    with pytest.raises(StreamClosed):
+        s.start("m")
+    assert s.delta(b"x").seq == 1 and posts.posts == [(1, False)]
+    assert RequestStream("q").events_after(-1) == []  # NOTE: no model: the producer starts it
+
+
 def test_p2_observers_run_on_the_loop_thread_never_the_producers() -> None:
     """Issue 22 step 4: a producer on another thread (the engine's) appends; every observer
     call runs on the subscriber's event loop thread, and the last one sees the terminal's seq;

@@ -278,10 +278,10 @@ class AsyncEngine:
                                         "`with engine:`) before submit")
         ereq = EngineRequest(plan, next(self._ids), self.tokenizer, self.trace,
                              arrival=time.monotonic(), grammar=grammar, early_stop=controller,
-                             closer=closer, speculative=self.speculative)
+                             closer=closer, speculative=self.speculative,
+                             model=self.model_name, model_snapshot=self.model_snapshot)
         handle = RequestHandle(ereq, self._wake)
         self._track(handle)
-        ereq.stream.start(self.model_name, self.model_snapshot)
         return ereq, handle
 
     def submit(self, req: GenerationRequest) -> RequestHandle:

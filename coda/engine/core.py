@@ -76,11 +76,13 @@ class EngineRequest(RequestRun):
                  trace: TraceSink, *, arrival: float, grammar: GrammarMatcher | None = None,
                  early_stop: EarlyStopController | None = None,
                  closer: BudgetCloser | None = None,
-                 speculative: SpeculativeConfig | None = None) -> None:
-        # NOTE: the one constructor of the parts (RequestRun's): stream, trace handle,
-        # processor and its hooks, from the plan's per-token rules, in one call
+                 speculative: SpeculativeConfig | None = None, model: str | None = None,
+                 model_snapshot: str | None = None) -> None:
+        # NOTE: the one constructor of the parts (RequestRun's): stream (opened with its
+        # start event for ``model``), trace handle, processor and its hooks, in one call
         super().__init__(
-            plan.request_id, None, trace, prompt_tokens=len(plan.prompt_token_ids),
+            plan.request_id, None, trace, model=model, model_snapshot=model_snapshot,
+            prompt_tokens=len(plan.prompt_token_ids),
             arrival=arrival, output=plan.output, tokenizer=tokenizer,
             prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
             grammar_done=(closer.done if closer is not None else

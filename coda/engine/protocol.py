@@ -105,6 +105,17 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class ModelSelecting(Protocol):
+    """An :class:`Engine` serving several models (``coda.server.model_router``): the server
+    routes a call by its ``model`` name with :meth:`select_model` (False: not served) and
+    names the served ones in the 404."""
+
+    def select_model(self, name: str) -> bool: ...
+
+    def served_names(self) -> list[str]: ...
+
+
 class StreamLog(Protocol):
     """The per-request event log (P1–P3): appends are idempotent by ``(request_id, seq)``
     and a request's log accepts exactly one terminal, after which it accepts nothing."""

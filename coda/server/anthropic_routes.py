@@ -21,7 +21,6 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
-from coda.reasoning import reasoning_spec
 from coda.server import tools as tl
 from coda.server.chat import content_text, render_chat
 from coda.server.common import collect, new_id, state_of
@@ -272,7 +271,10 @@ def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:
     """The request's system prompt and messages as chat messages (roles checked, every
     ``tool_result`` answering a ``tool_use`` of the message before it)."""
-    check_anthropic_results(body.messages)
+    # NOTE: issue 22: a string content holds no block (no tool_use, no tool_result): the
+    # tool modules are entered only for block contents, where they have something to do
+    if not all(isinstance(m.content, str) for m in body.messages):
+        check_anthropic_results(body.messages)
     msgs: list[dict[str, Any]] = []
     if body.system:
         msgs.append({"role": "system", "content": content_text(body.system, "system")})
@@ -281,8 +283,17 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
             raise InvalidRequestError(
                 f"messages.{i}.role: must be 'user' or 'assistant', got {m.role!r}",
                 field=f"messages.{i}.role")
-        msgs += anthropic_history(m.role, m.content, f"messages.{i}")
+        msgs += ([{"role": m.role, "content": m.content}] if isinstance(m.content, str)
+                 else anthropic_history(m.role, m.content, f"messages.{i}"))
     return msgs
+
+
+def tool_plan(body: AnthropicRequest | AnthropicCountRequest) -> tl.ToolPlan | None:
+    """The request's tool plan; no tools nor tool choice is no plan, without entering the
+    tool module (issue 22: what :func:`coda.server.tools.anthropic_plan` answers then)."""
+    if not body.tools and body.tool_choice is None:
+        return None
+    return tl.anthropic_plan(body.tools, body.tool_choice)
 
 
 def _prompt_ids(st: ServerState, body: AnthropicRequest | AnthropicCountRequest,
@@ -306,13 +317,13 @@ class AnthropicAdapter:
 
     async def parse(self, st: ServerState, body: AnthropicRequest) -> Parsed:
         st.check_model(body.model)
-        plan = tl.anthropic_plan(body.tools, body.tool_choice)
+        plan = tool_plan(body)
         show, budget = _thinking(body)
         ids = await asyncio.to_thread(_prompt_ids, st, body, plan)
         fmt = body.response_format
-        tool = tl.knob_fields(plan, fmt)
-        reasoning = reasoning_spec(
-            st.engine.tokenizer, ids, budget=budget, budget_field="thinking.budget_tokens",
+        tool = tl.knob_fields(plan, fmt) if plan is not None else {}
+        reasoning = st.reasoning(
+            ids, budget=budget, budget_field="thinking.budget_tokens",
             grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
                                verify=body.stream_verify, thinking=reasoning is not None,
@@ -371,6 +382,5 @@ async def count_tokens(body: AnthropicCountRequest, request: Request) -> Respons
     system, messages and tools, counted by the served model's tokenizer (nothing is queued)."""
     st = state_of(request)
     st.check_model(body.model)
-    ids = await asyncio.to_thread(_prompt_ids, st, body,
-                                  tl.anthropic_plan(body.tools, body.tool_choice))
+    ids = await asyncio.to_thread(_prompt_ids, st, body, tool_plan(body))
     return JSONResponse({"input_tokens": len(ids)})

@@ -23,6 +23,8 @@ from coda.server.tools import Tool
 if TYPE_CHECKING:
     import jinja2
 
+    from coda.engine.protocol import Engine
+
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -118,7 +120,7 @@ def _tool_turns(messages: Sequence[Any]) -> bool:
     return any(get(m, "tool_calls") or get(m, "role") == "tool" for m in messages)
 
 
-def render_chat(engine: Any, messages: Sequence[Any], *, add_generation_prompt: bool = True,
+def render_chat(engine: Engine, messages: Sequence[Any], *, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, field: str = "messages",
                 tools: Sequence[Tool] = ()) -> str:
     """Render ``messages`` with the engine's chat template.

@@ -36,8 +36,10 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import tokenizers
 
 from coda.engine.process_engine import (
     WorkerCopy,
@@ -50,12 +52,13 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause, FinishReason
 from coda.models.identity import ModelIdentity
 from coda.models.source import model_key
+from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.reader import StreamReading, follow, when_closed
 from coda.server.logs import configure_logging
 from coda.server.model_loads import ModelLoads
 from coda.server.model_metrics import ModelMetrics
 from coda.server.model_slot import ModelSlot
-from coda.stream import StreamEvent
+from coda.stream import StreamEvent, Terminal
 from coda.trace import JsonlTraceSink, RecentTraceSink, TraceEvent, TraceSink
 
 log = logging.getLogger("coda.server")
@@ -75,7 +78,7 @@ class RoutedHandle(StreamReading):
     slot: ModelSlot
     arrival: float
     worker: WorkerProcess | None = None
-    lock: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
         """C1: before the request reached a worker it ends here (once: ``close`` refuses a
@@ -145,11 +148,11 @@ class ModelRouter:
         return self._slot().context_length
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> tokenizers.Tokenizer:
         return self._slot().tokenizer
 
     @property
-    def chat(self) -> Any:
+    def chat(self) -> TokenizerBundle:
         return self._slot().chat
 
     @property
@@ -212,8 +215,7 @@ class ModelRouter:
         slot = self._slot()
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         handle = RoutedHandle(rid, WorkerCopy(rid, lambda r, seq: self._ack(r, seq)),
-                              len(req.prompt_token_ids), slot, time.monotonic(),
-                              lock=threading.Lock())
+                              len(req.prompt_token_ids), slot, time.monotonic())
         w = slot.worker
         if w is not None and w.state == "ready":
             # NOTE: loaded: the worker's engine validates now, so bad input is refused here
@@ -278,7 +280,7 @@ class ModelRouter:
         slot.live.add(h.request_id)
         slot.last_used = time.monotonic()
 
-        def on_end(_terminal: Any) -> None:
+        def on_end(_terminal: Terminal) -> None:
             slot.live.discard(h.request_id)
             slot.last_used = time.monotonic()
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+
+import tokenizers
 
 from coda.engine.kv_budget import DEFAULT_KV_MEMORY_FRACTION
 from coda.engine.process_engine import WorkerProcess
@@ -50,7 +51,7 @@ class ModelSlot:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> tokenizers.Tokenizer:
         return self.chat.tokenizer
 
     @property

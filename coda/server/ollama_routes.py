@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
-from coda.reasoning import ReasoningSpec, reasoning_spec
+from coda.reasoning import ReasoningSpec
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, now, state_of
@@ -128,8 +128,7 @@ def _thinking(st: ServerState, body: OllamaBody, ids: list[int], grammar: bool
     """The reasoning split of a model with ``<think>`` markers (issue 23 item 3): always made
     (stops apply to the answer only), shown as ``thinking`` unless ``think`` is false; asking
     for ``think`` on a model without markers (or with a grammar) is a 400."""
-    spec = reasoning_spec(st.engine.tokenizer, ids, budget=None, budget_field="think",
-                          grammar=grammar)
+    spec = st.reasoning(ids, budget=None, budget_field="think", grammar=grammar)
     if spec is None and body.think not in (None, False, "none"):
         raise InvalidRequestError(f"think: {body.model!r} does not support thinking"
                                   + (" with format or tools" if grammar else ""), field="think")
@@ -162,6 +161,14 @@ def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list
     return st.encode(text, add_special_tokens=False, field=field)
 
 
+def tool_plan(body: OllamaBody) -> tl.ToolPlan | None:
+    """A chat's tool plan (generate has none); no tools nor tool choice is no plan, without
+    entering the tool module (issue 22: what :func:`coda.server.tools.openai_plan` answers)."""
+    if not isinstance(body, OllamaChatRequest) or (not body.tools and body.tool_choice is None):
+        return None
+    return tl.openai_plan(body.tools, body.tool_choice, None)
+
+
 class OllamaAdapter:
     """``/api/chat`` or ``/api/generate`` as a :class:`~coda.server.create.Adapter`."""
 
@@ -177,11 +184,11 @@ class OllamaAdapter:
         _check_common(body)
         if isinstance(body, OllamaGenerateRequest):
             _generate_checks(body)
-        plan = (tl.openai_plan(body.tools, body.tool_choice, None)
-                if isinstance(body, OllamaChatRequest) else None)
+        plan = tool_plan(body)
         grammar = body.grammar()
         o = body.options
-        tool_knobs = tl.knob_fields(plan, grammar, "format") or {"grammar": grammar}
+        tool_knobs = ((tl.knob_fields(plan, grammar, "format") if plan is not None else {})
+                      or {"grammar": grammar})
         ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
         reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),

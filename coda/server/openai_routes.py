@@ -17,7 +17,6 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
-from coda.reasoning import reasoning_spec
 from coda.server import echo as ec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
@@ -315,15 +314,13 @@ class OpenAIAdapter:
         if isinstance(body, ChatCompletionRequest):
             fmt = body.response_format
             grammar = "grammar" in tool or (fmt is not None and fmt.type != "text")
-            # NOTE: issue 22: coda.reasoning only where there is something to split or check:
-            # an effort to map, a budget to check, or a model with markers and no grammar
+            # NOTE: issue 22: fields only with an effort to map; coda.reasoning only with a
+            # budget to check or a model with markers and no grammar (ServerState.reasoning)
             budget = (body.max_reasoning_tokens if body.reasoning_effort is None
                       else effort_budget(st.engine.tokenizer, body.reasoning_effort,
                                          body.max_reasoning_tokens, grammar=grammar))
-            if budget is not None or (not grammar and st.reasoning_markers()):
-                reasoning = reasoning_spec(
-                    st.engine.tokenizer, prompts[0], budget=budget,
-                    budget_field="max_reasoning_tokens", grammar=grammar)
+            reasoning = st.reasoning(prompts[0], budget=budget,
+                                     budget_field="max_reasoning_tokens", grammar=grammar)
         elif body.max_reasoning_tokens is not None:
             raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
                                       field="max_reasoning_tokens")

@@ -24,7 +24,6 @@ from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import CancelCause
 from coda.reader import replay, terminal_of
-from coda.reasoning import reasoning_spec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
@@ -377,6 +376,39 @@ def _prompt_ids(st: ServerState, msgs: list[dict[str, Any]],
     return st.encode(text, add_special_tokens=False, field="input")
 
 
+def tool_plan(body: ResponsesRequest) -> tl.ToolPlan | None:
+    """The request's tool plan; no tools nor tool choice is no plan, without entering the
+    tool module (issue 22: what :func:`coda.server.tools.openai_plan` answers then)."""
+    if not body.tools and body.tool_choice is None:
+        return None
+    return tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
+
+
+def check_unhonoured(body: ResponsesRequest) -> None:
+    """:func:`coda.server.fields.reject_unhonoured`, entered only where ``truncation`` or
+    ``background`` is set (issue 22: without either it refuses nothing)."""
+    if body.truncation is not None or body.background:
+        reject_unhonoured(body)
+
+
+def check_results(body: ResponsesRequest, history: list[dict[str, Any]]) -> None:
+    """Every call answered, every output answering a call (``check_responses_results``),
+    entered only where the input has a tool item or a continued response has history (issue
+    22: a text input answers no call; the previous response's calls stay unanswered)."""
+    items = [] if isinstance(body.input, str) else body.input
+    if history or any(isinstance(i, InputToolItem) for i in items):
+        check_responses_results([i.model_dump() for i in items], history=history)
+
+
+def reasoning_budget(st: ServerState, body: ResponsesRequest, grammar: bool) -> int | None:
+    """``max_reasoning_tokens``, or ``reasoning.effort`` mapped (:mod:`coda.server.fields`,
+    entered only where the request has a ``reasoning`` object: issue 22)."""
+    if body.reasoning is None:
+        return body.max_reasoning_tokens
+    return effort_budget(st.engine.tokenizer, responses_effort(body.reasoning),
+                         body.max_reasoning_tokens, grammar=grammar)
+
+
 class ResponsesAdapter:
     """Responses as a :class:`~coda.server.create.Adapter`; ``background`` keeps running
     without a client (P4)."""
@@ -387,27 +419,25 @@ class ResponsesAdapter:
 
     async def parse(self, st: ServerState, body: ResponsesRequest) -> Parsed:
         st.check_model(body.model)
-        plan = tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
-        reject_unhonoured(body)
+        plan = tool_plan(body)
+        check_unhonoured(body)
         msgs = _messages(body)
         # NOTE: issue 24 item 3: any front end continues a stored response (Redis or memory)
         history = await previous_history(st, body.previous_response_id) \
             if body.previous_response_id else []
-        # NOTE: a text input answers no call: the previous response's calls stay unanswered
-        check_responses_results([] if isinstance(body.input, str)
-                                else [i.model_dump() for i in body.input], history=history)
+        check_results(body, history)
         own = msgs[1:] if body.instructions else msgs
         msgs = [*msgs[:len(msgs) - len(own)], *history, *own]
         ids = await asyncio.to_thread(_prompt_ids, st, msgs, plan)  # NOTE: CPU-bound
         fmt = body.text.format if body.text else None
         logprobs = body.top_logprobs if body.top_logprobs is not None else (
             0 if body.include and "message.output_text.logprobs" in body.include else None)
-        tool = tl.knob_fields(plan, _grammar(fmt), "text.format") or {"grammar": _grammar(fmt)}
-        budget = effort_budget(st.engine.tokenizer, responses_effort(body.reasoning),
-                               body.max_reasoning_tokens, grammar=tool["grammar"] is not None)
-        reasoning = reasoning_spec(st.engine.tokenizer, ids, budget=budget,
-                                   budget_field="max_reasoning_tokens",
-                                   grammar=tool["grammar"] is not None)
+        grammar = _grammar(fmt)
+        tool = ((tl.knob_fields(plan, grammar, "text.format") if plan is not None else {})
+                or {"grammar": grammar})
+        reasoning = st.reasoning(ids, budget=reasoning_budget(st, body, tool["grammar"] is not None),
+                                 budget_field="max_reasoning_tokens",
+                                 grammar=tool["grammar"] is not None)
         max_tokens = body.max_output_tokens  # NOTE: the wire's budget, under its one name
         spec = ResponsesRender(
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
@@ -419,7 +449,9 @@ class ResponsesAdapter:
             tool_choice=body.tool_choice or "auto", store=body.store,
             logprobs=logprobs is not None, verify=body.stream_verify,
             thinking=reasoning is not None and body.include_reasoning,
-            history=tuple([*history, *own]), service_tier=served_tier(body.service_tier))
+            history=tuple([*history, *own]),
+            service_tier=(served_tier(body.service_tier) if body.service_tier is not None
+                          else None))
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,

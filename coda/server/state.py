@@ -10,14 +10,16 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast
+from typing import Literal, Protocol
 
-from coda.engine.protocol import Engine, EngineHandle
+import tokenizers
+
+from coda.engine.protocol import Engine, EngineHandle, ModelSelecting
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import model_key
-from coda.reasoning import marker_ids
+from coda.reasoning import ReasoningSpec, marker_ids, reasoning_spec
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
@@ -188,6 +190,17 @@ class RecordStore:
         return len(self._items)
 
 
+def split_reasoning(tokenizer: tokenizers.Tokenizer, markers: bool, ids: Sequence[int], *, budget: int | None,
+                    budget_field: str, grammar: bool) -> ReasoningSpec | None:
+    """:func:`coda.reasoning.reasoning_spec`, entered only where it has something to do: a
+    budget to check, or a model with markers (``markers``: it has them) and no grammar.
+    Otherwise its answer is known without it: no split, and nothing to refuse (issue 22)."""
+    if budget is None and (grammar or not markers):
+        return None  # NOTE: reasoning_spec's own answer here: no markers, or a grammar
+    return reasoning_spec(tokenizer, ids, budget=budget, budget_field=budget_field,
+                          grammar=grammar)
+
+
 class ServerState:
     """What one app serves with: its engine and its store, both fixed at construction."""
 
@@ -218,6 +231,13 @@ class ServerState:
             known = self._markers[id(tokenizer)] = marker_ids(tokenizer) is not None
         return known
 
+    def reasoning(self, ids: Sequence[int], *, budget: int | None, budget_field: str,
+                  grammar: bool) -> ReasoningSpec | None:
+        """The request's reasoning split (:func:`split_reasoning` with the routed model's
+        markers): every protocol's one way into :mod:`coda.reasoning` (issue 22, issue 23)."""
+        return split_reasoning(self.engine.tokenizer, self.reasoning_markers(), ids,
+                               budget=budget, budget_field=budget_field, grammar=grammar)
+
     def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt",
                truncate: bool = False) -> list[int]:
         """Tokenize a prompt (call it off the event loop, on a worker thread: ``asyncio.to_thread``);
@@ -244,11 +264,11 @@ class ServerState:
         return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)[:limit]
 
     def check_model(self, name: str) -> None:
-        select = getattr(self.engine, "select_model", None)
-        if select is not None:  # NOTE: several models (coda.server.model_router): route by name
-            if not select(name):
+        engine = self.engine
+        if isinstance(engine, ModelSelecting):  # NOTE: several models: route by name
+            if not engine.select_model(name):
                 raise ApiError(404, f"The model '{name}' does not exist; this server serves "
-                                    f"{', '.join(repr(n) for n in cast(Any, self.engine).served_names())}",
+                                    f"{', '.join(repr(n) for n in engine.served_names())}",
                                param="model", code="model_not_found")
             return
         if model_key(name) not in self.engine.model_aliases:

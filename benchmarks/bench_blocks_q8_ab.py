@@ -33,11 +33,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--f32", action="store_true", help="the exact mode (float activations)")
+    ap.add_argument("--isa", default=None,
+                    help="the build both sides use, or A,B: one each (e.g. avx2,avx512)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
     args = ap.parse_args()
     mods = {"a": load("blocks_ab_base", args.base), "b": load("blocks_ab_branch", args.branch)}
-    for mod in mods.values():
+    isas = (args.isa.split(",") * 2)[:2] if args.isa else None
+    for i, mod in enumerate(mods.values()):
         mod.set_threads(args.threads)
+        if isas:
+            mod.set_isa(isas[i])
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     kind, m = KINDS[args.kind], args.m
     qb, nsc = (32 if args.kind == "Q8_0" else 16), (16 if args.kind == "Q4_1" else 8)
@@ -55,14 +61,16 @@ def main() -> None:
             t0 = clock()
             for n, k, sc, qs, y in mats:
                 mod.linear(xs[k].ctypes.data, m, k, sc.ctypes.data, qs.ctypes.data, n, kind,
-                           True, y[side].ctypes.data)
+                           not args.f32, y[side].ctypes.data)
             if rep:  # NOTE: the first round warms up (first touch of the weights)
                 times[side].append(clock() - t0)
     same = all(np.array_equal(y["a"].view(np.uint32), y["b"].view(np.uint32))
                for *_, y in mats)
     a, b = (statistics.median(times[s]) for s in "ab")
     mb = sum(sc.nbytes + qs.nbytes for _, _, sc, qs, _ in mats) / 1e6
-    print(f"load average {os.getloadavg()[0]:.1f}; {args.kind} q8, M={m}, {args.threads} threads, "
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.kind} "
+          f"{'f32' if args.f32 else 'q8'}, {mods['a'].isa()} / {mods['b'].isa()}, M={m}, "
+          f"{args.threads} threads, "
           f"{mb:.0f} MB, {args.clock} clock, medians of {args.repeats}: base {a * 1e3:.2f} ms, "
           f"branch {b * 1e3:.2f} ms, branch / base {b / a:.3f}, bits equal {same}")
 

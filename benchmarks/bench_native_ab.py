@@ -85,16 +85,19 @@ def main() -> None:
     ap.add_argument("--mix", default="Q4_K_M")
     ap.add_argument("--m", type=int, default=1, help="input rows (the batch)")
     ap.add_argument("--q8", action="store_true", help="packed-q8 (Q8_K activations)")
-    ap.add_argument("--isa", default=None)
+    ap.add_argument("--isa", default=None,
+                    help="the build both sides use, or A,B: one each (same .so twice compares "
+                         "two ISAs, e.g. avx2,avx512)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
     args = ap.parse_args()
     mods = {"a": load("coda_ab_base", args.base), "b": load("coda_ab_branch", args.branch)}
-    for mod in mods.values():
+    isas = (args.isa.split(",") * 2)[:2] if args.isa else None
+    for i, mod in enumerate(mods.values()):
         mod.set_threads(args.threads)
-        if args.isa:
-            mod.set_isa(args.isa)
+        if isas:
+            mod.set_isa(isas[i])
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     rng = np.random.default_rng(0)
     groups: list[tuple[str, list[Mat]]] = []
@@ -111,7 +114,7 @@ def main() -> None:
         groups = [(f"{args.mix} step", mats)]
     xs = {k: rng.standard_normal((args.m, k)).astype(np.float32) for k in (H, FFN)}
     print(f"load average {os.getloadavg()[0]:.1f}; {args.threads} threads; isa "
-          f"{mods['a'].isa()}; M={args.m}; {'packed-q8' if args.q8 else 'packed'}; medians of "
+          f"{mods['a'].isa()} / {mods['b'].isa()}; M={args.m}; {'packed-q8' if args.q8 else 'packed'}; medians of "
           f"{args.repeats} alternating repeats; {args.clock} clock")
     print("| what | weight MB | base ms | branch ms | branch / base | bits equal |")
     print("|---|---|---|---|---|---|")

@@ -375,3 +375,35 @@ def test_p2_a_delta_is_answer_text_unless_marked_reasoning() -> None:
     s.start("m")
     assert s.delta(b"x").reasoning is False
     assert s.delta(b"y", reasoning=True).reasoning is True
+
+
+def test_p3_two_blocking_readers_each_wake_when_the_other_has_left() -> None:
+    """P3: blocking readers are counted, not flagged: with two readers blocked, one leaving (its
+    timeout) must not stop the appends from waking the other; a 60 s wait returns within 10 s
+    of the append."""
+    s = RequestStream("r", model="m")
+    woke: list[bool] = []
+    stayer = threading.Thread(target=lambda: woke.append(s.wait_after(0, 60)))
+    stayer.start()
+    while s._sync_waiters < 1:
+        threading.Event().wait(0.005)
+    assert not s.wait_after(0, 0.2)  # NOTE: the second reader joins, then leaves on timeout
+    s.delta(b"x")
+    stayer.join(10)
+    assert not stayer.is_alive() and woke == [True]
+
+
+def test_l7_a_second_stream_buffer_release_frees_nothing() -> None:
+    """L7: an observer whose loop never ran the terminal's wake-up is still subscribed at the
+    release, which counts it once; a second release frees nothing, not the same listener
+    again."""
+    loop = asyncio.new_event_loop()
+    try:
+        s = RequestStream("r", model="m")
+        s.subscribe(lambda seq: None, loop)
+        s.delta(b"abc")
+        s.close(DONE)
+        assert s.release_live() == {"unacked_bytes": 3, "listeners": 1}
+        assert s.release_live() == {"unacked_bytes": 0, "listeners": 0}
+    finally:
+        loop.close()

@@ -82,7 +82,11 @@ class OutputSpec:
     past the context); ``budget_end``: the reason reaching it ends with, ``max_output_tokens``,
     or ``context_limit`` where the plan found no budget before the context (L4). The plan
     decides both, so the per-token checks compare the count with one number, once (G1: the
-    max-tokens check, then the context's, which a plan's budget always reaches first)."""
+    max-tokens check, then the context's, which a plan's budget always reaches first).
+
+    The engine's plan (:class:`coda.engine.plan.RequestPlan`) extends this class: the core
+    declares the part of the plan it reads, the engine hands it the plan itself (one frozen
+    object per request); the reference loop and the processor's tests build one directly."""
 
     max_tokens: int
     budget_end: FinishReason = FinishReason.MAX_OUTPUT_TOKENS

@@ -83,7 +83,7 @@ class EngineRequest(RequestRun):
         super().__init__(
             plan.request_id, None, trace, model=model, model_snapshot=model_snapshot,
             prompt_tokens=len(plan.prompt_token_ids),
-            arrival=arrival, output=plan.output, tokenizer=tokenizer,
+            arrival=arrival, output=plan, tokenizer=tokenizer,
             prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
             grammar_done=(closer.done if closer is not None else
                           grammar.is_terminated if grammar is not None else None),
@@ -411,7 +411,7 @@ class EngineCore:
             elif req.deadline is not None and self.clock() >= req.deadline:
                 self._finish(req, FinishReason.DEADLINE_EXCEEDED)
             elif req.processor.budget_spent:  # NOTE: a budget of 0: prefill only, no token
-                self._finish(req, req.plan.output.budget_end)
+                self._finish(req, req.plan.budget_end)
             else:
                 live.append((req, i, chunk.token_ids[chunk.num_tokens - chunk.num_draft:]))
         if not live:

@@ -50,24 +50,25 @@ class ModelLimits:
     default_max_tokens: int | None = None
 
 
-@dataclass(frozen=True)
-class RequestPlan:
-    """Everything the engine runs one request by, checked once (see the module doc).
+@dataclass(frozen=True, kw_only=True)
+class RequestPlan(OutputSpec):
+    """Everything the engine runs one request by, checked once (see the module doc): one
+    frozen object per request.
 
-    ``max_tokens``: the most output tokens the request may select (the token budget, held by
-    ``output``). ``output``: the per-token checks' rules (coda.output, G1 order: budget, context, EOS,
-    stops, K3 tail, reasoning split), fixed here and handed to the output processor as they
-    are; its ``budget_end`` is ``context_limit`` when no limit applies before the context
-    (L4). ``seed``: the
-    request's RNG seed, drawn here when none was asked (E). ``deadline_s`` is relative to
-    arrival (G3)."""
+    It *is* the request's per-token rules (:class:`~coda.output.OutputSpec`, its base: G1
+    order: budget, context, EOS, stops, K3 tail, reasoning split) plus what the engine alone
+    reads, so the output processor is handed the plan itself, typed by the part it reads (the
+    core never imports the engine, so the core declares that part and the plan extends it; no
+    second object holds a copy). ``max_tokens``: the most output tokens the request may
+    select (the token budget, its one name); its ``budget_end`` is ``context_limit`` when no
+    limit applies before the context (L4). ``seed``: the request's RNG seed, drawn here when
+    none was asked (E). ``deadline_s`` is relative to arrival (G3)."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
     seed: int
     limits: ModelLimits
-    output: OutputSpec
     grammar: GrammarSpec | None = None
     early_stop: EarlyStopPolicy | None = None
     deadline_s: float | None = None
@@ -80,21 +81,11 @@ class RequestPlan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_total_tokens",
-                           len(self.prompt_token_ids) + self.output.max_tokens)
-
-    @property
-    def max_tokens(self) -> int:
-        """The token budget: held once, by the per-token rules (``output.max_tokens``)."""
-        return self.output.max_tokens
-
+                           len(self.prompt_token_ids) + self.max_tokens)
 
     @property
     def logprobs(self) -> bool:
         return self.sampling.logprobs is not None
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.limits.eos_token_ids
 
     @property
     def closes_within_budget(self) -> bool:
@@ -151,7 +142,7 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
     # NOTE: L4: with the context as the limit, reaching it is context_limit, not
     # max_output_tokens; the budget never passes the context, so the per-token checks need
     # the one number and the reason it ends with (G1's context check is reached no earlier)
-    output = OutputSpec(
+    return RequestPlan(
         max_tokens=max_tokens,
         budget_end=FinishReason.CONTEXT_LIMIT if context_bound else FinishReason.MAX_OUTPUT_TOKENS,
         eos_token_ids=limits.eos_token_ids,
@@ -159,11 +150,10 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens, utf8_tail=req.utf8_tail,
         stops_end_at=(req.stops_end_at or "").encode(), min_tokens=req.sampling.min_tokens,
-        reasoning=req.reasoning)
-    return RequestPlan(
+        reasoning=req.reasoning,
         request_id=req.request_id or f"req-{uuid.uuid4().hex[:16]}",
         prompt_token_ids=prompt, sampling=req.sampling, seed=seed,
-        limits=limits, output=output, grammar=req.grammar, early_stop=req.early_stop,
+        limits=limits, grammar=req.grammar, early_stop=req.early_stop,
         deadline_s=req.deadline_s, backpressure=req.backpressure,
         speculative=req.speculative, prompt_logprobs=req.prompt_logprobs)
 

@@ -69,7 +69,7 @@ class GenerationRequest:
     backpressure: BackpressureConfig | None = None
     request_id: str | None = None
     utf8_tail: str = "auto"  # K3 tail policy: "auto" | "fail" | "drop" (coda.output)
-    # stop strings apply only up to the end of this text's first occurrence (step.OutputSpec)
+    # stop strings apply only up to the end of this text's first occurrence (coda.output.OutputSpec)
     stops_end_at: str | None = None
     # issue 23: split the reasoning block off the answer (coda.reasoning), with its budget
     reasoning: ReasoningSpec | None = None

@@ -155,3 +155,68 @@ def test_p5_every_write_counts_its_send_time_on_uvloop() -> None:
 
     seen = uvloop.run(main())
     assert all(s >= 2e-4 for s in seen), seen
+
+
+def _asgi_pair() -> tuple[Any, Any, list[dict[str, Any]]]:
+    """An ASGI ``receive``/``send`` pair that behaves as uvicorn's and httpx's: ``receive``
+    answers ``http.disconnect`` once the response's last message was sent."""
+    import asyncio
+
+    sent: list[dict[str, Any]] = []
+    complete = asyncio.Event()
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            complete.set()
+
+    async def receive() -> Any:
+        await complete.wait()
+        return {"type": "http.disconnect"}
+
+    return receive, send, sent
+
+
+def test_p4_the_last_write_completes_the_exchange_not_a_lost_client() -> None:
+    """P4 (issue 22: no exception per finished stream): the ASGI server reports
+    ``http.disconnect`` as soon as the response's last message is sent, and the watch may see
+    it before the write resumes; that is the exchange's end, so the last write returns (no
+    :class:`ClientGone` raised, nothing for the disconnect policy)."""
+    import asyncio
+
+    from coda.server.connection import Connection
+
+    async def main() -> list[dict[str, Any]]:
+        receive, send, sent = _asgi_pair()
+        conn = Connection(receive, send, write_timeout_s=5.0)
+        watch = asyncio.ensure_future(conn.watch())
+        await conn.start(200, [])
+        await conn.write(b"data: 1\n\n")
+        await conn.write(b"data: [DONE]\n\n", more_body=False)  # NOTE: must not raise
+        await asyncio.wait_for(watch, 5.0)  # NOTE: the watch saw the exchange's end
+        return sent
+
+    sent = asyncio.run(main())
+    assert [m.get("body") for m in sent[1:]] == [b"data: 1\n\n", b"data: [DONE]\n\n"]
+
+
+def test_p4_a_client_gone_before_the_last_write_is_still_lost() -> None:
+    """P4: the last write to a client that already left raises :class:`ClientGone` (the
+    exchange did not complete), as every other write does."""
+    import asyncio
+
+    from coda.server.connection import ClientGone, Connection
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    async def send(_message: Any) -> None:
+        return None
+
+    async def main() -> None:
+        conn = Connection(receive, send, write_timeout_s=5.0)
+        await conn.watch()
+        with pytest.raises(ClientGone):
+            await conn.write(b"data: [DONE]\n\n", more_body=False)
+
+    asyncio.run(main())

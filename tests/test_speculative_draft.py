@@ -35,6 +35,7 @@ from coda.trace import ListTraceSink
 from tests.conftest import LiveServer, examples
 from tests.draft_fixtures import cut_gguf, cut_hf
 from tests.engine_support import trace_problems_once_settled
+from tests.plain_memo import plain_run
 from tests.test_speculative import (
     _PARAMS,
     Result,
@@ -125,7 +126,7 @@ def test_t4_draft_model_outputs_equal_plain_decoding_alone_and_in_a_crowd(
     spec = _engine(server_checkpoint, server_checkpoint if which == "self" else pair, sink)
     try:
         reqs = _requests(16, plain.limits.vocab_size)
-        want = _run(plain, reqs, crowd=False)
+        want = plain_run(plain, reqs, crowd=False)
         for crowd in (False, True):
             got = _run(spec, reqs, crowd=crowd)
             _same(got, want)
@@ -147,7 +148,7 @@ def test_t4_l7_draft_model_after_preemption_equals_plain(server_checkpoint: Path
     preempted requests' draft state is dropped and rebuilt; outputs stay plain decoding's and
     every target and draft block comes back."""
     reqs = _requests(8, plain.limits.vocab_size, seed=3, max_tokens=40)
-    want = _run(plain, reqs, crowd=False)
+    want = plain_run(plain, reqs, crowd=False)
     small = _engine(server_checkpoint, pair, num_blocks=14)
     try:
         got = _run(small, reqs)
@@ -165,7 +166,7 @@ def test_l7_draft_model_prefix_cache_holds_only_accepted_tokens(
     (every cached block is a block of some request's prompt + output); a second run hits the
     cache and both runs equal plain decoding."""
     reqs = _requests(6, plain.limits.vocab_size, seed=11, max_tokens=40)
-    want = _run(plain, reqs)
+    want = plain_run(plain, reqs)
     cached = _engine(server_checkpoint, pair, enable_prefix_caching=True)
     try:
         assert all(n > 0 for n in _counts(prefix_cache_runs_equal_plain(cached, reqs, want)))
@@ -206,7 +207,7 @@ def test_a_failing_draft_forward_only_means_no_drafts(server_checkpoint: Path, p
     request: the draft state is dropped and rebuilt, the outputs equal plain decoding's and
     every target and draft block is free after."""
     reqs = _requests(6, plain.limits.vocab_size, seed=7)
-    want = _run(plain, reqs, crowd=False)
+    want = plain_run(plain, reqs, crowd=False)
     spec = _engine(server_checkpoint, pair)
     try:
         assert spec.drafter is not None
@@ -250,7 +251,7 @@ def test_property_draft_model_equals_plain_decoding(
     reqs = [GenerationRequest(tuple(prompt) + (40 + i,), sampling, max_tokens=max_tokens,
                               stop=(stop,) if stop and stop.strip() else (), utf8_tail="drop")
             for i in range(crowd)]
-    _same(_run(cut_engine, reqs), _run(plain, reqs))
+    _same(_run(cut_engine, reqs), plain_run(plain, reqs))
     assert _settled(cut_engine)
 
 
@@ -317,12 +318,11 @@ def _chat_streamed(client: openai.OpenAI, **kw: Any) -> tuple[str, list[Any], st
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 5}])
 def test_p2_t4_draft_model_server_streams_what_the_plain_server_streams(
-        server_checkpoint: Path, pair: Path, plain: AsyncEngine,
-        sampling: dict[str, Any]) -> None:
+        plain: AsyncEngine, cut_engine: AsyncEngine, sampling: dict[str, Any]) -> None:
     """P2, T4, L6: streamed chat through the openai client: the draft server's text,
     logprobs, finish reason and usage equal the plain server's; its last chunk reports the
     drafts (``coda.speculative``)."""
-    spec = _engine(server_checkpoint, pair)
+    spec = cut_engine  # NOTE: the target drafted for by its cut, as the property test's
     plain_live, spec_live = _live(plain), _live(spec)
     try:
         clients = [openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
@@ -334,7 +334,6 @@ def test_p2_t4_draft_model_server_streams_what_the_plain_server_streams(
     finally:
         spec_live.stop()
         plain_live.stop()
-        spec.shutdown()
 
 
 # ------------------------------------------------------------------------- SmolLM2 (real model)
@@ -344,6 +343,17 @@ def smollm_cut(smollm_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return cut_gguf(smollm_gguf, tmp_path_factory.mktemp("smol") / "smollm2-cut12.gguf", 12)
 
 
+SMOLLM_KW: dict[str, Any] = {"num_blocks": 96, "max_model_len": 512}
+
+
+@pytest.fixture(scope="module")
+def smollm_plain(smollm_gguf: Path) -> Iterator[AsyncEngine]:
+    """SmolLM2 decoding plainly: the reference of both drafts (its runs memoised, plain_memo)."""
+    engine = _engine(smollm_gguf, None, **SMOLLM_KW)
+    yield engine
+    engine.shutdown()
+
+
 def _chat_ids(engine: AsyncEngine, text: str) -> tuple[int, ...]:
     prompt = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
     return tuple(engine.tokenizer.encode(prompt).ids)
@@ -351,14 +361,13 @@ def _chat_ids(engine: AsyncEngine, text: str) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("which", ["self", "cut"])
 def test_t4_smollm2_draft_model_is_byte_identical(smollm_gguf: Path, smollm_cut: Path,
-                                                  which: str) -> None:
+                                                  smollm_plain: AsyncEngine, which: str) -> None:
     """T4, L6 on the real model (packed, batch-invariant): SmolLM2 drafting for itself
     accepts every greedy draft (the degenerate check) and the 12-block cut drafts for the
     full model; greedy and seeded T = 0.8, alone and streamed in a crowd, give plain
     decoding's text, tokens, logprobs, finish reason and usage; all blocks free after."""
-    kw: dict[str, Any] = {"num_blocks": 96, "max_model_len": 512}
-    plain = _engine(smollm_gguf, None, **kw)
-    spec = _engine(smollm_gguf, smollm_gguf if which == "self" else smollm_cut, **kw)
+    plain = smollm_plain
+    spec = _engine(smollm_gguf, smollm_gguf if which == "self" else smollm_cut, **SMOLLM_KW)
     try:
         ids = _chat_ids(plain, "List the days of the week, one per line.")
         ids2 = _chat_ids(plain, "Write a Python function that adds two numbers.")
@@ -368,7 +377,7 @@ def test_t4_smollm2_draft_model_is_byte_identical(smollm_gguf: Path, smollm_cut:
                                   max_tokens=24),
                 GenerationRequest(ids2, SamplingParams(temperature=0.0, logprobs=2),
                                   max_tokens=24)]
-        want = _run(plain, reqs, crowd=False)
+        want = plain_run(plain, reqs, crowd=False)
         got_alone = _run(spec, reqs, crowd=False)
         got_crowd = _streamed(spec, reqs)
         for got in (got_alone, got_crowd):
@@ -380,5 +389,4 @@ def test_t4_smollm2_draft_model_is_byte_identical(smollm_gguf: Path, smollm_cut:
             assert rejected == 0, "SmolLM2 drafting for itself must agree on every greedy draft"
         assert _settled(spec)
     finally:
-        plain.shutdown()
         spec.shutdown()

@@ -28,6 +28,7 @@ from coda.engine.types import GenerationRequest
 from coda.reasoning import ReasoningSpec
 from coda.trace import ListTraceSink
 from tests.engine_support import tiny_checkpoint, trace_problems_once_settled
+from tests.plain_memo import plain_run
 from tests.test_speculative import EAGER, Result, _run, _settled
 from tests.test_speculative_grammar import _engine, _looping, _same, _smollm_requests
 
@@ -73,7 +74,7 @@ def test_l4_forced_closing_path_is_drafted_accepted_and_equals_plain(
     cfg = FORCED_ONLY if config == "forced-only" else EAGER
     json_reqs = [r for r in _smollm_requests(plain) if r.grammar and r.grammar.json_schema]
     base = [replace(r, max_tokens=b) for r in json_reqs for b in (12, 16, 20, 24)]
-    want = _run(plain, base, crowd=False)
+    want = plain_run(plain, base, crowd=False)
     assert {w.finish_reason for w in want} == {"grammar_forced_close"}
     drafted_forced = 0
     for crowd in (False, True):
@@ -141,7 +142,7 @@ def test_k2_reasoning_budget_closer_is_drafted_accepted_and_equals_plain(tiny: A
     plain, spec, _ = tiny
     reqs, n_close = _reasoning_requests(plain)
     assert n_close >= 2  # NOTE: a closer of several ids: a multi-row forced path
-    want = _run(plain, reqs, crowd=False)
+    want = plain_run(plain, reqs, crowd=False)
     assert all("</think>" not in w.text for w in want)  # NOTE: the split removed the closer
     for crowd in (False, True):
         got = _run_with(spec, FORCED_ONLY, reqs, crowd)
@@ -164,7 +165,7 @@ def test_k2_reasoning_closer_is_drafted_after_the_guesses_that_reach_it(tiny: An
     grammar, alone and in a crowd."""
     plain, spec, sink = tiny
     reqs, n_close = _reasoning_requests(plain)
-    want = _run(plain, reqs, crowd=False)
+    want = plain_run(plain, reqs, crowd=False)
     spanned = 0
     for crowd in (False, True):
         named = [replace(r, request_id=f"closer-after-{crowd}-{i}") for i, r in enumerate(reqs)]
@@ -192,7 +193,7 @@ def test_k2_reasoning_closer_drafts_stop_at_the_budget(tiny: Any) -> None:
              for r in reqs[:2] for j in range(n_close)]
     tight = [replace(r, reasoning=replace(r.reasoning, budget_tokens=3)) for r in tight
              if r.reasoning is not None]
-    want = _run(plain, tight, crowd=False)
+    want = plain_run(plain, tight, crowd=False)
     got = _run_with(spec, FORCED_ONLY, tight, True)
     _same(got, want)
     assert any((g.speculative or {}).get("accepted", 0) > 0 for g in got)

@@ -34,6 +34,7 @@ from coda.server.tools import grammar_for, openai_plan
 from coda.trace import ListTraceSink
 from tests.conftest import examples
 from tests.engine_support import tiny_checkpoint, trace_problems_once_settled
+from tests.plain_memo import plain_run
 from tests.test_speculative import _PARAMS, EAGER, Result, _run, _settled, _streamed
 
 SCHEMA: dict[str, Any] = {
@@ -122,7 +123,7 @@ def test_t4_s1_json_schema_and_tool_call_with_prompt_lookup_equal_plain(smollm: 
     (greedy and seeded); every block is free after; the trace is one the engine could write."""
     plain, spec, sink = smollm
     reqs = _smollm_requests(plain)
-    want = _run(plain, reqs, crowd=False)
+    want = plain_run(plain, reqs, crowd=False)
     assert "grammar_complete" in {w.finish_reason for w in want}
     alone = _run(spec, reqs, crowd=False)
     _same(alone, want)
@@ -142,7 +143,7 @@ def test_l4_closer_forcing_inside_speculation_equals_plain(smollm: Any) -> None:
     json_reqs = [r for r in _smollm_requests(plain) if r.grammar and r.grammar.json_schema]
     reqs = [replace(r, max_tokens=b, request_id=f"close-{i}-{b}")
             for i, r in enumerate(json_reqs) for b in (16, 20, 24)]
-    want = _run(plain, reqs)
+    want = plain_run(plain, reqs)
     assert {w.finish_reason for w in want} == {"grammar_forced_close"}
     got = _run(spec, reqs)
     _same(got, want)
@@ -187,7 +188,7 @@ def test_t4_grammar_crowd_of_16_with_prompt_lookup_equals_plain(tiny: Any) -> No
     and seeded) alone and as one crowd equal plain decoding; drafts were accepted."""
     plain, spec, _ = tiny
     reqs = _tiny_requests(plain.limits.vocab_size, 16)
-    want = _run(plain, reqs, crowd=False)
+    want = plain_run(plain, reqs, crowd=False)
     for crowd in (False, True):
         got = _run(spec, reqs, crowd=crowd)
         _same(got, want)
@@ -202,7 +203,7 @@ def test_t4_l7_grammar_speculation_after_preemption_equals_plain(
     outputs stay plain decoding's, and every block comes back."""
     plain, _, model = tiny
     reqs = [*_tiny_requests(plain.limits.vocab_size, 8, seed=3), mate]
-    want = _run(plain, reqs, crowd=False)
+    want = plain_run(plain, reqs, crowd=False)
     small = _engine(model, "prompt-lookup", num_blocks=14)
     try:
         got = _run(small, reqs)
@@ -230,7 +231,7 @@ def test_t4_draft_model_under_a_grammar_equals_plain(tiny: Any, which: str,
     spec = _engine(model, draft=draft)
     try:
         reqs = _tiny_requests(plain.limits.vocab_size, 16, seed=4)
-        want = _run(plain, reqs, crowd=False)
+        want = plain_run(plain, reqs, crowd=False)
         for crowd in (False, True):
             got = _run(spec, reqs, crowd=crowd)
             _same(got, want)
@@ -271,12 +272,12 @@ def test_t4_reasoning_budget_with_prompt_lookup_equals_plain(tiny: Any) -> None:
                       reasoning=ReasoningSpec(inside=True, close_ids=close_ids, budget_tokens=m))
              for m in budgets]
     reqs = []
-    for r, w in zip(loose, _run(plain, loose), strict=True):
+    for r, w in zip(loose, plain_run(plain, loose), strict=True):
         think, answer = plain.tokenizer.decode(list(w.signature[0])).split("</think>")
         # NOTE: as tight as plain decoding's output: a byte consumed twice ends it early
         reqs.append(replace(r, grammar=GrammarSpec(
             regex=f"[a-f ]{{0,{len(think)}}}(</think>[a-f ]{{0,{len(answer)}}})?")))
-    want, got = _run(plain, reqs), _run(spec, reqs)
+    want, got = plain_run(plain, reqs), _run(spec, reqs)
     _same(got, want)
     assert {w.finish_reason for w in want} == {"max_output_tokens"}
     assert all("</think>" not in w.text for w in want)  # NOTE: the split removed the closer
@@ -290,7 +291,7 @@ def mate(tiny: Any) -> GenerationRequest:
     did not roll back ends the output early."""
     plain = tiny[0]
     loose = _looping(plain)
-    text = plain.tokenizer.decode(list(_run(plain, [loose])[0].signature[0]))
+    text = plain.tokenizer.decode(list(plain_run(plain, [loose])[0].signature[0]))
     return replace(loose, grammar=GrammarSpec(regex=f"[a-f ]{{0,{len(text)}}}"))
 
 
@@ -319,7 +320,7 @@ def test_property_constrained_speculation_equals_plain_decoding(
                               max_tokens=budget, utf8_tail="drop", grammar=spec_g)
             for i in range(crowd)]
     try:
-        want = _run(plain, reqs)
+        want = plain_run(plain, reqs)
     except Exception as exc:  # NOTE: a budget below the closer's shortest completion: a 4xx
         with pytest.raises(type(exc)):
             _run(spec, reqs)
@@ -328,7 +329,7 @@ def test_property_constrained_speculation_equals_plain_decoding(
     # grammar (the random model seldom copies the drawn ones): each example verifies some
     got = _run(spec, [*reqs, mate])
     _same(got[:-1], want)
-    _same(got[-1:], _run(plain, [mate]))
+    _same(got[-1:], plain_run(plain, [mate]))
     assert _accepted(got[-1:]) > 0
 
 

@@ -76,13 +76,15 @@ def test_t4_block_matmul_bits_are_the_same_on_every_isa(isa: str, m: int, n: int
     same_bits_as_scalar(isa, lambda: (lin(x), *quantize_rows(x)))
 
 
-def _attention_case(seed: int, d: int, group: int) -> Callable[[], Tensors]:
-    """Three sequences (prefill chunk, decode rows) over a shuffled block table, d, H/H_kv."""
+def _attention_case(seed: int, d: int, group: int, window: int = 0,
+                    scale: float = 3.0) -> Callable[[], Tensors]:
+    """Three sequences (prefill chunk, decode rows) over a shuffled block table, d, H/H_kv;
+    ``window`` > 0: a sliding-window layer; ``scale``: the size of q, k and v."""
     hkv, bs = 2, 4
     h = hkv * group
     lengths, news = [37, 9, 1], [5, 9, 1]
     tables = [[3, 0, 7, 1, 9, 2, 11, 4, 5, 6], [8, 10, 12], [13]]
-    qkv = _randn((sum(news), (h + 2 * hkv) * d), seed, 3.0)
+    qkv = _randn((sum(news), (h + 2 * hkv) * d), seed, scale)
     pos = torch.cat([torch.arange(n - k, n) for n, k in zip(lengths, news, strict=True)])
     inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     f = pos.float()[:, None] * inv[None, :]
@@ -96,7 +98,7 @@ def _attention_case(seed: int, d: int, group: int) -> Callable[[], Tensors]:
         rows = meta.rows
         assert rows is not None
         out = ops.attend(qkv, cos, sin, kv, meta.slot_mapping, rows.seq_of, meta.positions,
-                         rows.tables, h, hkv)
+                         rows.tables, h, hkv, window=window)
         return out, kv
 
     return run
@@ -109,6 +111,21 @@ def test_t4_attention_bits_are_the_same_on_every_isa(isa: str, d: int, group: in
     weighted values) give the scalar build's bits, at every supported head size."""
     for seed in range(3):
         same_bits_as_scalar(isa, _attention_case(seed, d, group))
+
+
+@pytest.mark.parametrize("isa", SIMD)
+@pytest.mark.parametrize(("d", "group", "window"), [(64, 3, 1), (64, 3, 4), (32, 1, 3),
+                                                    (128, 4, 6), (64, 5, 2)])
+def test_t4_attention_bits_with_a_window_and_far_scores_are_the_same_on_every_isa(
+        isa: str, d: int, group: int, window: int) -> None:
+    """T4: the same with a sliding window shorter than the rows of a chunk (rows of one
+    sequence that see different first keys: the AVX-512 build runs several rows' heads side by
+    side and masks each row's keys, issue 21), and with q, k, v scaled up so that scores span
+    hundreds (exp far into underflow, the max's first key decisive)."""
+    for seed in range(2):
+        same_bits_as_scalar(isa, _attention_case(seed, d, group, window))
+        same_bits_as_scalar(isa, _attention_case(seed + 7, d, group, window, scale=12.0))
+    same_bits_as_scalar(isa, _attention_case(3, d, group, 0, scale=12.0))
 
 
 @pytest.mark.parametrize("isa", SIMD)

@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.engine.rng import counter_uniforms, row_keys
-from coda.engine.sampler import Sampler, SamplingRow, TokenDecision, _draw
+from coda.engine.sampler import Sampler, SamplingRow, TokenDecision, _draw, _row_max
 from coda.errors import ModelError
 from coda.sampling import SamplingParams
+from tests.conftest import examples
 
 SAMPLER = Sampler()
 
@@ -49,6 +50,23 @@ def test_greedy_is_argmax_and_ignores_seed() -> None:
     decisions = SAMPLER.sample(logits, rows)
     assert [d.token_id for d in decisions] == logits.argmax(-1).tolist()
     assert all(d.greedy for d in decisions)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(rows=st.lists(st.lists(st.sampled_from([0.0, -0.0, 1.5, -2.0, 3.0, float("inf"),
+                                               float("-inf"), 1e-30]),
+                              min_size=1, max_size=12), min_size=1, max_size=4),
+       width=st.integers(1, 12))
+def test_t4_greedy_row_max_is_torch_max_first_index_ties_and_signed_zeros(
+        rows: list[list[float]], width: int) -> None:
+    """T4 / issue 21: the sampler's fast row maximum (numpy's argmax on the CPU) picks what
+    torch's ``max(-1)`` picks, the FIRST maximal index, with ties, -0.0 beside +0.0, +-inf and
+    all -inf rows; the value is that logit's."""
+    x = torch.tensor([(r * width)[:width] for r in rows], dtype=torch.float32)
+    best, idx = _row_max(x)
+    want_best, want_idx = x.max(-1)
+    assert idx.dtype == torch.int64 and torch.equal(idx, want_idx)
+    assert torch.equal(best.view(torch.int32), want_best.view(torch.int32))
 
 
 def test_top_k_one_is_greedy_at_any_temperature() -> None:

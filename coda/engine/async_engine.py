@@ -34,6 +34,7 @@ from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.speculative import SpeculativeConfig, refusal
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
+from coda.engine.verify_costs import VerifyCosts
 from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
@@ -93,8 +94,13 @@ class AsyncEngine:
         if (config.speculative == "draft") != (drafter is not None):
             raise ValueError("--speculative draft runs with a loaded --draft-model, and only then")
         self.drafter = drafter  # NOTE: issue 21 item 2 (coda.engine.draft)
+        # NOTE: prompt lookup prices k by this engine's measured batch-1 verifications, on the
+        # engine thread's CPU time on the CPU (coda.engine.verify_costs)
+        costs = VerifyCosts(SpeculativeConfig.k_max, SpeculativeConfig.step_rows,
+                            clock=time.thread_time if runner.device.type == "cpu"
+                            else time.monotonic)
         self.speculative = (None if config.speculative == "off" else
-                            DRAFT_CONFIG if drafter is not None else SpeculativeConfig())
+                            DRAFT_CONFIG if drafter is not None else SpeculativeConfig(costs=costs))
         self.kv_reason = kv_reason
         self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
         if trace is None:
@@ -113,7 +119,9 @@ class AsyncEngine:
                                           scoring_rows=min(rows, config.long_prefill_chunk)),
                           blocks)
         self.core = EngineCore(runner, sched, self.tokenizer, trace,
-                               max_forward_retries=config.max_forward_retries, drafter=drafter)
+                               max_forward_retries=config.max_forward_retries, drafter=drafter,
+                               verify_costs=None if self.speculative is None
+                               else self.speculative.costs)
         self._inbox: deque[EngineRequest] = deque()
         # NOTE: work that must run on the engine thread between steps (embeddings)
         self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()

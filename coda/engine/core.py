@@ -41,6 +41,7 @@ from coda.engine.speculative import (
     verify_constrained,
     verify_rows,
 )
+from coda.engine.verify_costs import VerifyCosts
 from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
@@ -141,7 +142,8 @@ class EngineCore:
                  trace: TraceSink, *, sampler: Sampler | None = None,
                  max_forward_retries: int = 1,
                  clock: Callable[[], float] = time.monotonic,
-                 drafter: Drafter | None = None) -> None:
+                 drafter: Drafter | None = None,
+                 verify_costs: VerifyCosts | None = None) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.tokenizer = tokenizer
@@ -154,6 +156,7 @@ class EngineCore:
         self.num_retries_total = 0
         self._tracing = not isinstance(trace, tr.NullTraceSink)
         self.drafter = drafter  # issue 21 item 2: draft-model drafting (coda.engine.draft)
+        self.verify_costs = verify_costs  # issue 21: prompt lookup's k by measured forwards
         # O1, echo: requests still scoring their prompt (every row's logits; no prefix reuse)
         self._scoring: set[int] = set()
 
@@ -296,6 +299,8 @@ class EngineCore:
         try:
             if self.drafter is not None:  # NOTE: drafts are priced by the step's measured cost
                 return self.drafter.timed_forward(self.runner.execute, chunks), {}
+            if self.verify_costs is not None:
+                return self.verify_costs.timed(self.runner.execute, chunks), {}
             return self.runner.execute(chunks), {}
         except Exception as exc:  # isolate the culprit(s)
             log.warning("batch forward failed (%r); isolating", exc)

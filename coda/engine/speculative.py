@@ -15,7 +15,10 @@ tokens-per-row rate of the step without it, ``N / (F + N)`` for ``N`` sequences 
 So ``k`` is the largest ``j <= k_max`` with ``a**j > N / (F + N)``: long runs at batch 1 when
 the request copies, fewer drafts in a crowd (where a row costs everyone's latency), and none
 once acceptance stays low (the request then decodes plainly to its end, but where a longer
-match says it copies again). A longer match is surer: drafts after a suffix match of ``n``
+match says it copies again). At batch 1 an engine that times its verifications
+(``SpeculativeConfig.costs``, :mod:`coda.engine.verify_costs`: the serving engine does) gives
+instead the ``k`` with the most expected tokens per measured second: a row's cost is neither
+one constant across machines nor a line (the kernels' row tiles make it a staircase). A longer match is surer: drafts after a suffix match of ``n``
 tokens are priced with ``a_n = 1 - (1 - a) * sqrt(min_ngram / n)`` (:meth:`SpecState.
 acceptance_at`; on the benchmark's copy-heavy outputs a 6-token match was followed by 5 to 13
 accepted tokens, a 2-token match by about one; docs/speculative.md "What limits the speedup").
@@ -89,7 +92,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -103,6 +106,7 @@ from coda.reasoning import Phase
 
 if TYPE_CHECKING:
     from coda.engine.closure import BudgetCloser
+    from coda.engine.verify_costs import VerifyCosts
 
 MODES = ("off", "prompt-lookup", "draft")  # NOTE: draft: coda.engine.draft
 _UNBOUNDED = 1 << 30
@@ -119,6 +123,9 @@ class SpeculativeConfig:
     prior_accept: float = 0.65  # a request's per-token acceptance before any verification
     prior_weight: int = 4      # ... worth this many verified tokens
     window: int = 8            # verifications the acceptance is estimated over
+    # NOTE: the engine's measured verifications (coda.engine.verify_costs): at batch 1 they
+    # price k instead of step_rows; None (tests, a draft model): the row rule alone
+    costs: VerifyCosts | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram or self.k_max < 1:
@@ -183,8 +190,12 @@ class SpecState:
 
     def k_for(self, rows: int, acceptance: float | None = None) -> int:
         """Drafts worth their rows in a step of ``rows`` sequences (module docstring), at
-        ``acceptance`` (default: the request's :attr:`acceptance`)."""
+        ``acceptance`` (default: the request's :attr:`acceptance`); at batch 1 on an engine
+        that measures its verifications, the ``k`` they price best (``config.costs``)."""
         a = self.acceptance if acceptance is None else acceptance
+        costs = self.config.costs
+        if rows == 1 and costs is not None and (k := costs.choose(a, self.config.k_max)) is not None:
+            return k
         threshold = rows / (self.config.step_rows + rows)
         k, chance = 0, a
         while k < self.config.k_max and chance > threshold:

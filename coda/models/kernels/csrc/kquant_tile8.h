@@ -1,7 +1,7 @@
 // The exact-mode K-quant matmul for 8 input rows (batch-8 decode; issue 18 item 3), AVX-512
-// build only: one 8-row register tile decodes each 16-weight chunk once for all 8 rows (the
-// 4-row tiles of kquant_fused.h decode it twice: at M = 8 the decode was a third of the vector
-// work beside the 8 FMAs per chunk and output).
+// build only: one 8-row register tile decodes each 16-weight chunk once for all 8 rows (two
+// 4-row tiles of kquant_fused.h decode it twice: per chunk and output 8 FMAs beside two decodes
+// of ~3 vector uops each, on the same two 512-bit ports).
 //
 // Eight rows of x are 8 K floats (64 KiB at K = 2048), more than L1 holds beside the weights, so
 // the tile runs K-blocked: x is packed once per call chunk-major ([K / 16][8][16], one base
@@ -10,11 +10,11 @@
 // across the block's tiles), and each tile's 16 accumulators wait in a small array between
 // spans (16 loads and 16 stores per 32 chunks of 16 FMAs).
 //
-// Bits: the same decode (kquant_decode.h's chunk, or for Q4_K its table lookup written per
-// sub-block pair) and, per output, the same products into the same lane in increasing k, then
-// tree16, then + bias: the canonical order of isa.h. An accumulator parked in memory between
-// spans and reloaded is the same float, so the blocking changes no bit
-// (tests/test_kernel_isa.py, tests/test_kquant_kernel.py compare with the scalar build).
+// Bits: the same decode (kquant_decode.h's chunk) and, per output, the same products into the
+// same lane in increasing k, then tree16, then + bias: the canonical order of isa.h. An
+// accumulator parked in memory between spans and reloaded is the same float, so the blocking
+// changes no bit (tests/test_kquant_tile8.py, tests/test_kquant_kernel.py compare with the
+// scalar build).
 // Included by kquant_fused.h only (which defines CODA_AI).
 #pragma once
 
@@ -30,6 +30,9 @@ constexpr int R8 = 8;         // input rows of the tile (the batch it serves)
 constexpr int G8 = 2;         // outputs per tile: 16 accumulators, 2 weights, x, decode temporaries
 constexpr int64_t KS8 = 2;    // super-blocks per span: 8 x 512 floats of x = 16 KiB
 constexpr int NB8 = 32;       // outputs per block: their partial sums 32 x 8 x 64 B = 16 KiB
+// NOTE: measured on a Sapphire Rapids core (1B step, batch 8): G8 = 3 1.04-1.09x the time (24
+// accumulators leave too few registers), KS8 = 8 (x spans 64 KiB, out of L1) 1.14x, KS8 = 4 and
+// NB8 = 16 or 64 within the noise (KS8 = 4 would overflow a 32 KiB L1)
 
 // x [8, K] (row-major) -> xp [K / 16][8][16]: chunk i of row r at xp + (i * 8 + r) * 16.
 inline void pack8(const float* x, int64_t K, float* xp) {
@@ -45,10 +48,9 @@ struct Tile8 {
   // w[g] * x[r] into acc[r][g]; x: the chunk's 8 rows (16 floats each, consecutive).
   CODA_AI void fma(const W16* w, const float* x) {
     for (int r = 0; r < R8; ++r) {
-      __m512 xv = _mm512_load_ps(x + r * 16);
-      // NOTE: one load per row for G FMAs (GCC otherwise folds the load into every FMA: the
-      // loads then outnumber what the two load ports serve beside the decode's)
-      if (G > 1) __asm__("" : "+v"(xv));
+      // NOTE: GCC folds this load into each of the G FMAs (a micro-fused memory operand):
+      // measured no slower than one load kept in a register per row (docs/quantization.md)
+      const __m512 xv = _mm512_load_ps(x + r * 16);
       for (int g = 0; g < G; ++g) acc[r][g] = _mm512_fmadd_ps(w[g], xv, acc[r][g]);
     }
   }
@@ -63,23 +65,6 @@ struct Tile8 {
   template <int... I>
   CODA_AI void block(const uint8_t* const* blk, const Scales* s, const float* x) {
     (step<I>(blk, s, x), ...);
-  }
-
-  // Q4_K: chunks 4c .. 4c + 3 (sub-blocks 2c and 2c + 1) with c a loop index, not unrolled
-  // (chunk's lookup, one table and one widened load per two chunks; a quarter of the code)
-  CODA_AI void quad(const uint8_t* const* blk, const Scales* s, int c, const float* x) {
-    W16 w[4][G];
-    for (int g = 0; g < G; ++g) {
-      const __m512i q0 = _mm512_cvtepu8_epi32(ld16(blk[g] + 16 + c * 32));
-      const __m512i q1 = _mm512_cvtepu8_epi32(ld16(blk[g] + 16 + c * 32 + 16));
-      const __m512 t0 = q4k_table(s[g].a[2 * c], s[g].b[2 * c]);
-      const __m512 t1 = q4k_table(s[g].a[2 * c + 1], s[g].b[2 * c + 1]);
-      w[0][g] = _mm512_permutexvar_ps(q0, t0);
-      w[1][g] = _mm512_permutexvar_ps(q1, t0);
-      w[2][g] = _mm512_permutexvar_ps(_mm512_srli_epi32(q0, 4), t1);
-      w[3][g] = _mm512_permutexvar_ps(_mm512_srli_epi32(q1, 4), t1);
-    }
-    for (int i = 0; i < 4; ++i) fma(w[i], x + (4 * c + i) * R8 * 16);
   }
 };
 
@@ -107,12 +92,10 @@ __attribute__((noinline)) void span8(const uint8_t* const* row, const uint8_t* c
     // NOTE: as run's: the scales broadcast from memory, not shuffled out of registers
     const Scales* sp = s;
     __asm__("" : "+r"(sp));
-    const float* x = xs + (b - b0) * QKK_ * R8;
-    if (T == Q4_K) {
-      for (int c = 0; c < 4; ++c) t.quad(blk, sp, c, x);
-    } else {
-      t.template block<0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>(blk, sp, x);
-    }
+    // NOTE: Q4_K too: a loop over its 4 pairs of sub-blocks (a quarter of the code) measured
+    // no faster than this unrolled block
+    t.template block<0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15>(
+        blk, sp, xs + (b - b0) * QKK_ * R8);
   }
   if (last) {
     for (int r = 0; r < R8; ++r)

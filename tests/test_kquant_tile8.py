@@ -1,12 +1,14 @@
-"""The 8-row K-quant tile (issue 18 item 3; SPEC T4): a batch of exactly 8 rows runs every
-K-quant tensor through one 8-row register tile on the AVX-512 build (``csrc/kquant_tile8.h``:
-x packed once per call, outputs in blocks, K in spans, partial sums parked between spans).
+"""The 8-row K-quant tile (issue 18 item 3; SPEC T4): a batch of 6..8 rows runs every K-quant
+tensor through one 8-row register tile on the AVX-512 build (``csrc/kquant_tile8.h``: x packed
+once per call, 6 or 7 rows padded with zero rows whose outputs are never written; outputs in
+blocks, K in spans, partial sums parked between spans).
 
 Its bits are the scalar build's for every K-quant type, with the shapes that exercise the
 blocking: more outputs than a block with a partial last block and an odd tail (a one-output
 tile), parts of different types whose ends fall inside a block, an odd number of super-blocks
 (a short last span), a row map, biases, and 1 or 3 threads (ranges that cut blocks). Each row's
-bits are also the row's alone (the one-row kernel), so batch 8 changes no token (T4). Every build
+bits are also the row's alone (the one-row kernel), so a batch of 6..8 changes no token (T4), and
+a padding row never reaches the output (the rows after the batch stay as they were). Every build
 the CPU has is checked (AVX2 and scalar take their other paths to the same bits).
 """
 
@@ -56,6 +58,25 @@ def test_t4_eight_rows_give_the_scalar_bits_and_each_row_alone(qtype: str) -> No
             assert _same(lin(x), want), isa
             for r in (0, 5, 7):
                 assert _same(lin(x[r:r + 1])[0], want[r]), (isa, r)
+
+
+@pytest.mark.parametrize("m", [5, 6, 7])
+def test_t4_six_and_seven_rows_pad_the_tile_and_write_only_their_rows(m: int) -> None:
+    """T4: 6 and 7 rows (the padded 8-row tile) and 5 (two row tiles) give the scalar build's
+    bits on every build; the padding rows write nothing: a view of the first m rows of a
+    larger output buffer leaves the rows after it untouched."""
+    lin = _lin([("Q4_K", 37), ("Q6_K", 32)], 15)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(16))
+    with using_isa("scalar"):
+        want = lin(x)
+    for isa in kernel_isas():
+        with using_isa(isa):
+            assert _same(lin(x), want), (isa, m)
+            out = torch.full((8, lin.out_features), 7.0)
+            native().kq_linear(x.data_ptr(), m, K, lin._table.data_ptr(), len(lin.segments),
+                               out.data_ptr())
+            assert _same(out[:m], want), (isa, m)
+            assert bool((out[m:] == 7.0).all()), (isa, m)
 
 
 def test_t4_eight_rows_of_mixed_parts_on_1_and_3_threads() -> None:

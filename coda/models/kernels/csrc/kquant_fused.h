@@ -148,7 +148,7 @@ inline void run(const uint8_t* const* row, const uint8_t* const* next, const flo
     }
 }
 
-// The widest row tile each build keeps in registers with G outputs (AVX-512 at exactly 8 rows:
+// The widest row tile each build keeps in registers with G outputs (AVX-512 at 6..8 rows:
 // kquant_tile8.h's 8-row tile, called by kquant_kernels.h's linear).
 #if CODA_ISA == CODA_AVX512
 constexpr int RT = 4, GMAX = 4;

@@ -26,7 +26,11 @@ namespace CODA_NS {
 namespace kq {
 namespace fused {
 
-constexpr int R8 = 8;         // input rows of the tile (the batch it serves)
+constexpr int R8 = 8;         // input rows of the tile
+// NOTE: 6 and 7 rows run it too, padded with zero rows whose outputs are not written: one
+// decode for 8 rows beat a 4-row tile plus a 2- or 3-row tile, which decode every chunk twice
+// (measured 0.93x and 0.85x the time; at 5 rows even, 1.02x)
+constexpr int64_t TILE8_MIN = 6;
 constexpr int G8 = 2;         // outputs per tile: 16 accumulators, 2 weights, x, decode temporaries
 constexpr int64_t KS8 = 2;    // super-blocks per span: 8 x 512 floats of x = 16 KiB
 constexpr int NB8 = 32;       // outputs per block: their partial sums 32 x 8 x 64 B = 16 KiB
@@ -34,11 +38,13 @@ constexpr int NB8 = 32;       // outputs per block: their partial sums 32 x 8 x 
 // accumulators leave too few registers), KS8 = 8 (x spans 64 KiB, out of L1) 1.14x, KS8 = 4 and
 // NB8 = 16 or 64 within the noise (KS8 = 4 would overflow a 32 KiB L1)
 
-// x [8, K] (row-major) -> xp [K / 16][8][16]: chunk i of row r at xp + (i * 8 + r) * 16.
-inline void pack8(const float* x, int64_t K, float* xp) {
+// x [M, K] (row-major, M <= 8) -> xp [K / 16][8][16]: chunk i of row r at xp + (i * 8 + r) * 16,
+// rows M..7 zero.
+inline void pack8(const float* x, int64_t M, int64_t K, float* xp) {
   for (int64_t i = 0; i < K / 16; ++i)
     for (int r = 0; r < R8; ++r)
-      _mm512_store_ps(xp + (i * R8 + r) * 16, _mm512_loadu_ps(x + r * K + i * 16));
+      _mm512_store_ps(xp + (i * R8 + r) * 16,
+                      r < M ? _mm512_loadu_ps(x + r * K + i * 16) : _mm512_setzero_ps());
 }
 
 template <int T, int G>
@@ -69,13 +75,14 @@ struct Tile8 {
 };
 
 // Outputs row[0..G) over super-blocks [b0, b1) for the 8 rows of xs (the span's packed x);
-// partial sums from / to ab[g * 8 + r] unless first / last (then y[r * ldy + g] (+ bias[g])).
+// partial sums from / to ab[g * 8 + r] unless first / last (then y[r * ldy + g] (+ bias[g])
+// for the m real rows).
 // pf[g]: bytes to prefetch, one super-block's worth per super-block (null: none).
 template <int T, int G>
 __attribute__((noinline)) void span8(const uint8_t* const* row, const uint8_t* const* pf,
                                      int64_t b0, int64_t b1, const float* xs, __m512* ab,
                                      bool first, bool last, const float* bias, float* y,
-                                     int64_t ldy) {
+                                     int64_t ldy, int m) {
   constexpr int64_t bb = T == Q2_K ? 84 : T == Q3_K ? 110 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
   Tile8<T, G> t;
   for (int r = 0; r < R8; ++r)
@@ -100,6 +107,7 @@ __attribute__((noinline)) void span8(const uint8_t* const* row, const uint8_t* c
   if (last) {
     for (int r = 0; r < R8; ++r)
       for (int g = 0; g < G; ++g) {
+        if (r >= m) continue;  // NOTE: a padding row: computed, never written
         const float v = tree16(::coda_native::CODA_NS::F16{t.acc[r][g]});
         y[r * ldy + g] = bias ? v + bias[g] : v;
       }
@@ -113,7 +121,7 @@ __attribute__((noinline)) void span8(const uint8_t* const* row, const uint8_t* c
 // (prefetched during this block's last span).
 template <int T>
 void block8(const uint8_t* const* row, const uint8_t* const* nrow, int nb, const float* xp,
-            int64_t K, const float* bias, float* y, int64_t ldy) {
+            int64_t K, const float* bias, float* y, int64_t ldy, int m) {
   constexpr int64_t bb = T == Q2_K ? 84 : T == Q3_K ? 110 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
   alignas(64) __m512 ab[NB8 * R8];
   const int64_t nsb = K / QKK_;
@@ -128,15 +136,16 @@ void block8(const uint8_t* const* row, const uint8_t* const* nrow, int nb, const
         pf[g] = last ? nrow[j + g] : row[j + g] + b1 * bb;
       const float* bj = bias ? bias + j : nullptr;
       if (nb - j >= G8)
-        span8<T, G8>(row + j, pf, b0, b1, xs, ab + j * R8, first, last, bj, y + j, ldy);
+        span8<T, G8>(row + j, pf, b0, b1, xs, ab + j * R8, first, last, bj, y + j, ldy, m);
       else
-        span8<T, 1>(row + j, pf, b0, b1, xs, ab + j * R8, first, last, bj, y + j, ldy);
+        span8<T, 1>(row + j, pf, b0, b1, xs, ab + j * R8, first, last, bj, y + j, ldy, m);
     }
   }
 }
 
-// Outputs [n0, n1) of an 8-row call (c.M == 8, fits(c)), x packed by pack8 into xp.
+// Outputs [n0, n1) of a call of TILE8_MIN..8 rows (fits(c)), x packed by pack8 into xp.
 inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
+  const int m = static_cast<int>(c.M);
   int s = 0;
   int64_t first = 0;
   auto locate = [&c](int64_t n, int& seg, int64_t& f) {
@@ -169,11 +178,11 @@ inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
     const float* bias = q.bias ? q.bias + i0 : nullptr;
     float* y = c.y + n;
     switch (q.type) {
-      case Q4_K: block8<Q4_K>(row, nrow, nb, xp, c.K, bias, y, c.N); break;
-      case Q5_K: block8<Q5_K>(row, nrow, nb, xp, c.K, bias, y, c.N); break;
-      case Q6_K: block8<Q6_K>(row, nrow, nb, xp, c.K, bias, y, c.N); break;
-      case Q3_K: block8<Q3_K>(row, nrow, nb, xp, c.K, bias, y, c.N); break;
-      default: block8<Q2_K>(row, nrow, nb, xp, c.K, bias, y, c.N); break;
+      case Q4_K: block8<Q4_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+      case Q5_K: block8<Q5_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+      case Q6_K: block8<Q6_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+      case Q3_K: block8<Q3_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+      default: block8<Q2_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
     }
     n += nb;
   }

@@ -179,6 +179,16 @@ CODA_AI void scales(const uint8_t* blk, Scales& s) {
   }
 }
 
+#if CODA_ISA == CODA_AVX512
+// Q4_K's lookup table for one sub-block: the weights q a + b of the 16 codes q. One fma: q a is
+// exact (4 bits times a's 17: a = d * sc, an 11-bit half times a 6-bit integer), so
+// fma(q, a, b) rounds once, as kquants.h's d1 * q - m1 does (b = -m1).
+CODA_AI __m512 q4k_table(float a, float b) {
+  return _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+#endif
+
 // Weights 16 i .. 16 i + 15 of a super-block (kquants.h's layouts and formulas).
 template <int T, int I>
 CODA_AI W16 chunk(const uint8_t* blk, const Scales& s) {
@@ -190,11 +200,7 @@ CODA_AI W16 chunk(const uint8_t* blk, const Scales& s) {
     // (vpermps reads the low 4 bits of each index: the high nibble needs a shift, no mask);
     // a table and a widened load serve two chunks (the compiler shares them)
     const __m512i q = _mm512_cvtepu8_epi32(ld16(blk + 16 + c * 32 + half * 16));
-    const __m512 table = _mm512_add_ps(
-        _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                      _mm512_set1_ps(s.a[I / 2])),
-        _mm512_set1_ps(s.b[I / 2]));
-    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(q, 4) : q, table);
+    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(q, 4) : q, q4k_table(s.a[I / 2], s.b[I / 2]));
 #else
     return fmaw(codes16(bits(ld16(blk + 16 + c * 32 + half * 16), 4 * h, 15)), s.a[I / 2], s.b[I / 2]);
 #endif

@@ -148,7 +148,8 @@ inline void run(const uint8_t* const* row, const uint8_t* const* next, const flo
     }
 }
 
-// The widest row tile each build keeps in registers with G outputs.
+// The widest row tile each build keeps in registers with G outputs (AVX-512 at 6..8 rows:
+// kquant_tile8.h's 8-row tile, called by kquant_kernels.h's linear).
 #if CODA_ISA == CODA_AVX512
 constexpr int RT = 4, GMAX = 4;
 #else
@@ -250,6 +251,9 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
 }  // namespace kq
 }  // namespace CODA_NS
 }  // namespace coda_native
+
+// NOTE: the 8-row tile (AVX-512, M = 8) is in its own file (size); it uses CODA_AI
+#include "kquant_tile8.h"
 
 #undef CODA_AI
 #endif  // CODA_ISA != CODA_SCALAR

@@ -8,8 +8,9 @@
 // updated in increasing k with a fused multiply-add; then tree16; then + bias. AVX2 holds the
 // 16 lanes as two 8-lane registers, AVX-512 as one, scalar as an array.
 //
-// Decode batches (AVX-512: up to FUSED_M = 8 rows; AVX2: 1) of K-quant tensors run the register
-// kernel of kquant_fused.h instead (no span buffer; same operations, same order, same bits).
+// Decode batches (AVX-512: up to FUSED_M = 8 rows, 6..8 through the 8-row tile of
+// kquant_tile8.h; AVX2: 1) of K-quant tensors run the register kernel of kquant_fused.h instead
+// (no span buffer; same operations, same order, same bits).
 // Decode once, use for every row: a span of KC weights of G = 4 output rows is decoded into a
 // small L1 buffer and multiplied into the accumulators of every input row of the row block
 // (MB rows), whose partial sums wait in a small array between spans; the G outputs run side by
@@ -218,6 +219,20 @@ constexpr int64_t FUSED_M = 1;
 #endif
 
 inline void linear(const KqCall& c) {
+#if CODA_ISA == CODA_AVX512
+  // NOTE: 6..8 rows: one 8-row tile (kquant_tile8.h) on x packed once per call (shared by the
+  // threads), not two row tiles that decode every weight twice; the same bits
+  if (c.M >= fused::TILE8_MIN && fused::fits(c, FUSED_M)) {
+    // malloc, not std::vector: no std template is instantiated in an ISA build (isa.h)
+    float* xp = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * fused::R8 * c.K));
+    if (xp) {
+      fused::pack8(c.x, c.M, c.K, xp);
+      pool::parallel_for(c.N, 16, [&c, xp](int64_t n0, int64_t n1) { fused::range8(c, xp, n0, n1); });
+      std::free(xp);
+      return;
+    }
+  }
+#endif
 #if CODA_ISA != CODA_SCALAR
   if (fused::fits(c, FUSED_M)) {
     pool::parallel_for(c.N, 16, [&c](int64_t n0, int64_t n1) { fused::range(c, n0, n1); });

@@ -205,11 +205,8 @@ inline bool fits(const KqCall& c, int64_t max_m) {
 inline void range(const KqCall& c, int64_t n0, int64_t n1) {
   int s = 0;
   int64_t first = 0;
-  auto locate = [&c](int64_t n, int& seg, int64_t& f) {
-    while (n >= f + c.segs[seg].rows) f += c.segs[seg++].rows;
-  };
   for (int64_t n = n0; n < n1;) {
-    locate(n, s, first);
+    locate(c, n, s, first);
     const KqSeg& q = c.segs[s];
     const int64_t i0 = n - first;
     const int gw = gwidth(q.type);
@@ -227,7 +224,7 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
       for (int j = 0; j < gw; ++j) {
         const int64_t m = n + 2 * gw + j;
         if (m >= n1) break;
-        locate(m, t, f);
+        locate(c, m, t, f);
         const KqSeg& u = c.segs[t];
         if (u.row_bytes != q.row_bytes) break;
         const int64_t i = m - f;

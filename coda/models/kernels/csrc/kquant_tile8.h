@@ -148,11 +148,8 @@ inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
   const int m = static_cast<int>(c.M);
   int s = 0;
   int64_t first = 0;
-  auto locate = [&c](int64_t n, int& seg, int64_t& f) {
-    while (n >= f + c.segs[seg].rows) f += c.segs[seg++].rows;
-  };
   for (int64_t n = n0; n < n1;) {
-    locate(n, s, first);
+    locate(c, n, s, first);
     const KqSeg& q = c.segs[s];
     const int64_t i0 = n - first;
     // NOTE: a block stays inside one segment (one type, one bias)
@@ -169,7 +166,7 @@ inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
       for (int j = 0; j < nb; ++j) {
         const int64_t m = n + nb + j;
         if (m >= n1) break;
-        locate(m, t, f);
+        locate(c, m, t, f);
         const KqSeg& u = c.segs[t];
         const int64_t i = m - f;
         nrow[j] = u.base + (u.row_map ? u.row_map[i] : i) * u.row_bytes;

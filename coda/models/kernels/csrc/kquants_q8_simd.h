@@ -87,11 +87,8 @@ inline void range(const KqCall& c, const int8_t* xq, const int16_t* bs, const fl
   const int64_t nb = c.K / QKK;
   int s = 0;
   int64_t first = 0;
-  auto locate = [&c](int64_t n, int& seg, int64_t& f) {
-    while (n >= f + c.segs[seg].rows) f += c.segs[seg++].rows;
-  };
   for (int64_t n = n0; n < n1;) {
-    locate(n, s, first);
+    locate(c, n, s, first);
     const KqSeg& q = c.segs[s];
     const int64_t i0 = n - first;
     const int64_t left = (n1 - n) < (q.rows - i0) ? (n1 - n) : (q.rows - i0);
@@ -108,7 +105,7 @@ inline void range(const KqCall& c, const int8_t* xq, const int16_t* bs, const fl
       for (int j = 0; j < G; ++j) {
         const int64_t m = n + g + j;
         if (m >= n1) break;
-        locate(m, t, f);
+        locate(c, m, t, f);
         const KqSeg& u = c.segs[t];
         if (u.row_bytes != q.row_bytes) break;
         const int64_t i = m - f;

@@ -112,6 +112,12 @@ struct KqCall {
   float* y;
 };
 
+// The segment holding output n, walking forward from (seg, first), the segment's first output:
+// a range's outputs only increase (the three K-quant range walkers share it).
+inline void locate(const KqCall& c, int64_t n, int& seg, int64_t& first) {
+  while (n >= first + c.segs[seg].rows) first += c.segs[seg++].rows;
+}
+
 struct Kernels {
   const char* name;
   void (*linear)(const LinearCall&);

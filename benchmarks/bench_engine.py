@@ -71,7 +71,7 @@ class StepProbe:
             used = bm.num_blocks - bm.num_free_blocks
             if used > self.peak_blocks:
                 self.peak_blocks = used
-                self.peak_resident = sum(r.seq.num_computed_tokens for r in core.requests.values())
+                self.peak_resident = sum(r.num_computed_tokens for r in core.requests.values())
             return n
 
         core.step = step  # type: ignore[method-assign]  # NOTE: instance attribute shadows it

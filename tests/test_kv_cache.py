@@ -142,6 +142,25 @@ def test_t3_prefix_hit_shares_full_blocks_with_refcounts() -> None:
     assert bm.num_free_blocks == 8 and bm.num_cached_blocks == 2
 
 
+def test_t3_a_hit_request_registers_the_blocks_it_computes_after_the_hit() -> None:
+    """The registration cursor starts after the hit blocks (they are registered already), so
+    a request that reused a prefix still caches the full blocks it computes itself, for the
+    next request with the longer prefix."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    kv = FakeKV(bm)
+    a = make_seq(1, list(range(8)))
+    bm.allocate(a)
+    compute(bm, kv, a, 8)
+    b = make_seq(2, [*range(8), *range(20, 29)])  # hits a's 2 blocks, computes 2 more full
+    bm.allocate(b)
+    assert b.num_computed_tokens == 8
+    compute(bm, kv, b, 9)
+    assert bm.num_cached_blocks == 4
+    c = make_seq(3, [*range(8), *range(20, 29), 99])
+    bm.allocate(c)
+    assert c.num_computed_tokens == 16 and c.block_table[:4] == b.block_table[:4]
+
+
 def test_t1_full_prompt_hit_still_leaves_last_token_to_compute() -> None:
     bm = BlockManager(num_blocks=8, block_size=4)
     kv = FakeKV(bm)

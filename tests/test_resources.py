@@ -84,7 +84,7 @@ def test_l7_released_rng_state_refuses_a_draw() -> None:
                         ModelLimits(context_length=64, vocab_size=300, eos_token_ids=frozenset({0})))
     req = EngineRequest(plan, 0, scripted_tokenizer({1: b"a", 2: b"b"}), ListTraceSink(),
                         arrival=0.0)
-    assert (req.seq.prompt_token_ids, req.seq.max_total_tokens) == ([1, 2], 6)
+    assert (req.prompt_token_ids, req.max_total_tokens) == ([1, 2], 6)
     req.rng_step = 3
     assert req.rng_seed == 42
     assert req.release_rng() == {"step": 3}

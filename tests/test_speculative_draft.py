@@ -190,7 +190,7 @@ def test_l7_draft_cache_follows_the_accepted_tokens(server_checkpoint: Path, pai
                 req = engine.core.requests.get(sid)
                 if req is not None:
                     mine = d.prompt_token_ids[:d.num_computed_tokens]
-                    seen.append(mine == req.seq.all_token_ids[:len(mine)])
+                    seen.append(mine == req.all_token_ids[:len(mine)])
             return n
 
         engine.core.step = checked_step  # type: ignore[method-assign]

@@ -53,22 +53,23 @@ from coda.trace import TraceEvent, TraceSink
 log = logging.getLogger("coda.engine")
 
 
-class EngineRequest(RequestRun):
+class EngineRequest(RequestRun, Sequence):
     """The engine's one live object per request (issue 22): the request's run (lifecycle with
     its resources, stream, output processor, trace handle and the three endings, inherited
-    from :class:`RequestRun`) plus what only the engine keeps: the frozen plan, the
-    scheduler's view, the RNG state (seed, step), the grammar's state, the closer and the
-    drafting state; everything is released through ``lifecycle`` (L7).
+    from :class:`RequestRun`), its token state (ids, tokens, blocks, status: it *is* the
+    :class:`Sequence` the scheduler, the block manager and the drafter move), and what only the
+    engine keeps: the frozen plan, the RNG state (seed, step), the grammar's state, the closer
+    and the drafting state; everything is released through ``lifecycle`` (L7).
 
-    It is built from the plan and its parts in one place, here: its sequence, its output
+    It is built from the plan and its parts in one place, here: its token state, its output
     processor and its drafting state follow from the plan, and the processor's hooks from the
     grammar, the closer and the early-stop controller it holds (so a hook never disagrees with
     what the request keeps).
 
-    Why the rest stays apart: :class:`RequestRun` is the base, not a second object, because the
-    reference loop (tests/reference_loop.py, the engine's oracle) ends its requests through
-    the very same code; the :class:`Sequence` is the scheduler's and block manager's view (ids,
-    tokens, blocks; coda.engine.speculative drafts from it), tested without an engine; the
+    Why it has two bases rather than one class: :class:`RequestRun` is also the reference
+    loop's request (tests/reference_loop.py, the engine's oracle, ends its requests through the
+    very same code) and :class:`Sequence` is tested alone with the scheduler and the block
+    manager (no engine); the two share no attribute. The
     :class:`~coda.engine.handle.RequestHandle` is the caller's view (any thread: cancel is C1's
     moment 1 plus a wake-up), never handed the engine thread's endings (``cancel`` here is
     C1's moment 3, ``finish``, ``fail``)."""
@@ -81,8 +82,8 @@ class EngineRequest(RequestRun):
                  model_snapshot: str | None = None) -> None:
         # NOTE: the one constructor of the parts (RequestRun's): stream (opened with its
         # start event for ``model``), trace handle, processor and its hooks, in one call
-        super().__init__(
-            plan.request_id, None, trace, model=model, model_snapshot=model_snapshot,
+        RequestRun.__init__(
+            self, plan.request_id, None, trace, model=model, model_snapshot=model_snapshot,
             prompt_tokens=len(plan.prompt_token_ids),
             arrival=arrival, output=plan, tokenizer=tokenizer,
             prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
@@ -91,8 +92,10 @@ class EngineRequest(RequestRun):
             early_stop=(make_hook(early_stop, arrival, grammar) if early_stop is not None
                         else None),
             grammar_budget_end=closer.budget_end if closer is not None else None)
+        # NOTE: issue 22: the request *is* its sequence (the scheduler's and block manager's
+        # view: ids, tokens, blocks), so no second object a request carries or looks up
+        Sequence.__init__(self, seq_id, list(plan.prompt_token_ids), plan.max_total_tokens)
         self.plan = plan
-        self.seq = Sequence(seq_id, list(plan.prompt_token_ids), plan.max_total_tokens)
         # NOTE: absolute (monotonic), from plan.deadline_s
         self.deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
         self.grammar = grammar
@@ -164,14 +167,13 @@ class EngineCore:
     def add(self, req: EngineRequest) -> None:
         """Register a validated request: QUEUED, holding a scheduler entry, a batch slot and
         its RNG state (each released exactly once by its lifecycle, L7)."""
-        seq = req.seq
-        self.scheduler.add(seq)
-        self.requests[seq.seq_id] = req
-        req.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(seq.seq_id))
-        req.acquire(ResourceKind.BATCH_SLOT, lambda: self._release_slot(seq.seq_id))
+        self.scheduler.add(req)
+        self.requests[req.seq_id] = req
+        req.acquire(ResourceKind.KV_CACHE, lambda: self._release_kv(req.seq_id))
+        req.acquire(ResourceKind.BATCH_SLOT, lambda: self._release_slot(req.seq_id))
         req.acquire(ResourceKind.RNG_STATE, req.release_rng)
-        if req.plan.prompt_logprobs is not None and seq.num_prompt_tokens > 1:
-            self._scoring.add(seq.seq_id)
+        if req.plan.prompt_logprobs is not None and req.num_prompt_tokens > 1:
+            self._scoring.add(req.seq_id)
         req.lifecycle.transition(State.QUEUED)
 
     def _release_slot(self, seq_id: int) -> None:
@@ -246,17 +248,17 @@ class EngineCore:
                 continue
             # NOTE: a forced path is known: its own draft, every one accepted (no guess)
             left = r.processor.tokens_left  # NOTE: the processor's room: the one budget home
-            if forced := forced_drafts(r.spec, r.seq, left, r.processor, r.closer):
+            if forced := forced_drafts(r.spec, r, left, r.processor, r.closer):
                 out[sid] = forced
             elif not r.spec.forced:
                 guess.append((r, r.spec))
         if self.drafter is None:
-            out.update((r.seq.seq_id, d) for r, spec in guess if (d := self._verifiable(
-                r, spec.propose(r.seq, r.processor.tokens_left, rows))))
+            out.update((r.seq_id, d) for r, spec in guess if (d := self._verifiable(
+                r, spec.propose(r, r.processor.tokens_left, rows))))
             return out
-        jobs = [DraftJob(r.seq, k, self._row(r), r.grammar) for r, spec in guess
-                if r.seq.seq_id not in paused
-                and r.seq.num_uncomputed_tokens == 1 and r.seq.status is SequenceStatus.RUNNING
+        jobs = [DraftJob(r, k, self._row(r), r.grammar) for r, spec in guess
+                if r.seq_id not in paused
+                and r.num_uncomputed_tokens == 1 and r.status is SequenceStatus.RUNNING
                 and (k := min(r.processor.tokens_left - 1,
                               spec.k_for(rows), plain_horizon(r.processor, r.closer))) > 0]
         if not jobs:
@@ -409,7 +411,7 @@ class EngineCore:
             if req.lifecycle.state is State.PREFILLING:
                 req.lifecycle.transition(State.DECODING)
                 req.decode_started = self.clock()
-                self._record(req, tr.PREFILL_COMPLETED, cache_len=req.seq.num_computed_tokens)
+                self._record(req, tr.PREFILL_COMPLETED, cache_len=req.num_computed_tokens)
             # G1: cancel -> deadline -> choose (C2: a step that finished after the cancel is discarded)
             if req.cancel_pending:
                 req.cancel()
@@ -485,7 +487,7 @@ class EngineCore:
             return
         req.spec.record(len(drafts), accepted)  # NOTE: evidence: the guesses before forced rows
         self._record(req, tr.SPECULATIVE, drafted=len(drafts), accepted=accepted,
-                     rejected=len(drafts) - accepted, t=req.seq.num_output_tokens + 1)
+                     rejected=len(drafts) - accepted, t=req.num_output_tokens + 1)
         for j, dec in enumerate(decs[:accepted + 1]):
             if j and not self._commit_draft(req):
                 break
@@ -504,23 +506,22 @@ class EngineCore:
                 return  # NOTE: ended: its blocks went back with the KV resource
             if last:
                 break
-        self.scheduler.rollback(req.seq)
+        self.scheduler.rollback(req)
         if self.drafter is not None:
-            self.drafter.rollback(req.seq)  # NOTE: the draft's rejected tail too
+            self.drafter.rollback(req)  # NOTE: the draft's rejected tail too
 
     def _commit_draft(self, req: EngineRequest) -> bool:
         """Before the next accepted token: the last one's K/V (this step's forward) becomes
         computed, with plain decoding's rows and count (L6, O1); then G1's checks as plain
         decoding's next step makes them. False: stop here (what was not emitted is dropped)."""
-        seq = req.seq
         if req.stream.should_pause:
             return False  # NOTE: P6: a paused reader stops here; the rest decodes later
-        self.scheduler.commit_draft(seq)
-        self._record(req, tr.DECODE_STARTED, t=seq.num_output_tokens)
-        req.processed_output_tokens += max(0, seq.num_computed_tokens - req.computed_high)
-        req.computed_high = max(req.computed_high, seq.num_computed_tokens)
-        self._record(req, tr.DECODE_COMPLETED, t=seq.num_output_tokens,
-                     cache_len=seq.num_computed_tokens)
+        self.scheduler.commit_draft(req)
+        self._record(req, tr.DECODE_STARTED, t=req.num_output_tokens)
+        req.processed_output_tokens += max(0, req.num_computed_tokens - req.computed_high)
+        req.computed_high = max(req.computed_high, req.num_computed_tokens)
+        self._record(req, tr.DECODE_COMPLETED, t=req.num_output_tokens,
+                     cache_len=req.num_computed_tokens)
         if req.cancel_pending:
             req.cancel()
         elif req.deadline is not None and self.clock() >= req.deadline:
@@ -564,7 +565,6 @@ class EngineCore:
         return self.runner.config.vocab_size
 
     def _row(self, req: EngineRequest) -> SamplingRow:
-        seq = req.seq
         mask = req.grammar.allowed_mask() if req.grammar is not None else None
         if req.closer is not None and req.closer.forcing:
             mask = req.closer.mask(self.runner.config.vocab_size)
@@ -575,13 +575,13 @@ class EngineCore:
         # NOTE: the cursor's step is the number of output tokens (advanced in _on_decision;
         # kept across preemption and retries, so a recomputed step draws the same uniform)
         return SamplingRow(params=req.plan.sampling, seed=req.rng_seed, step=req.rng_step,
-                           prompt_token_ids=seq.prompt_token_ids,
-                           output_token_ids=seq.output_token_ids,
+                           prompt_token_ids=req.prompt_token_ids,
+                           output_token_ids=req.output_token_ids,
                            eos_token_ids=req.plan.eos_token_ids, allowed_token_ids_mask=mask)
 
     def _on_decision(self, req: EngineRequest, dec: TokenDecision) -> None:
-        req.seq.append_token(dec.token_id)
-        req.rng_step = req.seq.num_output_tokens
+        req.append_token(dec.token_id)
+        req.rng_step = req.num_output_tokens
         if req.first_token_at is None:
             req.first_token_at = self.clock()
         if req.grammar is not None and not req.grammar.consume(dec.token_id):

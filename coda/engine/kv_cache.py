@@ -68,13 +68,6 @@ class _Block:
     parent_reg: int = 0  # registration id of the block before it (0 = first block)
 
 
-@dataclass
-class _Owner:
-    seq: Sequence
-    num_hashed: int  # leading blocks already considered for registration
-    chain_ok: bool = True  # False once a block could not be registered (children unreachable)
-
-
 class BlockManager:
     """Allocates KV blocks to sequences; verbs are paired: ``can_X`` is true iff ``X`` succeeds.
 
@@ -96,7 +89,7 @@ class BlockManager:
         self._touched = 0  # NOTE: 1 + the highest block id ever taken
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}  # block hash -> block id
-        self._owners: dict[int, _Owner] = {}  # seq_id -> owner record
+        self._owners: dict[int, Sequence] = {}  # seq_id -> the allocated sequence
         self._next_reg = 1
 
     # ----- queries -------------------------------------------------------------------
@@ -184,7 +177,9 @@ class BlockManager:
             table.append(self._take_block())
         seq.block_table = table
         seq.num_computed_tokens = len(hits) * self.block_size
-        self._owners[seq.seq_id] = _Owner(seq, num_hashed=len(hits))
+        # NOTE: the registration cursor lives on the sequence (issue 22: no owner record)
+        seq.hashed_blocks, seq.hash_chain_ok = len(hits), True
+        self._owners[seq.seq_id] = seq
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Whether blocks can cover ``num_computed_tokens + num_new_tokens`` positions."""
@@ -249,23 +244,23 @@ class BlockManager:
     # ----- prefix-cache registration -------------------------------------------------
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register ``seq``'s full, computed blocks for reuse (call after each step)."""
-        owner = self._owners.get(seq.seq_id)
-        if owner is None or not self.enable_prefix_caching or not owner.chain_ok:
+        if (not self.is_allocated(seq) or not self.enable_prefix_caching
+                or not seq.hash_chain_ok):
             return
         bs = self.block_size
         tokens = seq.all_token_ids
-        for i in range(owner.num_hashed, seq.num_computed_tokens // bs):
-            owner.num_hashed = i + 1
+        for i in range(seq.hashed_blocks, seq.num_computed_tokens // bs):
+            seq.hashed_blocks = i + 1
             block = self._blocks[seq.block_table[i]]
             parent = self._blocks[seq.block_table[i - 1]] if i > 0 else None
             if parent is not None and parent.hash is None:
-                owner.chain_ok = False  # NOTE: unreachable by verified lookup; stop here
+                seq.hash_chain_ok = False  # NOTE: unreachable by verified lookup; stop here
                 return
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
             h = block_hash(parent.hash if parent else None, chunk)
             if h in self._cached:
                 # NOTE: same content computed twice, or a collision: keep ours private.
-                owner.chain_ok = False
+                seq.hash_chain_ok = False
                 return
             block.hash, block.tokens = h, chunk
             block.reg, block.parent_reg = self._next_reg, parent.reg if parent else 0
@@ -276,8 +271,7 @@ class BlockManager:
     def check_integrity(self) -> None:
         """Raise :class:`KVCacheError` unless every bookkeeping invariant holds."""
         refs = [0] * self.num_blocks
-        for seq_id, owner in self._owners.items():
-            seq = owner.seq
+        for seq_id, seq in self._owners.items():
             table = seq.block_table
             _require(seq.seq_id == seq_id, "owner keyed by wrong seq id")
             _require(len(set(table)) == len(table), f"seq {seq_id}: block twice in table")

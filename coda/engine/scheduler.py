@@ -102,9 +102,9 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self._waiting: deque[Sequence] = deque()
-        self._running: list[Sequence] = []  # NOTE: kept sorted by arrival
+        self._running: list[Sequence] = []  # NOTE: kept sorted by admission order
         self._by_id: dict[int, Sequence] = {}
-        self._next_arrival = 0
+        self._next_admitted = 0
 
     # ----- queues ----------------------------------------------------------------------
     @property
@@ -138,8 +138,8 @@ class Scheduler:
             raise ValueError(f"seq {seq.seq_id} is already scheduled")
         if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens or seq.block_table:
             raise ValueError(f"seq {seq.seq_id} is not a fresh sequence")
-        seq.arrival = self._next_arrival
-        self._next_arrival += 1
+        seq.admitted = self._next_admitted
+        self._next_admitted += 1
         self._waiting.append(seq)
         self._by_id[seq.seq_id] = seq
 
@@ -201,7 +201,7 @@ class Scheduler:
             draft = self._fit_draft(seq, k, drafts.get(seq.seq_id, ()) if drafts else (), room)
             k += len(draft)
             while not bm.can_append(seq, k):
-                victim = self._running[-1]  # most recently arrived (list sorted by arrival)
+                victim = self._running[-1]  # most recently admitted (list sorted by admission)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
@@ -226,7 +226,7 @@ class Scheduler:
             self._waiting.popleft()
             bm.allocate(seq, reuse)  # may set num_computed_tokens on a prefix hit
             seq.status = SequenceStatus.RUNNING
-            bisect.insort(self._running, seq, key=lambda s: s.arrival)
+            bisect.insort(self._running, seq, key=lambda s: s.admitted)
             k = min(seq.num_uncomputed_tokens, cfg.long_prefill_chunk, budget,
                     budget if reuse else scoring)
             chunks.append(self._chunk(seq, k))

@@ -17,7 +17,6 @@ block manager fills its ``block_table``. Index ranges over ``all_token_ids``::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -29,37 +28,53 @@ class SequenceStatus(Enum):
     FINISHED = "finished"
 
 
-@dataclass(eq=False)
 class Sequence:
-    """One request's token state. Identity is the object (``eq=False``); ids are unique.
+    """One request's token state. Identity is the object (no ``__eq__``); ids are unique.
+
+    The engine's live request (:class:`~coda.engine.core.EngineRequest`) *is* its sequence
+    (issue 22: one live object per request): it calls this ``__init__`` beside the run's, so
+    the scheduler, the block manager and the drafter read the same object the engine ends;
+    tested alone here, with no engine. A draft model's cache keeps plain sequences
+    (coda.engine.draft).
 
     Contract:
       * ``output_token_ids`` holds tokens SELECTED so far; the engine calls
         :meth:`append_token` only when every known token is in the cache (T1).
       * ``num_computed_tokens`` counts tokens whose K/V are in the cache; only the
         scheduler changes it (advance after a step, reset on preemption).
-      * ``block_table`` is written only by the block manager.
+      * ``block_table`` is written only by the block manager, and so are its prefix-cache
+        registration cursor ``hashed_blocks`` (leading blocks already considered) and
+        ``hash_chain_ok`` (False once a block could not be registered: the blocks after it
+        are unreachable by a verified lookup), both reset at each allocation.
       * ``max_total_tokens`` (prompt + max output) bounds ``num_tokens``; it fits the whole
         cache (the plan refused any that could not, coda.engine.plan).
+      * ``admitted`` is the admission order, assigned by ``Scheduler.add`` (-1 before).
     """
 
-    seq_id: int
-    prompt_token_ids: list[int]
-    max_total_tokens: int
-    output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
-    status: SequenceStatus = SequenceStatus.WAITING
-    arrival: int = -1  # NOTE: assigned by Scheduler.add (monotonic admission order)
-    num_preemptions: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.prompt_token_ids:
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], max_total_tokens: int, *,
+                 status: SequenceStatus = SequenceStatus.WAITING) -> None:
+        if not prompt_token_ids:
             raise ValueError("a sequence needs at least one prompt token")
-        if self.max_total_tokens < self.num_tokens:
+        if max_total_tokens < len(prompt_token_ids):
             raise ValueError(
-                f"max_total_tokens={self.max_total_tokens} < current length {self.num_tokens}"
+                f"max_total_tokens={max_total_tokens} < current length {len(prompt_token_ids)}"
             )
+        self.seq_id = seq_id
+        self.prompt_token_ids = prompt_token_ids
+        self.max_total_tokens = max_total_tokens
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.hashed_blocks = 0
+        self.hash_chain_ok = True
+        self.status = status
+        self.admitted = -1  # NOTE: assigned by Scheduler.add (monotonic admission order)
+        self.num_preemptions = 0
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(seq_id={self.seq_id}, tokens={self.num_prompt_tokens}"
+                f"+{self.num_output_tokens}, computed={self.num_computed_tokens}, "
+                f"{self.status.name})")
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -47,6 +47,7 @@ from coda.models.kernels.kquant_linear import (
 )
 from coda.models.llama import CausalLM
 from coda.models.loader import build_model, param_target
+from coda.models.mapped_pages import release_pages
 from coda.models.quant import GROUP, Int4Linear, Int8Linear, Q8Split, q4_groups, q8_0_groups
 from coda.models.row_ops import RowOps
 
@@ -81,6 +82,14 @@ def q4_parts(t: GGUFTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     codes, scale, zero = q4_groups(np.asarray(t.data).reshape(t.shape[0], -1), t.qtype)
     c, s, z = _rows(t, codes, scale, zero)
     return c, s, z
+
+
+def _copied(parts: Sequence[GGUFTensor]) -> None:
+    """The parts now live in a module's own copy: their mapped pages need not stay resident
+    (coda.models.mapped_pages; a part also read in place, a tied embedding, faults back only
+    the rows it reads)."""
+    for t in parts:
+        release_pages(t.data)
 
 
 def _bias(biases: Sequence[GGUFTensor]) -> torch.Tensor | None:
@@ -175,7 +184,10 @@ def ggml_linear(act: str, kernels: dict[str, str] | None = None) -> LinearFactor
                 _note(kernels, kind, f"blocks-{act}/{native().isa()} (re-laid-out)")
             # NOTE: the parts' rows go straight from the mapped file into the kernel's layout
             raws = [_raw_rows(t) for t in parts]
-            return GgmlLinear(raws, kind, sum(t.shape[0] for t in parts), parts[0].shape[1], act)
+            module = GgmlLinear(raws, kind, sum(t.shape[0] for t in parts), parts[0].shape[1],
+                                act)
+            _copied(parts)
+            return module
         by_name = {b.hf_name.removesuffix("bias"): b for b in biases}
         segs = [segment(t, by_name.get(t.hf_name.removesuffix("weight"))) for t in parts]
         # NOTE: Q8_K activations where every part is a K-quant; else float32 for all parts

@@ -19,6 +19,7 @@ import torch
 from coda.models.gguf_file import GGUFCheckpoint, GGUFTensor, open_gguf
 from coda.models.llama import CausalLM
 from coda.models.loader import build_model
+from coda.models.mapped_pages import release_pages
 from coda.models.row_ops import RowOps
 
 
@@ -39,7 +40,9 @@ def dequantize(t: GGUFTensor) -> torch.Tensor:
     if t.row_order is not None:
         arr = arr[t.row_order]
     # NOTE: F32 tensors are views of the read-only memory map: copy before torch owns them
-    return torch.from_numpy(np.array(arr, copy=not arr.flags.writeable, order="C"))
+    out = torch.from_numpy(np.array(arr, copy=not arr.flags.writeable, order="C"))
+    release_pages(t.data)  # NOTE: copied: the map's pages need not stay resident (RSS)
+    return out
 
 
 def dequantized_tensors(ckpt: GGUFCheckpoint) -> Iterator[tuple[str, torch.Tensor]]:

@@ -12,6 +12,10 @@ the contract).
 
     python benchmarks/bench_native_ab.py BASE.so BRANCH.so --what types --types Q4_K,Q6_K
     python benchmarks/bench_native_ab.py BASE.so BRANCH.so --what step --mix Q4_K_M --threads 2
+
+Legacy types: Q4_0, Q4_1 and Q8_0 run re-laid-out (``linear``, ``csrc/blocks.h``: what the
+``packed`` modes load them as), Q5_0 and Q5_1 in place (``kq_linear``); ``--mix Q4_0`` is
+llama.cpp's Q4_0 file (Q4_0 projections, a Q6_K head).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Any
 import numpy as np
 
 # ggml type number, block bytes, offsets of the float16 scales in a block
-TYPES = {"Q2_K": (10, 84, (80, 82)), "Q3_K": (11, 110, (108,)), "Q4_K": (12, 144, (0, 2)),
+TYPES = {"Q4_0": (2, 18, (0,)), "Q4_1": (3, 20, (0, 2)), "Q5_0": (6, 22, (0,)),
+         "Q5_1": (7, 24, (0, 2)), "Q8_0": (8, 34, (0,)), "Q2_K": (10, 84, (80, 82)), "Q3_K": (11, 110, (108,)), "Q4_K": (12, 144, (0, 2)),
          "Q5_K": (13, 176, (0, 2)), "Q6_K": (14, 210, (208,))}
 H, LAYERS, NH, NKV, HD, FFN, VOCAB = 2048, 16, 32, 8, 64, 8192, 49152
 
@@ -40,9 +45,13 @@ def load(name: str, path: str) -> ModuleType:
     return mod
 
 
+RELAID = ("Q4_0", "Q4_1", "Q8_0")  # ggml_linear.KINDS, in its kind-number order
+
+
 def rows(qtype: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     _, bb, scales = TYPES[qtype]
-    raw = rng.integers(0, 256, size=(n, k // 256, bb), dtype=np.uint8)
+    per = 256 if qtype.endswith("_K") else 32
+    raw = rng.integers(0, 256, size=(n, k // per, bb), dtype=np.uint8)
     for off in scales:
         d = np.full(raw.shape[:2], 1e-3, np.float16)
         raw[..., off:off + 2] = d.view(np.uint8).reshape(*raw.shape[:2], 2)
@@ -59,11 +68,18 @@ def pick(mix: str, name: str, layer: int) -> str:
 
 
 class Mat:
-    """One kq_linear call: its segment table, K, and an output per build."""
+    """One kq_linear call (or, every part one re-laid-out type, one ``linear`` call): its
+    segment table, K, and an output per build."""
 
     def __init__(self, parts: list[tuple[str, int]], k: int, m: int,
-                 rng: np.random.Generator) -> None:
+                 rng: np.random.Generator, q8: bool = False) -> None:
         self.raws = [rows(q, n, k, rng) for q, n in parts]
+        self.kind = -1
+        if len({q for q, _ in parts}) == 1 and parts[0][0] in RELAID:
+            from coda.models.kernels.ggml_linear import repack  # NOTE: the worktree's build
+            self.kind = RELAID.index(parts[0][0])
+            self.sc, self.qs = repack(self.raws, parts[0][0], sum(n for _, n in parts), k,
+                                      "q8" if q8 else "f32")
         self.table = np.array([[r.ctypes.data, n, r.shape[1], TYPES[q][0], 0, 0]
                                for r, (q, n) in zip(self.raws, parts, strict=True)], np.int64)
         self.k, self.m = k, m
@@ -71,6 +87,11 @@ class Mat:
         self.nbytes = sum(r.nbytes for r in self.raws)
 
     def __call__(self, mod: Any, side: str, x: np.ndarray, q8: bool) -> None:
+        n = self.y[side].shape[1]
+        if self.kind >= 0:
+            mod.linear(x.ctypes.data, self.m, self.k, self.sc.data_ptr(), self.qs.data_ptr(), n,
+                       self.kind, q8, self.y[side].ctypes.data)
+            return
         fn = mod.kq_linear_q8 if q8 else mod.kq_linear
         fn(x.ctypes.data, self.m, self.k, self.table.ctypes.data, len(self.table),
            self.y[side].ctypes.data)
@@ -102,14 +123,15 @@ def main() -> None:
     rng = np.random.default_rng(0)
     groups: list[tuple[str, list[Mat]]] = []
     if args.what == "types":
-        groups = [(t, [Mat([(t, 4096)], 2048, args.m, rng)]) for t in args.types.split(",")]
+        groups = [(t, [Mat([(t, 4096)], 2048, args.m, rng, args.q8)]) for t in args.types.split(",")]
     else:
         mats = []
         for i in range(LAYERS):
             for names, k in (([("q", NH * HD), ("k", NKV * HD), ("v", NKV * HD)], H),
                              ([("o", H)], NH * HD), ([("gate", FFN), ("up", FFN)], H),
                              ([("down", H)], FFN)):
-                mats.append(Mat([(pick(args.mix, n, i), r) for n, r in names], k, args.m, rng))
+                mats.append(Mat([(pick(args.mix, n, i), r) for n, r in names], k, args.m, rng,
+                                args.q8))
         mats.append(Mat([("Q6_K", VOCAB)], H, args.m, rng))
         groups = [(f"{args.mix} step", mats)]
     xs = {k: rng.standard_normal((args.m, k)).astype(np.float32) for k in (H, FFN)}

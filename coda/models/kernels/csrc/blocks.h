@@ -236,6 +236,9 @@ template <int KIND>
 void linear_f32(const LinearCall& a) {
 #if CODA_ISA != CODA_AVX512
   if (a.M >= GEMM_FROM) return linear_f32_rows<KIND>(a);  // NOTE: one decode for all rows
+#else
+  // NOTE: 6..8 and 13..16 rows: the K-blocked 8-row tile (blocks_tile8.h); the same bits
+  if (tile8::takes(a.M) && tile8::linear8<KIND>(a)) return;
 #endif
   const int64_t nb = a.K / QK, M = a.M, K = a.K, N = a.N;
   const int64_t calls = (M + MAX_ROWS - 1) / MAX_ROWS;

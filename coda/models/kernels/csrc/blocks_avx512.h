@@ -239,4 +239,7 @@ void tiles_q8(const int8_t* xq, const float* dx, const float* sx, int64_t M, int
                          ldy, ncols, r == 0 ? next : Ahead{});
 }
 
+// NOTE: the 6..8-row tile (K in spans, x packed once per call) is in its own file (size)
+#include "blocks_tile8.h"
+
 #endif

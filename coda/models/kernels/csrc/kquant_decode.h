@@ -62,7 +62,10 @@ CODA_AI __m128i bits(__m128i v, int shift, int mask) {
 // A super-block's factors per sub-block: w = fma(q, a[j], b[j]) (Q4_K, Q5_K: 8 sub-blocks of
 // 32; Q2_K: 16 of 16) or q * a[j] (Q6_K, Q3_K: 16 of 16).
 struct Scales {
-  float a[16], b[16];
+  // NOTE: Q4_K, Q5_K: a[0..8) the sub-blocks' d * sc, a[8..16) their -(dmin * mn) (one 16-lane
+  // store; b unused)
+  alignas(64) float a[16];
+  alignas(64) float b[16];
   // NOTE: Q6_K only: the block's 256 codes (AVX-512: q - 32, signed; AVX2: q + 32, unsigned)
   // in weight order, unpacked once per block with full-width integer ops (a 16-weight chunk
   // then costs one widening load instead of nine integer ops on 16 bytes); the codes are the
@@ -122,31 +125,65 @@ CODA_AI void q6_codes(const uint8_t* blk, int8_t* q) {
 }
 #endif
 
-// 8 bytes -> 8 floats (unsigned or signed) times d, stored at out.
+// 16 bytes (unsigned or signed) -> 16 floats times d, stored at out (64-byte aligned).
 template <bool SIGNED>
-CODA_AI void times8(uint64_t bytes, float d, float* out) {
-  const __m128i b = _mm_cvtsi64_si128(static_cast<long long>(bytes));
-  const __m256i i = SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
-  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(d)));
+CODA_AI void times16(__m128i b, float d, float* out) {
+#if CODA_ISA == CODA_AVX512
+  const __m512i i = SIGNED ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+  _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(d)));
+#else
+  const __m128i h = _mm_unpackhi_epi64(b, b);
+  const __m256i i0 = SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  const __m256i i1 = SIGNED ? _mm256_cvtepi8_epi32(h) : _mm256_cvtepu8_epi32(h);
+  const __m256 dv = _mm256_set1_ps(d);
+  _mm256_store_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(i0), dv));
+  _mm256_store_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(i1), dv));
+#endif
+}
+
+// Q4_K / Q5_K: the 12 packed bytes at blk + 4 -> bytes 0..7 the sub-blocks' 6-bit scales,
+// 8..15 their 6-bit mins (kquants.h's scale_min_k4 for all 8 at once, in one 16-byte register:
+// a handful of vector ops where the byte-by-byte unpack took ~20 scalar ones per block).
+// s[j] below is byte j of the 12: j < 4: sc = s[j] & 63, mn = s[j + 4] & 63; j >= 4:
+// sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4.
+CODA_AI __m128i k4_codes(const uint8_t* blk) {
+  // NOTE: 16 bytes from blk + 4 (the 12 + 4 bytes of the codes after them; a block is >= 144)
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+  // low parts: sc0..3 = s0..3, sc4..7 = s8..11 (low nibble), mn0..3 = s4..7, mn4..7 = s8..11
+  // (high nibble: shifted down below)
+  const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8,
+                                                       9, 10, 11));
+  // NOTE: pblendw takes words 6, 7 (bytes 12..15, mn4..7) from the shifted copy; the bits a
+  // 16-bit shift moves in from the next byte are masked off below
+  const __m128i lo2 = _mm_blend_epi16(lo, _mm_srli_epi16(lo, 4), 0xC0);
+  const __m128i low = _mm_and_si128(lo2, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63,
+                                                       63, 15, 15, 15, 15));
+  // high parts (bits 4, 5) of sc4..7 = s0..3 >> 6, of mn4..7 = s4..7 >> 6 (pshufb's -1: zero)
+  const __m128i hb = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1,
+                                                       4, 5, 6, 7));
+  return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(hb, 2), _mm_set1_epi8(0x30)));
 }
 
 template <int T>
 CODA_AI void scales(const uint8_t* blk, Scales& s) {
-  if (T == Q4_K || T == Q5_K) {  // NOTE: a[j], b[j] per sub-block j of 32 (kquants.h's
-    // scale_min_k4 on all 8 at once: bytes 0..3 low 6 bits; 4..7 from the 4-bit and 2-bit parts)
-    const uint32_t u0 = le32(blk + 4), u1 = le32(blk + 8), u2 = le32(blk + 12);
-    const uint32_t sc_hi = (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
-    const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
-    times8<false>((u0 & 0x3F3F3F3Fu) | static_cast<uint64_t>(sc_hi) << 32, f16c(blk), s.a);
-    // NOTE: -(dmin * mn): the product is exact, so negating the factor first is the same value
-    times8<false>((u1 & 0x3F3F3F3Fu) | static_cast<uint64_t>(mn_hi) << 32, -f16c(blk + 2), s.b);
+  if (T == Q4_K || T == Q5_K) {  // NOTE: a[j], a[8 + j] per sub-block j of 32 (k4_codes)
+    const __m128i q = k4_codes(blk);
+    // NOTE: [d, -dmin] (negating dmin first: q * (-dmin) is the exact -(dmin * q))
+    const __m128 dm = _mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(le32(blk)))),
+                                 _mm_castsi128_ps(_mm_set_epi32(0, 0, INT32_MIN, 0)));
+#if CODA_ISA == CODA_AVX512
+    const __m512 f = _mm512_permutexvar_ps(
+        _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_castps128_ps512(dm));
+    _mm512_store_ps(s.a, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), f));
+#else
+    _mm256_store_ps(s.a, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)),
+                                       _mm256_broadcastss_ps(dm)));
+    _mm256_store_ps(s.a + 8, _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(q, q))),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(dm))));
+#endif
   } else if (T == Q6_K) {
-    const float d = f16c(blk + 208);
-    uint64_t lo, hi;
-    std::memcpy(&lo, blk + 192, 8);
-    std::memcpy(&hi, blk + 200, 8);
-    times8<true>(lo, d, s.a);
-    times8<true>(hi, d, s.a + 8);
+    times16<true>(ld16(blk + 192), f16c(blk + 208), s.a);
     q6_codes(blk, s.q);
 #if CODA_ISA == CODA_AVX2
     const __m256 nm = _mm256_set1_ps(-kMagic);
@@ -156,7 +193,7 @@ CODA_AI void scales(const uint8_t* blk, Scales& s) {
   } else if (T == Q3_K) {
     // NOTE: kquants.h's scale_q3k for all 16 at once (byte i: the low or high nibble of byte
     // i % 8, | bits 2 (i / 4) of byte 8 + i % 4 at bit 4; then as int8 minus 32), and
-    // d * sc as times8's sc * d (the same product)
+    // d * sc as times16's sc * d (the same product)
     const uint32_t a0 = le32(blk + 96), a1 = le32(blk + 100), t = le32(blk + 104);
     const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
     const __m128i u = _mm_sub_epi8(  // NOTE: bytewise, no borrow between bytes
@@ -165,17 +202,13 @@ CODA_AI void scales(const uint8_t* blk, Scales& s) {
                       static_cast<int>((a1 & m4) | (((t >> 2) & m2) << 4)),
                       static_cast<int>((a0 & m4) | ((t & m2) << 4))),
         _mm_set1_epi8(32));
-    const uint64_t lo = static_cast<uint64_t>(_mm_cvtsi128_si64(u));
-    const uint64_t hi = static_cast<uint64_t>(_mm_extract_epi64(u, 1));
-    const float d = f16c(blk + 108);
-    times8<true>(lo, d, s.a);
-    times8<true>(hi, d, s.a + 8);
+    times16<true>(u, f16c(blk + 108), s.a);
   } else {  // Q2_K
-    const float d = f16c(blk + 80), dmin = f16c(blk + 82);
-    for (int i = 0; i < 16; ++i) {
-      s.a[i] = d * static_cast<float>(blk[i] & 15);
-      s.b[i] = -(dmin * static_cast<float>(blk[i] >> 4));
-    }
+    // NOTE: a = d * (sc & 15), b = (-dmin) * (sc >> 4): exact products, so negating dmin
+    // first is kquants.h's -(dmin * mn)
+    const __m128i v = ld16(blk);
+    times16<false>(_mm_and_si128(v, _mm_set1_epi8(15)), f16c(blk + 80), s.a);
+    times16<false>(bits(v, 4, 15), -f16c(blk + 82), s.b);
   }
 }
 
@@ -200,15 +233,16 @@ CODA_AI W16 chunk(const uint8_t* blk, const Scales& s) {
     // (vpermps reads the low 4 bits of each index: the high nibble needs a shift, no mask);
     // a table and a widened load serve two chunks (the compiler shares them)
     const __m512i q = _mm512_cvtepu8_epi32(ld16(blk + 16 + c * 32 + half * 16));
-    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(q, 4) : q, q4k_table(s.a[I / 2], s.b[I / 2]));
+    return _mm512_permutexvar_ps(h ? _mm512_srli_epi32(q, 4) : q, q4k_table(s.a[I / 2], s.a[8 + I / 2]));
 #else
-    return fmaw(codes16(bits(ld16(blk + 16 + c * 32 + half * 16), 4 * h, 15)), s.a[I / 2], s.b[I / 2]);
+    return fmaw(codes16(bits(ld16(blk + 16 + c * 32 + half * 16), 4 * h, 15)), s.a[I / 2],
+                s.a[8 + I / 2]);
 #endif
   } else if (T == Q5_K) {
     constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2, j = 2 * c + h;
     const __m128i lo = bits(ld16(blk + 48 + c * 32 + half * 16), 4 * h, 15);
     const __m128i hi = _mm_slli_epi16(bits(ld16(blk + 16 + half * 16), j, 1), 4);
-    return fmaw(codes16(_mm_or_si128(lo, hi)), s.a[I / 2], s.b[I / 2]);
+    return fmaw(codes16(_mm_or_si128(lo, hi)), s.a[I / 2], s.a[8 + I / 2]);
   } else if (T == Q6_K) {  // the codes unpacked by scales<Q6_K> (q6_codes)
 #if CODA_ISA == CODA_AVX512
     return mulw(scodes16(ld16(reinterpret_cast<const uint8_t*>(s.q) + 16 * I)), s.a[I]);

@@ -47,7 +47,7 @@ CODA_AI W16 chunk_avx2(const uint8_t* blk, const Scales& s) {
       q0 = _mm256_and_si256(q0, _mm256_set1_epi32(15));
       q1 = _mm256_and_si256(q1, _mm256_set1_epi32(15));
     }
-    const __m256 a = _mm256_broadcast_ss(s.a + I / 2), b = _mm256_broadcast_ss(s.b + I / 2);
+    const __m256 a = _mm256_broadcast_ss(s.a + I / 2), b = _mm256_broadcast_ss(s.a + 8 + I / 2);
     return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), a, b),
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), a, b)};
   } else if constexpr (T == Q5_K) {  // NOTE: bit j of qh[l] is the code's bit 4
@@ -61,7 +61,7 @@ CODA_AI W16 chunk_avx2(const uint8_t* blk, const Scales& s) {
       const __m256i hb = j <= 4 ? _mm256_slli_epi32(hv, 4 - j) : _mm256_srli_epi32(hv, j - 4);
       q[e] = _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi32(16)));
     }
-    const __m256 a = _mm256_broadcast_ss(s.a + I / 2), b = _mm256_broadcast_ss(s.b + I / 2);
+    const __m256 a = _mm256_broadcast_ss(s.a + I / 2), b = _mm256_broadcast_ss(s.a + 8 + I / 2);
     return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q[0]), a, b),
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[1]), a, b)};
   } else if constexpr (T == Q3_K) {  // NOTE: q = (lo | mask bit << 2) - 4

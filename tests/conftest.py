@@ -60,6 +60,20 @@ def using_isa(isa: str) -> Iterator[None]:
         mod.set_isa(before)
 
 
+@contextlib.contextmanager
+def using_threads(n: int) -> Iterator[None]:
+    """Run the native kernels on ``n`` pool threads inside the block, then the previous count."""
+    from coda.models.kernels import native
+
+    mod = native()
+    before = mod.threads()
+    mod.set_threads(n)
+    try:
+        yield
+    finally:
+        mod.set_threads(before)
+
+
 def examples(n: int) -> int:
     """An explicit example count ``n`` scaled like the profile's (CODA_HYPOTHESIS_EXAMPLES per
     100), so one variable bounds every property test (CI, mutation runs)."""

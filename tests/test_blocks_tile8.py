@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
 from coda.models.kernels import native, unavailable
-from tests.conftest import kernel_isas, using_isa
+from tests.conftest import kernel_isas, using_isa, using_threads
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
     pytest.skip(f"native kernels unavailable: {unavailable()}", allow_module_level=True)
@@ -95,13 +95,8 @@ def test_t4_eight_and_fifteen_rows_on_1_and_3_threads(kind: str) -> None:
     x = _x(15, 26)
     with using_isa("scalar"):
         want = lin(x)
-    threads = native().threads()
-    try:
-        for isa in kernel_isas():
-            for t in (1, 3):
-                native().set_threads(t)
-                with using_isa(isa):
-                    assert _same(lin(x[:8]), want[:8]), (isa, t)
-                    assert _same(lin(x), want), (isa, t)
-    finally:
-        native().set_threads(threads)
+    for isa in kernel_isas():
+        for t in (1, 3):
+            with using_threads(t), using_isa(isa):
+                assert _same(lin(x[:8]), want[:8]), (isa, t)
+                assert _same(lin(x), want), (isa, t)

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.models.kernels import native, unavailable
+from coda.models.kernels import unavailable
 from coda.models.modes import QUANT_MODES, resolve_mode
 from coda.models.source import LoadedModel, open_model, resolve_model
-from tests.conftest import examples
+from tests.conftest import examples, using_threads
 from tests.invariance import check_invariance, make_requests
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
@@ -51,13 +51,9 @@ def test_t4_dense_kernel_rows_independent_of_batch_position_threads(
     pos = data.draw(st.integers(0, batch - 1))
     xs = torch.randn(batch, k, generator=g)
     xs[pos] = row[0]
-    threads = native().threads()
-    try:
-        for t in (1, 2, 3):
-            native().set_threads(t)
+    for t in (1, 2, 3):
+        with using_threads(t):
             assert torch.equal(lin(xs)[pos], alone[0])
-    finally:
-        native().set_threads(threads)
     bound = (w.abs() @ row[0].abs()) * k * 2.0**-23 + 1e-6
     ref = F.linear(row.double(), w.double(), None if b is None else b.double())[0]
     assert bool(((alone[0].double() - ref).abs() <= bound.double()).all())

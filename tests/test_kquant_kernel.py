@@ -21,8 +21,8 @@ from gguf.quants import dequantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.models.kernels import native, unavailable
-from tests.conftest import examples, kernel_isas, using_isa
+from coda.models.kernels import unavailable
+from tests.conftest import examples, kernel_isas, using_isa, using_threads
 from tests.kquant_files import BLOCKS, q4_k_m, random_blocks, write_mixed
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
@@ -202,13 +202,9 @@ def test_t4_row_bits_independent_of_batch_position_and_threads(qtype: str, batch
     pos = data.draw(st.integers(0, batch - 1))
     xs = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch))
     xs[pos] = row[0]
-    threads = native().threads()
-    try:
-        for t in (1, 3):
-            native().set_threads(t)
+    for t in (1, 3):
+        with using_threads(t):
             assert torch.equal(lin(xs)[pos], alone[0])
-    finally:
-        native().set_threads(threads)
 
 
 MIXES = {

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from coda.models.kernels import native, unavailable
-from tests.conftest import kernel_isas, using_isa
+from tests.conftest import kernel_isas, using_isa, using_threads
 from tests.kquant_files import random_blocks
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
@@ -86,12 +86,7 @@ def test_t4_eight_rows_of_mixed_parts_on_1_and_3_threads() -> None:
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(14))
     with using_isa("scalar"):
         want = lin(x)
-    threads = native().threads()
-    try:
-        for isa in kernel_isas():
-            for t in (1, 3):
-                native().set_threads(t)
-                with using_isa(isa):
-                    assert _same(lin(x), want), (isa, t)
-    finally:
-        native().set_threads(threads)
+    for isa in kernel_isas():
+        for t in (1, 3):
+            with using_threads(t), using_isa(isa):
+                assert _same(lin(x), want), (isa, t)

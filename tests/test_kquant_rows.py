@@ -9,9 +9,6 @@ row grouping and K chunking), on the thread count, nor on the ISA (the portable 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -19,13 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.models.kernels import unavailable
-from tests.conftest import examples, kernel_isas, using_isa
+from tests.conftest import examples, kernel_isas, using_isa, using_threads
 from tests.kquant_files import BLOCKS, K_TYPES, random_blocks
 
 if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATIVE=1)
     pytest.skip(f"native kernels unavailable: {unavailable()}", allow_module_level=True)
 
-from coda.models.kernels import native  # noqa: E402
 from coda.models.kernels.kquant_linear import KQuantLinear, Segment  # noqa: E402
 
 HERE_ISAS = kernel_isas()
@@ -48,18 +44,6 @@ def segment(qtype: str, rows: int, k: int, rng: np.random.Generator, bias: bool)
 
 def each_row_alone(lin: KQuantLinear, x: torch.Tensor) -> np.ndarray:
     return np.concatenate([lin(x[i:i + 1]).numpy() for i in range(x.shape[0])])
-
-
-@contextlib.contextmanager
-def using_threads(n: int) -> Iterator[None]:
-    """Run the native kernels on ``n`` pool threads inside the block, then the previous count."""
-    mod = native()
-    before = mod.threads()
-    mod.set_threads(n)
-    try:
-        yield
-    finally:
-        mod.set_threads(before)
 
 
 def check_rows(lin: KQuantLinear, x: torch.Tensor) -> None:

@@ -40,7 +40,7 @@ log = logging.getLogger("coda.durable")
 class LogWriting(Protocol):
     """An engine whose producers write each request's log themselves (built with ``log``)."""
 
-    log: Any
+    log: RedisStreamLog | None
 
     def detach(self, request_id: str) -> None: ...
 

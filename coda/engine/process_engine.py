@@ -58,6 +58,21 @@ log = logging.getLogger("coda.engine")
 # NOTE: the worker's own stream enforces the request's bound (acks travel back); the copy
 # must never refuse what the worker produced
 _UNBOUNDED = BackpressureConfig(pause_bytes=1 << 62, max_bytes=1 << 62)
+
+
+class _Answer:
+    """What the pipe reader hands one waiting caller: ``value`` once the worker answered.
+    ``event`` set with ``answered`` false means no value comes (a submit accepted, or the
+    worker gone)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.answered = False
+        self.value: object = None
+
+    def give(self, value: object) -> None:
+        self.value, self.answered = value, True
+        self.event.set()
 _VALIDATE_WAIT_S = 10.0
 
 
@@ -166,11 +181,11 @@ class WorkerProcess:
         self._lock = threading.Lock()  # NOTE: guards _open and state
         # NOTE: a separate lock for the pipe: the reader never waits behind a blocked send
         self._send_lock = threading.Lock()
-        self._calls: dict[int, list[Any]] = {}
-        self._waits: dict[str, list[Any]] = {}  # NOTE: submits waiting for accepted/rejected
+        self._calls: dict[int, _Answer] = {}
+        self._waits: dict[str, _Answer] = {}  # NOTE: submits waiting for accepted/rejected
         self._ids = itertools.count()
-        self._proc: Any = None
-        self._conn: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> WorkerProcess:
@@ -219,7 +234,7 @@ class WorkerProcess:
         call then waits for the worker's answer (a pipe round trip)."""
         rid = req.request_id
         assert rid is not None
-        waiter: list[Any] = [threading.Event()]
+        waiter = _Answer()
         with self._lock:
             alive = self.state == "ready"
             if alive:
@@ -234,12 +249,13 @@ class WorkerProcess:
         if not validate:
             return
         # NOTE: bounded; past it (or if the worker dies) the stream's own ending applies
-        waiter[0].wait(_VALIDATE_WAIT_S)
+        waiter.event.wait(_VALIDATE_WAIT_S)
         with self._lock:
             self._waits.pop(rid, None)
-        if len(waiter) > 1:
+        if waiter.answered:
             self._forget(rid)
-            raise rebuild_error(*waiter[1])
+            assert isinstance(waiter.value, Exception)
+            raise waiter.value
 
     def cancel(self, request_id: str, cause: CancelCause) -> None:
         self._send(("cancel", request_id, cause.value))
@@ -247,17 +263,17 @@ class WorkerProcess:
     def ack(self, request_id: str, seq: int) -> None:
         self._send(("ack", request_id, seq))
 
-    def call(self, method: str, *args: Any, timeout: float = 10.0) -> Any:
+    def call(self, method: str, *args: object, timeout: float = 10.0) -> Any:
         """A blocking call answered by the worker (``stats``, ``num_waiting``,
         ``trace_rows``); TimeoutError if no answer (e.g. the worker died)."""
-        slot: list[Any] = [threading.Event()]
+        slot = _Answer()
         call_id = next(self._ids)
         self._calls[call_id] = slot
         try:
-            if (not self._send(("call", call_id, method, args)) or not slot[0].wait(timeout)
-                    or len(slot) < 2):
+            if (not self._send(("call", call_id, method, args)) or not slot.event.wait(timeout)
+                    or not slot.answered):
                 raise TimeoutError(f"model worker '{self.name}' did not answer {method}")
-            return slot[1]
+            return slot.value
         finally:
             self._calls.pop(call_id, None)
 
@@ -279,7 +295,7 @@ class WorkerProcess:
         return len(self._open)
 
     # -- internals -----------------------------------------------------------------------
-    def _send(self, msg: tuple[Any, ...]) -> bool:
+    def _send(self, msg: tuple[object, ...]) -> bool:
         if self._conn is None:
             return False
         try:
@@ -294,6 +310,7 @@ class WorkerProcess:
             self._open.pop(rid, None)
 
     def _read(self) -> None:
+        assert self._conn is not None
         try:
             while True:
                 self._dispatch(self._conn.recv())
@@ -315,20 +332,18 @@ class WorkerProcess:
                 waiter = self._waits.pop(rid, None)
                 entry = self._open.pop(rid, None) if waiter is None else None
             if waiter is not None:
-                waiter.append((kind_, code, message, field))
-                waiter[0].set()
+                waiter.give(rebuild_error(kind_, code, message, field))
             elif entry is not None:
                 end_failed(entry[0], self.name, entry[1], message, ErrorCode(code))
         elif kind == "accepted":
             with self._lock:
                 waiter = self._waits.pop(msg[1], None)
             if waiter is not None:
-                waiter[0].set()
+                waiter.event.set()
         elif kind == "reply":
             slot = self._calls.get(msg[1])
             if slot is not None:
-                slot.append(msg[2])
-                slot[0].set()
+                slot.give(msg[2])
         elif kind == "loaded":
             self.info, self.state = msg[1], "ready"
             self.load_s = time.monotonic() - self.started_at
@@ -375,4 +390,4 @@ class WorkerProcess:
                 end_failed(stream, self.name, prompt_tokens,
                            f"model worker '{self.name}' {why}")
         for slot in [*self._calls.values(), *self._waits.values()]:
-            slot[0].set()  # NOTE: unanswered calls time out at once (no value appended)
+            slot.event.set()  # NOTE: unanswered calls time out at once (no value given)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coda.engine.types import EngineConfig
 from coda.scaleout.remote import RemoteEngine
+
+if TYPE_CHECKING:
+    from coda.durable.redis_log import RedisStreamLog
 
 # NOTE: calls in flight per replica that Serve lets through (its default is 5)
 MAX_ONGOING = 10_000
@@ -21,7 +24,7 @@ MAX_ONGOING = 10_000
 def start_replicas(n: int, model_dir: Path | None, config: EngineConfig, *,
                    ray_address: str | None = None, num_cpus: float = 1.0,
                    torch_threads: int = 1, local_cpus: int | None = None,
-                   log: Any = None) -> RemoteEngine:
+                   log: RedisStreamLog | None = None) -> RemoteEngine:
     """The :class:`RemoteEngine` over ``n`` replicas; ``log`` (a
     :class:`~coda.durable.redis_log.RedisStreamLog`): the replicas write the stream log."""
     import ray

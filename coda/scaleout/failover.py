@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coda.durable.mirror import feed
 from coda.errors import ErrorCode
@@ -23,13 +23,14 @@ from coda.lifecycle import State
 from coda.stream import EventType, StreamEvent, Terminal
 
 if TYPE_CHECKING:
+    from coda.durable.redis_log import RedisStreamLog
     from coda.scaleout.remote import RemoteHandle
 
 log = logging.getLogger("coda.scaleout")
 
 
-async def settle(h: RemoteHandle, dlog: Any, model_name: str, got_delta: bool,
-                 exc: BaseException, can_retry: bool) -> bool:
+async def settle(h: RemoteHandle, dlog: RedisStreamLog | None, model_name: str,
+                 got_delta: bool, exc: BaseException, can_retry: bool) -> bool:
     """After a failed replica call: True if the request is to be resubmitted, else it is
     ended (its copy closed) on return. Without a log: resubmit iff no delta reached the
     ingress. With one (``dlog``, the ingress's RedisStreamLog), the log decides (seed 004),
@@ -56,8 +57,8 @@ async def settle(h: RemoteHandle, dlog: Any, model_name: str, got_delta: bool,
             await asyncio.sleep(0.5)
 
 
-def settle_from_log(h: RemoteHandle, dlog: Any, model_name: str, exc: BaseException,
-                    can_retry: bool) -> bool:
+def settle_from_log(h: RemoteHandle, dlog: RedisStreamLog, model_name: str,
+                    exc: BaseException, can_retry: bool) -> bool:
     """Take the request back from the failed replica (compare-and-set on the fencing
     token it holds, so a replica that is only slow is fenced out). No durable delta and
     another replica left → True (resubmit). Otherwise write the one ``model_error``

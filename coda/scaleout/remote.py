@@ -27,7 +27,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import tokenizers
 
 from coda.durable.mirror import feed
 from coda.engine.plan import check_embedding_input, claimed_tokens
@@ -40,6 +42,10 @@ from coda.scaleout.failover import fail, settle
 from coda.scaleout.feed import FeedClient
 from coda.scaleout.routing_trace import RoutedTraceSink
 from coda.stream import EventType, RequestStream, StreamEvent
+
+if TYPE_CHECKING:
+    from coda.durable.redis_log import RedisStreamLog
+    from coda.scaleout.producer import DurableSpec
 
 log = logging.getLogger("coda.scaleout")
 
@@ -77,7 +83,7 @@ class RemoteEngine:
     :class:`~coda.durable.engine.DurableEngine` passes through (issue 22 step 3)."""
 
     def __init__(self, replicas: list[Any], config: EngineConfig, *,
-                 affinity_slack: int = 256, log: Any = None) -> None:
+                 affinity_slack: int = 256, log: RedisStreamLog | None = None) -> None:
         self.replicas = replicas
         self.config = config
         # NOTE: the ingress holds the replica's own tokenizer and model data (pickled), so it
@@ -88,7 +94,7 @@ class RemoteEngine:
             {model_key(self.model_name)})
         self.context_length: int = attrs["context_length"]
         self.eos_token_ids: frozenset[int] = attrs["eos_token_ids"]
-        self.tokenizer: Any = attrs["tokenizer"]
+        self.tokenizer: tokenizers.Tokenizer = attrs["tokenizer"]
         for key, value in attrs.items():
             if not hasattr(self, key):
                 setattr(self, key, value)
@@ -103,7 +109,7 @@ class RemoteEngine:
         self.num_resubmits_total = 0
         self._embed_turn = itertools.count()
         self.owns_replicas = True  # NOTE: False when it joined replicas another ingress made
-        self.log: Any = log  # NOTE: a RedisStreamLog or None (coda.durable is optional)
+        self.log = log  # NOTE: None without --redis-url (coda.durable's redis is optional)
         self.trace = RoutedTraceSink(self, config.recent_traces or 64)
 
     # -- Engine protocol -----------------------------------------------------------------
@@ -295,7 +301,7 @@ class RemoteEngine:
             self._done(idx, req)
             return
 
-    def _spec(self, h: RemoteHandle) -> Any:
+    def _spec(self, h: RemoteHandle) -> DurableSpec | None:
         if self.log is None:
             return None
         from coda.scaleout.producer import DurableSpec

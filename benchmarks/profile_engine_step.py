@@ -7,9 +7,11 @@ count (``choose_num_threads``: torch's and the native kernels' pools), interleav
 process, medians of ``--repeats``. Only pure decode steps (exactly N sequences, one token each)
 count. Each step's wall time is split by timers wrapped around:
 
-* ``kernels``: the projections (the native plan's qkv / o / gate_up / down calls) and the LM
-  head (``compute_logits``);
-* ``attention``: RoPE + KV write + attention (``attend_native``, one call per layer);
+* ``kernels``: the projections (the native plan's qkv / o / gate_up / down calls; in the fused
+  loop, ``coda/models/native_loop.py``, the bare kernel calls) and the LM head
+  (``compute_logits``);
+* ``attention``: RoPE + KV write + attention (``attend_native``, one call per layer; in the
+  fused loop the bare native call);
 * ``forward rest``: ``ModelRunner.execute`` less the two above (embedding gather, norms,
   SiLU, RoPE tables, attention metadata, the logits' copy);
 * ``scheduler``: ``Scheduler.schedule`` + ``on_step_done``;
@@ -42,6 +44,7 @@ from coda.engine.async_engine import AsyncEngine
 from coda.engine.runner import choose_num_threads
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.models.kernels import describe
+from coda.models.kernels.raw import attach, raw_of
 from coda.sampling import SamplingParams
 
 PARTS = ("kernels", "attention", "forward rest", "scheduler", "sampler", "stream", "step rest")
@@ -67,6 +70,13 @@ class Probe:
 
         return wrapper
 
+    def linear(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A timed projection that carries a timed RawLinear where ``fn`` has one."""
+        wrapped = self.timed(fn, "kernels")
+        if (raw := raw_of(fn)) is not None:
+            attach(wrapped, dataclasses.replace(raw, fn=self.timed(raw.fn, "kernels")))
+        return wrapped
+
     def install(self, engine: AsyncEngine) -> None:
         core, runner, model = engine.core, engine.runner, engine.runner.model
         # NOTE: the model's row ops with a timed attention (the loop reads model.rows each step)
@@ -74,9 +84,13 @@ class Probe:
                                          attend=self.timed(model.rows.attend, "attention"))
         plan = model.layer_plan(model.rows)
         model._plans[model.rows.name] = [dataclasses.replace(
-            p, qkv=self.timed(p.qkv, "kernels"), o=self.timed(p.o, "kernels"),
-            gate_up=self.timed(p.gate_up, "kernels"), down=self.timed(p.down, "kernels"))
-            for p in plan]
+            p, qkv=self.linear(p.qkv), o=self.linear(p.o), gate_up=self.linear(p.gate_up),
+            down=self.linear(p.down)) for p in plan]
+        # NOTE: the fused loop (coda/models/native_loop.py) calls the raw kernels and the
+        # native attention directly: time those (its own Python is "forward rest")
+        loop = model.native_loop(model.rows, model._plans[model.rows.name])
+        if loop is not None:
+            loop.attend = self.timed(loop.attend, "attention")
         model.compute_logits = self.timed(model.compute_logits, "kernels")  # type: ignore[method-assign]
         runner.execute = self.timed(runner.execute, "execute")  # type: ignore[method-assign]
         core.scheduler.schedule = self.timed(core.scheduler.schedule, "scheduler")  # type: ignore[method-assign]

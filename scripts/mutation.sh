@@ -25,8 +25,9 @@ declare -A TESTS=(
   [reader]="tests/test_reader.py tests/test_stream.py"
   [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py tests/test_step_stops_fallback.py tests/test_reasoning_split.py tests/test_utf8_tail_auto.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
-  [early_stop]="tests/test_early_stop.py"
+  [early_stop]="tests/test_early_stop.py tests/test_early_stop_bounds.py"
   [engine/plan]="tests/test_plan.py tests/test_plan_fields.py tests/test_one_budget_name.py"
+  [engine/lookup]="tests/test_speculative_lookup.py"
 )
 STEMS=("$@")
 [ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request early_stop)

@@ -7,8 +7,10 @@
 // load (`X1::xp`, per 128 codes: sub-blocks of 32 in the order 0 2 1 3: one AND gives
 // sub-blocks 2c and 2c + 2, one shift + AND 2c + 1 and 2c + 3) and its sums of 16 are paired
 // into sums of 32 (`X1::bs2`: the mins' term is one multiply per sub-block). Q6_K's codes come
-// out of a 64-byte load in x's own order. Per block: 4 maddubs + 4 VNNI dpwssd (the sub-block
-// scale per int16 lane), the four blocks of a group reduced together.
+// out of a 64-byte load in x's own order. Per block: 4 VNNI dpbusd (64 code x activation
+// products each, exact int32 sums of 4), 2 packssdw into int16 (exact: the sums fit) and 2 VNNI
+// dpwssd with the sub-block scale of each int16 lane; the four blocks of a group have their
+// scale / min bytes unpacked in one register and their sums reduced together.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -22,13 +24,6 @@ namespace kq {
 namespace q8s {
 
 inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
-
-// vpermw index: int16 lanes 8i..8i+7 = element 4k + i (Q6_K: sub-blocks of 16, 4 per vector).
-inline __m512i quad16(int k) {
-  alignas(64) int16_t v[32];
-  for (int l = 0; l < 32; ++l) v[l] = static_cast<int16_t>(4 * k + l / 8);
-  return _mm512_load_si512(v);
-}
 
 inline __m256i fold512(__m512i a) {
   return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
@@ -64,57 +59,74 @@ inline __m512i k4_codes4(__m512i v) {
   return _mm512_ternarylogic_epi32(low, _mm512_srli_epi16(hb, 2), _mm512_set1_epi8(0x30), 0xF8);
 }
 
-// vpermw index: int16 lanes 0..15 = element 8j + a, 16..31 = 8j + b.
-inline __m512i sel16(int j, int a, int b) {
+// vpermw index over sw (128-bit lane j: block j's 8 scales as int16): per 128-bit lane L of the
+// result [sc a x4, sc b x4] with (a, b) = (s, s + 1) for L < 2, (s + 2, s + 3) for L >= 2: the
+// sub-blocks of packssdw's words from two dpbusd results (d of sub-blocks s | s + 2, then
+// s + 1 | s + 3).
+inline __m512i sel_pack(int j, int s) {
   alignas(64) int16_t v[32];
-  for (int l = 0; l < 32; ++l) v[l] = static_cast<int16_t>(8 * j + (l < 16 ? a : b));
+  for (int w = 0; w < 32; ++w)
+    v[w] = static_cast<int16_t>(8 * j + s + (w / 8 < 2 ? 0 : 2) + (w % 8 < 4 ? 0 : 1));
   return _mm512_load_si512(v);
 }
 
-// One Q4_K block against xp's block; sw: 128-bit lane j the block's 8 scales as int16.
+// One Q4_K block against xp's block: 16 int32 lanes adding to isum. VNNI dpbusd takes 64 codes
+// x activations per instruction (4 per int32 lane, one sub-block per 256 bits), packssdw pairs
+// two results into int16 (exact) and dpwssd applies each lane's sub-block scale.
 inline __m512i dot_q4k(const uint8_t* blk, const int8_t* xp, __m512i sw, int j) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), z = _mm512_setzero_si512();
   const __m512i v0 = load64(blk + 16), v1 = load64(blk + 80);
-  // NOTE: |u x + u x| <= 2 * 15 * 127 fits int16; times a scale <= 63 in int32
-  __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(v0, m4), load64(xp)),
-                                _mm512_permutexvar_epi16(sel16(j, 0, 2), sw));
-  __m512i c = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(v1, m4), load64(xp + 128)),
-                                _mm512_permutexvar_epi16(sel16(j, 4, 6), sw));
-  a = _mm512_dpwssd_epi32(
-      a, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(v0, 4), m4), load64(xp + 64)),
-      _mm512_permutexvar_epi16(sel16(j, 1, 3), sw));
-  c = _mm512_dpwssd_epi32(
-      c, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), load64(xp + 192)),
-      _mm512_permutexvar_epi16(sel16(j, 5, 7), sw));
-  return _mm512_add_epi32(a, c);
+  const __m512i d0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(v0, m4), load64(xp));
+  const __m512i d1 =
+      _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4), load64(xp + 64));
+  const __m512i d2 = _mm512_dpbusd_epi32(z, _mm512_and_si512(v1, m4), load64(xp + 128));
+  const __m512i d3 =
+      _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), load64(xp + 192));
+  // NOTE: |4 u x| <= 4 * 15 * 127 fits int16, so packssdw is exact; times a scale <= 63 in int32
+  const __m512i a = _mm512_madd_epi16(_mm512_packs_epi32(d0, d1),
+                                      _mm512_permutexvar_epi16(sel_pack(j, 0), sw));
+  return _mm512_dpwssd_epi32(a, _mm512_packs_epi32(d2, d3),
+                             _mm512_permutexvar_epi16(sel_pack(j, 4), sw));
 }
 
-// One Q6_K block against x's block in its own order (16 lanes adding to isum; no mins).
+// vpermw index over Q6_K's 16 sub-scales (int16): per 128-bit lane L of the result
+// [sc 8h + L x4, sc 8h + 4 + L x4]: packssdw's words from the dpbusd results of half h.
+inline __m512i sel_q6(int h) {
+  alignas(64) int16_t v[32];
+  for (int w = 0; w < 32; ++w) v[w] = static_cast<int16_t>(8 * h + w / 8 + (w % 8 < 4 ? 0 : 4));
+  return _mm512_load_si512(v);
+}
+
+// One Q6_K block against x's block in its own order (16 lanes adding to isum; no mins): per
+// half, two 64-byte code vectors (sub-blocks of 16 per 128 bits), dpbusd, packssdw, dpwssd.
 inline __m512i dot_q6k(const uint8_t* blk, const int8_t* x, const int16_t* bsum) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+  const __m512i z = _mm512_setzero_si512();
+  const __m256i sc16 =
+      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
   const __m512i scz = _mm512_castsi256_si512(sc16);
   // NOTE: off = 32: the offset's sum comes off as 32 * osum (as kquants_q8_blk.h's dot)
-  const __m256i o = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum)));
-  __m512i a[2] = {_mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o, 5))),
-                  _mm512_setzero_si512()};
+  const __m256i o =
+      _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum)));
+  __m512i a = _mm512_zextsi256_si512(
+      _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o, 5)));
   for (int h = 0; h < 2; ++h) {
     const __m512i l = load64(blk + 64 * h);
     const __m256i hv = load32(blk + 128 + 32 * h);
     // NOTE: [hv | hv >> 2]: bits 0, 1 / 2, 3 of each byte for codes 0..63, bits 4, 5 / 6, 7 for
     // 64..127 (the bits a 16-bit shift carries in from the next byte are masked off)
-    const __m512i h2 = _mm512_inserti64x4(_mm512_castsi256_si512(hv), _mm256_srli_epi16(hv, 2), 1);
+    const __m512i h2 =
+        _mm512_inserti64x4(_mm512_castsi256_si512(hv), _mm256_srli_epi16(hv, 2), 1);
     const __m512i qa = _mm512_ternarylogic_epi32(
         l, m4, _mm512_and_si512(_mm512_slli_epi16(h2, 4), m30), 0xEA);  // NOTE: (l & m4) | c
     const __m512i qb = _mm512_ternarylogic_epi32(
         _mm512_srli_epi16(l, 4), m4, _mm512_and_si512(h2, m30), 0xEA);
-    // NOTE: |u x + u x| <= 2 * 63 * 127 fits int16; times |sc| <= 128 in int32
-    a[0] = _mm512_dpwssd_epi32(a[0], _mm512_maddubs_epi16(qa, load64(x + 128 * h)),
-                               _mm512_permutexvar_epi16(quad16(2 * h), scz));
-    a[1] = _mm512_dpwssd_epi32(a[1], _mm512_maddubs_epi16(qb, load64(x + 128 * h + 64)),
-                               _mm512_permutexvar_epi16(quad16(2 * h + 1), scz));
+    // NOTE: |4 u x| <= 4 * 63 * 127 = 32004 fits int16 (packssdw exact); times |sc| <= 128
+    const __m512i p = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, qa, load64(x + 128 * h)),
+                                         _mm512_dpbusd_epi32(z, qb, load64(x + 128 * h + 64)));
+    a = _mm512_dpwssd_epi32(a, p, _mm512_permutexvar_epi16(sel_q6(h), scz));
   }
-  return _mm512_add_epi32(a[0], a[1]);
+  return a;
 }
 
 // M = 1, Q4_K / Q6_K: row1's loop and float steps (the same integers per block, the same

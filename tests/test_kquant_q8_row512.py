@@ -1,7 +1,7 @@
 """``packed-q8`` K-quants at one activation row on the AVX-512 build (issue 18, branch kq8b1;
-SPEC T3, T4): ``csrc/kquants_q8_row512.h`` (Q4_K / Q6_K, 64 weights per instruction, the row
-copied once per call into the order the Q4_K nibbles come out, four blocks' scales, mins and
-sums reduced together).
+SPEC T3, T4): ``csrc/kquants_q8_row512.h`` (Q4_K / Q5_K / Q6_K, 64 weights per instruction,
+the row copied once per call into the order the Q4_K / Q5_K nibbles come out, four blocks'
+scales, mins and sums reduced together).
 
 * blocks at the extremes of every field (largest codes, scales and mins, Q6_K's -128 and 127
   sub-scales) against activation rows whose codes are all +-127: the integer sums are the
@@ -28,7 +28,7 @@ if unavailable() is not None:  # NOTE: CI requires the module (CODA_REQUIRE_NATI
 from coda.models.kernels.kquant_linear import KQuantLinear, Segment  # noqa: E402
 from tests.test_kquant_q8 import q8k  # noqa: E402
 
-BLOCK = {"Q4_K": 144, "Q6_K": 210}
+BLOCK = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
 def _extreme_rows(qtype: str, blocks: int) -> np.ndarray:
@@ -42,7 +42,7 @@ def _extreme_rows(qtype: str, blocks: int) -> np.ndarray:
     raw[3:] = rng.integers(0, 256, size=(3, blocks, bb), dtype=np.uint8)
     one = np.array([1.0], np.float16).view(np.uint8)
     half = np.array([0.5], np.float16).view(np.uint8)
-    if qtype == "Q4_K":
+    if qtype in ("Q4_K", "Q5_K"):
         raw[:, :, 4:16] = 0xFF  # NOTE: every scale and min 63
         raw[1, :, 16:] = 0
         raw[:, :, 0:2], raw[:, :, 2:4] = one, half
@@ -54,7 +54,7 @@ def _extreme_rows(qtype: str, blocks: int) -> np.ndarray:
     return raw.reshape(6, blocks * bb)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", list(BLOCK))
 def test_t4_one_row_extreme_blocks_have_the_scalar_bits(qtype: str) -> None:
     """T4: extreme blocks x activation rows of all +127 / all -127 / alternating codes, one row
     per call (the M = 1 kernel), 5 super-blocks (a group of four and a short one): every ISA
@@ -72,7 +72,7 @@ def test_t4_one_row_extreme_blocks_have_the_scalar_bits(qtype: str) -> None:
                 assert torch.equal(lin(x).view(torch.int32), want.view(torch.int32)), isa
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", list(BLOCK))
 @pytest.mark.parametrize("blocks", range(1, 10))
 def test_t3_one_row_equals_the_integer_reference(qtype: str, blocks: int) -> None:
     """T3: one row over 1..9 super-blocks (every length of the last group of four) equals

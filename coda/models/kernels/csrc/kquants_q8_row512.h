@@ -70,19 +70,34 @@ inline __m512i sel_pack(int j, int s) {
   return _mm512_load_si512(v);
 }
 
-// One Q4_K block against xp's block: 16 int32 lanes adding to isum. VNNI dpbusd takes 64 codes
-// x activations per instruction (4 per int32 lane, one sub-block per 256 bits), packssdw pairs
-// two results into int16 (exact) and dpwssd applies each lane's sub-block scale.
+// One Q4_K / Q5_K block against xp's block: 16 int32 lanes adding to isum. VNNI dpbusd takes 64
+// codes x activations per instruction (4 per int32 lane, one sub-block per 256 bits), packssdw
+// pairs two results into int16 (exact) and dpwssd applies each lane's sub-block scale.
+template <int T>
 inline __m512i dot_q4k(const uint8_t* blk, const int8_t* xp, __m512i sw, int j) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), z = _mm512_setzero_si512();
-  const __m512i v0 = load64(blk + 16), v1 = load64(blk + 80);
-  const __m512i d0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(v0, m4), load64(xp));
-  const __m512i d1 =
-      _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4), load64(xp + 64));
-  const __m512i d2 = _mm512_dpbusd_epi32(z, _mm512_and_si512(v1, m4), load64(xp + 128));
-  const __m512i d3 =
-      _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), load64(xp + 192));
-  // NOTE: |4 u x| <= 4 * 15 * 127 fits int16, so packssdw is exact; times a scale <= 63 in int32
+  const uint8_t* qs = blk + (T == Q5_K ? 48 : 16);
+  const __m512i v0 = load64(qs), v1 = load64(qs + 64);
+  __m512i c0 = _mm512_and_si512(v0, m4), c1 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+  __m512i c2 = _mm512_and_si512(v1, m4), c3 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+  if constexpr (T == Q5_K) {
+    // NOTE: sub-block s takes bit s of qh as its bit 4; [qh | qh >> 2] puts the bits of
+    // sub-blocks 0 | 2, 1 | 3, 4 | 6, 5 | 7 (c0..c3's halves) at bits 0, 1, 4, 5 (the bits a
+    // 16-bit shift carries in from the next byte are masked off)
+    const __m256i qh = load32(blk + 16);
+    const __m512i h2 =
+        _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+    c0 = _mm512_ternarylogic_epi32(c0, _mm512_slli_epi16(h2, 4), m10, 0xF8);  // NOTE: a | (b & c)
+    c1 = _mm512_ternarylogic_epi32(c1, _mm512_slli_epi16(h2, 3), m10, 0xF8);
+    c2 = _mm512_ternarylogic_epi32(c2, h2, m10, 0xF8);
+    c3 = _mm512_ternarylogic_epi32(c3, _mm512_srli_epi16(h2, 1), m10, 0xF8);
+  }
+  const __m512i d0 = _mm512_dpbusd_epi32(z, c0, load64(xp));
+  const __m512i d1 = _mm512_dpbusd_epi32(z, c1, load64(xp + 64));
+  const __m512i d2 = _mm512_dpbusd_epi32(z, c2, load64(xp + 128));
+  const __m512i d3 = _mm512_dpbusd_epi32(z, c3, load64(xp + 192));
+  // NOTE: |4 u x| <= 4 * 31 * 127 fits int16, so packssdw is exact; times a scale <= 63 in int32
   const __m512i a = _mm512_madd_epi16(_mm512_packs_epi32(d0, d1),
                                       _mm512_permutexvar_epi16(sel_pack(j, 0), sw));
   return _mm512_dpwssd_epi32(a, _mm512_packs_epi32(d2, d3),
@@ -129,7 +144,7 @@ inline __m512i dot_q6k(const uint8_t* blk, const int8_t* x, const int16_t* bsum)
   return a;
 }
 
-// M = 1, Q4_K / Q6_K: row1's loop and float steps (the same integers per block, the same
+// M = 1, Q4_K / Q5_K / Q6_K: row1's loop and float steps (the same integers per block, the same
 // scalar fma steps in block order) with the dots above.
 template <int T>
 inline float row1x(const uint8_t* row, const uint8_t* next, int64_t nb, int64_t bb,
@@ -145,7 +160,7 @@ inline float row1x(const uint8_t* row, const uint8_t* next, int64_t nb, int64_t 
     __m512i ys[4];
     __m128i dd;
     __m512i mt = _mm512_setzero_si512();
-    if constexpr (T == Q4_K) {
+    if constexpr (T == Q4_K || T == Q5_K) {
       __m512i hd = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[0])));
       hd = _mm512_inserti32x4(hd, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[1])), 1);
       hd = _mm512_inserti32x4(hd, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[2])), 2);
@@ -164,7 +179,7 @@ inline float row1x(const uint8_t* row, const uint8_t* next, int64_t nb, int64_t 
       for (int j = 0; j < 4; ++j) {
         const int64_t b = b0 + (j < n4 ? j : n4 - 1);
         if (next) prefetch_block(next + b * bb, bb);
-        ys[j] = dot_q4k(blk[j], x1.xp + b * QKK, sw, j);
+        ys[j] = dot_q4k<T>(blk[j], x1.xp + b * QKK, sw, j);
       }
     } else {
       alignas(16) uint32_t h[4];

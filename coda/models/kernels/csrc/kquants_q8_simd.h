@@ -64,15 +64,22 @@ inline void group(const uint8_t* const* row, const uint8_t* const* next, int g, 
                   const X1& x1, float* acc, int64_t bb, const float* bias, float* y) {
   const int64_t nb = c.K / QKK;
   if (c.M == 1) {
+#if CODA_ISA == CODA_AVX512
+    if constexpr (T == Q4_K || T == Q5_K || T == Q6_K) {
+      if (x1.xp) {  // NOTE: kquants_q8_row512.h (the same bits as row1 / outputs4)
+        for (int j = 0; j < g; ++j) {
+          const float v = row1x<T>(row[j], next[j], nb, bb, xq, bs, x1, dx);
+          y[j] = bias ? v + bias[j] : v;
+        }
+        return;
+      }
+    }
+#else
+    (void)x1;
+#endif
     if constexpr (T == Q4_K || T == Q6_K) {
       for (int j = 0; j < g; ++j) {
-#if CODA_ISA == CODA_AVX512
-        const float v = x1.xp ? row1x<T>(row[j], next[j], nb, bb, xq, bs, x1, dx)
-                              : row1<T>(row[j], next[j], nb, bb, xq, bs, dx);
-#else
-        (void)x1;
         const float v = row1<T>(row[j], next[j], nb, bb, xq, bs, dx);
-#endif
         y[j] = bias ? v + bias[j] : v;
       }
     } else {

@@ -335,11 +335,24 @@ inline void linear_q8(const KqCall& c) {
     q8s::spread_dx(dx, M, nb, dx2);
   }
 #endif
+#if CODA_ISA != CODA_SCALAR
+  q8s::X1 x1{nullptr, nullptr};
+#endif
+#if CODA_ISA == CODA_AVX512
+  int8_t* xp = nullptr;
+  int16_t* bs2 = nullptr;
+  if (fast && M == 1) {  // NOTE: kquants_q8_row512.h's layouts of the row (bs2 padded to a group)
+    xp = static_cast<int8_t*>(std::malloc(static_cast<size_t>(K)));
+    bs2 = static_cast<int16_t*>(std::malloc(sizeof(int16_t) * (nb + 4) * 8));
+    q8s::make_x1(xq, bs, nb, xp, bs2);
+    x1 = {xp, bs2};
+  }
+#endif
   pool::parallel_for(c.N, 16, [&](int64_t n0, int64_t n1) {
     float* acc = static_cast<float*>(std::malloc(sizeof(float) * 8 * Mq));
 #if CODA_ISA != CODA_SCALAR
     if (fast) {
-      q8s::range(c, xq, bs, dx, dx2, n0, n1, acc);
+      q8s::range(c, xq, bs, dx, dx2, x1, n0, n1, acc);
       std::free(acc);
       return;
     }
@@ -367,6 +380,10 @@ inline void linear_q8(const KqCall& c) {
     }
     std::free(acc);
   });
+#if CODA_ISA == CODA_AVX512
+  std::free(bs2);
+  std::free(xp);
+#endif
   std::free(dx2);
   std::free(dx);
   std::free(bs);

@@ -3,6 +3,7 @@
 // per-output float steps as kquants_q8.h's portable path (see kquants_q8_blk.h).
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "kquants_q8_blk.h"
 
@@ -11,6 +12,26 @@ namespace coda_native {
 namespace CODA_NS {
 namespace kq {
 namespace q8s {
+
+// The per-call M = 1 activations in the layouts below (built and used by the AVX-512 build only,
+// kquants_q8_row512.h; null: row1).
+struct X1 {
+  const int8_t* xp;    // [nb][256]: per 128, the sub-blocks of 32 of x in the order 0 2 1 3
+  const int16_t* bs2;  // [nb][8]: bsum[2j] + bsum[2j + 1] (|.| <= 32 * 127: int16)
+};
+
+// x (one Q8_K row, nb blocks) and its sums of 16 -> X1's two arrays.
+inline void make_x1(const int8_t* x, const int16_t* bs, int64_t nb, int8_t* xp, int16_t* bs2) {
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int h = 0; h < 2; ++h) {
+      static constexpr int kSub[4] = {0, 2, 1, 3};  // NOTE: the 32-code slot s holds sub-block kSub[s]
+      for (int s = 0; s < 4; ++s)
+        std::memcpy(xp + b * QKK + h * 128 + s * 32, x + b * QKK + h * 128 + kSub[s] * 32, 32);
+    }
+    for (int j = 0; j < 8; ++j)
+      bs2[b * 8 + j] = static_cast<int16_t>(bs[b * 16 + 2 * j] + bs[b * 16 + 2 * j + 1]);
+  }
+}
 
 // M = 1, Q4_K and Q6_K: dot's sums straight from the block bytes, each code vector and lane
 // scale made where the dot takes it (a whole Blk is 18 registers: with four outputs' sums live

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kquants_q8_row.h"
+#include "kquants_q8_row512.h"
 
 #if CODA_ISA != CODA_SCALAR
 namespace coda_native {
@@ -60,9 +61,22 @@ inline void spread_dx(const float* dx, int64_t M, int64_t nb, float* dx2) {
 template <int T>
 inline void group(const uint8_t* const* row, const uint8_t* const* next, int g, const KqCall& c,
                   const int8_t* xq, const int16_t* bs, const float* dx, const float* dx2,
-                  float* acc, int64_t bb, const float* bias, float* y) {
+                  const X1& x1, float* acc, int64_t bb, const float* bias, float* y) {
   const int64_t nb = c.K / QKK;
   if (c.M == 1) {
+#if CODA_ISA == CODA_AVX512
+    if constexpr (T == Q4_K || T == Q5_K || T == Q6_K) {
+      if (x1.xp) {  // NOTE: kquants_q8_row512.h (the same bits as row1 / outputs4)
+        for (int j = 0; j < g; ++j) {
+          const float v = row1x<T>(row[j], next[j], nb, bb, xq, bs, x1, dx);
+          y[j] = bias ? v + bias[j] : v;
+        }
+        return;
+      }
+    }
+#else
+    (void)x1;
+#endif
     if constexpr (T == Q4_K || T == Q6_K) {
       for (int j = 0; j < g; ++j) {
         const float v = row1<T>(row[j], next[j], nb, bb, xq, bs, dx);
@@ -83,7 +97,7 @@ constexpr int G = 4;
 // Outputs [n0, n1) of K-quant segments: groups of up to G outputs of one segment. acc: 8 floats
 // per 4 activation rows.
 inline void range(const KqCall& c, const int8_t* xq, const int16_t* bs, const float* dx,
-                  const float* dx2, int64_t n0, int64_t n1, float* acc) {
+                  const float* dx2, const X1& x1, int64_t n0, int64_t n1, float* acc) {
   const int64_t nb = c.K / QKK;
   int s = 0;
   int64_t first = 0;
@@ -116,11 +130,11 @@ inline void range(const KqCall& c, const int8_t* xq, const int16_t* bs, const fl
     const int64_t bb = q.row_bytes / nb;
     float* y = c.y + n;
     switch (q.type) {
-      case Q4_K: group<Q4_K>(row, next, g, c, xq, bs, dx, dx2, acc, bb, bias, y); break;
-      case Q6_K: group<Q6_K>(row, next, g, c, xq, bs, dx, dx2, acc, bb, bias, y); break;
-      case Q5_K: group<Q5_K>(row, next, g, c, xq, bs, dx, dx2, acc, bb, bias, y); break;
-      case Q3_K: group<Q3_K>(row, next, g, c, xq, bs, dx, dx2, acc, bb, bias, y); break;
-      default: group<Q2_K>(row, next, g, c, xq, bs, dx, dx2, acc, bb, bias, y); break;
+      case Q4_K: group<Q4_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
+      case Q6_K: group<Q6_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
+      case Q5_K: group<Q5_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
+      case Q3_K: group<Q3_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
+      default: group<Q2_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
     }
     n += g;
   }

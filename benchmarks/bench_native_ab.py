@@ -15,7 +15,13 @@ the contract).
 
 Legacy types: Q4_0, Q4_1 and Q8_0 run re-laid-out (``linear``, ``csrc/blocks.h``: what the
 ``packed`` modes load them as), Q5_0 and Q5_1 in place (``kq_linear``); ``--mix Q4_0`` is
-llama.cpp's Q4_0 file (Q4_0 projections, a Q6_K head).
+llama.cpp's Q4_0 file (Q4_0 projections, a Q6_K head). ``--legacy A,B`` picks per side how
+Q4_0/Q4_1/Q8_0 run (``relaid`` or ``inplace``: the same bits either way), so one build can
+compare its in-place kernel with its re-laid-out one; ``--shape NxK`` sets the ``types`` matrix
+(Gemma 3 270M's tied Q8_0 embedding-and-head is 262144x640):
+
+    python benchmarks/bench_native_ab.py B.so B.so --types Q8_0 --shape 262144x640 \
+        --legacy relaid,inplace
 """
 
 from __future__ import annotations
@@ -86,9 +92,10 @@ class Mat:
         self.y = {side: np.zeros((m, sum(n for _, n in parts)), np.float32) for side in "ab"}
         self.nbytes = sum(r.nbytes for r in self.raws)
 
-    def __call__(self, mod: Any, side: str, x: np.ndarray, q8: bool) -> None:
+    def __call__(self, mod: Any, side: str, x: np.ndarray, q8: bool,
+                 inplace: bool = False) -> None:
         n = self.y[side].shape[1]
-        if self.kind >= 0:
+        if self.kind >= 0 and not inplace:
             mod.linear(x.ctypes.data, self.m, self.k, self.sc.data_ptr(), self.qs.data_ptr(), n,
                        self.kind, q8, self.y[side].ctypes.data)
             return
@@ -112,7 +119,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
+    ap.add_argument("--legacy", default="relaid,relaid",
+                    help="how each side runs Q4_0/Q4_1/Q8_0: relaid or inplace (A,B)")
+    ap.add_argument("--shape", default="4096x2048", help="NxK of the --what types matrix")
     args = ap.parse_args()
+    legacy = (args.legacy.split(",") * 2)[:2]
+    if any(v not in ("relaid", "inplace") for v in legacy):
+        ap.error("--legacy takes relaid or inplace, one or two (A,B)")
+    inplace = {"a": legacy[0] == "inplace", "b": legacy[1] == "inplace"}
+    n_rows, k_cols = (int(v) for v in args.shape.split("x"))
     mods = {"a": load("coda_ab_base", args.base), "b": load("coda_ab_branch", args.branch)}
     isas = (args.isa.split(",") * 2)[:2] if args.isa else None
     for i, mod in enumerate(mods.values()):
@@ -123,7 +138,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     groups: list[tuple[str, list[Mat]]] = []
     if args.what == "types":
-        groups = [(t, [Mat([(t, 4096)], 2048, args.m, rng, args.q8)]) for t in args.types.split(",")]
+        groups = [(t, [Mat([(t, n_rows)], k_cols, args.m, rng, args.q8)])
+                  for t in args.types.split(",")]
     else:
         mats = []
         for i in range(LAYERS):
@@ -134,9 +150,10 @@ def main() -> None:
                                 args.q8))
         mats.append(Mat([("Q6_K", VOCAB)], H, args.m, rng))
         groups = [(f"{args.mix} step", mats)]
-    xs = {k: rng.standard_normal((args.m, k)).astype(np.float32) for k in (H, FFN)}
+    xs = {k: rng.standard_normal((args.m, k)).astype(np.float32) for k in (H, FFN, k_cols)}
     print(f"load average {os.getloadavg()[0]:.1f}; {args.threads} threads; isa "
-          f"{mods['a'].isa()} / {mods['b'].isa()}; M={args.m}; {'packed-q8' if args.q8 else 'packed'}; medians of "
+          f"{mods['a'].isa()} / {mods['b'].isa()}; M={args.m}; {'packed-q8' if args.q8 else 'packed'}; legacy "
+          f"{'/'.join(legacy)}; medians of "
           f"{args.repeats} alternating repeats; {args.clock} clock")
     print("| what | weight MB | base ms | branch ms | branch / base | bits equal |")
     print("|---|---|---|---|---|---|")
@@ -146,7 +163,7 @@ def main() -> None:
             for side, mod in mods.items():
                 t0 = clock()
                 for mat in mats:
-                    mat(mod, side, xs[mat.k], args.q8)
+                    mat(mod, side, xs[mat.k], args.q8, inplace[side])
                 if rep:  # NOTE: the first round warms up (first touch of the weights)
                     times[side].append(clock() - t0)
         same = all(np.array_equal(m.y["a"].view(np.uint32), m.y["b"].view(np.uint32))

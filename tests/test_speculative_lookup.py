@@ -143,3 +143,49 @@ def test_only_the_most_recent_candidates_are_compared() -> None:
     for candidates, want in ((3, (3, 3)), (2, (11, 2)), (1, (11, 2))):
         assert longest_match(tokens, 2, 2, 64, candidates) == want
         assert NgramIndex(2, 2, 64, candidates).match(tokens) == want
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=40), data=st.data())
+def test_agreement_is_the_longest_suffix_equal_before_at_up_to_the_cap(
+        tokens: list[int], data: st.DataObject) -> None:
+    """``agreement`` (which the oracles above share) against its definition: the largest
+    ``L <= min(cap, at)`` with ``T[at - L:at] == T[len(T) - L:]``."""
+    at = data.draw(st.integers(0, len(tokens) - 1))
+    cap = data.draw(st.integers(0, 50))
+    n = len(tokens)
+    want = max(L for L in range(min(cap, at) + 1) if tokens[at - L:at] == tokens[n - L:])
+    assert agreement(tokens, at, cap) == want
+
+
+def test_agreement_stops_at_the_cap_and_at_the_start_of_the_tokens() -> None:
+    """"1 2" agrees over all 2 tokens before ``at = 2``: the start of the tokens ends it (no
+    wrap to the end), and a cap of 1 ends it earlier."""
+    assert agreement([1, 2, 1, 2], 2, 10) == 2
+    assert agreement([1, 2, 1, 2], 2, 1) == 1
+    assert agreement([3, 3, 3, 3, 3], 3, 2) == 2
+
+
+def test_grams_at_the_very_start_are_indexed() -> None:
+    """A gram that ends at position ``n`` (it starts at 0) is an occurrence, and a 1-gram
+    ending at 1 too."""
+    assert NgramIndex(2, 2, 64, 8).match([1, 2, 3, 1, 2]) == longest_match(
+        [1, 2, 3, 1, 2], 2, 2, 64, 8) == (2, 2)
+    assert NgramIndex(1, 1, 64, 8).match([5, 5]) == (1, 1)
+
+
+def test_the_index_grown_call_by_call_keeps_each_position_once() -> None:
+    """Called after every appended token (as a request grows), the index holds each end once:
+    with 2 candidates the 2 most recent occurrences are compared, never one of them twice."""
+    tokens = [9, 1, 2, 4, 1, 2, 5, 1, 2, 6, 9, 1, 2]
+    index = NgramIndex(2, 2, 64, 2)
+    for n in range(1, len(tokens) + 1):
+        assert index.match(tokens[:n]) == longest_match(tokens[:n], 2, 2, 64, 2), n
+
+
+def test_shorter_tokens_than_last_time_rebuild_the_index() -> None:
+    """Tokens that do not extend the last ones (another request's) are matched afresh: no end
+    position of the old tokens survives."""
+    index = NgramIndex(2, 2, 64, 8)
+    assert index.match([4, 4, 7, 7, 4, 4, 7, 7, 4, 4]) == (6, 6)
+    assert index.match([7, 7, 1, 7, 7]) == longest_match([7, 7, 1, 7, 7], 2, 2, 64, 8) == (2, 2)

@@ -10,9 +10,9 @@
 //
 // Decode batches (AVX-512: up to FUSED_M = 8 rows, 6..8 through the 8-row tile of
 // kquant_tile8.h; AVX2: 1) of K-quant tensors run the register kernel of kquant_fused.h instead
-// (no span buffer; same operations, same order, same bits); Q4_0 / Q4_1 / Q8_0 tensors of up to
-// LEGACY_M rows (AVX-512: 8, AVX2: 4) run legacy_inplace.h's register kernel (the same bits as
-// the span kernel and as blocks.h's re-laid-out tiles).
+// (no span buffer; same operations, same order, same bits); Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
+// tensors of up to LEGACY_M rows (AVX-512: 8, AVX2: 4) run legacy_inplace.h's register kernel
+// (the same bits as the span kernel and, Q4 and Q8_0, as blocks.h's re-laid-out tiles).
 // Decode once, use for every row: a span of KC weights of G = 4 output rows is decoded into a
 // small L1 buffer and multiplied into the accumulators of every input row of the row block
 // (MB rows), whose partial sums wait in a small array between spans; the G outputs run side by
@@ -220,7 +220,7 @@ constexpr int64_t FUSED_M = 8;
 #else
 constexpr int64_t FUSED_M = 1;
 #endif
-// NOTE: input rows up to which legacy_inplace.h's register kernel runs Q4_0 / Q4_1 / Q8_0 (RT
+// NOTE: input rows up to which legacy_inplace.h's register kernel runs legacy blocks (RT
 // rows per call, the group's rows re-read from L1); measured against the span kernel, 4096 x
 // 2048, 1 thread: AVX-512 0.40-0.64x the time at 1 row, 0.61-0.69x at 4, 0.84-0.93x at 8,
 // 1.02-1.25x at 16; AVX2 0.56-0.64x at 1, 0.70-0.77x at 4, 1.01-1.06x at 8
@@ -246,7 +246,7 @@ inline void linear(const KqCall& c) {
   }
 #endif
 #if CODA_ISA != CODA_SCALAR
-  // NOTE: Q4_0 / Q4_1 / Q8_0 rows: the register kernel of legacy_inplace.h (same bits)
+  // NOTE: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 rows: legacy_inplace.h's register kernel (same bits)
   if (legacy::fits(c, LEGACY_M)) {
     pool::parallel_for(c.N, 16, [&c](int64_t n0, int64_t n1) { legacy::range(c, n0, n1); });
     return;

@@ -1,26 +1,18 @@
-// The exact-mode matmul of Q4_0, Q4_1 and Q8_0 rows read in place from the mapped file (issue 18),
-// AVX2 and AVX-512 builds, a few input rows (decode steps): each output's ggml blocks (float16 d,
-// Q4_1's float16 m, then 16 bytes of nibbles or 32 int8) are decoded straight into registers and
-// multiplied into register accumulators for every row of the call, G outputs side by side (no
-// L1 span buffer, no re-laid-out copy). Included by kquant_kernels.h only.
+// The exact-mode matmul of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows read in place from the mapped
+// file (issue 18), AVX2 and AVX-512 builds, 1..LEGACY_M input rows (decode steps,
+// kquant_kernels.h): each output's ggml blocks (float16 d, Q4_1's and Q5_1's float16 m, Q5's 4
+// bytes of high bits, then 16 bytes of nibbles or 32 int8) are decoded straight into registers
+// and multiplied into register accumulators for every row of the call, G = 4 outputs side by
+// side: no L1 span buffer (kquant_kernels.h's span kernel, ~2x the time at one row) and no
+// re-laid-out copy (blocks.h). Included by kquant_kernels.h only.
 //
-// Bits: a weight is q * d (Q8_0) or fma(q, d, m) (Q4; m = -8 d for Q4_0), the file's weight
+// Bits: a weight is q * d (Q8_0), fma(q, d, m) (Q4; m = -8 d for Q4_0), (q - 16) d (Q5_0) or
+// fma(q, d, m) (Q5_1; q d exact, so one rounding as kquants.h's q d + m), the file's weight
 // exactly, as kquants.h decodes it; per output 16 float lanes, the product of input k in lane
 // k mod 16, fma in increasing k (a block's weights 0..15, then 16..31), then tree16, then
 // + bias: isa.h's canonical order, the same operations as blocks.h's re-laid-out tiles and the
-// span kernel (tests/test_legacy_inplace.py compares all three with the scalar build).
-// The exact-mode matmul of Q4_0, Q4_1 and Q8_0 rows read in place from the mapped file (issue 18),
-// AVX2 and AVX-512 builds, 1..LEGACY_M input rows (decode steps, kquant_kernels.h): each
-// output's ggml blocks (float16 d, Q4_1's float16 m, then 16 bytes of nibbles or 32 int8) are
-// decoded straight into registers and multiplied into register accumulators for every row of
-// the call, G = 4 outputs side by side: no L1 span buffer (kquant_kernels.h's span kernel, ~2x
-// the time at one row) and no re-laid-out copy (blocks.h). Included by kquant_kernels.h only.
-//
-// Bits: a weight is q * d (Q8_0) or fma(q, d, m) (Q4; m = -8 d for Q4_0), the file's weight
-// exactly, as kquants.h decodes it; per output 16 float lanes, the product of input k in lane
-// k mod 16, fma in increasing k (a block's weights 0..15, then 16..31), then tree16, then
-// + bias: isa.h's canonical order, the same operations as blocks.h's re-laid-out tiles and the
-// span kernel (tests/test_legacy_inplace.py compares them with the scalar build).
+// span kernel (tests/test_legacy_inplace.py compares them with the scalar build; blocks.h has no
+// Q5 tile).
 //
 // Speed (docs/quantization.md): at one row it streams Gemma 3 270M's 262144 x 640 Q8_0 head in
 // ~1.1x the re-laid-out tile's time (both near one core's memory bandwidth); in L2 ~1.4x: per
@@ -41,8 +33,20 @@ namespace CODA_NS {
 namespace kq {
 namespace legacy {
 
-template <int T> constexpr int64_t kBB = T == Q8_0 ? 34 : T == Q4_1 ? 20 : 18;  // block bytes
-template <int T> constexpr int64_t kQO = T == Q4_1 ? 4 : 2;  // offset of the quants in a block
+// block bytes, offset of the quants (Q5's 16 bytes of nibbles follow its 4 bytes of high bits)
+template <int T> constexpr int64_t kBB =
+    T == Q8_0 ? 34 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : 18;
+template <int T> constexpr int64_t kQO = T == Q4_1 ? 4 : T == Q5_0 ? 6 : T == Q5_1 ? 8 : 2;
+template <int T> constexpr bool kQ5 = T == Q5_0 || T == Q5_1;
+template <int T> constexpr bool kM = T == Q4_1 || T == Q5_1;  // a float16 m after d
+
+// A Q5 block's 32 high bits (bit j: weight j's bit 4), little-endian as kquants.h's le32.
+template <int T>
+inline uint32_t qh_bits(const uint8_t* blk) {
+  uint32_t v;
+  std::memcpy(&v, blk + kQO<T> - 4, 4);
+  return v;
+}
 
 // RT: rows per call of the register tile; kG<R>: outputs side by side at R rows (GW at one row,
 // the group width): R G accumulators (AVX2: two registers each), the decoded weights and x fit
@@ -79,7 +83,7 @@ template <int T, int G>
 inline void scales(const uint8_t* const* blk, float* s) {
   static_assert(G <= 4, "4 scales per conversion");
   _mm_store_ps(s, _mm_cvtph_ps(halves<G>(blk, 0)));
-  if (T == Q4_1) _mm_store_ps(s + 4, _mm_cvtph_ps(halves<G>(blk, 2)));
+  if (kM<T>) _mm_store_ps(s + 4, _mm_cvtph_ps(halves<G>(blk, 2)));
 }
 
 #if CODA_ISA == CODA_AVX512
@@ -110,6 +114,31 @@ inline void decode(const uint8_t* blk, const float* s, __m512 w[2]) {
   }
   // NOTE: byte j's low nibble is weight j, its high nibble weight 16 + j (ggml order)
   const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  if constexpr (kQ5<T>) {
+    // NOTE: the 32 possible weights as two tables (q in 0..15, 16..31), looked up by the 5-bit
+    // index nibble | high bit << 4 (vpermt2ps reads an index's low 5 bits): (q - 16) d and
+    // q d + m round once as kquants.h's (q d is exact: 11 by 5 significant bits)
+    const __m512 d = _mm512_set1_ps(s[0]);
+    const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 lo, hi;
+    if (T == Q5_0) {
+      lo = _mm512_mul_ps(_mm512_sub_ps(k, _mm512_set1_ps(16)), d);
+      hi = _mm512_mul_ps(k, d);
+    } else {
+      const __m512 m = _mm512_set1_ps(s[4]);
+      lo = _mm512_fmadd_ps(k, d, m);
+      hi = _mm512_fmadd_ps(_mm512_add_ps(k, _mm512_set1_ps(16)), d, m);
+    }
+    // NOTE: qh's bits 0..15 are weights 0..15's high bits, bits 16..31 weights 16..31's: a mask
+    // each sets the index's bit 4 (the low nibble's own bits 4..7 cleared first)
+    const uint32_t qh = qh_bits<T>(blk);
+    const __m512i b4 = _mm512_set1_epi32(16);
+    const __m512i n0 = _mm512_and_si512(i, _mm512_set1_epi32(0xF)), n1 = _mm512_srli_epi32(i, 4);
+    const __mmask16 k0 = static_cast<__mmask16>(qh), k1 = static_cast<__mmask16>(qh >> 16);
+    w[0] = _mm512_permutex2var_ps(lo, _mm512_mask_or_epi32(n0, k0, n0, b4), hi);
+    w[1] = _mm512_permutex2var_ps(lo, _mm512_mask_or_epi32(n1, k1, n1, b4), hi);
+    return;
+  }
   w[0] = _mm512_permutexvar_ps(i, table);
   w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(i, 4), table);
 }
@@ -150,8 +179,19 @@ inline __m256 decode8(const uint8_t* blk, const float* s) {
   }
   // NOTE: weights 8 V + l: bytes 8 (V % 2) + l, low nibble for V < 2, high for V >= 2
   const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * (V % 2))));
-  const __m256i n = V < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(b, 4);
+  __m256i n = V < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(b, 4);
   const __m256 d = _mm256_set1_ps(s[0]);
+  if constexpr (kQ5<T>) {
+    // NOTE: weight 8 V + l's high bit is qh's bit 8 V + l, moved to bit 4
+    const __m256i sh = _mm256_setr_epi32(8 * V, 8 * V + 1, 8 * V + 2, 8 * V + 3, 8 * V + 4,
+                                         8 * V + 5, 8 * V + 6, 8 * V + 7);
+    const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(qh_bits<T>(blk))), sh);
+    n = _mm256_or_si256(n, _mm256_and_si256(_mm256_slli_epi32(h, 4), _mm256_set1_epi32(16)));
+    // NOTE: (q - 16) d and q d + m round once, as kquants.h's (q d is exact)
+    if (T == Q5_0)
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(16))), d);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), d, _mm256_set1_ps(s[4]));
+  }
   // NOTE: Q4_0's m = -8 d is exact (blocks.h's scales8)
   const __m256 m = T == Q4_1 ? _mm256_set1_ps(s[4]) : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), d, m);
@@ -284,9 +324,11 @@ inline void rows(const uint8_t* const* row, const Ahead& ahead, int n, const flo
   }
 }
 
-inline bool legacy_type(int32_t t) { return t == Q4_0 || t == Q4_1 || t == Q8_0; }
+inline bool legacy_type(int32_t t) {
+  return t == Q4_0 || t == Q4_1 || t == Q5_0 || t == Q5_1 || t == Q8_0;
+}
 
-// Whether the call is this kernel's: at most max_m rows, every segment Q4_0, Q4_1 or Q8_0.
+// Whether the call is this kernel's: at most max_m rows, every segment a legacy block type.
 inline bool fits(const KqCall& c, int64_t max_m) {
   if (c.M > max_m) return false;
   for (int i = 0; i < c.nseg; ++i)
@@ -332,6 +374,8 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
     switch (q.type) {
       case Q8_0: rows<Q8_0>(row, ahead, g, c.x, c.M, c.K, bias, y, c.N); break;
       case Q4_1: rows<Q4_1>(row, ahead, g, c.x, c.M, c.K, bias, y, c.N); break;
+      case Q5_0: rows<Q5_0>(row, ahead, g, c.x, c.M, c.K, bias, y, c.N); break;
+      case Q5_1: rows<Q5_1>(row, ahead, g, c.x, c.M, c.K, bias, y, c.N); break;
       default: rows<Q4_0>(row, ahead, g, c.x, c.M, c.K, bias, y, c.N); break;
     }
     n += g;

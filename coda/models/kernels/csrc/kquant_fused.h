@@ -215,7 +215,7 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
     const uint8_t* next[GMAX] = {};
     for (int j = 0; j < g; ++j) {
       const int64_t i = i0 + j;
-      row[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
+      row[j] = q.row(i);
     }
     // the group after the next one (two groups ahead, as the span kernel)
     {
@@ -228,7 +228,7 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
         const KqSeg& u = c.segs[t];
         if (u.row_bytes != q.row_bytes) break;
         const int64_t i = m - f;
-        next[j] = u.base + (u.row_map ? u.row_map[i] : i) * u.row_bytes;
+        next[j] = u.row(i);
       }
     }
     const float* bias = q.bias ? q.bias + i0 : nullptr;

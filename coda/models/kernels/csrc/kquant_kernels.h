@@ -148,11 +148,10 @@ inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch
       const uint8_t* row[G];
       int64_t idx[G];
       for (int j = 0; j < g; ++j) {
-        while (nb + j >= first + c.segs[s].rows) first += c.segs[s++].rows;
+        locate(c, nb + j, s, first);
         seg[j] = &c.segs[s];
         idx[j] = nb + j - first;
-        const int64_t fr = seg[j]->row_map ? seg[j]->row_map[idx[j]] : idx[j];
-        row[j] = seg[j]->base + fr * seg[j]->row_bytes;
+        row[j] = seg[j]->row(idx[j]);
       }
       // NOTE: the rows two groups ahead are prefetched span by span: rows are short streams (a
       // few KiB) the hardware prefetcher does not learn in time (measured on a 49152-row Q6_K
@@ -166,7 +165,7 @@ inline void linear_range(const KqCall& c, int64_t n0, int64_t n1, float* scratch
         while (nb + 2 * G + j >= f + c.segs[t].rows) f += c.segs[t++].rows;
         const KqSeg& q = c.segs[t];
         const int64_t i = nb + 2 * G + j - f;
-        next[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
+        next[j] = q.row(i);
         nrb = q.row_bytes;
       }
       bool f32 = true;
@@ -265,8 +264,7 @@ inline void linear(const KqCall& c) {
 
 inline void gather(const KqSeg& g, int64_t K, const int64_t* ids, int64_t T, float* out) {
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t fr = g.row_map ? g.row_map[ids[t]] : ids[t];
-    span(g.type, g.base + fr * g.row_bytes, 0, K, out + t * K);
+    span(g.type, g.row(ids[t]), 0, K, out + t * K);
   }
 }
 

@@ -158,7 +158,7 @@ inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
     const uint8_t* nrow[NB8] = {};
     for (int j = 0; j < nb; ++j) {
       const int64_t i = i0 + j;
-      row[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
+      row[j] = q.row(i);
     }
     {
       int t = s;
@@ -169,7 +169,7 @@ inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
         locate(c, m, t, f);
         const KqSeg& u = c.segs[t];
         const int64_t i = m - f;
-        nrow[j] = u.base + (u.row_map ? u.row_map[i] : i) * u.row_bytes;
+        nrow[j] = u.row(i);
       }
     }
     const float* bias = q.bias ? q.bias + i0 : nullptr;

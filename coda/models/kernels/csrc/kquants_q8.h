@@ -364,7 +364,7 @@ inline void linear_q8(const KqCall& c) {
       while (n >= first + c.segs[s].rows) first += c.segs[s++].rows;
       const KqSeg& g = c.segs[s];
       const int64_t i = n - first;
-      const uint8_t* row = g.base + (g.row_map ? g.row_map[i] : i) * g.row_bytes;
+      const uint8_t* row = g.row(i);
       for (int64_t r = 0; r < 2 * M; ++r) acc[r] = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         ints(g.type, row + b * g.row_bytes / nb, w);

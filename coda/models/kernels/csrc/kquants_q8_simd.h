@@ -111,7 +111,7 @@ inline void range(const KqCall& c, const int8_t* xq, const int16_t* bs, const fl
     const uint8_t* next[G] = {nullptr, nullptr, nullptr, nullptr};
     for (int j = 0; j < g; ++j) {
       const int64_t i = i0 + j;
-      row[j] = q.base + (q.row_map ? q.row_map[i] : i) * q.row_bytes;
+      row[j] = q.row(i);
     }
     {  // NOTE: the next group's rows (prefetched block by block while this group runs)
       int t = s;
@@ -123,7 +123,7 @@ inline void range(const KqCall& c, const int8_t* xq, const int16_t* bs, const fl
         const KqSeg& u = c.segs[t];
         if (u.row_bytes != q.row_bytes) break;
         const int64_t i = m - f;
-        next[j] = u.base + (u.row_map ? u.row_map[i] : i) * u.row_bytes;
+        next[j] = u.row(i);
       }
     }
     const float* bias = q.bias ? q.bias + i0 : nullptr;

@@ -100,6 +100,8 @@ struct KqSeg {
   int32_t type;
   const int32_t* row_map;
   const float* bias;
+  // The bytes of the segment's row i (its file row through row_map, if any).
+  const uint8_t* row(int64_t i) const { return base + (row_map ? row_map[i] : i) * row_bytes; }
 };
 
 // y[M, N] = x[M, K] @ W.T (+ bias), W the row concatenation of segs (N = sum of their rows).

@@ -28,6 +28,7 @@ declare -A TESTS=(
   [early_stop]="tests/test_early_stop.py tests/test_early_stop_bounds.py"
   [engine/plan]="tests/test_plan.py tests/test_plan_fields.py tests/test_one_budget_name.py"
   [engine/lookup]="tests/test_speculative_lookup.py"
+  [reasoning]="tests/test_reasoning_split.py tests/test_reasoning_splitter.py"
 )
 STEMS=("$@")
 [ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request early_stop)

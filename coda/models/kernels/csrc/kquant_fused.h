@@ -203,36 +203,16 @@ inline bool fits(const KqCall& c, int64_t max_m) {
 
 // Outputs [n0, n1): groups of up to GMAX outputs of one segment.
 inline void range(const KqCall& c, int64_t n0, int64_t n1) {
-  int s = 0;
-  int64_t first = 0;
-  for (int64_t n = n0; n < n1;) {
-    locate(c, n, s, first);
-    const KqSeg& q = c.segs[s];
-    const int64_t i0 = n - first;
+  for_groups(c, n0, n1, [](const KqSeg& q) { return gwidth(q.type); }, [&](const KqGroup& gr) {
+    const KqSeg& q = gr.q;
+    const int g = gr.g;
     const int gw = gwidth(q.type);
-    const int g = static_cast<int>(min64(min64(gw, n1 - n), q.rows - i0));
     const uint8_t* row[GMAX];
     const uint8_t* next[GMAX] = {};
-    for (int j = 0; j < g; ++j) {
-      const int64_t i = i0 + j;
-      row[j] = q.row(i);
-    }
-    // the group after the next one (two groups ahead, as the span kernel)
-    {
-      int t = s;
-      int64_t f = first;
-      for (int j = 0; j < gw; ++j) {
-        const int64_t m = n + 2 * gw + j;
-        if (m >= n1) break;
-        locate(c, m, t, f);
-        const KqSeg& u = c.segs[t];
-        if (u.row_bytes != q.row_bytes) break;
-        const int64_t i = m - f;
-        next[j] = u.row(i);
-      }
-    }
-    const float* bias = q.bias ? q.bias + i0 : nullptr;
-    float* y = c.y + n;
+    gr.rows(row);
+    rows_ahead(c, gr, gr.n + 2 * gw, gw, n1, next);  // two groups ahead, as the span kernel
+    const float* bias = q.bias ? q.bias + gr.i0 : nullptr;
+    float* y = c.y + gr.n;
     switch (q.type) {
       case Q4_K: rows<Q4_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
       case Q5_K: rows<Q5_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
@@ -240,8 +220,7 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
       case Q3_K: rows<Q3_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
       default: rows<Q2_K>(g, row, next, c.x, c.M, c.K, bias, y, c.N); break;
     }
-    n += g;
-  }
+  });
 }
 
 }  // namespace fused

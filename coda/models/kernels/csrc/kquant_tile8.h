@@ -146,34 +146,15 @@ void block8(const uint8_t* const* row, const uint8_t* const* nrow, int nb, const
 // Outputs [n0, n1) of a call of TILE8_MIN..8 rows (fits(c)), x packed by pack8 into xp.
 inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
   const int m = static_cast<int>(c.M);
-  int s = 0;
-  int64_t first = 0;
-  for (int64_t n = n0; n < n1;) {
-    locate(c, n, s, first);
-    const KqSeg& q = c.segs[s];
-    const int64_t i0 = n - first;
-    // NOTE: a block stays inside one segment (one type, one bias)
-    const int nb = static_cast<int>(min64(min64(NB8, n1 - n), q.rows - i0));
+  for_groups(c, n0, n1, [](const KqSeg&) { return NB8; }, [&](const KqGroup& gr) {
+    const KqSeg& q = gr.q;
+    const int nb = gr.g;  // NOTE: a block stays inside one segment (one type, one bias)
     const uint8_t* row[NB8];
     const uint8_t* nrow[NB8] = {};
-    for (int j = 0; j < nb; ++j) {
-      const int64_t i = i0 + j;
-      row[j] = q.row(i);
-    }
-    {
-      int t = s;
-      int64_t f = first;
-      for (int j = 0; j < nb; ++j) {
-        const int64_t m = n + nb + j;
-        if (m >= n1) break;
-        locate(c, m, t, f);
-        const KqSeg& u = c.segs[t];
-        const int64_t i = m - f;
-        nrow[j] = u.row(i);
-      }
-    }
-    const float* bias = q.bias ? q.bias + i0 : nullptr;
-    float* y = c.y + n;
+    gr.rows(row);
+    rows_ahead(c, gr, gr.n + nb, nb, n1, nrow);
+    const float* bias = q.bias ? q.bias + gr.i0 : nullptr;
+    float* y = c.y + gr.n;
     switch (q.type) {
       case Q4_K: block8<Q4_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
       case Q5_K: block8<Q5_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
@@ -181,8 +162,7 @@ inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
       case Q3_K: block8<Q3_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
       default: block8<Q2_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
     }
-    n += nb;
-  }
+  });
 }
 
 }  // namespace fused

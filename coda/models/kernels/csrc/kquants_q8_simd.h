@@ -99,36 +99,17 @@ constexpr int G = 4;
 inline void range(const KqCall& c, const int8_t* xq, const int16_t* bs, const float* dx,
                   const float* dx2, const X1& x1, int64_t n0, int64_t n1, float* acc) {
   const int64_t nb = c.K / QKK;
-  int s = 0;
-  int64_t first = 0;
-  for (int64_t n = n0; n < n1;) {
-    locate(c, n, s, first);
-    const KqSeg& q = c.segs[s];
-    const int64_t i0 = n - first;
-    const int64_t left = (n1 - n) < (q.rows - i0) ? (n1 - n) : (q.rows - i0);
-    const int g = static_cast<int>(left < G ? left : G);
+  for_groups(c, n0, n1, [](const KqSeg&) { return G; }, [&](const KqGroup& gr) {
+    const KqSeg& q = gr.q;
+    const int g = gr.g;
     const uint8_t* row[G];
     const uint8_t* next[G] = {nullptr, nullptr, nullptr, nullptr};
-    for (int j = 0; j < g; ++j) {
-      const int64_t i = i0 + j;
-      row[j] = q.row(i);
-    }
-    {  // NOTE: the next group's rows (prefetched block by block while this group runs)
-      int t = s;
-      int64_t f = first;
-      for (int j = 0; j < G; ++j) {
-        const int64_t m = n + g + j;
-        if (m >= n1) break;
-        locate(c, m, t, f);
-        const KqSeg& u = c.segs[t];
-        if (u.row_bytes != q.row_bytes) break;
-        const int64_t i = m - f;
-        next[j] = u.row(i);
-      }
-    }
-    const float* bias = q.bias ? q.bias + i0 : nullptr;
+    gr.rows(row);
+    // NOTE: the next group's rows (prefetched block by block while this group runs)
+    rows_ahead(c, gr, gr.n + g, G, n1, next);
+    const float* bias = q.bias ? q.bias + gr.i0 : nullptr;
     const int64_t bb = q.row_bytes / nb;
-    float* y = c.y + n;
+    float* y = c.y + gr.n;
     switch (q.type) {
       case Q4_K: group<Q4_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
       case Q6_K: group<Q6_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
@@ -136,8 +117,7 @@ inline void range(const KqCall& c, const int8_t* xq, const int16_t* bs, const fl
       case Q3_K: group<Q3_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
       default: group<Q2_K>(row, next, g, c, xq, bs, dx, dx2, x1, acc, bb, bias, y); break;
     }
-    n += g;
-  }
+  });
 }
 
 }  // namespace q8s

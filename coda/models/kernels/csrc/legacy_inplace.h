@@ -338,19 +338,13 @@ inline bool fits(const KqCall& c, int64_t max_m) {
 
 // Outputs [n0, n1): groups of up to GW outputs of one segment.
 inline void range(const KqCall& c, int64_t n0, int64_t n1) {
-  int s = 0;
-  int64_t first = 0;
-  for (int64_t n = n0; n < n1;) {
-    locate(c, n, s, first);
-    const KqSeg& q = c.segs[s];
-    const int64_t i0 = n - first;
-    const int g = static_cast<int>(min64(min64(GW, n1 - n), q.rows - i0));
+  for_groups(c, n0, n1, [](const KqSeg&) { return GW; }, [&](const KqGroup& gr) {
+    const KqSeg& q = gr.q;
+    const int64_t n = gr.n, i0 = gr.i0;
+    const int g = gr.g;
     const uint8_t* row[GW];
     const uint8_t* next[GW];
-    for (int j = 0; j < g; ++j) {
-      const int64_t i = i0 + j;
-      row[j] = q.row(i);
-    }
+    gr.rows(row);
     // NOTE: the group AHEAD groups on, if in the range and the segment: consecutive file rows
     // as one range (spread over the blocks: measured 1.3x faster than a line of each row per
     // block, whose bursts of prefetches filled the line buffers), else row by row
@@ -378,8 +372,7 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
       case Q5_1: rows<Q5_1>(row, ahead, g, c.x, c.M, c.K, bias, y, c.N); break;
       default: rows<Q4_0>(row, ahead, g, c.x, c.M, c.K, bias, y, c.N); break;
     }
-    n += g;
-  }
+  });
 }
 
 }  // namespace legacy

@@ -115,9 +115,56 @@ struct KqCall {
 };
 
 // The segment holding output n, walking forward from (seg, first), the segment's first output:
-// a range's outputs only increase (the three K-quant range walkers share it).
+// a range's outputs only increase (for_groups and rows_ahead below walk with it).
 inline void locate(const KqCall& c, int64_t n, int& seg, int64_t& first) {
   while (n >= first + c.segs[seg].rows) first += c.segs[seg++].rows;
+}
+
+// One group of a range walk: outputs [n, n + g), all of segment q (index s, first output
+// first), i.e. the segment's rows i0 .. i0 + g - 1.
+struct KqGroup {
+  const KqSeg& q;
+  int s;
+  int64_t first, n, i0;
+  int g;
+  // row[j] = the bytes of the group's output j, for j < g
+  void rows(const uint8_t** row) const {
+    for (int j = 0; j < g; ++j) row[j] = q.row(i0 + j);
+  }
+};
+
+// The range walk every segmented kernel shares: fn(group) for outputs [n0, n1) in order, each
+// group the next min(width(segment), what is left of the range and of the segment) outputs (a
+// group never spans two segments: one type, one bias, one row size).
+template <class Width, class Fn>
+inline void for_groups(const KqCall& c, int64_t n0, int64_t n1, Width width, Fn fn) {
+  int s = 0;
+  int64_t first = 0;
+  for (int64_t n = n0; n < n1;) {
+    locate(c, n, s, first);
+    const KqSeg& q = c.segs[s];
+    const int64_t i0 = n - first;
+    int64_t g = static_cast<int64_t>(width(q));
+    if (n1 - n < g) g = n1 - n;
+    if (q.rows - i0 < g) g = q.rows - i0;
+    fn(KqGroup{q, s, first, n, i0, static_cast<int>(g)});
+    n += g;
+  }
+}
+
+// For prefetching a later group: next[j] = the bytes of output m + j for j < count while
+// m + j < n1 and its segment's rows are as long as at's (so the caller's block offsets stay
+// inside the row); the entries after the first miss are left as they are.
+inline void rows_ahead(const KqCall& c, const KqGroup& at, int64_t m, int count, int64_t n1,
+                       const uint8_t** next) {
+  int t = at.s;
+  int64_t f = at.first;
+  for (int j = 0; j < count && m + j < n1; ++j) {
+    locate(c, m + j, t, f);
+    const KqSeg& u = c.segs[t];
+    if (u.row_bytes != at.q.row_bytes) break;
+    next[j] = u.row(m + j - f);
+  }
 }
 
 struct Kernels {

@@ -194,11 +194,6 @@ def profile_of(tokenizer: tokenizers.Tokenizer) -> TokenizerProfile:
     return found
 
 
-def token_piece(tokenizer: tokenizers.Tokenizer, token_id: int) -> bytes:
-    """The exact bytes of one token inside a text (see :meth:`TokenizerProfile.piece`)."""
-    return profile_of(tokenizer).piece(token_id)
-
-
 def _held_utf8(data: bytes) -> int:
     """How many trailing bytes of ``data`` are an incomplete (still valid) UTF-8 character."""
     tail = data[-3:]

@@ -170,13 +170,6 @@ def _prefix_len(data: bytes, marker: bytes) -> int:
     return 0
 
 
-def prompt_inside(prompt_text: str, open_marker: str = OPEN_MARKER,
-                  close_marker: str = CLOSE_MARKER) -> bool:
-    """Does the rendered prompt end inside a reasoning block (its last opener is after its
-    last closer)?"""
-    return prompt_text.rfind(open_marker) > prompt_text.rfind(close_marker)
-
-
 def marker_ids(tokenizer: tokenizers.Tokenizer) -> tuple[int, int] | None:
     """The (opener, closer) ids when the vocabulary has both as decodable, non-special
     tokens; None otherwise (no split: a special marker would be skipped by the detokenizer)."""

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from coda import detokenizer
-from coda.detokenizer import IncrementalDetokenizer, RemovedSpan, token_piece
+from coda.detokenizer import IncrementalDetokenizer, RemovedSpan, profile_of
 from tests.tokenizer_fixtures import byte_level_bpe, sentencepiece_bpe
 
 
@@ -92,7 +92,7 @@ def test_k4_piece_of_a_special_token_is_its_text() -> None:
     tok = sentencepiece_bpe()
     special = tok.token_to_id("</s>")
     assert special is not None
-    assert token_piece(tok, special) == b"</s>"
+    assert profile_of(tok).piece(special) == b"</s>"
 
 
 def test_k4_piece_without_an_anchor_letter_is_the_lone_decode() -> None:
@@ -101,8 +101,8 @@ def test_k4_piece_without_an_anchor_letter_is_the_lone_decode() -> None:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece()
     tok.add_special_tokens([AddedToken("[UNK]", special=True)])
-    assert token_piece(tok, 1) == b"world" and token_piece(tok, 0) == b"hello"
-    assert token_piece(tok, 2) == b"[UNK]"  # a special token's piece is its text here too
+    assert profile_of(tok).piece(1) == b"world" and profile_of(tok).piece(0) == b"hello"
+    assert profile_of(tok).piece(2) == b"[UNK]"  # a special token's piece is its text here too
 
 
 def test_k4_anchor_is_a_plain_letter_never_a_special_token() -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda import detokenizer
-from coda.detokenizer import token_piece
+from coda.detokenizer import profile_of
 from tests.conftest import examples
 from tests.tokenizer_fixtures import ALL_FAMILIES, CORPUS
 
@@ -36,7 +36,7 @@ def test_p1_k4_sentencepiece_piece_keeps_the_leading_space(family: str) -> None:
     for token in words:
         i = tok.token_to_id(token)
         assert tok.decode([i]) == token[1:]  # NOTE: the bug: a lone decode drops the space
-        assert token_piece(tok, i) == b" " + token[1:].encode()
+        assert profile_of(tok).piece(i) == b" " + token[1:].encode()
 
 
 @pytest.mark.parametrize("family", EXACT_FAMILIES)
@@ -53,6 +53,6 @@ def test_p1_k4_pieces_concatenate_to_the_decoded_continuation(family: str) -> No
         head = tok.decode(prefix).encode()
         full = tok.decode(prefix + ids).encode()
         assert full.startswith(head)
-        assert b"".join(token_piece(tok, i) for i in ids) == full[len(head):]
+        assert b"".join(profile_of(tok).piece(i) for i in ids) == full[len(head):]
 
     check()

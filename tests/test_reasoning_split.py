@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from coda.finish import FinishReason
 from coda.output import OutputSpec
-from coda.reasoning import ReasoningSpec, ReasoningSplitter, prompt_inside
+from coda.reasoning import ReasoningSpec, ReasoningSplitter
 from coda.request import RequestRun
 from coda.stream import EventType
 from coda.trace import ListTraceSink, check_trace
@@ -196,12 +196,6 @@ def test_splitter_opening_ruled_out_is_answer() -> None:
     assert sp.push(b"<th") == (b"", b"")
     assert sp.push(b"x") == (b"", b"<thx")
     assert sp.split() is None
-
-
-def test_prompt_inside() -> None:
-    assert prompt_inside("<|im_start|>assistant\n<think>\n")
-    assert not prompt_inside("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert not prompt_inside("<|im_start|>assistant\n")
 
 
 def test_p3_stream_log_keeps_the_split() -> None:

@@ -10,6 +10,7 @@ own GGUF loader is no oracle: it drops ``rope_freqs.weight``."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from coda.models.config import ModelConfig, UnsupportedModelError
 from coda.models.gguf_file import open_gguf
 from coda.models.gguf_weights import load_gguf_model
 from coda.models.loader import load_model
+from coda.models.rope import inv_freq
 from coda.models.tokenizer_bundle import bundle_from_gguf
 from tests.family_fixtures import chat_through_both_sdks, folder_to_gguf, greedy_steps
 from tests.random_checkpoint import (
@@ -42,6 +44,13 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 YARN_BETAS = {**YARN, "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.3}
 Writer = Callable[[gguf.GGUFWriter], None]
+
+
+def coda_divisors(cfg: ModelConfig) -> list[float]:
+    """The config's scaling as per-frequency divisors (what llama.cpp's converter stores in
+    ``rope_freqs.weight``): the unscaled frequencies over Coda's scaled ones."""
+    unscaled = inv_freq(dataclasses.replace(cfg, rope_scaling=None))
+    return [float(x) for x in (unscaled / inv_freq(cfg)).tolist()]
 
 
 def converter_divisors(theta: float, dim: int, rs: dict[str, Any]) -> list[float]:
@@ -145,8 +154,6 @@ def test_t3_llama3_rope_freqs_config_and_divisors(folders: dict[str, Path],
     """A ``rope_freqs.weight`` file is Llama 3 scaling as per-frequency divisors (read into the
     config, not the weights); Coda's one llama3 implementation and the converter's divisors
     give the same frequencies; a llama3 folder's context is its max_position_embeddings."""
-    from coda.models.rope import inv_freq, llama3_divisors
-
     folder = folders["llama3"]
     cfg = ModelConfig.from_dir(folder)
     ckpt = open_gguf(_file("llama3", folder, tmp_path / "l3.gguf"))
@@ -154,7 +161,7 @@ def test_t3_llama3_rope_freqs_config_and_divisors(folders: dict[str, Path],
     assert rs is not None and rs.kind == "freq_factors"
     assert cfg.rope_scaling is not None
     assert rs.short_factor == pytest.approx(converter_divisors(5e5, 16, LLAMA3), rel=1e-6)
-    assert llama3_divisors(cfg.rope_scaling, 5e5, 16) == pytest.approx(rs.short_factor, rel=1e-5)
+    assert coda_divisors(cfg) == pytest.approx(rs.short_factor, rel=1e-5)
     assert 1.0 in rs.short_factor and 8.0 in rs.short_factor  # NOTE: both ends are exercised
     torch.testing.assert_close(inv_freq(ckpt.config), inv_freq(cfg), rtol=1e-6, atol=0)
     assert "rope_freqs.weight" not in {t.gguf_name for t in ckpt.tensors()}

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.models.config import ModelConfig
-from coda.models.rope import cos_sin_scale, inv_freq, llama3_divisors
+from coda.models.rope import cos_sin_scale, inv_freq
 from coda.models.rope_scaling import RopeScaling
 from tests.conftest import examples
-from tests.test_rope_families import converter_divisors
+from tests.test_rope_families import coda_divisors, converter_divisors
 
 THETAS = st.sampled_from([10000.0, 500000.0, 1e6])
 ORIGS = st.sampled_from([32, 64, 4096, 8192])
@@ -70,7 +70,7 @@ def test_t3_llama3_frequencies_equal_transformers_and_llamacpp_divisors(
     cfg = _check(_hf(head_dim, theta, 4 * orig, rs), "llama3")
     assert cfg.rope_scaling is not None
     for divisors in (converter_divisors(theta, head_dim, rs),
-                     llama3_divisors(cfg.rope_scaling, theta, head_dim)):
+                     coda_divisors(cfg)):
         from_file = dataclasses.replace(cfg, rope_scaling=RopeScaling(
             kind="freq_factors", factor=1.0, short_factor=tuple(divisors)))
         # NOTE: the divisors are computed in float64 (as llama.cpp's converter does), the config's

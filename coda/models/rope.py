@@ -70,13 +70,6 @@ def _llama3(rs: RopeScaling, inv: torch.Tensor) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-def llama3_divisors(rs: RopeScaling, theta: float, dim: int) -> tuple[float, ...]:
-    """Llama 3's scaling as per-frequency divisors (what llama.cpp's converter stores in
-    ``rope_freqs.weight``): ``inv / divisor`` is :func:`inv_freq`'s scaled frequency."""
-    inv = 1.0 / _base(theta, dim)
-    return tuple(float(x) for x in (inv / _llama3(rs, inv)).tolist())
-
-
 def _yarn(rs: RopeScaling, theta: float, dim: int) -> torch.Tensor:
     """YaRN: frequencies that turn fewer than ``beta_slow`` times over the original context
     are interpolated (divided by ``factor``), those turning more than ``beta_fast`` times kept,

@@ -111,6 +111,10 @@ class ChatMessage(BaseModel):
     model_config = OPEN  # NOTE: the protocol allows name, refusal, ...
     role: str
     content: str | list[TextPart] | None = None
+    # NOTE: typed so that a non-list is a 400 naming it (P1), never a TypeError (a 500) in
+    # the tool-result pairing check; each call's own fields are checked there and in
+    # coda.server.tool_messages
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatCompletionRequest(_OpenAISampling):

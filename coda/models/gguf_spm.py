@@ -141,6 +141,12 @@ def exact_spm(plain: Tokenizer, scores: dict[str, float],
 
 
 _EXACT: weakref.WeakSet[Tokenizer] = weakref.WeakSet()
+
+
+def is_exact_spm(tok: Any) -> bool:
+    """Whether ``tok`` encodes through :func:`exact_spm` (each piece a whole vocabulary
+    token or one character's bytes)."""
+    return isinstance(tok, Tokenizer) and tok in _EXACT
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 

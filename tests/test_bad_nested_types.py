@@ -1,7 +1,8 @@
 """A wrong type *inside* a message (an Anthropic content block's ``text``, a ``tool_use``
 block's ``name`` / ``input``, a ``tool_result``'s ``content``, a chat message's
 ``tool_calls``) is a 400 in the protocol's own shape naming the field, never a 500 from a
-``TypeError`` while the prompt is built (SPEC P1: the request is refused before it starts;
+``TypeError`` while the prompt is built, and a user message without ``content`` is a 400
+rather than an empty turn (SPEC P1: the request is refused before it starts;
 "bad input is a 4xx, never a 5xx"). Found by the black-box acceptance run (accept37), where
 each of these bodies got a 500 and the connection was dropped.
 
@@ -71,6 +72,22 @@ def test_chat_tool_calls_not_a_list_is_a_400_naming_it(server_live: Any, calls: 
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == "messages.1.tool_calls"
+
+
+@pytest.mark.parametrize("role", ["user", "system", "developer", "tool"])
+def test_chat_message_without_content_is_a_400(server_live: Any, role: str) -> None:
+    """SPEC P1: a user (system, developer, tool) message with no ``content`` is a 400 naming
+    the message, as OpenAI answers; it was rendered as an empty turn and answered. An
+    assistant message may leave it out (its calls, or a continued turn)."""
+    extra = {"tool_call_id": "c1"} if role == "tool" else {}
+    body = {"model": MODEL, "max_tokens": 2, "messages": [Q, {"role": role, **extra}]}
+    r = httpx.post(server_live.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages.1" and "content is required" in err["message"], err
+    ok = {"model": MODEL, "max_tokens": 2, "messages": [Q, {"role": "assistant"}, Q]}
+    assert httpx.post(server_live.url + "/v1/chat/completions", json=ok,
+                      timeout=60).status_code == 200
 
 
 def test_good_tool_history_still_renders(server_live: Any) -> None:

@@ -18,6 +18,7 @@ PKG = Path(__file__).resolve().parent.parent / "coda"
 NOT_CORE = {
     "__init__": "the package marker",
     "cli": "the command line: wires models, engine and server together",
+    "__main__": "`python -m coda`: the command line's other door",
     "bench": "the benchmark harness behind `coda bench` (imports the engine and torch)",
 }
 PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types",
@@ -90,8 +91,8 @@ def _graph(*, top_level_only: bool = True) -> dict[str, set[str]]:
 # NOTE: what a user runs or imports: the `coda` command (serve, bench, trace check, models) and
 # the Python API of README "Python API" (engine, request types, sampling, its errors), and the
 # per-model worker process's main module (started as `python -m coda.engine.process_worker`
-# by coda.engine.process_engine, so no import reaches it)
-ENTRY_POINTS = ("coda.cli", "coda.server.app", "coda.engine.async_engine", "coda.engine.types",
+# by coda.engine.process_engine, so no import reaches it); `python -m coda` runs coda.__main__
+ENTRY_POINTS = ("coda.cli", "coda.__main__", "coda.server.app", "coda.engine.async_engine", "coda.engine.types",
                 "coda.sampling", "coda.errors", "coda.models.config",
                 "coda.engine.process_worker")
 

@@ -59,3 +59,15 @@ def test_out_of_range_flag_is_exit_2_before_any_work(argv: list[str]) -> None:
         pytest.fail(f"coda {' '.join(argv)} did not refuse the value")
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and argv[-2] in r.stderr, r.stderr[-2000:]
+
+
+def test_python_dash_m_coda_is_the_coda_command() -> None:
+    """`python -m coda` is the `coda` command (it was "No module named coda.__main__"): the
+    same commands, and the same refusal of a bad value before any work (SPEC E1's CLI side)."""
+    r = subprocess.run([sys.executable, "-m", "coda", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert all(cmd in r.stdout for cmd in ("serve", "generate", "bench", "models", "trace"))
+    r = subprocess.run([sys.executable, "-m", "coda", "generate", "hi", "--max-tokens", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--max-tokens" in r.stderr, r.stderr[-2000:]

@@ -11,7 +11,9 @@ Three guards, cheapest first:
    ``max_token_bytes`` long, so a prompt of ``b`` bytes has at least ``ceil(b / max_token_bytes)``
    tokens. The bound is only *certain* for tokenizers that drop nothing of the text: no
    normalizer, a ByteLevel or Metaspace pre-tokenizer, and no fused unknown tokens
-   (byte-fallback tokens are longer than the byte they stand for, so they only strengthen it). Otherwise only the exact check after
+   (byte-fallback tokens are longer than the byte they stand for, so they only strengthen it),
+   or a GGUF SentencePiece tokenizer (:func:`coda.models.gguf_spm.exact_spm`: whole tokens or
+   single characters, a normalizer that only lengthens). Otherwise only the exact check after
    tokenizing applies.
 3. **Never block the event loop** — chat templates are rendered and prompts tokenized on a
    worker thread (``asyncio.to_thread``, in each adapter's parse), so one huge prompt never
@@ -31,6 +33,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coda.errors import ContextLengthExceededError
+from coda.models.gguf_spm import is_exact_spm
 from coda.server.http_errors import error_response, protocol_of
 
 _CERTAIN_PRE_TOKENIZERS = frozenset({"ByteLevel", "Metaspace"})
@@ -81,6 +84,24 @@ class BodyLimitMiddleware:
         await resp(scope, receive, send)
 
 
+def _only_lengthens(normalizer: Any) -> bool:
+    """Whether ``normalizer`` (None, or Prepend / plain-string Replace steps whose
+    replacement is at least as long as what it replaces) can never shorten a text's bytes."""
+    if normalizer is None:
+        return True
+    spec = json.loads(normalizer.__getstate__())
+    steps = spec.get("normalizers", []) if spec.get("type") == "Sequence" else [spec]
+
+    def lengthens(step: dict[str, Any]) -> bool:
+        if step.get("type") == "Prepend":
+            return True
+        pattern = (step.get("pattern") or {}).get("String")
+        return (step.get("type") == "Replace" and isinstance(pattern, str) and pattern != ""
+                and len(str(step.get("content", "")).encode()) >= len(pattern.encode()))
+
+    return all(lengthens(s) for s in steps)
+
+
 @dataclass(frozen=True)
 class PromptBound:
     """A lower bound on a text's token count from its byte length (see the module doc)."""
@@ -100,10 +121,16 @@ class PromptBound:
         fused = bool(getattr(tokenizer.model, "fuse_unk", False))
         certain = (tokenizer.normalizer is None and bool(kinds)
                    and kinds <= _CERTAIN_PRE_TOKENIZERS and not fused)
+        # NOTE: a GGUF SentencePiece tokenizer (exact segmentation) cuts the text into whole
+        # tokens and single characters (bytes or one unknown), and its normalizer only ever
+        # lengthens the text: the bound holds, and a huge prompt is refused untokenized
+        certain = certain or (is_exact_spm(tokenizer) and pre_tok is None
+                              and _only_lengthens(tokenizer.normalizer))
         n = tokenizer.get_vocab_size(with_added_tokens=True)
         longest = max((len((tokenizer.id_to_token(i) or "").encode()) for i in range(n)),
                       default=1)
-        return cls(max(longest, 1), certain)
+        # NOTE: 4: an unknown character (up to 4 UTF-8 bytes) is one token of any text
+        return cls(max(longest, 4 if certain else 1), certain)
 
     def min_tokens(self, text: str) -> int:
         return math.ceil(len(text.encode("utf-8", "surrogatepass")) / self.max_token_bytes)

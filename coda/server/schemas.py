@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 StopField = str | list[str] | None
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
@@ -111,6 +111,18 @@ class ChatMessage(BaseModel):
     model_config = OPEN  # NOTE: the protocol allows name, refusal, ...
     role: str
     content: str | list[TextPart] | None = None
+    # NOTE: typed so that a non-list is a 400 naming it (P1), never a TypeError (a 500) in
+    # the tool-result pairing check; each call's own fields are checked there and in
+    # coda.server.tool_messages
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        # NOTE: as OpenAI: only an assistant message (calls, a refusal) may leave content
+        # out; a user/system/developer/tool message without one was an empty turn
+        if self.content is None and self.role in ("user", "system", "developer", "tool"):
+            raise ValueError(f"content is required on a {self.role} message")
+        return self
 
 
 class ChatCompletionRequest(_OpenAISampling):

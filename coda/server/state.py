@@ -310,6 +310,13 @@ class ServerState:
         bound = self.settings.max_waiting
         if bound is None:
             return
+        if 1 < incoming > bound:
+            # NOTE: a batch (prompts x n) larger than the bound itself can never be admitted:
+            # a 429 would send the client into retries that all fail the same way (the SDKs
+            # retry 429), and its "N requests are waiting" would name a queue that is empty
+            raise ApiError(400, f"this request asks for {incoming} generations (prompts x n), "
+                                f"more than the {bound} the server lets wait (--max-waiting); "
+                                "send fewer at a time", code="invalid_request")
         waiting = self.engine.num_waiting()
         if waiting + incoming > bound:
             raise ApiError(429, f"server overloaded: {waiting} requests are waiting "

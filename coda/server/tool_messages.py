@@ -132,6 +132,34 @@ def _block_text(content: Any) -> str:
                    if isinstance(b, Mapping) and b.get("type") == "text")
 
 
+def _bad(field: str, what: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{field}: {what}", field=field)
+
+
+def _check_block(block: Any, role: str, field: str) -> None:
+    """One Anthropic content block's own fields have the types the API requires, so a wrong
+    type is a 400 naming it (P1), never a ``TypeError`` in the prompt's rendering (a 500)."""
+    if not isinstance(block, Mapping):
+        raise _bad(field, "a content block must be an object")
+    kind = block.get("type")
+    if kind == "text" and not isinstance(block.get("text"), str):
+        raise _bad(f"{field}.text", "a text block's text must be a string")
+    if kind == "tool_use" and role == "assistant":
+        if not isinstance(block.get("name"), str):
+            raise _bad(f"{field}.name", "a tool_use block's name must be a string")
+        if not isinstance(block.get("input", {}), Mapping):
+            raise _bad(f"{field}.input", "a tool_use block's input must be an object")
+    if kind == "tool_result" and role == "user":
+        content = block.get("content")
+        if content is None or isinstance(content, str):
+            return
+        if not isinstance(content, list):
+            raise _bad(f"{field}.content", "must be a string or a list of content blocks")
+        for k, part in enumerate(content):
+            # NOTE: only a result's text blocks are rendered (_block_text); their types count
+            _check_block(part, "", f"{field}.content.{k}")
+
+
 def anthropic_history(role: str, content: Any, field: str) -> list[dict[str, Any]]:
     """One Anthropic message → OpenAI-shaped messages (tool_use → tool_calls, tool_result →
     ``tool`` messages, text blocks kept)."""
@@ -141,6 +169,7 @@ def anthropic_history(role: str, content: Any, field: str) -> list[dict[str, Any
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(content):
+        _check_block(block, role, f"{field}.content.{j}")
         kind = block.get("type")
         if kind == "tool_use" and role == "assistant":
             calls.append({"id": block.get("id"), "type": "function",

@@ -164,6 +164,12 @@ def anthropic_plan(tools: list[dict[str, Any]] | None,
         if choice and choice.get("type") not in ("auto", "none"):
             raise InvalidRequestError("tool_choice: needs tools", field="tool_choice")
         return None
+    for i, t in enumerate(tools):
+        # NOTE: as Anthropic: a custom tool's input_schema is required (OpenAI's parameters
+        # are optional, so _tool accepts none); without it the call was unconstrained
+        if not isinstance(t, Mapping) or "input_schema" not in t:
+            raise InvalidRequestError(f"tools.{i}.input_schema: Field required",
+                                      field=f"tools.{i}.input_schema")
     parsed = [_tool(t.get("name"), t.get("description"), t.get("input_schema"), f"tools.{i}")
               for i, t in enumerate(tools)]
     all_tools = _unique(parsed, "tools")

@@ -146,7 +146,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           served_model_name: Annotated[Optional[str], typer.Option()] = None,  # noqa: UP045
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
           max_body_bytes: Annotated[int, typer.Option(min=1, help="larger request bodies get 413, unparsed")] = 16 * 1024 * 1024,
-          max_waiting: Annotated[int, typer.Option(min=-1, help="requests allowed to wait for a slot; past it 429 + Retry-After (-1: unbounded)")] = 1024,
+          max_waiting: Annotated[int, typer.Option(min=-1, help="requests allowed to wait for a slot, at least 1; past it 429 + Retry-After (-1: unbounded)")] = 1024,
           recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
           redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
           log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
@@ -162,6 +162,10 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           speculative: Annotated[str, typer.Option(help="speculative decoding: off, draft (needs --draft-model), or prompt-lookup (drafts from each request's own prompt and output, verified in the same step; the output is exactly plain decoding's; needs a batch-invariant --quant; docs/speculative.md)")] = "off",
           draft_model: Annotated[Optional[str], typer.Option(help="speculative decoding with this draft model (anything --model takes; it must share the model's tokenizer; implies --speculative draft; docs/speculative.md)")] = None) -> None:  # noqa: UP045
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
+    if max_waiting == 0:  # NOTE: every request waits for a step to admit it: 0 refuses them all
+        typer.secho("error: --max-waiting 0 would refuse every request (each one waits until the "
+                    "next step admits it); use 1 or more, or -1 for unbounded", fg="red", err=True)
+        raise typer.Exit(2)
     with _startup_gc():
         # NOTE: first: it runs beside the checks, the bind and the server's imports below
         if replicas == 0:

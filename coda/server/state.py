@@ -60,8 +60,9 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
-        if self.max_waiting is not None and self.max_waiting < 0:
-            raise ValueError("max_waiting must be >= 0 (or None)")
+        if self.max_waiting is not None and self.max_waiting < 1:
+            # NOTE: a request counts as waiting until a step admits it, so 0 would refuse all
+            raise ValueError("max_waiting must be >= 1 (or None)")
         if not self.keepalive_s > 0:
             raise ValueError("keepalive_s must be > 0")
         if not self.write_timeout_s > 0:

@@ -143,3 +143,14 @@ def test_p1_anthropic_negative_top_k_is_a_400(server_live: Any) -> None:
     # NOTE: other protocols keep their own -1 ("off"): only Anthropic's schema narrows it
     r = _post(server_live, "/v1/chat/completions", {**base, "top_k": -1})
     assert r.status_code == 200, r.text
+
+
+def test_p1_responses_text_format_that_does_not_compile_names_text_format(
+        server_live: Any) -> None:
+    """SPEC P1: as Ollama's ``format``: a Responses ``text.format`` the grammar engine refuses
+    is a 400 naming ``text.format``; it named ``response_format`` (chat's field)."""
+    fmt = {"type": "json_schema", "name": "x", "schema": {"type": "bogus"}}
+    r = _post(server_live, "/v1/responses",
+              {"input": "q", "max_output_tokens": 2, "text": {"format": fmt}})
+    _openai_400(r, "text.format")
+    assert "response_format" not in r.text, r.text

@@ -252,13 +252,19 @@ def _is_block_delta(obj: dict[str, Any]) -> bool:
 def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
     """Issue 23: ``thinking`` → (show the reasoning, its budget). Absent: shown, no budget
     (the model reasons anyway); ``disabled``: dropped; ``enabled``: shown, ``budget_tokens``
-    (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols)."""
+    (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols). ``enabled``
+    without a budget is a 400 naming ``thinking.budget_tokens``, as Anthropic answers (P1)."""
     t = body.thinking or {}
     kind = t.get("type")
     if kind not in (None, "enabled", "disabled"):
         raise InvalidRequestError("thinking.type: must be 'enabled' or 'disabled'",
                                   field="thinking.type")
     budget = t.get("budget_tokens") if kind == "enabled" else None
+    # NOTE: Coda's own spelling of the budget (max_reasoning_tokens) stands in for it
+    if kind == "enabled" and budget is None and body.max_reasoning_tokens is None:
+        raise InvalidRequestError(
+            "thinking.budget_tokens: Field required when thinking.type is 'enabled'",
+            field="thinking.budget_tokens")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
                                or budget < 0):
         raise InvalidRequestError("thinking.budget_tokens: must be an integer >= 0",

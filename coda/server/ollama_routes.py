@@ -204,7 +204,8 @@ class OllamaAdapter:
             top_p=o.top_p if o else None,
             presence_penalty=o.presence_penalty if o else None,
             frequency_penalty=o.frequency_penalty if o else None, reasoning=reasoning,
-            **tool_knobs)
+            # NOTE: a grammar from ``format`` is named so (Ollama's field), not response_format
+            grammar_field="format" if grammar is not None else "response_format", **tool_knobs)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         assert terminals is not None

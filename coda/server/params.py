@@ -116,7 +116,7 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
               logprobs_field: str = "logprobs", grammar: GrammarSpec | None = None,
               stops_end_at: str | None = None, reasoning: ReasoningSpec | None = None,
               on_disconnect: DisconnectPolicy | None = None, background: bool = False,
-              keep: bool = True) -> Parsed:
+              keep: bool = True, grammar_field: str = "response_format") -> Parsed:
     """The last step of every adapter's parse, its one call here: n engine requests per prompt
     (ids ``call_id``, ``call_id-p<k>`` for several prompts, then ``-<i>`` per choice) and the
     renames, as one frozen :class:`Parsed`. Raises InvalidRequestError naming the protocol's
@@ -128,7 +128,8 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
     (errors about the budget name it); likewise ``prompt_field``, ``stop_field`` and
     ``logprobs_field``. ``grammar`` and ``stops_end_at`` come from a tool plan
     (:func:`coda.server.tools.knob_fields`), ``reasoning`` from
-    :func:`coda.reasoning.reasoning_spec` (issue 23)."""
+    :func:`coda.reasoning.reasoning_spec` (issue 23); ``grammar_field`` is the wire field the
+    grammar came from (Ollama ``format``), named by a grammar the engine cannot compile."""
     stops = _stops(stop, stop_field)
     early = _early_stop(ext.early_stop)
     backpressure_cfg = _backpressure(ext, backpressure)
@@ -168,6 +169,7 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
             for i, sampling in enumerate(samplings)]
     # NOTE: engine field names → this protocol's, for errors raised later by ``submit``
     rename = {"prompt": prompt_field, "max_tokens": max_tokens_field, "deadline_s": "deadline",
-              "stop": stop_field, "logprobs": logprobs_field}
+              "stop": stop_field, "logprobs": logprobs_field,
+              "response_format": grammar_field}
     return Parsed(call_id, tuple(requests), rename, spec, stream, on_disconnect, background,
                   keep)

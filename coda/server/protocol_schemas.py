@@ -19,6 +19,15 @@ from coda.server.schemas import (
     StopField,
 )
 
+# NOTE: the values OpenAI documents for Responses ``include`` (the SDK's ResponseIncludable);
+# another is a 400 naming ``include`` (P1). Only the logprobs one changes what Coda answers:
+# the others ask for tool outputs, images or encrypted reasoning that Coda never produces.
+ResponseIncludable = Literal[
+    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+    "message.input_image.image_url", "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs", "reasoning.encrypted_content",
+    "message.output_text.logprobs"]
+
 
 class InputMessage(BaseModel):
     """A Responses ``input`` item of type ``message`` (``type`` may be omitted)."""
@@ -62,7 +71,7 @@ class ResponsesRequest(CodaExtensions):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    include: list[str] | None = None
+    include: list[ResponseIncludable] | None = None
     seed: int | None = None
     stream: bool = False
     background: bool = False
@@ -110,7 +119,9 @@ class AnthropicRequest(CodaExtensions):
     cache_control: dict[str, Any] | None = None
     # NOTE: accepted; one local tier, reported as usage.service_tier "standard" (docs/api.md)
     service_tier: Literal["auto", "standard_only"] | None = None
-    # NOTE: top_k is Anthropic's own field; CodaExtensions already declares it.
+    # NOTE: top_k is Anthropic's own field (CodaExtensions declares it): here >= 0 as
+    # Anthropic answers (P1); 0 is "off" as before, the -1 of other protocols is a 400
+    top_k: int | None = Field(None, ge=0)
 
 
 class AnthropicCountRequest(BaseModel):

@@ -461,7 +461,10 @@ class ResponsesAdapter:
                          temperature=body.temperature, top_p=body.top_p,
                          presence_penalty=body.presence_penalty,
                          frequency_penalty=body.frequency_penalty, logprobs=logprobs,
-                         logprobs_field="top_logprobs", reasoning=reasoning, **tool)
+                         logprobs_field="top_logprobs", reasoning=reasoning,
+                         # NOTE: a grammar from text.format is named so, not response_format
+                         grammar_field="text.format" if grammar is not None
+                         else "response_format", **tool)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         if terminals is None:  # NOTE: background: answered at once, queued

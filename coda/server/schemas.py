@@ -17,6 +17,9 @@ StopField = str | list[str] | None
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 StopTokenIds = list[int | list[int]] | None
+# NOTE: OpenAI's seed is a signed 64-bit integer: past it is a 400 naming ``seed`` (P1), as
+# OpenAI answers; within it every value (negative ones too) seeds the counter RNG as before
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 # NOTE: strict (issue "API gaps" item 2): a JSON ``true`` is never the integer 1 nor the number
@@ -83,7 +86,7 @@ class _OpenAISampling(CodaExtensions):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)

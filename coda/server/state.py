@@ -299,7 +299,9 @@ class ServerState:
             req = requests[len(handles)]
             if req.grammar is None and req.early_stop is None:
                 raise
-            field = "response_format" if req.grammar is not None else "early_stop"
+            # NOTE: the protocol's own name for the grammar's field (Ollama: ``format``)
+            field = rename.get("response_format", "response_format") \
+                if req.grammar is not None else "early_stop"
             raise ApiError(400, f"{field}: {exc}", param=field, code="invalid_request") from None
         for h in handles:
             self.metrics.track(h)

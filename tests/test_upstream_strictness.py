@@ -154,3 +154,17 @@ def test_p1_responses_text_format_that_does_not_compile_names_text_format(
               {"input": "q", "max_output_tokens": 2, "text": {"format": fmt}})
     _openai_400(r, "text.format")
     assert "response_format" not in r.text, r.text
+
+
+def test_p1_count_tokens_checks_thinking_as_messages_does(server_live: Any) -> None:
+    """SPEC P1: ``/v1/messages/count_tokens`` takes ``thinking`` too; a bad one was counted
+    (200). Now the same 400s as ``/v1/messages``; a good one is still counted."""
+    base = {"messages": [Q]}
+    for thinking, field in (({"type": "enabled"}, "thinking.budget_tokens"),
+                            ({"type": "enabled", "budget_tokens": -1}, "thinking.budget_tokens"),
+                            ({"type": "on"}, "thinking.type")):
+        _anthropic_400(_post(server_live, "/v1/messages/count_tokens",
+                             {**base, "thinking": thinking}), field)
+    for thinking in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}):
+        r = _post(server_live, "/v1/messages/count_tokens", {**base, "thinking": thinking})
+        assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text

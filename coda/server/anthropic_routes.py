@@ -252,16 +252,23 @@ def _is_block_delta(obj: dict[str, Any]) -> bool:
 def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
     """Issue 23: ``thinking`` → (show the reasoning, its budget). Absent: shown, no budget
     (the model reasons anyway); ``disabled``: dropped; ``enabled``: shown, ``budget_tokens``
-    (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols). ``enabled``
-    without a budget is a 400 naming ``thinking.budget_tokens``, as Anthropic answers (P1)."""
-    t = body.thinking or {}
+    (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols)."""
+    kind, budget = _thinking_budget(body.thinking, body.max_reasoning_tokens)
+    return kind != "disabled" and body.include_reasoning, budget
+
+
+def _thinking_budget(thinking: dict[str, Any] | None,
+                     fallback: int | None) -> tuple[str | None, int | None]:
+    """``thinking``'s (type, budget), checked as Anthropic checks it on both routes (P1):
+    ``enabled`` without a budget (and no ``fallback``, Coda's ``max_reasoning_tokens``) is a
+    400 naming ``thinking.budget_tokens``; the budget, when given, an integer >= 0."""
+    t = thinking or {}
     kind = t.get("type")
     if kind not in (None, "enabled", "disabled"):
         raise InvalidRequestError("thinking.type: must be 'enabled' or 'disabled'",
                                   field="thinking.type")
     budget = t.get("budget_tokens") if kind == "enabled" else None
-    # NOTE: Coda's own spelling of the budget (max_reasoning_tokens) stands in for it
-    if kind == "enabled" and budget is None and body.max_reasoning_tokens is None:
+    if kind == "enabled" and budget is None and fallback is None:
         raise InvalidRequestError(
             "thinking.budget_tokens: Field required when thinking.type is 'enabled'",
             field="thinking.budget_tokens")
@@ -269,9 +276,7 @@ def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
                                or budget < 0):
         raise InvalidRequestError("thinking.budget_tokens: must be an integer >= 0",
                                   field="thinking.budget_tokens")
-    if budget is None:
-        budget = body.max_reasoning_tokens
-    return kind != "disabled" and body.include_reasoning, budget
+    return kind, fallback if budget is None else budget
 
 
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:
@@ -388,5 +393,6 @@ async def count_tokens(body: AnthropicCountRequest, request: Request) -> Respons
     system, messages and tools, counted by the served model's tokenizer (nothing is queued)."""
     st = state_of(request)
     st.check_model(body.model)
+    _thinking_budget(body.thinking, None)  # NOTE: counted or not, checked as on /v1/messages
     ids = await asyncio.to_thread(_prompt_ids, st, body, tool_plan(body))
     return JSONResponse({"input_tokens": len(ids)})

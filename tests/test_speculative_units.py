@@ -139,8 +139,9 @@ class _Grammar:
 
 
 @settings(deadline=None, max_examples=examples(200))
-@given(drafts=st.lists(st.integers(0, 3), max_size=5), forbidden=st.frozensets(st.integers(0, 3)),
-       refused=st.frozensets(st.tuples(st.integers(0, 3), st.integers(0, 4))),
+@given(drafts=st.lists(st.integers(0, 3), max_size=5),
+       forbidden=st.frozensets(st.integers(0, 3), max_size=1),
+       refused=st.frozensets(st.tuples(st.integers(0, 3), st.integers(0, 4)), max_size=2),
        closer=st.booleans(), forced=st.lists(st.none() | st.integers(0, 15), max_size=6),
        data=st.data())
 def test_t4_l4_verify_constrained_samples_a_row_only_after_its_prefix_is_accepted(
@@ -151,8 +152,9 @@ def test_t4_l4_verify_constrained_samples_a_row_only_after_its_prefix_is_accepte
     and the grammar takes it; row ``j + 1`` is sampled only then, as ``row_at(base, drafts,
     j + 1)`` with the grammar's mask after ``d_0 .. d_j`` (a forced row: its one-token mask);
     the lookahead is closed (rolled back) after, whatever the outcome."""
-    picks = data.draw(st.lists(st.integers(0, 3), min_size=len(drafts) + 1,
-                               max_size=len(drafts) + 1))
+    # NOTE: mostly the draft itself, so that long accepted runs are common
+    picks = [data.draw(st.sampled_from([d, d, d, (d + 1) % 4])) for d in drafts] + \
+        [data.draw(st.integers(0, 3))]
     grammar = _Grammar(forbidden)
     calls: list[tuple[int, SamplingRow]] = []
 
@@ -194,6 +196,25 @@ def test_l4_a_closer_that_refuses_a_matching_draft_stops_before_the_grammar_take
     decs, a = verify_constrained(_base(), _dec(4), (), grammar,  # type: ignore[arg-type]
                                  lambda j, r: _dec(5))
     assert (a, [d.token_id for d in decs]) == (0, [4])
+
+
+def test_o1_verify_constrained_gives_a_forced_row_its_one_token_mask() -> None:
+    """O1: a forced row is sampled with plain decoding's one-token mask, not the grammar's
+    (the grammar is advanced past the draft all the same)."""
+    grammar = _Grammar(frozenset())
+    rows: list[SamplingRow] = []
+
+    def sample(j: int, row: SamplingRow) -> TokenDecision:
+        rows.append(row)
+        return _dec((4, 9, 2)[j])
+
+    decs, a = verify_constrained(_base(), _dec(4), (4, 9), grammar,  # type: ignore[arg-type]
+                                 sample, None, (None, 9, None), 16)
+    assert a == 2 and [d.token_id for d in decs] == [4, 9, 2]
+    masks = [r.allowed_token_ids_mask for r in rows]
+    assert masks[0] is not None and masks[0].nonzero().flatten().tolist() == [9]
+    assert masks[1] is not None and masks[1].nonzero().flatten().tolist() == [2]  # 2 pushed
+    assert grammar.opened[0].pushed == [4, 9]
 
 
 # --- a verification's rows ---------------------------------------------------------------

@@ -539,3 +539,14 @@ def test_choose_one_draft_and_a_tie_keeps_the_fewer_drafts() -> None:
         free.observe_draft(1, 0.0)
     assert free.step() == pytest.approx((1.0, 0.0), abs=1e-12)
     assert free.choose(0.0, 4) == 0
+
+
+def test_choose_is_for_one_sequence_unless_told() -> None:
+    """Issue 21 item 2: a draft's cost is shared by fewer tokens at batch 1, so a crowd of
+    speculating sequences drafts more: the default is one sequence."""
+    costs = DraftCosts(prior_weight=0.0)
+    for x, y in [(0, 0.05), (2, 0.06), (4, 0.07)]:  # NOTE: plain 0.05 s, a row 0.005 s
+        costs.observe_step(1, x, y)
+        costs.observe_draft(1, 0.004)
+    assert costs.choose(0.8, 8) == costs.choose(0.8, 8, 1) == 4
+    assert costs.choose(0.8, 8, 2) == 5

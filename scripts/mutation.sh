@@ -15,6 +15,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUDGET="${MUTATION_BUDGET_S:-600}"
 export CODA_HYPOTHESIS_EXAMPLES="${CODA_HYPOTHESIS_EXAMPLES:-10}"  # NOTE: 1/10 of CI's samples
 unset PYTHONPATH  # NOTE: mutmut puts its mutated copy first; an outer PYTHONPATH would win
+# NOTE: mutmut forks a child per mutant; a child that runs a parallel torch op after the parent
+# started torch's OpenMP pool deadlocks (futex wait, no CPU) and is cut at the timeout, which
+# counts as detected: one intra-op thread has no pool to inherit (the sampler's report)
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # The fast, targeted core tests for each file (the ones that exercise it directly).
 declare -A TESTS=(

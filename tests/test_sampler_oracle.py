@@ -230,3 +230,17 @@ def test_l5_o1_score_refuses_logits_that_do_not_match_the_tokens() -> None:
     (one,) = SAMPLER.score(torch.tensor([[0.0, math.log(3.0)]]), [1], 1)
     assert one.prob == pytest.approx(0.75) and one.top_logprobs == ((1, pytest.approx(
         math.log(0.75))),)
+
+
+def test_l5_nan_hidden_by_the_mask_is_still_a_model_error() -> None:
+    """L5: a NaN logit is a model failure even where the grammar's mask would drop the token
+    (the row's maximum after masking cannot see it): both ``process`` and ``sample`` refuse;
+    a batch's rows must match its logits even when the logits have no rows."""
+    logits = torch.tensor([[0.5, math.nan, 1.0]])
+    r = SamplingRow(SamplingParams(), 0, 0, [], [], frozenset(),
+                    torch.tensor([True, False, True]))
+    for call in (SAMPLER.process, SAMPLER.sample):
+        with pytest.raises(ModelError, match="NaN"):
+            call(logits, [r])
+    with pytest.raises(ModelError):
+        SAMPLER.sample(torch.zeros(0, 3), [r])

@@ -244,3 +244,19 @@ def test_l5_nan_hidden_by_the_mask_is_still_a_model_error() -> None:
             call(logits, [r])
     with pytest.raises(ModelError):
         SAMPLER.sample(torch.zeros(0, 3), [r])
+
+
+def test_t4_top_k_in_a_batch_of_other_ks_keeps_its_own_k() -> None:
+    """T4: a row's top-k does not depend on its neighbours' (the window is the batch's
+    widest); a top-k past a one-token vocabulary keeps the token."""
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]] * 3)
+    rows = [SamplingRow(SamplingParams(top_k=k, top_p=p), 0, 0, [], [], frozenset())
+            for k, p in [(2, 1.0), (4, 1.0), (1, 0.9)]]
+    kept = torch.isfinite(SAMPLER.process(logits, rows)).sum(-1).tolist()
+    assert kept == [2, 4, 1]
+    # NOTE: top-k alone in the whole batch (no mass to add up): the k-th value read directly
+    kept = torch.isfinite(SAMPLER.process(logits[:2], rows[:2])).sum(-1).tolist()
+    assert kept == [2, 4]
+    one = SAMPLER.process(torch.tensor([[0.5]]), [SamplingRow(SamplingParams(top_k=2), 0, 0,
+                                                              [], [], frozenset())])
+    assert one.tolist() == [[0.5]]

@@ -257,6 +257,9 @@ def test_t4_top_k_in_a_batch_of_other_ks_keeps_its_own_k() -> None:
     # NOTE: top-k alone in the whole batch (no mass to add up): the k-th value read directly
     kept = torch.isfinite(SAMPLER.process(logits[:2], rows[:2])).sum(-1).tolist()
     assert kept == [2, 4]
+    greedy = SAMPLER.process(logits[:1], [SamplingRow(SamplingParams(temperature=0.7, top_k=1),
+                                                      0, 0, [], [], frozenset())])
+    assert torch.isfinite(greedy).sum().item() == 1  # NOTE: top_k=1 alone truncates too
     one = SAMPLER.process(torch.tensor([[0.5]]), [SamplingRow(SamplingParams(top_k=2), 0, 0,
                                                               [], [], frozenset())])
     assert one.tolist() == [[0.5]]

@@ -263,3 +263,17 @@ def test_t4_top_k_in_a_batch_of_other_ks_keeps_its_own_k() -> None:
     one = SAMPLER.process(torch.tensor([[0.5]]), [SamplingRow(SamplingParams(top_k=2), 0, 0,
                                                               [], [], frozenset())])
     assert one.tolist() == [[0.5]]
+
+
+def test_l5_t4_mask_shape_nan_message_and_a_lone_temperature() -> None:
+    """L5: a mask of the wrong shape (even one that would broadcast) and a NaN logit are
+    ModelErrors saying so; T4: a batch whose only row has temperature 2 is divided by it."""
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    for mask in (torch.tensor([True]), torch.tensor([True, True, True, True])):
+        r = SamplingRow(SamplingParams(), 0, 0, [], [], frozenset(), mask)
+        with pytest.raises(ModelError, match="mask shape"):
+            SAMPLER.process(logits, [r])
+    plain = SamplingRow(SamplingParams(temperature=2.0), 0, 0, [], [], frozenset())
+    with pytest.raises(ModelError, match="NaN"):
+        SAMPLER.sample(torch.tensor([[0.0, math.nan]]), [plain])
+    assert SAMPLER.process(logits, [plain]).tolist() == [[0.5, 1.0, 1.5]]

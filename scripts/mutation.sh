@@ -15,6 +15,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUDGET="${MUTATION_BUDGET_S:-600}"
 export CODA_HYPOTHESIS_EXAMPLES="${CODA_HYPOTHESIS_EXAMPLES:-10}"  # NOTE: 1/10 of CI's samples
 unset PYTHONPATH  # NOTE: mutmut puts its mutated copy first; an outer PYTHONPATH would win
+# NOTE: mutmut forks a child per mutant; a child that runs a parallel torch op after the parent
+# started torch's OpenMP pool deadlocks (futex wait, no CPU) and is cut at the timeout, which
+# counts as detected: one intra-op thread has no pool to inherit (the sampler's report)
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # The fast, targeted core tests for each file (the ones that exercise it directly).
 declare -A TESTS=(
@@ -29,6 +33,26 @@ declare -A TESTS=(
   [engine/plan]="tests/test_plan.py tests/test_plan_fields.py tests/test_one_budget_name.py"
   [engine/lookup]="tests/test_speculative_lookup.py"
   [reasoning]="tests/test_reasoning_split.py tests/test_reasoning_splitter.py"
+  [engine/sampler]="tests/test_sampler.py tests/test_sampler_edges.py tests/test_sampler_oracle.py
+    tests/test_prompt_logprobs.py::test_score_is_the_decode_record_of_the_token_o1"
+  # NOTE: the unit tests only: the engine tests (plain decoding as the oracle) run every
+  # function of speculative.py and take seconds each, per mutant
+  [engine/speculative]="tests/test_speculative_lookup.py tests/test_speculative_units.py
+    tests/test_speculative.py::test_prompt_lookup_drafts_what_followed_the_latest_match
+    tests/test_speculative.py::test_k_is_the_drafts_worth_their_rows_and_low_acceptance_stops_drafting
+    tests/test_speculative.py::test_verify_rows_sample_each_position_after_the_accepted_prefix
+    tests/test_speculative.py::test_t3_l7_scheduler_drafts_fit_without_preempting_and_roll_back
+    tests/test_speculative_forced.py::test_forced_only_configuration_guesses_nothing
+    tests/test_speculative_forced.py::test_o1_acceptance_counts_only_the_guesses_before_forced_rows
+    tests/test_speculative_verify_costs.py::test_t4_batch_1_k_is_the_best_measured_tokens_per_second
+    tests/test_speculative_verify_costs.py::test_the_smollm2_avx512_staircase_picks_3_where_a_line_overdrafts
+    tests/test_speculative_verify_costs.py::test_row_counts_not_measured_are_priced_by_the_fitted_line
+    tests/test_speculative_verify_costs.py::test_only_one_sequences_decode_or_verify_forward_is_observed
+    tests/test_speculative_verify_costs.py::test_spec_state_uses_the_measured_costs_at_batch_1_only
+    tests/test_speculative_cost.py::test_draft_costing_more_than_it_saves_gets_k_0_and_a_cheap_one_drafts
+    tests/test_speculative_cost.py::test_property_step_fit_recovers_exact_costs
+    tests/test_speculative_cost.py::test_property_choice_is_the_fastest_k
+    tests/test_speculative_cost.py::test_a_request_whose_drafts_stop_paying_probes_with_back_off_and_gets_them_back"
 )
 STEMS=("$@")
 [ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request early_stop)
@@ -54,9 +78,9 @@ for stem in "${STEMS[@]}"; do
     printf '    %s\n' -p no:cacheprovider -q -x \
       --deselect tests/test_early_stop.py::test_d6_module_only_decides_it_imports_no_engine_server_or_io
     echo "pytest_add_cli_args_test_selection="
-    for t in ${TESTS[$stem]}; do [ -e "$ROOT/$t" ] && printf '    %s\n' "$t"; done
+    for t in ${TESTS[$stem]}; do [ -e "$ROOT/${t%%::*}" ] && printf '    %s\n' "$t"; done
   } > "$work/setup.cfg"
-  echo "== coda/$stem.py (budget ${BUDGET}s): ${TESTS[$stem]}"
+  echo "== coda/$stem.py (budget ${BUDGET}s):" ${TESTS[$stem]}
   ( cd "$work" && timeout "$BUDGET" nice -n 15 python "$ROOT/scripts/mutation_ops.py" run \
       --max-children 1 > run.log 2>&1 ) || echo "   (stopped: budget or error, see $work/run.log)"
   ( cd "$work" && python "$ROOT/scripts/mutation_ops.py" export-cicd-stats >/dev/null 2>&1 ) || true

@@ -340,13 +340,24 @@ def _raw_logprobs(raw: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor
 
 def _top_logprobs(raw: torch.Tensor, raw_lse: torch.Tensor,
                   wanted: list[int]) -> list[tuple[tuple[int, float], ...]]:
-    """Each row's ``wanted[i]`` best (token, logprob) pairs under log_softmax(raw)."""
+    """Each row's ``wanted[i]`` best (token, logprob) pairs under log_softmax(raw): the first
+    ``wanted[i]`` tokens by (logit descending, id ascending), the greedy pick's tie rule."""
     top: list[tuple[tuple[int, float], ...]] = [()] * len(wanted)
-    asked = [i for i, w in enumerate(wanted) if w > 0]
-    if asked:
-        index = torch.tensor(asked, device=raw.device)
-        vals, ids = raw.index_select(0, index).topk(min(max(wanted), raw.shape[1]), dim=-1)
-        vals = vals - raw_lse.index_select(0, index)[:, None]
-        for i, v_row, id_row in zip(asked, vals.tolist(), ids.tolist(), strict=True):
-            top[i] = tuple(zip(id_row[: wanted[i]], v_row[: wanted[i]], strict=True))
+    for i, w in enumerate(wanted):
+        if w > 0:
+            top[i] = _row_top(raw[i], raw_lse[i], min(w, raw.shape[1]))
     return top
+
+
+def _row_top(row: torch.Tensor, lse: torch.Tensor, k: int) -> tuple[tuple[int, float], ...]:
+    # NOTE: torch.topk breaks ties among equal logits by k and by the batch (T4): take every
+    # token above the k-th value, then the lowest ids equal to it, so the pairs depend only on
+    # the row and k
+    kth = row.topk(k).values[-1]
+    above = (row > kth).nonzero().flatten()
+    tied = (row == kth).nonzero().flatten()[: k - above.numel()]
+    ids = torch.cat([above, tied])
+    # NOTE: the logprob in float32 as the chosen token's own (same value, same bits)
+    ranked = sorted(zip(row[ids].tolist(), ids.tolist(), (row[ids] - lse).tolist(), strict=True),
+                    key=lambda p: (-p[0], p[1]))
+    return tuple((t, lp) for _, t, lp in ranked)

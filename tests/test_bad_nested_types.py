@@ -44,6 +44,10 @@ ANTHROPIC = [
     ([Q, _use(name="f", input={}), _result([{"type": "text", "text": 7}])],
      "messages.2.content.0.content.0.text"),
     ([Q, _use(name="f", input={}), _result([5])], "messages.2.content.0.content.0"),
+    # NOTE: a non-text block inside a result was dropped without a word (the top level refuses)
+    ([Q, _use(name="f", input={}), _result([{"type": "text", "text": "a"}, {
+        "type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}])],
+     "messages.2.content.0.content.1"),
 ]
 
 

@@ -156,8 +156,13 @@ def _check_block(block: Any, role: str, field: str) -> None:
         if not isinstance(content, list):
             raise _bad(f"{field}.content", "must be a string or a list of content blocks")
         for k, part in enumerate(content):
-            # NOTE: only a result's text blocks are rendered (_block_text); their types count
             _check_block(part, "", f"{field}.content.{k}")
+            # NOTE: a result is rendered from its text blocks: any other is refused, as at
+            # the top level, never dropped without a word
+            if part.get("type") != "text":
+                raise InvalidRequestError(
+                    f"{field}.content.{k}: unsupported block type {part.get('type')!r} in a "
+                    "tool_result (the served model reads text only)", field=f"{field}.content")
 
 
 def anthropic_history(role: str, content: Any, field: str) -> list[dict[str, Any]]:

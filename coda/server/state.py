@@ -313,7 +313,7 @@ class ServerState:
         bound = self.settings.max_waiting
         if bound is None:
             return
-        if 1 < incoming > bound:
+        if incoming > bound:  # NOTE: bound >= 1, so only a batch (prompts x n) gets here
             # NOTE: a batch (prompts x n) larger than the bound itself can never be admitted:
             # a 429 would send the client into retries that all fail the same way (the SDKs
             # retry 429), and its "N requests are waiting" would name a queue that is empty

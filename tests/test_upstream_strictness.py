@@ -168,3 +168,26 @@ def test_p1_count_tokens_checks_thinking_as_messages_does(server_live: Any) -> N
     for thinking in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}):
         r = _post(server_live, "/v1/messages/count_tokens", {**base, "thinking": thinking})
         assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
+
+
+@pytest.mark.parametrize("seed", [2 ** 63, -(2 ** 63) - 1])
+def test_p1_seed_outside_int64_is_a_400_on_every_protocol(server_live: Any, seed: int) -> None:
+    """SPEC P1: one bound for ``seed`` on every route (Ollama's ``options.seed`` is an int64
+    as OpenAI's; Anthropic's and Responses' are Coda's extension, with the same rule), each
+    refused in its protocol's shape; the bound itself is still served."""
+    r = _post(server_live, "/v1/messages", {"messages": [Q], "max_tokens": 2, "seed": seed})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert "seed" in r.json()["error"]["message"], r.text
+    r = _post(server_live, "/v1/responses", {"input": "q", "max_output_tokens": 2, "seed": seed})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+    for path in ("/api/chat", "/api/generate"):
+        body = {"stream": False, "options": {"num_predict": 2, "seed": seed},
+                **({"messages": [Q]} if path == "/api/chat" else {"prompt": "q"})}
+        r = _post(server_live, path, body)
+        assert r.status_code == 400 and "seed" in r.json()["error"], (path, r.text)
+    edge = 2 ** 63 - 1 if seed > 0 else -(2 ** 63)
+    assert _post(server_live, "/v1/messages",
+                 {"messages": [Q], "max_tokens": 2, "seed": edge}).status_code == 200
+    r = _post(server_live, "/api/generate", {"prompt": "q", "stream": False,
+                                            "options": {"num_predict": 2, "seed": edge}})
+    assert r.status_code == 200, r.text

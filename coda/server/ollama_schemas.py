@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
-from coda.server.schemas import OPEN, STRICT, CodaExtensions
+from coda.server.schemas import OPEN, SEED_MAX, SEED_MIN, STRICT, CodaExtensions
 
 # NOTE: option name -> its neutral value (the one setting that asks for no such sampler)
 _NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0,
@@ -32,7 +32,7 @@ class OllamaOptions(BaseModel):
 
     model_config = STRICT
     # sampling, mapped
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # NOTE: Ollama's is an int64 too
     num_predict: int | None = Field(None, ge=-2)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)

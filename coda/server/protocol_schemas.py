@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 
 from coda.server.schemas import (
     OPEN,
+    SEED_MAX,
+    SEED_MIN,
     STRICT,
     CodaExtensions,
     ResponseFormat,
@@ -72,7 +74,7 @@ class ResponsesRequest(CodaExtensions):
     top_p: float | None = Field(None, gt=0, le=1)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     include: list[ResponseIncludable] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     background: bool = False
     store: bool = True
@@ -111,7 +113,7 @@ class AnthropicRequest(CodaExtensions):
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     metadata: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None

@@ -17,8 +17,9 @@ StopField = str | list[str] | None
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 StopTokenIds = list[int | list[int]] | None
-# NOTE: OpenAI's seed is a signed 64-bit integer: past it is a 400 naming ``seed`` (P1), as
-# OpenAI answers; within it every value (negative ones too) seeds the counter RNG as before
+# NOTE: OpenAI's (and Ollama's) seed is a signed 64-bit integer: past it is a 400 naming
+# ``seed`` (P1), as they answer, and the same bound holds for Coda's seed on Anthropic and
+# Responses (one rule); within it every value (negative ones too) seeds the counter RNG
 SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 63 - 1
 
 

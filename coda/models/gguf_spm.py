@@ -93,9 +93,7 @@ def _cut(s: NormalizedString, spans: list[tuple[int, int]], lo: int,
     half = len(spans) // 2
     mid = spans[half][0]
     left, right = s[0:mid - lo], s[mid - lo:spans[-1][1] - lo]
-    if left is None or right is None:  # NOTE: never for spans inside s; kept for mypy
-        out.extend(s[a - lo:b - lo] for a, b in spans)
-        return
+    assert left is not None and right is not None  # NOTE: None only for a range outside s
     _cut(left, spans[:half], lo, out)
     _cut(right, spans[half:], mid, out)
 
@@ -147,6 +145,8 @@ def is_exact_spm(tok: Any) -> bool:
     """Whether ``tok`` encodes through :func:`exact_spm` (each piece a whole vocabulary
     token or one character's bytes)."""
     return isinstance(tok, Tokenizer) and tok in _EXACT
+
+
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 

@@ -115,3 +115,10 @@ def test_k4_anchor_is_a_plain_letter_never_a_special_token() -> None:
     assert profile._anchor() == anchor  # cached
     word = next(t for t in sorted(tok.get_vocab()) if t.startswith("▁") and t[1:].isalpha())
     assert profile.piece(tok.token_to_id(word)) == b" " + word[1:].encode()
+
+
+def test_k4_profile_is_built_once_per_tokenizer() -> None:
+    """K4: a tokenizer's profile (its pieces and views) is cached: every call for the same
+    tokenizer returns the same profile, which holds that tokenizer."""
+    tok = sentencepiece_bpe()
+    assert profile_of(tok) is profile_of(tok) and profile_of(tok).tokenizer is tok

@@ -2,11 +2,13 @@
 SPEC T3, T4).
 
 ``kq_linear`` on legacy-block segments of 1..LEGACY_M input rows (AVX-512: 8, AVX2: 4) decodes
-each output's ggml blocks from the file's bytes straight into registers. Its bits must be the
+each output's ggml blocks from the file's bytes straight into registers (AVX-512 at 6..8 rows:
+csrc/legacy_tile8.h's 8-row tile, K-blocked, one decode for the 8 rows). Its bits must be the
 portable build's (the span kernel) and the re-laid-out tile's (``GgmlLinear``, csrc/blocks.h:
 the same canonical order, so a tensor may run either way) on every ISA, for every row count
-(1..4 rows per call, 5..8 as two calls, then the span kernel), partial groups of outputs (N =
-69: groups of 4, then 1), a short and a long K, 1 and 3 threads; each row's bits are its bits
+(1..4 rows per call, 5..8 as two calls or the 8-row tile, then the span kernel), partial groups
+of outputs (N = 69: groups of 4, then 1; the tile's pairs, then 1), a short K and a long one
+(1056: the tile's spans of 16 blocks, then one), 1 and 3 threads; each row's bits are its bits
 alone (T4); row maps, biases and fused segments of mixed legacy types keep them; any float16
 scale (zero, subnormal, infinite, NaN) gives the portable build's weights; the kernel writes
 only its M rows.
@@ -108,7 +110,7 @@ def test_t4_row_map_bias_and_mixed_legacy_segments_keep_the_bits(kind: str) -> N
                     assert same_bits(lin(x[:m]), want[:m]), (isa, t, m)
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 8])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 6, 7, 8])
 def test_t4_the_kernel_writes_only_its_rows(m: int) -> None:
     """T4: m rows of N outputs are written and nothing else: rows after them in a larger output
     buffer keep their value."""

@@ -231,14 +231,19 @@ constexpr int64_t LEGACY_M = 4;
 
 inline void linear(const KqCall& c) {
 #if CODA_ISA == CODA_AVX512
-  // NOTE: 6..8 rows: one 8-row tile (kquant_tile8.h) on x packed once per call (shared by the
-  // threads), not two row tiles that decode every weight twice; the same bits
-  if (c.M >= fused::TILE8_MIN && fused::fits(c, FUSED_M)) {
+  // NOTE: 6..8 rows: one 8-row tile, kquant_tile8.h's
+  // (K-quant segments) or legacy_tile8.h's (legacy blocks), on x packed once per call (shared
+  // by the threads), not two row tiles that decode every weight twice; the same bits
+  const bool kq8 = fused::fits(c, FUSED_M), legacy8 = !kq8 && legacy::fits(c, LEGACY_M);
+  if (c.M >= fused::TILE8_MIN && (kq8 || legacy8)) {
     // malloc, not std::vector: no std template is instantiated in an ISA build (isa.h)
     float* xp = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * fused::R8 * c.K));
     if (xp) {
       fused::pack8(c.x, c.M, c.K, xp);
-      pool::parallel_for(c.N, 16, [&c, xp](int64_t n0, int64_t n1) { fused::range8(c, xp, n0, n1); });
+      pool::parallel_for(c.N, 16, [&c, xp, kq8](int64_t n0, int64_t n1) {
+        if (kq8) fused::range8(c, xp, n0, n1);
+        else legacy::range8(c, xp, n0, n1);
+      });
       std::free(xp);
       return;
     }

@@ -379,4 +379,7 @@ inline void range(const KqCall& c, int64_t n0, int64_t n1) {
 }  // namespace kq
 }  // namespace CODA_NS
 }  // namespace coda_native
+
+// NOTE: the 8-row tile (AVX-512, 6..8 rows) is in its own file (size)
+#include "legacy_tile8.h"
 #endif  // CODA_ISA != CODA_SCALAR

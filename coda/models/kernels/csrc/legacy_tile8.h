@@ -1,0 +1,143 @@
+// The exact-mode matmul of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows for 6..8 input rows
+// (batch-8 decode; issue 18 item 3), AVX-512 build only: the 8-row register tile of
+// kquant_tile8.h over legacy blocks read in place. legacy_inplace.h's 4-row tile ran 8 rows as
+// two calls that each decoded every block (per block and output 16 FMAs beside two decodes of
+// ~5 vector uops each, on the same two 512-bit ports); here each block is decoded once for the
+// 8 rows, on x packed once per call chunk-major (fused::pack8) and walked K-blocked, so the
+// span's x stays in L1 across a block of outputs (kquant_tile8.h says why).
+//
+// Bits: the same decode (legacy_inplace.h's scales and decode: the file's weights exactly) and,
+// per output, the same products into the same lane in increasing k (block b's weights 0..15,
+// then 16..31), then tree16, then + bias: isa.h's canonical order. An accumulator parked in
+// memory between spans is the same float, so the blocking changes no bit
+// (tests/test_legacy_tile8.py compares with the scalar build and with each row alone).
+// Included by legacy_inplace.h only (AVX-512).
+#pragma once
+
+#if CODA_ISA == CODA_AVX512
+namespace coda_native {
+namespace CODA_NS {
+namespace kq {
+namespace legacy {
+
+constexpr int G8L = 2;        // outputs per tile: 16 accumulators, 4 decoded halves, x
+constexpr int64_t KSL = 16;   // blocks of 32 per span: 8 x 512 floats of x = 16 KiB in L1
+constexpr int NBL = 32;       // outputs per block: their partial sums 32 x 8 x 64 B = 16 KiB
+
+// Outputs row[0..G) over blocks [b0, b1) for the 8 rows of xs (the span's packed x: chunk i of
+// row r at xs + (i * 8 + r) * 16); partial sums from / to ab[g * 8 + r] unless first / last
+// (then y[r * ldy + g] (+ bias[g]) for the m real rows). pf[g]: the bytes to prefetch, spread
+// over the span's blocks (null: none).
+template <int T, int G>
+__attribute__((noinline)) void span8(const uint8_t* const* row, const uint8_t* const* pf,
+                                     int64_t b0, int64_t b1, const float* xs, __m512* ab,
+                                     bool first, bool last, const float* bias, float* y,
+                                     int64_t ldy, int m) {
+  constexpr int R = fused::R8;
+  constexpr int64_t bb = kBB<T>;
+  __m512 acc[R][G];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) acc[r][g] = first ? _mm512_setzero_ps() : ab[g * R + r];
+  // NOTE: the span's scales first (d at [i][g], m at [i][4 + g]), so that a block's decode
+  // starts from a load instead of a conversion chain (~30 cycles before its first FMA)
+  alignas(32) float sc[KSL][8];
+  for (int64_t b = b0, off = b0 * bb; b < b1; ++b, off += bb)
+    for (int g = 0; g < G; ++g) {
+      uint16_t h;
+      std::memcpy(&h, row[g] + off, 2);
+      sc[b - b0][g] = _cvtsh_ss(h);
+      if (kM<T>) {
+        std::memcpy(&h, row[g] + off + 2, 2);
+        sc[b - b0][4 + g] = _cvtsh_ss(h);
+      }
+    }
+  // NOTE: software-pipelined: block b + 1 is decoded before block b's FMAs are issued, so the
+  // decode's latency overlaps the FMAs instead of stalling them
+  __m512 w[G][2], wn[G][2];
+  auto dec = [&](int64_t b, __m512 (*out)[2]) {
+    const int64_t off = b * bb;
+    const float* sp = sc[b - b0];
+    __asm__("" : "+r"(sp));
+    for (int g = 0; g < G; ++g) {
+      if (pf[g]) __builtin_prefetch(pf[g] + (b - b0) * bb);
+      decode<T>(row[g] + off, sp + g, out[g]);
+    }
+  };
+  dec(b0, w);
+  for (int64_t b = b0; b < b1; ++b) {
+    if (b + 1 < b1) dec(b + 1, wn);
+    const float* xb = xs + (b - b0) * 2 * R * 16;
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < R; ++r) {
+        __m512 xv = _mm512_load_ps(xb + (h * R + r) * 16);
+        // NOTE: one load for the G products (folded into each FMA, the loads bound the tile)
+        __asm__("" : "+v"(xv));
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_fmadd_ps(w[g][h], xv, acc[r][g]);
+      }
+    for (int g = 0; g < G; ++g) w[g][0] = wn[g][0], w[g][1] = wn[g][1];
+  }
+  if (last) {
+    for (int r = 0; r < R && r < m; ++r)  // NOTE: padding rows: computed, never written
+      for (int g = 0; g < G; ++g) {
+        const float v = tree16(::coda_native::CODA_NS::F16{acc[r][g]});
+        y[r * ldy + g] = bias ? v + bias[g] : v;
+      }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) ab[g * R + r] = acc[r][g];
+  }
+}
+
+// Outputs row[0..nb) (one type T, nb <= NBL) for the 8 rows of xp; nrow: the next block's rows
+// (prefetched during this block's last span).
+template <int T>
+void block8(const uint8_t* const* row, const uint8_t* const* nrow, int nb, const float* xp,
+            int64_t K, const float* bias, float* y, int64_t ldy, int m) {
+  constexpr int64_t bb = kBB<T>;
+  alignas(64) __m512 ab[NBL * fused::R8];
+  const int64_t nblk = K / QK;
+  for (int64_t b0 = 0; b0 < nblk; b0 += KSL) {
+    const int64_t b1 = min64(b0 + KSL, nblk);
+    const bool first = b0 == 0, last = b1 == nblk;
+    const float* xs = xp + b0 * QK * fused::R8;
+    for (int j = 0; j < nb; j += G8L) {
+      // NOTE: the same rows' next span, or in the last span the next block's first one
+      const uint8_t* pf[G8L] = {};
+      for (int g = 0; g < G8L && j + g < nb; ++g) pf[g] = last ? nrow[j + g] : row[j + g] + b1 * bb;
+      const float* bj = bias ? bias + j : nullptr;
+      if (nb - j >= G8L)
+        span8<T, G8L>(row + j, pf, b0, b1, xs, ab + j * fused::R8, first, last, bj, y + j, ldy, m);
+      else
+        span8<T, 1>(row + j, pf, b0, b1, xs, ab + j * fused::R8, first, last, bj, y + j, ldy, m);
+    }
+  }
+}
+
+// Outputs [n0, n1) of a call of fused::TILE8_MIN..8 rows (fits(c, 8)), x packed by
+// fused::pack8 into xp.
+inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
+  const int m = static_cast<int>(c.M);
+  for_groups(c, n0, n1, [](const KqSeg&) { return NBL; }, [&](const KqGroup& gr) {
+    const KqSeg& q = gr.q;
+    const int nb = gr.g;  // NOTE: a block stays inside one segment (one type, one bias)
+    const uint8_t* row[NBL];
+    const uint8_t* nrow[NBL] = {};
+    gr.rows(row);
+    rows_ahead(c, gr, gr.n + nb, nb, n1, nrow);
+    const float* bias = q.bias ? q.bias + gr.i0 : nullptr;
+    float* y = c.y + gr.n;
+    switch (q.type) {
+      case Q8_0: block8<Q8_0>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+      case Q4_1: block8<Q4_1>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+      case Q5_0: block8<Q5_0>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+      case Q5_1: block8<Q5_1>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+      default: block8<Q4_0>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
+    }
+  });
+}
+
+}  // namespace legacy
+}  // namespace kq
+}  // namespace CODA_NS
+}  // namespace coda_native
+#endif  // CODA_ISA == CODA_AVX512

@@ -193,11 +193,12 @@ class OllamaAdapter:
         reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
                             thinking=reasoning is not None and body.think not in (False, "none"))
+        budget = o.max_tokens(st.engine.context_length - len(ids)) if o else None
         return plan_call(
             body, [ids], spec, call_id=new_id(self.id_prefix),
             backpressure=st.settings.backpressure, stream=body.stream,
             on_disconnect=body.on_disconnect,
-            max_tokens=o.max_tokens() if o else None, max_tokens_field="options.num_predict",
+            max_tokens=budget, max_tokens_field="options.num_predict",
             prompt_field="messages" if self.chat else "prompt",
             stop=o.stop if o else None, stop_field="options.stop",
             seed=o.seed if o else None, temperature=o.temperature if o else None,

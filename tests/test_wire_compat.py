@@ -4,6 +4,9 @@ SmolLM2 Q4_1 and Gemma 3 270M:
 
 - Ollama ``options.num_predict: -1`` / ``-2`` ("no limit but the context's", docs/api.md)
   ended at ``EngineConfig.default_max_tokens`` (256 tokens, ``length``), as if unset.
+- OpenAI ``stream_options.include_obfuscation`` (a field of the official SDK's chat,
+  completions and Responses stream options) was a 400 "Unrecognized request argument"; the
+  Responses API had no ``stream_options`` at all.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import httpx
 import ollama
+import openai
 import pytest
 
 MODEL = "tiny-chat"
@@ -56,3 +60,40 @@ def test_l4_ollama_num_predict_unset_is_still_the_default(server_live: Any) -> N
     r = ollama.Client(host=server_live.url, transport=_IgnoreEos()).generate(
         model=MODEL, prompt="q", options={"temperature": 0})
     assert r.done_reason == "length" and r.eval_count == DEFAULT_MAX, r
+
+
+def _openai(live: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.url + "/v1", api_key="-", max_retries=0)
+
+
+@pytest.mark.parametrize("obfuscation", [False, True])
+def test_p1_stream_options_include_obfuscation_is_accepted(
+        server_live: Any, obfuscation: bool) -> None:
+    """SPEC P1: ``include_obfuscation`` (either value) is accepted on chat, completions and
+    Responses streams, with no effect on what is streamed (docs/api.md: no padding), and
+    ``include_usage`` beside it still works."""
+    c = _openai(server_live)
+    q = [{"role": "user", "content": "q"}]
+    kw: Any = {"model": MODEL, "temperature": 0, "stream": True}
+    chat = list(c.chat.completions.create(messages=q, max_tokens=4, **kw, stream_options={
+        "include_usage": True, "include_obfuscation": obfuscation}))
+    assert chat[-1].usage is not None and chat[-1].usage.completion_tokens == 4
+    assert all("obfuscation" not in (k.model_extra or {}) for k in chat)
+    plain = list(c.chat.completions.create(messages=q, max_tokens=4, **kw))
+    assert ([k.choices[0].delta.content for k in chat if k.choices]
+            == [k.choices[0].delta.content for k in plain if k.choices])
+    text = list(c.completions.create(prompt="q", max_tokens=4, **kw, stream_options={
+        "include_obfuscation": obfuscation}))
+    assert text[-1].choices[0].finish_reason == "length"
+    events = list(c.responses.create(input="q", max_output_tokens=4, **kw, stream_options={
+        "include_obfuscation": obfuscation}))
+    assert [e.type for e in events][-1] == "response.incomplete"
+
+
+def test_p1_responses_stream_options_need_a_stream(server_live: Any) -> None:
+    """SPEC P1: as chat's, Responses ``stream_options`` without ``stream`` is a 400 naming
+    it, never ignored."""
+    with pytest.raises(openai.BadRequestError) as e:
+        _openai(server_live).responses.create(model=MODEL, input="q", max_output_tokens=2,
+                                              stream_options={"include_obfuscation": False})
+    assert e.value.body["param"] == "stream_options", e.value.body  # type: ignore[index]

@@ -65,6 +65,12 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
+class ResponsesStreamOptions(BaseModel):
+    model_config = STRICT
+    # NOTE: OpenAI's delta padding against size side channels; accepted, no effect (fields.py)
+    include_obfuscation: bool = True
+
+
 class ResponsesRequest(CodaExtensions):
     model: str
     input: str | list[InputMessage | InputToolItem]
@@ -76,6 +82,7 @@ class ResponsesRequest(CodaExtensions):
     include: list[ResponseIncludable] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
+    stream_options: ResponsesStreamOptions | None = None
     background: bool = False
     store: bool = True
     metadata: dict[str, str] | None = None

@@ -7,6 +7,8 @@ SmolLM2 Q4_1 and Gemma 3 270M:
 - OpenAI ``stream_options.include_obfuscation`` (a field of the official SDK's chat,
   completions and Responses stream options) was a 400 "Unrecognized request argument"; the
   Responses API had no ``stream_options`` at all.
+- An Ollama body sent as Ollama's README sends it (``curl -d``: a form content type, or
+  none of JSON) was a 400 "request body must be a JSON object"; Ollama reads any body as JSON.
 """
 
 from __future__ import annotations
@@ -97,3 +99,23 @@ def test_p1_responses_stream_options_need_a_stream(server_live: Any) -> None:
         _openai(server_live).responses.create(model=MODEL, input="q", max_output_tokens=2,
                                               stream_options={"include_obfuscation": False})
     assert e.value.body["param"] == "stream_options", e.value.body  # type: ignore[index]
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
+@pytest.mark.parametrize("path", ["/api/generate", "/api/chat", "/api/show", "/api/embed"])
+def test_p1_ollama_reads_the_body_as_json_whatever_its_content_type(
+        server_live: Any, path: str, content_type: str) -> None:
+    """SPEC P1: as Ollama, an ``/api/`` body is JSON whatever its ``Content-Type`` (its
+    README's ``curl -d``); a body that is not JSON is still a 400 in Ollama's shape."""
+    body = {"model": MODEL, "stream": False, "options": {"num_predict": 2}} | {
+        "/api/generate": {"prompt": "q"}, "/api/chat": {"messages": [{"role": "user",
+                                                                      "content": "q"}]},
+        "/api/show": {}, "/api/embed": {"input": "q"}}[path]
+    if path in ("/api/show", "/api/embed"):
+        del body["stream"]
+    headers = {"content-type": content_type}
+    r = httpx.post(server_live.url + path, content=json.dumps(body), headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    bad = httpx.post(server_live.url + path, content=b"model=x", headers=headers, timeout=60)
+    assert bad.status_code == 400 and isinstance(bad.json()["error"], str), bad.text
+

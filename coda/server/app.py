@@ -72,6 +72,23 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class OllamaJsonBodyMiddleware:
+    """Ollama reads every ``/api/`` body as JSON whatever its ``Content-Type``, and its
+    README's ``curl http://localhost:11434/api/generate -d '{...}'`` sends
+    ``application/x-www-form-urlencoded``; FastAPI parses a body as JSON only under a JSON
+    type (or none), so such a body was a 400 there. On the Ollama routes the header is JSON."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST"
+                and protocol_of(scope["path"]) == "ollama"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 class GrammarWarmupMiddleware:
     """Issue 19 item 2: the engine's grammar tokenizer build holds the GIL for a while
     (:class:`coda.engine.grammar.GrammarWarmup`), so the server defers it at its start and
@@ -176,6 +193,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(playground_routes.router)
     _operational_routes(app)
     app.add_middleware(GrammarWarmupMiddleware, engine=engine)  # NOTE: innermost
+    app.add_middleware(OllamaJsonBodyMiddleware)
     # NOTE: added before the key check, so the key check runs first (outermost)
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
     if api_key:

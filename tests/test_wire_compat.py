@@ -9,6 +9,8 @@ SmolLM2 Q4_1 and Gemma 3 270M:
   Responses API had no ``stream_options`` at all.
 - An Ollama body sent as Ollama's README sends it (``curl -d``: a form content type, or
   none of JSON) was a 400 "request body must be a JSON object"; Ollama reads any body as JSON.
+- ``HEAD`` on a GET route (``/``, ``/health``, ``/api/tags``, ``/api/version``,
+  ``/v1/models``) was a 405: Ollama's CLI checks its server with ``HEAD /`` first.
 """
 
 from __future__ import annotations
@@ -119,3 +121,29 @@ def test_p1_ollama_reads_the_body_as_json_whatever_its_content_type(
     bad = httpx.post(server_live.url + path, content=b"model=x", headers=headers, timeout=60)
     assert bad.status_code == 400 and isinstance(bad.json()["error"], str), bad.text
 
+
+
+@pytest.mark.parametrize("path", ["/", "/health", "/metrics", "/v1/models",
+                                  f"/v1/models/{MODEL}", "/api/tags", "/api/ps",
+                                  "/api/version", "/favicon.ico"])
+def test_p1_head_is_a_get_without_the_body(server_live: Any, path: str) -> None:
+    """SPEC P1: ``HEAD`` answers as ``GET`` does (status, content type), with no body
+    (RFC 9110): Ollama's own server answers ``HEAD /`` and its CLI asks it first."""
+    get = httpx.get(server_live.url + path, timeout=30)
+    head = httpx.head(server_live.url + path, timeout=30)
+    assert head.status_code == get.status_code == 200, (head.status_code, get.status_code)
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert head.content == b"" and get.content != b""
+
+
+def test_p1_head_on_an_unknown_model_is_its_404(server_live: Any) -> None:
+    """SPEC P1: a HEAD is the GET's answer, a 404 included."""
+    assert httpx.head(server_live.url + "/v1/models/nope", timeout=30).status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/v1/streams/x", "/v1/responses/x?stream=true",
+                                  "/v1/chat/completions", "/api/chat"])
+def test_p3_no_head_on_streams_nor_post_routes(server_live: Any, path: str) -> None:
+    """SPEC P3: a HEAD never attaches a reader to a stream (a resume route), and a POST-only
+    route stays a 405."""
+    assert httpx.head(server_live.url + path, timeout=30).status_code == 405

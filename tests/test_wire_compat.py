@@ -11,6 +11,8 @@ SmolLM2 Q4_1 and Gemma 3 270M:
   none of JSON) was a 400 "request body must be a JSON object"; Ollama reads any body as JSON.
 - ``HEAD`` on a GET route (``/``, ``/health``, ``/api/tags``, ``/api/version``,
   ``/v1/models``) was a 405: Ollama's CLI checks its server with ``HEAD /`` first.
+- Ollama ``logprobs`` / ``top_logprobs`` (arguments of the official client's ``chat`` and
+  ``generate``) were a 400 "Unrecognized request argument".
 """
 
 from __future__ import annotations
@@ -147,3 +149,69 @@ def test_p3_no_head_on_streams_nor_post_routes(server_live: Any, path: str) -> N
     """SPEC P3: a HEAD never attaches a reader to a stream (a resume route), and a POST-only
     route stays a 405."""
     assert httpx.head(server_live.url + path, timeout=30).status_code == 405
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "generate"])
+def test_p1_ollama_logprobs_streamed_equal_whole(server_live: Any, chat: bool) -> None:
+    """SPEC P1, P2, K2: Ollama ``logprobs`` with ``top_logprobs`` through the official client:
+    one entry per output token (``eval_count``), the streamed lines' entries equal the whole
+    answer's, every entry has ``top_logprobs`` k alternatives, and the entries' bytes are the
+    text."""
+    c = ollama.Client(host=server_live.url)
+    kw: Any = {"model": MODEL, "logprobs": True, "top_logprobs": 3,
+               "options": {"num_predict": 8, "temperature": 0.9, "seed": 5}}
+    call: Any = (lambda **k: c.chat(messages=[{"role": "user", "content": "q"}], **kw, **k)
+                 ) if chat else (lambda **k: c.generate(prompt="q", **kw, **k))
+    whole = call(stream=False)
+    lines = list(call(stream=True))
+    text = whole.message.content if chat else whole.response
+    streamed = [e for line in lines for e in (line.logprobs or [])]
+    assert whole.logprobs is not None and len(whole.logprobs) == whole.eval_count
+    assert [(e.token, e.logprob) for e in streamed] == [
+        (e.token, e.logprob) for e in whole.logprobs]
+    assert all(len(e.top_logprobs or []) == 3 for e in whole.logprobs)
+    raw = httpx.post(server_live.url + ("/api/chat" if chat else "/api/generate"), timeout=60,
+                     json={**kw, "stream": False, **({"messages": [{"role": "user", "content": "q"}]}
+                                                     if chat else {"prompt": "q"})}).json()
+    assert b"".join(bytes(e["bytes"]) for e in raw["logprobs"]).decode() == text
+
+
+def test_p1_ollama_without_logprobs_has_none(server_live: Any) -> None:
+    """SPEC P1: no ``logprobs`` asked, none sent (streamed or not)."""
+    c = ollama.Client(host=server_live.url)
+    opts = {"num_predict": 4, "temperature": 0}
+    assert c.generate(model=MODEL, prompt="q", options=opts).logprobs is None
+    assert all(x.logprobs is None for x in c.generate(model=MODEL, prompt="q", options=opts,
+                                                         stream=True))
+
+
+def test_k2_ollama_logprobs_of_a_cut_character_are_streamed_too(
+        smollm_ollama: ollama.Client, smollm_name: str) -> None:
+    """SPEC K2, K3: where the budget cuts a multi-byte character (its bytes are dropped, its
+    tokens carry no text), the streamed lines still hold those tokens' logprobs, as the whole
+    answer does: one entry per output token either way."""
+    cut = 0
+    for n in range(1, 9):
+        kw: Any = {"model": smollm_name, "prompt": "Emoji: show me some emoji",
+                   "logprobs": True, "options": {"num_predict": n, "temperature": 0}}
+        whole = smollm_ollama.generate(**kw)
+        streamed = [e for line in smollm_ollama.generate(**kw, stream=True)
+                    for e in (line.logprobs or [])]
+        assert whole.logprobs is not None and len(whole.logprobs) == whole.eval_count == n
+        assert [(e.token, e.logprob) for e in streamed] == [
+            (e.token, e.logprob) for e in whole.logprobs]
+        raw = httpx.post(str(smollm_ollama._client.base_url) + "/api/generate", timeout=60,
+                         json={**kw, "stream": False}).json()
+        held = b"".join(bytes(e["bytes"]) for e in raw["logprobs"])
+        cut += held != raw["response"].encode()  # NOTE: the budget dropped a partial char
+    assert cut, "no budget cut a character: the case is not exercised"
+
+
+def test_p1_ollama_logprobs_with_tools_is_a_400(server_live: Any) -> None:
+    """SPEC P1: ``logprobs`` beside tools (a call's text is cut out of the token stream) is a
+    400 naming ``logprobs``, never logprobs that miss tokens."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    r = httpx.post(server_live.url + "/api/chat", timeout=60, json={
+        "model": MODEL, "stream": False, "logprobs": True, "tools": [tool],
+        "messages": [{"role": "user", "content": "q"}], "options": {"num_predict": 2}})
+    assert r.status_code == 400 and r.json()["error"].startswith("logprobs:"), r.text

@@ -160,6 +160,9 @@ class _OllamaCreate(CodaExtensions):
     stream: bool = True  # NOTE: Ollama streams unless told not to
     keep_alive: float | str | None = None
     think: bool | str | None = None
+    # NOTE: as Ollama (and OpenAI chat): each output token's logprob, and the k best beside
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @model_validator(mode="after")
     def _options_into_extensions(self) -> _OllamaCreate:

@@ -293,3 +293,22 @@ def test_k2_ollama_chat_and_generate_show_reasoning_as_thinking(r1: ScriptedServ
     assert (gen.thinking, gen.response) == (REASONING, ANSWER)
     off = client.chat(model=model, messages=MSG, think=False)
     assert (off.message.thinking, off.message.content) == (None, ANSWER)
+
+
+@pytest.mark.parametrize("think", [True, False])
+def test_k2_ollama_logprobs_cover_the_reasoning_tokens_too(r1: ScriptedServer,
+                                                           think: bool) -> None:
+    """SPEC K2: Ollama ``logprobs`` hold every output token, the reasoning's included (shown
+    or not, ``think``), streamed as whole: one entry per token but the EOS."""
+    import ollama
+
+    client, model = ollama.Client(host=r1.url), oai(r1)[1]
+    whole = client.chat(model=model, messages=MSG, think=think, logprobs=True)
+    streamed = [e for part in client.chat(model=model, messages=MSG, think=think,
+                                          logprobs=True, stream=True)
+                for e in (part.logprobs or [])]
+    # NOTE: the scripted output ends on EOS, the one token never reported (S3)
+    assert whole.logprobs is not None and len(whole.logprobs) == whole.eval_count - 1
+    assert [e.token for e in whole.logprobs][:2] == [" me", " think"]
+    assert [(e.token, e.logprob) for e in streamed] == [
+        (e.token, e.logprob) for e in whole.logprobs]

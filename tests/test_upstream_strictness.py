@@ -191,3 +191,52 @@ def test_p1_seed_outside_int64_is_a_400_on_every_protocol(server_live: Any, seed
     r = _post(server_live, "/api/generate", {"prompt": "q", "stream": False,
                                             "options": {"num_predict": 2, "seed": edge}})
     assert r.status_code == 200, r.text
+
+
+A = {"role": "assistant"}
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize(("messages", "field"), [
+    ([{"role": "user", "content": ""}], "messages.0"),
+    ([{"role": "user", "content": []}], "messages.0"),
+    ([Q, {**A, "content": "a"}, {"role": "user", "content": ""}], "messages.2"),
+    ([{"role": "user", "content": [{"type": "text", "text": ""}]}], "messages.0.content.0"),
+    ([Q, {**A, "content": "The sea "}], "messages.1"),
+    ([Q, {**A, "content": "The sea\n"}], "messages.1"),
+    ([Q, {**A, "content": [{"type": "text", "text": "The sea "}]}], "messages.1"),
+], ids=["empty-str", "empty-list", "empty-later", "empty-block", "prefill-space",
+        "prefill-newline", "prefill-block-space"])
+def test_p1_anthropic_empty_content_and_prefill_whitespace_are_400s(
+        server_live: Any, path: str, messages: list[dict[str, Any]], field: str) -> None:
+    """SPEC P1: Anthropic refuses an empty message (but an empty final assistant one), an
+    empty text block and a prefill ending in whitespace, on ``count_tokens`` too; each was
+    answered (sweep3)."""
+    body: dict[str, Any] = {"messages": messages}
+    if path == "/v1/messages":
+        body["max_tokens"] = 2
+    _anthropic_400(_post(server_live, path, body), field)
+
+
+@pytest.mark.parametrize("messages", [
+    [Q, {**A, "content": ""}], [Q, {**A, "content": "The sea"}],
+    [Q, {**A, "content": [{"type": "text", "text": "The sea"}]}],
+    [{"role": "user", "content": "  q  "}]], ids=["empty-prefill", "prefill", "prefill-block",
+                                                  "user-spaces"])
+def test_p1_anthropic_prefills_and_user_whitespace_still_served(
+        server_live: Any, messages: list[dict[str, Any]]) -> None:
+    """SPEC P1: an empty final assistant message, a prefill without trailing whitespace and
+    a user message with spaces around it are served as before."""
+    r = _post(server_live, "/v1/messages", {"messages": messages, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_p1_anthropic_metadata_takes_user_id_only(server_live: Any) -> None:
+    """SPEC P1: ``metadata`` has one field, ``user_id``; another is a 400 naming it, as
+    Anthropic answers (it was accepted)."""
+    r = _post(server_live, "/v1/messages", {"messages": [Q], "max_tokens": 2,
+                                           "metadata": {"user_id": "u1"}})
+    assert r.status_code == 200, r.text
+    r = _post(server_live, "/v1/messages", {"messages": [Q], "max_tokens": 2,
+                                           "metadata": {"foo": "u1"}})
+    assert r.status_code == 400 and "metadata.foo" in r.json()["error"]["message"], r.text

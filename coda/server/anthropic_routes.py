@@ -28,7 +28,7 @@ from coda.server.create import create
 from coda.server.failures import anthropic_error, failed_json, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
 from coda.server.params import Parsed, plan_call
-from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicRequest
+from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicMessage, AnthropicRequest
 from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer
@@ -294,9 +294,33 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
             raise InvalidRequestError(
                 f"messages.{i}.role: must be 'user' or 'assistant', got {m.role!r}",
                 field=f"messages.{i}.role")
+        _check_text(i, m, last=i == len(body.messages) - 1)
         msgs += ([{"role": m.role, "content": m.content}] if isinstance(m.content, str)
                  else anthropic_history(m.role, m.content, f"messages.{i}"))
     return msgs
+
+
+def _check_text(i: int, m: AnthropicMessage, *, last: bool) -> None:
+    """As Anthropic refuses them (400s in its words): an empty message, unless it is the
+    final assistant one (an empty prefill); an empty text block; a final assistant message
+    (a prefill) that ends in whitespace."""
+    texts = ([m.content] if isinstance(m.content, str)
+             else [b.get("text") for b in m.content if b.get("type") == "text"])
+    prefill = last and m.role == "assistant"
+    if not isinstance(m.content, str):
+        j = next((j for j, b in enumerate(m.content)
+                  if b.get("type") == "text" and b.get("text") == ""), None)
+        if j is not None:
+            raise InvalidRequestError(f"messages.{i}.content.{j}: text content blocks must "
+                                      "be non-empty", field=f"messages.{i}.content.{j}")
+    if not m.content and not prefill:
+        raise InvalidRequestError(f"messages.{i}: all messages must have non-empty content "
+                                  "except for the optional final assistant message",
+                                  field=f"messages.{i}")
+    tail = texts[-1] if texts and isinstance(texts[-1], str) else ""
+    if prefill and tail and tail != tail.rstrip():
+        raise InvalidRequestError(f"messages.{i}: final assistant content cannot end with "
+                                  "trailing whitespace", field=f"messages.{i}")
 
 
 def tool_plan(body: AnthropicRequest | AnthropicCountRequest) -> tl.ToolPlan | None:

@@ -49,6 +49,8 @@ log = logging.getLogger("coda.server")
 WARMUP_IDLE_S = 0.5
 WARMUP_START_IDLE_S = 2.0
 _OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+# NOTE: GET routes that can stream (a resume attaches a reader): no HEAD on them
+_STREAMING_GETS = ("/v1/streams/", "/v1/responses/")
 
 
 class ApiKeyMiddleware:
@@ -70,6 +72,41 @@ class ApiKeyMiddleware:
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class OllamaJsonBodyMiddleware:
+    """Ollama reads every ``/api/`` body as JSON whatever its ``Content-Type``, and its
+    README's ``curl http://localhost:11434/api/generate -d '{...}'`` sends
+    ``application/x-www-form-urlencoded``; FastAPI parses a body as JSON only under a JSON
+    type (or none), so such a body was a 400 there. On the Ollama routes the header is JSON."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST"
+                and protocol_of(scope["path"]) == "ollama"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
+class HeadMiddleware:
+    """HEAD as a GET without the body (RFC 9110 9.3.2): FastAPI routes answer no HEAD (a
+    405), yet Ollama's CLI checks its server with ``HEAD /`` before each command, and uptime
+    probes and proxies send HEAD. The routes that can stream are left out (their HEAD stays
+    a 405): a HEAD must not attach a reader to a stream."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] != "HEAD"
+                or scope["path"].startswith(_STREAMING_GETS)):
+            await self.app(scope, receive, send)
+            return
+        # NOTE: uvicorn knows the request is a HEAD and sends the GET's headers, no body
+        await self.app({**scope, "method": "GET"}, receive, send)
 
 
 class GrammarWarmupMiddleware:
@@ -176,6 +213,8 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(playground_routes.router)
     _operational_routes(app)
     app.add_middleware(GrammarWarmupMiddleware, engine=engine)  # NOTE: innermost
+    app.add_middleware(OllamaJsonBodyMiddleware)
+    app.add_middleware(HeadMiddleware)
     # NOTE: added before the key check, so the key check runs first (outermost)
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
     if api_key:

@@ -4,7 +4,11 @@
 - refused with a 400 naming the field where the value asks for something Coda does not do
   (Responses ``truncation: "auto"``, ``modalities`` with ``"audio"``);
 - accepted with no effect where nothing local corresponds: ``prompt_cache_key``,
-  ``safety_identifier`` (prefix caching is automatic; there is no abuse monitoring), and
+  ``safety_identifier`` (prefix caching is automatic; there is no abuse monitoring),
+  ``stream_options.include_obfuscation`` (chat, completions, Responses: OpenAI pads its
+  deltas with a random ``obfuscation`` field against network side channels that infer
+  tokens from frame sizes; Coda's frames carry no padding either way, so a replay stays
+  byte-identical, P3), and
   ``service_tier``, answered ``"default"`` in the response as OpenAI answers the tier it
   actually used (one local tier);
 - ``reasoning_effort`` (chat) / ``reasoning.effort`` (Responses) mapped onto the reasoning
@@ -31,12 +35,16 @@ SERVED_TIER = "default"  # NOTE: the tier every request is served in (one local 
 
 def reject_unhonoured(body: ResponsesRequest) -> None:
     """Responses: ``truncation: "auto"`` (Coda never drops input to fit; a prompt past the
-    context is a 400) and ``background`` without ``store`` (a background response is only
-    reachable by fetching it, as OpenAI requires)."""
+    context is a 400), ``stream_options`` without ``stream`` and ``background`` without
+    ``store`` (a background response is only reachable by fetching it, as OpenAI requires)."""
     if body.truncation == "auto":
         raise InvalidRequestError(
             "truncation: 'auto' is not supported; Coda never drops input items to fit the "
             "context (use 'disabled')", field="truncation")
+    if body.stream_options is not None and not body.stream:
+        # NOTE: as OpenAI (and chat's stream_options): options for a stream need a stream
+        raise InvalidRequestError("stream_options: only allowed when stream is true",
+                                  field="stream_options")
     if body.background and not body.store:
         raise InvalidRequestError("background: background responses require store=true",
                                   field="background")

@@ -23,6 +23,7 @@ once, or ``"unload"`` with ``keep_alive: 0`` and several models.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -31,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.reader import replay
 from coda.reasoning import ReasoningSpec
+from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, now, state_of
@@ -50,7 +52,7 @@ from coda.server.params import Parsed, plan_call
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
 from coda.server.state import Record, ServerState, register_renderer
-from coda.stream import EventType, StreamEvent, Terminal
+from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
 
 router = APIRouter()
 OllamaBody = OllamaChatRequest | OllamaGenerateRequest
@@ -95,25 +97,35 @@ class OllamaRenderer(NDJSONRenderer):
         spec = record.spec
         assert isinstance(spec, OllamaRender)
         self.r, self.chat, self.thinking = record, spec.chat, spec.thinking
+        self.logprobs = spec.logprobs
         # NOTE: a replay primes the parser with the text already sent (P3)
         self.parser = (tl.primed(e.text for e in replay(record.handles[0].stream)
                                  if e.type is EventType.DELTA and e.seq <= self.after[0])
                        if spec.tools else None)
 
-    def _lines(self, items: list[tl.Item]) -> list[Frame]:
-        return [JSONLine(_piece(self.r, self.chat, i)) for i in items if i != ""]
+    def _lines(self, items: list[tl.Item], tokens: Sequence[TokenInfo] = (),
+               thinking: bool = False) -> list[Frame]:
+        pieces = [_piece(self.r, self.chat, i, thinking) for i in items if i != ""]
+        if self.logprobs and tokens:
+            # NOTE: a token's logprobs travel with the line of its text (an empty line where
+            # its bytes wait for the rest of a character), so the lines hold every token
+            pieces = pieces or [_piece(self.r, self.chat, "", thinking)]
+            pieces[0]["logprobs"] = lp.chat_entries(tokens)
+        return [JSONLine(p) for p in pieces]
 
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
         if ev.type is EventType.START:
             return []
         if ev.type is EventType.DELTA:
             if ev.reasoning:  # NOTE: issue 23: reasoning is never content nor a tool call
-                return [JSONLine(_piece(self.r, self.chat, ev.text, thinking=True))] \
-                    if self.thinking and ev.text else []
-            return self._lines(self.parser.feed(ev.text) if self.parser else [ev.text])
+                return self._lines([ev.text] if self.thinking else [], ev.tokens, True)
+            return self._lines(self.parser.feed(ev.text) if self.parser else [ev.text],
+                               ev.tokens)
         terminal = ev.terminal
         assert terminal is not None
         frames = self._lines(self.parser.finish()) if self.parser else []
+        if self.logprobs and not is_failed(terminal):
+            frames += self._lines([], lp.reported_trailing(terminal))
         end = done_fields(terminal, self.r.network_send_s(index, self.network_send_s))
         if self.parser is not None:
             end["coda"]["tool_calls"] = {"count": self.parser.calls,
@@ -191,17 +203,23 @@ class OllamaAdapter:
                       or {"grammar": grammar})
         ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
         reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
+        if body.logprobs and plan is not None and plan.active:
+            # NOTE: a call's text is cut out of the token stream: no token maps onto a line
+            raise InvalidRequestError("logprobs: not supported with tools", field="logprobs")
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
-                            thinking=reasoning is not None and body.think not in (False, "none"))
+                            thinking=reasoning is not None and body.think not in (False, "none"),
+                            logprobs=body.logprobs)
+        budget = o.max_tokens(st.engine.context_length - len(ids)) if o else None
         return plan_call(
             body, [ids], spec, call_id=new_id(self.id_prefix),
             backpressure=st.settings.backpressure, stream=body.stream,
             on_disconnect=body.on_disconnect,
-            max_tokens=o.max_tokens() if o else None, max_tokens_field="options.num_predict",
+            max_tokens=budget, max_tokens_field="options.num_predict",
             prompt_field="messages" if self.chat else "prompt",
             stop=o.stop if o else None, stop_field="options.stop",
             seed=o.seed if o else None, temperature=o.temperature if o else None,
             top_p=o.top_p if o else None,
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             presence_penalty=o.presence_penalty if o else None,
             frequency_penalty=o.frequency_penalty if o else None, reasoning=reasoning,
             # NOTE: a grammar from ``format`` is named so (Ollama's field), not response_format
@@ -225,6 +243,8 @@ class OllamaAdapter:
             return failed_json(body, c.terminal, headers=headers)
         thinking = ({"thinking": c.reasoning}
                     if spec.thinking and c.terminal.reasoning is not None else {})
+        if spec.logprobs:  # NOTE: every token's, in order (the textless last ones included)
+            end["logprobs"] = lp.chat_entries(t for _, tokens in c.deltas for t in tokens)
         if spec.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text, **thinking}
             if calls:

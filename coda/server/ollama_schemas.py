@@ -75,13 +75,20 @@ class OllamaOptions(BaseModel):
                                  "sampler; leave it unset)")
         return self
 
-    def max_tokens(self) -> int | None:
-        """``num_predict`` as Coda's budget: positive is the limit, -1/-2 none (0: a 400)."""
+    def max_tokens(self, room: int) -> int | None:
+        """``num_predict`` as Coda's budget: positive is the limit, -1/-2 no limit but the
+        context's (``room``: the tokens the prompt leaves in it), unset the server's default
+        (0: a 400)."""
         n = self.num_predict
         if n == 0:
             raise InvalidRequestError("options.num_predict: must be positive, or -1 for no "
                                       "limit", field="options.num_predict")
-        return n if n is not None and n > 0 else None
+        if n is None:
+            return None
+        # NOTE: -1/-2 is not "unset": unset is EngineConfig.default_max_tokens, which would
+        # end the output long before the context. A prompt that leaves no room is the plan's
+        # 400 naming the prompt (it is checked before the budget), hence the floor of 1.
+        return n if n > 0 else max(room, 1)
 
 
 class OllamaToolFunction(BaseModel):
@@ -153,6 +160,9 @@ class _OllamaCreate(CodaExtensions):
     stream: bool = True  # NOTE: Ollama streams unless told not to
     keep_alive: float | str | None = None
     think: bool | str | None = None
+    # NOTE: as Ollama (and OpenAI chat): each output token's logprob, and the k best beside
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @model_validator(mode="after")
     def _options_into_extensions(self) -> _OllamaCreate:

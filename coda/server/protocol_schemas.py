@@ -65,6 +65,12 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
+class ResponsesStreamOptions(BaseModel):
+    model_config = STRICT
+    # NOTE: OpenAI's delta padding against size side channels; accepted, no effect (fields.py)
+    include_obfuscation: bool = True
+
+
 class ResponsesRequest(CodaExtensions):
     model: str
     input: str | list[InputMessage | InputToolItem]
@@ -76,6 +82,7 @@ class ResponsesRequest(CodaExtensions):
     include: list[ResponseIncludable] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
+    stream_options: ResponsesStreamOptions | None = None
     background: bool = False
     store: bool = True
     metadata: dict[str, str] | None = None
@@ -103,6 +110,11 @@ class AnthropicMessage(BaseModel):
     content: str | list[dict[str, Any]]
 
 
+class AnthropicMetadata(BaseModel):
+    model_config = STRICT  # NOTE: as Anthropic: user_id is its one field; another is a 400
+    user_id: str | None = None
+
+
 class AnthropicRequest(CodaExtensions):
     model: str
     max_tokens: int = Field(..., ge=1)
@@ -112,7 +124,7 @@ class AnthropicRequest(CodaExtensions):
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
-    metadata: dict[str, Any] | None = None
+    metadata: AnthropicMetadata | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None

@@ -92,6 +92,7 @@ class OllamaRender:
     model: str
     tools: bool = False
     thinking: bool = False  # NOTE: issue 23: the reasoning split shown as ``thinking``
+    logprobs: bool = False  # NOTE: each line carries its tokens' ``logprobs``
 
 
 RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender | OllamaRender

@@ -385,9 +385,9 @@ def tool_plan(body: ResponsesRequest) -> tl.ToolPlan | None:
 
 
 def check_unhonoured(body: ResponsesRequest) -> None:
-    """:func:`coda.server.fields.reject_unhonoured`, entered only where ``truncation`` or
-    ``background`` is set (issue 22: without either it refuses nothing)."""
-    if body.truncation is not None or body.background:
+    """:func:`coda.server.fields.reject_unhonoured`, entered only where ``truncation``,
+    ``stream_options`` or ``background`` is set (issue 22: without them it refuses nothing)."""
+    if body.truncation is not None or body.stream_options is not None or body.background:
         reject_unhonoured(body)
 
 

@@ -101,6 +101,8 @@ class _OpenAISampling(CodaExtensions):
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    # NOTE: OpenAI's delta padding against size side channels; accepted, no effect (fields.py)
+    include_obfuscation: bool = True
 
 
 class TextPart(BaseModel):

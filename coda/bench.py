@@ -35,7 +35,9 @@ from rich.table import Table
 from coda.early_stop import EarlyStopPolicy
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
+from coda.models.load_errors import ModelLoadError
 from coda.optional import require
+from coda.output import UTF8_TAIL_POLICIES
 from coda.sampling import SamplingParams
 
 # NOTE: public-domain style sentences written for this file; mixed scripts so that byte-level
@@ -89,6 +91,9 @@ class BenchOptions:
     def __post_init__(self) -> None:
         if self.num_requests < 1 or self.concurrency < 1 or self.max_tokens < 1:
             raise ValueError("num_requests, concurrency and max_tokens must be >= 1")
+        if self.utf8_tail not in UTF8_TAIL_POLICIES:  # NOTE: refused before the model loads
+            raise ValueError(f"--utf8-tail {self.utf8_tail!r}: use one of "
+                             f"{', '.join(UTF8_TAIL_POLICIES)}")
 
 
 @dataclass(frozen=True)
@@ -306,6 +311,23 @@ def write_plot(path: Path, run: RunResult) -> None:
     plt.close(fig)
 
 
+def _load(opts: BenchOptions) -> AsyncEngine:
+    """The engine ``opts`` describe; a knob the load refuses (``--max-model-len 0``,
+    ``--kv-cache-bytes 5``, a memory budget that does not parse or fit) is a
+    :class:`ModelLoadError` with its message, as a model that cannot load is."""
+    try:
+        return AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
+            quant=opts.quant, dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1),
+            max_model_len=opts.max_model_len,
+            kv_cache_bytes=opts.kv_cache_bytes,
+            kv_cache_memory_fraction=opts.kv_cache_memory_fraction,
+            memory_budget=opts.memory_budget, num_threads=opts.num_threads))
+    except ModelLoadError:
+        raise
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
 def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport:
     """Run the workload (and the optional comparisons); print a table; return the figures."""
     console = console or Console()
@@ -314,12 +336,7 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
         require("plot")
     if opts.compare_hf:
         require("compare_hf")
-    engine = AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
-        quant=opts.quant, dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1),
-        max_model_len=opts.max_model_len,
-        kv_cache_bytes=opts.kv_cache_bytes,
-        kv_cache_memory_fraction=opts.kv_cache_memory_fraction,
-        memory_budget=opts.memory_budget, num_threads=opts.num_threads))
+    engine = _load(opts)
     for line in engine.describe():
         console.print(line, style="dim")
     max_prompt = max(1, min(256, engine.context_length - opts.max_tokens - 1))

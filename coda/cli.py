@@ -270,6 +270,9 @@ def generate(prompt: str,
     except CodaError as exc:
         typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
         raise typer.Exit(2) from None
+    if deadline is not None and not deadline > 0:  # NOTE: as plan_request's G3 check, before the load
+        typer.secho(f"error: --deadline must be > 0 seconds, got {deadline}", fg="red", err=True)
+        raise typer.Exit(2)
     engine = _load(model, EngineConfig(quant=quant, dtype=dtype, max_num_seqs=4, max_model_len=max_model_len,
                                        kv_cache_bytes=kv_cache_bytes,
                                        kv_cache_memory_fraction=kv_cache_fraction,
@@ -338,23 +341,32 @@ def bench(model: ModelOpt = None,
           threads: ThreadsOpt = None) -> None:
     """Run a workload; print throughput, TTFT and inter-token latency percentiles."""
     from coda.bench import BenchOptions, run_bench
+    from coda.errors import CodaError
     from coda.models.config import ModelLoadError
     from coda.optional import MissingDependency
 
+    try:  # NOTE: a bad option value (--utf8-tail) is refused before the model loads
+        opts = BenchOptions(model_dir=model, num_requests=num_requests,
+                            concurrency=concurrency, max_tokens=max_tokens, quant=quant,
+                            dtype=dtype,
+                            compare_hf=compare_hf, early_stop=early_stop, plot=plot, seed=seed,
+                            utf8_tail=utf8_tail, max_model_len=max_model_len,
+                            kv_cache_bytes=kv_cache_bytes,
+                            kv_cache_memory_fraction=kv_cache_fraction,
+                            memory_budget=memory_budget, num_threads=threads)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     try:
-        run_bench(BenchOptions(model_dir=model, num_requests=num_requests,
-                               concurrency=concurrency, max_tokens=max_tokens, quant=quant,
-                               dtype=dtype,
-                               compare_hf=compare_hf, early_stop=early_stop, plot=plot, seed=seed,
-                               utf8_tail=utf8_tail, max_model_len=max_model_len,
-                               kv_cache_bytes=kv_cache_bytes,
-                               kv_cache_memory_fraction=kv_cache_fraction,
-                               memory_budget=memory_budget, num_threads=threads))
+        run_bench(opts)
     except MissingDependency as exc:  # NOTE: raised before any work starts
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     except ModelLoadError as exc:
         typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    except CodaError as exc:  # NOTE: the workload's requests refused (--max-tokens past the context)
+        typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
         raise typer.Exit(2) from None
 
 

@@ -22,12 +22,16 @@ def _coda(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     (["generate", "hi", "--temperature", "-1"], "temperature"),
     (["generate", "hi", "--top-p", "0"], "top_p"),
     (["generate", "hi", "--max-tokens", "0"], "--max-tokens"),
-], ids=["temperature", "top_p", "max_tokens"])
+    (["generate", "hi", "--deadline", "0"], "--deadline"),
+    (["generate", "hi", "--deadline", "-1"], "--deadline"),
+    (["bench", "-n", "1", "--utf8-tail", "bogus"], "--utf8-tail"),
+], ids=["temperature", "top_p", "max_tokens", "deadline_0", "deadline_negative", "utf8_tail"])
 def test_generate_bad_value_is_exit_2_with_message(argv: list[str], names: str) -> None:
     r = _coda(*argv)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and names in r.stderr, r.stderr[-2000:]
-    assert "loading model" not in r.stderr + r.stdout  # NOTE: refused before the model loads
+    # NOTE: refused before the model loads (generate announces a load, bench prints its summary)
+    assert "loading model" not in r.stderr + r.stdout and "KV cache" not in r.stdout
 
 
 @pytest.mark.parametrize("content", [None, "not json\n", '{"a": 1}\n'],
@@ -72,3 +76,17 @@ def test_python_dash_m_coda_is_the_coda_command() -> None:
     r = subprocess.run([sys.executable, "-m", "coda", "generate", "hi", "--max-tokens", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--max-tokens" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["bench", "-n", "1", "--max-tokens", "2", "--max-model-len", "0"], "max_model_len"),
+    (["bench", "-n", "1", "--max-tokens", "2", "--kv-cache-bytes", "5"], "kv_cache_bytes"),
+    (["bench", "-n", "1", "--max-tokens", "2", "--memory-budget", "abc"], "memory budget"),
+    (["bench", "-n", "1", "--max-tokens", "5000"], "max_tokens"),
+], ids=["max_model_len", "kv_cache_bytes", "memory_budget", "max_tokens_past_context"])
+def test_bench_refused_value_is_exit_2_with_message(argv: list[str], names: str) -> None:
+    """`coda bench` refuses what the load or the plan refuses as `generate` does: one line and
+    exit 2, never a traceback (they were exit 1 with rich's traceback; SPEC E1's CLI side)."""
+    r = _coda(*argv)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and names in r.stderr, r.stderr[-2000:]

@@ -243,6 +243,28 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
             stop_replicas(engine)
 
 
+def _cancel_on_signals(handle: Any) -> list[int]:
+    """SIGINT/SIGTERM cancel ``handle``'s request instead of killing the process, so that an
+    interrupted ``coda generate`` still ends with its terminal line (CANCELLED, finish reason
+    ``cancelled``, usage: L4, C1) and exits 128 + the signal. The returned list gets the
+    signal's number; a second signal is the default one again (it ends the process at once)."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    got: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+
+    def on_signal(signum: int) -> None:
+        got.append(signum)
+        for s in signals:  # NOTE: removing restores Python's default handling for the next one
+            loop.remove_signal_handler(s)
+        handle.cancel()
+
+    for s in signals:
+        loop.add_signal_handler(s, on_signal, int(s))
+    return got
+
+
 @app.command()
 def generate(prompt: str,
              model: ModelOpt = None,
@@ -290,6 +312,7 @@ def generate(prompt: str,
 
     async def run() -> int:
         handle = engine.submit(req)
+        interrupted = _cancel_on_signals(handle)
         async for ev in handle.events():
             if ev.data:
                 sys.stdout.write(ev.text)
@@ -310,6 +333,8 @@ def generate(prompt: str,
                            f"stop-buffer {tm.stop_buffer_s * 1000:.1f} ms · ttft {ttft} ms · "
                            f"{t.usage.selected_tokens / max(tm.decode_s, 1e-9):.1f} tok/s",
                            err=True)
+                if interrupted:  # NOTE: the shell's convention: 128 + the signal's number
+                    return 128 + interrupted[0]
                 return 0 if t.state.value == "FINISHED" else 1
         return 1
 

@@ -115,6 +115,21 @@ def _startup_gc() -> Iterator[None]:
     gc.enable()
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be appended to (``--trace``), or None: said before any work, as a busy
+    port is, not as a traceback once the model has loaded. Nothing is created here (with
+    ``--replicas`` each replica writes its own file beside it)."""
+    import os
+
+    if path.is_dir():
+        return "is a directory"
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        return f"the folder {parent} does not exist"
+    target = path if path.exists() else parent
+    return None if os.access(target, os.W_OK) else f"{target} is not writable"
+
+
 def _load_router(models: list[str], models_file: Path | None, pins: list[str],
                  memory_budget: str | None, cfg: Any, log_level: str) -> Any:
     """Several models (issue 23): each described now (names, tokenizer, context; no weights),
@@ -181,6 +196,9 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
         except MissingDependency as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
+        if trace is not None and (why := _unwritable(trace)) is not None:
+            typer.secho(f"error: --trace {trace}: {why}", fg="red", err=True)
+            raise typer.Exit(2)
         # NOTE: the port first: a busy port is said in a second, not after the model loaded
         try:
             sock = bind_listener(host, port)

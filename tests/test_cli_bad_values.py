@@ -90,3 +90,13 @@ def test_bench_refused_value_is_exit_2_with_message(argv: list[str], names: str)
     r = _coda(*argv)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and names in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("trace", ["/nonexistent/dir/t.jsonl", "tests"], ids=["no-folder", "a-folder"])
+def test_serve_unwritable_trace_is_exit_2_before_any_work(trace: str) -> None:
+    """`serve --trace` to a file that cannot be written is one line and exit 2 before the
+    model loads (it was a FileNotFoundError traceback after the load; SPEC O1's trace file)."""
+    r = _coda("serve", "--trace", trace, "--port", "0", timeout=90)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and f"--trace {trace}" in r.stderr, r.stderr[-2000:]
+    assert "loading model" not in r.stderr

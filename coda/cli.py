@@ -289,7 +289,9 @@ def generate(prompt: str,
              max_tokens: Annotated[int, typer.Option(min=1)] = 128,
              temperature: float = 0.8,
              top_p: float = 0.95,
-             seed: Annotated[Optional[int], typer.Option()] = None,  # noqa: UP045
+             # NOTE: the HTTP APIs' int64 bound (coda.server.schemas.SEED_MIN/MAX, not imported:
+             # it pulls in the server); the engine wraps seeds to 64 bits, so 2**64 + 1 seeded as 1
+             seed: Annotated[Optional[int], typer.Option(min=-(2 ** 63), max=2 ** 63 - 1)] = None,  # noqa: UP045
              stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,  # noqa: UP045
              chat: Annotated[bool, typer.Option(help="wrap the prompt in the chat template")] = False,
              deadline: Annotated[Optional[float], typer.Option(help="seconds")] = None,  # noqa: UP045

@@ -25,7 +25,9 @@ def _coda(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     (["generate", "hi", "--deadline", "0"], "--deadline"),
     (["generate", "hi", "--deadline", "-1"], "--deadline"),
     (["bench", "-n", "1", "--utf8-tail", "bogus"], "--utf8-tail"),
-], ids=["temperature", "top_p", "max_tokens", "deadline_0", "deadline_negative", "utf8_tail"])
+    (["generate", "hi", "--seed", str(2 ** 63)], "--seed"),
+], ids=["temperature", "top_p", "max_tokens", "deadline_0", "deadline_negative", "utf8_tail",
+        "seed_past_int64"])
 def test_generate_bad_value_is_exit_2_with_message(argv: list[str], names: str) -> None:
     r = _coda(*argv)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])

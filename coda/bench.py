@@ -329,7 +329,10 @@ def _load(opts: BenchOptions) -> AsyncEngine:
 
 
 def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport:
-    """Run the workload (and the optional comparisons); print a table; return the figures."""
+    """Run the workload (and the optional comparisons); print a table; return the figures.
+    The table goes to ``console`` (default: stdout); what was loaded and the progress are
+    diagnostics: on stderr, unless a ``console`` is given (then everything goes there)."""
+    diag = console or Console(stderr=True)
     console = console or Console()
     # NOTE: optional packages are checked before any work (issue 13 item 5)
     if opts.plot is not None:
@@ -338,15 +341,15 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
         require("compare_hf")
     engine = _load(opts)
     for line in engine.describe():
-        console.print(line, style="dim")
+        diag.print(line, style="dim")
     max_prompt = max(1, min(256, engine.context_length - opts.max_tokens - 1))
     prompts = make_workload(engine.tokenizer, opts.num_requests, opts.seed, max_prompt)
     report_hf: tuple[float, int] | None = None
     with engine:
         # NOTE: one short warm-up request so that lazy initialisation is not measured.
         _run(engine, prompts[:1], BenchOptions(num_requests=1, concurrency=1, max_tokens=2,
-                                               show_progress=False), None, console, "warm-up")
-        full = _run(engine, prompts, opts, None, console, "coda")
+                                               show_progress=False), None, diag, "warm-up")
+        full = _run(engine, prompts, opts, None, diag, "coda")
         rss = peak_rss_mb()
         es: EarlyStopReport | None = None
         if opts.early_stop:
@@ -354,11 +357,11 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
                 min_tokens=max(1, int(opts.max_tokens * opts.early_stop_min_fraction)),
                 max_tokens=opts.max_tokens, deadline_ms=3_600_000,
                 confidence_threshold=opts.early_stop_confidence, no_retry_after_first_frame=True)
-            es = _early_stop_report(full, _run(engine, prompts, opts, policy, console,
+            es = _early_stop_report(full, _run(engine, prompts, opts, policy, diag,
                                                "coda + early stop"))
     if opts.compare_hf:
         pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
-        with console.status("transformers.generate (static batches)…"):
+        with diag.status("transformers.generate (static batches)…"):
             report_hf = run_hf(engine.model_dir, prompts, opts.concurrency, opts.max_tokens,
                                engine.loaded.dtype, pad)
     reasons: dict[str, int] = {}

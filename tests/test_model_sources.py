@@ -136,3 +136,15 @@ def test_coda_models_says_which_mode_each_would_get_and_why(folder: Path, tmp_pa
     if kernels.unavailable() is None:
         assert k.quant_auto == "packed" and k.why.startswith("packed: batch-invariant")
     assert k.read_s > 0
+
+
+def test_default_names_the_embedded_model_unless_a_path_of_that_name_exists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--model default`` is the embedded model for every command, as it is among several
+    models (docs/api.md "Several models"); `coda generate -m default` and a lone `coda serve
+    --model default` said "model 'default' not found". A folder named ``default`` still wins."""
+    assert resolve_model("default").path == DEFAULT_MODEL_DIR
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "default").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        resolve_model("default")

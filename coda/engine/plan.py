@@ -25,6 +25,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 from coda.early_stop import EarlyStopPolicy
 from coda.engine.types import GenerationRequest, GrammarSpec
@@ -106,13 +107,14 @@ class RequestPlan(OutputSpec):
 def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
     """Check ``req`` against ``limits`` and fix its plan; raises InvalidRequestError /
     ContextLengthExceededError (naming the engine's field) on the first bad field."""
-    prompt = tuple(req.prompt_token_ids)
+    if not isinstance(req.sampling, SamplingParams):
+        raise InvalidRequestError("sampling must be a SamplingParams", field="sampling")
     vocab = limits.vocab_size
-    if not prompt:
-        raise InvalidRequestError("the prompt is empty", field="prompt")
-    if any(not 0 <= t < vocab for t in prompt):
-        raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", field="prompt")
+    prompt = _prompt_ids(req.prompt_token_ids, vocab)
     max_tokens, context_bound = _budget(req, limits, len(prompt))
+    if isinstance(req.stop, str):  # NOTE: a bare string would be read as one stop per character
+        raise InvalidRequestError("stop must be a sequence of strings, not one string",
+                                  field="stop")
     if len(req.stop) > limits.max_stop_strings:
         raise InvalidRequestError(f"at most {limits.max_stop_strings} stop strings",
                                   field="stop")
@@ -122,7 +124,7 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
                 f"each stop string must be 1..{limits.max_stop_string_bytes} bytes", field="stop")
     stop_ids = tuple(tuple(s) for s in req.stop_token_ids)
     for ids in stop_ids:
-        if not ids or any(not 0 <= t < vocab for t in ids):
+        if not ids or any(not _is_int(t) or not 0 <= t < vocab for t in ids):
             raise InvalidRequestError("stop_token_ids must be non-empty sequences of valid ids",
                                       field="stop_token_ids")
     if req.sampling.logit_bias:  # NOTE: issue 22: no bias, nothing to check against the vocab
@@ -135,7 +137,9 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
     if req.utf8_tail not in UTF8_TAIL_POLICIES:
         raise InvalidRequestError(f"utf8_tail must be one of {list(UTF8_TAIL_POLICIES)}",
                                   field="utf8_tail")
-    if req.deadline_s is not None and not req.deadline_s > 0:
+    if req.deadline_s is not None and (isinstance(req.deadline_s, bool)
+                                       or not isinstance(req.deadline_s, Real)
+                                       or not req.deadline_s > 0):
         raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
     _check_reasoning(req, limits)
     seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
@@ -156,6 +160,32 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         limits=limits, grammar=req.grammar, early_stop=req.early_stop,
         deadline_s=req.deadline_s, backpressure=req.backpressure,
         speculative=req.speculative, prompt_logprobs=req.prompt_logprobs)
+
+
+def _is_int(x: object) -> bool:
+    """An integer count or id: Python's or numpy's ints, never a bool, a float or a string."""
+    # NOTE: the exact-type test first: a long prompt runs this once per id
+    return type(x) is int or (isinstance(x, Integral) and not isinstance(x, bool))
+
+
+def _prompt_ids(ids: object, vocab: int) -> tuple[int, ...]:
+    """The prompt as a tuple of ids in the vocabulary (L5); text, a non-sequence, an empty
+    prompt or a non-integer id is refused naming ``prompt`` (the Python API takes token ids:
+    ``engine.tokenizer.encode(text).ids``), never a TypeError."""
+    if isinstance(ids, (str, bytes)):
+        raise InvalidRequestError("the prompt must be token ids, not text (encode it with "
+                                  "engine.tokenizer)", field="prompt")
+    try:
+        prompt: tuple[int, ...] = tuple(ids)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidRequestError("the prompt must be a sequence of token ids",
+                                  field="prompt") from None
+    if not prompt:
+        raise InvalidRequestError("the prompt is empty", field="prompt")
+    if any(not _is_int(t) or not 0 <= t < vocab for t in prompt):
+        raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})",
+                                  field="prompt")
+    return prompt
 
 
 def _check_reasoning(req: GenerationRequest, limits: ModelLimits) -> None:
@@ -188,7 +218,7 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
         # NOTE: an omitted limit is the default; where the context comes first there is no
         # limit but the context, so the request ends context_limit (L4)
         return (default, False) if default is not None and 1 <= default < room else (room, True)
-    if isinstance(asked, bool) or asked < 0:
+    if not _is_int(asked) or asked < 0:
         # NOTE: 0 prefills only (prompt scoring): the request ends max_output_tokens, no token
         raise InvalidRequestError("max_tokens must be an integer >= 0", field="max_tokens")
     if asked > room:

@@ -99,9 +99,22 @@ class ModelConfig:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
-        """Read ``<path>/config.json``."""
-        with open(Path(path) / "config.json", encoding="utf-8") as f:
-            return cls.from_hf_dict(json.load(f))
+        """Read ``<path>/config.json``; a file that is not a JSON object, or lacks a field the
+        architecture needs, is a ModelLoadError naming the file (the CLI's one line, exit 2)."""
+        file = Path(path) / "config.json"
+        try:
+            with open(file, encoding="utf-8") as f:
+                d = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"{file} cannot be read as JSON: {exc}") from None
+        if not isinstance(d, dict):
+            raise ModelLoadError(f"{file} is not a JSON object")
+        try:
+            return cls.from_hf_dict(d)
+        except KeyError as exc:
+            raise ModelLoadError(f"{file} lacks the field {exc}") from None
+        except TypeError as exc:  # NOTE: a field of the wrong JSON type (int(None), a list)
+            raise ModelLoadError(f"{file}: a field has the wrong type: {exc}") from None
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:

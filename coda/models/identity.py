@@ -90,8 +90,8 @@ def digest_files_soon(paths: Sequence[Path]) -> Callable[[], str]:
         known = entry.read_text(encoding="ascii").strip()
         if len(known) == 64 and all(c in "0123456789abcdef" for c in known):
             return lambda: known
-    except OSError:  # NOTE: no entry yet, no cache, or a missing file (the hash raises it)
-        pass
+    except (OSError, UnicodeDecodeError):  # NOTE: no entry yet, no cache, a missing file (the
+        pass  # hash raises it), or a damaged entry: hashed again and rewritten, never a failed load
 
     def run() -> str:
         digest = digest_files(paths)

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from coda.models.config import ModelConfig, hf_tensor_shapes
+from coda.models.config import ModelConfig, ModelLoadError, hf_tensor_shapes
 from coda.models.llama import CausalLM
 from coda.models.row_ops import RowOps
 
@@ -65,11 +65,14 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
         return {name: model_dir / fname for name, fname in weight_map.items()}
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+        raise ModelLoadError(f"no *.safetensors in {model_dir}")
     out: dict[str, Path] = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as fh:
-            out.update({name: path for name in fh.keys()})  # noqa: SIM118 (not a dict)
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                out.update({name: path for name in fh.keys()})  # noqa: SIM118 (not a dict)
+        except (OSError, SafetensorError) as exc:  # NOTE: a damaged or truncated header
+            raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from None
     return out
 
 

@@ -2,7 +2,8 @@
 
 :func:`resolve_model` turns the user's argument into a :class:`ModelSource`:
 
-* nothing → the embedded demo model (``coda/assets/default_model``);
+* nothing, or ``default`` where no such file or folder exists → the embedded demo model
+  (``coda/assets/default_model``; ``default`` as in ``coda serve --model default --model ...``);
 * an HF folder (``config.json``) → ``hf``; a ``.gguf`` file, or a folder holding exactly one →
   ``gguf``;
 * otherwise the name of an installed Python distribution that ships exactly one ``.gguf``
@@ -119,6 +120,8 @@ def resolve_model(spec: str | Path | None) -> ModelSource:
             return ModelSource("gguf", ggufs[0].resolve(), ggufs[0].stem, typed=str(spec))
         raise ModelLoadError(f"{path} has no config.json (not an HF model folder) and "
                              f"{len(ggufs)} .gguf files (need exactly one)")
+    if str(spec) == "default":  # NOTE: one spelling of the embedded model for every command
+        return resolve_model(None)
     src = _from_package(str(spec)) if re.fullmatch(r"[A-Za-z0-9][\w.-]*", str(spec)) else None
     if src is None:
         raise ModelLoadError(f"model {str(spec)!r} not found: not a folder, not a .gguf file "

@@ -79,7 +79,10 @@ class TokenizerBundle:
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path} cannot be read as JSON: {exc}") from None
     return data if isinstance(data, dict) else {}
 
 
@@ -133,7 +136,10 @@ def bundle_from_hf_dir(model_dir: Path, cfg: ModelConfig) -> TokenizerBundle:
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         raise ModelLoadError(f"{model_dir} has no tokenizer.json")
-    tok = tokenizers.Tokenizer.from_file(str(path))
+    try:
+        tok = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # NOTE: the tokenizers library raises a bare Exception
+        raise ModelLoadError(f"{path} is not a readable tokenizer: {exc}") from None
     tok_cfg = _read_json(model_dir / "tokenizer_config.json")
     smap = _read_json(model_dir / "special_tokens_map.json")
     gen = _read_json(model_dir / "generation_config.json")

@@ -106,6 +106,7 @@ def _full_chat_messages(body: AnthropicRequest) -> list[dict[str, Any]]:
             raise InvalidRequestError(
                 f"messages.{i}.role: must be 'user' or 'assistant', got {m.role!r}",
                 field=f"messages.{i}.role")
+        an._check_text(i, m, last=i == len(body.messages) - 1)  # NOTE: no tool module's
         msgs += anthropic_history(m.role, m.content, f"messages.{i}")
     return msgs
 

@@ -62,6 +62,18 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     return engine
 
 
+def _refuse_bad_isa() -> None:
+    """A ``CODA_KERNEL_ISA`` that names no build this CPU runs: one line and exit 2 before any
+    work (it was a silent fallback to the torch path: another mode, other output)."""
+    from coda.models.kernels import KernelIsaError, check_isa
+
+    try:
+        check_isa()
+    except KernelIsaError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
 def _preload_torch_libraries() -> None:
     """Load torch's shared libraries (``libtorch_python`` and what it links: libtorch_cpu,
     c10, gomp) in a background thread, so that the later ``import torch`` finds them loaded.
@@ -187,6 +199,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
         typer.secho("error: --max-waiting 0 would refuse every request (each one waits until the "
                     "next step admits it); use 1 or more, or -1 for unbounded", fg="red", err=True)
         raise typer.Exit(2)
+    _refuse_bad_isa()
     with _startup_gc():
         # NOTE: first: it runs beside the checks, the bind and the server's imports below
         if replicas == 0:
@@ -323,6 +336,7 @@ def generate(prompt: str,
     from coda.errors import CodaError
     from coda.sampling import SamplingParams
 
+    _refuse_bad_isa()
     try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
         params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
     except CodaError as exc:
@@ -406,6 +420,7 @@ def bench(model: ModelOpt = None,
     from coda.models.config import ModelLoadError
     from coda.optional import MissingDependency
 
+    _refuse_bad_isa()
     try:  # NOTE: a bad option value (--utf8-tail) is refused before the model loads
         opts = BenchOptions(model_dir=model, num_requests=num_requests,
                             concurrency=concurrency, max_tokens=max_tokens, quant=quant,
@@ -440,6 +455,7 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
 
     from coda.models.catalog import list_models
 
+    _refuse_bad_isa()  # NOTE: the modes listed depend on the kernel build
     table = Table("--model", "kind", "arch", "params", "size", "stored as", "context",
                   "--quant (auto → first)", "read", "path")
     notes: list[str] = []

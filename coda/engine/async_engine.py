@@ -37,6 +37,7 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.engine.verify_costs import VerifyCosts
 from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
+from coda.models.kernels import check_isa
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
@@ -149,7 +150,8 @@ class AsyncEngine:
                        config: EngineConfig | None = None, *,
                        trace: TraceSink | None = None) -> AsyncEngine:
         """Load ``model`` (see :func:`coda.models.source.resolve_model`; None = the embedded
-        model). Raises :class:`~coda.models.config.ModelLoadError` naming what is missing."""
+        model). Raises :class:`~coda.models.config.ModelLoadError` naming what is missing, and
+        :class:`~coda.models.kernels.KernelIsaError` for a refused ``CODA_KERNEL_ISA``."""
         config = config or EngineConfig()
         if config.max_model_len is not None and config.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
@@ -157,6 +159,7 @@ class AsyncEngine:
                                                               config.draft_model))
         if (why := refusal(config.speculative, True, config.quant)) is not None:
             raise ValueError(why)  # NOTE: an unknown --speculative fails before the load
+        check_isa()  # NOTE: a refused CODA_KERNEL_ISA (KernelIsaError) too: never a fallback
         started = time.perf_counter()
         # NOTE: parsed (a typo fails at once) and measured before the weights take memory
         memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None

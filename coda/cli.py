@@ -315,7 +315,8 @@ def _cancel_on_signals(handle: Any) -> list[int]:
 @app.command()
 def generate(prompt: str,
              model: ModelOpt = None,
-             max_tokens: Annotated[int, typer.Option(min=1)] = 128,
+             # NOTE: None is the HTTP APIs' omitted limit, planned by the engine (coda/engine/plan.py)
+             max_tokens: Annotated[Optional[int], typer.Option(min=1, help="output token limit; past the context it is refused (default: as the HTTP APIs with it omitted: 256, EngineConfig.default_max_tokens, or up to the context where that comes first, finish_reason context_limit)")] = None,  # noqa: UP045
              temperature: float = 0.8,
              top_p: float = 0.95,
              # NOTE: the HTTP APIs' int64 bound (coda.server.schemas.SEED_MIN/MAX, not imported:

@@ -26,7 +26,7 @@ from coda.engine.draft import DRAFT_CONFIG, Drafter, load_drafter, speculative_m
 from coda.engine.draft import describe as describe_draft
 from coda.engine.grammar import GrammarMatcher, GrammarWarmup
 from coda.engine.handle import RequestHandle
-from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
+from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, kv_capacity, rss_bytes
 from coda.engine.kv_cache import BlockManager
 from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo
@@ -199,7 +199,6 @@ class AsyncEngine:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
         src, mc, b, mode = self.source, self.runner.config, self.chat, self.loaded.mode
         origin = f" (package {src.package})" if src.package else ""
-        tokens = self.runner.num_blocks * self.runner.block_size
         mib = self.runner.kv.nbytes / 2**20
         took = ([f"loaded in {self.load_s:.1f} s, RSS {self.rss_at_load / 2**20:.0f} MiB at load"]
                 if self.load_s is not None and self.rss_at_load is not None else [])
@@ -216,8 +215,8 @@ class AsyncEngine:
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
             f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "
-            f"{tokens} tokens = {tokens // self.context_length} sequences x "
-            f"{self.context_length} context; max_num_seqs {self.config.max_num_seqs}",
+            f"{kv_capacity(self.runner.num_blocks, self.runner.block_size, self.context_length)}"
+            f"; max_num_seqs {self.config.max_num_seqs}",
         ] + ([f"context lowered from {self.context_lowered_from} to {self.context_length} "
               f"tokens: the KV cache holds no more (raise --memory-budget or "
               f"--kv-cache-bytes for more)"] if self.context_lowered_from else [])

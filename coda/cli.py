@@ -454,13 +454,15 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
     from rich.console import Console
     from rich.table import Table
 
-    from coda.models.catalog import list_models
+    from coda.models.catalog import list_models, named_entries
 
     _refuse_bad_isa()  # NOTE: the modes listed depend on the kernel build
     table = Table("--model", "kind", "arch", "params", "size", "stored as", "context",
                   "--quant (auto → first)", "read", "path")
     notes: list[str] = []
-    for e in list_models(list(paths or [])):
+    named = list(paths or [])
+    entries = list_models(named)
+    for e in entries:
         if e.error:
             table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", "", str(e.path))
             continue
@@ -475,6 +477,10 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
     console.print(table)
     for line in notes:
         console.print(line, highlight=False, markup=False)
+    if failed := [e.model for e in named_entries(entries, named) if e.error]:
+        typer.secho(f"error: cannot read {', '.join(failed)} (its row says why)", fg="red",
+                    err=True)
+        raise typer.Exit(2)
 
 
 @trace_app.command("check")
@@ -486,6 +492,8 @@ def trace_check(path: Path) -> None:
 
     try:
         events = read_jsonl(path)
+        if not events:  # NOTE: nothing to check is not "ok" (a server that never wrote it)
+            raise ValueError("no trace events in it (empty)")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         # NOTE: a missing or non-trace file is a bad argument (exit 2, one line), not a traceback
         typer.secho(f"error: cannot read trace {path}: {type(exc).__name__}: {exc}", fg="red",

@@ -42,6 +42,7 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     to the model included, exits 2 with its message."""
     from coda.engine.async_engine import AsyncEngine
     from coda.models.config import ModelLoadError
+    from coda.models.load_errors import DraftModelLoadError
 
     # NOTE: loading takes seconds to minutes: say what is happening before it starts
     announce = say if say is not None else (lambda line: typer.echo(line, err=True))
@@ -49,7 +50,10 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     try:
         engine = AsyncEngine.from_model_dir(model, cfg)
     except (ModelLoadError, ValueError) as exc:
-        typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
+        # NOTE: a draft's failure names the draft and its flag itself, never the target
+        what = "" if isinstance(exc, DraftModelLoadError) else \
+            f"cannot load model {model or '(default)'}: "
+        typer.secho(f"error: {what}{exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     if say is None:
         for line in engine.describe():

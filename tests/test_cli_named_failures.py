@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from coda.models import kernels
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "coda" / "assets" / "default_model"
 
@@ -41,3 +43,24 @@ def test_models_with_an_unreadable_named_model_is_exit_2_after_the_table() -> No
 def test_models_with_readable_named_models_is_exit_0() -> None:
     r = _coda("models", str(DEFAULT_MODEL))
     assert r.returncode == 0 and "error" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(kernels.unavailable() is not None,
+                    reason="speculative decoding needs a batch-invariant mode (native kernels)")
+def test_missing_draft_model_names_the_draft_and_its_flag() -> None:
+    r = _coda("serve", "--port", "0", "--draft-model", "/nonexistent/draft.gguf", timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    last = r.stderr.strip().splitlines()[-1]
+    assert "draft model /nonexistent/draft.gguf (--draft-model)" in last, last
+    assert "cannot load model (default)" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_python_api_draft_failure_is_a_draft_model_load_error() -> None:
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+    from coda.models.load_errors import DraftModelLoadError
+
+    if kernels.unavailable() is not None:
+        pytest.skip("speculative decoding needs a batch-invariant mode (native kernels)")
+    with pytest.raises(DraftModelLoadError, match="/nonexistent/draft.gguf"):
+        AsyncEngine.from_model_dir(None, EngineConfig(draft_model="/nonexistent/draft.gguf"))

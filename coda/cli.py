@@ -454,7 +454,8 @@ def bench(model: ModelOpt = None,
 @app.command()
 def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folders, .gguf files or packages")] = None) -> None:  # noqa: UP045
     """List loadable models: the embedded one, installed packages with .gguf files, and PATHS,
-    with the serving modes each loads in (the first is what --quant auto picks)."""
+    with the serving modes each loads in (the first is what --quant auto picks); exit 2 when a
+    PATH cannot be read."""
     from rich.console import Console
     from rich.table import Table
 
@@ -491,7 +492,7 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
 def trace_check(path: Path) -> None:
     """Verify a JSONL trace: every row in its place (lifecycle, steps, cancel moments,
     resources) and the terminal's usage equal to what the rows count; each problem names its
-    rule (coda/trace_check.py)."""
+    rule (coda/trace_check.py); exit 1 on a problem, 2 for an unreadable or empty file."""
     from coda.trace import check_trace, read_jsonl
 
     try:

@@ -42,6 +42,7 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     to the model included, exits 2 with its message."""
     from coda.engine.async_engine import AsyncEngine
     from coda.models.config import ModelLoadError
+    from coda.models.load_errors import DraftModelLoadError
 
     # NOTE: loading takes seconds to minutes: say what is happening before it starts
     announce = say if say is not None else (lambda line: typer.echo(line, err=True))
@@ -49,7 +50,10 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
     try:
         engine = AsyncEngine.from_model_dir(model, cfg)
     except (ModelLoadError, ValueError) as exc:
-        typer.secho(f"error: cannot load model {model or '(default)'}: {exc}", fg="red", err=True)
+        # NOTE: a draft's failure names the draft and its flag itself, never the target
+        what = "" if isinstance(exc, DraftModelLoadError) else \
+            f"cannot load model {model or '(default)'}: "
+        typer.secho(f"error: {what}{exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     if say is None:
         for line in engine.describe():
@@ -60,6 +64,18 @@ def _load(model: str | None, cfg: Any, say: Any = None) -> Any:
         # O1: one JSON line with what was loaded, the serving mode and its numerics included
         say("model loaded", extra=engine.load_summary())
     return engine
+
+
+def _refuse_bad_isa() -> None:
+    """A ``CODA_KERNEL_ISA`` that names no build this CPU runs: one line and exit 2 before any
+    work (it was a silent fallback to the torch path: another mode, other output)."""
+    from coda.models.kernels import KernelIsaError, check_isa
+
+    try:
+        check_isa()
+    except KernelIsaError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 def _preload_torch_libraries() -> None:
@@ -187,6 +203,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
         typer.secho("error: --max-waiting 0 would refuse every request (each one waits until the "
                     "next step admits it); use 1 or more, or -1 for unbounded", fg="red", err=True)
         raise typer.Exit(2)
+    _refuse_bad_isa()
     with _startup_gc():
         # NOTE: first: it runs beside the checks, the bind and the server's imports below
         if replicas == 0:
@@ -302,7 +319,8 @@ def _cancel_on_signals(handle: Any) -> list[int]:
 @app.command()
 def generate(prompt: str,
              model: ModelOpt = None,
-             max_tokens: Annotated[int, typer.Option(min=1)] = 128,
+             # NOTE: None is the HTTP APIs' omitted limit, planned by the engine (coda/engine/plan.py)
+             max_tokens: Annotated[Optional[int], typer.Option(min=1, help="output token limit; past the context it is refused (default: as the HTTP APIs with it omitted: 256, EngineConfig.default_max_tokens, or up to the context where that comes first, finish_reason context_limit)")] = None,  # noqa: UP045
              temperature: float = 0.8,
              top_p: float = 0.95,
              # NOTE: the HTTP APIs' int64 bound (coda.server.schemas.SEED_MIN/MAX, not imported:
@@ -323,6 +341,7 @@ def generate(prompt: str,
     from coda.errors import CodaError
     from coda.sampling import SamplingParams
 
+    _refuse_bad_isa()
     try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
         params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
     except CodaError as exc:
@@ -406,6 +425,7 @@ def bench(model: ModelOpt = None,
     from coda.models.config import ModelLoadError
     from coda.optional import MissingDependency
 
+    _refuse_bad_isa()
     try:  # NOTE: a bad option value (--utf8-tail) is refused before the model loads
         opts = BenchOptions(model_dir=model, num_requests=num_requests,
                             concurrency=concurrency, max_tokens=max_tokens, quant=quant,
@@ -434,16 +454,20 @@ def bench(model: ModelOpt = None,
 @app.command()
 def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folders, .gguf files or packages")] = None) -> None:  # noqa: UP045
     """List loadable models: the embedded one, installed packages with .gguf files, and PATHS,
-    with the serving modes each loads in (the first is what --quant auto picks)."""
+    with the serving modes each loads in (the first is what --quant auto picks); exit 2 when a
+    PATH cannot be read."""
     from rich.console import Console
     from rich.table import Table
 
-    from coda.models.catalog import list_models
+    from coda.models.catalog import list_models, named_entries
 
+    _refuse_bad_isa()  # NOTE: the modes listed depend on the kernel build
     table = Table("--model", "kind", "arch", "params", "size", "stored as", "context",
                   "--quant (auto → first)", "read", "path")
     notes: list[str] = []
-    for e in list_models(list(paths or [])):
+    named = list(paths or [])
+    entries = list_models(named)
+    for e in entries:
         if e.error:
             table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", "", str(e.path))
             continue
@@ -458,17 +482,23 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
     console.print(table)
     for line in notes:
         console.print(line, highlight=False, markup=False)
+    if failed := [e.model for e in named_entries(entries, named) if e.error]:
+        typer.secho(f"error: cannot read {', '.join(failed)} (its row says why)", fg="red",
+                    err=True)
+        raise typer.Exit(2)
 
 
 @trace_app.command("check")
 def trace_check(path: Path) -> None:
     """Verify a JSONL trace: every row in its place (lifecycle, steps, cancel moments,
     resources) and the terminal's usage equal to what the rows count; each problem names its
-    rule (coda/trace_check.py)."""
+    rule (coda/trace_check.py); exit 1 on a problem, 2 for an unreadable or empty file."""
     from coda.trace import check_trace, read_jsonl
 
     try:
         events = read_jsonl(path)
+        if not events:  # NOTE: nothing to check is not "ok" (a server that never wrote it)
+            raise ValueError("no trace events in it (empty)")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         # NOTE: a missing or non-trace file is a bad argument (exit 2, one line), not a traceback
         typer.secho(f"error: cannot read trace {path}: {type(exc).__name__}: {exc}", fg="red",

@@ -24,10 +24,14 @@ settings.load_profile("coda")
 def pytest_sessionstart(session: object) -> None:
     """The native kernels are built at install (issue 18), never here. With CODA_REQUIRE_NATIVE=1
     (CI) a missing or stale ``coda._native`` stops the session with the reason, so the kernel
-    tests can never be skipped silently; otherwise they skip and the code falls back."""
-    from coda.models.kernels import unavailable
+    tests can never be skipped silently; otherwise they skip and the code falls back. A
+    CODA_KERNEL_ISA naming no build this CPU runs stops it too (as it stops ``coda``)."""
+    from coda.models.kernels import KernelIsaError, unavailable
 
-    why = unavailable()
+    try:
+        why = unavailable()
+    except KernelIsaError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if why is not None and os.environ.get("CODA_REQUIRE_NATIVE") == "1":
         raise pytest.UsageError(f"CODA_REQUIRE_NATIVE=1 but the native kernels are "
                                 f"unavailable: {why}")

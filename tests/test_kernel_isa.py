@@ -147,7 +147,8 @@ def test_t4_norms_and_silu_bits_are_the_same_on_every_isa(isa: str, width: int) 
 def test_isa_override_picks_a_build_and_refuses_what_the_cpu_lacks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """CODA_KERNEL_ISA selects any build the CPU runs (the load summary names it); an unknown
-    name or a build the CPU cannot run is a KernelUnavailable saying which builds it can."""
+    name or a build the CPU cannot run is a KernelIsaError (never KernelUnavailable: that is a
+    fallback to torch) saying which builds it can; empty is the best build."""
     mod = kernels.native()
     before = mod.isa()
     try:
@@ -157,12 +158,15 @@ def test_isa_override_picks_a_build_and_refuses_what_the_cpu_lacks(
             kernels.native.__wrapped__()
             assert mod.isa() == name and kernels.describe()["native_kernels"].startswith(name)
         monkeypatch.setenv(kernels.ISA_ENV, "avx9000")
-        with pytest.raises(kernels.KernelUnavailable, match="no kernel build named avx9000"):
+        with pytest.raises(kernels.KernelIsaError, match="no kernel build named avx9000.*scalar"):
             kernels.native.__wrapped__()
+        assert not issubclass(kernels.KernelIsaError, kernels.KernelUnavailable)
         for name in {"avx2", "avx512"} - set(kernel_isas()):
             monkeypatch.setenv(kernels.ISA_ENV, name)
-            with pytest.raises(kernels.KernelUnavailable, match="cannot run"):
+            with pytest.raises(kernels.KernelIsaError, match="cannot run"):
                 kernels.native.__wrapped__()
+        monkeypatch.setenv(kernels.ISA_ENV, " ")
+        kernels.native.__wrapped__()  # NOTE: empty (or blank) is auto: no error
     finally:
         mod.set_isa(before)
 

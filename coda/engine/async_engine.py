@@ -26,7 +26,7 @@ from coda.engine.draft import DRAFT_CONFIG, Drafter, load_drafter, speculative_m
 from coda.engine.draft import describe as describe_draft
 from coda.engine.grammar import GrammarMatcher, GrammarWarmup
 from coda.engine.handle import RequestHandle
-from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
+from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, kv_capacity, rss_bytes
 from coda.engine.kv_cache import BlockManager
 from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo
@@ -37,6 +37,7 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.engine.verify_costs import VerifyCosts
 from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
+from coda.models.kernels import check_isa
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key, open_model, resolve_model
 from coda.models.tokenizer_bundle import TokenizerBundle
@@ -149,7 +150,8 @@ class AsyncEngine:
                        config: EngineConfig | None = None, *,
                        trace: TraceSink | None = None) -> AsyncEngine:
         """Load ``model`` (see :func:`coda.models.source.resolve_model`; None = the embedded
-        model). Raises :class:`~coda.models.config.ModelLoadError` naming what is missing."""
+        model). Raises :class:`~coda.models.config.ModelLoadError` naming what is missing, and
+        :class:`~coda.models.kernels.KernelIsaError` for a refused ``CODA_KERNEL_ISA``."""
         config = config or EngineConfig()
         if config.max_model_len is not None and config.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
@@ -157,6 +159,7 @@ class AsyncEngine:
                                                               config.draft_model))
         if (why := refusal(config.speculative, True, config.quant)) is not None:
             raise ValueError(why)  # NOTE: an unknown --speculative fails before the load
+        check_isa()  # NOTE: a refused CODA_KERNEL_ISA (KernelIsaError) too: never a fallback
         started = time.perf_counter()
         # NOTE: parsed (a typo fails at once) and measured before the weights take memory
         memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None
@@ -196,7 +199,6 @@ class AsyncEngine:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
         src, mc, b, mode = self.source, self.runner.config, self.chat, self.loaded.mode
         origin = f" (package {src.package})" if src.package else ""
-        tokens = self.runner.num_blocks * self.runner.block_size
         mib = self.runner.kv.nbytes / 2**20
         took = ([f"loaded in {self.load_s:.1f} s, RSS {self.rss_at_load / 2**20:.0f} MiB at load"]
                 if self.load_s is not None and self.rss_at_load is not None else [])
@@ -213,8 +215,8 @@ class AsyncEngine:
             f"chat template: {b.chat_template_origin}",
             f"end of generation: {b.describe_eos()}",
             f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "
-            f"{tokens} tokens = {tokens // self.context_length} sequences x "
-            f"{self.context_length} context; max_num_seqs {self.config.max_num_seqs}",
+            f"{kv_capacity(self.runner.num_blocks, self.runner.block_size, self.context_length)}"
+            f"; max_num_seqs {self.config.max_num_seqs}",
         ] + ([f"context lowered from {self.context_lowered_from} to {self.context_length} "
               f"tokens: the KV cache holds no more (raise --memory-budget or "
               f"--kv-cache-bytes for more)"] if self.context_lowered_from else [])

@@ -67,6 +67,7 @@ from coda.engine.speculative import (
     row_at,
     verify_rows,
 )
+from coda.models.load_errors import DraftModelLoadError
 from coda.models.source import LoadedModel, open_model, resolve_model
 
 MODE = "draft"
@@ -328,16 +329,21 @@ def load_drafter(spec: str, target: LoadedModel, target_runner: ModelRunner, *,
                  quant: str = "auto", device: str = "cpu",
                  num_threads: int | None = None) -> Drafter:
     """Load ``spec`` (anything ``--model`` takes) as the draft of ``target``: through the
-    target's loader, refused (ValueError, before anything is served) unless it shares the
-    target's vocabulary; its KV cache holds as many tokens as the target's, plus room for
-    the drafts of a full batch."""
-    source = resolve_model(spec)
-    draft = open_model(source, quant=quant, device=device)
+    target's loader, refused (DraftModelLoadError, naming the draft and the flag, before
+    anything is served) where it cannot be loaded or does not share the target's vocabulary;
+    its KV cache holds as many tokens as the target's, plus room for the drafts of a full
+    batch."""
+    try:
+        source = resolve_model(spec)
+        draft = open_model(source, quant=quant, device=device)
+    except ValueError as exc:  # NOTE: ModelLoadError, a --quant the draft refuses: the draft's
+        raise DraftModelLoadError(f"cannot load the draft model {spec} (--draft-model): "
+                                  f"{exc}") from exc
     why = vocabulary_mismatch(target.bundle.tokenizer, draft.bundle.tokenizer,
                               target.config.vocab_size, draft.config.vocab_size)
     if why is not None:
-        raise ValueError(f"--draft-model {spec}: {why}; a draft model must share the "
-                         f"target's tokenizer")
+        raise DraftModelLoadError(f"the draft model {spec} (--draft-model) does not fit: {why}; "
+                                  "a draft model must share the target's tokenizer")
     bs = target_runner.block_size
     runner = ModelRunner(draft.model, dtype=draft.dtype, device=device, block_size=bs,
                          num_blocks=target_runner.num_blocks + 8, num_threads=num_threads)

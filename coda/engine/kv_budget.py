@@ -140,3 +140,14 @@ def kv_cache_budget(*, bytes_per_token: int, block_size: int, context: int, max_
                               f"{_gib(mb.num_bytes)} ({mb.origin})")
     return KVBudget(room, f"memory budget {_gib(mb.num_bytes)} ({mb.origin}) less "
                           f"{_gib(weights_bytes)} of weights")
+
+
+def kv_capacity(num_blocks: int, block_size: int, context: int) -> str:
+    """The load summary's KV capacity: tokens, then how many full contexts they hold. A
+    sequence takes whole blocks, so a context that is no multiple of the block holds fewer
+    sequences than ``tokens // context`` (a 4-token context in 16-token blocks: one block each;
+    it read "4 full contexts", then "16 sequences x 4 context")."""
+    per_seq = -(-context // block_size)
+    whole = f" (a sequence takes whole blocks: {per_seq} each)" if context % block_size else ""
+    return (f"{num_blocks * block_size} tokens in blocks of {block_size}: "
+            f"{num_blocks // per_seq} sequences x {context} context{whole}")

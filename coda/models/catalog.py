@@ -131,7 +131,8 @@ def _requirement_names(dist: md.Distribution) -> list[str]:
 
 
 def list_models(extra: list[str]) -> list[ModelEntry]:
-    """The embedded model, GGUF packages, then ``extra`` (folders, files, package names)."""
+    """The embedded model, GGUF packages, then ``extra`` (folders, files, package names): one
+    entry each, in order (:func:`named_entries`)."""
     for mode in QUANT_MODES.values():
         mode.available()  # NOTE: the same for every row: the kernels' import, checked once
     entries = [describe_source("(default)", resolve_model(None))]
@@ -152,3 +153,9 @@ def list_models(extra: list[str]) -> list[ModelEntry]:
         except ModelLoadError as exc:
             entries.append(ModelEntry(spec, "?", Path(spec), error=str(exc)))
     return entries
+
+
+def named_entries(entries: list[ModelEntry], named: list[str]) -> list[ModelEntry]:
+    """The rows of :func:`list_models` for the models the user named (its last, one each):
+    ``coda models PATH`` fails when one of them cannot be read."""
+    return entries[len(entries) - len(named):] if named else []

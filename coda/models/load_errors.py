@@ -9,6 +9,11 @@ class ModelLoadError(ValueError):
     never a stack trace)."""
 
 
+class DraftModelLoadError(ModelLoadError):
+    """The draft model (``--draft-model``, ``EngineConfig.draft_model``) cannot be loaded or
+    does not fit the target; the message names it and the flag (it read as the target's)."""
+
+
 class UnsupportedModelError(ModelLoadError):
     """A checkpoint this engine cannot run exactly (unknown architecture, RoPE type, GGUF
     tensor type or tokenizer)."""

@@ -8,8 +8,9 @@ changed since it was built), :func:`native` raises :class:`KernelUnavailable` wi
 callers run the torch path instead, saying so in the load summary (:func:`describe`).
 
 The module holds the kernel code three times (portable, AVX2, AVX-512) and runs the best one the
-CPU reports; ``CODA_KERNEL_ISA=scalar|avx2|avx512`` picks one (an ISA the CPU lacks is refused
-with the reason). All three give the same bits (``csrc/isa.h``'s canonical summation order), so
+CPU reports; ``CODA_KERNEL_ISA=scalar|avx2|avx512`` picks one (empty: the best). A name that is
+no build, or a build the CPU cannot run, is the user's error, not a reason to fall back:
+:class:`KernelIsaError` (a ``ValueError``) naming the builds this CPU runs. All three give the same bits (``csrc/isa.h``'s canonical summation order), so
 the choice changes speed, never output. Threads: the module's own pool, sized by
 :func:`set_threads` (the runner passes ``--threads``).
 """
@@ -28,7 +29,13 @@ CSRC = Path(__file__).parent / "csrc"
 
 
 class KernelUnavailable(RuntimeError):
-    """The native kernels cannot run here (module not built, stale, ISA refused); says why."""
+    """The native kernels cannot run here (module not built or stale); says why. Callers fall
+    back to the torch path."""
+
+
+class KernelIsaError(ValueError):
+    """:data:`ISA_ENV` names no build, or one this CPU cannot run; says which it runs. Never a
+    fallback: the torch path's mode and output differ from what the user asked for."""
 
 
 def source_hash(csrc: Path = CSRC) -> str | None:
@@ -60,18 +67,25 @@ def native() -> ModuleType:
         try:
             mod.set_isa(isa)
         except ValueError as exc:
-            raise KernelUnavailable(f"{ISA_ENV}={isa}: {exc} (this CPU runs: "
-                                    f"{', '.join(mod.isas())})") from exc
+            raise KernelIsaError(f"{ISA_ENV}={isa}: {exc}; this CPU runs: "
+                                 f"{', '.join(mod.isas())} (empty: the best of them)") from exc
     return mod
 
 
 def unavailable() -> str | None:
-    """Why the native kernels cannot run here (None: they can)."""
+    """Why the native kernels cannot run here (None: they can); a refused :data:`ISA_ENV` is
+    raised (:class:`KernelIsaError`), not returned."""
     try:
         native()
     except KernelUnavailable as exc:
         return str(exc)
     return None
+
+
+def check_isa() -> None:
+    """Raise :class:`KernelIsaError` now if :data:`ISA_ENV` is refused (the CLI calls it before
+    any work); a missing or stale module is not an error here (the torch path runs)."""
+    unavailable()
 
 
 def set_threads(n: int) -> None:

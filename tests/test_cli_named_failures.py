@@ -1,0 +1,66 @@
+"""What the user named that cannot be used is a failure that names it (the CLI's side of SPEC
+E1 and O1; found by an acceptance sweep): an empty trace is not "ok: 0 request(s)", a model
+path that cannot be read makes ``coda models`` exit nonzero, and a missing ``--draft-model``
+is said as the draft's failure (it read "cannot load model (default)")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coda.models import kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = ROOT / "coda" / "assets" / "default_model"
+
+
+def _coda(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "coda.cli", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n"], ids=["empty", "blank-lines"])
+def test_o1_trace_check_of_an_empty_trace_is_exit_2(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(content, encoding="utf-8")
+    r = _coda("trace", "check", str(path))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert "ok:" not in r.stdout and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and str(path) in r.stderr, r.stderr
+
+
+def test_models_with_an_unreadable_named_model_is_exit_2_after_the_table() -> None:
+    r = _coda("models", "/nonexistent.gguf", str(DEFAULT_MODEL))  # NOTE: the bad one first
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "/nonexistent.gguf" in r.stdout  # NOTE: its row still says why
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "/nonexistent.gguf" in lines[0] and str(DEFAULT_MODEL) not in lines[0]
+
+
+def test_models_with_readable_named_models_is_exit_0() -> None:
+    r = _coda("models", str(DEFAULT_MODEL))
+    assert r.returncode == 0 and "error" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(kernels.unavailable() is not None,
+                    reason="speculative decoding needs a batch-invariant mode (native kernels)")
+def test_missing_draft_model_names_the_draft_and_its_flag() -> None:
+    r = _coda("serve", "--port", "0", "--draft-model", "/nonexistent/draft.gguf", timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    last = r.stderr.strip().splitlines()[-1]
+    assert "draft model /nonexistent/draft.gguf (--draft-model)" in last, last
+    assert "cannot load model (default)" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_python_api_draft_failure_is_a_draft_model_load_error() -> None:
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+    from coda.models.load_errors import DraftModelLoadError
+
+    if kernels.unavailable() is not None:
+        pytest.skip("speculative decoding needs a batch-invariant mode (native kernels)")
+    with pytest.raises(DraftModelLoadError, match="/nonexistent/draft.gguf"):
+        AsyncEngine.from_model_dir(None, EngineConfig(draft_model="/nonexistent/draft.gguf"))

@@ -7,6 +7,7 @@ with the official ``openai`` client over loopback, real redis-server."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,3 +107,23 @@ def test_delete_is_durable_on_every_front_end_p1(
     assert redis_server.client.exists(f"coda:rec:{{{one.id}}}") == 0
     # NOTE: the continuation stays, with the chain it was generated from
     assert [i.id for i in c.responses.input_items.list(two.id)] == listed
+
+
+def test_record_delete_answers_true_once_across_front_ends(redis_server: RedisServer) -> None:
+    """Two front ends deleting one descriptor at once: the log answers True to exactly one
+    (the other's DELETE is a 404), and the record is gone for both."""
+    from coda.durable.redis_log import RedisStreamLog
+
+    logs = [RedisStreamLog(redis_server.url, prefix="del:") for _ in range(2)]
+    for n in range(20):
+        rid = f"resp_{n}"
+        logs[0].put_record(rid, {"handles": []})
+        answers: list[bool] = []
+        racers = [threading.Thread(target=lambda log=log, out=answers, rid=rid: out.append(
+            log.delete_record(rid))) for log in logs]
+        for t in racers:
+            t.start()
+        for t in racers:
+            t.join()
+        assert sorted(answers) == [False, True]
+        assert not logs[0].has_record(rid) and not logs[1].has_record(rid)

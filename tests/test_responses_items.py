@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import openai
@@ -143,6 +144,17 @@ def test_delete_forgets_a_response_everywhere_p1(oa: openai.OpenAI, server_live:
     assert oa.responses.delete(kept.id) is None  # NOTE: the SDK's answer to a 200
     with pytest.raises(openai.NotFoundError):
         oa.responses.retrieve(kept.id)
+
+
+def test_store_delete_answers_true_once() -> None:
+    """The in-memory store: of two deletes of one record exactly one answers True (the
+    route's 404 for the loser of a race), and the record is gone."""
+    from coda.server.state import Record, RecordStore
+
+    store = RecordStore(4)
+    store.put(cast(Record, SimpleNamespace(id="resp_1", done=True)))
+    assert store.delete("resp_1") is True
+    assert store.delete("resp_1") is False and store.get("resp_1") is None
 
 
 def _read_stream(url: str, out: list[dict[str, Any]]) -> None:

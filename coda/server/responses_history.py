@@ -21,7 +21,7 @@ from typing import Any
 from coda.errors import InvalidRequestError
 from coda.reader import terminal_of
 from coda.server.render_spec import ResponsesRender
-from coda.server.responses_items import Item, carried_items
+from coda.server.responses_items import Item, carried_items, listed
 from coda.server.state import ServerState
 from coda.server.tool_messages import tool_history_item
 
@@ -47,4 +47,4 @@ async def previous_history(st: ServerState, response_id: str
             out.append({"role": "assistant", "content": text})
         elif item["type"] == "function_call":
             out += tool_history_item(item, "previous_response_id")
-    return out, carried_items(record.spec.input_items, output)
+    return out, carried_items(listed(record.id, record.spec), output)

@@ -1,13 +1,15 @@
 """A stored response's input items, as ``GET /v1/responses/{id}/input_items`` lists them
-(OpenAI's ``ResponseItemList``): built once when the response is created, each with an id, and
-kept on its :class:`~coda.server.render_spec.ResponsesRender` (so the Redis log carries them to
-every front end and the ids never change between calls).
+(OpenAI's ``ResponseItemList``), from its :class:`~coda.server.render_spec.ResponsesRender`
+(so the Redis log carries them to every front end).
 
 What is listed is what the response was generated from, as OpenAI lists it: with
-``previous_response_id`` the items the chain carried over (the previous response's own input
-items, then its output message and function calls, keeping their ids), then the request's own
-input; ``instructions`` are not an item. A string input is one ``user`` message with one
-``input_text`` part.
+``previous_response_id`` the items the chain carried over (the previous response's own listed
+items, then its output message and function calls, keeping their ids; stored when the
+continuation was created), then the request's own input; ``instructions`` are not an item. A
+string input is one ``user`` message with one ``input_text`` part. An own item's id is the
+client's (when it gave one not already in the list), else derived from the response's id and
+the item's place (``msg_<response>_in<n>``): the same on every call and every front end, with
+nothing stored, and a plain request builds no listing (issue 22: its walk is unchanged).
 
 Pagination (:func:`page`) is OpenAI's cursor list: ``order`` ``desc`` (default: newest first)
 or ``asc``; ``after`` / ``before`` name an item of the list; ``limit`` 1–100 (default 20);
@@ -19,14 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, get_args
 
-from coda.server.common import new_id
 from coda.server.http_errors import ApiError
-from coda.server.protocol_schemas import InputMessage, InputToolItem, ResponseIncludable
+from coda.server.protocol_schemas import ResponseIncludable
+from coda.server.render_spec import ResponsesRender
 
-__all__ = ["carried_items", "own_items", "page", "parse_query"]
+__all__ = ["carried_items", "listed", "own_items", "page", "parse_query"]
 
 Item = dict[str, Any]
 _INCLUDABLE = frozenset(get_args(ResponseIncludable))
+_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
 
 
 def _text_part(role: str, text: str) -> dict[str, Any]:
@@ -35,38 +38,48 @@ def _text_part(role: str, text: str) -> dict[str, Any]:
     return {"type": "input_text", "text": text}
 
 
-def _fresh(given: object, prefix: str, taken: set[str]) -> str:
-    """The client's own id if it gave an unused one, else a new one (ids are unique in a
-    list, so ``after`` / ``before`` name one item)."""
-    rid = given if isinstance(given, str) and given and given not in taken else new_id(prefix)
+def _own_id(given: object, derived: str, taken: set[str]) -> str:
+    """The client's id if it gave an unused one, else ``derived`` (made unused): ids are
+    unique in a list, so ``after`` / ``before`` name one item."""
+    rid = given if isinstance(given, str) and given and given not in taken else derived
+    while rid in taken:
+        rid += "_"
     taken.add(rid)
     return rid
 
 
-def own_items(given: str | Sequence[InputMessage | InputToolItem],
+def own_items(response_id: str, given: str | Sequence[Mapping[str, Any]],
               carried: Sequence[Mapping[str, Any]]) -> list[Item]:
-    """The request's ``input`` as listed items, ids unique beside the ``carried`` ones."""
+    """The request's ``input`` (as sent: a string, or its items dumped) as listed items."""
     taken = {str(i.get("id")) for i in carried}
+    tag = response_id.removeprefix("resp_")
     if isinstance(given, str):
-        return [{"type": "message", "id": _fresh(None, "msg_", taken), "role": "user",
-                 "status": "completed", "content": [_text_part("user", given)]}]
+        return [{"type": "message", "id": _own_id(None, f"msg_{tag}_in0", taken),
+                 "role": "user", "status": "completed", "content": [_text_part("user", given)]}]
     out: list[Item] = []
-    for item in given:
-        extra = item.model_extra or {}
-        if isinstance(item, InputToolItem):
-            body: Item = ({"call_id": item.call_id, "name": item.name,
-                           "arguments": item.arguments or ""}
-                          if item.type == "function_call"
-                          else {"call_id": item.call_id, "output": item.output})
-            prefix = "fc_" if item.type == "function_call" else "fco_"
-            out.append({"type": item.type, "id": _fresh(extra.get("id"), prefix, taken),
-                        **body, "status": "completed"})
-            continue
-        content = ([_text_part(item.role, item.content)] if isinstance(item.content, str)
-                   else [dict(p) for p in item.content])
-        out.append({"type": "message", "id": _fresh(extra.get("id"), "msg_", taken),
-                    "role": item.role, "status": "completed", "content": content})
+    for n, item in enumerate(given):
+        kind = str(item.get("type") or "message")
+        rid = _own_id(item.get("id"), f"{_PREFIX.get(kind, 'item_')}{tag}_in{n}", taken)
+        if kind == "function_call":
+            out.append({"type": kind, "id": rid, "call_id": item.get("call_id"),
+                        "name": item.get("name"), "arguments": item.get("arguments") or "",
+                        "status": "completed"})
+        elif kind == "function_call_output":
+            out.append({"type": kind, "id": rid, "call_id": item.get("call_id"),
+                        "output": item.get("output"), "status": "completed"})
+        else:
+            role, content = str(item.get("role")), item.get("content")
+            parts = ([_text_part(role, content)] if isinstance(content, str)
+                     else [dict(p) for p in content or []])
+            out.append({"type": "message", "id": rid, "role": role, "status": "completed",
+                        "content": parts})
     return out
+
+
+def listed(response_id: str, spec: ResponsesRender) -> list[Item]:
+    """Every item a stored response lists, oldest first."""
+    carried = [dict(i) for i in spec.carried_items]
+    return [*carried, *own_items(response_id, spec.own_input, carried)]
 
 
 def carried_items(previous: Iterable[Mapping[str, Any]],

@@ -25,7 +25,7 @@ from coda.reader import terminal_of
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
 from coda.server.render_spec import ResponsesRender
-from coda.server.responses_items import page, parse_query
+from coda.server.responses_items import listed, page, parse_query
 from coda.server.responses_routes import stored_record
 
 router = APIRouter()
@@ -54,5 +54,5 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     record = stored_record(request, response_id)
     spec = record.spec
     assert isinstance(spec, ResponsesRender)  # NOTE: stored_record answers responses only
-    return JSONResponse(page(spec.input_items, after=after, before=before, limit=limit,
-                             order=order))
+    return JSONResponse(page(listed(record.id, spec), after=after, before=before,
+                             limit=limit, order=order))

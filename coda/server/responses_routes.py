@@ -38,7 +38,6 @@ from coda.server.params import Parsed, plan_call
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
-from coda.server.responses_items import own_items
 from coda.server.sse import Frame, Renderer, SSEResponse
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import tool_history_item
@@ -452,9 +451,11 @@ class ResponsesAdapter:
             logprobs=logprobs is not None, verify=body.stream_verify,
             thinking=reasoning is not None and body.include_reasoning,
             history=tuple([*history, *own]),
-            # NOTE: listed only if stored (``store: false`` is never retrievable)
-            input_items=(tuple([*carried, *own_items(body.input, carried)]) if body.store
-                         else ()),
+            # NOTE: listed only if stored (``store: false`` is never retrievable); kept as
+            # sent, so a plain request builds no listing (issue 22: its walk stays the same)
+            carried_items=tuple(carried), own_input=(
+                () if not body.store else body.input if isinstance(body.input, str)
+                else tuple(i.model_dump() for i in body.input)),
             service_tier=(served_tier(body.service_tier) if body.service_tier is not None
                           else None))
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),

@@ -75,6 +75,27 @@ def test_input_items_string_messages_and_chain_p1(oa: openai.OpenAI, server_live
     assert _items(server_live.url, two.id, order="asc").json() == raw  # NOTE: stable
 
 
+def test_input_items_tool_items_and_client_ids(oa: openai.OpenAI, server_live: Any) -> None:
+    """``function_call`` / ``function_call_output`` items list as such; a client's item id is
+    kept, a repeated one (in the input, or of a carried item) replaced, so ids stay unique."""
+    one = _create(oa, "hello")
+    carried = oa.responses.input_items.list(one.id).data[0].id
+    r = _create(oa, [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}",
+         "id": "fc_mine"},
+        {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        {"role": "user", "content": "a", "id": "msg_same"},
+        {"role": "user", "content": "b", "id": "msg_same"},
+        {"role": "user", "content": "c", "id": carried}], previous_response_id=one.id)
+    got = _items(server_live.url, r.id, order="asc").json()["data"]
+    assert got[2] == {"type": "function_call", "id": "fc_mine", "call_id": "c1", "name": "f",
+                      "arguments": "{}", "status": "completed"}
+    assert {k: got[3][k] for k in ("type", "call_id", "output")} == {
+        "type": "function_call_output", "call_id": "c1", "output": "42"}
+    assert got[4]["id"] == "msg_same" and got[0]["id"] == carried
+    assert len({i["id"] for i in got}) == len(got) == 7
+
+
 def test_input_items_pagination_as_openai_lists(oa: openai.OpenAI, server_live: Any) -> None:
     """``limit`` pages, ``after`` continues in the order asked, ``before`` pages back to the
     items nearest it, ``has_more`` says whether items lie beyond; the client's

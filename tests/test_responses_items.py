@@ -96,6 +96,15 @@ def test_input_items_tool_items_and_client_ids(oa: openai.OpenAI, server_live: A
     assert len({i["id"] for i in got}) == len(got) == 7
 
 
+def test_a_client_id_that_is_a_later_derived_one_stays_unique() -> None:
+    """A client id equal to the id a later item would derive: the later one moves aside."""
+    from coda.server.responses_items import own_items
+
+    items = own_items("resp_t", [{"role": "user", "content": "a", "id": "msg_t_in1"},
+                                 {"role": "user", "content": "b"}], [])
+    assert [i["id"] for i in items] == ["msg_t_in1", "msg_t_in1_"]
+
+
 def test_input_items_pagination_as_openai_lists(oa: openai.OpenAI, server_live: Any) -> None:
     """``limit`` pages, ``after`` continues in the order asked, ``before`` pages back to the
     items nearest it, ``has_more`` says whether items lie beyond; the client's

@@ -7,6 +7,7 @@ with the official ``openai`` client over loopback, real redis-server."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,3 +76,54 @@ def test_unknown_or_unstored_previous_response_is_a_400(
             _turn(b, "more", prev)
         assert err.value.status_code == 400
         assert "previous_response_id" in str(err.value)
+
+
+def test_delete_is_durable_on_every_front_end_p1(
+        server_spawn: Any, redis_server: RedisServer) -> None:
+    """DELETE on A (``--redis-url``): B, which held the response in memory, and C, a front end
+    started afterwards (a restart), answer 404 for it (GET, input_items, delete) and 400 for
+    ``previous_response_id`` naming it; before that, B listed the same input items, ids
+    included, as A (they travel in the log); a second delete anywhere is a 404."""
+    def spawn() -> openai.OpenAI:
+        return _client(server_spawn(durable=ServerDurable(redis_server.url, lease_ttl_s=2)).url)
+
+    a, b = spawn(), spawn()
+    one = _turn(a, "hello")
+    two = _turn(b, "and then?", one.id)
+    listed = [i.id for i in a.responses.input_items.list(two.id)]
+    assert [i.id for i in b.responses.input_items.list(two.id)] == listed and len(listed) == 3
+    assert b.responses.retrieve(one.id).id == one.id  # NOTE: B now holds it in memory
+    assert a.responses.delete(one.id) is None
+    c = spawn()
+    for front in (a, b, c):
+        with pytest.raises(openai.NotFoundError):
+            front.responses.retrieve(one.id)
+        with pytest.raises(openai.NotFoundError):
+            front.responses.input_items.list(one.id)
+        with pytest.raises(openai.NotFoundError):
+            front.responses.delete(one.id)
+        with pytest.raises(openai.BadRequestError):
+            _turn(front, "more", one.id)
+    assert redis_server.client.exists(f"coda:rec:{{{one.id}}}") == 0
+    # NOTE: the continuation stays, with the chain it was generated from
+    assert [i.id for i in c.responses.input_items.list(two.id)] == listed
+
+
+def test_record_delete_answers_true_once_across_front_ends(redis_server: RedisServer) -> None:
+    """Two front ends deleting one descriptor at once: the log answers True to exactly one
+    (the other's DELETE is a 404), and the record is gone for both."""
+    from coda.durable.redis_log import RedisStreamLog
+
+    logs = [RedisStreamLog(redis_server.url, prefix="del:") for _ in range(2)]
+    for n in range(20):
+        rid = f"resp_{n}"
+        logs[0].put_record(rid, {"handles": []})
+        answers: list[bool] = []
+        racers = [threading.Thread(target=lambda log=log, out=answers, rid=rid: out.append(
+            log.delete_record(rid))) for log in logs]
+        for t in racers:
+            t.start()
+        for t in racers:
+            t.join()
+        assert sorted(answers) == [False, True]
+        assert not logs[0].has_record(rid) and not logs[1].has_record(rid)

@@ -284,6 +284,14 @@ class RedisStreamLog:
         raw = self.r.get(self._k("rec", record_id))
         return None if raw is None else dict(json.loads(raw))
 
+    def has_record(self, record_id: str) -> bool:
+        return bool(self.r.exists(self._k("rec", record_id)))
+
+    def delete_record(self, record_id: str) -> bool:
+        """Remove a record's descriptor (``DELETE /v1/responses/{id}``); False if it was not
+        there (deleted already, or expired)."""
+        return bool(self.r.delete(self._k("rec", record_id)))
+
     # -- orphans -------------------------------------------------------------------------
     def reap_orphans(self, on_reaped: Callable[[str], None] | None = None) -> int:
         """End (once, ``model_error``, committed tokens billed) every open request whose

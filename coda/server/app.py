@@ -29,6 +29,7 @@ from coda.server import (
     ollama_routes,
     openai_routes,
     playground_routes,
+    responses_manage,
     responses_routes,
 )
 from coda.server.admission import BodyLimitMiddleware
@@ -206,6 +207,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(responses_manage.router)  # NOTE: delete, input_items
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(ollama_info.router)

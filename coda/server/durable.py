@@ -44,7 +44,9 @@ class ServerDurable:
 
 class RedisResponseStore(RecordStore):
     """A :class:`~coda.server.state.ResponseStore` whose records live in the stream log too:
-    the recent ones in memory, any other rebuilt from its descriptor on first use."""
+    the recent ones in memory, any other rebuilt from its descriptor on first use; a response
+    exists while its descriptor does (``DELETE /v1/responses/{id}`` removes it, on every front
+    end at once)."""
 
     def __init__(self, engine: DurableEngine, capacity: int) -> None:
         super().__init__(capacity)
@@ -63,6 +65,19 @@ class RedisResponseStore(RecordStore):
     def detach(self, record: Record) -> None:
         for h in record.handles:
             self.engine.detach(h.request_id)
+
+    def delete(self, rid: str) -> bool:
+        """The descriptor leaves the log (a restart or another front end cannot rebuild the
+        record) and this process forgets it; the log decides, so of two front ends deleting
+        at once one answers True. The requests' own log entries expire as they would have
+        (``--log-retention-s`` after their terminal); no record reaches them any more."""
+        super().delete(rid)
+        return self.engine.log.delete_record(rid)
+
+    def _current(self, record: Record) -> bool:
+        """A response held here is current while its descriptor is in the log: deleted on
+        any front end, it is gone here too (one ``EXISTS``; other kinds are never deleted)."""
+        return record.kind != "response" or self.engine.log.has_record(record.id)
 
     def _load(self, record_id: str) -> Record | None:
         desc = self.engine.log.get_record(record_id)

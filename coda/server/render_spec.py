@@ -81,6 +81,11 @@ class ResponsesRender:
     # its input as messages, instructions excluded): what ``previous_response_id`` continues
     history: tuple[Mapping[str, object], ...] = ()
     service_tier: str | None = None  # NOTE: reported when asked (coda.server.fields)
+    # what ``GET /v1/responses/{id}/input_items`` lists (coda.server.responses_items): the
+    # items a continuation carried over, with their ids, then the request's own ``input`` as
+    # sent (a string, or its items), whose ids derive from the response's (never stored)
+    carried_items: tuple[Mapping[str, object], ...] = ()
+    own_input: str | tuple[Mapping[str, object], ...] = ()
 
 
 @dataclass(frozen=True)

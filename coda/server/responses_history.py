@@ -7,7 +7,11 @@ The previous response is found through the server's record store: in memory, or 
 ``--redis-url`` in the stream log (:class:`~coda.server.durable.RedisResponseStore` rebuilds a
 record another front end stored), so any front end continues any conversation. A response
 still running is waited for (its output is the history); an unknown, unstored or expired one
-is a 400 naming ``previous_response_id``."""
+is a 400 naming ``previous_response_id`` (so is a deleted one: ``DELETE /v1/responses/{id}``).
+
+Beside the messages, the continuation carries the previous response's listed input items and
+its output items (:func:`coda.server.responses_items.carried_items`), which its own
+``GET /v1/responses/{id}/input_items`` lists before its input."""
 
 from __future__ import annotations
 
@@ -17,14 +21,17 @@ from typing import Any
 from coda.errors import InvalidRequestError
 from coda.reader import terminal_of
 from coda.server.render_spec import ResponsesRender
+from coda.server.responses_items import Item, carried_items, listed
 from coda.server.state import ServerState
 from coda.server.tool_messages import tool_history_item
 
 __all__ = ["previous_history"]
 
 
-async def previous_history(st: ServerState, response_id: str) -> list[dict[str, Any]]:
-    """The messages a continuation of ``response_id`` starts with (OpenAI-shaped)."""
+async def previous_history(st: ServerState, response_id: str
+                           ) -> tuple[list[dict[str, Any]], list[Item]]:
+    """The messages a continuation of ``response_id`` starts with (OpenAI-shaped), and the
+    input items it carries over."""
     from coda.server.responses_routes import response_object
 
     record = st.store.get(response_id)  # NOTE: as GET /v1/responses/{id} reads it
@@ -33,10 +40,11 @@ async def previous_history(st: ServerState, response_id: str) -> list[dict[str, 
                                   f"'{response_id}'", field="previous_response_id")
     await asyncio.gather(*(terminal_of(h.stream) for h in record.handles))
     out: list[dict[str, Any]] = [dict(m) for m in record.spec.history]
-    for item in response_object(record)["output"]:
+    output = response_object(record)["output"]
+    for item in output:
         if item["type"] == "message":
             text = "".join(p["text"] for p in item["content"] if p["type"] == "output_text")
             out.append({"role": "assistant", "content": text})
         elif item["type"] == "function_call":
             out += tool_history_item(item, "previous_response_id")
-    return out
+    return out, carried_items(listed(record.id, record.spec), output)

@@ -361,7 +361,8 @@ def _grammar(fmt: TextFormat | None) -> GrammarSpec | None:
     return GrammarSpec(regex=fmt.regex) if fmt.type == "regex" else GrammarSpec(lark=fmt.lark)
 
 
-def _record(request: Request, rid: str) -> Record:
+def stored_record(request: Request, rid: str) -> Record:
+    """The stored response ``rid``; unknown, unstored or deleted: a 404."""
     record = state_of(request).store.get(rid)
     if record is None or not isinstance(record.spec, ResponsesRender) or not record.spec.store:
         raise ApiError(404, f"No response found with id '{rid}'", param="response_id",
@@ -423,8 +424,8 @@ class ResponsesAdapter:
         check_unhonoured(body)
         msgs = _messages(body)
         # NOTE: issue 24 item 3: any front end continues a stored response (Redis or memory)
-        history = await previous_history(st, body.previous_response_id) \
-            if body.previous_response_id else []
+        history, carried = await previous_history(st, body.previous_response_id) \
+            if body.previous_response_id else ([], [])
         check_results(body, history)
         own = msgs[1:] if body.instructions else msgs
         msgs = [*msgs[:len(msgs) - len(own)], *history, *own]
@@ -450,6 +451,11 @@ class ResponsesAdapter:
             logprobs=logprobs is not None, verify=body.stream_verify,
             thinking=reasoning is not None and body.include_reasoning,
             history=tuple([*history, *own]),
+            # NOTE: listed only if stored (``store: false`` is never retrievable); kept as
+            # sent, so a plain request builds no listing (issue 22: its walk stays the same)
+            carried_items=tuple(carried), own_input=(
+                () if not body.store else body.input if isinstance(body.input, str)
+                else tuple(i.model_dump() for i in body.input)),
             service_tier=(served_tier(body.service_tier) if body.service_tier is not None
                           else None))
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
@@ -506,7 +512,7 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     """The stored response; with ``stream=true`` its event stream replayed after
     ``starting_after`` (or ``Last-Event-ID``), then followed live (P3). ``offset`` (and
     ``digest``) name the output bytes the client holds; a mismatch is a 409."""
-    record = _record(request, response_id)
+    record = stored_record(request, response_id)
     if not stream:
         return JSONResponse(response_object(record))
     st = state_of(request)
@@ -534,7 +540,7 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, request: Request) -> Response:
     """Cancel (C1); idempotent — a finished response is returned unchanged."""
-    record = _record(request, response_id)
+    record = stored_record(request, response_id)
     record.cancel(CancelCause.CLIENT)
     await asyncio.gather(*(terminal_of(h.stream) for h in record.handles))
     return JSONResponse(response_object(record))

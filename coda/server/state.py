@@ -134,6 +134,11 @@ class ResponseStore(Protocol):
 
     def remove(self, rid: str) -> None: ...
 
+    def delete(self, rid: str) -> bool:
+        """Forget ``rid`` for good (``DELETE /v1/responses/{id}``: with the durable log, on
+        every front end and after a restart); False if it was not stored (already deleted)."""
+        ...
+
     def records(self) -> list[Record]:
         """The records held in this process."""
         ...
@@ -149,7 +154,7 @@ class ResponseStore(Protocol):
 class RecordStore:
     """The in-memory :class:`ResponseStore`: a bounded map id → :class:`Record` that evicts
     the oldest finished record first. A subclass rebuilds records it does not hold
-    (:meth:`_load`), which are then kept."""
+    (:meth:`_load`), which are then kept, and may say a held one is gone (:meth:`_current`)."""
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
@@ -166,6 +171,9 @@ class RecordStore:
     def get(self, rid: str) -> Record | None:
         with self._lock:
             record = self._items.get(rid)
+        if record is not None and not self._current(record):
+            self.remove(rid)  # NOTE: deleted elsewhere: this copy must not bring it back
+            return None
         if record is None:
             record = self._load(rid)
             if record is not None:
@@ -176,12 +184,20 @@ class RecordStore:
     def _load(self, rid: str) -> Record | None:
         return None  # NOTE: one process's memory: what it does not hold does not exist
 
+    def _current(self, record: Record) -> bool:
+        return True  # NOTE: one process's memory is the only copy: what it holds exists
+
     def detach(self, record: Record) -> None:
         return None  # NOTE: in one process a request lives as long as its engine anyway
 
     def remove(self, rid: str) -> None:
         with self._lock:
             self._items.pop(rid, None)
+
+    def delete(self, rid: str) -> bool:
+        with self._lock:
+            # NOTE: one pop under the lock: of two racing deletes exactly one answers True
+            return self._items.pop(rid, None) is not None
 
     def records(self) -> list[Record]:
         with self._lock:

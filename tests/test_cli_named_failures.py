@@ -1,5 +1,6 @@
 """What the user named that cannot be used is a failure that names it (the CLI's side of SPEC
-E1 and O1; found by an acceptance sweep): an empty trace is not "ok: 0 request(s)", a model
+E1 and O1; found by an acceptance sweep): an empty trace is said to be empty (a replica that
+served no request writes one: it holds every invariant) and a missing one is exit 2, a model
 path that cannot be read makes ``coda models`` exit nonzero, and a missing ``--draft-model``
 is said as the draft's failure (it read "cannot load model (default)")."""
 
@@ -23,9 +24,19 @@ def _coda(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("content", ["", "\n  \n"], ids=["empty", "blank-lines"])
-def test_o1_trace_check_of_an_empty_trace_is_exit_2(tmp_path: Path, content: str) -> None:
+def test_o1_trace_check_of_an_empty_trace_says_it_is_empty(tmp_path: Path, content: str) -> None:
+    """O1: no rows, no broken invariant (exit 0), but the line says the trace is empty and
+    names it, never the "N request(s) ... every invariant holds" of a trace that had rows."""
     path = tmp_path / "t.jsonl"
     path.write_text(content, encoding="utf-8")
+    r = _coda("trace", "check", str(path))
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert r.stdout.strip() == f"ok: the trace is empty (0 requests): {path}", r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_o1_trace_check_of_a_missing_trace_is_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "none.jsonl"
     r = _coda("trace", "check", str(path))
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr[-2000:])
     assert "ok:" not in r.stdout and "Traceback" not in r.stderr

@@ -143,19 +143,27 @@ void block8(const uint8_t* const* row, const uint8_t* const* nrow, int nb, const
   }
 }
 
+// Outputs [n0, n1) in blocks of up to NB outputs of one segment (one type, one bias), each
+// handed to block(type, rows, next block's rows, count, bias, y): the walk both 8-row tiles
+// share (this file's K-quant blocks, legacy_tile8.h's legacy ones).
+template <int NB, class Block>
+inline void blocks8(const KqCall& c, int64_t n0, int64_t n1, Block&& block) {
+  for_groups(c, n0, n1, [](const KqSeg&) { return NB; }, [&](const KqGroup& gr) {
+    const KqSeg& q = gr.q;
+    const uint8_t* row[NB];
+    const uint8_t* nrow[NB] = {};
+    gr.rows(row);
+    rows_ahead(c, gr, gr.n + gr.g, gr.g, n1, nrow);
+    block(q.type, row, nrow, gr.g, q.bias ? q.bias + gr.i0 : nullptr, c.y + gr.n);
+  });
+}
+
 // Outputs [n0, n1) of a call of TILE8_MIN..8 rows (fits(c)), x packed by pack8 into xp.
 inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
   const int m = static_cast<int>(c.M);
-  for_groups(c, n0, n1, [](const KqSeg&) { return NB8; }, [&](const KqGroup& gr) {
-    const KqSeg& q = gr.q;
-    const int nb = gr.g;  // NOTE: a block stays inside one segment (one type, one bias)
-    const uint8_t* row[NB8];
-    const uint8_t* nrow[NB8] = {};
-    gr.rows(row);
-    rows_ahead(c, gr, gr.n + nb, nb, n1, nrow);
-    const float* bias = q.bias ? q.bias + gr.i0 : nullptr;
-    float* y = c.y + gr.n;
-    switch (q.type) {
+  blocks8<NB8>(c, n0, n1, [&](int32_t t, const uint8_t* const* row, const uint8_t* const* nrow,
+                              int nb, const float* bias, float* y) {
+    switch (t) {
       case Q4_K: block8<Q4_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
       case Q5_K: block8<Q5_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
       case Q6_K: block8<Q6_K>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;

@@ -114,19 +114,13 @@ void block8(const uint8_t* const* row, const uint8_t* const* nrow, int nb, const
 }
 
 // Outputs [n0, n1) of a call of fused::TILE8_MIN..8 rows (fits(c, 8)), x packed by
-// fused::pack8 into xp.
+// fused::pack8 into xp (fused::blocks8 walks the blocks).
 inline void range8(const KqCall& c, const float* xp, int64_t n0, int64_t n1) {
   const int m = static_cast<int>(c.M);
-  for_groups(c, n0, n1, [](const KqSeg&) { return NBL; }, [&](const KqGroup& gr) {
-    const KqSeg& q = gr.q;
-    const int nb = gr.g;  // NOTE: a block stays inside one segment (one type, one bias)
-    const uint8_t* row[NBL];
-    const uint8_t* nrow[NBL] = {};
-    gr.rows(row);
-    rows_ahead(c, gr, gr.n + nb, nb, n1, nrow);
-    const float* bias = q.bias ? q.bias + gr.i0 : nullptr;
-    float* y = c.y + gr.n;
-    switch (q.type) {
+  fused::blocks8<NBL>(c, n0, n1, [&](int32_t t, const uint8_t* const* row,
+                                     const uint8_t* const* nrow, int nb, const float* bias,
+                                     float* y) {
+    switch (t) {
       case Q8_0: block8<Q8_0>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
       case Q4_1: block8<Q4_1>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;
       case Q5_0: block8<Q5_0>(row, nrow, nb, xp, c.K, bias, y, c.N, m); break;

@@ -330,7 +330,7 @@ def test_t3_trained_model_mix_packed_equals_fp32(smollm2_mix: Path) -> None:
 def test_o1_load_line_names_the_kernel_of_each_tensor_type(tmp_path: Path) -> None:
     """O1: the ``model loaded`` record of a Q4_K_M-like file says which kernel runs each
     tensor type (and that it is served packed)."""
-    from coda.cli import _load
+    from coda.commands.loading import load_engine as _load
     from coda.engine.types import EngineConfig
 
     path = write_mixed(tmp_path / "m.gguf", q4_k_m)

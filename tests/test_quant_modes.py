@@ -16,7 +16,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from coda.cli import _load, app
+from coda.cli import app
+from coda.commands.loading import load_engine as _load
 from coda.engine.types import EngineConfig
 from coda.models import modes
 from coda.models.config import ModelLoadError, UnsupportedModelError

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from coda.cli import _startup_gc, app
+from coda.cli import app
+from coda.commands.startup import startup_gc as _startup_gc
 
 
 @pytest.fixture

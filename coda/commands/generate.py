@@ -1,0 +1,130 @@
+"""``coda generate``: one completion streamed to the terminal, then its terminal line, usage and
+timings; SIGINT/SIGTERM cancel the request (L4, C1) instead of killing the process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from coda.commands.loading import fail, load_engine, refuse_bad_isa
+
+if TYPE_CHECKING:
+    from coda.stream import Terminal
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    """``coda generate``'s options as typed (their help: ``coda/cli.py``)."""
+
+    prompt: str
+    model: str | None
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    chat: bool
+    deadline: float | None
+    quant: str
+    dtype: str | None
+    max_model_len: int | None
+    kv_cache_bytes: int | None
+    kv_cache_fraction: float | None
+    memory_budget: str | None
+    threads: int | None
+
+
+def cancel_on_signals(handle: Any) -> list[int]:
+    """SIGINT/SIGTERM cancel ``handle``'s request instead of killing the process, so that an
+    interrupted ``coda generate`` still ends with its terminal line (CANCELLED, finish reason
+    ``cancelled``, usage: L4, C1) and exits 128 + the signal. The returned list gets the
+    signal's number; a second signal is the default one again (it ends the process at once)."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    got: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+
+    def on_signal(signum: int) -> None:
+        got.append(signum)
+        for s in signals:  # NOTE: removing restores Python's default handling for the next one
+            loop.remove_signal_handler(s)
+        handle.cancel()
+
+    for s in signals:
+        loop.add_signal_handler(s, on_signal, int(s))
+    return got
+
+
+def print_terminal(t: Terminal) -> None:
+    """The request's end on stderr: state and finish reason, any error, usage and timings."""
+    sys.stdout.write("\n")
+    stop_s = f" (stop {t.stop.stop!r})" if t.stop is not None else ""
+    typer.secho(f"[{t.state.value} · finish_reason={t.finish_reason.value}{stop_s}]",
+                fg=typer.colors.CYAN, err=True)
+    if t.error_message:
+        typer.secho(f"error: {t.error_code} {t.error_message}", fg="red", err=True)
+    typer.echo(f"usage: {json.dumps(t.usage.to_dict())}", err=True)
+    tm = t.timings
+    ttft = f"{tm.first_token_s * 1000:.1f}" if tm.first_token_s is not None else "-"
+    typer.echo(f"timings: queue {tm.queue_s * 1000:.1f} ms · prefill "
+               f"{tm.prefill_s * 1000:.1f} ms · decode {tm.decode_s * 1000:.1f} ms · "
+               f"stop-buffer {tm.stop_buffer_s * 1000:.1f} ms · ttft {ttft} ms · "
+               f"{t.usage.selected_tokens / max(tm.decode_s, 1e-9):.1f} tok/s",
+               err=True)
+
+
+def run_generate(args: GenerateArgs) -> int:
+    """Load, generate and print; the exit status: 0 finished, 1 otherwise, 128 + the signal
+    when interrupted, 2 for a refused value (before the model loads where it can be)."""
+    from coda.engine.types import EngineConfig, GenerationRequest
+    from coda.errors import CodaError
+    from coda.sampling import SamplingParams
+
+    refuse_bad_isa()
+    try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    except CodaError as exc:
+        fail(f"{exc.code.value}: {exc.message}")
+    if args.deadline is not None and not args.deadline > 0:  # NOTE: as plan_request's G3 check, before the load
+        fail(f"--deadline must be > 0 seconds, got {args.deadline}")
+    engine = load_engine(args.model, EngineConfig(
+        quant=args.quant, dtype=args.dtype, max_num_seqs=4, max_model_len=args.max_model_len,
+        kv_cache_bytes=args.kv_cache_bytes, kv_cache_memory_fraction=args.kv_cache_fraction,
+        memory_budget=args.memory_budget, num_threads=args.threads))
+    text = args.prompt
+    if args.chat:
+        from coda.server.chat import render_chat
+
+        text = render_chat(engine, [{"role": "user", "content": args.prompt}])
+    # NOTE: a raw prompt gets the model's special tokens (its BOS), as /v1/completions does;
+    # a rendered chat template already holds them
+    ids = engine.tokenizer.encode(text, add_special_tokens=not args.chat).ids
+    req = GenerationRequest(tuple(ids), params, max_tokens=args.max_tokens, stop=args.stop,
+                            deadline_s=args.deadline)
+
+    async def run() -> int:
+        handle = engine.submit(req)
+        interrupted = cancel_on_signals(handle)
+        async for ev in handle.events():
+            if ev.data:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            if ev.terminal is not None:
+                print_terminal(ev.terminal)
+                if interrupted:  # NOTE: the shell's convention: 128 + the signal's number
+                    return 128 + interrupted[0]
+                return 0 if ev.terminal.state.value == "FINISHED" else 1
+        return 1
+
+    with engine:
+        try:
+            return asyncio.run(run())
+        except CodaError as exc:  # NOTE: a refused request is a message and exit 2, not a trace
+            typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
+            return 2

@@ -1,0 +1,86 @@
+"""``coda serve``'s checks of its options, each before any work (a bad value is one line and
+exit 2, not a traceback once the model has loaded), and the several-models router's load."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coda.commands.loading import fail
+
+if TYPE_CHECKING:
+    from coda.commands.serve import ServeArgs
+    from coda.engine.types import EngineConfig
+    from coda.server.model_specs import ModelSpec
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def check_flags(args: ServeArgs) -> None:
+    """The flags a typer bound cannot check: the log level and ``--max-waiting 0``."""
+    if args.log_level.lower() not in LOG_LEVELS:  # NOTE: uvicorn's levels; others were a traceback
+        fail(f"--log-level {args.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+    if args.max_waiting == 0:  # NOTE: every request waits for a step to admit it: 0 refuses them all
+        fail("--max-waiting 0 would refuse every request (each one waits until the next step "
+             "admits it); use 1 or more, or -1 for unbounded")
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a file cannot be appended to (``--trace``), or None: said before any work, as a busy
+    port is, not as a traceback once the model has loaded. Nothing is created here (with
+    ``--replicas`` each replica writes its own file beside it)."""
+    import os
+
+    if path.is_dir():
+        return "is a directory"
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        return f"the folder {parent} does not exist"
+    target = path if path.exists() else parent
+    return None if os.access(target, os.W_OK) else f"{target} is not writable"
+
+
+def serves_several(args: ServeArgs) -> bool:
+    """Several models (issue 23): ``--model`` repeated, a models file, a memory budget or a
+    pin; the flags that serve one model only are refused with them."""
+    several = (len(args.model) > 1 or args.models_file is not None
+               or bool(args.memory_budget) or bool(args.pin))
+    if several and (args.replicas > 0 or args.served_model_name or args.redis_url):
+        # NOTE: a replica serves one model; names come from NAME=SPEC, not one flag; the
+        # durable log's engine wrapper does not route by model (not built yet)
+        fail("several models (--model repeated, --models-file, --memory-budget, --pin) are "
+             "not supported with --replicas, --redis-url or --served-model-name (name each "
+             "model as --model NAME=SPEC)")
+    if several and args.draft_model:  # NOTE: a draft must share ONE target's tokenizer (issue 21)
+        fail("--draft-model drafts for one model; it is not supported with several models")
+    return several
+
+
+def one_model(args: ServeArgs, cfg: EngineConfig) -> tuple[ModelSpec | None, EngineConfig]:
+    """One ``--model`` is SPEC or NAME=SPEC as with several (NAME: the served name, which a
+    different ``--served-model-name`` contradicts: exit 2)."""
+    from coda.server.model_specs import parse_model_arg
+
+    one = parse_model_arg(args.model[0]) if args.model else None
+    if one is not None and one.name is not None:
+        if args.served_model_name is not None and args.served_model_name != one.name:
+            fail(f"--model {args.model[0]} names the model {one.name!r} and "
+                 f"--served-model-name {args.served_model_name!r}: give one")
+        cfg = replace(cfg, served_model_name=one.name)
+    return one, cfg
+
+
+def load_router(args: ServeArgs, cfg: EngineConfig) -> Any:
+    """Several models (issue 23): each described now (names, tokenizer, context; no weights),
+    loaded in its own worker process on first use. Bad specs exit 2 with the message."""
+    from coda.models.config import ModelLoadError
+    from coda.server.model_router import build_router
+    from coda.server.model_specs import ModelSpecError, collect_specs, parse_bytes
+
+    try:
+        specs = collect_specs(list(args.model), args.models_file, list(args.pin))
+        budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+        return build_router(specs, cfg, memory_budget=budget, log_level=args.log_level)
+    except (ModelSpecError, ModelLoadError, ValueError) as exc:
+        fail(str(exc))

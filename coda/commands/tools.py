@@ -1,0 +1,88 @@
+"""``coda bench``, ``coda models`` and ``coda trace check``: each refuses a bad argument with
+one line and exit 2 (before the model loads, where there is one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from coda.commands.loading import fail, refuse_bad_isa
+
+
+def run_bench_command(**fields: Any) -> None:
+    """Run ``coda bench``'s workload; ``fields`` are :class:`coda.bench.BenchOptions`'."""
+    from coda.bench import BenchOptions, run_bench
+    from coda.errors import CodaError
+    from coda.models.config import ModelLoadError
+    from coda.optional import MissingDependency
+
+    refuse_bad_isa()
+    try:  # NOTE: a bad option value (--utf8-tail) is refused before the model loads
+        opts = BenchOptions(**fields)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        run_bench(opts)
+    except MissingDependency as exc:  # NOTE: raised before any work starts
+        fail(str(exc))
+    except ModelLoadError as exc:
+        fail(f"cannot load model {opts.model_dir or '(default)'}: {exc}")
+    except CodaError as exc:  # NOTE: the workload's requests refused (--max-tokens past the context)
+        fail(f"{exc.code.value}: {exc.message}")
+
+
+def show_models(paths: list[str]) -> None:
+    """``coda models``: the table of loadable models, then why auto picks what it picks and
+    why each other mode would not load; exit 2 when a named PATH cannot be read."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from coda.models.catalog import list_models, named_entries
+
+    refuse_bad_isa()  # NOTE: the modes listed depend on the kernel build
+    table = Table("--model", "kind", "arch", "params", "size", "stored as", "context",
+                  "--quant (auto → first)", "read", "path")
+    notes: list[str] = []
+    entries = list_models(paths)
+    for e in entries:
+        if e.error:
+            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", "", str(e.path))
+            continue
+        others = [m for m in e.quant_modes if m != e.quant_auto]
+        table.add_row(e.model, e.kind, e.arch, f"{e.parameters / 1e6:.1f}M",
+                      f"{e.size_bytes / 2**20:.1f} MiB", e.quantization, str(e.context),
+                      " ".join([e.quant_auto, *others]), f"{e.read_s:.2f} s", str(e.path))
+        # NOTE: why, below the table (issue 19 item 5): auto's choice, then each refusal
+        notes.append(f"{e.model}: auto serves {e.why}")
+        notes += [f"{e.model}: --quant {m} would not load: {why}" for m, why in e.refused]
+    console = Console(width=max(Console().width, 160))  # NOTE: paths stay readable in pipes
+    console.print(table)
+    for line in notes:
+        console.print(line, highlight=False, markup=False)
+    if failed := [e.model for e in named_entries(entries, paths) if e.error]:
+        fail(f"cannot read {', '.join(failed)} (its row says why)")
+
+
+def check_trace_file(path: Path) -> None:
+    """``coda trace check``: exit 1 on a problem (each names its rule), 2 for an unreadable
+    file; an empty trace holds every invariant and says it is empty."""
+    from coda.trace import check_trace, read_jsonl
+
+    try:
+        events = read_jsonl(path)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        # NOTE: a missing or non-trace file is a bad argument (exit 2, one line), not a traceback
+        fail(f"cannot read trace {path}: {type(exc).__name__}: {exc}")
+    problems = check_trace(events)
+    n = len({e.request_id for e in events})
+    if problems:
+        for p in problems:
+            typer.secho(p, fg="red")
+        typer.echo(f"{len(problems)} problem(s) in {n} request(s), {len(events)} events")
+        raise typer.Exit(1)
+    if not events:  # NOTE: said, so that a wrong path to an empty file is not read as a pass
+        typer.echo(f"ok: the trace is empty (0 requests): {path}")
+        return
+    typer.echo(f"ok: {n} request(s), {len(events)} events, every invariant holds")

@@ -12,8 +12,8 @@ import asyncio
 import hmac
 import logging
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -310,6 +310,18 @@ class CodaServer(uvicorn.Server):
             # ``coda serve`` binds first (coda.server.listen), and users look for that line
             self._log_started_message(sockets)
 
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """A graceful stop on SIGINT/SIGTERM returns (``coda serve`` exits 0): uvicorn would
+        raise the signal again once shut down, so that the process died of it (exit -15 for
+        SIGTERM, 130 for SIGINT) after a clean shutdown. A second SIGINT during the shutdown
+        (uvicorn's force exit: open connections are not waited for) is still raised again:
+        exit 130, the forced end said as one."""
+        with super().capture_signals():
+            yield
+            if not self.force_exit:  # NOTE: emptied before uvicorn's context re-raises them
+                self._captured_signals.clear()
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         st = self._state
         if st is not None:
@@ -325,7 +337,8 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
           api_key: str | None = None, settings: ServerSettings | None = None,
           log_level: str = "info", json_logs: bool = True,
           durable: ServerDurable | None = None, sock: socket.socket | None = None) -> None:
-    """Run the server until SIGINT/SIGTERM (blocking); on ``sock`` where given (bound by
+    """Run the server until SIGINT/SIGTERM (blocking), then return once it has shut down
+    gracefully (:meth:`CodaServer.capture_signals`); on ``sock`` where given (bound by
     :func:`coda.server.listen.bind_listener` before the model loaded), else on host:port."""
     configure_logging(log_level, json_lines=json_logs)
     settings = settings or ServerSettings()

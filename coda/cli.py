@@ -24,11 +24,28 @@ trace_app = typer.Typer(help="Work with JSONL request traces.")
 app.add_typer(trace_app, name="trace")
 
 
+def _memory_budget(value: str | None) -> str | None:
+    """Every ``--memory-budget`` (serve's several-models one and generate's/bench's one-model
+    one) is read by the one parser, ``MemoryBudget.parse`` (8GiB, 8G = 10^9, 512MiB, bytes or
+    40% of the memory available now); anything else is a usage error naming the option (exit
+    2) before any work. The text is kept: a percentage is taken of what is available when the
+    model loads."""
+    if value is None:
+        return None
+    from coda.engine.kv_budget import MemoryBudget, MemoryBudgetError
+
+    try:
+        MemoryBudget.parse(value)
+    except MemoryBudgetError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model)")]  # noqa: UP045
 MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="the context length (tokens): caps it; past a LongRoPE model's original length it serves the long factors")]  # noqa: UP045
 KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes, exactly (default: see --memory-budget)")]  # noqa: UP045
 KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default: see --memory-budget)")]  # noqa: UP045
-MemBudgetOpt = Annotated[Optional[str], typer.Option("--memory-budget", help="memory the model may hold, weights + KV cache: 8GiB, 8G, 512MiB, bytes or 40%% of available; the KV cache is max-num-seqs full contexts within it, committed as used (default: half the memory available at start)")]  # noqa: UP045
+MemBudgetOpt = Annotated[Optional[str], typer.Option("--memory-budget", callback=_memory_budget, help="memory the model may hold, weights + KV cache: 8GiB, 8G, 512MiB, bytes or 40% of available; the KV cache is max-num-seqs full contexts within it, committed as used (default: half the memory available at start)")]  # noqa: UP045
 QuantOpt = Annotated[str, typer.Option("--quant", help="serving mode: auto (GGUF: packed, the fastest batch-invariant mode that keeps the exact model's answers; HF folder: fp32-kernel), fp32 (exact), fp32-kernel (exact, batch-invariant kernel), bf16, fp16, packed (exact weights, own kernel), packed-q8 (8-bit activations like llama.cpp), q4, q4-int8head (docs/quantization.md)")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="a dense mode by its dtype: float32 = --quant fp32, bfloat16 = bf16, float16 = fp16")]  # noqa: UP045
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch intra-op threads (default: CPUs - 1)")]  # noqa: UP045
@@ -37,7 +54,7 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="tor
 @app.command()
 def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model); repeat it to serve several models, each as SPEC or NAME=SPEC")] = None,  # noqa: UP045
           models_file: Annotated[Optional[Path], typer.Option(help="a TOML file of [[model]] tables (name, model, pinned) to serve besides --model (docs/api.md)")] = None,  # noqa: UP045
-          memory_budget: Annotated[Optional[str], typer.Option(help="several models: weights + KV cache of the loaded models stay under this (bytes, or 4GiB); least recently used idle models are unloaded to make room")] = None,  # noqa: UP045
+          memory_budget: Annotated[Optional[str], typer.Option(callback=_memory_budget, help="several models: weights + KV cache of the loaded models stay under this (8GiB, 8G, 512MiB, bytes or 40% of available); least recently used idle models are unloaded to make room")] = None,  # noqa: UP045
           pin: Annotated[Optional[list[str]], typer.Option(help="several models: load this model (NAME) at start and never unload it (repeatable)")] = None,  # noqa: UP045
           host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
           port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,

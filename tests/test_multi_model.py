@@ -22,8 +22,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams
@@ -32,7 +30,6 @@ from coda.server.model_specs import (
     ModelSpec,
     ModelSpecError,
     collect_specs,
-    parse_bytes,
     parse_model_arg,
     read_models_file,
 )
@@ -448,12 +445,6 @@ def test_model_args_and_models_file(tmp_path: Path) -> None:
         read_models_file(f)
     with pytest.raises(ValueError, match="one name"):
         build_router([ModelSpec(None), ModelSpec(None)], CFG)
-
-
-@given(st.integers(1, 1 << 40), st.sampled_from([("", 1), ("KiB", 1 << 10), ("M", 1 << 20),
-                                                  ("GiB", 1 << 30), ("gb", 1 << 30)]))
-def test_parse_bytes_for_all_sizes(n: int, unit: tuple[str, int]) -> None:
-    assert parse_bytes(f"{n}{unit[0]}") == n * unit[1]
 
 
 def test_several_models_with_replicas_is_refused_at_start() -> None:

@@ -73,14 +73,19 @@ def one_model(args: ServeArgs, cfg: EngineConfig) -> tuple[ModelSpec | None, Eng
 
 def load_router(args: ServeArgs, cfg: EngineConfig) -> Any:
     """Several models (issue 23): each described now (names, tokenizer, context; no weights),
-    loaded in its own worker process on first use. Bad specs exit 2 with the message."""
+    loaded in its own worker process on first use. Bad specs exit 2 with the message.
+    ``--memory-budget`` takes the forms the one-model budget takes (``MemoryBudget.parse``:
+    8GiB, 8G, 512MiB, bytes, 40% of the memory available now); the option's own check
+    (``coda/cli.py``) has refused any other value before any work."""
+    from coda.engine.kv_budget import MemoryBudget
     from coda.models.config import ModelLoadError
     from coda.server.model_router import build_router
-    from coda.server.model_specs import ModelSpecError, collect_specs, parse_bytes
+    from coda.server.model_specs import ModelSpecError, collect_specs
 
     try:
         specs = collect_specs(list(args.model), args.models_file, list(args.pin))
-        budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+        budget = (MemoryBudget.parse(args.memory_budget).num_bytes
+                  if args.memory_budget is not None else None)
         return build_router(specs, cfg, memory_budget=budget, log_level=args.log_level)
     except (ModelSpecError, ModelLoadError, ValueError) as exc:
         fail(str(exc))

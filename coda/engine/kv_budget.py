@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 DEFAULT_MEMORY_FRACTION = 0.5  # NOTE: of MemAvailable at start: weights + KV, room for the rest
 # NOTE: the fraction a worker of the several-models server takes of its model's KV share
@@ -85,7 +86,8 @@ class MemoryBudget:
         if m is None or m.group(2) not in _UNITS:
             raise MemoryBudgetError(f"memory budget {text!r}: use bytes or a size such as "
                                     "8GiB, 8G, 512MiB or 40%")
-        n = int(float(m.group(1)) * _UNITS[m.group(2)])
+        # NOTE: exact (a float product drifts past 2**53: 36893489t read 4096 bytes short)
+        n = int(Fraction(m.group(1)) * _UNITS[m.group(2)])
         if n <= 0:
             raise MemoryBudgetError(f"memory budget {text!r} must be positive")
         return cls(n, f"--memory-budget {text.strip()}")

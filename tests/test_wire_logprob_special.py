@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.server.logprobs import chat_entries
-from coda.stream import TokenInfo
+from coda.stream import TokenInfo, cut_to_text
 from tests.wire_support import EOS_ID, X_ID, ScriptedServer, scripted_server
 
 IM_START, ME = 1, 446  # "<|im_start|>" (special), " me" (default model)
@@ -94,6 +94,40 @@ def test_k2_ollama_logprob_bytes_reassemble_the_text(srv: ScriptedServer, skip: 
         == text.encode()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("include", "text"), [(False, "x m"), (True, "x me")])
+def test_s3_k2_a_stop_inside_a_token_cuts_its_logprob_bytes(srv: ScriptedServer, stream: bool,
+                                                            include: bool, text: str) -> None:
+    """S3, K2: stop ``"e"`` ends the text inside the token `` me``: its entry keeps the part
+    before the stop (`` m``), so the entries' bytes are the text (chat, Responses, legacy)."""
+    client, model = _oai(srv)
+    extra = {"include_stop_str_in_output": include}
+    if stream:
+        chunks = list(client.chat.completions.create(
+            model=model, messages=MSG, logprobs=True, stop=["e"], stream=True,
+            extra_body=extra))
+        got = "".join(c.delta.content or "" for ch in chunks for c in ch.choices)
+        entries = [e for ch in chunks for c in ch.choices
+                   if c.logprobs and c.logprobs.content for e in c.logprobs.content]
+    else:
+        whole = client.chat.completions.create(model=model, messages=MSG, logprobs=True,
+                                               stop=["e"], extra_body=extra)
+        got, entries = whole.choices[0].message.content, whole.choices[0].logprobs.content
+    assert got == text and _joined(entries) == (text.encode(), text)
+    legacy = client.completions.create(model=model, prompt="hi", logprobs=0, stop=["e"],
+                                       stream=stream, extra_body=extra)
+    parts = list(legacy) if stream else [legacy]
+    # NOTE: the legacy tokens keep a skipped special's text (its text_offset does not move)
+    assert "".join(t for p in parts for c in p.choices
+                   for t in (c.logprobs.tokens if c.logprobs else [])) == text.replace(
+        "x", "x<|im_start|>", 1)
+    resp = client.responses.create(model=model, input="hi", top_logprobs=0,
+                                   include=["message.output_text.logprobs"],
+                                   extra_body={"stop": ["e"], **extra})
+    assert resp.output_text == text
+    assert _joined(resp.output[0].content[0].logprobs) == (text.encode(), text)
+
+
 _TOKENS = st.lists(st.tuples(st.binary(max_size=4), st.booleans()), max_size=12)
 
 
@@ -109,3 +143,18 @@ def test_k2_chat_entries_bytes_are_the_text_for_all_tokens(
     assert b"".join(bytes(e["bytes"]) for e in entries) == b"".join(
         p for p, s in tokens if not (skip and s))
     assert [e["logprob"] for e in entries] == [-0.5] * len(tokens)
+
+
+@settings(deadline=None)
+@given(_TOKENS, st.booleans(), st.integers(min_value=0, max_value=60))
+def test_s3_k2_cut_to_text_keeps_exactly_the_budget_for_all_tokens(
+        tokens: list[tuple[bytes, bool]], skip: bool, budget: int) -> None:
+    """For all tokens and budgets: the cut tokens are a prefix of the tokens (the stop's own
+    are dropped, none skipped over), and their shown bytes are the first ``budget`` bytes of
+    the tokens' text (all of it when the budget covers it)."""
+    infos = [TokenInfo(i, -0.5, piece=p, special=s) for i, (p, s) in enumerate(tokens)]
+    text = b"".join(p for p, s in tokens if not (skip and s))
+    cut = cut_to_text(infos, budget, skip)
+    assert [t.token_id for t in cut] == [t.token_id for t in infos[:len(cut)]]
+    assert b"".join(t.piece for t in cut if not (skip and t.special)) == text[:budget]
+    assert len(cut) == len(infos) or budget < len(text)

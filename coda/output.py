@@ -375,7 +375,6 @@ class OutputProcessor:
                           if discarded else {})
                 self._record(tr.STOP_STATE, nbytes=len(text), held=0, detok_pending=0,
                              ids_held=0, **rewind)
-        self._cutting = True  # NOTE: the sequence's own tokens are not the text's
         self._release(self.stops.emitted_bytes if hit is not None
                       else self._sent_off + len(self._stream))
         return hit
@@ -559,13 +558,16 @@ class OutputProcessor:
         cached = self.cached_prompt_tokens if not self.emitted_bytes else None
         tokens = tuple(self._pending_tokens)
         skip = self.spec.skip_special_tokens
+        rest: list[TokenInfo] = []
         if self._cutting:
-            # NOTE: K2: the tokens' bytes end where the text ends (coda.stream.cut_to_text)
+            # NOTE: K2: the tokens' bytes end where the text ends (coda.stream.cut_to_text);
+            # the stop's own tokens stay the terminal's trailing ones (never reported, S3)
             budget = self.emitted_bytes + len(data) + self._removed - self._shown
-            tokens = cut_to_text(tokens, budget, skip)
+            kept = cut_to_text(tokens, budget, skip)
+            tokens, rest = kept, list(tokens[len(kept):])
         self._shown += sum(shown_bytes(t, skip) for t in tokens)
         ev = self.stream.delta(data, tokens, cached, reasoning=reasoning)
-        self._pending_tokens.clear()
+        self._pending_tokens[:] = rest
         self.emitted_bytes += len(data)
         self._advance_returned()
         if self._tracing:

@@ -59,10 +59,11 @@ class TokenInfo:
 
 # -- the last delta's tokens at a stop (S3, K2) ---------------------------------------------
 # A stop string can end the text inside a token (stop "ragon" after " dragon": the text ends
-# " d"), and an id-sequence stop removes its own tokens' bytes, so the tokens the final delta
-# carries may hold bytes the text does not. ``cut_to_text`` keeps their bytes up to the text's
-# end: the token the stop cut keeps its part before the stop, tokens wholly past it are the
-# stop's own and are not reported (S3, like EOS), so the logprob entries reassemble the text.
+# " d"), so the tokens the final delta carries may hold bytes the text does not.
+# ``cut_to_text`` keeps their bytes up to the text's end: the token the stop cut keeps its part
+# before the stop; tokens wholly past it are the stop's own: the terminal's trailing tokens,
+# never reported (S3, like EOS). So the logprob entries reassemble the text, and every
+# selected token is still in a delta or the terminal.
 
 
 def shown_bytes(t: TokenInfo, skip_special: bool) -> int:

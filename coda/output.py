@@ -50,7 +50,7 @@ from coda.errors import DecodingError
 from coda.finish import FinishReason
 from coda.reasoning import Phase, ReasoningSpec, ReasoningSplit, ReasoningSplitter
 from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
-from coda.stream import RequestStream, TokenInfo
+from coda.stream import RequestStream, TokenInfo, cut_to_text, shown_bytes
 from coda.trace import TraceHandle, TraceSink
 
 # A grammar hook answers "must the output end now?" after the token was consumed: True
@@ -149,6 +149,8 @@ class OutputProcessor:
         self._stream = bytearray()            # bytes pushed but not yet sent (see module doc)
         self._sent_off = 0                    # stream offset of self._stream[0]
         self._pending_tokens: list[TokenInfo] = []  # selected since the last delta
+        self._shown = 0       # bytes the pieces of the tokens sent so far add to the text (K2)
+        self._cutting = False  # a stop hit: the last delta's tokens are cut to the text (S3)
         self._eos_token: TokenInfo | None = None
         self.generated = 0                    # tokens selected (t after choose)
         self.hit: StopHit | None = None
@@ -488,6 +490,7 @@ class OutputProcessor:
         self._send(reasoning, reasoning=True)
         if hit is not None:
             # NOTE: the matcher's emitted count is the stream offset where output stops
+            self._cutting = True
             self._release(self.stops.emitted_bytes)
             self._on_hit(hit)
             return True
@@ -553,8 +556,18 @@ class OutputProcessor:
             return
         # NOTE: the first delta states the prefix-cache lookup's result (issue 20 D9)
         cached = self.cached_prompt_tokens if not self.emitted_bytes else None
-        ev = self.stream.delta(data, tuple(self._pending_tokens), cached, reasoning=reasoning)
-        self._pending_tokens.clear()
+        tokens = tuple(self._pending_tokens)
+        skip = self.spec.skip_special_tokens
+        rest: list[TokenInfo] = []
+        if self._cutting:
+            # NOTE: K2: the tokens' bytes end where the text ends (coda.stream.cut_to_text);
+            # the stop's own tokens stay the terminal's trailing ones (never reported, S3)
+            budget = self.emitted_bytes + len(data) + self._removed - self._shown
+            kept = cut_to_text(tokens, budget, skip)
+            tokens, rest = kept, list(tokens[len(kept):])
+        self._shown += sum(shown_bytes(t, skip) for t in tokens)
+        ev = self.stream.delta(data, tokens, cached, reasoning=reasoning)
+        self._pending_tokens[:] = rest
         self.emitted_bytes += len(data)
         self._advance_returned()
         if self._tracing:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -55,6 +55,40 @@ class TokenInfo:
     piece: bytes = b""
     top_pieces: tuple[bytes, ...] = ()
     special: bool = False
+
+
+# -- the last delta's tokens at a stop (S3, K2) ---------------------------------------------
+# A stop string can end the text inside a token (stop "ragon" after " dragon": the text ends
+# " d"), so the tokens the final delta carries may hold bytes the text does not.
+# ``cut_to_text`` keeps their bytes up to the text's end: the token the stop cut keeps its part
+# before the stop; tokens wholly past it are the stop's own: the terminal's trailing tokens,
+# never reported (S3, like EOS). So the logprob entries reassemble the text, and every
+# selected token is still in a delta or the terminal.
+
+
+def shown_bytes(t: TokenInfo, skip_special: bool) -> int:
+    """How many bytes ``t`` adds to the text: none for a special token the request skips."""
+    return 0 if skip_special and t.special else len(t.piece)
+
+
+def cut_to_text(tokens: Sequence[TokenInfo], budget: int,
+                skip_special: bool) -> tuple[TokenInfo, ...]:
+    """``tokens`` with their bytes cut to the first ``budget`` bytes (the text left for them).
+
+    A token without bytes (no logprobs asked, or a skipped special token) is kept while no
+    token was cut or dropped; from the first token that does not fit, the rest are dropped."""
+    out: list[TokenInfo] = []
+    left = max(budget, 0)
+    for t in tokens:
+        n = shown_bytes(t, skip_special)
+        if n <= left:
+            out.append(t)
+            left -= n
+            continue
+        if left > 0:
+            out.append(replace(t, piece=t.piece[:left]))  # NOTE: the token the stop cut
+        break  # NOTE: what follows is the stop's own
+    return tuple(out)
 
 
 @dataclass(frozen=True)

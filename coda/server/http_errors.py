@@ -87,8 +87,15 @@ def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> A
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
 
 
+_SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
+
+
 def _loc_name(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+    """The field a validation error names, as the wire spells it: ``starting_after``, not
+    FastAPI's ``query.starting_after`` (OpenAI's ``param`` is the bare name, whether the field
+    came from the body or the query)."""
+    # NOTE: only the leading source tag is dropped: a body field may be called ``query``
+    parts = [str(p) for p in (loc[1:] if loc and loc[0] in _SOURCES else loc)]
     # NOTE: pydantic puts union-member tags (``str``, ``list[int]``) in the loc; drop them.
     parts = [p for p in parts if not any(c in p for c in "[]") and p not in _TYPE_TAGS]
     return ".".join(parts)

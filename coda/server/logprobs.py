@@ -4,6 +4,9 @@ carries its exact bytes in context (``piece``, computed by the engine), so the s
 tokenizer. A token holding half a UTF-8 character is shown with U+FFFD but its ``bytes`` are
 exact; a SentencePiece token ``▁x`` is `` x`` (its leading space is part of it in the output).
 
+A special token the request skips is an entry with no bytes (see :func:`chat_entries`; the
+legacy arrays keep its text but do not move ``text_offset``).
+
 Tokens are reported with the delta that carried their bytes. Tokens no delta carried
 (``Terminal.trailing_tokens``: a last token without visible text, bytes held at the end) are
 reported with the final chunk, except when the request ended on EOS or a stop sequence: then
@@ -32,11 +35,17 @@ def _alternatives(t: TokenInfo) -> list[tuple[bytes, float]]:
     return [(raw, lp) for raw, (_, lp) in zip(t.top_pieces, t.top_logprobs, strict=True)]
 
 
-def chat_entries(tokens: Iterable[TokenInfo]) -> list[dict[str, Any]]:
-    """Chat ``logprobs.content`` entries (also the Responses ``logprobs`` items)."""
+def chat_entries(tokens: Iterable[TokenInfo], *, skip_special: bool) -> list[dict[str, Any]]:
+    """Chat ``logprobs.content`` entries (also the Responses and Ollama ``logprobs`` items).
+
+    Each entry's ``token`` / ``bytes`` are the token's bytes in the returned text, so the
+    entries reassemble it exactly: a special token the request skips (``skip_special_tokens``,
+    the default) adds no text, so its entry is ``token: ""``, ``bytes: []`` (its logprob and
+    alternatives stand); not skipped, it is its text (K2)."""
     out = []
     for t in tokens:
-        e = _entry(t.piece, t.logprob)
+        # NOTE: the skipped token's bytes are a removed span (K2), not output text
+        e = _entry(b"" if skip_special and t.special else t.piece, t.logprob)
         e["top_logprobs"] = [_entry(raw, lp) for raw, lp in _alternatives(t)]
         out.append(e)
     return out

@@ -97,7 +97,7 @@ class OllamaRenderer(NDJSONRenderer):
         spec = record.spec
         assert isinstance(spec, OllamaRender)
         self.r, self.chat, self.thinking = record, spec.chat, spec.thinking
-        self.logprobs = spec.logprobs
+        self.logprobs, self.skip = spec.logprobs, spec.skip_special
         # NOTE: a replay primes the parser with the text already sent (P3)
         self.parser = (tl.primed(e.text for e in replay(record.handles[0].stream)
                                  if e.type is EventType.DELTA and e.seq <= self.after[0])
@@ -110,7 +110,7 @@ class OllamaRenderer(NDJSONRenderer):
             # NOTE: a token's logprobs travel with the line of its text (an empty line where
             # its bytes wait for the rest of a character), so the lines hold every token
             pieces = pieces or [_piece(self.r, self.chat, "", thinking)]
-            pieces[0]["logprobs"] = lp.chat_entries(tokens)
+            pieces[0]["logprobs"] = lp.chat_entries(tokens, skip_special=self.skip)
         return [JSONLine(p) for p in pieces]
 
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
@@ -208,7 +208,7 @@ class OllamaAdapter:
             raise InvalidRequestError("logprobs: not supported with tools", field="logprobs")
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
                             thinking=reasoning is not None and body.think not in (False, "none"),
-                            logprobs=body.logprobs)
+                            logprobs=body.logprobs, skip_special=body.skip_special_tokens)
         budget = o.max_tokens(st.engine.context_length - len(ids)) if o else None
         return plan_call(
             body, [ids], spec, call_id=new_id(self.id_prefix),
@@ -244,7 +244,8 @@ class OllamaAdapter:
         thinking = ({"thinking": c.reasoning}
                     if spec.thinking and c.terminal.reasoning is not None else {})
         if spec.logprobs:  # NOTE: every token's, in order (the textless last ones included)
-            end["logprobs"] = lp.chat_entries(t for _, tokens in c.deltas for t in tokens)
+            end["logprobs"] = lp.chat_entries((t for _, tokens in c.deltas for t in tokens),
+                                              skip_special=spec.skip_special)
         if spec.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text, **thinking}
             if calls:

@@ -147,7 +147,8 @@ class OpenAIRenderer(Renderer):
                                    "finish_reason": reason})
         if trailing:
             at = self.offsets[index]
-            choice["logprobs"] = ({"content": lp.chat_entries(trailing), "refusal": None}
+            choice["logprobs"] = ({"content": lp.chat_entries(trailing, skip_special=self.skip),
+                                   "refusal": None}
                                   if self.chat else lp.legacy_logprobs(
                                       trailing, at, at, skip_special=self.skip))
         return choice
@@ -172,8 +173,8 @@ class OpenAIRenderer(Renderer):
         text = tl.texts(items)
         calls = [tl.openai_call(c, self.r.id, delta=True) for c in items
                  if isinstance(c, tl.ToolCall)]
-        logprobs = ({"content": lp.chat_entries(ev.tokens), "refusal": None}
-                    if self.logprobs and ev is not None else None)
+        logprobs = ({"content": lp.chat_entries(ev.tokens, skip_special=self.skip),
+                     "refusal": None} if self.logprobs and ev is not None else None)
         if not text and not calls and logprobs is None:
             return []
         delta: dict[str, Any] = {"content": text} if text or not calls else {}
@@ -189,8 +190,8 @@ class OpenAIRenderer(Renderer):
     def _delta_choice(self, index: int, ev: StreamEvent) -> dict[str, Any]:
         text = ev.text
         if self.chat:
-            logprobs = ({"content": lp.chat_entries(ev.tokens), "refusal": None}
-                        if self.logprobs else None)
+            logprobs = ({"content": lp.chat_entries(ev.tokens, skip_special=self.skip),
+                         "refusal": None} if self.logprobs else None)
             return {"index": index, "delta": {"content": text}, "logprobs": logprobs,
                     "finish_reason": None}
         start = self.offsets[index]
@@ -384,7 +385,8 @@ def _final_object(record: Record, terminals: list[Terminal],
         reason = openai_finish_reason(c.terminal.finish_reason)
         ext = coda_extension(c.terminal)
         if chat:
-            logprobs = ({"content": lp.chat_entries([t for _, ts in c.deltas for t in ts]),
+            logprobs = ({"content": lp.chat_entries([t for _, ts in c.deltas for t in ts],
+                                             skip_special=spec.skip_special),
                          "refusal": None} if with_logprobs else None)
             message: dict[str, Any] = {"role": "assistant", "content": c.text}
             if c.terminal.reasoning is not None and spec.reasoning:

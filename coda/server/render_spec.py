@@ -86,6 +86,7 @@ class ResponsesRender:
     # sent (a string, or its items), whose ids derive from the response's (never stored)
     carried_items: tuple[Mapping[str, object], ...] = ()
     own_input: str | tuple[Mapping[str, object], ...] = ()
+    skip_special: bool = True  # NOTE: a skipped special token's logprob entry has no bytes
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class OllamaRender:
     tools: bool = False
     thinking: bool = False  # NOTE: issue 23: the reasoning split shown as ``thinking``
     logprobs: bool = False  # NOTE: each line carries its tokens' ``logprobs``
+    skip_special: bool = True  # NOTE: a skipped special token's logprob entry has no bytes
 
 
 RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender | OllamaRender

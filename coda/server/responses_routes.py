@@ -154,7 +154,7 @@ def _logprobs(record: Record, stream: RequestStream) -> list[dict[str, Any]]:
     terminal = stream.terminal
     if terminal is not None:
         tokens.extend(lp.reported_trailing(terminal))
-    return lp.chat_entries(tokens)
+    return lp.chat_entries(tokens, skip_special=_spec(record).skip_special)
 
 
 def _message_item(record: Record, text: str, status: str,
@@ -172,7 +172,7 @@ class ResponsesRenderer(Renderer):
     def __init__(self, record: Record, after: list[int] | None) -> None:
         super().__init__(1, [-1])  # NOTE: always regenerate from the start (deterministic)
         spec = _spec(record)
-        self.r, self.logprobs = record, spec.logprobs
+        self.r, self.logprobs, self.skip_special = record, spec.logprobs, spec.skip_special
         # NOTE: ``after`` holds the last Responses sequence number the client has
         self.skip, self.seq, self.text = -1 if after is None else after[0], 0, ""
         self.parser = tl.ToolCallParser() if spec.tools else None
@@ -254,13 +254,13 @@ class ResponsesRenderer(Renderer):
             return self._reasoning_delta(index, ev)
         if ev.type is EventType.DELTA and self.parser is not None:
             # NOTE: with tools the message item opens at the first text: calls alone have none
-            entries = lp.chat_entries(ev.tokens) if self.logprobs else []
+            entries = lp.chat_entries(ev.tokens, skip_special=self.skip_special) if self.logprobs else []
             self.take(index, ev)  # NOTE: issue 20 D5: the next delta event's stamp covers it
             return self._emit_all(index, self._tool_events(self.parser.feed(ev.text), entries))
         opened = [] if self.parser is not None else self._open_message()
         ids = self._ids()
         if ev.type is EventType.DELTA:
-            entries = lp.chat_entries(ev.tokens) if self.logprobs else []
+            entries = lp.chat_entries(ev.tokens, skip_special=self.skip_special) if self.logprobs else []
             self.text += ev.text
             return opened + self._emit({"type": "response.output_text.delta", **ids,
                                         "delta": ev.text, "logprobs": entries,
@@ -448,7 +448,8 @@ class ResponsesAdapter:
             top_p=body.top_p, tools=bool(plan and plan.active),
             tools_echo=tuple(body.tools or ()), parallel=plan.parallel if plan else False,
             tool_choice=body.tool_choice or "auto", store=body.store,
-            logprobs=logprobs is not None, verify=body.stream_verify,
+            logprobs=logprobs is not None, skip_special=body.skip_special_tokens,
+            verify=body.stream_verify,
             thinking=reasoning is not None and body.include_reasoning,
             history=tuple([*history, *own]),
             # NOTE: listed only if stored (``store: false`` is never retrievable); kept as

@@ -4,9 +4,12 @@ invariant the engine oracles read: tests/engine_support.py ``outcome_of``)."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from coda.finish import FinishReason
 from coda.output import OutputProcessor
-from coda.stream import EventType, RequestStream, TokenInfo
+from coda.stream import EventType, RequestStream, TokenInfo, cut_to_text, shown_bytes
 from coda.trace import NullTraceSink
 from tests.scripted import output_spec, scripted_tokenizer
 
@@ -44,3 +47,28 @@ def test_s3_k2_the_token_a_stop_cuts_keeps_its_bytes_before_the_stop() -> None:
     assert [(t.token_id, t.piece) for e in deltas for t in e.tokens] == [
         (101, b"AB"), (102, b"CD"), (103, b"E")]
     assert trailing == []
+
+
+_TOKENS = st.lists(st.tuples(st.binary(max_size=4), st.booleans()), max_size=12)
+
+
+@settings(deadline=None)
+@given(_TOKENS, st.booleans(), st.integers(min_value=0, max_value=60))
+def test_s3_k2_cut_to_text_keeps_exactly_the_budget_for_all_tokens(
+        tokens: list[tuple[bytes, bool]], skip: bool, budget: int) -> None:
+    """For all tokens and budgets: the cut tokens are a prefix of the tokens (the stop's own
+    are dropped, none skipped over), and their shown bytes are the first ``budget`` bytes of
+    the tokens' text (all of it when the budget covers it)."""
+    infos = [TokenInfo(i, -0.5, piece=p, special=s) for i, (p, s) in enumerate(tokens)]
+    text = b"".join(p for p, s in tokens if not (skip and s))
+    cut = cut_to_text(infos, budget, skip)
+    assert [t.token_id for t in cut] == [t.token_id for t in infos[:len(cut)]]
+    assert b"".join(t.piece for t in cut if not (skip and t.special)) == text[:budget]
+    assert len(cut) == len(infos) or budget < len(text)
+
+
+def test_k2_shown_bytes_counts_a_skipped_special_as_nothing() -> None:
+    """K2: a special token adds its bytes to the text only when the request keeps specials."""
+    sp, plain = TokenInfo(1, -0.1, piece=b"<s>", special=True), TokenInfo(2, -0.1, piece=b"ab")
+    assert (shown_bytes(sp, True), shown_bytes(sp, False)) == (0, 3)
+    assert (shown_bytes(plain, True), shown_bytes(plain, False)) == (2, 2)

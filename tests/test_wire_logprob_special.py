@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.server.logprobs import chat_entries
-from coda.stream import TokenInfo, cut_to_text
+from coda.stream import TokenInfo
 from tests.wire_support import EOS_ID, X_ID, ScriptedServer, scripted_server
 
 IM_START, ME = 1, 446  # "<|im_start|>" (special), " me" (default model)
@@ -143,18 +143,3 @@ def test_k2_chat_entries_bytes_are_the_text_for_all_tokens(
     assert b"".join(bytes(e["bytes"]) for e in entries) == b"".join(
         p for p, s in tokens if not (skip and s))
     assert [e["logprob"] for e in entries] == [-0.5] * len(tokens)
-
-
-@settings(deadline=None)
-@given(_TOKENS, st.booleans(), st.integers(min_value=0, max_value=60))
-def test_s3_k2_cut_to_text_keeps_exactly_the_budget_for_all_tokens(
-        tokens: list[tuple[bytes, bool]], skip: bool, budget: int) -> None:
-    """For all tokens and budgets: the cut tokens are a prefix of the tokens (the stop's own
-    are dropped, none skipped over), and their shown bytes are the first ``budget`` bytes of
-    the tokens' text (all of it when the budget covers it)."""
-    infos = [TokenInfo(i, -0.5, piece=p, special=s) for i, (p, s) in enumerate(tokens)]
-    text = b"".join(p for p, s in tokens if not (skip and s))
-    cut = cut_to_text(infos, budget, skip)
-    assert [t.token_id for t in cut] == [t.token_id for t in infos[:len(cut)]]
-    assert b"".join(t.piece for t in cut if not (skip and t.special)) == text[:budget]
-    assert len(cut) == len(infos) or budget < len(text)

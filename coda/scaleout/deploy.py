@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 MAX_ONGOING = 10_000
 
 
-def start_replicas(n: int, model_dir: Path | None, config: EngineConfig, *,
+def start_replicas(n: int, model_dir: str | Path | None, config: EngineConfig, *,
                    ray_address: str | None = None, num_cpus: float = 1.0,
                    torch_threads: int = 1, local_cpus: int | None = None,
                    log: RedisStreamLog | None = None) -> RemoteEngine:

@@ -72,3 +72,28 @@ def test_k2_shown_bytes_counts_a_skipped_special_as_nothing() -> None:
     sp, plain = TokenInfo(1, -0.1, piece=b"<s>", special=True), TokenInfo(2, -0.1, piece=b"ab")
     assert (shown_bytes(sp, True), shown_bytes(sp, False)) == (0, 3)
     assert (shown_bytes(plain, True), shown_bytes(plain, False)) == (2, 2)
+
+
+def test_s3_k2_a_stop_cut_after_removed_reasoning_markers_keeps_the_markers_tokens() -> None:
+    """S3, K2, issue 23: the markers' bytes are removed from the text but their tokens were
+    sent with the reasoning, so the cut's budget counts them: with ``<think>a</think>ab`` and
+    stop ``"b"`` the answer is ``a`` and the tokens' bytes are ``<think>a</think>a`` (the cut
+    token 107 keeps ``a``)."""
+    from coda.reasoning import ReasoningSpec
+
+    open_id, close_id = 150, 151
+    table = {101: b"a", 107: b"ab"}
+    tok = scripted_tokenizer(table, added={open_id: "<think>", close_id: "</think>"})
+    pieces = {**table, open_id: b"<think>", close_id: b"</think>"}
+    stream = RequestStream("r")
+    spec = output_spec(stop_strings=("b",), max_tokens=10, reasoning=ReasoningSpec(
+        inside=False, close_ids=(close_id,), open_ids=(open_id,)))
+    proc = OutputProcessor("r", tok, spec, stream, NullTraceSink())
+    reason = None
+    for i in (open_id, 101, close_id, 107):
+        reason = proc.on_token(i, TokenInfo(i, -0.1, piece=pieces[i]))
+    deltas = [e for e in stream.events_after(-1) if e.type is EventType.DELTA]
+    assert reason is FinishReason.STOP_SEQUENCE
+    assert [(e.text, e.reasoning) for e in deltas] == [("a", True), ("a", False)]
+    assert [(t.token_id, t.piece) for e in deltas for t in e.tokens] == [
+        (open_id, b"<think>"), (101, b"a"), (close_id, b"</think>"), (107, b"a")]

@@ -63,6 +63,8 @@ class ResponsesRender:
 
     format: Mapping[str, object]
     instructions: str | None = None
+    # NOTE: echoed as OpenAI's response object does (the SDK's ``previous_response_id``)
+    previous_response_id: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
     max_tokens: int | None = None  # NOTE: echoed as the wire's ``max_output_tokens``
     temperature: float | None = None

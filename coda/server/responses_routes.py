@@ -69,6 +69,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         "model": record.model, "status": "queued" if record.background else "in_progress",
         "background": record.background, "error": None, "incomplete_details": None,
         "instructions": spec.instructions, "metadata": dict(spec.metadata),
+        "previous_response_id": spec.previous_response_id,
         "max_output_tokens": spec.max_tokens, "output": [],
         "parallel_tool_calls": False, "temperature": spec.temperature,
         "top_p": spec.top_p, "tool_choice": "auto", "tools": [],
@@ -416,7 +417,7 @@ class ResponsesAdapter:
 
     kind: Literal["response"] = "response"
     id_prefix = "resp_"
-    id_header = None
+    id_header = "x-request-id"  # NOTE: as OpenAI's: the SDK's ``_request_id`` (the response id)
 
     async def parse(self, st: ServerState, body: ResponsesRequest) -> Parsed:
         st.check_model(body.model)
@@ -444,7 +445,8 @@ class ResponsesAdapter:
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),
             instructions=body.instructions, metadata=body.metadata or {},
-            max_tokens=max_tokens, temperature=body.temperature,
+            previous_response_id=body.previous_response_id, max_tokens=max_tokens,
+            temperature=body.temperature,
             top_p=body.top_p, tools=bool(plan and plan.active),
             tools_echo=tuple(body.tools or ()), parallel=plan.parallel if plan else False,
             tool_choice=body.tool_choice or "auto", store=body.store,
@@ -474,11 +476,12 @@ class ResponsesAdapter:
                          else "response_format", **tool)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
+        headers = {"x-request-id": record.id}
         if terminals is None:  # NOTE: background: answered at once, queued
-            return JSONResponse(response_object(record, initial=True))
+            return JSONResponse(response_object(record, initial=True), headers=headers)
         if is_failed(terminals[0]):  # defect 4: status failed, an error status not retried
-            return failed_json(response_object(record), terminals[0])
-        return JSONResponse(response_object(record))
+            return failed_json(response_object(record), terminals[0], headers=headers)
+        return JSONResponse(response_object(record), headers=headers)
 
 
 RESPONSES = ResponsesAdapter()

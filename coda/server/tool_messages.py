@@ -150,6 +150,9 @@ def _check_block(block: Any, role: str, field: str) -> None:
         if not isinstance(block.get("input", {}), Mapping):
             raise _bad(f"{field}.input", "a tool_use block's input must be an object")
     if kind == "tool_result" and role == "user":
+        # NOTE: as Anthropic types it: "yes" or 1 is a 400, never a silently ignored flag
+        if "is_error" in block and not isinstance(block["is_error"], bool):
+            raise _bad(f"{field}.is_error", "must be a boolean")
         content = block.get("content")
         if content is None or isinstance(content, str):
             return

@@ -80,6 +80,38 @@ class GenerationRequest:
     prompt_logprobs: int | None = None
 
 
+class EngineConfigError(ValueError):
+    """An :class:`EngineConfig` value that no engine can run with (named at construction, before
+    any weight is read); ``field`` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# NOTE: the counts that must be whole and positive (None: the default policy where allowed);
+# 0 or a negative one failed late as a ZeroDivisionError, torch's RuntimeError, a misleading
+# "KV cache budget is smaller than one block", or (default_max_tokens) silently meant "up to
+# the context"
+_POSITIVE = ("block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_chunk",
+             "default_max_tokens", "max_stop_string_bytes")
+_POSITIVE_OR_NONE = ("num_blocks", "max_model_len", "num_threads")
+_NON_NEGATIVE = ("max_stop_strings", "recent_traces", "max_forward_retries")
+
+
+def _check_counts(config: EngineConfig) -> None:
+    for name in _POSITIVE + _POSITIVE_OR_NONE + _NON_NEGATIVE:
+        value = getattr(config, name)
+        if value is None and name in _POSITIVE_OR_NONE:
+            continue
+        low = 0 if name in _NON_NEGATIVE else 1
+        # NOTE: bool is an int subclass: max_model_len=True was a context of "True tokens"
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise EngineConfigError(f"EngineConfig.{name} must be an integer >= {low}"
+                                    + (" or None" if name in _POSITIVE_OR_NONE else "")
+                                    + f", got {value!r}", field=name)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine knobs, normalised once.
@@ -126,6 +158,9 @@ class EngineConfig:
     # issue 21 item 2: a draft model (anything ``model`` takes) sharing the tokenizer; implies
     # speculative="draft" (coda.engine.draft)
     draft_model: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_counts(self)  # NOTE: raises EngineConfigError (a ValueError) naming the field
 
 
 @dataclass(frozen=True)

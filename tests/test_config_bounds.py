@@ -4,7 +4,7 @@ configuration's side of SPEC E1: bad input is refused before any work, never a l
 Found by the acceptance sweep: ``EngineConfig(block_size=0)`` was a ZeroDivisionError,
 ``num_threads=0`` torch's RuntimeError, ``max_num_seqs=0`` "KV cache budget is smaller than one
 block", ``default_max_tokens=0`` silently meant "up to the context", ``max_model_len=True`` a
-context of "True tokens"; a models file's ``pinned = "false"`` pinned; ``coda serve --pin
+context of "True tokens"; a models file's ``pinned = "false"`` pinned and ``name = ""`` was ignored; ``coda serve --pin
 NAME`` naming no model was ignored (nothing pinned), ``--replicas -1`` ran as 0, ``--max-model-len 0`` on the CLI needed the model loaded,
 ``coda bench --plot`` into a missing folder was a traceback after the whole workload."""
 
@@ -79,6 +79,15 @@ def test_models_file_pinned_must_be_a_boolean(tmp_path: Path, value: str) -> Non
         collect_specs([], f, [])
     f.write_text('[[model]]\nmodel = "default"\npinned = false\n', encoding="utf-8")
     assert collect_specs([], f, []) == [ModelSpec(None, None, False)]
+
+
+@pytest.mark.parametrize("value", ['""', '"  "', "3"], ids=["empty", "blank", "int"])
+def test_models_file_name_must_be_non_empty_text(tmp_path: Path, value: str) -> None:
+    """``name = ""`` was served under the model's own name, silently; it is refused."""
+    f = tmp_path / "m.toml"
+    f.write_text(f'[[model]]\nname = {value}\nmodel = "default"\n', encoding="utf-8")
+    with pytest.raises(ModelSpecError, match="name must be non-empty text"):
+        collect_specs([], f, [])
 
 
 def _coda(*argv: str) -> subprocess.CompletedProcess[str]:

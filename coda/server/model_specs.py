@@ -58,8 +58,10 @@ def read_models_file(path: Path) -> list[ModelSpec]:
                                  f"'model'" + (f"; unknown keys {sorted(unknown)}" if unknown
                                                else ""))
         name = row.get("name")
-        if name is not None and not isinstance(name, str):
-            raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: name must be text")
+        # NOTE: an empty name was served under the model's own name, silently
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: name must be "
+                                 f"non-empty text")
         pinned = row.get("pinned", False)
         if not isinstance(pinned, bool):  # NOTE: bool("false") is True: a string pinned it
             raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: pinned must be "

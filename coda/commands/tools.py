@@ -73,10 +73,12 @@ def show_models(paths: list[str]) -> None:
 def check_trace_file(path: Path) -> None:
     """``coda trace check``: exit 1 on a problem (each names its rule), 2 for an unreadable
     file; an empty trace holds every invariant and says it is empty."""
-    from coda.trace import check_trace, read_jsonl
+    from coda.trace import TraceReadError, check_trace, read_jsonl
 
     try:
         events = read_jsonl(path)
+    except TraceReadError as exc:  # NOTE: it names the file's line (json's is the row's own)
+        fail(f"cannot read trace {path}: {exc}")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         # NOTE: a missing or non-trace file is a bad argument (exit 2, one line), not a traceback
         fail(f"cannot read trace {path}: {type(exc).__name__}: {exc}")

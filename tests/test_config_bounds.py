@@ -6,7 +6,8 @@ Found by the acceptance sweep: ``EngineConfig(block_size=0)`` was a ZeroDivision
 block", ``default_max_tokens=0`` silently meant "up to the context", ``max_model_len=True`` a
 context of "True tokens"; a models file's ``pinned = "false"`` pinned and ``name = ""`` was ignored; ``coda serve --pin
 NAME`` naming no model was ignored (nothing pinned), ``--replicas -1`` ran as 0, ``--max-model-len 0`` on the CLI needed the model loaded,
-``coda bench --plot`` into a missing folder was a traceback after the whole workload."""
+``coda bench --plot`` into a missing folder was a traceback after the whole workload, and
+``coda serve --api-key ""`` (an unset variable) served with no auth at all."""
 
 from __future__ import annotations
 
@@ -103,7 +104,11 @@ def _coda(*argv: str) -> subprocess.CompletedProcess[str]:
       "--pin", "nope"],
      "--pin nope"),
     (["bench", "-n", "1", "--max-tokens", "1", "--plot", "/nonexistent/dir/x.png"], "--plot"),
-], ids=["replicas_negative", "max_model_len_0", "pin_unknown", "plot_unwritable"])
+    (["serve", "--port", "0", "--api-key", "", "--model", "/nonexistent"], "--api-key is empty"),
+    (["serve", "--port", "0", "--served-model-name", " ", "--model", "/nonexistent"],
+     "--served-model-name is empty"),
+], ids=["replicas_negative", "max_model_len_0", "pin_unknown", "plot_unwritable", "api_key_empty",
+        "served_name_empty"])
 def test_cli_bad_setting_is_exit_2_with_message(argv: list[str], names: str) -> None:
     r = _coda(*argv)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])

@@ -4,10 +4,11 @@ configuration's side of SPEC E1: bad input is refused before any work, never a l
 Found by the acceptance sweep: ``EngineConfig(block_size=0)`` was a ZeroDivisionError,
 ``num_threads=0`` torch's RuntimeError, ``max_num_seqs=0`` "KV cache budget is smaller than one
 block", ``default_max_tokens=0`` silently meant "up to the context", ``max_model_len=True`` a
-context of "True tokens"; a models file's ``pinned = "false"`` pinned and ``name = ""`` was ignored; ``coda serve --pin
-NAME`` naming no model was ignored (nothing pinned), ``--replicas -1`` ran as 0, ``--max-model-len 0`` on the CLI needed the model loaded,
-``coda bench --plot`` into a missing folder was a traceback after the whole workload, and
-``coda serve --api-key ""`` (an unset variable) served with no auth at all."""
+context of "True tokens"; a models file's ``pinned = "false"`` pinned and ``name = ""`` was
+ignored; ``coda serve --pin NAME`` naming no model was ignored (nothing pinned), ``--replicas
+-1`` ran as 0, ``--max-model-len 0`` on the CLI needed the model loaded, ``coda bench --plot``
+into a missing folder was a traceback after the whole workload, and ``coda serve --api-key ""``
+(an unset variable) served with no auth at all."""
 
 from __future__ import annotations
 

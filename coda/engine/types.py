@@ -127,7 +127,12 @@ class EngineConfig:
     ``quant``: the serving mode (``coda/models/modes.py``; docs/quantization.md): ``"auto"``
     (a GGUF: the fastest batch-invariant mode this machine runs; an HF folder: dense float32),
     ``"fp32"`` (exact), ``"bf16"``, ``"fp16"``, ``"q4"``, ``"q4-int8head"``. ``dtype``, when
-    given, names a dense mode by its dtype (``"bfloat16"`` is ``quant="bf16"``)."""
+    given, names a dense mode by its dtype (``"bfloat16"`` is ``quant="bf16"``).
+
+    A count no engine can run with (``block_size``, ``max_num_seqs``, ``default_max_tokens``…
+    below 1; ``num_threads`` / ``max_model_len`` / ``num_blocks`` below 1 unless None; a
+    negative ``max_stop_strings`` / ``recent_traces`` / ``max_forward_retries``; a bool) raises
+    :class:`EngineConfigError` when the config is built (SPEC E1: refused before any work)."""
 
     quant: str = "auto"
     dtype: str | None = None

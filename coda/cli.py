@@ -42,7 +42,7 @@ def _memory_budget(value: str | None) -> str | None:
 
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model)")]  # noqa: UP045
-MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="the context length (tokens): caps it; past a LongRoPE model's original length it serves the long factors")]  # noqa: UP045
+MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", min=1, help="the context length (tokens): caps it; past a LongRoPE model's original length it serves the long factors")]  # noqa: UP045
 KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes, exactly (default: see --memory-budget)")]  # noqa: UP045
 KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default: see --memory-budget)")]  # noqa: UP045
 MemBudgetOpt = Annotated[Optional[str], typer.Option("--memory-budget", callback=_memory_budget, help="memory the model may hold, weights + KV cache: 8GiB, 8G, 512MiB, bytes or 40% of available; the KV cache is max-num-seqs full contexts within it, committed as used (default: half the memory available at start)")]  # noqa: UP045
@@ -70,7 +70,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           redis_url: Annotated[Optional[str], typer.Option(help="durable stream log on Redis Streams (docs/scale-out.md)")] = None,  # noqa: UP045
           log_retention_s: Annotated[float, typer.Option(help="keep a finished request's log this long")] = 600.0,
           lease_ttl_s: Annotated[float, typer.Option(help="a silent server's requests are ended after this")] = 10.0,
-          replicas: Annotated[int, typer.Option(help="engine replicas on Ray Serve (0: one in-process engine)")] = 0,
+          replicas: Annotated[int, typer.Option(min=0, help="engine replicas on Ray Serve (0: one in-process engine)")] = 0,
           ray_address: Annotated[Optional[str], typer.Option(help="join this Ray cluster (default: start a local one)")] = None,  # noqa: UP045
           replica_cpus: Annotated[float, typer.Option(help="Ray CPUs (and torch threads) per replica")] = 1.0,
           log_level: Annotated[str, typer.Option(help=f"one of {', '.join(LOG_LEVELS)}")] = "info",

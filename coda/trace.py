@@ -220,9 +220,24 @@ class RecentTraceSink:
             return None if rows is None else (list(rows), self._dropped.get(request_id, 0))
 
 
+class TraceReadError(ValueError):
+    """A trace file row that is no trace row; the message names its line and why."""
+
+
 def read_jsonl(path: str | Path) -> list[TraceEvent]:
+    """The rows of a JSONL trace file; a row that is no trace row raises TraceReadError naming its
+    line (a server killed mid-write leaves a cut last line: the message says which)."""
+    rows = []
     with open(path, encoding="utf-8") as fh:
-        return [TraceEvent.from_dict(json.loads(line)) for line in fh if line.strip()]
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(TraceEvent.from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as exc:
+                # NOTE: json's own position is within the row ("line 1 column 103"), not the file
+                raise TraceReadError(f"line {number}: {type(exc).__name__}: {exc}") from exc
+    return rows
 
 
 def check_trace(events: Iterable[TraceEvent]) -> list[str]:

@@ -83,7 +83,7 @@ def test_python_dash_m_coda_is_the_coda_command() -> None:
 
 
 @pytest.mark.parametrize(("argv", "names"), [
-    (["bench", "-n", "1", "--max-tokens", "2", "--max-model-len", "0"], "max_model_len"),
+    (["bench", "-n", "1", "--max-tokens", "2", "--max-model-len", "0"], "--max-model-len"),
     (["bench", "-n", "1", "--max-tokens", "2", "--kv-cache-bytes", "5"], "kv_cache_bytes"),
     (["bench", "-n", "1", "--max-tokens", "2", "--memory-budget", "abc"], "memory budget"),
     (["bench", "-n", "1", "--max-tokens", "5000"], "max_tokens"),

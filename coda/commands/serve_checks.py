@@ -18,9 +18,16 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 def check_flags(args: ServeArgs) -> None:
-    """The flags a typer bound cannot check: the log level and ``--max-waiting 0``."""
+    """The flags a typer bound cannot check: the log level, ``--max-waiting 0`` and an empty
+    ``--api-key`` or ``--served-model-name``."""
     if args.log_level.lower() not in LOG_LEVELS:  # NOTE: uvicorn's levels; others were a traceback
         fail(f"--log-level {args.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+    if args.api_key is not None and not args.api_key.strip():
+        # NOTE: an empty key (``--api-key "$KEY"`` with KEY unset) served with no auth at all
+        fail("--api-key is empty: the server would require no key; give a key, or omit it")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        # NOTE: an empty name was ignored: the model was served under its own name
+        fail("--served-model-name is empty; give a name, or omit it")
     if args.max_waiting == 0:  # NOTE: every request waits for a step to admit it: 0 refuses them all
         fail("--max-waiting 0 would refuse every request (each one waits until the next step "
              "admits it); use 1 or more, or -1 for unbounded")

@@ -14,6 +14,7 @@ from coda.commands.loading import fail, refuse_bad_isa
 def run_bench_command(**fields: Any) -> None:
     """Run ``coda bench``'s workload; ``fields`` are :class:`coda.bench.BenchOptions`'."""
     from coda.bench import BenchOptions, run_bench
+    from coda.commands.serve_checks import unwritable
     from coda.errors import CodaError
     from coda.models.config import ModelLoadError
     from coda.optional import MissingDependency
@@ -23,6 +24,10 @@ def run_bench_command(**fields: Any) -> None:
         opts = BenchOptions(**fields)
     except ValueError as exc:
         fail(str(exc))
+    # NOTE: a --plot that cannot be written was a FileNotFoundError traceback (exit 1) after
+    # the whole workload had run; said before any work, as serve's --trace is
+    if opts.plot is not None and (why := unwritable(opts.plot)) is not None:
+        fail(f"--plot {opts.plot}: {why}")
     try:
         run_bench(opts)
     except MissingDependency as exc:  # NOTE: raised before any work starts
@@ -68,10 +73,12 @@ def show_models(paths: list[str]) -> None:
 def check_trace_file(path: Path) -> None:
     """``coda trace check``: exit 1 on a problem (each names its rule), 2 for an unreadable
     file; an empty trace holds every invariant and says it is empty."""
-    from coda.trace import check_trace, read_jsonl
+    from coda.trace import TraceReadError, check_trace, read_jsonl
 
     try:
         events = read_jsonl(path)
+    except TraceReadError as exc:  # NOTE: it names the file's line (json's is the row's own)
+        fail(f"cannot read trace {path}: {exc}")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         # NOTE: a missing or non-trace file is a bad argument (exit 2, one line), not a traceback
         fail(f"cannot read trace {path}: {type(exc).__name__}: {exc}")

@@ -80,6 +80,38 @@ class GenerationRequest:
     prompt_logprobs: int | None = None
 
 
+class EngineConfigError(ValueError):
+    """An :class:`EngineConfig` value that no engine can run with (named at construction, before
+    any weight is read); ``field`` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# NOTE: the counts that must be whole and positive (None: the default policy where allowed);
+# 0 or a negative one failed late as a ZeroDivisionError, torch's RuntimeError, a misleading
+# "KV cache budget is smaller than one block", or (default_max_tokens) silently meant "up to
+# the context"
+_POSITIVE = ("block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_chunk",
+             "default_max_tokens", "max_stop_string_bytes")
+_POSITIVE_OR_NONE = ("num_blocks", "max_model_len", "num_threads")
+_NON_NEGATIVE = ("max_stop_strings", "recent_traces", "max_forward_retries")
+
+
+def _check_counts(config: EngineConfig) -> None:
+    for name in _POSITIVE + _POSITIVE_OR_NONE + _NON_NEGATIVE:
+        value = getattr(config, name)
+        if value is None and name in _POSITIVE_OR_NONE:
+            continue
+        low = 0 if name in _NON_NEGATIVE else 1
+        # NOTE: bool is an int subclass: max_model_len=True was a context of "True tokens"
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise EngineConfigError(f"EngineConfig.{name} must be an integer >= {low}"
+                                    + (" or None" if name in _POSITIVE_OR_NONE else "")
+                                    + f", got {value!r}", field=name)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine knobs, normalised once.
@@ -95,7 +127,12 @@ class EngineConfig:
     ``quant``: the serving mode (``coda/models/modes.py``; docs/quantization.md): ``"auto"``
     (a GGUF: the fastest batch-invariant mode this machine runs; an HF folder: dense float32),
     ``"fp32"`` (exact), ``"bf16"``, ``"fp16"``, ``"q4"``, ``"q4-int8head"``. ``dtype``, when
-    given, names a dense mode by its dtype (``"bfloat16"`` is ``quant="bf16"``)."""
+    given, names a dense mode by its dtype (``"bfloat16"`` is ``quant="bf16"``).
+
+    A count no engine can run with (``block_size``, ``max_num_seqs``, ``default_max_tokens``…
+    below 1; ``num_threads`` / ``max_model_len`` / ``num_blocks`` below 1 unless None; a
+    negative ``max_stop_strings`` / ``recent_traces`` / ``max_forward_retries``; a bool) raises
+    :class:`EngineConfigError` when the config is built (SPEC E1: refused before any work)."""
 
     quant: str = "auto"
     dtype: str | None = None
@@ -126,6 +163,9 @@ class EngineConfig:
     # issue 21 item 2: a draft model (anything ``model`` takes) sharing the tokenizer; implies
     # speculative="draft" (coda.engine.draft)
     draft_model: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_counts(self)  # NOTE: raises EngineConfigError (a ValueError) naming the field
 
 
 @dataclass(frozen=True)

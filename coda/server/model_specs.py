@@ -58,11 +58,16 @@ def read_models_file(path: Path) -> list[ModelSpec]:
                                  f"'model'" + (f"; unknown keys {sorted(unknown)}" if unknown
                                                else ""))
         name = row.get("name")
-        if name is not None and not isinstance(name, str):
-            raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: name must be text")
+        # NOTE: an empty name was served under the model's own name, silently
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: name must be "
+                                 f"non-empty text")
+        pinned = row.get("pinned", False)
+        if not isinstance(pinned, bool):  # NOTE: bool("false") is True: a string pinned it
+            raise ModelSpecError(f"models file {path}: [[model]] #{i + 1}: pinned must be "
+                                 f"true or false, got {pinned!r}")
         spec = row["model"]
-        out.append(ModelSpec(None if spec == "default" else spec, name,
-                             bool(row.get("pinned", False))))
+        out.append(ModelSpec(None if spec == "default" else spec, name, pinned))
     return out
 
 
@@ -74,6 +79,14 @@ def collect_specs(models: list[str], models_file: Path | None, pins: list[str]
     wanted = set(pins)
     specs = [ModelSpec(s.model, s.name, (s.name in wanted) or (s.model in wanted)
                        or (s.model is None and "default" in wanted)) for s in specs]
+    # NOTE: a pin that names no command-line model was silently ignored (the server ran with
+    # nothing pinned); a typo is refused at start, as every other bad option is (exit 2)
+    named = ({s.name for s in specs} | {s.model for s in specs}
+             | {"default" for s in specs if s.model is None}) - {None}
+    if stray := [p for p in pins if p not in named]:
+        raise ModelSpecError(f"--pin {', '.join(stray)}: names no --model (pin a model given "
+                             f"as --model NAME=SPEC by its NAME, or by its SPEC as typed; a "
+                             f"--models-file model is pinned by its own 'pinned = true')")
     if models_file is not None:
         specs += read_models_file(models_file)
     return specs

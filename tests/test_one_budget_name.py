@@ -119,6 +119,8 @@ BUDGET_HOLDERS = frozenset({
     ("output.py", "OutputSpec", "max_tokens"),
     ("server/render_spec.py", "ResponsesRender", "max_tokens"),
     ("early_stop.py", "EarlyStopPolicy", "max_tokens"),
+    # NOTE: `coda generate --max-tokens`, passed on as the request's max_tokens (the CLI split)
+    ("commands/generate.py", "GenerateArgs", "max_tokens"),
 })
 
 

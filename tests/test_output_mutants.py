@@ -316,3 +316,15 @@ def test_issue13_tag_start_len_is_a_proper_prefix_suffix() -> None:
     assert _tag_start_len(b"abc", b"abc") == 0
     assert _tag_start_len(b"xa", b"abcd") == 1
     assert _tag_start_len(b"xab", b"abcd") == 2
+
+
+def test_issue23_k2_cancel_never_counts_a_held_closer_prefix_as_sent() -> None:
+    """Issue 23, K2, seed §4.3 cancel: "</thi" waits as a possible closer when the request is
+    cancelled: it is never sent, so the split's reasoning byte count (the bytes of reasoning
+    the stream sent) is the "a" that was sent, not 6."""
+    r = _reasoning()
+    assert r.feed([201, 202]) is None
+    r.proc.discard()
+    split = r.proc.reasoning_split()
+    assert r.text(reasoning=True) == b"a"
+    assert split is not None and split.reasoning_bytes == 1

@@ -328,3 +328,18 @@ def test_issue23_k2_cancel_never_counts_a_held_closer_prefix_as_sent() -> None:
     split = r.proc.reasoning_split()
     assert r.text(reasoning=True) == b"a"
     assert split is not None and split.reasoning_bytes == 1
+    assert r.proc.splitter is not None and r.proc.splitter.held == 0  # NOTE: dropped
+
+
+def test_issue23_l6_s4_id_hit_in_the_answer_counts_drained_bytes_from_the_answer_start() -> None:
+    """Issue 23, L6, S1, S4: "h</think>" is one byte run closed by EP (one push: reasoning "h",
+    the closer removed, the answer starts); "hi" waits as a run when id AN hits; drained, it
+    completes stop "hi" at its first byte: nothing more is sent, and the drained token (its
+    offset counted from the answer start) is not returned -- only EP's push is."""
+    run = [_V[f"<0x{b:02X}>"] for b in b"h</think>"]
+    r = Run(SP, reasoning=ReasoningSpec(inside=True, close_ids=(run[1],)),
+            stop_token_ids=((AN,),), stop_strings=("hi",))
+    assert r.feed([*run, EP, B_H, B_I, AN]) is FinishReason.STOP_SEQUENCE
+    assert r.proc.hit is not None and r.proc.hit.kind == "string"
+    assert r.text(reasoning=True) == b"h" and b"hi" not in r.text()
+    assert r.proc.returned_tokens == 1

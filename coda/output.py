@@ -437,7 +437,8 @@ class OutputProcessor:
         if self.stops.hit is None:
             self.stops.discard()
         if self.splitter is not None:
-            self.splitter.finish()  # NOTE: a held closer prefix is never sent
+            # NOTE: a held marker prefix is never sent: dropped, not counted as reasoning (K2)
+            self.splitter.discard()
         self._stream.clear()
         self._stop_held_clock()
 

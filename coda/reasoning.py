@@ -155,6 +155,12 @@ class ReasoningSplitter:
             return held, b""
         return b"", held
 
+    def discard(self) -> bytes:
+        """Cancel or failure (seed §4.3): a held marker prefix is never sent, so it is neither
+        reasoning nor answer; drop it (the reasoning byte count stays what the stream sent)."""
+        held, self._held = self._held, b""
+        return held
+
     def split(self, *, forced: bool = False, tokens: int = 0) -> ReasoningSplit | None:
         """The terminal's record; None when the output had no reasoning block."""
         if not self.opener and not self.spec.inside:

@@ -104,3 +104,16 @@ def test_k2_no_block_makes_every_later_byte_answer() -> None:
     sp.no_block()
     assert sp.push(b"<a>x</a>") == (b"", b"<a>x</a>")
     assert sp.finish() == (b"", b"") and sp.split() is None
+
+
+def test_k2_discard_drops_a_held_closer_prefix_without_counting_it() -> None:
+    """K2 (cancel, seed §4.3): a held closer prefix was never sent: ``discard`` returns it,
+    holds nothing after, and ``reasoning_bytes`` stays what the stream sent (``finish`` would
+    have released it as reasoning)."""
+    sp = ReasoningSplitter(ReasoningSpec(open=OPEN, close=CLOSE, inside=True))
+    assert sp.push(b"x</") == (b"x", b"")
+    assert sp.held == 2
+    assert sp.discard() == b"</"
+    assert sp.held == 0 and sp.reasoning_bytes == 1
+    split = sp.split()
+    assert split is not None and split.reasoning_bytes == 1

@@ -66,9 +66,15 @@ class TokenInfo:
 # selected token is still in a delta or the terminal.
 
 
+def shown_piece(t: TokenInfo, skip_special: bool) -> bytes:
+    """The bytes ``t`` adds to the text: none for a special token the request skips (its bytes
+    are a removed span, K2); what its logprob entry shows."""
+    return b"" if skip_special and t.special else t.piece
+
+
 def shown_bytes(t: TokenInfo, skip_special: bool) -> int:
-    """How many bytes ``t`` adds to the text: none for a special token the request skips."""
-    return 0 if skip_special and t.special else len(t.piece)
+    """How many bytes ``t`` adds to the text (:func:`shown_piece`)."""
+    return len(shown_piece(t, skip_special))
 
 
 def cut_to_text(tokens: Sequence[TokenInfo], budget: int,

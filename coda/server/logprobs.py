@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from coda.finish import FinishReason
-from coda.stream import Terminal, TokenInfo
+from coda.stream import Terminal, TokenInfo, shown_piece
 
 
 def _text(raw: bytes) -> str:
@@ -44,8 +44,7 @@ def chat_entries(tokens: Iterable[TokenInfo], *, skip_special: bool) -> list[dic
     alternatives stand); not skipped, it is its text (K2)."""
     out = []
     for t in tokens:
-        # NOTE: the skipped token's bytes are a removed span (K2), not output text
-        e = _entry(b"" if skip_special and t.special else t.piece, t.logprob)
+        e = _entry(shown_piece(t, skip_special), t.logprob)
         e["top_logprobs"] = [_entry(raw, lp) for raw, lp in _alternatives(t)]
         out.append(e)
     return out

@@ -97,3 +97,14 @@ def test_s3_k2_a_stop_cut_after_removed_reasoning_markers_keeps_the_markers_toke
     assert [(e.text, e.reasoning) for e in deltas] == [("a", True), ("a", False)]
     assert [(t.token_id, t.piece) for e in deltas for t in e.tokens] == [
         (open_id, b"<think>"), (101, b"a"), (close_id, b"</think>"), (107, b"a")]
+
+
+def test_s3_cut_to_text_reports_nothing_past_the_cut() -> None:
+    """S3, K2: past the text's end nothing is reported: at a budget that ends between tokens
+    the next token is not kept (not even with no bytes), and after the token the stop cut no
+    later token is kept."""
+    infos = [TokenInfo(i, -0.1, piece=p) for i, p in enumerate((b"AB", b"CD", b"EF"))]
+    assert [(t.token_id, t.piece) for t in cut_to_text(infos, 2, True)] == [(0, b"AB")]
+    assert [(t.token_id, t.piece) for t in cut_to_text(infos, 3, True)] == [
+        (0, b"AB"), (1, b"C")]
+    assert cut_to_text(infos, 0, True) == ()

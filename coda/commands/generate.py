@@ -26,6 +26,7 @@ class GenerateArgs:
     max_tokens: int | None
     temperature: float
     top_p: float
+    top_k: int
     seed: int | None
     stop: tuple[str, ...]
     chat: bool
@@ -88,7 +89,8 @@ def run_generate(args: GenerateArgs) -> int:
 
     refuse_bad_isa()
     try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                seed=args.seed)
     except CodaError as exc:
         fail(f"{exc.code.value}: {exc.message}")
     if args.deadline is not None and not args.deadline > 0:  # NOTE: as plan_request's G3 check, before the load

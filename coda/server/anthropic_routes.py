@@ -123,9 +123,10 @@ class AnthropicRenderer(Renderer):
             usage = {**_usage(ev.terminal, prompt), "output_tokens": 0}
         else:
             usage = _usage(None, prompt, ev.cached_prompt_tokens or 0)
-        message = {"id": self.r.id, "type": "message", "role": "assistant",
-                   "model": self.r.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": {**usage, **self.tier}}
+        message: dict[str, Any] = {
+            "id": self.r.id, "type": "message", "role": "assistant", "model": self.r.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {**usage, **self.tier}}
         if self.parser is not None or self.thinking:
             return [self._frame("message_start", fid, message=message), self._frame("ping", fid)]
         return [self._frame("message_start", fid, message=message),

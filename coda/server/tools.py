@@ -237,8 +237,10 @@ def knob_fields(plan: ToolPlan | None, other_grammar: object | None,
     return {"grammar": grammar_for(plan), "stops_end_at": OPEN_TAG}
 
 
-def openai_call(call: ToolCall, request_id: str, *, delta: bool = False) -> dict[str, Any]:
-    """A call as Chat Completions writes it (``delta``: in a streamed chunk, with ``index``)."""
-    out: dict[str, Any] = {"id": call.call_id(request_id), "type": "function",
+def openai_call(call: ToolCall, request_id: str, *, delta: bool = False,
+                choice: int = 0) -> dict[str, Any]:
+    """A call as Chat Completions writes it (``delta``: in a streamed chunk, with ``index``;
+    ``choice``: the choice it belongs to, so ids are unique across ``n`` choices)."""
+    out: dict[str, Any] = {"id": call.call_id(request_id, choice), "type": "function",
                            "function": {"name": call.name, "arguments": call.arguments}}
     return {"index": call.index, **out} if delta else out

@@ -105,3 +105,16 @@ def test_l4_email_field_refuses_a_budget_below_the_bound_and_closes_within_one(
         assert t.finish_reason in (FinishReason.GRAMMAR_FORCED_CLOSE,
                                    FinishReason.GRAMMAR_COMPLETE), t.finish_reason
         jsonschema.validate(json.loads(h.stream.text()), schema)
+
+
+def test_l4_loop_inside_an_open_object_stays_short() -> None:
+    """The least-used preference ends with the string that looped: an email inside an object
+    that allows more properties closes right after it, not after a tour of new properties
+    (its bound was over a thousand tokens, refusing every usual max_tokens)."""
+    schema = {"type": "object", "required": ["e"],
+              "properties": {"e": {"type": "string", "format": "email"}}}
+    m = _matcher(schema)
+    path = closing_path(m, _LL, byte_table(_LL))
+    assert path is not None and len(path.text) < 100, path
+    assert path.text.endswith(b'"}'), path.text
+    jsonschema.validate(json.loads(path.text), schema)

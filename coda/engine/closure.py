@@ -25,7 +25,8 @@ JSON never needs raw control bytes, and 0xC0/0xC1 never occur in UTF-8. A byte t
 lets repeat without end (`^[0-9]+x$` takes `0` forever, an email's local part too) would keep
 the greedy walk in a loop: once it has chosen the same byte ``STALL_RUN`` times in a row, the
 run is cut back to one and from then on the walk prefers the bytes it has chosen least (the
-fixed order among equals), which leaves every such loop. Only when no
+fixed order among equals), which leaves every such loop, until it takes a quote (in JSON the
+string that looped is closed: the plain order closes the rest, as short as before). Only when no
 completion is found from the start (a grammar that needs a byte the tokenizer cannot spell) is
 closure off for the request: it then behaves as before and may end ``max_output_tokens``.
 
@@ -80,6 +81,7 @@ _REST = bytes(range(32, 127)) + bytes(range(0x80, 0xF5)) + bytes(range(32))
 _ORDER = list(dict.fromkeys(_STRUCT + _REST))
 _ORDER_TEXT = list(dict.fromkeys(_IN_TEXT + _REST))
 _PROBE = ord("a")
+_QUOTE = ord('"')  # NOTE: in JSON a raw quote byte always opens or closes a string
 MAX_WALK = 4096  # bytes; a completion longer than this counts as "not closable"
 STALL_RUN = 8    # the same byte chosen this many times in a row: a loop the walk must leave
 
@@ -177,6 +179,8 @@ def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
                     break
             else:
                 return None
+            if looping and b == _QUOTE:  # NOTE: the string that looped is closed: plain again
+                looping, used = False, [0] * 256
             if run >= STALL_RUN:
                 # NOTE: the byte may repeat forever (`^[0-9]+x$`, an email's local part): cut
                 # the run back to one and leave it by the least used bytes (module doc)

@@ -102,6 +102,8 @@ def generate(prompt: str,
              max_tokens: Annotated[Optional[int], typer.Option(min=1, help="output token limit; past the context it is refused (default: as the HTTP APIs with it omitted: 256, EngineConfig.default_max_tokens, or up to the context where that comes first, finish_reason context_limit)")] = None,  # noqa: UP045
              temperature: float = 0.8,
              top_p: float = 0.95,
+             # NOTE: checked as the HTTP APIs' top_k (SamplingParams): -1 or 0 off, else >= 1
+             top_k: Annotated[int, typer.Option(help="keep the k most likely tokens (0 or -1: off; 1: greedy)")] = 0,
              # NOTE: the HTTP APIs' int64 bound (coda.server.schemas.SEED_MIN/MAX, not imported:
              # it pulls in the server); the engine wraps seeds to 64 bits, so 2**64 + 1 seeded as 1
              seed: Annotated[Optional[int], typer.Option(min=-(2 ** 63), max=2 ** 63 - 1)] = None,  # noqa: UP045
@@ -120,7 +122,7 @@ def generate(prompt: str,
 
     raise typer.Exit(run_generate(GenerateArgs(
         prompt=prompt, model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-        seed=seed, stop=tuple(stop or ()), chat=chat, deadline=deadline, quant=quant,
+        top_k=top_k, seed=seed, stop=tuple(stop or ()), chat=chat, deadline=deadline, quant=quant,
         dtype=dtype, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
         kv_cache_fraction=kv_cache_fraction, memory_budget=memory_budget, threads=threads)))
 

@@ -148,9 +148,17 @@ class OutputProcessor:
         self._ends: deque[int] = deque([0])
         self._stream = bytearray()            # bytes pushed but not yet sent (see module doc)
         self._sent_off = 0                    # stream offset of self._stream[0]
-        self._pending_tokens: list[TokenInfo] = []  # selected since the last delta
+        self._pending_tokens: list[TokenInfo] = []  # selected, no delta carried them yet
+        # K2: per pending token, where its shown bytes end: [in pieces (``_pieces`` after it),
+        # in detokenized bytes (``_visible`` once the detokenizer held nothing), or None]
+        self._pending_ends: list[tuple[int, int | None]] = []
+        self._pieces = 0      # shown bytes of the pieces of every token appended to pending
         self._shown = 0       # bytes the pieces of the tokens sent so far add to the text (K2)
         self._cutting = False  # a stop hit: the last delta's tokens are cut to the text (S3)
+        # last pending tokens that may be a stop's own (an id sequence's held ids; after the
+        # cut delta, every token past the cut): never sent, never reported (S1, S3)
+        self._own = 0
+        self.trailing_shown = 0  # K2: the first trailing tokens are text, cut to it (S3)
         self._eos_token: TokenInfo | None = None
         self.generated = 0                    # tokens selected (t after choose)
         self.hit: StopHit | None = None
@@ -198,7 +206,9 @@ class OutputProcessor:
         if token_id in self.spec.eos_token_ids and not self.spec.ignore_eos:
             self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
+        self._pieces += shown_bytes(info, self.spec.skip_special_tokens)
         self._pending_tokens.append(info)
+        self._pending_ends.append((self._pieces, None))
         # NOTE: issue 20 D6: a stop completing before token min_tokens is ordinary output
         if not self._armed and t >= self.spec.min_tokens:
             self._armed, self._armed_at = True, self.stops.consumed_bytes
@@ -338,6 +348,7 @@ class OutputProcessor:
         complete ends before the ids and wins (S4, earliest end; no stop string reaches the
         stream): it is returned, and only the text before it is sent."""
         upto = self._ends[-k]
+        self._own = k  # NOTE: the sequence's own tokens: never reported (S3)
         discarded = self._sent_off + len(self._stream) - upto
         del self._stream[max(upto - self._sent_off, 0):]  # NOTE: the sequence's own bytes
         # NOTE: L6: the sequence's tokens are never returned (``_unreturned`` counts every
@@ -447,6 +458,7 @@ class OutputProcessor:
         """Selected tokens that no delta carried: held or textless ones, then EOS if chosen."""
         out = tuple(self._pending_tokens) + ((self._eos_token,) if self._eos_token else ())
         self._pending_tokens.clear()
+        self._pending_ends.clear()
         return out
 
     # -- internals -------------------------------------------------------------------------
@@ -454,7 +466,19 @@ class OutputProcessor:
         data = self.detok.push(token_id)
         if data:
             self._note_visible(data)
+        self._note_detok_end()
         return data
+
+    def _note_detok_end(self) -> None:
+        """K2: the detokenizer holds nothing: the pending tokens' bytes all end by now (in
+        detokenized bytes; the piece count can differ from the text, e.g. a SentencePiece
+        first token's stripped space)."""
+        if not self.detok.pending:
+            ends = self._pending_ends
+            i = len(ends) - 1
+            while i >= 0 and ends[i][1] is None:  # NOTE: the unset ones are the last ones
+                ends[i] = (ends[i][0], self._visible)
+                i -= 1
 
     def _note_visible(self, data: bytes) -> None:
         """L6: ``data`` is one token's first visible bytes; the token counts as returned once
@@ -470,6 +494,7 @@ class OutputProcessor:
         (sent first, unmatched) and ``pre``, its bytes before ``new`` (reasoning and the
         ``removed`` markers), so its trace row counts all its bytes."""
         self._stream += new
+        self._own = held_ids
         end = self._sent_off + len(self._stream)
         self._ends.append(end)
         # NOTE: keep one boundary per held id plus the one before them, no more
@@ -491,7 +516,7 @@ class OutputProcessor:
         self._send(reasoning, reasoning=True)
         if hit is not None:
             # NOTE: the matcher's emitted count is the stream offset where output stops
-            self._cutting = True
+            self._cutting, self._own = True, 0  # NOTE: a string may cut inside held ids
             self._release(self.stops.emitted_bytes)
             self._on_hit(hit)
             return True
@@ -544,6 +569,7 @@ class OutputProcessor:
 
     def _on_hit(self, hit: StopHit) -> FinishReason:
         self.hit = hit
+        self._report_cut()
         self._stop_held_clock()
         if self._tracing:
             armed = {"armed_at": self._armed_at} if self.spec.min_tokens > 0 else {}
@@ -557,24 +583,54 @@ class OutputProcessor:
             return
         # NOTE: the first delta states the prefix-cache lookup's result (issue 20 D9)
         cached = self.cached_prompt_tokens if not self.emitted_bytes else None
-        tokens = tuple(self._pending_tokens)
         skip = self.spec.skip_special_tokens
-        rest: list[TokenInfo] = []
+        text_end = self.emitted_bytes + len(data) + self._removed
         if self._cutting:
             # NOTE: K2: the tokens' bytes end where the text ends (coda.stream.cut_to_text);
             # the stop's own tokens stay the terminal's trailing ones (never reported, S3)
-            budget = self.emitted_bytes + len(data) + self._removed - self._shown
-            kept = cut_to_text(tokens, budget, skip)
-            tokens, rest = kept, list(tokens[len(kept):])
+            kept = cut_to_text(self._pending_tokens, text_end - self._shown, skip)
+            tokens, n = kept, len(kept)
+            self._own = len(self._pending_tokens) - n  # NOTE: the rest are the stop's own
+        else:
+            n = self._complete(text_end)
+            tokens = tuple(self._pending_tokens[:n])
         self._shown += sum(shown_bytes(t, skip) for t in tokens)
         ev = self.stream.delta(data, tokens, cached, reasoning=reasoning)
-        self._pending_tokens[:] = rest
+        del self._pending_tokens[:n], self._pending_ends[:n]
         self.emitted_bytes += len(data)
         self._advance_returned()
         if self._tracing:
             self._record(tr.STREAM_DELTA, seq=ev.seq, nbytes=len(data),
                          text=data.decode("utf-8", "replace"),
                          **({"reasoning": True} if reasoning else {}))
+
+    def _complete(self, text_end: int) -> int:
+        """K2: how many pending tokens (in order) go with a delta after which the client holds
+        ``text_end`` bytes: those whose every shown byte it then holds. A token goes with the
+        delta that sends its LAST byte, never its first: a stop may still cut it (S2, S3), and
+        the entries must not show bytes the text never gets. Ids an id sequence may still own
+        wait (S1)."""
+        n = 0
+        mine = max(len(self._pending_ends) - self._own, 0)
+        for piece_end, detok_end in self._pending_ends[:mine]:
+            if piece_end > text_end and (detok_end is None or detok_end > text_end):
+                break
+            n += 1
+        return n
+
+    def _report_cut(self) -> None:
+        """S3, K2 at a stop hit: the pending tokens before the stop's own (an id sequence's
+        ``_own``), cut to the text that was sent (:func:`coda.stream.cut_to_text`), stay
+        the first ``trailing_shown`` trailing tokens: a token whose first bytes went out before
+        the stop string that starts inside it (``".\n"`` then ``"\n"``, stop ``"\n\n"``)."""
+        # NOTE: not a token-only delta: a delta is non-empty text everywhere (P1, the renderers,
+        # the durable log, the trace); the terminal's trailing tokens already reach every
+        # renderer's final chunk, and every selected token stays in a delta or the terminal
+        eligible = self._pending_tokens[:max(len(self._pending_tokens) - self._own, 0)]
+        budget = self.emitted_bytes + self._removed - self._shown
+        kept = cut_to_text(eligible, budget, self.spec.skip_special_tokens)
+        self._pending_tokens[:len(kept)] = kept
+        self.trailing_shown = len(kept)
 
     def _advance_returned(self) -> None:
         """L6: tokens whose first visible byte the stream reached; removed reasoning markers

@@ -223,6 +223,7 @@ class RequestRun:
             error_message=message, stop=proc.hit if proc is not None else None,
             timings=self.timings(),
             trailing_tokens=proc.trailing_tokens() if proc is not None else (),
+            trailing_shown=proc.trailing_shown if proc is not None else 0,
             early_stop=self.early_stop_summary,
             dropped_tail=proc.dropped_tail if proc is not None else b"",
             model_snapshot=self.stream.model_snapshot,

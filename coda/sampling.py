@@ -48,7 +48,7 @@ def _in_range(value: float, low: float, high: float, field: str) -> None:
         raise InvalidRequestError(f"{field} must be in [{low}, {high}], got {value}", field=field)
 
 
-def _normalise_logit_bias(raw: object) -> LogitBias:
+def normalise_logit_bias(raw: object) -> LogitBias:
     """A mapping (JSON gives string keys) or pairs → sorted tuple of ``(token_id, bias)``."""
     items: Iterable[Any]
     if isinstance(raw, Mapping):
@@ -156,7 +156,7 @@ class SamplingParams:
             _in_range(value, -MAX_ABS_PRESENCE_FREQUENCY, MAX_ABS_PRESENCE_FREQUENCY, name)
             set_(self, name, value)
 
-        set_(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
+        set_(self, "logit_bias", normalise_logit_bias(self.logit_bias))
 
         if self.seed is not None:
             _integer(self.seed, "seed")

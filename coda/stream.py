@@ -62,7 +62,10 @@ class TokenInfo:
 # " d"), so the tokens the final delta carries may hold bytes the text does not.
 # ``cut_to_text`` keeps their bytes up to the text's end: the token the stop cut keeps its part
 # before the stop; tokens wholly past it are the stop's own: the terminal's trailing tokens,
-# never reported (S3, like EOS). So the logprob entries reassemble the text, and every
+# never reported (S3, like EOS). A token goes with the delta that sends its LAST byte
+# (coda.output), so where the stop starts inside a token whose first bytes a delta already
+# sent, no delta is left for it: it is cut the same way and reported from the terminal
+# (``Terminal.trailing_shown``). So the logprob entries reassemble the text, and every
 # selected token is still in a delta or the terminal.
 
 
@@ -140,6 +143,10 @@ class Terminal:
     # O1, echo: each prompt token after the first, scored in the prefill (a request with
     # ``prompt_logprobs``; empty otherwise): its record as if decoded (coda.engine.core)
     prompt_logprobs: tuple[TokenInfo, ...] = ()
+    # S3, K2: the first ``trailing_shown`` trailing tokens are text (cut to it, like the last
+    # delta's at a stop): a token whose first bytes a delta sent before a stop string that
+    # starts inside it. Reported even when the end is a stop or EOS (coda.server.logprobs).
+    trailing_shown: int = 0
 
 
 @dataclass(frozen=True)

@@ -115,3 +115,59 @@ def test_cli_bad_setting_is_exit_2_with_message(argv: list[str], names: str) -> 
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and names in r.stderr, r.stderr[-2000:]
     assert "Uvicorn running" not in r.stderr and "KV cache" not in r.stderr
+
+
+# -- the KV fraction and the speculative mode (found by the sweep: plain ValueErrors, the
+# fraction's only from the KV budget, after the weights had loaded) --
+@settings(deadline=None, max_examples=80)
+@given(value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5),
+                       st.booleans()))
+def test_e1_kv_cache_memory_fraction_is_in_0_1_for_all_values(value: float) -> None:
+    """E1, for every number: a fraction outside (0, 1] (NaN, a bool included) is
+    EngineConfigError naming ``kv_cache_memory_fraction``; inside it is kept as given."""
+    ok = not isinstance(value, bool) and 0 < value <= 1
+    if ok:
+        assert EngineConfig(kv_cache_memory_fraction=value).kv_cache_memory_fraction == value
+        return
+    with pytest.raises(EngineConfigError) as info:
+        EngineConfig(kv_cache_memory_fraction=value)
+    assert info.value.field == "kv_cache_memory_fraction" and "(0, 1]" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["eagle", "", "Prompt-Lookup", "draft "])
+def test_e1_unknown_speculative_mode_is_engine_config_error(mode: str) -> None:
+    with pytest.raises(EngineConfigError) as info:
+        EngineConfig(speculative=mode)
+    assert info.value.field == "speculative" and f"unknown --speculative {mode!r}" in str(
+        info.value)
+    for known in ("off", "prompt-lookup", "draft"):
+        assert EngineConfig(speculative=known).speculative == known
+
+
+@pytest.mark.parametrize(("speculative", "draft", "field"), [
+    ("draft", None, "draft_model"), ("prompt-lookup", "default", "speculative")])
+def test_e1_from_model_dir_refuses_a_contradictory_pair_before_the_load(
+        speculative: str, draft: str | None, field: str) -> None:
+    """E1: ``--speculative draft`` without a draft, or another mode with one, is an
+    EngineConfigError naming the field, raised before any weight is read."""
+    from coda.engine.async_engine import AsyncEngine
+
+    with pytest.raises(EngineConfigError) as info:
+        AsyncEngine.from_model_dir("/nonexistent/model", EngineConfig(
+            speculative=speculative, draft_model=draft))
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["generate", "hi", "--kv-cache-fraction", "2"], "kv_cache_memory_fraction"),
+    (["generate", "hi", "--kv-cache-fraction", "0"], "--kv-cache-fraction"),
+    (["serve", "--port", "0", "--kv-cache-fraction", "-0.5"], "--kv-cache-fraction"),
+    (["serve", "--port", "0", "--speculative", "eagle"], "unknown --speculative 'eagle'"),
+], ids=["generate_fraction_2", "generate_fraction_0", "serve_fraction_negative",
+        "serve_speculative_unknown"])
+def test_e1_cli_bad_fraction_or_mode_is_exit_2_before_the_load(argv: list[str],
+                                                               names: str) -> None:
+    r = _coda(*argv)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and names in r.stderr, r.stderr[-2000:]
+    assert "loading model" not in r.stderr + r.stdout and "KV cache" not in r.stderr

@@ -142,11 +142,13 @@ def test_k2_anthropic_thinking_block_then_text(r1: ScriptedServer) -> None:
 
 def test_anthropic_stream_thinking_deltas_and_budget(r1: ScriptedServer) -> None:
     """Streamed: content_block_start(thinking), thinking_delta, signature_delta, stop, then
-    the text block; ``thinking.budget_tokens`` forces the closer; the SDK's accumulated
-    message equals the parts."""
+    the text block; the budget (Coda's ``max_reasoning_tokens``: a ``budget_tokens`` is
+    >= 1024, as Anthropic's) forces the closer; the SDK's accumulated message equals the
+    parts."""
     client, model = claude(r1)
     with client.messages.stream(model=model, max_tokens=50, messages=MSG,
-                                thinking={"type": "enabled", "budget_tokens": 1}) as stream:
+                                thinking={"type": "enabled"},  # type: ignore[typeddict-item]
+                                extra_body={"max_reasoning_tokens": 1}) as stream:
         kinds = [(ev.type, getattr(getattr(ev, "delta", None), "type", None))
                  for ev in stream]
         final = stream.get_final_message()

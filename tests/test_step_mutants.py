@@ -91,9 +91,11 @@ def test_l6_returned_tokens_are_those_whose_first_byte_was_sent() -> None:
 
 def test_s1_e1_bytes_held_for_a_string_are_sent_when_only_ids_hold_after_them() -> None:
     """S1, E1: "B" is held for "BX"; then 102 may start the id sequence (102, 103): "B" can no
-    longer start a stop string and goes out with token 3, while "CD" waits for the ids."""
+    longer start a stop string and goes out at token 3, while "CD" waits for the ids; token 3
+    (a held id) is not reported with "B" but with its own bytes, once 101 broke the match (K2:
+    an entry goes with the delta that sends its last byte)."""
     run, _ = _go([101, 101, 102, 101, EOS_ID], stop_strings=("BX",), stop_token_ids=((102, 103),))
-    assert _deltas(run) == [(b"A", (101,)), (b"BA", (101,)), (b"B", (102,)), (b"CDA", (101,)),
+    assert _deltas(run) == [(b"A", (101,)), (b"BA", (101,)), (b"B", ()), (b"CDA", (102, 101)),
                             (b"B", ())]
 
 

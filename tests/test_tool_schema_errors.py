@@ -74,3 +74,47 @@ def test_openai_named_tool_choice_without_name_says_the_name_is_missing(
     err = e.value.body
     assert isinstance(err, dict) and err["param"] == "tool_choice", err
     assert "name" in err["message"] and "None" not in err["message"], err
+
+
+NOT_OBJECTS = [{"type": "array", "items": {"type": "integer"}}, {"type": "string"},
+               {"type": ["object", "null"]}]
+
+
+@pytest.mark.parametrize("params", NOT_OBJECTS)
+def test_chat_tool_parameters_not_an_object_schema_is_400(oai: openai.OpenAI,
+                                                          params: dict[str, Any]) -> None:
+    """A tool's arguments are a JSON object (OpenAI: "schema must be a JSON Schema of 'type:
+    "object"'"); a string or array schema was accepted and, under `required`, its call came back
+    as text since a call's `arguments` must be an object (docs/api.md "Tool calling")."""
+    tools: Any = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=MSG,  # type: ignore[arg-type]
+                                    tools=tools, tool_choice="required", max_tokens=40)
+    err = e.value.body
+    assert isinstance(err, dict) and err["param"] == "tools.0", err
+    assert '"object"' in err["message"], err
+
+
+def test_chat_tool_parameters_without_type_still_accepted(oai: openai.OpenAI) -> None:
+    """Only a `type` other than "object" is refused: `{"properties": ...}` is an object schema."""
+    tools: Any = [{"type": "function", "function": {
+        "name": "f", "parameters": {"properties": {"a": {"type": "string"}}}}}]
+    r = oai.chat.completions.create(model=MODEL, messages=MSG,  # type: ignore[arg-type]
+                                    tools=tools, tool_choice="none", max_tokens=8)
+    assert r.choices[0].finish_reason in ("tool_calls", "length", "stop")
+
+
+def test_anthropic_and_responses_input_schema_not_an_object_is_400(
+        server_live: Any, oai: openai.OpenAI) -> None:
+    """The same rule on Anthropic `input_schema` (its API requires `type: "object"`) and on
+    Responses' flat function tools."""
+    client = anthropic.Anthropic(base_url=server_live.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as a:
+        client.messages.create(model=MODEL, max_tokens=40, messages=MSG,  # type: ignore[arg-type]
+                               tools=[{"name": "f", "input_schema": {"type": "string"}}])  # type: ignore[list-item,typeddict-item]
+    assert "tools.0" in a.value.body["error"]["message"], a.value.body  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as r:
+        oai.responses.create(model=MODEL, input="Weather?", max_output_tokens=40,
+                             tools=[{"type": "function", "name": "f",  # type: ignore[list-item]
+                                     "parameters": {"type": "array"}}])
+    assert isinstance(r.value.body, dict) and "tools.0" in r.value.body["message"], r.value.body

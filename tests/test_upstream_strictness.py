@@ -123,7 +123,8 @@ def test_p1_anthropic_thinking_enabled_without_budget_is_a_400(server_live: Any)
                        "thinking.budget_tokens")
     r = _post(server_live, "/v1/messages", {**base, "thinking": {"type": "disabled"}})
     assert r.status_code == 200, r.text
-    for extra in ({"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    # NOTE: a budget_tokens must be >= 1024 and < max_tokens (tests/test_anthropic_thinking)
+    for extra in ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 1025},
                   {"thinking": {"type": "enabled"}, "max_reasoning_tokens": 8}):
         r = _post(server_live, "/v1/messages", {**base, **extra})
         assert r.status_code == 400 and "no reasoning markers" in r.text, r.text

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from coda.commands.loading import fail, load_engine, refuse_bad_isa
+from coda.commands.loading import engine_config, fail, load_engine, refuse_bad_isa
 
 if TYPE_CHECKING:
     from coda.stream import Terminal
@@ -26,6 +26,7 @@ class GenerateArgs:
     max_tokens: int | None
     temperature: float
     top_p: float
+    top_k: int
     seed: int | None
     stop: tuple[str, ...]
     chat: bool
@@ -82,18 +83,19 @@ def print_terminal(t: Terminal) -> None:
 def run_generate(args: GenerateArgs) -> int:
     """Load, generate and print; the exit status: 0 finished, 1 otherwise, 128 + the signal
     when interrupted, 2 for a refused value (before the model loads where it can be)."""
-    from coda.engine.types import EngineConfig, GenerationRequest
+    from coda.engine.types import GenerationRequest
     from coda.errors import CodaError
     from coda.sampling import SamplingParams
 
     refuse_bad_isa()
     try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                seed=args.seed)
     except CodaError as exc:
         fail(f"{exc.code.value}: {exc.message}")
     if args.deadline is not None and not args.deadline > 0:  # NOTE: as plan_request's G3 check, before the load
         fail(f"--deadline must be > 0 seconds, got {args.deadline}")
-    engine = load_engine(args.model, EngineConfig(
+    engine = load_engine(args.model, engine_config(
         quant=args.quant, dtype=args.dtype, max_num_seqs=4, max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_bytes, kv_cache_memory_fraction=args.kv_cache_fraction,
         memory_budget=args.memory_budget, num_threads=args.threads))

@@ -25,6 +25,17 @@ def refuse_bad_isa() -> None:
         fail(str(exc))
 
 
+def engine_config(**fields: Any) -> Any:
+    """``EngineConfig(**fields)``; a value it refuses (:class:`EngineConfigError`: a count, the
+    KV fraction, the speculative mode) is one red line and exit 2, before any model loads."""
+    from coda.engine.types import EngineConfig, EngineConfigError
+
+    try:
+        return EngineConfig(**fields)
+    except EngineConfigError as exc:
+        fail(str(exc))
+
+
 def load_engine(model: str | None, cfg: Any, say: Any = None) -> Any:
     """Load the engine and tell what was loaded (``say``: a logger method, which also gets one
     ``model loaded`` record carrying :meth:`AsyncEngine.load_summary` as fields; default:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coda.commands.loading import fail, load_engine, refuse_bad_isa
+from coda.commands.loading import engine_config, fail, load_engine, refuse_bad_isa
 from coda.commands.serve_checks import (
     check_flags,
     load_router,
@@ -62,7 +62,6 @@ def run_serve(args: ServeArgs) -> None:
         # NOTE: first: it runs beside the checks, the bind and the server's imports below
         if args.replicas == 0:
             preload_torch_libraries()
-        from coda.engine.types import EngineConfig
         from coda.optional import MissingDependency, require
         from coda.server.listen import ListenError, bind_listener
 
@@ -83,7 +82,7 @@ def run_serve(args: ServeArgs) -> None:
         from coda.server.logs import configure_logging
         from coda.server.state import ServerSettings
 
-        cfg = EngineConfig(quant=args.quant, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+        cfg = engine_config(quant=args.quant, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                            served_model_name=args.served_model_name,
                            trace_path=str(args.trace) if args.trace else None,
                            max_model_len=args.max_model_len,

@@ -4,8 +4,8 @@ P1, P3, L4, L6).
 A :class:`~coda.stream.StreamEvent` is plain data (see :mod:`coda.engine.protocol`); this is
 its one serialised form, lossless for everything a renderer reads: delta bytes (byte-exact),
 token ids, pieces and logprobs, and the whole terminal (state, reason, usage, error, stop,
-timings, trailing tokens, early-stop decision). ``ts`` is the producer's clock and is not
-carried (a reader's clock is its own).
+timings, trailing tokens and how many of them are text, early-stop decision). ``ts`` is the
+producer's clock and is not carried (a reader's clock is its own).
 
 Two versions:
 
@@ -76,7 +76,8 @@ def _terminal(t: Terminal) -> dict[str, Any]:
             "model_snapshot": t.model_snapshot,
             "reasoning": _split(t.reasoning),
             "speculative": dict(t.speculative) if t.speculative is not None else None,
-            "prompt_logprobs": _tokens(t.prompt_logprobs)}
+            "prompt_logprobs": _tokens(t.prompt_logprobs),
+            "trailing_shown": t.trailing_shown}
 
 
 def _split(r: ReasoningSplit | None) -> dict[str, Any] | None:
@@ -106,7 +107,8 @@ def _unterminal(d: dict[str, Any]) -> Terminal:
                     base64.b64decode(d.get("dropped_tail", "")),
                     int(d["versions"][0]), str(d["versions"][1]), d.get("model_snapshot"),
                     _unsplit(d.get("reasoning")), d.get("speculative"),
-                    _untokens(d.get("prompt_logprobs", [])))
+                    _untokens(d.get("prompt_logprobs", [])),
+                    int(d.get("trailing_shown", 0)))
 
 
 def encode_event(ev: StreamEvent) -> bytes:

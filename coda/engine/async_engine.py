@@ -33,7 +33,7 @@ from coda.engine.protocol import InMemoryStreamLog, ModelInfo
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.speculative import SpeculativeConfig, refusal
-from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
+from coda.engine.types import EngineConfig, EngineConfigError, EngineStats, GenerationRequest
 from coda.engine.verify_costs import VerifyCosts
 from coda.errors import EngineNotStartedError, InvalidRequestError
 from coda.finish import CancelCause
@@ -91,9 +91,10 @@ class AsyncEngine:
         why = refusal(config.speculative, loaded.mode.batch_invariant
                       and runner.invariant_attention, loaded.mode.name)
         if why is not None:  # NOTE: issue 21: said at start, nothing served inexactly
-            raise ValueError(why)
+            raise EngineConfigError(why, field="speculative")
         if (config.speculative == "draft") != (drafter is not None):
-            raise ValueError("--speculative draft runs with a loaded --draft-model, and only then")
+            raise EngineConfigError("--speculative draft runs with a loaded --draft-model, and "
+                                    "only then", field="draft_model")
         self.drafter = drafter  # NOTE: issue 21 item 2 (coda.engine.draft)
         # NOTE: prompt lookup prices k by this engine's measured batch-1 verifications, on the
         # engine thread's CPU time on the CPU (coda.engine.verify_costs)
@@ -153,12 +154,10 @@ class AsyncEngine:
         model). Raises :class:`~coda.models.config.ModelLoadError` naming what is missing, and
         :class:`~coda.models.kernels.KernelIsaError` for a refused ``CODA_KERNEL_ISA``."""
         config = config or EngineConfig()
-        if config.max_model_len is not None and config.max_model_len < 1:
-            raise ValueError("max_model_len must be >= 1")
+        # NOTE: the config's own checks (EngineConfigError) ran when it was built; the pair
+        # --speculative / --draft-model is checked here, before the load
         config = replace(config, speculative=speculative_mode(config.speculative,
                                                               config.draft_model))
-        if (why := refusal(config.speculative, True, config.quant)) is not None:
-            raise ValueError(why)  # NOTE: an unknown --speculative fails before the load
         check_isa()  # NOTE: a refused CODA_KERNEL_ISA (KernelIsaError) too: never a fallback
         started = time.perf_counter()
         # NOTE: parsed (a typo fails at once) and measured before the weights take memory
@@ -187,7 +186,7 @@ class AsyncEngine:
             why = refusal(config.speculative, loaded.mode.batch_invariant
                           and runner.invariant_attention, loaded.mode.name)
             if why is not None:  # NOTE: said before the draft's weights are read
-                raise ValueError(why)
+                raise EngineConfigError(why, field="speculative")
             drafter = load_drafter(config.draft_model, loaded, runner, quant=config.quant,
                                    device=config.device, num_threads=config.num_threads)
         return cls(loaded, runner, config, trace=trace,

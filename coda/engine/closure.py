@@ -21,7 +21,12 @@ used. The walk only takes bytes the tokenizer spells as one token, so every comp
 is realizable and the bound holds for any tokenizer. A tokenizer that spells every byte
 (byte-level BPE, byte fallback) can always be walked; one that lacks some bytes (SmolLM2's GGUF
 vocabulary has no token for six control bytes, 0xC0, 0xC1, 0xF1, 0xF2) is walked around them —
-JSON never needs raw control bytes, and 0xC0/0xC1 never occur in UTF-8. Only when no
+JSON never needs raw control bytes, and 0xC0/0xC1 never occur in UTF-8. A byte the grammar
+lets repeat without end (`^[0-9]+x$` takes `0` forever, an email's local part too) would keep
+the greedy walk in a loop: once it has chosen the same byte ``STALL_RUN`` times in a row, the
+run is cut back to one and from then on the walk prefers the bytes it has chosen least (the
+fixed order among equals), which leaves every such loop, until it takes a quote (in JSON the
+string that looped is closed: the plain order closes the rest, as short as before). Only when no
 completion is found from the start (a grammar that needs a byte the tokenizer cannot spell) is
 closure off for the request: it then behaves as before and may end ``max_output_tokens``.
 
@@ -76,7 +81,9 @@ _REST = bytes(range(32, 127)) + bytes(range(0x80, 0xF5)) + bytes(range(32))
 _ORDER = list(dict.fromkeys(_STRUCT + _REST))
 _ORDER_TEXT = list(dict.fromkeys(_IN_TEXT + _REST))
 _PROBE = ord("a")
+_QUOTE = ord('"')  # NOTE: in JSON a raw quote byte always opens or closes a string
 MAX_WALK = 4096  # bytes; a completion longer than this counts as "not closable"
+STALL_RUN = 8    # the same byte chosen this many times in a row: a loop the walk must leave
 
 
 @dataclass(frozen=True)
@@ -130,13 +137,16 @@ class ClosingPath:
 def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
                  limit: int = MAX_WALK, lead: bytes = b"") -> ClosingPath | None:
     """A short completion of ``m``'s output (see the module doc), or None when none is found
-    within ``limit`` bytes. ``lead``: bytes the completion must start with (the rest of a begun
+    within ``limit`` steps (bytes taken, a cut-back run's included). ``lead``: bytes the completion must start with (the rest of a begun
     trigger), taken before the walk even where the output accepts. ``m`` is left in the state
     it was in."""
     if m.is_error():
         return None
     consumed: list[int] = []
     text = bytearray()
+    used = [0] * 256     # NOTE: times each byte was chosen (not forced) in this walk
+    run = 0              # how many times in a row the last byte was chosen
+    looping = False      # a run reached STALL_RUN: prefer the least used bytes from now on
     try:
         for b in lead:
             tid = table.ids[b]
@@ -144,8 +154,10 @@ def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
                 return None
             consumed.append(tid)
             text.append(b)
+        steps = 0
         while not m.is_accepting():
-            if len(text) >= limit:
+            steps += 1  # NOTE: not len(text): a cut-back run must not walk for ever
+            if steps > limit:
                 return None
             forced = m.compute_ff_bytes()
             if forced:
@@ -154,14 +166,27 @@ def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
                 probe = table.ids[_PROBE]
                 in_text = probe is not None and m.validate_tokens([probe]) == 1
                 candidates = _ORDER_TEXT if in_text else _ORDER
+                if looping:  # NOTE: a stable sort: the preference order among equal counts
+                    candidates = sorted(candidates, key=used.__getitem__)
             for b in candidates:
                 tid = table.ids[b]
                 if tid is not None and m.try_consume_tokens([tid]) == 1:
+                    if not forced:
+                        run = run + 1 if text and text[-1] == b else 1
+                        used[b] += 1
                     consumed.append(tid)
                     text.append(b)
                     break
             else:
                 return None
+            if looping and b == _QUOTE:  # NOTE: the string that looped is closed: plain again
+                looping, used = False, [0] * 256
+            if run >= STALL_RUN:
+                # NOTE: the byte may repeat forever (`^[0-9]+x$`, an email's local part): cut
+                # the run back to one and leave it by the least used bytes (module doc)
+                m.rollback(run - 1)
+                del consumed[len(consumed) - run + 1:], text[len(text) - run + 1:]
+                run, looping = 0, True
     finally:
         if consumed:
             m.rollback(len(consumed))

@@ -67,6 +67,7 @@ from coda.engine.speculative import (
     row_at,
     verify_rows,
 )
+from coda.engine.types import EngineConfigError
 from coda.models.load_errors import DraftModelLoadError
 from coda.models.source import LoadedModel, open_model, resolve_model
 
@@ -80,15 +81,17 @@ _UNBOUNDED = 1 << 62
 
 def speculative_mode(speculative: str, draft_model: str | None) -> str:
     """The speculative mode a server runs, given ``--speculative`` and ``--draft-model``:
-    ``--draft-model`` implies ``draft``; raises ValueError on a contradiction."""
+    ``--draft-model`` implies ``draft``; raises :class:`EngineConfigError` (a ValueError)
+    naming ``draft_model`` or ``speculative`` on a contradiction."""
     if draft_model is None:
         if speculative == MODE:
-            raise ValueError("--speculative draft needs --draft-model MODEL (a model that "
-                             "shares the target's tokenizer)")
+            raise EngineConfigError("--speculative draft needs --draft-model MODEL (a model "
+                                    "that shares the target's tokenizer)", field="draft_model")
         return speculative
     if speculative not in ("off", MODE):
-        raise ValueError(f"--draft-model drafts with a model; --speculative {speculative} "
-                         f"drafts another way: give one of them")
+        raise EngineConfigError(f"--draft-model drafts with a model; --speculative "
+                                f"{speculative} drafts another way: give one of them",
+                                field="speculative")
     return MODE
 
 

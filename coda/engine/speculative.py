@@ -104,6 +104,7 @@ from coda.engine.lookup import NgramIndex, copy_drafts
 from coda.engine.plan import RequestPlan
 from coda.engine.sampler import SamplingRow, TokenDecision
 from coda.engine.sequence import Sequence
+from coda.engine.types import SPECULATIVE_MODES
 from coda.output import OutputProcessor
 from coda.reasoning import Phase
 
@@ -111,7 +112,7 @@ if TYPE_CHECKING:
     from coda.engine.closure import BudgetCloser
     from coda.engine.verify_costs import VerifyCosts
 
-MODES = ("off", "prompt-lookup", "draft")  # NOTE: draft: coda.engine.draft
+MODES = SPECULATIVE_MODES  # NOTE: draft: coda.engine.draft
 _UNBOUNDED = 1 << 30
 
 

@@ -99,6 +99,10 @@ _POSITIVE_OR_NONE = ("num_blocks", "max_model_len", "num_threads")
 _NON_NEGATIVE = ("max_stop_strings", "recent_traces", "max_forward_retries")
 
 
+# NOTE: the modes of EngineConfig.speculative (coda.engine.speculative; draft: coda.engine.draft)
+SPECULATIVE_MODES = ("off", "prompt-lookup", "draft")
+
+
 def _check_counts(config: EngineConfig) -> None:
     for name in _POSITIVE + _POSITIVE_OR_NONE + _NON_NEGATIVE:
         value = getattr(config, name)
@@ -110,6 +114,22 @@ def _check_counts(config: EngineConfig) -> None:
             raise EngineConfigError(f"EngineConfig.{name} must be an integer >= {low}"
                                     + (" or None" if name in _POSITIVE_OR_NONE else "")
                                     + f", got {value!r}", field=name)
+
+
+def _check_choices(config: EngineConfig) -> None:
+    """The KV fraction and the speculative mode: refused as the counts are (they were a plain
+    ValueError, the fraction's only after the weights had loaded)."""
+    frac = config.kv_cache_memory_fraction
+    # NOTE: NaN fails both comparisons; a bool is no fraction
+    if frac is not None and (isinstance(frac, bool) or not isinstance(frac, (int, float))
+                             or not 0 < frac <= 1):
+        raise EngineConfigError("EngineConfig.kv_cache_memory_fraction (--kv-cache-fraction) "
+                                f"must be in (0, 1] or None, got {frac!r}",
+                                field="kv_cache_memory_fraction")
+    if config.speculative not in SPECULATIVE_MODES:
+        raise EngineConfigError(f"unknown --speculative {config.speculative!r} (EngineConfig."
+                                f"speculative); modes: {', '.join(SPECULATIVE_MODES)}",
+                                field="speculative")
 
 
 @dataclass(frozen=True)
@@ -131,8 +151,11 @@ class EngineConfig:
 
     A count no engine can run with (``block_size``, ``max_num_seqs``, ``default_max_tokens``…
     below 1; ``num_threads`` / ``max_model_len`` / ``num_blocks`` below 1 unless None; a
-    negative ``max_stop_strings`` / ``recent_traces`` / ``max_forward_retries``; a bool) raises
-    :class:`EngineConfigError` when the config is built (SPEC E1: refused before any work)."""
+    negative ``max_stop_strings`` / ``recent_traces`` / ``max_forward_retries``; a bool), a
+    ``kv_cache_memory_fraction`` outside (0, 1] or an unknown ``speculative`` mode raises
+    :class:`EngineConfigError` when the config is built (SPEC E1: refused before any work);
+    so does :meth:`AsyncEngine.from_model_dir` for a ``speculative`` / ``draft_model`` pair
+    that contradicts itself or a mode the load cannot run exactly."""
 
     quant: str = "auto"
     dtype: str | None = None
@@ -166,6 +189,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _check_counts(self)  # NOTE: raises EngineConfigError (a ValueError) naming the field
+        _check_choices(self)
 
 
 @dataclass(frozen=True)

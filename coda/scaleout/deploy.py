@@ -51,9 +51,10 @@ def start_replicas(n: int, model_dir: str | Path | None, config: EngineConfig, *
         # NOTE: Serve admits only 5 calls per replica by default (queueing the rest at the
         # caller); the engine has its own admission queue and the ingress routes, so a
         # replica takes every call it is sent
-        dep = serve.deployment(EngineReplica, name="replica", num_replicas=1,
+        # NOTE: the decorator form (options, then the class): typed as a Deployment by Ray
+        dep = serve.deployment(name="replica", num_replicas=1,
                                max_ongoing_requests=MAX_ONGOING,
-                               ray_actor_options={"num_cpus": num_cpus})
+                               ray_actor_options={"num_cpus": num_cpus})(EngineReplica)
         handles.append(serve.run(dep.bind(path, config, torch_threads), name=name,
                                  route_prefix=None))
     engine = RemoteEngine(handles, config, log=log)

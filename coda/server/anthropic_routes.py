@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.reader import replay
 from coda.server import tools as tl
+from coda.server.anthropic_checks import check_thinking_blocks, thinking_budget
 from coda.server.chat import content_text, render_chat
 from coda.server.common import collect, new_id, state_of
 from coda.server.create import create
@@ -122,9 +123,10 @@ class AnthropicRenderer(Renderer):
             usage = {**_usage(ev.terminal, prompt), "output_tokens": 0}
         else:
             usage = _usage(None, prompt, ev.cached_prompt_tokens or 0)
-        message = {"id": self.r.id, "type": "message", "role": "assistant",
-                   "model": self.r.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": {**usage, **self.tier}}
+        message: dict[str, Any] = {
+            "id": self.r.id, "type": "message", "role": "assistant", "model": self.r.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {**usage, **self.tier}}
         if self.parser is not None or self.thinking:
             return [self._frame("message_start", fid, message=message), self._frame("ping", fid)]
         return [self._frame("message_start", fid, message=message),
@@ -253,30 +255,8 @@ def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
     """Issue 23: ``thinking`` → (show the reasoning, its budget). Absent: shown, no budget
     (the model reasons anyway); ``disabled``: dropped; ``enabled``: shown, ``budget_tokens``
     (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols)."""
-    kind, budget = _thinking_budget(body.thinking, body.max_reasoning_tokens)
+    kind, budget = thinking_budget(body.thinking, body.max_reasoning_tokens, body.max_tokens)
     return kind != "disabled" and body.include_reasoning, budget
-
-
-def _thinking_budget(thinking: dict[str, Any] | None,
-                     fallback: int | None) -> tuple[str | None, int | None]:
-    """``thinking``'s (type, budget), checked as Anthropic checks it on both routes (P1):
-    ``enabled`` without a budget (and no ``fallback``, Coda's ``max_reasoning_tokens``) is a
-    400 naming ``thinking.budget_tokens``; the budget, when given, an integer >= 0."""
-    t = thinking or {}
-    kind = t.get("type")
-    if kind not in (None, "enabled", "disabled"):
-        raise InvalidRequestError("thinking.type: must be 'enabled' or 'disabled'",
-                                  field="thinking.type")
-    budget = t.get("budget_tokens") if kind == "enabled" else None
-    if kind == "enabled" and budget is None and fallback is None:
-        raise InvalidRequestError(
-            "thinking.budget_tokens: Field required when thinking.type is 'enabled'",
-            field="thinking.budget_tokens")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
-                               or budget < 0):
-        raise InvalidRequestError("thinking.budget_tokens: must be an integer >= 0",
-                                  field="thinking.budget_tokens")
-    return kind, fallback if budget is None else budget
 
 
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:
@@ -303,7 +283,8 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
 def _check_text(i: int, m: AnthropicMessage, *, last: bool) -> None:
     """As Anthropic refuses them (400s in its words): an empty message, unless it is the
     final assistant one (an empty prefill); an empty text block; a final assistant message
-    (a prefill) that ends in whitespace."""
+    (a prefill) that ends in whitespace; a malformed thinking block (anthropic_checks)."""
+    check_thinking_blocks(m.content, f"messages.{i}")
     texts = ([m.content] if isinstance(m.content, str)
              else [b.get("text") for b in m.content if b.get("type") == "text"])
     prefill = last and m.role == "assistant"
@@ -417,6 +398,6 @@ async def count_tokens(body: AnthropicCountRequest, request: Request) -> Respons
     system, messages and tools, counted by the served model's tokenizer (nothing is queued)."""
     st = state_of(request)
     st.check_model(body.model)
-    _thinking_budget(body.thinking, None)  # NOTE: counted or not, checked as on /v1/messages
+    thinking_budget(body.thinking, None)  # NOTE: counted or not, checked as on /v1/messages
     ids = await asyncio.to_thread(_prompt_ids, st, body, tool_plan(body))
     return JSONResponse({"input_tokens": len(ids)})

@@ -37,6 +37,7 @@ from coda.server.common import state_of
 from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
 from coda.server.integrity import resolve_resume
 from coda.server.logs import configure_logging
+from coda.server.request_ids import RequestIdMiddleware
 from coda.server.sse import SSEResponse, parse_position_id
 from coda.server.state import ServerSettings, ServerState
 
@@ -221,6 +222,8 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    # NOTE: outermost: a 401 or 413 above carries the request id header too (P1)
+    app.add_middleware(RequestIdMiddleware)
     return app
 
 

@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 from starlette.responses import Response
@@ -40,8 +41,10 @@ async def wait_results(request: Request, st: ServerState, record: Record,
     """Wait for every handle's terminal; a disconnect first applies the P4 policy."""
     results = asyncio.ensure_future(asyncio.gather(*(terminal_of(h.stream) for h in record.handles)))
     watch = asyncio.ensure_future(_disconnected(request))
+    # NOTE: typed as one kind of future: the set of both was a set[object] to mypy
+    either: set[asyncio.Future[Any]] = {results, watch}
     try:
-        await asyncio.wait({results, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
     if not results.done():

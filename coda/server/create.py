@@ -33,9 +33,16 @@ class Adapter(Protocol[B]):
     ``parse`` checks the model first (``ServerState.check_model``: with several models it
     routes the rest of the call), then everything else, and returns the frozen plan."""
 
-    kind: RecordKind
-    id_prefix: str
-    id_header: str | None
+    # NOTE: read-only, so an adapter's narrower class attribute (``kind = "chat"``,
+    # ``id_header = "x-request-id"``) satisfies it: a mutable protocol member is invariant
+    @property
+    def kind(self) -> RecordKind: ...
+
+    @property
+    def id_prefix(self) -> str: ...
+
+    @property
+    def id_header(self) -> str | None: ...
 
     async def parse(self, st: ServerState, body: B) -> Parsed: ...
 

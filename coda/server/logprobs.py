@@ -7,10 +7,13 @@ exact; a SentencePiece token ``▁x`` is `` x`` (its leading space is part of it
 A special token the request skips is an entry with no bytes (see :func:`chat_entries`; the
 legacy arrays keep its text but do not move ``text_offset``).
 
-Tokens are reported with the delta that carried their bytes. Tokens no delta carried
-(``Terminal.trailing_tokens``: a last token without visible text, bytes held at the end) are
-reported with the final chunk, except when the request ended on EOS or a stop sequence: then
-they are the stop itself, which never reaches the client (S3).
+Tokens are reported with the delta that carried their LAST byte (K2: an entry never shows
+bytes the client has not received; a token whose first bytes went out while its last ones were
+held as a possible stop start waits). Tokens no delta carried (``Terminal.trailing_tokens``: a
+last token without visible text, bytes held at the end) are reported with the final chunk,
+except when the request ended on EOS or a stop sequence: then they are the stop itself, which
+never reaches the client (S3) — all but the first ``Terminal.trailing_shown``: text a stop
+string starting inside a token cut, reported cut to the text.
 """
 
 from __future__ import annotations
@@ -83,5 +86,5 @@ def merge_legacy(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 def reported_trailing(terminal: Terminal) -> tuple[TokenInfo, ...]:
     """The trailing tokens a client sees logprobs for (see the module docstring)."""
     if terminal.finish_reason in (FinishReason.EOS, FinishReason.STOP_SEQUENCE):
-        return ()
+        return terminal.trailing_tokens[:terminal.trailing_shown]  # NOTE: never the stop's own
     return terminal.trailing_tokens

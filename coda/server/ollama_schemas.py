@@ -8,8 +8,10 @@ but the context's), ``stop``, ``repeat_penalty`` (Coda's repetition penalty, ove
 sequence), ``presence_penalty``, ``frequency_penalty``. Load-time and resource options
 (``num_ctx``, ``num_gpu``, ``num_thread``, ...) change no output and are accepted without
 effect: the server's own settings size the model. Samplers Coda does not have (``mirostat``,
-``typical_p``, ``tfs_z``, ``repeat_last_n``, ``penalize_newline``) are a 400 unless set to
-their neutral value, and an unknown option is a 400 naming it.
+``typical_p``, ``tfs_z``) are a 400 unless set to their neutral value; the repeat penalty's
+``repeat_last_n`` and ``penalize_newline`` are accepted where they change nothing (no
+``repeat_penalty``) or state Coda's own rule (``-1``: the whole sequence; ``true``), else a
+400. An unknown option is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ from coda.errors import InvalidRequestError
 from coda.server.schemas import OPEN, SEED_MAX, SEED_MIN, STRICT, CodaExtensions
 
 # NOTE: option name -> its neutral value (the one setting that asks for no such sampler)
-_NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0,
-                            "repeat_last_n": None, "penalize_newline": None}
+_NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 
 
 class OllamaOptions(BaseModel):
@@ -73,6 +74,16 @@ class OllamaOptions(BaseModel):
             if value is not None and value != neutral:
                 raise ValueError(f"{name}={value!r} is not supported (Coda has no such "
                                  "sampler; leave it unset)")
+        # NOTE: the repeat penalty's window and newline rule change nothing without a penalty;
+        # with one, Coda's rule is the whole sequence (-1) and newlines included (true)
+        penalty = self.repeat_penalty is not None and self.repeat_penalty != 1.0
+        if penalty and self.repeat_last_n is not None and self.repeat_last_n != -1:
+            raise ValueError(f"repeat_last_n={self.repeat_last_n!r} is not supported with "
+                             "repeat_penalty: Coda's penalty covers the whole sequence "
+                             "(repeat_last_n -1, or leave it unset)")
+        if penalty and self.penalize_newline is False:
+            raise ValueError("penalize_newline=False is not supported with repeat_penalty: "
+                             "Coda's penalty covers every token (leave it unset)")
         return self
 
     def max_tokens(self, room: int) -> int | None:

@@ -171,7 +171,7 @@ class OpenAIRenderer(Renderer):
         if ev is not None:
             self.take(index, ev)
         text = tl.texts(items)
-        calls = [tl.openai_call(c, self.r.id, delta=True) for c in items
+        calls = [tl.openai_call(c, self.r.id, delta=True, choice=index) for c in items
                  if isinstance(c, tl.ToolCall)]
         logprobs = ({"content": lp.chat_entries(ev.tokens, skip_special=self.skip),
                      "refusal": None} if self.logprobs and ev is not None else None)
@@ -400,7 +400,8 @@ def _final_object(record: Record, terminals: list[Terminal],
                     message["function_call"] = tl.openai_call(calls[0], record.id)["function"]
                     reason = "function_call" if reason == "stop" else reason
                 elif calls:
-                    message["tool_calls"] = [tl.openai_call(k, record.id) for k in calls]
+                    message["tool_calls"] = [tl.openai_call(k, record.id, choice=i)
+                                             for k in calls]
                     reason = "tool_calls" if reason == "stop" else reason
             choices.append({"index": i, "message": message,
                             "logprobs": logprobs, "finish_reason": reason, "coda": ext})

@@ -20,7 +20,7 @@ from coda.early_stop import EarlyStopPolicy
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.reasoning import ReasoningSpec
-from coda.sampling import SamplingParams
+from coda.sampling import SamplingParams, normalise_logit_bias
 from coda.server.render_spec import RenderSpec
 from coda.server.schemas import CodaExtensions, ResponseFormat
 from coda.server.state import DisconnectPolicy
@@ -149,7 +149,7 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
                                     else ext.repetition_penalty),
                 presence_penalty=presence_penalty or 0.0,
                 frequency_penalty=frequency_penalty or 0.0,
-                logit_bias=logit_bias or (), seed=None if seed is None else seed + i,
+                logit_bias=normalise_logit_bias(logit_bias or ()), seed=None if seed is None else seed + i,
                 min_tokens=ext.min_tokens, ignore_eos=ext.ignore_eos, logprobs=logprobs))
         except InvalidRequestError as exc:
             field = logprobs_field if exc.field == "logprobs" else exc.field

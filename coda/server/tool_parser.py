@@ -39,9 +39,11 @@ class ToolCall:
     name: str
     arguments: str
 
-    def call_id(self, request_id: str) -> str:
-        # NOTE: a pure function of the request and position, so replays repeat it (P3)
-        return f"call_{request_id[-16:]}_{self.index}"
+    def call_id(self, request_id: str, choice: int = 0) -> str:
+        # NOTE: a pure function of the request, choice and position, so replays repeat it (P3);
+        # choice 0 keeps the one-choice form, later choices (`n` > 1) name theirs
+        where = f"{choice}_{self.index}" if choice else str(self.index)
+        return f"call_{request_id[-16:]}_{where}"
 
 
 Item = str | ToolCall

@@ -100,6 +100,10 @@ def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
     if not isinstance(params, Mapping):
         raise InvalidRequestError(f"{field_name}: the parameters schema must be an object",
                                   field=field_name)
+    if "type" in params and params["type"] != "object":  # NOTE: a call's arguments are an object
+        raise InvalidRequestError(
+            f'{field_name}: the parameters schema must be of type "object", got '
+            f"{params['type']!r}", field=field_name)
     import llguidance as llg
 
     # NOTE: checked here so a bad schema is a 400 naming the tool, not `response_format`
@@ -233,8 +237,10 @@ def knob_fields(plan: ToolPlan | None, other_grammar: object | None,
     return {"grammar": grammar_for(plan), "stops_end_at": OPEN_TAG}
 
 
-def openai_call(call: ToolCall, request_id: str, *, delta: bool = False) -> dict[str, Any]:
-    """A call as Chat Completions writes it (``delta``: in a streamed chunk, with ``index``)."""
-    out: dict[str, Any] = {"id": call.call_id(request_id), "type": "function",
+def openai_call(call: ToolCall, request_id: str, *, delta: bool = False,
+                choice: int = 0) -> dict[str, Any]:
+    """A call as Chat Completions writes it (``delta``: in a streamed chunk, with ``index``;
+    ``choice``: the choice it belongs to, so ids are unique across ``n`` choices)."""
+    out: dict[str, Any] = {"id": call.call_id(request_id, choice), "type": "function",
                            "function": {"name": call.name, "arguments": call.arguments}}
     return {"index": call.index, **out} if delta else out

@@ -1,0 +1,67 @@
+"""Anthropic's own checks on ``thinking`` (SPEC P1: refused as the real API refuses them, a 400
+``invalid_request_error`` naming the field), on ``/v1/messages`` and its ``count_tokens``.
+
+- The request's ``thinking``: ``type`` is ``enabled`` or ``disabled``; ``enabled`` needs
+  ``budget_tokens`` (unless Coda's ``max_reasoning_tokens`` gives the budget), an integer
+  ``>= 1024`` and, on a create, ``< max_tokens`` (Anthropic's two bounds).
+- A ``thinking`` block sent back in the history carries its ``thinking`` and ``signature``
+  strings, a ``redacted_thinking`` block its ``data`` string: a malformed one was dropped
+  without a word (the model's reasoning is never prompt text, so nothing showed it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from coda.errors import InvalidRequestError
+
+# NOTE: Anthropic's floor for thinking.budget_tokens (its extended-thinking docs)
+MIN_THINKING_BUDGET = 1024
+_BLOCK_FIELDS = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
+
+
+def _bad(field: str, what: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{field}: {what}", field=field)
+
+
+def thinking_budget(thinking: dict[str, Any] | None, fallback: int | None,
+                    max_tokens: int | None = None) -> tuple[str | None, int | None]:
+    """``thinking``'s (type, budget), checked as Anthropic checks it (module doc). ``fallback``
+    is Coda's ``max_reasoning_tokens`` (its own bound, ``>= 0``); ``max_tokens`` None (token
+    counting) skips the bound that needs it."""
+    t = thinking or {}
+    kind = t.get("type")
+    if kind not in (None, "enabled", "disabled"):
+        raise _bad("thinking.type", "must be 'enabled' or 'disabled'")
+    budget = t.get("budget_tokens") if kind == "enabled" else None
+    if kind == "enabled" and budget is None and fallback is None:
+        raise _bad("thinking.budget_tokens", "Field required when thinking.type is 'enabled'")
+    if budget is None:
+        return kind, fallback
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise _bad("thinking.budget_tokens", "must be an integer")
+    if budget < MIN_THINKING_BUDGET:
+        raise _bad("thinking.budget_tokens",
+                   f"Input should be greater than or equal to {MIN_THINKING_BUDGET}, got {budget}")
+    if max_tokens is not None and budget >= max_tokens:
+        raise _bad("thinking.budget_tokens", f"must be less than max_tokens ({budget} >= "
+                                             f"{max_tokens}): max_tokens must be greater than "
+                                             "thinking.budget_tokens")
+    return kind, budget
+
+
+def check_thinking_blocks(content: Any, field: str) -> None:
+    """Every ``thinking`` / ``redacted_thinking`` block of a message's ``content`` has its
+    string fields (module doc); ``field`` is the message's path (``messages.1``)."""
+    if isinstance(content, str):
+        return
+    for j, block in enumerate(content):
+        if not isinstance(block, Mapping):
+            continue  # NOTE: refused with its own 400 by the block checks that follow
+        for name in _BLOCK_FIELDS.get(str(block.get("type")), ()):
+            value, where = block.get(name), f"{field}.content.{j}.{name}"
+            if value is None:
+                raise _bad(where, f"Field required in a {block['type']} block")
+            if not isinstance(value, str):
+                raise _bad(where, "Input should be a valid string")

@@ -104,6 +104,8 @@ def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
         raise InvalidRequestError(
             f'{field_name}: the arguments schema (parameters / input_schema) must be of type '
             f'"object", got {params["type"]!r}', field=field_name)
+    # NOTE: untyped (`{}`, only `properties`) is an object's schema, else any JSON value passed
+    params = {"type": "object", **params}
     import llguidance as llg
 
     # NOTE: checked here so a bad schema is a 400 naming the tool, not `response_format`

@@ -118,3 +118,17 @@ def test_l4_loop_inside_an_open_object_stays_short() -> None:
     assert path is not None and len(path.text) < 100, path
     assert path.text.endswith(b'"}'), path.text
     jsonschema.validate(json.loads(path.text), schema)
+
+
+@pytest.mark.parametrize("depth", [8, 9, 16])
+def test_l4_deep_nesting_still_closes_by_its_brackets(depth: int) -> None:
+    """A run of closing brackets outside text closes levels, it is no loop: arrays nested
+    `depth` deep (each needing one item) close as `[[...0]...]`, as before the loop rule."""
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema, "minItems": 1}
+    m = _matcher(schema)
+    path = closing_path(m, _LL, byte_table(_LL))
+    assert path is not None
+    assert path.text == b"[" * depth + b"0" + b"]" * depth
+    assert m.consume_tokens(list(path.tokens)) is not False and m.is_accepting()

@@ -23,7 +23,8 @@ is realizable and the bound holds for any tokenizer. A tokenizer that spells eve
 vocabulary has no token for six control bytes, 0xC0, 0xC1, 0xF1, 0xF2) is walked around them —
 JSON never needs raw control bytes, and 0xC0/0xC1 never occur in UTF-8. A byte the grammar
 lets repeat without end (`^[0-9]+x$` takes `0` forever, an email's local part too) would keep
-the greedy walk in a loop: once it has chosen the same byte ``STALL_RUN`` times in a row, the
+the greedy walk in a loop: once it has chosen the same byte ``STALL_RUN`` times in a row (a
+closing bracket outside text does not count: each one closes a level of nesting), the
 run is cut back to one and from then on the walk prefers the bytes it has chosen least (the
 fixed order among equals), which leaves every such loop, until it takes a quote (in JSON the
 string that looped is closed: the plain order closes the rest, as short as before). Only when no
@@ -82,6 +83,7 @@ _ORDER = list(dict.fromkeys(_STRUCT + _REST))
 _ORDER_TEXT = list(dict.fromkeys(_IN_TEXT + _REST))
 _PROBE = ord("a")
 _QUOTE = ord('"')  # NOTE: in JSON a raw quote byte always opens or closes a string
+_CLOSERS = b"]}"  # NOTE: outside text each one closes a level: a run of them is progress
 MAX_WALK = 4096  # bytes; a completion longer than this counts as "not closable"
 STALL_RUN = 8    # the same byte chosen this many times in a row: a loop the walk must leave
 
@@ -160,6 +162,7 @@ def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
             if steps > limit:
                 return None
             forced = m.compute_ff_bytes()
+            in_text = False
             if forced:
                 candidates: list[int] = [forced[0]]
             else:
@@ -171,7 +174,7 @@ def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
             for b in candidates:
                 tid = table.ids[b]
                 if tid is not None and m.try_consume_tokens([tid]) == 1:
-                    if not forced:
+                    if not forced and (in_text or b not in _CLOSERS):
                         run = run + 1 if text and text[-1] == b else 1
                         used[b] += 1
                     consumed.append(tid)

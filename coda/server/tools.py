@@ -102,8 +102,10 @@ def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
                                   field=field_name)
     if "type" in params and params["type"] != "object":  # NOTE: a call's arguments are an object
         raise InvalidRequestError(
-            f'{field_name}: the parameters schema must be of type "object", got '
-            f"{params['type']!r}", field=field_name)
+            f'{field_name}: the arguments schema (parameters / input_schema) must be of type '
+            f'"object", got {params["type"]!r}', field=field_name)
+    # NOTE: untyped (`{}`, only `properties`) is an object's schema, else any JSON value passed
+    params = {"type": "object", **params}
     import llguidance as llg
 
     # NOTE: checked here so a bad schema is a 400 naming the tool, not `response_format`

@@ -108,3 +108,22 @@ def test_p1_anthropic_system_block_errors_name_its_path(
                    {"type": "text", "text": "brief"}]
     assert (an.messages.count_tokens(model=MODEL, messages=Q, system=blocks).input_tokens
             == an.messages.count_tokens(model=MODEL, messages=Q, system="be brief").input_tokens)
+
+
+def test_p1_a_completed_response_says_when_it_completed(oa: openai.OpenAI) -> None:
+    """P1: ``completed_at`` (OpenAI: only when the status is completed) is set on a completed
+    response, not before its creation, the same on retrieve and in ``response.completed``;
+    an incomplete one has none."""
+    stops = ["e", "a", "o", " "]
+    done = oa.responses.create(model=MODEL, input="hi", max_output_tokens=64, temperature=0,
+                               extra_body={"stop": stops})
+    assert done.status == "completed", done.model_dump()
+    assert done.completed_at is not None and done.completed_at >= done.created_at
+    assert oa.responses.retrieve(done.id).completed_at == done.completed_at
+    events = list(oa.responses.create(model=MODEL, input="hi", max_output_tokens=64,
+                                      temperature=0, stream=True, extra_body={"stop": stops}))
+    last = events[-1]
+    assert last.type == "response.completed" and last.response.completed_at is not None
+    assert events[0].response.completed_at is None  # type: ignore[union-attr]
+    cut = oa.responses.create(model=MODEL, input="hi", max_output_tokens=1)
+    assert cut.status == "incomplete" and cut.completed_at is None

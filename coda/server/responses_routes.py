@@ -102,6 +102,10 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
                          "output_tokens": u.selected_tokens,
                          "output_tokens_details": {"reasoning_tokens": r_tokens},
                          "total_tokens": u.prompt_tokens + u.selected_tokens}
+        if status == "completed":
+            # NOTE: P1: OpenAI's completion time, present only when completed; from the
+            # terminal (not the clock), so a retrieve or a replay says the same (P3)
+            body["completed_at"] = int(record.created + terminal.timings.total_s)
         if status == "failed":
             body["error"] = {"code": "server_error", "message": error_message(terminal)}
         elif status != "completed":

@@ -127,3 +127,21 @@ def test_p1_a_completed_response_says_when_it_completed(oa: openai.OpenAI) -> No
     assert events[0].response.completed_at is None  # type: ignore[union-attr]
     cut = oa.responses.create(model=MODEL, input="hi", max_output_tokens=1)
     assert cut.status == "incomplete" and cut.completed_at is None
+
+
+def test_p1_responses_echo_the_informational_fields_as_sent(oa: openai.OpenAI) -> None:
+    """P1: ``user``, ``safety_identifier``, ``prompt_cache_key``, ``top_logprobs`` and
+    ``reasoning`` come back as sent (null where not sent), on create and on retrieve (the
+    SDK read None for every one)."""
+    sent = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2, user="u1",
+                               safety_identifier="s1", prompt_cache_key="k1", top_logprobs=2,
+                               reasoning={"effort": "low"})
+    for r in (sent, oa.responses.retrieve(sent.id)):
+        assert (r.user, r.safety_identifier, r.prompt_cache_key, r.top_logprobs) == (
+            "u1", "s1", "k1", 2)
+        assert r.reasoning is not None and r.reasoning.effort == "low"
+        assert r.reasoning.summary is None
+    plain = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    assert (plain.user, plain.safety_identifier, plain.prompt_cache_key,
+            plain.top_logprobs) == (None, None, None, None)
+    assert plain.reasoning is not None and plain.reasoning.effort is None

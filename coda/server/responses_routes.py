@@ -85,6 +85,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         "text": {"format": dict(spec.format)}, "truncation": "disabled", "usage": None,
         "store": spec.store,
         **({"service_tier": spec.service_tier} if spec.service_tier else {}),
+        **spec.echoed,
     }
     if initial:
         return body
@@ -405,6 +406,15 @@ def check_unhonoured(body: ResponsesRequest) -> None:
         reject_unhonoured(body)
 
 
+def _echoed(body: ResponsesRequest) -> dict[str, object]:
+    """The informational fields the response object repeats as sent (null where not sent),
+    as OpenAI's does; ``reasoning`` as its two fields (no summary is generated)."""
+    r = body.reasoning or {}
+    return {"user": body.user, "safety_identifier": body.safety_identifier,
+            "prompt_cache_key": body.prompt_cache_key, "top_logprobs": body.top_logprobs,
+            "reasoning": {"effort": r.get("effort"), "summary": r.get("summary")}}
+
+
 def check_results(body: ResponsesRequest, history: list[dict[str, Any]]) -> None:
     """Every call answered, every output answering a call (``check_responses_results``),
     entered only where the input has a tool item or a continued response has history (issue
@@ -475,7 +485,8 @@ class ResponsesAdapter:
                 () if not body.store else body.input if isinstance(body.input, str)
                 else tuple(i.model_dump() for i in body.input)),
             service_tier=(served_tier(body.service_tier) if body.service_tier is not None
-                          else None))
+                          else None),
+            echoed=_echoed(body))
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,

@@ -3,7 +3,7 @@
 OpenAI: ``{"error": {"message", "type", "param", "code"}}``; Anthropic:
 ``{"type": "error", "error": {"type", "message"}}``; Ollama: ``{"error": "message"}``. The
 protocol is chosen by path (``/v1/messages`` is Anthropic, ``/api/`` is Ollama). Bad input is always 4xx and names the field; only a fault of
-the server itself is a 5xx. Every answer under ``/v1/`` carries the protocol's request id
+the server itself is a 5xx. Every answer but Ollama's carries the protocol's request id
 header, errors included (:class:`RequestIdMiddleware`).
 """
 
@@ -157,10 +157,8 @@ def install_handlers(app: FastAPI) -> None:
 
 def _id_header(path: str) -> bytes | None:
     """The request id header of the protocol served at ``path`` (lower-case, as ASGI carries
-    header names): OpenAI's ``x-request-id``, Anthropic's ``request-id``; None off ``/v1/``
-    and on Ollama's routes (its API sends none)."""
-    if not path.startswith("/v1/"):
-        return None
+    header names): OpenAI's ``x-request-id`` (Coda's own routes too), Anthropic's
+    ``request-id``; None on Ollama's routes (its API sends none)."""
     protocol = protocol_of(path)
     return b"request-id" if protocol == "anthropic" else (
         b"x-request-id" if protocol == "openai" else None)
@@ -170,8 +168,8 @@ class RequestIdMiddleware:
     """Every OpenAI- and Anthropic-shaped answer carries its protocol's request id header
     (SPEC P1: the SDKs' ``_request_id`` and ``APIStatusError.request_id``), as the real APIs
     send one on every answer, errors included. A create names its own record there
-    (``coda.server.create``: the id a resume or a trace looks up); any other answer under
-    ``/v1/`` (a Responses retrieve, cancel, delete or ``input_items``, a model card, every 4xx
+    (``coda.server.create``: the id a resume or a trace looks up); any other answer off
+    ``/api/`` (a Responses retrieve, cancel, delete or ``input_items``, a model card, every 4xx
     of a route, the key check or the body limit) gets a fresh ``req_`` + 32 hex id. Outermost,
     so the 401 and 413 of the middlewares below carry it too."""
 

@@ -151,8 +151,17 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _any(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
+        # NOTE: Starlette answers this one outside every middleware (ServerErrorMiddleware):
+        # the request id header is added here
+        name = _id_header(request.url.path)
         return error_response(protocol_of(request.url.path), 500,
-                              f"internal error: {type(exc).__name__}", code="internal_error")
+                              f"internal error: {type(exc).__name__}", code="internal_error",
+                              headers={name.decode(): fresh_request_id()} if name else None)
+
+
+def fresh_request_id() -> str:
+    """An id for an answer that names no record: ``req_`` + 32 hex, as OpenAI's."""
+    return f"req_{uuid.uuid4().hex}"
 
 
 def _id_header(path: str) -> bytes | None:
@@ -187,7 +196,7 @@ class RequestIdMiddleware:
                 headers = list(message.get("headers", []))
                 # NOTE: a create's own id (its record's) wins: only a missing one is added
                 if not any(k.lower() == name for k, _ in headers):
-                    headers.append((name, f"req_{uuid.uuid4().hex}".encode()))
+                    headers.append((name, fresh_request_id().encode()))
                     message = {**message, "headers": headers}
             await send(message)
 

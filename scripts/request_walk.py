@@ -230,7 +230,8 @@ def layer(site: str) -> str:
         return "d1_policy"
     if path.startswith("coda/server/") and name.endswith("schemas.py"):
         return "wire"
-    if path.startswith("coda/server/") and name.endswith("_routes.py"):
+    # NOTE: a protocol's own wire checks (anthropic_checks.py) are its adapter's, split off
+    if path.startswith("coda/server/") and name.endswith(("_routes.py", "_checks.py")):
         return "adapter"
     return "internal"
 

@@ -35,7 +35,10 @@ COMPARES_BUDGET = frozenset({"engine/plan.py", "output.py", "early_stop.py",
                              "engine/speculative.py"})
 # NOTE: not the budget's range: what ``max_tokens: 0`` means on the completions wire (score the
 # echoed prompt only), so it is refused there without ``echo`` and accepted by the plan with it
-WIRE_MEANING = frozenset({("server/openai_routes.py", "_reject_unsupported")})
+# The same for Anthropic's own rule relating two wire fields (thinking.budget_tokens <
+# max_tokens, refused as Anthropic refuses it): a wire check, not the budget's admission
+WIRE_MEANING = frozenset({("server/openai_routes.py", "_reject_unsupported"),
+                          ("server/anthropic_checks.py", "thinking_budget")})
 PRODUCT_ONLY = frozenset({"bench.py"})  # NOTE: test support calling transformers.generate
 
 

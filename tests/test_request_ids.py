@@ -96,3 +96,32 @@ def test_p1_auth_and_body_limit_refusals_carry_the_header(server_spawn: Any) -> 
     small = server_spawn(settings=ServerSettings(max_body_bytes=64))
     r = httpx.post(small.url + "/v1/responses", json={"input": "x" * 200})
     assert r.status_code == 413 and _rid(r.headers.get("x-request-id"))
+
+
+class _Failing:
+    """The session's engine, but ``stats`` (read by ``/health``) fails: a fault of the server
+    itself, answered by Starlette outside every middleware."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def stats(self) -> Any:
+        raise RuntimeError("boom")
+
+
+def test_p1_a_500_carries_the_header_too(server_engine: Any) -> None:
+    """P1: the 500 of an unexpected fault (an ``internal_error`` in the protocol's shape)
+    carries ``x-request-id`` as every other answer does."""
+    from coda.server.app import create_app
+    from tests.conftest import LiveServer
+
+    live = LiveServer(create_app(_Failing(server_engine), manage_engine=False)).start()
+    try:
+        r = httpx.get(live.url + "/health")
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error", r.text
+        _rid(r.headers.get("x-request-id"))
+    finally:
+        live.stop()

@@ -4,6 +4,7 @@
 - The request's ``thinking``: ``type`` is ``enabled`` or ``disabled``; ``enabled`` needs
   ``budget_tokens`` (unless Coda's ``max_reasoning_tokens`` gives the budget), an integer
   ``>= 1024`` and, on a create, ``< max_tokens`` (Anthropic's two bounds).
+- A ``system`` list holds text blocks, each with its ``text`` string.
 - A ``thinking`` block sent back in the history carries its ``thinking`` and ``signature``
   strings, a ``redacted_thinking`` block its ``data`` string: a malformed one was dropped
   without a word (the model's reasoning is never prompt text, so nothing showed it).
@@ -49,6 +50,24 @@ def thinking_budget(thinking: dict[str, Any] | None, fallback: int | None,
                                              f"{max_tokens}): max_tokens must be greater than "
                                              "thinking.budget_tokens")
     return kind, budget
+
+
+def check_system_blocks(system: list[Any]) -> None:
+    """A ``system`` list holds text blocks only, each with its ``text`` string (a 400 naming
+    ``system.{j}.type`` / ``system.{j}.text``, Anthropic's paths; it named
+    ``system.content.{j}``, a path the request does not have, and said "got 'text'" of a
+    text block without its text)."""
+    for j, block in enumerate(system):
+        if not isinstance(block, Mapping):
+            raise _bad(f"system.{j}", "a system block must be an object")
+        if block.get("type") != "text":
+            raise _bad(f"system.{j}.type",
+                       f"Input should be 'text' (got {block.get('type')!r}): the system "
+                       "prompt takes text blocks only")
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise _bad(f"system.{j}.text", "Field required" if text is None
+                       else "Input should be a valid string")
 
 
 def check_thinking_blocks(content: Any, field: str) -> None:

@@ -22,7 +22,11 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.reader import replay
 from coda.server import tools as tl
-from coda.server.anthropic_checks import check_thinking_blocks, thinking_budget
+from coda.server.anthropic_checks import (
+    check_system_blocks,
+    check_thinking_blocks,
+    thinking_budget,
+)
 from coda.server.chat import content_text, render_chat
 from coda.server.common import collect, new_id, state_of
 from coda.server.create import create
@@ -255,7 +259,9 @@ def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
     """Issue 23: ``thinking`` → (show the reasoning, its budget). Absent: shown, no budget
     (the model reasons anyway); ``disabled``: dropped; ``enabled``: shown, ``budget_tokens``
     (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols)."""
-    kind, budget = thinking_budget(body.thinking, body.max_reasoning_tokens, body.max_tokens)
+    # NOTE: issue 22: without ``thinking`` there is nothing to check: (None, Coda's budget)
+    kind, budget = (thinking_budget(body.thinking, body.max_reasoning_tokens, body.max_tokens)
+                    if body.thinking is not None else (None, body.max_reasoning_tokens))
     return kind != "disabled" and body.include_reasoning, budget
 
 
@@ -268,6 +274,8 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
         check_anthropic_results(body.messages)
     msgs: list[dict[str, Any]] = []
     if body.system:
+        if isinstance(body.system, list):  # NOTE: issue 22: a string holds no block
+            check_system_blocks(body.system)
         msgs.append({"role": "system", "content": content_text(body.system, "system")})
     for i, m in enumerate(body.messages):
         if m.role not in _ROLES:
@@ -284,7 +292,8 @@ def _check_text(i: int, m: AnthropicMessage, *, last: bool) -> None:
     """As Anthropic refuses them (400s in its words): an empty message, unless it is the
     final assistant one (an empty prefill); an empty text block; a final assistant message
     (a prefill) that ends in whitespace; a malformed thinking block (anthropic_checks)."""
-    check_thinking_blocks(m.content, f"messages.{i}")
+    if not isinstance(m.content, str):  # NOTE: issue 22: a string holds no thinking block
+        check_thinking_blocks(m.content, f"messages.{i}")
     texts = ([m.content] if isinstance(m.content, str)
              else [b.get("text") for b in m.content if b.get("type") == "text"])
     prefill = last and m.role == "assistant"
@@ -398,6 +407,7 @@ async def count_tokens(body: AnthropicCountRequest, request: Request) -> Respons
     system, messages and tools, counted by the served model's tokenizer (nothing is queued)."""
     st = state_of(request)
     st.check_model(body.model)
-    thinking_budget(body.thinking, None)  # NOTE: counted or not, checked as on /v1/messages
+    if body.thinking is not None:
+        thinking_budget(body.thinking, None)  # NOTE: counted or not, checked as on /v1/messages
     ids = await asyncio.to_thread(_prompt_ids, st, body, tool_plan(body))
     return JSONResponse({"input_tokens": len(ids)})

@@ -34,10 +34,15 @@ from coda.server import (
 )
 from coda.server.admission import BodyLimitMiddleware
 from coda.server.common import state_of
-from coda.server.http_errors import ApiError, error_response, install_handlers, protocol_of
+from coda.server.http_errors import (
+    ApiError,
+    RequestIdMiddleware,
+    error_response,
+    install_handlers,
+    protocol_of,
+)
 from coda.server.integrity import resolve_resume
 from coda.server.logs import configure_logging
-from coda.server.request_ids import RequestIdMiddleware
 from coda.server.sse import SSEResponse, parse_position_id
 from coda.server.state import ServerSettings, ServerState
 

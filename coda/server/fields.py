@@ -2,7 +2,8 @@
 (issue 14 item 5, the API-gaps issue item 1). One home for what each does here:
 
 - refused with a 400 naming the field where the value asks for something Coda does not do
-  (Responses ``truncation: "auto"``, ``modalities`` with ``"audio"``);
+  (Responses ``truncation: "auto"``, ``modalities`` with ``"audio"``), or breaks OpenAI's
+  bounds on an informational field (``metadata``: 16 pairs, keys <= 64, values <= 512);
 - accepted with no effect where nothing local corresponds: ``prompt_cache_key``,
   ``safety_identifier`` (prefix caching is automatic; there is no abuse monitoring),
   ``stream_options.include_obfuscation`` (chat, completions, Responses: OpenAI pads its
@@ -18,7 +19,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coda.errors import InvalidRequestError
@@ -48,6 +49,31 @@ def reject_unhonoured(body: ResponsesRequest) -> None:
     if body.background and not body.store:
         raise InvalidRequestError("background: background responses require store=true",
                                   field="background")
+
+
+# NOTE: OpenAI's bounds on ``metadata`` (chat and Responses): 16 pairs, keys up to 64
+# characters, values up to 512
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def check_metadata(metadata: Mapping[str, str] | None) -> None:
+    """``metadata`` within OpenAI's bounds (P1: a 400 naming the field, as OpenAI's; it was
+    stored and echoed whatever its size)."""
+    if not metadata:
+        return
+    if len(metadata) > METADATA_PAIRS:
+        raise InvalidRequestError(
+            f"metadata: too many properties: at most {METADATA_PAIRS} key-value pairs, got "
+            f"{len(metadata)}", field="metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise InvalidRequestError(
+                f"metadata: key {key[:METADATA_KEY_CHARS]!r}... too long: at most "
+                f"{METADATA_KEY_CHARS} characters, got {len(key)}", field="metadata")
+        if len(value) > METADATA_VALUE_CHARS:
+            raise InvalidRequestError(
+                f"metadata.{key}: string too long: at most {METADATA_VALUE_CHARS} characters, "
+                f"got {len(value)}", field=f"metadata.{key}")
 
 
 def check_modalities(modalities: Sequence[str] | None) -> None:

@@ -3,13 +3,15 @@
 OpenAI: ``{"error": {"message", "type", "param", "code"}}``; Anthropic:
 ``{"type": "error", "error": {"type", "message"}}``; Ollama: ``{"error": "message"}``. The
 protocol is chosen by path (``/v1/messages`` is Anthropic, ``/api/`` is Ollama). Bad input is always 4xx and names the field; only a fault of
-the server itself is a 5xx.
+the server itself is a 5xx. Every answer but Ollama's carries the protocol's request id
+header, errors included (:class:`RequestIdMiddleware`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -17,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, ModelNotFoundError
 
@@ -148,5 +151,53 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _any(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
+        # NOTE: Starlette answers this one outside every middleware (ServerErrorMiddleware):
+        # the request id header is added here
+        name = _id_header(request.url.path)
         return error_response(protocol_of(request.url.path), 500,
-                              f"internal error: {type(exc).__name__}", code="internal_error")
+                              f"internal error: {type(exc).__name__}", code="internal_error",
+                              headers={name.decode(): fresh_request_id()} if name else None)
+
+
+def fresh_request_id() -> str:
+    """An id for an answer that names no record: ``req_`` + 32 hex, as OpenAI's."""
+    return f"req_{uuid.uuid4().hex}"
+
+
+def _id_header(path: str) -> bytes | None:
+    """The request id header of the protocol served at ``path`` (lower-case, as ASGI carries
+    header names): OpenAI's ``x-request-id`` (Coda's own routes too), Anthropic's
+    ``request-id``; None on Ollama's routes (its API sends none)."""
+    protocol = protocol_of(path)
+    return b"request-id" if protocol == "anthropic" else (
+        b"x-request-id" if protocol == "openai" else None)
+
+
+class RequestIdMiddleware:
+    """Every OpenAI- and Anthropic-shaped answer carries its protocol's request id header
+    (SPEC P1: the SDKs' ``_request_id`` and ``APIStatusError.request_id``), as the real APIs
+    send one on every answer, errors included. A create names its own record there
+    (``coda.server.create``: the id a resume or a trace looks up); any other answer off
+    ``/api/`` (a Responses retrieve, cancel, delete or ``input_items``, a model card, every 4xx
+    of a route, the key check or the body limit) gets a fresh ``req_`` + 32 hex id. Outermost,
+    so the 401 and 413 of the middlewares below carry it too."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = _id_header(scope["path"]) if scope["type"] == "http" else None
+        if name is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                # NOTE: a create's own id (its record's) wins: only a missing one is added
+                if not any(k.lower() == name for k, _ in headers):
+                    headers.append((name, fresh_request_id().encode()))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, stamped)

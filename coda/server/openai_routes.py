@@ -24,7 +24,7 @@ from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, state_of, text_before
 from coda.server.create import create
 from coda.server.failures import failed_json, is_failed, openai_error
-from coda.server.fields import check_modalities, effort_budget, served_tier
+from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
 from coda.server.params import Parsed, plan_call
@@ -219,6 +219,8 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         raise InvalidRequestError("stream_options: only allowed when stream is true",
                                   field="stream_options")
     if isinstance(body, ChatCompletionRequest):
+        if body.metadata:  # NOTE: issue 22: a plain request never enters fields
+            check_metadata(body.metadata)
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")

@@ -112,7 +112,7 @@ class AnthropicMessage(BaseModel):
 
 class AnthropicMetadata(BaseModel):
     model_config = STRICT  # NOTE: as Anthropic: user_id is its one field; another is a 400
-    user_id: str | None = None
+    user_id: str | None = Field(None, max_length=256)  # NOTE: Anthropic's bound
 
 
 class AnthropicRequest(CodaExtensions):

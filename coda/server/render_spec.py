@@ -89,6 +89,10 @@ class ResponsesRender:
     carried_items: tuple[Mapping[str, object], ...] = ()
     own_input: str | tuple[Mapping[str, object], ...] = ()
     skip_special: bool = True  # NOTE: a skipped special token's logprob entry has no bytes
+    # the request's informational fields the response object repeats as sent (P1: ``user``,
+    # ``safety_identifier``, ``prompt_cache_key``, ``top_logprobs``, ``reasoning``), null
+    # where not sent; a record stored before it had none: they are left out
+    echoed: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,13 @@ from coda.server.chat import render_chat
 from coda.server.common import new_id, partial_text, state_of
 from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
-from coda.server.fields import effort_budget, reject_unhonoured, responses_effort, served_tier
+from coda.server.fields import (
+    check_metadata,
+    effort_budget,
+    reject_unhonoured,
+    responses_effort,
+    served_tier,
+)
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
@@ -71,11 +77,15 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         "instructions": spec.instructions, "metadata": dict(spec.metadata),
         "previous_response_id": spec.previous_response_id,
         "max_output_tokens": spec.max_tokens, "output": [],
-        "parallel_tool_calls": False, "temperature": spec.temperature,
-        "top_p": spec.top_p, "tool_choice": "auto", "tools": [],
+        # NOTE: the values sampled with, as OpenAI echoes them: 1.0 when not sent (P1), and
+        # parallel_tool_calls as sent (default true) with tools or without
+        "parallel_tool_calls": spec.parallel,
+        "temperature": 1.0 if spec.temperature is None else spec.temperature,
+        "top_p": 1.0 if spec.top_p is None else spec.top_p, "tool_choice": "auto", "tools": [],
         "text": {"format": dict(spec.format)}, "truncation": "disabled", "usage": None,
         "store": spec.store,
         **({"service_tier": spec.service_tier} if spec.service_tier else {}),
+        **spec.echoed,
     }
     if initial:
         return body
@@ -93,6 +103,10 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
                          "output_tokens": u.selected_tokens,
                          "output_tokens_details": {"reasoning_tokens": r_tokens},
                          "total_tokens": u.prompt_tokens + u.selected_tokens}
+        if status == "completed":
+            # NOTE: P1: OpenAI's completion time, present only when completed; from the
+            # terminal (not the clock), so a retrieve or a replay says the same (P3)
+            body["completed_at"] = int(record.created + terminal.timings.total_s)
         if status == "failed":
             body["error"] = {"code": "server_error", "message": error_message(terminal)}
         elif status != "completed":
@@ -110,8 +124,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
           if at is not None else []),
         *(_call_item(record, k, "completed") for k in calls[cut:])]
     if spec.tools:
-        body.update(tools=list(spec.tools_echo), tool_choice=spec.tool_choice,
-                    parallel_tool_calls=spec.parallel)
+        body.update(tools=list(spec.tools_echo), tool_choice=spec.tool_choice)
     return body
 
 
@@ -393,6 +406,15 @@ def check_unhonoured(body: ResponsesRequest) -> None:
         reject_unhonoured(body)
 
 
+def _echoed(body: ResponsesRequest) -> dict[str, object]:
+    """The informational fields the response object repeats as sent (null where not sent),
+    as OpenAI's does; ``reasoning`` as its two fields (no summary is generated)."""
+    r = body.reasoning or {}
+    return {"user": body.user, "safety_identifier": body.safety_identifier,
+            "prompt_cache_key": body.prompt_cache_key, "top_logprobs": body.top_logprobs,
+            "reasoning": {"effort": r.get("effort"), "summary": r.get("summary")}}
+
+
 def check_results(body: ResponsesRequest, history: list[dict[str, Any]]) -> None:
     """Every call answered, every output answering a call (``check_responses_results``),
     entered only where the input has a tool item or a continued response has history (issue
@@ -423,6 +445,8 @@ class ResponsesAdapter:
         st.check_model(body.model)
         plan = tool_plan(body)
         check_unhonoured(body)
+        if body.metadata:  # NOTE: issue 22: a plain request never enters fields
+            check_metadata(body.metadata)
         msgs = _messages(body)
         # NOTE: issue 24 item 3: any front end continues a stored response (Redis or memory)
         history, carried = await previous_history(st, body.previous_response_id) \
@@ -448,7 +472,8 @@ class ResponsesAdapter:
             previous_response_id=body.previous_response_id, max_tokens=max_tokens,
             temperature=body.temperature,
             top_p=body.top_p, tools=bool(plan and plan.active),
-            tools_echo=tuple(body.tools or ()), parallel=plan.parallel if plan else False,
+            tools_echo=tuple(body.tools or ()),
+            parallel=plan.parallel if plan else body.parallel_tool_calls is not False,
             tool_choice=body.tool_choice or "auto", store=body.store,
             logprobs=logprobs is not None, skip_special=body.skip_special_tokens,
             verify=body.stream_verify,
@@ -460,7 +485,8 @@ class ResponsesAdapter:
                 () if not body.store else body.input if isinstance(body.input, str)
                 else tuple(i.model_dump() for i in body.input)),
             service_tier=(served_tier(body.service_tier) if body.service_tier is not None
-                          else None))
+                          else None),
+            echoed=_echoed(body))
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,

@@ -93,6 +93,12 @@ def run_generate(args: GenerateArgs) -> int:
                                 seed=args.seed)
     except CodaError as exc:
         fail(f"{exc.code.value}: {exc.message}")
+    from coda.engine.plan import check_stop_strings
+
+    try:  # NOTE: the stop strings' own rules need no model (S1): an empty --stop is exit 2 at once
+        check_stop_strings(args.stop)
+    except CodaError as exc:
+        fail(f"{exc.code.value}: --stop: {exc.message}")
     if args.deadline is not None and not args.deadline > 0:  # NOTE: as plan_request's G3 check, before the load
         fail(f"--deadline must be > 0 seconds, got {args.deadline}")
     engine = load_engine(args.model, engine_config(

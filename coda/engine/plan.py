@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
@@ -104,6 +105,22 @@ class RequestPlan(OutputSpec):
 
 
 
+def check_stop_strings(stop: Sequence[str], max_strings: int = ModelLimits.max_stop_strings,
+                       max_bytes: int = ModelLimits.max_stop_string_bytes) -> None:
+    """The stop strings' own rules (S1), which need no model: a sequence (not one string) of
+    at most ``max_strings`` strings of 1..``max_bytes`` UTF-8 bytes each (a model's
+    :class:`ModelLimits`); ``coda generate`` checks ``--stop`` by it before the model loads."""
+    if isinstance(stop, str):  # NOTE: a bare string would be read as one stop per character
+        raise InvalidRequestError("stop must be a sequence of strings, not one string",
+                                  field="stop")
+    if len(stop) > max_strings:
+        raise InvalidRequestError(f"at most {max_strings} stop strings", field="stop")
+    for s in stop:
+        if len(stop_bytes(s)) > max_bytes:  # NOTE: typed error on bad text
+            raise InvalidRequestError(f"each stop string must be 1..{max_bytes} bytes",
+                                      field="stop")
+
+
 def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
     """Check ``req`` against ``limits`` and fix its plan; raises InvalidRequestError /
     ContextLengthExceededError (naming the engine's field) on the first bad field."""
@@ -112,16 +129,7 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
     vocab = limits.vocab_size
     prompt = _prompt_ids(req.prompt_token_ids, vocab)
     max_tokens, context_bound = _budget(req, limits, len(prompt))
-    if isinstance(req.stop, str):  # NOTE: a bare string would be read as one stop per character
-        raise InvalidRequestError("stop must be a sequence of strings, not one string",
-                                  field="stop")
-    if len(req.stop) > limits.max_stop_strings:
-        raise InvalidRequestError(f"at most {limits.max_stop_strings} stop strings",
-                                  field="stop")
-    for s in req.stop:
-        if len(stop_bytes(s)) > limits.max_stop_string_bytes:  # NOTE: typed error on bad text
-            raise InvalidRequestError(
-                f"each stop string must be 1..{limits.max_stop_string_bytes} bytes", field="stop")
+    check_stop_strings(req.stop, limits.max_stop_strings, limits.max_stop_string_bytes)
     stop_ids = tuple(tuple(s) for s in req.stop_token_ids)
     for ids in stop_ids:
         if not ids or any(not _is_int(t) or not 0 <= t < vocab for t in ids):

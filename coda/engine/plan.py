@@ -232,6 +232,16 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
     return asked, False
 
 
+def fits_context(prompt_len: int, max_tokens: int | None, context_length: int) -> bool:
+    """Whether :func:`_budget` admits a prompt of ``prompt_len`` tokens with the asked
+    ``max_tokens`` (None: omitted) against ``context_length``: room left after the prompt, and
+    an asked budget within it. The rule Responses ``truncation: "auto"`` cuts the input by
+    (coda.server.responses_fit), so a cut prompt is one the plan then admits."""
+    room = context_length - prompt_len
+    # NOTE: a budget that is no integer is refused by _budget for itself; it needs no cut
+    return room > 0 and (not _is_int(max_tokens) or max_tokens is None or max_tokens <= room)
+
+
 def claimed_tokens(req: GenerationRequest, default_max_tokens: int) -> int:
     """What an unplanned request may cost in output tokens, for a router's load estimate
     (coda.scaleout.remote): the asked budget, else the default (the replica plans it)."""

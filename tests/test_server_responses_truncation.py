@@ -2,7 +2,8 @@
 (SPEC P1, L4; coda.server.responses_fit): a conversation past the context loses its oldest
 whole turns until it fits (exact token counts by the chat template), a call and its output go
 together, instructions and developer messages stay, the response echoes ``truncation`` as
-sent (stored and retrieved the same) and its ``coda`` object says how many input items went;
+sent (stored and retrieved the same), its ``coda`` object says how many input items went and
+the trace has an ``input.truncated`` row;
 an input that fits is answered exactly as ``"disabled"``; a last turn too long alone is the
 same 400 as ``"disabled"``. The shared server's context is 512 tokens (tests/conftest.py)."""
 
@@ -14,6 +15,8 @@ import openai
 import pytest
 
 from coda.server.chat import render_chat
+from coda.trace import ListTraceSink
+from coda.trace_check import check_trace
 
 MODEL = "tiny-chat"
 TEXT = "zq 7x kv jw 3p "  # NOTE: text the tiny tokenizer was not trained on: many tokens
@@ -77,11 +80,13 @@ def test_p1_auto_that_fits_is_exactly_disabled(client: openai.OpenAI) -> None:
     assert got.truncation == "auto" and _dropped(got) == 0
 
 
-def test_p1_auto_drops_the_oldest_whole_turns_to_fit(server_live: Any,
-                                                     client: openai.OpenAI) -> None:
+def test_p1_auto_drops_the_oldest_whole_turns_to_fit(server_live: Any, client: openai.OpenAI,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the context: answered, with the fewest oldest whole turns dropped (exact count:
     ``usage.input_tokens`` is the cut prompt's), instructions and a developer message kept,
     the count in ``coda.truncation`` and on the retrieved response; ``"disabled"`` is a 400."""
+    sink = ListTraceSink()
+    monkeypatch.setattr(server_live.app.state.coda.engine, "trace", sink)
     head = [{"role": "system", "content": "be brief"}]
     conv = [{"role": "developer", "content": "answer in " + TEXT},
             *_turns(server_live, _context(server_live)),
@@ -96,6 +101,15 @@ def test_p1_auto_drops_the_oldest_whole_turns_to_fit(server_live: Any,
     assert (_dropped(r), r.usage.input_tokens) == (dropped, n)
     got = client.responses.retrieve(r.id)
     assert (got.truncation, _dropped(got), got.usage.input_tokens) == ("auto", dropped, n)
+    rows = [e for e in sink.events if e.request_id == r.id]
+    assert rows[0].kind == "input.truncated"  # NOTE: the admission fact, before the engine's
+    assert (rows[0].data["dropped_items"], rows[0].data["prompt_tokens"]) == (dropped, n)
+    # NOTE: the checker leaves the row alone (the swapped sink misses the core's own rows)
+    assert check_trace(sink.events) == check_trace(
+        [e for e in sink.events if e.kind != "input.truncated"])
+    fits = client.responses.create(model=MODEL, input="hi", truncation="auto",
+                                   max_output_tokens=2)
+    assert "input.truncated" not in {e.kind for e in sink.events if e.request_id == fits.id}
     with pytest.raises(openai.BadRequestError) as exc:
         client.responses.create(truncation="disabled", **kw)
     assert exc.value.body["code"] == "context_length_exceeded"  # type: ignore[index]

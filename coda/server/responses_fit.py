@@ -11,7 +11,7 @@ the whole conversation fits, nothing is dropped and "auto" is exactly "disabled"
 shortest cut does not fit, the prompt is the uncut one and the plan refuses it with the very 400
 "disabled" gives (``context_length_exceeded``, naming ``input`` or ``max_output_tokens``).
 
-Token counts are exact (every candidate is rendered and tokenized); a binary search over the cut
+An ``input.truncated`` trace row records a cut (:func:`trace_cut`). Token counts are exact (every candidate is rendered and tokenized); a binary search over the cut
 points keeps the renders to about ``2 + log2(turns)``. Entered only with ``truncation: "auto"``
 (issue 22: a plain request's walk never imports this module).
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 from coda.engine.plan import fits_context
 from coda.errors import ContextLengthExceededError
+from coda.trace import INPUT_TRUNCATED, TraceEvent, TraceSink, is_tracing
 
 Message = Mapping[str, Any]
 _KEPT_ROLES = frozenset({"system", "developer"})
@@ -105,3 +106,12 @@ def fit(render: Callable[[list[Message]], list[int]], instructions: Sequence[Mes
         else:
             hi, best = mid, ids
     return Fitted(best, kept(conv, cuts[hi])[1])
+
+
+def trace_cut(sink: TraceSink | None, request_id: str, fitted: Fitted) -> None:
+    """An ``input.truncated`` row (``dropped_items``, ``prompt_tokens``) in the request's trace
+    when the cut dropped anything: the admission fact the response's ``coda.truncation`` reports
+    (docs/api.md). Written before the engine's rows (the request is not submitted yet)."""
+    if fitted.dropped and sink is not None and is_tracing(sink):
+        sink.record(TraceEvent(request_id, INPUT_TRUNCATED, {
+            "dropped_items": fitted.dropped, "prompt_tokens": len(fitted.ids)}))

@@ -394,14 +394,16 @@ def _prompt_ids(st: ServerState, msgs: list[dict[str, Any]],
 
 
 def _fitted_ids(st: ServerState, msgs: list[dict[str, Any]], plan: tl.ToolPlan | None,
-                instructions: bool, max_tokens: int | None) -> tuple[list[int], int]:
+                instructions: bool, max_tokens: int | None,
+                request_id: str) -> tuple[list[int], int]:
     """``truncation: "auto"``: the input's ids with the oldest items dropped until it fits the
-    context (:mod:`coda.server.responses_fit`), and how many were dropped."""
-    from coda.server.responses_fit import fit
+    context (:mod:`coda.server.responses_fit`; a cut is traced), and how many were dropped."""
+    from coda.server.responses_fit import fit, trace_cut
 
     head = msgs[:1] if instructions else []
     fitted = fit(lambda m: _prompt_ids(st, [dict(x) for x in m], plan), head, msgs[len(head):],
                  max_tokens, st.engine.context_length)
+    trace_cut(getattr(st.engine, "trace", None), request_id, fitted)
     return fitted.ids, fitted.dropped
 
 
@@ -469,10 +471,10 @@ class ResponsesAdapter:
         own = msgs[1:] if body.instructions else msgs
         msgs = [*msgs[:len(msgs) - len(own)], *history, *own]
         max_tokens = body.max_output_tokens  # NOTE: the wire's budget, under its one name
-        dropped = 0
+        call_id, dropped = new_id(self.id_prefix), 0
         if body.truncation == "auto":  # NOTE: issue 22: only then is responses_fit entered
             ids, dropped = await asyncio.to_thread(_fitted_ids, st, msgs, plan,
-                                                   bool(body.instructions), max_tokens)
+                                                   bool(body.instructions), max_tokens, call_id)
         else:
             ids = await asyncio.to_thread(_prompt_ids, st, msgs, plan)  # NOTE: CPU-bound
         fmt = body.text.format if body.text else None
@@ -507,7 +509,7 @@ class ResponsesAdapter:
                           else None),
             echoed=_echoed(body), truncation=body.truncation or "disabled",
             dropped_items=dropped)
-        return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
+        return plan_call(body, [ids], spec, call_id=call_id,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,
                          keep=body.store,

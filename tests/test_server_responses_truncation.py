@@ -84,7 +84,8 @@ def test_p1_auto_drops_the_oldest_whole_turns_to_fit(server_live: Any, client: o
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the context: answered, with the fewest oldest whole turns dropped (exact count:
     ``usage.input_tokens`` is the cut prompt's), instructions and a developer message kept,
-    the count in ``coda.truncation`` and on the retrieved response; ``"disabled"`` is a 400."""
+    the count in ``coda.truncation`` (streamed too) and on the retrieved response, an
+    ``input.truncated`` trace row; ``"disabled"`` is a 400."""
     sink = ListTraceSink()
     monkeypatch.setattr(server_live.app.state.coda.engine, "trace", sink)
     head = [{"role": "system", "content": "be brief"}]
@@ -110,6 +111,11 @@ def test_p1_auto_drops_the_oldest_whole_turns_to_fit(server_live: Any, client: o
     fits = client.responses.create(model=MODEL, input="hi", truncation="auto",
                                    max_output_tokens=2)
     assert "input.truncated" not in {e.kind for e in sink.events if e.request_id == fits.id}
+    with client.responses.create(truncation="auto", stream=True, **kw) as stream:
+        events = list(stream)
+    final = events[-1].response  # type: ignore[union-attr]
+    assert events[0].response.truncation == "auto"  # type: ignore[union-attr]
+    assert (_dropped(final), final.usage.input_tokens) == (dropped, n)
     with pytest.raises(openai.BadRequestError) as exc:
         client.responses.create(truncation="disabled", **kw)
     assert exc.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
@@ -130,7 +136,7 @@ def test_p1_auto_never_splits_a_call_from_its_output(server_live: Any,
                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
                {"role": "user", "content": "c"}]
     assert _tokens(server_live, between) + OUT <= _context(server_live)  # NOTE: would fit
-    r = client.responses.create(model=MODEL, input=conv, truncation="auto",  # type: ignore[arg-type]
+    r = client.responses.create(model=MODEL, input=conv, truncation="auto",  # type: ignore[call-overload]
                                 max_output_tokens=OUT)
     assert _dropped(r) == 4
     assert r.usage.input_tokens == _tokens(server_live, [{"role": "user", "content": "c"}])
@@ -148,7 +154,7 @@ def test_p1_auto_with_no_fitting_cut_is_disabled_s_400(server_live: Any,
         bodies = []
         for mode in ("auto", "disabled"):
             with pytest.raises(openai.BadRequestError) as exc:
-                client.responses.create(model=MODEL, truncation=mode, **kw)  # type: ignore[arg-type]
+                client.responses.create(model=MODEL, truncation=mode, **kw)  # type: ignore[call-overload]
             bodies.append(exc.value.body)
         assert bodies[0] == bodies[1]
         assert bodies[0]["code"] == "context_length_exceeded"  # type: ignore[index]
@@ -160,18 +166,18 @@ def test_p1_auto_cuts_a_continued_conversation_s_history(server_live: Any,
     """With ``previous_response_id``: the inherited history's oldest turns go first; the
     previous response's own record is unchanged."""
     first = _turns(server_live, _context(server_live) // 2)
-    r1 = client.responses.create(model=MODEL, input=first, max_output_tokens=4,  # type: ignore[arg-type]
+    r1 = client.responses.create(model=MODEL, input=first, max_output_tokens=4,  # type: ignore[call-overload]
                                  extra_body={"ignore_eos": True})
     new = [{"role": "user", "content": "next " + TEXT * 20}]
     conv = [*first, {"role": "assistant", "content": r1.output_text}, *new]
     assert _tokens(server_live, conv) + OUT > _context(server_live)
     cuts = [i for i, m in enumerate(conv) if i and m["role"] == "user"]
     dropped, n = _expected(server_live, [], conv, cuts)
-    r2 = client.responses.create(model=MODEL, input=new, previous_response_id=r1.id,  # type: ignore[arg-type]
+    r2 = client.responses.create(model=MODEL, input=new, previous_response_id=r1.id,  # type: ignore[call-overload]
                                  truncation="auto", max_output_tokens=OUT)
     assert (r2.truncation, _dropped(r2), r2.usage.input_tokens) == ("auto", dropped, n)
     assert r2.previous_response_id == r1.id and dropped > 0
     assert client.responses.retrieve(r1.id).truncation == "disabled"
     with pytest.raises(openai.BadRequestError):
-        client.responses.create(model=MODEL, input=new, previous_response_id=r1.id,  # type: ignore[arg-type]
+        client.responses.create(model=MODEL, input=new, previous_response_id=r1.id,  # type: ignore[call-overload]
                                 max_output_tokens=OUT)

@@ -78,6 +78,9 @@ def test_p1_auto_that_fits_is_exactly_disabled(client: openai.OpenAI) -> None:
     assert _dropped(auto) == 0 and "truncation" not in off.model_extra["coda"]
     got = client.responses.retrieve(auto.id)
     assert got.truncation == "auto" and _dropped(got) == 0
+    # NOTE: with background too (the field checks that background enters refuse nothing here)
+    bg = client.responses.create(truncation="auto", background=True, **kw)
+    assert bg.status == "queued" and bg.truncation == "auto"
 
 
 def test_p1_auto_drops_the_oldest_whole_turns_to_fit(server_live: Any, client: openai.OpenAI,

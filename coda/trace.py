@@ -48,6 +48,10 @@ SPECULATIVE = "speculative.verify"
 # issue 12/24, O2: a replica router's decision (coda.scaleout), checked by coda.trace_route
 ROUTE_DECIDED = "route.decided"
 
+# Responses ``truncation: "auto"`` dropped input items at admission (coda.server.responses_fit):
+# a server row before the engine's, left alone by the checker
+INPUT_TRUNCATED = "input.truncated"
+
 # The kinds the engine's rules know (coda.trace_check); ``route.decided`` rows are checked on
 # their own (coda.trace_route), other kinds are left alone.
 KNOWN_KINDS = frozenset({

@@ -55,15 +55,13 @@ def test_p3_responses_store_false_is_never_retrievable_nor_kept(
     assert exc.value.body["param"] == "background"  # type: ignore[index]
 
 
-def test_p1_responses_truncation_auto_is_refused(client: openai.OpenAI) -> None:
-    """P1: ``truncation: "auto"`` would drop input; Coda does not, so it is a 400 naming
-    ``truncation`` (``"disabled"`` is accepted and is what every response reports)."""
-    with pytest.raises(openai.BadRequestError) as exc:
-        client.responses.create(model=MODEL, input="hi", truncation="auto")
-    assert exc.value.body["param"] == "truncation"  # type: ignore[index]
-    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2,
-                                truncation="disabled")
-    assert r.truncation == "disabled"
+def test_p1_responses_truncation_is_honoured_and_echoed(client: openai.OpenAI) -> None:
+    """P1: ``truncation`` is honoured either way (``"auto"`` drops the oldest input items only
+    past the context: tests/test_server_responses_truncation.py) and echoed as sent."""
+    for mode in ("auto", "disabled"):
+        r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2,
+                                    truncation=mode)  # type: ignore[arg-type]
+        assert r.truncation == mode
 
 
 def test_p1_stream_options_without_stream_is_400(client: openai.OpenAI) -> None:

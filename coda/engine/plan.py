@@ -229,7 +229,7 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
     if not _is_int(asked) or asked < 0:
         # NOTE: 0 prefills only (prompt scoring): the request ends max_output_tokens, no token
         raise InvalidRequestError("max_tokens must be an integer >= 0", field="max_tokens")
-    if asked > room:
+    if not fits_context(prompt_len, asked, limits.context_length):
         raise ContextLengthExceededError(
             f"prompt ({prompt_len}) + max_tokens ({asked}) exceeds the context "
             f"({limits.context_length})", field="max_tokens")
@@ -238,6 +238,16 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
         raise InvalidRequestError(f"min_tokens ({req.sampling.min_tokens}) must not exceed "
                                   f"max_tokens ({asked})", field="min_tokens")
     return asked, False
+
+
+def fits_context(prompt_len: int, asked: int | None, context_length: int) -> bool:
+    """Whether :func:`_budget` admits a prompt of ``prompt_len`` tokens with the ``asked``
+    budget (None: omitted) against ``context_length``: room left after the prompt, and an asked
+    budget within it. :func:`_budget` refuses by it, and Responses ``truncation: "auto"`` cuts
+    the input by it (coda.server.responses_fit), so a cut prompt is one the plan admits."""
+    room = context_length - prompt_len
+    # NOTE: a budget that is no integer is refused by _budget for itself; it needs no cut
+    return room > 0 and (asked is None or not _is_int(asked) or asked <= room)
 
 
 def claimed_tokens(req: GenerationRequest, default_max_tokens: int) -> int:

@@ -2,7 +2,7 @@
 (issue 14 item 5, the API-gaps issue item 1). One home for what each does here:
 
 - refused with a 400 naming the field where the value asks for something Coda does not do
-  (Responses ``truncation: "auto"``, ``modalities`` with ``"audio"``), or breaks OpenAI's
+  (``modalities`` with ``"audio"``), or breaks OpenAI's
   bounds on an informational field (``metadata``: 16 pairs, keys <= 64, values <= 512);
 - accepted with no effect where nothing local corresponds: ``prompt_cache_key``,
   ``safety_identifier`` (prefix caching is automatic; there is no abuse monitoring),
@@ -35,13 +35,9 @@ SERVED_TIER = "default"  # NOTE: the tier every request is served in (one local 
 
 
 def reject_unhonoured(body: ResponsesRequest) -> None:
-    """Responses: ``truncation: "auto"`` (Coda never drops input to fit; a prompt past the
-    context is a 400), ``stream_options`` without ``stream`` and ``background`` without
-    ``store`` (a background response is only reachable by fetching it, as OpenAI requires)."""
-    if body.truncation == "auto":
-        raise InvalidRequestError(
-            "truncation: 'auto' is not supported; Coda never drops input items to fit the "
-            "context (use 'disabled')", field="truncation")
+    """Responses: ``stream_options`` without ``stream`` and ``background`` without ``store`` (a
+    background response is only reachable by fetching it, as OpenAI requires). ``truncation``
+    is honoured either way (``"auto"``: coda.server.responses_fit)."""
     if body.stream_options is not None and not body.stream:
         # NOTE: as OpenAI (and chat's stream_options): options for a stream need a stream
         raise InvalidRequestError("stream_options: only allowed when stream is true",

@@ -93,6 +93,10 @@ class ResponsesRender:
     # ``safety_identifier``, ``prompt_cache_key``, ``top_logprobs``, ``reasoning``), null
     # where not sent; a record stored before it had none: they are left out
     echoed: Mapping[str, object] = field(default_factory=dict)
+    # the request's ``truncation`` as sent (echoed; "disabled" when not sent) and how many input
+    # items "auto" dropped to fit the context (coda.server.responses_fit; the ``coda`` object)
+    truncation: str = "disabled"
+    dropped_items: int = 0
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         "parallel_tool_calls": spec.parallel,
         "temperature": 1.0 if spec.temperature is None else spec.temperature,
         "top_p": 1.0 if spec.top_p is None else spec.top_p, "tool_choice": "auto", "tools": [],
-        "text": {"format": dict(spec.format)}, "truncation": "disabled", "usage": None,
+        "text": {"format": dict(spec.format)}, "truncation": spec.truncation, "usage": None,
         "store": spec.store,
         **({"service_tier": spec.service_tier} if spec.service_tier else {}),
         **spec.echoed,
@@ -113,6 +113,8 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
             body["incomplete_details"] = {
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
         body["coda"] = coda_extension(terminal)
+        if spec.truncation == "auto":  # NOTE: how many oldest input items "auto" dropped
+            body["coda"]["truncation"] = {"dropped_items": spec.dropped_items}
     reasoning = partial_text(stream, reasoning=True) if spec.thinking else ""
     cut = len(calls) if at is None else at
     body["output"] = [
@@ -391,6 +393,20 @@ def _prompt_ids(st: ServerState, msgs: list[dict[str, Any]],
     return st.encode(text, add_special_tokens=False, field="input")
 
 
+def _fitted_ids(st: ServerState, msgs: list[dict[str, Any]], plan: tl.ToolPlan | None,
+                instructions: bool, max_tokens: int | None,
+                request_id: str) -> tuple[list[int], int]:
+    """``truncation: "auto"``: the input's ids with the oldest items dropped until it fits the
+    context (:mod:`coda.server.responses_fit`; a cut is traced), and how many were dropped."""
+    from coda.server.responses_fit import fit, trace_cut
+
+    head = msgs[:1] if instructions else []
+    fitted = fit(lambda m: _prompt_ids(st, [dict(x) for x in m], plan), head, msgs[len(head):],
+                 max_tokens, st.engine.context_length)
+    trace_cut(getattr(st.engine, "trace", None), request_id, fitted)
+    return fitted.ids, fitted.dropped
+
+
 def tool_plan(body: ResponsesRequest) -> tl.ToolPlan | None:
     """The request's tool plan; no tools nor tool choice is no plan, without entering the
     tool module (issue 22: what :func:`coda.server.tools.openai_plan` answers then)."""
@@ -400,9 +416,9 @@ def tool_plan(body: ResponsesRequest) -> tl.ToolPlan | None:
 
 
 def check_unhonoured(body: ResponsesRequest) -> None:
-    """:func:`coda.server.fields.reject_unhonoured`, entered only where ``truncation``,
-    ``stream_options`` or ``background`` is set (issue 22: without them it refuses nothing)."""
-    if body.truncation is not None or body.stream_options is not None or body.background:
+    """:func:`coda.server.fields.reject_unhonoured`, entered only where ``stream_options`` or
+    ``background`` is set (issue 22: without them it refuses nothing)."""
+    if body.stream_options is not None or body.background:
         reject_unhonoured(body)
 
 
@@ -454,7 +470,13 @@ class ResponsesAdapter:
         check_results(body, history)
         own = msgs[1:] if body.instructions else msgs
         msgs = [*msgs[:len(msgs) - len(own)], *history, *own]
-        ids = await asyncio.to_thread(_prompt_ids, st, msgs, plan)  # NOTE: CPU-bound
+        max_tokens = body.max_output_tokens  # NOTE: the wire's budget, under its one name
+        call_id, dropped = new_id(self.id_prefix), 0
+        if body.truncation == "auto":  # NOTE: issue 22: only then is responses_fit entered
+            ids, dropped = await asyncio.to_thread(_fitted_ids, st, msgs, plan,
+                                                   bool(body.instructions), max_tokens, call_id)
+        else:
+            ids = await asyncio.to_thread(_prompt_ids, st, msgs, plan)  # NOTE: CPU-bound
         fmt = body.text.format if body.text else None
         logprobs = body.top_logprobs if body.top_logprobs is not None else (
             0 if body.include and "message.output_text.logprobs" in body.include else None)
@@ -464,7 +486,6 @@ class ResponsesAdapter:
         reasoning = st.reasoning(ids, budget=reasoning_budget(st, body, tool["grammar"] is not None),
                                  budget_field="max_reasoning_tokens",
                                  grammar=tool["grammar"] is not None)
-        max_tokens = body.max_output_tokens  # NOTE: the wire's budget, under its one name
         spec = ResponsesRender(
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),
@@ -486,8 +507,9 @@ class ResponsesAdapter:
                 else tuple(i.model_dump() for i in body.input)),
             service_tier=(served_tier(body.service_tier) if body.service_tier is not None
                           else None),
-            echoed=_echoed(body))
-        return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
+            echoed=_echoed(body), truncation=body.truncation or "disabled",
+            dropped_items=dropped)
+        return plan_call(body, [ids], spec, call_id=call_id,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,
                          keep=body.store,

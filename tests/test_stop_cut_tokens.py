@@ -99,6 +99,32 @@ def test_s3_k2_a_stop_cut_after_removed_reasoning_markers_keeps_the_markers_toke
         (open_id, b"<think>"), (101, b"a"), (close_id, b"</think>"), (107, b"a")]
 
 
+def test_s3_k2_a_straddle_cut_after_removed_reasoning_markers_counts_them() -> None:
+    """S3, K2, issue 23: the straddle after a reasoning block: ``<think>a</think>`` then
+    ``"x\n"``, ``"\ny"`` with stop ``"\n\n"``: the text ends at ``"x"`` and the token
+    ``"x\n"`` (its ``"\n"`` held, S2) is the terminal's first trailing token cut to ``"x"``;
+    the cut's budget counts the removed markers' bytes, whose tokens were sent."""
+    from coda.reasoning import ReasoningSpec
+
+    open_id, close_id = 150, 151
+    table = {101: b"a", 108: b"x\n", 109: b"\ny"}
+    tok = scripted_tokenizer(table, added={open_id: "<think>", close_id: "</think>"})
+    pieces = {**table, open_id: b"<think>", close_id: b"</think>"}
+    stream = RequestStream("r")
+    spec = output_spec(stop_strings=("\n\n",), max_tokens=10, reasoning=ReasoningSpec(
+        inside=False, close_ids=(close_id,), open_ids=(open_id,)))
+    proc = OutputProcessor("r", tok, spec, stream, NullTraceSink())
+    reason = None
+    for i in (open_id, 101, close_id, 108, 109):
+        reason = proc.on_token(i, TokenInfo(i, -0.1, piece=pieces[i]))
+    deltas = [e for e in stream.events_after(-1) if e.type is EventType.DELTA]
+    assert reason is FinishReason.STOP_SEQUENCE
+    assert [(e.text, e.reasoning) for e in deltas] == [("a", True), ("x", False)]
+    assert [t.token_id for e in deltas for t in e.tokens] == [open_id, 101, close_id]
+    assert proc.trailing_shown == 1
+    assert [(t.token_id, t.piece) for t in proc.trailing_tokens()][:1] == [(108, b"x")]
+
+
 def test_s3_cut_to_text_reports_nothing_past_the_cut() -> None:
     """S3, K2: past the text's end nothing is reported: at a budget that ends between tokens
     the next token is not kept (not even with no bytes), and after the token the stop cut no

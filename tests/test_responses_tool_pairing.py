@@ -132,3 +132,24 @@ def test_p1_a_previous_response_s_calls_answered_in_any_order_pass_one_missing_f
     assert str(exc.value).startswith(f"No tool output found for function call {dropped}.")
     answered = [*history, {"role": "tool", "tool_call_id": dropped, "content": "12:00"}]
     check_responses_results([*map(_output, kept), USER], history=answered)
+
+
+def test_p1_tools_and_tool_choice_are_echoed_as_sent_even_when_no_call_can_be_made(
+        wire: Wire) -> None:
+    """P1: ``tools`` and ``tool_choice`` come back as sent: with ``tool_choice: "none"`` (no
+    call can be made) the object still lists the tools and says ``"none"`` (it said ``[]`` and
+    ``"auto"``), on create, in the stream's first and last events and on retrieve; without
+    tools: ``[]`` and ``"auto"``."""
+    oa, names = wire.oa, [t["name"] for t in RS_TOOLS]
+    none = oa.responses.create(model=wire.model, input="hi", max_output_tokens=2, store=True,
+                               tools=RS_TOOLS, tool_choice="none")
+    assert (none.tool_choice, [t.name for t in none.tools]) == ("none", names)  # type: ignore[union-attr]
+    again = oa.responses.retrieve(none.id)
+    assert (again.tool_choice, [t.name for t in again.tools]) == ("none", names)  # type: ignore[union-attr]
+    events = list(oa.responses.create(model=wire.model, input="hi", max_output_tokens=2,
+                                      tools=RS_TOOLS, tool_choice="none", stream=True))
+    for ev in (events[0], events[-1]):
+        assert (ev.response.tool_choice, len(ev.response.tools)) == (  # type: ignore[union-attr]
+            "none", len(names))
+    plain = oa.responses.create(model=wire.model, input="hi", max_output_tokens=2)
+    assert (plain.tool_choice, plain.tools) == ("auto", [])

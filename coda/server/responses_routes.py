@@ -81,7 +81,10 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         # parallel_tool_calls as sent (default true) with tools or without
         "parallel_tool_calls": spec.parallel,
         "temperature": 1.0 if spec.temperature is None else spec.temperature,
-        "top_p": 1.0 if spec.top_p is None else spec.top_p, "tool_choice": "auto", "tools": [],
+        "top_p": 1.0 if spec.top_p is None else spec.top_p,
+        # NOTE: P1: the tools and tool_choice as sent, also where no call can be made
+        # (tool_choice "none"), as OpenAI echoes them
+        "tool_choice": spec.tool_choice, "tools": list(spec.tools_echo),
         "text": {"format": dict(spec.format)}, "truncation": spec.truncation, "usage": None,
         "store": spec.store,
         **({"service_tier": spec.service_tier} if spec.service_tier else {}),
@@ -125,8 +128,6 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         *([_message_item(record, text, item_status, _logprobs(record, stream))]
           if at is not None else []),
         *(_call_item(record, k, "completed") for k in calls[cut:])]
-    if spec.tools:
-        body.update(tools=list(spec.tools_echo), tool_choice=spec.tool_choice)
     return body
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import ollama
@@ -34,11 +34,14 @@ def test_p1_pull_of_a_served_model_succeeds_streamed_and_not(client: ollama.Clie
 
 
 def test_p1_pull_streams_ndjson_by_default(server_live: Any) -> None:
-    """P1: as Ollama, a pull without ``stream`` streams NDJSON; an old ``name`` works."""
-    r = httpx.post(server_live.url + "/api/pull", json={"name": MODEL}, timeout=30)
-    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
-    lines = [json.loads(line) for line in r.text.splitlines() if line]
-    assert lines == [{"status": "pulling manifest"}, {"status": "success"}]
+    """P1: as Ollama, a pull without ``stream`` (or with ``null``) streams NDJSON; an old
+    ``name`` works."""
+    for body in ({"name": MODEL}, {"model": MODEL, "stream": None}):
+        r = httpx.post(server_live.url + "/api/pull", json=body, timeout=30)
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in r.text.splitlines() if line]
+        assert lines == [{"status": "pulling manifest"}, {"status": "success"}]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -108,3 +111,28 @@ def test_p1_delete_reads_a_form_typed_body_as_json(server_live: Any) -> None:
                       content=json.dumps({"model": "nope"}),
                       headers={"content-type": "application/x-www-form-urlencoded"}, timeout=30)
     assert r.status_code == 404 and "nope" in r.json()["error"]
+
+
+def test_p1_pull_with_several_models_routes_by_name_and_loads_nothing() -> None:
+    """P1: with several models (``--model`` repeated) a pull of any served name succeeds and
+    loads nothing (a pull downloads; it does not load); another name is a 404 naming them."""
+    from coda.engine.types import EngineConfig
+    from coda.server.app import create_app
+    from coda.server.model_router import build_router
+    from coda.server.model_specs import ModelSpec
+    from tests.conftest import LiveServer
+
+    router = build_router([ModelSpec(None, "x"), ModelSpec(None, "y")],
+                          EngineConfig(max_num_seqs=2, kv_cache_bytes=4 << 20))
+    server = LiveServer(create_app(cast(Any, router))).start()  # NOTE: an Engine by protocol
+    try:
+        client = ollama.Client(host=server.url)
+        for name in ("x", "y:latest"):
+            assert client.pull(name, stream=False).status == "success"
+        with pytest.raises(ollama.ResponseError) as e:
+            client.pull("z", stream=False)
+        assert e.value.status_code == 404 and "'x'" in e.value.error and "'y'" in e.value.error
+        models = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
+        assert {m["coda_model"]["status"] for m in models} == {"unloaded"}
+    finally:
+        server.stop()

@@ -46,7 +46,8 @@ class _Named(BaseModel):
     model_config = OPEN
     model: str | None = None
     name: str | None = None
-    stream: bool = True  # NOTE: Ollama streams pull, push and create unless told not to
+    # NOTE: Ollama streams pull, push and create unless told not to (null: the default)
+    stream: bool | None = None
     insecure: bool | None = None
 
     def required(self) -> str:
@@ -85,7 +86,7 @@ async def _pull_lines() -> AsyncIterator[bytes]:
 async def pull(body: _Named, request: Request) -> Response:
     """Nothing to download: success for a served model, else a 404."""
     _served(request, body.required())
-    if not body.stream:
+    if body.stream is False:
         return JSONResponse({"status": "success"})
     return StreamingResponse(_pull_lines(), media_type=NDJSONRenderer.media_type)
 

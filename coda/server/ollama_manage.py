@@ -63,14 +63,15 @@ class _Copy(BaseModel):
     destination: str | None = None
 
 
-def _served(request: Request, name: str) -> None:
-    """A 404 in Ollama's shape unless this server serves ``name`` (by any name it goes by)."""
+def _served(request: Request, name: str, why: str = "") -> None:
+    """A 404 in Ollama's shape (``model '...' not found``, then ``why`` and what is served)
+    unless this server serves ``name`` (by any name it goes by)."""
     try:
         state_of(request).check_model(name)
     except ApiError as exc:
         served = exc.message.split("; ", 1)[-1]  # NOTE: "this server serves 'a', 'b'"
-        raise ApiError(404, f"model '{name}' not found: {_ORIGIN}; nothing is downloaded "
-                            f"({served})", param="model", code="model_not_found") from None
+        raise ApiError(404, f"model '{name}' not found{why} ({served})", param="model",
+                       code="model_not_found") from None
 
 
 def _refuse(what: str) -> ApiError:
@@ -85,7 +86,7 @@ async def _pull_lines() -> AsyncIterator[bytes]:
 @router.post("/api/pull")
 async def pull(body: _Named, request: Request) -> Response:
     """Nothing to download: success for a served model, else a 404."""
-    _served(request, body.required())
+    _served(request, body.required(), f": {_ORIGIN}; nothing is downloaded")
     if body.stream is False:
         return JSONResponse({"status": "success"})
     return StreamingResponse(_pull_lines(), media_type=NDJSONRenderer.media_type)

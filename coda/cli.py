@@ -11,12 +11,28 @@ This module declares the typer app and every command's options; each command's b
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
 from coda.commands.serve_checks import LOG_LEVELS
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _unwrapped(fn: F) -> F:
+    """A command's docstring as its help: each paragraph's source lines joined into one line.
+    Typer's rich help keeps a docstring's single line breaks (in ``coda --help``'s command
+    list and in the paragraphs after the first), which cut sentences at the source's width
+    rather than the terminal's; joined, the terminal wraps them. Click's ``\\b`` marker is
+    the opposite (keep these breaks), so it is no help here."""
+    paragraphs = inspect.cleandoc(fn.__doc__ or "").split("\n\n")
+    fn.__doc__ = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+    return fn
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Coda: an LLM inference server with exact decoding, streaming and termination.")
@@ -52,8 +68,9 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="tor
 
 
 @app.command()
+@_unwrapped
 def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model); repeat it to serve several models, each as SPEC or NAME=SPEC")] = None,  # noqa: UP045
-          models_file: Annotated[Optional[Path], typer.Option(help="a TOML file of [[model]] tables (name, model, pinned) to serve besides --model (docs/api.md)")] = None,  # noqa: UP045
+          models_file: Annotated[Optional[Path], typer.Option(help="a TOML file of [\\[model]] tables (name, model, pinned) to serve besides --model (docs/api.md)")] = None,  # noqa: UP045
           memory_budget: Annotated[Optional[str], typer.Option(callback=_memory_budget, help="several models: weights + KV cache of the loaded models stay under this (8GiB, 8G, 512MiB, bytes or 40% of available); least recently used idle models are unloaded to make room")] = None,  # noqa: UP045
           pin: Annotated[Optional[list[str]], typer.Option(help="several models: load this model (NAME) at start and never unload it (repeatable)")] = None,  # noqa: UP045
           host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
@@ -80,7 +97,8 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
           threads: ThreadsOpt = None,
           speculative: Annotated[str, typer.Option(help="speculative decoding: off, draft (needs --draft-model), or prompt-lookup (drafts from each request's own prompt and output, verified in the same step; the output is exactly plain decoding's; needs a batch-invariant --quant; docs/speculative.md)")] = "off",
           draft_model: Annotated[Optional[str], typer.Option(help="speculative decoding with this draft model (anything --model takes; it must share the model's tokenizer; implies --speculative draft; docs/speculative.md)")] = None) -> None:  # noqa: UP045
-    """Serve the OpenAI- and Anthropic-compatible HTTP API and the playground at /."""
+    """Serve the HTTP APIs: OpenAI (Chat Completions, Completions, Responses), Anthropic
+    (Messages) and Ollama (/api/chat, /api/generate, ...), and the playground at /."""
     from coda.commands.serve import ServeArgs, run_serve
 
     run_serve(ServeArgs(
@@ -96,10 +114,11 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
 
 
 @app.command()
+@_unwrapped
 def generate(prompt: str,
              model: ModelOpt = None,
              # NOTE: None is the HTTP APIs' omitted limit, planned by the engine (coda/engine/plan.py)
-             max_tokens: Annotated[Optional[int], typer.Option(min=1, help="output token limit; past the context it is refused (default: as the HTTP APIs with it omitted: 256, EngineConfig.default_max_tokens, or up to the context where that comes first, finish_reason context_limit)")] = None,  # noqa: UP045
+             max_tokens: Annotated[Optional[int], typer.Option(min=1, help="output token limit; past the context it is refused (default: as the HTTP APIs with it omitted: the engine's default_max_tokens, 256, or up to the context where that comes first, finish_reason context_limit)")] = None,  # noqa: UP045
              temperature: float = 0.8,
              top_p: float = 0.95,
              # NOTE: checked as the HTTP APIs' top_k (SamplingParams): -1 or 0 off, else >= 1
@@ -128,6 +147,7 @@ def generate(prompt: str,
 
 
 @app.command()
+@_unwrapped
 def bench(model: ModelOpt = None,
           num_requests: Annotated[int, typer.Option("--num-requests", "-n", min=1)] = 64,
           concurrency: Annotated[int, typer.Option(min=1)] = 32,
@@ -156,21 +176,26 @@ def bench(model: ModelOpt = None,
 
 
 @app.command()
+@_unwrapped
 def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folders, .gguf files or packages")] = None) -> None:  # noqa: UP045
-    """List loadable models: the embedded one, installed packages with .gguf files, and PATHS,
-    with the serving modes each loads in (the first is what --quant auto picks); exit 2 when a
-    PATH cannot be read."""
+    """List loadable models and the serving modes each loads in.
+
+    The embedded model, installed packages with .gguf files, and PATHS, each with its serving
+    modes (the first is what --quant auto picks). Exit status 2 when a PATH cannot be read."""
     from coda.commands.tools import show_models
 
     show_models(list(paths or []))
 
 
 @trace_app.command("check")
+@_unwrapped
 def trace_check(path: Path) -> None:
-    """Verify a JSONL trace: every row in its place (lifecycle, steps, cancel moments,
-    resources) and the terminal's usage equal to what the rows count; each problem names its
-    rule (coda/trace_check.py); exit 1 on a problem, 2 for an unreadable file; an empty trace
-    (a replica that served no request writes one) holds every invariant and says it is empty."""
+    """Verify a JSONL trace: every row in its place and the usage equal to what rows count.
+
+    Checked: lifecycle, steps, cancel moments, resources, and the terminal's usage; each
+    problem names its rule (coda/trace_check.py). Exit status 1 on a problem, 2 for an
+    unreadable file. An empty trace (a replica that served no request writes one) holds every
+    invariant and says it is empty."""
     from coda.commands.tools import check_trace_file
 
     check_trace_file(path)

@@ -26,6 +26,7 @@ from coda.server import (
     anthropic_routes,
     embeddings,
     ollama_info,
+    ollama_manage,
     ollama_routes,
     openai_routes,
     playground_routes,
@@ -91,7 +92,7 @@ class OllamaJsonBodyMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] == "http" and scope["method"] == "POST"
+        if (scope["type"] == "http" and scope["method"] in ("POST", "DELETE")
                 and protocol_of(scope["path"]) == "ollama"):
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
@@ -217,6 +218,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(ollama_info.router)
+    app.include_router(ollama_manage.router)  # NOTE: pull, delete, copy, create, push
     app.include_router(embeddings.router)
     app.include_router(playground_routes.router)
     _operational_routes(app)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,8 @@ def test_l4_explicit_max_tokens_is_kept_and_refused_past_the_context() -> None:
 def test_help_says_the_default_budget() -> None:
     r = subprocess.run([sys.executable, "-m", "coda.cli", "generate", "--help"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "COLUMNS": "400"})  # NOTE: one line, unwrapped
+                       env={**os.environ, "COLUMNS": "400", "TERMINAL_WIDTH": "400"})
     assert r.returncode == 0, r.stderr
-    assert f"{EngineConfig().default_max_tokens}, EngineConfig.default_max_tokens" in r.stdout
+    text = " ".join(re.sub(r"[\u2500-\u257f]", " ", r.stdout).split())  # NOTE: box and spaces
+    assert f"the engine's default_max_tokens, {EngineConfig().default_max_tokens}," in text
+    assert "finish_reason context_limit" in text

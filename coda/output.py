@@ -168,6 +168,9 @@ class OutputProcessor:
         self._unreturned: deque[int] = deque()
         self.returned_tokens = 0
         self.emitted_bytes = 0
+        # NOTE: (emitted_bytes, returned_tokens), set in one assignment after both moved: a
+        # consistent pair for a reader on another thread (a worker's billing reports)
+        self.sent_mark = (0, 0)
         self.stop_buffer_s = 0.0
         self._held_since: float | None = None
         # seed 004: the policy's last summary, and whether the policy (not the loop) stopped
@@ -638,6 +641,7 @@ class OutputProcessor:
         while self._unreturned and self._unreturned[0] < self.emitted_bytes + self._removed:
             self._unreturned.popleft()
             self.returned_tokens += 1
+        self.sent_mark = (self.emitted_bytes, self.returned_tokens)
 
     def _track_hold(self) -> None:
         """stop_buffer_s (P5): time during which some output was held back for a stop."""

@@ -255,6 +255,21 @@ class RequestRun:
             returned_bytes=proc.emitted_bytes if proc else 0,
         )
 
+    def live_usage(self) -> Usage:
+        """:meth:`usage` read from another thread while the driver runs: every count is at
+        least what the stream's events so far show, and the returned bytes and tokens are one
+        pair as of the same delta (the processor's ``sent_mark``). A model worker reports it
+        so its parent bills a request the worker died under (coda.engine.process_engine)."""
+        proc = self.processor
+        mark = proc.sent_mark if proc else (0, 0)
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            selected_tokens=proc.generated if proc else 0,
+            processed_prompt_tokens=self.processed_prompt_tokens,
+            processed_output_tokens=self.processed_output_tokens,
+            returned_tokens=mark[1], returned_bytes=mark[0])
+
     def timings(self) -> Timings:
         end = self.ended_at or time.monotonic()
         pre, dec = self.prefill_started, self.decode_started

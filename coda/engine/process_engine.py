@@ -12,8 +12,26 @@ Exactly one terminal per request, whatever happens to the process:
 - the worker refuses it at submit (bad input the engine found) → ``rejected`` → a FAILED
   terminal carrying the engine's error code and message;
 - the process dies (a crash, an OOM kill, SIGKILL) → the pipe closes → every request still
-  open on it ends FAILED ``model_error`` naming the model and how the process ended, billing
-  the deltas that reached the parent (:func:`end_failed`).
+  open on it ends FAILED ``model_error`` naming the model and how the process ended, billed
+  as below (:func:`end_failed`).
+
+Billing a request the worker died under (L6, D5 "committed tokens are billed in every case").
+The worker's engine would have billed every token it selected, including those no delta
+carried yet (held back by a stop string or a partial stop-id sequence, bytes the detokenizer
+still held, a token selected after the last delta); the parent sees only deltas. So with each
+batch of events, and every ``process_worker._REPORT_S`` (20 ms) while tokens move no event,
+the worker sends the request's counts (:meth:`coda.request.RequestRun.live_usage`), and the
+local ending bills:
+
+- ``returned_bytes``: the bytes of the deltas that reached the parent (what the client got);
+- ``returned_tokens``: the worker's count as of exactly those bytes (its report's returned
+  bytes equal them; a report that does not match falls back to the tokens the deltas carried);
+- ``selected_tokens``, ``processed_*``, ``cached_prompt_tokens``: the worker's last report —
+  the tokens the client was shown plus those generated and held — and never fewer selected
+  tokens than the deltas carried.
+
+Exact up to the worker's last message: a token selected after it (at most about 20 ms
+before the death) is known to no surviving process and is not billed.
 
 ``close`` refuses a second terminal, so whichever comes first is the one; nothing is appended
 after it. Cancel goes to the worker by id; the worker's engine ends the request (C1).
@@ -92,18 +110,32 @@ class WorkerCopy(RequestStream):
             self.on_ack(self.request_id, seq)
 
 
-def end_locally(stream: RequestStream, model: str, prompt_tokens: int, terminal: Terminal
-                ) -> bool:
-    """Close ``stream`` here with ``terminal`` (after a start event if it has none), usage
-    billing the deltas it holds; False when it already had its terminal (L2: one ending)."""
+def local_usage(prompt_tokens: int, evs: list[StreamEvent], reported: Usage | None) -> Usage:
+    """What a request ended here bills (the module docstring): the deltas ``evs`` hold, and
+    the worker's last ``reported`` counts (None: no report came)."""
+    committed = sum(len(e.tokens) for e in evs if e.type is EventType.DELTA)
+    shown = sum(len(e.data) for e in evs)
+    if reported is None:
+        return Usage(prompt_tokens=prompt_tokens, selected_tokens=committed,
+                     processed_output_tokens=committed, returned_tokens=committed,
+                     returned_bytes=shown)
+    returned = reported.returned_tokens if reported.returned_bytes == shown else committed
+    return Usage(prompt_tokens=prompt_tokens, cached_prompt_tokens=reported.cached_prompt_tokens,
+                 selected_tokens=max(reported.selected_tokens, committed),
+                 processed_prompt_tokens=reported.processed_prompt_tokens,
+                 processed_output_tokens=reported.processed_output_tokens,
+                 returned_tokens=returned, returned_bytes=shown)
+
+
+def end_locally(stream: RequestStream, model: str, prompt_tokens: int, terminal: Terminal,
+                reported: Usage | None = None) -> bool:
+    """Close ``stream`` here with ``terminal`` (after a start event if it has none), billing
+    :func:`local_usage`; False when it already had its terminal (L2: one ending)."""
     try:
         if stream.last_seq < 0:
             stream.start(model)
         evs = stream.events_after(-1)
-        committed = sum(len(e.tokens) for e in evs if e.type is EventType.DELTA)
-        usage = Usage(prompt_tokens=prompt_tokens, selected_tokens=committed,
-                      processed_output_tokens=committed, returned_tokens=committed,
-                      returned_bytes=sum(len(e.data) for e in evs))
+        usage = local_usage(prompt_tokens, evs, reported)
         stream.close(Terminal(terminal.state, terminal.finish_reason, usage,
                               terminal.error_code, terminal.error_message,
                               timings=terminal.timings,
@@ -114,11 +146,13 @@ def end_locally(stream: RequestStream, model: str, prompt_tokens: int, terminal:
 
 
 def end_failed(stream: RequestStream, model: str, prompt_tokens: int, message: str,
-               code: ErrorCode = ErrorCode.MODEL_ERROR, waited_s: float = 0.0) -> bool:
-    """End ``stream`` FAILED ``model_error`` (L5) with ``code`` and ``message``."""
+               code: ErrorCode = ErrorCode.MODEL_ERROR, waited_s: float = 0.0,
+               reported: Usage | None = None) -> bool:
+    """End ``stream`` FAILED ``model_error`` (L5) with ``code`` and ``message``; ``reported``:
+    the worker's last billing report, if it ran the request."""
     return end_locally(stream, model, prompt_tokens, Terminal(
         State.FAILED, FinishReason.MODEL_ERROR, Usage(), code, message,
-        timings=Timings(queue_s=waited_s, total_s=waited_s)))
+        timings=Timings(queue_s=waited_s, total_s=waited_s)), reported)
 
 
 def end_cancelled(stream: RequestStream, model: str, prompt_tokens: int,
@@ -178,6 +212,7 @@ class WorkerProcess:
         self.started_at = time.monotonic()
         self.load_s: float | None = None
         self._open: dict[str, tuple[RequestStream, int]] = {}
+        self._reported: dict[str, Usage] = {}  # NOTE: each open request's last billing report
         self._lock = threading.Lock()  # NOTE: guards _open and state
         # NOTE: a separate lock for the pipe: the reader never waits behind a blocked send
         self._send_lock = threading.Lock()
@@ -308,6 +343,7 @@ class WorkerProcess:
     def _forget(self, rid: str) -> None:
         with self._lock:
             self._open.pop(rid, None)
+            self._reported.pop(rid, None)
 
     def _read(self) -> None:
         assert self._conn is not None
@@ -326,6 +362,10 @@ class WorkerProcess:
         if kind == "events":
             for rid, evs in msg[1]:
                 self._deliver(rid, evs)
+            with self._lock:  # NOTE: after the events they go with (the module docstring)
+                for rid, usage in msg[2]:
+                    if rid in self._open:
+                        self._reported[rid] = usage
         elif kind == "rejected":
             _, rid, kind_, code, message, field = msg
             with self._lock:
@@ -382,12 +422,13 @@ class WorkerProcess:
             elif self.state == "ready":
                 self.state, self.error = "exited", f"the worker {why}"
             open_, self._open = self._open, {}
+            reported, self._reported = self._reported, {}
         self.settled.set()
         if self.on_exit is not None:  # NOTE: first: once a request has ended, it is counted
             self.on_exit(self)
-        for stream, prompt_tokens in open_.values():
+        for rid, (stream, prompt_tokens) in open_.items():
             if not stream.closed:
                 end_failed(stream, self.name, prompt_tokens,
-                           f"model worker '{self.name}' {why}")
+                           f"model worker '{self.name}' {why}", reported=reported.get(rid))
         for slot in [*self._calls.values(), *self._waits.values()]:
             slot.event.set()  # NOTE: unanswered calls time out at once (no value given)

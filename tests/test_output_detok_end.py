@@ -1,0 +1,71 @@
+"""Which delta carries a token whose piece is not its text (SPEC K2, S2; coda.output's
+``_note_detok_end`` and ``_complete``): a token goes with the delta that sends its last byte.
+Its end is counted in piece bytes, or — once the detokenizer held nothing after it — in
+detokenized bytes, which is what decides where a piece is longer than the text it gives (a
+decoder that drops bytes, e.g. SentencePiece's stripped first space). These are the cases the
+mutation run of 2026-12-04 left alive (docs/testing.md, ``output.py``); the pieces are given
+directly, as the engine would report them (``TokenInfo.piece``), over a scripted byte-level
+tokenizer, so the detokenizer's text and the pieces differ exactly as written.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from coda.finish import FinishReason
+from coda.output import OutputProcessor
+from coda.stream import EventType, RequestStream, TokenInfo
+from coda.trace import NullTraceSink
+from tests.scripted import output_spec, scripted_tokenizer
+
+
+def _deltas(table: dict[int, bytes], script: list[tuple[int, bytes]],
+            stops: tuple[str, ...] = ()) -> list[tuple[bytes, list[int]]]:
+    """Run ``script`` ((id, piece) per token) to its budget; each delta's bytes and ids."""
+    stream = RequestStream("r")
+    proc = OutputProcessor("r", scripted_tokenizer(table),
+                           output_spec(max_tokens=len(script), stop_strings=stops), stream,
+                           NullTraceSink())
+    for i, piece in script:
+        reason = proc.on_token(i, TokenInfo(i, -0.5, piece=piece))
+    assert reason is FinishReason.MAX_OUTPUT_TOKENS
+    proc.drain(reason)
+    return [(e.data, [t.token_id for t in e.tokens]) for e in stream.events_after(-1)
+            if e.type is EventType.DELTA]
+
+
+def test_k2_every_token_of_a_split_character_gets_its_detokenized_end() -> None:
+    """K2: ``"€"`` in three byte tokens, the first piece two bytes longer than its text (a
+    decoder that drops them): the detokenizer holds the first two, the third completes the
+    character, and all three ends are set at once, so all three ride with ``"€"`` (kills
+    ``_note_detok_end``'s ``i -= 1`` → ``pass`` / ``i -= 2``: the first two would wait, the
+    second past the end). With a piece at most one byte longer (a stripped first space) the
+    piece count alone already decides these tokens (docs/testing.md)."""
+    table = {101: b"\xe2", 102: b"\x82", 103: b"\xac"}
+    assert _deltas(table, [(101, b"  \xe2"), (102, b"\x82"), (103, b"\xac")]) == [
+        ("€".encode(), [101, 102, 103])]
+
+
+def test_k2_s2_a_held_tokens_end_is_not_moved_by_a_later_push() -> None:
+    """K2, S2: SentencePiece's stripped first space (piece ``" a"``, text ``"a"``) and stop
+    ``"a."``: each ``"a"`` is held until the next one rules the stop out. The first token's
+    detokenized end (1) was set at its own push; the next push must not move it to 2, or its
+    entry would wait a delta (kills ``_note_detok_end``'s ``and`` → ``or``)."""
+    table = {101: b"a"}
+    assert _deltas(table, [(101, b" a"), (101, b"a"), (101, b"a")], ("a.",)) == [
+        (b"a", [101]), (b"a", [101]), (b"a", [101])]
+
+
+@pytest.mark.xfail(strict=True, reason="K2 gap found by the `>` → `>=` mutant: an invalid "
+                   "byte's U+FFFD makes the text longer than the pieces, so the piece count "
+                   "reaches the text's end while the detokenizer still holds the token's "
+                   "last bytes; the token rides one delta early")
+def test_k2_a_token_whose_tail_the_detokenizer_holds_waits_for_its_last_byte() -> None:
+    """K2: ``b"\\xff\\xe2\\x82"`` then ``b"\\xac"``: the first push sends U+FFFD (three bytes,
+    for ``\\xff``) and holds ``\\xe2\\x82``; the first token's last byte goes out only with
+    ``"€"``, so both tokens ride with the second delta. Today the first rides with U+FFFD
+    (its piece end, 3, equals the text's end); ``_complete``'s ``>`` → ``>=`` gives the right
+    answer here, which is why it survived. Strict: a fix (or that mutant) makes it pass."""
+    table = {101: b"\xff\xe2\x82", 102: b"\xac"}
+    assert _deltas(table, [(101, b"\xff\xe2\x82"), (102, b"\xac")]) == [
+        ("\ufffd".encode(), []), ("€".encode(), [101, 102])]

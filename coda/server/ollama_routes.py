@@ -169,8 +169,17 @@ def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list
     else:
         msgs = [*chat_messages([], body.system), {"role": "user", "content": body.prompt}]
         field = "prompt"
-    text = render_chat(st.engine, msgs, field=field, tools=plan.tools if plan else ())
+    text = render_chat(st.engine, msgs, field=field, tools=plan.tools if plan else (),
+                       continue_final_message=continues(msgs))
     return st.encode(text, add_special_tokens=False, field=field)
+
+
+def continues(msgs: Sequence[dict[str, Any]]) -> bool:
+    """A chat whose last message is the assistant's (text, no tool calls) is continued, as
+    Ollama's templates leave that turn open: the answer goes on from its text (a prefill) and
+    holds only what follows it. It started a new assistant turn after the closed one."""
+    last = msgs[-1] if msgs else {}
+    return last.get("role") == "assistant" and not last.get("tool_calls")
 
 
 def tool_plan(body: OllamaBody) -> tl.ToolPlan | None:

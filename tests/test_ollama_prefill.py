@@ -11,6 +11,7 @@ from typing import Any
 import anthropic
 import httpx
 import ollama
+import pytest
 
 ASK = {"role": "user", "content": "Count from 1 to 10, separated by commas."}
 PREFILL = {"role": "assistant", "content": "1, 2, 3,"}
@@ -52,3 +53,18 @@ def test_p1_final_user_message_still_opens_a_new_turn(smollm_name: str,
     closed = _prompt_tokens(smollm_live.url, smollm_name,
                             [ASK, PREFILL, {"role": "user", "content": "Go on"}])
     assert closed > _prompt_tokens(smollm_live.url, smollm_name, [ASK, PREFILL])
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("context", [1, 2, 3], "/api/chat"), ("template", "{{ .Prompt }}", "raw: true"),
+    ("suffix", "end", "fill-in-the-middle"), ("images", ["aGk="], "vision")])
+def test_p1_refused_generate_fields_say_what_to_send_instead(
+        smollm_ollama: ollama.Client, smollm_name: str, field: str, value: Any,
+        says: str) -> None:
+    """P1: ``context``, ``template``, ``suffix`` and ``images`` on /api/generate are a 400
+    naming the field and what to send instead (it said only "<field>: not supported")."""
+    with pytest.raises(ollama.ResponseError) as err:
+        smollm_ollama.generate(model=smollm_name, prompt="hi", options={"num_predict": 1},
+                               **{field: value})
+    assert err.value.status_code == 400
+    assert err.value.error.startswith(f"{field}: not supported: ") and says in err.value.error

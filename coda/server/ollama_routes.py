@@ -153,11 +153,24 @@ def _check_common(body: OllamaBody) -> None:
                                   "no place for the stamps)", field="stream_verify")
 
 
+# NOTE: what each refused generate field would need, and what to send instead (a bare "not
+# supported" left the client guessing)
+_NOT_SUPPORTED = {
+    "suffix": "fill-in-the-middle is not offered; send the text before the gap as prompt",
+    "template": "Coda renders the model's own chat template (Jinja, not Go templates); send "
+                "a prompt you rendered with raw: true instead",
+    "context": "Coda keeps no token context between requests (Ollama deprecated it); send the "
+               "conversation as messages to /api/chat",
+    "images": "no vision model is served",
+}
+
+
 def _generate_checks(body: OllamaGenerateRequest) -> None:
     for name, value in (("suffix", body.suffix), ("template", body.template),
                         ("context", body.context), ("images", body.images)):
         if value:
-            raise InvalidRequestError(f"{name}: not supported", field=name)
+            raise InvalidRequestError(f"{name}: not supported: {_NOT_SUPPORTED[name]}",
+                                      field=name)
 
 
 def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list[int]:

@@ -2,7 +2,8 @@
 templates leave that last turn open: the answer is only what follows the prefill. Coda closed
 the turn and started a new one, so the model answered afresh (often repeating the prefill).
 Checked on the real SmolLM2 model through the official ``ollama`` client, against Anthropic's
-prefill on the same server (one prompt, one greedy answer)."""
+prefill on the same server (one prompt, one greedy answer). Also: the /api/generate fields
+Coda refuses say what to send instead."""
 
 from __future__ import annotations
 

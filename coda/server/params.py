@@ -12,6 +12,7 @@ field names in errors raised later by ``submit``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -49,6 +50,22 @@ def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_forma
     if not fmt.lark:
         raise InvalidRequestError(f"{field}.lark is required", field=f"{field}.lark")
     return GrammarSpec(lark=fmt.lark)
+
+
+_FORMAT_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def check_format_name(name: object, field: str) -> None:
+    """A ``json_schema`` format's ``name``, required as OpenAI requires it (chat
+    ``response_format.json_schema.name``, Responses ``text.format.name``): 1 to 64 letters,
+    digits, ``_`` or ``-``; else a 400 naming ``field`` (P1). Coda's ``response_format``
+    extension on the other protocols does not ask for it."""
+    if name is None:
+        raise InvalidRequestError(f"Missing required parameter: '{field}'.", field=field)
+    if not isinstance(name, str) or not _FORMAT_NAME.match(name):
+        raise InvalidRequestError(
+            f"Invalid '{field}': expected a string of 1 to 64 characters matching the pattern "
+            f"'^[a-zA-Z0-9_-]+$', got {name!r}.", field=field)
 
 
 def _stops(stop: str | Sequence[str] | None, field: str) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from coda.server.schemas import (
     ResponseFormat,
     ServiceTier,
     StopField,
+    Verbosity,
 )
 
 # NOTE: the values OpenAI documents for Responses ``include`` (the SDK's ResponseIncludable);
@@ -63,6 +64,9 @@ class TextFormat(BaseModel):
 class TextConfig(BaseModel):
     model_config = STRICT
     format: TextFormat | None = None
+    # NOTE: OpenAI's hint for how long an answer should be; accepted and echoed (the response
+    # object's ``text.verbosity``), no effect: the served models take no such control
+    verbosity: Verbosity | None = None
 
 
 class ResponsesStreamOptions(BaseModel):

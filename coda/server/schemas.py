@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 StopField = str | list[str] | None
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+Verbosity = Literal["low", "medium", "high"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 StopTokenIds = list[int | list[int]] | None
 # NOTE: OpenAI's (and Ollama's) seed is a signed 64-bit integer: past it is a 400 naming
@@ -148,6 +149,7 @@ class ChatCompletionRequest(_OpenAISampling):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None  # NOTE: accepted, no effect (docs/api.md)
     modalities: list[Literal["text", "audio"]] | None = None
     # NOTE: the deprecated function calling, translated to tools (coda.server.legacy_functions)
     functions: list[dict[str, Any]] | None = None

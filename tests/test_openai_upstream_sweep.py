@@ -5,7 +5,8 @@ both models with the client:
 
 - ``response_format: {"type": "json_schema", "json_schema": {"schema": ...}}`` without a
   ``name`` (or with ``"a b"``) was served; OpenAI requires the name (``^[a-zA-Z0-9_-]{1,64}$``):
-  a 400 naming ``response_format.json_schema.name`` (Responses: ``text.format.name``).
+  a 400 naming ``response_format.json_schema.name`` (Responses: ``text.format.name``). So
+  were ``"strict": "yes"``, ``"description": 5`` and an unknown key beside ``schema``.
 - Responses ``text: {"verbosity": "low"}`` was a 400 ("Unrecognized request argument");
   OpenAI accepts low / medium / high and echoes it in the response's ``text``.
 - Chat ``tool_choice`` (``"auto"``, ``"none"``) or ``parallel_tool_calls`` without ``tools``
@@ -94,6 +95,30 @@ def test_p1_json_schema_format_needs_a_valid_name(oa: openai.OpenAI, name: str |
                              text={"format": {"type": "json_schema", "name": "x" * 64,
                                               "schema": SCHEMA}})
     assert rs.output_text.startswith('{"a":') and rs.text.format.name == "x" * 64  # type: ignore
+
+
+@pytest.mark.parametrize("key,value", [("strict", "yes"), ("description", 5), ("bogus", 1)])
+def test_p1_json_schema_format_fields_are_checked(oa: openai.OpenAI, key: str,
+                                                  value: Any) -> None:
+    """P1: in a json_schema format ``strict`` is a boolean, ``description`` a string, and no
+    other key is accepted: a 400 naming ``response_format.json_schema.<key>`` (Responses:
+    ``text.format.<key>``); ``strict: true`` with a ``description`` is served."""
+    m = _model(oa)
+    spec: Any = {"name": "r", "schema": SCHEMA, key: value}
+    _bad(lambda: oa.chat.completions.create(
+        model=m, messages=U, max_tokens=8,
+        response_format={"type": "json_schema", "json_schema": spec}),
+        f"response_format.json_schema.{key}")
+    _bad(lambda: oa.responses.create(model=m, input="hi", max_output_tokens=8,
+                                     text={"format": {"type": "json_schema", **spec}}),
+         f"text.format.{key}")
+    good: Any = {"name": "r", "schema": SCHEMA, "strict": True, "description": "a record"}
+    ok = oa.chat.completions.create(model=m, messages=U, max_tokens=16, seed=1,
+                                    response_format={"type": "json_schema", "json_schema": good})
+    assert str(ok.choices[0].message.content).startswith('{"a":')
+    rs = oa.responses.create(model=m, input="hi", max_output_tokens=16,
+                             text={"format": {"type": "json_schema", **good}})
+    assert rs.output_text.startswith('{"a":')
 
 
 def test_p1_responses_text_verbosity_is_accepted_and_echoed(oa: openai.OpenAI) -> None:

@@ -27,7 +27,7 @@ from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
-from coda.server.params import Parsed, check_format_name, plan_call
+from coda.server.params import Parsed, check_json_schema_format, plan_call
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
@@ -223,7 +223,7 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
             check_metadata(body.metadata)
         fmt = body.response_format
         if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
-            check_format_name(fmt.json_schema.get("name"), "response_format.json_schema.name")
+            check_json_schema_format(fmt.json_schema, "response_format.json_schema")
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")

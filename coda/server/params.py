@@ -55,17 +55,35 @@ def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_forma
 _FORMAT_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-def check_format_name(name: object, field: str) -> None:
-    """A ``json_schema`` format's ``name``, required as OpenAI requires it (chat
-    ``response_format.json_schema.name``, Responses ``text.format.name``): 1 to 64 letters,
-    digits, ``_`` or ``-``; else a 400 naming ``field`` (P1). Coda's ``response_format``
-    extension on the other protocols does not ask for it."""
+_FORMAT_KEYS = frozenset({"name", "schema", "strict", "description"})
+
+
+def check_json_schema_format(spec: Mapping[str, object], field: str,
+                             also: frozenset[str] = frozenset()) -> None:
+    """OpenAI's ``json_schema`` format object (chat ``response_format.json_schema``, Responses
+    ``text.format`` — ``also`` its own ``type``), checked as OpenAI checks it (P1): ``name``
+    required, 1 to 64 letters, digits, ``_`` or ``-``; ``strict`` a boolean and
+    ``description`` a string when sent; no other key (where ``schema`` is sent). Else a 400
+    naming ``field.<key>``. Coda's ``response_format`` extension on the other protocols does
+    not ask for a name."""
+    name = spec.get("name")
     if name is None:
-        raise InvalidRequestError(f"Missing required parameter: '{field}'.", field=field)
+        raise InvalidRequestError(f"Missing required parameter: '{field}.name'.",
+                                  field=f"{field}.name")
     if not isinstance(name, str) or not _FORMAT_NAME.match(name):
         raise InvalidRequestError(
-            f"Invalid '{field}': expected a string of 1 to 64 characters matching the pattern "
-            f"'^[a-zA-Z0-9_-]+$', got {name!r}.", field=field)
+            f"Invalid '{field}.name': expected a string of 1 to 64 characters matching the "
+            f"pattern '^[a-zA-Z0-9_-]+$', got {name!r}.", field=f"{field}.name")
+    for key, kind, said in (("strict", bool, "a boolean"), ("description", str, "a string")):
+        value = spec.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise InvalidRequestError(f"Invalid type for '{field}.{key}': expected {said}, "
+                                      f"got {type(value).__name__}.", field=f"{field}.{key}")
+    # NOTE: without ``schema`` the object is read as the schema itself (grammar_from_format)
+    unknown = sorted(set(spec) - _FORMAT_KEYS - also) if "schema" in spec else []
+    if unknown:
+        raise InvalidRequestError(f"Unrecognized request argument supplied: {field}.{unknown[0]}",
+                                  field=f"{field}.{unknown[0]}")
 
 
 def _stops(stop: str | Sequence[str] | None, field: str) -> tuple[str, ...]:

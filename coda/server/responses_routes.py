@@ -40,7 +40,7 @@ from coda.server.fields import (
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
-from coda.server.params import Parsed, check_format_name, plan_call
+from coda.server.params import Parsed, check_json_schema_format, plan_call
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
@@ -368,7 +368,8 @@ def _grammar(fmt: TextFormat | None) -> GrammarSpec | None:
     if fmt.type == "json_object":
         return GrammarSpec(json_object=True)
     if fmt.type == "json_schema":
-        check_format_name((fmt.model_extra or {}).get("name"), "text.format.name")
+        check_json_schema_format({**(fmt.model_extra or {}), "schema": fmt.schema_},
+                                 "text.format", frozenset({"type"}))
         if not isinstance(fmt.schema_, dict):
             raise InvalidRequestError("text.format.schema is required", field="text.format.schema")
         return GrammarSpec(json_schema=fmt.schema_)

@@ -15,6 +15,8 @@ both models with the client:
   calls of the function; OpenAI's forced function is exactly one call (chat, streamed or
   not, every one of ``n`` choices, and Responses — which still echoes
   ``parallel_tool_calls: true``).
+- ``top_p: 0`` was a 400 ("greater than 0"); OpenAI's range is [0, 1] (its OpenAPI
+  description: ``minimum: 0``), 0 keeping the best token alone.
 """
 
 from __future__ import annotations
@@ -200,3 +202,25 @@ def test_p1_named_tool_choice_makes_exactly_one_call(oa: openai.OpenAI) -> None:
                                  max_output_tokens=60, extra_body={"seed": 7}, **extra)
         fcs = [o for o in rs.output if o.type == "function_call"]
         assert [o.name for o in fcs] == ["f"] and rs.parallel_tool_calls is True, rs.output
+
+
+def test_p1_top_p_zero_keeps_the_best_token_alone(oa: openai.OpenAI) -> None:
+    """P1: ``top_p: 0`` is accepted on chat, completions and Responses (OpenAI's range is
+    [0, 1]) and keeps only the best token: at temperature 1 the output equals the greedy one
+    (temperature 0), for every seed; Responses echoes ``top_p: 0``; -0.1 is still a 400."""
+    m = _model(oa)
+    ask: Any = [{"role": "user", "content": "Tell me a story"}]
+    greedy = oa.chat.completions.create(model=m, messages=ask, max_tokens=12, temperature=0)
+    for seed in (1, 2):
+        got = oa.chat.completions.create(model=m, messages=ask, max_tokens=12, top_p=0,
+                                         temperature=1.0, seed=seed)
+        assert got.choices[0].message.content == greedy.choices[0].message.content
+    plain = oa.completions.create(model=m, prompt="Once upon a time", max_tokens=8,
+                                  temperature=0)
+    nucleus = oa.completions.create(model=m, prompt="Once upon a time", max_tokens=8,
+                                    top_p=0, seed=3)
+    assert nucleus.choices[0].text == plain.choices[0].text
+    rs = oa.responses.create(model=m, input="Tell me a story", max_output_tokens=12, top_p=0)
+    assert rs.top_p == 0 and rs.output_text == greedy.choices[0].message.content
+    _bad(lambda: oa.chat.completions.create(model=m, messages=ask, max_tokens=2, top_p=-0.1),
+         "top_p")

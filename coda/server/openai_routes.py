@@ -29,7 +29,7 @@ from coda.server.legacy_functions import has_legacy_history, legacy_history, leg
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
 from coda.server.params import Parsed, check_json_schema_format, plan_call
 from coda.server.render_spec import OpenAIRender
-from coda.server.schemas import ChatCompletionRequest, CompletionRequest
+from coda.server.schemas import ChatCompletionRequest, CompletionRequest, sampled_top_p
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_results import check_openai_results
@@ -360,7 +360,7 @@ class OpenAIAdapter:
                          max_tokens=max_tokens, max_tokens_field=mt_field,
                          prompt_field="messages" if chat else "prompt", stop=body.stop,
                          n=body.n, seed=body.seed, temperature=body.temperature,
-                         top_p=body.top_p, presence_penalty=body.presence_penalty,
+                         top_p=sampled_top_p(body.top_p), presence_penalty=body.presence_penalty,
                          frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
                          logprobs=logprobs,
                          logprobs_field="top_logprobs" if chat else "logprobs",

@@ -81,7 +81,7 @@ class ResponsesRequest(CodaExtensions):
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (sampled_top_p)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     include: list[ResponseIncludable] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)

@@ -44,6 +44,7 @@ from coda.server.params import Parsed, check_json_schema_format, plan_call
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
+from coda.server.schemas import sampled_top_p
 from coda.server.sse import Frame, Renderer, SSEResponse
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import tool_history_item
@@ -520,7 +521,7 @@ class ResponsesAdapter:
                          keep=body.store,
                          max_tokens=max_tokens, max_tokens_field="max_output_tokens",
                          prompt_field="input", stop=body.stop, seed=body.seed,
-                         temperature=body.temperature, top_p=body.top_p,
+                         temperature=body.temperature, top_p=sampled_top_p(body.top_p),
                          presence_penalty=body.presence_penalty,
                          frequency_penalty=body.frequency_penalty, logprobs=logprobs,
                          logprobs_field="top_logprobs", reasoning=reasoning,

@@ -15,6 +15,8 @@ both models with the client:
   calls of the function; OpenAI's forced function is exactly one call (chat, streamed or
   not, every one of ``n`` choices, and Responses — which still echoes
   ``parallel_tool_calls: true``).
+- A Responses ``function_call_output`` whose ``output`` is a list of ``input_text`` parts
+  (OpenAI's other form) was a 400 naming ``input`` ("should be a valid string").
 - ``top_p: 0`` was a 400 ("greater than 0"); OpenAI's range is [0, 1] (its OpenAPI
   description: ``minimum: 0``), 0 keeping the best token alone.
 """
@@ -224,3 +226,31 @@ def test_p1_top_p_zero_keeps_the_best_token_alone(oa: openai.OpenAI) -> None:
     assert rs.top_p == 0 and rs.output_text == greedy.choices[0].message.content
     _bad(lambda: oa.chat.completions.create(model=m, messages=ask, max_tokens=2, top_p=-0.1),
          "top_p")
+
+
+def test_p1_function_call_output_takes_input_text_parts(oa: openai.OpenAI) -> None:
+    """P1: a Responses ``function_call_output`` ``output`` may be a list of content parts, as
+    OpenAI's: ``input_text`` parts are joined and answer the call exactly as the same text
+    given as a string (same prompt: same ``input_tokens``, same greedy output), listed as sent
+    by ``input_items``; an image part is a 400 naming ``input.2.output.1``."""
+    m = _model(oa)
+    call: Any = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"x":1}'}
+
+    def ask(output: Any) -> Any:
+        return oa.responses.create(model=m, tools=RS_TOOLS, max_output_tokens=8,
+                                   temperature=0, input=[
+                                       {"role": "user", "content": "What is f(1)?"}, call,
+                                       {"type": "function_call_output", "call_id": "c1",
+                                        "output": output}])
+
+    parts: Any = [{"type": "input_text", "text": "4"}, {"type": "input_text", "text": "2"}]
+    as_parts, as_text = ask(parts), ask("42")
+    assert as_parts.usage and as_text.usage
+    assert as_parts.usage.input_tokens == as_text.usage.input_tokens
+    assert as_parts.output_text == as_text.output_text
+    listed: Any = oa.responses.input_items.list(as_parts.id, order="asc").data
+    assert listed[2].type == "function_call_output"
+    assert [(p.type, p.text) for p in listed[2].output] == [("input_text", "4"),
+                                                            ("input_text", "2")]
+    image: Any = [parts[0], {"type": "input_image", "image_url": "http://x/y.png"}]
+    _bad(lambda: ask(image), "input.2.output.1")

@@ -50,7 +50,8 @@ class InputToolItem(BaseModel):
     call_id: str
     name: str | None = None
     arguments: str | None = None
-    output: str | None = None
+    # NOTE: as OpenAI: a string, or content parts (text ones here: coda.server.tool_messages)
+    output: str | list[dict[str, Any]] | None = None
 
 
 class TextFormat(BaseModel):

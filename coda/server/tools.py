@@ -79,6 +79,9 @@ class ToolPlan:
     mode: Mode = "auto"
     name: str | None = None  # the forced tool when mode == "named"
     parallel: bool = True
+    # OpenAI's ``allowed_tools`` choice: the names that may be called (every tool is still
+    # described to the model); None: all of them
+    allow: tuple[str, ...] | None = None
 
     @property
     def active(self) -> bool:
@@ -88,6 +91,8 @@ class ToolPlan:
     def allowed(self) -> tuple[Tool, ...]:
         if self.mode == "named":
             return tuple(t for t in self.tools if t.name == self.name)
+        if self.allow is not None:
+            return tuple(t for t in self.tools if t.name in self.allow)
         return self.tools
 
 
@@ -176,8 +181,38 @@ def openai_plan(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool 
         # NOTE: as OpenAI's forced function: exactly one call of it, whatever
         # parallel_tool_calls says (Anthropic's ``tool`` choice keeps its parallel calls)
         return ToolPlan(all_tools, "named", _named(all_tools, name, "tool_choice"), False)
-    raise InvalidRequestError("tool_choice: must be none, auto, required or a function",
-                              field="tool_choice")
+    if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
+        return _allowed(all_tools, choice, par, flat)
+    raise InvalidRequestError("tool_choice: must be none, auto, required, a function or "
+                              "allowed_tools", field="tool_choice")
+
+
+def _allowed(all_tools: tuple[Tool, ...], choice: Mapping[str, Any], parallel: bool,
+             flat: bool) -> ToolPlan:
+    """OpenAI's ``allowed_tools`` choice (chat: ``{"type": "allowed_tools", "allowed_tools":
+    {"mode", "tools"}}``; Responses: ``mode`` and ``tools`` beside ``type``): ``auto`` or
+    ``required`` over the listed function tools only (each named in ``tools``)."""
+    base = "tool_choice" if flat else "tool_choice.allowed_tools"
+    spec = choice if flat else choice.get("allowed_tools")
+    if not isinstance(spec, Mapping):
+        raise InvalidRequestError(f"{base}: required (an object with mode and tools)",
+                                  field=base)
+    mode = spec.get("mode")
+    if mode not in ("auto", "required"):
+        raise InvalidRequestError(f"{base}.mode: must be auto or required, got {mode!r}",
+                                  field=f"{base}.mode")
+    listed = spec.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise InvalidRequestError(f"{base}.tools: a non-empty list of the tools allowed",
+                                  field=f"{base}.tools")
+    names = []
+    for j, t in enumerate(listed):
+        f = f"{base}.tools.{j}"
+        if not isinstance(t, Mapping) or t.get("type") != "function":
+            raise InvalidRequestError(f"{f}: only function tools are supported", field=f)
+        fn = t if flat else t.get("function")
+        names.append(_named(all_tools, fn.get("name") if isinstance(fn, Mapping) else None, f))
+    return ToolPlan(all_tools, mode, None, parallel, allow=tuple(names))
 
 
 def anthropic_plan(tools: list[dict[str, Any]] | None,

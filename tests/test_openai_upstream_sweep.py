@@ -9,6 +9,9 @@ both models with the client (the tool findings: test_openai_upstream_tools.py):
   were ``"strict": "yes"``, ``"description": 5`` and an unknown key beside ``schema``.
 - Responses ``text: {"verbosity": "low"}`` was a 400 ("Unrecognized request argument");
   OpenAI accepts low / medium / high and echoes it in the response's ``text``.
+- An explicit ``null`` for a field OpenAI declares nullable (chat ``n``, ``stream``,
+  ``logprobs``; completions ``echo``; Responses ``store``, ``stream``, ``background``) was a
+  400 ("Input should be a valid boolean"); the official SDK sends null for ``n=None``.
 - ``top_p: 0`` was a 400 ("greater than 0"); OpenAI's range is [0, 1] (its OpenAPI
   description: ``minimum: 0``), 0 keeping the best token alone.
 """
@@ -128,3 +131,22 @@ def test_p1_top_p_zero_keeps_the_best_token_alone(oa: openai.OpenAI) -> None:
     assert rs.top_p == 0 and rs.output_text == greedy.choices[0].message.content
     _bad(lambda: oa.chat.completions.create(model=m, messages=ask, max_tokens=2, top_p=-0.1),
          "top_p")
+
+
+def test_p1_null_for_a_nullable_field_is_its_default(oa: openai.OpenAI) -> None:
+    """P1: the client passing None (sent as JSON null) for OpenAI's nullable ``n``,
+    ``stream``, ``logprobs``, ``store`` (chat), ``echo`` (completions), ``store``, ``stream``,
+    ``background`` (Responses) gets each field's default: one choice, no stream, no
+    logprobs, no echo, a stored response answered in the foreground."""
+    m = _model(oa)
+    r = oa.chat.completions.create(model=m, messages=U, max_tokens=2, n=None, stream=None,
+                                   logprobs=None, store=None)
+    assert len(r.choices) == 1 and r.choices[0].logprobs is None
+    c = oa.completions.create(model=m, prompt="Once upon", max_tokens=2, n=None, stream=None,
+                              echo=None, temperature=0)
+    plain = oa.completions.create(model=m, prompt="Once upon", max_tokens=2, temperature=0)
+    assert len(c.choices) == 1 and c.choices[0].text == plain.choices[0].text
+    rs = oa.responses.create(model=m, input="hi", max_output_tokens=2, stream=None,
+                             store=None, background=None)
+    assert rs.status != "queued" and rs.store is True and rs.background is False
+    assert oa.responses.retrieve(rs.id).id == rs.id

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from coda.server.schemas import (
     OPEN,
@@ -20,6 +20,7 @@ from coda.server.schemas import (
     ServiceTier,
     StopField,
     Verbosity,
+    null_is_default,
 )
 
 # NOTE: the values OpenAI documents for Responses ``include`` (the SDK's ResponseIncludable);
@@ -107,6 +108,11 @@ class ResponsesRequest(CodaExtensions):
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return null_is_default(data)
 
 
 class AnthropicMessage(BaseModel):

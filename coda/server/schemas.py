@@ -34,6 +34,19 @@ class _Strict(BaseModel):
     model_config = STRICT
 
 
+# NOTE: fields OpenAI declares nullable whose null Coda's schema would refuse (a bool or an int
+# with a default): an explicit null is the default, as upstream answers (P1). The official SDK
+# sends null for an argument passed as None (``n=None``, ``logprobs=None``).
+NULL_IS_DEFAULT = frozenset({"n", "stream", "logprobs", "echo", "store", "background"})
+
+
+def null_is_default(data: Any) -> Any:
+    """A request body with its NULL_IS_DEFAULT fields that are null left out."""
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items() if v is not None or k not in NULL_IS_DEFAULT}
+    return data
+
+
 class BackpressureBody(_Strict):
     """P6: how a slow reader is handled (Coda extension)."""
 
@@ -97,6 +110,11 @@ class _OpenAISampling(CodaExtensions):
     stop: StopField = None
     user: str | None = None
     max_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return null_is_default(data)
 
 
 # NOTE: OpenAI's top_p is in [0, 1]; 0 keeps the best token alone (the nucleus of the least

@@ -112,7 +112,7 @@ class ResponsesRequest(CodaExtensions):
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data: Any) -> Any:
-        return null_is_default(data)
+        return null_is_default(data, cls.model_fields)
 
 
 class AnthropicMessage(BaseModel):

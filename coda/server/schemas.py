@@ -40,10 +40,12 @@ class _Strict(BaseModel):
 NULL_IS_DEFAULT = frozenset({"n", "stream", "logprobs", "echo", "store", "background"})
 
 
-def null_is_default(data: Any) -> Any:
-    """A request body with its NULL_IS_DEFAULT fields that are null left out."""
+def null_is_default(data: Any, fields: Any) -> Any:
+    """A request body with its NULL_IS_DEFAULT ``fields`` (the model's own) that are null
+    left out (a field the endpoint lacks stays, and is refused as unknown)."""
     if isinstance(data, dict):
-        return {k: v for k, v in data.items() if v is not None or k not in NULL_IS_DEFAULT}
+        return {k: v for k, v in data.items()
+                if v is not None or k not in NULL_IS_DEFAULT or k not in fields}
     return data
 
 
@@ -114,7 +116,7 @@ class _OpenAISampling(CodaExtensions):
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data: Any) -> Any:
-        return null_is_default(data)
+        return null_is_default(data, cls.model_fields)
 
 
 # NOTE: OpenAI's top_p is in [0, 1]; 0 keeps the best token alone (the nucleus of the least

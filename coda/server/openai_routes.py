@@ -27,9 +27,9 @@ from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
-from coda.server.params import Parsed, check_json_schema_format, plan_call
+from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
 from coda.server.render_spec import OpenAIRender
-from coda.server.schemas import ChatCompletionRequest, CompletionRequest, sampled_top_p
+from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_results import check_openai_results

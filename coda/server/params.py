@@ -52,6 +52,17 @@ def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_forma
     return GrammarSpec(lark=fmt.lark)
 
 
+# NOTE: OpenAI's top_p is in [0, 1]; 0 keeps the best token alone (the nucleus of the least
+# mass: the sampler always keeps the best). The sampler takes (0, 1], so 0 is sent as a mass
+# no single token's probability reaches (every vocabulary's best token has more than 1e-9)
+NUCLEUS_OF_ONE = 1e-9
+
+
+def sampled_top_p(top_p: float | None) -> float | None:
+    """The wire's ``top_p`` as the sampler takes it (P1: OpenAI accepts 0)."""
+    return NUCLEUS_OF_ONE if top_p == 0 else top_p
+
+
 _FORMAT_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 

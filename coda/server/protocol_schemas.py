@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from coda.server.schemas import (
+    NULL_IS_DEFAULT,
     OPEN,
     SEED_MAX,
     SEED_MIN,
@@ -20,7 +21,6 @@ from coda.server.schemas import (
     ServiceTier,
     StopField,
     Verbosity,
-    null_is_default,
 )
 
 # NOTE: the values OpenAI documents for Responses ``include`` (the SDK's ResponseIncludable);
@@ -83,7 +83,7 @@ class ResponsesRequest(CodaExtensions):
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (sampled_top_p)
+    top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (params.sampled_top_p)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     include: list[ResponseIncludable] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
@@ -112,7 +112,11 @@ class ResponsesRequest(CodaExtensions):
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data: Any) -> Any:
-        return null_is_default(data, cls.model_fields)
+        # NOTE: as schemas.null_is_default, inline: a plain request runs no code of schemas.py
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if v is not None or k not in NULL_IS_DEFAULT or k not in cls.model_fields}
+        return data
 
 
 class AnthropicMessage(BaseModel):

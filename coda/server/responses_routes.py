@@ -40,11 +40,10 @@ from coda.server.fields import (
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
-from coda.server.params import Parsed, check_json_schema_format, plan_call
+from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
-from coda.server.schemas import sampled_top_p
 from coda.server.sse import Frame, Renderer, SSEResponse
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import tool_history_item

@@ -105,7 +105,7 @@ class _OpenAISampling(CodaExtensions):
     n: int = Field(1, ge=1, le=16)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (sampled_top_p)
+    top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (params.sampled_top_p)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
@@ -117,17 +117,6 @@ class _OpenAISampling(CodaExtensions):
     @classmethod
     def _nulls(cls, data: Any) -> Any:
         return null_is_default(data, cls.model_fields)
-
-
-# NOTE: OpenAI's top_p is in [0, 1]; 0 keeps the best token alone (the nucleus of the least
-# mass: the sampler always keeps the best). The sampler takes (0, 1], so 0 is sent as a mass
-# no single token's probability reaches (every vocabulary's best token has more than 1e-9)
-NUCLEUS_OF_ONE = 1e-9
-
-
-def sampled_top_p(top_p: float | None) -> float | None:
-    """The wire's ``top_p`` as the sampler takes it (P1: OpenAI accepts 0)."""
-    return NUCLEUS_OF_ONE if top_p == 0 else top_p
 
 
 class StreamOptions(_Strict):

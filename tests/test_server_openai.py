@@ -199,7 +199,7 @@ BAD = [
     ({"model": MODEL, "messages": []}, "messages"),
     ({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
     ({"model": MODEL, "messages": MSG, "temperature": 3}, "temperature"),
-    ({"model": MODEL, "messages": MSG, "top_p": 0}, "top_p"),
+    ({"model": MODEL, "messages": MSG, "top_p": -0.1}, "top_p"),  # NOTE: 0 is valid (OpenAI)
     ({"model": MODEL, "messages": MSG, "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "messages": MSG, "max_tokens": 100000}, "max_tokens"),
     ({"model": MODEL, "messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, "stop"),

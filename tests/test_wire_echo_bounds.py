@@ -5,7 +5,9 @@ is true; sent true without tools it still said false) and ``temperature`` / ``to
 (sampled at 1.0); a ``metadata`` of 17 pairs, a 65-character key or a 513-character value was
 stored and echoed (OpenAI: 16 pairs, keys <= 64, values <= 512); Anthropic's
 ``metadata.user_id`` had no bound (256); a malformed ``system`` block named
-``system.content.0`` (no such path) and said "got 'text'" of a text block without text."""
+``system.content.0`` (no such path) and said "got 'text'" of a text block without text; an
+empty system text block (Anthropic: 400, "system: text content blocks must be non-empty") was
+served as an empty system turn, which replaced the template's default system prompt."""
 
 from __future__ import annotations
 
@@ -93,7 +95,9 @@ def test_p1_anthropic_user_id_is_at_most_256_characters(an: anthropic.Anthropic)
     ([{"type": "text", "text": "be brief"}, {"type": "image", "source": {}}], "system.1.type",
      "'image'"),
     ([{"text": "be brief"}], "system.0.type", "None"),
-], ids=["no_text", "text_not_a_string", "image", "no_type"])
+    ([{"type": "text", "text": "be brief"}, {"type": "text", "text": ""}], "system.1.text",
+     "text content blocks must be non-empty"),
+], ids=["no_text", "text_not_a_string", "image", "no_type", "empty_text"])
 def test_p1_anthropic_system_block_errors_name_its_path(
         an: anthropic.Anthropic, system: Any, field: str, says: str) -> None:
     """P1: a bad ``system`` block is a 400 naming ``system.{j}.…`` (create and

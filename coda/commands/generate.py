@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from coda.commands.loading import engine_config, fail, load_engine, refuse_bad_isa
+from coda.commands.loading import (
+    engine_config,
+    fail,
+    interrupt_exits,
+    load_engine,
+    refuse_bad_isa,
+)
 
 if TYPE_CHECKING:
     from coda.stream import Terminal
@@ -101,38 +107,41 @@ def run_generate(args: GenerateArgs) -> int:
         fail(f"{exc.code.value}: --stop: {exc.message}")
     if args.deadline is not None and not args.deadline > 0:  # NOTE: as plan_request's G3 check, before the load
         fail(f"--deadline must be > 0 seconds, got {args.deadline}")
-    engine = load_engine(args.model, engine_config(
-        quant=args.quant, dtype=args.dtype, max_num_seqs=4, max_model_len=args.max_model_len,
-        kv_cache_bytes=args.kv_cache_bytes, kv_cache_memory_fraction=args.kv_cache_fraction,
-        memory_budget=args.memory_budget, num_threads=args.threads))
-    text = args.prompt
-    if args.chat:
-        from coda.server.chat import render_chat
+    # NOTE: a Ctrl-C before the request runs (the load above all): one line, exit 130 at once;
+    # once it runs, cancel_on_signals' cancel takes over
+    with interrupt_exits("before the request started (nothing generated)"):
+        engine = load_engine(args.model, engine_config(
+            quant=args.quant, dtype=args.dtype, max_num_seqs=4, max_model_len=args.max_model_len,
+            kv_cache_bytes=args.kv_cache_bytes, kv_cache_memory_fraction=args.kv_cache_fraction,
+            memory_budget=args.memory_budget, num_threads=args.threads))
+        text = args.prompt
+        if args.chat:
+            from coda.server.chat import render_chat
 
-        text = render_chat(engine, [{"role": "user", "content": args.prompt}])
-    # NOTE: a raw prompt gets the model's special tokens (its BOS), as /v1/completions does;
-    # a rendered chat template already holds them
-    ids = engine.tokenizer.encode(text, add_special_tokens=not args.chat).ids
-    req = GenerationRequest(tuple(ids), params, max_tokens=args.max_tokens, stop=args.stop,
-                            deadline_s=args.deadline)
+            text = render_chat(engine, [{"role": "user", "content": args.prompt}])
+        # NOTE: a raw prompt gets the model's special tokens (its BOS), as /v1/completions does;
+        # a rendered chat template already holds them
+        ids = engine.tokenizer.encode(text, add_special_tokens=not args.chat).ids
+        req = GenerationRequest(tuple(ids), params, max_tokens=args.max_tokens, stop=args.stop,
+                                deadline_s=args.deadline)
 
-    async def run() -> int:
-        handle = engine.submit(req)
-        interrupted = cancel_on_signals(handle)
-        async for ev in handle.events():
-            if ev.data:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
-            if ev.terminal is not None:
-                print_terminal(ev.terminal)
-                if interrupted:  # NOTE: the shell's convention: 128 + the signal's number
-                    return 128 + interrupted[0]
-                return 0 if ev.terminal.state.value == "FINISHED" else 1
-        return 1
+        async def run() -> int:
+            handle = engine.submit(req)
+            interrupted = cancel_on_signals(handle)
+            async for ev in handle.events():
+                if ev.data:
+                    sys.stdout.write(ev.text)
+                    sys.stdout.flush()
+                if ev.terminal is not None:
+                    print_terminal(ev.terminal)
+                    if interrupted:  # NOTE: the shell's convention: 128 + the signal's number
+                        return 128 + interrupted[0]
+                    return 0 if ev.terminal.state.value == "FINISHED" else 1
+            return 1
 
-    with engine:
-        try:
-            return asyncio.run(run())
-        except CodaError as exc:  # NOTE: a refused request is a message and exit 2, not a trace
-            typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
-            return 2
+        with engine:
+            try:
+                return asyncio.run(run())
+            except CodaError as exc:  # NOTE: a refused request is a message and exit 2, not a trace
+                typer.secho(f"error: {exc.code.value}: {exc.message}", fg="red", err=True)
+                return 2

@@ -3,6 +3,8 @@ tell what was loaded; a failure is one red line and exit 2, never a stack trace.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import typer
@@ -64,3 +66,46 @@ def load_engine(model: str | None, cfg: Any, say: Any = None) -> Any:
         # O1: one JSON line with what was loaded, the serving mode and its numerics included
         say("model loaded", extra=engine.load_summary())
     return engine
+
+
+@contextlib.contextmanager
+def interrupt_exits(what: str, say: Callable[[str], Any] | None = None) -> Iterator[None]:
+    """SIGINT/SIGTERM while a model loads (before any request runs): one line saying so
+    (``interrupted (SIGINT) <what>: exiting``), then
+    exit 128 + the signal at once. A Ctrl-C there was a KeyboardInterrupt: silent (typer
+    turns it into exit 130), seconds late where the load was in native code, and, when it came
+    as the load's worker threads were in native code, the interpreter's exit aborted the
+    process ("terminate called without an active exception", SIGABRT). Nothing is held that
+    needs a clean-up yet, so the process ends without the interpreter's exit. A signal ignored
+    at start (a background job's SIGINT) stays ignored; off the main thread nothing is changed.
+    ``say``: where the line goes (default: stderr)."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in signals}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        line = f"interrupted ({signal.Signals(signum).name}) {what}: exiting"
+        with contextlib.suppress(Exception):  # NOTE: the exit must not depend on the line
+            sys.stdout.flush()
+            if say is None:
+                typer.secho(line, fg="red", err=True)
+            else:
+                say(line)
+            sys.stderr.flush()
+        os._exit(128 + signum)
+
+    for s in signals:
+        if before[s] is not signal.SIG_IGN:
+            signal.signal(s, on_signal)
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coda.commands.loading import engine_config, fail, load_engine, refuse_bad_isa
+from coda.commands.loading import (
+    engine_config,
+    fail,
+    interrupt_exits,
+    load_engine,
+    refuse_bad_isa,
+)
 from coda.commands.serve_checks import (
     check_flags,
     load_router,
@@ -116,8 +122,11 @@ def run_serve(args: ServeArgs) -> None:
                                     torch_threads=max(1, int(args.replica_cpus)),
                                     log=durable.log if durable is not None else None)
         else:
-            engine = load_engine(one.model if one else None, cfg,
-                                 logging.getLogger("coda.server").info)
+            logger = logging.getLogger("coda.server")
+            # NOTE: a Ctrl-C while the model loads: one log line, exit 130 at once (no worker
+            # process nor replica to stop yet; the bound socket closes with the process)
+            with interrupt_exits("while loading the model", logger.warning):
+                engine = load_engine(one.model if one else None, cfg, logger.info)
     settings = ServerSettings(max_body_bytes=args.max_body_bytes,
                               max_waiting=None if args.max_waiting < 0 else args.max_waiting)
     try:

@@ -4,7 +4,7 @@
 - The request's ``thinking``: ``type`` is ``enabled`` or ``disabled``; ``enabled`` needs
   ``budget_tokens`` (unless Coda's ``max_reasoning_tokens`` gives the budget), an integer
   ``>= 1024`` and, on a create, ``< max_tokens`` (Anthropic's two bounds).
-- A ``system`` list holds text blocks, each with its ``text`` string.
+- A ``system`` list holds text blocks, each with its ``text`` string, not empty.
 - A ``thinking`` block sent back in the history carries its ``thinking`` and ``signature``
   strings, a ``redacted_thinking`` block its ``data`` string: a malformed one was dropped
   without a word (the model's reasoning is never prompt text, so nothing showed it).
@@ -68,6 +68,8 @@ def check_system_blocks(system: list[Any]) -> None:
         if not isinstance(text, str):
             raise _bad(f"system.{j}.text", "Field required" if text is None
                        else "Input should be a valid string")
+        if not text:  # NOTE: Anthropic's 400 (it was an empty system turn, or none at all)
+            raise _bad(f"system.{j}.text", "text content blocks must be non-empty")
 
 
 def check_thinking_blocks(content: Any, field: str) -> None:

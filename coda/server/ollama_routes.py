@@ -153,11 +153,24 @@ def _check_common(body: OllamaBody) -> None:
                                   "no place for the stamps)", field="stream_verify")
 
 
+# NOTE: what each refused generate field would need, and what to send instead (a bare "not
+# supported" left the client guessing)
+_NOT_SUPPORTED = {
+    "suffix": "fill-in-the-middle is not offered; send the text before the gap as prompt",
+    "template": "Coda renders the model's own chat template (Jinja, not Go templates); send "
+                "a prompt you rendered with raw: true instead",
+    "context": "Coda keeps no token context between requests (Ollama deprecated it); send the "
+               "conversation as messages to /api/chat",
+    "images": "no vision model is served",
+}
+
+
 def _generate_checks(body: OllamaGenerateRequest) -> None:
     for name, value in (("suffix", body.suffix), ("template", body.template),
                         ("context", body.context), ("images", body.images)):
         if value:
-            raise InvalidRequestError(f"{name}: not supported", field=name)
+            raise InvalidRequestError(f"{name}: not supported: {_NOT_SUPPORTED[name]}",
+                                      field=name)
 
 
 def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list[int]:
@@ -169,8 +182,17 @@ def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list
     else:
         msgs = [*chat_messages([], body.system), {"role": "user", "content": body.prompt}]
         field = "prompt"
-    text = render_chat(st.engine, msgs, field=field, tools=plan.tools if plan else ())
+    text = render_chat(st.engine, msgs, field=field, tools=plan.tools if plan else (),
+                       continue_final_message=continues(msgs))
     return st.encode(text, add_special_tokens=False, field=field)
+
+
+def continues(msgs: Sequence[dict[str, Any]]) -> bool:
+    """A chat whose last message is the assistant's (text, no tool calls) is continued, as
+    Ollama's templates leave that turn open: the answer goes on from its text (a prefill) and
+    holds only what follows it. It started a new assistant turn after the closed one."""
+    last = msgs[-1] if msgs else {}
+    return last.get("role") == "assistant" and not last.get("tool_calls")
 
 
 def tool_plan(body: OllamaBody) -> tl.ToolPlan | None:

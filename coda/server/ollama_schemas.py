@@ -16,6 +16,7 @@ effect: the server's own settings size the model. Samplers Coda does not have (`
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -156,6 +157,40 @@ class OllamaMessage(BaseModel):
         return [c.model_dump(exclude_none=True) for c in self.tool_calls or ()] or None
 
 
+# NOTE: Go's time.ParseDuration, which Ollama's keep_alive string goes through: signed, one or
+# more decimal numbers each with its unit ("300ms", "1.5h", "2h45m"); "0" alone needs none
+_DURATION_PART = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+           "h": 3600.0}
+
+
+def duration_s(text: str) -> float:
+    """A Go duration string in seconds; ValueError in Go's words ("time: invalid duration
+    \"abc\"", "time: missing unit in duration \"10\"") where Go refuses it."""
+    body = text[1:] if text[:1] in "+-" else text
+    if body == "0":
+        return 0.0
+    total, pos = 0.0, 0
+    while pos < len(body) or pos == 0:
+        m = _DURATION_PART.match(body, pos)
+        if m is None or m.group(1) in ("", "."):
+            digits = re.fullmatch(r"[0-9]*(?:\.[0-9]*)?", body[pos:])
+            why = "missing unit in" if body[pos:] and digits and body[pos:] != "." else "invalid"
+            raise ValueError(f'time: {why} duration "{text}"')
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    return -total if text[:1] == "-" else total
+
+
+def keep_alive_value(value: float | str | None) -> float | str | None:
+    """``keep_alive`` as Ollama reads it: a number (seconds; negative: forever) or a Go
+    duration string; another string is a 400 in Go's words, as Ollama answers (it was
+    accepted and ignored)."""
+    if isinstance(value, str):
+        duration_s(value)
+    return value
+
+
 def model_name(name: str) -> str:
     """Ollama's implicit tag: ``name:latest`` is ``name`` (tools append it to every name)."""
     return name.removesuffix(":latest")
@@ -170,6 +205,7 @@ class _OllamaCreate(CodaExtensions):
     options: OllamaOptions | None = None
     stream: bool = True  # NOTE: Ollama streams unless told not to
     keep_alive: float | str | None = None
+    _keep_alive = field_validator("keep_alive")(keep_alive_value)
     think: bool | str | None = None
     # NOTE: as Ollama (and OpenAI chat): each output token's logprob, and the k best beside
     logprobs: bool = False
@@ -241,3 +277,4 @@ class OllamaEmbedRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1)
     options: OllamaOptions | None = None
     keep_alive: float | str | None = None
+    _keep_alive = field_validator("keep_alive")(keep_alive_value)

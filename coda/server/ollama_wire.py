@@ -22,7 +22,7 @@ from coda.errors import InvalidRequestError
 from coda.finish import FinishReason
 from coda.server import tools as tl
 from coda.server.mapping import coda_extension, openai_finish_reason
-from coda.server.ollama_schemas import OllamaMessage
+from coda.server.ollama_schemas import OllamaMessage, duration_s
 from coda.stream import Terminal
 
 _LENGTH = frozenset({FinishReason.MAX_OUTPUT_TOKENS, FinishReason.CONTEXT_LIMIT})
@@ -81,9 +81,13 @@ def chat_messages(messages: Sequence[OllamaMessage], system: str | None = None
 
 
 def keep_alive_zero(value: float | str | None) -> bool:
-    """``keep_alive`` asks to unload right after the request (0, ``"0"``, ``"0s"``, ``"0m"``)."""
+    """``keep_alive`` asks to unload right after the request: 0, or a zero Go duration
+    (``"0"``, ``"0s"``, ``"0m"``, ``"0ms"``, ...; the schema refused any other string)."""
     if value is None:
         return False
     if isinstance(value, (int, float)):
         return value == 0
-    return value.strip() in ("0", "0s", "0m", "0h")
+    try:
+        return duration_s(value) == 0
+    except ValueError:
+        return False

@@ -27,7 +27,7 @@ from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
-from coda.server.params import Parsed, plan_call
+from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.sse import Frame, Renderer, position_id
@@ -221,6 +221,9 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
     if isinstance(body, ChatCompletionRequest):
         if body.metadata:  # NOTE: issue 22: a plain request never enters fields
             check_metadata(body.metadata)
+        fmt = body.response_format
+        if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+            check_json_schema_format(fmt.json_schema, "response_format.json_schema")
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")
@@ -236,11 +239,12 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
 
 
 def _plain_chat(body: ChatCompletionRequest) -> bool:
-    """No tools, functions, tool choice or modalities, and no tool or function turn in the
-    history: the tool modules would find nothing to do (issue 22: a plain chat never enters
+    """No tools, functions, tool choice, parallel_tool_calls or modalities, and no tool or
+    function turn in the history: the tool modules would find nothing to do (issue 22: a plain chat never enters
     them; ``_chat_tools`` of such a body is ``(None, messages, False)``)."""
     if (body.tools is not None or body.tool_choice is not None or body.functions is not None
-            or body.function_call is not None or body.modalities is not None):
+            or body.function_call is not None or body.modalities is not None
+            or body.parallel_tool_calls is not None):
         return False
     return all(m.role not in ("tool", "function") and getattr(m, "tool_calls", None) is None
                and getattr(m, "function_call", None) is None for m in body.messages)
@@ -254,6 +258,8 @@ def _chat_tools(body: ChatCompletionRequest
     if _plain_chat(body):
         return None, list(body.messages), False
     check_modalities(body.modalities)
+    if body.functions is None:  # NOTE: the legacy style checks its own fields
+        tl.check_chat_fields(body.tools, body.tool_choice, body.parallel_tool_calls)
     tools, choice, legacy = legacy_tools(body.functions, body.function_call, body.tools,
                                          body.tool_choice)
     messages: list[Any] = (legacy_history(body.messages) if has_legacy_history(body.messages)
@@ -354,7 +360,7 @@ class OpenAIAdapter:
                          max_tokens=max_tokens, max_tokens_field=mt_field,
                          prompt_field="messages" if chat else "prompt", stop=body.stop,
                          n=body.n, seed=body.seed, temperature=body.temperature,
-                         top_p=body.top_p, presence_penalty=body.presence_penalty,
+                         top_p=sampled_top_p(body.top_p), presence_penalty=body.presence_penalty,
                          frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
                          logprobs=logprobs,
                          logprobs_field="top_logprobs" if chat else "logprobs",

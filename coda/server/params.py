@@ -12,6 +12,7 @@ field names in errors raised later by ``submit``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -49,6 +50,51 @@ def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_forma
     if not fmt.lark:
         raise InvalidRequestError(f"{field}.lark is required", field=f"{field}.lark")
     return GrammarSpec(lark=fmt.lark)
+
+
+# NOTE: OpenAI's top_p is in [0, 1]; 0 keeps the best token alone (the nucleus of the least
+# mass: the sampler always keeps the best). The sampler takes (0, 1], so 0 is sent as a mass
+# no single token's probability reaches (every vocabulary's best token has more than 1e-9)
+NUCLEUS_OF_ONE = 1e-9
+
+
+def sampled_top_p(top_p: float | None) -> float | None:
+    """The wire's ``top_p`` as the sampler takes it (P1: OpenAI accepts 0)."""
+    return NUCLEUS_OF_ONE if top_p == 0 else top_p
+
+
+_FORMAT_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+_FORMAT_KEYS = frozenset({"name", "schema", "strict", "description"})
+
+
+def check_json_schema_format(spec: Mapping[str, object], field: str,
+                             also: frozenset[str] = frozenset()) -> None:
+    """OpenAI's ``json_schema`` format object (chat ``response_format.json_schema``, Responses
+    ``text.format`` — ``also`` its own ``type``), checked as OpenAI checks it (P1): ``name``
+    required, 1 to 64 letters, digits, ``_`` or ``-``; ``strict`` a boolean and
+    ``description`` a string when sent; no other key (where ``schema`` is sent). Else a 400
+    naming ``field.<key>``. Coda's ``response_format`` extension on the other protocols does
+    not ask for a name."""
+    name = spec.get("name")
+    if name is None:
+        raise InvalidRequestError(f"Missing required parameter: '{field}.name'.",
+                                  field=f"{field}.name")
+    if not isinstance(name, str) or not _FORMAT_NAME.match(name):
+        raise InvalidRequestError(
+            f"Invalid '{field}.name': expected a string of 1 to 64 characters matching the "
+            f"pattern '^[a-zA-Z0-9_-]+$', got {name!r}.", field=f"{field}.name")
+    for key, kind, said in (("strict", bool, "a boolean"), ("description", str, "a string")):
+        value = spec.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise InvalidRequestError(f"Invalid type for '{field}.{key}': expected {said}, "
+                                      f"got {type(value).__name__}.", field=f"{field}.{key}")
+    # NOTE: without ``schema`` the object is read as the schema itself (grammar_from_format)
+    unknown = sorted(set(spec) - _FORMAT_KEYS - also) if "schema" in spec else []
+    if unknown:
+        raise InvalidRequestError(f"Unrecognized request argument supplied: {field}.{unknown[0]}",
+                                  field=f"{field}.{unknown[0]}")
 
 
 def _stops(stop: str | Sequence[str] | None, field: str) -> tuple[str, ...]:

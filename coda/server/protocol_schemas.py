@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from coda.server.schemas import (
+    NULL_IS_DEFAULT,
     OPEN,
     SEED_MAX,
     SEED_MIN,
@@ -19,6 +20,7 @@ from coda.server.schemas import (
     ResponseFormat,
     ServiceTier,
     StopField,
+    Verbosity,
 )
 
 # NOTE: the values OpenAI documents for Responses ``include`` (the SDK's ResponseIncludable);
@@ -49,7 +51,8 @@ class InputToolItem(BaseModel):
     call_id: str
     name: str | None = None
     arguments: str | None = None
-    output: str | None = None
+    # NOTE: as OpenAI: a string, or content parts (text ones here: coda.server.tool_messages)
+    output: str | list[dict[str, Any]] | None = None
 
 
 class TextFormat(BaseModel):
@@ -63,6 +66,9 @@ class TextFormat(BaseModel):
 class TextConfig(BaseModel):
     model_config = STRICT
     format: TextFormat | None = None
+    # NOTE: OpenAI's hint for how long an answer should be; accepted and echoed (the response
+    # object's ``text.verbosity``), no effect: the served models take no such control
+    verbosity: Verbosity | None = None
 
 
 class ResponsesStreamOptions(BaseModel):
@@ -77,7 +83,7 @@ class ResponsesRequest(CodaExtensions):
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (params.sampled_top_p)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     include: list[ResponseIncludable] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
@@ -102,6 +108,15 @@ class ResponsesRequest(CodaExtensions):
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        # NOTE: as schemas.null_is_default, inline: a plain request runs no code of schemas.py
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if v is not None or k not in NULL_IS_DEFAULT or k not in cls.model_fields}
+        return data
 
 
 class AnthropicMessage(BaseModel):

@@ -62,6 +62,7 @@ class ResponsesRender:
     ``format`` / ``tools_echo`` / ``tool_choice`` are the client's JSON, echoed unchanged."""
 
     format: Mapping[str, object]
+    verbosity: str = "medium"  # NOTE: ``text.verbosity`` as sent (OpenAI's default when not)
     instructions: str | None = None
     # NOTE: echoed as OpenAI's response object does (the SDK's ``previous_response_id``)
     previous_response_id: str | None = None

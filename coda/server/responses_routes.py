@@ -40,7 +40,7 @@ from coda.server.fields import (
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
-from coda.server.params import Parsed, plan_call
+from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
@@ -85,7 +85,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         # NOTE: P1: the tools and tool_choice as sent, also where no call can be made
         # (tool_choice "none"), as OpenAI echoes them
         "tool_choice": spec.tool_choice, "tools": list(spec.tools_echo),
-        "text": {"format": dict(spec.format)}, "truncation": spec.truncation, "usage": None,
+        "text": {"format": dict(spec.format), "verbosity": spec.verbosity}, "truncation": spec.truncation, "usage": None,
         "store": spec.store,
         **({"service_tier": spec.service_tier} if spec.service_tier else {}),
         **spec.echoed,
@@ -368,6 +368,8 @@ def _grammar(fmt: TextFormat | None) -> GrammarSpec | None:
     if fmt.type == "json_object":
         return GrammarSpec(json_object=True)
     if fmt.type == "json_schema":
+        check_json_schema_format({**(fmt.model_extra or {}), "schema": fmt.schema_},
+                                 "text.format", frozenset({"type"}))
         if not isinstance(fmt.schema_, dict):
             raise InvalidRequestError("text.format.schema is required", field="text.format.schema")
         return GrammarSpec(json_schema=fmt.schema_)
@@ -490,12 +492,14 @@ class ResponsesAdapter:
         spec = ResponsesRender(
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),
+            verbosity=(body.text.verbosity if body.text and body.text.verbosity else "medium"),
             instructions=body.instructions, metadata=body.metadata or {},
             previous_response_id=body.previous_response_id, max_tokens=max_tokens,
             temperature=body.temperature,
             top_p=body.top_p, tools=bool(plan and plan.active),
             tools_echo=tuple(body.tools or ()),
-            parallel=plan.parallel if plan else body.parallel_tool_calls is not False,
+            # NOTE: echoed as sent (a named tool_choice makes one call, and still says true)
+            parallel=body.parallel_tool_calls is not False,
             tool_choice=body.tool_choice or "auto", store=body.store,
             logprobs=logprobs is not None, skip_special=body.skip_special_tokens,
             verify=body.stream_verify,
@@ -516,7 +520,7 @@ class ResponsesAdapter:
                          keep=body.store,
                          max_tokens=max_tokens, max_tokens_field="max_output_tokens",
                          prompt_field="input", stop=body.stop, seed=body.seed,
-                         temperature=body.temperature, top_p=body.top_p,
+                         temperature=body.temperature, top_p=sampled_top_p(body.top_p),
                          presence_penalty=body.presence_penalty,
                          frequency_penalty=body.frequency_penalty, logprobs=logprobs,
                          logprobs_field="top_logprobs", reasoning=reasoning,

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 StopField = str | list[str] | None
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+Verbosity = Literal["low", "medium", "high"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 StopTokenIds = list[int | list[int]] | None
 # NOTE: OpenAI's (and Ollama's) seed is a signed 64-bit integer: past it is a 400 naming
@@ -31,6 +32,21 @@ OPEN = ConfigDict(extra="allow", strict=True)
 
 class _Strict(BaseModel):
     model_config = STRICT
+
+
+# NOTE: fields OpenAI declares nullable whose null Coda's schema would refuse (a bool or an int
+# with a default): an explicit null is the default, as upstream answers (P1). The official SDK
+# sends null for an argument passed as None (``n=None``, ``logprobs=None``).
+NULL_IS_DEFAULT = frozenset({"n", "stream", "logprobs", "echo", "store", "background"})
+
+
+def null_is_default(data: Any, fields: Any) -> Any:
+    """A request body with its NULL_IS_DEFAULT ``fields`` (the model's own) that are null
+    left out (a field the endpoint lacks stays, and is refused as unknown)."""
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items()
+                if v is not None or k not in NULL_IS_DEFAULT or k not in fields}
+    return data
 
 
 class BackpressureBody(_Strict):
@@ -89,13 +105,18 @@ class _OpenAISampling(CodaExtensions):
     n: int = Field(1, ge=1, le=16)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (params.sampled_top_p)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     stop: StopField = None
     user: str | None = None
     max_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return null_is_default(data, cls.model_fields)
 
 
 class StreamOptions(_Strict):
@@ -148,6 +169,7 @@ class ChatCompletionRequest(_OpenAISampling):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None  # NOTE: accepted, no effect (docs/api.md)
     modalities: list[Literal["text", "audio"]] | None = None
     # NOTE: the deprecated function calling, translated to tools (coda.server.legacy_functions)
     functions: list[dict[str, Any]] | None = None

@@ -212,6 +212,18 @@ def tool_history_item(item: Mapping[str, Any], field: str) -> list[dict[str, Any
             {"id": item.get("call_id"), "type": "function",
              "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}]}]
     output = item.get("output")
+    if isinstance(output, list):  # NOTE: OpenAI's content parts: the text ones, joined
+        texts = []
+        for j, part in enumerate(output):
+            data = part if isinstance(part, Mapping) else {}
+            text = data.get("text")
+            if data.get("type") != "input_text" or not isinstance(text, str):
+                raise InvalidRequestError(
+                    f"{field}.output.{j}: only input_text parts (with their text) are "
+                    f"supported, got {data.get('type')!r}", field=f"{field}.output.{j}")
+            texts.append(text)
+        output = "".join(texts)
     if not isinstance(output, str):
-        raise InvalidRequestError(f"{field}.output: must be a string", field=f"{field}.output")
+        raise InvalidRequestError(f"{field}.output: must be a string or a list of input_text "
+                                  "parts", field=f"{field}.output")
     return [{"role": "tool", "tool_call_id": item.get("call_id"), "content": output}]

@@ -11,8 +11,9 @@ It is also Coda's documented default for models whose template knows no tools (t
 is then described in a system message, see :mod:`coda.server.tool_messages`).
 
 - ``tool_choice`` ``required`` / a named tool: the whole output is one call (or several when
-  ``parallel_tool_calls``) and every call's ``arguments`` are constrained by the tool's JSON
-  schema (llguidance ``%json``), so they always parse and validate.
+  ``parallel_tool_calls``; an OpenAI named tool: exactly one) and every call's ``arguments``
+  are constrained by the tool's JSON schema (llguidance ``%json``), so they always parse and
+  validate.
 - ``auto``: the output is free text that may open a call; the grammar forbids the opening tag
   anywhere except as the start of a call, and from the tag on the call is constrained exactly as
   above (the "lazy" part of the grammar: free until the trigger, constrained after it).
@@ -47,8 +48,8 @@ from coda.server.tool_parser import (
 )
 
 __all__ = ["CLOSE_TAG", "OPEN_TAG", "Item", "Tool", "ToolCall", "ToolCallParser", "ToolPlan",
-           "anthropic_plan", "grammar_for", "knob_fields", "openai_call", "openai_plan",
-           "primed", "split", "texts"]
+           "anthropic_plan", "check_chat_fields", "grammar_for", "knob_fields", "openai_call",
+           "openai_plan", "primed", "split", "texts"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -78,6 +79,9 @@ class ToolPlan:
     mode: Mode = "auto"
     name: str | None = None  # the forced tool when mode == "named"
     parallel: bool = True
+    # OpenAI's ``allowed_tools`` choice: the names that may be called (every tool is still
+    # described to the model); None: all of them
+    allow: tuple[str, ...] | None = None
 
     @property
     def active(self) -> bool:
@@ -87,6 +91,8 @@ class ToolPlan:
     def allowed(self) -> tuple[Tool, ...]:
         if self.mode == "named":
             return tuple(t for t in self.tools if t.name == self.name)
+        if self.allow is not None:
+            return tuple(t for t in self.tools if t.name in self.allow)
         return self.tools
 
 
@@ -134,6 +140,21 @@ def _named(plan_tools: tuple[Tool, ...], name: Any, field_name: str) -> str:
     return str(name)
 
 
+def check_chat_fields(tools: list[dict[str, Any]] | None, choice: Any,
+                      parallel: bool | None) -> None:
+    """Chat Completions, as OpenAI answers it: ``tools`` is not empty, and ``tool_choice`` /
+    ``parallel_tool_calls`` come only with tools (any value, ``"none"`` / ``"auto"`` too), a
+    400 naming the field (Responses accepts both without tools and echoes them)."""
+    if tools is not None and not tools:
+        raise InvalidRequestError("Invalid 'tools': empty array. Expected an array with "
+                                  "minimum length 1, but got an empty array instead.",
+                                  field="tools")
+    for name, value in (("tool_choice", choice), ("parallel_tool_calls", parallel)):
+        if tools is None and value is not None:
+            raise InvalidRequestError(f"Invalid value for '{name}': '{name}' is only allowed "
+                                      "when 'tools' are specified.", field=name)
+
+
 def openai_plan(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool | None,
                 *, flat: bool = False) -> ToolPlan | None:
     """Chat Completions (``flat=False``: ``{"type": "function", "function": {...}}``) or
@@ -157,9 +178,41 @@ def openai_plan(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool 
         return ToolPlan(all_tools, choice or "auto", None, par)
     if isinstance(choice, Mapping) and choice.get("type") == "function":
         name = choice.get("name") if flat else (choice.get("function") or {}).get("name")
-        return ToolPlan(all_tools, "named", _named(all_tools, name, "tool_choice"), par)
-    raise InvalidRequestError("tool_choice: must be none, auto, required or a function",
-                              field="tool_choice")
+        # NOTE: as OpenAI's forced function: exactly one call of it, whatever
+        # parallel_tool_calls says (Anthropic's ``tool`` choice keeps its parallel calls)
+        return ToolPlan(all_tools, "named", _named(all_tools, name, "tool_choice"), False)
+    if isinstance(choice, Mapping) and choice.get("type") == "allowed_tools":
+        return _allowed(all_tools, choice, par, flat)
+    raise InvalidRequestError("tool_choice: must be none, auto, required, a function or "
+                              "allowed_tools", field="tool_choice")
+
+
+def _allowed(all_tools: tuple[Tool, ...], choice: Mapping[str, Any], parallel: bool,
+             flat: bool) -> ToolPlan:
+    """OpenAI's ``allowed_tools`` choice (chat: ``{"type": "allowed_tools", "allowed_tools":
+    {"mode", "tools"}}``; Responses: ``mode`` and ``tools`` beside ``type``): ``auto`` or
+    ``required`` over the listed function tools only (each named in ``tools``)."""
+    base = "tool_choice" if flat else "tool_choice.allowed_tools"
+    spec = choice if flat else choice.get("allowed_tools")
+    if not isinstance(spec, Mapping):
+        raise InvalidRequestError(f"{base}: required (an object with mode and tools)",
+                                  field=base)
+    mode = spec.get("mode")
+    if mode not in ("auto", "required"):
+        raise InvalidRequestError(f"{base}.mode: must be auto or required, got {mode!r}",
+                                  field=f"{base}.mode")
+    listed = spec.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise InvalidRequestError(f"{base}.tools: a non-empty list of the tools allowed",
+                                  field=f"{base}.tools")
+    names = []
+    for j, t in enumerate(listed):
+        f = f"{base}.tools.{j}"
+        if not isinstance(t, Mapping) or t.get("type") != "function":
+            raise InvalidRequestError(f"{f}: only function tools are supported", field=f)
+        fn = t if flat else t.get("function")
+        names.append(_named(all_tools, fn.get("name") if isinstance(fn, Mapping) else None, f))
+    return ToolPlan(all_tools, mode, None, parallel, allow=tuple(names))
 
 
 def anthropic_plan(tools: list[dict[str, Any]] | None,

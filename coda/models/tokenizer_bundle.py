@@ -44,17 +44,29 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 DEFAULT_TEMPLATE_ORIGIN = "none in the model: Coda's default ChatML template"
-# NOTE: Gemma's turn format (a system message opens the first user turn), for Gemma files
-# that carry no template; written for Coda from the format's description.
+# NOTE: Gemma's turn format for Gemma files that carry no template; written for Coda from the
+# format's description. Gemma has no system role: a system message's text opens the next user
+# turn (several in a row joined by a blank line); one no user turn follows (a lone system
+# message, or one before an assistant turn) is a user turn of its own, so none is dropped.
 GEMMA_CHAT_TEMPLATE = (
-    "{%- set system = messages[0]['content'] if messages and messages[0]['role'] == 'system'"
-    " else '' -%}"
     "{{ bos_token }}"
-    "{%- for message in messages if message['role'] != 'system' -%}"
-    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n' }}"
-    "{%- if loop.first and system %}{{ system | trim + '\n\n' }}{% endif -%}"
+    "{%- set ns = namespace(pending='') -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}"
+    "{%- set ns.pending = ns.pending + (message['content'] | trim) + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}"
+    "{%- if role == 'model' and ns.pending -%}"
+    "{{ '<start_of_turn>user\n' + ns.pending | trim + '<end_of_turn>\n' }}"
+    "{%- set ns.pending = '' -%}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + ns.pending }}"
+    "{%- set ns.pending = '' -%}"
     "{{ message['content'] | trim + '<end_of_turn>\n' }}"
+    "{%- endif -%}"
     "{%- endfor -%}"
+    "{%- if ns.pending %}{{ '<start_of_turn>user\n' + ns.pending | trim + '<end_of_turn>\n' }}"
+    "{% endif -%}"
     "{%- if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif -%}"
 )
 _FAMILY_TEMPLATES = {"gemma3": GEMMA_CHAT_TEMPLATE}

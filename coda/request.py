@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import tokenizers
 
@@ -262,13 +263,7 @@ class RequestRun:
         so its parent bills a request the worker died under (coda.engine.process_engine)."""
         proc = self.processor
         mark = proc.sent_mark if proc else (0, 0)
-        return Usage(
-            prompt_tokens=self.prompt_tokens,
-            cached_prompt_tokens=self.cached_prompt_tokens,
-            selected_tokens=proc.generated if proc else 0,
-            processed_prompt_tokens=self.processed_prompt_tokens,
-            processed_output_tokens=self.processed_output_tokens,
-            returned_tokens=mark[1], returned_bytes=mark[0])
+        return replace(self.usage(), returned_tokens=mark[1], returned_bytes=mark[0])
 
     def timings(self) -> Timings:
         end = self.ended_at or time.monotonic()

@@ -213,3 +213,20 @@ def test_c1_a_cancel_observed_after_the_terminal_is_refused_and_records_nothing(
     assert run.observe_cancel() is False
     assert run.cancel_observed_at is None and len(sink.events) == n
     assert run.trace.late_rows == 0
+
+
+def test_l6_live_usage_is_usage_with_the_sent_pair() -> None:
+    """L6 (a worker's billing report, coda.engine.process_engine): ``live_usage`` is
+    ``usage()`` except that the returned bytes and tokens are the processor's one ``sent_mark``
+    pair; without a processor both are 0."""
+    stream = RequestStream("r")
+    run, proc = _by_hand(stream, _spec(max_tokens=8, stop_strings=("Z",)), [101, 102])
+    run.processed_output_tokens, run.cached_prompt_tokens = 2, 1
+    assert run.live_usage() == run.usage() and run.usage().returned_bytes == 4
+    proc.sent_mark = (3, 1)  # NOTE: a pair the counters moved past (read on another thread)
+    live = run.live_usage()
+    assert (live.returned_bytes, live.returned_tokens) == (3, 1)
+    assert live == Usage(prompt_tokens=2, cached_prompt_tokens=1, selected_tokens=2,
+                         processed_output_tokens=2, returned_tokens=1, returned_bytes=3)
+    bare = RequestRun("b", RequestStream("b"), ListTraceSink(), prompt_tokens=3)
+    assert bare.live_usage() == Usage(prompt_tokens=3)

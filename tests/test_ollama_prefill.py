@@ -57,13 +57,14 @@ def test_p1_final_user_message_still_opens_a_new_turn(smollm_name: str,
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [
-    ("context", [1, 2, 3], "/api/chat"), ("template", "{{ .Prompt }}", "raw: true"),
+    ("template", "{{ .Prompt }}", "raw: true"),
     ("suffix", "end", "fill-in-the-middle"), ("images", ["aGk="], "vision")])
 def test_p1_refused_generate_fields_say_what_to_send_instead(
         smollm_ollama: ollama.Client, smollm_name: str, field: str, value: Any,
         says: str) -> None:
-    """P1: ``context``, ``template``, ``suffix`` and ``images`` on /api/generate are a 400
-    naming the field and what to send instead (it said only "<field>: not supported")."""
+    """P1: ``template``, ``suffix`` and ``images`` on /api/generate are a 400 naming the field
+    and what to send instead (it said only "<field>: not supported"); ``context`` is taken
+    (tests/test_ollama_context.py)."""
     with pytest.raises(ollama.ResponseError) as err:
         smollm_ollama.generate(model=smollm_name, prompt="hi", options={"num_predict": 1},
                                **{field: value})

@@ -39,6 +39,7 @@ from coda.server.common import collect, new_id, now, state_of
 from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.ndjson import JSONLine, NDJSONRenderer
+from coda.server.ollama_context import check_context, done_context, joined
 from coda.server.ollama_info import unload_now, unload_when_idle
 from coda.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest
 from coda.server.ollama_wire import (
@@ -132,7 +133,7 @@ class OllamaRenderer(NDJSONRenderer):
                                          "removed_bytes": self.parser.removed_bytes}
         if is_failed(terminal):
             return [*frames, JSONLine(_failed(self.r, terminal, end["coda"]))]
-        return [*frames, JSONLine({**_piece(self.r, self.chat, ""), **end})]
+        return [*frames, JSONLine({**_piece(self.r, self.chat, ""), **end, **done_context(self.r)})]
 
 
 def _thinking(st: ServerState, body: OllamaBody, ids: list[int], grammar: bool
@@ -159,15 +160,13 @@ _NOT_SUPPORTED = {
     "suffix": "fill-in-the-middle is not offered; send the text before the gap as prompt",
     "template": "Coda renders the model's own chat template (Jinja, not Go templates); send "
                 "a prompt you rendered with raw: true instead",
-    "context": "Coda keeps no token context between requests (Ollama deprecated it); send the "
-               "conversation as messages to /api/chat",
     "images": "no vision model is served",
 }
 
 
 def _generate_checks(body: OllamaGenerateRequest) -> None:
     for name, value in (("suffix", body.suffix), ("template", body.template),
-                        ("context", body.context), ("images", body.images)):
+                        ("images", body.images)):
         if value:
             raise InvalidRequestError(f"{name}: not supported: {_NOT_SUPPORTED[name]}",
                                       field=name)
@@ -175,8 +174,15 @@ def _generate_checks(body: OllamaGenerateRequest) -> None:
 
 def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list[int]:
     """The prompt's ids (CPU-bound: off the event loop). ``raw`` generate: the prompt as is."""
+    if isinstance(body, OllamaGenerateRequest):
+        return joined(body.context, _new_prompt(st, body, plan))
+    return _new_prompt(st, body, plan)
+
+
+def _new_prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list[int]:
     if isinstance(body, OllamaGenerateRequest) and body.raw:
-        return st.encode(body.prompt, add_special_tokens=True)
+        # NOTE: after a context the tokenizer's own BOS would open a second sequence
+        return st.encode(body.prompt, add_special_tokens=not body.context)
     if isinstance(body, OllamaChatRequest):
         msgs, field = chat_messages(body.messages), "messages"
     else:
@@ -218,6 +224,7 @@ class OllamaAdapter:
         _check_common(body)
         if isinstance(body, OllamaGenerateRequest):
             _generate_checks(body)
+            check_context(st.engine.tokenizer, body.context)
         plan = tool_plan(body)
         grammar = body.grammar()
         o = body.options
@@ -230,7 +237,8 @@ class OllamaAdapter:
             raise InvalidRequestError("logprobs: not supported with tools", field="logprobs")
         spec = OllamaRender(chat=self.chat, model=body.model, tools=bool(plan and plan.active),
                             thinking=reasoning is not None and body.think not in (False, "none"),
-                            logprobs=body.logprobs, skip_special=body.skip_special_tokens)
+                            logprobs=body.logprobs, skip_special=body.skip_special_tokens,
+                            prompt_ids=() if self.chat else tuple(ids))
         budget = o.max_tokens(st.engine.context_length - len(ids)) if o else None
         return plan_call(
             body, [ids], spec, call_id=new_id(self.id_prefix),
@@ -273,8 +281,8 @@ class OllamaAdapter:
             if calls:
                 message["tool_calls"] = [tool_call(k) for k in calls]
             return JSONResponse({**_head(record), "message": message, **end}, headers=headers)
-        return JSONResponse({**_head(record), "response": text, **thinking, **end},
-                            headers=headers)
+        return JSONResponse({**_head(record), "response": text, **thinking, **end,
+                             **done_context(record)}, headers=headers)
 
 
 CHAT = OllamaAdapter(chat=True)

@@ -111,6 +111,9 @@ class OllamaRender:
     thinking: bool = False  # NOTE: issue 23: the reasoning split shown as ``thinking``
     logprobs: bool = False  # NOTE: each line carries its tokens' ``logprobs``
     skip_special: bool = True  # NOTE: a skipped special token's logprob entry has no bytes
+    # generate: the prompt's token ids (a request's ``context`` first): the done line's
+    # ``context`` is these, then the output's ids (coda.server.ollama_context)
+    prompt_ids: tuple[int, ...] = ()
 
 
 RenderSpec = OpenAIRender | AnthropicRender | ResponsesRender | OllamaRender

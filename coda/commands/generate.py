@@ -68,9 +68,25 @@ def cancel_on_signals(handle: Any) -> list[int]:
     return got
 
 
+def write_out(text: str) -> bool:
+    """Write ``text`` to stdout now; False when its reader is gone (``coda generate | head``):
+    stdout then goes to /dev/null, so nothing later (the interpreter's last flush included)
+    raises on it. It was click's EPIPE exit: status 1, the request left to the shutdown."""
+    import os
+
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+        return False
+    return True
+
+
 def print_terminal(t: Terminal) -> None:
     """The request's end on stderr: state and finish reason, any error, usage and timings."""
-    sys.stdout.write("\n")
     stop_s = f" (stop {t.stop.stop!r})" if t.stop is not None else ""
     typer.secho(f"[{t.state.value} · finish_reason={t.finish_reason.value}{stop_s}]",
                 fg=typer.colors.CYAN, err=True)
@@ -128,11 +144,16 @@ def run_generate(args: GenerateArgs) -> int:
         async def run() -> int:
             handle = engine.submit(req)
             interrupted = cancel_on_signals(handle)
+            reader_gone = False
             async for ev in handle.events():
-                if ev.data:
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
+                if ev.data and not reader_gone and not write_out(ev.text):
+                    # NOTE: as a Unix tool whose reader left (| head): the request is cancelled,
+                    # its end awaited (the engine shuts down clean), nothing said, exit 0
+                    reader_gone = True
+                    handle.cancel()
                 if ev.terminal is not None:
+                    if reader_gone or not write_out("\n"):
+                        return 0
                     print_terminal(ev.terminal)
                     if interrupted:  # NOTE: the shell's convention: 128 + the signal's number
                         return 128 + interrupted[0]

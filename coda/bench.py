@@ -339,7 +339,14 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
         require("plot")
     if opts.compare_hf:
         require("compare_hf")
-    engine = _load(opts)
+    # NOTE: a Ctrl-C during the load: one line and exit 130 at once, as generate and serve
+    # (it was a KeyboardInterrupt traceback, seconds late where the load was in native code)
+    from coda.commands.loading import interrupt_exits
+
+    with interrupt_exits("while loading the model (nothing measured)"):
+        diag.print(f"loading model {opts.model_dir or '(default)'} ...", style="dim",
+                   soft_wrap=True, highlight=False)
+        engine = _load(opts)
     for line in engine.describe():
         diag.print(line, style="dim")
     max_prompt = max(1, min(256, engine.context_length - opts.max_tokens - 1))

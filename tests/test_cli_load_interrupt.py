@@ -68,3 +68,14 @@ def test_l7_c1_sigint_during_serves_load_ends_it_with_a_log_line(smollm_gguf: Pa
     last = err.strip().splitlines()[-1]
     assert '"level": "WARNING"' in last and "interrupted (SIGINT) while loading the model" in last
     assert "Traceback" not in err and "terminate called" not in err and took < 5
+
+
+def test_l7_c1_sigint_during_benchs_load_ends_it_with_a_line(smollm_gguf: Path) -> None:
+    """``coda bench`` as generate and serve: it was a KeyboardInterrupt traceback."""
+    rc, err, took = _interrupt_at_load(["bench", "--model", str(smollm_gguf), "-n", "1",
+                                        "--concurrency", "1", "--max-tokens", "2"],
+                                       signal.SIGINT)
+    assert rc == 130, (rc, err[-2000:])
+    assert "interrupted (SIGINT) while loading the model" in err, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert "terminate called" not in err and took < 5, (took, err[-2000:])

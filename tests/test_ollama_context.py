@@ -100,3 +100,32 @@ def test_p1_a_context_past_the_window_is_the_long_prompts_400(
     assert long.value.status_code == 400
     assert long.value.error.startswith("the prompt has ") and long.value.error.endswith(
         f"; this model's context is {n} tokens")
+
+
+def test_p1_a_templated_prompt_after_a_context_repeats_no_bos() -> None:
+    """P1: Gemma's template writes ``<bos>``; after a context (which opened the sequence with
+    it) the next templated prompt goes on without a second one mid-sequence."""
+    from tests.openai_sweep_support import GEMMA
+
+    if not GEMMA.exists():
+        pytest.skip(f"{GEMMA} is not here")
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+    from coda.server.app import create_app
+    from tests.conftest import LiveServer
+
+    engine = AsyncEngine.from_model_dir(str(GEMMA), EngineConfig(
+        max_num_seqs=2, kv_cache_bytes=64 * 2**20, max_model_len=512))
+    engine.start()
+    live = LiveServer(create_app(engine, manage_engine=False)).start()
+    try:
+        bos = engine.tokenizer.token_to_id(engine.chat.bos_token)
+        body = {"model": str(engine.model_name), "options": {"temperature": 0, "num_predict": 4}}
+        first, _ = _usage(live.url, {**body, "prompt": "Say hi."})
+        assert first["context"][0] == bos
+        second, _ = _usage(live.url, {**body, "prompt": "Again.", "context": first["context"]})
+        assert second["context"][:len(first["context"])] == first["context"]
+        assert second["context"].count(bos) == 1
+    finally:
+        live.stop()
+        engine.shutdown()

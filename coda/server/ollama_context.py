@@ -6,8 +6,8 @@ then every selected output token's id — the stop's too (EOS, a stop string's t
 the model produced and a continuation must see, so the next turn follows a closed one. A
 request's ``context`` (a list of ints, each an id of the model's vocabulary) goes before the
 new prompt's ids: the prompt templated (or ``raw``) and appended, as Ollama does; after a
-context a raw prompt is encoded without the special tokens the tokenizer adds (a BOS opens a
-sequence, not a turn).
+context a raw prompt is encoded without the special tokens the tokenizer adds, and a templated
+one without the BOS its template writes (Gemma's ``<bos>``): a BOS opens a sequence, not a turn.
 A context that with the prompt does not fit the model's context is the over-long prompt's
 400 (the one budget check in :mod:`coda.engine.plan`).
 """

@@ -190,6 +190,9 @@ def _new_prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> 
         field = "prompt"
     text = render_chat(st.engine, msgs, field=field, tools=plan.tools if plan else (),
                        continue_final_message=continues(msgs))
+    bos = st.engine.chat.bos_token
+    if isinstance(body, OllamaGenerateRequest) and body.context and bos and text.startswith(bos):
+        text = text[len(bos):]  # NOTE: the context opened the sequence; its BOS is not repeated
     return st.encode(text, add_special_tokens=False, field=field)
 
 

@@ -26,7 +26,14 @@ from coda.server.create import create
 from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
-from coda.server.mapping import coda_extension, openai_finish_reason, openai_usage
+from coda.server.mapping import (
+    coda_extension,
+    openai_finish_reason,
+    openai_usage,
+    prediction_usage,
+    system_fingerprint,
+)
+from coda.server.openai_checks import check_json_word_chat
 from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -61,6 +68,7 @@ class OpenAIRenderer(Renderer):
                                                        strict=True))]
         # NOTE: tool calls are parsed out of the text (coda.server.tools); a resumed stream
         # primes each parser with the text it already sent.
+        self.fingerprint: str | None = None
         self.parsers = ([tl.primed(e.text for e in replay(h.stream)
                                    if e.type is EventType.DELTA and e.seq <= a
                                    and not e.reasoning)
@@ -79,8 +87,12 @@ class OpenAIRenderer(Renderer):
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         tier = {"service_tier": self.spec.service_tier} if self.spec.service_tier else {}
+        if self.fingerprint is None:  # NOTE: the start event's identity (the log's first)
+            events = replay(self.r.handles[0].stream)
+            self.fingerprint = system_fingerprint(events[0].model_snapshot if events else None)
         return {"id": self.r.id, "object": obj, "created": self.r.created,
-                "model": self.r.model, **tier, "choices": choices, **extra}
+                "model": self.r.model, **tier, "system_fingerprint": self.fingerprint,
+                "choices": choices, **extra}
 
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
         fid = position_id(positions)
@@ -92,7 +104,8 @@ class OpenAIRenderer(Renderer):
                 choice = {"index": index, "text": self._echo(index),
                           "logprobs": self._echo_logprobs(index), "finish_reason": None}
                 return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
-            choice = {"index": index, "delta": {"role": "assistant", "content": ""},
+            choice = {"index": index,
+                      "delta": {"role": "assistant", "content": "", "refusal": None},
                       "logprobs": None, "finish_reason": None}
             return [Frame(self._chunk([choice], **self._running_usage(index)), id=fid)]
         if ev.type is EventType.DELTA:
@@ -207,8 +220,7 @@ class OpenAIRenderer(Renderer):
         frames = []
         if self.include_usage and all(t is not None for t in terminals):
             done = [t for t in terminals if t is not None]
-            frames.append(Frame(self._chunk([], usage=openai_usage(done, self.spec.n)),
-                                id=fid))
+            frames.append(Frame(self._chunk([], usage=_usage(done, self.spec)), id=fid))
         frames.append(Frame("[DONE]", id=fid))
         return frames
 
@@ -222,6 +234,8 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         if body.metadata:  # NOTE: issue 22: a plain request never enters fields
             check_metadata(body.metadata)
         fmt = body.response_format
+        if fmt is not None and fmt.type == "json_object":
+            check_json_word_chat(body.messages)
         if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
             check_json_schema_format(fmt.json_schema, "response_format.json_schema")
         if body.top_logprobs is not None and not body.logprobs:
@@ -350,7 +364,8 @@ class OpenAIAdapter:
             service_tier=(served_tier(body.service_tier)
                           if isinstance(body, ChatCompletionRequest)
                           and body.service_tier is not None else None),
-            legacy_functions=legacy)
+            legacy_functions=legacy, prediction=isinstance(body, ChatCompletionRequest)
+            and body.prediction is not None)
         # NOTE: the parse's one call into params, with the protocol's resolved values
         return plan_call(body, prompts, spec, call_id=call_id,
                          backpressure=st.settings.backpressure, stream=body.stream,
@@ -396,7 +411,9 @@ def _final_object(record: Record, terminals: list[Terminal],
             logprobs = ({"content": lp.chat_entries([t for _, ts in c.deltas for t in ts],
                                              skip_special=spec.skip_special),
                          "refusal": None} if with_logprobs else None)
-            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            # NOTE: as OpenAI's message: no refusal, no annotations (no web search)
+            message: dict[str, Any] = {"role": "assistant", "content": c.text,
+                                       "refusal": None, "annotations": []}
             if c.terminal.reasoning is not None and spec.reasoning:
                 # NOTE: issue 23: vLLM's name and DeepSeek's / SGLang's, the same text
                 message["reasoning"] = message["reasoning_content"] = c.reasoning
@@ -429,8 +446,14 @@ def _final_object(record: Record, terminals: list[Terminal],
                             "finish_reason": reason, "coda": ext})
     tier = {"service_tier": spec.service_tier} if spec.service_tier else {}
     return {"id": record.id, "object": "chat.completion" if chat else "text_completion",
-            "created": record.created, "model": record.model, **tier, "choices": choices,
-            "usage": openai_usage(terminals, spec.n)}
+            "created": record.created, "model": record.model, **tier,
+            "system_fingerprint": system_fingerprint(terminals[0].model_snapshot),
+            "choices": choices, "usage": _usage(terminals, spec)}
+
+
+def _usage(terminals: list[Terminal], spec: OpenAIRender) -> dict[str, Any]:
+    usage = openai_usage(terminals, spec.n)
+    return prediction_usage(usage) if spec.prediction else usage
 
 
 @router.post("/v1/chat/completions")

@@ -17,6 +17,7 @@ from coda.server.schemas import (
     SEED_MIN,
     STRICT,
     CodaExtensions,
+    PromptCacheRetention,
     ResponseFormat,
     ServiceTier,
     StopField,
@@ -107,7 +108,11 @@ class ResponsesRequest(CodaExtensions):
     reasoning: dict[str, Any] | None = None
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     safety_identifier: str | None = None
+    # NOTE: the most function calls the output may hold: the tool grammar admits no more
+    # (coda.server.tools.grammar_for); 0 is tool_choice "none"
+    max_tool_calls: int | None = Field(None, ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -15,6 +15,7 @@ follows at output index 1.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -40,6 +41,7 @@ from coda.server.fields import (
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
+from coda.server.openai_checks import check_json_word_responses, check_output_floor
 from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.render_spec import ResponsesRender
@@ -415,7 +417,16 @@ def tool_plan(body: ResponsesRequest) -> tl.ToolPlan | None:
     tool module (issue 22: what :func:`coda.server.tools.openai_plan` answers then)."""
     if not body.tools and body.tool_choice is None:
         return None
-    return tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
+    plan = tl.openai_plan(body.tools, body.tool_choice, body.parallel_tool_calls, flat=True)
+    limit = body.max_tool_calls
+    if plan is None or limit is None:
+        return plan
+    if limit == 0:  # NOTE: no call allowed is tool_choice "none"; a required one cannot be
+        if plan.mode in ("required", "named"):
+            raise InvalidRequestError("max_tool_calls: 0 allows no call, but tool_choice "
+                                      "requires one", field="max_tool_calls")
+        return replace(plan, mode="none")
+    return replace(plan, max_calls=limit)
 
 
 def check_unhonoured(body: ResponsesRequest) -> None:
@@ -431,6 +442,8 @@ def _echoed(body: ResponsesRequest) -> dict[str, object]:
     r = body.reasoning or {}
     return {"user": body.user, "safety_identifier": body.safety_identifier,
             "prompt_cache_key": body.prompt_cache_key, "top_logprobs": body.top_logprobs,
+            "prompt_cache_retention": body.prompt_cache_retention,
+            "max_tool_calls": body.max_tool_calls,
             "reasoning": {"effort": r.get("effort"), "summary": r.get("summary")}}
 
 
@@ -462,6 +475,7 @@ class ResponsesAdapter:
 
     async def parse(self, st: ServerState, body: ResponsesRequest) -> Parsed:
         st.check_model(body.model)
+        check_output_floor(body.max_output_tokens, "max_output_tokens")
         plan = tool_plan(body)
         check_unhonoured(body)
         if body.metadata:  # NOTE: issue 22: a plain request never enters fields
@@ -481,6 +495,8 @@ class ResponsesAdapter:
         else:
             ids = await asyncio.to_thread(_prompt_ids, st, msgs, plan)  # NOTE: CPU-bound
         fmt = body.text.format if body.text else None
+        if fmt is not None and fmt.type == "json_object":
+            check_json_word_responses(msgs)
         logprobs = body.top_logprobs if body.top_logprobs is not None else (
             0 if body.include and "message.output_text.logprobs" in body.include else None)
         grammar = _grammar(fmt)

@@ -1,11 +1,11 @@
 """Request rules OpenAI applies before generating, shared by Chat Completions and Responses
 (SPEC P1: the same 400, with the same message and ``param``, as OpenAI answers).
 
-* ``json_object`` output needs the word "json" (any case) somewhere in the messages (Chat:
-  ``messages``; Responses: ``input`` and ``instructions``), as OpenAI requires so that the model
-  is told to write JSON.
-* Responses ``max_output_tokens`` is at least :data:`MIN_OUTPUT_TOKENS` (Chat and Completions
-  take any positive budget).
+``json_object`` output needs the word "json" (any case) somewhere in the messages (Chat:
+``messages``; Responses: ``input`` and ``instructions``), as OpenAI requires so that the model
+is told to write JSON. (Responses ``max_output_tokens`` is at least 16, as OpenAI's: a bound
+of its schema, :mod:`coda.server.protocol_schemas`, refused in OpenAI's words by the
+validation handler of :mod:`coda.server.http_errors`.)
 """
 
 from __future__ import annotations
@@ -14,16 +14,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from coda.server.http_errors import ApiError
-
-MIN_OUTPUT_TOKENS = 16  # NOTE: OpenAI's floor on Responses max_output_tokens
-
-
-def check_output_floor(value: int | None, field: str) -> None:
-    """A Responses output budget below OpenAI's floor: its 400 ``integer_below_min_value``."""
-    if value is not None and value < MIN_OUTPUT_TOKENS:
-        raise ApiError(400, f"Invalid '{field}': integer below minimum value. Expected a value "
-                            f">= {MIN_OUTPUT_TOKENS}, but got {value} instead.",
-                       param=field, code="integer_below_min_value")
 
 
 def _texts(content: Any) -> Iterable[str]:

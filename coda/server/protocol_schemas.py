@@ -82,7 +82,8 @@ class ResponsesRequest(CodaExtensions):
     model: str
     input: str | list[InputMessage | InputToolItem]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
+    # NOTE: as OpenAI: at least 16 (Chat and Completions take any positive budget)
+    max_output_tokens: int | None = Field(None, ge=16)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (params.sampled_top_p)
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -41,7 +41,7 @@ from coda.server.fields import (
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
-from coda.server.openai_checks import check_json_word_responses, check_output_floor
+from coda.server.openai_checks import check_json_word_responses
 from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
 from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
 from coda.server.render_spec import ResponsesRender
@@ -475,7 +475,6 @@ class ResponsesAdapter:
 
     async def parse(self, st: ServerState, body: ResponsesRequest) -> Parsed:
         st.check_model(body.model)
-        check_output_floor(body.max_output_tokens, "max_output_tokens")
         plan = tool_plan(body)
         check_unhonoured(body)
         if body.metadata:  # NOTE: issue 22: a plain request never enters fields

@@ -353,7 +353,7 @@ def test_k2_responses_items_follow_the_output_order() -> None:
     """K2, S1: a Responses output's items in the model's order: the message item (its text
     outside calls) sits before the calls the model wrote after its first text, and there is
     none when the output is calls alone; an empty output is one empty message."""
-    from coda.server.responses_routes import _layout
+    from coda.server.responses_object import layout as _layout
 
     call = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     assert _layout("") == ("", [], 0)

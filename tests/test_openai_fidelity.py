@@ -41,6 +41,7 @@ def test_p1_responses_max_output_tokens_below_16_is_openais_400(oa: openai.OpenA
         body = _err(exc)
         assert body["param"] == "max_output_tokens", body
         assert body["code"] == "integer_below_min_value", body
+        assert body["message"].startswith("max_output_tokens:"), body
         assert "Expected a value >= 16" in body["message"], body
     assert oa.responses.create(model=m, input="hi", max_output_tokens=16).usage.output_tokens <= 16  # type: ignore[union-attr]
     assert oa.chat.completions.create(model=m, messages=U, max_tokens=1).usage.completion_tokens == 1  # type: ignore[union-attr]

@@ -120,15 +120,16 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def _below_minimum(exc: RequestValidationError) -> str | None:
-    """An integer under its field's least value, in OpenAI's words (its
+    """An integer under its field's least value in OpenAI's words (the message of its
     ``integer_below_min_value``), or None for another error."""
     first = (exc.errors() or [{}])[0]
     value, least = first.get("input"), first.get("ctx", {}).get("ge")
     if first.get("type") != "greater_than_equal" or not isinstance(value, int):
         return None
     name = _loc_name(tuple(first.get("loc", ())))
-    return (f"Invalid '{name}': integer below minimum value. Expected a value >= {least}, "
-            f"but got {value} instead.")
+    # NOTE: named first as every Coda 400 is (``field: ...``), then OpenAI's own words
+    return (f"{name}: integer below minimum value. Expected a value >= {least}, but got "
+            f"{value} instead.")
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -336,8 +336,9 @@ async def drive(app: Any, max_tokens: int, route: str = "openai") -> str:
 
         client = openai.AsyncOpenAI(api_key="x", base_url="http://walk/v1", http_client=http)
         if route == "responses":
+            # NOTE: Responses' least budget is 16, as OpenAI's
             rstream = await client.responses.create(model=model, stream=True, temperature=0,
-                                                    max_output_tokens=max_tokens,
+                                                    max_output_tokens=max(max_tokens, 16),
                                                     input="Say hello.")
             async for ev in rstream:
                 if ev.type == "response.output_text.delta":

@@ -63,7 +63,7 @@ def test_p1_service_tier_is_answered_default_whole_and_streamed(oa: openai.OpenA
     assert chunks and all(c.service_tier == "default" for c in chunks)
     assert oa.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2).service_tier \
         is None
-    resp = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2,
+    resp = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16,
                                service_tier="auto")
     assert resp.service_tier == "default"
     with pytest.raises(openai.BadRequestError) as exc:
@@ -102,7 +102,7 @@ def test_p1_cache_key_safety_id_text_modality_are_accepted(oa: openai.OpenAI) ->
                                        prompt_cache_key="conv-1", safety_identifier="u-1",
                                        modalities=["text"])
     assert keyed.choices[0].message.content == plain.choices[0].message.content
-    resp = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2,
+    resp = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16,
                                prompt_cache_key="conv-1", safety_identifier="u-1")
     assert resp.status in ("completed", "incomplete")
 
@@ -236,11 +236,11 @@ def test_p1_responses_output_with_unknown_call_id_is_a_400(oa: openai.OpenAI) ->
     a 400 naming the item; after its call it is accepted."""
     out: Any = {"type": "function_call_output", "call_id": "call_x", "output": "12:00"}
     with pytest.raises(openai.BadRequestError) as exc:
-        oa.responses.create(model=MODEL, input=[out], max_output_tokens=2)
+        oa.responses.create(model=MODEL, input=[out], max_output_tokens=16)
     assert _param(exc) == "input.0.call_id"
     made: Any = {"type": "function_call", "call_id": "call_x", "name": "get_time",
                  "arguments": "{}"}
-    assert oa.responses.create(model=MODEL, input=[made, out], max_output_tokens=2).id
+    assert oa.responses.create(model=MODEL, input=[made, out], max_output_tokens=16).id
 
 
 def test_p1_anthropic_tool_result_with_unknown_id_is_a_400(an: anthropic.Anthropic,

@@ -36,7 +36,7 @@ ENDPOINTS: dict[str, tuple[type[BaseModel], dict[str, Any], str]] = {
     "/v1/completions": (CompletionRequest, {"model": MODEL, "prompt": "hi", "max_tokens": 1},
                         "openai"),
     "/v1/responses": (ResponsesRequest, {"model": MODEL, "input": "hi",
-                                         "max_output_tokens": 1}, "openai"),
+                                         "max_output_tokens": 16}, "openai"),
     "/v1/embeddings": (OpenAIEmbeddingRequest, {"model": MODEL, "input": "hi"}, "openai"),
     "/v1/messages": (AnthropicRequest, {"model": MODEL, "messages": MSG, "max_tokens": 1},
                      "anthropic"),

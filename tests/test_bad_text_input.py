@@ -16,7 +16,7 @@ CASES = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": BAD}], "max_tokens": 2},
      "openai"),
     ("/v1/completions", {"prompt": BAD, "max_tokens": 2}, "openai"),
-    ("/v1/responses", {"input": BAD, "max_output_tokens": 2}, "openai"),
+    ("/v1/responses", {"input": BAD, "max_output_tokens": 16}, "openai"),
     ("/v1/embeddings", {"input": BAD}, "openai"),
     ("/v1/messages", {"messages": [{"role": "user", "content": BAD}], "max_tokens": 2},
      "anthropic"),

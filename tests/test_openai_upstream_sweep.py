@@ -47,7 +47,7 @@ def test_p1_json_schema_format_needs_a_valid_name(oa: openai.OpenAI, name: str |
             response_format={"type": "json_schema", "json_schema": spec}),
             "response_format.json_schema.name")
         _bad(lambda s=stream: oa.responses.create(
-            model=m, input="hi", max_output_tokens=8, stream=s,
+            model=m, input="hi", max_output_tokens=16, stream=s,
             text={"format": {"type": "json_schema", **spec}}), "text.format.name")
     ok = oa.chat.completions.create(model=m, messages=U, max_tokens=16, seed=1,
                                     response_format={"type": "json_schema", "json_schema": {
@@ -71,7 +71,7 @@ def test_p1_json_schema_format_fields_are_checked(oa: openai.OpenAI, key: str,
         model=m, messages=U, max_tokens=8,
         response_format={"type": "json_schema", "json_schema": spec}),
         f"response_format.json_schema.{key}")
-    _bad(lambda: oa.responses.create(model=m, input="hi", max_output_tokens=8,
+    _bad(lambda: oa.responses.create(model=m, input="hi", max_output_tokens=16,
                                      text={"format": {"type": "json_schema", **spec}}),
          f"text.format.{key}")
     good: Any = {"name": "r", "schema": SCHEMA, "strict": True, "description": "a record"}
@@ -89,19 +89,19 @@ def test_p1_responses_text_verbosity_is_accepted_and_echoed(oa: openai.OpenAI) -
     OpenAI's default; another value is a 400 naming ``text.verbosity``. Chat's top-level
     ``verbosity`` is accepted the same way."""
     m = _model(oa)
-    plain = oa.responses.create(model=m, input="hi", max_output_tokens=2)
+    plain = oa.responses.create(model=m, input="hi", max_output_tokens=16)
     assert plain.text.verbosity == "medium"
-    low = oa.responses.create(model=m, input="hi", max_output_tokens=2,
+    low = oa.responses.create(model=m, input="hi", max_output_tokens=16,
                               text={"verbosity": "low"})
     assert low.text.verbosity == "low" and low.text.format.type == "text"  # type: ignore
     assert oa.responses.retrieve(low.id).text.verbosity == "low"
-    events = list(oa.responses.create(model=m, input="hi", max_output_tokens=2, stream=True,
-                                      text={"verbosity": "high",
-                                            "format": {"type": "json_object"}}))
+    events = list(oa.responses.create(model=m, input="hi, as json", max_output_tokens=16,
+                                      stream=True, text={"verbosity": "high",
+                                                         "format": {"type": "json_object"}}))
     first: Any = events[0]
     assert first.response.text.verbosity == "high"
     assert first.response.text.format.type == "json_object"
-    _bad(lambda: oa.responses.create(model=m, input="hi", max_output_tokens=2,
+    _bad(lambda: oa.responses.create(model=m, input="hi", max_output_tokens=16,
                                      text={"verbosity": "loud"}),  # type: ignore[typeddict-item]
          "text.verbosity")
     chat = oa.chat.completions.create(model=m, messages=U, max_tokens=2, verbosity="low")
@@ -117,9 +117,9 @@ def test_p1_top_p_zero_keeps_the_best_token_alone(oa: openai.OpenAI) -> None:
     (temperature 0), for every seed; Responses echoes ``top_p: 0``; -0.1 is still a 400."""
     m = _model(oa)
     ask: Any = [{"role": "user", "content": "Tell me a story"}]
-    greedy = oa.chat.completions.create(model=m, messages=ask, max_tokens=12, temperature=0)
+    greedy = oa.chat.completions.create(model=m, messages=ask, max_tokens=16, temperature=0)
     for seed in (1, 2):
-        got = oa.chat.completions.create(model=m, messages=ask, max_tokens=12, top_p=0,
+        got = oa.chat.completions.create(model=m, messages=ask, max_tokens=16, top_p=0,
                                          temperature=1.0, seed=seed)
         assert got.choices[0].message.content == greedy.choices[0].message.content
     plain = oa.completions.create(model=m, prompt="Once upon a time", max_tokens=8,
@@ -127,7 +127,7 @@ def test_p1_top_p_zero_keeps_the_best_token_alone(oa: openai.OpenAI) -> None:
     nucleus = oa.completions.create(model=m, prompt="Once upon a time", max_tokens=8,
                                     top_p=0, seed=3)
     assert nucleus.choices[0].text == plain.choices[0].text
-    rs = oa.responses.create(model=m, input="Tell me a story", max_output_tokens=12, top_p=0)
+    rs = oa.responses.create(model=m, input="Tell me a story", max_output_tokens=16, top_p=0)
     assert rs.top_p == 0 and rs.output_text == greedy.choices[0].message.content
     _bad(lambda: oa.chat.completions.create(model=m, messages=ask, max_tokens=2, top_p=-0.1),
          "top_p")
@@ -146,7 +146,7 @@ def test_p1_null_for_a_nullable_field_is_its_default(oa: openai.OpenAI) -> None:
                               echo=None, temperature=0)
     plain = oa.completions.create(model=m, prompt="Once upon", max_tokens=2, temperature=0)
     assert len(c.choices) == 1 and c.choices[0].text == plain.choices[0].text
-    rs = oa.responses.create(model=m, input="hi", max_output_tokens=2, stream=None,
+    rs = oa.responses.create(model=m, input="hi", max_output_tokens=16, stream=None,
                              store=None, background=None)
     assert rs.status != "queued" and rs.store is True and rs.background is False
     assert oa.responses.retrieve(rs.id).id == rs.id

@@ -50,7 +50,7 @@ def test_p1_chat_tool_fields_without_tools_are_a_400(oa: openai.OpenAI, field: s
     _bad(lambda: oa.chat.completions.create(model=m, messages=U, max_tokens=2, tools=[],
                                             tool_choice="none"), "tools")
     if field == "parallel_tool_calls" or value in ("none", "auto"):
-        r = oa.responses.create(model=m, input="hi", max_output_tokens=2, **{field: value})
+        r = oa.responses.create(model=m, input="hi", max_output_tokens=16, **{field: value})
         assert getattr(r, field) == value
 
 
@@ -94,7 +94,7 @@ def test_p1_function_call_output_takes_input_text_parts(oa: openai.OpenAI) -> No
     call: Any = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"x":1}'}
 
     def ask(output: Any) -> Any:
-        return oa.responses.create(model=m, tools=RS_TOOLS, max_output_tokens=8,
+        return oa.responses.create(model=m, tools=RS_TOOLS, max_output_tokens=16,
                                    temperature=0, input=[
                                        {"role": "user", "content": "What is f(1)?"}, call,
                                        {"type": "function_call_output", "call_id": "c1",
@@ -153,6 +153,6 @@ def test_p1_allowed_tools_choice_limits_the_calls(oa: openai.OpenAI) -> None:
             model=m, messages=ask, tools=TOOLS, max_tokens=8,
             tool_choice={"type": "allowed_tools", "allowed_tools": b}), param)
     _bad(lambda: oa.responses.create(
-        model=m, input="hi", tools=RS_TOOLS, max_output_tokens=8,
+        model=m, input="hi", tools=RS_TOOLS, max_output_tokens=16,
         tool_choice={"type": "allowed_tools", "mode": "required",
                      "tools": [{"type": "function", "name": "h"}]}), "tool_choice.tools.0")

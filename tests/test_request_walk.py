@@ -74,8 +74,10 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
 # its adapter, coda/server/anthropic_checks.py, refused as Anthropic refuses it)
 BOUNDS = {"files": 44, "body_path_call_reentries": 4, "classes_made_once": 22,
           "max_tokens_sites": 20}
-# NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas)
-ROUTE_FILES = {"openai": 44, "anthropic": 44, "responses": 43, "ollama-chat": 47,
+# NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas); the chat
+# route's stream and the Responses object and stream are modules of their own (split by size,
+# the same code: docs/architecture.md, "The walk, measured"): one and two files more
+ROUTE_FILES = {"openai": 45, "anthropic": 44, "responses": 45, "ollama-chat": 47,
                "ollama-generate": 47}
 # NOTE: run to run a file or two more show up when the engine goes idle mid-request and runs
 # its integrity check (docs/architecture.md): the files bound allows those two, no more

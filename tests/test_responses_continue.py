@@ -32,7 +32,7 @@ def _client(url: str) -> openai.OpenAI:
 
 
 def _turn(client: openai.OpenAI, text: str, prev: str | None = None, **kw: Any) -> Any:
-    return client.responses.create(model=MODEL, input=text, store=True, max_output_tokens=6,
+    return client.responses.create(model=MODEL, input=text, store=True, max_output_tokens=16,
                                    previous_response_id=prev or openai.NOT_GIVEN,
                                    extra_body={"ignore_eos": True, "seed": 11}, **kw)
 
@@ -70,7 +70,7 @@ def test_a_conversation_continues_on_another_front_end_p1(
 def test_unknown_or_unstored_previous_response_is_a_400(
         server_spawn: Any, redis_server: RedisServer) -> None:
     b = _client(server_spawn(durable=ServerDurable(redis_server.url, lease_ttl_s=2)).url)
-    unstored = b.responses.create(model=MODEL, input="hi", store=False, max_output_tokens=2)
+    unstored = b.responses.create(model=MODEL, input="hi", store=False, max_output_tokens=16)
     for prev in ("resp_doesnotexist", unstored.id):
         with pytest.raises(openai.BadRequestError) as err:
             _turn(b, "more", prev)

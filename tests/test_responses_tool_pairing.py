@@ -45,8 +45,8 @@ def test_p1_an_unanswered_function_call_is_a_400_naming_it(oa: openai.OpenAI) ->
     streamed or not, also when the input ends with the call; all answered (outputs in another
     order than the calls, a user turn after them) it is accepted."""
     both = [USER, _call("call_a"), _call("call_b"), _output("call_b"), _output("call_a")]
-    assert oa.responses.create(model=MODEL, input=both, max_output_tokens=2).id
-    assert oa.responses.create(model=MODEL, input=[*both, USER], max_output_tokens=2).id
+    assert oa.responses.create(model=MODEL, input=both, max_output_tokens=16).id
+    assert oa.responses.create(model=MODEL, input=[*both, USER], max_output_tokens=16).id
     for items, missing in (([USER, _call("call_a")], "call_a"),
                            ([USER, _call("call_a"), _call("call_b"), _output("call_a")],
                             "call_b"),
@@ -55,7 +55,7 @@ def test_p1_an_unanswered_function_call_is_a_400_naming_it(oa: openai.OpenAI) ->
                             "call_c")):
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as exc:
-                oa.responses.create(model=MODEL, input=items, max_output_tokens=2,
+                oa.responses.create(model=MODEL, input=items, max_output_tokens=16,
                                     stream=stream)
             _refused(exc, missing)
 
@@ -83,14 +83,14 @@ def test_p1_a_continued_response_s_calls_must_be_answered(wire: Wire) -> None:
     for given_input in answerless:
         with pytest.raises(openai.BadRequestError) as exc:
             oa.responses.create(model=wire.model, input=given_input, previous_response_id=first.id,
-                                tools=RS_TOOLS, max_output_tokens=2)
+                                tools=RS_TOOLS, max_output_tokens=16)
         _refused(exc, cid)
     second = oa.responses.create(model=wire.model, input=[_output(cid)], store=True,
                                  previous_response_id=first.id, tools=RS_TOOLS,
-                                 tool_choice="none", max_output_tokens=2)
+                                 tool_choice="none", max_output_tokens=16)
     assert second.status in ("completed", "incomplete")
     third = oa.responses.create(model=wire.model, input="thanks", previous_response_id=second.id,
-                                tools=RS_TOOLS, tool_choice="none", max_output_tokens=2)
+                                tools=RS_TOOLS, tool_choice="none", max_output_tokens=16)
     assert third.status in ("completed", "incomplete")
 
 
@@ -141,15 +141,15 @@ def test_p1_tools_and_tool_choice_are_echoed_as_sent_even_when_no_call_can_be_ma
     ``"auto"``), on create, in the stream's first and last events and on retrieve; without
     tools: ``[]`` and ``"auto"``."""
     oa, names = wire.oa, [t["name"] for t in RS_TOOLS]
-    none = oa.responses.create(model=wire.model, input="hi", max_output_tokens=2, store=True,
+    none = oa.responses.create(model=wire.model, input="hi", max_output_tokens=16, store=True,
                                tools=RS_TOOLS, tool_choice="none")
     assert (none.tool_choice, [t.name for t in none.tools]) == ("none", names)  # type: ignore[union-attr]
     again = oa.responses.retrieve(none.id)
     assert (again.tool_choice, [t.name for t in again.tools]) == ("none", names)  # type: ignore[union-attr]
-    events = list(oa.responses.create(model=wire.model, input="hi", max_output_tokens=2,
+    events = list(oa.responses.create(model=wire.model, input="hi", max_output_tokens=16,
                                       tools=RS_TOOLS, tool_choice="none", stream=True))
     for ev in (events[0], events[-1]):
         assert (ev.response.tool_choice, len(ev.response.tools)) == (  # type: ignore[union-attr]
             "none", len(names))
-    plain = oa.responses.create(model=wire.model, input="hi", max_output_tokens=2)
+    plain = oa.responses.create(model=wire.model, input="hi", max_output_tokens=16)
     assert (plain.tool_choice, plain.tools) == ("auto", [])

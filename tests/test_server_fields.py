@@ -36,14 +36,14 @@ def test_p3_responses_store_false_is_never_retrievable_nor_kept(
         server_live: Any, client: openai.OpenAI) -> None:
     """P3 (privacy): ``store: false`` — the response is not retrievable by id and nothing of it
     is kept once it ended, streamed or not; ``store`` defaults to true (retrievable)."""
-    kept = client.responses.create(model=MODEL, input="hi", max_output_tokens=4)
+    kept = client.responses.create(model=MODEL, input="hi", max_output_tokens=16)
     assert kept.store is True and client.responses.retrieve(kept.id).id == kept.id
-    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=4, store=False)
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=16, store=False)
     assert r.store is False and r.status in ("completed", "incomplete")
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r.id)
     assert _gone(server_live, r.id)
-    with client.responses.create(model=MODEL, input="hi", max_output_tokens=4, store=False,
+    with client.responses.create(model=MODEL, input="hi", max_output_tokens=16, store=False,
                                  stream=True) as stream:
         events = list(stream)
     rid = events[0].response.id
@@ -59,7 +59,7 @@ def test_p1_responses_truncation_is_honoured_and_echoed(client: openai.OpenAI) -
     """P1: ``truncation`` is honoured either way (``"auto"`` drops the oldest input items only
     past the context: tests/test_server_responses_truncation.py) and echoed as sent."""
     for mode in ("auto", "disabled"):
-        r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2,
+        r = client.responses.create(model=MODEL, input="hi", max_output_tokens=16,
                                     truncation=mode)  # type: ignore[arg-type]
         assert r.truncation == mode
 
@@ -143,12 +143,12 @@ def test_p1_l6_responses_final_output_text_carries_the_logprobs(
     carries every returned token's logprobs — the same entries the deltas carried."""
     # NOTE: greedy, so the run is reproducible: a sampled special token (<unk>) has bytes in
     # its logprobs entry but no text, which made the bytes-equal-text check below flaky
-    kw: dict[str, Any] = {"model": MODEL, "input": "hi", "max_output_tokens": 6,
+    kw: dict[str, Any] = {"model": MODEL, "input": "hi", "max_output_tokens": 16,
                           "top_logprobs": 2, "include": ["message.output_text.logprobs"],
                           "temperature": 0, "extra_body": {"ignore_eos": True}}
     r = client.responses.create(**kw)
     final = r.output[0].content[0].logprobs  # type: ignore[union-attr]
-    assert len(final) == 6 and all(len(e.top_logprobs) == 2 for e in final)
+    assert len(final) == 16 and all(len(e.top_logprobs) == 2 for e in final)
     # NOTE: each entry's bytes are the token's exact bytes in context (issue 11 item 4): a
     # Metaspace token keeps its leading space, so the bytes concatenate to the output text
     assert b"".join(bytes(e.bytes) for e in final).decode() == r.output_text
@@ -158,7 +158,7 @@ def test_p1_l6_responses_final_output_text_carries_the_logprobs(
         events = list(stream)
     deltas = [e.model_dump() for ev in events if ev.type == "response.output_text.delta"
               for e in ev.logprobs]
-    assert len(deltas) == 6
+    assert len(deltas) == 16
     done = next(ev for ev in events if ev.type == "response.output_text.done")
     part = next(ev for ev in events if ev.type == "response.content_part.done")
     last = events[-1].response.output[0].content[0]  # type: ignore[union-attr]

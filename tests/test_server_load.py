@@ -38,7 +38,7 @@ def _request(kind: str, i: int, fate: str) -> tuple[str, dict[str, Any]]:
                                         "messages": [{"role": "user", "content": f"n{i}"}],
                                         **ext}
     if kind == "responses":
-        return "/v1/responses", {"model": MODEL, "stream": True, "max_output_tokens": 12,
+        return "/v1/responses", {"model": MODEL, "stream": True, "max_output_tokens": 16,
                                  "input": f"n{i}", **ext}
     return "/v1/messages", {"model": MODEL, "stream": True, "max_tokens": 12,
                             "messages": [{"role": "user", "content": f"n{i}"}], **ext}

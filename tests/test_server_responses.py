@@ -31,20 +31,20 @@ def check_responses_stream(events: list[dict[str, Any]], first: int = 0) -> None
 def test_responses_non_streaming_and_stream_p1_p2(oa: openai.OpenAI,
                                                   server_live: Any) -> None:
     # NOTE: ignore_eos: an unseeded random model may pick EOS; these assert a length ending
-    r = oa.responses.create(model=MODEL, input="Hello", max_output_tokens=5,
+    r = oa.responses.create(model=MODEL, input="Hello", max_output_tokens=16,
                                 extra_body={"ignore_eos": True})
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.model_extra["coda"]["finish_reason"] == "max_output_tokens"
-    assert r.usage.output_tokens == 5 and r.output_text
+    assert r.usage.output_tokens == 16 and r.output_text
     types = [e.type for e in oa.responses.create(model=MODEL, input="Hello",
-                                                     max_output_tokens=4, stream=True,
+                                                     max_output_tokens=16, stream=True,
                                                      extra_body={"ignore_eos": True})]
     assert types[:4] == ["response.created", "response.in_progress",
                          "response.output_item.added", "response.content_part.added"]
     assert types[-1] == "response.incomplete"
     with httpx.stream("POST", server_live.url + "/v1/responses", json={
             "model": MODEL, "input": [{"role": "user", "content": "hi"}], "stream": True,
-            "max_output_tokens": 6, "instructions": "be brief"}) as resp:
+            "max_output_tokens": 16, "instructions": "be brief"}) as resp:
         check_responses_stream(sse_events(resp))
 
 

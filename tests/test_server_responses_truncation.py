@@ -67,7 +67,7 @@ def _dropped(r: Any) -> int:
 def test_p1_auto_that_fits_is_exactly_disabled(client: openai.OpenAI) -> None:
     """An input that fits: the same output and usage as ``"disabled"``, nothing dropped,
     ``truncation`` echoed as sent (and retrieved the same)."""
-    kw: dict[str, Any] = {"model": MODEL, "input": "Hello world", "max_output_tokens": 8,
+    kw: dict[str, Any] = {"model": MODEL, "input": "Hello world", "max_output_tokens": 16,
                           "extra_body": {"seed": 3, "ignore_eos": True}}
     auto = client.responses.create(truncation="auto", **kw)
     off = client.responses.create(truncation="disabled", **kw)
@@ -112,7 +112,7 @@ def test_p1_auto_drops_the_oldest_whole_turns_to_fit(server_live: Any, client: o
     assert check_trace(sink.events) == check_trace(
         [e for e in sink.events if e.kind != "input.truncated"])
     fits = client.responses.create(model=MODEL, input="hi", truncation="auto",
-                                   max_output_tokens=2)
+                                   max_output_tokens=16)
     assert "input.truncated" not in {e.kind for e in sink.events if e.request_id == fits.id}
     with client.responses.create(truncation="auto", stream=True, **kw) as stream:
         events = list(stream)
@@ -169,7 +169,7 @@ def test_p1_auto_cuts_a_continued_conversation_s_history(server_live: Any,
     """With ``previous_response_id``: the inherited history's oldest turns go first; the
     previous response's own record is unchanged."""
     first = _turns(server_live, _context(server_live) // 2)
-    r1 = client.responses.create(model=MODEL, input=first, max_output_tokens=4,  # type: ignore[call-overload]
+    r1 = client.responses.create(model=MODEL, input=first, max_output_tokens=16,  # type: ignore[call-overload]
                                  extra_body={"ignore_eos": True})
     new = [{"role": "user", "content": "next " + TEXT * 20}]
     conv = [*first, {"role": "assistant", "content": r1.output_text}, *new]

@@ -92,7 +92,7 @@ def test_p3_anthropic_and_responses_deltas_are_stamped(server_live: Any) -> None
     _check_stamps(stamps)
     oc = openai.OpenAI(base_url=server_live.url + "/v1", api_key="unused", max_retries=0)
     stamps = []
-    with oc.responses.create(model=MODEL, input="hi", max_output_tokens=8, stream=True,
+    with oc.responses.create(model=MODEL, input="hi", max_output_tokens=16, stream=True,
                              extra_body={"stream_verify": True, "ignore_eos": True}) as s:
         for ev in s:
             if ev.type == "response.output_text.delta":
@@ -105,7 +105,7 @@ def test_p3_responses_resume_by_offset(server_live: Any) -> None:
     """P3: ``GET /v1/responses/{id}?stream=true&offset=N&digest=HEX`` replays exactly the
     events after the delta ending at byte N; a wrong digest or an offset that disagrees with
     ``starting_after`` is a 409."""
-    body = {"model": MODEL, "input": "hi", "max_output_tokens": 8, "stream": True,
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 16, "stream": True,
             "ignore_eos": True, "stream_verify": True}
     with httpx.stream("POST", server_live.url + "/v1/responses", json=body) as resp:
         live = sse_events(resp.read())

@@ -98,7 +98,7 @@ def test_issue20_d1_l4_responses_auto_text_cut_by_max_output_tokens_is_incomplet
     """issue 20 D1 (Responses): status ``incomplete`` (``max_output_tokens``), not
     ``completed``."""
     kwargs: Any = dict(model=model, input="Tell me a long story about a cat.", tools=RS_TOOLS,
-                       tool_choice="auto", max_output_tokens=8, extra_body=TEXT_CUT)
+                       tool_choice="auto", max_output_tokens=16, extra_body=TEXT_CUT)
     if stream:
         events = list(oa.responses.create(stream=True, **kwargs))
         assert events[-1].type == "response.incomplete"

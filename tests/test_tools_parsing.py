@@ -242,7 +242,7 @@ def test_issue20_d5_p3_resume_by_offset_and_digest_with_tools(live: LiveServer, 
                             "tool_choice": "auto", **TEXT_CUT}
     body.update({"messages": STORY, "tools": OA_TOOLS, "max_tokens": 12} if chat else
                 {"input": "Tell me a long story about a cat.", "tools": RS_TOOLS,
-                 "max_output_tokens": 12})
+                 "max_output_tokens": 16})
     with httpx.stream("POST", live.url + path, json=body) as resp:
         events = sse_events(resp.read())
         rid = resp.headers.get("x-request-id")

@@ -88,7 +88,7 @@ def test_t4_openai_seed_within_int64_is_still_served_and_reproducible(
 def test_p1_responses_include_unknown_value_is_a_400(server_live: Any) -> None:
     """SPEC P1: ``include`` takes the values OpenAI documents; another was answered."""
     r = _post(server_live, "/v1/responses",
-              {"input": "q", "max_output_tokens": 2, "include": ["bogus"]})
+              {"input": "q", "max_output_tokens": 16, "include": ["bogus"]})
     _openai_400(r, "include.0")
 
 
@@ -102,11 +102,11 @@ def test_p1_responses_include_documented_values_are_accepted(server_live: Any) -
     """SPEC P1: every documented ``include`` value is accepted, and the one Coda honours
     (``message.output_text.logprobs``) still puts logprobs on the output text."""
     r = _post(server_live, "/v1/responses",
-              {"input": "q", "max_output_tokens": 2, "include": DOCUMENTED})
+              {"input": "q", "max_output_tokens": 16, "include": DOCUMENTED})
     assert r.status_code == 200, r.text
     part = r.json()["output"][0]["content"][0]
     assert part["type"] == "output_text" and len(part["logprobs"]) >= 1, part
-    plain = _post(server_live, "/v1/responses", {"input": "q", "max_output_tokens": 2,
+    plain = _post(server_live, "/v1/responses", {"input": "q", "max_output_tokens": 16,
                                                  "include": ["reasoning.encrypted_content"]})
     assert plain.status_code == 200, plain.text
     assert not plain.json()["output"][0]["content"][0].get("logprobs"), plain.text
@@ -152,7 +152,7 @@ def test_p1_responses_text_format_that_does_not_compile_names_text_format(
     is a 400 naming ``text.format``; it named ``response_format`` (chat's field)."""
     fmt = {"type": "json_schema", "name": "x", "schema": {"type": "bogus"}}
     r = _post(server_live, "/v1/responses",
-              {"input": "q", "max_output_tokens": 2, "text": {"format": fmt}})
+              {"input": "q", "max_output_tokens": 16, "text": {"format": fmt}})
     _openai_400(r, "text.format")
     assert "response_format" not in r.text, r.text
 
@@ -179,7 +179,7 @@ def test_p1_seed_outside_int64_is_a_400_on_every_protocol(server_live: Any, seed
     r = _post(server_live, "/v1/messages", {"messages": [Q], "max_tokens": 2, "seed": seed})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
     assert "seed" in r.json()["error"]["message"], r.text
-    r = _post(server_live, "/v1/responses", {"input": "q", "max_output_tokens": 2, "seed": seed})
+    r = _post(server_live, "/v1/responses", {"input": "q", "max_output_tokens": 16, "seed": seed})
     assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
     for path in ("/api/chat", "/api/generate"):
         body = {"stream": False, "options": {"num_predict": 2, "seed": seed},

@@ -91,7 +91,7 @@ def test_p1_stream_options_include_obfuscation_is_accepted(
     text = list(c.completions.create(prompt="q", max_tokens=4, **kw, stream_options={
         "include_obfuscation": obfuscation}))
     assert text[-1].choices[0].finish_reason == "length"
-    events = list(c.responses.create(input="q", max_output_tokens=4, **kw, stream_options={
+    events = list(c.responses.create(input="q", max_output_tokens=16, **kw, stream_options={
         "include_obfuscation": obfuscation}))
     assert [e.type for e in events][-1] == "response.incomplete"
 
@@ -100,7 +100,7 @@ def test_p1_responses_stream_options_need_a_stream(server_live: Any) -> None:
     """SPEC P1: as chat's, Responses ``stream_options`` without ``stream`` is a 400 naming
     it, never ignored."""
     with pytest.raises(openai.BadRequestError) as e:
-        _openai(server_live).responses.create(model=MODEL, input="q", max_output_tokens=2,
+        _openai(server_live).responses.create(model=MODEL, input="q", max_output_tokens=16,
                                               stream_options={"include_obfuscation": False})
     assert e.value.body["param"] == "stream_options", e.value.body  # type: ignore[index]
 

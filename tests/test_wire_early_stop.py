@@ -113,7 +113,7 @@ def test_d6_l4_wire_reads_as_a_normal_end(server: ScriptedServer) -> None:
         model=MODEL, messages=MSG, max_tokens=10,
         extra_body={"early_stop": confident(2, max_tokens=2)})
     assert budget.choices[0].finish_reason == "length"
-    resp = client.responses.create(model=MODEL, input="hi", max_output_tokens=10,
+    resp = client.responses.create(model=MODEL, input="hi", max_output_tokens=16,
                                    extra_body=extra)
     assert resp.status == "completed" and resp.output_text == "xA"
     assert resp.model_extra["coda"]["state"] == "CANCELLED"  # type: ignore[index]

@@ -27,14 +27,14 @@ def test_p1_responses_echo_parallel_tool_calls_temperature_and_top_p(
     """P1: not sent, the response says what was used: ``parallel_tool_calls`` true,
     ``temperature`` and ``top_p`` 1.0; sent, it says what was sent: on create, in the
     stream's created event and on retrieve."""
-    plain = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    plain = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16)
     assert (plain.parallel_tool_calls, plain.temperature, plain.top_p) == (True, 1.0, 1.0)
-    sent = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2,
+    sent = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16,
                                parallel_tool_calls=False, temperature=0.5, top_p=0.25)
     assert (sent.parallel_tool_calls, sent.temperature, sent.top_p) == (False, 0.5, 0.25)
     got = oa.responses.retrieve(sent.id)
     assert (got.parallel_tool_calls, got.temperature, got.top_p) == (False, 0.5, 0.25)
-    events = list(oa.responses.create(model=MODEL, input="hi", max_output_tokens=2,
+    events = list(oa.responses.create(model=MODEL, input="hi", max_output_tokens=16,
                                       parallel_tool_calls=True, stream=True))
     first = events[0].response  # type: ignore[union-attr]
     assert (first.parallel_tool_calls, first.temperature, first.top_p) == (True, 1.0, 1.0)
@@ -44,9 +44,9 @@ def test_p1_responses_echo_parallel_tool_calls_with_tools(oa: openai.OpenAI) -> 
     """P1: with tools the echo is the request's too (default true, false when sent);
     ``tool_choice: none`` (the tiny model's tokenizer builds no tool grammar)."""
     tools: Any = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
-    on = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2, tools=tools,
+    on = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16, tools=tools,
                              tool_choice="none")
-    off = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2, tools=tools,
+    off = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16, tools=tools,
                               tool_choice="none", parallel_tool_calls=False)
     assert (on.parallel_tool_calls, off.parallel_tool_calls) == (True, False)
 
@@ -61,7 +61,7 @@ BAD_METADATA = [({f"k{i}": "v" for i in range(17)}, "metadata", "too many"),
 def test_p1_metadata_past_openais_bounds_is_a_400(
         oa: openai.OpenAI, metadata: dict[str, str], param: str, says: str) -> None:
     """P1: on Responses and chat, as OpenAI's: a 400 naming the field."""
-    for call in (lambda: oa.responses.create(model=MODEL, input="hi", max_output_tokens=2,
+    for call in (lambda: oa.responses.create(model=MODEL, input="hi", max_output_tokens=16,
                                              metadata=metadata),
                  lambda: oa.chat.completions.create(model=MODEL, messages=Q, max_tokens=2,
                                                     metadata=metadata)):
@@ -73,7 +73,7 @@ def test_p1_metadata_past_openais_bounds_is_a_400(
 
 def test_p1_metadata_at_openais_bounds_is_served(oa: openai.OpenAI) -> None:
     full = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
-    r = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2, metadata=full)
+    r = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16, metadata=full)
     assert r.metadata == full
     chat = oa.chat.completions.create(model=MODEL, messages=Q, max_tokens=2, metadata=full)
     assert chat.choices[0].finish_reason is not None
@@ -129,7 +129,8 @@ def test_p1_a_completed_response_says_when_it_completed(oa: openai.OpenAI) -> No
     last = events[-1]
     assert last.type == "response.completed" and last.response.completed_at is not None
     assert events[0].response.completed_at is None  # type: ignore[union-attr]
-    cut = oa.responses.create(model=MODEL, input="hi", max_output_tokens=1)
+    cut = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16,
+                            extra_body={"ignore_eos": True})
     assert cut.status == "incomplete" and cut.completed_at is None
 
 
@@ -137,7 +138,7 @@ def test_p1_responses_echo_the_informational_fields_as_sent(oa: openai.OpenAI) -
     """P1: ``user``, ``safety_identifier``, ``prompt_cache_key``, ``top_logprobs`` and
     ``reasoning`` come back as sent (null where not sent), on create and on retrieve (the
     SDK read None for every one)."""
-    sent = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2, user="u1",
+    sent = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16, user="u1",
                                safety_identifier="s1", prompt_cache_key="k1", top_logprobs=2,
                                reasoning={"effort": "low"})
     for r in (sent, oa.responses.retrieve(sent.id)):
@@ -145,7 +146,7 @@ def test_p1_responses_echo_the_informational_fields_as_sent(oa: openai.OpenAI) -
             "u1", "s1", "k1", 2)
         assert r.reasoning is not None and r.reasoning.effort == "low"
         assert r.reasoning.summary is None
-    plain = oa.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    plain = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16)
     assert (plain.user, plain.safety_identifier, plain.prompt_cache_key,
             plain.top_logprobs) == (None, None, None, None)
     assert plain.reasoning is not None and plain.reasoning.effort is None

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.wire_support import X_ID, ScriptedServer, scripted_server
+from tests.wire_support import C3_ID, EOS_ID, X_ID, ScriptedServer, scripted_server
 
 MODEL = "default_model"
 MSG = [{"role": "user", "content": "hi"}]
@@ -53,7 +53,7 @@ def test_k3_auto_max_tokens_cut_is_length_not_500_openai(lead: ScriptedServer) -
     """K3 (issue 20 deliverable 2), default ``utf8_tail: auto``: max_tokens ends the answer
     inside a character. The official client gets a normal answer (no InternalServerError):
     ``length`` and text ``x``, streamed and not, with the removed byte in ``coda``; chat,
-    legacy completions and Responses (``incomplete``)."""
+    legacy completions (Responses, whose least budget is 16: the next test)."""
     client = openai.OpenAI(base_url=lead.url + "/v1", api_key="k", max_retries=0)
     r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2)
     choice = r.choices[0]
@@ -67,8 +67,25 @@ def test_k3_auto_max_tokens_cut_is_length_not_500_openai(lead: ScriptedServer) -
     assert chunks[-1].choices[0].finish_reason == "length"
     legacy = client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
     assert (legacy.choices[0].finish_reason, legacy.choices[0].text) == ("length", "x")
-    resp = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
-    assert resp.status == "incomplete" and resp.output_text == "x"
+
+
+
+@pytest.fixture(scope="module")
+def lead16() -> Iterator[ScriptedServer]:
+    """The model answers ``abcdefghijklmno``, a lone ``0xC3``, EOS: Responses' smallest
+    budget (16, as OpenAI) cuts the character."""
+    letters = list(range(67, 82))  # NOTE: "a" .. "o" in the default model's vocabulary
+    chain = {a: b for a, b in zip(letters, [*letters[1:], C3_ID], strict=True)}
+    yield from scripted_server({**chain, C3_ID: EOS_ID}, first=letters[0])
+
+
+def test_k3_auto_max_output_tokens_cut_is_incomplete_not_500_responses(
+        lead16: ScriptedServer) -> None:
+    """K3, default ``utf8_tail: auto``, Responses: ``max_output_tokens`` (16, OpenAI's
+    least) ends the answer inside a character: ``incomplete`` with the text before it."""
+    client = openai.OpenAI(base_url=lead16.url + "/v1", api_key="k", max_retries=0)
+    resp = client.responses.create(model=MODEL, input="hi", max_output_tokens=16)
+    assert resp.status == "incomplete" and resp.output_text == "abcdefghijklmno"
 
 
 def test_k3_auto_max_tokens_cut_is_max_tokens_anthropic(lead: ScriptedServer) -> None:

@@ -134,7 +134,7 @@ def test_l4_k3_responses_failed_stream_and_non_streaming(server: ScriptedServer)
     response with its partial output and ``coda``."""
     client = oai(server)
     events = list(client.responses.create(model=MODEL, input="hi", stream=True,
-                                          max_output_tokens=8))
+                                          max_output_tokens=16))
     kinds = [e.type for e in events]
     assert kinds[-1] == "response.failed" and "response.completed" not in kinds
     final = events[-1].response
@@ -143,7 +143,7 @@ def test_l4_k3_responses_failed_stream_and_non_streaming(server: ScriptedServer)
     assert final.output[0].content[0].text == "x"  # type: ignore[union-attr]
     before = server.engine.num_requests_total
     with pytest.raises(openai.InternalServerError) as err:
-        client.responses.create(model=MODEL, input="hi", max_output_tokens=8)
+        client.responses.create(model=MODEL, input="hi", max_output_tokens=16)
     assert server.engine.num_requests_total - before == 1
     resp = err.value.response
     assert resp.headers["x-should-retry"] == "false"

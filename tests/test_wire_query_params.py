@@ -22,7 +22,7 @@ def test_p3_responses_bad_query_names_the_bare_param(server_live: Any, query: di
     """P3 resume cursor: ``GET /v1/responses/{id}?starting_after=abc`` → 400 in OpenAI's shape,
     ``param`` and the message's subject the parameter's own name."""
     made = httpx.post(server_live.url + "/v1/responses",
-                      json={"model": MODEL, "input": "hi", "max_output_tokens": 2})
+                      json={"model": MODEL, "input": "hi", "max_output_tokens": 16})
     r = httpx.get(f"{server_live.url}/v1/responses/{made.json()['id']}", params=query)
     err = r.json()["error"]
     assert r.status_code == 400 and err["type"] == "invalid_request_error", r.text

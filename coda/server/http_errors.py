@@ -119,6 +119,19 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{name}: {first.get('msg', 'invalid value')}", name
 
 
+def _below_minimum(exc: RequestValidationError) -> str | None:
+    """An integer under its field's least value in OpenAI's words (the message of its
+    ``integer_below_min_value``), or None for another error."""
+    first = (exc.errors() or [{}])[0]
+    value, least = first.get("input"), first.get("ctx", {}).get("ge")
+    if first.get("type") != "greater_than_equal" or not isinstance(value, int):
+        return None
+    name = _loc_name(tuple(first.get("loc", ())))
+    # NOTE: named first as every Coda 400 is (``field: ...``), then OpenAI's own words
+    return (f"{name}: integer below minimum value. Expected a value >= {least}, but got "
+            f"{value} instead.")
+
+
 def install_handlers(app: FastAPI) -> None:
     """Map every exception a route can raise to the protocol's error shape."""
 
@@ -135,9 +148,13 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        protocol = protocol_of(request.url.path)
         message, param = describe_validation(exc)
-        return error_response(protocol_of(request.url.path), 400, message, param=param,
-                              code="invalid_request")
+        code = "invalid_request"
+        below = _below_minimum(exc)
+        if below is not None and protocol == "openai":
+            message, code = below, "integer_below_min_value"
+        return error_response(protocol, 400, message, param=param, code=code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

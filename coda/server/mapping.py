@@ -134,3 +134,20 @@ def openai_usage(terminals: list[Terminal], n: int = 1) -> dict[str, Any]:
         out["completion_tokens_details"] = {"reasoning_tokens": sum(
             t.reasoning.reasoning_tokens for t in terminals if t.reasoning is not None)}
     return out
+
+
+def system_fingerprint(model_snapshot: str | None) -> str | None:
+    """OpenAI's ``system_fingerprint``: ``fp_`` and the first 10 hex digits of the model's
+    content identity (P1: weights, tokenizer, template, serving mode, Coda version), so it
+    changes exactly when what produces the output does; None where no identity is known."""
+    if not model_snapshot:
+        return None
+    return "fp_" + model_snapshot.removeprefix("sha256:")[:10]
+
+
+def prediction_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """``usage`` of a request with a ``prediction``: its accepted and rejected tokens, 0 (the
+    prediction is checked, not used to draft: docs/api.md)."""
+    details = {**usage.get("completion_tokens_details", {}),
+               "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
+    return {**usage, "completion_tokens_details": details}

@@ -17,6 +17,7 @@ from coda.server.schemas import (
     SEED_MIN,
     STRICT,
     CodaExtensions,
+    PromptCacheRetention,
     ResponseFormat,
     ServiceTier,
     StopField,
@@ -81,7 +82,8 @@ class ResponsesRequest(CodaExtensions):
     model: str
     input: str | list[InputMessage | InputToolItem]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
+    # NOTE: as OpenAI: at least 16 (Chat and Completions take any positive budget)
+    max_output_tokens: int | None = Field(None, ge=16)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)  # NOTE: 0 as OpenAI (params.sampled_top_p)
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -107,7 +109,11 @@ class ResponsesRequest(CodaExtensions):
     reasoning: dict[str, Any] | None = None
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     safety_identifier: str | None = None
+    # NOTE: the most function calls the output may hold: the tool grammar admits no more
+    # (coda.server.tools.grammar_for); 0 is tool_choice "none"
+    max_tool_calls: int | None = Field(None, ge=0)
 
     @model_validator(mode="before")
     @classmethod

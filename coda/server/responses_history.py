@@ -32,7 +32,7 @@ async def previous_history(st: ServerState, response_id: str
                            ) -> tuple[list[dict[str, Any]], list[Item]]:
     """The messages a continuation of ``response_id`` starts with (OpenAI-shaped), and the
     input items it carries over."""
-    from coda.server.responses_routes import response_object
+    from coda.server.responses_object import response_object
 
     record = st.store.get(response_id)  # NOTE: as GET /v1/responses/{id} reads it
     if record is None or not isinstance(record.spec, ResponsesRender) or not record.spec.store:

@@ -1,6 +1,7 @@
-"""``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``: the two stored-
-response routes of OpenAI's Responses API beside create, retrieve and cancel
-(:mod:`coda.server.responses_routes`).
+"""The stored-response routes of OpenAI's Responses API beside create
+(:mod:`coda.server.responses_routes`): ``GET /v1/responses/{id}`` (+ ``stream=true&
+starting_after=N`` replay, P3), ``POST /v1/responses/{id}/cancel`` (C1), ``DELETE
+/v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``.
 
 Delete answers ``{"id", "object": "response.deleted", "deleted": true}``; afterwards the id is
 unknown everywhere: ``GET``, ``cancel``, ``input_items`` and a second delete are 404s, and
@@ -21,14 +22,83 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.finish import CancelCause
-from coda.reader import terminal_of
+from coda.reader import replay, terminal_of
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
+from coda.server.integrity import resolve_resume
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_items import listed, page, parse_query
-from coda.server.responses_routes import stored_record
+from coda.server.responses_object import response_object
+from coda.server.responses_stream import ResponsesRenderer
+from coda.server.sse import SSEResponse
+from coda.server.state import Record
 
 router = APIRouter()
+
+
+def stored_record(request: Request, rid: str) -> Record:
+    """The stored response ``rid``; unknown, unstored or deleted: a 404."""
+    record = state_of(request).store.get(rid)
+    if record is None or not isinstance(record.spec, ResponsesRender) or not record.spec.store:
+        raise ApiError(404, f"No response found with id '{rid}'", param="response_id",
+                       code="not_found")
+    return record
+
+
+def _last_event_through(record: Record, seq: int) -> int:
+    """The number of the last Responses event rendered for the engine events up to ``seq``.
+    NOTE: replayed, not counted: with tools a delta yields zero or several events (issue 20
+    D5); without, this is ``seq + 3`` (created, in_progress, output_item.added,
+    content_part.added, then one event per delta)."""
+    r = record.make_renderer([1 << 62])  # NOTE: skips every frame; only numbers them
+    assert isinstance(r, ResponsesRenderer)
+    r.header()
+    for ev in replay(record.streams[0]):
+        if ev.seq > seq:
+            break
+        r.on_event(0, ev, [ev.seq])
+    return r.seq - 1
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request, stream: bool = False,
+                       starting_after: int | None = None, offset: str | None = None,
+                       digest: str | None = None) -> Response:
+    """The stored response; with ``stream=true`` its event stream replayed after
+    ``starting_after`` (or ``Last-Event-ID``), then followed live (P3). ``offset`` (and
+    ``digest``) name the output bytes the client holds; a mismatch is a 409."""
+    record = stored_record(request, response_id)
+    if not stream:
+        return JSONResponse(response_object(record))
+    st = state_of(request)
+    after = starting_after
+    if after is None:
+        header = request.headers.get("last-event-id", "").strip()
+        after = int(header) if header.lstrip("-").isdigit() else None
+    if offset is not None or digest is not None:
+        resolved = resolve_resume(record.streams, None, offset, digest)
+        assert resolved is not None
+        held = _last_event_through(record, resolved[0])
+        if after is not None and after != held:
+            raise ApiError(409, f"offset {offset} is event {held}, not starting_after {after}",
+                           param="offset", code="resume_mismatch")
+        after = held
+    after = -1 if after is None else after
+    if after < -1:
+        raise ApiError(400, "starting_after must be >= -1", param="starting_after")
+    # NOTE: a replaying reader never cancels: the original request owns the P4 policy.
+    return SSEResponse(record.streams, record.make_renderer([after]),
+                       keepalive_s=st.settings.keepalive_s,
+                       write_timeout_s=st.settings.write_timeout_s)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> Response:
+    """Cancel (C1); idempotent — a finished response is returned unchanged."""
+    record = stored_record(request, response_id)
+    record.cancel(CancelCause.CLIENT)
+    await asyncio.gather(*(terminal_of(h.stream) for h in record.handles))
+    return JSONResponse(response_object(record))
 
 
 @router.delete("/v1/responses/{response_id}")

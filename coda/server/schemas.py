@@ -134,6 +134,27 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+class Prediction(_Strict):
+    """Chat ``prediction`` (OpenAI's predicted outputs): the text the answer is expected to
+    repeat, a string or text parts. Checked and accepted; it changes no output, and usage
+    reports its accepted / rejected tokens as 0 (docs/api.md)."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    @model_validator(mode="after")
+    def _text_parts(self) -> Prediction:
+        if isinstance(self.content, list) and any(
+                p.type != "text" or not isinstance(p.text, str) for p in self.content):
+            raise ValueError("content parts must be text parts ({type: text, text})")
+        return self
+
+
+# NOTE: OpenAI's prompt cache retention policy; accepted, no effect: Coda's prefix cache keeps
+# prefixes while memory allows, whatever is asked (docs/api.md)
+PromptCacheRetention = Literal["in-memory", "24h"]
+
+
 class ChatMessage(BaseModel):
     model_config = OPEN  # NOTE: the protocol allows name, refusal, ...
     role: str
@@ -167,7 +188,9 @@ class ChatCompletionRequest(_OpenAISampling):
     # NOTE: accepted as OpenAI documents them (coda.server.fields says what each does here)
     service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     safety_identifier: str | None = None
+    prediction: Prediction | None = None
     reasoning_effort: ReasoningEffort | None = None
     verbosity: Verbosity | None = None  # NOTE: accepted, no effect (docs/api.md)
     modalities: list[Literal["text", "audio"]] | None = None
@@ -187,5 +210,6 @@ class CompletionRequest(_OpenAISampling):
 
 
 _OpenAISampling.model_rebuild()
+Prediction.model_rebuild()
 ChatCompletionRequest.model_rebuild()
 CompletionRequest.model_rebuild()

@@ -82,6 +82,7 @@ class ToolPlan:
     # OpenAI's ``allowed_tools`` choice: the names that may be called (every tool is still
     # described to the model); None: all of them
     allow: tuple[str, ...] | None = None
+    max_calls: int | None = None  # Responses ``max_tool_calls``: the most calls (None: any)
 
     @property
     def active(self) -> bool:
@@ -263,7 +264,9 @@ def grammar_for(plan: ToolPlan) -> GrammarSpec | None:
         rules.append(f"c{k}: {_lark_str(head)} %json {json.dumps(schema)} "
                      f"{_lark_str('}' + chr(10) + CLOSE_TAG)}")
         alts.append(f"c{k}")
-    more = f' ({_lark_str(chr(10) + OPEN_TAG)} body)*' if plan.parallel else ""
+    again = f'{_lark_str(chr(10) + OPEN_TAG)} body'
+    more = "" if not plan.parallel else f" ({again})*" if plan.max_calls is None else "".join(
+        f" ({again}" for _ in range(plan.max_calls - 1)) + ")?" * (plan.max_calls - 1)
     lines = [f"calls: body{more}", f"body: {_lark_str(chr(10))} ({' | '.join(alts)})", *rules]
     tag = re.escape(OPEN_TAG)
     if plan.mode == "auto":

@@ -90,7 +90,7 @@ _FREE = ("Write a short story about a fox who learns to sail.",
 def _code_files() -> list[str]:
     """~300-token slices of Coda's own sources (real code to edit)."""
     out = []
-    for name in ("coda/engine/sequence.py", "coda/engine/rng.py", "coda/engine/handle.py",
+    for name in ("coda/engine/sequence.py", "coda/engine/rng.py", "coda/wakeup.py",
                  "coda/finish.py"):
         text = (ROOT / name).read_text()
         body = text[text.index('"""', 3) + 3:] if text.startswith('"""') else text

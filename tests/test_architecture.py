@@ -167,7 +167,7 @@ def test_server_reads_streams_only_through_the_one_reader() -> None:
     events) nor the engine's internals, and registers no stream listener of its own: every
     live read goes through coda.reader."""
     internals = ("coda.detokenizer", "coda.output", "coda.request", "coda.engine.core",
-                 "coda.engine.handle", "coda.engine.async_engine")
+                 "coda.engine.async_engine")
     for name, path in module_files().items():
         if name.startswith("server/"):
             bad = {m for m in imports_of(path) if m.startswith(internals)}

@@ -22,7 +22,7 @@ from coda.server.model_router import ModelRouter, RoutedHandle
 from coda.server.state import ServerState, split_reasoning
 
 ROOT = Path(__file__).resolve().parent.parent
-SEAM = ("coda/engine/protocol.py", "coda/engine/handle.py", "coda/engine/async_engine.py",
+SEAM = ("coda/engine/protocol.py", "coda/engine/async_engine.py",
         "coda/engine/types.py", "coda/stream.py")
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.engine.handle import RequestHandle
+from coda.engine.protocol import RequestHandle
 from coda.errors import BackpressureOverflowError
 from coda.finish import FinishReason, Usage
 from coda.lifecycle import State

@@ -25,11 +25,10 @@ from coda.engine.core import EngineCore, EngineRequest
 from coda.engine.draft import DRAFT_CONFIG, Drafter, load_drafter, speculative_mode
 from coda.engine.draft import describe as describe_draft
 from coda.engine.grammar import GrammarMatcher, GrammarWarmup
-from coda.engine.handle import RequestHandle
 from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, kv_capacity, rss_bytes
 from coda.engine.kv_cache import BlockManager
 from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, plan_request
-from coda.engine.protocol import InMemoryStreamLog, ModelInfo
+from coda.engine.protocol import InMemoryStreamLog, ModelInfo, RequestHandle
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.speculative import SpeculativeConfig, refusal

@@ -70,7 +70,7 @@ class EngineRequest(RequestRun, Sequence):
     loop's request (tests/reference_loop.py, the engine's oracle, ends its requests through the
     very same code) and :class:`Sequence` is tested alone with the scheduler and the block
     manager (no engine); the two share no attribute. The
-    :class:`~coda.engine.handle.RequestHandle` is the caller's view (any thread: cancel is C1's
+    :class:`~coda.engine.protocol.RequestHandle` is the caller's view (any thread: cancel is C1's
     moment 1 plus a wake-up), never handed the engine thread's endings (``cancel`` here is
     C1's moment 3, ``finish``, ``fail``)."""
 

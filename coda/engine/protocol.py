@@ -5,6 +5,9 @@ The server holds an :class:`Engine` and nothing more specific: ``submit`` a
 request's log after a sequence number to resume it (P3); ``cancel`` by id (C1); read ``stats``
 and ``model_info``. The in-process :class:`~coda.engine.async_engine.AsyncEngine` implements it;
 a remote engine (another process, a Ray Serve replica) implements the same protocol.
+:class:`RequestHandle` is the in-process engine's handle: the request's replayable stream
+(read through :mod:`coda.reader`, like every other reader) and the one way to cancel it (P3,
+P6, C1).
 
 Every message that crosses the seam is plain data: ``GenerationRequest``, ``StreamEvent`` (with
 its ``Terminal``, ``TokenInfo``, ``Usage``, ``Timings``), ``EngineStats`` and :class:`ModelInfo`
@@ -21,9 +24,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import tokenizers
 
@@ -31,7 +34,11 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
 from coda.models.identity import ModelIdentity
 from coda.models.tokenizer_bundle import TokenizerBundle
+from coda.reader import StreamReading, wait_terminal
 from coda.stream import RequestStream, StreamEvent, Terminal
+
+if TYPE_CHECKING:
+    from coda.request import RequestRun
 
 
 @dataclass(frozen=True)
@@ -163,3 +170,28 @@ class InMemoryStreamLog:
     def terminal(self, request_id: str) -> Terminal | None:
         stream = self.stream(request_id)
         return None if stream is None else stream.terminal
+
+
+class RequestHandle(StreamReading):
+    """A submitted request: its stream (read through :class:`coda.reader.StreamReading`), and
+    the one way to cancel it."""
+
+    def __init__(self, run: RequestRun, wake_engine: Callable[[], None]) -> None:
+        self._run = run
+        self._wake = wake_engine
+        self.request_id = run.request_id
+        self.stream: RequestStream = run.stream
+        self.prompt_tokens: int = run.prompt_tokens
+
+    def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
+        """Request a cancel (C1 moment 1); the engine observes it at its next safe point."""
+        ok = self._run.request_cancel(cause)
+        self._wake()
+        return ok
+
+    def wait(self, timeout: float | None = None) -> Terminal:
+        """Blocking wait for the terminal (for synchronous callers; no event loop needed)."""
+        terminal = wait_terminal(self.stream, timeout)
+        if terminal is None:
+            raise TimeoutError(f"{self.request_id} not finished after {timeout}s")
+        return terminal

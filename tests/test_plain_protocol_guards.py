@@ -25,6 +25,7 @@ from coda.reasoning import CLOSE_MARKER, OPEN_MARKER, marker_ids, reasoning_spec
 from coda.server import anthropic_routes as an
 from coda.server import ollama_routes as ol
 from coda.server import responses_routes as rs
+from coda.server.anthropic_request import merge_turns, request_path
 from coda.server.chat import content_text
 from coda.server.fields import effort_budget, reject_unhonoured, responses_effort
 from coda.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest
@@ -96,8 +97,14 @@ def anthropic_bodies(draw: st.DrawFn) -> AnthropicRequest:
 
 
 def _full_chat_messages(body: AnthropicRequest) -> list[dict[str, Any]]:
-    """``chat_messages`` before the guard: every message through the tool modules."""
-    check_anthropic_results(body.messages)
+    """``chat_messages`` before the guard: every message through the tool modules, and the
+    merge of consecutive same-role turns (P1) always run, even where nothing is merged."""
+    turns = merge_turns(body.messages)
+    try:
+        check_anthropic_results(turns)
+    except InvalidRequestError as exc:  # NOTE: the merged turns' paths as the request's
+        raise InvalidRequestError(request_path(turns, exc.message),
+                                  field=request_path(turns, exc.field or "")) from None
     msgs: list[dict[str, Any]] = []
     if body.system:
         msgs.append({"role": "system", "content": content_text(body.system, "system")})
@@ -107,7 +114,9 @@ def _full_chat_messages(body: AnthropicRequest) -> list[dict[str, Any]]:
                 f"messages.{i}.role: must be 'user' or 'assistant', got {m.role!r}",
                 field=f"messages.{i}.role")
         an._check_text(i, m, last=i == len(body.messages) - 1)  # NOTE: no tool module's
-        msgs += anthropic_history(m.role, m.content, f"messages.{i}")
+        anthropic_history(m.role, m.content, f"messages.{i}")  # NOTE: its checks, its path
+    for t in turns:
+        msgs += anthropic_history(t.role, t.content, f"messages.{t.first}")
     return msgs
 
 

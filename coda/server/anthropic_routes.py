@@ -27,6 +27,12 @@ from coda.server.anthropic_checks import (
     check_thinking_blocks,
     thinking_budget,
 )
+from coda.server.anthropic_request import (
+    check_pairs,
+    check_server_tools,
+    merge_turns,
+    output_grammar,
+)
 from coda.server.chat import content_text, render_chat
 from coda.server.common import collect, new_id, state_of
 from coda.server.create import create
@@ -38,7 +44,6 @@ from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
 from coda.server.state import Record, ServerState, register_renderer
 from coda.server.tool_messages import anthropic_history
-from coda.server.tool_results import check_anthropic_results
 from coda.stream import EventType, StreamEvent, Terminal
 
 router = APIRouter()
@@ -268,23 +273,35 @@ def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:
     """The request's system prompt and messages as chat messages (roles checked, every
     ``tool_result`` answering a ``tool_use`` of the message before it)."""
+    ms = body.messages
+    # NOTE: as Anthropic: consecutive messages of one role are one turn (anthropic_request);
+    # issue 22: an alternating conversation has none to merge and never enters that module
+    turns = (merge_turns(ms) if any(x.role == y.role for x, y in zip(ms, ms[1:], strict=False))
+             else None)
     # NOTE: issue 22: a string content holds no block (no tool_use, no tool_result): the
     # tool modules are entered only for block contents, where they have something to do
-    if not all(isinstance(m.content, str) for m in body.messages):
-        check_anthropic_results(body.messages)
+    if not all(isinstance(m.content, str) for m in ms):
+        check_pairs(ms, turns)
     msgs: list[dict[str, Any]] = []
     if body.system:
         if isinstance(body.system, list):  # NOTE: issue 22: a string holds no block
             check_system_blocks(body.system)
         msgs.append({"role": "system", "content": content_text(body.system, "system")})
-    for i, m in enumerate(body.messages):
+    rendered: list[list[dict[str, Any]]] = []
+    for i, m in enumerate(ms):
         if m.role not in _ROLES:
             raise InvalidRequestError(
                 f"messages.{i}.role: must be 'user' or 'assistant', got {m.role!r}",
                 field=f"messages.{i}.role")
-        _check_text(i, m, last=i == len(body.messages) - 1)
-        msgs += ([{"role": m.role, "content": m.content}] if isinstance(m.content, str)
-                 else anthropic_history(m.role, m.content, f"messages.{i}"))
+        _check_text(i, m, last=i == len(ms) - 1)
+        # NOTE: each message's blocks are checked under its own path, before any merge
+        rendered.append([{"role": m.role, "content": m.content}] if isinstance(m.content, str)
+                        else anthropic_history(m.role, m.content, f"messages.{i}"))
+    if turns is None:
+        return msgs + [r for one in rendered for r in one]
+    for t in turns:  # NOTE: a merged turn renders as the one combined message would
+        msgs += (anthropic_history(t.role, t.content, f"messages.{t.first}") if t.merged
+                 else rendered[t.first])
     return msgs
 
 
@@ -318,6 +335,7 @@ def tool_plan(body: AnthropicRequest | AnthropicCountRequest) -> tl.ToolPlan | N
     tool module (issue 22: what :func:`coda.server.tools.anthropic_plan` answers then)."""
     if not body.tools and body.tool_choice is None:
         return None
+    check_server_tools(body.tools)
     return tl.anthropic_plan(body.tools, body.tool_choice)
 
 
@@ -346,7 +364,16 @@ class AnthropicAdapter:
         show, budget = _thinking(body)
         ids = await asyncio.to_thread(_prompt_ids, st, body, plan)
         fmt = body.response_format
-        tool = tl.knob_fields(plan, fmt) if plan is not None else {}
+        grammar, grammar_field = None, "response_format"
+        if body.output_config is not None or body.output_format is not None:  # NOTE: issue 22
+            grammar, grammar_field = output_grammar(body.output_config, body.output_format)
+        if grammar is not None and fmt is not None:
+            raise InvalidRequestError(f"{grammar_field}: cannot be combined with Coda's "
+                                      "response_format", field=grammar_field)
+        tool = (tl.knob_fields(plan, grammar or fmt, grammar_field if grammar else
+                               "response_format") if plan is not None else {})
+        if grammar is not None and not tool:
+            tool = {"grammar": grammar, "grammar_field": grammar_field}
         reasoning = st.reasoning(
             ids, budget=budget, budget_field="thinking.budget_tokens",
             grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coda.engine.protocol import Engine
 from coda.server import (
+    anthropic_models,
     anthropic_routes,
     embeddings,
     ollama_info,
@@ -265,12 +266,20 @@ def _operational_routes(app: FastAPI) -> None:
     async def list_models(request: Request) -> Response:
         engine = state_of(request).engine
         cards = getattr(engine, "model_cards", None)  # NOTE: several models: every one
-        return JSONResponse({"object": "list",
-                             "data": cards() if cards is not None else [_model_card(engine)]})
+        data = cards() if cards is not None else [_model_card(engine)]
+        if anthropic_models.wants_anthropic(request):  # NOTE: an Anthropic client: its shape
+            return anthropic_models.model_list(data)
+        return JSONResponse({"object": "list", "data": data})
 
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str, request: Request) -> Response:
         st = state_of(request)
+        if anthropic_models.wants_anthropic(request):  # NOTE: an Anthropic client: its shape
+            try:
+                st.check_model(model_id)
+            except ApiError as exc:  # NOTE: its 404, in Anthropic's error shape
+                return anthropic_models.not_found(exc.status, exc.message)
+            return JSONResponse(anthropic_models.model_info(_model_card(st.engine)))
         st.check_model(model_id)
         return JSONResponse(_model_card(st.engine))
 

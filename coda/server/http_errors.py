@@ -104,7 +104,21 @@ def _loc_name(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+def _is_json(content_type: str | None) -> bool:
+    """A JSON media type (``application/json``, ``application/vnd.x+json``), parameters aside;
+    no header at all is read as JSON too (FastAPI parses such a body)."""
+    if not content_type:
+        return True
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and
+                                           kind.endswith("+json"))
+
+
+def describe_validation(exc: RequestValidationError, content_type: str | None = None
+                        ) -> tuple[str, str | None]:
+    """The message and field of a validation error; ``content_type`` is the request's header:
+    a body sent as another media type (a form post) is never parsed as JSON, and is said so,
+    not as malformed JSON."""
     errors = exc.errors()
     if not errors:
         return "invalid request body", None
@@ -112,6 +126,9 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', 'parse error')}", None
     name = _loc_name(tuple(first.get("loc", ())))
+    if not name and not _is_json(content_type):
+        return (f"request body must be JSON sent with Content-Type: application/json (got "
+                f"Content-Type: {content_type!r})"), None
     if not name:
         return "request body must be a JSON object (malformed JSON or wrong type)", None
     if first.get("type") == "extra_forbidden":
@@ -149,7 +166,7 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         protocol = protocol_of(request.url.path)
-        message, param = describe_validation(exc)
+        message, param = describe_validation(exc, request.headers.get("content-type"))
         code = "invalid_request"
         below = _below_minimum(exc)
         if below is not None and protocol == "openai":

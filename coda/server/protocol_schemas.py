@@ -150,6 +150,9 @@ class AnthropicRequest(CodaExtensions):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    # NOTE: format → the grammar, effort accepted (coda.server.anthropic_request)
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None  # NOTE: the beta's older output_config.format
     # NOTE: accepted, no effect needed: Coda caches prompt prefixes automatically (docs/api.md).
     cache_control: dict[str, Any] | None = None
     # NOTE: accepted; one local tier, reported as usage.service_tier "standard" (docs/api.md)

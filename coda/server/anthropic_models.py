@@ -1,0 +1,53 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}`` in Anthropic's shape (SPEC P1), for a request
+that carries the ``anthropic-version`` header (every Anthropic SDK sends it: its
+``client.models.list()`` / ``.retrieve()``); an OpenAI client sends none and keeps OpenAI's
+shape (``coda.server.app``).
+
+A model is ``{"type": "model", "id", "display_name", "created_at"}`` (RFC 3339; Coda's cards
+carry no release date, so the epoch, as Anthropic writes an unknown one), plus
+``lifecycle: "active"`` and ``max_input_tokens`` (the served context length) where known; the
+list is ``{"data", "has_more", "first_id", "last_id"}``, one page. An unknown id is
+Anthropic's 404 ``not_found_error``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from coda.server.http_errors import error_response
+
+
+def wants_anthropic(request: Request) -> bool:
+    """The request came from an Anthropic client (its ``anthropic-version`` header)."""
+    return "anthropic-version" in request.headers
+
+
+def _created(card: Mapping[str, Any]) -> str:
+    stamp = card.get("created") or 0
+    return datetime.fromtimestamp(int(stamp), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def model_info(card: Mapping[str, Any]) -> dict[str, Any]:
+    """One OpenAI-shaped model card as Anthropic's ``ModelInfo``."""
+    out: dict[str, Any] = {"type": "model", "id": card["id"], "display_name": card["id"],
+                           "created_at": _created(card), "lifecycle": "active"}
+    if isinstance(card.get("max_model_len"), int):
+        out["max_input_tokens"] = card["max_model_len"]
+    return out
+
+
+def model_list(cards: Sequence[Mapping[str, Any]]) -> JSONResponse:
+    data = [model_info(c) for c in cards]
+    return JSONResponse({"data": data, "has_more": False,
+                         "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None})
+
+
+def not_found(status: int, message: str) -> JSONResponse:
+    """The model check's error (its 404), in Anthropic's shape (``not_found_error``)."""
+    return error_response("anthropic", status, message)

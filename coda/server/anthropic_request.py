@@ -1,0 +1,155 @@
+"""Anthropic Messages request fields read as the real API reads them (SPEC P1):
+
+- Consecutive messages of one role are one turn: Anthropic combines them (two user messages
+  in a row are one user turn holding both contents, in order), so the prompt is what that
+  single combined turn renders (:func:`merge_turns`).
+- ``output_config``: ``format`` ``{"type": "json_schema", "schema": {...}}`` constrains the
+  output to the schema through the same plan field as OpenAI's ``response_format``
+  (:func:`output_grammar`); ``effort`` is accepted (no effect on a model without reasoning).
+  The older top-level ``output_format`` (the structured-outputs beta; today's SDK sends it as
+  ``output_config.format``) is read the same way. Another key is a 400 naming its path.
+- A server tool (``web_search_20250305``, ``code_execution_*``, …: a tool with a ``type``
+  other than ``custom``) is run by Anthropic's own servers; this server offers none, and says
+  so (:func:`check_server_tools`) rather than asking for the custom tool's ``input_schema``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coda.engine.types import GrammarSpec
+from coda.errors import InvalidRequestError
+from coda.server.params import grammar_from_format
+from coda.server.schemas import ResponseFormat
+from coda.server.tool_results import check_anthropic_results
+
+# NOTE: Anthropic's effort levels (the SDK's OutputConfigParam)
+EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
+_CONFIG_KEYS = frozenset({"format", "effort"})
+_FORMAT_KEYS = frozenset({"type", "schema"})
+
+
+def _bad(field: str, what: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{field}: {what}", field=field)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn after merging: its role, its content (a string when it is one message of
+    string content, else the blocks of every message in order), the index of its first
+    message in the request, and where each block came from (message index, block index)."""
+
+    role: str
+    content: str | list[dict[str, Any]]
+    first: int
+    merged: bool = False
+    origins: tuple[tuple[int, int], ...] = ()
+
+
+def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _origins(i: int, content: str | list[dict[str, Any]]) -> tuple[tuple[int, int], ...]:
+    return ((i, 0),) if isinstance(content, str) else tuple((i, j) for j in range(len(content)))
+
+
+def merge_turns(messages: Sequence[Any]) -> list[Turn]:
+    """Consecutive messages of the same role as one turn, their blocks in order (a string
+    content is one text block)."""
+    turns: list[Turn] = []
+    for i, m in enumerate(messages):
+        if turns and turns[-1].role == m.role:
+            last = turns[-1]
+            turns[-1] = Turn(last.role, _blocks(last.content) + _blocks(m.content), last.first,
+                             True, last.origins + _origins(i, m.content))
+        else:
+            turns.append(Turn(m.role, m.content, i, origins=_origins(i, m.content)))
+    return turns
+
+
+_TURN_PATH = re.compile(r"messages\.(\d+)(\.content\.(\d+))?")
+
+
+def request_path(turns: Sequence[Turn], text: str) -> str:
+    """``text`` (an error's field or message) with each path into the merged turns
+    (``messages.K.content.J``) as the request's own (the message and block sent)."""
+    def one(m: re.Match[str]) -> str:
+        turn = turns[int(m.group(1))]
+        if m.group(3) is None:
+            return f"messages.{turn.first}"
+        i, j = turn.origins[int(m.group(3))]
+        return f"messages.{i}.content.{j}"
+    return _TURN_PATH.sub(one, text)
+
+
+def check_pairs(messages: Sequence[Any], turns: Sequence[Turn] | None) -> None:
+    """Every ``tool_result`` answers a ``tool_use`` of the turn before it: of the merged
+    turns where some were merged (as Anthropic pairs them), named by the request's paths."""
+    if turns is None:
+        check_anthropic_results(messages)
+        return
+    try:
+        check_anthropic_results(turns)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(request_path(turns, exc.message),
+                                  field=request_path(turns, exc.field or "")) from None
+
+
+def check_server_tools(tools: Sequence[Any] | None) -> None:
+    """A tool with a ``type`` other than ``custom`` is one of Anthropic's server tools: a 400
+    naming ``tools.N.type`` and saying this server does not offer it."""
+    for i, t in enumerate(tools or ()):
+        kind = t.get("type") if isinstance(t, Mapping) else None
+        if kind is None or kind == "custom":
+            continue
+        raise InvalidRequestError(
+            f"tools.{i}.type: the server tool {kind!r} is not offered by this server (Coda "
+            "runs no server tools: web search, web fetch, code execution, bash, text editor "
+            "and computer use are not available); declare a custom tool with name, "
+            "description and input_schema instead", field=f"tools.{i}.type")
+
+
+def _format(fmt: Any, field: str) -> GrammarSpec:
+    if not isinstance(fmt, Mapping):
+        raise _bad(field, "must be an object")
+    unknown = sorted(set(fmt) - _FORMAT_KEYS)
+    if unknown:
+        raise _bad(f"{field}.{unknown[0]}", "Extra inputs are not permitted")
+    if fmt.get("type") != "json_schema":
+        raise _bad(f"{field}.type", f"Input should be 'json_schema' (got {fmt.get('type')!r})")
+    schema = fmt.get("schema")
+    if not isinstance(schema, Mapping):
+        raise _bad(f"{field}.schema", "Field required" if schema is None
+                   else "must be a JSON schema object")
+    grammar = grammar_from_format(ResponseFormat(type="json_schema",
+                                                 json_schema={"schema": dict(schema)}), field)
+    assert grammar is not None
+    return grammar
+
+
+def output_grammar(config: Any, legacy: Any) -> tuple[GrammarSpec | None, str]:
+    """``output_config`` (and the older ``output_format``) → (the grammar, the field it came
+    from), checked as Anthropic checks them (module doc)."""
+    field = "output_config.format"
+    fmt = None
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise _bad("output_config", "must be an object")
+        unknown = sorted(set(config) - _CONFIG_KEYS)
+        if unknown:
+            raise _bad(f"output_config.{unknown[0]}", "Extra inputs are not permitted")
+        effort = config.get("effort")
+        if effort is not None and effort not in EFFORTS:
+            raise _bad("output_config.effort", "Input should be one of "
+                       f"{', '.join(repr(e) for e in sorted(EFFORTS))} (got {effort!r})")
+        fmt = config.get("format")
+    if legacy is not None:
+        if fmt is not None:
+            raise _bad("output_format", "cannot be combined with output_config.format "
+                                        "(output_format is its older spelling)")
+        fmt, field = legacy, "output_format"
+    return (None if fmt is None else _format(fmt, field)), field

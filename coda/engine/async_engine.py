@@ -288,7 +288,7 @@ class AsyncEngine:
                              arrival=time.monotonic(), grammar=grammar, early_stop=controller,
                              closer=closer, speculative=self.speculative,
                              model=self.model_name, model_snapshot=self.model_snapshot)
-        handle = RequestHandle(ereq, self._wake)
+        handle = self.log.open_handle(ereq, self._wake)
         self._track(handle)
         return ereq, handle
 
@@ -345,10 +345,10 @@ class AsyncEngine:
                 fut.set_exception(exc)
 
     def _track(self, handle: RequestHandle) -> None:
-        """Keep ``handle`` reachable by id for ``cancel``. Ended ones are dropped here, when
-        the map has doubled since the last sweep (amortised O(1) per submit), and by
-        ``cancel``: nothing observes the stream from the engine thread (issue 22 step 4)."""
-        self.log.register(handle.stream)
+        """Keep ``handle`` (its stream registered in the log as it was opened) reachable by id
+        for ``cancel``. Ended ones are dropped here, when the map has doubled since the last
+        sweep (amortised O(1) per submit), and by ``cancel``: nothing observes the stream from
+        the engine thread (issue 22 step 4)."""
         with self._live_lock:
             self._live[handle.request_id] = handle
             if len(self._live) >= self._sweep_at:

@@ -146,6 +146,12 @@ class InMemoryStreamLog:
         self._streams: OrderedDict[str, RequestStream] = OrderedDict()
         self._lock = threading.Lock()
 
+    def open_handle(self, run: RequestRun, wake_engine: Callable[[], None]) -> RequestHandle:
+        """The caller's :class:`RequestHandle` on a queued ``run``, its stream registered first
+        so that ``attach`` finds it (P3)."""
+        self.register(run.stream)
+        return RequestHandle(run, wake_engine)
+
     def register(self, stream: RequestStream) -> None:
         with self._lock:
             self._streams[stream.request_id] = stream

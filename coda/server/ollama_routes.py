@@ -133,7 +133,8 @@ class OllamaRenderer(NDJSONRenderer):
                                          "removed_bytes": self.parser.removed_bytes}
         if is_failed(terminal):
             return [*frames, JSONLine(_failed(self.r, terminal, end["coda"]))]
-        return [*frames, JSONLine({**_piece(self.r, self.chat, ""), **end, **done_context(self.r)})]
+        context = {} if self.chat else done_context(self.r)  # NOTE: a chat's done has none
+        return [*frames, JSONLine({**_piece(self.r, self.chat, ""), **end, **context})]
 
 
 def _thinking(st: ServerState, body: OllamaBody, ids: list[int], grammar: bool

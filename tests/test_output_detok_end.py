@@ -10,8 +10,6 @@ tokenizer, so the detokenizer's text and the pieces differ exactly as written.
 
 from __future__ import annotations
 
-import pytest
-
 from coda.finish import FinishReason
 from coda.output import OutputProcessor
 from coda.stream import EventType, RequestStream, TokenInfo
@@ -56,16 +54,12 @@ def test_k2_s2_a_held_tokens_end_is_not_moved_by_a_later_push() -> None:
         (b"a", [101]), (b"a", [101]), (b"a", [101])]
 
 
-@pytest.mark.xfail(strict=True, reason="K2 gap found by the `>` → `>=` mutant: an invalid "
-                   "byte's U+FFFD makes the text longer than the pieces, so the piece count "
-                   "reaches the text's end while the detokenizer still holds the token's "
-                   "last bytes; the token rides one delta early")
 def test_k2_a_token_whose_tail_the_detokenizer_holds_waits_for_its_last_byte() -> None:
     """K2: ``b"\\xff\\xe2\\x82"`` then ``b"\\xac"``: the first push sends U+FFFD (three bytes,
     for ``\\xff``) and holds ``\\xe2\\x82``; the first token's last byte goes out only with
-    ``"€"``, so both tokens ride with the second delta. Today the first rides with U+FFFD
-    (its piece end, 3, equals the text's end); ``_complete``'s ``>`` → ``>=`` gives the right
-    answer here, which is why it survived. Strict: a fix (or that mutant) makes it pass."""
+    ``"€"``, so both tokens ride with the second delta. It rode with U+FFFD while the piece
+    count decided (its piece end, 3, equals the text's end); now the detokenizer's held
+    tokens do (``held_tokens``, coda.token_ends)."""
     table = {101: b"\xff\xe2\x82", 102: b"\xac"}
     assert _deltas(table, [(101, b"\xff\xe2\x82"), (102, b"\xac")]) == [
         ("\ufffd".encode(), []), ("€".encode(), [101, 102])]

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from coda.finish import FinishReason
 from coda.server.logprobs import reported_trailing
+from tests.conftest import examples
 from tests.test_k2_entry_timing import _run
 
 # NOTE: whole characters, invalid bytes, and characters whose bytes the split cuts apart
@@ -60,7 +61,7 @@ def _kept(whole: bytes, text: bytes, start: int, end: int, sent: int) -> int:
     return best - start
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_cases())
 def test_k2_every_entry_rides_with_the_delta_that_sends_its_last_byte(
         case: tuple[list[bytes], tuple[str, ...], bool]) -> None:

@@ -1,11 +1,13 @@
 """Which delta carries a token whose piece is not its text (SPEC K2, S2; coda.output's
-``_note_detok_end`` and ``_complete``): a token goes with the delta that sends its last byte.
-Its end is counted in piece bytes, or — once the detokenizer held nothing after it — in
-detokenized bytes, which is what decides where a piece is longer than the text it gives (a
-decoder that drops bytes, e.g. SentencePiece's stripped first space). These are the cases the
-mutation run of 2026-12-04 left alive (docs/testing.md, ``output.py``); the pieces are given
-directly, as the engine would report them (``TokenInfo.piece``), over a scripted byte-level
-tokenizer, so the detokenizer's text and the pieces differ exactly as written.
+``_note_detok_end`` and ``_complete``, coda.token_ends): a token goes with the delta that sends
+its last byte. Its end is set once the detokenizer holds none of its bytes
+(``IncrementalDetokenizer.held_tokens``), where its pieces, decoded, meet the detokenized text;
+where they do not (a decoder that drops bytes, e.g. SentencePiece's stripped first space, or
+pieces written longer than their text here), at the end of the text released so far. The
+first cases are the ones the mutation run of 2026-12-04 left alive (docs/testing.md,
+``output.py``); the pieces are given directly, as the engine would report them
+(``TokenInfo.piece``), over a scripted byte-level tokenizer, so the detokenizer's text and
+the pieces differ exactly as written.
 """
 
 from __future__ import annotations
@@ -35,10 +37,8 @@ def _deltas(table: dict[int, bytes], script: list[tuple[int, bytes]],
 def test_k2_every_token_of_a_split_character_gets_its_detokenized_end() -> None:
     """K2: ``"€"`` in three byte tokens, the first piece two bytes longer than its text (a
     decoder that drops them): the detokenizer holds the first two, the third completes the
-    character, and all three ends are set at once, so all three ride with ``"€"`` (kills
-    ``_note_detok_end``'s ``i -= 1`` → ``pass`` / ``i -= 2``: the first two would wait, the
-    second past the end). With a piece at most one byte longer (a stripped first space) the
-    piece count alone already decides these tokens (docs/testing.md)."""
+    character, and all three ends are set at once, so all three ride with ``"€"`` (the pieces
+    do not decode to the text: each ends where the released text ends)."""
     table = {101: b"\xe2", 102: b"\x82", 103: b"\xac"}
     assert _deltas(table, [(101, b"  \xe2"), (102, b"\x82"), (103, b"\xac")]) == [
         ("€".encode(), [101, 102, 103])]
@@ -48,7 +48,7 @@ def test_k2_s2_a_held_tokens_end_is_not_moved_by_a_later_push() -> None:
     """K2, S2: SentencePiece's stripped first space (piece ``" a"``, text ``"a"``) and stop
     ``"a."``: each ``"a"`` is held until the next one rules the stop out. The first token's
     detokenized end (1) was set at its own push; the next push must not move it to 2, or its
-    entry would wait a delta (kills ``_note_detok_end``'s ``and`` → ``or``)."""
+    entry would wait a delta."""
     table = {101: b"a"}
     assert _deltas(table, [(101, b" a"), (101, b"a"), (101, b"a")], ("a.",)) == [
         (b"a", [101]), (b"a", [101]), (b"a", [101])]

@@ -81,6 +81,7 @@ class TokenEnds:
         """An id sequence's own bytes and last ``tokens`` tokens are gone (S1, S3)."""
         del self._out[max(out_end - self._o0, 0):]
         self._o0 = min(self._o0, out_end)
+        self._marks = [m for m in self._marks if m[0] + m[2] <= out_end]  # NOTE: gone bytes
         drop = min(tokens, len(self._held))
         if drop:
             del self._held[len(self._held) - drop:]

@@ -256,12 +256,19 @@ class IncrementalDetokenizer:
         self._base = len(self._text)  # NOTE: chars of the window text that are prompt, not output
         self._any_rendered = self._has_context(len(self._window))
         self._output_rendered = False  # NOTE: has an output token rendered anything yet?
+        self._held_tokens = 0
 
     # ---- public API -------------------------------------------------------------------------
     @property
     def pending(self) -> bytes:
         """Undecoded bytes held back (K1): an incomplete character or an open byte-token run."""
         return self._pending
+
+    @property
+    def held_tokens(self) -> int:
+        """How many of the last pushed output tokens own bytes of :attr:`pending` (K2: their
+        last byte is not out yet; the earlier ones' all are)."""
+        return self._held_tokens
 
     def push(self, token_id: int) -> bytes:
         """Add one selected id; return the new bytes that are now final (whole characters, K3)."""
@@ -275,6 +282,9 @@ class IncrementalDetokenizer:
         self._window.append(token_id)
         text = self._text = self._tok.decode(self._window, skip_special_tokens=self._skip)
         stable = len(text) - self._analyse_tail()
+        # NOTE: before a window cut, which leaves _tail_index stale
+        self._held_tokens = (min(len(self._window) - self._tail_index, self._count)
+                             if self._pending else 0)
         if self._boundary is not None:
             self._rebase(text)
         out = ""
@@ -293,6 +303,7 @@ class IncrementalDetokenizer:
             pending = b""  # NOTE: a residue of the prompt alone is context, not output (K3)
         self._emitted = len(self._text)
         self._pending = b""
+        self._held_tokens = 0
         invalid = self._mode is ByteMode.BYTE_LEVEL and bool(pending)
         if pending and not invalid:
             # NOTE: a byte-fallback run is final only if it is valid UTF-8 on its own.
@@ -344,6 +355,7 @@ class IncrementalDetokenizer:
         dropped = self._pending
         self._emitted = len(self._text)
         self._pending = b""
+        self._held_tokens = 0
         if dropped:
             self.removed_spans.append(RemovedSpan(-1, -1, "pending_discarded", dropped))
         return dropped

@@ -50,7 +50,8 @@ from coda.errors import DecodingError
 from coda.finish import FinishReason
 from coda.reasoning import Phase, ReasoningSpec, ReasoningSplit, ReasoningSplitter
 from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
-from coda.stream import RequestStream, TokenInfo, cut_to_text, shown_bytes
+from coda.stream import RequestStream, TokenInfo, cut_to_text, shown_bytes, shown_piece
+from coda.token_ends import TokenEnds
 from coda.trace import TraceHandle, TraceSink
 
 # A grammar hook answers "must the output end now?" after the token was consumed: True
@@ -149,10 +150,10 @@ class OutputProcessor:
         self._stream = bytearray()            # bytes pushed but not yet sent (see module doc)
         self._sent_off = 0                    # stream offset of self._stream[0]
         self._pending_tokens: list[TokenInfo] = []  # selected, no delta carried them yet
-        # K2: per pending token, where its shown bytes end: [in pieces (``_pieces`` after it),
-        # in detokenized bytes (``_visible`` once the detokenizer held nothing), or None]
-        self._pending_ends: list[tuple[int, int | None]] = []
-        self._pieces = 0      # shown bytes of the pieces of every token appended to pending
+        # K2: per pending token, the detokenized offset after its last byte (coda.token_ends),
+        # None while the detokenizer holds some of its bytes
+        self._pending_ends: list[int | None] = []
+        self._token_ends = TokenEnds()
         self._shown = 0       # bytes the pieces of the tokens sent so far add to the text (K2)
         self._cutting = False  # a stop hit: the last delta's tokens are cut to the text (S3)
         # last pending tokens that may be a stop's own (an id sequence's held ids; after the
@@ -209,9 +210,9 @@ class OutputProcessor:
         if token_id in self.spec.eos_token_ids and not self.spec.ignore_eos:
             self._eos_token = info  # NOTE: never attached to a delta; reported as trailing
             return FinishReason.EOS
-        self._pieces += shown_bytes(info, self.spec.skip_special_tokens)
+        self._token_ends.push(shown_piece(info, self.spec.skip_special_tokens))
         self._pending_tokens.append(info)
-        self._pending_ends.append((self._pieces, None))
+        self._pending_ends.append(None)
         # NOTE: issue 20 D6: a stop completing before token min_tokens is ordinary output
         if not self._armed and t >= self.spec.min_tokens:
             self._armed, self._armed_at = True, self.stops.consumed_bytes
@@ -361,6 +362,7 @@ class OutputProcessor:
         # NOTE: the sequence's bytes are gone: what the fork drains below starts at ``upto``
         # (a byte run closed by the sequence's first id was counted from there already)
         self._visible = upto + self._answer_base
+        self._token_ends.rewind(self._visible, k)
         det = self.detok
         if k > 1:
             det, self.stops, self._tag_tail = self._forks[-(k - 1)]
@@ -372,6 +374,8 @@ class OutputProcessor:
         self.detok.discard_pending()
         self._forks.clear()
         self._hit_cut = cut  # NOTE: recorded by the drain, where the trace expects it (K3)
+        self._token_ends.output(text)
+        self._note_detok_end(0, fallback=not cut)
         hit = None
         if text:
             # NOTE: L6, K2: bytes drained here are output of the tokens before the sequence,
@@ -416,6 +420,8 @@ class OutputProcessor:
                 self._drop_tail(self._hit_cut)
             return reason
         tail = self._finish_detokenizer(reason)
+        self._token_ends.output(tail)
+        self._note_detok_end(0, fallback=not self.dropped_tail)
         if self.splitter is not None and self.splitter.phase is not Phase.ANSWER:
             if self._reasoning_push(tail, final=True):
                 return FinishReason.STOP_SEQUENCE
@@ -469,19 +475,18 @@ class OutputProcessor:
         data = self.detok.push(token_id)
         if data:
             self._note_visible(data)
-        self._note_detok_end()
+        self._token_ends.output(data)
+        self._note_detok_end(self.detok.held_tokens)
         return data
 
-    def _note_detok_end(self) -> None:
-        """K2: the detokenizer holds nothing: the pending tokens' bytes all end by now (in
-        detokenized bytes; the piece count can differ from the text, e.g. a SentencePiece
-        first token's stripped space)."""
-        if not self.detok.pending:
-            ends = self._pending_ends
-            i = len(ends) - 1
-            while i >= 0 and ends[i][1] is None:  # NOTE: the unset ones are the last ones
-                ends[i] = (ends[i][0], self._visible)
-                i -= 1
+    def _note_detok_end(self, held: int, *, fallback: bool = True) -> None:
+        """K2: every token but the last ``held`` has its last byte out of the detokenizer: set
+        where it ends in the detokenized bytes (coda.token_ends; ``fallback`` False: a tail
+        cut off at the end, whose tokens keep no end)."""
+        ends = self._token_ends.release(held, fallback=fallback)
+        if ends:
+            i = self._pending_ends.index(None)  # NOTE: the unset ones are the last ones
+            self._pending_ends[i:i + len(ends)] = ends
 
     def _note_visible(self, data: bytes) -> None:
         """L6: ``data`` is one token's first visible bytes; the token counts as returned once
@@ -591,7 +596,8 @@ class OutputProcessor:
         if self._cutting:
             # NOTE: K2: the tokens' bytes end where the text ends (coda.stream.cut_to_text);
             # the stop's own tokens stay the terminal's trailing ones (never reported, S3)
-            kept = cut_to_text(self._pending_tokens, text_end - self._shown, skip)
+            budget = self._token_ends.piece_at(text_end, text_end) - self._shown
+            kept = cut_to_text(self._pending_tokens, budget, skip)
             tokens, n = kept, len(kept)
             self._own = len(self._pending_tokens) - n  # NOTE: the rest are the stop's own
         else:
@@ -615,10 +621,11 @@ class OutputProcessor:
         wait (S1)."""
         n = 0
         mine = max(len(self._pending_ends) - self._own, 0)
-        for piece_end, detok_end in self._pending_ends[:mine]:
-            if piece_end > text_end and (detok_end is None or detok_end > text_end):
+        for end in self._pending_ends[:mine]:
+            if end is None or end > text_end:
                 break
             n += 1
+        self._token_ends.forget_before(text_end)
         return n
 
     def _report_cut(self) -> None:
@@ -630,7 +637,8 @@ class OutputProcessor:
         # the durable log, the trace); the terminal's trailing tokens already reach every
         # renderer's final chunk, and every selected token stays in a delta or the terminal
         eligible = self._pending_tokens[:max(len(self._pending_tokens) - self._own, 0)]
-        budget = self.emitted_bytes + self._removed - self._shown
+        sent = self.emitted_bytes + self._removed
+        budget = self._token_ends.piece_at(sent, sent) - self._shown
         kept = cut_to_text(eligible, budget, self.spec.skip_special_tokens)
         self._pending_tokens[:len(kept)] = kept
         self.trailing_shown = len(kept)

@@ -1,6 +1,6 @@
 """Billing a request whose model worker dies mid-stream (SPEC L2, L6, D5; issue 23 item 1).
 
-The parent ends such a request itself (``coda.engine.process_engine.end_failed``). Its usage must
+The parent ends such a request itself (``coda.engine.local_end.end_failed``). Its usage must
 count what the worker's engine counted (L6; D5: committed tokens are billed in every case): the
 tokens the client was shown *and* those the worker had selected but held back — here by a
 partial stop-id sequence, whose ids never reach a delta until the sequence breaks or completes.
@@ -107,7 +107,7 @@ def test_local_usage_takes_returned_tokens_only_from_a_report_of_the_same_bytes_
     """The parent's rule (process_engine module docstring): selected/processed counts from the
     last report, never fewer selected than the deltas carried; returned tokens from a report
     whose returned bytes are the deltas' bytes, else the deltas' tokens; bytes always local."""
-    from coda.engine.process_engine import local_usage
+    from coda.engine.local_end import local_usage
 
     stream = RequestStream("r")
     stream.start("m")

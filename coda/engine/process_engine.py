@@ -13,25 +13,11 @@ Exactly one terminal per request, whatever happens to the process:
   terminal carrying the engine's error code and message;
 - the process dies (a crash, an OOM kill, SIGKILL) → the pipe closes → every request still
   open on it ends FAILED ``model_error`` naming the model and how the process ended, billed
-  as below (:func:`end_failed`).
+  as in :func:`coda.engine.local_end.end_failed`.
 
-Billing a request the worker died under (L6, D5 "committed tokens are billed in every case").
-The worker's engine would have billed every token it selected, including those no delta
-carried yet (held back by a stop string or a partial stop-id sequence, bytes the detokenizer
-still held, a token selected after the last delta); the parent sees only deltas. So with each
-batch of events, and every ``process_worker._REPORT_S`` (20 ms) while tokens move no event,
-the worker sends the request's counts (:meth:`coda.request.RequestRun.live_usage`), and the
-local ending bills:
-
-- ``returned_bytes``: the bytes of the deltas that reached the parent (what the client got);
-- ``returned_tokens``: the worker's count as of exactly those bytes (its report's returned
-  bytes equal them; a report that does not match falls back to the tokens the deltas carried);
-- ``selected_tokens``, ``processed_*``, ``cached_prompt_tokens``: the worker's last report —
-  the tokens the client was shown plus those generated and held — and never fewer selected
-  tokens than the deltas carried.
-
-Exact up to the worker's last message: a token selected after it (at most about 20 ms
-before the death) is known to no surviving process and is not billed.
+Billing a request the worker died under (L6, D5): :mod:`coda.engine.local_end`, from the
+counts the worker reports with each batch of events and every ``process_worker._REPORT_S``
+while tokens move no event.
 
 ``close`` refuses a second terminal, so whichever comes first is the one; nothing is appended
 after it. Cancel goes to the worker by id; the worker's engine ends the request (C1).
@@ -51,6 +37,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from coda.engine.local_end import end_failed
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import (
     CodaError,
@@ -59,16 +46,12 @@ from coda.errors import (
     ErrorCode,
     InvalidRequestError,
 )
-from coda.finish import CancelCause, FinishReason, Usage
-from coda.lifecycle import State
+from coda.finish import CancelCause, Usage
 from coda.stream import (
     BackpressureConfig,
-    EventType,
     RequestStream,
     StreamClosed,
     StreamEvent,
-    Terminal,
-    Timings,
 )
 
 log = logging.getLogger("coda.engine")
@@ -108,59 +91,6 @@ class WorkerCopy(RequestStream):
         if seq > self.acked_to_worker:
             self.acked_to_worker = seq
             self.on_ack(self.request_id, seq)
-
-
-def local_usage(prompt_tokens: int, evs: list[StreamEvent], reported: Usage | None) -> Usage:
-    """What a request ended here bills (the module docstring): the deltas ``evs`` hold, and
-    the worker's last ``reported`` counts (None: no report came)."""
-    committed = sum(len(e.tokens) for e in evs if e.type is EventType.DELTA)
-    shown = sum(len(e.data) for e in evs)
-    if reported is None:
-        return Usage(prompt_tokens=prompt_tokens, selected_tokens=committed,
-                     processed_output_tokens=committed, returned_tokens=committed,
-                     returned_bytes=shown)
-    returned = reported.returned_tokens if reported.returned_bytes == shown else committed
-    return Usage(prompt_tokens=prompt_tokens, cached_prompt_tokens=reported.cached_prompt_tokens,
-                 selected_tokens=max(reported.selected_tokens, committed),
-                 processed_prompt_tokens=reported.processed_prompt_tokens,
-                 processed_output_tokens=reported.processed_output_tokens,
-                 returned_tokens=returned, returned_bytes=shown)
-
-
-def end_locally(stream: RequestStream, model: str, prompt_tokens: int, terminal: Terminal,
-                reported: Usage | None = None) -> bool:
-    """Close ``stream`` here with ``terminal`` (after a start event if it has none), billing
-    :func:`local_usage`; False when it already had its terminal (L2: one ending)."""
-    try:
-        if stream.last_seq < 0:
-            stream.start(model)
-        evs = stream.events_after(-1)
-        usage = local_usage(prompt_tokens, evs, reported)
-        stream.close(Terminal(terminal.state, terminal.finish_reason, usage,
-                              terminal.error_code, terminal.error_message,
-                              timings=terminal.timings,
-                              model_snapshot=evs[0].model_snapshot if evs else None))
-        return True
-    except StreamClosed:
-        return False
-
-
-def end_failed(stream: RequestStream, model: str, prompt_tokens: int, message: str,
-               code: ErrorCode = ErrorCode.MODEL_ERROR, waited_s: float = 0.0,
-               reported: Usage | None = None) -> bool:
-    """End ``stream`` FAILED ``model_error`` (L5) with ``code`` and ``message``; ``reported``:
-    the worker's last billing report, if it ran the request."""
-    return end_locally(stream, model, prompt_tokens, Terminal(
-        State.FAILED, FinishReason.MODEL_ERROR, Usage(), code, message,
-        timings=Timings(queue_s=waited_s, total_s=waited_s)), reported)
-
-
-def end_cancelled(stream: RequestStream, model: str, prompt_tokens: int,
-                  reason: FinishReason, waited_s: float = 0.0) -> bool:
-    """End ``stream`` CANCELLED with ``reason`` (a cancel cause's, or ``deadline_exceeded``)
-    before any engine saw it."""
-    return end_locally(stream, model, prompt_tokens, Terminal(
-        State.CANCELLED, reason, Usage(), timings=Timings(queue_s=waited_s, total_s=waited_s)))
 
 
 def rebuild_error(kind: str, code: str, message: str, field: str | None) -> Exception:

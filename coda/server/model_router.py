@@ -41,12 +41,8 @@ from typing import Any
 
 import tokenizers
 
-from coda.engine.process_engine import (
-    WorkerCopy,
-    WorkerProcess,
-    end_cancelled,
-    end_failed,
-)
+from coda.engine.local_end import end_cancelled, end_failed
+from coda.engine.process_engine import WorkerCopy, WorkerProcess
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause, FinishReason

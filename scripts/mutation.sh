@@ -28,6 +28,7 @@ declare -A TESTS=(
   [stream]="tests/test_stream.py tests/test_request_run.py tests/test_resources.py tests/test_reader.py tests/test_stop_cut_tokens.py"
   [reader]="tests/test_reader.py tests/test_stream.py"
   [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py tests/test_step_stops_fallback.py tests/test_reasoning_split.py tests/test_utf8_tail_auto.py tests/test_stop_cut_tokens.py tests/test_output_mutants.py tests/test_k2_entry_timing.py tests/test_output_detok_end.py tests/test_k2_last_byte_oracle.py"
+  [token_ends]="tests/test_k2_last_byte_oracle.py tests/test_output_detok_end.py tests/test_k2_entry_timing.py tests/test_stop_cut_tokens.py tests/test_output_mutants.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
   [early_stop]="tests/test_early_stop.py tests/test_early_stop_bounds.py"
   [engine/plan]="tests/test_plan.py tests/test_plan_fields.py tests/test_plan_types.py tests/test_one_budget_name.py"

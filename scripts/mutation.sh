@@ -24,7 +24,7 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 declare -A TESTS=(
   [lifecycle]="tests/test_lifecycle.py tests/test_request_run.py"
   [stops]="tests/test_stops.py tests/test_step_stops.py"
-  [detokenizer]="tests/test_detokenizer.py tests/test_detokenizer_eager.py tests/test_detokenizer_cut.py tests/test_logprob_pieces.py tests/test_utf8_tail_auto.py tests/test_step_stops.py"
+  [detokenizer]="tests/test_detokenizer.py tests/test_detokenizer_held.py tests/test_detokenizer_eager.py tests/test_detokenizer_cut.py tests/test_logprob_pieces.py tests/test_utf8_tail_auto.py tests/test_step_stops.py"
   [stream]="tests/test_stream.py tests/test_request_run.py tests/test_resources.py tests/test_reader.py tests/test_stop_cut_tokens.py"
   [reader]="tests/test_reader.py tests/test_stream.py"
   [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py tests/test_step_stops_fallback.py tests/test_reasoning_split.py tests/test_utf8_tail_auto.py tests/test_stop_cut_tokens.py tests/test_output_mutants.py tests/test_k2_entry_timing.py tests/test_output_detok_end.py tests/test_k2_last_byte_oracle.py"

@@ -1,7 +1,7 @@
 """``IncrementalDetokenizer.held_tokens`` (K2): how many of the last pushed output tokens own
 bytes the detokenizer still holds, the count :mod:`coda.token_ends` reads to keep a token's
 entry until its last byte is out. Pinned here directly (the output processor's tests reach it
-only through whole deltas), on a byte-fallback tokenizer's ``日`` (E6 97 A5) split into its
+only through whole deltas), on a byte-fallback tokenizer's ``日`` (bytes 0xe6 0x97 0xa5) split into its
 byte tokens."""
 
 from __future__ import annotations

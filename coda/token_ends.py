@@ -107,7 +107,7 @@ class TokenEnds:
         ends: list[int | None] = []
         # NOTE: over every piece: a held token's bytes may complete a released one's character
         spans = _spans(bytes(self._pieces))
-        same = _common(bytes(self._pieces).decode("utf-8", "replace").encode(), self._out)
+        same = self._matched()
         k = 0
         p_done = o_done = 0  # NOTE: relative to _p0/_o0: matched characters attributed
         for end in self._held[:n]:
@@ -138,13 +138,17 @@ class TokenEnds:
         self._o0 += o_done
         return ends
 
+    def _matched(self) -> int:
+        """Output bytes past ``_o0`` that the unattributed pieces, decoded lossily, agree with."""
+        return _common(bytes(self._pieces).decode("utf-8", "replace").encode(), self._out)
+
     def piece_at(self, out: int, default: int) -> int:
         """The piece offset where output offset ``out`` ends, where known exactly (a stop's
         cut, S3; held tokens' characters too); else ``default``."""
         for o, p, size in reversed(self._marks):
             if o <= out <= o + size:
                 return p + out - o
-        same = _common(bytes(self._pieces).decode("utf-8", "replace").encode(), self._out)
+        same = self._matched()
         for p, o in _spans(bytes(self._pieces)):
             if o > same or self._o0 + o > out:
                 break

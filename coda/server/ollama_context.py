@@ -53,9 +53,7 @@ def output_ids(stream: RequestStream) -> list[int]:
 
 def done_context(record: Record) -> dict[str, list[int]]:
     """A generate's done object's ``context`` field: the prompt's ids, then the output's (a
-    chat's done object has none, as Ollama's)."""
+    chat's done object has none, as Ollama's: its callers never ask)."""
     spec = record.spec
-    assert isinstance(spec, OllamaRender)
-    if spec.chat:
-        return {}
+    assert isinstance(spec, OllamaRender) and not spec.chat
     return {"context": [*spec.prompt_ids, *output_ids(record.handles[0].stream)]}

@@ -25,7 +25,7 @@ from coda.errors import BackpressureOverflowError, CodaError, DecodingError, Err
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import Lifecycle, Release, ResourceKind, State
 from coda.output import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
-from coda.stream import BackpressureConfig, RequestStream, Terminal, Timings, TokenInfo
+from coda.stream import BackpressureConfig, PhaseTimes, RequestStream, Terminal, TokenInfo
 from coda.trace import TraceHandle, TraceSink
 
 MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.RNG_STATE)
@@ -222,7 +222,7 @@ class RequestRun:
         terminal = Terminal(
             state=state, finish_reason=reason, usage=self.usage(), error_code=code,
             error_message=message, stop=proc.hit if proc is not None else None,
-            timings=self.timings(),
+            **self.timings(),
             trailing_tokens=proc.trailing_tokens() if proc is not None else (),
             trailing_shown=proc.trailing_shown if proc is not None else 0,
             early_stop=self.early_stop_summary,
@@ -265,10 +265,11 @@ class RequestRun:
         mark = proc.sent_mark if proc else (0, 0)
         return replace(self.usage(), returned_tokens=mark[1], returned_bytes=mark[0])
 
-    def timings(self) -> Timings:
+    def timings(self) -> PhaseTimes:
+        """The P5 phase times so far (the terminal's ``*_s`` fields at the end)."""
         end = self.ended_at or time.monotonic()
         pre, dec = self.prefill_started, self.decode_started
-        return Timings(
+        return PhaseTimes(
             queue_s=((pre or end) - self.arrival),
             prefill_s=((dec or end) - pre) if pre is not None else 0.0,
             decode_s=(end - dec) if dec is not None else 0.0,

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from coda.errors import BackpressureOverflowError, ErrorCode
 from coda.finish import FINISH_REASON_VERSION, FinishReason, Usage
@@ -100,21 +100,24 @@ def cut_to_text(tokens: Sequence[TokenInfo], budget: int,
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Timings:
-    """Seconds spent in each phase (P5); network send is measured by the transport."""
+class PhaseTimes(TypedDict):
+    """A terminal's P5 phase times as one group (:meth:`Terminal.timings`): the wire's
+    ``coda.timings`` object and the durable log's record; a type only, the values live on the
+    terminal."""
 
-    queue_s: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    stop_buffer_s: float = 0.0
-    first_token_s: float | None = None  # arrival -> first selected token
-    total_s: float = 0.0
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+    stop_buffer_s: float
+    first_token_s: float | None
+    total_s: float
 
 
 @dataclass(frozen=True)
 class Terminal:
-    """What the single terminal event says (P1, L4, L6)."""
+    """What the single terminal event says (P1, L4, L6, P5): the one record of how a request
+    ended — its state and reason, what it counted (``usage``) and how long each phase took
+    (P5, the ``*_s`` fields; network send is measured by the transport)."""
 
     state: State
     finish_reason: FinishReason
@@ -122,7 +125,13 @@ class Terminal:
     error_code: ErrorCode | None = None
     error_message: str | None = None
     stop: StopHit | None = None
-    timings: Timings = field(default_factory=Timings)
+    # P5: seconds in each phase (issue 22: on the terminal itself, no object of their own)
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    stop_buffer_s: float = 0.0
+    first_token_s: float | None = None  # arrival -> first selected token
+    total_s: float = 0.0
     # Tokens selected after the last delta whose bytes never reached a delta (held, EOS, stop).
     trailing_tokens: tuple[TokenInfo, ...] = ()
     # seed 004 (D2): the early-stop decision — committed tokens and the saved upper bound
@@ -147,6 +156,12 @@ class Terminal:
     # delta's at a stop): a token whose first bytes a delta sent before a stop string that
     # starts inside it. Reported even when the end is a stop or EOS (coda.server.logprobs).
     trailing_shown: int = 0
+
+    def timings(self) -> PhaseTimes:
+        """The P5 phase times as one group (``coda.timings`` on the wire, the durable log)."""
+        return PhaseTimes(queue_s=self.queue_s, prefill_s=self.prefill_s,
+                          decode_s=self.decode_s, stop_buffer_s=self.stop_buffer_s,
+                          first_token_s=self.first_token_s, total_s=self.total_s)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
 from coda.output import EarlyStopHook, EarlyStopVerdict, OutputProcessor, OutputSpec
 from coda.request import MODEL_RESOURCES, RequestRun
-from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream, Timings, TokenInfo
+from coda.stream import BackpressureConfig, BackpressurePolicy, PhaseTimes, RequestStream, TokenInfo
 from coda.trace import ListTraceSink, check_trace
 from tests.reference_loop import generate
 from tests.scripted import (
@@ -157,9 +157,9 @@ def test_l7_p5_a_failure_discards_held_output_and_closes_the_stop_buffer(
     run = generate([1, 2], _spec(stop_strings=("Bxy",)), model, ScriptedChooser(), TOK)
     t = run.stream.terminal
     assert t is not None and t.state is State.FAILED and t.error_code is ErrorCode.MODEL_ERROR
-    assert run.stream.text() == "A" and t.timings.stop_buffer_s == 2.0
+    assert run.stream.text() == "A" and t.stop_buffer_s == 2.0
     clock.now += 10.0
-    assert run.timings() == t.timings
+    assert run.timings() == t.timings()
 
 
 # ---------------------------------------------------------------------------------- L6
@@ -167,7 +167,7 @@ def test_l6_p5_a_live_run_without_model_work_counts_nothing() -> None:
     """L6, P5: read while live (before prefill), a run reports zero usage beyond its prompt,
     zero phase times and no cancel moments; so does the terminal of a run whose deadline
     passed before prefill."""
-    seen: list[tuple[Usage, Timings, tuple[object, ...]]] = []
+    seen: list[tuple[Usage, PhaseTimes, tuple[object, ...]]] = []
 
     def look(run: RequestRun) -> None:
         seen.append((run.usage(), run.timings(), (run.cancel_requested_at,
@@ -179,9 +179,9 @@ def test_l6_p5_a_live_run_without_model_work_counts_nothing() -> None:
     assert usage == Usage(prompt_tokens=2) and moments == (None, None, None, None)
     t = run.stream.terminal
     assert t is not None and t.finish_reason is FinishReason.DEADLINE_EXCEEDED
-    for timings in (tm, t.timings):
-        assert (timings.prefill_s, timings.decode_s, timings.stop_buffer_s,
-                timings.first_token_s) == (0.0, 0.0, 0.0, None)
+    for timings in (tm, t.timings()):
+        assert (timings["prefill_s"], timings["decode_s"], timings["stop_buffer_s"],
+                timings["first_token_s"]) == (0.0, 0.0, 0.0, None)
     assert t.usage == Usage(prompt_tokens=2)
 
 
@@ -193,11 +193,11 @@ def test_l6_p5_a_run_without_a_processor_counts_only_its_prompt() -> None:
     stream = RequestStream("r")
     run = RequestRun("r", stream, sink, prompt_tokens=3)
     stream.start("m")
-    assert run.usage() == Usage(prompt_tokens=3) and run.timings().stop_buffer_s == 0.0
+    assert run.usage() == Usage(prompt_tokens=3) and run.timings()["stop_buffer_s"] == 0.0
     run.lifecycle.transition(State.QUEUED)
     run.finish(FinishReason.EOS)
     t = stream.terminal
-    assert t is not None and t.usage == Usage(prompt_tokens=3) and t.timings.stop_buffer_s == 0.0
+    assert t is not None and t.usage == Usage(prompt_tokens=3) and t.stop_buffer_s == 0.0
 
 
 def test_c1_a_cancel_observed_after_the_terminal_is_refused_and_records_nothing() -> None:

@@ -130,7 +130,7 @@ def test_p5_stop_buffer_is_the_sum_of_the_held_periods(
     run = _timed(script, monkeypatch, stop_strings=stops)
     t = run.stream.terminal
     assert t is not None and run.stream.text() == text
-    assert t.timings.stop_buffer_s == held_steps
+    assert t.stop_buffer_s == held_steps
 
 
 def test_p5_c2_stop_buffer_ends_when_a_cancel_discards_the_held_bytes(
@@ -142,7 +142,7 @@ def test_p5_c2_stop_buffer_ends_when_a_cancel_discards_the_held_bytes(
                  on_created=box.append, hooks={2: lambda: box[0].request_cancel()})
     t = run.stream.terminal
     assert t is not None and t.finish_reason is FinishReason.CANCELLED
-    assert run.stream.text() == "A" and t.timings.stop_buffer_s == 2.0
+    assert run.stream.text() == "A" and t.stop_buffer_s == 2.0
 
 
 # ---------------------------------------------------------------------------- D2, D6

@@ -93,12 +93,11 @@ def print_terminal(t: Terminal) -> None:
     if t.error_message:
         typer.secho(f"error: {t.error_code} {t.error_message}", fg="red", err=True)
     typer.echo(f"usage: {json.dumps(t.usage.to_dict())}", err=True)
-    tm = t.timings
-    ttft = f"{tm.first_token_s * 1000:.1f}" if tm.first_token_s is not None else "-"
-    typer.echo(f"timings: queue {tm.queue_s * 1000:.1f} ms · prefill "
-               f"{tm.prefill_s * 1000:.1f} ms · decode {tm.decode_s * 1000:.1f} ms · "
-               f"stop-buffer {tm.stop_buffer_s * 1000:.1f} ms · ttft {ttft} ms · "
-               f"{t.usage.selected_tokens / max(tm.decode_s, 1e-9):.1f} tok/s",
+    ttft = f"{t.first_token_s * 1000:.1f}" if t.first_token_s is not None else "-"
+    typer.echo(f"timings: queue {t.queue_s * 1000:.1f} ms · prefill "
+               f"{t.prefill_s * 1000:.1f} ms · decode {t.decode_s * 1000:.1f} ms · "
+               f"stop-buffer {t.stop_buffer_s * 1000:.1f} ms · ttft {ttft} ms · "
+               f"{t.usage.selected_tokens / max(t.decode_s, 1e-9):.1f} tok/s",
                err=True)
 
 

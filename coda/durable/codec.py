@@ -28,7 +28,6 @@ import base64
 import json
 import struct
 import threading
-from dataclasses import asdict
 from typing import Any
 
 import msgpack
@@ -38,7 +37,7 @@ from coda.finish import FinishReason, Usage
 from coda.lifecycle import State
 from coda.reasoning import ReasoningSplit
 from coda.stops import StopHit
-from coda.stream import EventType, StreamEvent, Terminal, Timings, TokenInfo
+from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
 
 
 def _tokens(tokens: tuple[TokenInfo, ...]) -> list[list[Any]]:
@@ -68,7 +67,7 @@ def _terminal(t: Terminal) -> dict[str, Any]:
     return {"state": t.state.value, "finish_reason": t.finish_reason.value,
             "usage": t.usage.to_dict(),
             "error_code": t.error_code.value if t.error_code is not None else None,
-            "error_message": t.error_message, "stop": stop, "timings": asdict(t.timings),
+            "error_message": t.error_message, "stop": stop, "timings": dict(t.timings()),
             "trailing_tokens": _tokens(t.trailing_tokens),
             "early_stop": dict(t.early_stop) if t.early_stop is not None else None,
             "dropped_tail": base64.b64encode(t.dropped_tail).decode("ascii"),
@@ -102,13 +101,15 @@ def _unterminal(d: dict[str, Any]) -> Terminal:
         stop = StopHit(s["kind"], s["index"], value, s["start"], s["end"])
     return Terminal(State(d["state"]), FinishReason(d["finish_reason"]), Usage(**d["usage"]),
                     ErrorCode(d["error_code"]) if d["error_code"] is not None else None,
-                    d["error_message"], stop, Timings(**d["timings"]),
-                    _untokens(d["trailing_tokens"]), d["early_stop"],
-                    base64.b64decode(d.get("dropped_tail", "")),
-                    int(d["versions"][0]), str(d["versions"][1]), d.get("model_snapshot"),
-                    _unsplit(d.get("reasoning")), d.get("speculative"),
-                    _untokens(d.get("prompt_logprobs", [])),
-                    int(d.get("trailing_shown", 0)))
+                    d["error_message"], stop, **d["timings"],
+                    trailing_tokens=_untokens(d["trailing_tokens"]), early_stop=d["early_stop"],
+                    dropped_tail=base64.b64decode(d.get("dropped_tail", "")),
+                    finish_reason_version=int(d["versions"][0]),
+                    stop_rule_version=str(d["versions"][1]),
+                    model_snapshot=d.get("model_snapshot"), reasoning=_unsplit(d.get("reasoning")),
+                    speculative=d.get("speculative"),
+                    prompt_logprobs=_untokens(d.get("prompt_logprobs", [])),
+                    trailing_shown=int(d.get("trailing_shown", 0)))
 
 
 def encode_event(ev: StreamEvent) -> bytes:

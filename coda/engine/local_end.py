@@ -27,7 +27,7 @@ from __future__ import annotations
 from coda.errors import ErrorCode
 from coda.finish import FinishReason, Usage
 from coda.lifecycle import State
-from coda.stream import EventType, RequestStream, StreamClosed, StreamEvent, Terminal, Timings
+from coda.stream import EventType, RequestStream, StreamClosed, StreamEvent, Terminal
 
 
 def local_usage(prompt_tokens: int, evs: list[StreamEvent], reported: Usage | None) -> Usage:
@@ -58,7 +58,7 @@ def end_locally(stream: RequestStream, model: str, prompt_tokens: int, terminal:
         usage = local_usage(prompt_tokens, evs, reported)
         stream.close(Terminal(terminal.state, terminal.finish_reason, usage,
                               terminal.error_code, terminal.error_message,
-                              timings=terminal.timings,
+                              **terminal.timings(),
                               model_snapshot=evs[0].model_snapshot if evs else None))
         return True
     except StreamClosed:
@@ -72,7 +72,7 @@ def end_failed(stream: RequestStream, model: str, prompt_tokens: int, message: s
     the worker's last billing report, if it ran the request."""
     return end_locally(stream, model, prompt_tokens, Terminal(
         State.FAILED, FinishReason.MODEL_ERROR, Usage(), code, message,
-        timings=Timings(queue_s=waited_s, total_s=waited_s)), reported)
+        queue_s=waited_s, total_s=waited_s), reported)
 
 
 def end_cancelled(stream: RequestStream, model: str, prompt_tokens: int,
@@ -80,4 +80,4 @@ def end_cancelled(stream: RequestStream, model: str, prompt_tokens: int,
     """End ``stream`` CANCELLED with ``reason`` (a cancel cause's, or ``deadline_exceeded``)
     before any engine saw it."""
     return end_locally(stream, model, prompt_tokens, Terminal(
-        State.CANCELLED, reason, Usage(), timings=Timings(queue_s=waited_s, total_s=waited_s)))
+        State.CANCELLED, reason, Usage(), queue_s=waited_s, total_s=waited_s))

@@ -10,7 +10,7 @@ a remote engine (another process, a Ray Serve replica) implements the same proto
 P6, C1).
 
 Every message that crosses the seam is plain data: ``GenerationRequest``, ``StreamEvent`` (with
-its ``Terminal``, ``TokenInfo``, ``Usage``, ``Timings``), ``EngineStats`` and :class:`ModelInfo`
+its ``Terminal``, ``TokenInfo``, ``Usage``), ``EngineStats`` and :class:`ModelInfo`
 are frozen dataclasses of ``str``/``int``/``float``/``bytes``, string enums and tuples of those.
 They pickle as they are (what Ray sends) and :mod:`coda.durable.codec` writes events as JSON
 (what the Redis stream log stores); nothing on the seam holds a lock, a thread or a tensor.

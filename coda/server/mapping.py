@@ -76,12 +76,7 @@ def matched_stop(terminal: Terminal) -> str | list[int] | None:
 
 def coda_extension(terminal: Terminal, network_send_s: float | None = None) -> dict[str, Any]:
     """The exact outcome of one request: the ``coda`` object on final chunks and objects."""
-    t = terminal.timings
-    timings: dict[str, Any] = {
-        "queue_s": t.queue_s, "prefill_s": t.prefill_s, "decode_s": t.decode_s,
-        "stop_buffer_s": t.stop_buffer_s, "first_token_s": t.first_token_s,
-        "total_s": t.total_s,
-    }
+    timings: dict[str, Any] = dict(terminal.timings())
     if network_send_s is not None:
         timings["network_send_s"] = network_send_s
     out: dict[str, Any] = {

@@ -65,11 +65,10 @@ class ServerMetrics:
         terminal = stream.terminal
         if terminal is None:
             return
-        t = terminal.timings
-        if t.first_token_s is not None:
-            self.ttft.observe(t.first_token_s)
-        self.queue.observe(t.queue_s)
-        self.e2e.observe(t.total_s)
+        if terminal.first_token_s is not None:
+            self.ttft.observe(terminal.first_token_s)
+        self.queue.observe(terminal.queue_s)
+        self.e2e.observe(terminal.total_s)
         stamps = [e.ts for e in events if e.type is EventType.DELTA]
         for a, b in zip(stamps, stamps[1:], strict=False):
             self.itl.observe(max(0.0, b - a))

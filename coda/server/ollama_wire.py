@@ -47,12 +47,12 @@ def _ns(seconds: float) -> int:
 
 def done_fields(terminal: Terminal, network_send_s: float | None = None) -> dict[str, Any]:
     """The closing fields of the last object (``done: true``), ``coda`` included."""
-    u, t = terminal.usage, terminal.timings
+    u = terminal.usage
     return {"done": True, "done_reason": done_reason(terminal.finish_reason),
-            "total_duration": _ns(t.total_s), "load_duration": 0,
+            "total_duration": _ns(terminal.total_s), "load_duration": 0,
             "prompt_eval_count": u.prompt_tokens - u.cached_prompt_tokens,
-            "prompt_eval_duration": _ns(t.prefill_s),
-            "eval_count": u.selected_tokens, "eval_duration": _ns(t.decode_s),
+            "prompt_eval_duration": _ns(terminal.prefill_s),
+            "eval_count": u.selected_tokens, "eval_duration": _ns(terminal.decode_s),
             "coda": coda_extension(terminal, network_send_s)}
 
 

@@ -76,7 +76,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         if status == "completed":
             # NOTE: P1: OpenAI's completion time, present only when completed; from the
             # terminal (not the clock), so a retrieve or a replay says the same (P3)
-            body["completed_at"] = int(record.created + terminal.timings.total_s)
+            body["completed_at"] = int(record.created + terminal.total_s)
         if status == "failed":
             body["error"] = {"code": "server_error", "message": error_message(terminal)}
         elif status != "completed":

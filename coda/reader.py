@@ -3,7 +3,8 @@
 Every consumer of a :class:`~coda.stream.RequestStream` reads it through this module: the
 engine's handle and ``attach`` (resume) through :func:`follow`, the SSE pump through
 :class:`StreamReader` (several streams merged, with a quiet timeout), non-streaming routes
-through :func:`terminal_of`, a finished log through :func:`replay`, the metrics through
+through :func:`terminal_of`, a finished log through :func:`replay` (the metrics, at each end,
+:mod:`coda.server.metrics`), an observer of one request's end (the model router) through
 :func:`when_closed` and blocking waits through :func:`wait_terminal`.
 Reading is replay-then-follow: events after a position are taken from the log, then the reader
 sleeps until the producer appends (the wake-up channel, :mod:`coda.wakeup`, wakes it on its own
@@ -148,7 +149,7 @@ def when_closed(stream: RequestStream, callback: Callable[[Terminal], None],
                 loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None]:
     """Call ``callback(terminal)`` exactly once when ``stream`` closes (at once if it is
     closed), on ``loop`` (default: the running one; never the producer's thread); returns a
-    remover. For observers that only need the end (metrics)."""
+    remover. For observers that only need one request's end (the model router)."""
     lock = threading.Lock()
     fired = [False]
     remover: list[Callable[[], None]] = []

@@ -13,6 +13,10 @@ Posts of one stream are coalesced while a dispatch is pending: an observer is ca
 latest seq posted since its last call (every observer reads the log itself, replay-then-follow,
 so a wake-up says only "there is something after what you read"). After the post of a
 stream's terminal (``final``) is dispatched, the channel drops that stream's subscriptions.
+
+An observer of every stream's end (the server's metrics: one per app, not one subscription
+per request) listens with :meth:`WakeChannel.on_end`: it is called on its loop with each
+stream whose terminal is posted after it started listening.
 Subscriptions are by stream, not by request id: a request's durable copy, a log follower and
 the engine's own stream share the id but not their wake-ups.
 
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 log = logging.getLogger("coda.stream")
 
 Observer = Callable[[int], None]
+EndObserver = Callable[[Hashable], None]
 
 
 @dataclass(eq=False)
@@ -50,19 +55,21 @@ class WakeChannel:
         self._subs: dict[Hashable, list[_Subscription]] = {}
         # NOTE: per loop with a dispatch scheduled: stream -> (latest seq, final posted)
         self._pending: dict[asyncio.AbstractEventLoop, dict[Hashable, tuple[int, bool]]] = {}
+        # NOTE: per loop: the observers of every stream's end (on_end)
+        self._enders: dict[asyncio.AbstractEventLoop, list[EndObserver]] = {}
 
     def post(self, source: Hashable, seq: int, *, final: bool = False) -> None:
         """A producer appended ``seq`` to ``source``'s log (``final``: its terminal)."""
         # NOTE: unlocked fast path (a dict lookup is atomic): a subscriber that is not in the
         # map yet subscribed after this append, so its first read of the log sees it
-        if source not in self._subs:
+        if source not in self._subs and not (final and self._enders):
             return
         with self._lock:
-            subs = self._subs.get(source)
-            if not subs:
-                return
+            loops = {s.loop for s in self._subs.get(source, ())}
+            if final:
+                loops.update(self._enders)
             schedule: list[asyncio.AbstractEventLoop] = []
-            for loop in {s.loop for s in subs}:
+            for loop in loops:
                 pending = self._pending.get(loop)
                 if pending is None:
                     self._pending[loop] = {source: (seq, final)}
@@ -85,6 +92,7 @@ class WakeChannel:
                 loop.call_soon_threadsafe(self._dispatch, loop)
         except RuntimeError:  # NOTE: the loop is closed: nobody is left there to wake
             with self._lock:
+                self._enders.pop(loop, None)
                 for source in self._pending.pop(loop, {}):
                     self._drop(source, loop)
 
@@ -106,6 +114,13 @@ class WakeChannel:
             with self._lock:
                 for src in finals:
                     self._drop(src, loop)
+                enders = list(self._enders.get(loop, ()))
+            for src in finals:
+                for ender in enders:
+                    try:
+                        ender(src)
+                    except Exception:  # NOTE: as above: the other observers still run
+                        log.exception("stream end observer failed")
 
     def _drop(self, source: Hashable, loop: asyncio.AbstractEventLoop) -> None:
         subs = [s for s in self._subs.get(source, ()) if s.loop is not loop]
@@ -140,6 +155,26 @@ class WakeChannel:
                     subs.remove(sub)
                     if not subs:
                         del self._subs[source]
+
+        return remove
+
+    def on_end(self, callback: EndObserver,
+               loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None]:
+        """Call ``callback(stream)`` on ``loop`` (default: the running one) after the terminal
+        of any stream posting here from now on, once per stream; returns the remover. One
+        listener for every request's end (the server's metrics), where a subscription per
+        request would be one more object per request."""
+        loop = loop if loop is not None else asyncio.get_running_loop()
+        with self._lock:
+            self._enders.setdefault(loop, []).append(callback)
+
+        def remove() -> None:
+            with self._lock:
+                enders = self._enders.get(loop, [])
+                if callback in enders:
+                    enders.remove(callback)
+                if not enders:
+                    self._enders.pop(loop, None)
 
         return remove
 

@@ -1,6 +1,7 @@
 """The one wake-up channel (issue 22 step 4; SPEC P2, P3, P6): the engine thread only appends
-and posts; every observer — a stream reader, the metrics' ``when_closed``, the engine's own
-bookkeeping — runs on the event loop that subscribed, never on ``coda-engine``; the blocking
+and posts; every observer — a stream reader, ``when_closed``, the metrics' one end listener,
+the engine's own bookkeeping — runs on the event loop that subscribed, never on
+``coda-engine``; the blocking
 Python API (``handle.wait``) still wakes without any event loop."""
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def _req(n: int, rid: str) -> GenerationRequest:
 
 
 def test_p2_observers_of_engine_streams_run_on_the_loop_thread(engine: AsyncEngine) -> None:
-    """P2 (issue 22 step 4): the reader's wake-ups and ``when_closed`` (what the server's
-    metrics observe with) run on the loop's thread; before the channel, ``when_closed`` ran
+    """P2 (issue 22 step 4): the reader's wake-ups and ``when_closed`` (what the model router
+    observes an end with) run on the loop's thread; before the channel, ``when_closed`` ran
     its callback on the engine thread that appended the terminal."""
     seen: list[str] = []
 
@@ -77,3 +78,69 @@ def test_c1_cancel_by_id_of_an_ended_request_is_false_and_forgets_it(
     h.wait(30)
     assert engine.cancel("wake-4") is False
     assert "wake-4" not in engine._live
+
+
+def test_p2_one_end_listener_sees_every_stream_end_on_its_loop() -> None:
+    """P2 (issue 22 step 4): ``on_end`` is called on its loop's thread, once per stream whose
+    terminal is posted after it listens, for streams nobody subscribed to; its remover stops
+    it. (The server's metrics listen this way: one listener per app, no subscription per
+    request.)"""
+    from coda.finish import FinishReason, Usage
+    from coda.stream import RequestStream
+    from coda.wakeup import WakeChannel
+
+    channel = WakeChannel()
+    ended: list[tuple[str, str]] = []
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        remove = channel.on_end(lambda s: ended.append(
+            (getattr(s, "request_id", "?"), threading.current_thread().name)))
+        streams = [RequestStream(f"e{i}", channel=channel, model="m") for i in range(3)]
+        done = Terminal(State.FINISHED, FinishReason.EOS, Usage())
+        worker = threading.Thread(target=lambda: [s.close(done) for s in streams[:2]])
+        await loop.run_in_executor(None, lambda: (worker.start(), worker.join()))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        remove()
+        streams[2].close(done)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert channel.num_subscribed(streams[0]) == 0
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(main())
+    assert ended == [("e0", loop_thread), ("e1", loop_thread)]
+
+
+def test_p5_the_metrics_count_a_request_that_ended_before_it_was_tracked() -> None:
+    """P5, issue 20 D7 (issue 22 step 4): the server's metrics listen before submitting, so a
+    request whose terminal is appended (on the engine thread) before ``track`` is still
+    observed, once; a stream of the same id not tracked (a durable copy) is not counted; the
+    metrics hold no subscription of their own on the stream."""
+    from coda.finish import FinishReason, Usage
+    from coda.server.metrics import ServerMetrics
+    from coda.stream import RequestStream
+    from coda.wakeup import CHANNEL
+
+    metrics = ServerMetrics(engine=None)
+
+    def successes() -> float:
+        value = metrics.registry.get_sample_value("coda:request_success_total",
+                                                  {"finished_reason": "eos"})
+        return value or 0.0
+
+    async def main() -> None:
+        metrics.listen()
+        stream, copy = RequestStream("m-1", model="m"), RequestStream("m-1", model="m")
+        done = Terminal(State.FINISHED, FinishReason.EOS, Usage(prompt_tokens=2))
+        worker = threading.Thread(target=lambda: (stream.close(done), copy.close(done)))
+        worker.start()
+        worker.join()  # NOTE: ended before it is tracked
+        metrics.track(type("Handle", (), {"stream": stream})())
+        assert CHANNEL.num_subscribed(stream) == 0
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert successes() == 1.0

@@ -1,7 +1,8 @@
 """Prometheus metrics with vLLM-style names, one registry per app (issue 4 item 6; SPEC P5, L4).
 
 Latencies are observed once per request, once its terminal event is appended (woken by the
-wake-up channel on the server's event loop, never on the engine thread): time to first
+wake-up channel on the server's event loop, never on the engine thread; one listener for every
+request's end, :meth:`coda.wakeup.WakeChannel.on_end`, not a subscription per request): time to first
 token, inter-token latency (gaps between deltas), queue time, end-to-end latency, and the
 exact finish reason: a FINISHED or CANCELLED request counts in ``request_success`` by its
 reason, a FAILED one (a K3 decoding error keeps a normal reason such as ``max_output_tokens``)
@@ -10,13 +11,16 @@ in ``request_failure`` by its reason and error code, never as a success (issue 2
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from coda.lifecycle import State
-from coda.reader import replay, when_closed
+from coda.reader import replay
 from coda.stream import EventType
+from coda.wakeup import CHANNEL
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -26,6 +30,9 @@ class ServerMetrics:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.registry = CollectorRegistry(auto_describe=True)
+        # NOTE: the streams of this app's requests not yet ended, and the loop listening
+        self._tracked: set[object] = set()
+        self._listening: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
         r = self.registry
         self.ttft = Histogram("coda:time_to_first_token_seconds",
                               "Arrival to first selected token.", registry=r,
@@ -55,10 +62,26 @@ class ServerMetrics:
         self.kv_committed = Gauge("coda:kv_cache_committed_bytes",
                                   "KV cache bytes ever written (committed).", registry=r)
 
+    def listen(self) -> None:
+        """Listen for request ends on the running loop (call on it before submitting, so no
+        end is posted before the listener: a request may end before :meth:`track`). An app
+        served from a new loop (a test client's) moves the listener there."""
+        loop = asyncio.get_running_loop()
+        if self._listening is not None and self._listening[0] is loop:
+            return
+        if self._listening is not None:
+            self._listening[1]()
+        self._listening = (loop, CHANNEL.on_end(self._ended, loop))
+
     def track(self, handle: Any) -> None:
-        """Observe ``handle``'s latencies once, after its terminal event (call on the loop)."""
-        stream = handle.stream
-        when_closed(stream, lambda _terminal: self._observe(stream))
+        """Observe ``handle``'s latencies once, after its terminal event (call on the loop,
+        after :meth:`listen` and before the loop runs anything else)."""
+        self._tracked.add(handle.stream)
+
+    def _ended(self, stream: object) -> None:
+        if stream in self._tracked:
+            self._tracked.discard(stream)
+            self._observe(stream)
 
     def _observe(self, stream: Any) -> None:
         events = replay(stream)

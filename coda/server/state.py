@@ -299,6 +299,7 @@ class ServerState:
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
         self._check_overload(len(requests))
+        self.metrics.listen()  # NOTE: before submitting: a request may end before it is tracked
         handles: list[EngineHandle] = []
         try:
             for req in requests:

@@ -74,7 +74,10 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
 # its adapter, coda/server/anthropic_checks.py, refused as Anthropic refuses it)
 # files and classes_made_once + 1 each: coda.token_ends' TokenEnds, the processor's K2 record of
 # where each token's last byte lands (a token's entry rode a delta early after a U+FFFD)
-BOUNDS = {"files": 45, "body_path_call_reentries": 4, "classes_made_once": 23,
+# body_path_call_reentries 4 -> 2 and classes_made_once 23 -> 22 (branch walk22): the phase
+# times are the Terminal's own fields (no Timings), and the metrics listen once per app for
+# every end (no when_closed subscription per request calling back into the stream)
+BOUNDS = {"files": 45, "body_path_call_reentries": 2, "classes_made_once": 22,
           "max_tokens_sites": 20}
 # NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas); the chat
 # route's stream and the Responses object and stream are modules of their own (split by size,
@@ -119,3 +122,6 @@ def test_issue22_a_plain_streaming_request_stays_within_the_measured_walk(
     # calls into output to build a second object, so the run's processor is output's first
     # visit
     assert "request -> output" not in calls
+    # NOTE: the metrics listen once per app (WakeChannel.on_end): admission subscribes nothing
+    # per request, so it never calls back into the stream it built
+    assert "reader -> stream" not in calls and "server.metrics -> reader" not in calls

@@ -13,12 +13,12 @@ Posts of one stream are coalesced while a dispatch is pending: an observer is ca
 latest seq posted since its last call (every observer reads the log itself, replay-then-follow,
 so a wake-up says only "there is something after what you read"). After the post of a
 stream's terminal (``final``) is dispatched, the channel drops that stream's subscriptions.
+Subscriptions are by stream, not by request id: a request's durable copy, a log follower and
+the engine's own stream share the id but not their wake-ups.
 
 An observer of every stream's end (the server's metrics: one per app, not one subscription
 per request) listens with :meth:`WakeChannel.on_end`: it is called on its loop with each
 stream whose terminal is posted after it started listening.
-Subscriptions are by stream, not by request id: a request's durable copy, a log follower and
-the engine's own stream share the id but not their wake-ups.
 
 Readers without an event loop (``RequestHandle.wait``, the blocking Python API) never need a
 callback: they wait on the stream's own condition (:meth:`RequestStream.wait_after`).

@@ -2,11 +2,12 @@
 
 Latencies are observed once per request, once its terminal event is appended (woken by the
 wake-up channel on the server's event loop, never on the engine thread; one listener for every
-request's end, :meth:`coda.wakeup.WakeChannel.on_end`, not a subscription per request): time to first
-token, inter-token latency (gaps between deltas), queue time, end-to-end latency, and the
+request's end, :meth:`coda.wakeup.WakeChannel.on_end`, not a subscription per request): time to
+first token, inter-token latency (gaps between deltas), queue time, end-to-end latency, and the
 exact finish reason: a FINISHED or CANCELLED request counts in ``request_success`` by its
 reason, a FAILED one (a K3 decoding error keeps a normal reason such as ``max_output_tokens``)
-in ``request_failure`` by its reason and error code, never as a success (issue 20 D7). Gauges (running, waiting, KV usage) are read from the engine at scrape.
+in ``request_failure`` by its reason and error code, never as a success (issue 20 D7). Gauges
+(running, waiting, KV usage) are read from the engine at scrape.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from coda.server.anthropic_stream import (
     usage_of,
     usage_tier,
 )
-from coda.server.chat import content_text, render_chat
+from coda.server.chat import render_chat
 from coda.server.common import collect, new_id, state_of
 from coda.server.create import create
 from coda.server.failures import anthropic_error, failed_json, is_failed
@@ -42,7 +42,7 @@ from coda.server.params import Parsed, plan_call
 from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicMessage, AnthropicRequest
 from coda.server.render_spec import AnthropicRender
 from coda.server.state import Record, ServerState, register_renderer
-from coda.server.tool_messages import anthropic_history
+from coda.server.tool_messages import BLOCK_SEPARATOR, anthropic_history
 from coda.stream import Terminal
 
 router = APIRouter()
@@ -73,9 +73,12 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
         check_pairs(ms, turns)
     msgs: list[dict[str, Any]] = []
     if body.system:
-        if isinstance(body.system, list):  # NOTE: issue 22: a string holds no block
-            check_system_blocks(body.system)
-        msgs.append({"role": "system", "content": content_text(body.system, "system")})
+        system = body.system
+        if isinstance(system, list):  # NOTE: issue 22: a string holds no block
+            check_system_blocks(system)
+            # NOTE: joined as a turn's text blocks are (tool_messages.BLOCK_SEPARATOR)
+            system = BLOCK_SEPARATOR.join(b["text"] for b in system)
+        msgs.append({"role": "system", "content": system})
     rendered: list[list[dict[str, Any]]] = []
     for i, m in enumerate(ms):
         if m.role not in _ROLES:

@@ -123,13 +123,19 @@ def prepare(messages: Sequence[Any], tools: Sequence[Tool], source: str,
     return out, None
 
 
+# NOTE: the text blocks of one Anthropic turn (several in a message, or the messages of one
+# role merged into one turn) are separate pieces of text: a blank line between them, never
+# glued into one word ("Hello." + "Say hi." was "Hello.Say hi.")
+BLOCK_SEPARATOR = "\n\n"
+
+
 def _block_text(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(b.get("text", "") for b in content
-                   if isinstance(b, Mapping) and b.get("type") == "text")
+    return BLOCK_SEPARATOR.join(b.get("text", "") for b in content
+                                if isinstance(b, Mapping) and b.get("type") == "text")
 
 
 def _bad(field: str, what: str) -> InvalidRequestError:

@@ -11,7 +11,9 @@
 - a deep path is said once, in Anthropic's words (an unknown ``tool_use_id`` said its path
   twice); a ``tool_use`` without ``id`` is a 400 (it was accepted); an unknown field is
   Anthropic's "Extra inputs are not permitted" (it was OpenAI's "Unrecognized request
-  argument").
+  argument");
+- an image or document block is a 400 saying the served model reads text only (it said
+  "unsupported block type 'image'").
 """
 
 from __future__ import annotations
@@ -182,3 +184,21 @@ def test_p1_deep_paths_are_said_once_in_anthropics_words(
     assert _bad(lambda: client.messages.create(model=model, max_tokens=4, messages=hi,
                                                metadata={"session": "x"})) == (  # type: ignore
         "metadata.session: Extra inputs are not permitted")
+
+
+@pytest.mark.parametrize("block", [
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                 "data": "iVBORw0KGgo="}},
+    {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                    "data": "JVBERi0="}}], ids=["image", "document"])
+def test_p1_an_image_or_document_is_a_400_saying_it_is_not_read(
+        live: tuple[anthropic.Anthropic, str, Any], block: Any) -> None:
+    """P1: an image or a document block (no vision or document model is served) is a 400
+    naming the block and saying the model reads text only, not "unsupported block type"."""
+    client, url, _ = live
+    content: Any = [{"type": "text", "text": "What is this?"}, block]
+    message = _bad(lambda: client.messages.create(
+        model=_model(url), max_tokens=4, messages=[{"role": "user", "content": content}]))
+    assert message.startswith(f"messages.0.content.1: {block['type']} content blocks are not "
+                              "supported"), message
+    assert "reads text only" in message

@@ -13,7 +13,9 @@
   Anthropic's "Extra inputs are not permitted" (it was OpenAI's "Unrecognized request
   argument");
 - an image or document block is a 400 saying the served model reads text only (it said
-  "unsupported block type 'image'").
+  "unsupported block type 'image'");
+- a prompt past the context names ``messages`` and says "the prompt has N tokens" (the
+  engine's "prompt" was renamed inside the sentence: "the messages has N tokens").
 """
 
 from __future__ import annotations
@@ -202,3 +204,15 @@ def test_p1_an_image_or_document_is_a_400_saying_it_is_not_read(
     assert message.startswith(f"messages.0.content.1: {block['type']} content blocks are not "
                               "supported"), message
     assert "reads text only" in message
+
+
+def test_p1_a_prompt_past_the_context_is_said_in_plain_words(
+        live: tuple[anthropic.Anthropic, str, Any]) -> None:
+    """P1: a prompt longer than the context is a 400 naming ``messages`` and saying the
+    prompt's length (the engine's "prompt" was renamed inside the sentence: "the messages has
+    1107 tokens")."""
+    client, url, engine = live
+    message = _bad(lambda: client.messages.create(
+        model=_model(url), max_tokens=4, messages=[{"role": "user", "content": "hi " * 1100}]))
+    assert message.startswith("messages: the prompt has "), message
+    assert message.endswith(f"; this model's context is {engine.context_length} tokens")

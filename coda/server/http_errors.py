@@ -86,7 +86,10 @@ def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> A
     if param is not None and rename:
         param = rename.get(param, param)
     message = exc.message
-    if exc.field and param != exc.field:
+    # NOTE: "prompt" in the engine's words is the prompt itself ("the prompt has 9000 tokens"),
+    # what every protocol builds from its messages / input: renamed, it read "the messages
+    # has 9000 tokens"; the field is named before it instead
+    if exc.field and param != exc.field and exc.field != "prompt":
         message = message.replace(exc.field, param or exc.field)
     if param and param not in message:
         message = f"{param}: {message}"

@@ -15,7 +15,9 @@
 - an image or document block is a 400 saying the served model reads text only (it said
   "unsupported block type 'image'");
 - a prompt past the context names ``messages`` and says "the prompt has N tokens" (the
-  engine's "prompt" was renamed inside the sentence: "the messages has N tokens").
+  engine's "prompt" was renamed inside the sentence: "the messages has N tokens");
+- ``thinking: {"type": "adaptive"}`` (the SDK offers it) is accepted as no budget (it was a
+  400).
 """
 
 from __future__ import annotations
@@ -216,3 +218,20 @@ def test_p1_a_prompt_past_the_context_is_said_in_plain_words(
         model=_model(url), max_tokens=4, messages=[{"role": "user", "content": "hi " * 1100}]))
     assert message.startswith("messages: the prompt has "), message
     assert message.endswith(f"; this model's context is {engine.context_length} tokens")
+
+
+def test_p1_adaptive_thinking_is_accepted_as_no_budget(
+        live: tuple[anthropic.Anthropic, str, Any]) -> None:
+    """P1: ``thinking: {"type": "adaptive"}`` (the SDK's: the model decides how much to think)
+    is accepted on ``create`` and ``count_tokens``, as no budget (it was a 400, "must be
+    'enabled' or 'disabled'"); another type is still a 400 naming ``thinking.type``."""
+    client, url, _ = live
+    model, hi = _model(url), [{"role": "user", "content": "hi"}]
+    out = client.messages.create(model=model, max_tokens=2, messages=hi,  # type: ignore
+                                 thinking={"type": "adaptive"})
+    assert out.type == "message" and out.content[-1].type == "text"
+    assert client.messages.count_tokens(model=model, messages=hi,  # type: ignore
+                                        thinking={"type": "adaptive"}).input_tokens > 0
+    assert _bad(lambda: client.messages.create(
+        model=model, max_tokens=2, messages=hi, extra_body={"thinking": {"type": "sometimes"}})
+    ).startswith("thinking.type: ")

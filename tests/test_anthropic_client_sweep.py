@@ -146,7 +146,7 @@ def test_p1_every_anthropic_answer_carries_request_id(
         stream.get_final_message()
         assert stream.request_id and "x-request-id" not in stream.response.headers
     page = client.models.list()
-    assert page._request_id and page.data[0].id == model  # type: ignore[attr-defined]
+    assert page._request_id and page.data[0].id == model
     card = client.models.with_raw_response.retrieve(model)
     assert card.headers.get("request-id") and "x-request-id" not in card.headers
     with pytest.raises(anthropic.NotFoundError) as exc:
@@ -226,11 +226,12 @@ def test_p1_adaptive_thinking_is_accepted_as_no_budget(
     is accepted on ``create`` and ``count_tokens``, as no budget (it was a 400, "must be
     'enabled' or 'disabled'"); another type is still a 400 naming ``thinking.type``."""
     client, url, _ = live
-    model, hi = _model(url), [{"role": "user", "content": "hi"}]
-    out = client.messages.create(model=model, max_tokens=2, messages=hi,  # type: ignore
+    model = _model(url)
+    hi: Any = [{"role": "user", "content": "hi"}]
+    out = client.messages.create(model=model, max_tokens=2, messages=hi,
                                  thinking={"type": "adaptive"})
     assert out.type == "message" and out.content[-1].type == "text"
-    assert client.messages.count_tokens(model=model, messages=hi,  # type: ignore
+    assert client.messages.count_tokens(model=model, messages=hi,
                                         thinking={"type": "adaptive"}).input_tokens > 0
     assert _bad(lambda: client.messages.create(
         model=model, max_tokens=2, messages=hi, extra_body={"thinking": {"type": "sometimes"}})

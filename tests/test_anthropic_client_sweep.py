@@ -17,7 +17,8 @@
 - a prompt past the context names ``messages`` and says "the prompt has N tokens" (the
   engine's "prompt" was renamed inside the sentence: "the messages has N tokens");
 - ``thinking: {"type": "adaptive"}`` (the SDK offers it) is accepted as no budget (it was a
-  400).
+  400);
+- a ``system`` message inside ``messages`` is a 400 pointing to the top-level ``system``.
 """
 
 from __future__ import annotations
@@ -236,3 +237,18 @@ def test_p1_adaptive_thinking_is_accepted_as_no_budget(
     assert _bad(lambda: client.messages.create(
         model=model, max_tokens=2, messages=hi, extra_body={"thinking": {"type": "sometimes"}})
     ).startswith("thinking.type: ")
+
+
+def test_p1_a_mid_conversation_system_message_says_where_instructions_go(
+        live: tuple[anthropic.Anthropic, str, Any]) -> None:
+    """P1: a ``system`` role in ``messages`` (Anthropic's mid-conversation system message, which
+    its older models refuse) is a 400 naming ``messages.N.role`` as those models do and
+    pointing to the top-level ``system`` field (it said "must be 'user' or 'assistant'")."""
+    client, url, _ = live
+    messages: Any = [{"role": "user", "content": "hi"},
+                     {"role": "system", "content": "Answer in French."}]
+    message = _bad(lambda: client.messages.create(model=_model(url), max_tokens=2,
+                                                  messages=messages))
+    assert message.startswith("messages.1.role: role 'system' is not supported on this "
+                              "model"), message
+    assert "top-level `system` field" in message

@@ -82,9 +82,7 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
     rendered: list[list[dict[str, Any]]] = []
     for i, m in enumerate(ms):
         if m.role not in _ROLES:
-            raise InvalidRequestError(
-                f"messages.{i}.role: must be 'user' or 'assistant', got {m.role!r}",
-                field=f"messages.{i}.role")
+            raise role_error(i, m.role)
         _check_text(i, m, last=i == len(ms) - 1)
         # NOTE: each message's blocks are checked under its own path, before any merge
         rendered.append([{"role": m.role, "content": m.content}] if isinstance(m.content, str)
@@ -95,6 +93,19 @@ def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[s
         msgs += (anthropic_history(t.role, t.content, f"messages.{t.first}") if t.merged
                  else rendered[t.first])
     return msgs
+
+
+def role_error(i: int, role: str) -> InvalidRequestError:
+    """A message of a role other than ``user`` / ``assistant``: a ``system`` one (Anthropic's
+    mid-conversation system message) is refused as Anthropic's models without it refuse it,
+    saying where the instructions go instead."""
+    if role == "system":
+        return InvalidRequestError(
+            f"messages.{i}.role: role 'system' is not supported on this model (no "
+            "mid-conversation system messages): put the instructions in the top-level "
+            "`system` field", field=f"messages.{i}.role")
+    return InvalidRequestError(f"messages.{i}.role: must be 'user' or 'assistant', got "
+                               f"{role!r}", field=f"messages.{i}.role")
 
 
 def _check_text(i: int, m: AnthropicMessage, *, last: bool) -> None:

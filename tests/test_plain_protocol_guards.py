@@ -110,9 +110,7 @@ def _full_chat_messages(body: AnthropicRequest) -> list[dict[str, Any]]:
         msgs.append({"role": "system", "content": content_text(body.system, "system")})
     for i, m in enumerate(body.messages):
         if m.role not in ("user", "assistant"):
-            raise InvalidRequestError(
-                f"messages.{i}.role: must be 'user' or 'assistant', got {m.role!r}",
-                field=f"messages.{i}.role")
+            raise an.role_error(i, m.role)  # NOTE: the route's words (a system role says more)
         an._check_text(i, m, last=i == len(body.messages) - 1)  # NOTE: no tool module's
         anthropic_history(m.role, m.content, f"messages.{i}")  # NOTE: its checks, its path
     for t in turns:

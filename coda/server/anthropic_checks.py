@@ -1,7 +1,8 @@
 """Anthropic's own checks on ``thinking`` (SPEC P1: refused as the real API refuses them, a 400
 ``invalid_request_error`` naming the field), on ``/v1/messages`` and its ``count_tokens``.
 
-- The request's ``thinking``: ``type`` is ``enabled`` or ``disabled``; ``enabled`` needs
+- The request's ``thinking``: ``type`` is ``enabled``, ``adaptive`` (no budget: the model
+  decides) or ``disabled``; ``enabled`` needs
   ``budget_tokens`` (unless Coda's ``max_reasoning_tokens`` gives the budget), an integer
   ``>= 1024`` and, on a create, ``< max_tokens`` (Anthropic's two bounds).
 - A ``system`` list holds text blocks, each with its ``text`` string, not empty.
@@ -33,8 +34,10 @@ def thinking_budget(thinking: dict[str, Any] | None, fallback: int | None,
     counting) skips the bound that needs it."""
     t = thinking or {}
     kind = t.get("type")
-    if kind not in (None, "enabled", "disabled"):
-        raise _bad("thinking.type", "must be 'enabled' or 'disabled'")
+    # NOTE: "adaptive" (the SDK's ThinkingConfigAdaptiveParam: the model decides when and how
+    # much to think) is what a reasoning model does here without a budget: shown, no budget
+    if kind not in (None, "enabled", "adaptive", "disabled"):
+        raise _bad("thinking.type", "must be 'enabled', 'adaptive' or 'disabled'")
     budget = t.get("budget_tokens") if kind == "enabled" else None
     if kind == "enabled" and budget is None and fallback is None:
         raise _bad("thinking.budget_tokens", "Field required when thinking.type is 'enabled'")

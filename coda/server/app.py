@@ -42,6 +42,7 @@ from coda.server.http_errors import (
     error_response,
     install_handlers,
     protocol_of,
+    scope_protocol,
 )
 from coda.server.integrity import resolve_resume
 from coda.server.logs import configure_logging
@@ -76,7 +77,7 @@ class ApiKeyMiddleware:
         bearer = headers.get(b"authorization", b"")
         given = bearer[7:] if bearer[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
         if not hmac.compare_digest(given, self.key):
-            resp = error_response(protocol_of(scope["path"]), 401, "Invalid or missing API key",
+            resp = error_response(scope_protocol(scope), 401, "Invalid or missing API key",
                                   code="invalid_api_key")
             await resp(scope, receive, send)
             return

@@ -48,6 +48,18 @@ def protocol_of(path: str) -> Protocol:
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
+def scope_protocol(scope: Scope) -> Protocol:
+    """The protocol a request is answered in: its path's (:func:`protocol_of`), except that a
+    ``/v1/models`` request from an Anthropic client (the ``anthropic-version`` header every
+    Anthropic SDK sends: ``client.models.list()`` / ``.retrieve()``) is answered in
+    Anthropic's shape, its errors and its ``request-id`` header included."""
+    path = scope["path"]
+    if path.startswith("/v1/models") and any(k.lower() == b"anthropic-version"
+                                             for k, _ in scope.get("headers", ())):
+        return "anthropic"
+    return protocol_of(path)
+
+
 def error_payload(protocol: Protocol, status: int, message: str, *, param: str | None = None,
                   code: str | None = None) -> dict[str, Any]:
     if protocol == "ollama":
@@ -74,7 +86,10 @@ def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> A
     if param is not None and rename:
         param = rename.get(param, param)
     message = exc.message
-    if exc.field and param != exc.field:
+    # NOTE: "prompt" in the engine's words is the prompt itself ("the prompt has 9000 tokens"),
+    # what every protocol builds from its messages / input: renamed, it read "the messages
+    # has 9000 tokens"; the field is named before it instead
+    if exc.field and param != exc.field and exc.field != "prompt":
         message = message.replace(exc.field, param or exc.field)
     if param and param not in message:
         message = f"{param}: {message}"
@@ -114,8 +129,8 @@ def _is_json(content_type: str | None) -> bool:
                                            kind.endswith("+json"))
 
 
-def describe_validation(exc: RequestValidationError, content_type: str | None = None
-                        ) -> tuple[str, str | None]:
+def describe_validation(exc: RequestValidationError, content_type: str | None = None,
+                        protocol: Protocol = "openai") -> tuple[str, str | None]:
     """The message and field of a validation error; ``content_type`` is the request's header:
     a body sent as another media type (a form post) is never parsed as JSON, and is said so,
     not as malformed JSON."""
@@ -132,6 +147,10 @@ def describe_validation(exc: RequestValidationError, content_type: str | None = 
     if not name:
         return "request body must be a JSON object (malformed JSON or wrong type)", None
     if first.get("type") == "extra_forbidden":
+        # NOTE: each API's own words: Anthropic says "metadata.foo: Extra inputs are not
+        # permitted", OpenAI "Unrecognized request argument supplied: foo"
+        if protocol == "anthropic":
+            return f"{name}: Extra inputs are not permitted", name
         return f"Unrecognized request argument supplied: {name}", name
     return f"{name}: {first.get('msg', 'invalid value')}", name
 
@@ -154,19 +173,20 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(protocol_of(request.url.path), exc.status, exc.message,
+        return error_response(scope_protocol(request.scope), exc.status, exc.message,
                               param=exc.param, code=exc.code, headers=exc.headers)
 
     @app.exception_handler(CodaError)
     async def _coda(request: Request, exc: CodaError) -> JSONResponse:
         err = api_error_from(exc)
-        return error_response(protocol_of(request.url.path), err.status, err.message,
+        return error_response(scope_protocol(request.scope), err.status, err.message,
                               param=err.param, code=err.code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        protocol = protocol_of(request.url.path)
-        message, param = describe_validation(exc, request.headers.get("content-type"))
+        protocol = scope_protocol(request.scope)
+        message, param = describe_validation(exc, request.headers.get("content-type"),
+                                             protocol)
         code = "invalid_request"
         below = _below_minimum(exc)
         if below is not None and protocol == "openai":
@@ -175,20 +195,20 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(protocol_of(request.url.path), exc.status_code, str(exc.detail),
+        return error_response(scope_protocol(request.scope), exc.status_code, str(exc.detail),
                               headers=getattr(exc, "headers", None))
 
     @app.exception_handler(json.JSONDecodeError)
     async def _json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
-        return error_response(protocol_of(request.url.path), 400, f"malformed JSON body: {exc}")
+        return error_response(scope_protocol(request.scope), 400, f"malformed JSON body: {exc}")
 
     @app.exception_handler(Exception)
     async def _any(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
         # NOTE: Starlette answers this one outside every middleware (ServerErrorMiddleware):
         # the request id header is added here
-        name = _id_header(request.url.path)
-        return error_response(protocol_of(request.url.path), 500,
+        name = _id_header(request.scope)
+        return error_response(scope_protocol(request.scope), 500,
                               f"internal error: {type(exc).__name__}", code="internal_error",
                               headers={name.decode(): fresh_request_id()} if name else None)
 
@@ -198,11 +218,12 @@ def fresh_request_id() -> str:
     return f"req_{uuid.uuid4().hex}"
 
 
-def _id_header(path: str) -> bytes | None:
-    """The request id header of the protocol served at ``path`` (lower-case, as ASGI carries
-    header names): OpenAI's ``x-request-id`` (Coda's own routes too), Anthropic's
-    ``request-id``; None on Ollama's routes (its API sends none)."""
-    protocol = protocol_of(path)
+def _id_header(scope: Scope) -> bytes | None:
+    """The request id header of the protocol the request is answered in (lower-case, as ASGI
+    carries header names): OpenAI's ``x-request-id`` (Coda's own routes too), Anthropic's
+    ``request-id`` (``/v1/messages…``, and ``/v1/models…`` asked by an Anthropic client: the
+    SDK's ``_request_id``); None on Ollama's routes (its API sends none)."""
+    protocol = scope_protocol(scope)
     return b"request-id" if protocol == "anthropic" else (
         b"x-request-id" if protocol == "openai" else None)
 
@@ -220,7 +241,7 @@ class RequestIdMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        name = _id_header(scope["path"]) if scope["type"] == "http" else None
+        name = _id_header(scope) if scope["type"] == "http" else None
         if name is None:
             await self.app(scope, receive, send)
             return

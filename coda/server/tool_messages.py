@@ -123,13 +123,19 @@ def prepare(messages: Sequence[Any], tools: Sequence[Tool], source: str,
     return out, None
 
 
+# NOTE: the text blocks of one Anthropic turn (several in a message, or the messages of one
+# role merged into one turn) are separate pieces of text: a blank line between them, never
+# glued into one word ("Hello." + "Say hi." was "Hello.Say hi.")
+BLOCK_SEPARATOR = "\n\n"
+
+
 def _block_text(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(b.get("text", "") for b in content
-                   if isinstance(b, Mapping) and b.get("type") == "text")
+    return BLOCK_SEPARATOR.join(b.get("text", "") for b in content
+                                if isinstance(b, Mapping) and b.get("type") == "text")
 
 
 def _bad(field: str, what: str) -> InvalidRequestError:
@@ -168,6 +174,18 @@ def _check_block(block: Any, role: str, field: str) -> None:
                     "tool_result (the served model reads text only)", field=f"{field}.content")
 
 
+# NOTE: Anthropic's input blocks a text model cannot read (images, PDFs and other documents,
+# search results, containers' files): said as such, not as an unknown type
+_MEDIA = frozenset({"image", "document", "search_result", "container_upload"})
+
+
+def _unsupported(kind: Any) -> str:
+    if kind in _MEDIA:
+        return (f"{kind} content blocks are not supported: no vision or document model is "
+                "served (the served model reads text only); send the content as text blocks")
+    return f"unsupported block type {kind!r}"
+
+
 def anthropic_history(role: str, content: Any, field: str) -> list[dict[str, Any]]:
     """One Anthropic message → OpenAI-shaped messages (tool_use → tool_calls, tool_result →
     ``tool`` messages, text blocks kept)."""
@@ -193,9 +211,8 @@ def anthropic_history(role: str, content: Any, field: str) -> list[dict[str, Any
         else:
             texts.append(block)
             if kind != "text":
-                raise InvalidRequestError(
-                    f"{field}.content.{j}: unsupported block type {kind!r}",
-                    field=f"{field}.content")
+                raise InvalidRequestError(f"{field}.content.{j}: {_unsupported(kind)}",
+                                          field=f"{field}.content")
     out: list[dict[str, Any]] = list(results)
     if calls:
         out.append({"role": role, "content": _block_text(texts), "tool_calls": calls})

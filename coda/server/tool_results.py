@@ -9,7 +9,9 @@ never a prompt the model is asked to make sense of:
   ``tool_calls`` must have its tool message before the next message of another role.
 - Anthropic Messages: a ``tool_result`` block in message *i* answers a ``tool_use`` block of
   message *i - 1*: its ``tool_use_id`` must be one of that message's ``tool_use`` ids; and
-  every ``tool_use`` of message *i - 1* must have its ``tool_result`` in message *i*.
+  every ``tool_use`` of message *i - 1* must have its ``tool_result`` in message *i*, and the
+  results open message *i* (a text block before a result is Anthropic's 400 "Did not find N
+  tool_result block(s) at the beginning of this message", naming message *i*).
 
 A conversation that *ends* with the calling message is left alone (nothing follows it yet: the
 rule is about what comes next, as the brief of the pairing check states it).
@@ -35,6 +37,16 @@ def _get(obj: Any, key: str) -> Any:
 
 def _unanswered(ids: Sequence[object], answered: set[object]) -> list[str]:
     return [str(t) for t in ids if t not in answered]
+
+
+def _id_string(value: Any, field: str) -> str:
+    """A ``tool_use`` block's ``id`` / a ``tool_result``'s ``tool_use_id``: a string, as
+    Anthropic types it (missing: ``Field required``)."""
+    if isinstance(value, str):
+        return value
+    raise InvalidRequestError(f"{field}: " + ("Field required" if value is None
+                                              else "Input should be a valid string"),
+                              field=field)
 
 
 def check_openai_results(messages: Sequence[Any], field: str = "messages") -> None:
@@ -79,18 +91,30 @@ def check_anthropic_results(messages: Sequence[Any], field: str = "messages") ->
     for i, m in enumerate(messages):
         content = _get(m, "content")
         blocks = content if isinstance(content, list) else []
+        kinds = [b.get("type") if isinstance(b, Mapping) else None for b in blocks]
         for j, block in enumerate(blocks):
-            if not isinstance(block, Mapping) or block.get("type") != "tool_result":
+            if kinds[j] == "tool_use":
+                _id_string(block.get("id"), f"{field}.{i}.content.{j}.id")
+            if kinds[j] != "tool_result":
                 continue
-            tid = block.get("tool_use_id")
-            if not isinstance(tid, str) or tid not in issued:
+            tid = _id_string(block.get("tool_use_id"), f"{field}.{i}.content.{j}.tool_use_id")
+            if tid not in issued:
+                # NOTE: Anthropic's words, naming the block (its path said once)
                 raise InvalidRequestError(
-                    f"{field}.{i}.content.{j}: unexpected tool_use_id {tid!r} in a tool_result "
-                    "block: each tool_result block must answer a tool_use block of the "
-                    "previous message", field=f"{field}.{i}.content.{j}.tool_use_id")
+                    f"{field}.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
+                    f"blocks: {tid}. Each `tool_result` block must have a corresponding "
+                    "`tool_use` block in the previous message.", field=f"{field}.{i}.content.{j}")
+        # NOTE: the results open the message: a result after another block (text first) is
+        # Anthropic's 400 naming the message, never reordered into a prompt it refuses
+        lead = next((j for j, k in enumerate(kinds) if k != "tool_result"), len(kinds))
+        if order and "tool_result" in kinds[lead:]:
+            raise InvalidRequestError(
+                f"{field}.{i}: Did not find {len(order)} tool_result block(s) at the beginning "
+                "of this message. Messages following tool_use blocks must begin with a "
+                "matching number of tool_result blocks.", field=f"{field}.{i}")
         # NOTE: after the unknown ids (a mistyped id is said as such, not as a missing one)
-        results = {b.get("tool_use_id") for b in blocks
-                   if isinstance(b, Mapping) and b.get("type") == "tool_result"}
+        results = {b.get("tool_use_id") for b, k in zip(blocks, kinds, strict=True)
+                   if k == "tool_result"}
         missing = _unanswered(order, results)
         if missing:
             raise InvalidRequestError(

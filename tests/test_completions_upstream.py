@@ -8,6 +8,9 @@ of the surfaces outside chat:
   ``CompletionRequest`` has the same default. Now 16, per prompt, where the context has room
   for it; where it has not, the output runs to the context (``context_limit``), never a 400
   about a limit the client did not send.
+- ``logprobs: k`` with sampling listed the k best tokens only, so a sampled token outside
+  them had no ``top_logprobs`` entry; OpenAI's reference: "The API will always return the
+  logprob of the sampled token, so there may be up to logprobs+1 elements" (vLLM likewise).
 """
 
 from __future__ import annotations
@@ -87,3 +90,29 @@ def test_l4_omitted_max_tokens_is_per_prompt_and_bounded_by_the_context(
     with pytest.raises(openai.BadRequestError) as exc:
         oa.completions.create(model=m, prompt=long, max_tokens=16)
     assert exc.value.body["param"] == "max_tokens"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_p1_legacy_top_logprobs_always_hold_the_sampled_token(oa: openai.OpenAI,
+                                                             k: int) -> None:
+    """P1, O1: every ``top_logprobs`` entry holds the sampled token with its own logprob, the
+    k best first, so at most k + 1 entries (``logprobs: 0``: the token alone), streamed and
+    not; a hot sample makes tokens outside the k best certain."""
+    m = _model(oa)
+    kw: Any = dict(model=m, prompt="Once upon a time", max_tokens=24, logprobs=k,
+                   temperature=1.8, seed=11, extra_body=NO_EOS)
+    whole = oa.completions.create(**kw).choices[0].logprobs
+    chunks = list(oa.completions.create(stream=True, **kw))
+    streamed = [e for ch in chunks for c in ch.choices if c.logprobs
+                for e in zip(c.logprobs.tokens, c.logprobs.token_logprobs,
+                             c.logprobs.top_logprobs, strict=True)]
+    assert whole is not None
+    entries = list(zip(whole.tokens, whole.token_logprobs, whole.top_logprobs, strict=True))
+    assert entries == streamed and len(entries) == 24
+    outside = 0
+    for token, logprob, top in entries:
+        assert top[token] == logprob and len(top) <= k + 1, (token, top)
+        best = list(top.values())[:k]
+        assert best == sorted(best, reverse=True)
+        outside += len(top) == k + 1
+    assert outside > 0 if k else outside == 24

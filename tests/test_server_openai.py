@@ -128,7 +128,7 @@ def test_completions_token_prompt_and_legacy_logprobs(client: openai.OpenAI) -> 
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == 5
     # NOTE: the 3 best, and the sampled token where it is not among them (OpenAI's logprobs+1)
-    assert all(len(t) <= 4 and tok in t for tok, t in zip(lp.tokens, lp.top_logprobs))
+    assert all(len(t) <= 4 and tok in t for tok, t in zip(lp.tokens, lp.top_logprobs, strict=True))
     assert lp.text_offset == sorted(lp.text_offset)
     assert r.usage.prompt_tokens == 4
     batch = client.completions.create(model=MODEL, prompt=["a b", "c d"], max_tokens=2)

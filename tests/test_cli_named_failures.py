@@ -75,3 +75,21 @@ def test_python_api_draft_failure_is_a_draft_model_load_error() -> None:
         pytest.skip("speculative decoding needs a batch-invariant mode (native kernels)")
     with pytest.raises(DraftModelLoadError, match="/nonexistent/draft.gguf"):
         AsyncEngine.from_model_dir(None, EngineConfig(draft_model="/nonexistent/draft.gguf"))
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_e1_a_model_path_with_nothing_there_says_so(tmp_path: Path, command: str) -> None:
+    """E1 (CLI): ``--model`` spelled as a path where nothing exists (a ``.gguf`` name, a path
+    in a folder) is exit 2 with one line saying no such file or folder is there and where it
+    looked; it read "not a folder, not a .gguf file and not an installed package", wrong for a
+    name ending ``.gguf``. A bare name keeps the package wording."""
+    missing = tmp_path / "sub" / "model.gguf"
+    argv = {"generate": ["generate", "hi", "--max-tokens", "2"],
+            "serve": ["serve", "--port", "18349"], "bench": ["bench", "-n", "1"]}[command]
+    r = _coda(*argv, "--model", str(missing))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr[-2000:])
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"no such file or folder ({missing})" in last and "not a .gguf file" not in last, last
+    assert "Traceback" not in r.stderr
+    bare = _coda("generate", "hi", "--model", "no_such_model_package_here")
+    assert bare.returncode == 2 and "not an installed package" in bare.stderr, bare.stderr

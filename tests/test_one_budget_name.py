@@ -37,7 +37,10 @@ COMPARES_BUDGET = frozenset({"engine/plan.py", "output.py", "early_stop.py",
 # echoed prompt only), so it is refused there without ``echo`` and accepted by the plan with it
 # The same for Anthropic's own rule relating two wire fields (thinking.budget_tokens <
 # max_tokens, refused as Anthropic refuses it): a wire check, not the budget's admission
+# Likewise what an omitted ``max_tokens`` means on the completions wire (OpenAI's default, 16;
+# the room for it is the plan's own ``fits_context``)
 WIRE_MEANING = frozenset({("server/openai_routes.py", "_reject_unsupported"),
+                          ("server/openai_routes.py", "_completion_budget"),
                           ("server/anthropic_checks.py", "thinking_budget")})
 PRODUCT_ONLY = frozenset({"bench.py"})  # NOTE: test support calling transformers.generate
 

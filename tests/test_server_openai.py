@@ -127,7 +127,9 @@ def test_completions_token_prompt_and_legacy_logprobs(client: openai.OpenAI) -> 
                                   extra_body={"ignore_eos": True})
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == 5
-    assert all(len(t) <= 3 for t in lp.top_logprobs) and lp.text_offset == sorted(lp.text_offset)
+    # NOTE: the 3 best, and the sampled token where it is not among them (OpenAI's logprobs+1)
+    assert all(len(t) <= 4 and tok in t for tok, t in zip(lp.tokens, lp.top_logprobs, strict=True))
+    assert lp.text_offset == sorted(lp.text_offset)
     assert r.usage.prompt_tokens == 4
     batch = client.completions.create(model=MODEL, prompt=["a b", "c d"], max_tokens=2)
     assert [c.index for c in batch.choices] == [0, 1]

@@ -123,6 +123,12 @@ def resolve_model(spec: str | Path | None) -> ModelSource:
     if str(spec) == "default":  # NOTE: one spelling of the embedded model for every command
         return resolve_model(None)
     src = _from_package(str(spec)) if re.fullmatch(r"[A-Za-z0-9][\w.-]*", str(spec)) else None
+    if src is None and (path.suffix.lower() == ".gguf" or len(path.parts) > 1
+                        or str(spec).startswith(("~", "."))):
+        # NOTE: spelled as a path (a folder in it, a .gguf name): say that nothing is there,
+        # not that it is "not a .gguf file"
+        raise ModelLoadError(f"model {str(spec)!r} not found: no such file or folder "
+                             f"({path.absolute()})")
     if src is None:
         raise ModelLoadError(f"model {str(spec)!r} not found: not a folder, not a .gguf file "
                              f"and not an installed package that ships a .gguf")

@@ -59,7 +59,11 @@ def legacy_logprobs(tokens: Iterable[TokenInfo], start: int, end: int, *,
     characters ``[start, end)`` of the choice's text (offsets clamped into that span).
 
     A special token the request skips (``skip_special_tokens``) adds no text, so it does not
-    move the offset: ``[".", "<|endoftext|>", "user"]`` has offsets ``[0, 1, 1]``."""
+    move the offset: ``[".", "<|endoftext|>", "user"]`` has offsets ``[0, 1, 1]``.
+
+    Each ``top_logprobs`` entry is the ``k`` best, then the token itself where it is not among
+    them (a sampled or a prompt token): OpenAI's "The API will always return the logprob of the
+    sampled token, so there may be up to logprobs+1 elements", as vLLM does."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                            "text_offset": []}
     offset = start
@@ -67,7 +71,10 @@ def legacy_logprobs(tokens: Iterable[TokenInfo], start: int, end: int, *,
         text = _text(t.piece)
         out["tokens"].append(text)
         out["token_logprobs"].append(t.logprob)
-        out["top_logprobs"].append({_text(raw): lp for raw, lp in _alternatives(t)})
+        top = {_text(raw): lp for raw, lp in _alternatives(t)}
+        if t.logprob is not None and all(i != t.token_id for i, _ in t.top_logprobs):
+            top.setdefault(text, t.logprob)
+        out["top_logprobs"].append(top)
         out["text_offset"].append(min(offset, end))
         if not (skip_special and t.special):
             offset += len(text)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from coda.engine.plan import fits_context
 from coda.errors import InvalidRequestError
 from coda.server import echo as ec
 from coda.server import logprobs as lp
@@ -41,6 +42,10 @@ from coda.server.tool_results import check_openai_results
 from coda.stream import Terminal
 
 router = APIRouter()
+
+# NOTE: what an omitted ``max_tokens`` means on legacy completions: OpenAI's API reference
+# ("Defaults to 16") and vLLM's CompletionRequest both say 16 (chat has no such default)
+COMPLETIONS_MAX_TOKENS = 16
 
 
 def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -127,6 +132,19 @@ def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
     return out
 
 
+def _completion_budget(st: ServerState, max_tokens: int | None,
+                       prompts: Sequence[Sequence[int]]) -> int | None | tuple[int | None, ...]:
+    """A legacy completion's budget: as asked; omitted, each prompt's own: the wire's default
+    :data:`COMPLETIONS_MAX_TOKENS` where the context has room for it after that prompt (the
+    plan's own rule), else None — omitted, so the plan bounds it by the context and it ends
+    ``context_limit`` rather than being refused for a limit the client never sent."""
+    if max_tokens is not None:
+        return max_tokens
+    ctx = st.engine.context_length
+    return tuple(COMPLETIONS_MAX_TOKENS if fits_context(len(p), COMPLETIONS_MAX_TOKENS, ctx)
+                 else None for p in prompts)
+
+
 class OpenAIAdapter:
     """Chat completions or legacy completions as a :class:`~coda.server.create.Adapter`."""
 
@@ -151,6 +169,7 @@ class OpenAIAdapter:
             max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
         tool = tl.knob_fields(plan, body.response_format) if plan is not None else {}
         prompts = await asyncio.to_thread(_prompts, st, body, plan, messages)  # NOTE: CPU-bound
+        asked = max_tokens if chat else _completion_budget(st, max_tokens, prompts)
         reasoning = None
         if isinstance(body, ChatCompletionRequest):
             fmt = body.response_format
@@ -190,7 +209,7 @@ class OpenAIAdapter:
                          on_disconnect=body.on_disconnect,
                          keep=not (isinstance(body, ChatCompletionRequest)
                                    and body.store is False),
-                         max_tokens=max_tokens, max_tokens_field=mt_field,
+                         max_tokens=asked, max_tokens_field=mt_field,
                          prompt_field="messages" if chat else "prompt", stop=body.stop,
                          n=body.n, seed=body.seed, temperature=body.temperature,
                          top_p=sampled_top_p(body.top_p), presence_penalty=body.presence_penalty,

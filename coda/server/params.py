@@ -153,7 +153,8 @@ class Parsed:
 
 def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: RenderSpec, *,
               call_id: str, backpressure: BackpressureConfig | None, stream: bool,
-              max_tokens: int | None, max_tokens_field: str, prompt_field: str,
+              max_tokens: int | None | Sequence[int | None], max_tokens_field: str,
+              prompt_field: str,
               stop: str | Sequence[str] | None = None, stop_field: str = "stop", n: int = 1,
               seed: int | None = None, temperature: float | None = None,
               top_p: float | None = None, presence_penalty: float | None = None,
@@ -171,7 +172,8 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
     The keywords are the protocol's values once its own spelling is resolved (what no
     :class:`CodaExtensions` field holds): ``max_tokens`` is the token budget under its one
     internal name, whatever the wire called it, and ``max_tokens_field`` that wire name
-    (errors about the budget name it); likewise ``prompt_field``, ``stop_field`` and
+    (errors about the budget name it; a sequence: one budget per prompt, as legacy
+    completions resolve an omitted one); likewise ``prompt_field``, ``stop_field`` and
     ``logprobs_field``. ``grammar`` and ``stops_end_at`` come from a tool plan
     (:func:`coda.server.tools.knob_fields`), ``reasoning`` from
     :func:`coda.reasoning.reasoning_spec` (issue 23); ``grammar_field`` is the wire field the
@@ -205,7 +207,8 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
         rid = call_id if len(prompts) == 1 else f"{call_id}-p{k}"
         # NOTE: the budget travels as max_tokens (None when omitted): the plan checks it
         requests += [GenerationRequest(
-            prompt_token_ids=tuple(ids), sampling=sampling, max_tokens=max_tokens,
+            prompt_token_ids=tuple(ids), sampling=sampling,
+            max_tokens=max_tokens[k] if isinstance(max_tokens, Sequence) else max_tokens,
             stop=stops, stop_token_ids=_stop_ids(ext.stop_token_ids),
             include_stop_str_in_output=ext.include_stop_str_in_output,
             skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,

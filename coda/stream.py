@@ -147,6 +147,9 @@ class Terminal:
     # delta's at a stop): a token whose first bytes a delta sent before a stop string that
     # starts inside it. Reported even when the end is a stop or EOS (coda.server.logprobs).
     trailing_shown: int = 0
+    # O1: a chat prediction's ``accepted`` / ``rejected`` tokens against the output's
+    # (coda.engine.prediction; None: no prediction), the same with or without drafting
+    prediction: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)

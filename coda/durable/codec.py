@@ -77,7 +77,8 @@ def _terminal(t: Terminal) -> dict[str, Any]:
             "reasoning": _split(t.reasoning),
             "speculative": dict(t.speculative) if t.speculative is not None else None,
             "prompt_logprobs": _tokens(t.prompt_logprobs),
-            "trailing_shown": t.trailing_shown}
+            "trailing_shown": t.trailing_shown,
+            "prediction": dict(t.prediction) if t.prediction is not None else None}
 
 
 def _split(r: ReasoningSplit | None) -> dict[str, Any] | None:
@@ -108,7 +109,7 @@ def _unterminal(d: dict[str, Any]) -> Terminal:
                     int(d["versions"][0]), str(d["versions"][1]), d.get("model_snapshot"),
                     _unsplit(d.get("reasoning")), d.get("speculative"),
                     _untokens(d.get("prompt_logprobs", [])),
-                    int(d.get("trailing_shown", 0)))
+                    int(d.get("trailing_shown", 0)), d.get("prediction"))
 
 
 def encode_event(ev: StreamEvent) -> bytes:

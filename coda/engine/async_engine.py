@@ -103,9 +103,12 @@ class AsyncEngine:
         self.speculative = (None if config.speculative == "off" else
                             DRAFT_CONFIG if drafter is not None else SpeculativeConfig(costs=costs))
         # NOTE: a chat prediction drafts wherever the mode verifies exactly, the flag or not
-        # (its own tokens too under prompt lookup); elsewhere it is only counted
-        self.predicted = (SpeculativeConfig(costs=costs, prior_accept=PREDICTION_PRIOR,
-                                            lookup=config.speculative == "prompt-lookup")
+        # (its own tokens too under prompt lookup); elsewhere it is only counted. Its k is
+        # priced by the measured forwards where the engine times them (the flag on), else by
+        # the row rule: a plain request never enters the timing (issue 22)
+        lookup = config.speculative == "prompt-lookup"
+        self.predicted = (SpeculativeConfig(costs=costs if lookup else None,
+                                            prior_accept=PREDICTION_PRIOR, lookup=lookup)
                           if invariant else None)
         self.kv_reason = kv_reason
         self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
@@ -126,8 +129,8 @@ class AsyncEngine:
                           blocks)
         self.core = EngineCore(runner, sched, self.tokenizer, trace,
                                max_forward_retries=config.max_forward_retries, drafter=drafter,
-                               verify_costs=None if self.predicted is None
-                               else self.predicted.costs)
+                               verify_costs=None if self.speculative is None
+                               else self.speculative.costs)
         self._inbox: deque[EngineRequest] = deque()
         # NOTE: work that must run on the engine thread between steps (embeddings)
         self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()

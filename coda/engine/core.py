@@ -106,8 +106,8 @@ class EngineRequest(RequestRun, Sequence):
         # NOTE: issue 21: drafting state (None: off on the server or for this request)
         # NOTE: issue 22: speculation off on the server: the drafting module is never entered
         # NOTE: a chat prediction drafts under ``predicted`` (None: the mode cannot verify)
-        self.spec = spec = (state_for(speculative, plan, predicted)
-                            if speculative is not None or predicted is not None else None)
+        self.spec = spec = (state_for(speculative, plan, predicted) if speculative is not None
+                            or (predicted is not None and plan.prediction) else None)
         if spec is not None:
             self.speculative = spec.counts   # NOTE: the terminal reports them (coda.speculative)
         # T4, L7: the request's whole RNG state is the counter RNG's (seed, step), which every

@@ -57,7 +57,8 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
             check_json_word_chat(body.messages)
         if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
             check_json_schema_format(fmt.json_schema, "response_format.json_schema")
-        check_prediction(body)  # NOTE: OpenAI's limits beside a prediction (400 naming each)
+        if body.prediction is not None:  # NOTE: OpenAI's limits beside one (400 naming each)
+            check_prediction(body)
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")
@@ -148,6 +149,9 @@ class OpenAIAdapter:
         if isinstance(body, ChatCompletionRequest):
             max_tokens = body.max_completion_tokens or body.max_tokens
             mt_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            if body.prediction is not None and body.max_completion_tokens:  # NOTE: as OpenAI
+                raise InvalidRequestError(f"{mt_field}: not supported with prediction (OpenAI's "
+                                          f"predicted outputs); use max_tokens", field=mt_field)
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
             max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
@@ -169,7 +173,8 @@ class OpenAIAdapter:
                                       field="max_reasoning_tokens")
         predicted = (await asyncio.to_thread(prediction_ids, st.engine.tokenizer,
                                              body.prediction)
-                     if isinstance(body, ChatCompletionRequest) else None)
+                     if isinstance(body, ChatCompletionRequest)
+                     and body.prediction is not None else None)
         options = body.stream_options
         call_id = new_id(self.id_prefix)
         echo: tuple[str, ...] = ()

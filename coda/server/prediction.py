@@ -2,9 +2,10 @@
 
 OpenAI documents the parameters a prediction cannot be combined with (its Predicted Outputs
 guide, "Limitations"): ``n`` above 1, ``logprobs``, ``presence_penalty`` or
-``frequency_penalty`` above 0, audio (``modalities`` with ``audio``), ``max_completion_tokens``,
-and tools / function calling. Each is refused here with a 400 in OpenAI's error shape naming
-the parameter, before anything is tokenized. The prediction itself becomes token ids
+``frequency_penalty`` above 0, audio (``modalities`` with ``audio``), the budget's newer wire
+name (refused by the chat adapter's parse, the one place that reads it: L4), and tools /
+function calling. Each is a 400 in OpenAI's error shape naming the parameter, before anything
+is tokenized. The prediction itself becomes token ids
 (:func:`prediction_ids`): the engine drafts from them where it verifies exactly and counts them
 against the output (:mod:`coda.engine.prediction`; docs/api.md, docs/speculative.md).
 """
@@ -26,9 +27,7 @@ def _refuse(param: str, what: str) -> InvalidRequestError:
 
 def check_prediction(body: ChatCompletionRequest) -> None:
     """Raise :class:`InvalidRequestError` naming the first parameter OpenAI does not allow
-    beside a ``prediction`` (module docstring); nothing where none was sent."""
-    if body.prediction is None:
-        return
+    beside a ``prediction`` (module docstring; called only where one was sent)."""
     if body.n > 1:
         raise _refuse("n", "n greater than 1")
     if body.logprobs:
@@ -41,8 +40,6 @@ def check_prediction(body: ChatCompletionRequest) -> None:
         raise _refuse("frequency_penalty", "frequency_penalty greater than 0")
     if body.modalities is not None and "audio" in body.modalities:
         raise _refuse("modalities", "audio output")
-    if body.max_completion_tokens is not None:
-        raise _refuse("max_completion_tokens", "max_completion_tokens (use max_tokens)")
     if body.tools:
         raise _refuse("tools", "function calling (tools)")
     if body.functions:

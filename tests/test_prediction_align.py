@@ -105,3 +105,20 @@ def test_t4_an_edit_that_rejoins_drafts_again_from_where_it_rejoined() -> None:
     look.point = 0
     assert look.match([11, 12]) == (3, 2)
     assert look.follow(len(pred), 4) == ()  # NOTE: never past the prediction's end
+
+
+def test_o1_prediction_counts_survive_the_durable_log() -> None:
+    """O1, P3: the terminal's prediction counts round-trip through the stream log's codecs
+    (JSON and MessagePack), so a replay reports the usage the first delivery did."""
+    from coda.durable.codec import decode_event, encode_event, pack_run, unpack_events
+    from coda.finish import FinishReason, Usage
+    from coda.lifecycle import State
+    from coda.stream import EventType, StreamEvent, Terminal
+
+    for counts in ({"accepted": 7, "rejected": 3}, None):
+        term = Terminal(State.FINISHED, FinishReason.EOS, Usage(prompt_tokens=2),
+                        prediction=counts)
+        ev = StreamEvent("r", 3, EventType.TERMINAL, terminal=term)
+        assert decode_event(encode_event(ev)).terminal == term
+        blob, _ = pack_run([ev])
+        assert unpack_events("r", blob)[-1].terminal == term

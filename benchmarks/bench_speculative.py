@@ -282,7 +282,8 @@ def main() -> None:
     print(f"model {args.model}, mode {plain.loaded.mode.name} "
           f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
           f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "
-          f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'}, k: "
+          f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'} (predict: the "
+          f"prediction, on the plain engine), k: "
           f"{'up to ' + str(args.eager_k) if args.eager_k else 'cost-aware'}")
     longest = max(len(plain.tokenizer.encode(t).ids) for w in args.workloads.split(",")
                   for t in prompts(w)[:args.requests])

@@ -14,8 +14,10 @@ after, the output's last tokens are aligned into the prediction n-gram style: am
 occurrences in the prediction of the output's last ``max_ngram`` tokens (else fewer, down to
 one), the one that agrees with the output's end over the most tokens (read backwards, at most
 ``cap``), ties to the first at or after the last point (the output moves forward through the
-prediction), else to the first. So an edit that leaves the prediction and re-joins it drafts
-again from where it re-joined. Drafts never pass the prediction's end. A wrong draft costs a
+prediction), else to the first. The engine drafts from a match only where it agrees over at
+least 2 tokens (or at the start): one token alone re-aligns anywhere in a file, and its drafts
+were mostly rejected. So an edit that leaves the prediction and re-joins it drafts again from
+the second token after it re-joined. Drafts never pass the prediction's end. A wrong draft costs a
 verified row, never a different output: every draft passes the same sample-and-match rule as
 prompt lookup's.
 """

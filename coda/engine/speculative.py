@@ -238,7 +238,10 @@ class SpecState:
         if self.predicted is not None:
             output = tokens[seq.num_prompt_tokens:]
             hit = self.predicted.match(output)
-            if hit is not None:  # NOTE: the prediction first; own tokens where it has no match
+            # NOTE: the prediction first (from its start, or where the output's last 2+
+            # tokens align into it: one token alone re-aligns anywhere in a file); own
+            # tokens where it has no such match
+            if hit is not None and (hit[1] >= 2 or not output):
                 self.match_length = hit[1]
                 k = min(room, self.k_for(rows, self.acceptance_at(hit[1])))
                 return self.predicted.follow(hit[0], k) if k > 0 else ()

@@ -5,7 +5,12 @@ its default batch-invariant mode):
 
 * ``copy``: copy-heavy chat prompts: edit a ~300-token code file (rename a name and give the
   whole file back) and answer with quotes from a ~300-token document;
-* ``free``: free-text prompts (a story, an explanation), where prompt lookup finds little.
+* ``free``: free-text prompts (a story, an explanation), where prompt lookup finds little;
+* ``predict``: OpenAI's predicted outputs (chat ``prediction``; coda.engine.prediction):
+  "repeat this code with one change" (rename its first function) over the ~300-token code
+  files, each request's file as its prediction. Here the two columns are both the
+  **plain** engine (no ``--speculative``: the default mode drafts a prediction anyway),
+  without and with the prediction; acceptance and byte comparison as for the others.
 
 Each workload runs at batch 1 (requests one after another) and batch 8 (all submitted at
 once), greedy and seeded T = 0.8, on two engines that share nothing but the model file: plain
@@ -41,14 +46,15 @@ costs (the row cost, the Python per step), not what prompt lookup gains on a rea
 
 Run: ``PYTHONPATH=. python benchmarks/bench_speculative.py [--max-tokens 128] [--repeats 1]
 [--clock cpu] [--threads 1] [--draft-model cut:12] [--requests 4] [--samplings greedy]
-[--model FILE.gguf] [--no-llamacpp]`` (prints a markdown table; docs/speculative.md has the
-figures).
+[--model FILE.gguf] [--no-llamacpp] [--workloads predict]`` (prints a markdown table;
+docs/speculative.md has the figures).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -102,9 +108,23 @@ def _chat(user: str) -> str:
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
+def _one_change(code: str) -> str:
+    """Repeat ``code`` renaming its first function (or ``self``): one change."""
+    old = re.findall(r"def (\w+)", code)[0] if "def " in code else "self"
+    return (f"Repeat the following code with one change: rename `{old}` to `{old}_v2`.\n\n"
+            f"```python\n{code}\n```")
+
+
+def predictions(workload: str) -> list[str] | None:
+    """The ``predict`` workload's predictions (each prompt's code file), else None."""
+    return _code_files() if workload == "predict" else None
+
+
 def prompts(workload: str) -> list[str]:
     if workload == "free":
         return [_chat(p) for p in _FREE]
+    if workload == "predict":
+        return [_chat(_one_change(code)) for code in _code_files()]
     edits = [_chat("Rename `self` to `this` everywhere in the following code and give the "
                    "whole file back, nothing else:\n\n" + code) for code in _code_files()]
     quotes = [_chat(f"Document:\n{_DOC}\n\nAnswer by quoting the document word for word: {q}")
@@ -262,7 +282,8 @@ def main() -> None:
     print(f"model {args.model}, mode {plain.loaded.mode.name} "
           f"(batch-invariant: {plain.loaded.mode.batch_invariant}), max_tokens "
           f"{args.max_tokens}, repeats {args.repeats}, clock {args.clock}, load average "
-          f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'}, k: "
+          f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'} (predict: the "
+          f"prediction, on the plain engine), k: "
           f"{'up to ' + str(args.eager_k) if args.eager_k else 'cost-aware'}")
     longest = max(len(plain.tokenizer.encode(t).ids) for w in args.workloads.split(",")
                   for t in prompts(w)[:args.requests])
@@ -290,18 +311,26 @@ def main() -> None:
                 reqs = [GenerationRequest(tuple(plain.tokenizer.encode(t).ids), sampling(i),
                                           max_tokens=args.max_tokens)
                         for i, t in enumerate(texts)]
+                # NOTE: predict: the plain engine, without and then with the prediction
+                told = predictions(workload)
+                other, reqs_b = spec, reqs
+                if told is not None:
+                    other = plain
+                    reqs_b = [replace(r, prediction=tuple(plain.tokenizer.encode(
+                        t, add_special_tokens=False).ids)) for r, t in zip(reqs, told, strict=False)]
                 for batch in (int(b) for b in args.batches.split(",")):
                     firsts = [replace(r, max_tokens=1) for r in reqs]
+                    firsts_b = [replace(r, max_tokens=1) for r in reqs_b]
                     plain_tps, spec_tps, plain_dec, spec_dec = [], [], [], []
                     llama_tps: list[float] = []
                     llama_dec: list[float] = []
                     for _ in range(args.repeats):  # NOTE: interleaved: the load hits all alike
                         a = run_set(plain, reqs, batch)
-                        b = run_set(spec, reqs, batch)
+                        b = run_set(other, reqs_b, batch)
                         if llama is not None and batch == 1:
                             c = llamacpp_set(llama, reqs, a.lengths)
                         a1 = run_set(plain, firsts, batch)
-                        b1 = run_set(spec, firsts, batch)
+                        b1 = run_set(other, firsts_b, batch)
                         if llama is not None and batch == 1:
                             c1 = llamacpp_set(llama, reqs, [min(n, 1) for n in a.lengths])
                             llama_tps.append(c.tokens / c.seconds)

@@ -107,6 +107,11 @@ class RequestRun:
     def processor(self) -> OutputProcessor | None:
         return self._processor
 
+    def prediction_counts(self) -> Mapping[str, int] | None:
+        """A chat prediction's accepted / rejected tokens against the output, for the
+        terminal (None: no prediction; the engine's request computes them)."""
+        return None
+
     # -- resources -------------------------------------------------------------------------
     def acquire(self, kind: ResourceKind, release: Release) -> None:
         self.lifecycle.acquire(kind, release)
@@ -230,7 +235,8 @@ class RequestRun:
             model_snapshot=self.stream.model_snapshot,
             reasoning=proc.reasoning_split() if proc is not None else None,
             speculative=dict(self.speculative) if self.speculative is not None else None,
-            prompt_logprobs=tuple(self.prompt_logprobs))
+            prompt_logprobs=tuple(self.prompt_logprobs),
+            prediction=self.prediction_counts())
 
         def emit() -> None:
             ev = self.stream.close(terminal)

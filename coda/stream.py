@@ -156,6 +156,9 @@ class Terminal:
     # delta's at a stop): a token whose first bytes a delta sent before a stop string that
     # starts inside it. Reported even when the end is a stop or EOS (coda.server.logprobs).
     trailing_shown: int = 0
+    # O1: a chat prediction's ``accepted`` / ``rejected`` tokens against the output's
+    # (coda.engine.prediction; None: no prediction), the same with or without drafting
+    prediction: Mapping[str, int] | None = None
 
     def timings(self) -> PhaseTimes:
         """The P5 phase times as one group (``coda.timings`` on the wire, the durable log)."""

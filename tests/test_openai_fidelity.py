@@ -126,21 +126,30 @@ def test_p1_prompt_cache_retention_is_accepted_and_checked(oa: openai.OpenAI) ->
 
 
 def test_p1_chat_prediction_is_accepted_checked_and_counted(oa: openai.OpenAI) -> None:
-    """P1: chat ``prediction`` ({type: content, content: text or text parts}) is served, and
-    usage reports ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` (0); a bad
-    shape is a 400 naming ``prediction``."""
+    """P1, O1: chat ``prediction`` ({type: content, content: text or text parts}) is served
+    with the output it would have without it, and usage reports ``accepted_prediction_tokens``
+    / ``rejected_prediction_tokens`` (they add up to the prediction's tokens; text parts count
+    as their joined text); a bad shape is a 400 naming ``prediction``."""
     m = _model(oa)
-    for content in ("Hello there", [{"type": "text", "text": "Hello there"}]):
+    plain_text = oa.chat.completions.create(model=m, messages=U, max_tokens=4,
+                                            temperature=0).choices[0].message.content
+    counts = []
+    for content in ("Hello there", [{"type": "text", "text": "Hello"},
+                                    {"type": "text", "text": " there"}]):
         pred: Any = {"type": "content", "content": content}
-        r = oa.chat.completions.create(model=m, messages=U, max_tokens=4, prediction=pred)
+        r = oa.chat.completions.create(model=m, messages=U, max_tokens=4, prediction=pred,
+                                       temperature=0)
+        assert r.choices[0].message.content == plain_text
         details: Any = r.usage.completion_tokens_details  # type: ignore[union-attr]
-        assert details.accepted_prediction_tokens == 0
-        assert details.rejected_prediction_tokens == 0
+        counts.append((details.accepted_prediction_tokens, details.rejected_prediction_tokens))
+        assert details.accepted_prediction_tokens + details.rejected_prediction_tokens >= 2
+    assert counts[0] == counts[1]
     chunks = list(oa.chat.completions.create(
         model=m, messages=U, max_tokens=4, stream=True, stream_options={"include_usage": True},
-        prediction={"type": "content", "content": "Hello"}))
+        prediction={"type": "content", "content": "Hello there"}, temperature=0))
     usage: Any = chunks[-1].usage
-    assert usage.completion_tokens_details.rejected_prediction_tokens == 0
+    assert (usage.completion_tokens_details.accepted_prediction_tokens,
+            usage.completion_tokens_details.rejected_prediction_tokens) == counts[0]
     plain = oa.chat.completions.create(model=m, messages=U, max_tokens=4)
     assert plain.usage is not None and plain.usage.completion_tokens_details is None
     base = str(oa.base_url).rstrip("/")

@@ -76,7 +76,8 @@ def _terminal(t: Terminal) -> dict[str, Any]:
             "reasoning": _split(t.reasoning),
             "speculative": dict(t.speculative) if t.speculative is not None else None,
             "prompt_logprobs": _tokens(t.prompt_logprobs),
-            "trailing_shown": t.trailing_shown}
+            "trailing_shown": t.trailing_shown,
+            "prediction": dict(t.prediction) if t.prediction is not None else None}
 
 
 def _split(r: ReasoningSplit | None) -> dict[str, Any] | None:
@@ -109,7 +110,8 @@ def _unterminal(d: dict[str, Any]) -> Terminal:
                     model_snapshot=d.get("model_snapshot"), reasoning=_unsplit(d.get("reasoning")),
                     speculative=d.get("speculative"),
                     prompt_logprobs=_untokens(d.get("prompt_logprobs", [])),
-                    trailing_shown=int(d.get("trailing_shown", 0)))
+                    trailing_shown=int(d.get("trailing_shown", 0)),
+                    prediction=d.get("prediction"))
 
 
 def encode_event(ev: StreamEvent) -> bytes:

@@ -31,7 +31,7 @@ from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, pl
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo, RequestHandle
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
-from coda.engine.speculative import SpeculativeConfig, refusal
+from coda.engine.speculative import PREDICTION_PRIOR, SpeculativeConfig, refusal
 from coda.engine.types import EngineConfig, EngineConfigError, EngineStats, GenerationRequest
 from coda.engine.verify_costs import VerifyCosts
 from coda.errors import EngineNotStartedError, InvalidRequestError
@@ -87,8 +87,8 @@ class AsyncEngine:
         self.limits = ModelLimits(self.context_length, mc.vocab_size, self.eos_token_ids,
                                   config.max_stop_strings, config.max_stop_string_bytes,
                                   config.default_max_tokens)
-        why = refusal(config.speculative, loaded.mode.batch_invariant
-                      and runner.invariant_attention, loaded.mode.name)
+        invariant = loaded.mode.batch_invariant and runner.invariant_attention
+        why = refusal(config.speculative, invariant, loaded.mode.name)
         if why is not None:  # NOTE: issue 21: said at start, nothing served inexactly
             raise EngineConfigError(why, field="speculative")
         if (config.speculative == "draft") != (drafter is not None):
@@ -102,6 +102,14 @@ class AsyncEngine:
                             else time.monotonic)
         self.speculative = (None if config.speculative == "off" else
                             DRAFT_CONFIG if drafter is not None else SpeculativeConfig(costs=costs))
+        # NOTE: a chat prediction drafts wherever the mode verifies exactly, the flag or not
+        # (its own tokens too under prompt lookup); elsewhere it is only counted. Its k is
+        # priced by the measured forwards where the engine times them (the flag on), else by
+        # the row rule: a plain request never enters the timing (issue 22)
+        lookup = config.speculative == "prompt-lookup"
+        self.predicted = (SpeculativeConfig(costs=costs if lookup else None,
+                                            prior_accept=PREDICTION_PRIOR, lookup=lookup)
+                          if invariant else None)
         self.kv_reason = kv_reason
         self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
         if trace is None:
@@ -287,6 +295,7 @@ class AsyncEngine:
         ereq = EngineRequest(plan, next(self._ids), self.tokenizer, self.trace,
                              arrival=time.monotonic(), grammar=grammar, early_stop=controller,
                              closer=closer, speculative=self.speculative,
+                             predicted=self.predicted,
                              model=self.model_name, model_snapshot=self.model_snapshot)
         handle = self.log.open_handle(ereq, self._wake)
         self._track(handle)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import tokenizers
 import torch
@@ -25,6 +25,7 @@ from coda.engine.draft import Drafter, DraftJob
 from coda.engine.early_stop_hook import make_hook
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.plan import RequestPlan
+from coda.engine.prediction import prediction_counts as count_prediction
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
@@ -79,7 +80,8 @@ class EngineRequest(RequestRun, Sequence):
                  early_stop: EarlyStopController | None = None,
                  closer: BudgetCloser | None = None,
                  speculative: SpeculativeConfig | None = None, model: str | None = None,
-                 model_snapshot: str | None = None) -> None:
+                 model_snapshot: str | None = None,
+                 predicted: SpeculativeConfig | None = None) -> None:
         # NOTE: the one constructor of the parts (RequestRun's): stream (opened with its
         # start event for ``model``), trace handle, processor and its hooks, in one call
         RequestRun.__init__(
@@ -103,7 +105,9 @@ class EngineRequest(RequestRun, Sequence):
         self.closer = closer                 # issue 13: close within the budget
         # NOTE: issue 21: drafting state (None: off on the server or for this request)
         # NOTE: issue 22: speculation off on the server: the drafting module is never entered
-        self.spec = spec = state_for(speculative, plan) if speculative is not None else None
+        # NOTE: a chat prediction drafts under ``predicted`` (None: the mode cannot verify)
+        self.spec = spec = (state_for(speculative, plan, predicted) if speculative is not None
+                            or (predicted is not None and plan.prediction) else None)
         if spec is not None:
             self.speculative = spec.counts   # NOTE: the terminal reports them (coda.speculative)
         # T4, L7: the request's whole RNG state is the counter RNG's (seed, step), which every
@@ -128,6 +132,13 @@ class EngineRequest(RequestRun, Sequence):
         if self._rng_seed is None:
             raise RuntimeError("the request's RNG state was released; no draw may follow")
         return self._rng_seed
+
+    def prediction_counts(self) -> Mapping[str, int] | None:
+        """The prediction's accepted / rejected tokens against the output token ids
+        (coda.engine.prediction): the same whether or not it drafted."""
+        if self.plan.prediction is None:
+            return None
+        return count_prediction(self.plan.prediction, self.output_token_ids)
 
     def release_rng(self) -> dict[str, int]:
         """The ``rng_state`` resource's release: no draw may follow; reports the last step."""
@@ -252,9 +263,12 @@ class EngineCore:
                 out[sid] = forced
             elif not r.spec.forced:
                 guess.append((r, r.spec))
-        if self.drafter is None:
-            out.update((r.seq_id, d) for r, spec in guess if (d := self._verifiable(
-                r, spec.propose(r, r.processor.tokens_left, rows))))
+        # NOTE: a chat prediction drafts itself, a draft model or not (coda.engine.prediction)
+        own = [(r, spec) for r, spec in guess if self.drafter is None or spec.predicted]
+        out.update((r.seq_id, d) for r, spec in own if (d := self._verifiable(
+            r, spec.propose(r, r.processor.tokens_left, rows))))
+        guess = [(r, spec) for r, spec in guess if self.drafter is not None and not spec.predicted]
+        if self.drafter is None or not guess:
             return out
         jobs = [DraftJob(r, k, self._row(r), r.grammar) for r, spec in guess
                 if r.seq_id not in paused

@@ -77,6 +77,7 @@ class RequestPlan(OutputSpec):
     backpressure: BackpressureConfig | None = None
     speculative: bool = True  # issue 21: may this request speculate (if the server does)
     prompt_logprobs: int | None = None  # score each prompt token, k alternatives (echo)
+    prediction: tuple[int, ...] | None = None  # a chat prediction's ids (coda.engine.prediction)
     # NOTE: prompt plus budget, the sequence's bound in the KV cache: derived once here (a
     # value, not a property the engine calls back into the plan for, issue 22)
     max_total_tokens: int = field(init=False)
@@ -150,6 +151,10 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
                                        or not req.deadline_s > 0):
         raise InvalidRequestError("deadline must be > 0 seconds", field="deadline")
     _check_reasoning(req, limits)
+    if req.prediction is not None and not all(
+            _is_int(t) and 0 <= t < limits.vocab_size for t in req.prediction):
+        raise InvalidRequestError(f"prediction: token ids must be integers in [0, "
+                                  f"{limits.vocab_size})", field="prediction")
     seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
     # NOTE: L4: with the context as the limit, reaching it is context_limit, not
     # max_output_tokens; the budget never passes the context, so the per-token checks need
@@ -167,7 +172,8 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         prompt_token_ids=prompt, sampling=req.sampling, seed=seed,
         limits=limits, grammar=req.grammar, early_stop=req.early_stop,
         deadline_s=req.deadline_s, backpressure=req.backpressure,
-        speculative=req.speculative, prompt_logprobs=req.prompt_logprobs)
+        speculative=req.speculative, prompt_logprobs=req.prompt_logprobs,
+        prediction=None if req.prediction is None else tuple(req.prediction))
 
 
 def _is_int(x: object) -> bool:

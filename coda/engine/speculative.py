@@ -102,6 +102,7 @@ import torch
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.lookup import NgramIndex, copy_drafts
 from coda.engine.plan import RequestPlan
+from coda.engine.prediction import PredictionLookup
 from coda.engine.sampler import SamplingRow, TokenDecision
 from coda.engine.sequence import Sequence
 from coda.engine.types import SPECULATIVE_MODES
@@ -112,6 +113,9 @@ if TYPE_CHECKING:
     from coda.engine.closure import BudgetCloser
     from coda.engine.verify_costs import VerifyCosts
 
+# NOTE: a chat prediction is the answer the client expects: its drafts start surer than a
+# prompt-lookup guess (coda.engine.prediction)
+PREDICTION_PRIOR = 0.8
 MODES = SPECULATIVE_MODES  # NOTE: draft: coda.engine.draft
 _UNBOUNDED = 1 << 30
 
@@ -134,6 +138,9 @@ class SpeculativeConfig:
     # NOTE: the engine's measured verifications (coda.engine.verify_costs): at batch 1 they
     # price k instead of step_rows; None (tests, a draft model): the row rule alone
     costs: VerifyCosts | None = field(default=None, compare=False, repr=False)
+    # NOTE: draft from the request's own tokens (False: only a chat prediction's drafts,
+    # coda.engine.prediction: a server without --speculative prompt-lookup)
+    lookup: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram or self.k_max < 1:
@@ -156,11 +163,18 @@ def refusal(mode: str, batch_invariant: bool, mode_name: str) -> str | None:
     return None
 
 
-def state_for(config: SpeculativeConfig | None, plan: RequestPlan) -> SpecState | None:
+def state_for(config: SpeculativeConfig | None, plan: RequestPlan,
+              predicted: SpeculativeConfig | None = None) -> SpecState | None:
     """The request's speculation state, or None where it does not speculate (off on the
     server, ``speculative: false`` on the request). A grammar, the budget closer and a
-    reasoning budget speculate too (the module docstring's "Constrained requests")."""
-    if config is None or not plan.speculative:
+    reasoning budget speculate too (the module docstring's "Constrained requests"). A
+    request with a chat prediction drafts from it under ``predicted`` (the engine's config
+    for predictions: None where its mode cannot verify exactly), whatever the server flag."""
+    if not plan.speculative:
+        return None
+    if plan.prediction and predicted is not None:
+        return SpecState(predicted, prediction=plan.prediction)
+    if config is None:
         return None
     return SpecState(config)
 
@@ -169,8 +183,10 @@ class SpecState:
     """One request's drafting state: the n-gram index over its tokens, the current ``k``, the
     recent acceptance, and the counts the terminal reports (``coda.speculative``)."""
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, prediction: Seq[int] = ()) -> None:
         self.config = config
+        # NOTE: a chat prediction's lookup (coda.engine.prediction; None: no prediction)
+        self.predicted = PredictionLookup(prediction) if prediction else None
         self.counts: dict[str, int] = {"drafted": 0, "accepted": 0, "rejected": 0,
                                        "verify_steps": 0}
         self._recent: deque[tuple[int, int]] = deque(maxlen=config.window)  # (emitted, tried)
@@ -219,6 +235,18 @@ class SpecState:
         if room <= 0 or seq.num_uncomputed_tokens != 1:
             return ()
         tokens = seq.all_token_ids
+        if self.predicted is not None:
+            output = tokens[seq.num_prompt_tokens:]
+            hit = self.predicted.match(output)
+            # NOTE: the prediction first (from its start, or where the output's last 2+
+            # tokens align into it: one token alone re-aligns anywhere in a file); own
+            # tokens where it has no such match
+            if hit is not None and (hit[1] >= 2 or not output):
+                self.match_length = hit[1]
+                k = min(room, self.k_for(rows, self.acceptance_at(hit[1])))
+                return self.predicted.follow(hit[0], k) if k > 0 else ()
+        if not self.config.lookup:
+            return ()
         found = self._index.match(tokens)
         self.match_length = 0 if found is None else found[1]
         if found is None:

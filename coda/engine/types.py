@@ -78,6 +78,9 @@ class GenerationRequest:
     # echo: score every prompt token in the prefill, with this many alternatives (0..20;
     # None: no scoring); the terminal carries them (coda.engine.plan, Terminal.prompt_logprobs)
     prompt_logprobs: int | None = None
+    # OpenAI's chat ``prediction`` as token ids (None: none sent): drafted from where the
+    # engine can verify exactly, and counted against the output (coda.engine.prediction)
+    prediction: tuple[int, ...] | None = None
 
 
 class EngineConfigError(ValueError):

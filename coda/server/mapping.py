@@ -140,9 +140,12 @@ def system_fingerprint(model_snapshot: str | None) -> str | None:
     return "fp_" + model_snapshot.removeprefix("sha256:")[:10]
 
 
-def prediction_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """``usage`` of a request with a ``prediction``: its accepted and rejected tokens, 0 (the
-    prediction is checked, not used to draft: docs/api.md)."""
+def prediction_usage(usage: dict[str, Any], terminals: list[Terminal]) -> dict[str, Any]:
+    """``usage`` of a request with a ``prediction``: its prediction tokens that the output
+    has, in order (``accepted_prediction_tokens``), and the rest (``rejected_...``), as the
+    engine counted them (coda.engine.prediction; the same whether or not it drafted)."""
+    counts = [t.prediction for t in terminals if t.prediction is not None]
     details = {**usage.get("completion_tokens_details", {}),
-               "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
+               "accepted_prediction_tokens": sum(c["accepted"] for c in counts),
+               "rejected_prediction_tokens": sum(c["rejected"] for c in counts)}
     return {**usage, "completion_tokens_details": details}

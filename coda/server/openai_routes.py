@@ -35,6 +35,7 @@ from coda.server.mapping import (
 from coda.server.openai_checks import check_json_word_chat
 from coda.server.openai_stream import OpenAIRenderer, reported_usage
 from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
+from coda.server.prediction import check_prediction, prediction_ids
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.state import Record, ServerState, register_renderer
@@ -61,6 +62,8 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
             check_json_word_chat(body.messages)
         if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
             check_json_schema_format(fmt.json_schema, "response_format.json_schema")
+        if body.prediction is not None:  # NOTE: OpenAI's limits beside one (400 naming each)
+            check_prediction(body)
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")
@@ -164,6 +167,9 @@ class OpenAIAdapter:
         if isinstance(body, ChatCompletionRequest):
             max_tokens = body.max_completion_tokens or body.max_tokens
             mt_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            if body.prediction is not None and body.max_completion_tokens:  # NOTE: as OpenAI
+                raise InvalidRequestError(f"{mt_field}: not supported with prediction (OpenAI's "
+                                          f"predicted outputs); use max_tokens", field=mt_field)
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
             max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
@@ -184,6 +190,10 @@ class OpenAIAdapter:
         elif body.max_reasoning_tokens is not None:
             raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
                                       field="max_reasoning_tokens")
+        predicted = (await asyncio.to_thread(prediction_ids, st.engine.tokenizer,
+                                             body.prediction)
+                     if isinstance(body, ChatCompletionRequest)
+                     and body.prediction is not None else None)
         options = body.stream_options
         call_id = new_id(self.id_prefix)
         echo: tuple[str, ...] = ()
@@ -216,6 +226,7 @@ class OpenAIAdapter:
                          frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias,
                          logprobs=logprobs,
                          logprobs_field="top_logprobs" if chat else "logprobs",
+                         prediction=predicted,
                          reasoning=reasoning, **tool)
 
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:

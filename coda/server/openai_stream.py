@@ -212,4 +212,4 @@ def reported_usage(terminals: list[Terminal], spec: OpenAIRender) -> dict[str, A
     """The answer's ``usage`` (the final object's and the ``include_usage`` chunk's): with a
     ``prediction``, its prediction token counts too."""
     usage = openai_usage(terminals, spec.n)
-    return prediction_usage(usage) if spec.prediction else usage
+    return prediction_usage(usage, terminals) if spec.prediction else usage

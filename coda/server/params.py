@@ -163,7 +163,8 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
               logprobs_field: str = "logprobs", grammar: GrammarSpec | None = None,
               stops_end_at: str | None = None, reasoning: ReasoningSpec | None = None,
               on_disconnect: DisconnectPolicy | None = None, background: bool = False,
-              keep: bool = True, grammar_field: str = "response_format") -> Parsed:
+              keep: bool = True, grammar_field: str = "response_format",
+              prediction: tuple[int, ...] | None = None) -> Parsed:
     """The last step of every adapter's parse, its one call here: n engine requests per prompt
     (ids ``call_id``, ``call_id-p<k>`` for several prompts, then ``-<i>`` per choice) and the
     renames, as one frozen :class:`Parsed`. Raises InvalidRequestError naming the protocol's
@@ -177,7 +178,8 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
     ``logprobs_field``. ``grammar`` and ``stops_end_at`` come from a tool plan
     (:func:`coda.server.tools.knob_fields`), ``reasoning`` from
     :func:`coda.reasoning.reasoning_spec` (issue 23); ``grammar_field`` is the wire field the
-    grammar came from (Ollama ``format``), named by a grammar the engine cannot compile."""
+    grammar came from (Ollama ``format``), named by a grammar the engine cannot compile;
+    ``prediction``: a chat prediction's token ids (:mod:`coda.server.prediction`)."""
     stops = _stops(stop, stop_field)
     early = _early_stop(ext.early_stop)
     backpressure_cfg = _backpressure(ext, backpressure)
@@ -214,7 +216,8 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
             skip_special_tokens=ext.skip_special_tokens, deadline_s=ext.deadline,
             early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
             utf8_tail=ext.utf8_tail, request_id=rid if n == 1 else f"{rid}-{i}",
-            stops_end_at=stops_end_at, reasoning=reasoning, speculative=ext.speculative)
+            stops_end_at=stops_end_at, reasoning=reasoning, speculative=ext.speculative,
+            prediction=prediction)
             for i, sampling in enumerate(samplings)]
     # NOTE: engine field names → this protocol's, for errors raised later by ``submit``
     rename = {"prompt": prompt_field, "max_tokens": max_tokens_field, "deadline_s": "deadline",

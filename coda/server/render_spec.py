@@ -40,7 +40,7 @@ class OpenAIRender:
     # the deprecated ``functions``: a call is ``function_call``, not ``tool_calls``
     # (coda.server.legacy_functions)
     legacy_functions: bool = False
-    # chat ``prediction`` sent: usage reports its accepted / rejected tokens (both 0)
+    # chat ``prediction`` sent: usage reports its accepted / rejected tokens (the terminal's)
     prediction: bool = False
 
 

@@ -136,8 +136,9 @@ class TextPart(BaseModel):
 
 class Prediction(_Strict):
     """Chat ``prediction`` (OpenAI's predicted outputs): the text the answer is expected to
-    repeat, a string or text parts. Checked and accepted; it changes no output, and usage
-    reports its accepted / rejected tokens as 0 (docs/api.md)."""
+    repeat, a string or text parts. It never changes the output: the engine drafts from it
+    where it verifies exactly, and usage counts its accepted / rejected tokens
+    (coda.server.prediction, docs/api.md)."""
 
     type: Literal["content"]
     content: str | list[TextPart]

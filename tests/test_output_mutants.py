@@ -15,7 +15,8 @@ from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
 from coda.finish import FinishReason
-from coda.output import OutputProcessor, _tag_start_len
+from coda.output import OutputProcessor
+from coda.output_tag import _tag_start_len
 from coda.reasoning import ReasoningSpec
 from coda.stream import EventType, RequestStream, TokenInfo
 from coda.trace import ListTraceSink

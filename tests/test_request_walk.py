@@ -74,14 +74,18 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
 # its adapter, coda/server/anthropic_checks.py, refused as Anthropic refuses it)
 # files and classes_made_once + 1 each: coda.token_ends' TokenEnds, the processor's K2 record of
 # where each token's last byte lands (a token's entry rode a delta early after a U+FFFD)
-BOUNDS = {"files": 45, "body_path_call_reentries": 4, "classes_made_once": 23,
+# files + 1: coda.output_delta, the processor's base (what a delta carries: K2 entries, L6
+# counts), split from coda/output.py by size; the processor's off-path parts (id stops, the
+# reasoning split, the tool-call tag) moved to modules a plain request never runs
+BOUNDS = {"files": 46, "body_path_call_reentries": 4, "classes_made_once": 23,
           "max_tokens_sites": 20}
 # NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas); the chat
 # route's stream and the Responses object and stream are modules of their own (split by size,
 # the same code), the engine's handle lives in engine/protocol.py (docs/architecture.md, "The
-# walk, measured"): chat as before, Responses one file more; each + 1 for coda.token_ends
-ROUTE_FILES = {"openai": 45, "anthropic": 45, "responses": 45, "ollama-chat": 48,
-               "ollama-generate": 48}
+# walk, measured"): chat as before, Responses one file more; each + 1 for coda.token_ends,
+# + 1 for coda.output_delta
+ROUTE_FILES = {"openai": 46, "anthropic": 46, "responses": 46, "ollama-chat": 49,
+               "ollama-generate": 49}
 # NOTE: run to run a file or two more show up when the engine goes idle mid-request and runs
 # its integrity check (docs/architecture.md): the files bound allows those two, no more
 IDLE_FILES = 2
@@ -90,7 +94,9 @@ IDLE_FILES = 2
 # entered, on every protocol
 NOTHING_TO_DO = ("coda.server.legacy_functions", "coda.server.tool_results",
                  "coda.server.tools", "coda.server.tool_messages", "coda.server.fields",
-                 "coda.server.logprobs", "coda.reasoning", "coda.engine.speculative")
+                 "coda.server.logprobs", "coda.reasoning", "coda.engine.speculative",
+                 # NOTE: the processor's parts for stop ids, a reasoning split, a tool-call tag
+                 "coda.output_ids", "coda.output_reasoning", "coda.output_tag")
 
 
 @pytest.mark.parametrize("route", sorted(ROUTE_FILES))

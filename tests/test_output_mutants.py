@@ -344,3 +344,23 @@ def test_issue23_l6_s4_id_hit_in_the_answer_counts_drained_bytes_from_the_answer
     assert r.proc.hit is not None and r.proc.hit.kind == "string"
     assert r.text(reasoning=True) == b"h" and b"hi" not in r.text()
     assert r.proc.returned_tokens == 1
+
+
+def test_issue23_l6_s4_a_drained_run_a_stop_string_cuts_is_not_returned_after_reasoning() -> None:
+    """Issue 23, L6, S1, S4 (the survivor ``upto + _answer_base`` → ``-`` where the drain
+    rebases ``_visible``, coda.output_ids): as above, but the answer's last byte (EP's, " do"
+    with the fixture's usual vocabulary) waits as the start of a stop string. Drained at id
+    AN's hit, "hi" rules that stop out and completes stop "hi", so the held byte is sent and
+    the returned count moves while nothing of "hi" is sent: the drained token starts at the
+    answer's start (9: "h" and the removed closer) plus its stream offset, not before it, and
+    is not returned; only EP's token is."""
+    run = [_V[f"<0x{b:02X}>"] for b in b"h</think>"]
+    last = SP.decode([EP])[-1]
+    r = Run(SP, reasoning=ReasoningSpec(inside=True, close_ids=(run[1],)),
+            stop_token_ids=((AN,),), stop_strings=("hi", last + "~"))
+    assert r.feed([*run, EP, B_H, B_I, AN]) is FinishReason.STOP_SEQUENCE
+    answer = r.text()
+    assert r.text(reasoning=True) == b"h" and answer.endswith(last.encode())
+    assert r.proc.hit is not None and (r.proc.hit.kind, r.proc.hit.start) == ("string",
+                                                                              len(answer))
+    assert r.proc.returned_tokens == 1 and r.proc.sent_mark == (1 + len(answer), 1)

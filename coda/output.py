@@ -15,8 +15,9 @@ its hold (S2), a stop hit (S3), the budget, grammar and early-stop checks (G1, L
 drain and its K3 tail policy (G2), the cancel path. Its neighbours, one concept each:
 :mod:`coda.output_spec` (the rules, :class:`OutputSpec`, and the hooks), :mod:`coda.output_delta`
 (the processor's base: what each delta carries, K2 token entries, L6 counts, P5),
-:mod:`coda.output_ids` (stop token-id sequences, S1/S4: run only when a request has them) and
-:mod:`coda.output_reasoning` (the ``<think>`` split, issue 23: run only with a splitter).
+:mod:`coda.output_ids` (stop token-id sequences, S1/S4), :mod:`coda.output_reasoning` (the
+``<think>`` split, issue 23) and :mod:`coda.output_tag` (stop strings up to a tool call's tag,
+issue 13): these three run only for a request that has what they handle.
 """
 
 from __future__ import annotations

@@ -364,3 +364,15 @@ def test_issue23_l6_s4_a_drained_run_a_stop_string_cuts_is_not_returned_after_re
     assert r.proc.hit is not None and (r.proc.hit.kind, r.proc.hit.start) == ("string",
                                                                               len(answer))
     assert r.proc.returned_tokens == 1 and r.proc.sent_mark == (1 + len(answer), 1)
+
+
+def test_l6_sent_mark_is_zero_until_a_delta_moves_it() -> None:
+    """L6: ``sent_mark`` (the (bytes, returned tokens) pair a billing reader on another thread
+    reads) starts at (0, 0) and stays there while nothing is sent (an id hit on the first
+    token); the first delta moves both."""
+    r = Run(BL, stop_token_ids=((204,),))
+    assert r.proc.sent_mark == (0, 0)
+    assert r.feed([204]) is FinishReason.STOP_SEQUENCE
+    assert r.proc.sent_mark == (0, 0)
+    r = Run(BL)
+    assert r.feed([201]) is None and r.proc.sent_mark == (1, 1)

@@ -376,3 +376,13 @@ def test_l6_sent_mark_is_zero_until_a_delta_moves_it() -> None:
     assert r.proc.sent_mark == (0, 0)
     r = Run(BL)
     assert r.feed([201]) is None and r.proc.sent_mark == (1, 1)
+
+
+def test_issue23_a_first_token_that_is_not_an_opener_id_starts_the_answer() -> None:
+    """Issue 23, S2: with the opener's ids known, the first token decides: "<th" (not the
+    opener id) is answer from its first byte and is sent at once, not held as a possible
+    ``<think>``; nothing is reasoning and no split is recorded."""
+    r = Run(BL, reasoning=ReasoningSpec(close_ids=(CLOSE_ID,), open_ids=(OPEN_ID,)))
+    assert r.feed([205]) is None
+    assert (r.text(reasoning=True), r.text()) == (b"", b"<th")
+    assert r.proc.reasoning_split() is None

@@ -55,6 +55,12 @@ declare -A TESTS=(
     tests/test_speculative_cost.py::test_property_choice_is_the_fastest_k
     tests/test_speculative_cost.py::test_a_request_whose_drafts_stop_paying_probes_with_back_off_and_gets_them_back"
 )
+# Files a stem mutates, where not coda/<stem>.py: the output processor is one concept split by
+# size (coda/output.py and its output_* modules: the rules, the delta assembly, id stops, the
+# reasoning split, the tool-call tag window), measured under one test selection
+declare -A MUTATE=(
+  [output]="coda/output*.py"
+)
 STEMS=("$@")
 [ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request early_stop)
 
@@ -70,7 +76,7 @@ for stem in "${STEMS[@]}"; do
   {
     echo "[mutmut]"
     echo "source_paths=coda"
-    echo "only_mutate=coda/$stem.py"
+    echo "only_mutate=${MUTATE[$stem]:-coda/$stem.py}"
     echo "use_git_change_detection=false"
     echo "timeout_multiplier=4"  # NOTE: a looping mutant is cut at 4x its tests' clean time
     echo 'do_not_mutate_patterns=\blog\.(debug|info|warning|error|exception)\('
@@ -81,7 +87,7 @@ for stem in "${STEMS[@]}"; do
     echo "pytest_add_cli_args_test_selection="
     for t in ${TESTS[$stem]}; do [ -e "$ROOT/${t%%::*}" ] && printf '    %s\n' "$t"; done
   } > "$work/setup.cfg"
-  echo "== coda/$stem.py (budget ${BUDGET}s):" ${TESTS[$stem]}
+  echo "== ${MUTATE[$stem]:-coda/$stem.py} (budget ${BUDGET}s):" ${TESTS[$stem]}
   ( cd "$work" && timeout "$BUDGET" nice -n 15 python "$ROOT/scripts/mutation_ops.py" run \
       --max-children 1 > run.log 2>&1 ) || echo "   (stopped: budget or error, see $work/run.log)"
   ( cd "$work" && python "$ROOT/scripts/mutation_ops.py" export-cicd-stats >/dev/null 2>&1 ) || true

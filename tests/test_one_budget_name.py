@@ -122,7 +122,7 @@ BUDGET_HOLDERS = frozenset({
     ("engine/types.py", "GenerationRequest", "max_tokens"),
     ("engine/types.py", "EngineConfig", "default_max_tokens"),
     ("engine/plan.py", "ModelLimits", "default_max_tokens"),
-    ("output.py", "OutputSpec", "max_tokens"),
+    ("output_spec.py", "OutputSpec", "max_tokens"),
     ("server/render_spec.py", "ResponsesRender", "max_tokens"),
     ("early_stop.py", "EarlyStopPolicy", "max_tokens"),
     # NOTE: `coda generate --max-tokens`, passed on as the request's max_tokens (the CLI split)

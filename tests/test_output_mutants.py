@@ -15,7 +15,8 @@ from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
 from coda.finish import FinishReason
-from coda.output import OutputProcessor, _tag_start_len
+from coda.output import OutputProcessor
+from coda.output_tag import _tag_start_len
 from coda.reasoning import ReasoningSpec
 from coda.stream import EventType, RequestStream, TokenInfo
 from coda.trace import ListTraceSink
@@ -343,3 +344,45 @@ def test_issue23_l6_s4_id_hit_in_the_answer_counts_drained_bytes_from_the_answer
     assert r.proc.hit is not None and r.proc.hit.kind == "string"
     assert r.text(reasoning=True) == b"h" and b"hi" not in r.text()
     assert r.proc.returned_tokens == 1
+
+
+def test_issue23_l6_s4_a_drained_run_a_stop_string_cuts_is_not_returned_after_reasoning() -> None:
+    """Issue 23, L6, S1, S4 (the survivor ``upto + _answer_base`` → ``-`` where the drain
+    rebases ``_visible``, coda.output_ids): as above, but the answer's last byte (EP's, " do"
+    with the fixture's usual vocabulary) waits as the start of a stop string. Drained at id
+    AN's hit, "hi" rules that stop out and completes stop "hi", so the held byte is sent and
+    the returned count moves while nothing of "hi" is sent: the drained token starts at the
+    answer's start (9: "h" and the removed closer) plus its stream offset, not before it, and
+    is not returned; only EP's token is."""
+    run = [_V[f"<0x{b:02X}>"] for b in b"h</think>"]
+    last = SP.decode([EP])[-1]
+    r = Run(SP, reasoning=ReasoningSpec(inside=True, close_ids=(run[1],)),
+            stop_token_ids=((AN,),), stop_strings=("hi", last + "~"))
+    assert r.feed([*run, EP, B_H, B_I, AN]) is FinishReason.STOP_SEQUENCE
+    answer = r.text()
+    assert r.text(reasoning=True) == b"h" and answer.endswith(last.encode())
+    assert r.proc.hit is not None and (r.proc.hit.kind, r.proc.hit.start) == ("string",
+                                                                              len(answer))
+    assert r.proc.returned_tokens == 1 and r.proc.sent_mark == (1 + len(answer), 1)
+
+
+def test_l6_sent_mark_is_zero_until_a_delta_moves_it() -> None:
+    """L6: ``sent_mark`` (the (bytes, returned tokens) pair a billing reader on another thread
+    reads) starts at (0, 0) and stays there while nothing is sent (an id hit on the first
+    token); the first delta moves both."""
+    r = Run(BL, stop_token_ids=((204,),))
+    assert r.proc.sent_mark == (0, 0)
+    assert r.feed([204]) is FinishReason.STOP_SEQUENCE
+    assert r.proc.sent_mark == (0, 0)
+    r = Run(BL)
+    assert r.feed([201]) is None and r.proc.sent_mark == (1, 1)
+
+
+def test_issue23_a_first_token_that_is_not_an_opener_id_starts_the_answer() -> None:
+    """Issue 23, S2: with the opener's ids known, the first token decides: "<th" (not the
+    opener id) is answer from its first byte and is sent at once, not held as a possible
+    ``<think>``; nothing is reasoning and no split is recorded."""
+    r = Run(BL, reasoning=ReasoningSpec(close_ids=(CLOSE_ID,), open_ids=(OPEN_ID,)))
+    assert r.feed([205]) is None
+    assert (r.text(reasoning=True), r.text()) == (b"", b"<th")
+    assert r.proc.reasoning_split() is None

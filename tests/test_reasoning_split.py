@@ -180,11 +180,11 @@ def test_k2_marker_across_tokens_is_held_then_removed() -> None:
 
 
 def test_l6_s1_answer_byte_held_by_a_string_before_stop_ids_is_returned() -> None:
-    """L6, S1 (a surviving mutant of ``_end_before_ids``): after a reasoning block, the answer
-    ``a`` is held as the start of stop string ``ab`` when the stop id ``\\n\\n`` ends the
-    output. ``a`` is the text before the sequence: it is sent, and its token counts as
-    returned (offsets of unreturned tokens are in the whole decode's bytes, the sequence's
-    start in the answer's: the reasoning bytes lie between)."""
+    """L6, S1 (a surviving mutant of ``coda.output_ids.end_before_ids``): after a reasoning
+    block, the answer ``a`` is held as the start of stop string ``ab`` when the stop id
+    ``\\n\\n`` ends the output. ``a`` is the text before the sequence: it is sent, and its
+    token counts as returned (offsets of unreturned tokens are in the whole decode's bytes,
+    the sequence's start in the answer's: the reasoning bytes lie between)."""
     reasoning, answer, term = _run([101, CLOSE_ID, 101, 112], True, ("ab",), stop_ids=(112,))
     assert (reasoning, answer) == (b"a", b"a")
     assert term.finish_reason is FinishReason.STOP_SEQUENCE

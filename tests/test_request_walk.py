@@ -79,15 +79,19 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
 # body_path_call_reentries 4 -> 2 and classes_made_once 23 -> 22 (branch walk22): the phase
 # times are the Terminal's own fields (no Timings), and the metrics listen once per app for
 # every end (no when_closed subscription per request calling back into the stream)
-BOUNDS = {"files": 45, "body_path_call_reentries": 2, "classes_made_once": 22,
+# files + 1: coda.output_delta, the processor's base (what a delta carries: K2 entries, L6
+# counts), split from coda/output.py by size; the processor's off-path parts (id stops, the
+# reasoning split, the tool-call tag) moved to modules a plain request never runs
+BOUNDS = {"files": 46, "body_path_call_reentries": 2, "classes_made_once": 22,
           "max_tokens_sites": 21}
 # NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas); the chat
 # route's stream and the Responses object and stream are modules of their own (split by size,
 # the same code), the engine's handle lives in engine/protocol.py (docs/architecture.md, "The
-# walk, measured"): chat as before, Responses one file more; each + 1 for coda.token_ends;
-# Messages + 1 for its stream (anthropic_stream, split off anthropic_routes by size)
-ROUTE_FILES = {"openai": 45, "anthropic": 46, "responses": 45, "ollama-chat": 48,
-               "ollama-generate": 48}
+# walk, measured"): chat as before, Responses one file more; each + 1 for coda.token_ends,
+# + 1 for coda.output_delta; Messages + 1 for its stream (anthropic_stream, split off
+# anthropic_routes by size)
+ROUTE_FILES = {"openai": 46, "anthropic": 47, "responses": 46, "ollama-chat": 49,
+               "ollama-generate": 49}
 # NOTE: run to run a file or two more show up when the engine goes idle mid-request and runs
 # its integrity check (docs/architecture.md): the files bound allows those two, no more
 IDLE_FILES = 2
@@ -96,7 +100,9 @@ IDLE_FILES = 2
 # entered, on every protocol
 NOTHING_TO_DO = ("coda.server.legacy_functions", "coda.server.tool_results",
                  "coda.server.tools", "coda.server.tool_messages", "coda.server.fields",
-                 "coda.server.logprobs", "coda.reasoning", "coda.engine.speculative")
+                 "coda.server.logprobs", "coda.reasoning", "coda.engine.speculative",
+                 # NOTE: the processor's parts for stop ids, a reasoning split, a tool-call tag
+                 "coda.output_ids", "coda.output_reasoning", "coda.output_tag")
 
 
 @pytest.mark.parametrize("route", sorted(ROUTE_FILES))

@@ -33,6 +33,7 @@ declare -A TESTS=(
   [early_stop]="tests/test_early_stop.py tests/test_early_stop_bounds.py"
   [engine/plan]="tests/test_plan.py tests/test_plan_fields.py tests/test_plan_types.py tests/test_one_budget_name.py"
   [engine/lookup]="tests/test_speculative_lookup.py"
+  [engine/prediction]="tests/test_prediction_align.py"
   [reasoning]="tests/test_reasoning_split.py tests/test_reasoning_splitter.py tests/test_reasoning_markers.py"
   [engine/sampler]="tests/test_sampler.py tests/test_sampler_edges.py tests/test_sampler_oracle.py
     tests/test_prompt_logprobs.py::test_score_is_the_decode_record_of_the_token_o1"

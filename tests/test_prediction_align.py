@@ -107,6 +107,26 @@ def test_t4_an_edit_that_rejoins_drafts_again_from_where_it_rejoined() -> None:
     assert look.follow(len(pred), 4) == ()  # NOTE: never past the prediction's end
 
 
+def test_t4_a_fresh_lookup_prefers_the_first_occurrence_and_follow_moves_the_point() -> None:
+    """T4: before any draft the point is the prediction's start (a match of a repeated gram
+    takes its first occurrence); ``follow`` moves the point, so the next tie goes forward."""
+    pred = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 11, 12, 13]
+    look = PredictionLookup(pred)
+    assert look.match([11, 12]) == (3, 2)
+    assert look.follow(12, 1) == (13,)
+    assert look.point == 12
+    assert look.match([11, 12]) == (12, 2)
+
+
+def test_t4_agreement_stops_at_the_cap() -> None:
+    """T4: the agreement read backwards is at most ``cap`` tokens (never below the gram)."""
+    pred = list(range(20))
+    look = PredictionLookup(pred, max_ngram=4, cap=4)
+    assert look.match(list(range(12))) == (12, 4)
+    assert PredictionLookup(pred, max_ngram=4, cap=2).cap == 4
+    assert PredictionLookup(pred, max_ngram=2, cap=6).match(list(range(12))) == (12, 6)
+
+
 def test_o1_prediction_counts_survive_the_durable_log() -> None:
     """O1, P3: the terminal's prediction counts round-trip through the stream log's codecs
     (JSON and MessagePack), so a replay reports the usage the first delivery did."""

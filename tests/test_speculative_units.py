@@ -25,21 +25,19 @@ from hypothesis import strategies as st
 
 from coda.engine.sampler import SamplingRow, TokenDecision
 from coda.engine.sequence import Sequence as Seq
-from coda.engine.speculative import (
+from coda.engine.speculative import SpeculativeConfig, refusal, state_for
+from coda.engine.speculative_costs import DraftCosts
+from coda.engine.speculative_state import SpecState
+from coda.engine.speculative_verify import (
     _UNBOUNDED,
-    DraftCosts,
-    SpecState,
-    SpeculativeConfig,
     accepted_prefix,
     closer_after,
     forced_drafts,
     forced_path,
     live_forced,
     plain_horizon,
-    refusal,
     row_at,
     row_mask,
-    state_for,
     verify_constrained,
     verify_rows,
 )

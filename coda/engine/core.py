@@ -19,8 +19,9 @@ import torch
 
 from coda import trace as tr
 from coda.detokenizer import profile_of
-from coda.early_stop import EarlyStopController, decide_stream_failure
+from coda.early_stop import EarlyStopController
 from coda.engine.closure import BudgetCloser
+from coda.engine.core_failures import isolate, triage
 from coda.engine.core_scoring import score_prompt
 from coda.engine.core_spec import emit_verified, step_drafts
 from coda.engine.draft import Drafter
@@ -267,42 +268,13 @@ class EngineCore:
             return self.runner.execute(chunks), {}
         except Exception as exc:  # isolate the culprit(s)
             log.warning("batch forward failed (%r); isolating", exc)
-        rows: list[torch.Tensor] = []
-        failed: dict[int, BaseException] = {}
-        for sc, chunk in zip(out.chunks, chunks, strict=True):
-            try:
-                res = self.runner.execute([chunk])
-            except Exception as exc:
-                failed[sc.seq.seq_id] = exc
-                res = None
-            if chunk.need_logits:
-                rows.append(res if res is not None else
-                            torch.zeros(chunk.num_logits, self.runner.config.vocab_size))
-        return (torch.cat(rows) if rows else torch.empty(0)), failed
+        return isolate(self, out, chunks)
 
     def _triage_failures(self, failed: dict[int, BaseException]) -> None:
-        """Retry a failed forward only before the first frame (seed 004, D5): the step is
-        recomputed next time (the sampler is counter-based, so the output is unchanged).
-        Otherwise the request ends FAILED(model_error) and its committed tokens are billed."""
-        for sid, exc in failed.items():
-            req = self.requests.get(sid)
-            if req is None or req.lifecycle.is_terminal:
-                continue
-            policy = req.early_stop.policy if req.early_stop is not None else None
-            decision = decide_stream_failure(
-                first_frame_sent=req.stream.last_seq > 0,  # seq 0 is the start event
-                error_retryable=req.retries < self.max_forward_retries,
-                no_retry_after_first_frame=(policy.no_retry_after_first_frame
-                                            if policy is not None else True),
-                committed_tokens=req.processor.generated)
-            self._record(req, tr.ERROR, error=repr(exc), retryable=decision.retryable,
-                         decision=decision.reason.value,
-                         committed_tokens=decision.committed_tokens)
-            if decision.retryable:
-                req.retries += 1
-                self.num_retries_total += 1
-            else:
-                self._end_failed(req, exc)
+        """Seed 004, D5: each failed forward retried before its first frame, else ended
+        (coda.engine.core_failures)."""
+        if failed:  # NOTE: a step whose forward succeeded never enters coda.engine.core_failures
+            triage(self, failed)
 
     def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
         if self._scored_rows(c):  # NOTE: every row: the prompt's scores, then the next token's

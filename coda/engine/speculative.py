@@ -52,8 +52,8 @@ registered in the prefix cache), so nothing of it reaches the stream, the usage 
 budget) speculate too, by the same rule: each row's processed logits are plain decoding's
 after the accepted prefix, the grammar included.
 
-* *Drafts* are cut before the step where they could never be accepted (``EngineCore
-  ._verifiable``): at the first token the grammar forbids at its position
+* *Drafts* are cut before the step where they could never be accepted (``core_spec
+  .verifiable``): at the first token the grammar forbids at its position
   (:meth:`~coda.engine.grammar.GrammarMatcher.valid_prefix`: its row's pick is constrained,
   so never that token), and at :func:`plain_horizon`: inside a reasoning block with a budget
   no more than the tokens the budget has left (the row where the closer is forced is the last).
@@ -79,7 +79,7 @@ after the accepted prefix, the grammar included.
   closer admits it at that position (:meth:`~coda.engine.closure.BudgetCloser.admits` with
   ``ahead = j``), as plain decoding's check would.
 * *The pick* (the first mismatch, or the bonus row) goes through what the per-token loop does
-  to a sampled token (``EngineCore._live_pick``): sampled again from the loop's own row where
+  to a sampled token (``core_spec.live_pick``): sampled again from the loop's own row where
   its state now forces another token than the row assumed (:func:`live_forced`: a reasoning
   budget's closer at the horizon), then the closer's check, which may start forcing the
   closing path. Accepted rows before it need neither: the horizon and the closer's check at

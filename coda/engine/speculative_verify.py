@@ -104,7 +104,7 @@ def row_mask(forced: Seq[int | None], j: int, vocab_size: int) -> torch.Tensor |
 def plain_horizon(processor: OutputProcessor, closer: BudgetCloser | None) -> int:
     """How many drafts a request can verify now: rows ``1 .. h - 1`` are then sure to be
     chosen with the grammar's own mask (or none), as :func:`row_at` samples them, and row
-    ``h`` is checked again when it is the pick (``EngineCore._live_pick``). 0 while the
+    ``h`` is checked again when it is the pick (``core_spec.live_pick``). 0 while the
     budget closer forces its path or a reasoning budget forces its closer; inside (or
     before) a reasoning block with a budget, the tokens left of it: the closer is forced at
     the first row where the block holds ``budget_tokens`` tokens, and each row adds at most

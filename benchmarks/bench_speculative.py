@@ -54,196 +54,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
-import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
+from benchmarks import spec_runs
+from benchmarks.spec_runs import (
+    _decode_tps,
+    _draft_model,
+    llamacpp,
+    llamacpp_set,
+    row_costs,
+    run_set,
+)
+from benchmarks.spec_workloads import predictions, prompts
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams
-
-ROOT = Path(__file__).resolve().parent.parent
-
-_DOC = (
-    "The lighthouse at Carrow Point was built in 1871 after the wreck of the Margaret Ellis, "
-    "a coal schooner that struck the reef in a January gale with the loss of eleven crew. "
-    "Its tower is thirty-two metres tall and made of local granite, quarried two miles inland "
-    "and carried to the headland on a narrow railway laid for the purpose. The first keeper, "
-    "Thomas Reid, kept a log of every ship that passed; his entries describe fog that lasted "
-    "nine days in 1874 and a winter so cold that the oil in the lamp thickened. The light was "
-    "converted to electricity in 1936 and automated in 1987, when the last keepers left. "
-    "Today the keeper's cottage is a small museum, open from April to October, and the "
-    "original Fresnel lens, which weighs almost three tonnes, is displayed in its entrance "
-    "hall. Visitors can climb the one hundred and forty steps to the gallery on weekends, "
-    "weather permitting, and on a clear day the coast of the neighbouring island is visible "
-    "thirty kilometres to the north. The reef itself is now a protected area for seabirds, "
-    "and landing on it is forbidden between March and August.")
-_QUESTIONS = ("When was the light automated?", "How tall is the tower?",
-              "What did the first keeper record?", "When can visitors climb the tower?")
-_FREE = ("Write a short story about a fox who learns to sail.",
-         "Explain why the sky is blue to a ten-year-old.",
-         "Describe your ideal weekend in the mountains.",
-         "Write a poem about the sea at night.",
-         "What are three tips for learning a new language?",
-         "Tell me about the history of bread.",
-         "Write a letter to a friend who moved abroad.",
-         "Describe a busy market in the morning.")
-
-
-def _code_files() -> list[str]:
-    """~300-token slices of Coda's own sources (real code to edit)."""
-    out = []
-    for name in ("coda/engine/sequence.py", "coda/engine/rng.py", "coda/wakeup.py",
-                 "coda/finish.py"):
-        text = (ROOT / name).read_text()
-        body = text[text.index('"""', 3) + 3:] if text.startswith('"""') else text
-        out.append(body.strip()[:1100])
-    return out
-
-
-def _chat(user: str) -> str:
-    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def _one_change(code: str) -> str:
-    """Repeat ``code`` renaming its first function (or ``self``): one change."""
-    old = re.findall(r"def (\w+)", code)[0] if "def " in code else "self"
-    return (f"Repeat the following code with one change: rename `{old}` to `{old}_v2`.\n\n"
-            f"```python\n{code}\n```")
-
-
-def predictions(workload: str) -> list[str] | None:
-    """The ``predict`` workload's predictions (each prompt's code file), else None."""
-    return _code_files() if workload == "predict" else None
-
-
-def prompts(workload: str) -> list[str]:
-    if workload == "free":
-        return [_chat(p) for p in _FREE]
-    if workload == "predict":
-        return [_chat(_one_change(code)) for code in _code_files()]
-    edits = [_chat("Rename `self` to `this` everywhere in the following code and give the "
-                   "whole file back, nothing else:\n\n" + code) for code in _code_files()]
-    quotes = [_chat(f"Document:\n{_DOC}\n\nAnswer by quoting the document word for word: {q}")
-              for q in _QUESTIONS]
-    return [p for pair in zip(edits, quotes, strict=True) for p in pair]
-
-
-CPU_CLOCK = False
-
-
-def _clock() -> float:
-    """Wall time, or with ``--clock cpu`` this process's CPU time (all threads): on a machine
-    shared with other jobs it leaves out the waits for a core, which wall time counts."""
-    return time.process_time() if CPU_CLOCK else time.perf_counter()
-
-
-@dataclass
-class RunResult:
-    seconds: float
-    tokens: int
-    outcomes: list[tuple[object, ...]]
-    drafted: int = 0
-    accepted: int = 0
-    verify_steps: int = 0
-    lengths: list[int] = field(default_factory=list)  # NOTE: selected tokens per request
-
-
-def run_set(engine: AsyncEngine, reqs: list[GenerationRequest], batch: int) -> RunResult:
-    handles = []
-    start = _clock()
-    for i in range(0, len(reqs), batch):
-        group = engine.submit_all(reqs[i:i + batch])
-        for h in group:
-            h.wait(3600)
-        handles += group
-    seconds = _clock() - start
-    res = RunResult(seconds, 0, [])
-    for h in handles:
-        evs = h.stream.events_after(-1)
-        term = evs[-1].terminal
-        assert term is not None
-        infos = [t for e in evs for t in e.tokens] + list(term.trailing_tokens)
-        res.tokens += term.usage.selected_tokens
-        res.lengths.append(term.usage.selected_tokens)
-        res.outcomes.append((h.stream.text(), tuple(t.token_id for t in infos),
-                             tuple(t.logprob for t in infos), term.finish_reason, term.usage))
-        if term.speculative is not None:
-            res.drafted += term.speculative["drafted"]
-            res.accepted += term.speculative["accepted"]
-            res.verify_steps += term.speculative["verify_steps"]
-    return res
-
-
-def llamacpp(path: str, capacity: int, threads: int | None) -> Any:
-    """llama.cpp on ``path`` (one sequence), or None where ``llama_cpp`` is not importable or
-    the file is not a GGUF (the reason printed)."""
-    if not path.endswith(".gguf"):
-        print("llama.cpp: skipped (--model is not a GGUF file)")
-        return None
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as exc:
-        print(f"llama.cpp: skipped (llama_cpp not importable: {exc})")
-        return None
-    from benchmarks.bench_vs_llamacpp import LlamaCppRun
-
-    return LlamaCppRun(Path(path), capacity, 1, threads or os.cpu_count() or 1)
-
-
-def llamacpp_set(run: Any, reqs: list[GenerationRequest], lengths: list[int]) -> RunResult:
-    """llama.cpp's plain (greedy argmax) decoding of ``reqs`` one after another, request
-    ``i`` for ``lengths[i]`` tokens (Coda's plain run's), on :func:`_clock`."""
-    start = _clock()
-    tokens = 0
-    for r, n in zip(reqs, lengths, strict=True):
-        if n > 0:
-            tokens += len(run.generate([list(r.prompt_token_ids)], n)[2][0])
-    return RunResult(_clock() - start, tokens, [])
-
-
-def _decode_tps(full: RunResult, first: RunResult) -> float:
-    """Tokens after each request's first over the time past the prefills and first picks."""
-    return (full.tokens - first.tokens) / max(full.seconds - first.seconds, 1e-9)
-
-
-def row_costs(engine: AsyncEngine, ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8),
-              context: int = 400, repeats: int = 8) -> list[tuple[int, float]]:
-    """Median ms (``_clock``) of one forward of ``1 + k`` rows of one sequence at ``context``:
-    what a verification of k drafts costs (the model's fixed cost per step, ``step_rows`` of
-    coda.engine.speculative, is read off it)."""
-    from coda.engine.runner import SeqChunk
-
-    runner = engine.runner
-    blocks = -(-(context + max(ks) + 1) // runner.block_size)
-    table = tuple(range(blocks))
-    runner.execute([SeqChunk(tuple(range(200, 200 + context)), 0, table, True)])
-    out = []
-    for k in ks:
-        times = []
-        for _ in range(repeats):
-            start = _clock()
-            runner.execute([SeqChunk(tuple(range(300, 301 + k)), context, table, True, 1 + k)])
-            times.append(_clock() - start)
-        out.append((k, 1e3 * statistics.median(times)))
-    return out
-
-
-def _draft_model(model: str, draft: str | None) -> str | None:
-    """``--draft-model`` as a model argument (``cut:N`` written to a temporary GGUF)."""
-    if draft is None or not draft.startswith("cut:"):
-        return model if draft == "self" else draft
-    import tempfile
-
-    from coda.models.source import resolve_model
-    from tests.draft_fixtures import cut_gguf
-
-    layers = int(draft.split(":", 1)[1])
-    out = Path(tempfile.mkdtemp(prefix="coda-draft-")) / f"cut{layers}.gguf"
-    return str(cut_gguf(resolve_model(model).path, out, layers))
 
 
 def main() -> None:
@@ -265,8 +91,7 @@ def main() -> None:
     ap.add_argument("--no-llamacpp", action="store_true",
                     help="do not run llama.cpp's plain decoding beside (batch 1)")
     args = ap.parse_args()
-    global CPU_CLOCK
-    CPU_CLOCK = args.clock == "cpu"
+    spec_runs.CPU_CLOCK = args.clock == "cpu"
     cfg = dict(quant=args.quant, num_threads=args.threads, max_model_len=2048,
                enable_prefix_caching=False, kv_cache_bytes=256 * 2**20)
     plain = AsyncEngine.from_model_dir(args.model, EngineConfig(**cfg))  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.bench_speculative import prompts
+from benchmarks.spec_workloads import prompts
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.core import EngineCore
 from coda.engine.runner import SeqChunk

@@ -61,6 +61,9 @@ declare -A TESTS=(
 # reasoning split, the tool-call tag window), measured under one test selection
 declare -A MUTATE=(
   [output]="coda/output*.py"
+  # NOTE: speculation split by size the same way (speculative.py: the config; _state: a
+  # request's drafting; _verify: the rows and acceptance; _costs: the draft model's costs)
+  [engine/speculative]="coda/engine/speculative*.py"
 )
 STEMS=("$@")
 [ ${#STEMS[@]} -eq 0 ] && STEMS=(lifecycle stops detokenizer stream reader output request early_stop)

@@ -101,6 +101,10 @@ IDLE_FILES = 2
 NOTHING_TO_DO = ("coda.server.legacy_functions", "coda.server.tool_results",
                  "coda.server.tools", "coda.server.tool_messages", "coda.server.fields",
                  "coda.server.logprobs", "coda.reasoning", "coda.engine.speculative",
+                 # NOTE: speculation's parts and the core's speculative and scoring halves
+                 "coda.engine.speculative_state", "coda.engine.speculative_verify",
+                 "coda.engine.speculative_costs", "coda.engine.core_spec",
+                 "coda.engine.core_scoring", "coda.engine.core_failures",
                  # NOTE: the processor's parts for stop ids, a reasoning split, a tool-call tag
                  "coda.output_ids", "coda.output_reasoning", "coda.output_tag")
 

@@ -26,7 +26,9 @@ from coda.engine.async_engine import AsyncEngine
 from coda.engine.kv_cache import BlockManager
 from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.sequence import Sequence as Seq
-from coda.engine.speculative import SpecState, SpeculativeConfig, verify_rows
+from coda.engine.speculative import SpeculativeConfig
+from coda.engine.speculative_state import SpecState
+from coda.engine.speculative_verify import verify_rows
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.finish import Usage
 from coda.sampling import SamplingParams

@@ -1,7 +1,7 @@
 """A draft model's ``k`` priced by its measured costs (issue 21 item 2: never slower than plain
 decoding when the draft does not pay; SPEC T4, O1).
 
-The controller (:class:`coda.engine.speculative.DraftCosts`) is tested with injected costs
+The controller (:class:`coda.engine.speculative_costs.DraftCosts`) is tested with injected costs
 against a brute-force oracle (tokens per second of every ``k``); the drafter's schedule
 (probe, back off, drafts back when they pay) with injected costs; and end to end, a draft that
 does not pay (the tiny model drafting for itself, its clock injected so that a draft position
@@ -24,7 +24,7 @@ from coda.engine.async_engine import AsyncEngine
 from coda.engine.draft import PROBE_EVERY, PROBE_K, PROBE_MAX, Drafter, DraftJob
 from coda.engine.sampler import SamplingRow
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.engine.speculative import DraftCosts
+from coda.engine.speculative_costs import DraftCosts
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams
 from tests.conftest import examples

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from coda import trace as tr
 from coda.engine.async_engine import AsyncEngine
-from coda.engine.draft import speculative_mode
+from coda.engine.draft_load import speculative_mode
 from coda.engine.speculative import SpeculativeConfig
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams

@@ -2,7 +2,7 @@
 
 While the budget closer forces its closing path, or a reasoning budget forces its closer, the
 tokens plain decoding will choose are known in advance: they are drafted
-(:func:`coda.engine.speculative.forced_drafts`) and verified with plain decoding's one-token
+(:func:`coda.engine.speculative_verify.forced_drafts`) and verified with plain decoding's one-token
 masks. The oracle is plain decoding on the same model: tokens, logprobs, text, finish reason
 and usage identical, greedy and seeded T = 0.8, alone and in a crowd.
 
@@ -205,7 +205,7 @@ def test_k2_reasoning_closer_drafts_stop_at_the_budget(tiny: Any) -> None:
 def test_forced_only_configuration_guesses_nothing() -> None:
     """O1: ``FORCED_ONLY`` never drafts a guess, even after many accepted drafts' worth of
     forced verifications (not evidence), so the tests above count forced drafts only."""
-    from coda.engine.speculative import SpecState
+    from coda.engine.speculative_state import SpecState
 
     state = SpecState(FORCED_ONLY)
     for _ in range(20):
@@ -218,7 +218,7 @@ def test_o1_acceptance_counts_only_the_guesses_before_forced_rows() -> None:
     drafted token in the terminal's counters, but only the guesses as evidence of the
     request's acceptance (a forced row is always accepted: it says nothing about guessing);
     a forced path alone is no evidence; without forced rows every draft is."""
-    from coda.engine.speculative import SpecState
+    from coda.engine.speculative_state import SpecState
 
     cfg = SpeculativeConfig(prior_weight=1, window=8)
     state = SpecState(cfg)

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from coda.engine.lookup import NgramIndex, agreement, copy_drafts, longest_match
 from coda.engine.sequence import Sequence as Seq
-from coda.engine.speculative import SpecState, SpeculativeConfig
+from coda.engine.speculative import SpeculativeConfig
+from coda.engine.speculative_state import SpecState
 from tests.conftest import examples
 
 

@@ -25,21 +25,19 @@ from hypothesis import strategies as st
 
 from coda.engine.sampler import SamplingRow, TokenDecision
 from coda.engine.sequence import Sequence as Seq
-from coda.engine.speculative import (
+from coda.engine.speculative import SpeculativeConfig, refusal, state_for
+from coda.engine.speculative_costs import DraftCosts
+from coda.engine.speculative_state import SpecState
+from coda.engine.speculative_verify import (
     _UNBOUNDED,
-    DraftCosts,
-    SpecState,
-    SpeculativeConfig,
     accepted_prefix,
     closer_after,
     forced_drafts,
     forced_path,
     live_forced,
     plain_horizon,
-    refusal,
     row_at,
     row_mask,
-    state_for,
     verify_constrained,
     verify_rows,
 )
@@ -388,10 +386,11 @@ def test_t4_refusal_names_the_mode_and_why() -> None:
 
 def test_state_for_speculates_only_where_server_and_request_both_do() -> None:
     cfg = SpeculativeConfig()
-    state = state_for(cfg, SimpleNamespace(speculative=True))  # type: ignore[arg-type]
+    on, off = (SimpleNamespace(speculative=s, prediction=None) for s in (True, False))
+    state = state_for(cfg, on)  # type: ignore[arg-type]
     assert isinstance(state, SpecState) and state.config is cfg
-    assert state_for(cfg, SimpleNamespace(speculative=False)) is None  # type: ignore[arg-type]
-    assert state_for(None, SimpleNamespace(speculative=True)) is None  # type: ignore[arg-type]
+    assert state_for(cfg, off) is None  # type: ignore[arg-type]
+    assert state_for(None, on) is None  # type: ignore[arg-type]
 
 
 @settings(deadline=None, max_examples=examples(200))

@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.engine.runner import SeqChunk
-from coda.engine.speculative import SpecState, SpeculativeConfig
+from coda.engine.speculative import SpeculativeConfig
+from coda.engine.speculative_state import SpecState
 from coda.engine.verify_costs import VerifyCosts
 from tests.conftest import examples
 from tests.test_speculative import SPEC, _engine, _requests, _run

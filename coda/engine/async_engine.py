@@ -22,8 +22,9 @@ from pathlib import Path
 from coda.early_stop import EarlyStopController
 from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore, EngineRequest
-from coda.engine.draft import DRAFT_CONFIG, Drafter, load_drafter, speculative_mode
-from coda.engine.draft import describe as describe_draft
+from coda.engine.draft import DRAFT_CONFIG, Drafter
+from coda.engine.draft_load import describe as describe_draft
+from coda.engine.draft_load import load_drafter, speculative_mode
 from coda.engine.grammar import GrammarMatcher, GrammarWarmup
 from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, kv_capacity, rss_bytes
 from coda.engine.kv_cache import BlockManager

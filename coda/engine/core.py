@@ -19,9 +19,12 @@ import torch
 
 from coda import trace as tr
 from coda.detokenizer import profile_of
-from coda.early_stop import EarlyStopController, decide_stream_failure
+from coda.early_stop import EarlyStopController
 from coda.engine.closure import BudgetCloser
-from coda.engine.draft import Drafter, DraftJob
+from coda.engine.core_failures import isolate, triage
+from coda.engine.core_scoring import score_prompt
+from coda.engine.core_spec import emit_verified, step_drafts
+from coda.engine.draft import Drafter
 from coda.engine.early_stop_hook import make_hook
 from coda.engine.grammar import GrammarMatcher
 from coda.engine.plan import RequestPlan
@@ -29,19 +32,9 @@ from coda.engine.prediction import prediction_counts as count_prediction
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from coda.engine.sequence import Sequence, SequenceStatus
-from coda.engine.speculative import (
-    SpecState,
-    SpeculativeConfig,
-    accepted_prefix,
-    closer_after,
-    forced_drafts,
-    live_forced,
-    plain_horizon,
-    state_for,
-    verify_constrained,
-    verify_rows,
-)
+from coda.engine.sequence import Sequence
+from coda.engine.speculative import SpeculativeConfig, state_for
+from coda.engine.speculative_verify import verify_rows
 from coda.engine.verify_costs import VerifyCosts
 from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
@@ -249,56 +242,11 @@ class EngineCore:
         return out.num_batched_tokens
 
     def _drafts(self, paused: frozenset[int]) -> dict[int, tuple[int, ...]]:
-        """Issue 21: each speculating decoder's drafted tokens (coda.engine.speculative; with
-        a draft model, coda.engine.draft)."""
-        rows = self.scheduler.num_running
-        out: dict[int, tuple[int, ...]] = {}
-        guess: list[tuple[EngineRequest, SpecState]] = []
-        for sid, r in self.requests.items():
-            if r.spec is None:
-                continue
-            # NOTE: a forced path is known: its own draft, every one accepted (no guess)
-            left = r.processor.tokens_left  # NOTE: the processor's room: the one budget home
-            if forced := forced_drafts(r.spec, r, left, r.processor, r.closer):
-                out[sid] = forced
-            elif not r.spec.forced:
-                guess.append((r, r.spec))
-        # NOTE: a chat prediction drafts itself, a draft model or not (coda.engine.prediction)
-        own = [(r, spec) for r, spec in guess if self.drafter is None or spec.predicted]
-        out.update((r.seq_id, d) for r, spec in own if (d := self._verifiable(
-            r, spec.propose(r, r.processor.tokens_left, rows))))
-        guess = [(r, spec) for r, spec in guess if self.drafter is not None and not spec.predicted]
-        if self.drafter is None or not guess:
-            return out
-        jobs = [DraftJob(r, k, self._row(r), r.grammar) for r, spec in guess
-                if r.seq_id not in paused
-                and r.num_uncomputed_tokens == 1 and r.status is SequenceStatus.RUNNING
-                and (k := min(r.processor.tokens_left - 1,
-                              spec.k_for(rows), plain_horizon(r.processor, r.closer))) > 0]
-        if not jobs:
-            return out
-        try:
-            proposed = self.drafter.propose(jobs)
-        except Exception as exc:  # NOTE: a failed draft only means no drafts (never inexact)
-            log.warning("draft model failed (%r); decoding this step without drafts", exc)
-            self.drafter.drop_all()
-            return out
-        out.update((sid, v) for sid, d in proposed.items()
-                   if (v := self._verifiable(self.requests[sid], d)))
-        return out
-
-    @staticmethod
-    def _verifiable(req: EngineRequest, drafts: tuple[int, ...]) -> tuple[int, ...]:
-        """``drafts`` cut where they could not be accepted: past the rows plain decoding
-        chooses with the grammar's own mask (:func:`plain_horizon`), and at the first token
-        the grammar forbids there (its row's pick never is)."""
-        horizon = plain_horizon(req.processor, req.closer)
-        drafts = drafts[:horizon]
-        if drafts and req.grammar is not None:
-            drafts = drafts[:req.grammar.valid_prefix(drafts)]
-        assert req.spec is not None  # NOTE: then a reasoning closer forced at the horizon
-        return closer_after(req.spec, drafts, horizon, req.processor,
-                            req.processor.tokens_left - 1)
+        """Issue 21: each speculating decoder's drafted tokens (coda.engine.core_spec); a step
+        where no request speculates never enters the drafting."""
+        if not any(r.spec is not None for r in self.requests.values()):
+            return {}
+        return step_drafts(self, paused)
 
     def _safe_point(self) -> None:
         """Observe cancels, deadlines and backpressure overflows before anything runs (C1, G3)."""
@@ -320,42 +268,13 @@ class EngineCore:
             return self.runner.execute(chunks), {}
         except Exception as exc:  # isolate the culprit(s)
             log.warning("batch forward failed (%r); isolating", exc)
-        rows: list[torch.Tensor] = []
-        failed: dict[int, BaseException] = {}
-        for sc, chunk in zip(out.chunks, chunks, strict=True):
-            try:
-                res = self.runner.execute([chunk])
-            except Exception as exc:
-                failed[sc.seq.seq_id] = exc
-                res = None
-            if chunk.need_logits:
-                rows.append(res if res is not None else
-                            torch.zeros(chunk.num_logits, self.runner.config.vocab_size))
-        return (torch.cat(rows) if rows else torch.empty(0)), failed
+        return isolate(self, out, chunks)
 
     def _triage_failures(self, failed: dict[int, BaseException]) -> None:
-        """Retry a failed forward only before the first frame (seed 004, D5): the step is
-        recomputed next time (the sampler is counter-based, so the output is unchanged).
-        Otherwise the request ends FAILED(model_error) and its committed tokens are billed."""
-        for sid, exc in failed.items():
-            req = self.requests.get(sid)
-            if req is None or req.lifecycle.is_terminal:
-                continue
-            policy = req.early_stop.policy if req.early_stop is not None else None
-            decision = decide_stream_failure(
-                first_frame_sent=req.stream.last_seq > 0,  # seq 0 is the start event
-                error_retryable=req.retries < self.max_forward_retries,
-                no_retry_after_first_frame=(policy.no_retry_after_first_frame
-                                            if policy is not None else True),
-                committed_tokens=req.processor.generated)
-            self._record(req, tr.ERROR, error=repr(exc), retryable=decision.retryable,
-                         decision=decision.reason.value,
-                         committed_tokens=decision.committed_tokens)
-            if decision.retryable:
-                req.retries += 1
-                self.num_retries_total += 1
-            else:
-                self._end_failed(req, exc)
+        """Seed 004, D5: each failed forward retried before its first frame, else ended
+        (coda.engine.core_failures)."""
+        if failed:  # NOTE: a step whose forward succeeded never enters coda.engine.core_failures
+            triage(self, failed)
 
     def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
         if self._scored_rows(c):  # NOTE: every row: the prompt's scores, then the next token's
@@ -373,33 +292,10 @@ class EngineCore:
 
     def _score(self, spans: list[tuple[int, ScheduledChunk, int]], logits: torch.Tensor,
                failed: dict[int, BaseException]) -> None:
-        """O1, echo: each scoring row becomes its prompt token's record, reduced from the
-        chunk's logits right away (never ``[prompt, vocab]`` at once): exactly the record
-        decoding that token after the tokens before it reports (Sampler.score; the same bits
-        in a batch-invariant mode, T4). A row recomputed after a preemption is not scored
-        twice; a failed forward's rows are scored when the chunk is retried."""
-        for at, chunk, n in spans:
-            sid = chunk.seq.seq_id
-            req = self.requests.get(sid)
-            if not n or req is None or req.lifecycle.is_terminal or sid in failed:
-                continue
-            done = len(req.prompt_logprobs)  # NOTE: tokens 1 .. done are scored
-            skip = max(0, done - chunk.start_pos)
-            if chunk.start_pos > done:  # NOTE: no reuse, so positions come in order
-                self._end_failed(req, ModelError(f"prompt scoring skipped positions "
-                                                 f"{done}..{chunk.start_pos}"))
-                continue
-            prompt = chunk.seq.prompt_token_ids
-            targets = prompt[chunk.start_pos + 1 + skip:chunk.start_pos + 1 + n]
-            k = req.plan.prompt_logprobs or 0
-            try:
-                decs = self.sampler.score(logits[at + skip:at + n], targets, k)
-            except Exception as exc:  # NOTE: a bad row fails only its own request
-                self._end_failed(req, exc)
-                continue
-            req.prompt_logprobs.extend(self._logprob_info(d) for d in decs)
-            if len(req.prompt_logprobs) >= len(prompt) - 1:
-                self._scoring.discard(sid)  # NOTE: a recompute may reuse the cache again
+        """O1, echo: the prompt's scoring rows become its records (coda.engine.core_scoring);
+        a step without scoring rows never enters it."""
+        if any(n for _, _, n in spans):
+            score_prompt(self, spans, logits, failed)
 
     def _account(self, chunk: ScheduledChunk) -> None:
         req = self.requests.get(chunk.seq.seq_id)
@@ -469,7 +365,7 @@ class EngineCore:
             n = 1 if req.grammar is not None else 1 + len(drafts)
             dec, at = decisions[at], at + n
             if drafts:
-                self._emit_verified(req, decisions[at - n:at], drafts, base, logits, i)
+                emit_verified(self, req, decisions[at - n:at], drafts, base, logits, i)
                 continue
             if req.closer is not None:
                 try:
@@ -478,86 +374,6 @@ class EngineCore:
                     self._end_failed(req, exc)
                     continue
             self._on_decision(req, dec)
-
-    def _emit_verified(self, req: EngineRequest, decs: list[TokenDecision],
-                       drafts: tuple[int, ...], base: SamplingRow, logits: torch.Tensor,
-                       i: int) -> None:
-        """Issue 21: emit the accepted drafts and the pick after them one by one through the
-        exact loop, then roll the rejected tail back (coda.engine.speculative). ``decs``:
-        rows ``0..k`` sampled (row 0 alone under a grammar), ``base`` row 0, ``logits[i + j]``
-        row ``j``'s."""
-        assert req.spec is not None
-        forced = req.spec.forced  # NOTE: the forced path's rows (their one-token masks)
-        try:
-            if req.grammar is not None:
-                closer = req.closer
-                decs, accepted = verify_constrained(
-                    base, decs[0], drafts, req.grammar,
-                    lambda j, row: self.sampler.sample(logits[i + j:i + j + 1], [row])[0],
-                    None if closer is None else
-                    lambda tok, ahead: closer.admits(tok, req.plan.eos_token_ids, ahead),
-                    forced, self._vocab)
-            else:
-                accepted = accepted_prefix(drafts, decs)
-        except Exception as exc:  # NOTE: a grammar or closure fault fails only its request
-            self._end_failed(req, exc)
-            return
-        req.spec.record(len(drafts), accepted)  # NOTE: evidence: the guesses before forced rows
-        self._record(req, tr.SPECULATIVE, drafted=len(drafts), accepted=accepted,
-                     rejected=len(drafts) - accepted, t=req.num_output_tokens + 1)
-        for j, dec in enumerate(decs[:accepted + 1]):
-            if j and not self._commit_draft(req):
-                break
-            # NOTE: a row sampled ahead assumed the loop forces forced[j] there (or nothing)
-            stale = j > 0 and live_forced(req.processor, req.closer) != (
-                forced[j] if j < len(forced) else None)
-            last = j == accepted or stale
-            if last:  # NOTE: the pick: what the per-token loop would make of it
-                try:
-                    dec = self._live_pick(req, dec, logits[i + j:i + j + 1], stale)
-                except Exception as exc:
-                    self._end_failed(req, exc)
-                    return
-            self._on_decision(req, dec)
-            if req.lifecycle.state is not State.DECODING:
-                return  # NOTE: ended: its blocks went back with the KV resource
-            if last:
-                break
-        self.scheduler.rollback(req)
-        if self.drafter is not None:
-            self.drafter.rollback(req)  # NOTE: the draft's rejected tail too
-
-    def _commit_draft(self, req: EngineRequest) -> bool:
-        """Before the next accepted token: the last one's K/V (this step's forward) becomes
-        computed, with plain decoding's rows and count (L6, O1); then G1's checks as plain
-        decoding's next step makes them. False: stop here (what was not emitted is dropped)."""
-        if req.stream.should_pause:
-            return False  # NOTE: P6: a paused reader stops here; the rest decodes later
-        self.scheduler.commit_draft(req)
-        self._record(req, tr.DECODE_STARTED, t=req.num_output_tokens)
-        req.processed_output_tokens += max(0, req.num_computed_tokens - req.computed_high)
-        req.computed_high = max(req.computed_high, req.num_computed_tokens)
-        self._record(req, tr.DECODE_COMPLETED, t=req.num_output_tokens,
-                     cache_len=req.num_computed_tokens)
-        if req.cancel_pending:
-            req.cancel()
-        elif req.deadline is not None and self.clock() >= req.deadline:
-            self._finish(req, FinishReason.DEADLINE_EXCEEDED)
-        return req.lifecycle.state is State.DECODING
-
-    def _live_pick(self, req: EngineRequest, dec: TokenDecision, logits: torch.Tensor,
-                   stale: bool) -> TokenDecision:
-        """The pick of a verification (its last emitted row) as plain decoding makes it: a
-        ``stale`` row (sampled ahead with another forced token than the loop's state now
-        forces: a reasoning budget's closer at the horizon, :func:`plain_horizon`) is sampled
-        again from the loop's own row; then the budget closer's check, as for every plain
-        pick. Accepted rows before it need neither: the horizon and
-        :func:`verify_constrained` stopped the run where they would."""
-        if stale:
-            dec = self.sampler.sample(logits.clone(), [self._row(req)])[0]
-        if req.closer is not None:
-            dec = self._keep_closable(req, dec, logits)
-        return dec
 
     def _keep_closable(self, req: EngineRequest, dec: TokenDecision,
                        logits: torch.Tensor) -> TokenDecision:

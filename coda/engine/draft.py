@@ -5,7 +5,8 @@ model through the same loader as the target (:func:`coda.models.source.open_mode
 in the same engine, with its **own** paged KV cache (its own :class:`BlockManager`, no prefix
 cache). The draft must share the target's tokenizer: the vocabularies (every token's id and
 string, and the logits' width) are compared at start and a difference is refused with the
-reason before anything is served (:func:`vocabulary_mismatch`).
+reason before anything is served (:func:`~coda.engine.draft_load.vocabulary_mismatch`; the
+loading, and the mode from the flags, live in :mod:`coda.engine.draft_load`).
 
 **Proposing** (:meth:`Drafter.propose`, before the target's step is scheduled). For each
 speculating sequence about to choose output token ``t`` (one uncomputed token), the draft
@@ -13,7 +14,7 @@ first catches its cache up with the target's tokens (the prompt at first, later 
 two tokens the last verification emitted), then chooses ``k`` tokens one forward at a time,
 every sequence's row in one batched forward. Draft position ``j`` is chosen **with the same
 draw as the target's row j**: the target's sampler on the draft's logits, with the very row
-:func:`~coda.engine.speculative.verify_rows` gives the target (the request's counter RNG at
+:func:`~coda.engine.speculative_verify.verify_rows` gives the target (the request's counter RNG at
 output position ``t + j``, the prefix ``output + drafts[:j]`` for penalties and min_tokens;
 greedy is the argmax; under a grammar, the mask of the target's grammar advanced through the
 drafts before it, :class:`~coda.engine.grammar.Lookahead`, rolled back after proposing). Where
@@ -36,7 +37,7 @@ enough: the drafter times the target's decode steps (:meth:`Drafter.watch`) and 
 one-position forwards on its clock (``Drafter.clock``, injectable; on the CPU the engine
 thread's CPU time), and each request gets the
 ``k`` that maximizes its expected tokens per second given its measured acceptance
-(:class:`~coda.engine.speculative.DraftCosts`; ``k`` from the request's state is only the
+(:class:`~coda.engine.speculative_costs.DraftCosts`; ``k`` from the request's state is only the
 cap). ``k = 0`` when no ``k`` beats plain decoding; such a request re-probes with
 ``PROBE_K`` drafts after ``PROBE_EVERY`` plain steps, the wait doubling (up to
 ``PROBE_MAX``) while probes do not pay, so drafts that would pay come back (a draft too dear
@@ -53,62 +54,21 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
-import tokenizers
-
 from coda.engine.grammar import GrammarMatcher, Lookahead
 from coda.engine.kv_cache import BlockManager
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.sampler import Sampler, SamplingRow
 from coda.engine.sequence import Sequence, SequenceStatus
-from coda.engine.speculative import (
-    DraftCosts,
-    SpecState,
-    SpeculativeConfig,
-    row_at,
-    verify_rows,
-)
-from coda.engine.types import EngineConfigError
-from coda.models.load_errors import DraftModelLoadError
-from coda.models.source import LoadedModel, open_model, resolve_model
+from coda.engine.speculative import SpeculativeConfig
+from coda.engine.speculative_costs import DraftCosts
+from coda.engine.speculative_state import SpecState
+from coda.engine.speculative_verify import row_at, verify_rows
 
-MODE = "draft"
 # NOTE: a draft that shares the target's training agrees more often than prompt lookup (prior
 # 0.8); k is priced by the drafter (DraftCosts), so the request's rule only caps it at k_max
 DRAFT_CONFIG = SpeculativeConfig(k_max=6, prior_accept=0.8, step_rows=math.inf)
 PROBE_K, PROBE_EVERY, PROBE_MAX = 2, 16, 256
 _UNBOUNDED = 1 << 62
-
-
-def speculative_mode(speculative: str, draft_model: str | None) -> str:
-    """The speculative mode a server runs, given ``--speculative`` and ``--draft-model``:
-    ``--draft-model`` implies ``draft``; raises :class:`EngineConfigError` (a ValueError)
-    naming ``draft_model`` or ``speculative`` on a contradiction."""
-    if draft_model is None:
-        if speculative == MODE:
-            raise EngineConfigError("--speculative draft needs --draft-model MODEL (a model "
-                                    "that shares the target's tokenizer)", field="draft_model")
-        return speculative
-    if speculative not in ("off", MODE):
-        raise EngineConfigError(f"--draft-model drafts with a model; --speculative "
-                                f"{speculative} drafts another way: give one of them",
-                                field="speculative")
-    return MODE
-
-
-def vocabulary_mismatch(target: tokenizers.Tokenizer, draft: tokenizers.Tokenizer,
-                        target_logits: int, draft_logits: int) -> str | None:
-    """Why a draft cannot propose tokens for the target (None: same vocabulary): its token
-    ids must mean the same strings, and its logits must be as wide (the same draw picks the
-    same id)."""
-    if target_logits != draft_logits:
-        return (f"its logits cover {draft_logits} token ids, the target's {target_logits}")
-    tv, dv = target.get_vocab(with_added_tokens=True), draft.get_vocab(with_added_tokens=True)
-    if tv != dv:
-        differ = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: kv[1])
-        token, tid = differ[0]
-        return (f"its vocabulary differs from the target's ({len(tv)} vs {len(dv)} tokens; "
-                f"{len(differ)} (token, id) pairs differ, e.g. {token!r} = {tid})")
-    return None
 
 
 @dataclass(frozen=True)
@@ -326,44 +286,3 @@ class Drafter:
     def drop_all(self) -> None:
         for sid in list(self._seqs):
             self.drop(sid)
-
-
-def load_drafter(spec: str, target: LoadedModel, target_runner: ModelRunner, *,
-                 quant: str = "auto", device: str = "cpu",
-                 num_threads: int | None = None) -> Drafter:
-    """Load ``spec`` (anything ``--model`` takes) as the draft of ``target``: through the
-    target's loader, refused (DraftModelLoadError, naming the draft and the flag, before
-    anything is served) where it cannot be loaded or does not share the target's vocabulary;
-    its KV cache holds as many tokens as the target's, plus room for the drafts of a full
-    batch."""
-    try:
-        source = resolve_model(spec)
-        draft = open_model(source, quant=quant, device=device)
-    except ValueError as exc:  # NOTE: ModelLoadError, a --quant the draft refuses: the draft's
-        raise DraftModelLoadError(f"cannot load the draft model {spec} (--draft-model): "
-                                  f"{exc}") from exc
-    why = vocabulary_mismatch(target.bundle.tokenizer, draft.bundle.tokenizer,
-                              target.config.vocab_size, draft.config.vocab_size)
-    if why is not None:
-        raise DraftModelLoadError(f"the draft model {spec} (--draft-model) does not fit: {why}; "
-                                  "a draft model must share the target's tokenizer")
-    bs = target_runner.block_size
-    runner = ModelRunner(draft.model, dtype=draft.dtype, device=device, block_size=bs,
-                         num_blocks=target_runner.num_blocks + 8, num_threads=num_threads)
-    # NOTE: on the CPU the engine thread's own CPU time: a shared machine's waits for a core
-    # would price a forward by the load, not by its rows (the thread pool's other threads
-    # share each forward alike, so the ratios hold)
-    clock = time.thread_time if device == "cpu" else time.monotonic
-    drafter = Drafter(runner, str(source.path), target.bundle.eos_token_ids,
-                      costs=DraftCosts(SpeculativeConfig().step_rows), clock=clock)
-    return drafter
-
-
-def describe(drafter: Drafter | None) -> Mapping[str, str]:
-    """The load summary's draft fields (none without a draft)."""
-    if drafter is None:
-        return {}
-    mc = drafter.runner.config
-    return {"draft_model": drafter.name,
-            "draft_architecture": f"{mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
-                                  f"{mc.num_layers} layers"}

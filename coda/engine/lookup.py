@@ -11,7 +11,7 @@ the gram are compared (a common 2-gram, a newline and an indent, occurs hundreds
 Why the longest and not the most recent: in a copy the most recent occurrence of a short gram
 is often elsewhere in the text (``= None,`` after any argument), while the occurrence that
 agrees over 20 tokens is the line being copied; and the agreement is what prices the drafts
-(:meth:`coda.engine.speculative.SpecState.acceptance_at`): on the benchmark's copy outputs a
+(:meth:`coda.engine.speculative_state.SpecState.acceptance_at`): on the benchmark's copy outputs a
 match of 20+ tokens is followed by a run of accepted drafts, one of 2 tokens by about one.
 
 **Drafts** are the tokens after the match, ``T[at], T[at + 1], ..``, continued through the

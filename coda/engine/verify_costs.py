@@ -1,6 +1,6 @@
 """Prompt lookup's ``k`` priced by this engine's measured verifications (issue 21).
 
-The row rule of :class:`~coda.engine.speculative.SpecState` prices a drafted row with one
+The row rule of :class:`~coda.engine.speculative_state.SpecState` prices a drafted row with one
 constant (``step_rows``: a step's fixed cost in rows' worth, read off one machine). A row's
 cost is neither one number nor a line: it depends on the CPU (a drafted row was 0.45 of a
 one-row step on the AVX2 machine, 0.25 on the AVX-512 one) and on the kernels' row tiles,
@@ -11,7 +11,7 @@ steps, a 5-row one 2.0; docs/speculative.md "Measured on AVX-512").
 CPU the engine thread's CPU time: a shared machine's waits are not a row's cost) and keeps,
 per number of drafted rows ``k``, an exponential average of its seconds. A ``k`` not measured
 yet is priced by a decayed least-squares line through all of them
-(:class:`~coda.engine.speculative.DraftCosts`, the draft model's fit, with its weak prior
+(:class:`~coda.engine.speculative_costs.DraftCosts`, the draft model's fit, with its weak prior
 ``row = plain / (1 + step_rows)``), so a cheap row count is tried and then known. At batch 1 a
 request's ``k`` is the one with the most expected tokens per second,
 ``(1 + a + .. + a^k) / seconds(k)`` at its acceptance ``a``: ``k = 0`` when no ``k`` beats
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coda.engine.runner import SeqChunk
-from coda.engine.speculative import DraftCosts
+from coda.engine.speculative_costs import DraftCosts
 
 
 class VerifyCosts:

@@ -549,3 +549,74 @@ def test_choose_is_for_one_sequence_unless_told() -> None:
         costs.observe_draft(1, 0.004)
     assert costs.choose(0.8, 8) == costs.choose(0.8, 8, 1) == 4
     assert costs.choose(0.8, 8, 2) == 5
+
+
+# --- a chat prediction as the draft source (coda.engine.prediction) --------------------------
+
+def test_o1_state_for_a_prediction_drafts_under_the_prediction_config_flag_or_not() -> None:
+    """O1: a request with a prediction drafts from it under the engine's prediction config
+    whether or not the server speculates; where the mode cannot verify (no prediction config)
+    it is a hint: the server's own drafting, or none; ``speculative: false`` wins."""
+    cfg, pcfg = SpeculativeConfig(), SpeculativeConfig(lookup=False)
+    plan = SimpleNamespace(speculative=True, prediction=(4, 5, 6))
+    off = SimpleNamespace(speculative=False, prediction=(4, 5, 6))
+    plain = SimpleNamespace(speculative=True, prediction=None)
+    for server in (None, cfg):
+        state = state_for(server, plan, pcfg)  # type: ignore[arg-type]
+        assert isinstance(state, SpecState) and state.config is pcfg
+        assert state.predicted is not None and state.predicted.prediction == (4, 5, 6)
+        assert state_for(server, off, pcfg) is None  # type: ignore[arg-type]
+    hint = state_for(cfg, plan, None)  # type: ignore[arg-type]
+    assert isinstance(hint, SpecState) and hint.config is cfg and hint.predicted is None
+    assert state_for(None, plan, None) is None  # type: ignore[arg-type]
+    assert state_for(None, plain, pcfg) is None  # type: ignore[arg-type]
+    own = state_for(cfg, plain, pcfg)  # type: ignore[arg-type]
+    assert isinstance(own, SpecState) and own.config is cfg and own.predicted is None
+
+
+def test_t4_propose_drafts_the_prediction_from_its_start_then_where_two_tokens_align() -> None:
+    """T4: before any output the drafts are the prediction's first tokens; after, they follow
+    where the output's last 2+ tokens align (``match_length`` is that agreement) and never
+    exceed the room the budget leaves after the pick; one aligned token alone does not draft
+    from the prediction (prompt lookup over the request's own tokens, if on, does)."""
+    pred = [10, 11, 12, 13, 14, 15]
+    cfg = SpeculativeConfig(min_ngram=2, max_ngram=3, k_max=3, prior_accept=0.99, lookup=False)
+    prompt = [5, 6, 7]
+    state = SpecState(cfg, pred)
+    assert state.propose(_decoding_seq(prompt, []), 50) == (10, 11, 12)
+    assert state.match_length == 0
+    assert state.propose(_decoding_seq(prompt, [10, 11]), 50) == (12, 13, 14)
+    assert state.match_length == 2
+    assert state.propose(_decoding_seq(prompt, [10, 11]), tokens_left=3) == (12, 13)
+    # NOTE: the prompt is not output: its last tokens equal the prediction's first two, but
+    # the output (one token, agreeing over one) does not align over two
+    state = SpecState(cfg, pred)
+    assert state.propose(_decoding_seq([10, 11], [12]), 50) == ()
+    assert state.propose(_decoding_seq([1, 2, 3], [99, 12]), 50) == ()
+    looked = SpecState(SpeculativeConfig(min_ngram=2, max_ngram=3, k_max=3, prior_accept=0.99),
+                       pred)
+    own = _decoding_seq([1, 2, 3, 9, 9, 5, 1, 2], [3, 99, 12])
+    assert looked.propose(own, 50) == ()  # NOTE: 99, 12 occurs nowhere: no own match either
+    looked = SpecState(looked.config, pred)  # NOTE: a new request (its index grows by appends)
+    own = _decoding_seq([1, 2, 3, 9, 12, 5, 1, 2], [3, 99, 9, 12])
+    assert looked.propose(own, 50) == (5, 1, 2)  # NOTE: 9, 12 in its own tokens
+    assert SpecState(cfg, pred).propose(own, 50) == ()  # NOTE: lookup off: nothing
+
+
+def test_t4_propose_prices_a_prediction_draft_by_its_agreement_and_k_0_leaves_the_point() -> None:
+    """T4: ``k`` comes from the acceptance at the match's agreement (a longer agreement drafts
+    more); where no draft is worth its row nothing is drafted and the point stays."""
+    pred = list(range(10, 40))
+    cfg = SpeculativeConfig(min_ngram=2, max_ngram=3, k_max=8, prior_accept=0.5,
+                            step_rows=1.0, lookup=False)
+    short, long_ = SpecState(cfg, pred), SpecState(cfg, pred)
+    got_short = short.propose(_decoding_seq([1], [20, 21]), 50)
+    got_long = long_.propose(_decoding_seq([1], list(range(10, 22))), 50)
+    k_short = short.k_for(1, short.acceptance_at(2))
+    k_long = long_.k_for(1, long_.acceptance_at(12))
+    assert k_long > k_short
+    assert got_short == tuple(range(22, 22 + k_short)) and got_long == tuple(range(22, 22 + k_long))
+    stingy = SpecState(SpeculativeConfig(min_ngram=2, max_ngram=3, prior_accept=0.05,
+                                         step_rows=0.0, lookup=False), pred)
+    assert stingy.propose(_decoding_seq([1], [20, 21]), 50) == ()
+    assert stingy.predicted is not None and stingy.predicted.point == 0

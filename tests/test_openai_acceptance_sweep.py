@@ -4,11 +4,14 @@ over loopback on SmolLM2 and Gemma 3 270M (GGUF; skipped where its file is absen
 - ``stream_options: {"include_usage": true}``: the chunks before the usage chunk carried no
   ``usage`` key; OpenAI's reference says "All other chunks will also include a usage field,
   but with a null value" (chat and legacy completions, ``n`` > 1 too).
+- ``max_tokens=3, max_completion_tokens=5`` together generated 5 tokens (one name silently
+  won); OpenAI refuses the pair: a 400 naming ``max_tokens`` (``invalid_parameter_combination``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -46,3 +49,21 @@ def test_p1_no_usage_field_without_include_usage(oa: openai.OpenAI) -> None:
     chunks = list(oa.chat.completions.create(model=_model(oa), messages=U, max_tokens=2,
                                              stream=True))
     assert chunks and all("usage" not in c.model_fields_set for c in chunks)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_p1_max_tokens_and_max_completion_tokens_together_is_a_400(oa: openai.OpenAI,
+                                                                    stream: bool) -> None:
+    """P1: both budget names on one chat request: OpenAI's 400 naming ``max_tokens``; either
+    one alone (the other null) is served with that budget."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.chat.completions.create(model=_model(oa), messages=U, max_tokens=3,
+                                   max_completion_tokens=5, stream=stream)
+    body: Any = exc.value.body
+    assert body["param"] == "max_tokens" and body["type"] == "invalid_request_error"
+    assert body["code"] == "invalid_parameter_combination"
+    for kw in ({"max_tokens": 3, "max_completion_tokens": None},
+               {"max_tokens": None, "max_completion_tokens": 3}):
+        out = oa.chat.completions.create(model=_model(oa), messages=U, stream=False,
+                                         temperature=0, **kw)
+        assert out.usage is not None and out.usage.completion_tokens <= 3

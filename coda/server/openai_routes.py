@@ -26,6 +26,7 @@ from coda.server.common import collect, new_id, state_of
 from coda.server.create import create
 from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
+from coda.server.http_errors import ApiError
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import (
     coda_extension,
@@ -170,6 +171,12 @@ class OpenAIAdapter:
             if body.prediction is not None and body.max_completion_tokens:  # NOTE: as OpenAI
                 raise InvalidRequestError(f"{mt_field}: not supported with prediction (OpenAI's "
                                           f"predicted outputs); use max_tokens", field=mt_field)
+            if body.max_tokens and body.max_completion_tokens:  # NOTE: both sent (each >= 1)
+                # NOTE: as OpenAI: the pair is refused, neither name silently winning
+                raise ApiError(400, "max_tokens and max_completion_tokens: send one of them, "
+                               "not both (max_tokens is the older name of "
+                               "max_completion_tokens)", param="max_tokens",
+                               code="invalid_parameter_combination")
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
             max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs

@@ -73,6 +73,8 @@ class OpenAIRenderer(Renderer):
         if self.fingerprint is None:  # NOTE: the start event's identity (the log's first)
             events = replay(self.r.handles[0].stream)
             self.fingerprint = system_fingerprint(events[0].model_snapshot if events else None)
+        if self.include_usage and "usage" not in extra:
+            extra["usage"] = None  # NOTE: as OpenAI: every chunk but the last says null
         return {"id": self.r.id, "object": obj, "created": self.r.created,
                 "model": self.r.model, **tier, "system_fingerprint": self.fingerprint,
                 "choices": choices, **extra}

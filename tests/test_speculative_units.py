@@ -588,6 +588,9 @@ def test_t4_propose_drafts_the_prediction_from_its_start_then_where_two_tokens_a
     assert state.propose(_decoding_seq(prompt, [10, 11]), 50) == (12, 13, 14)
     assert state.match_length == 2
     assert state.propose(_decoding_seq(prompt, [10, 11]), tokens_left=3) == (12, 13)
+    # NOTE: joined mid-prediction (position 4, agreeing over 2); room for one draft only
+    assert state.propose(_decoding_seq(prompt, [99, 12, 13]), 50) == (14, 15)
+    assert state.propose(_decoding_seq(prompt, [99, 12, 13]), tokens_left=2) == (14,)
     # NOTE: the prompt is not output: its last tokens equal the prediction's first two, but
     # the output (one token, agreeing over one) does not align over two
     state = SpecState(cfg, pred)

@@ -198,6 +198,7 @@ def test_l6_p5_a_run_without_a_processor_counts_only_its_prompt() -> None:
     run.finish(FinishReason.EOS)
     t = stream.terminal
     assert t is not None and t.usage == Usage(prompt_tokens=3) and t.stop_buffer_s == 0.0
+    assert (t.trailing_tokens, t.trailing_shown, t.prediction) == ((), 0, None)
 
 
 def test_c1_a_cancel_observed_after_the_terminal_is_refused_and_records_nothing() -> None:

@@ -407,3 +407,13 @@ def test_l7_a_second_stream_buffer_release_frees_nothing() -> None:
         assert s.release_live() == {"unacked_bytes": 0, "listeners": 0}
     finally:
         loop.close()
+
+
+def test_p5_terminal_timings_group_its_phase_fields() -> None:
+    """P5: the terminal's phase times, grouped for the wire's ``coda.timings`` and the
+    durable log, are its own ``*_s`` fields, each under its own name."""
+    t = Terminal(State.FINISHED, FinishReason.EOS, Usage(), queue_s=1.0, prefill_s=2.0,
+                 decode_s=3.0, stop_buffer_s=4.0, first_token_s=5.0, total_s=6.0)
+    assert t.timings() == {"queue_s": 1.0, "prefill_s": 2.0, "decode_s": 3.0,
+                           "stop_buffer_s": 4.0, "first_token_s": 5.0, "total_s": 6.0}
+    assert Terminal(State.FINISHED, FinishReason.EOS, Usage()).timings()["first_token_s"] is None

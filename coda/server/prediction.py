@@ -12,11 +12,10 @@ against the output (:mod:`coda.engine.prediction`; docs/api.md, docs/speculative
 
 from __future__ import annotations
 
-from typing import Any
-
 import tokenizers
 
 from coda.errors import InvalidRequestError
+from coda.server.chat import content_text
 from coda.server.schemas import ChatCompletionRequest, Prediction
 
 
@@ -46,21 +45,13 @@ def check_prediction(body: ChatCompletionRequest) -> None:
         raise _refuse("functions", "function calling (functions)")
 
 
-def prediction_text(prediction: Prediction) -> str:
-    """The predicted text: the string, or the text parts joined."""
-    content: Any = prediction.content
-    if isinstance(content, str):
-        return content
-    return "".join(p.text or "" for p in content)
-
-
 def prediction_ids(tokenizer: tokenizers.Tokenizer, prediction: Prediction | None
                    ) -> tuple[int, ...] | None:
     """The prediction's token ids as the model would write the text (no special tokens);
     None where no prediction was sent."""
     if prediction is None:
         return None
-    text = prediction_text(prediction)
+    text = content_text(prediction.content, "prediction")  # NOTE: a message's own rule
     if not text:
         return ()
     return tuple(tokenizer.encode(text, add_special_tokens=False).ids)

@@ -25,6 +25,7 @@ from coda.sampling import SamplingParams, normalise_logit_bias
 from coda.server.render_spec import RenderSpec
 from coda.server.schemas import CodaExtensions, ResponseFormat
 from coda.server.state import DisconnectPolicy
+from coda.server.strict_schema import check_strict_format
 from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig, BackpressurePolicy
 
@@ -95,6 +96,10 @@ def check_json_schema_format(spec: Mapping[str, object], field: str,
     if unknown:
         raise InvalidRequestError(f"Unrecognized request argument supplied: {field}.{unknown[0]}",
                                   field=f"{field}.{unknown[0]}")
+    # NOTE: ``strict: true``: OpenAI's Structured Outputs rules, a 400 where they are broken
+    schema = spec.get("schema", spec if "type" in spec or "properties" in spec else None)
+    check_strict_format(spec, schema, "response_format" if field.startswith("response_format")
+                        else f"{field}.schema")
 
 
 def _stops(stop: str | Sequence[str] | None, field: str) -> tuple[str, ...]:

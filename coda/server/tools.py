@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
+from coda.server.strict_schema import check_strict_tool
 from coda.server.tool_parser import (
     CLOSE_TAG,
     OPEN_TAG,
@@ -173,6 +174,7 @@ def openai_plan(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool 
         if not isinstance(spec, Mapping):
             raise InvalidRequestError(f"{f}.function: required", field=f)
         parsed.append(_tool(spec.get("name"), spec.get("description"), spec.get("parameters"), f))
+        check_strict_tool(spec, f if flat else f"{f}.function")  # NOTE: strict: OpenAI's rules
     all_tools = _unique(parsed, "tools")
     par = True if parallel is None else bool(parallel)
     if choice is None or choice in ("auto", "none", "required"):

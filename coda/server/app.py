@@ -25,6 +25,7 @@ from coda.engine.protocol import Engine
 from coda.server import (
     anthropic_models,
     anthropic_routes,
+    chat_store_routes,
     embeddings,
     ollama_info,
     ollama_manage,
@@ -217,6 +218,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(openai_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(responses_manage.router)  # NOTE: delete, input_items
+    app.include_router(chat_store_routes.router)  # NOTE: stored chat completions
     app.include_router(anthropic_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(ollama_info.router)

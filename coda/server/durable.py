@@ -76,8 +76,9 @@ class RedisResponseStore(RecordStore):
 
     def _current(self, record: Record) -> bool:
         """A response held here is current while its descriptor is in the log: deleted on
-        any front end, it is gone here too (one ``EXISTS``; other kinds are never deleted)."""
-        return record.kind != "response" or self.engine.log.has_record(record.id)
+        any front end, it is gone here too (one ``EXISTS``; a stored chat completion the same;
+        other records are never deleted)."""
+        return not record.deletable or self.engine.log.has_record(record.id)
 
     def _load(self, record_id: str) -> Record | None:
         desc = self.engine.log.get_record(record_id)

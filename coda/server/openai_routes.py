@@ -22,6 +22,7 @@ from coda.server import echo as ec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
+from coda.server.chat_store import stored_fields
 from coda.server.common import collect, new_id, state_of
 from coda.server.create import create
 from coda.server.failures import failed_json, is_failed, openai_error
@@ -219,7 +220,9 @@ class OpenAIAdapter:
                           if isinstance(body, ChatCompletionRequest)
                           and body.service_tier is not None else None),
             legacy_functions=legacy, prediction=isinstance(body, ChatCompletionRequest)
-            and body.prediction is not None)
+            and body.prediction is not None,
+            **(stored_fields(body) if isinstance(body, ChatCompletionRequest) and body.store
+               else {}))
         # NOTE: the parse's one call into params, with the protocol's resolved values
         return plan_call(body, prompts, spec, call_id=call_id,
                          backpressure=st.settings.backpressure, stream=body.stream,
@@ -239,7 +242,7 @@ class OpenAIAdapter:
     def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
         assert terminals is not None and isinstance(record.spec, OpenAIRender)
         headers = {"x-request-id": record.id}
-        answer = _final_object(record, terminals, record.spec)
+        answer = final_object(record, terminals, record.spec)
         failed = [t for t in terminals if is_failed(t)]
         if failed:  # defect 4: an error status that carries the partial text and the outcome
             answer = {"error": openai_error(failed[0]), **answer,
@@ -253,8 +256,10 @@ COMPLETIONS = OpenAIAdapter("completion", "cmpl-")
 register_renderer(OpenAIRender, OpenAIRenderer)
 
 
-def _final_object(record: Record, terminals: list[Terminal],
-                  spec: OpenAIRender) -> dict[str, Any]:
+def final_object(record: Record, terminals: list[Terminal],
+                 spec: OpenAIRender) -> dict[str, Any]:
+    """The non-streamed answer (chat or legacy) of a finished record; a stored chat
+    completion's retrieved object is this one (coda.server.chat_routes)."""
     chat = record.kind == "chat"
     with_logprobs = spec.logprobs
     choices = []

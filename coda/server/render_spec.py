@@ -42,6 +42,11 @@ class OpenAIRender:
     legacy_functions: bool = False
     # chat ``prediction`` sent: usage reports its accepted / rejected tokens (the terminal's)
     prediction: bool = False
+    # chat ``store: true``: a stored completion (coda.server.chat_store): retrievable, listed,
+    # its ``metadata`` echoed (and updatable), its request ``messages`` listed as sent
+    stored: bool = False
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    messages: tuple[Mapping[str, object], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from coda.reasoning import ReasoningSpec, marker_ids, reasoning_spec
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
-from coda.server.render_spec import RecordKind, RenderSpec
+from coda.server.render_spec import OpenAIRender, RecordKind, RenderSpec
 from coda.server.sse import Renderer
 from coda.stream import BackpressureConfig, RequestStream
 
@@ -112,6 +112,13 @@ class Record:
     @property
     def streams(self) -> list[RequestStream]:
         return [h.stream for h in self.handles]
+
+    @property
+    def deletable(self) -> bool:
+        """A client may delete it by id: a response, or a chat completion stored with
+        ``store: true`` (coda.server.chat_store); other records only age out."""
+        return self.kind == "response" or (isinstance(self.spec, OpenAIRender)
+                                           and self.spec.stored)
 
     @property
     def done(self) -> bool:

@@ -15,11 +15,12 @@ imported: the in-process engine and the in-memory store.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from coda.durable.engine import DurableEngine
 from coda.durable.redis_log import RedisStreamLog
 from coda.engine.protocol import Engine, EngineHandle
-from coda.server.render_spec import spec_data, spec_from_data
+from coda.server.render_spec import OpenAIRender, spec_data, spec_from_data
 from coda.server.state import Record, RecordStore
 
 log = logging.getLogger("coda.server")
@@ -76,9 +77,20 @@ class RedisResponseStore(RecordStore):
 
     def _current(self, record: Record) -> bool:
         """A response held here is current while its descriptor is in the log: deleted on
-        any front end, it is gone here too (one ``EXISTS``; a stored chat completion the same;
-        other records are never deleted)."""
-        return not record.deletable or self.engine.log.has_record(record.id)
+        any front end, it is gone here too (one ``EXISTS``; other records are never deleted).
+        A stored chat completion the same, its descriptor read (one ``GET``) for the metadata
+        an update on any front end wrote (coda.server.chat_store_routes)."""
+        if not record.deletable:
+            return True
+        if not isinstance(record.spec, OpenAIRender):
+            return self.engine.log.has_record(record.id)
+        desc = self.engine.log.get_record(record.id)
+        if desc is None:
+            return False
+        metadata = desc["extra"].get("metadata") or {}
+        if metadata != record.spec.metadata:
+            record.spec = replace(record.spec, metadata=dict(metadata))
+        return True
 
     def _load(self, record_id: str) -> Record | None:
         desc = self.engine.log.get_record(record_id)

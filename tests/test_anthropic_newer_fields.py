@@ -174,3 +174,32 @@ def test_p1_error_body_carries_request_id(smol: tuple[anthropic.Anthropic, str])
     raw = httpx.post(str(client.base_url).rstrip("/") + "/v1/messages", content=b"{bad",
                      headers={"content-type": "application/json"})
     assert raw.status_code == 400 and raw.json()["request_id"] == raw.headers["request-id"]
+
+
+TOOLS: Any = [{"name": "f", "description": "a tool",
+               "input_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}]
+
+
+@pytest.mark.parametrize(("choice", "field", "says"), [
+    ({"type": "auto", "disable_parallel_tool_use": "yes"},
+     "tool_choice.disable_parallel_tool_use", "valid boolean"),
+    ({"type": "auto", "foo": 1}, "tool_choice.foo", "Extra inputs"),
+    ({"type": "none", "disable_parallel_tool_use": True},
+     "tool_choice.disable_parallel_tool_use", "Extra inputs"),
+])
+def test_p1_tool_choice_keys_are_checked(smol: tuple[anthropic.Anthropic, str], choice: Any,
+                                         field: str, says: str) -> None:
+    """P1: a key the tool choice's type does not take, or a non-boolean
+    ``disable_parallel_tool_use``, is a 400 naming it, on create and ``count_tokens`` (both
+    were served: "yes" read as true)."""
+    client, model = smol
+    for call in (lambda: client.messages.create(model=model, max_tokens=4, messages=MSG,
+                                                tools=TOOLS, tool_choice=choice),
+                 lambda: client.messages.count_tokens(model=model, messages=MSG, tools=TOOLS,
+                                                      tool_choice=choice)):
+        message, _ = _refused(call)
+        assert message.startswith(field + ":") and says in message, message
+    ok: Any = {"type": "any", "disable_parallel_tool_use": True}
+    msg = client.messages.create(model=model, max_tokens=40, messages=MSG, tools=TOOLS,
+                                 tool_choice=ok)
+    assert [b.type for b in msg.content] == ["tool_use"] and msg.stop_reason == "tool_use"

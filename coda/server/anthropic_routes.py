@@ -24,6 +24,7 @@ from coda.server.anthropic_checks import (
 from coda.server.anthropic_request import (
     check_pairs,
     check_server_tools,
+    check_tool_choice,
     check_unserved,
     merge_turns,
     output_grammar,
@@ -141,6 +142,7 @@ def tool_plan(body: AnthropicRequest | AnthropicCountRequest) -> tl.ToolPlan | N
     if not body.tools and body.tool_choice is None:
         return None
     check_server_tools(body.tools)
+    check_tool_choice(body.tool_choice)
     return tl.anthropic_plan(body.tools, body.tool_choice)
 
 

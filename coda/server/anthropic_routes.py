@@ -167,7 +167,8 @@ class AnthropicAdapter:
 
     async def parse(self, st: ServerState, body: AnthropicRequest) -> Parsed:
         st.check_model(body.model)
-        check_unserved(body)
+        if body.container or body.context_management or body.mcp_servers:  # NOTE: issue 22
+            check_unserved(body)  # NOTE: a plain request never enters anthropic_request
         plan = tool_plan(body)
         show, budget = _thinking(body)
         ids = await asyncio.to_thread(_prompt_ids, st, body, plan)
@@ -187,7 +188,8 @@ class AnthropicAdapter:
             grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
                                verify=body.stream_verify, thinking=reasoning is not None,
-                               reasoning=show, omit_thinking=thinking_omitted(body.thinking),
+                               reasoning=show,  # NOTE: issue 22: no thinking, no check
+                               omit_thinking=bool(body.thinking) and thinking_omitted(body.thinking),
                                service_tier="standard" if body.service_tier else None,
                                speed="standard" if body.speed else None)
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),

@@ -5,6 +5,10 @@
   decides) or ``disabled``; ``enabled`` needs
   ``budget_tokens`` (unless Coda's ``max_reasoning_tokens`` gives the budget), an integer
   ``>= 1024`` and, on a create, ``< max_tokens`` (Anthropic's two bounds).
+- ``thinking.display`` (``enabled`` / ``adaptive``): ``summarized`` (the default: the
+  reasoning is shown) or ``omitted`` (each thinking block is still sent, with its signature,
+  but its ``thinking`` text is empty); another value, or a key the type does not take, is a 400
+  naming it (``thinking.display``, ``thinking.KEY``) as Anthropic's validation does.
 - A ``system`` list holds text blocks, each with its ``text`` string, not empty.
 - A ``thinking`` block sent back in the history carries its ``thinking`` and ``signature``
   strings, a ``redacted_thinking`` block its ``data`` string: a malformed one was dropped
@@ -20,6 +24,10 @@ from coda.errors import InvalidRequestError
 
 # NOTE: Anthropic's floor for thinking.budget_tokens (its extended-thinking docs)
 MIN_THINKING_BUDGET = 1024
+_DISPLAYS = ("summarized", "omitted")
+# NOTE: the keys each thinking type takes (the SDK's ThinkingConfig*Param)
+_THINKING_KEYS = {"enabled": {"type", "budget_tokens", "display"},
+                  "adaptive": {"type", "display"}, "disabled": {"type"}}
 _BLOCK_FIELDS = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
 
 
@@ -38,6 +46,13 @@ def thinking_budget(thinking: dict[str, Any] | None, fallback: int | None,
     # much to think) is what a reasoning model does here without a budget: shown, no budget
     if kind not in (None, "enabled", "adaptive", "disabled"):
         raise _bad("thinking.type", "must be 'enabled', 'adaptive' or 'disabled'")
+    extra = sorted(set(t) - _THINKING_KEYS.get(str(kind), _THINKING_KEYS["enabled"]))
+    if extra:
+        raise _bad(f"thinking.{extra[0]}", "Extra inputs are not permitted"
+                   + (f" (thinking.type {kind!r} takes none)" if kind == "disabled" else ""))
+    if t.get("display") not in (None, *_DISPLAYS):
+        raise _bad("thinking.display", f"Input should be 'summarized' or 'omitted' (got "
+                                       f"{t.get('display')!r})")
     budget = t.get("budget_tokens") if kind == "enabled" else None
     if kind == "enabled" and budget is None and fallback is None:
         raise _bad("thinking.budget_tokens", "Field required when thinking.type is 'enabled'")
@@ -53,6 +68,12 @@ def thinking_budget(thinking: dict[str, Any] | None, fallback: int | None,
                                              f"{max_tokens}): max_tokens must be greater than "
                                              "thinking.budget_tokens")
     return kind, budget
+
+
+def thinking_omitted(thinking: dict[str, Any] | None) -> bool:
+    """``thinking.display`` is ``omitted``: thinking blocks keep their place and signature, with
+    empty text (checked by :func:`thinking_budget`)."""
+    return thinking is not None and thinking.get("display") == "omitted"
 
 
 def check_system_blocks(system: list[Any]) -> None:

@@ -41,11 +41,41 @@ def model_info(card: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def model_list(cards: Sequence[Mapping[str, Any]]) -> JSONResponse:
+_LIMIT, _MAX_LIMIT = 20, 1000  # NOTE: Anthropic's default page size and its bound
+
+
+def _bad(field: str, what: str) -> JSONResponse:
+    return error_response("anthropic", 400, f"{field}: {what}")
+
+
+def model_list(cards: Sequence[Mapping[str, Any]],
+               query: Mapping[str, str] | None = None) -> JSONResponse:
+    """One page of the models (module doc); ``query`` is the request's query string."""
+    q = query or {}
     data = [model_info(c) for c in cards]
-    return JSONResponse({"data": data, "has_more": False,
-                         "first_id": data[0]["id"] if data else None,
-                         "last_id": data[-1]["id"] if data else None})
+    raw = q.get("limit")
+    try:
+        limit = _LIMIT if raw is None else int(raw)
+    except ValueError:
+        return _bad("limit", f"Input should be a valid integer (got {raw!r})")
+    if not 1 <= limit <= _MAX_LIMIT:
+        return _bad("limit", f"must be from 1 to {_MAX_LIMIT} (got {limit})")
+    after, before = q.get("after_id"), q.get("before_id")
+    if after is not None and before is not None:
+        return _bad("before_id", "cannot be combined with after_id: page one way")
+    ids = [m["id"] for m in data]
+    for name, cursor in (("after_id", after), ("before_id", before)):
+        if cursor is not None and cursor not in ids:
+            return _bad(name, f"no model {cursor!r} in this list")
+    if before is not None:
+        end = ids.index(before)
+        page, more = data[max(0, end - limit):end], end > limit
+    else:
+        start = ids.index(after) + 1 if after is not None else 0
+        page, more = data[start:start + limit], start + limit < len(data)
+    return JSONResponse({"data": page, "has_more": more,
+                         "first_id": page[0]["id"] if page else None,
+                         "last_id": page[-1]["id"] if page else None})
 
 
 def not_found(status: int, message: str) -> JSONResponse:

@@ -11,6 +11,14 @@
 - A server tool (``web_search_20250305``, ``code_execution_*``, …: a tool with a ``type``
   other than ``custom``) is run by Anthropic's own servers; this server offers none, and says
   so (:func:`check_server_tools`) rather than asking for the custom tool's ``input_schema``.
+- ``tool_choice`` takes the keys of its type (``auto`` / ``any``: ``disable_parallel_tool_use``,
+  a boolean; ``tool``: ``name`` too; ``none``: none): another key, or a non-boolean
+  ``disable_parallel_tool_use``, is a 400 naming it (:func:`check_tool_choice`; both were
+  accepted, "yes" read as true).
+- ``container``, ``context_management`` and ``mcp_servers`` ask for what only Anthropic's
+  servers do (a code-execution container, server-side context editing, the MCP connector):
+  set (not null, not an empty list), each is a 400 naming it and saying what to do instead
+  (:func:`check_unserved`).
 """
 
 from __future__ import annotations
@@ -111,6 +119,43 @@ def check_server_tools(tools: Sequence[Any] | None) -> None:
             "runs no server tools: web search, web fetch, code execution, bash, text editor "
             "and computer use are not available); declare a custom tool with name, "
             "description and input_schema instead", field=f"tools.{i}.type")
+
+
+_CHOICE_KEYS = {"auto": {"type", "disable_parallel_tool_use"},
+                "any": {"type", "disable_parallel_tool_use"},
+                "tool": {"type", "name", "disable_parallel_tool_use"}, "none": {"type"}}
+
+
+def check_tool_choice(choice: Mapping[str, Any] | None) -> None:
+    """``tool_choice``'s keys and ``disable_parallel_tool_use``, as Anthropic checks them
+    (module doc); its ``type`` and ``name`` are :func:`coda.server.tools.anthropic_plan`'s."""
+    if choice is None or choice.get("type") not in _CHOICE_KEYS:
+        return
+    extra = sorted(set(choice) - _CHOICE_KEYS[choice["type"]])
+    if extra:
+        raise _bad(f"tool_choice.{extra[0]}", "Extra inputs are not permitted (tool_choice "
+                                              f"{choice['type']!r} takes "
+                                              f"{', '.join(sorted(_CHOICE_KEYS[choice['type']]))})")
+    if not isinstance(choice.get("disable_parallel_tool_use", False), bool):
+        raise _bad("tool_choice.disable_parallel_tool_use", "Input should be a valid boolean")
+
+
+_UNSERVED = {
+    "container": "this server runs no containers (they hold the code execution and skills of "
+                 "Anthropic's server tools, which Coda does not offer); leave it out",
+    "context_management": "this server does not edit the conversation (no clearing of old "
+                          "tool results or thinking blocks): trim the messages you send",
+    "mcp_servers": "this server connects to no MCP server (Anthropic's MCP connector): call "
+                   "the MCP server's tools from the client and declare them as custom tools",
+}
+
+
+def check_unserved(body: Any) -> None:
+    """A 400 naming the first of ``container``, ``context_management``, ``mcp_servers`` that
+    is set (module doc); null or an empty list asks for nothing and passes."""
+    for name, why in _UNSERVED.items():
+        if getattr(body, name, None):
+            raise _bad(name, why)
 
 
 def _format(fmt: Any, field: str) -> GrammarSpec:

@@ -19,10 +19,13 @@ from coda.server.anthropic_checks import (
     check_system_blocks,
     check_thinking_blocks,
     thinking_budget,
+    thinking_omitted,
 )
 from coda.server.anthropic_request import (
     check_pairs,
     check_server_tools,
+    check_tool_choice,
+    check_unserved,
     merge_turns,
     output_grammar,
 )
@@ -139,6 +142,7 @@ def tool_plan(body: AnthropicRequest | AnthropicCountRequest) -> tl.ToolPlan | N
     if not body.tools and body.tool_choice is None:
         return None
     check_server_tools(body.tools)
+    check_tool_choice(body.tool_choice)
     return tl.anthropic_plan(body.tools, body.tool_choice)
 
 
@@ -163,6 +167,8 @@ class AnthropicAdapter:
 
     async def parse(self, st: ServerState, body: AnthropicRequest) -> Parsed:
         st.check_model(body.model)
+        if body.container or body.context_management or body.mcp_servers:  # NOTE: issue 22
+            check_unserved(body)  # NOTE: a plain request never enters anthropic_request
         plan = tool_plan(body)
         show, budget = _thinking(body)
         ids = await asyncio.to_thread(_prompt_ids, st, body, plan)
@@ -182,8 +188,10 @@ class AnthropicAdapter:
             grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
                                verify=body.stream_verify, thinking=reasoning is not None,
-                               reasoning=show,
-                               service_tier="standard" if body.service_tier else None)
+                               reasoning=show,  # NOTE: issue 22: no thinking, no check
+                               omit_thinking=bool(body.thinking) and thinking_omitted(body.thinking),
+                               service_tier="standard" if body.service_tier else None,
+                               speed="standard" if body.speed else None)
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
@@ -200,12 +208,14 @@ class AnthropicAdapter:
         c = collect(record.handles[0].stream)
         if is_failed(c.terminal):  # defect 4: error status, partial text and outcome, no retry
             return failed_json({"type": "error", "error": anthropic_error(c.terminal),
-                                "id": rid, "content": [{"type": "text", "text": c.text}],
+                                "request_id": rid, "id": rid,
+                                "content": [{"type": "text", "text": c.text}],
                                 "coda": coda_extension(c.terminal)}, c.terminal, headers=headers)
         ext = coda_extension(c.terminal)
         content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
         if c.terminal.reasoning is not None and spec.reasoning:  # NOTE: issue 23
-            content.insert(0, {"type": "thinking", "thinking": c.reasoning, "signature": ""})
+            content.insert(0, {"type": "thinking", "signature": "",
+                               "thinking": "" if spec.omit_thinking else c.reasoning})
         calls: list[tl.ToolCall] = []
         if spec.tools:
             text, calls, removed = tl.split(c.text)
@@ -216,6 +226,7 @@ class AnthropicAdapter:
         return JSONResponse({"id": rid, "type": "message", "role": "assistant",
                              "model": record.model, "content": content,
                              "stop_reason": reason, "stop_sequence": stop,
+                             "diagnostics": None,
                              "usage": {**usage_of(c.terminal, spec.input_tokens),
                                        **usage_tier(spec)},
                              "coda": ext}, headers=headers)

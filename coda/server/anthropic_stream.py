@@ -39,8 +39,10 @@ def tool_use_block(call: tl.ToolCall, rid: str) -> dict[str, Any]:
 
 
 def usage_tier(spec: AnthropicRender) -> dict[str, str]:
-    """``usage.service_tier``, when the request named one: the one local tier, "standard"."""
-    return {"service_tier": spec.service_tier} if spec.service_tier else {}
+    """``usage.service_tier`` / ``usage.speed``, each when the request named one: the one
+    local tier and speed, "standard"."""
+    out = {"service_tier": spec.service_tier} if spec.service_tier else {}
+    return {**out, "speed": spec.speed} if spec.speed else out
 
 
 def usage_of(terminal: Terminal | None, input_tokens: int, cached: int = 0) -> dict[str, int]:
@@ -67,6 +69,7 @@ class AnthropicRenderer(Renderer):
         # NOTE: issue 23: a split output opens its blocks lazily: thinking, then text
         self.thinking = spec.thinking
         self.show_reasoning = spec.reasoning
+        self.omit_thinking = spec.omit_thinking  # NOTE: the block is sent, its text is not
         self.thinking_open = False
         if self.thinking:
             for e in replay(record.handles[0].stream):
@@ -132,6 +135,8 @@ class AnthropicRenderer(Renderer):
                 out.append(self._frame("content_block_start", fid, index=self.block,
                                        content_block={"type": "thinking", "thinking": "",
                                                       "signature": ""}))
+            if self.omit_thinking:
+                return out
             out.append(self._frame("content_block_delta", fid, index=self.block,
                                    delta={"type": "thinking_delta", "thinking": ev.text},
                                    **self.stamp(0, ev)))

@@ -271,7 +271,7 @@ def _operational_routes(app: FastAPI) -> None:
         cards = getattr(engine, "model_cards", None)  # NOTE: several models: every one
         data = cards() if cards is not None else [_model_card(engine)]
         if anthropic_models.wants_anthropic(request):  # NOTE: an Anthropic client: its shape
-            return anthropic_models.model_list(data)
+            return anthropic_models.model_list(data, request.query_params)
         return JSONResponse({"object": "list", "data": data})
 
     @app.get("/v1/models/{model_id}")

@@ -1,7 +1,8 @@
 """Every error in the protocol's own shape (issue 4 item 5).
 
 OpenAI: ``{"error": {"message", "type", "param", "code"}}``; Anthropic:
-``{"type": "error", "error": {"type", "message"}}``; Ollama: ``{"error": "message"}``. The
+``{"type": "error", "error": {"type", "message"}, "request_id"}`` (the id of its ``request-id``
+header, in the body too as Anthropic sends it: the SDK's ``ErrorResponse.request_id``); Ollama: ``{"error": "message"}``. The
 protocol is chosen by path (``/v1/messages`` is Anthropic, ``/api/`` is Ollama). Bad input is always 4xx and names the field; only a fault of
 the server itself is a 5xx. Every answer but Ollama's carries the protocol's request id
 header, errors included (:class:`RequestIdMiddleware`).
@@ -75,8 +76,12 @@ def error_payload(protocol: Protocol, status: int, message: str, *, param: str |
 def error_response(protocol: Protocol, status: int, message: str, *, param: str | None = None,
                    code: str | None = None, headers: dict[str, str] | None = None
                    ) -> JSONResponse:
-    return JSONResponse(error_payload(protocol, status, message, param=param, code=code),
-                        status_code=status, headers=headers)
+    payload = error_payload(protocol, status, message, param=param, code=code)
+    if protocol == "anthropic":  # NOTE: one id, in the body and the header (module doc)
+        rid = (headers or {}).get("request-id") or fresh_request_id()
+        payload["request_id"] = rid
+        headers = {**(headers or {}), "request-id": rid}
+    return JSONResponse(payload, status_code=status, headers=headers)
 
 
 def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> ApiError:

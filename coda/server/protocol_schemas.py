@@ -136,6 +136,11 @@ class AnthropicMetadata(BaseModel):
     user_id: str | None = Field(None, max_length=256)  # NOTE: Anthropic's bound
 
 
+class AnthropicDiagnostics(BaseModel):
+    model_config = STRICT  # NOTE: the SDK's DiagnosticsParam: previous_message_id, its one key
+    previous_message_id: str | None = None
+
+
 class AnthropicRequest(CodaExtensions):
     model: str
     max_tokens: int = Field(..., ge=1)
@@ -157,6 +162,15 @@ class AnthropicRequest(CodaExtensions):
     cache_control: dict[str, Any] | None = None
     # NOTE: accepted; one local tier, reported as usage.service_tier "standard" (docs/api.md)
     service_tier: Literal["auto", "standard_only"] | None = None
+    # NOTE: accepted hints (docs/api.md): one local speed, reported as usage.speed "standard";
+    # the region is this machine's; Coda compares no prompts (message diagnostics: null)
+    speed: Literal["standard", "fast"] | None = None
+    inference_geo: str | None = None
+    diagnostics: AnthropicDiagnostics | None = None
+    # NOTE: what Coda cannot do: a 400 each when set (anthropic_request.check_unserved)
+    container: str | dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
+    mcp_servers: list[dict[str, Any]] | None = None
     # NOTE: top_k is Anthropic's own field (CodaExtensions declares it): here >= 0 as
     # Anthropic answers (P1); 0 is "off" as before, the -1 of other protocols is a 400
     top_k: int | None = Field(None, ge=0)

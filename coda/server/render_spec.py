@@ -60,7 +60,10 @@ class AnthropicRender:
     # thinking block first; ``reasoning`` False drops the reasoning (thinking disabled)
     thinking: bool = False
     reasoning: bool = True
+    # NOTE: thinking.display "omitted": thinking blocks sent with empty text (anthropic_checks)
+    omit_thinking: bool = False
     service_tier: str | None = None  # NOTE: ``usage.service_tier`` when asked ("standard")
+    speed: str | None = None  # NOTE: ``usage.speed`` when asked (the one local speed)
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 # NOTE: the request's output-token budget under every spelling the code uses (the
 # scheduler's and the KV cache's own "budget"s are other quantities and are not counted)
+# NOTE: work no request asked for, which may overlap the measured one: the engine's block-manager
+# check when it goes idle (between two steps of a request too, when the client is slower than
+# the engine), the server's release of the grammar tokenizer's build once it has been idle a
+# while (a timer that may fire inside the measured window under load) and that build's thread.
+# Their calls are counted apart (``background_files``), so the request's own figures do not
+# move with the timing.
+BACKGROUND_CALLS = frozenset({"AsyncEngine._check_when_idle", "GrammarWarmupMiddleware._release"})
+BACKGROUND_THREADS = frozenset({"coda-grammar-tokenizer", "coda-torch-libs"})
 BUDGET_NAMES = ("max_tokens", "max_output_tokens", "max_completion_tokens", "max_new_tokens",
                 "max_tokens_field")
+
+
+def _method(frame: FrameType) -> str:
+    """``Class.method`` of a frame's code (its qualified name's last two parts)."""
+    return ".".join(frame.f_code.co_qualname.split(".")[-2:])
 
 
 @dataclass
@@ -86,11 +99,15 @@ class Walk:
     stop_frames: dict[int, FrameType] = field(default_factory=dict)
     body_path: list[str] = field(default_factory=list)
     body_calls: list[bool] = field(default_factory=list)  # NOTE: per stop: reached by a call
+    background_files: set[str] = field(default_factory=set)
+    muted: dict[int, int] = field(default_factory=dict)  # NOTE: thread -> its background frame
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if not self.active:
             return
         tid = threading.get_ident()
+        if self._background(tid, frame, event):
+            return
         if event == "call":
             mod = frame.f_globals.get("__name__", "")
             if isinstance(mod, str) and mod.startswith("coda"):
@@ -114,6 +131,24 @@ class Walk:
                     and str(frame.f_globals.get("__name__", "")).startswith("coda.server")):
                 self.admitting = False
             self._move(tid, frame.f_back)
+
+    def _background(self, tid: int, frame: FrameType, event: str) -> bool:
+        """A call of work no request asked for (``BACKGROUND_*``): its modules are noted in
+        ``background_files`` and nothing else is counted until its frame returns."""
+        muted = self.muted.get(tid)
+        if muted is None:
+            if threading.current_thread().name not in BACKGROUND_THREADS and (
+                    event != "call" or _method(frame) not in BACKGROUND_CALLS):
+                return False
+            if threading.current_thread().name not in BACKGROUND_THREADS:
+                self.muted[tid] = id(frame)
+        elif event == "return" and id(frame) == muted:
+            del self.muted[tid]
+        if event == "call":
+            mod = frame.f_globals.get("__name__", "")
+            if isinstance(mod, str) and mod.startswith("coda"):
+                self.background_files.add(mod)
+        return True
 
     def _made(self, obj: object) -> None:
         cls = type(obj)
@@ -394,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "route": args.route,
         "text": text,
         "files": len(walk.files),
+        "background_files": sorted(walk.background_files),
         "classes": len(walk.classes),
         "instances": sum(walk.classes.values()),
         "admission_classes": len(walk.admission_classes),

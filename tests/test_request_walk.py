@@ -90,11 +90,12 @@ BOUNDS = {"files": 46, "body_path_call_reentries": 2, "classes_made_once": 22,
 # walk, measured"): chat as before, Responses one file more; each + 1 for coda.token_ends,
 # + 1 for coda.output_delta; Messages + 1 for its stream (anthropic_stream, split off
 # anthropic_routes by size)
-ROUTE_FILES = {"openai": 46, "anthropic": 47, "responses": 46, "ollama-chat": 49,
-               "ollama-generate": 49}
-# NOTE: run to run a file or two more show up when the engine goes idle mid-request and runs
-# its integrity check (docs/architecture.md): the files bound allows those two, no more
-IDLE_FILES = 2
+ROUTE_FILES = {"openai": 48, "anthropic": 47, "responses": 48, "ollama-chat": 49,
+               "ollama-generate": 50}
+# NOTE: work no request asked for that may overlap the measured one (the engine's idle
+# integrity check, the server's timed release of the grammar tokenizer build: a file more run
+# to run under load) is counted apart by the script (BACKGROUND_CALLS, ``background_files``),
+# so the bound is the measured figure, with no allowance
 # NOTE: what a plain request (no tools, functions, tool turns, modalities, effort, tier,
 # truncation, logprobs, speculation) has nothing to do in: guarded at the call site, never
 # entered, on every protocol
@@ -124,7 +125,7 @@ def test_issue22_a_plain_streaming_request_stays_within_the_measured_walk(
     assert walk.main(["--route", route, "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["text"]  # NOTE: the request answered
-    bounds = {**BOUNDS, "files": ROUTE_FILES[route] + IDLE_FILES}
+    bounds = {**BOUNDS, "files": ROUTE_FILES[route]}
     assert {k: got[k] for k in bounds} == {k: min(got[k], v) for k, v in bounds.items()}
     assert not set(NOTHING_TO_DO) & set(got["files_list"])
     calls = walk.call_reentries(got["body_path"], got["body_calls"])
@@ -138,3 +139,30 @@ def test_issue22_a_plain_streaming_request_stays_within_the_measured_walk(
     # NOTE: the metrics listen once per app (WakeChannel.on_end): admission subscribes nothing
     # per request, so it never calls back into the stream it built
     assert "reader -> stream" not in calls and "server.metrics -> reader" not in calls
+
+
+def test_issue22_background_work_is_counted_apart() -> None:
+    """Work no request asked for (the server's timed release of the grammar build, here a
+    stand-in of that name calling into ``coda.token_ends``) lands in ``background_files`` and
+    not in the request's files; the same call made by the request itself is the request's."""
+    walk = _walk()
+
+    class GrammarWarmupMiddleware:
+        def _release(self) -> None:
+            from coda.token_ends import _spans
+            _spans(b"ab")
+
+    from coda.token_ends import _spans
+    w = walk.Walk(active=True)
+    sys.setprofile(w.profile)
+    try:
+        GrammarWarmupMiddleware()._release()
+    finally:
+        sys.setprofile(None)
+    assert "coda.token_ends" in w.background_files and "coda.token_ends" not in w.files
+    sys.setprofile(w.profile)
+    try:
+        _spans(b"ab")
+    finally:
+        sys.setprofile(None)
+    assert "coda.token_ends" in w.files

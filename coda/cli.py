@@ -119,16 +119,16 @@ def generate(prompt: str,
              model: ModelOpt = None,
              # NOTE: None is the HTTP APIs' omitted limit, planned by the engine (coda/engine/plan.py)
              max_tokens: Annotated[Optional[int], typer.Option(min=1, help="output token limit; past the context it is refused (default: as the HTTP APIs with it omitted: the engine's default_max_tokens, 256, or up to the context where that comes first, finish_reason context_limit)")] = None,  # noqa: UP045
-             temperature: float = 0.8,
-             top_p: float = 0.95,
+             temperature: Annotated[float, typer.Option(help="0: greedy (argmax)")] = 0.8,
+             top_p: Annotated[float, typer.Option(help="nucleus sampling: keep the most likely tokens up to this mass, in (0, 1]")] = 0.95,
              # NOTE: checked as the HTTP APIs' top_k (SamplingParams): -1 or 0 off, else >= 1
              top_k: Annotated[int, typer.Option(help="keep the k most likely tokens (0 or -1: off; 1: greedy)")] = 0,
              # NOTE: the HTTP APIs' int64 bound (coda.server.schemas.SEED_MIN/MAX, not imported:
              # it pulls in the server); the engine wraps seeds to 64 bits, so 2**64 + 1 seeded as 1
-             seed: Annotated[Optional[int], typer.Option(min=-(2 ** 63), max=2 ** 63 - 1)] = None,  # noqa: UP045
+             seed: Annotated[Optional[int], typer.Option(min=-(2 ** 63), max=2 ** 63 - 1, help="the same seed gives the same output (default: a fresh one each run)")] = None,  # noqa: UP045
              stop: Annotated[Optional[list[str]], typer.Option(help="stop string (repeatable)")] = None,  # noqa: UP045
              chat: Annotated[bool, typer.Option(help="wrap the prompt in the chat template")] = False,
-             deadline: Annotated[Optional[float], typer.Option(help="seconds")] = None,  # noqa: UP045
+             deadline: Annotated[Optional[float], typer.Option(help="seconds from the submit; past it the request ends, finish_reason deadline_exceeded")] = None,  # noqa: UP045
              quant: QuantOpt = "auto",
              dtype: DtypeOpt = None,
              max_model_len: MaxLenOpt = None,

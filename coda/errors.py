@@ -69,6 +69,14 @@ class BackpressureOverflowError(CodaError):
     code = ErrorCode.BACKPRESSURE_OVERFLOW
 
 
+class EngineShutdownError(CodaError):
+    """``submit`` (or ``embed``) on an engine that is shutting down or shut down (its ``with``
+    block left): not the request's fault, so no :class:`InvalidRequestError` (it was one);
+    over HTTP a 503."""
+
+    code = ErrorCode.ENGINE_SHUTDOWN
+
+
 class EngineNotStartedError(CodaError):
     """``submit`` on an engine whose loop was never started (``start()`` or ``with``): refused
     at once rather than queued where nothing would ever run it (issue 19 item 4)."""

@@ -2,7 +2,8 @@
 E1 and O1; found by an acceptance sweep): an empty trace is said to be empty (a replica that
 served no request writes one: it holds every invariant) and a missing one is exit 2, a model
 path that cannot be read makes ``coda models`` exit nonzero, and a missing ``--draft-model``
-is said as the draft's failure (it read "cannot load model (default)")."""
+is said as the draft's failure (it read "cannot load model (default)"), and an empty ``--model``
+is refused, not read as the working folder."""
 
 from __future__ import annotations
 
@@ -93,3 +94,34 @@ def test_e1_a_model_path_with_nothing_there_says_so(tmp_path: Path, command: str
     assert "Traceback" not in r.stderr
     bare = _coda("generate", "hi", "--model", "no_such_model_package_here")
     assert bare.returncode == 2 and "not an installed package" in bare.stderr, bare.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_e1_an_empty_model_is_refused_not_read_as_the_working_folder(
+        tmp_path: Path, smollm_gguf: Path, command: str) -> None:
+    """E1 (CLI): ``--model ""`` (an unset ``--model "$MODEL"``) is exit 2 naming ``--model``
+    before any load; ``Path("")`` is ".", so it loaded whatever single .gguf the working folder
+    held (here one), or said "cannot load model (default): . has no config.json"."""
+    import os
+
+    (tmp_path / "other.gguf").symlink_to(smollm_gguf)
+    argv = {"generate": ["generate", "hi", "--max-tokens", "2"],
+            "serve": ["serve", "--port", "8734"]}[command]
+    r = subprocess.run([sys.executable, "-m", "coda.cli", *argv, "--model", ""], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    last = r.stderr.strip().splitlines()[-1]
+    assert "--model is empty" in last and "Traceback" not in r.stderr, last
+    assert "other" not in r.stderr
+
+
+def test_python_api_empty_model_is_a_model_load_error(tmp_path: Path) -> None:
+    """The Python API's side: ``from_model_dir("")`` is a ModelLoadError saying the model is
+    empty, never the working folder read as a model."""
+    from coda.models.config import ModelLoadError
+    from coda.models.source import resolve_model
+
+    for spec in ("", "  "):
+        with pytest.raises(ModelLoadError, match="the model is empty"):
+            resolve_model(spec)

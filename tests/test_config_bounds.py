@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 POSITIVE = ("block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_chunk",
             "default_max_tokens", "max_stop_string_bytes", "num_blocks", "max_model_len",
-            "num_threads")
+            "num_threads", "kv_cache_bytes")
 NON_NEGATIVE = ("max_stop_strings", "recent_traces", "max_forward_retries")
 
 
@@ -50,6 +50,20 @@ def test_engine_config_count_bounds_for_all_values_e1(name: str, value: int) -> 
 def test_engine_config_count_must_be_an_integer_e1(value: object) -> None:
     with pytest.raises(EngineConfigError, match="max_model_len"):
         EngineConfig(max_model_len=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, -5, "1GiB"], ids=["zero", "negative", "str"])
+def test_kv_cache_bytes_below_1_is_refused_when_the_config_is_built_e1(value: object) -> None:
+    """E1: ``kv_cache_bytes`` is a count like ``num_blocks``; 0 or a negative one was accepted
+    and failed only in the load ("kv_cache_bytes (-5) is smaller than one block"), so
+    ``coda generate --kv-cache-bytes -5`` said "loading model" first."""
+    with pytest.raises(EngineConfigError) as info:
+        EngineConfig(kv_cache_bytes=value)  # type: ignore[arg-type]
+    assert info.value.field == "kv_cache_bytes"
+    r = subprocess.run([sys.executable, "-m", "coda.cli", "generate", "hi", "--kv-cache-bytes",
+                        "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "kv_cache_bytes" in r.stderr, r.stderr[-2000:]
+    assert "loading model" not in r.stderr and "Traceback" not in r.stderr
 
 
 def test_engine_config_defaults_and_none_are_accepted() -> None:

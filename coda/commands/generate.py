@@ -101,6 +101,16 @@ def print_terminal(t: Terminal) -> None:
                err=True)
 
 
+def flag_error(exc: Any, flag: str) -> str:
+    """A refused value's line under the flag that gave it: ``invalid_request: --stop: ...``. The
+    engine's message may open with its own field's label (``stop: ...``, as the HTTP APIs say
+    it); that label is dropped for the flag's, not said twice."""
+    message: str = exc.message
+    if exc.field and message.startswith(f"{exc.field}: "):
+        message = message[len(exc.field) + 2:]
+    return f"{exc.code.value}: {flag}: {message}"
+
+
 def run_generate(args: GenerateArgs) -> int:
     """Load, generate and print; the exit status: 0 finished, 1 otherwise, 128 + the signal
     when interrupted, 2 for a refused value (before the model loads where it can be)."""
@@ -119,7 +129,11 @@ def run_generate(args: GenerateArgs) -> int:
     try:  # NOTE: the stop strings' own rules need no model (S1): an empty --stop is exit 2 at once
         check_stop_strings(args.stop)
     except CodaError as exc:
-        fail(f"{exc.code.value}: --stop: {exc.message}")
+        fail(flag_error(exc, "--stop"))
+    try:  # NOTE: argv bytes that are no UTF-8 arrive as lone surrogates, which no tokenizer takes
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        fail("the prompt is not valid UTF-8 text")
     if args.deadline is not None and not args.deadline > 0:  # NOTE: as plan_request's G3 check, before the load
         fail(f"--deadline must be > 0 seconds, got {args.deadline}")
     # NOTE: a Ctrl-C before the request runs (the load above all): one line, exit 130 at once;

@@ -47,15 +47,18 @@ def load_engine(model: str | None, cfg: Any, say: Any = None) -> Any:
     from coda.models.config import ModelLoadError
     from coda.models.load_errors import DraftModelLoadError
 
+    if model is not None and not model.strip():  # NOTE: an unset ``--model "$MODEL"``
+        fail("--model is empty: give a folder, a .gguf file or a package, or omit it for the "
+             "embedded model")
     # NOTE: loading takes seconds to minutes: say what is happening before it starts
     announce = say if say is not None else (lambda line: typer.echo(line, err=True))
-    announce(f"loading model {model or '(default)'} ...")
+    announce(f"loading model {'(default)' if model is None else model} ...")
     try:
         engine = AsyncEngine.from_model_dir(model, cfg)
     except (ModelLoadError, ValueError) as exc:
         # NOTE: a draft's failure names the draft and its flag itself, never the target
         what = "" if isinstance(exc, DraftModelLoadError) else \
-            f"cannot load model {model or '(default)'}: "
+            f"cannot load model {'(default)' if model is None else model}: "
         fail(f"{what}{exc}")
     if say is None:
         for line in engine.describe():

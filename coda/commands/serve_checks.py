@@ -18,8 +18,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 def check_flags(args: ServeArgs) -> None:
-    """The flags a typer bound cannot check: the log level, ``--max-waiting 0`` and an empty
-    ``--api-key`` or ``--served-model-name``."""
+    """The flags a typer bound cannot check: the log level, ``--max-waiting 0``, an empty
+    ``--api-key`` or ``--served-model-name``, and the durations and CPU share that must be
+    above 0 (a typer ``min`` allows 0 itself)."""
     if args.log_level.lower() not in LOG_LEVELS:  # NOTE: uvicorn's levels; others were a traceback
         fail(f"--log-level {args.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
     if args.api_key is not None and not args.api_key.strip():
@@ -28,6 +29,12 @@ def check_flags(args: ServeArgs) -> None:
     if args.served_model_name is not None and not args.served_model_name.strip():
         # NOTE: an empty name was ignored: the model was served under its own name
         fail("--served-model-name is empty; give a name, or omit it")
+    for flag, value in (("--log-retention-s", args.log_retention_s),
+                        ("--lease-ttl-s", args.lease_ttl_s), ("--replica-cpus", args.replica_cpus)):
+        # NOTE: NaN fails the comparison; they were accepted and went unchecked, or (with
+        # --redis-url) a ValueError after the port and before the model
+        if not 0 < value < float("inf"):
+            fail(f"{flag} must be a number > 0, got {value}")
     if args.max_waiting == 0:  # NOTE: every request waits for a step to admit it: 0 refuses them all
         fail("--max-waiting 0 would refuse every request (each one waits until the next step "
              "admits it); use 1 or more, or -1 for unbounded")

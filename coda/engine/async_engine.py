@@ -35,7 +35,7 @@ from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.speculative import PREDICTION_PRIOR, SpeculativeConfig, refusal
 from coda.engine.types import EngineConfig, EngineConfigError, EngineStats, GenerationRequest
 from coda.engine.verify_costs import VerifyCosts
-from coda.errors import EngineNotStartedError, InvalidRequestError
+from coda.errors import EngineNotStartedError, EngineShutdownError, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.kernels import check_isa
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
@@ -282,7 +282,7 @@ class AsyncEngine:
         """Plan ``req`` (the one check, coda.engine.plan) and build its engine request and handle (not
         yet queued)."""
         if self._stopping:
-            raise InvalidRequestError("the engine is shutting down", field=None)
+            raise EngineShutdownError("the engine is shutting down")
         # NOTE: issue 19 item 3: the plan's context check is also the cache's (the context is
         # lowered to the cache above): one the cache could never hold is refused here, a 4xx
         plan = plan_request(req, self.limits)
@@ -304,7 +304,7 @@ class AsyncEngine:
 
     def submit(self, req: GenerationRequest) -> RequestHandle:
         """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input,
-        EngineNotStartedError before :meth:`start`."""
+        EngineNotStartedError before :meth:`start`, EngineShutdownError once it shuts down."""
         return self.submit_all([req])[0]
 
     def submit_all(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
@@ -329,7 +329,7 @@ class AsyncEngine:
         fut: Future[list[float]] = Future()
         with self._cond:
             if self._stopping:
-                raise InvalidRequestError("the engine is shutting down", field=None)
+                raise EngineShutdownError("the engine is shutting down")
             if self._thread is None:
                 raise EngineNotStartedError("the engine is not started: call engine.start() "
                                             "(or use `with engine:`) before embed")
@@ -499,5 +499,5 @@ class AsyncEngine:
             self._calls.clear()
         for _, fut in calls:
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(InvalidRequestError("the engine is shutting down", field=None))
+                fut.set_exception(EngineShutdownError("the engine is shutting down"))
 

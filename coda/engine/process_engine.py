@@ -43,6 +43,7 @@ from coda.errors import (
     CodaError,
     ContextLengthExceededError,
     EngineNotStartedError,
+    EngineShutdownError,
     ErrorCode,
     InvalidRequestError,
 )
@@ -98,7 +99,8 @@ def rebuild_error(kind: str, code: str, message: str, field: str | None) -> Exce
     if kind == "value":
         return ValueError(message)
     cls = {ErrorCode.INVALID_REQUEST.value: InvalidRequestError,
-           ErrorCode.CONTEXT_LENGTH_EXCEEDED.value: ContextLengthExceededError}.get(code)
+           ErrorCode.CONTEXT_LENGTH_EXCEEDED.value: ContextLengthExceededError,
+           ErrorCode.ENGINE_SHUTDOWN.value: EngineShutdownError}.get(code)
     if cls is not None:
         return cls(message, field=field)
     err = CodaError(message, field=field)

@@ -98,7 +98,7 @@ class EngineConfigError(ValueError):
 # the context"
 _POSITIVE = ("block_size", "max_num_seqs", "max_num_batched_tokens", "long_prefill_chunk",
              "default_max_tokens", "max_stop_string_bytes")
-_POSITIVE_OR_NONE = ("num_blocks", "max_model_len", "num_threads")
+_POSITIVE_OR_NONE = ("num_blocks", "kv_cache_bytes", "max_model_len", "num_threads")
 _NON_NEGATIVE = ("max_stop_strings", "recent_traces", "max_forward_retries")
 
 
@@ -153,8 +153,8 @@ class EngineConfig:
     given, names a dense mode by its dtype (``"bfloat16"`` is ``quant="bf16"``).
 
     A count no engine can run with (``block_size``, ``max_num_seqs``, ``default_max_tokens``…
-    below 1; ``num_threads`` / ``max_model_len`` / ``num_blocks`` below 1 unless None; a
-    negative ``max_stop_strings`` / ``recent_traces`` / ``max_forward_retries``; a bool), a
+    below 1; ``num_threads`` / ``max_model_len`` / ``num_blocks`` / ``kv_cache_bytes`` below 1
+    unless None; a negative ``max_stop_strings`` / ``recent_traces`` / ``max_forward_retries``; a bool), a
     ``kv_cache_memory_fraction`` outside (0, 1] or an unknown ``speculative`` mode raises
     :class:`EngineConfigError` when the config is built (SPEC E1: refused before any work);
     so does :meth:`AsyncEngine.from_model_dir` for a ``speculative`` / ``draft_model`` pair

@@ -107,6 +107,10 @@ def resolve_model(spec: str | Path | None) -> ModelSource:
     """Resolve ``--model`` (see the module docstring)."""
     if spec is None:
         return ModelSource("embedded", DEFAULT_MODEL_DIR, DEFAULT_MODEL_DIR.name)
+    if isinstance(spec, str) and not spec.strip():
+        # NOTE: Path("") is "." (the working folder): an unset ``--model "$MODEL"`` read it
+        raise ModelLoadError("the model is empty: give a folder, a .gguf file or a package "
+                             "(or none, or 'default', for the embedded model)")
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":

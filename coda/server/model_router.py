@@ -205,9 +205,9 @@ class ModelRouter:
     def submit(self, req: GenerationRequest) -> RoutedHandle:
         """A handle at once; the request goes to its model's worker once that is loaded."""
         if self.stopping:
-            from coda.errors import InvalidRequestError
+            from coda.errors import EngineShutdownError
 
-            raise InvalidRequestError("the engine is shutting down", field=None)
+            raise EngineShutdownError("the engine is shutting down")
         slot = self._slot()
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         handle = RoutedHandle(rid, WorkerCopy(rid, lambda r, seq: self._ack(r, seq)),

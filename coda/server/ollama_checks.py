@@ -1,31 +1,17 @@
 """The checks of an Ollama ``/api/chat`` / ``/api/generate`` body before its prompt is
-rendered (issue 23 item 2; SPEC P1): the fields Coda refuses with what to send instead, and
-``think`` against the model's reasoning markers (:mod:`coda.server.ollama_routes` runs them).
+rendered (issue 23 item 2; SPEC P1): the fields Coda refuses, each with what to send instead
+(:mod:`coda.server.ollama_routes` runs them).
 """
 
 from __future__ import annotations
 
 from coda.errors import InvalidRequestError
-from coda.reasoning import ReasoningSpec
 from coda.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest
-from coda.server.state import ServerState
 
 OllamaBody = OllamaChatRequest | OllamaGenerateRequest
 
 
-def thinking_spec(st: ServerState, body: OllamaBody, ids: list[int], grammar: bool
-              ) -> ReasoningSpec | None:
-    """The reasoning split of a model with ``<think>`` markers (issue 23 item 3): always made
-    (stops apply to the answer only), shown as ``thinking`` unless ``think`` is false; asking
-    for ``think`` on a model without markers (or with a grammar) is a 400."""
-    spec = st.reasoning(ids, budget=None, budget_field="think", grammar=grammar)
-    if spec is None and body.think not in (None, False, "none"):
-        raise InvalidRequestError(f"think: {body.model!r} does not support thinking"
-                                  + (" with format or tools" if grammar else ""), field="think")
-    return spec
-
-
-def check_common(body: OllamaBody) -> None:
+def _check_common(body: OllamaBody) -> None:
     if body.stream_verify:
         raise InvalidRequestError("stream_verify: not offered on the Ollama API (NDJSON has "
                                   "no place for the stamps)", field="stream_verify")
@@ -41,7 +27,7 @@ _NOT_SUPPORTED = {
 }
 
 
-def generate_checks(body: OllamaGenerateRequest) -> None:
+def _generate_checks(body: OllamaGenerateRequest) -> None:
     for name, value in (("suffix", body.suffix), ("template", body.template),
                         ("images", body.images)):
         if value:
@@ -52,3 +38,10 @@ def generate_checks(body: OllamaGenerateRequest) -> None:
         raise InvalidRequestError("system: not used with raw: true (the prompt is sent as is, "
                                   "no template); write the system text into the prompt",
                                   field="system")
+
+
+def check_body(body: OllamaBody) -> None:
+    """Every check of the body before its prompt is rendered (one call from the route)."""
+    _check_common(body)
+    if isinstance(body, OllamaGenerateRequest):
+        _generate_checks(body)

@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
+from coda.reasoning import ReasoningSpec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
@@ -38,7 +39,7 @@ from coda.server.common import collect, new_id, now, state_of
 from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.ndjson import JSONLine, NDJSONRenderer
-from coda.server.ollama_checks import check_common, generate_checks, thinking_spec
+from coda.server.ollama_checks import check_body
 from coda.server.ollama_context import check_context, done_context, joined
 from coda.server.ollama_info import unload_now, unload_when_idle
 from coda.server.ollama_options import max_tokens
@@ -138,6 +139,18 @@ class OllamaRenderer(NDJSONRenderer):
         return [*frames, JSONLine({**_piece(self.r, self.chat, ""), **end, **context})]
 
 
+def _thinking(st: ServerState, body: OllamaBody, ids: list[int], grammar: bool
+              ) -> ReasoningSpec | None:
+    """The reasoning split of a model with ``<think>`` markers (issue 23 item 3): always made
+    (stops apply to the answer only), shown as ``thinking`` unless ``think`` is false; asking
+    for ``think`` on a model without markers (or with a grammar) is a 400."""
+    spec = st.reasoning(ids, budget=None, budget_field="think", grammar=grammar)
+    if spec is None and body.think not in (None, False, "none"):
+        raise InvalidRequestError(f"think: {body.model!r} does not support thinking"
+                                  + (" with format or tools" if grammar else ""), field="think")
+    return spec
+
+
 def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list[int]:
     """The prompt's ids (CPU-bound: off the event loop). ``raw`` generate: the prompt as is."""
     if isinstance(body, OllamaGenerateRequest):
@@ -190,9 +203,8 @@ class OllamaAdapter:
 
     async def parse(self, st: ServerState, body: OllamaBody) -> Parsed:
         st.check_model(body.model)
-        check_common(body)
+        check_body(body)
         if isinstance(body, OllamaGenerateRequest):
-            generate_checks(body)
             check_context(st.engine.tokenizer, body.context)
         plan = tool_plan(body)
         grammar = body.grammar()
@@ -200,7 +212,7 @@ class OllamaAdapter:
         tool_knobs = ((tl.knob_fields(plan, grammar, "format") if plan is not None else {})
                       or {"grammar": grammar})
         ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
-        reasoning = thinking_spec(st, body, ids, grammar is not None or bool(plan and plan.active))
+        reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
         if body.logprobs and plan is not None and plan.active:
             # NOTE: a call's text is cut out of the token stream: no token maps onto a line
             raise InvalidRequestError("logprobs: not supported with tools", field="logprobs")

@@ -25,7 +25,7 @@ CODA = Path(__file__).resolve().parent.parent / "coda"
 WIRE_NAMES = frozenset({"max_completion_tokens", "max_output_tokens", "num_predict",
                         "max_new_tokens"})
 SCHEMAS = frozenset({"server/schemas.py", "server/protocol_schemas.py",
-                     "server/ollama_schemas.py"})
+                     "server/ollama_schemas.py", "server/ollama_options.py"})
 ADAPTERS = frozenset({"server/openai_routes.py", "server/responses_routes.py"})
 # NOTE: comparisons with a budget: the plan's check; the per-token stop (G1: the processor's
 # ``budget_spent``, which the core also asks before choosing, and ``tokens_left``, its draft

@@ -157,7 +157,12 @@ def describe_validation(exc: RequestValidationError, content_type: str | None = 
         if protocol == "anthropic":
             return f"{name}: Extra inputs are not permitted", name
         return f"Unrecognized request argument supplied: {name}", name
-    return f"{name}: {first.get('msg', 'invalid value')}", name
+    msg = str(first.get("msg", "invalid value"))
+    if first.get("type") == "value_error":
+        # NOTE: a validator's own words ("time: invalid duration ..."), without pydantic's
+        # "Value error, " before them
+        msg = msg.removeprefix("Value error, ")
+    return f"{name}: {msg}", name
 
 
 def _below_minimum(exc: RequestValidationError) -> str | None:

@@ -6,8 +6,11 @@ SHA-256 (P1 identity), ``size`` the model's memory (weights + KV) where the serv
 (several models), else 0; ``details`` (family, parameter size, stored type) come from each
 model's checkpoint header, read when the server starts, so a model of several that has not
 loaded yet is described as it will be once loaded. ``/api/ps`` lists the loaded models: with
-several models the ones whose worker is up, with one model that model (loaded for the
-server's life, so no ``expires_at``). ``/api/version`` is Coda's version, not an Ollama version.
+several models the ones whose worker is up, with one model that model. A loaded model
+stays until the server stops (or the memory budget's LRU, or ``keep_alive: 0``, unloads it):
+no timer expires it, so ``expires_at`` is Ollama's "forever" (now plus Go's longest duration,
+the value Ollama gives a model kept with a negative ``keep_alive``); ``size_vram`` is 0 (Coda
+runs on the CPU). ``/api/version`` is Coda's version, not an Ollama version.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from starlette.responses import JSONResponse, Response
 from coda.engine.protocol import Engine, ModelInfo
 from coda.models.gguf_file import FILE_TYPES
 from coda.models.identity import coda_version
-from coda.server.common import state_of
+from coda.server.common import now, state_of
 from coda.server.http_errors import ApiError
 from coda.server.ollama_schemas import OllamaShowRequest, model_name
+from coda.server.ollama_wire import created_at
 
 router = APIRouter()
 _WATCHERS: set[asyncio.Task[None]] = set()
@@ -57,6 +61,9 @@ def unload_when_idle(engine: Engine) -> None:
     _WATCHERS.add(task)
     task.add_done_callback(_WATCHERS.discard)
 _EPOCH = "1970-01-01T00:00:00Z"  # NOTE: Coda keeps no modification time of a model
+# NOTE: Ollama's "forever" (keep_alive < 0): now plus Go's longest duration, 2^63-1 ns (about
+# 292 years; its CLI shows any expiry past 20 years as "Forever")
+_FOREVER_S = (2**63 - 1) / 1e9
 
 
 def _cards(engine: Engine) -> list[dict[str, Any]]:
@@ -161,10 +168,12 @@ async def ps(request: Request) -> Response:
     out = []
     engine = state_of(request).engine
     infos = _infos(engine)
+    never = created_at(now() + _FOREVER_S)
     for card in _cards(engine):
         if _loaded(card):
             e = _entry(card, infos)
-            out.append({**e, "size_vram": 0, "context_length": card.get("max_model_len")})
+            out.append({**e, "expires_at": never, "size_vram": 0,
+                        "context_length": card.get("max_model_len")})
     return JSONResponse({"models": out})
 
 

@@ -12,7 +12,7 @@ call that did not stream gets HTTP 500 (400 for a request error) with ``{"error"
 
 ``format`` (``"json"`` or a JSON schema) is Coda's structured output grammar, ``tools`` Coda's
 tool calling (:mod:`coda.server.tools`), ``options`` the sampler
-(:mod:`coda.server.ollama_schemas`). ``keep_alive: 0`` unloads the model once its requests
+(:mod:`coda.server.ollama_options`). ``keep_alive: 0`` unloads the model once its requests
 end where the server runs several models (:mod:`coda.server.model_router`); any other
 ``keep_alive``, and every ``keep_alive`` with one model served, is accepted with no effect (the
 model stays loaded for the server's life, or until the memory budget's LRU unloads it). An
@@ -39,8 +39,10 @@ from coda.server.common import collect, new_id, now, state_of
 from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.ndjson import JSONLine, NDJSONRenderer
+from coda.server.ollama_checks import check_body
 from coda.server.ollama_context import check_context, done_context, joined
 from coda.server.ollama_info import unload_now, unload_when_idle
+from coda.server.ollama_options import max_tokens
 from coda.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest
 from coda.server.ollama_wire import (
     chat_messages,
@@ -49,7 +51,7 @@ from coda.server.ollama_wire import (
     keep_alive_zero,
     tool_call,
 )
-from coda.server.params import Parsed, plan_call
+from coda.server.params import Parsed, plan_call, sampled_top_p
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
 from coda.server.state import Record, ServerState, register_renderer
@@ -149,30 +151,6 @@ def _thinking(st: ServerState, body: OllamaBody, ids: list[int], grammar: bool
     return spec
 
 
-def _check_common(body: OllamaBody) -> None:
-    if body.stream_verify:
-        raise InvalidRequestError("stream_verify: not offered on the Ollama API (NDJSON has "
-                                  "no place for the stamps)", field="stream_verify")
-
-
-# NOTE: what each refused generate field would need, and what to send instead (a bare "not
-# supported" left the client guessing)
-_NOT_SUPPORTED = {
-    "suffix": "fill-in-the-middle is not offered; send the text before the gap as prompt",
-    "template": "Coda renders the model's own chat template (Jinja, not Go templates); send "
-                "a prompt you rendered with raw: true instead",
-    "images": "no vision model is served",
-}
-
-
-def _generate_checks(body: OllamaGenerateRequest) -> None:
-    for name, value in (("suffix", body.suffix), ("template", body.template),
-                        ("images", body.images)):
-        if value:
-            raise InvalidRequestError(f"{name}: not supported: {_NOT_SUPPORTED[name]}",
-                                      field=name)
-
-
 def _prompt(st: ServerState, body: OllamaBody, plan: tl.ToolPlan | None) -> list[int]:
     """The prompt's ids (CPU-bound: off the event loop). ``raw`` generate: the prompt as is."""
     if isinstance(body, OllamaGenerateRequest):
@@ -225,9 +203,8 @@ class OllamaAdapter:
 
     async def parse(self, st: ServerState, body: OllamaBody) -> Parsed:
         st.check_model(body.model)
-        _check_common(body)
+        check_body(body)
         if isinstance(body, OllamaGenerateRequest):
-            _generate_checks(body)
             check_context(st.engine.tokenizer, body.context)
         plan = tool_plan(body)
         grammar = body.grammar()
@@ -243,7 +220,7 @@ class OllamaAdapter:
                             thinking=reasoning is not None and body.think not in (False, "none"),
                             logprobs=body.logprobs, skip_special=body.skip_special_tokens,
                             prompt_ids=() if self.chat else tuple(ids))
-        budget = o.max_tokens(st.engine.context_length - len(ids)) if o else None
+        budget = max_tokens(o, st.engine.context_length - len(ids))
         return plan_call(
             body, [ids], spec, call_id=new_id(self.id_prefix),
             backpressure=st.settings.backpressure, stream=body.stream,
@@ -252,7 +229,7 @@ class OllamaAdapter:
             prompt_field="messages" if self.chat else "prompt",
             stop=o.stop if o else None, stop_field="options.stop",
             seed=o.seed if o else None, temperature=o.temperature if o else None,
-            top_p=o.top_p if o else None,
+            top_p=sampled_top_p(o.top_p) if o else None,
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             presence_penalty=o.presence_penalty if o else None,
             frequency_penalty=o.frequency_penalty if o else None, reasoning=reasoning,

@@ -1,17 +1,7 @@
 """Request bodies of the Ollama API (``/api/chat``, ``/api/generate``, ``/api/show``,
 ``/api/embed``; issue 23 item 2) and how ``options`` and ``format`` become Coda's knobs.
 
-``options`` is checked like every other body (SPEC P1: a parameter is never silently
-ignored): the sampling options map onto Coda's sampler — ``temperature``, ``top_p``,
-``top_k``, ``min_p``, ``seed``, ``num_predict`` (the output budget; ``-1`` / ``-2``: no limit
-but the context's), ``stop``, ``repeat_penalty`` (Coda's repetition penalty, over the whole
-sequence), ``presence_penalty``, ``frequency_penalty``. Load-time and resource options
-(``num_ctx``, ``num_gpu``, ``num_thread``, ...) change no output and are accepted without
-effect: the server's own settings size the model. Samplers Coda does not have (``mirostat``,
-``typical_p``, ``tfs_z``) are a 400 unless set to their neutral value; the repeat penalty's
-``repeat_last_n`` and ``penalize_newline`` are accepted where they change nothing (no
-``repeat_penalty``) or state Coda's own rule (``-1``: the whole sequence; ``true``), else a
-400. An unknown option is a 400 naming it.
+``options``: :mod:`coda.server.ollama_options` (what each option means here).
 """
 
 from __future__ import annotations
@@ -23,84 +13,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
-from coda.server.schemas import OPEN, SEED_MAX, SEED_MIN, STRICT, CodaExtensions
-
-# NOTE: option name -> its neutral value (the one setting that asks for no such sampler)
-_NEUTRAL: dict[str, Any] = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
-
-
-class OllamaOptions(BaseModel):
-    """``options``: see the module docstring for what each one does here."""
-
-    model_config = STRICT
-    # sampling, mapped
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # NOTE: Ollama's is an int64 too
-    num_predict: int | None = Field(None, ge=-2)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0, le=1)
-    stop: list[str] | None = None
-    repeat_penalty: float | None = Field(None, gt=0)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    # load-time and resources: accepted, no effect on the output
-    numa: bool | None = None
-    num_ctx: int | None = None
-    num_batch: int | None = None
-    num_gpu: int | None = None
-    main_gpu: int | None = None
-    low_vram: bool | None = None
-    f16_kv: bool | None = None
-    logits_all: bool | None = None
-    vocab_only: bool | None = None
-    use_mmap: bool | None = None
-    use_mlock: bool | None = None
-    embedding_only: bool | None = None
-    num_thread: int | None = None
-    num_keep: int | None = None
-    # samplers Coda does not have: only their neutral value
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    typical_p: float | None = None
-    tfs_z: float | None = None
-    repeat_last_n: int | None = None
-    penalize_newline: bool | None = None
-
-    @model_validator(mode="after")
-    def _no_foreign_samplers(self) -> OllamaOptions:
-        for name, neutral in _NEUTRAL.items():
-            value = getattr(self, name)
-            if value is not None and value != neutral:
-                raise ValueError(f"{name}={value!r} is not supported (Coda has no such "
-                                 "sampler; leave it unset)")
-        # NOTE: the repeat penalty's window and newline rule change nothing without a penalty;
-        # with one, Coda's rule is the whole sequence (-1) and newlines included (true)
-        penalty = self.repeat_penalty is not None and self.repeat_penalty != 1.0
-        if penalty and self.repeat_last_n is not None and self.repeat_last_n != -1:
-            raise ValueError(f"repeat_last_n={self.repeat_last_n!r} is not supported with "
-                             "repeat_penalty: Coda's penalty covers the whole sequence "
-                             "(repeat_last_n -1, or leave it unset)")
-        if penalty and self.penalize_newline is False:
-            raise ValueError("penalize_newline=False is not supported with repeat_penalty: "
-                             "Coda's penalty covers every token (leave it unset)")
-        return self
-
-    def max_tokens(self, room: int) -> int | None:
-        """``num_predict`` as Coda's budget: positive is the limit, -1/-2 no limit but the
-        context's (``room``: the tokens the prompt leaves in it), unset the server's default
-        (0: a 400)."""
-        n = self.num_predict
-        if n == 0:
-            raise InvalidRequestError("options.num_predict: must be positive, or -1 for no "
-                                      "limit", field="options.num_predict")
-        if n is None:
-            return None
-        # NOTE: -1/-2 is not "unset": unset is EngineConfig.default_max_tokens, which would
-        # end the output long before the context. A prompt that leaves no room is the plan's
-        # 400 naming the prompt (it is checked before the budget), hence the floor of 1.
-        return n if n > 0 else max(room, 1)
+from coda.server.ollama_options import OllamaOptions
+from coda.server.schemas import OPEN, STRICT, CodaExtensions
 
 
 class OllamaToolFunction(BaseModel):

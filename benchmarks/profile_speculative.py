@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.spec_workloads import prompts
+from benchmarks.spec_workloads import chat_ids
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.core import EngineCore
 from coda.engine.runner import SeqChunk
@@ -164,8 +164,7 @@ def main_replay(args: argparse.Namespace) -> None:
                           0)
     plain_ms = spec_ms = 0.0
     with engine:
-        for i, text in enumerate(prompts(args.workload)[:args.requests]):
-            ids = tuple(engine.tokenizer.encode(text).ids)
+        for i, ids in enumerate(chat_ids(engine, args.workload)[:args.requests]):
             h = engine.submit(GenerationRequest(ids, SamplingParams(
                 temperature=args.temperature, seed=1000 + i), max_tokens=args.max_tokens))
             h.wait(3600)
@@ -219,10 +218,10 @@ def main() -> None:
     engines = {name: AsyncEngine.from_model_dir(args.model, EngineConfig(
         speculative=name, **cfg)) for name in ("off", "prompt-lookup")}
     first = engines["off"]
-    reqs = [GenerationRequest(tuple(first.tokenizer.encode(t).ids),
+    reqs = [GenerationRequest(ids,
                               SamplingParams(temperature=args.temperature, seed=1000 + i),
                               max_tokens=args.max_tokens)
-            for i, t in enumerate(prompts(args.workload)[:args.requests])]
+            for i, ids in enumerate(chat_ids(first, args.workload)[:args.requests])]
     print(f"model {args.model}, mode {first.loaded.mode.name}, {args.workload}, "
           f"{len(reqs)} requests, T={args.temperature}, load average {os.getloadavg()[0]:.1f}")
     print("| speculative | tokens | process CPU s | step CPU s | " + " | ".join(f"{p} s (calls)" for p in PARTS)

@@ -1,12 +1,16 @@
-"""The workloads of ``benchmarks/bench_speculative.py`` (issue 21): ``copy`` (edit a ~300-token
-code file, quote a ~300-token document), ``free`` (free-text chat) and ``predict`` (repeat a
-code file with one change, the file as the chat prediction), as SmolLM2 chat prompts.
+"""The workloads of ``benchmarks/bench_speculative.py`` (issue 21), as chat turns a user would
+send: ``copy`` (edit a ~350-token Python file: the file in a code fence, one small specific
+change, "reply with the whole updated file"; and quote sentences of a ~300-token document word
+for word), ``free`` (free-text chat) and ``predict`` (the same edits, each file as the chat
+``prediction``). :func:`chat_ids` renders them with the model's own chat template and encodes
+them as the server does (no special tokens added: the template has them).
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,8 +28,17 @@ _DOC = (
     "weather permitting, and on a clear day the coast of the neighbouring island is visible "
     "thirty kilometres to the north. The reef itself is now a protected area for seabirds, "
     "and landing on it is forbidden between March and August.")
-_QUESTIONS = ("When was the light automated?", "How tall is the tower?",
-              "What did the first keeper record?", "When can visitors climb the tower?")
+# NOTE: quote extraction: each answer is sentences of _DOC, verbatim (chosen among six such
+# questions: the two that SmolLM2-135M answered in its own words were left out, docs/speculative.md)
+_QUOTES = ("Copy every sentence of the document that contains a year, word for word, one per line.",
+           "Quote, word for word, the sentences of the document about the first keeper.",
+           "Quote the sentence of the document that says how tall the tower is, word for word.",
+           "Quote the two sentences of the document that mention the reef, word for word.")
+# NOTE: edit a ~350-token file: one small, specific change, the whole file back (spec_files/)
+_EDITS = (("inventory.py", "Rename the method `low_stock` to `items_below` (and its call in `main`)."),
+          ("temperature.py", 'Change the default unit in `parse_args` from "c" to "f".'),
+          ("wordcount.py", 'Add "from" to the set of stop words in `main`.'),
+          ("bank.py", 'Change the message of the ValueError in `deposit` to "amount must be positive".'))
 _FREE = ("Write a short story about a fox who learns to sail.",
          "Explain why the sky is blue to a ten-year-old.",
          "Describe your ideal weekend in the mountains.",
@@ -37,39 +50,47 @@ _FREE = ("Write a short story about a fox who learns to sail.",
 
 
 def _code_files() -> list[str]:
-    """~300-token slices of Coda's own sources (real code to edit)."""
-    out = []
-    for name in ("coda/engine/sequence.py", "coda/engine/rng.py", "coda/wakeup.py",
-                 "coda/finish.py"):
-        text = (ROOT / name).read_text()
-        body = text[text.index('"""', 3) + 3:] if text.startswith('"""') else text
-        out.append(body.strip()[:1100])
-    return out
+    """The edit workload's files: small, ordinary Python programs (~350 tokens each)."""
+    return [(ROOT / "benchmarks" / "spec_files" / name).read_text() for name, _ in _EDITS]
 
 
-def _chat(user: str) -> str:
+def chatml(user: str) -> str:
+    """SmolLM2's ChatML turn without its template's default system prompt (the old bench's)."""
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def _one_change(code: str) -> str:
-    """Repeat ``code`` renaming its first function (or ``self``): one change."""
-    old = re.findall(r"def (\w+)", code)[0] if "def " in code else "self"
-    return (f"Repeat the following code with one change: rename `{old}` to `{old}_v2`.\n\n"
-            f"```python\n{code}\n```")
+def _edit(code: str, change: str) -> str:
+    return (f"```python\n{code}```\n\n{change} Reply with the whole updated file in a Python "
+            f"code block, nothing else.")
 
 
 def predictions(workload: str) -> list[str] | None:
-    """The ``predict`` workload's predictions (each prompt's code file), else None."""
+    """The ``predict`` workload's predictions (each prompt's file as it is), else None."""
     return _code_files() if workload == "predict" else None
 
 
-def prompts(workload: str) -> list[str]:
+def messages(workload: str) -> list[str]:
+    """The workload's user messages (each one chat turn)."""
     if workload == "free":
-        return [_chat(p) for p in _FREE]
+        return list(_FREE)
+    edits = [_edit(code, change) for code, (_, change) in zip(_code_files(), _EDITS, strict=True)]
     if workload == "predict":
-        return [_chat(_one_change(code)) for code in _code_files()]
-    edits = [_chat("Rename `self` to `this` everywhere in the following code and give the "
-                   "whole file back, nothing else:\n\n" + code) for code in _code_files()]
-    quotes = [_chat(f"Document:\n{_DOC}\n\nAnswer by quoting the document word for word: {q}")
-              for q in _QUESTIONS]
+        return edits
+    quotes = [f"Document:\n\n{_DOC}\n\n{q}" for q in _QUOTES]
     return [p for pair in zip(edits, quotes, strict=True) for p in pair]
+
+
+def chat_ids(engine: Any, workload: str) -> list[tuple[int, ...]]:
+    """The workload's prompts as the server would run them on ``engine`` (an AsyncEngine):
+    rendered by its chat template, encoded without added special tokens."""
+    from coda.server.chat import render_chat
+
+    return [tuple(engine.tokenizer.encode(render_chat(engine, [{"role": "user", "content": m}]),
+                                          add_special_tokens=False).ids)
+            for m in messages(workload)]
+
+
+def prompts(workload: str, render: Callable[[str], str] = chatml) -> list[str]:
+    """The workload's prompts: each user message rendered by ``render`` (the benches pass the
+    model's own chat template, coda.server.chat.render_chat, as the server renders a chat)."""
+    return [render(m) for m in messages(workload)]

@@ -21,15 +21,16 @@ from hypothesis import strategies as st
 from coda.engine.runner import SeqChunk
 from coda.engine.speculative import SpeculativeConfig
 from coda.engine.speculative_state import SpecState
-from coda.engine.verify_costs import VerifyCosts
+from coda.engine.verify_costs import SURE, VerifyCosts
 from tests.conftest import examples
 from tests.test_speculative import SPEC, _engine, _requests, _run
 
 
 def _measured(seconds: Sequence[float]) -> VerifyCosts:
     c = VerifyCosts(len(seconds) - 1, 1.2)
-    for k, s in enumerate(seconds):
-        c.observe(k, s)
+    for _ in range(SURE):
+        for k, s in enumerate(seconds):
+            c.observe(k, s)
     return c
 
 
@@ -73,8 +74,30 @@ def test_row_counts_not_measured_are_priced_by_the_fitted_line() -> None:
     c.observe(0, 0.010)
     assert c.price(5) == pytest.approx(0.020, rel=0.02)
     assert c.choose(0.95, 8) == 8
-    c.observe(5, 0.5)
+    for _ in range(SURE):
+        c.observe(5, 0.5)
     assert c.price(5) == 0.5 and c.choose(0.95, 8) != 5
+
+
+def test_one_slow_forward_does_not_price_a_k_out_for_good() -> None:
+    """The shared machine's case (free text, T = 0.8, SmolLM2): plain steps 20 ms, two and
+    three drafts measured at 34 and 38 ms, one draft measured once at 41 ms (a loaded
+    moment; it costs ~27 on the line). At a = 0.45 one draft is the best buy, and it must
+    stay choosable: priced by its one reading it is never chosen, so never measured again,
+    and the request drafts 3 rows where 1 pays. Once measured SURE times, its own average
+    stands."""
+    c = VerifyCosts(8, 1.2)
+    for _ in range(20):
+        c.observe(0, 0.020)
+    for _ in range(SURE):
+        c.observe(2, 0.034)
+        c.observe(3, 0.038)
+    c.observe(1, 0.041)
+    assert c.price(1) < 0.030
+    assert c.choose(0.45, 8) == 1
+    for _ in range(SURE - 1):
+        c.observe(1, 0.041)
+    assert c.price(1) == pytest.approx(0.041) and c.choose(0.45, 8) != 1
 
 
 def test_only_one_sequences_decode_or_verify_forward_is_observed() -> None:

@@ -15,7 +15,12 @@ yet is priced by a decayed least-squares line through all of them
 ``row = plain / (1 + step_rows)``), so a cheap row count is tried and then known. At batch 1 a
 request's ``k`` is the one with the most expected tokens per second,
 ``(1 + a + .. + a^k) / seconds(k)`` at its acceptance ``a``: ``k = 0`` when no ``k`` beats
-plain decoding. In a crowd (several sequences in the step) the row rule stays. Choosing ``k``
+plain decoding. A ``k`` measured fewer than :data:`SURE` times is priced at the lesser of its
+average and the line: one forward slowed by the machine's load (a 28 ms verification of one
+draft read 41 ms on the shared 2-core machine) would otherwise price that ``k`` out for good,
+since a ``k`` never chosen is never measured again (free text at T = 0.8 then drafted 3 rows
+where 1 paid, at 0.91x plain decoding; docs/speculative.md "Measured: honest copy
+prompts"). In a crowd (several sequences in the step) the row rule stays. Choosing ``k``
 never changes the output (sample-and-match keeps plain decoding's tokens whatever is drafted).
 """
 
@@ -28,6 +33,8 @@ from typing import Any
 from coda.engine.runner import SeqChunk
 from coda.engine.speculative_costs import DraftCosts
 
+SURE = 3  # NOTE: forwards of one k before its own average prices it alone (module docstring)
+
 
 class VerifyCosts:
     """Per-engine seconds of a batch-1 forward with ``k`` drafted rows (module docstring)."""
@@ -37,6 +44,7 @@ class VerifyCosts:
         self.clock = clock
         self.decay = decay
         self.seconds: list[float | None] = [None] * (k_max + 1)
+        self.counts = [0] * (k_max + 1)  # NOTE: forwards measured per k
         self.fit = DraftCosts(step_rows)  # NOTE: prices the k's not measured yet
         self.forwards = 0
 
@@ -56,18 +64,21 @@ class VerifyCosts:
         self.forwards += 1
         self.fit.observe_step(1, k, seconds)
         if k < len(self.seconds):
+            self.counts[k] += 1
             old = self.seconds[k]
             self.seconds[k] = seconds if old is None else (
                 self.decay * old + (1 - self.decay) * seconds)
 
     def price(self, k: int) -> float:
-        """Seconds of a verification of ``k`` drafts: measured, else the fitted line."""
+        """Seconds of a verification of ``k`` drafts: measured (:data:`SURE` times or more),
+        else the fitted line, or the lesser of a few measurements' average and the line."""
         known = self.seconds[k] if k < len(self.seconds) else None
-        if known is not None:
+        if known is not None and self.counts[k] >= SURE:
             return known
         step = self.fit.step()
         assert step is not None  # NOTE: choose() prices only once a forward is observed
-        return step[0] + k * step[1]
+        line = step[0] + k * step[1]
+        return line if known is None else min(known, line)
 
     def choose(self, acceptance: float, k_cap: int) -> int | None:
         """The ``k <= k_cap`` with the most expected tokens per second at per-token

@@ -37,6 +37,23 @@ def pytest_sessionstart(session: object) -> None:
                                 f"unavailable: {why}")
 
 
+# NOTE: the files that start Ray (in process, or through `coda serve --replicas`): Ray runs
+# one local cluster per process and does not restart reliably in one, so under pytest-xdist
+# they all go to one worker, one after another (the `replicas` fixture: one Ray start)
+RAY_FILES = frozenset({"test_scaleout.py", "test_scaleout_durable.py", "test_scaleout_faults.py",
+                       "test_scaleout_restart.py"})
+
+
+@pytest.hookimpl(tryfirst=True)  # NOTE: before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (the README's ``-n 2 --dist loadgroup``) a test file is one unit of
+    work, so a module's fixtures (a model, a server) load once; the Ray files share one
+    unit. Without xdist the mark does nothing."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else name))
+
+
 def pytest_report_header(config: object) -> str:
     from coda.models.kernels import describe
 

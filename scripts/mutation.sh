@@ -55,6 +55,8 @@ declare -A TESTS=(
     tests/test_speculative_cost.py::test_property_step_fit_recovers_exact_costs
     tests/test_speculative_cost.py::test_property_choice_is_the_fastest_k
     tests/test_speculative_cost.py::test_a_request_whose_drafts_stop_paying_probes_with_back_off_and_gets_them_back"
+  # NOTE: the verify rows' measured costs (which k a batch-1 request drafts): their own tests
+  [engine/verify_costs]="tests/test_speculative_verify_costs.py"
 )
 # Files a stem mutates, where not coda/<stem>.py: the output processor is one concept split by
 # size (coda/output.py and its output_* modules: the rules, the delta assembly, id stops, the

@@ -16,9 +16,10 @@ OpenAI's default ``store: false``); ``store: false`` drops it once it ended (doc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from coda.server.cursor_page import one
 from coda.server.http_errors import ApiError
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest
@@ -60,50 +61,11 @@ def store_message(cid: str, index: int, message: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def _one(query: Mapping[str, list[str]], name: str) -> str | None:
-    values = query.get(name, [])
-    if len(values) > 1:
-        raise ApiError(400, f"{name}: given more than once", param=name)
-    return values[0] if values else None
-
-
-def list_query(query: Mapping[str, list[str]]) -> tuple[str | None, int, str]:
-    """``(after, limit, order)`` of a list request: ``limit`` 1 to 100 (default 20), ``order``
-    ``asc`` (OpenAI's default here) or ``desc``; a bad value is a 400 naming it."""
-    raw = _one(query, "limit")
-    limit = 20 if raw is None else (int(raw) if raw.strip().lstrip("-").isdigit() else 0)
-    if not 1 <= limit <= 100:
-        raise ApiError(400, f"limit: must be an integer from 1 to 100, not {raw!r}",
-                       param="limit")
-    order = _one(query, "order") or "asc"
-    if order not in ("asc", "desc"):
-        raise ApiError(400, f"order: must be 'asc' or 'desc', not {order!r}", param="order")
-    return _one(query, "after"), limit, order
-
-
 def metadata_filter(query: Mapping[str, list[str]]) -> dict[str, str]:
     """``metadata[key]=value`` pairs of the list query (the SDK's form of ``metadata=``)."""
     out: dict[str, str] = {}
     for name in query:
         if name.startswith("metadata[") and name.endswith("]"):
-            value = _one(query, name)
+            value = one(query, name)
             out[name[len("metadata["):-1]] = value or ""
     return out
-
-
-def page(items: Sequence[dict[str, Any]], *, after: str | None, limit: int, order: str,
-         what: str) -> dict[str, Any]:
-    """One page of ``items`` (oldest first) as OpenAI's cursor list; ``after`` names the last
-    item of the previous page (an id not in the list is a 400 naming ``after``)."""
-    ordered = list(items if order == "asc" else reversed(items))
-    start = 0
-    if after is not None:
-        ids = [i["id"] for i in ordered]
-        if after not in ids:
-            raise ApiError(400, f"after: no {what} with id '{after}'", param="after")
-        start = ids.index(after) + 1
-    data = ordered[start:start + limit]
-    return {"object": "list", "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(ordered) > start + limit}

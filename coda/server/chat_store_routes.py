@@ -20,15 +20,9 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.finish import CancelCause
 from coda.reader import terminal_of
-from coda.server.chat_store import (
-    is_stored,
-    list_query,
-    metadata_filter,
-    not_found,
-    page,
-    store_message,
-)
+from coda.server.chat_store import is_stored, metadata_filter, not_found, store_message
 from coda.server.common import state_of
+from coda.server.cursor_page import page, page_query
 from coda.server.fields import check_metadata
 from coda.server.openai_routes import final_object
 from coda.server.render_spec import OpenAIRender
@@ -61,7 +55,7 @@ async def list_chat_completions(request: Request) -> Response:
     """The stored chat completions (ended ones, oldest first unless ``order=desc``), filtered
     by ``model`` and ``metadata[key]=value``, paged by ``after`` / ``limit``."""
     query = _query(request)
-    after, limit, order = list_query(query)
+    after, _, limit, order = page_query(query, "asc")  # NOTE: OpenAI's list pages by after
     models = query.get("model", [])
     model = models[-1] if models else None
     wanted = metadata_filter(query)
@@ -72,7 +66,7 @@ async def list_chat_completions(request: Request) -> Response:
         assert isinstance(r.spec, OpenAIRender)
         if all(r.spec.metadata.get(k) == v for k, v in wanted.items()):
             items.append(await _object(r))
-    return JSONResponse(page(items, after=after, limit=limit, order=order,
+    return JSONResponse(page(items, after=after, before=None, limit=limit, order=order,
                              what="stored chat completion"))
 
 
@@ -124,8 +118,9 @@ async def delete_chat_completion(completion_id: str, request: Request) -> Respon
 @router.get("/v1/chat/completions/{completion_id}/messages")
 async def list_chat_messages(completion_id: str, request: Request) -> Response:
     """The request messages of a stored completion, paged (oldest first by default)."""
-    after, limit, order = list_query(_query(request))
+    after, _, limit, order = page_query(_query(request), "asc")
     record = _stored(request, completion_id)
     assert isinstance(record.spec, OpenAIRender)
     items = [store_message(completion_id, i, m) for i, m in enumerate(record.spec.messages)]
-    return JSONResponse(page(items, after=after, limit=limit, order=order, what="message"))
+    return JSONResponse(page(items, after=after, before=None, limit=limit, order=order,
+                             what="message"))

@@ -11,9 +11,7 @@ client's (when it gave one not already in the list), else derived from the respo
 the item's place (``msg_<response>_in<n>``): the same on every call and every front end, with
 nothing stored, and a plain request builds no listing (issue 22: its walk is unchanged).
 
-Pagination (:func:`page`) is OpenAI's cursor list: ``order`` ``desc`` (default: newest first)
-or ``asc``; ``after`` / ``before`` name an item of the list; ``limit`` 1–100 (default 20);
-``has_more`` says whether items lie beyond the page in the direction of travel.
+Pagination is OpenAI's cursor list (:mod:`coda.server.cursor_page`), newest first by default.
 """
 
 from __future__ import annotations
@@ -21,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, get_args
 
+from coda.server.cursor_page import page_query
 from coda.server.http_errors import ApiError
 from coda.server.protocol_schemas import ResponseIncludable
 from coda.server.render_spec import ResponsesRender
 
-__all__ = ["carried_items", "listed", "own_items", "page", "parse_query"]
+__all__ = ["carried_items", "listed", "own_items", "parse_query"]
 
 Item = dict[str, Any]
 _INCLUDABLE = frozenset(get_args(ResponseIncludable))
@@ -99,12 +98,6 @@ def carried_items(previous: Iterable[Mapping[str, Any]],
     return out
 
 
-def _one(values: list[str], name: str) -> str | None:
-    if len(values) > 1:
-        raise ApiError(400, f"{name}: give it once", param=name)
-    return values[0] if values else None
-
-
 def parse_query(query: Mapping[str, list[str]]) -> tuple[str | None, str | None, int, str]:
     """``(after, before, limit, order)`` from the query (``include`` / ``include[]`` checked
     against OpenAI's values, accepted with no effect); a bad value is a 400 naming it."""
@@ -113,38 +106,4 @@ def parse_query(query: Mapping[str, list[str]]) -> tuple[str | None, str | None,
             if value not in _INCLUDABLE:
                 raise ApiError(400, f"include.{n}: unsupported value {value!r}; one of "
                                     f"{sorted(_INCLUDABLE)}", param=f"include.{n}")
-    raw = _one(query.get("limit", []), "limit")
-    limit = 20 if raw is None else (int(raw) if raw.strip().lstrip("-").isdigit() else 0)
-    if not 1 <= limit <= 100:
-        raise ApiError(400, f"limit: must be an integer from 1 to 100, not {raw!r}",
-                       param="limit")
-    order = _one(query.get("order", []), "order") or "desc"
-    if order not in ("asc", "desc"):
-        raise ApiError(400, f"order: must be 'asc' or 'desc', not {order!r}", param="order")
-    return (_one(query.get("after", []), "after"), _one(query.get("before", []), "before"),
-            limit, order)
-
-
-def _at(ids: list[str], cursor: str | None, name: str) -> int | None:
-    if cursor is None:
-        return None
-    if cursor not in ids:
-        raise ApiError(400, f"{name}: no input item '{cursor}' in this response", param=name)
-    return ids.index(cursor)
-
-
-def page(items: Sequence[Mapping[str, Any]], *, after: str | None, before: str | None,
-         limit: int, order: str) -> dict[str, Any]:
-    """One page of ``items`` (stored oldest first) as OpenAI's list object."""
-    ordered = [dict(i) for i in (items if order == "asc" else reversed(items))]
-    ids = [str(i["id"]) for i in ordered]
-    lo, hi = _at(ids, after, "after"), _at(ids, before, "before")
-    window = ordered[(0 if lo is None else lo + 1):(len(ordered) if hi is None else hi)]
-    if before is not None and after is None:
-        # NOTE: ``before`` alone pages backwards: the ``limit`` items nearest the cursor
-        data, more = window[-limit:], len(window) > limit
-    else:
-        data, more = window[:limit], len(window) > limit
-    return {"object": "list", "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": more}
+    return page_query(query, "desc")

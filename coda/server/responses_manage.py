@@ -24,10 +24,11 @@ from starlette.responses import JSONResponse, Response
 from coda.finish import CancelCause
 from coda.reader import replay, terminal_of
 from coda.server.common import state_of
+from coda.server.cursor_page import page
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.render_spec import ResponsesRender
-from coda.server.responses_items import listed, page, parse_query
+from coda.server.responses_items import listed, parse_query
 from coda.server.responses_object import response_object
 from coda.server.responses_stream import ResponsesRenderer
 from coda.server.sse import SSEResponse
@@ -125,4 +126,4 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     spec = record.spec
     assert isinstance(spec, ResponsesRender)  # NOTE: stored_record answers responses only
     return JSONResponse(page(listed(record.id, spec), after=after, before=before,
-                             limit=limit, order=order))
+                             limit=limit, order=order, what="input item"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -27,10 +27,11 @@ from coda.engine.types import EngineConfig, GenerationRequest
 from coda.finish import FinishReason
 from coda.lifecycle import State
 from coda.reader import replay
-from coda.sampling import MAX_ABS_BIAS, SamplingParams
-from coda.stream import EventType, TokenInfo
+from coda.sampling import SamplingParams
+from coda.stream import EventType
 from coda.trace import ListTraceSink, check_trace
 from tests.conftest import LiveServer, examples
+from tests.prompt_scoring_support import decoded_record, legacy_entry, streamed_tokens
 
 CHUNK = 16
 SINK = ListTraceSink()  # NOTE: the invariant engine's trace: every request the module runs
@@ -63,22 +64,6 @@ def inv_client(inv_engine: Any) -> Iterator[openai.OpenAI]:
     live.stop()
 
 
-def _tokens(handle: Any) -> list[TokenInfo]:
-    terminal = handle.wait(300)
-    return ([t for e in replay(handle.stream) if e.type is EventType.DELTA for t in e.tokens]
-            + list(terminal.trailing_tokens))
-
-
-def _decoded_record(engine: Any, prefix: Sequence[int], token: int, k: int) -> TokenInfo:
-    """The engine's own decode record of ``token`` after ``prefix`` (the per-token method)."""
-    got = _tokens(engine.submit(GenerationRequest(
-        tuple(prefix), SamplingParams(temperature=0.0, logit_bias=((token, MAX_ABS_BIAS),),
-                                      logprobs=k), max_tokens=1, skip_special_tokens=False,
-        speculative=False)))
-    assert len(got) == 1 and got[0].token_id == token
-    return got[0]
-
-
 def _entries(lp: Any, n: int) -> list[tuple[float | None, list[float] | None]]:
     return [(lp.token_logprobs[i],
              None if lp.top_logprobs[i] is None else list(lp.top_logprobs[i].values()))
@@ -93,7 +78,7 @@ def test_one_prefill_bits_equal_per_token_decode_records_o1_t4(inv_engine: Any,
     tokens before it; a greedy continuation in the prompt scores as decoding it did."""
     model = inv_client.models.list().data[0].id
     ids = inv_engine.tokenizer.encode(TEXT).ids
-    decoded = _tokens(inv_engine.submit(GenerationRequest(
+    decoded = streamed_tokens(inv_engine.submit(GenerationRequest(
         tuple(ids), SamplingParams(temperature=0.0, ignore_eos=True, logprobs=3),
         max_tokens=4, speculative=False)))
     prompt = ids + [t.token_id for t in decoded]
@@ -107,11 +92,9 @@ def test_one_prefill_bits_equal_per_token_decode_records_o1_t4(inv_engine: Any,
     for entry, t in zip(got.top_logprobs[n:], decoded, strict=True):
         assert list(entry.values()) == [v for _, v in t.top_logprobs]
     for i in range(1, len(prompt)):
-        rec = _decoded_record(inv_engine, prompt[:i], prompt[i], 3)
+        rec = decoded_record(inv_engine, prompt[:i], prompt[i], 3)
         assert got.token_logprobs[i] == rec.logprob, i
-        # NOTE: the k best, then the prompt token itself where it is not among them
-        own = [] if prompt[i] in {t for t, _ in rec.top_logprobs} else [rec.logprob]
-        assert list(got.top_logprobs[i].values()) == [v for _, v in rec.top_logprobs] + own, i
+        assert list(got.top_logprobs[i].values()) == legacy_entry(rec), i
 
 
 def test_prefix_cache_hit_still_scores_every_position_l6(inv_engine: Any,

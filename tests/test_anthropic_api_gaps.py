@@ -2,7 +2,8 @@
 ``anthropic`` client on a live server (SmolLM2; Gemma 3 270M where its GGUF is here and the
 chat template matters): consecutive turns of one role merged, ``output_config`` (format and
 effort, and the older ``output_format``), server tools refused by name, the models list and
-card in Anthropic's shape for an Anthropic client, and a non-JSON body said as such."""
+card in Anthropic's shape for an Anthropic client (and an unrouted path or method's 404 / 405), and a
+non-JSON body said as such."""
 
 from __future__ import annotations
 
@@ -211,3 +212,28 @@ def test_p1_tool_pairing_error_in_a_merged_turn_names_the_message_sent(
                               "`tool_result` blocks: toolu_9. "), message
     assert message.count("messages.") == 1, message
     assert "messages.2.content.1" not in message
+
+
+def test_p1_no_route_is_anthropic_shaped_for_an_anthropic_client(
+        live: tuple[anthropic.Anthropic, str]) -> None:
+    """P1: a path no route takes (404) or a method its route does not take (405), asked by
+    the anthropic client (its ``anthropic-version`` header), is answered in Anthropic's error
+    shape with its ``request-id`` (it was OpenAI's ``{"error": {"message", ...}}``); the
+    openai client keeps OpenAI's shape."""
+    client, url = live
+    for call, status in ((lambda: client.post("/v1/nope", body={}, cast_to=object), 404),
+                         (lambda: client.put("/v1/completions", body={}, cast_to=object), 405)):
+        with pytest.raises(anthropic.APIStatusError) as exc:
+            call()
+        err = exc.value
+        body: Any = err.body
+        assert err.status_code == status and body["type"] == "error", body
+        assert body["error"]["type"] == ("not_found_error" if status == 404
+                                         else "invalid_request_error"), body
+        assert body["request_id"] == err.response.headers["request-id"] == err.request_id
+        assert "x-request-id" not in err.response.headers
+    oa = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as oexc:
+        oa.post("/nope", body={}, cast_to=object)
+    assert set(oexc.value.body) >= {"message", "type"}  # type: ignore[arg-type]
+    assert "x-request-id" in oexc.value.response.headers

@@ -5,6 +5,7 @@ loopback (SPEC P1; K2 for the reasoning display):
   ``thinking`` text, streamed as a block start and its ``signature_delta`` with no
   ``thinking_delta`` (it was ignored: the reasoning was sent in full); another ``display`` or a
   key the thinking type does not take is a 400 naming it (both were accepted);
+- ``thinking: {"type": "between_tools"}`` is served as thinking off (it was a 400);
 - ``speed`` (reported as ``usage.speed: "standard"``), ``inference_geo`` and ``diagnostics``
   (answered ``diagnostics: null``) are accepted hints (each was "Extra inputs are not
   permitted", so a client sending them could not talk to Coda at all);
@@ -96,6 +97,28 @@ def test_k2_p1_display_omitted_sends_the_block_without_its_text(r1: ScriptedServ
     shown = client.messages.create(model=model, max_tokens=50, messages=MSG,
                                    thinking=summarized, extra_body=extra)
     assert shown.content[0].thinking == REASONING  # type: ignore[union-attr]
+
+
+def test_k2_p1_thinking_between_tools_is_served_as_thinking_off(r1: ScriptedServer) -> None:
+    """K2, P1: ``{"type": "between_tools"}`` (the SDK's ThinkingConfigBetweenToolsParam:
+    thinking off, only notes between tool calls as thinking blocks) is served as
+    ``disabled``: no thinking block, the answer alone, whole and streamed (it was a 400
+    naming ``thinking.type``); a key it does not take is a 400 naming it."""
+    client, model = _claude(r1)
+    thinking: Any = {"type": "between_tools"}
+    msg = client.messages.create(model=model, max_tokens=50, messages=MSG, thinking=thinking)
+    assert [b.type for b in msg.content] == ["text"], msg.content
+    assert msg.content[0].text == ANSWER  # type: ignore[union-attr]
+    with client.messages.stream(model=model, max_tokens=50, messages=MSG,
+                                thinking=thinking) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
+    assert client.messages.count_tokens(model=model, messages=MSG,
+                                        thinking=thinking).input_tokens > 0
+    odd: Any = {"type": "between_tools", "display": "omitted"}
+    message, _ = _refused(lambda: client.messages.create(
+        model=model, max_tokens=50, messages=MSG, thinking=odd))
+    assert message.startswith("thinking.display: Extra inputs"), message
 
 
 def test_p1_thinking_display_and_keys_are_checked(smol: tuple[anthropic.Anthropic, str]

@@ -38,10 +38,12 @@ COMPARES_BUDGET = frozenset({"engine/plan.py", "output.py", "early_stop.py",
 # The same for Anthropic's own rule relating two wire fields (thinking.budget_tokens <
 # max_tokens, refused as Anthropic refuses it): a wire check, not the budget's admission
 # Likewise what an omitted ``max_tokens`` means on the completions wire (OpenAI's default, 16;
-# the room for it is the plan's own ``fits_context``)
+# the room for it is the plan's own ``fits_context``), and what ``max_tokens: 0`` means on
+# Anthropic's (cache pre-warming: an answer without content; the plan admits the 0 itself)
 WIRE_MEANING = frozenset({("server/openai_routes.py", "_reject_unsupported"),
                           ("server/openai_routes.py", "_completion_budget"),
-                          ("server/anthropic_checks.py", "thinking_budget")})
+                          ("server/anthropic_checks.py", "thinking_budget"),
+                          ("server/anthropic_routes.py", "_prewarm")})
 PRODUCT_ONLY = frozenset({"bench.py"})  # NOTE: test support calling transformers.generate
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.engine.plan import ModelLimits, claimed_tokens, plan_request
+from coda.engine.plan import NO_LIMIT, ModelLimits, claimed_tokens, plan_request
 from coda.engine.types import GenerationRequest
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.finish import FinishReason
@@ -26,10 +26,13 @@ def oracle(prompt_len: int, asked: int | None, default: int | None,
            context: int, min_tokens: int = 0) -> tuple[int, bool] | str:
     """The budget as the docs state it: what was asked (never below an asked ``min_tokens``);
     else the default where it ends before the context; else up to the context (then it ends
-    context_limit, L4)."""
+    context_limit, L4); ``NO_LIMIT`` (-1, Ollama's unset ``num_predict``) up to the context
+    whatever the default, context_limit too."""
     room = context - prompt_len
     if room <= 0:
         return "prompt"
+    if asked == NO_LIMIT:  # NOTE: a protocol's no limit: the room, whatever the default
+        return (room, True)
     if asked is not None:
         # NOTE: 0 prefills only (prompt scoring): the request ends max_output_tokens, no token
         if asked < 0 or asked > room:
@@ -70,6 +73,7 @@ def test_claimed_tokens_is_the_asked_budget_else_the_default() -> None:
     """A router's estimate (coda.scaleout.remote) of an unplanned request's budget."""
     assert claimed_tokens(GenerationRequest((5,), max_tokens=7), 32) == 7
     assert claimed_tokens(GenerationRequest((5,)), 32) == 32
+    assert claimed_tokens(GenerationRequest((5,), max_tokens=NO_LIMIT), 32) == 32
 
 
 def test_plan_checks_each_field_naming_it() -> None:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.early_stop import EarlyStopPolicy
-from coda.engine.plan import ModelLimits, check_embedding_input, plan_request
+from coda.engine.plan import NO_LIMIT, ModelLimits, check_embedding_input, plan_request
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.finish import FinishReason
@@ -62,9 +62,13 @@ def test_l4_the_asked_budget_at_the_context_passes_and_one_more_is_refused() -> 
     assert "(4) + max_tokens (61) exceeds the context (64)" in err.value.message
     zero = plan_request(GenerationRequest((5,), max_tokens=0), LIMITS)
     assert zero.max_tokens == 0  # NOTE: prompt scoring: prefill only
-    for bad in (-1, True):
+    for bad in (-2, True):
         err2 = refused(GenerationRequest((5,), max_tokens=bad))  # type: ignore[arg-type]
         assert err2.field == "max_tokens" and ">= 0" in err2.message
+    # NOTE: NO_LIMIT (-1): a protocol's no limit, the room the context leaves (context_limit)
+    unlimited = plan_request(GenerationRequest((5,) * 4, max_tokens=NO_LIMIT),
+                             replace(LIMITS, default_max_tokens=8))
+    assert (unlimited.max_tokens, unlimited.budget_end) == (60, FinishReason.CONTEXT_LIMIT)
 
 
 def test_l4_min_tokens_equal_to_the_budget_passes_and_above_it_is_refused() -> None:

@@ -59,16 +59,53 @@ def test_l4_ollama_num_predict_unlimited_runs_to_the_context(
     raw = httpx.post(server_live.url + ("/api/chat" if chat else "/api/generate"), json=body,
                      timeout=120).json()
     assert raw["coda"]["usage"]["prompt_tokens"] + raw["eval_count"] == CONTEXT, raw["coda"]
+    # NOTE: the context ended it, no limit of the client's (it read max_output_tokens)
+    assert raw["coda"]["finish_reason"] == "context_limit", raw["coda"]
 
 
 def test_l4_ollama_num_predict_unset_runs_to_the_context(server_live: Any) -> None:
     """SPEC L4: an unset ``num_predict`` is Ollama's -1, no limit but the context (not the
     server's default budget, docs/api.md): with EOS ignored the answer fills the context and
-    ends ``length``."""
+    ends ``length``, Coda's ``context_limit`` (the finish reason the ``coda`` extension and
+    the trace carry; it was ``max_output_tokens``, as if the client had set a limit), whole
+    and streamed."""
     r = ollama.Client(host=server_live.url, transport=_IgnoreEos()).generate(
         model=MODEL, prompt="q", options={"temperature": 0})
     assert r.eval_count > DEFAULT_MAX, r
     assert r.done_reason == "length" and r.prompt_eval_count + r.eval_count == CONTEXT, r
+    body = {"model": MODEL, "prompt": "q", "ignore_eos": True, "options": {"temperature": 0}}
+    raw = httpx.post(server_live.url + "/api/generate", json=body | {"stream": False},
+                     timeout=120).json()
+    assert raw["coda"]["finish_reason"] == "context_limit", raw["coda"]
+    with httpx.stream("POST", server_live.url + "/api/generate", json=body,
+                      timeout=120) as resp:
+        last = json.loads([line for line in resp.iter_lines() if line][-1])
+    assert last["done_reason"] == "length", last
+    assert last["coda"]["finish_reason"] == "context_limit", last["coda"]
+
+
+def test_l4_openai_chat_without_max_tokens_ends_honestly(server_live: Any) -> None:
+    """SPEC L4 (docs/api.md): an omitted ``max_tokens`` on chat is the server's default
+    budget: a prompt with room past it ends ``max_output_tokens`` after that many tokens; a
+    prompt that leaves less room than the default runs to the context and ends
+    ``context_limit`` (both OpenAI's ``length``)."""
+    client = _openai(server_live)
+    kw: Any = {"model": MODEL, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    short = client.chat.completions.create(messages=[{"role": "user", "content": "q"}], **kw)
+    ext: Any = short.choices[0].model_extra["coda"]  # type: ignore[index]
+    assert short.choices[0].finish_reason == "length"
+    assert ext["finish_reason"] == "max_output_tokens", ext
+    assert short.usage is not None and short.usage.completion_tokens == DEFAULT_MAX
+    room = DEFAULT_MAX // 2
+    long = "a" * (CONTEXT - short.usage.prompt_tokens - room)  # NOTE: a token a character
+    full = client.chat.completions.create(messages=[{"role": "user", "content": "q" + long}],
+                                          **kw)
+    ext = full.choices[0].model_extra["coda"]  # type: ignore[index]
+    assert full.choices[0].finish_reason == "length"
+    assert ext["finish_reason"] == "context_limit", ext
+    assert full.usage is not None
+    assert full.usage.prompt_tokens + full.usage.completion_tokens == CONTEXT
+    assert full.usage.completion_tokens < DEFAULT_MAX
 
 
 def _openai(live: Any) -> openai.OpenAI:

@@ -10,6 +10,8 @@ The token budget has one name, ``max_tokens``, and one check and derivation
 (:func:`plan_request`): the limit the client asked for; else the engine's configured default
 (``ModelLimits.default_max_tokens``) where it ends before the context; else the room the
 context leaves (then the request ends ``context_limit``, never ``max_output_tokens``, L4).
+A protocol's "no limit" (Ollama's unset ``num_predict``) is :data:`NO_LIMIT`: the room the
+context leaves whatever the default, ending ``context_limit`` likewise.
 Each protocol adapter maps its own wire field (``max_completion_tokens``,
 ``max_output_tokens``, ``options.num_predict``, ...) onto ``max_tokens`` once, at parse; below
 the adapters no other name for it exists (tests/test_one_budget_name.py).
@@ -36,6 +38,10 @@ from coda.output import UTF8_TAIL_POLICIES, OutputSpec
 from coda.sampling import MAX_LOGPROBS, SamplingParams
 from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig
+
+# NOTE: ``max_tokens`` for "no limit but the context" (a protocol's own no-limit, Ollama's unset
+# or negative num_predict): read here alone, as the room the prompt leaves (L4)
+NO_LIMIT = -1
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,8 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
             f"the prompt has {prompt_len} tokens; this model's context is "
             f"{limits.context_length} tokens", field="prompt")
     asked = req.max_tokens
+    if _is_int(asked) and asked == NO_LIMIT:
+        return room, True  # NOTE: no limit but the context: it ends context_limit (L4)
     if asked is None:
         default = limits.default_max_tokens
         # NOTE: an omitted limit is the default; where the context comes first there is no
@@ -258,8 +266,10 @@ def fits_context(prompt_len: int, asked: int | None, context_length: int) -> boo
 
 def claimed_tokens(req: GenerationRequest, default_max_tokens: int) -> int:
     """What an unplanned request may cost in output tokens, for a router's load estimate
-    (coda.scaleout.remote): the asked budget, else the default (the replica plans it)."""
-    return default_max_tokens if req.max_tokens is None else req.max_tokens
+    (coda.scaleout.remote): the asked budget, else the default (the replica plans it; no
+    limit, :data:`NO_LIMIT`, is claimed as the default too: the room is the replica's to know)."""
+    asked = req.max_tokens
+    return default_max_tokens if asked is None or asked == NO_LIMIT else asked
 
 
 def check_embedding_input(token_ids: list[int], context_length: int,

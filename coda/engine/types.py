@@ -49,7 +49,9 @@ class GenerationRequest:
 
     ``max_tokens`` is the token budget under its one name (every protocol's spelling is mapped
     onto it at parse); None means the engine's ``EngineConfig.default_max_tokens`` where that
-    ends before the context, else "up to the context limit"; 0 prefills the prompt only: the
+    ends before the context, else "up to the context limit"; :data:`coda.engine.plan.NO_LIMIT`
+    (-1) is "up to the context limit" whatever the default (a protocol's "no limit", Ollama's
+    unset ``num_predict``): either way reaching the context ends ``context_limit``; 0 prefills the prompt only: the
     request ends ``max_output_tokens`` with no token (prompt scoring, with ``prompt_logprobs``).
     ``deadline_s`` is relative to submit;
     past it the request ends ``deadline_exceeded`` (G3). ``stop_token_ids`` are id sequences

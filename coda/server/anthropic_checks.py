@@ -2,7 +2,9 @@
 ``invalid_request_error`` naming the field), on ``/v1/messages`` and its ``count_tokens``.
 
 - The request's ``thinking``: ``type`` is ``enabled``, ``adaptive`` (no budget: the model
-  decides) or ``disabled``; ``enabled`` needs
+  decides), ``disabled`` or ``between_tools`` (thinking off; the progress notes a model writes
+  between tool calls would come back as thinking blocks: Coda's models write none, so it is
+  ``disabled`` here); ``enabled`` needs
   ``budget_tokens`` (unless Coda's ``max_reasoning_tokens`` gives the budget), an integer
   ``>= 1024`` and, on a create, ``< max_tokens`` (Anthropic's two bounds).
 - ``thinking.display`` (``enabled`` / ``adaptive``): ``summarized`` (the default: the
@@ -27,7 +29,10 @@ MIN_THINKING_BUDGET = 1024
 _DISPLAYS = ("summarized", "omitted")
 # NOTE: the keys each thinking type takes (the SDK's ThinkingConfig*Param)
 _THINKING_KEYS = {"enabled": {"type", "budget_tokens", "display"},
-                  "adaptive": {"type", "display"}, "disabled": {"type"}}
+                  "adaptive": {"type", "display"}, "disabled": {"type"},
+                  "between_tools": {"type"}}
+# NOTE: the types that turn thinking off (the reasoning is dropped, not shown)
+THINKING_OFF = frozenset({"disabled", "between_tools"})
 _BLOCK_FIELDS = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
 
 
@@ -44,12 +49,14 @@ def thinking_budget(thinking: dict[str, Any] | None, fallback: int | None,
     kind = t.get("type")
     # NOTE: "adaptive" (the SDK's ThinkingConfigAdaptiveParam: the model decides when and how
     # much to think) is what a reasoning model does here without a budget: shown, no budget
-    if kind not in (None, "enabled", "adaptive", "disabled"):
-        raise _bad("thinking.type", "must be 'enabled', 'adaptive' or 'disabled'")
+    if kind is not None and kind not in _THINKING_KEYS:
+        raise _bad("thinking.type", "must be 'enabled', 'adaptive', 'disabled' or "
+                                    "'between_tools'")
     extra = sorted(set(t) - _THINKING_KEYS.get(str(kind), _THINKING_KEYS["enabled"]))
     if extra:
         raise _bad(f"thinking.{extra[0]}", "Extra inputs are not permitted"
-                   + (f" (thinking.type {kind!r} takes none)" if kind == "disabled" else ""))
+                   + (f" (thinking.type {kind!r} takes none)" if kind in THINKING_OFF
+                      else ""))
     if t.get("display") not in (None, *_DISPLAYS):
         raise _bad("thinking.display", f"Input should be 'summarized' or 'omitted' (got "
                                        f"{t.get('display')!r})")

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from coda.errors import InvalidRequestError
 from coda.server import tools as tl
 from coda.server.anthropic_checks import (
+    THINKING_OFF,
     check_system_blocks,
     check_thinking_blocks,
     thinking_budget,
@@ -54,12 +55,20 @@ _ROLES = frozenset({"user", "assistant"})
 
 def _thinking(body: AnthropicRequest) -> tuple[bool, int | None]:
     """Issue 23: ``thinking`` → (show the reasoning, its budget). Absent: shown, no budget
-    (the model reasons anyway); ``disabled``: dropped; ``enabled``: shown, ``budget_tokens``
+    (the model reasons anyway); ``disabled`` / ``between_tools``: dropped; ``enabled``: shown, ``budget_tokens``
     (Coda's ``max_reasoning_tokens`` too, for one spelling across protocols)."""
     # NOTE: issue 22: without ``thinking`` there is nothing to check: (None, Coda's budget)
     kind, budget = (thinking_budget(body.thinking, body.max_reasoning_tokens, body.max_tokens)
                     if body.thinking is not None else (None, body.max_reasoning_tokens))
-    return kind != "disabled" and body.include_reasoning, budget
+    return kind not in THINKING_OFF and body.include_reasoning, budget
+
+
+def _prewarm(max_tokens: int) -> bool:
+    """``max_tokens: 0`` is Anthropic's cache pre-warming (the SDK: "Set to `0` to populate the
+    prompt cache without generating a response"): what 0 means on this wire, an answer with
+    no content block; the plan admits 0 itself (a prefill, no token). Here, not in
+    anthropic_checks: every request asks it, and a plain one never enters that module."""
+    return max_tokens == 0
 
 
 def chat_messages(body: AnthropicRequest | AnthropicCountRequest) -> list[dict[str, Any]]:
@@ -186,12 +195,15 @@ class AnthropicAdapter:
         reasoning = st.reasoning(
             ids, budget=budget, budget_field="thinking.budget_tokens",
             grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
+        if _prewarm(body.max_tokens):  # NOTE: nothing is generated: no grammar (checked) to close
+            tool.pop("grammar", None)
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
                                verify=body.stream_verify, thinking=reasoning is not None,
                                reasoning=show,  # NOTE: issue 22: no thinking, no check
                                omit_thinking=bool(body.thinking) and thinking_omitted(body.thinking),
                                service_tier="standard" if body.service_tier else None,
-                               speed="standard" if body.speed else None)
+                               speed="standard" if body.speed else None,
+                               warm=_prewarm(body.max_tokens))
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
@@ -223,6 +235,8 @@ class AnthropicAdapter:
             content = ([{"type": "text", "text": text}] if text or not calls else []) + [
                 tool_use_block(k, rid) for k in calls]
         reason, stop = stop_fields(c.terminal, len(calls))
+        if spec.warm:  # NOTE: max_tokens 0 (cache pre-warming): no block at all
+            content = []
         return JSONResponse({"id": rid, "type": "message", "role": "assistant",
                              "model": record.model, "content": content,
                              "stop_reason": reason, "stop_sequence": stop,

@@ -7,7 +7,9 @@ after start, so the usage states the prefix-cache lookup's result: issue 20 D9),
 ``end_turn`` | ``max_tokens`` | ``stop_sequence`` with the matched ``stop_sequence``, and the
 exact outcome in ``coda``) and ``message_stop`` — or one in-band ``error`` event when the model
 failed. A reasoning model's split output (issue 23) opens its blocks lazily: a ``thinking``
-block (``thinking_delta``s, an empty ``signature_delta``), then the text block.
+block (``thinking_delta``s, an empty ``signature_delta``), then the text block. ``max_tokens:
+0`` (cache pre-warming) opens no block: ``message_start``, ``ping``, ``message_delta``
+(``max_tokens``), ``message_stop``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class AnthropicRenderer(Renderer):
         assert isinstance(spec, AnthropicRender)
         self.r, self.input_tokens = record, spec.input_tokens
         self.tier = usage_tier(spec)
+        self.warm = spec.warm  # NOTE: max_tokens 0: no content block (render_spec)
         # NOTE: with tools, blocks open lazily: text (index k) or tool_use, one at a time
         self.parser: tl.ToolCallParser | None = None
         self.block = -1          # index of the last block started
@@ -114,7 +117,7 @@ class AnthropicRenderer(Renderer):
             "id": self.r.id, "type": "message", "role": "assistant", "model": self.r.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {**usage, **self.tier}}
-        if self.parser is not None or self.thinking:
+        if self.parser is not None or self.thinking or self.warm:
             return [self._frame("message_start", fid, message=message), self._frame("ping", fid)]
         return [self._frame("message_start", fid, message=message),
                 self._frame("content_block_start", fid, index=0,
@@ -194,14 +197,15 @@ class AnthropicRenderer(Renderer):
             # NOTE: Anthropic's in-band error event; it is this stream's final event.
             return [self._frame("error", fid, error=anthropic_error(terminal), coda=ext)]
         reason, stop = stop_fields(terminal, calls)
-        if self.thinking:
+        # NOTE: max_tokens 0 (warm) opened no content block: none is closed
+        if self.thinking and not self.warm:
             frames += self._close_thinking(fid)
             if not self.text_open:  # NOTE: the answer is empty: still one text block
                 self.block += 1
                 frames.append(self._frame("content_block_start", fid, index=self.block,
                                           content_block={"type": "text", "text": ""}))
             frames.append(self._frame("content_block_stop", fid, index=self.block))
-        elif self.parser is None:
+        elif self.parser is None and not self.warm:
             frames.append(self._frame("content_block_stop", fid, index=0))
         elif self.text_open:
             frames.append(self._frame("content_block_stop", fid, index=self.block))

@@ -7,8 +7,10 @@ A chat completion created with ``store: true`` keeps, on its record's spec
 :class:`~coda.server.state.ResponseStore` beside stored responses — is the completion: a
 retrieve renders the same non-streamed object the create answered (a streamed one assembled
 from its events), so nothing is copied. With ``--redis-url`` the spec is the record's
-descriptor in the stream log, so any front end on that Redis retrieves, updates and deletes it;
-a list shows the stored completions this front end holds.
+descriptor in the stream log, so any front end on that Redis retrieves, updates and deletes it,
+and lists it: the log keeps an index of the stored completions
+(:meth:`~coda.server.state.ResponseStore.stored_chats`), so every front end lists the same ones
+in the same order.
 
 ``store`` omitted keeps a completion for ``/v1/streams`` resume only (not retrievable here, as
 OpenAI's default ``store: false``); ``store: false`` drops it once it ended (docs/api.md).
@@ -21,7 +23,6 @@ from typing import Any
 
 from coda.server.cursor_page import one
 from coda.server.http_errors import ApiError
-from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest
 from coda.server.state import Record
 
@@ -36,8 +37,7 @@ def stored_fields(body: ChatCompletionRequest) -> dict[str, Any]:
 
 def is_stored(record: Record | None) -> bool:
     """A chat completion created with ``store: true`` (what the chat routes may serve)."""
-    return (record is not None and record.kind == "chat"
-            and isinstance(record.spec, OpenAIRender) and record.spec.stored)
+    return record is not None and record.stored_chat
 
 
 def not_found(cid: str) -> ApiError:

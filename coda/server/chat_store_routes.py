@@ -59,10 +59,11 @@ async def list_chat_completions(request: Request) -> Response:
     models = query.get("model", [])
     model = models[-1] if models else None
     wanted = metadata_filter(query)
-    records = [r for r in state_of(request).store.records() if is_stored(r) and r.done
-               and (model is None or r.model == model)]
+    # NOTE: ended ones, oldest first, every front end's with the durable log (ResponseStore)
+    records = [r for r in state_of(request).store.stored_chats()
+               if model is None or r.model == model]
     items = []
-    for r in sorted(records, key=lambda r: r.created):  # NOTE: stable: creation order kept
+    for r in records:
         assert isinstance(r.spec, OpenAIRender)
         if all(r.spec.metadata.get(k) == v for k, v in wanted.items()):
             items.append(await _object(r))

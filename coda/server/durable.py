@@ -7,7 +7,8 @@ engine (every handle reads the durable copy of its request) and keeps its record
 its engine requests) goes to the log, and a record this ingress does not hold (another ingress
 made it, or this server restarted) is rebuilt from it, so ``Last-Event-ID``,
 ``/v1/streams/{id}``, ``GET /v1/responses/{id}`` and ``previous_response_id`` work on any
-ingress. The routes see an :class:`~coda.engine.protocol.Engine` and a
+ingress; the stored chat completions are listed in the log too (:mod:`coda.durable.listing`),
+so ``GET /v1/chat/completions`` lists every ingress's. The routes see an :class:`~coda.engine.protocol.Engine` and a
 :class:`~coda.server.state.ResponseStore`, nothing of Redis. Without a URL nothing here is
 imported: the in-process engine and the in-memory store.
 """
@@ -18,6 +19,7 @@ import logging
 from dataclasses import replace
 
 from coda.durable.engine import DurableEngine
+from coda.durable.listing import ListedRecords
 from coda.durable.redis_log import RedisStreamLog
 from coda.engine.protocol import Engine, EngineHandle
 from coda.server.render_spec import OpenAIRender, spec_data, spec_from_data
@@ -52,6 +54,7 @@ class RedisResponseStore(RecordStore):
     def __init__(self, engine: DurableEngine, capacity: int) -> None:
         super().__init__(capacity)
         self.engine = engine
+        self.listed = ListedRecords(engine.log)
 
     def put(self, record: Record) -> None:
         self.engine.link_record(record.id, {
@@ -59,6 +62,8 @@ class RedisResponseStore(RecordStore):
             "background": record.background, "extra": spec_data(record.spec),
             "handles": [h.request_id for h in record.handles]},
             [h.request_id for h in record.handles])
+        if record.stored_chat:
+            self.listed.add(record.id)
         if record.background:
             self.detach(record)
         super().put(record)
@@ -73,7 +78,15 @@ class RedisResponseStore(RecordStore):
         at once one answers True. The requests' own log entries expire as they would have
         (``--log-retention-s`` after their terminal); no record reaches them any more."""
         super().delete(rid)
+        self.listed.remove(rid)
         return self.engine.log.delete_record(rid)
+
+    def stored_chats(self) -> list[Record]:
+        """Every front end's ended stored chat completions, in the log's listing order
+        (:mod:`coda.durable.listing`): held here, or rebuilt from the log (a rebuilt one that
+        ended has its whole stream at once; one still running elsewhere is not listed yet)."""
+        records = (self.get(rid) for rid in self.listed.ids())
+        return [r for r in records if r is not None and r.stored_chat and r.done]
 
     def _current(self, record: Record) -> bool:
         """A response held here is current while its descriptor is in the log: deleted on

@@ -3,7 +3,8 @@
 OpenAI: ``{"error": {"message", "type", "param", "code"}}``; Anthropic:
 ``{"type": "error", "error": {"type", "message"}, "request_id"}`` (the id of its ``request-id``
 header, in the body too as Anthropic sends it: the SDK's ``ErrorResponse.request_id``); Ollama: ``{"error": "message"}``. The
-protocol is chosen by path (``/v1/messages`` is Anthropic, ``/api/`` is Ollama). Bad input is always 4xx and names the field; only a fault of
+protocol is chosen by path (``/v1/messages`` is Anthropic, ``/api/`` is Ollama; an Anthropic
+client's ``/v1/models`` and unrouted requests are Anthropic's: :func:`scope_protocol`). Bad input is always 4xx and names the field; only a fault of
 the server itself is a 5xx. Every answer but Ollama's carries the protocol's request id
 header, errors included (:class:`RequestIdMiddleware`).
 """
@@ -20,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, ModelNotFoundError
@@ -51,14 +53,23 @@ def protocol_of(path: str) -> Protocol:
 
 def scope_protocol(scope: Scope) -> Protocol:
     """The protocol a request is answered in: its path's (:func:`protocol_of`), except that a
-    ``/v1/models`` request from an Anthropic client (the ``anthropic-version`` header every
-    Anthropic SDK sends: ``client.models.list()`` / ``.retrieve()``) is answered in
-    Anthropic's shape, its errors and its ``request-id`` header included."""
+    request from an Anthropic client (the ``anthropic-version`` header every Anthropic SDK
+    sends) is answered in Anthropic's shape, its errors and its ``request-id`` header
+    included, on ``/v1/models`` (``client.models.list()`` / ``.retrieve()``) and on a path or
+    method no route takes (its 404 / 405: the client is Anthropic's, whatever it asked for)."""
     path = scope["path"]
-    if path.startswith("/v1/models") and any(k.lower() == b"anthropic-version"
-                                             for k, _ in scope.get("headers", ())):
+    if (not path.startswith(("/api/", "/v1/messages"))
+            and any(k.lower() == b"anthropic-version" for k, _ in scope.get("headers", ()))
+            and (path.startswith("/v1/models") or not _routed(scope))):
         return "anthropic"
     return protocol_of(path)
+
+
+def _routed(scope: Scope) -> bool:
+    """A route of the app takes this path and method (Starlette's full match; the app is in
+    the scope before any middleware runs)."""
+    router = getattr(scope.get("app"), "router", None)
+    return any(r.matches(scope)[0] is Match.FULL for r in getattr(router, "routes", ()))
 
 
 def error_payload(protocol: Protocol, status: int, message: str, *, param: str | None = None,

@@ -1,5 +1,7 @@
 """The Ollama API's model endpoints (issue 23 item 2): ``GET /api/tags``, ``POST /api/show``,
-``GET /api/ps`` and ``GET /api/version`` (``/api/embed``: :mod:`coda.server.embeddings`).
+``GET /api/ps`` and ``GET /api/version`` (``/api/embed``: :mod:`coda.server.embeddings`), and
+the model's load and unload: the answer to an empty ``/api/chat`` / ``/api/generate`` (Ollama's
+"load the model" call, :func:`load_answer`) and ``keep_alive: 0``.
 
 Every field comes from the served models' cards (``/v1/models``): ``digest`` is the weights'
 SHA-256 (P1 identity), ``size`` the model's memory (weights + KV) where the server knows it
@@ -26,12 +28,41 @@ from coda.models.gguf_file import FILE_TYPES
 from coda.models.identity import coda_version
 from coda.server.common import now, state_of
 from coda.server.http_errors import ApiError
-from coda.server.ollama_schemas import OllamaShowRequest, model_name
-from coda.server.ollama_wire import created_at
+from coda.server.ndjson import JSONLine, NDJSONRenderer
+from coda.server.ollama_schemas import (
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+    model_name,
+)
+from coda.server.ollama_wire import created_at, keep_alive_zero
+from coda.server.state import ServerState
 
 router = APIRouter()
 _WATCHERS: set[asyncio.Task[None]] = set()
 _POLL_S = 0.1
+
+
+def load_answer(st: ServerState, body: OllamaChatRequest | OllamaGenerateRequest,
+                chat: bool) -> Response:
+    """Ollama's answer to an empty ``/api/chat`` / ``/api/generate`` request, its "load the
+    model" call (nothing is generated): ``load``, or with
+    ``keep_alive: 0`` and several models ``unload`` once the model is out of memory (a busy
+    model is unloaded when its requests end)."""
+    reason = "load"
+    if keep_alive_zero(body.keep_alive):
+        result = unload_now(st.engine)
+        if result == "busy":
+            unload_when_idle(st.engine)
+        if result is not None and result != "pinned":
+            reason = "unload"
+    obj: dict[str, Any] = {"model": body.model, "created_at": created_at(now()),
+                           **({"message": {"role": "assistant", "content": ""}} if chat
+                              else {"response": ""}),
+                           "done": True, "done_reason": reason}
+    if body.stream:
+        return Response(JSONLine(obj).encode(), media_type=NDJSONRenderer.media_type)
+    return JSONResponse(obj)
 
 
 def unload_now(engine: Engine) -> str | None:

@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from coda.engine.plan import NO_LIMIT
 from coda.errors import InvalidRequestError
 from coda.sampling import MAX_TEMPERATURE
 from coda.server.schemas import SEED_MAX, SEED_MIN, STRICT
@@ -121,14 +122,13 @@ class OllamaOptions(BaseModel):
         return self
 
 
-def max_tokens(options: OllamaOptions | None, room: int) -> int:
+def max_tokens(options: OllamaOptions | None) -> int:
     """``num_predict`` as Coda's budget: positive is the limit; unset or negative no limit but
-    the context's (``room``: the tokens the prompt leaves in it; Ollama's default, not the
-    engine's ``default_max_tokens``, which would end the output long before); 0 a 400."""
+    the context's (the plan's :data:`~coda.engine.plan.NO_LIMIT`: Ollama's default, not the
+    engine's ``default_max_tokens``, which would end the output long before; reaching the
+    context ends ``context_limit``); 0 a 400."""
     n = options.num_predict if options is not None else None
     if n == 0:
         raise InvalidRequestError("options.num_predict: must be positive, or -1 (the default) "
                                   "for no limit", field="options.num_predict")
-    # NOTE: a prompt that leaves no room is the plan's 400 naming the prompt (it is checked
-    # before the budget), hence the floor of 1
-    return n if n is not None and n > 0 else max(room, 1)
+    return n if n is not None and n > 0 else NO_LIMIT

@@ -17,7 +17,8 @@ end where the server runs several models (:mod:`coda.server.model_router`); any 
 ``keep_alive``, and every ``keep_alive`` with one model served, is accepted with no effect (the
 model stays loaded for the server's life, or until the memory budget's LRU unloads it). An
 empty ``messages`` / ``prompt`` is Ollama's "load the model" call: ``done_reason: "load"`` at
-once, or ``"unload"`` with ``keep_alive: 0`` and several models.
+once, or ``"unload"`` with ``keep_alive: 0`` and several models
+(:func:`coda.server.ollama_info.load_answer`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ from coda.reasoning import ReasoningSpec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
-from coda.server.common import collect, new_id, now, state_of
+from coda.server.common import collect, new_id, state_of
 from coda.server.create import create
 from coda.server.failures import error_message, failed_json, is_failed
 from coda.server.ndjson import JSONLine, NDJSONRenderer
 from coda.server.ollama_checks import check_body
 from coda.server.ollama_context import check_context, done_context, joined
-from coda.server.ollama_info import unload_now, unload_when_idle
+from coda.server.ollama_info import load_answer, unload_when_idle
 from coda.server.ollama_options import max_tokens
 from coda.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest
 from coda.server.ollama_wire import (
@@ -220,7 +221,7 @@ class OllamaAdapter:
                             thinking=reasoning is not None and body.think not in (False, "none"),
                             logprobs=body.logprobs, skip_special=body.skip_special_tokens,
                             prompt_ids=() if self.chat else tuple(ids))
-        budget = max_tokens(o, st.engine.context_length - len(ids))
+        budget = max_tokens(o)
         return plan_call(
             body, [ids], spec, call_id=new_id(self.id_prefix),
             backpressure=st.settings.backpressure, stream=body.stream,
@@ -271,26 +272,6 @@ GENERATE = OllamaAdapter(chat=False)
 register_renderer(OllamaRender, OllamaRenderer)
 
 
-def _loaded(st: ServerState, body: OllamaBody, chat: bool) -> Response:
-    """Ollama's answer to an empty request (nothing is generated): ``load``, or with
-    ``keep_alive: 0`` and several models ``unload`` once the model is out of memory (a busy
-    model is unloaded when its requests end)."""
-    reason = "load"
-    if keep_alive_zero(body.keep_alive):
-        result = unload_now(st.engine)
-        if result == "busy":
-            unload_when_idle(st.engine)
-        if result is not None and result != "pinned":
-            reason = "unload"
-    obj: dict[str, Any] = {"model": body.model, "created_at": created_at(now()),
-                           **({"message": {"role": "assistant", "content": ""}} if chat
-                              else {"response": ""}),
-                           "done": True, "done_reason": reason}
-    if body.stream:
-        return Response(JSONLine(obj).encode(), media_type=NDJSONRenderer.media_type)
-    return JSONResponse(obj)
-
-
 @router.post("/api/chat")
 async def ollama_chat(body: OllamaChatRequest, request: Request) -> Response:
     """Ollama chat (streamed NDJSON unless ``stream: false``)."""
@@ -308,7 +289,7 @@ async def _run(request: Request, body: OllamaBody, adapter: OllamaAdapter, *,
     if empty:
         st = state_of(request)
         st.check_model(body.model)
-        return _loaded(st, body, chat=adapter.chat)
+        return load_answer(st, body, chat=adapter.chat)
     response = await create(request, await adapter.parse(state_of(request), body), adapter)
     if keep_alive_zero(body.keep_alive):
         unload_when_idle(state_of(request).engine)

@@ -143,7 +143,9 @@ class AnthropicDiagnostics(BaseModel):
 
 class AnthropicRequest(CodaExtensions):
     model: str
-    max_tokens: int = Field(..., ge=1)
+    # NOTE: 0 warms the prefix cache: the prompt prefilled, no output (Anthropic's cache
+    # pre-warming; coda.server.anthropic_routes)
+    max_tokens: int = Field(..., ge=0)
     messages: list[AnthropicMessage] = Field(..., min_length=1)
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = None

@@ -64,6 +64,9 @@ class AnthropicRender:
     omit_thinking: bool = False
     service_tier: str | None = None  # NOTE: ``usage.service_tier`` when asked ("standard")
     speed: str | None = None  # NOTE: ``usage.speed`` when asked (the one local speed)
+    # NOTE: ``max_tokens: 0`` (Anthropic's cache pre-warming): the prompt prefilled, no
+    # output, so no content block at all (the message's content is empty)
+    warm: bool = False
 
 
 @dataclass(frozen=True)

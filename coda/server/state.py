@@ -117,8 +117,12 @@ class Record:
     def deletable(self) -> bool:
         """A client may delete it by id: a response, or a chat completion stored with
         ``store: true`` (coda.server.chat_store); other records only age out."""
-        return self.kind == "response" or (isinstance(self.spec, OpenAIRender)
-                                           and self.spec.stored)
+        return self.kind == "response" or self.stored_chat
+
+    @property
+    def stored_chat(self) -> bool:
+        """A chat completion created with ``store: true`` (coda.server.chat_store)."""
+        return self.kind == "chat" and isinstance(self.spec, OpenAIRender) and self.spec.stored
 
     @property
     def done(self) -> bool:
@@ -148,6 +152,11 @@ class ResponseStore(Protocol):
 
     def records(self) -> list[Record]:
         """The records held in this process."""
+        ...
+
+    def stored_chats(self) -> list[Record]:
+        """The ended stored chat completions, oldest first (``GET /v1/chat/completions``):
+        this process's; with the durable log every front end's on it."""
         ...
 
     def detach(self, record: Record) -> None:
@@ -209,6 +218,11 @@ class RecordStore:
     def records(self) -> list[Record]:
         with self._lock:
             return list(self._items.values())
+
+    def stored_chats(self) -> list[Record]:
+        # NOTE: stable: records created in one second keep their order
+        return sorted((r for r in self.records() if r.stored_chat and r.done),
+                      key=lambda r: r.created)
 
     def __len__(self) -> int:
         return len(self._items)

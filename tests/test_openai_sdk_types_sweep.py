@@ -8,6 +8,11 @@ validation, so a missing required field only shows there). Found:
   ``InputTokensDetails`` requires: ``Response.model_validate`` of any created, retrieved or
   streamed terminal response failed, and ``usage.input_tokens_details.cache_write_tokens``
   read ``None`` where the type says ``int``.
+- Responses ``input``: sending an output back as input (OpenAI's manual conversation state,
+  ``input += response.output``) was a 400 whenever the output held a ``reasoning`` item
+  (what Coda answers on a reasoning model); any item Coda does not take (``item_reference``,
+  a message without ``role``, a bare string) was refused as ``input: Input should be a
+  valid string``, naming neither the item nor what is wrong with it.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ import httpx
 import openai
 import pydantic
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 
-from tests.openai_sweep_support import MODELS, serve
+from tests.openai_sweep_support import MODELS, bad, serve
 from tests.openai_sweep_support import model_of as _model
 
 EVENT: Any = pydantic.TypeAdapter(ResponseStreamEvent)
+ITEM: Any = pydantic.TypeAdapter(ResponseItem)
+# NOTE: what a reasoning model's output carries (coda.server.responses_object.reasoning_item)
+THOUGHT: Any = {"type": "reasoning", "id": "rs_1", "summary": [], "status": "completed",
+                "content": [{"type": "reasoning_text", "text": "The user greets me."}]}
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -62,3 +71,38 @@ def test_p1_responses_validate_as_the_sdks_types(oa: openai.OpenAI) -> None:
     final = Response.model_validate(events[-1]["response"])
     assert final.usage is not None and final.usage.input_tokens_details.cache_write_tokens == 0
     assert final.usage.output_tokens <= 16
+
+
+def test_p1_an_output_with_reasoning_goes_back_as_input(oa: openai.OpenAI) -> None:
+    """P1: ``input += response.output`` with a reasoning item among the output: accepted,
+    left out of the prompt (the same input tokens as without it, as a
+    ``previous_response_id`` continuation), and listed by ``input_items`` as a reasoning
+    item the SDK's types read."""
+    m = _model(oa)
+    first = oa.responses.create(model=m, input="Say hi", max_output_tokens=16)
+    turn: Any = [{"role": "user", "content": "Say hi"}]
+    after: Any = [*[o.model_dump() for o in first.output], {"role": "user", "content": "Again"}]
+    with_thought = oa.responses.create(model=m, input=[*turn, THOUGHT, *after],
+                                       max_output_tokens=16)
+    without = oa.responses.create(model=m, input=[*turn, *after], max_output_tokens=16)
+    assert with_thought.usage is not None and without.usage is not None
+    assert with_thought.usage.input_tokens == without.usage.input_tokens
+    raw = oa.responses.input_items.with_raw_response.list(with_thought.id, order="asc")
+    items = json.loads(raw.text)["data"]
+    assert [i["type"] for i in items][:2] == ["message", "reasoning"]
+    assert items[1]["id"] == "rs_1"
+    for item in items:
+        ITEM.validate_python(item)
+
+
+def test_p1_an_input_item_coda_does_not_take_is_named(oa: openai.OpenAI) -> None:
+    """P1: a 400 naming the item and what is wrong with it, never ``input`` as a string."""
+    m, hi = _model(oa), {"role": "user", "content": "hi"}
+    ref: Any = [hi, {"type": "item_reference", "id": "msg_1"}]
+    msg = bad(lambda: oa.responses.create(model=m, input=ref), "input.1.type")
+    assert "item_reference" in msg
+    roleless: Any = [{"type": "message", "content": "hi"}]
+    bad(lambda: oa.responses.create(model=m, input=roleless), "input.0.role")
+    bare: Any = [hi, "hi"]
+    assert "must be an object" in bad(lambda: oa.responses.create(model=m, input=bare),
+                                      "input.1")

@@ -30,7 +30,12 @@ from coda.server.fields import (
 )
 from coda.server.openai_checks import check_json_word_responses
 from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
-from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
+from coda.server.protocol_schemas import (
+    InputMessage,
+    InputToolItem,
+    ResponsesRequest,
+    TextFormat,
+)
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
 from coda.server.responses_object import response_object
@@ -55,6 +60,10 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     for i, item in enumerate(body.input):
         if isinstance(item, InputToolItem):
             msgs += tool_history_item(item.model_dump(), f"input.{i}")
+            continue
+        if not isinstance(item, InputMessage):
+            # NOTE: a reasoning item: earlier reasoning is no prompt text, as in a
+            # previous_response_id continuation (no other item validates: protocol_schemas)
             continue
         if item.role not in _ROLES:
             raise InvalidRequestError(f"input.{i}.role must be one of {sorted(_ROLES)}",

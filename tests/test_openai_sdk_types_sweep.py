@@ -13,6 +13,10 @@ validation, so a missing required field only shows there). Found:
   (what Coda answers on a reasoning model); any item Coda does not take (``item_reference``,
   a message without ``role``, a bare string) was refused as ``input: Input should be a
   valid string``, naming neither the item nor what is wrong with it.
+- OpenAI fields for what only OpenAI's servers do (chat ``audio``, ``web_search_options``;
+  Responses ``conversation``, ``prompt``) were "Unrecognized request argument supplied",
+  which reads as a typo or an outdated server; ``prompt`` sent alone (a stored template
+  instead of ``input``) was even answered ``input: Field required``.
 """
 
 from __future__ import annotations
@@ -106,3 +110,19 @@ def test_p1_an_input_item_coda_does_not_take_is_named(oa: openai.OpenAI) -> None
     bare: Any = [hi, "hi"]
     assert "must be an object" in bad(lambda: oa.responses.create(model=m, input=bare),
                                       "input.1")
+
+
+def test_p1_openai_only_features_are_named_with_what_to_do(oa: openai.OpenAI) -> None:
+    """P1: each a 400 naming the field and saying what to send instead."""
+    m, u = _model(oa), [{"role": "user", "content": "hi"}]
+    voice: Any = {"voice": "alloy", "format": "wav"}
+    msg = bad(lambda: oa.chat.completions.create(model=m, messages=u, audio=voice,
+                                                 modalities=["text", "audio"]), "audio")
+    assert "audio output is not supported" in msg
+    assert "not offered" in bad(lambda: oa.chat.completions.create(
+        model=m, messages=u, web_search_options={}), "web_search_options")
+    msg = bad(lambda: oa.responses.create(model=m, input="hi", conversation="conv_1"),
+              "conversation")
+    assert "previous_response_id" in msg
+    template: Any = {"id": "pmpt_1"}
+    assert "input" in bad(lambda: oa.responses.create(model=m, prompt=template), "prompt")

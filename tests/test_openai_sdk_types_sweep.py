@@ -17,6 +17,11 @@ validation, so a missing required field only shows there). Found:
   Responses ``conversation``, ``prompt``) were "Unrecognized request argument supplied",
   which reads as a typo or an outdated server; ``prompt`` sent alone (a stored template
   instead of ``input``) was even answered ``input: Field required``.
+- A cancelled response carried ``incomplete_details: {"reason": "cancelled"}`` and a
+  deadline or disconnect ``"deadline_exceeded"`` / ``"transport_error"``: none is a value of
+  the SDK's ``IncompleteDetails.reason`` (a closed literal), so ``Response.model_validate``
+  failed and typed clients of other languages reject the enum. OpenAI's cancelled response
+  has no ``incomplete_details``; a truncation's closest value is ``max_output_tokens``.
 """
 
 from __future__ import annotations
@@ -126,3 +131,23 @@ def test_p1_openai_only_features_are_named_with_what_to_do(oa: openai.OpenAI) ->
     assert "previous_response_id" in msg
     template: Any = {"id": "pmpt_1"}
     assert "input" in bad(lambda: oa.responses.create(model=m, prompt=template), "prompt")
+
+
+def test_p1_cancelled_and_cut_responses_validate(oa: openai.OpenAI) -> None:
+    """P1, C1: a cancelled background response is ``cancelled`` without
+    ``incomplete_details``; one cut by its ``deadline`` is ``incomplete`` with
+    ``max_output_tokens``, the exact reasons in ``coda``; both validate as the SDK's."""
+    m = _model(oa)
+    started = oa.responses.create(model=m, input="Write a long story", background=True,
+                                  max_output_tokens=900, extra_body={"ignore_eos": True})
+    raw = oa.responses.with_raw_response.cancel(started.id)
+    gone = Response.model_validate(json.loads(raw.text))
+    assert gone.status == "cancelled" and gone.incomplete_details is None
+    assert (gone.model_extra or {})["coda"]["finish_reason"] == "cancelled"
+    raw = oa.responses.with_raw_response.create(
+        model=m, input="Write a long story", max_output_tokens=900,
+        extra_body={"ignore_eos": True, "deadline": 0.3})
+    cut = Response.model_validate(json.loads(raw.text))
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+    assert (cut.model_extra or {})["coda"]["finish_reason"] == "deadline_exceeded"

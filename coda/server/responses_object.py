@@ -83,7 +83,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
             body["completed_at"] = int(record.created + terminal.total_s)
         if status == "failed":
             body["error"] = {"code": "server_error", "message": error_message(terminal)}
-        elif status != "completed":
+        elif status == "incomplete":  # NOTE: a cancelled one has none, as OpenAI's
             body["incomplete_details"] = {
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
         body["coda"] = coda_extension(terminal)

@@ -22,6 +22,9 @@ validation, so a missing required field only shows there). Found:
   the SDK's ``IncompleteDetails.reason`` (a closed literal), so ``Response.model_validate``
   failed and typed clients of other languages reject the enum. OpenAI's cancelled response
   has no ``incomplete_details``; a truncation's closest value is ``max_output_tokens``.
+- ``/v1/embeddings`` with an input past the context answered ``code: invalid_request``
+  where a chat or Responses prompt past it answers ``context_length_exceeded`` (what
+  clients test to split an input and retry).
 """
 
 from __future__ import annotations
@@ -151,3 +154,16 @@ def test_p1_cancelled_and_cut_responses_validate(oa: openai.OpenAI) -> None:
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens"
     assert (cut.model_extra or {})["coda"]["finish_reason"] == "deadline_exceeded"
+
+
+def test_p1_an_embedding_input_past_the_context_is_context_length_exceeded(
+        oa: openai.OpenAI) -> None:
+    """P1: text or token ids past the context: the chat prompt's 400 code, naming ``input``."""
+    m = _model(oa)
+    for long in ("word " * 1100, list(range(1, 1100))):
+        with pytest.raises(openai.BadRequestError) as exc:
+            oa.embeddings.create(model=m, input=long)
+        assert exc.value.code == "context_length_exceeded" and exc.value.param == "input"
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.chat.completions.create(model=m, messages=[{"role": "user", "content": "word " * 1100}])
+    assert exc.value.code == "context_length_exceeded"

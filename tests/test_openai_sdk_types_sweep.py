@@ -25,6 +25,9 @@ validation, so a missing required field only shows there). Found:
 - ``/v1/embeddings`` with an input past the context answered ``code: invalid_request``
   where a chat or Responses prompt past it answers ``context_length_exceeded`` (what
   clients test to split an input and retry).
+- ``client.responses.input_tokens.count`` (``POST /v1/responses/input_tokens``) was a 405
+  "Method Not Allowed" (the path read as a response id): now the count of the prompt the
+  create would build from the same fields.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 
-from tests.openai_sweep_support import MODELS, bad, serve
+from tests.openai_sweep_support import MODELS, RS_TOOLS, bad, serve
 from tests.openai_sweep_support import model_of as _model
 
 EVENT: Any = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -167,3 +170,26 @@ def test_p1_an_embedding_input_past_the_context_is_context_length_exceeded(
     with pytest.raises(openai.BadRequestError) as exc:
         oa.chat.completions.create(model=m, messages=[{"role": "user", "content": "word " * 1100}])
     assert exc.value.code == "context_length_exceeded"
+
+
+def test_p1_responses_input_tokens_count_what_the_create_bills(oa: openai.OpenAI) -> None:
+    """P1: ``responses.input_tokens.count`` answers OpenAI's object with the create's
+    ``usage.input_tokens`` for the same input, instructions, tools and continuation; its
+    fields are checked as the create's (unknown model 404, no input 400)."""
+    m = _model(oa)
+    asks: list[dict[str, Any]] = [
+        {"input": "Say hi"},
+        {"input": [{"role": "user", "content": "Say hi"}], "instructions": "Be terse."},
+        {"input": "Call f with x=1", "tools": RS_TOOLS, "tool_choice": "auto"}]
+    first = oa.responses.create(model=m, input="My name is Bob.", max_output_tokens=16)
+    asks.append({"input": "What is my name?", "previous_response_id": first.id})
+    for ask in asks:
+        made = oa.responses.create(model=m, max_output_tokens=16, **ask)
+        raw = oa.responses.input_tokens.with_raw_response.count(model=m, **ask)
+        counted = json.loads(raw.text)
+        assert counted["object"] == "response.input_tokens"
+        assert made.usage is not None and counted["input_tokens"] == made.usage.input_tokens
+    assert oa.responses.input_tokens.count(input="Say hi").input_tokens > 0
+    with pytest.raises(openai.NotFoundError):
+        oa.responses.input_tokens.count(model="nope", input="hi")
+    bad(lambda: oa.responses.input_tokens.count(model=m), "input")

@@ -241,5 +241,22 @@ class AnthropicCountRequest(BaseModel):
     thinking: dict[str, Any] | None = None
 
 
-__all__ = ["AnthropicCountRequest", "AnthropicRequest", "ResponseFormat", "ResponsesRequest",
-           "TextFormat"]
+class ResponsesCountRequest(BaseModel):
+    """``POST /v1/responses/input_tokens`` (the SDK's ``responses.input_tokens.count``): the
+    fields that shape a response's prompt, typed as :class:`ResponsesRequest` has them."""
+
+    model_config = STRICT
+    model: str | None = None  # NOTE: optional, as OpenAI's: the served model
+    input: ResponsesInput | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    text: TextConfig | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+
+__all__ = ["AnthropicCountRequest", "AnthropicRequest", "ResponseFormat",
+           "ResponsesCountRequest", "ResponsesRequest", "TextFormat"]

@@ -33,6 +33,7 @@ from coda.server.params import Parsed, check_json_schema_format, plan_call, samp
 from coda.server.protocol_schemas import (
     InputMessage,
     InputToolItem,
+    ResponsesCountRequest,
     ResponsesRequest,
     TextFormat,
 )
@@ -259,3 +260,16 @@ register_renderer(ResponsesRender, ResponsesRenderer)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     """Create a response; ``background`` keeps running without a client (P4)."""
     return await create(request, await RESPONSES.parse(state_of(request), body), RESPONSES)
+
+
+@router.post("/v1/responses/input_tokens")
+async def count_input_tokens(body: ResponsesCountRequest, request: Request) -> Response:
+    """OpenAI's input token count: the prompt ``POST /v1/responses`` would build from the
+    same fields (checked as there: a bad one is the create's 400), counted; nothing is queued
+    or stored."""
+    st = state_of(request)
+    sent = body.model_dump(exclude_none=True, by_alias=True)
+    parsed = await RESPONSES.parse(st, ResponsesRequest.model_validate(
+        {"model": st.engine.model_name, "input": [], **sent, "store": False}))
+    return JSONResponse({"object": "response.input_tokens",
+                         "input_tokens": len(parsed.requests[0].prompt_token_ids)})

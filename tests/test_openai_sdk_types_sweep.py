@@ -28,6 +28,9 @@ validation, so a missing required field only shows there). Found:
 - ``client.responses.input_tokens.count`` (``POST /v1/responses/input_tokens``) was a 405
   "Method Not Allowed" (the path read as a response id): now the count of the prompt the
   create would build from the same fields.
+- ``client.models.retrieve`` of an id with a slash (an HF ``org/name``, the GGUF path given
+  to ``--model``, which every create takes as ``model``) was the router's bare 404 "Not
+  Found": the SDK sends the slash as ``%2F``, decoded before routing.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 
-from tests.openai_sweep_support import MODELS, RS_TOOLS, bad, serve
+from tests.openai_sweep_support import GEMMA, MODELS, RS_TOOLS, bad, serve
 from tests.openai_sweep_support import model_of as _model
 
 EVENT: Any = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -193,3 +196,15 @@ def test_p1_responses_input_tokens_count_what_the_create_bills(oa: openai.OpenAI
     with pytest.raises(openai.NotFoundError):
         oa.responses.input_tokens.count(model="nope", input="hi")
     bad(lambda: oa.responses.input_tokens.count(model=m), "input")
+
+
+def test_p1_models_retrieve_takes_ids_with_slashes(oa: openai.OpenAI) -> None:
+    """P1: an unknown ``org/name`` is OpenAI's model 404 (``model_not_found``, naming
+    ``model``); on Gemma the path given to ``--model`` retrieves the served card, as a create
+    takes it."""
+    with pytest.raises(openai.NotFoundError) as exc:
+        oa.models.retrieve("org/nope")
+    assert exc.value.code == "model_not_found" and exc.value.param == "model"
+    served = _model(oa)
+    if served.startswith("gemma3"):
+        assert oa.models.retrieve(str(GEMMA)).id == served

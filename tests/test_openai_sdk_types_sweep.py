@@ -31,6 +31,9 @@ validation, so a missing required field only shows there). Found:
 - ``client.models.retrieve`` of an id with a slash (an HF ``org/name``, the GGUF path given
   to ``--model``, which every create takes as ``model``) was the router's bare 404 "Not
   Found": the SDK sends the slash as ``%2F``, decoded before routing.
+- ``client.responses.compact`` was a 405 "Method Not Allowed" (read as a response id),
+  which suggests another method would work; compaction is not offered: a 404 saying so and
+  what to do instead.
 """
 
 from __future__ import annotations
@@ -208,3 +211,11 @@ def test_p1_models_retrieve_takes_ids_with_slashes(oa: openai.OpenAI) -> None:
     served = _model(oa)
     if served.startswith("gemma3"):
         assert oa.models.retrieve(str(GEMMA)).id == served
+
+
+def test_p1_responses_compact_is_refused_saying_what_to_do(oa: openai.OpenAI) -> None:
+    """P1: OpenAI's 404 shape, naming the endpoint and pointing to ``truncation``."""
+    with pytest.raises(openai.NotFoundError) as exc:
+        oa.responses.compact(model=_model(oa), input="hi")
+    body: Any = exc.value.body
+    assert body["type"] == "invalid_request_error" and "truncation" in body["message"]

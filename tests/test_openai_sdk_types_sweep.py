@@ -34,6 +34,8 @@ validation, so a missing required field only shows there). Found:
 - ``client.responses.compact`` was a 405 "Method Not Allowed" (read as a response id),
   which suggests another method would work; compaction is not offered: a 404 saying so and
   what to do instead.
+- An assistant message whose content holds a ``refusal`` part (OpenAI's assistant content
+  is text or refusal parts; chat and Responses) was a 400 "only text content parts".
 """
 
 from __future__ import annotations
@@ -219,3 +221,24 @@ def test_p1_responses_compact_is_refused_saying_what_to_do(oa: openai.OpenAI) ->
         oa.responses.compact(model=_model(oa), input="hi")
     body: Any = exc.value.body
     assert body["type"] == "invalid_request_error" and "truncation" in body["message"]
+
+
+def test_p1_an_assistant_refusal_part_is_what_it_said(oa: openai.OpenAI) -> None:
+    """P1: chat and Responses take an assistant's ``refusal`` part as its text (the same
+    prompt as a text part); on a user message it stays a 400 naming the content."""
+    m, said = _model(oa), "I cannot help with that."
+    def turns(part: dict[str, str]) -> Any:
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [part]},
+                {"role": "user", "content": "ok"}]
+    refused, text = {"type": "refusal", "refusal": said}, {"type": "text", "text": said}
+    a = oa.chat.completions.create(model=m, messages=turns(refused), max_tokens=2)
+    b = oa.chat.completions.create(model=m, messages=turns(text), max_tokens=2)
+    assert a.usage is not None and b.usage is not None
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+    out = {"type": "output_text", "text": said}
+    c = oa.responses.create(model=m, input=turns(refused), max_output_tokens=16)
+    d = oa.responses.create(model=m, input=turns(out), max_output_tokens=16)
+    assert c.usage is not None and d.usage is not None
+    assert c.usage.input_tokens == d.usage.input_tokens
+    user: Any = [{"role": "user", "content": [refused]}]
+    bad(lambda: oa.chat.completions.create(model=m, messages=user), "messages.0.content")

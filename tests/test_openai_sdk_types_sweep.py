@@ -36,6 +36,10 @@ validation, so a missing required field only shows there). Found:
   what to do instead.
 - An assistant message whose content holds a ``refusal`` part (OpenAI's assistant content
   is text or refusal parts; chat and Responses) was a 400 "only text content parts".
+- A Responses tool in Chat Completions' nested shape (``{"type": "function", "function":
+  {...}}``, the usual slip when moving to Responses) was "tools.0.name must match ...,
+  got None", and chat's flat one "tools.0.function: required": neither said that the
+  tool had the other API's shape.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 
-from tests.openai_sweep_support import GEMMA, MODELS, RS_TOOLS, bad, serve
+from tests.openai_sweep_support import GEMMA, MODELS, RS_TOOLS, TOOLS, bad, serve
 from tests.openai_sweep_support import model_of as _model
 
 EVENT: Any = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -242,3 +246,13 @@ def test_p1_an_assistant_refusal_part_is_what_it_said(oa: openai.OpenAI) -> None
     assert c.usage.input_tokens == d.usage.input_tokens
     user: Any = [{"role": "user", "content": [refused]}]
     bad(lambda: oa.chat.completions.create(model=m, messages=user), "messages.0.content")
+
+
+def test_p1_a_tool_in_the_other_apis_shape_says_so(oa: openai.OpenAI) -> None:
+    """P1: each API's 400 names the tool and shows both shapes."""
+    m = _model(oa)
+    msg = bad(lambda: oa.responses.create(model=m, input="hi", tools=TOOLS), "tools.0")
+    assert msg.startswith("tools.0.name: required") and "Chat Completions nests" in msg
+    msg = bad(lambda: oa.chat.completions.create(model=m, messages=[{"role": "user",
+                                                 "content": "hi"}], tools=RS_TOOLS), "tools.0")
+    assert msg.startswith("tools.0.function: required") and "Responses function tool" in msg

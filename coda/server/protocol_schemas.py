@@ -165,7 +165,7 @@ class ResponsesRequest(CodaExtensions):
     prompt_cache_retention: PromptCacheRetention | None = None
     safety_identifier: str | None = None
     # NOTE: the most function calls the output may hold: the tool grammar admits no more
-    # (coda.server.tools.grammar_for); 0 is tool_choice "none"
+    # (coda.server.tool_grammar.grammar_for); 0 is tool_choice "none"
     max_tool_calls: int | None = Field(None, ge=0)
 
     @model_validator(mode="before")

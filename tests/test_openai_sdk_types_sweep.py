@@ -35,7 +35,9 @@ validation, so a missing required field only shows there). Found:
   which suggests another method would work; compaction is not offered: a 404 saying so and
   what to do instead.
 - An assistant message whose content holds a ``refusal`` part (OpenAI's assistant content
-  is text or refusal parts; chat and Responses) was a 400 "only text content parts".
+  is text or refusal parts; chat and Responses) was a 400 "only text content parts"; one
+  sent back with its ``refusal`` field and no content (the SDK's message as it came) lost
+  what the assistant said: the turn rendered empty.
 - A Responses tool in Chat Completions' nested shape (``{"type": "function", "function":
   {...}}``, the usual slip when moving to Responses) was "tools.0.name must match ...,
   got None", and chat's flat one "tools.0.function: required": neither said that the
@@ -237,8 +239,12 @@ def test_p1_an_assistant_refusal_part_is_what_it_said(oa: openai.OpenAI) -> None
     refused, text = {"type": "refusal", "refusal": said}, {"type": "text", "text": said}
     a = oa.chat.completions.create(model=m, messages=turns(refused), max_tokens=2)
     b = oa.chat.completions.create(model=m, messages=turns(text), max_tokens=2)
-    assert a.usage is not None and b.usage is not None
-    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+    field: Any = [{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": None, "refusal": said},
+                  {"role": "user", "content": "ok"}]
+    e = oa.chat.completions.create(model=m, messages=field, max_tokens=2)
+    assert a.usage is not None and b.usage is not None and e.usage is not None
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens == e.usage.prompt_tokens
     out = {"type": "output_text", "text": said}
     c = oa.responses.create(model=m, input=turns(refused), max_output_tokens=16)
     d = oa.responses.create(model=m, input=turns(out), max_output_tokens=16)

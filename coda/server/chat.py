@@ -98,6 +98,8 @@ def normalise_messages(messages: Sequence[Any], field: str = "messages",
                 f"{field}.{i}.role must be one of {sorted(roles)}, got {role!r}",
                 field=f"{field}.{i}.role")
         text = content_text(data.get("content"), f"{field}.{i}", refusal=role == "assistant")
+        if role == "assistant" and not text and isinstance(data.get("refusal"), str):
+            text = data["refusal"]  # NOTE: the SDK's message.refusal sent back: what it said
         item: dict[str, Any] = {"role": "system" if role == "developer" else role,
                                 "content": text}
         for key in ("tool_calls", "tool_call_id"):  # NOTE: see coda.server.tool_messages

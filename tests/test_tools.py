@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from coda.models.tokenizer_bundle import DEFAULT_CHAT_TEMPLATE
 from coda.server import tools as tl
+from coda.server.tool_grammar import grammar_for
 from tests.conftest import LiveServer
 from tests.tools_support import feed_in_pieces
 
@@ -263,7 +264,7 @@ def test_s1_auto_grammar_constrains_only_after_the_tag() -> None:
 
     tok = tokenizers.Tokenizer.from_file(str(DEFAULT_MODEL_DIR / "tokenizer.json"))
     plan = tl.ToolPlan((tl.Tool("get_time", "", TIME),), "auto")
-    spec = tl.grammar_for(plan)
+    spec = grammar_for(plan)
     assert spec is not None and spec.lark is not None
 
     def accepts(text: str) -> bool:

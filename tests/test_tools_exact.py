@@ -19,6 +19,7 @@ import tokenizers
 
 from coda.engine.async_engine import DEFAULT_MODEL_DIR
 from coda.server import tools as tl
+from coda.server.tool_grammar import grammar_for
 from tests.tools_support import (
     AN_TOOLS,
     ASK,
@@ -120,7 +121,7 @@ def test_issue20_d1_g1_l4_budget_end_names_only_what_the_grammar_did() -> None:
     from coda.finish import FinishReason
 
     def closer(mode: str, text: str) -> BudgetCloser:
-        spec = tl.grammar_for(tl.ToolPlan((tl.Tool("get_time", "", TIME),), mode,  # type: ignore[arg-type]
+        spec = grammar_for(tl.ToolPlan((tl.Tool("get_time", "", TIME),), mode,  # type: ignore[arg-type]
                                           parallel=False))
         assert spec is not None
         g = compile_grammar(spec, _TOK, _TOK.get_vocab_size(), frozenset({0, 2}))

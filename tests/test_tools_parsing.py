@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from coda.engine.async_engine import DEFAULT_MODEL_DIR
 from coda.engine.grammar import ll_tokenizer
 from coda.server import tools as tl
+from coda.server.tool_grammar import grammar_for
 from tests.conftest import LiveServer, examples, sse_events
 from tests.tools_support import (
     AN_TOOLS,
@@ -114,7 +115,7 @@ def test_issue20_d3_anthropic_and_responses_argument_with_the_close_tag(
 _TOK = tokenizers.Tokenizer.from_file(str(DEFAULT_MODEL_DIR / "tokenizer.json"))
 _LL = ll_tokenizer(_TOK, frozenset({0, 2}))
 _ANY_ARGS = tl.ToolPlan((tl.Tool("f", "", {"type": "object"}),), "auto")
-_LARK = tl.grammar_for(_ANY_ARGS)
+_LARK = grammar_for(_ANY_ARGS)
 _PIECES = ["</tool_call>", "<tool_call>", '"', "\\", "{", "}", "[", "]", "\n", "\\n", "é",
            "日本", "😀", "\u2028", "\x00", "\t", "\x7f"]
 _STR = st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=4)), max_size=6).map(

@@ -274,7 +274,8 @@ def _operational_routes(app: FastAPI) -> None:
             return anthropic_models.model_list(data, request.query_params)
         return JSONResponse({"object": "list", "data": data})
 
-    @app.get("/v1/models/{model_id}")
+    # NOTE: P1: an id may hold slashes ("org/name", a --model path), sent as %2F, decoded
+    @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> Response:
         st = state_of(request)
         if anthropic_models.wants_anthropic(request):  # NOTE: an Anthropic client: its shape

@@ -59,8 +59,10 @@ def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
-def content_text(content: Any, field: str) -> str:
-    """A message's content as plain text: a string, or text parts joined (others → 400)."""
+def content_text(content: Any, field: str, *, refusal: bool = False) -> str:
+    """A message's content as plain text: a string, or text parts joined (others → 400);
+    with ``refusal`` (an assistant's message) a ``refusal`` part is its text too: what the
+    assistant said, as OpenAI's assistant message takes it."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -72,6 +74,8 @@ def content_text(content: Any, field: str) -> str:
         text = data.get("text")
         if kind in ("text", "input_text", "output_text") and isinstance(text, str):
             parts.append(text)
+        elif refusal and kind == "refusal" and isinstance(data.get("refusal"), str):
+            parts.append(data["refusal"])
         else:
             raise InvalidRequestError(
                 f"{field}.content.{i}: only text content parts are supported (got {kind!r})",
@@ -93,7 +97,9 @@ def normalise_messages(messages: Sequence[Any], field: str = "messages",
             raise InvalidRequestError(
                 f"{field}.{i}.role must be one of {sorted(roles)}, got {role!r}",
                 field=f"{field}.{i}.role")
-        text = content_text(data.get("content"), f"{field}.{i}")
+        text = content_text(data.get("content"), f"{field}.{i}", refusal=role == "assistant")
+        if role == "assistant" and not text and isinstance(data.get("refusal"), str):
+            text = data["refusal"]  # NOTE: the SDK's message.refusal sent back: what it said
         item: dict[str, Any] = {"role": "system" if role == "developer" else role,
                                 "content": text}
         for key in ("tool_calls", "tool_call_id"):  # NOTE: see coda.server.tool_messages

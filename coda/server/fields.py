@@ -4,6 +4,10 @@
 - refused with a 400 naming the field where the value asks for something Coda does not do
   (``modalities`` with ``"audio"``), or breaks OpenAI's
   bounds on an informational field (``metadata``: 16 pairs, keys <= 64, values <= 512);
+- refused with a 400 naming the field and saying what to do instead where the field itself
+  asks for what only OpenAI's servers do (:data:`UNOFFERED`: chat ``audio`` output and
+  ``web_search_options``, Responses ``conversation`` and stored ``prompt`` templates), not as
+  an unknown argument;
 - accepted with no effect where nothing local corresponds: ``prompt_cache_key``,
   ``safety_identifier`` (prefix caching is automatic; there is no abuse monitoring),
   ``stream_options.include_obfuscation`` (chat, completions, Responses: OpenAI pads its
@@ -32,6 +36,19 @@ EFFORT_BUDGET: dict[str, int | None] = {"none": 0, "minimal": 128, "low": 512,
                                         "medium": 2048, "high": 8192, "xhigh": 32768,
                                         "max": None}
 SERVED_TIER = "default"  # NOTE: the tier every request is served in (one local tier)
+# NOTE: OpenAI request fields (chat, Responses) for what only OpenAI's servers do: a 400
+# naming the field in these words (coda.server.http_errors), not "Unrecognized request
+# argument", which reads as a typo or an old server
+UNOFFERED: dict[str, str] = {
+    "audio": "audio output is not supported (the served model writes text only); omit "
+             "audio and modalities, or use modalities [\"text\"]",
+    "web_search_options": "web search is not offered by this server; omit it (run a search "
+                          "from the client and declare it as a function tool)",
+    "conversation": "the Conversations API is not offered by this server; continue a "
+                    "conversation with previous_response_id, or send the whole input",
+    "prompt": "stored prompt templates are not offered by this server; send the prompt as "
+              "input (and instructions)",
+}
 
 
 def reject_unhonoured(body: ResponsesRequest) -> None:

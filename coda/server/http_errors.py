@@ -154,6 +154,8 @@ def describe_validation(exc: RequestValidationError, content_type: str | None = 
     if not errors:
         return "invalid request body", None
     first = errors[0]
+    if protocol == "openai" and (unoffered := _unoffered(errors)) is not None:
+        return unoffered
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', 'parse error')}", None
     name = _loc_name(tuple(first.get("loc", ())))
@@ -174,6 +176,18 @@ def describe_validation(exc: RequestValidationError, content_type: str | None = 
         # "Value error, " before them
         msg = msg.removeprefix("Value error, ")
     return f"{name}: {msg}", name
+
+
+def _unoffered(errors: Any) -> tuple[str, str] | None:
+    """An OpenAI field for what only OpenAI's servers do (``coda.server.fields.UNOFFERED``),
+    before any other error of the body (``prompt`` sent without ``input``), or None."""
+    from coda.server.fields import UNOFFERED
+
+    for error in errors:
+        name = _loc_name(tuple(error.get("loc", ())))
+        if error.get("type") == "extra_forbidden" and name in UNOFFERED:
+            return f"{name}: {UNOFFERED[name]}", name
+    return None
 
 
 def _below_minimum(exc: RequestValidationError) -> str | None:

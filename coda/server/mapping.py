@@ -25,7 +25,6 @@ F = FinishReason
 # closing within the budget.
 _NATURAL = frozenset({F.EOS, F.STOP_SEQUENCE, F.GRAMMAR_COMPLETE, F.CONFIDENCE_STOP,
                       F.GRAMMAR_FORCED_CLOSE})
-_LENGTH = frozenset({F.MAX_OUTPUT_TOKENS, F.CONTEXT_LIMIT})
 
 
 def openai_finish_reason(reason: FinishReason) -> str:
@@ -60,11 +59,13 @@ def responses_status(terminal: Terminal) -> tuple[str, str]:
 
 
 def responses_incomplete_reason(reason: FinishReason) -> str:
-    if reason in _LENGTH:
-        return "max_output_tokens"
+    """An incomplete response's ``incomplete_details.reason``: one of OpenAI's values (the
+    SDK's type is a closed literal), so every truncation (length, context, deadline,
+    transport) is ``max_output_tokens``, as chat's is ``length``; the exact reason is in
+    ``coda``. A cancelled response has none (status ``cancelled``, as OpenAI's)."""
     if reason is F.CONTENT_INTERRUPTED:
         return "content_filter"
-    return reason.value
+    return "max_output_tokens"
 
 
 def matched_stop(terminal: Terminal) -> str | list[int] | None:

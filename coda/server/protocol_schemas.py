@@ -6,9 +6,9 @@ on_disconnect, early_stop, ...) mean the same thing on every endpoint.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
 
 from coda.server.schemas import (
     NULL_IS_DEFAULT,
@@ -56,6 +56,59 @@ class InputToolItem(BaseModel):
     output: str | list[dict[str, Any]] | None = None
 
 
+class InputReasoningItem(BaseModel):
+    """A ``reasoning`` input item: an earlier output's reasoning sent back (OpenAI's manual
+    conversation state, ``input += response.output``). Left out of the prompt, as a
+    ``previous_response_id`` continuation leaves it (chat templates drop earlier reasoning)."""
+
+    model_config = OPEN
+    type: Literal["reasoning"]
+    summary: list[dict[str, Any]] = []
+
+
+class _OtherItem(BaseModel):
+    """An input item of a type Coda does not take: refused naming ``input.N.type``."""
+
+    model_config = OPEN
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _refuse(cls, kind: str) -> str:
+        raise ValueError(f"input items of type {kind!r} are not supported: Coda takes "
+                         "message (the default), function_call, function_call_output and "
+                         "reasoning items (no item_reference, image, file or built-in tool "
+                         "items)")
+
+
+_ITEM_TAGS = {"message": "[message]", "function_call": "[tool]",
+              "function_call_output": "[tool]", "reasoning": "[reasoning]"}
+
+
+def _item_tag(item: Any) -> str | None:
+    """The input item's schema by its ``type`` (none: a message); None for an item that is
+    not an object, so a bad item is refused naming itself (``input.N``, ``input.N.type``),
+    not as the string ``input`` might have been."""
+    if not isinstance(item, dict):  # NOTE: a built item (InputMessage, ...) or no object
+        kind = getattr(item, "type", None)
+        return _ITEM_TAGS.get(kind) if isinstance(kind, str) else None
+    kind = item.get("type") or "message"
+    return _ITEM_TAGS.get(kind, "[other]") if isinstance(kind, str) else "[other]"
+
+
+# NOTE: the tags are bracketed so an error's field name drops them (http_errors._loc_name)
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("[message]")] | Annotated[InputToolItem, Tag("[tool]")]
+    | Annotated[InputReasoningItem, Tag("[reasoning]")]
+    | Annotated[_OtherItem, Tag("[other]")],
+    Discriminator(_item_tag, custom_error_type="invalid_input_item", custom_error_message=(
+        "an input item must be an object (a message, function_call, function_call_output "
+        "or reasoning item)"))]
+ResponsesInput = Annotated[
+    Annotated[str, Tag("str")] | Annotated[list[InputItem], Tag("list")],
+    Discriminator(lambda v: "list" if isinstance(v, list | tuple) else "str")]
+
+
 class TextFormat(BaseModel):
     model_config = OPEN  # NOTE: name/strict/description are informative
     type: Literal["text", "json_object", "json_schema", "regex", "lark"] = "text"
@@ -80,7 +133,7 @@ class ResponsesStreamOptions(BaseModel):
 
 class ResponsesRequest(CodaExtensions):
     model: str
-    input: str | list[InputMessage | InputToolItem]
+    input: ResponsesInput
     instructions: str | None = None
     # NOTE: as OpenAI: at least 16 (Chat and Completions take any positive budget)
     max_output_tokens: int | None = Field(None, ge=16)
@@ -112,7 +165,7 @@ class ResponsesRequest(CodaExtensions):
     prompt_cache_retention: PromptCacheRetention | None = None
     safety_identifier: str | None = None
     # NOTE: the most function calls the output may hold: the tool grammar admits no more
-    # (coda.server.tools.grammar_for); 0 is tool_choice "none"
+    # (coda.server.tool_grammar.grammar_for); 0 is tool_choice "none"
     max_tool_calls: int | None = Field(None, ge=0)
 
     @model_validator(mode="before")
@@ -190,5 +243,22 @@ class AnthropicCountRequest(BaseModel):
     thinking: dict[str, Any] | None = None
 
 
-__all__ = ["AnthropicCountRequest", "AnthropicRequest", "ResponseFormat", "ResponsesRequest",
-           "TextFormat"]
+class ResponsesCountRequest(BaseModel):
+    """``POST /v1/responses/input_tokens`` (the SDK's ``responses.input_tokens.count``): the
+    fields that shape a response's prompt, typed as :class:`ResponsesRequest` has them."""
+
+    model_config = STRICT
+    model: str | None = None  # NOTE: optional, as OpenAI's: the served model
+    input: ResponsesInput | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    text: TextConfig | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+
+__all__ = ["AnthropicCountRequest", "AnthropicRequest", "ResponseFormat",
+           "ResponsesCountRequest", "ResponsesRequest", "TextFormat"]

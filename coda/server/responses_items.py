@@ -28,7 +28,8 @@ __all__ = ["carried_items", "listed", "own_items", "parse_query"]
 
 Item = dict[str, Any]
 _INCLUDABLE = frozenset(get_args(ResponseIncludable))
-_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
+_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_",
+           "reasoning": "rs_"}
 
 
 def _text_part(role: str, text: str) -> dict[str, Any]:
@@ -66,6 +67,8 @@ def own_items(response_id: str, given: str | Sequence[Mapping[str, Any]],
         elif kind == "function_call_output":
             out.append({"type": kind, "id": rid, "call_id": item.get("call_id"),
                         "output": item.get("output"), "status": "completed"})
+        elif kind == "reasoning":  # NOTE: listed as sent (not in the prompt: responses_routes)
+            out.append({**item, "id": rid})
         else:
             role, content = str(item.get("role")), item.get("content")
             parts = ([_text_part(role, content)] if isinstance(content, str)

@@ -1,7 +1,8 @@
 """The stored-response routes of OpenAI's Responses API beside create
 (:mod:`coda.server.responses_routes`): ``GET /v1/responses/{id}`` (+ ``stream=true&
 starting_after=N`` replay, P3), ``POST /v1/responses/{id}/cancel`` (C1), ``DELETE
-/v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``.
+/v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``; ``POST
+/v1/responses/compact`` (OpenAI's compaction) is refused, saying what to do instead.
 
 Delete answers ``{"id", "object": "response.deleted", "deleted": true}``; afterwards the id is
 unknown everywhere: ``GET``, ``cancel``, ``input_items`` and a second delete are 404s, and
@@ -127,3 +128,14 @@ async def list_input_items(response_id: str, request: Request) -> Response:
     assert isinstance(spec, ResponsesRender)  # NOTE: stored_record answers responses only
     return JSONResponse(page(listed(record.id, spec), after=after, before=before,
                              limit=limit, order=order, what="input item"))
+
+
+@router.post("/v1/responses/compact")
+async def compact_response() -> Response:
+    """OpenAI's conversation compaction (the SDK's ``responses.compact``): an opaque
+    compacted item only OpenAI's servers read back. Not offered: a 404 saying what to do
+    instead (it was a 405 "Method Not Allowed", the path read as a response id)."""
+    raise ApiError(404, "POST /v1/responses/compact: conversation compaction is not offered "
+                        "by this server; continue with previous_response_id and truncation: "
+                        "\"auto\" (the oldest turns are dropped to fit), or send a shorter "
+                        "input", code="not_found")

@@ -69,7 +69,11 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
         u = terminal.usage
         r_tokens = terminal.reasoning.reasoning_tokens if terminal.reasoning else 0
         body["usage"] = {"input_tokens": u.prompt_tokens,
-                         "input_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
+                         # NOTE: P1: the SDK's InputTokensDetails requires both counts;
+                         # Coda's prefix cache is automatic and bills no write (as Anthropic's
+                         # cache_creation_input_tokens: 0)
+                         "input_tokens_details": {"cached_tokens": u.cached_prompt_tokens,
+                                                  "cache_write_tokens": 0},
                          "output_tokens": u.selected_tokens,
                          "output_tokens_details": {"reasoning_tokens": r_tokens},
                          "total_tokens": u.prompt_tokens + u.selected_tokens}
@@ -79,7 +83,7 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
             body["completed_at"] = int(record.created + terminal.total_s)
         if status == "failed":
             body["error"] = {"code": "server_error", "message": error_message(terminal)}
-        elif status != "completed":
+        elif status == "incomplete":  # NOTE: a cancelled one has none, as OpenAI's
             body["incomplete_details"] = {
                 "reason": responses_incomplete_reason(terminal.finish_reason)}
         body["coda"] = coda_extension(terminal)

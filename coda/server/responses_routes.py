@@ -30,7 +30,13 @@ from coda.server.fields import (
 )
 from coda.server.openai_checks import check_json_word_responses
 from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
-from coda.server.protocol_schemas import InputToolItem, ResponsesRequest, TextFormat
+from coda.server.protocol_schemas import (
+    InputMessage,
+    InputToolItem,
+    ResponsesCountRequest,
+    ResponsesRequest,
+    TextFormat,
+)
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
 from coda.server.responses_object import response_object
@@ -55,6 +61,10 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     for i, item in enumerate(body.input):
         if isinstance(item, InputToolItem):
             msgs += tool_history_item(item.model_dump(), f"input.{i}")
+            continue
+        if not isinstance(item, InputMessage):
+            # NOTE: a reasoning item: earlier reasoning is no prompt text, as in a
+            # previous_response_id continuation (no other item validates: protocol_schemas)
             continue
         if item.role not in _ROLES:
             raise InvalidRequestError(f"input.{i}.role must be one of {sorted(_ROLES)}",
@@ -250,3 +260,16 @@ register_renderer(ResponsesRender, ResponsesRenderer)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     """Create a response; ``background`` keeps running without a client (P4)."""
     return await create(request, await RESPONSES.parse(state_of(request), body), RESPONSES)
+
+
+@router.post("/v1/responses/input_tokens")
+async def count_input_tokens(body: ResponsesCountRequest, request: Request) -> Response:
+    """OpenAI's input token count: the prompt ``POST /v1/responses`` would build from the
+    same fields (checked as there: a bad one is the create's 400), counted; nothing is queued
+    or stored."""
+    st = state_of(request)
+    sent = body.model_dump(exclude_none=True, by_alias=True)
+    parsed = await RESPONSES.parse(st, ResponsesRequest.model_validate(
+        {"model": st.engine.model_name, "input": [], **sent, "store": False}))
+    return JSONResponse({"object": "response.input_tokens",
+                         "input_tokens": len(parsed.requests[0].prompt_token_ids)})

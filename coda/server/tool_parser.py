@@ -2,7 +2,7 @@
 SPEC S1, K2).
 
 A call is ``<tool_call>`` + whitespace + one JSON object + whitespace + ``</tool_call>``; the
-grammar (:func:`coda.server.tools.grammar_for`) writes exactly ``<tool_call>\\n{"name": "NAME",
+grammar (:func:`coda.server.tool_grammar.grammar_for`) writes exactly ``<tool_call>\\n{"name": "NAME",
 "arguments": ARGS}\\n</tool_call>``. Where the call *ends* is decided by the JSON object, never
 by searching the text for the close tag: :class:`_ObjectScanner` follows the JSON structure
 character by character (nesting depth, inside a string, after a backslash) as text arrives, so

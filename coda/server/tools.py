@@ -19,6 +19,8 @@ is then described in a system message, see :mod:`coda.server.tool_messages`).
   above (the "lazy" part of the grammar: free until the trigger, constrained after it).
 - ``none``: no grammar and no parsing; the text is returned as text.
 
+The grammar of a plan is :func:`coda.server.tool_grammar.grammar_for`.
+
 :class:`ToolCallParser` (:mod:`coda.server.tool_parser`) turns the engine's text deltas into
 text and complete calls, ending each call where its JSON object ends (never at a close tag found
 in an argument string); the bytes of a call are reported as removed from the text stream
@@ -34,9 +36,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.server.strict_schema import check_strict_tool
+from coda.server.tool_grammar import grammar_for
 from coda.server.tool_parser import (
     CLOSE_TAG,
     OPEN_TAG,
@@ -49,12 +51,16 @@ from coda.server.tool_parser import (
 )
 
 __all__ = ["CLOSE_TAG", "OPEN_TAG", "Item", "Tool", "ToolCall", "ToolCallParser", "ToolPlan",
-           "anthropic_plan", "check_chat_fields", "grammar_for", "knob_fields", "openai_call",
-           "openai_plan", "primed", "split", "texts"]
+           "anthropic_plan", "check_chat_fields", "knob_fields", "openai_call", "openai_plan",
+           "primed", "split", "texts"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 Mode = Literal["none", "auto", "required", "named"]
+# NOTE: the usual slip between the two OpenAI APIs, said where a tool has the other's shape
+_SHAPES = ('a Responses function tool is flat: {"type": "function", "name", "parameters"}; '
+           'Chat Completions nests it: {"type": "function", "function": {"name", '
+           '"parameters"}}')
 
 
 @dataclass(frozen=True)
@@ -171,8 +177,11 @@ def openai_plan(tools: list[dict[str, Any]] | None, choice: Any, parallel: bool 
         if t.get("type") != "function":
             raise InvalidRequestError(f"{f}.type: only function tools are supported", field=f)
         spec = t if flat else t.get("function")
+        if flat and "name" not in t and isinstance(t.get("function"), Mapping):
+            raise InvalidRequestError(f"{f}.name: required ({_SHAPES})", field=f)
         if not isinstance(spec, Mapping):
-            raise InvalidRequestError(f"{f}.function: required", field=f)
+            raise InvalidRequestError(f"{f}.function: required" + (
+                f" ({_SHAPES})" if "name" in t else ""), field=f)
         parsed.append(_tool(spec.get("name"), spec.get("description"), spec.get("parameters"), f))
         check_strict_tool(spec, f if flat else f"{f}.function")  # NOTE: strict: OpenAI's rules
     all_tools = _unique(parsed, "tools")
@@ -246,41 +255,6 @@ def anthropic_plan(tools: list[dict[str, Any]] | None,
         return ToolPlan(all_tools, "named", name, par)
     raise InvalidRequestError("tool_choice.type: must be auto, any, tool or none",
                               field="tool_choice")
-
-
-# -- the grammar ---------------------------------------------------------------------------
-def _lark_str(text: str) -> str:
-    return json.dumps(text)  # NOTE: a JSON string literal is a valid lark string literal
-
-
-def grammar_for(plan: ToolPlan) -> GrammarSpec | None:
-    """The llguidance grammar that constrains this plan's output (None for ``none``)."""
-    if not plan.active:
-        return None
-    rules = []
-    alts = []
-    for k, t in enumerate(plan.allowed()):
-        head = '{"name": ' + json.dumps(t.name) + ', "arguments": '
-        # NOTE: compact JSON, as for response_format (coda.engine.grammar); a schema may opt out
-        schema = {"x-guidance": {"whitespace_flexible": False}, **t.parameters}
-        rules.append(f"c{k}: {_lark_str(head)} %json {json.dumps(schema)} "
-                     f"{_lark_str('}' + chr(10) + CLOSE_TAG)}")
-        alts.append(f"c{k}")
-    again = f'{_lark_str(chr(10) + OPEN_TAG)} body'
-    more = "" if not plan.parallel else f" ({again})*" if plan.max_calls is None else "".join(
-        f" ({again}" for _ in range(plan.max_calls - 1)) + ")?" * (plan.max_calls - 1)
-    lines = [f"calls: body{more}", f"body: {_lark_str(chr(10))} ({' | '.join(alts)})", *rules]
-    tag = re.escape(OPEN_TAG)
-    if plan.mode == "auto":
-        # NOTE: free text that never contains the tag, or such text ending in the tag + calls
-        lines = ["start: TEXT | TEXT_OPEN calls",
-                 rf"TEXT: /(.|\n)*/ & ~/(.|\n)*{tag}(.|\n)*/",
-                 rf"TEXT_OPEN: /(.|\n)*{tag}/ & ~/(.|\n)*{tag}(.|\n)*{tag}/", *lines]
-    else:
-        lines = [f"start: {_lark_str(OPEN_TAG)} calls", *lines]
-    # NOTE: under auto the call is optional: the closer admits its tag only where it fits
-    return GrammarSpec(lark="\n".join(lines) + "\n", close_within_budget=True,
-                       trigger=OPEN_TAG if plan.mode == "auto" else None)
 
 
 # -- wiring helpers shared by the routes ----------------------------------------------------

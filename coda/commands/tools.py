@@ -53,7 +53,11 @@ def show_models(paths: list[str]) -> None:
     entries = list_models(paths)
     for e in entries:
         if e.error:
-            table.add_row(e.model, e.kind, f"[red]{e.error}", "", "", "", "", "", "", str(e.path))
+            # NOTE: the reason below the table, as the modes' are: a long one in a cell squeezed
+            # every column of the table (each other row's modes wrapped over several lines)
+            table.add_row(e.model, e.kind, "[red]not read (below)", "", "", "", "", "", "",
+                          str(e.path))
+            notes.append(f"{e.model}: {e.error}")
             continue
         others = [m for m in e.quant_modes if m != e.quant_auto]
         table.add_row(e.model, e.kind, e.arch, f"{e.parameters / 1e6:.1f}M",
@@ -67,7 +71,7 @@ def show_models(paths: list[str]) -> None:
     for line in notes:
         console.print(line, highlight=False, markup=False)
     if failed := [e.model for e in named_entries(entries, paths) if e.error]:
-        fail(f"cannot read {', '.join(failed)} (its row says why)")
+        fail(f"cannot read {', '.join(failed)} (the lines below the table say why)")
 
 
 def check_trace_file(path: Path) -> None:

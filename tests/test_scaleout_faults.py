@@ -61,9 +61,11 @@ REPEATS = int(os.environ.get("CODA_FAULT_REPEATS", "1"))
 # (test_fenced_live_replica_forwards_the_peers_terminal_l2_l5 covers that fault; what is
 # still wrong then is in docs/scale-out.md). Hence 60 s at full size; 6 s at the CI size, so
 # B's cancel-policy orphans are cancelled soon after the kill (B's lease is deleted; the
-# replicas' orphan watch runs every lease / 3) while a live lease survives a loaded machine's
-# heartbeat gaps (at 2 s, a run beside other jobs saw live leases lapse: orphans FAILED; at 6 s
-# the same once with the suite on two workers, another test file's model beside it: 12 s).
+# replicas' orphan watch runs every second, coda.scaleout.producer.ORPHAN_WATCH_S) while a live
+# lease survives a loaded machine's heartbeat gaps (at 2 s, a run beside other jobs saw live
+# leases lapse: orphans FAILED; at 6 s the same once with the suite on two workers, another
+# test file's model beside it: 12 s; the watch ran every lease / 3 then, and at 12 s B's two
+# cancel-policy orphans once finished in the 4 s before it looked).
 LEASE_S = float(os.environ.get("CODA_FAULT_LEASE_S", "12" if STREAMS <= 200 else "60"))
 
 pytestmark = pytest.mark.timeout(600 + 400 * REPEATS * max(1, STREAMS // 250))

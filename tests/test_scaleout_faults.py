@@ -65,7 +65,8 @@ REPEATS = int(os.environ.get("CODA_FAULT_REPEATS", "1"))
 # lease survives a loaded machine's heartbeat gaps (at 2 s, a run beside other jobs saw live
 # leases lapse: orphans FAILED; at 6 s the same once with the suite on two workers, another
 # test file's model beside it: 12 s; the watch ran every lease / 3 then, and at 12 s B's two
-# cancel-policy orphans once finished in the 4 s before it looked).
+# cancel-policy orphans once finished in the 4 s before it looked). Still load-sensitive: on a
+# busy machine B's short chats can all end before its kill (orphans 0; docs/scale-out.md).
 LEASE_S = float(os.environ.get("CODA_FAULT_LEASE_S", "12" if STREAMS <= 200 else "60"))
 
 pytestmark = pytest.mark.timeout(600 + 400 * REPEATS * max(1, STREAMS // 250))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -44,10 +45,17 @@ class _Handle:
         return True
 
 
-def _replica(redis_server: RedisServer, name: str) -> ReplicaLog:
+@contextmanager
+def _replica(redis_server: RedisServer, name: str, live: str) -> Iterator[ReplicaLog]:
+    """A replica's log and watch on its own prefix, with ``live``'s ingress lease held."""
     spec = DurableSpec(url=redis_server.url, prefix=f"ow-{name}:", retention_s=60.0,
                        lease_ttl_s=LEASE_S, fence="")
-    return ReplicaLog(spec, f"replica-{name}")
+    replica = ReplicaLog(spec, f"replica-{name}")
+    try:
+        replica.log.r.set(replica.log._lease(live), "1", px=int(LEASE_S * 1000))
+        yield replica
+    finally:
+        replica.close()
 
 
 def _watch(replica: ReplicaLog, rid: str, ingress: str) -> _Handle:
@@ -59,11 +67,9 @@ def _watch(replica: ReplicaLog, rid: str, ingress: str) -> _Handle:
 
 def test_p4_an_orphan_is_cancelled_within_the_watch_period_not_a_third_of_the_lease(
         redis_server: RedisServer) -> None:
-    replica = _replica(redis_server, "a")
-    try:
+    live = "ingress-live"
+    with _replica(redis_server, "a", live) as replica:
         r = replica.log.r
-        live = "ingress-live"
-        r.set(replica.log._lease(live), "1", px=int(LEASE_S * 1000))
         kept, orphan, detached = (_watch(replica, "keep", live), _watch(replica, "gone", "ingress-dead"),
                                   _watch(replica, "detached", "ingress-dead"))
         r.hset(replica.log._k("meta", "detached"), "detach", "1")
@@ -74,20 +80,12 @@ def test_p4_an_orphan_is_cancelled_within_the_watch_period_not_a_third_of_the_le
         time.sleep(ORPHAN_WATCH_S * 1.5)  # NOTE: another check at least; the others stay
         assert not kept.causes and not detached.causes
         assert replica.cancelled_orphans == 1
-    finally:
-        replica.close()
 
 
 def test_c1_a_cancel_recorded_by_another_ingress_reaches_the_request_within_the_watch(
         redis_server: RedisServer) -> None:
-    replica = _replica(redis_server, "b")
-    try:
-        r = replica.log.r
-        live = "ingress-b"
-        r.set(replica.log._lease(live), "1", px=int(LEASE_S * 1000))
-        handle: Any = _watch(replica, "req", live)
-        r.hset(replica.log._k("meta", "req"), "cancel", CancelCause.CLIENT.value)
+    with _replica(redis_server, "b", "ingress-b") as replica:
+        handle: Any = _watch(replica, "req", "ingress-b")
+        replica.log.r.hset(replica.log._k("meta", "req"), "cancel", CancelCause.CLIENT.value)
         assert handle.cancelled.wait(ORPHAN_WATCH_S * 3)
         assert handle.causes == [CancelCause.CLIENT]
-    finally:
-        replica.close()

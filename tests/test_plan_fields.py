@@ -218,3 +218,27 @@ def test_embedding_input_messages_say_which_bound() -> None:
         check_embedding_input([1, 100], 8, 100)
     check_embedding_input([1, 1], 2, 100)
     check_embedding_input([0, 99], 2, 100)  # NOTE: both ends of the vocabulary
+
+
+def test_l5_prediction_ids_are_checked_against_the_vocabulary_at_both_ends() -> None:
+    """A prediction's token ids (OpenAI's predicted outputs, drafted as is) are ids of this
+    vocabulary: 0 and vocab_size - 1 pass, vocab_size and -1 are refused naming the field."""
+    plan_request(GenerationRequest((5,), prediction=(0, 99)), LIMITS)  # NOTE: admitted
+    for bad in ((0, 100), (-1,), (1.0,)):
+        assert refused(GenerationRequest((5,), prediction=bad)).field == "prediction"  # type: ignore[arg-type]
+
+
+def test_l4_fits_context_is_the_plans_own_admission() -> None:
+    """fits_context (Responses truncation cuts by it): room after the prompt, and an asked
+    budget within it; exactly as plan_request admits or refuses."""
+    from coda.engine.plan import fits_context
+
+    for prompt_len, asked in ((63, None), (64, None), (63, 1), (63, 2), (4, 60), (4, 61),
+                              (64, 0), (1, 0)):
+        req = GenerationRequest((5,) * prompt_len, max_tokens=asked)
+        try:
+            plan_request(req, LIMITS)
+            admitted = True
+        except InvalidRequestError:
+            admitted = False
+        assert fits_context(prompt_len, asked, 64) is admitted, (prompt_len, asked)

@@ -25,6 +25,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, ModelNotFoundError
+from coda.server.fields import UNOFFERED
 
 log = logging.getLogger("coda.server")
 
@@ -181,8 +182,6 @@ def describe_validation(exc: RequestValidationError, content_type: str | None = 
 def _unoffered(errors: Any) -> tuple[str, str] | None:
     """An OpenAI field for what only OpenAI's servers do (``coda.server.fields.UNOFFERED``),
     before any other error of the body (``prompt`` sent without ``input``), or None."""
-    from coda.server.fields import UNOFFERED
-
     for error in errors:
         name = _loc_name(tuple(error.get("loc", ())))
         if error.get("type") == "extra_forbidden" and name in UNOFFERED:

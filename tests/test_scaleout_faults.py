@@ -212,7 +212,11 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
         _report({**summary, "first_problems": problems[:8]})
     assert not problems, problems[:8]
     row.report()
-    assert State.CANCELLED in states.get("orphan:cancel", []), states  # P4 on B's orphans
+    # NOTE: P4 on B's orphans, where B's kill found some running: on a busy machine its short
+    # chats can all have ended first (orphans 0; docs/scale-out.md). The watch itself is pinned
+    # without load by tests/test_orphan_watch.py
+    if states.get("orphan:cancel"):
+        assert State.CANCELLED in states["orphan:cancel"], states
     assert State.CANCELLED in states.get("A:disconnect", []) + states.get("B:disconnect", [])
     summary["retries"], summary["queued_at_kill"] = _check_traces(a, killed), at_kill["queued"]
     fl.wait_replica_back(a, 1, old)

@@ -105,11 +105,16 @@ return table.concat(out, ',')
 
 # KEYS: log, meta, open, the owner's lease, record ('' if none)
 # ARGV: the terminal's seq, the run ending in it in v2 (the terminal; with the start event
-# first when the log had none), the run's first seq, retention_ms, new fence, request_id
+# first when the log had none), the run's first seq, retention_ms, new fence, request_id, and
+# what the terminal was chosen from: the owner's fencing token and ``detach`` ('1' or '') as
+# the reaper read them. Either changed since (a replica claimed the request, the route marked
+# it ``continue``) → -3, nothing written: the next round decides again on what is there now.
 REAP = _END_REQUEST + """
 local meta = KEYS[2]
 if redis.call('HEXISTS', meta, 'term') == 1 then return 0 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
+if (redis.call('HGET', meta, 'fence') or '') ~= ARGV[7] then return -3 end
+if (redis.call('HGET', meta, 'detach') or '') ~= ARGV[8] then return -3 end
 local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
 local a, b = tonumber(ARGV[3]), tonumber(ARGV[1])
 if last ~= a - 1 then return -2 end

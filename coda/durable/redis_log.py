@@ -24,8 +24,11 @@ fencing token is not the request's current one (-1: a server whose lease expired
 requests a peer ended). The terminal, the ``open`` removal and the retention TTLs are set in
 the same script. Ending an
 orphan (:meth:`RedisStreamLog.reap`) is also one script, which re-checks inside Redis that the
-owner's lease is gone, that no terminal exists and that the log did not move since it was read;
-two servers reaping at once therefore write one terminal between them.
+owner's lease is gone, that no terminal exists and that the log, the fencing token and
+``detach`` did not change since it was read; two servers reaping at once therefore write one
+terminal between them, and a replica that claims the request meanwhile keeps it. Which
+terminal (``model_error``, or the cancel of a client an ingress held) is
+:mod:`coda.durable.orphans`'s rule.
 
 Durability: Redis configured with AOF and ``appendfsync everysec`` (the test fixture and the
 docs' setup do so) loses at most the last second of appends on a Redis crash (power loss or
@@ -48,24 +51,10 @@ from redis.exceptions import NoScriptError
 
 from coda.durable import append, lua
 from coda.durable.codec import decode_event, pack_event, unpack_events
-from coda.errors import ErrorCode
-from coda.finish import FinishReason, Usage
-from coda.lifecycle import State
+from coda.durable.orphans import orphan_terminal
 from coda.stream import EventType, StreamEvent, Terminal
 
 log = logging.getLogger("coda.durable")
-
-def failed_terminal(events: list[StreamEvent], prompt_tokens: int, message: str) -> Terminal:
-    """The one ``model_error`` terminal of a request whose producer is gone: ``FAILED``,
-    billing the committed tokens — those of the deltas in ``events`` (L5, L6)."""
-    deltas = [e for e in events if e.type is EventType.DELTA]
-    committed = sum(len(e.tokens) for e in deltas)
-    return Terminal(State.FAILED, FinishReason.MODEL_ERROR,
-                    Usage(prompt_tokens=prompt_tokens, selected_tokens=committed,
-                          processed_output_tokens=committed, returned_tokens=committed,
-                          returned_bytes=sum(len(e.data) for e in deltas)),
-                    ErrorCode.MODEL_ERROR, message)
-
 
 class Fenced(RuntimeError):
     """This server no longer owns the request: a peer ended it after our lease expired."""
@@ -141,12 +130,16 @@ class RedisStreamLog:
 
     # -- producer side -------------------------------------------------------------------
     def open(self, request_id: str, *, prompt_tokens: int, record_id: str | None = None,
-             detached: bool = False) -> None:
+             detached: bool = False, ingress: bool = False) -> None:
         """Declare ``request_id`` owned by this server (before its first append).
-        ``detached``: it runs on without a client (P4 ``continue``, background)."""
+        ``detached``: it runs on without a client (P4 ``continue``, background). ``ingress``:
+        this server only routes it to a replica, which claims it (:meth:`take`); while it
+        still owns it, its death is its client's disconnect (:mod:`coda.durable.orphans`)."""
         pipe = self.r.pipeline(transaction=True)
         fields: dict[str, str | int] = {"owner": self.server_id, "fence": self.fence,
                                         "prompt": prompt_tokens}
+        if ingress:
+            fields["ingress"] = self.server_id
         if record_id:  # NOTE: else linked later by put_record (never overwritten with "")
             fields["rec"] = record_id
         if detached:
@@ -294,8 +287,10 @@ class RedisStreamLog:
 
     # -- orphans -------------------------------------------------------------------------
     def reap_orphans(self, on_reaped: Callable[[str], None] | None = None) -> int:
-        """End (once, ``model_error``, committed tokens billed) every open request whose
-        owner's lease expired; a live peer's requests are never touched (L2, L5, L6)."""
+        """End (once) every open request whose owner's lease expired, with the terminal
+        :func:`~coda.durable.orphans.orphan_terminal` chooses (``model_error``, or a cancel
+        for the client an ingress held), committed tokens billed; a live peer's requests are
+        never touched (P4, L2, L5, L6)."""
         n = 0
         for raw in self.r.smembers(self._open):
             rid = raw.decode()
@@ -313,12 +308,15 @@ class RedisStreamLog:
         return n
 
     def reap(self, request_id: str, owner: str) -> bool:
-        """Write the one ``model_error`` terminal of an orphan; False if it was not one."""
+        """Write the one terminal of an orphan of ``owner``; False if it was not one (any
+        more). The script writes it only if what it was chosen from still holds: the owner's
+        lease gone, no terminal, the log, the fencing token and ``detach`` as read here (a
+        replica claiming the request meanwhile keeps it, :data:`coda.durable.lua.REAP`)."""
         meta = self.r.hgetall(self._k("meta", request_id))
+        if meta.get(b"owner", b"").decode() != owner:
+            return False  # NOTE: claimed or taken back since the caller looked
         evs = self.read(request_id)
-        terminal = failed_terminal(
-            evs, int(meta.get(b"prompt", 0)),
-            f"the server that owned this request ({owner}) stopped; its lease expired")
+        terminal = orphan_terminal(meta, evs)
         run = [] if evs else [StreamEvent(request_id, 0, EventType.START, model="")]
         # NOTE: a stream starts with its start event (P1): when the owner died before even
         # that was durable, the reaper writes it first, in the same run as the terminal
@@ -329,7 +327,8 @@ class RedisStreamLog:
                 self._lease(owner), self._k("rec", rec) if rec else ""]
         res = self._reap(keys=keys, args=[run[-1].seq, b"".join(pack_event(e) for e in run),
                                           run[0].seq, self.retention_ms, self.fence,
-                                          request_id])
+                                          request_id, meta.get(b"fence", b""),
+                                          meta.get(b"detach", b"")])
         return bool(res == 1)
 
 

@@ -65,7 +65,7 @@ def settle_from_log(h: RemoteHandle, dlog: RedisStreamLog, model_name: str,
     terminal billing the durable deltas — unless the log already has a terminal or a peer
     took it over — and feed the copy from the log up to that terminal (the client sees
     exactly the log)."""
-    from coda.durable.redis_log import failed_terminal
+    from coda.durable.orphans import failed_terminal
 
     rid = h.request_id
     code, last = dlog.take(rid, dlog.meta(rid).get("fence", ""))

@@ -262,7 +262,8 @@ class RemoteEngine:
         if self.log is not None:
             try:
                 await asyncio.to_thread(self.log.open, h.request_id,
-                                        prompt_tokens=h.prompt_tokens, detached=h.detach)
+                                        prompt_tokens=h.prompt_tokens, detached=h.detach,
+                                        ingress=True)
             except Exception as exc:  # NOTE: redis.RedisError: nothing was sent, nothing seen
                 log.exception("stream log unreachable; request not started",
                               extra={"request_id": h.request_id})

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,6 +214,21 @@ async def _run_one(client: httpx.AsyncClient, base: str, model: str, s: Stream) 
                     s.complete = True
     except (httpx.TransportError, KeyError, ValueError):
         s.cut = True  # NOTE: the front end died under it (or before it answered)
+
+
+def start_late(base: str, model: str, first: int, k: int) -> tuple[list[Stream], Any]:
+    """``k`` long cancel-policy chats on ``base`` (front end B), started just before its
+    kill, so that it always holds some (P4: B's own load may all have ended by then): their
+    streams and the thread reading them (it ends when B dies)."""
+    late = [Stream(first + j, "late", "B", LONG) for j in range(k)]
+
+    async def read_all() -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=60)) as client:
+            await asyncio.gather(*(_run_one(client, base, model, s) for s in late))
+
+    reader = threading.Thread(target=asyncio.run, args=(read_all(),), daemon=True)
+    reader.start()
+    return late, reader
 
 
 # NOTE: when the faults strike, as the share of streams ended. Early, while the queues are

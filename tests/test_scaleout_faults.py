@@ -15,7 +15,10 @@ request replica 1 held retried or ended), front end B is, and its lease is delet
   the log's events after it, its text equal to the log's (P3); a client whose connection was
   cut resumes after what it saw: 0 lost, 0 duplicated;
 - B's orphans follow their policy: ``continue`` and background ones are never cancelled,
-  ``cancel`` ones are cancelled (at least one; one that finished first is not) (P4);
+  ``cancel`` ones are cancelled (one that finished first is not); three long chats started
+  on B just before its kill (opened in the log, claimed by a replica or not yet) all end
+  ``CANCELLED`` / ``transport_error``, whichever of a reaper and the replica's orphan watch
+  ends them (P4, L5);
 - every KV block is free on both replicas and nothing runs (L7);
 - every replica's ``--trace`` file but the killed process's passes ``coda trace check``, each
   request in it carries its ``route.decided`` row, some of them retries after the kill (O2);
@@ -155,8 +158,16 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
         # ended by B, not left to the reaper because B died before it noticed (under load
         # B's traffic can reach the replicas seconds after A's)
         fl.wait_until(settled, 60, every=0.25)  # NOTE: each poll parses a whole trace file
+        # NOTE: P4 needs B to hold cancel-policy requests when it dies: three long chats,
+        # killed once B opened each in the log (claimed by a replica or not yet: either way
+        # they end CANCELLED, by the replica's orphan watch or by a reaper)
+        late, reader = fl.start_late(b.url, model, STREAMS, 3)
+        assert fl.wait_until(lambda: all(s.rid and "owner" in dlog.meta(s.rid) for s in late),
+                             60, every=0.05), "B did not open its late chats in the log"
         b.proc.kill()
         b.proc.wait(30)
+        reader.join(60)
+        streams.extend(late)
         mine = [s.rid for s in streams if s.front == "B" and s.rid]
         chats = [r for r in mine if not r.startswith("resp")][:8]
         leases = {dlog.meta(r).get("via") or dlog.meta(r).get("owner") for r in chats}
@@ -206,17 +217,22 @@ def _repeat(n: int, ckpt: Path, redis: RedisServer, a: fl.Front, address: str,
                "duplicated": row.duplicated, "bad_terminals": row.bad_terminals,
                "orphans": len(orphans), "problems": len(problems),
                "orphans_cancelled": states.get("orphan:cancel", []).count(State.CANCELLED),
-               "ends": {k: {x: v.count(x) for x in sorted(set(v))} for k, v in ends.items()}}
+               "ends": {k: {x: v.count(x) for x in sorted(set(v))} for k, v in ends.items()},
+               # NOTE: who ended B's late chats: a replica that had claimed them (its watch)
+               # or a reaper (B still owned them: the submit had not been claimed)
+               "late_ended_by": sorted("replica" if dlog.meta(s.rid or "")["owner"].startswith(
+                   "replica-") else "reaper" for s in streams if s.kind == "late")}
     print(json.dumps(summary), flush=True)  # NOTE: shown with -s, whatever fails below
     if problems:
         _report({**summary, "first_problems": problems[:8]})
     assert not problems, problems[:8]
     row.report()
-    # NOTE: P4 on B's orphans, where B's kill found some running: on a busy machine its short
-    # chats can all have ended first (orphans 0; docs/scale-out.md). The watch itself is pinned
-    # without load by tests/test_orphan_watch.py
-    if states.get("orphan:cancel"):
-        assert State.CANCELLED in states["orphan:cancel"], states
+    # NOTE: P4 on B's orphans: its three late chats, open when it died, end CANCELLED
+    # (transport_error: the client's connection died with B); its own load's short chats may
+    # have ended first (docs/scale-out.md)
+    late_ends = ends.get("B:late", [])
+    assert late_ends and set(late_ends) == {"CANCELLED/transport_error"}, ends
+    assert State.CANCELLED in states["orphan:cancel"], states
     assert State.CANCELLED in states.get("A:disconnect", []) + states.get("B:disconnect", [])
     summary["retries"], summary["queued_at_kill"] = _check_traces(a, killed), at_kill["queued"]
     fl.wait_replica_back(a, 1, old)

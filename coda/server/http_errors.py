@@ -189,17 +189,23 @@ def _unoffered(errors: Any) -> tuple[str, str] | None:
     return None
 
 
-def _below_minimum(exc: RequestValidationError) -> str | None:
-    """An integer under its field's least value in OpenAI's words (the message of its
-    ``integer_below_min_value``), or None for another error."""
+# NOTE: pydantic's bound errors as OpenAI's codes and words (its 400 for an integer out of range)
+_BOUNDS = {"greater_than_equal": ("ge", "integer_below_min_value", "below minimum", ">="),
+           "less_than_equal": ("le", "integer_above_max_value", "above maximum", "<=")}
+
+
+def _out_of_range(exc: RequestValidationError) -> tuple[str, str] | None:
+    """An integer outside its field's bounds in OpenAI's words and code (its
+    ``integer_below_min_value`` / ``integer_above_max_value``), or None for another error."""
     first = (exc.errors() or [{}])[0]
-    value, least = first.get("input"), first.get("ctx", {}).get("ge")
-    if first.get("type") != "greater_than_equal" or not isinstance(value, int):
+    bound, value = _BOUNDS.get(first.get("type", "")), first.get("input")
+    if bound is None or not isinstance(value, int):
         return None
+    key, code, words, op = bound
     name = _loc_name(tuple(first.get("loc", ())))
     # NOTE: named first as every Coda 400 is (``field: ...``), then OpenAI's own words
-    return (f"{name}: integer below minimum value. Expected a value >= {least}, but got "
-            f"{value} instead.")
+    return (f"{name}: integer {words} value. Expected a value {op} {first['ctx'][key]}, but "
+            f"got {value} instead."), code
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -222,9 +228,9 @@ def install_handlers(app: FastAPI) -> None:
         message, param = describe_validation(exc, request.headers.get("content-type"),
                                              protocol)
         code = "invalid_request"
-        below = _below_minimum(exc)
-        if below is not None and protocol == "openai":
-            message, code = below, "integer_below_min_value"
+        out = _out_of_range(exc)
+        if out is not None and protocol == "openai":
+            message, code = out
         return error_response(protocol, 400, message, param=param, code=code)
 
     @app.exception_handler(StarletteHTTPException)

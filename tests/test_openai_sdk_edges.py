@@ -77,7 +77,9 @@ def test_p1_l6_responses_logprobs_only_where_include_asks(oa: openai.OpenAI) -> 
 
 
 def test_p1_responses_top_logprobs_out_of_range_is_a_400_naming_it(oa: openai.OpenAI) -> None:
-    """P1: ``top_logprobs`` outside 0..20 is a 400 naming it, with OpenAI's code."""
+    """P1: ``top_logprobs`` outside 0..20 is a 400 naming it, with OpenAI's code
+    (``integer_below_min_value`` / ``integer_above_max_value``); a number field out of its
+    range is OpenAI's ``decimal_...`` (``temperature: 3`` too: a number field)."""
     for value, code in ((-1, "integer_below_min_value"), (21, "integer_above_max_value")):
         with pytest.raises(openai.BadRequestError) as exc:
             oa.responses.create(model=model_of(oa), input="hi", top_logprobs=value,
@@ -85,6 +87,17 @@ def test_p1_responses_top_logprobs_out_of_range_is_a_400_naming_it(oa: openai.Op
         err: Any = exc.value.body
         assert (err["param"], err["code"]) == ("top_logprobs", code), err
         assert "top_logprobs" in err["message"] and str(value) in err["message"]
+    # NOTE: a number field's bounds in OpenAI's words too: "decimal", whatever JSON number
+    for field, value, code in (("temperature", 3, "decimal_above_max_value"),
+                               ("temperature", 2.5, "decimal_above_max_value"),
+                               ("top_p", -0.5, "decimal_below_min_value"),
+                               ("n", 17, "integer_above_max_value")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            oa.chat.completions.create(model=model_of(oa), messages=U, max_tokens=1,
+                                       extra_body={field: value})
+        err = exc.value.body
+        assert (err["param"], err["code"]) == (field, code), err
+        assert err["message"].startswith(f"{field}: {code.split('_')[0]} ")
 
 
 def test_p1_embedding_inputs_refused_with_a_named_field_and_a_code(oa: openai.OpenAI) -> None:

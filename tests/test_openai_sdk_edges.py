@@ -98,6 +98,7 @@ def test_p1_responses_top_logprobs_out_of_range_is_a_400_naming_it(oa: openai.Op
         err = exc.value.body
         assert (err["param"], err["code"]) == (field, code), err
         assert err["message"].startswith(f"{field}: {code.split('_')[0]} ")
+        assert f"but got {value} instead" in err["message"] and ".0," not in err["message"]
 
 
 def test_p1_embedding_inputs_refused_with_a_named_field_and_a_code(oa: openai.OpenAI) -> None:

@@ -108,6 +108,8 @@ def out_of_range(exc: RequestValidationError, request: Request) -> tuple[str, st
         return None
     key, side, end, op = bound
     kind = _number_kind(request, tuple(loc), value)
+    limit = first["ctx"][key]  # NOTE: pydantic says a float field's bound 2 as 2.0
+    limit = int(limit) if isinstance(limit, float) and limit.is_integer() else limit
     # NOTE: named first as every Coda 400 is (``field: ...``), then OpenAI's own words
     return (f"{_loc_name(tuple(loc))}: {kind} {side} {end}imum value. Expected a value {op} "
-            f"{first['ctx'][key]}, but got {value} instead."), f"{kind}_{side}_{end}_value"
+            f"{limit}, but got {value} instead."), f"{kind}_{side}_{end}_value"

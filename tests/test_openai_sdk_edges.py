@@ -105,7 +105,8 @@ def test_p1_embedding_inputs_refused_with_a_named_field_and_a_code(oa: openai.Op
     """P1: each bad ``input`` is a 400 naming ``input`` with a code: an empty list
     (``empty_array``), 2049 inputs (``array_above_max_length``), an empty string, an empty
     token-id list, and lists mixing strings, token ids and token-id lists; a list of
-    token-id lists is embedded (the SDK's ``CreateEmbeddingResponse``)."""
+    token-id lists is embedded (the SDK's ``CreateEmbeddingResponse``), and one list of 2049
+    token ids is one input (refused for the context, not as 2049 inputs)."""
     model = model_of(oa)
     cases: list[tuple[Any, str | None, str]] = [
         ([], "empty_array", "empty array"),
@@ -119,6 +120,13 @@ def test_p1_embedding_inputs_refused_with_a_named_field_and_a_code(oa: openai.Op
         err: Any = exc.value.body
         assert err["param"] == "input" and words in err["message"], (value, err)
         assert err["code"] == code if code else err["code"], (value, err)
+    # NOTE: one token-id list is one input: past the context (1024), not "2049 inputs"
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.embeddings.create(model=model, input=[1] * 2049, encoding_format="float")
+    err = exc.value.body
+    assert (err["param"], err["code"]) == ("input", "context_length_exceeded"), err
+    one = oa.embeddings.create(model=model, input=[1] * 900, encoding_format="float")
+    assert len(one.data) == 1 and one.usage.prompt_tokens == 900
     ok = oa.embeddings.create(model=model, input=[[1, 2, 3], [4, 5]], encoding_format="float")
     made = CreateEmbeddingResponse.model_validate(ok.model_dump())
     assert [d.index for d in made.data] == [0, 1] and made.usage.prompt_tokens == 5

@@ -167,12 +167,15 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> R
     if not raw:
         raise ApiError(400, "input: empty array. Expected an array with minimum length 1, but "
                        "got an empty array instead.", param="input", code="empty_array")
-    if len(raw) > MAX_INPUTS:
+    # NOTE: one list of token ids is ONE input, its length bounded by the context (OpenAI's
+    # cookbook embeds 8191-token lists), not 2048 inputs
+    one = all(isinstance(x, int) for x in raw)
+    if not one and len(raw) > MAX_INPUTS:
         raise ApiError(400, f"input: array too long. Expected an array with maximum length "
                        f"{MAX_INPUTS}, but got an array with length {len(raw)} instead.",
                        param="input", code="array_above_max_length")
     # NOTE: the filters narrow the union's items for mypy; ``all`` has checked every one
-    if all(isinstance(x, int) for x in raw):
+    if one:
         inputs: list[list[int]] = [[x for x in raw if isinstance(x, int)]]
     elif all(isinstance(x, list) for x in raw):
         inputs = [list(x) for x in raw if isinstance(x, list)]

@@ -19,8 +19,9 @@ Three guards, cheapest first:
    worker thread (``asyncio.to_thread``, in each adapter's parse), so one huge prompt never
    freezes other streams or ``/health``.
 
-Overload (a bounded waiting queue → 429 with ``Retry-After``) is checked at submit time by
-:meth:`coda.server.state.ServerState.submit_all`.
+Overload (a bounded waiting queue → 429 with ``Retry-After``) is checked before every engine
+request a route submits by :meth:`coda.server.state.ServerState.admit`: in ``submit_all``, and
+before a prompt is scored (legacy completions ``echo`` + ``logprobs``, :mod:`coda.server.echo`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The Coda HTTP server: app factory, auth, operational endpoints, stream resume, and the
-uvicorn runner with graceful shutdown (issue 4; SPEC P3, P4, L2).
+"""The Coda HTTP server: app factory, its middlewares (auth, HEAD, the grammar warm-up) and
+the uvicorn runner with graceful shutdown (issue 4; SPEC P3, P4, L2); the operational
+endpoints and stream resume are :mod:`coda.server.operational_routes`.
 
 Graceful shutdown: on SIGTERM (or the end of the lifespan) the engine is shut down first, which
 ends every in-flight request with its single terminal event (cancelled, cause shutdown); open
@@ -17,13 +18,11 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, Response
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coda.engine.protocol import Engine
 from coda.server import (
-    anthropic_models,
     anthropic_routes,
     chat_store_routes,
     embeddings,
@@ -31,23 +30,20 @@ from coda.server import (
     ollama_manage,
     ollama_routes,
     openai_routes,
+    operational_routes,
     playground_routes,
     responses_manage,
     responses_routes,
 )
 from coda.server.admission import BodyLimitMiddleware
-from coda.server.common import state_of
 from coda.server.http_errors import (
-    ApiError,
     RequestIdMiddleware,
     error_response,
     install_handlers,
     protocol_of,
     scope_protocol,
 )
-from coda.server.integrity import resolve_resume
 from coda.server.logs import configure_logging
-from coda.server.sse import SSEResponse, parse_position_id
 from coda.server.state import ServerSettings, ServerState
 
 if TYPE_CHECKING:
@@ -225,7 +221,7 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     app.include_router(ollama_manage.router)  # NOTE: pull, delete, copy, create, push
     app.include_router(embeddings.router)
     app.include_router(playground_routes.router)
-    _operational_routes(app)
+    operational_routes.register(app)
     app.add_middleware(GrammarWarmupMiddleware, engine=engine)  # NOTE: innermost
     app.add_middleware(OllamaJsonBodyMiddleware)
     app.add_middleware(HeadMiddleware)
@@ -236,83 +232,6 @@ def create_app(engine: Engine, *, api_key: str | None = None,
     # NOTE: outermost: a 401 or 413 above carries the request id header too (P1)
     app.add_middleware(RequestIdMiddleware)
     return app
-
-
-def _model_card(engine: Engine) -> dict[str, Any]:
-    routed = getattr(engine, "model_card", None)
-    if routed is not None:  # NOTE: several models: the selected one's card
-        return dict(routed())
-    card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
-            "max_model_len": engine.context_length}
-    card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
-    return card
-
-
-def _operational_routes(app: FastAPI) -> None:
-    @app.get("/health")
-    async def health(request: Request) -> Response:
-        st = state_of(request)
-        if st.shutting_down:
-            return JSONResponse({"status": "shutting_down"}, status_code=503)
-        stats = await asyncio.to_thread(st.engine.stats)  # NOTE: a remote engine's may block
-        return JSONResponse({"status": "ok", "model": st.engine.model_name,
-                             "num_running": stats.num_running,
-                             "num_waiting": stats.num_waiting})
-
-    @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        body = await asyncio.to_thread(state_of(request).metrics.render)  # NOTE: see /health
-        return Response(body,
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @app.get("/v1/models")
-    async def list_models(request: Request) -> Response:
-        engine = state_of(request).engine
-        cards = getattr(engine, "model_cards", None)  # NOTE: several models: every one
-        data = cards() if cards is not None else [_model_card(engine)]
-        if anthropic_models.wants_anthropic(request):  # NOTE: an Anthropic client: its shape
-            return anthropic_models.model_list(data, request.query_params)
-        return JSONResponse({"object": "list", "data": data})
-
-    # NOTE: P1: an id may hold slashes ("org/name", a --model path), sent as %2F, decoded
-    @app.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str, request: Request) -> Response:
-        st = state_of(request)
-        if anthropic_models.wants_anthropic(request):  # NOTE: an Anthropic client: its shape
-            try:
-                st.check_model(model_id)
-            except ApiError as exc:  # NOTE: its 404, in Anthropic's error shape
-                return anthropic_models.not_found(exc.status, exc.message)
-            return JSONResponse(anthropic_models.model_info(_model_card(st.engine)))
-        st.check_model(model_id)
-        return JSONResponse(_model_card(st.engine))
-
-    @app.get("/v1/streams/{request_id}")
-    async def resume_stream(request_id: str, request: Request, after: str | None = None,
-                            offset: str | None = None, digest: str | None = None
-                            ) -> Response:
-        """Coda extension (P3): replay a chat / completion / message stream after the SSE id
-        given as ``Last-Event-ID`` (or ``after``), then follow it live. ``offset`` (and
-        ``digest``) name the output bytes the client holds; a mismatch is a 409
-        (:mod:`coda.server.integrity`)."""
-        st = state_of(request)
-        record = st.store.get(request_id)
-        if record is None or record.kind == "response":
-            raise ApiError(404, f"No stream found with id '{request_id}'", param="request_id",
-                           code="not_found")
-        raw = after if after is not None else request.headers.get("last-event-id")
-        parsed = parse_position_id(raw, len(record.handles))
-        if raw is not None and raw.strip() and parsed is None:
-            raise ApiError(400, f"Last-Event-ID must be {len(record.handles)} comma-separated "
-                                "sequence numbers (an id this stream sent)",
-                           param="Last-Event-ID")
-        positions, held = parsed if parsed is not None else (None, 0)
-        positions = resolve_resume(record.streams, positions, offset, digest)
-        renderer = record.make_renderer(positions)
-        renderer.held = held if positions is not None else 0
-        return SSEResponse(record.streams, renderer,
-                           keepalive_s=st.settings.keepalive_s,
-                           write_timeout_s=st.settings.write_timeout_s)
 
 
 class CodaServer(uvicorn.Server):

@@ -24,7 +24,7 @@ from coda.server.chat_store import is_stored, metadata_filter, not_found, store_
 from coda.server.common import state_of
 from coda.server.cursor_page import page, page_query
 from coda.server.fields import check_metadata
-from coda.server.openai_routes import final_object
+from coda.server.openai_final import final_object
 from coda.server.render_spec import OpenAIRender
 from coda.server.state import Record
 

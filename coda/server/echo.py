@@ -108,6 +108,9 @@ async def _logprobs(st: ServerState, body: CompletionRequest, prompts: list[list
     if not body.echo or body.logprobs is None:
         return ()
     k = body.logprobs
+    # NOTE: the scoring requests are engine requests like any: admitted by the same rule
+    # (a full queue is a 429 before the prompt is scored, not after)
+    st.admit(len(prompts))
     scored = await asyncio.gather(*(
         prompt_tokens(st.engine, ids, k, f"{call_id}-echo{j}")
         for j, ids in enumerate(prompts)))

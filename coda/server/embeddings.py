@@ -22,10 +22,10 @@ import base64
 import math
 import struct
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
@@ -50,6 +50,35 @@ class OpenAIEmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _one_kind(cls, value: Any) -> Any:
+        """A clear 400 for an input of no accepted kind, or a list mixing them (pydantic's
+        union said "Input should be a valid string" of a list of ints and strings)."""
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError(f"must be {_KINDS} (got {type(value).__name__})")
+        kinds = {_kind(x) for x in value}
+        if len(kinds) > 1 or None in kinds:
+            raise ValueError(f"must be {_KINDS}, one kind per request (got a list of "
+                             f"{' and '.join(sorted(k or 'other values' for k in kinds))})")
+        return value
+
+
+_KINDS = "a string, a list of strings, a list of token ids or a list of token-id lists"
+
+
+def _kind(item: Any) -> str | None:
+    if isinstance(item, str):
+        return "strings"
+    if isinstance(item, int) and not isinstance(item, bool):
+        return "token ids"
+    if isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                      for t in item):
+        return "token-id lists"
+    return None
 
 
 def normalised(vector: list[float], dimensions: int | None) -> list[float]:
@@ -133,12 +162,20 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> R
     raw = body.input
     if isinstance(raw, str):
         raw = [raw]
+    # NOTE: OpenAI's own answer to both is a vague "'$.input' is invalid" with no code; these
+    # are the words and codes OpenAI gives an empty or too long array on its other endpoints
     if not raw:
-        raise ApiError(400, "input: must not be empty", param="input")
-    if len(raw) > MAX_INPUTS:
-        raise ApiError(400, f"input: at most {MAX_INPUTS} inputs", param="input")
+        raise ApiError(400, "input: empty array. Expected an array with minimum length 1, but "
+                       "got an empty array instead.", param="input", code="empty_array")
+    # NOTE: one list of token ids is ONE input, its length bounded by the context (OpenAI's
+    # cookbook embeds 8191-token lists), not 2048 inputs
+    one = all(isinstance(x, int) for x in raw)
+    if not one and len(raw) > MAX_INPUTS:
+        raise ApiError(400, f"input: array too long. Expected an array with maximum length "
+                       f"{MAX_INPUTS}, but got an array with length {len(raw)} instead.",
+                       param="input", code="array_above_max_length")
     # NOTE: the filters narrow the union's items for mypy; ``all`` has checked every one
-    if all(isinstance(x, int) for x in raw):
+    if one:
         inputs: list[list[int]] = [[x for x in raw if isinstance(x, int)]]
     elif all(isinstance(x, list) for x in raw):
         inputs = [list(x) for x in raw if isinstance(x, list)]

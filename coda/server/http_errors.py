@@ -25,7 +25,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, ModelNotFoundError
-from coda.server.fields import UNOFFERED
+from coda.server.validation_words import describe_validation, out_of_range
 
 log = logging.getLogger("coda.server")
 
@@ -119,89 +119,6 @@ def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> A
     return ApiError(400, message, param=param, code=exc.code.value)
 
 
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
-
-
-_SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
-
-
-def _loc_name(loc: tuple[Any, ...]) -> str:
-    """The field a validation error names, as the wire spells it: ``starting_after``, not
-    FastAPI's ``query.starting_after`` (OpenAI's ``param`` is the bare name, whether the field
-    came from the body or the query)."""
-    # NOTE: only the leading source tag is dropped: a body field may be called ``query``
-    parts = [str(p) for p in (loc[1:] if loc and loc[0] in _SOURCES else loc)]
-    # NOTE: pydantic puts union-member tags (``str``, ``list[int]``) in the loc; drop them.
-    parts = [p for p in parts if not any(c in p for c in "[]") and p not in _TYPE_TAGS]
-    return ".".join(parts)
-
-
-def _is_json(content_type: str | None) -> bool:
-    """A JSON media type (``application/json``, ``application/vnd.x+json``), parameters aside;
-    no header at all is read as JSON too (FastAPI parses such a body)."""
-    if not content_type:
-        return True
-    kind = content_type.split(";", 1)[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/") and
-                                           kind.endswith("+json"))
-
-
-def describe_validation(exc: RequestValidationError, content_type: str | None = None,
-                        protocol: Protocol = "openai") -> tuple[str, str | None]:
-    """The message and field of a validation error; ``content_type`` is the request's header:
-    a body sent as another media type (a form post) is never parsed as JSON, and is said so,
-    not as malformed JSON."""
-    errors = exc.errors()
-    if not errors:
-        return "invalid request body", None
-    first = errors[0]
-    if protocol == "openai" and (unoffered := _unoffered(errors)) is not None:
-        return unoffered
-    if first.get("type") == "json_invalid":
-        return f"malformed JSON body: {first.get('ctx', {}).get('error', 'parse error')}", None
-    name = _loc_name(tuple(first.get("loc", ())))
-    if not name and not _is_json(content_type):
-        return (f"request body must be JSON sent with Content-Type: application/json (got "
-                f"Content-Type: {content_type!r})"), None
-    if not name:
-        return "request body must be a JSON object (malformed JSON or wrong type)", None
-    if first.get("type") == "extra_forbidden":
-        # NOTE: each API's own words: Anthropic says "metadata.foo: Extra inputs are not
-        # permitted", OpenAI "Unrecognized request argument supplied: foo"
-        if protocol == "anthropic":
-            return f"{name}: Extra inputs are not permitted", name
-        return f"Unrecognized request argument supplied: {name}", name
-    msg = str(first.get("msg", "invalid value"))
-    if first.get("type") == "value_error":
-        # NOTE: a validator's own words ("time: invalid duration ..."), without pydantic's
-        # "Value error, " before them
-        msg = msg.removeprefix("Value error, ")
-    return f"{name}: {msg}", name
-
-
-def _unoffered(errors: Any) -> tuple[str, str] | None:
-    """An OpenAI field for what only OpenAI's servers do (``coda.server.fields.UNOFFERED``),
-    before any other error of the body (``prompt`` sent without ``input``), or None."""
-    for error in errors:
-        name = _loc_name(tuple(error.get("loc", ())))
-        if error.get("type") == "extra_forbidden" and name in UNOFFERED:
-            return f"{name}: {UNOFFERED[name]}", name
-    return None
-
-
-def _below_minimum(exc: RequestValidationError) -> str | None:
-    """An integer under its field's least value in OpenAI's words (the message of its
-    ``integer_below_min_value``), or None for another error."""
-    first = (exc.errors() or [{}])[0]
-    value, least = first.get("input"), first.get("ctx", {}).get("ge")
-    if first.get("type") != "greater_than_equal" or not isinstance(value, int):
-        return None
-    name = _loc_name(tuple(first.get("loc", ())))
-    # NOTE: named first as every Coda 400 is (``field: ...``), then OpenAI's own words
-    return (f"{name}: integer below minimum value. Expected a value >= {least}, but got "
-            f"{value} instead.")
-
-
 def install_handlers(app: FastAPI) -> None:
     """Map every exception a route can raise to the protocol's error shape."""
 
@@ -222,9 +139,9 @@ def install_handlers(app: FastAPI) -> None:
         message, param = describe_validation(exc, request.headers.get("content-type"),
                                              protocol)
         code = "invalid_request"
-        below = _below_minimum(exc)
-        if below is not None and protocol == "openai":
-            message, code = below, "integer_below_min_value"
+        out = out_of_range(exc, request)
+        if out is not None and protocol == "openai":
+            message, code = out
         return error_response(protocol, 400, message, param=param, code=code)
 
     @app.exception_handler(StarletteHTTPException)

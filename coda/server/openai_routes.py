@@ -1,7 +1,7 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions`` (issue 4 item 2; SPEC P1–P4, L4–L6).
 
-The request checked and parsed into the engine call (the adapter), the non-streamed answer
-and the routes. Streams are ``chat.completion.chunk`` / ``text_completion`` events
+The request checked and parsed into the engine call (the adapter) and the routes; the
+non-streamed answer is :mod:`coda.server.openai_final`. Streams are ``chat.completion.chunk`` / ``text_completion`` events
 (:mod:`coda.server.openai_stream`). Every final chunk or choice carries the closest OpenAI
 ``finish_reason`` and the exact outcome in ``coda`` (finish reason, matched stop, split usage,
 timings).
@@ -19,11 +19,10 @@ from starlette.responses import JSONResponse, Response
 from coda.engine.plan import fits_context
 from coda.errors import InvalidRequestError
 from coda.server import echo as ec
-from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.chat_store import stored_fields
-from coda.server.common import collect, new_id, state_of
+from coda.server.common import new_id, state_of
 from coda.server.create import create
 from coda.server.failures import failed_json, is_failed, openai_error
 from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
@@ -31,11 +30,10 @@ from coda.server.http_errors import ApiError
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import (
     coda_extension,
-    openai_finish_reason,
-    system_fingerprint,
 )
 from coda.server.openai_checks import check_json_word_chat
-from coda.server.openai_stream import OpenAIRenderer, reported_usage
+from coda.server.openai_final import final_object
+from coda.server.openai_stream import OpenAIRenderer
 from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
 from coda.server.prediction import check_prediction, prediction_ids
 from coda.server.render_spec import OpenAIRender
@@ -254,61 +252,6 @@ class OpenAIAdapter:
 CHAT = OpenAIAdapter("chat", "chatcmpl-")
 COMPLETIONS = OpenAIAdapter("completion", "cmpl-")
 register_renderer(OpenAIRender, OpenAIRenderer)
-
-
-def final_object(record: Record, terminals: list[Terminal],
-                 spec: OpenAIRender) -> dict[str, Any]:
-    """The non-streamed answer (chat or legacy) of a finished record; a stored chat
-    completion's retrieved object is this one (coda.server.chat_routes)."""
-    chat = record.kind == "chat"
-    with_logprobs = spec.logprobs
-    choices = []
-    for i, h in enumerate(record.handles):
-        c = collect(h.stream)
-        reason = openai_finish_reason(c.terminal.finish_reason)
-        ext = coda_extension(c.terminal)
-        if chat:
-            logprobs = ({"content": lp.chat_entries([t for _, ts in c.deltas for t in ts],
-                                             skip_special=spec.skip_special),
-                         "refusal": None} if with_logprobs else None)
-            # NOTE: as OpenAI's message: no refusal, no annotations (no web search)
-            message: dict[str, Any] = {"role": "assistant", "content": c.text,
-                                       "refusal": None, "annotations": []}
-            if c.terminal.reasoning is not None and spec.reasoning:
-                # NOTE: issue 23: vLLM's name and DeepSeek's / SGLang's, the same text
-                message["reasoning"] = message["reasoning_content"] = c.reasoning
-            if spec.tools:
-                text, calls, removed = tl.split(c.text)
-                ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
-                message["content"] = text if text or not calls else None
-                if calls and spec.legacy_functions:  # NOTE: the deprecated shape, one call
-                    message["function_call"] = tl.openai_call(calls[0], record.id)["function"]
-                    reason = "function_call" if reason == "stop" else reason
-                elif calls:
-                    message["tool_calls"] = [tl.openai_call(k, record.id, choice=i)
-                                             for k in calls]
-                    reason = "tool_calls" if reason == "stop" else reason
-            choices.append({"index": i, "message": message,
-                            "logprobs": logprobs, "finish_reason": reason, "coda": ext})
-        else:
-            echo = spec.echo[i // spec.n] if spec.echo else ""
-            legacy = None
-            if with_logprobs:
-                parts = [spec.echo_logprobs[i // spec.n]] if spec.echo_logprobs else []
-                pos = len(echo)
-                for text, toks in c.deltas:
-                    parts.append(lp.legacy_logprobs(
-                        toks, pos, pos + len(text),
-                        skip_special=spec.skip_special))
-                    pos += len(text)
-                legacy = lp.merge_legacy(parts)
-            choices.append({"index": i, "text": echo + c.text, "logprobs": legacy,
-                            "finish_reason": reason, "coda": ext})
-    tier = {"service_tier": spec.service_tier} if spec.service_tier else {}
-    return {"id": record.id, "object": "chat.completion" if chat else "text_completion",
-            "created": record.created, "model": record.model, **tier,
-            "system_fingerprint": system_fingerprint(terminals[0].model_snapshot),
-            "choices": choices, "usage": reported_usage(terminals, spec)}
 
 
 @router.post("/v1/chat/completions")

@@ -2,7 +2,7 @@
 SPEC P1–P3, L6): ``chat.completion.chunk`` / ``text_completion`` chunks over a call's n (×
 prompts) engine streams, each with an SSE ``id`` (the engine sequence numbers, see
 :func:`coda.server.sse.position_id`), ending with ``data: [DONE]``. The route and the
-non-streamed answer are :mod:`coda.server.openai_routes`.
+non-streamed answer are :mod:`coda.server.openai_routes` and :mod:`coda.server.openai_final`.
 """
 
 from __future__ import annotations

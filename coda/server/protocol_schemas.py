@@ -96,7 +96,7 @@ def _item_tag(item: Any) -> str | None:
     return _ITEM_TAGS.get(kind, "[other]") if isinstance(kind, str) else "[other]"
 
 
-# NOTE: the tags are bracketed so an error's field name drops them (http_errors._loc_name)
+# NOTE: the tags are bracketed so an error's field name drops them (validation_words._loc_name)
 InputItem = Annotated[
     Annotated[InputMessage, Tag("[message]")] | Annotated[InputToolItem, Tag("[tool]")]
     | Annotated[InputReasoningItem, Tag("[reasoning]")]

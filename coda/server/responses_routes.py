@@ -196,8 +196,10 @@ class ResponsesAdapter:
         fmt = body.text.format if body.text else None
         if fmt is not None and fmt.type == "json_object":
             check_json_word_responses(msgs)
-        logprobs = body.top_logprobs if body.top_logprobs is not None else (
-            0 if body.include and "message.output_text.logprobs" in body.include else None)
+        # NOTE: as OpenAI: logprobs only where ``include`` asks for them; ``top_logprobs``
+        # alone sets how many alternatives they would carry, and returns none
+        logprobs = ((body.top_logprobs or 0) if body.include
+                    and "message.output_text.logprobs" in body.include else None)
         grammar = _grammar(fmt)
         tool = ((tl.knob_fields(plan, grammar, "text.format") if plan is not None else {})
                 or {"grammar": grammar})

@@ -317,9 +317,7 @@ class ServerState:
     def submit_all(self, requests: Sequence[GenerationRequest],
                    rename: Mapping[str, str]) -> list[EngineHandle]:
         """Submit every request or none (a failure cancels those already queued)."""
-        if self.shutting_down:
-            raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
-        self._check_overload(len(requests))
+        self.admit(len(requests))
         self.metrics.listen()  # NOTE: before submitting: a request may end before it is tracked
         handles: list[EngineHandle] = []
         try:
@@ -346,8 +344,13 @@ class ServerState:
             log.info("request submitted", extra={"request_id": h.request_id})
         return handles
 
-    def _check_overload(self, incoming: int) -> None:
-        """A bounded waiting queue: past ``max_waiting`` a request gets 429 + Retry-After."""
+    def admit(self, incoming: int) -> None:
+        """The admission rule for ``incoming`` new engine requests (docs/api.md, "Overload"):
+        503 while shutting down; a bounded waiting queue: past ``max_waiting`` a request gets
+        429 + Retry-After, a batch larger than the bound itself a 400. Every engine request a
+        route submits passes here first (a prompt-scoring one too, coda.server.echo)."""
+        if self.shutting_down:
+            raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
         bound = self.settings.max_waiting
         if bound is None:
             return

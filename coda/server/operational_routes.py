@@ -1,0 +1,95 @@
+"""The operational endpoints (``/health``, ``/metrics``, ``/v1/models``) and the stream
+resume (``GET /v1/streams/{id}``, SPEC P3) of the Coda server (:mod:`coda.server.app`)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from coda.engine.protocol import Engine
+from coda.server import anthropic_models
+from coda.server.common import state_of
+from coda.server.http_errors import ApiError
+from coda.server.integrity import resolve_resume
+from coda.server.sse import SSEResponse, parse_position_id
+
+
+def model_card(engine: Engine) -> dict[str, Any]:
+    routed = getattr(engine, "model_card", None)
+    if routed is not None:  # NOTE: several models: the selected one's card
+        return dict(routed())
+    card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
+            "max_model_len": engine.context_length}
+    card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
+    return card
+
+
+def register(app: FastAPI) -> None:
+    """Add the operational routes and the stream resume to ``app``."""
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        st = state_of(request)
+        if st.shutting_down:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        stats = await asyncio.to_thread(st.engine.stats)  # NOTE: a remote engine's may block
+        return JSONResponse({"status": "ok", "model": st.engine.model_name,
+                             "num_running": stats.num_running,
+                             "num_waiting": stats.num_waiting})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        body = await asyncio.to_thread(state_of(request).metrics.render)  # NOTE: see /health
+        return Response(body,
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        engine = state_of(request).engine
+        cards = getattr(engine, "model_cards", None)  # NOTE: several models: every one
+        data = cards() if cards is not None else [model_card(engine)]
+        if anthropic_models.wants_anthropic(request):  # NOTE: an Anthropic client: its shape
+            return anthropic_models.model_list(data, request.query_params)
+        return JSONResponse({"object": "list", "data": data})
+
+    # NOTE: P1: an id may hold slashes ("org/name", a --model path), sent as %2F, decoded
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> Response:
+        st = state_of(request)
+        if anthropic_models.wants_anthropic(request):  # NOTE: an Anthropic client: its shape
+            try:
+                st.check_model(model_id)
+            except ApiError as exc:  # NOTE: its 404, in Anthropic's error shape
+                return anthropic_models.not_found(exc.status, exc.message)
+            return JSONResponse(anthropic_models.model_info(model_card(st.engine)))
+        st.check_model(model_id)
+        return JSONResponse(model_card(st.engine))
+
+    @app.get("/v1/streams/{request_id}")
+    async def resume_stream(request_id: str, request: Request, after: str | None = None,
+                            offset: str | None = None, digest: str | None = None
+                            ) -> Response:
+        """Coda extension (P3): replay a chat / completion / message stream after the SSE id
+        given as ``Last-Event-ID`` (or ``after``), then follow it live. ``offset`` (and
+        ``digest``) name the output bytes the client holds; a mismatch is a 409
+        (:mod:`coda.server.integrity`)."""
+        st = state_of(request)
+        record = st.store.get(request_id)
+        if record is None or record.kind == "response":
+            raise ApiError(404, f"No stream found with id '{request_id}'", param="request_id",
+                           code="not_found")
+        raw = after if after is not None else request.headers.get("last-event-id")
+        parsed = parse_position_id(raw, len(record.handles))
+        if raw is not None and raw.strip() and parsed is None:
+            raise ApiError(400, f"Last-Event-ID must be {len(record.handles)} comma-separated "
+                                "sequence numbers (an id this stream sent)",
+                           param="Last-Event-ID")
+        positions, held = parsed if parsed is not None else (None, 0)
+        positions = resolve_resume(record.streams, positions, offset, digest)
+        renderer = record.make_renderer(positions)
+        renderer.held = held if positions is not None else 0
+        return SSEResponse(record.streams, renderer,
+                           keepalive_s=st.settings.keepalive_s,
+                           write_timeout_s=st.settings.write_timeout_s)

@@ -117,3 +117,23 @@ def test_serve_one_named_model_conflicting_with_served_model_name_is_exit_2() ->
               timeout=90)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and "'smol'" in r.stderr and "'x'" in r.stderr
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://127.0.0.1:6379/0", "unreachable"])
+def test_serve_bad_redis_url_is_exit_2_before_the_model_loads(url: str) -> None:
+    """`serve --redis-url` that Redis cannot take, or a Redis that does not answer, is one line
+    naming the flag and exit 2 before the model loads (issue 12's log; SPEC E1's CLI side): the
+    malformed URL was a ValueError traceback (exit 1), the unreachable Redis the app startup's
+    traceback logged after the model had loaded (uvicorn's exit 3)."""
+    import socket
+
+    pytest.importorskip("redis")
+    pytest.importorskip("msgpack")
+    with socket.socket() as bound:  # NOTE: bound, never listening: a connect is refused
+        bound.bind(("127.0.0.1", 0))
+        if url == "unreachable":
+            url = f"redis://127.0.0.1:{bound.getsockname()[1]}/0"
+        r = _coda("serve", "--redis-url", url, "--port", "0", timeout=90)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and f"error: --redis-url {url}: " in r.stderr, r.stderr[-2000:]
+    assert "loading model" not in r.stderr, r.stderr[-2000:]

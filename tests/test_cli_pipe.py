@@ -1,14 +1,22 @@
 """`coda generate ... | head -c 20` ends quietly, as a Unix tool whose reader left (SPEC C1: the
 request is cancelled, L7: the engine shuts down, nothing left running): exit 0, no traceback,
 no "Exception ignored" at the interpreter's exit, no terminal line, and it ends at once rather
-than generating the rest. Before, the write's BrokenPipeError reached click, which exited 1."""
+than generating the rest. Before, the write's BrokenPipeError reached click, which exited 1.
+
+A stdout that cannot take the output (a full disk: /dev/full; a closed descriptor: ``>&-``)
+is an error, said: one ``error:`` line naming stdout, the request cancelled and its end
+reported (C1, L4), exit 1, no traceback. Before, it was a traceback (OSError; with fd 1
+closed, AttributeError on ``sys.stdout``) and the request's end was never said."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,3 +42,25 @@ def test_c1_l7_generate_into_a_closed_pipe_exits_0_quietly(smollm_gguf: Path) ->
                   "[FINISHED", "[CANCELLED"):
         assert noise not in err, err[-2000:]
     assert took < 30, (took, err[-2000:])  # NOTE: cancelled, not 3000 tokens generated
+
+
+@pytest.mark.parametrize("where", ["/dev/full", "closed"])
+def test_c1_l4_generate_into_an_unwritable_stdout_is_one_error_line_and_exit_1(
+        smollm_gguf: Path, where: str) -> None:
+    if where == "/dev/full" and not Path(where).exists():
+        pytest.skip("no /dev/full here")
+    argv = [sys.executable, "-m", "coda", "generate", "Once upon a time", "--model",
+            str(smollm_gguf), "--max-tokens", "3000", "--seed", "1"]
+    if where == "closed":  # NOTE: the shell's `>&-`: the child starts with fd 1 closed
+        r = subprocess.run(argv, cwd=ROOT, stderr=subprocess.PIPE, timeout=120,
+                           preexec_fn=lambda: os.close(1))
+    else:
+        with open(where, "wb") as full:
+            r = subprocess.run(argv, cwd=ROOT, stdout=full, stderr=subprocess.PIPE, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 1, (r.returncode, err[-2000:])
+    for noise in ("Traceback", "Exception ignored", "terminate called", "Task was destroyed"):
+        assert noise not in err, err[-2000:]
+    why = "No space left on device" if where == "/dev/full" else "stdout is closed"
+    assert f"error: cannot write the output to stdout: {why}\n" in err, err[-2000:]
+    assert "[CANCELLED · finish_reason=cancelled]" in err, err[-2000:]

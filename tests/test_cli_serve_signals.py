@@ -85,3 +85,39 @@ def test_a_second_sigint_forces_the_exit_and_is_raised_again() -> None:
         assert s.force_exit
 
     assert _exits(twice) == "KeyboardInterrupt"
+
+
+def test_serve_port_0_logs_the_port_it_bound() -> None:
+    """`serve --port 0` binds a port the system chooses; the ``serving`` log line names that
+    port, the one that answers (it said ``"port": 0``, so a script reading the log could not
+    find the server)."""
+    import json
+
+    proc = subprocess.Popen([sys.executable, "-m", "coda", "serve", "--port", "0"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:  # NOTE: JSON lines (O1); the server ends if this test fails
+            if line.startswith("{") and json.loads(line).get("msg") == "serving":
+                port = json.loads(line)["port"]
+                break
+        else:
+            raise AssertionError("no 'serving' line")
+        assert port != 0
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ok = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                break
+            assert time.monotonic() < deadline, f"nothing answers on the logged port {port}"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0

@@ -89,3 +89,40 @@ def test_l7_submit_after_shutdown_is_engine_shutdown_error() -> None:
     assert info.value.code is ErrorCode.ENGINE_SHUTDOWN and isinstance(info.value, CodaError)
     # NOTE: a model worker's refusal crosses the pipe as its code and comes back the same type
     assert isinstance(rebuild_error("coda", "engine_shutdown", "x", None), EngineShutdownError)
+
+
+
+# NOTE: atexit runs its hooks last-registered first: "running at exit" before the engine's
+# shutdown (registered by start()), "after shutdown" after it
+_EXIT_RUNNING = """
+import atexit, sys, time
+from coda.engine.async_engine import AsyncEngine
+from coda.engine.types import EngineConfig, GenerationRequest
+from coda.sampling import SamplingParams
+
+engine = AsyncEngine.from_model_dir(sys.argv[1], EngineConfig(max_num_seqs=2))
+atexit.register(lambda: print("after shutdown:", handle.stream.terminal.state.value,
+                              handle.stream.terminal.finish_reason.value, flush=True))
+engine.start()  # NOTE: no `with`, no shutdown(): the script just ends
+ids = engine.tokenizer.encode("Once upon a time").ids
+handle = engine.submit(GenerationRequest(tuple(ids), SamplingParams(temperature=0.8, seed=1),
+                                         max_tokens=4000))
+atexit.register(lambda: print("running at exit:", handle.stream.terminal is None, flush=True))
+while not handle.stream.text():
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("model", MODELS[1:], ids=["smollm2", "gemma3"])
+def test_l7_engine_left_started_at_interpreter_exit_ends_cleanly(model: str) -> None:
+    """L7, C1: a script that starts an engine (``engine.start()``, no ``with``, no
+    ``shutdown()``) and ends while a request decodes exits 0 and ends that request CANCELLED:
+    the interpreter's exit shuts the engine down while its thread runs. Left to finalization,
+    the daemon thread was stopped mid-step inside torch's C++ and the process aborted (exit
+    134, "terminate called without an active exception")."""
+    r = subprocess.run([sys.executable, "-c", _EXIT_RUNNING, model], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert "terminate called" not in r.stderr, r.stderr[-2000:]
+    assert "running at exit: True" in r.stdout, r.stdout
+    assert "after shutdown: CANCELLED cancelled" in r.stdout, r.stdout

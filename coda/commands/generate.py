@@ -68,21 +68,29 @@ def cancel_on_signals(handle: Any) -> list[int]:
     return got
 
 
-def write_out(text: str) -> bool:
-    """Write ``text`` to stdout now; False when its reader is gone (``coda generate | head``):
-    stdout then goes to /dev/null, so nothing later (the interpreter's last flush included)
-    raises on it. It was click's EPIPE exit: status 1, the request left to the shutdown."""
+def write_out(text: str) -> OSError | None:
+    """Write ``text`` to stdout now; the error when it cannot be: :class:`BrokenPipeError` when
+    its reader is gone (``coda generate | head``), another :class:`OSError` for a stdout that
+    cannot take it (a full disk, a closed descriptor). stdout then goes to /dev/null, so
+    nothing later (the interpreter's last flush included) raises on it. A reader gone was
+    click's EPIPE exit (status 1, the request left to the shutdown); a write error was a
+    traceback, exit 1, and the request's end never said."""
+    import errno
     import os
 
+    if sys.stdout is None:
+        # NOTE: the interpreter started with fd 1 closed (``>&-``): fd 1 may since be another
+        # file of this process (the event loop's), so it is left alone
+        return OSError(errno.EBADF, "stdout is closed")
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
-    except BrokenPipeError:
+    except OSError as exc:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, sys.stdout.fileno())
         os.close(null)
-        return False
-    return True
+        return exc
+    return None
 
 
 def print_terminal(t: Terminal) -> None:
@@ -157,20 +165,23 @@ def run_generate(args: GenerateArgs) -> int:
         async def run() -> int:
             handle = engine.submit(req)
             interrupted = cancel_on_signals(handle)
-            reader_gone = False
+            failed: OSError | None = None  # NOTE: the first write that failed
             async for ev in handle.events():
-                if ev.data and not reader_gone and not write_out(ev.text):
-                    # NOTE: as a Unix tool whose reader left (| head): the request is cancelled,
-                    # its end awaited (the engine shuts down clean), nothing said, exit 0
-                    reader_gone = True
-                    handle.cancel()
+                if ev.data and failed is None and (failed := write_out(ev.text)) is not None:
+                    handle.cancel()  # NOTE: nothing more can be shown; its end is awaited
                 if ev.terminal is not None:
-                    if reader_gone or not write_out("\n"):
+                    if failed is None:
+                        failed = write_out("\n")
+                    if isinstance(failed, BrokenPipeError):
+                        # NOTE: as a Unix tool whose reader left (| head): nothing said, exit 0
                         return 0
+                    if failed is not None:  # NOTE: as GNU tools' "write error": exit 1
+                        typer.secho(f"error: cannot write the output to stdout: "
+                                    f"{failed.strerror or failed}", fg="red", err=True)
                     print_terminal(ev.terminal)
                     if interrupted:  # NOTE: the shell's convention: 128 + the signal's number
                         return 128 + interrupted[0]
-                    return 0 if ev.terminal.state.value == "FINISHED" else 1
+                    return 0 if failed is None and ev.terminal.state.value == "FINISHED" else 1
             return 1
 
         with engine:

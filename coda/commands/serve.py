@@ -17,6 +17,7 @@ from coda.commands.loading import (
 )
 from coda.commands.serve_checks import (
     check_flags,
+    check_redis,
     load_router,
     one_model,
     serves_several,
@@ -84,6 +85,8 @@ def run_serve(args: ServeArgs) -> None:
             sock = bind_listener(args.host, args.port)
         except ListenError as exc:
             fail(str(exc))
+        if args.redis_url:
+            check_redis(args.redis_url)
         from coda.server.app import serve as run_server
         from coda.server.logs import configure_logging
         from coda.server.state import ServerSettings

@@ -40,6 +40,25 @@ def check_flags(args: ServeArgs) -> None:
              "admits it); use 1 or more, or -1 for unbounded")
 
 
+def check_redis(url: str) -> None:
+    """``--redis-url``: a URL Redis cannot take (no ``redis://``, ``rediss://`` or ``unix://``)
+    and a Redis that does not answer are one line and exit 2 before the model loads. They were
+    a traceback (ValueError, exit 1) and, unreachable, the startup's traceback logged after the
+    model had loaded (uvicorn's exit 3)."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    except ValueError as exc:
+        fail(f"--redis-url {url}: {exc}")
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        fail(f"--redis-url {url}: Redis does not answer: {exc}")
+    finally:
+        client.close()
+
+
 def unwritable(path: Path) -> str | None:
     """Why a file cannot be appended to (``--trace``), or None: said before any work, as a busy
     port is, not as a traceback once the model has loaded. Nothing is created here (with

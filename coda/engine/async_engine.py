@@ -9,10 +9,12 @@ validates synchronously (typed errors, nothing queued on failure) and returns a
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
@@ -137,6 +139,7 @@ class AsyncEngine:
         self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._at_exit: Callable[[], None] | None = None  # NOTE: set by start()
         self.grammar_warmup: GrammarWarmup | None = None  # NOTE: set by start()
         self._stopping = False
         self._ids = itertools.count(1)
@@ -253,6 +256,12 @@ class AsyncEngine:
             return
         self._thread = threading.Thread(target=self._loop, name="coda-engine", daemon=True)
         self._thread.start()
+        # NOTE: an engine still started at interpreter exit (no shutdown, no `with`) is shut
+        # down then, while its thread still runs: left to finalization, the daemon thread was
+        # stopped mid-step inside torch's C++ and the process aborted (SIGABRT, exit 134,
+        # "terminate called without an active exception"); now its requests end CANCELLED
+        self._at_exit = _shutdown_at_exit(weakref.ref(self))
+        atexit.register(self._at_exit)
         # NOTE: llguidance is imported by the build, on its thread, not here
         from coda.engine.grammar import warm_ll_tokenizer
 
@@ -262,6 +271,9 @@ class AsyncEngine:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """End every in-flight request with a terminal event (cancelled, cause shutdown)."""
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -501,3 +513,16 @@ class AsyncEngine:
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(EngineShutdownError("the engine is shutting down"))
 
+
+
+def _shutdown_at_exit(ref: weakref.ref[AsyncEngine]) -> Callable[[], None]:
+    """The ``atexit`` hook of one started engine (held weakly: registering it keeps no engine
+    alive): :meth:`AsyncEngine.shutdown`, unregistered by that shutdown when it comes first."""
+
+    def at_exit() -> None:
+        engine = ref()
+        if engine is not None:
+            engine._at_exit = None  # NOTE: nothing to unregister from inside atexit's own run
+            engine.shutdown()
+
+    return at_exit

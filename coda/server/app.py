@@ -288,5 +288,7 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *,
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                             timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
                             access_log=False, log_config=None)
-    log.info("serving", extra={"model": engine.model_name, "host": host, "port": port})
+    # NOTE: the port bound (``--port 0``: the one the system chose; it logged 0)
+    bound = sock.getsockname()[1] if sock is not None else port
+    log.info("serving", extra={"model": engine.model_name, "host": host, "port": bound})
     CodaServer(config).run(sockets=[sock] if sock is not None else None)

@@ -12,7 +12,10 @@ This module declares the typer app and every command's options; each command's b
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
@@ -38,6 +41,39 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Coda: an LLM inference server with exact decoding, streaming and termination.")
 trace_app = typer.Typer(help="Work with JSONL request traces.")
 app.add_typer(trace_app, name="trace")
+
+
+def _print_version(value: bool) -> None:
+    """``coda --version``: the installed distribution's version, then exit 0 (what ``pip``,
+    ``ollama`` and ``llama-server`` users type first); the source tree's when not installed."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        typer.echo(f"coda {version('coda-llm')}")
+    except PackageNotFoundError:
+        typer.echo("coda (not installed: run from a source tree)")
+    raise typer.Exit()
+
+
+@contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """A command whose reader left (``coda models | head -1``) ends quietly with exit 0, as
+    ``generate`` does (tests/test_cli_pipe.py). Click would turn the BrokenPipeError into exit
+    1; flushing inside makes the last write fail here, not at the interpreter's exit."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # NOTE: stdout points at /dev/null so the interpreter's final flush cannot raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+@app.callback()
+def _main(show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="print the version and exit")] = False) -> None:
+    """Coda: an LLM inference server with exact decoding, streaming and termination."""
 
 
 def _memory_budget(value: str | None) -> str | None:
@@ -184,7 +220,8 @@ def models(paths: Annotated[Optional[list[str]], typer.Argument(help="more folde
     modes (the first is what --quant auto picks). Exit status 2 when a PATH cannot be read."""
     from coda.commands.tools import show_models
 
-    show_models(list(paths or []))
+    with _reader_may_leave():
+        show_models(list(paths or []))
 
 
 @trace_app.command("check")

@@ -64,3 +64,31 @@ def test_c1_l4_generate_into_an_unwritable_stdout_is_one_error_line_and_exit_1(
     why = "No space left on device" if where == "/dev/full" else "stdout is closed"
     assert f"error: cannot write the output to stdout: {why}\n" in err, err[-2000:]
     assert "[CANCELLED · finish_reason=cancelled]" in err, err[-2000:]
+
+
+def test_c1_models_into_a_closed_pipe_exits_0_quietly() -> None:
+    """`coda models | head -1`: the reader leaves after one line; the command ends with exit 0
+    and no traceback (before: BrokenPipeError, exit 1)."""
+    proc = subprocess.Popen([sys.executable, "-m", "coda", "models"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        _, err_bytes = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    err = err_bytes.decode()
+    assert first
+    assert proc.returncode == 0, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+
+
+def test_version_prints_the_installed_version_and_exits_0() -> None:
+    """`coda --version`: one line naming the package version, exit 0, no model loaded."""
+    from importlib.metadata import version
+
+    r = subprocess.run([sys.executable, "-m", "coda", "--version"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"coda {version('coda-llm')}"

@@ -66,7 +66,13 @@ def show_models(paths: list[str]) -> None:
         # NOTE: why, below the table (issue 19 item 5): auto's choice, then each refusal
         notes.append(f"{e.model}: auto serves {e.why}")
         notes += [f"{e.model}: --quant {m} would not load: {why}" for m, why in e.refused]
-    console = Console(width=max(Console().width, 160))  # NOTE: paths stay readable in pipes
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # NOTE: rich's own answer is exit 1; the CLI's is a quiet exit 0 (cli._reader_may_leave)
+            self.quiet = True
+            raise BrokenPipeError
+
+    console = PipeConsole(width=max(Console().width, 160))  # NOTE: paths stay readable in pipes
     console.print(table)
     for line in notes:
         console.print(line, highlight=False, markup=False)

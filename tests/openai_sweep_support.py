@@ -3,10 +3,12 @@ here), with the official ``openai`` client, and their shared request parts."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -59,3 +61,18 @@ def bad(call: Any, param: str) -> str:
     body: Any = exc.value.body
     assert body["type"] == "invalid_request_error" and body["param"] == param, body
     return str(body["message"])
+
+
+def response_events(oa: openai.OpenAI, body: dict[str, Any],
+                    check: Any = None) -> list[dict[str, Any]]:
+    """The raw ``data:`` objects of a streamed Responses create, as the server wrote them;
+    each passed to ``check`` (e.g. an SDK type adapter's ``validate_python``) when given."""
+    out: list[dict[str, Any]] = []
+    with httpx.stream("POST", f"{oa.base_url}responses", json={**body, "stream": True},
+                      timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                if check is not None:
+                    check(out[-1])
+    return out

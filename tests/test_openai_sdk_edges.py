@@ -13,19 +13,17 @@ clients over loopback, every answer validated by the SDK's own types:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pydantic
 import pytest
 from openai.types import CreateEmbeddingResponse
 from openai.types.responses import Response, ResponseStreamEvent, ResponseTextDeltaEvent
 
-from tests.openai_sweep_support import MODELS, U, bad, model_of, serve
+from tests.openai_sweep_support import MODELS, U, bad, model_of, response_events, serve
 
 EVENT: Any = pydantic.TypeAdapter(ResponseStreamEvent)
 LOGPROBS = ["message.output_text.logprobs"]
@@ -38,14 +36,7 @@ def oa(request: pytest.FixtureRequest) -> Iterator[openai.OpenAI]:
 
 def _events(oa: openai.OpenAI, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The raw ``data:`` objects of a streamed Responses create, each validated by the SDK."""
-    out: list[dict[str, Any]] = []
-    with httpx.stream("POST", f"{oa.base_url}responses", json={**body, "stream": True},
-                      timeout=120) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                out.append(json.loads(line[6:]))
-                EVENT.validate_python(out[-1])
-    return out
+    return response_events(oa, body, EVENT.validate_python)
 
 
 def _deltas(events: list[dict[str, Any]]) -> list[ResponseTextDeltaEvent]:

@@ -50,13 +50,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pydantic
 import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 
-from tests.openai_sweep_support import GEMMA, MODELS, RS_TOOLS, TOOLS, bad, serve
+from tests.openai_sweep_support import GEMMA, MODELS, RS_TOOLS, TOOLS, bad, response_events, serve
 from tests.openai_sweep_support import model_of as _model
 
 EVENT: Any = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -73,13 +72,7 @@ def oa(request: pytest.FixtureRequest) -> Iterator[openai.OpenAI]:
 
 def _events(oa: openai.OpenAI, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The raw ``data:`` objects of a streamed create, as the server wrote them."""
-    out: list[dict[str, Any]] = []
-    with httpx.stream("POST", f"{oa.base_url}responses", json={**body, "stream": True},
-                      timeout=120) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                out.append(json.loads(line[6:]))
-    return out
+    return response_events(oa, body)
 
 
 def test_p1_responses_validate_as_the_sdks_types(oa: openai.OpenAI) -> None:

@@ -8,17 +8,15 @@ official ``openai`` client over loopback."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from coda.server.state import ServerSettings
+from tests.admission_support import queue_full
 from tests.conftest import LiveServer
 
 MODEL = "tiny-chat"
@@ -57,20 +55,8 @@ def test_scoring_is_refused_429_on_a_full_queue_before_it_is_scored_l5(
 
     engine, submitted = one_slot
     live = LiveServer(create_app(engine, settings=ServerSettings(max_waiting=1))).start()
-    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 300, "ignore_eos": True,
-            "stream": True}
     try:
-        with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as first:
-            lines = first.iter_lines()
-            while '"text"' not in next(lines):  # NOTE: the first request is running
-                pass
-            second = threading.Thread(target=httpx.post, args=(live.url + "/v1/completions",),
-                                      kwargs={"json": {**body, "stream": False, "max_tokens": 2},
-                                              "timeout": 60})
-            second.start()
-            deadline = time.monotonic() + 10
-            while engine.stats().num_waiting < 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
+        with queue_full(live, engine, MODEL):
             before = list(submitted)
             with pytest.raises(openai.RateLimitError) as err:
                 _client(live).completions.create(**SCORE, prompt="Hello there, world")
@@ -78,7 +64,6 @@ def test_scoring_is_refused_429_on_a_full_queue_before_it_is_scored_l5(
             assert err.value.response.headers["retry-after"] == "1"
             assert err.value.code == "overloaded"
             assert submitted == before, "a refused scoring request must queue nothing"
-        second.join(60)
         # NOTE: the queue drained: the same scoring request is admitted and answered
         r = _client(live).completions.create(**SCORE, prompt="Hello there, world")
         assert r.choices[0].text == "Hello there, world" and r.usage.completion_tokens == 0

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from coda.server.admission import PromptBound
 from coda.server.state import ServerSettings
+from tests.admission_support import queue_full
 from tests.conftest import LiveServer
 
 MODEL = "tiny-chat"
@@ -192,19 +193,7 @@ def test_429_with_retry_after_past_the_waiting_bound(server_checkpoint: Path) ->
                                                                         num_blocks=128))
     live = LiveServer(create_app(engine, settings=ServerSettings(max_waiting=1))).start()
     try:
-        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 300, "ignore_eos": True,
-                "stream": True}
-        with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as first:
-            lines = first.iter_lines()
-            while '"text"' not in next(lines):  # the first request is running
-                pass
-            second = threading.Thread(target=httpx.post, args=(live.url + "/v1/completions",),
-                                      kwargs={"json": {**body, "stream": False, "max_tokens": 2},
-                                              "timeout": 60})
-            second.start()
-            deadline = time.monotonic() + 10
-            while engine.stats().num_waiting < 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
+        with queue_full(live, engine, MODEL) as body:
             r = httpx.post(live.url + "/v1/completions", json={**body, "stream": False},
                            timeout=60)
             assert r.status_code == 429 and r.headers["retry-after"] == "1"
@@ -212,6 +201,5 @@ def test_429_with_retry_after_past_the_waiting_bound(server_checkpoint: Path) ->
             a = httpx.post(live.url + "/v1/messages", json={
                 "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
             assert a.status_code == 429 and a.json()["error"]["type"] == "rate_limit_error"
-        second.join(60)
     finally:
         live.stop()

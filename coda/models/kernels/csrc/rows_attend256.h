@@ -17,22 +17,10 @@
 
 namespace rows256 {
 
-constexpr int kLanes = 16;
+constexpr int kLanes = lane_item::kLanes;
 constexpr int64_t kBlock = 64;  // NOTE: keys a values block keeps in L1 (16 KB at 64 floats)
 
-// The same fields as rows512::Item (rows_items.h fills either).
-struct Item {
-  const float* qb;
-  const float* K;
-  const float* V;
-  const int64_t* off;
-  int64_t i0, i1;
-  alignas(64) int32_t lo[kLanes];
-  alignas(64) int32_t hi[kLanes];
-  int L;
-  float* sc;  // [(i1 - i0) * 16]: scores, then exp(score - max)
-  float* out[kLanes];
-};
+using lane_item::Item;
 
 // x[c] = lane c's 16-lane accumulator (dot_qk's fma chains, increasing j) with its two halves
 // added (tree16's first step, lane i + lane i + 8), for C <= 4 lanes (queries d floats apart);

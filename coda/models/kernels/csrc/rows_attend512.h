@@ -19,7 +19,7 @@
 
 namespace rows512 {
 
-constexpr int kLanes = 16;
+constexpr int kLanes = lane_item::kLanes;
 
 // isa.h's exp8 over 16 lanes: the same operations per element, so the same bits.
 inline __m512 exp16(__m512 x) {
@@ -70,20 +70,7 @@ inline __m512 tree16_lanes(const __m512* v) {
       _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), w);
 }
 
-// One item's lanes (at most 16, the first L real; qb: their scaled queries [NL][d], lanes past L
-// zero), keys i0..i1-1 (key i at K / V + off[i - i0]); lane l sees keys lo[l]..hi[l].
-struct Item {
-  const float* qb;
-  const float* K;
-  const float* V;
-  const int64_t* off;
-  int64_t i0, i1;
-  alignas(64) int32_t lo[kLanes];
-  alignas(64) int32_t hi[kLanes];
-  int L;
-  float* sc;  // [(i1 - i0) * 16]: scores, then exp(score - max)
-  float* out[kLanes];
-};
+using lane_item::Item;
 
 // Pass A: every lane's score of every key (row i - i0 of sc), and each lane's max over its own
 // keys in order: m = its first key's score, then max1(s, m) key after key (rows::attend_one).

@@ -4,6 +4,7 @@
 // Included by rows.h inside namespace CODA_NS, after namespace rows.
 #pragma once
 
+#include "rows_lane_item.h"
 #include "rows_attend256.h"
 #include "rows_attend512.h"
 

@@ -514,7 +514,6 @@ class AsyncEngine:
                 fut.set_exception(EngineShutdownError("the engine is shutting down"))
 
 
-
 def _shutdown_at_exit(ref: weakref.ref[AsyncEngine]) -> Callable[[], None]:
     """The ``atexit`` hook of one started engine (held weakly: registering it keeps no engine
     alive): :meth:`AsyncEngine.shutdown`, unregistered by that shutdown when it comes first."""

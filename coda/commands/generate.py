@@ -17,6 +17,7 @@ from coda.commands.loading import (
     interrupt_exits,
     load_engine,
     refuse_bad_isa,
+    refuse_two_kv_sizes,
 )
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ def run_generate(args: GenerateArgs) -> int:
     from coda.sampling import SamplingParams
 
     refuse_bad_isa()
+    refuse_two_kv_sizes(args.kv_cache_bytes, args.kv_cache_fraction, args.memory_budget)
     try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed)

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from coda.commands.loading import fail, refuse_bad_isa
+from coda.commands.loading import fail, refuse_bad_isa, refuse_two_kv_sizes
 
 
 def run_bench_command(**fields: Any) -> None:
@@ -20,6 +20,8 @@ def run_bench_command(**fields: Any) -> None:
     from coda.optional import MissingDependency
 
     refuse_bad_isa()
+    refuse_two_kv_sizes(fields.get("kv_cache_bytes"), fields.get("kv_cache_memory_fraction"),
+                        fields.get("memory_budget"))
     try:  # NOTE: a bad option value (--utf8-tail) is refused before the model loads
         opts = BenchOptions(**fields)
     except ValueError as exc:

@@ -231,7 +231,8 @@ def trace_check(path: Path) -> None:
 
     Checked: lifecycle, steps, cancel moments, resources, and the terminal's usage; each
     problem names its rule (coda/trace_check.py). Exit status 1 on a problem, 2 for an
-    unreadable file. An empty trace (a replica that served no request writes one) holds every
+    unreadable file. A cut last line (a server killed mid-row) is said on stderr and left out;
+    the whole rows are checked. An empty trace (a replica that served no request writes one) holds every
     invariant and says it is empty."""
     from coda.commands.tools import check_trace_file
 

@@ -31,13 +31,15 @@ def run_bench_command(**fields: Any) -> None:
     if opts.plot is not None and (why := unwritable(opts.plot)) is not None:
         fail(f"--plot {opts.plot}: {why}")
     try:
-        run_bench(opts)
+        report = run_bench(opts)
     except MissingDependency as exc:  # NOTE: raised before any work starts
         fail(str(exc))
     except ModelLoadError as exc:
         fail(f"cannot load model {opts.model_dir or '(default)'}: {exc}")
     except CodaError as exc:  # NOTE: the workload's requests refused (--max-tokens past the context)
         fail(f"{exc.code.value}: {exc.message}")
+    if report.interrupted_of is not None:  # NOTE: the shell's convention: 128 + SIGINT
+        raise typer.Exit(130)
 
 
 def show_models(paths: list[str]) -> None:

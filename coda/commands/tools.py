@@ -84,12 +84,13 @@ def show_models(paths: list[str]) -> None:
         fail(f"cannot read {', '.join(failed)} (the lines below the table say why)")
 
 
-def check_trace_file(path: Path) -> None:
+def check_trace_file(path: Path, left: list[int] | None = None) -> None:
     """``coda trace check``: exit 1 on a problem (each names its rule), 2 for an unreadable
     file; an empty trace holds every invariant and says it is empty. A cut last line (a server
     killed mid-row) is said on stderr and left out; the whole rows are checked, and a request
     that the kill ended mid-way is still reported (L2: no terminal event): the checker accepts
-    only what a run could have written to its end."""
+    only what a run could have written to its end. ``left[0]`` gets the verdict's status before
+    anything is printed: a reader that leaves (``| head -1``) does not turn 1 into 0."""
     from coda.trace import TraceReadError, check_trace, read_jsonl
 
     cut: list[TraceReadError] = []
@@ -107,6 +108,8 @@ def check_trace_file(path: Path) -> None:
     problems = check_trace(events)
     n = len({e.request_id for e in events})
     if problems:
+        if left is not None:
+            left[0] = 1
         for p in problems:
             typer.secho(p, fg="red")
         typer.echo(f"{len(problems)} problem(s) in {n} request(s), {len(events)} events")

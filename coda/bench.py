@@ -14,7 +14,9 @@ compares with the plain run (tokens and time saved, answers that differ from the
 partial last character that ``max_tokens`` cut is removed and recorded, the request keeps its
 own ending); the report counts the requests it affected (ended FAILED with decoding_error, or
 ended with an incomplete UTF-8 tail removed), since ``max_tokens`` may cut a multi-byte
-character.
+character. A Ctrl-C (SIGINT) during the measured run cancels the requests still running and
+prints the report of those that finished (its first row says how many of how many), then the
+command exits 130; during the warm-up or the early-stop rerun it exits 130 with no report.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ class RunResult:
     reasons: tuple[str, ...]
     tokens: tuple[int, ...]
     utf8_tail_affected: int = 0  # requests whose tail policy acted (FAILED, or bytes dropped)
+    interrupted: bool = False  # a SIGINT ended the run: the figures are the finished requests'
+    done: tuple[int, ...] = ()  # the finished requests' indices in the workload
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,7 @@ class BenchReport:
     utf8_tail: str = "auto"
     utf8_tail_affected: int = 0
     quant_mode: str = ""  # the serving mode the engine resolved
+    interrupted_of: int | None = None  # SIGINT: the requests planned (num_requests: finished)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -194,9 +199,10 @@ async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]]
                          progress: Progress | None) -> RunResult:
     """Submit every prompt (at most ``opts.concurrency`` in flight) and time its events."""
     sem = asyncio.Semaphore(opts.concurrency)
-    ttft: list[float] = []
-    itl: list[float] = []
-    e2e: list[float] = []
+    # NOTE: per request, so that an interrupted run reports the finished requests only
+    ttft: list[float | None] = [None] * len(prompts)
+    itl: list[list[float]] = [[] for _ in prompts]
+    e2e: list[float | None] = [None] * len(prompts)
     texts = [""] * len(prompts)
     reasons = [""] * len(prompts)
     tokens = [0] * len(prompts)
@@ -216,7 +222,7 @@ async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]]
             async for ev in handle.events():
                 now = time.perf_counter()
                 if ev.terminal is not None:
-                    e2e.append(now - t0)
+                    e2e[i] = now - t0
                     tokens[i] = ev.terminal.usage.selected_tokens
                     term = ev.terminal
                     # NOTE: max_tokens may end mid-character: per the K3 policy, a decoding
@@ -226,9 +232,9 @@ async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]]
                     affected[i] = bool(term.dropped_tail) or code == ":decoding_error"
                 elif ev.data:
                     if last is None:
-                        ttft.append(now - t0)
+                        ttft[i] = now - t0
                     else:
-                        itl.append(now - last)
+                        itl[i].append(now - last)
                     last = now
                     chunks.append(ev.data)
             texts[i] = b"".join(chunks).decode("utf-8", "replace")
@@ -236,10 +242,23 @@ async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]]
             progress.advance(task)
 
     start = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    interrupted = False
+    try:
+        await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    except asyncio.CancelledError:
+        # NOTE: asyncio.run's answer to a SIGINT: the requests still running are cancelled
+        # with the gather; returning (not raising) hands back what finished, and a second
+        # SIGINT is asyncio.run's KeyboardInterrupt at once
+        interrupted = True
     wall = time.perf_counter() - start
-    return RunResult(wall, sum(tokens), tuple(ttft), tuple(itl), tuple(e2e), tuple(texts),
-                     tuple(reasons), tuple(tokens), sum(affected))
+    done = [i for i, r in enumerate(reasons) if r]
+    return RunResult(wall, sum(tokens[i] for i in done),
+                     tuple(t for i in done if (t := ttft[i]) is not None),
+                     tuple(g for i in done for g in itl[i]),
+                     tuple(t for i in done if (t := e2e[i]) is not None),
+                     tuple(texts[i] for i in done), tuple(reasons[i] for i in done),
+                     tuple(tokens[i] for i in done), sum(affected[i] for i in done), interrupted,
+                     tuple(done))
 
 
 def _run(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]], opts: BenchOptions,
@@ -354,19 +373,23 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
     report_hf: tuple[float, int] | None = None
     with engine:
         # NOTE: one short warm-up request so that lazy initialisation is not measured.
-        _run(engine, prompts[:1], BenchOptions(num_requests=1, concurrency=1, max_tokens=2,
-                                               show_progress=False), None, diag, "warm-up")
+        if _run(engine, prompts[:1], BenchOptions(num_requests=1, concurrency=1, max_tokens=2,
+                                                  show_progress=False), None, diag,
+                "warm-up").interrupted:
+            raise KeyboardInterrupt  # NOTE: nothing measured yet: no report to print
         full = _run(engine, prompts, opts, None, diag, "coda")
         rss = peak_rss_mb()
         es: EarlyStopReport | None = None
-        if opts.early_stop:
+        if opts.early_stop and not full.interrupted:
             policy = EarlyStopPolicy(
                 min_tokens=max(1, int(opts.max_tokens * opts.early_stop_min_fraction)),
                 max_tokens=opts.max_tokens, deadline_ms=3_600_000,
                 confidence_threshold=opts.early_stop_confidence, no_retry_after_first_frame=True)
-            es = _early_stop_report(full, _run(engine, prompts, opts, policy, diag,
-                                               "coda + early stop"))
-    if opts.compare_hf:
+            stopped = _run(engine, prompts, opts, policy, diag, "coda + early stop")
+            if stopped.interrupted:  # NOTE: half a comparison is none: exit 130 as before
+                raise KeyboardInterrupt
+            es = _early_stop_report(full, stopped)
+    if opts.compare_hf and not full.interrupted:
         pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
         with diag.status("transformers.generate (static batches)…"):
             report_hf = run_hf(engine.model_dir, prompts, opts.concurrency, opts.max_tokens,
@@ -376,15 +399,17 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
         reasons[r] = reasons.get(r, 0) + 1
     tok_s = full.output_tokens / full.wall_s
     hf_tok_s = report_hf[1] / report_hf[0] if report_hf is not None else None
+    finished = len(full.reasons)
     report = BenchReport(
-        num_requests=opts.num_requests, concurrency=opts.concurrency, max_tokens=opts.max_tokens,
-        prompt_tokens=sum(map(len, prompts)), output_tokens=full.output_tokens,
-        wall_s=full.wall_s, output_tok_s=tok_s, requests_s=opts.num_requests / full.wall_s,
+        num_requests=finished, concurrency=opts.concurrency, max_tokens=opts.max_tokens,
+        prompt_tokens=sum(len(prompts[i]) for i in full.done), output_tokens=full.output_tokens,
+        wall_s=full.wall_s, output_tok_s=tok_s, requests_s=finished / full.wall_s,
         ttft_ms=_ms(full.ttft_s), itl_ms=_ms(full.itl_s), e2e_ms=_ms(full.e2e_s),
         peak_rss_mb=rss, hf_wall_s=report_hf[0] if report_hf else None, hf_output_tok_s=hf_tok_s,
         speedup_vs_hf=tok_s / hf_tok_s if hf_tok_s else None, early_stop=es,
         finish_reasons=reasons, utf8_tail=opts.utf8_tail,
-        utf8_tail_affected=full.utf8_tail_affected, quant_mode=engine.loaded.mode.name)
+        utf8_tail_affected=full.utf8_tail_affected, quant_mode=engine.loaded.mode.name,
+        interrupted_of=opts.num_requests if full.interrupted else None)
     if opts.plot is not None:
         write_plot(opts.plot, full)
     console.print(render(report, engine.model_dir, opts))
@@ -407,7 +432,10 @@ def render(r: BenchReport, model_dir: Path, opts: BenchOptions) -> Table:
     def pct(p: Percentiles) -> str:
         return f"{p.p50:.1f} / {p.p90:.1f} / {p.p99:.1f}"
 
-    rows: list[tuple[str, str]] = [
+    rows: list[tuple[str, str]] = [("interrupted (SIGINT)", f"after {r.num_requests} of "
+                                     f"{r.interrupted_of} requests finished: figures are theirs")
+                                    ] if r.interrupted_of is not None else []
+    rows += [
         ("requests × max tokens", f"{r.num_requests} × {r.max_tokens}"),
         ("concurrency", str(r.concurrency)),
         ("prompt tokens (total)", str(r.prompt_tokens)),

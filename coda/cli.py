@@ -12,7 +12,6 @@ This module declares the typer app and every command's options; each command's b
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,17 +57,28 @@ def _print_version(value: bool) -> None:
 
 
 @contextmanager
-def _reader_may_leave() -> Iterator[None]:
+def _reader_may_leave() -> Iterator[list[int]]:
     """A command whose reader left (``coda models | head -1``) ends quietly with exit 0, as
     ``generate`` does (tests/test_cli_pipe.py). Click would turn the BrokenPipeError into exit
-    1; flushing inside makes the last write fail here, not at the interpreter's exit."""
+    1; flushing inside makes the last write fail here, not at the interpreter's exit. A stdout
+    that cannot take the output (``> /dev/full``) is generate's one error line and exit 1 (it
+    was a traceback). What it yields holds the status a reader's leaving exits with (0; a
+    verdict already reached, trace check's problems, sets its own). The commands wrapped turn their own input's OSErrors into a usage error
+    (exit 2) themselves, so an OSError reaching here is stdout's."""
+    from coda.commands.generate import say_write_error, stdout_to_devnull
+
+    left = [0]
     try:
-        yield
+        yield left
         sys.stdout.flush()
     except BrokenPipeError:
         # NOTE: stdout points at /dev/null so the interpreter's final flush cannot raise again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
+        stdout_to_devnull()
+        raise typer.Exit(left[0]) from None
+    except OSError as exc:
+        stdout_to_devnull()
+        say_write_error(exc)
+        raise typer.Exit(1) from None
 
 
 @app.callback()
@@ -231,11 +241,13 @@ def trace_check(path: Path) -> None:
 
     Checked: lifecycle, steps, cancel moments, resources, and the terminal's usage; each
     problem names its rule (coda/trace_check.py). Exit status 1 on a problem, 2 for an
-    unreadable file. An empty trace (a replica that served no request writes one) holds every
+    unreadable file. A cut last line (a server killed mid-row) is said on stderr and left out;
+    the whole rows are checked. An empty trace (a replica that served no request writes one) holds every
     invariant and says it is empty."""
     from coda.commands.tools import check_trace_file
 
-    check_trace_file(path)
+    with _reader_may_leave() as left:
+        check_trace_file(path, left)
 
 
 def main() -> None:

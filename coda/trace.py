@@ -228,9 +228,11 @@ class TraceReadError(ValueError):
     """A trace file row that is no trace row; the message names its line and why."""
 
 
-def read_jsonl(path: str | Path) -> list[TraceEvent]:
+def read_jsonl(path: str | Path, cut: list[TraceReadError] | None = None) -> list[TraceEvent]:
     """The rows of a JSONL trace file; a row that is no trace row raises TraceReadError naming its
-    line (a server killed mid-write leaves a cut last line: the message says which)."""
+    line (a server killed mid-write leaves a cut last line: the message says which). With
+    ``cut``, a cut last line (no newline, no row: a writer killed mid-row, whose rows are each
+    one write ending in one) is left out and its error appended there instead."""
     rows = []
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
@@ -240,7 +242,11 @@ def read_jsonl(path: str | Path) -> list[TraceEvent]:
                 rows.append(TraceEvent.from_dict(json.loads(line)))
             except (ValueError, KeyError, TypeError) as exc:
                 # NOTE: json's own position is within the row ("line 1 column 103"), not the file
-                raise TraceReadError(f"line {number}: {type(exc).__name__}: {exc}") from exc
+                err = TraceReadError(f"line {number}: {type(exc).__name__}: {exc}")
+                if cut is not None and not line.endswith("\n"):  # NOTE: only the last line can
+                    cut.append(err)
+                    return rows
+                raise err from exc
     return rows
 
 

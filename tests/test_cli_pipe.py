@@ -92,3 +92,41 @@ def test_version_prints_the_installed_version_and_exits_0() -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"coda {version('coda-llm')}"
+
+
+@pytest.mark.parametrize("trace", ["faultmix_trace.jsonl", "cut"])
+def test_trace_check_into_a_full_stdout_is_one_error_line_and_exit_1(
+        tmp_path: Path, trace: str) -> None:
+    """`coda trace check FILE > /dev/full`: generate's one line ("cannot write the output to
+    stdout") and exit 1, where it was a traceback (the same for `coda models`)."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    path = ROOT / "tests" / "data" / "faultmix_trace.jsonl"
+    if trace == "cut":  # NOTE: a verdict of problems: printed first, so the write fails there
+        text = path.read_text(encoding="utf-8")
+        path = tmp_path / "cut.jsonl"
+        path.write_text(text[:-40], encoding="utf-8")
+    for argv in (["trace", "check", str(path)], ["models"]):
+        with open("/dev/full", "wb") as full:
+            r = subprocess.run([sys.executable, "-m", "coda", *argv], cwd=ROOT, stdout=full,
+                               stderr=subprocess.PIPE, text=True, timeout=120)
+        assert r.returncode == 1, (argv, r.returncode, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert errors == ["error: cannot write the output to stdout: No space left on device"]
+
+
+def test_trace_check_with_problems_keeps_exit_1_when_its_reader_leaves(tmp_path: Path) -> None:
+    """`coda trace check FILE | head -0`: a reader that leaves ends the command quietly, but a
+    trace with problems still exits 1 (a verdict is not turned into 0)."""
+    text = (ROOT / "tests" / "data" / "faultmix_trace.jsonl").read_text(encoding="utf-8")
+    path = tmp_path / "cut.jsonl"
+    path.write_text(text[:-40], encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "coda", "trace", "check", str(path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err_bytes = proc.communicate(timeout=120)
+    err = err_bytes.decode()
+    assert proc.returncode == 1, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]

@@ -14,6 +14,7 @@ import pytest
 from coda.trace import TraceEvent, TraceReadError, read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
+FAULTMIX = ROOT / "tests" / "data" / "faultmix_trace.jsonl"
 
 
 def _rows(n: int) -> list[str]:
@@ -26,10 +27,46 @@ def test_cut_last_row_names_its_file_line(tmp_path: Path) -> None:
     f.write_text("\n".join(rows[:4]) + "\n\n" + rows[4][:-7], encoding="utf-8")
     with pytest.raises(TraceReadError, match=r"^line 6: JSONDecodeError"):
         read_jsonl(f)
-    r = subprocess.run([sys.executable, "-m", "coda.cli", "trace", "check", str(f)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "line 6: JSONDecodeError" in r.stderr, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr
+    r = _check(f)
+    # NOTE: the four whole rows are checked (no row of a request's lifecycle: they pass)
+    assert r.returncode == 0 and "line 6: JSONDecodeError" in r.stderr, r.stderr[-2000:]
+    assert "the last line is cut" in r.stderr and "Traceback" not in r.stderr
+
+
+def _check(f: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "coda.cli", "trace", "check", str(f)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_o1_cut_last_line_is_said_and_the_whole_rows_are_checked(tmp_path: Path) -> None:
+    """A server SIGKILLed mid-row leaves a cut last line: it was "cannot read trace", exit 2,
+    and nothing checked. Now one warning line on stderr names it, the partial row is left out
+    and the whole rows are judged: a real trace with a new request's first row cut passes."""
+    f = tmp_path / "t.jsonl"
+    whole = FAULTMIX.read_text(encoding="utf-8")
+    f.write_text(whole + '{"request_id": "cut-1", "kind": "life', encoding="utf-8")
+    r = _check(f)
+    n = whole.count("\n")
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert f"{n} events, every invariant holds" in r.stdout, r.stdout
+    warning, = r.stderr.strip().splitlines()
+    assert "the last line is cut" in warning and f"line {n + 1}: JSONDecodeError" in warning
+    with pytest.raises(TraceReadError, match=rf"^line {n + 1}: "):
+        read_jsonl(f)  # NOTE: the strict reader of whole traces still refuses it
+
+
+def test_o1_cut_mid_request_reports_that_request_only(tmp_path: Path) -> None:
+    """Cut inside a request's rows (its last release lost): that request, and only it, is
+    reported by its rule (the checker accepts only what a run could have written to its end);
+    the cut is said, not called unreadable."""
+    f = tmp_path / "t.jsonl"
+    whole = FAULTMIX.read_text(encoding="utf-8")
+    f.write_text(whole[:-40], encoding="utf-8")
+    last_id = json.loads(whole.splitlines()[-1])["request_id"]
+    r = _check(f)
+    assert r.returncode == 1 and "the last line is cut" in r.stderr, r.stderr[-2000:]
+    problems = [ln for ln in r.stdout.splitlines() if ln.endswith(")")]
+    assert problems and all(ln.startswith(f"{last_id}: ") for ln in problems), r.stdout
 
 
 def test_row_that_is_no_trace_row_names_its_line(tmp_path: Path) -> None:

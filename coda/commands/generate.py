@@ -17,6 +17,7 @@ from coda.commands.loading import (
     interrupt_exits,
     load_engine,
     refuse_bad_isa,
+    refuse_two_kv_sizes,
 )
 
 if TYPE_CHECKING:
@@ -76,7 +77,6 @@ def write_out(text: str) -> OSError | None:
     click's EPIPE exit (status 1, the request left to the shutdown); a write error was a
     traceback, exit 1, and the request's end never said."""
     import errno
-    import os
 
     if sys.stdout is None:
         # NOTE: the interpreter started with fd 1 closed (``>&-``): fd 1 may since be another
@@ -86,11 +86,26 @@ def write_out(text: str) -> OSError | None:
         sys.stdout.write(text)
         sys.stdout.flush()
     except OSError as exc:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
+        stdout_to_devnull()
         return exc
     return None
+
+
+def stdout_to_devnull() -> None:
+    """Point fd 1 at /dev/null once a write to it failed, so that nothing later (the
+    interpreter's last flush included) raises on it again."""
+    import os
+
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+
+
+def say_write_error(exc: OSError) -> None:
+    """The one line every command says when stdout cannot take its output (a full disk, a
+    closed descriptor), as GNU tools' "write error"; the command then exits 1."""
+    typer.secho(f"error: cannot write the output to stdout: {exc.strerror or exc}", fg="red",
+                err=True)
 
 
 def print_terminal(t: Terminal) -> None:
@@ -127,6 +142,7 @@ def run_generate(args: GenerateArgs) -> int:
     from coda.sampling import SamplingParams
 
     refuse_bad_isa()
+    refuse_two_kv_sizes(args.kv_cache_bytes, args.kv_cache_fraction, args.memory_budget)
     try:  # NOTE: bad sampling flags are refused before the model loads: a message and exit 2
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed)
@@ -176,8 +192,7 @@ def run_generate(args: GenerateArgs) -> int:
                         # NOTE: as a Unix tool whose reader left (| head): nothing said, exit 0
                         return 0
                     if failed is not None:  # NOTE: as GNU tools' "write error": exit 1
-                        typer.secho(f"error: cannot write the output to stdout: "
-                                    f"{failed.strerror or failed}", fg="red", err=True)
+                        say_write_error(failed)
                     print_terminal(ev.terminal)
                     if interrupted:  # NOTE: the shell's convention: 128 + the signal's number
                         return 128 + interrupted[0]

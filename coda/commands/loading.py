@@ -16,6 +16,22 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2) from None
 
 
+def refuse_two_kv_sizes(kv_cache_bytes: int | None, kv_cache_fraction: float | None,
+                        memory_budget: str | None) -> None:
+    """``coda generate``/``bench``: ``--kv-cache-bytes`` or ``--kv-cache-fraction`` together
+    with ``--memory-budget`` is one line and exit 2 before any work. Each sizes the one model's
+    KV cache; the exact size won and the budget was silently ignored (``--kv-cache-fraction 0.5
+    --memory-budget 1GiB`` reserved 1440 MiB of KV). ``coda serve``'s ``--memory-budget`` is
+    the several-models router's, which each model's cache is then sized within: no conflict."""
+    if memory_budget is None:
+        return
+    for flag, value in (("--kv-cache-bytes", kv_cache_bytes),
+                        ("--kv-cache-fraction", kv_cache_fraction)):
+        if value is not None:
+            fail(f"{flag} and --memory-budget both size the KV cache: give one (--memory-budget "
+                 f"bounds weights + KV cache; {flag} sets the cache alone, ignoring the budget)")
+
+
 def refuse_bad_isa() -> None:
     """A ``CODA_KERNEL_ISA`` that names no build this CPU runs: one line and exit 2 before any
     work (it was a silent fallback to the torch path: another mode, other output)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from coda.commands.loading import fail, refuse_bad_isa
+from coda.commands.loading import fail, refuse_bad_isa, refuse_two_kv_sizes
 
 
 def run_bench_command(**fields: Any) -> None:
@@ -20,6 +20,8 @@ def run_bench_command(**fields: Any) -> None:
     from coda.optional import MissingDependency
 
     refuse_bad_isa()
+    refuse_two_kv_sizes(fields.get("kv_cache_bytes"), fields.get("kv_cache_memory_fraction"),
+                        fields.get("memory_budget"))
     try:  # NOTE: a bad option value (--utf8-tail) is refused before the model loads
         opts = BenchOptions(**fields)
     except ValueError as exc:
@@ -29,13 +31,15 @@ def run_bench_command(**fields: Any) -> None:
     if opts.plot is not None and (why := unwritable(opts.plot)) is not None:
         fail(f"--plot {opts.plot}: {why}")
     try:
-        run_bench(opts)
+        report = run_bench(opts)
     except MissingDependency as exc:  # NOTE: raised before any work starts
         fail(str(exc))
     except ModelLoadError as exc:
         fail(f"cannot load model {opts.model_dir or '(default)'}: {exc}")
     except CodaError as exc:  # NOTE: the workload's requests refused (--max-tokens past the context)
         fail(f"{exc.code.value}: {exc.message}")
+    if report.interrupted_of is not None:  # NOTE: the shell's convention: 128 + SIGINT
+        raise typer.Exit(130)
 
 
 def show_models(paths: list[str]) -> None:
@@ -80,21 +84,32 @@ def show_models(paths: list[str]) -> None:
         fail(f"cannot read {', '.join(failed)} (the lines below the table say why)")
 
 
-def check_trace_file(path: Path) -> None:
+def check_trace_file(path: Path, left: list[int] | None = None) -> None:
     """``coda trace check``: exit 1 on a problem (each names its rule), 2 for an unreadable
-    file; an empty trace holds every invariant and says it is empty."""
+    file; an empty trace holds every invariant and says it is empty. A cut last line (a server
+    killed mid-row) is said on stderr and left out; the whole rows are checked, and a request
+    that the kill ended mid-way is still reported (L2: no terminal event): the checker accepts
+    only what a run could have written to its end. ``left[0]`` gets the verdict's status before
+    anything is printed: a reader that leaves (``| head -1``) does not turn 1 into 0."""
     from coda.trace import TraceReadError, check_trace, read_jsonl
 
+    cut: list[TraceReadError] = []
     try:
-        events = read_jsonl(path)
+        events = read_jsonl(path, cut)
     except TraceReadError as exc:  # NOTE: it names the file's line (json's is the row's own)
         fail(f"cannot read trace {path}: {exc}")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         # NOTE: a missing or non-trace file is a bad argument (exit 2, one line), not a traceback
         fail(f"cannot read trace {path}: {type(exc).__name__}: {exc}")
+    if cut:
+        # NOTE: was "cannot read trace" and exit 2: nothing of the whole rows was checked
+        typer.secho(f"warning: {path}: the last line is cut (its writer stopped mid-row, e.g. "
+                    f"killed), the partial row is ignored: {cut[0]}", fg="yellow", err=True)
     problems = check_trace(events)
     n = len({e.request_id for e in events})
     if problems:
+        if left is not None:
+            left[0] = 1
         for p in problems:
             typer.secho(p, fg="red")
         typer.echo(f"{len(problems)} problem(s) in {n} request(s), {len(events)} events")

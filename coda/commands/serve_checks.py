@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coda.commands.loading import fail
+from coda.commands.loading import fail, refuse_exact_and_fraction
 
 if TYPE_CHECKING:
     from coda.commands.serve import ServeArgs
@@ -35,6 +35,7 @@ def check_flags(args: ServeArgs) -> None:
         # --redis-url) a ValueError after the port and before the model
         if not 0 < value < float("inf"):
             fail(f"{flag} must be a number > 0, got {value}")
+    refuse_exact_and_fraction(args.kv_cache_bytes, args.kv_cache_fraction)
     if args.max_waiting == 0:  # NOTE: every request waits for a step to admit it: 0 refuses them all
         fail("--max-waiting 0 would refuse every request (each one waits until the next step "
              "admits it); use 1 or more, or -1 for unbounded")

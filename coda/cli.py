@@ -63,8 +63,9 @@ def _reader_may_leave() -> Iterator[list[int]]:
     1; flushing inside makes the last write fail here, not at the interpreter's exit. A stdout
     that cannot take the output (``> /dev/full``) is generate's one error line and exit 1 (it
     was a traceback). What it yields holds the status a reader's leaving exits with (0; a
-    verdict already reached, trace check's problems, sets its own). The commands wrapped turn their own input's OSErrors into a usage error
-    (exit 2) themselves, so an OSError reaching here is stdout's."""
+    verdict already reached, trace check's problems, sets its own). The commands wrapped turn
+    their own input's OSErrors into a usage error (exit 2) themselves, so an OSError reaching
+    here is stdout's."""
     from coda.commands.generate import say_write_error, stdout_to_devnull
 
     left = [0]

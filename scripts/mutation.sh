@@ -32,6 +32,7 @@ declare -A TESTS=(
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
   [early_stop]="tests/test_early_stop.py tests/test_early_stop_bounds.py"
   [engine/plan]="tests/test_plan.py tests/test_plan_fields.py tests/test_plan_types.py tests/test_one_budget_name.py"
+  [trace]="tests/test_trace_read_line.py tests/test_trace_check.py"
   [engine/lookup]="tests/test_speculative_lookup.py"
   [engine/prediction]="tests/test_prediction_align.py"
   [reasoning]="tests/test_reasoning_split.py tests/test_reasoning_splitter.py tests/test_reasoning_markers.py"

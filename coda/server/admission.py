@@ -21,7 +21,8 @@ Three guards, cheapest first:
 
 Overload (a bounded waiting queue → 429 with ``Retry-After``) is checked before every engine
 request a route submits by :meth:`coda.server.state.ServerState.admit`: in ``submit_all``, and
-before a prompt is scored (legacy completions ``echo`` + ``logprobs``, :mod:`coda.server.echo`).
+before a prompt is scored (legacy completions ``echo`` + ``logprobs``, :mod:`coda.server.echo`),
+and before an embedding's inputs are tokenized (:mod:`coda.server.embeddings`, one per input).
 """
 
 from __future__ import annotations

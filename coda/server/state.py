@@ -344,11 +344,12 @@ class ServerState:
             log.info("request submitted", extra={"request_id": h.request_id})
         return handles
 
-    def admit(self, incoming: int) -> None:
+    def admit(self, incoming: int, what: str = "generations (prompts x n)") -> None:
         """The admission rule for ``incoming`` new engine requests (docs/api.md, "Overload"):
         503 while shutting down; a bounded waiting queue: past ``max_waiting`` a request gets
-        429 + Retry-After, a batch larger than the bound itself a 400. Every engine request a
-        route submits passes here first (a prompt-scoring one too, coda.server.echo)."""
+        429 + Retry-After, a batch larger than the bound itself a 400 (naming ``what`` it asks
+        for). Every engine request a route submits passes here first (a prompt-scoring one
+        too, coda.server.echo; each input of an embedding, coda.server.embeddings)."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
         bound = self.settings.max_waiting
@@ -358,7 +359,7 @@ class ServerState:
             # NOTE: a batch (prompts x n) larger than the bound itself can never be admitted:
             # a 429 would send the client into retries that all fail the same way (the SDKs
             # retry 429), and its "N requests are waiting" would name a queue that is empty
-            raise ApiError(400, f"this request asks for {incoming} generations (prompts x n), "
+            raise ApiError(400, f"this request asks for {incoming} {what}, "
                                 f"more than the {bound} the server lets wait (--max-waiting); "
                                 "send fewer at a time", code="invalid_request")
         waiting = self.engine.num_waiting()

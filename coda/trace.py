@@ -76,6 +76,8 @@ class TraceEvent:
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> TraceEvent:
+        """A row as :meth:`to_dict` wrote it; one with no ``ts_ns`` reads as 0, "not recorded"
+        (the O1 order rule's floor), never the reader's "now": two reads of a file agree."""
         data = {k: v for k, v in row.items() if k not in ("request_id", "kind", "ts_ns")}
         return cls(str(row["request_id"]), str(row["kind"]), data, int(row.get("ts_ns", 0)))
 

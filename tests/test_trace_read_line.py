@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coda.trace import TraceEvent, TraceReadError, read_jsonl
+from coda.trace import TraceEvent, TraceReadError, check_trace, read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTMIX = ROOT / "tests" / "data" / "faultmix_trace.jsonl"
@@ -76,3 +76,25 @@ def test_row_that_is_no_trace_row_names_its_line(tmp_path: Path) -> None:
         read_jsonl(f)
     f.write_text("\n".join(_rows(2)) + "\n", encoding="utf-8")
     assert [e.request_id for e in read_jsonl(f)] == ["req-0", "req-1"]
+
+
+def test_o1_a_row_without_ts_ns_reads_as_time_zero(tmp_path: Path) -> None:
+    """SPEC O1's trace file: a row with no ``ts_ns`` (a hand-written trace, a writer that
+    leaves the time out) reads as time 0, "not recorded": the O1 order rule's floor, so it
+    orders before every timed row of its request and never after one; not the reader's
+    "now" (the event's own default), which would make two reads of one file differ. A
+    timestamp-free trace is judged on its rows' order alone."""
+    bare = TraceEvent.from_dict({"request_id": "r", "kind": "lifecycle", "to": "QUEUED"})
+    assert (bare.ts_ns, dict(bare.data)) == (0, {"to": "QUEUED"})
+    rows = [json.loads(line) for line in FAULTMIX.read_text(encoding="utf-8").splitlines()]
+    for row in rows:
+        del row["ts_ns"]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    events = read_jsonl(f)
+    assert {e.ts_ns for e in events} == {0} and events == read_jsonl(f)
+    assert check_trace(events) == []
+    # NOTE: an untimed first row, then one timed at 0: in order (0 is not before "not recorded")
+    rows[1]["ts_ns"] = 0
+    f.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    assert check_trace(read_jsonl(f)) == []

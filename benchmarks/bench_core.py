@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # NOTE: reuse bench_st
 from bench_stops import NaiveWindow as StopWindow  # noqa: E402
 from bench_stops import make_stops  # noqa: E402
 
-from coda.bench import TEXTS  # noqa: E402
+from coda.bench_workload import TEXTS  # noqa: E402
 from coda.detokenizer import IncrementalDetokenizer  # noqa: E402
 from coda.output import OutputProcessor, OutputSpec  # noqa: E402
 from coda.stops import StopStringMatcher  # noqa: E402

@@ -10,7 +10,7 @@ Prints figures only (no asserts on time). Run: ``python benchmarks/bench_engine.
   logits) ÷ whole ``EngineCore.step()`` time (safe point, scheduling, metadata, forward,
   sampling, per-token checks, stream), over pure decode steps with exactly B sequences running,
   at B = 1, 8, 32. The step is timed by wrapping ``engine.core.step`` on the engine thread.
-* **throughput**: 64 mixed-length prompts (:func:`coda.bench.make_workload`), all in flight,
+* **throughput**: 64 mixed-length prompts (:func:`coda.bench_workload.make_workload`), all in flight,
   greedy, ignore_eos, against ``transformers.generate`` in static left-padded batches of
   ``--hf-batch`` on the same folder, in the same process. Two workloads (``--workload``):
   ``mixed`` (default, with ``equal``): output lengths drawn from ``--min-tokens..--max-tokens``
@@ -35,7 +35,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coda.bench import BenchOptions, RunResult, drive_workload, make_workload, percentile, run_hf
+from coda.bench import BenchOptions, run_hf
+from coda.bench_report import percentile
+from coda.bench_workload import RunResult, drive_workload, make_workload
 from coda.engine.async_engine import DEFAULT_MODEL_DIR, AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.sampling import SamplingParams

@@ -17,50 +17,40 @@ ended with an incomplete UTF-8 tail removed), since ``max_tokens`` may cut a mul
 character. A Ctrl-C (SIGINT) during the measured run cancels the requests still running and
 prints the report of those that finished (its first row says how many of how many), then the
 command exits 130; during the warm-up or the early-stop rerun it exits 130 with no report.
+
+Here: the options, the load, the runs in order and the ``transformers`` comparison. The workload
+and its timed run are :mod:`coda.bench_workload`'s; the figures, the table and the plot
+:mod:`coda.bench_report`'s.
 """
+
 
 from __future__ import annotations
 
 import asyncio
-import random
 import resource
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from coda.bench_report import render, write_plot
+from coda.bench_report import (
+    BenchReport,
+    EarlyStopReport,
+    Percentiles,
+    early_stop_report,
+    render,
+    write_plot,
+)
+from coda.bench_workload import RunResult, drive_workload, make_workload
 from coda.early_stop import EarlyStopPolicy
 from coda.engine.async_engine import AsyncEngine
-from coda.engine.types import EngineConfig, GenerationRequest
+from coda.engine.types import EngineConfig
 from coda.models.load_errors import ModelLoadError
 from coda.optional import require
 from coda.output import UTF8_TAIL_POLICIES
-from coda.sampling import SamplingParams
-
-# NOTE: public-domain style sentences written for this file; mixed scripts so that byte-level
-# tokens split characters (CJK, accents, emoji) exactly as in real multilingual traffic.
-TEXTS: tuple[str, ...] = (
-    "The old lighthouse keeper climbed the stairs each evening to light the lamp.",
-    "Rain fell softly on the village, and the river rose slowly through the night.",
-    "She opened the letter, read the first line twice, and smiled at the window.",
-    "Le petit café au coin de la rue ouvre très tôt, même le dimanche matin.",
-    "Über den Bergen zieht ein Gewitter auf, und die Wanderer suchen Schutz.",
-    "El tren llegó tarde a la estación, pero nadie parecía tener prisa.",
-    "春の朝、公園の桜がゆっくりと咲き始めました。",
-    "我们明天早上一起去图书馆看书吧。",
-    "오늘은 날씨가 좋아서 산책을 하기로 했다.",
-    "Η θάλασσα ήταν ήρεμη και ο ουρανός καθαρός.",
-    "Мы долго шли по лесу, пока не увидели озеро.",
-    "Weekend plans: hiking 🥾, a picnic 🧺 and a long nap 😴.",
-    "Once upon a time, in a kingdom by the sea, there lived a curious fox.",
-    "Naïve questions are welcome; déjà vu is not an answer, señor.",
-)
-PROMPT_LENGTHS: tuple[tuple[int, int], ...] = ((4, 16), (16, 48), (48, 128), (128, 256))
 
 
 @dataclass(frozen=True)
@@ -98,167 +88,8 @@ class BenchOptions:
                              f"{', '.join(UTF8_TAIL_POLICIES)}")
 
 
-@dataclass(frozen=True)
-class Percentiles:
-    p50: float
-    p90: float
-    p99: float
-
-    @staticmethod
-    def of(values: Sequence[float]) -> Percentiles:
-        return Percentiles(percentile(values, 50), percentile(values, 90), percentile(values, 99))
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One pass of the workload through the engine (seconds; texts for prefix comparison)."""
-
-    wall_s: float
-    output_tokens: int
-    ttft_s: tuple[float, ...]
-    itl_s: tuple[float, ...]
-    e2e_s: tuple[float, ...]
-    texts: tuple[str, ...]
-    reasons: tuple[str, ...]
-    tokens: tuple[int, ...]
-    utf8_tail_affected: int = 0  # requests whose tail policy acted (FAILED, or bytes dropped)
-    interrupted: bool = False  # a SIGINT ended the run: the figures are the finished requests'
-    done: tuple[int, ...] = ()  # the finished requests' indices in the workload
-
-
-@dataclass(frozen=True)
-class EarlyStopReport:
-    full_tokens: int
-    stopped_tokens: int
-    tokens_saved: int
-    full_wall_s: float
-    stopped_wall_s: float
-    time_saved_s: float
-    requests_stopped: int     # requests that ended with fewer tokens than the full run
-    answers_differ: int       # stopped text != full text
-    not_prefix: int           # stopped text is not a prefix of the full text (divergence)
-
-
-@dataclass(frozen=True)
-class BenchReport:
-    num_requests: int
-    concurrency: int
-    max_tokens: int
-    prompt_tokens: int
-    output_tokens: int
-    wall_s: float
-    output_tok_s: float
-    requests_s: float
-    ttft_ms: Percentiles
-    itl_ms: Percentiles
-    e2e_ms: Percentiles
-    peak_rss_mb: float
-    hf_wall_s: float | None = None
-    hf_output_tok_s: float | None = None
-    speedup_vs_hf: float | None = None
-    early_stop: EarlyStopReport | None = None
-    finish_reasons: dict[str, int] = field(default_factory=dict)
-    utf8_tail: str = "auto"
-    utf8_tail_affected: int = 0
-    quant_mode: str = ""  # the serving mode the engine resolved
-    interrupted_of: int | None = None  # SIGINT: the requests planned (num_requests: finished)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (``numpy.percentile``'s default); NaN when empty."""
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def make_workload(tokenizer: Any, num_requests: int, seed: int, max_prompt: int
-                  ) -> list[tuple[int, ...]]:
-    """Deterministic mixed-length prompts: each takes a length band, then sentences in turn."""
-    rng = random.Random(seed)
-    prompts: list[tuple[int, ...]] = []
-    for _ in range(num_requests):
-        lo, hi = rng.choice(PROMPT_LENGTHS)
-        want = max(1, min(rng.randint(lo, hi), max_prompt))
-        ids: list[int] = []
-        while len(ids) < want:
-            ids.extend(tokenizer.encode(rng.choice(TEXTS) + " ", add_special_tokens=False).ids)
-        prompts.append(tuple(ids[:want]))
-    return prompts
-
-
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # NOTE: Linux reports KiB
-
-
-async def drive_workload(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]],
-                         opts: BenchOptions, policy: EarlyStopPolicy | None,
-                         progress: Progress | None) -> RunResult:
-    """Submit every prompt (at most ``opts.concurrency`` in flight) and time its events."""
-    sem = asyncio.Semaphore(opts.concurrency)
-    # NOTE: per request, so that an interrupted run reports the finished requests only
-    ttft: list[float | None] = [None] * len(prompts)
-    itl: list[list[float]] = [[] for _ in prompts]
-    e2e: list[float | None] = [None] * len(prompts)
-    texts = [""] * len(prompts)
-    reasons = [""] * len(prompts)
-    tokens = [0] * len(prompts)
-    affected = [False] * len(prompts)
-    task = progress.add_task("requests", total=len(prompts)) if progress is not None else None
-    sampling = SamplingParams(temperature=0.0, ignore_eos=True, seed=opts.seed)
-
-    async def one(i: int) -> None:
-        async with sem:
-            req = GenerationRequest(prompts[i], sampling=sampling, max_tokens=opts.max_tokens,
-                                    early_stop=policy, request_id=f"bench-{i}",
-                                    utf8_tail=opts.utf8_tail)
-            t0 = time.perf_counter()
-            handle = engine.submit(req)
-            last: float | None = None
-            chunks: list[bytes] = []
-            async for ev in handle.events():
-                now = time.perf_counter()
-                if ev.terminal is not None:
-                    e2e[i] = now - t0
-                    tokens[i] = ev.terminal.usage.selected_tokens
-                    term = ev.terminal
-                    # NOTE: max_tokens may end mid-character: per the K3 policy, a decoding
-                    # error or a removed tail (auto, drop)
-                    code = f":{term.error_code.value}" if term.error_code is not None else ""
-                    reasons[i] = term.finish_reason.value + code
-                    affected[i] = bool(term.dropped_tail) or code == ":decoding_error"
-                elif ev.data:
-                    if last is None:
-                        ttft[i] = now - t0
-                    else:
-                        itl[i].append(now - last)
-                    last = now
-                    chunks.append(ev.data)
-            texts[i] = b"".join(chunks).decode("utf-8", "replace")
-        if progress is not None and task is not None:
-            progress.advance(task)
-
-    start = time.perf_counter()
-    interrupted = False
-    try:
-        await asyncio.gather(*(one(i) for i in range(len(prompts))))
-    except asyncio.CancelledError:
-        # NOTE: asyncio.run's answer to a SIGINT: the requests still running are cancelled
-        # with the gather; returning (not raising) hands back what finished, and a second
-        # SIGINT is asyncio.run's KeyboardInterrupt at once
-        interrupted = True
-    wall = time.perf_counter() - start
-    done = [i for i, r in enumerate(reasons) if r]
-    return RunResult(wall, sum(tokens[i] for i in done),
-                     tuple(t for i in done if (t := ttft[i]) is not None),
-                     tuple(g for i in done for g in itl[i]),
-                     tuple(t for i in done if (t := e2e[i]) is not None),
-                     tuple(texts[i] for i in done), tuple(reasons[i] for i in done),
-                     tuple(tokens[i] for i in done), sum(affected[i] for i in done), interrupted,
-                     tuple(done))
 
 
 def _run(engine: AsyncEngine, prompts: Sequence[tuple[int, ...]], opts: BenchOptions,
@@ -296,16 +127,6 @@ def run_hf(model_path: Path, prompts: Sequence[tuple[int, ...]], batch: int, max
                                  min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad_id)
         total += int(out.shape[0]) * (int(out.shape[1]) - width)
     return time.perf_counter() - start, total
-
-
-def _early_stop_report(full: RunResult, stopped: RunResult) -> EarlyStopReport:
-    differ = sum(a != b for a, b in zip(full.texts, stopped.texts, strict=True))
-    not_prefix = sum(not a.startswith(b) for a, b in zip(full.texts, stopped.texts, strict=True))
-    n_stopped = sum(s < f for f, s in zip(full.tokens, stopped.tokens, strict=True))
-    return EarlyStopReport(full.output_tokens, stopped.output_tokens,
-                           full.output_tokens - stopped.output_tokens, full.wall_s,
-                           stopped.wall_s, full.wall_s - stopped.wall_s, n_stopped, differ,
-                           not_prefix)
 
 
 def _load(opts: BenchOptions) -> AsyncEngine:
@@ -366,7 +187,7 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
             stopped = _run(engine, prompts, opts, policy, diag, "coda + early stop")
             if stopped.interrupted:  # NOTE: half a comparison is none: exit 130 as before
                 raise KeyboardInterrupt
-            es = _early_stop_report(full, stopped)
+            es = early_stop_report(full, stopped)
     if opts.compare_hf and not full.interrupted:
         pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
         with diag.status("transformers.generate (static batches)…"):

@@ -1,15 +1,89 @@
-"""``coda bench``'s report: the two-column table it prints and the latency plot it writes
-(``--plot``), from a finished :class:`~coda.bench.BenchReport` / :class:`~coda.bench.RunResult`."""
+"""``coda bench``'s report: its figures (percentiles, the early-stop comparison, the whole
+report), the two-column table it prints and the latency plot it writes (``--plot``), from the
+runs of :mod:`coda.bench_workload`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from coda.bench import BenchOptions, BenchReport, Percentiles, RunResult
+    from coda.bench import BenchOptions
+    from coda.bench_workload import RunResult
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Percentiles:
+        return Percentiles(percentile(values, 50), percentile(values, 90), percentile(values, 99))
+
+
+@dataclass(frozen=True)
+class EarlyStopReport:
+    full_tokens: int
+    stopped_tokens: int
+    tokens_saved: int
+    full_wall_s: float
+    stopped_wall_s: float
+    time_saved_s: float
+    requests_stopped: int     # requests that ended with fewer tokens than the full run
+    answers_differ: int       # stopped text != full text
+    not_prefix: int           # stopped text is not a prefix of the full text (divergence)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    num_requests: int
+    concurrency: int
+    max_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+    wall_s: float
+    output_tok_s: float
+    requests_s: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    e2e_ms: Percentiles
+    peak_rss_mb: float
+    hf_wall_s: float | None = None
+    hf_output_tok_s: float | None = None
+    speedup_vs_hf: float | None = None
+    early_stop: EarlyStopReport | None = None
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    utf8_tail: str = "auto"
+    utf8_tail_affected: int = 0
+    quant_mode: str = ""  # the serving mode the engine resolved
+    interrupted_of: int | None = None  # SIGINT: the requests planned (num_requests: finished)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``numpy.percentile``'s default); NaN when empty."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def early_stop_report(full: RunResult, stopped: RunResult) -> EarlyStopReport:
+    differ = sum(a != b for a, b in zip(full.texts, stopped.texts, strict=True))
+    not_prefix = sum(not a.startswith(b) for a, b in zip(full.texts, stopped.texts, strict=True))
+    n_stopped = sum(s < f for f, s in zip(full.tokens, stopped.tokens, strict=True))
+    return EarlyStopReport(full.output_tokens, stopped.output_tokens,
+                           full.output_tokens - stopped.output_tokens, full.wall_s,
+                           stopped.wall_s, full.wall_s - stopped.wall_s, n_stopped, differ,
+                           not_prefix)
 
 
 def render(r: BenchReport, model_dir: Path, opts: BenchOptions) -> Table:

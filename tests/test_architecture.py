@@ -20,6 +20,7 @@ NOT_CORE = {
     "cli": "the command line: wires models, engine and server together",
     "__main__": "`python -m coda`: the command line's other door",
     "bench": "the benchmark harness behind `coda bench` (imports the engine and torch)",
+    "bench_workload": "`coda bench`'s workload and its timed run (submits to the engine)",
 }
 PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types",
                "engine/plan"}

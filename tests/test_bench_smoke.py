@@ -10,7 +10,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from coda.bench import BenchOptions, make_workload, percentile, run_bench, run_hf
+from coda.bench import BenchOptions, run_bench, run_hf
+from coda.bench_report import percentile
+from coda.bench_workload import make_workload
 from coda.cli import app
 from coda.engine.async_engine import AsyncEngine
 from tests.random_checkpoint import make_random_checkpoint

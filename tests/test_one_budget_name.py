@@ -129,6 +129,8 @@ BUDGET_HOLDERS = frozenset({
     ("early_stop.py", "EarlyStopPolicy", "max_tokens"),
     # NOTE: `coda generate --max-tokens`, passed on as the request's max_tokens (the CLI split)
     ("commands/generate.py", "GenerateArgs", "max_tokens"),
+    # NOTE: `coda bench --max-tokens`, every request's budget, as the report prints it
+    ("bench_report.py", "BenchReport", "max_tokens"),
 })
 
 

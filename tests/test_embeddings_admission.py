@@ -118,3 +118,52 @@ def test_embeddings_while_shutting_down_are_a_503_p1(
     finally:
         live.app.state.coda.shutting_down = False
         live.stop()
+
+
+def test_a_queued_embedding_fills_the_waiting_queue_l5(
+        one_slot: tuple[Any, list[list[int]]]) -> None:
+    """L5: an embedding waiting for the engine thread is a waiting request: with one
+    embedding running (held) and one queued behind it, ``max_waiting=1`` refuses a chat with
+    the 429 (before, embeddings never counted, and the chat queued past the bound). Released,
+    both accepted embeddings answer: nothing accepted is lost."""
+    import threading
+    import time
+
+    engine, embedded = one_slot
+    live = _serve(engine, max_waiting=1)
+    hold = threading.Event()
+    running = threading.Event()
+    forward = engine.runner.embed
+
+    def held(token_ids: Any) -> list[float]:
+        running.set()
+        hold.wait(60)
+        return list(forward(token_ids))
+
+    engine.runner.embed = held
+    answers: list[int] = []
+
+    def embed_one() -> None:
+        answers.append(len(_client(live).embeddings.create(model=MODEL, input="hi").data))
+
+    try:
+        first = threading.Thread(target=embed_one)
+        first.start()
+        assert running.wait(30)
+        second = threading.Thread(target=embed_one)
+        second.start()
+        deadline = time.monotonic() + 10
+        while engine.num_waiting() < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(openai.RateLimitError) as err:
+            _client(live).with_options(timeout=10).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert err.value.code == "overloaded"
+        hold.set()
+        first.join(60)
+        second.join(60)
+        assert answers == [1, 1] and len(embedded) == 2
+    finally:
+        hold.set()
+        engine.runner.embed = forward
+        live.stop()

@@ -423,7 +423,8 @@ class AsyncEngine:
         return closer
 
     def num_waiting(self) -> int:
-        return self.core.scheduler.num_waiting + len(self._inbox)
+        # NOTE: an embedding queued for the engine thread waits as a request does (admission)
+        return self.core.scheduler.num_waiting + len(self._inbox) + len(self._calls)
 
     def stats(self) -> EngineStats:
         bm = self.core.scheduler.block_manager

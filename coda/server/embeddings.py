@@ -104,7 +104,10 @@ def admit(st: ServerState, inputs: int) -> None:
     """Admission for ``inputs`` embedding inputs (see the module doc): one engine request each.
     NOTE: of admission's checks, KV fit does not apply: an embedding holds no KV block and no
     batch slot (it runs between two steps over a scratch cache sized for its input), so once
-    admitted it is never preempted or starved of blocks; its inputs then run one at a time."""
+    admitted it is never preempted or starved of blocks. Its inputs then run one at a time,
+    each queued once the one before has run (they interleave with decode steps); a queued
+    one counts as waiting (:meth:`coda.engine.async_engine.AsyncEngine.num_waiting`; with
+    several models or replicas, the front's count holds generation requests only)."""
     st.admit(inputs, "embedding inputs")
 
 

@@ -14,10 +14,10 @@ special tokens (its BOS), as a completion prompt is. Ollama's ``truncate`` (defa
 input to the context; off, or on the OpenAI API, a longer input is a 400. An empty ``input``
 on ``/api/embed`` loads the model and returns no embeddings (Ollama's behaviour).
 
-Admission (docs/api.md, "Admission"; SPEC L5): every input is an engine request for
+Admission (docs/api.md, "Admission"; SPEC L5): one call is one engine request for
 :meth:`ServerState.admit`, checked before anything is tokenized or embedded, as a chat's
 generations are: 503 while the server shuts down, 429 + ``Retry-After`` on a full waiting
-queue, 400 for more inputs than ``--max-waiting`` lets wait. An input past the context is the
+queue. An input past the context is the
 400 ``context_length_exceeded`` a chat prompt gets (:meth:`ServerState.encode`'s byte bound,
 then :func:`coda.engine.plan.check_embedding_input`).
 """
@@ -100,15 +100,17 @@ def normalised(vector: list[float], dimensions: int | None) -> list[float]:
     return [x / norm for x in vector] if norm > 0 else list(vector)
 
 
-def admit(st: ServerState, inputs: int) -> None:
-    """Admission for ``inputs`` embedding inputs (see the module doc): one engine request each.
+def admit(st: ServerState) -> None:
+    """Admission for one embedding call (see the module doc): one engine request, whatever
+    its number of inputs, since they run one at a time and never more than one waits (so
+    OpenAI's 2048-input batches pass with any ``--max-waiting``).
     NOTE: of admission's checks, KV fit does not apply: an embedding holds no KV block and no
     batch slot (it runs between two steps over a scratch cache sized for its input), so once
     admitted it is never preempted or starved of blocks. Its inputs then run one at a time,
     each queued once the one before has run (they interleave with decode steps); a queued
     one counts as waiting (:meth:`coda.engine.async_engine.AsyncEngine.num_waiting`; with
     several models or replicas, the front's count holds generation requests only)."""
-    st.admit(inputs, "embedding inputs")
+    st.admit(1, "embedding call")
 
 
 async def embed_all(st: ServerState, inputs: list[list[int]]) -> list[list[float]]:
@@ -143,7 +145,7 @@ async def ollama_embed(body: OllamaEmbedRequest, request: Request) -> Response:
     texts = [] if texts == [""] else texts
     if len(texts) > MAX_INPUTS:
         raise ApiError(400, f"input: at most {MAX_INPUTS} inputs", param="input")
-    admit(st, len(texts))
+    admit(st)
     inputs = await _encoded(st, texts, body.truncate)
     vectors = [normalised(v, body.dimensions) for v in await embed_all(st, inputs)]
     if keep_alive_zero(body.keep_alive):
@@ -164,7 +166,7 @@ async def ollama_embeddings_legacy(body: OllamaEmbedRequest, request: Request) -
                        param="input")
     if not body.prompt:
         return JSONResponse({"embedding": []})
-    admit(st, 1)
+    admit(st)
     inputs = await _encoded(st, [body.prompt], body.truncate)
     (vector,) = await embed_all(st, inputs)
     if body.dimensions is not None:
@@ -195,7 +197,7 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> R
         raise ApiError(400, f"input: array too long. Expected an array with maximum length "
                        f"{MAX_INPUTS}, but got an array with length {len(raw)} instead.",
                        param="input", code="array_above_max_length")
-    admit(st, 1 if one else len(raw))
+    admit(st)
     # NOTE: the filters narrow the union's items for mypy; ``all`` has checked every one
     if one:
         inputs: list[list[int]] = [[x for x in raw if isinstance(x, int)]]

@@ -87,6 +87,13 @@ def register(app: FastAPI) -> None:
                                 "sequence numbers (an id this stream sent)",
                            param="Last-Event-ID")
         positions, held = parsed if parsed is not None else (None, 0)
+        for i, stream in enumerate(record.streams):
+            # NOTE: P3: an id past a finished stream's terminal was never sent (a live one's log
+            # may lag another ingress's, with --redis-url): a 400, not an empty or spliced replay
+            if positions is not None and stream.closed and positions[i] > stream.last_seq:
+                raise ApiError(400, f"Last-Event-ID names sequence number {positions[i]} of "
+                                    f"choice {i}, past the last this stream sent "
+                                    f"({stream.last_seq})", param="Last-Event-ID")
         positions = resolve_resume(record.streams, positions, offset, digest)
         renderer = record.make_renderer(positions)
         renderer.held = held if positions is not None else 0

@@ -100,3 +100,29 @@ def test_p3_responses_resume_past_the_last_event_is_a_400(server_live: Any) -> N
     assert ok.status_code == 200 and "data:" not in ok.text, ok.text
     again = httpx.get(url, params={"stream": "true", "starting_after": str(last - 1)})
     assert again.status_code == 200 and f"id: {last}" in again.text, again.text
+
+
+def test_p3_a_sub_id_past_its_group_is_a_400(server_live: Any) -> None:
+    """P3: a group's frames carry ``P.1`` … ``P.(k-1)`` and the last one the plain id, so for
+    every base ``P`` a finished message stream (official client) sent and every k up to 5,
+    ``P.k`` resumes (200, the rest of its group then the rest of the stream) iff the stream
+    sent it, else a 400 naming ``Last-Event-ID`` — before, ``P.k`` past the group silently
+    dropped the next event's frames."""
+    client = anthropic.Anthropic(base_url=server_live.url, api_key="k", max_retries=0)
+    with client.messages.stream(model=MODEL, max_tokens=6,
+                                messages=[{"role": "user", "content": "hi"}]) as stream:
+        rid = stream.get_final_message().id
+    sent = [line[4:] for line in _resume(server_live.url, rid, "-1").text.splitlines()
+            if line.startswith("id: ")]
+    assert any("." in i for i in sent), sent  # NOTE: message_start's group has sub-ids
+    bases = {i.split(".")[0] for i in sent}
+    for base in sorted(bases):
+        for k in range(1, 6):
+            cursor = f"{base}.{k}"
+            r = _resume(server_live.url, rid, cursor)
+            if cursor in sent:
+                assert r.status_code == 200, r.text
+                got = [line[4:] for line in r.text.splitlines() if line.startswith("id: ")]
+                assert got == sent[sent.index(cursor) + 1:], (cursor, got)
+            else:
+                _assert_400(r, "Last-Event-ID")

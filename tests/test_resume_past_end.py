@@ -12,6 +12,7 @@ the whole log replayed.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
@@ -126,3 +127,31 @@ def test_p3_a_sub_id_past_its_group_is_a_400(server_live: Any) -> None:
                 assert got == sent[sent.index(cursor) + 1:], (cursor, got)
             else:
                 _assert_400(r, "Last-Event-ID")
+
+
+def test_p3_a_live_stream_resumed_past_its_end_is_a_400(server_live: Any) -> None:
+    """P3: an id ahead of a stream still running is judged once the log holds it or the
+    stream ended: past the terminal → 400 — before, the resume answered at once and, when the
+    request ended, sent ``[DONE]`` alone (no terminal chunk: an end it never named)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "max_tokens": 400, "ignore_eos": True, "on_disconnect": "continue"}
+    with httpx.Client(timeout=60) as h, \
+            h.stream("POST", server_live.url + "/v1/chat/completions", json=body) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: {"))
+        rid = json.loads(first[6:])["id"]
+        resumed = _resume(server_live.url, rid, "100000")
+    _assert_400(resumed, "Last-Event-ID")
+
+
+def test_p3_a_live_response_resumed_past_its_end_is_a_400(server_live: Any) -> None:
+    """P3, Responses: ``starting_after`` ahead of a response still running is judged once the
+    log holds it or the response ended: past its last ``sequence_number`` → 400."""
+    body = {"model": MODEL, "input": "hi", "stream": True, "max_output_tokens": 400,
+            "ignore_eos": True, "background": True}
+    with httpx.Client(timeout=60) as h, \
+            h.stream("POST", server_live.url + "/v1/responses", json=body) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: {"))
+        rid = json.loads(first[6:])["response"]["id"]
+        resumed = httpx.get(f"{server_live.url}/v1/responses/{rid}", timeout=60,
+                            params={"stream": "true", "starting_after": "100000"})
+    _assert_400(resumed, "starting_after")

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.engine.protocol import Engine
-from coda.reader import merge_order, replay
+from coda.reader import logged_until, merge_order, replay
 from coda.server import anthropic_models
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
@@ -105,9 +105,13 @@ def register(app: FastAPI) -> None:
                                 "sequence numbers (an id this stream sent)",
                            param="Last-Event-ID")
         positions, held = parsed if parsed is not None else (None, 0)
+        if positions is not None:
+            ahead = positions  # NOTE: judged below once logged or ended (--redis-url: lag)
+            await logged_until(record.streams, lambda: all(
+                s.closed or p <= s.last_seq for s, p in zip(record.streams, ahead, strict=True)))
         for i, stream in enumerate(record.streams):
-            # NOTE: P3: an id past a finished stream's terminal was never sent (a live one's log
-            # may lag another ingress's, with --redis-url): a 400, not an empty or spliced replay
+            # NOTE: P3: an id past a finished stream's terminal was never sent: a 400, not an
+            # empty, footer-only or spliced replay
             if positions is not None and stream.closed and positions[i] > stream.last_seq:
                 raise ApiError(400, f"Last-Event-ID names sequence number {positions[i]} of "
                                     f"choice {i}, past the last this stream sent "

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.finish import CancelCause
-from coda.reader import replay, terminal_of
+from coda.reader import logged_until, replay, terminal_of
 from coda.server.common import state_of
 from coda.server.cursor_page import page
 from coda.server.http_errors import ApiError
@@ -92,6 +92,8 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     if after < -1:
         raise ApiError(400, "starting_after must be >= -1", param="starting_after")
     log = record.streams[0]
+    await logged_until(record.streams, lambda: log.closed
+                       or after <= _last_event_through(record, log.last_seq))
     if log.closed and after > (last := _last_event_through(record, log.last_seq)):
         # NOTE: P3: a number past a finished response's last event was never sent
         name = "starting_after" if starting_after is not None else "Last-Event-ID"

@@ -5,7 +5,8 @@ engine's handle and ``attach`` (resume) through :func:`follow`, the SSE pump thr
 :class:`StreamReader` (several streams merged, with a quiet timeout), non-streaming routes
 through :func:`terminal_of`, a finished log through :func:`replay` (the metrics, at each end,
 :mod:`coda.server.metrics`), an observer of one request's end (the model router) through
-:func:`when_closed` and blocking waits through :func:`wait_terminal`.
+:func:`when_closed`, a resume that names a position not logged yet through
+:func:`logged_until` and blocking waits through :func:`wait_terminal`.
 Reading is replay-then-follow: events after a position are taken from the log, then the reader
 sleeps until the producer appends (the wake-up channel, :mod:`coda.wakeup`, wakes it on its own
 event loop; nothing of a reader runs on the producer's thread), so a reader may start at any
@@ -198,3 +199,21 @@ class StreamReading:
 
     async def result(self) -> Terminal:
         return await terminal_of(self.stream)
+
+
+async def logged_until(streams: Sequence[RequestStream], ready: Callable[[], bool]) -> None:
+    """Wait (on the running loop) until ``ready()``, re-checked after every append to
+    ``streams``; the caller makes ``ready`` true once they ended. A resume that names a
+    position a live stream has not logged yet (a reader of another ingress may be ahead of
+    this log, with ``--redis-url``) is judged once the log holds it or ended (P3)."""
+    wake = asyncio.Event()
+    removers = [s.subscribe(lambda _seq: wake.set()) for s in streams]
+    try:
+        while True:
+            wake.clear()  # NOTE: before the check, so no append is missed
+            if ready():
+                return
+            await wake.wait()
+    finally:
+        for remove in removers:
+            remove()

@@ -10,11 +10,13 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.engine.protocol import Engine
+from coda.reader import logged_until, merge_order, replay
 from coda.server import anthropic_models
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
 from coda.server.sse import SSEResponse, parse_position_id
+from coda.server.state import Record
 
 
 def model_card(engine: Engine) -> dict[str, Any]:
@@ -25,6 +27,22 @@ def model_card(engine: Engine) -> dict[str, Any]:
             "max_model_len": engine.context_length}
     card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
     return card
+
+
+def _group_size(record: Record, positions: list[int]) -> int | None:
+    """How many frames the group after ``positions`` of a finished record renders (the next
+    event's, else the footer's), as the resuming pump renders it; None while a stream runs."""
+    streams = record.streams
+    if not all(s.closed for s in streams):
+        return None
+    r = record.make_renderer(list(positions))
+    r.header()
+    events = merge_order((i, ev) for i, s in enumerate(streams) for ev in replay(s, positions[i]))
+    if not events:
+        return len(r.footer())
+    index, ev = events[0]
+    return len(r.on_event(index, ev, [ev.seq if i == index else p
+                                      for i, p in enumerate(positions)]))
 
 
 def register(app: FastAPI) -> None:
@@ -87,6 +105,23 @@ def register(app: FastAPI) -> None:
                                 "sequence numbers (an id this stream sent)",
                            param="Last-Event-ID")
         positions, held = parsed if parsed is not None else (None, 0)
+        if positions is not None:
+            ahead = positions  # NOTE: judged below once logged or ended (--redis-url: lag)
+            await logged_until(record.streams, lambda: all(
+                s.closed or p <= s.last_seq for s, p in zip(record.streams, ahead, strict=True)))
+        for i, stream in enumerate(record.streams):
+            # NOTE: P3: an id past a finished stream's terminal was never sent: a 400, not an
+            # empty, footer-only or spliced replay
+            if positions is not None and stream.closed and positions[i] > stream.last_seq:
+                raise ApiError(400, f"Last-Event-ID names sequence number {positions[i]} of "
+                                    f"choice {i}, past the last this stream sent "
+                                    f"({stream.last_seq})", param="Last-Event-ID")
+        size = _group_size(record, positions) if positions is not None and held else None
+        if size is not None and held >= size:
+            # NOTE: P3: a group's last frame carries the plain id, so ``P.k`` names k < its
+            # frames; more would silently drop the next event's frames
+            raise ApiError(400, f"Last-Event-ID {raw!r} names frame {held} of a group of "
+                                f"{size}: not an id this stream sent", param="Last-Event-ID")
         positions = resolve_resume(record.streams, positions, offset, digest)
         renderer = record.make_renderer(positions)
         renderer.held = held if positions is not None else 0

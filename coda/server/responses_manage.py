@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.finish import CancelCause
-from coda.reader import replay, terminal_of
+from coda.reader import logged_until, replay, terminal_of
 from coda.server.common import state_of
 from coda.server.cursor_page import page
 from coda.server.http_errors import ApiError
@@ -76,7 +76,10 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     after = starting_after
     if after is None:
         header = request.headers.get("last-event-id", "").strip()
-        after = int(header) if header.lstrip("-").isdigit() else None
+        if header and not header.lstrip("-").isdigit():  # NOTE: P3: never a silent full replay
+            raise ApiError(400, "Last-Event-ID must be a sequence_number this stream sent",
+                           param="Last-Event-ID")
+        after = int(header) if header else None
     if offset is not None or digest is not None:
         resolved = resolve_resume(record.streams, None, offset, digest)
         assert resolved is not None
@@ -88,6 +91,14 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     after = -1 if after is None else after
     if after < -1:
         raise ApiError(400, "starting_after must be >= -1", param="starting_after")
+    log = record.streams[0]
+    await logged_until(record.streams, lambda: log.closed
+                       or after <= _last_event_through(record, log.last_seq))
+    if log.closed and after > (last := _last_event_through(record, log.last_seq)):
+        # NOTE: P3: a number past a finished response's last event was never sent
+        name = "starting_after" if starting_after is not None else "Last-Event-ID"
+        raise ApiError(400, f"{name} {after} is past the last sequence_number this stream "
+                            f"sent ({last})", param=name)
     # NOTE: a replaying reader never cancels: the original request owns the P4 policy.
     return SSEResponse(record.streams, record.make_renderer([after]),
                        keepalive_s=st.settings.keepalive_s,

@@ -119,3 +119,73 @@ def test_a_cancel_policy_request_reaped_before_any_replica_claimed_it_is_cancell
         return bool(st.num_running == st.num_waiting == 0 and st.num_free_blocks == st.num_blocks)
 
     wait_for(idle, timeout=60, what="nothing running on the replicas (L7)")
+
+
+def test_a_detached_request_whose_ingress_died_unclaimed_is_adopted_and_runs_p4_l5(
+        replicas: Any, redis_server: RedisServer) -> None:
+    """P4 (background / ``continue``: it runs without its connection), L5, L2, "nothing
+    accepted is lost": ingress B opens a detached request (owner B, what it asked stored) and
+    dies with its submit to a replica still in flight. Front end A (a live
+    :class:`~coda.scaleout.remote.RemoteEngine` on the same Redis, its heartbeat reaping)
+    adopts it and resubmits it to a replica: the log, read by id as a client reading the stream
+    would, runs to FINISHED with every token (before the fix: ``FAILED`` / ``model_error``,
+    no token, though no model had run it). B's in-flight submit, let through once A adopted
+    it, is refused (the claim expected B's token), and B, settling that failure, follows the
+    log to the same end instead of taking the request back from its adopter."""
+    from coda.durable.mirror import LogFollower
+    from coda.reader import follow
+    from coda.scaleout.remote import RemoteEngine
+    from coda.server.durable import ServerDurable
+
+    gate = threading.Event()
+    b = ServerDurable(redis_server.url, lease_ttl_s=LEASE_S)
+    a = ServerDurable(redis_server.url, lease_ttl_s=LEASE_S)
+    b.log.start()
+    engine_b = RemoteEngine([_Held(r, gate) for r in replicas.replicas], replicas.config,
+                            log=b.log)
+    RemoteEngine(replicas.replicas, replicas.config, log=a.log)  # NOTE: A's log adopts
+    req = GenerationRequest((5, 6, 7, 8), SamplingParams(temperature=1.0, seed=4,
+                                                         ignore_eos=True),
+                            max_tokens=24, request_id=f"adopt-{time.monotonic_ns()}")
+    rid = req.request_id or ""
+
+    async def main() -> tuple[Any, list[Any]]:
+        h = engine_b.submit(req)
+        engine_b.detach(rid)  # NOTE: background: set before B's pump opens it in the log
+        while a.log.meta(rid).get("owner") != b.log.server_id:
+            await asyncio.sleep(0.02)
+        assert a.log.meta(rid).get("detach") == "1"
+        b.log.stop(release=True)  # NOTE: B SIGKILLed: no heartbeat, its lease gone
+        a.log.start()  # NOTE: A's reaper now runs every lease / 3
+        while "adopted" not in a.log.meta(rid):
+            await asyncio.sleep(0.02)
+        gate.set()  # NOTE: the submit B sent before dying reaches a replica now
+        follower = LogFollower(a.log, rid)  # NOTE: the client, reading the stream by id
+
+        async def read() -> list[Any]:
+            return [ev async for ev in follow(follower.stream)]
+
+        seen = await asyncio.wait_for(read(), timeout=120)
+        await asyncio.wait_for(h.result(), timeout=60)
+        return h, seen
+
+    try:
+        h, seen = asyncio.run(main())
+    finally:
+        gate.set()
+        b.log.stop(release=True)
+        a.log.stop(release=True)
+    evs = a.log.read(rid)
+    assert [e.seq for e in evs] == list(range(len(evs)))
+    assert [e.type for e in evs].count(EventType.TERMINAL) == 1
+    term = evs[-1].terminal
+    assert term is not None
+    assert (term.state, term.finish_reason) == (State.FINISHED, FinishReason.MAX_OUTPUT_TOKENS)
+    assert term.usage.prompt_tokens == 4 and term.usage.selected_tokens == 24
+    assert sum(len(e.tokens) for e in evs if e.type is EventType.DELTA) == 24
+    assert [(e.seq, e.type) for e in seen] == [(e.seq, e.type) for e in evs]
+    meta = a.log.meta(rid)
+    assert meta["adopted"] == b.log.server_id and meta["via"] == a.log.server_id
+    assert meta["owner"].startswith("replica-")  # NOTE: a replica claimed it from A
+    assert a.log.adopted_total == 1
+    assert h.stream.terminal is not None and h.stream.terminal.state is State.FINISHED

@@ -152,3 +152,24 @@ end
 if ended then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1
 """
+
+# A detached request whose ingress died before any replica claimed it is adopted by a surviving
+# front end (:mod:`coda.durable.orphans`), which becomes its ingress and submits it to a replica;
+# fenced as REAP is: written only if there is no terminal, the owner's lease is still gone, and
+# the fencing token and ``detach`` are as the adopter read them (a replica's claim, a reaper or
+# another adopter in between wins). The dead ingress is kept in ``via`` and ``adopted``; the
+# grace clock (``orphan_ms``) restarts should the adopter die in turn.
+# KEYS: meta, the owner's lease; ARGV: the owner's fencing token as read, new owner, new fence
+ADOPT = """
+local meta = KEYS[1]
+if redis.call('HEXISTS', meta, 'term') == 1 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+if (redis.call('HGET', meta, 'fence') or '') ~= ARGV[1] then return -3 end
+if (redis.call('HGET', meta, 'detach') or '') == '' then return -3 end
+local owner = redis.call('HGET', meta, 'owner')
+if (redis.call('HGET', meta, 'ingress') or '') ~= owner then return -3 end
+redis.call('HSET', meta, 'via', owner, 'adopted', owner, 'owner', ARGV[2], 'ingress', ARGV[2],
+           'fence', ARGV[3])
+redis.call('HDEL', meta, 'orphan_ms')
+return 1
+"""

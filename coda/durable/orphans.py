@@ -11,10 +11,21 @@ owner's lease is gone, choosing the terminal from the request's meta hash:
   ``transport_error`` (:attr:`~coda.finish.CancelCause.DISCONNECT`; a disconnect is never a
   model failure, L5), the terminal the replica's orphan watch writes for the same request
   once it holds it (:mod:`coda.scaleout.producer`);
-- otherwise the process running the model died (a server without replicas, a replica), or the
-  request was to run on without a client and nothing runs it: ``FAILED``, ``model_error``.
+- the dead owner is that ingress and the request **is** ``detach``ed (background, P4
+  ``continue``): the client was promised it runs without its connection, and no model ran it
+  yet. It is **adopted** (:func:`adoptable`): a surviving front end with replicas, whose log
+  has an ``adopter`` (:class:`~coda.scaleout.remote.RemoteEngine`), takes it over in one
+  fenced script (:data:`coda.durable.lua.ADOPT`: it becomes the request's ingress) and submits
+  it from the request the dead ingress stored at open (meta ``req``) to a replica, which claims
+  it from the adopter; the client reading the stream by id sees it run to its end. A reaper
+  that cannot adopt (a replica's, a server without replicas) leaves it to one that can for
+  :data:`ADOPT_GRACE_LEASES` leases from when a reaper first saw it orphaned (meta
+  ``orphan_ms``, Redis's clock), then ends it: ``FAILED``, ``transport_error`` naming the lost
+  ingress (no model failed, L5) — as it ends at once one that cannot be adopted (no ``req``);
+- otherwise the process running the model died (a server without replicas, a replica):
+  ``FAILED``, ``model_error``.
 
-Both bill the committed tokens: those of the durable deltas (L6).
+Each bills the committed tokens: those of the durable deltas (L6).
 """
 
 from __future__ import annotations
@@ -23,6 +34,23 @@ from coda.errors import ErrorCode
 from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
 from coda.stream import EventType, StreamEvent, Terminal
+
+# NOTE: how long (in leases) a reaper that cannot adopt leaves an adoptable orphan to one that
+# can: adopters try every lease / 3, so three leases are nine of their rounds
+ADOPT_GRACE_LEASES = 3
+
+
+def ingress_orphan(meta: dict[bytes, bytes]) -> bool:
+    """The request is still owned by the ingress that opened it for a replica: no replica
+    claimed it (a claim moves the owner)."""
+    owner = meta.get(b"owner", b"")
+    return bool(owner) and meta.get(b"ingress", b"") == owner
+
+
+def adoptable(meta: dict[bytes, bytes]) -> bool:
+    """A detached request no replica claimed whose ingress stored what it was asked (``req``):
+    a surviving front end can run it (the module's rules)."""
+    return ingress_orphan(meta) and b"detach" in meta and b"req" in meta
 
 
 def committed_usage(events: list[StreamEvent], prompt_tokens: int) -> Usage:
@@ -47,7 +75,13 @@ def orphan_terminal(meta: dict[bytes, bytes], events: list[StreamEvent]) -> Term
     durable events are ``events`` (the rules above)."""
     owner = meta.get(b"owner", b"").decode()
     prompt = int(meta.get(b"prompt", 0))
-    if owner and meta.get(b"ingress", b"").decode() == owner and b"detach" not in meta:
+    if ingress_orphan(meta) and b"detach" in meta:
+        return Terminal(State.FAILED, FinishReason.TRANSPORT_ERROR,
+                        committed_usage(events, prompt), ErrorCode.TRANSPORT_ERROR,
+                        f"the ingress that accepted this detached request ({owner}) stopped "
+                        "(its lease expired) before any replica claimed it, and no front end "
+                        "adopted it; no model ran it")
+    if ingress_orphan(meta):
         return Terminal(State.CANCELLED, CancelCause.DISCONNECT.finish_reason,
                         committed_usage(events, prompt), None,
                         f"client connection lost: the ingress that held it ({owner}) stopped "

@@ -10,7 +10,9 @@ cluster slot and the log shards by request id):
   :mod:`coda.durable.lua`;
 - ``meta:{rid}`` — hash: ``last`` (last seq appended), ``term`` (seq of the terminal, once
   written), ``owner`` (server id), ``fence`` (the owner's fencing token), ``prompt`` (prompt
-  tokens, for billing an orphan), ``rec`` (its record id);
+  tokens, for billing an orphan), ``rec`` (its record id); with replicas ``ingress``, ``via``,
+  ``detach``, ``cancel`` and, for adopting an orphan (:mod:`coda.durable.orphans`), ``req``,
+  ``model``, ``adopted``, ``orphan_ms``;
 - ``rec:{id}`` — the JSON descriptor of an API record (what re-renders it on another ingress);
 - ``open`` — the set of request ids without a terminal; ``lease:{server}`` — a server's lease
   (its fencing token, expiring after ``lease_ttl_s`` without a heartbeat); ``fence`` — the
@@ -50,9 +52,10 @@ import redis
 from redis.exceptions import NoScriptError
 
 from coda.durable import append, lua
-from coda.durable.codec import decode_event, pack_event, unpack_events
-from coda.durable.orphans import orphan_terminal
-from coda.stream import EventType, StreamEvent, Terminal
+from coda.durable.codec import decode_event, unpack_events
+from coda.durable.orphans import ADOPT_GRACE_LEASES
+from coda.durable.reaper import Reaping
+from coda.stream import StreamEvent, Terminal
 
 log = logging.getLogger("coda.durable")
 
@@ -60,7 +63,7 @@ class Fenced(RuntimeError):
     """This server no longer owns the request: a peer ended it after our lease expired."""
 
 
-class RedisStreamLog:
+class RedisStreamLog(Reaping):
     """A :class:`~coda.engine.protocol.StreamLog` on Redis Streams, plus this server's lease.
 
     ``server_id`` names the lease; :meth:`start` takes it (a fresh fencing token) and runs the
@@ -81,6 +84,10 @@ class RedisStreamLog:
         self._reap = self.r.register_script(lua.REAP)
         self._take = self.r.register_script(lua.TAKE)
         self._put_record = self.r.register_script(lua.PUT_RECORD)
+        self._adopt = self.r.register_script(lua.ADOPT)
+        self.adopter: Callable[[str, dict[bytes, bytes]], bool] | None = None
+        self.adopt_grace_ms = ADOPT_GRACE_LEASES * self.lease_ttl_ms
+        self.adopted_total = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reaped_total = 0
@@ -130,16 +137,21 @@ class RedisStreamLog:
 
     # -- producer side -------------------------------------------------------------------
     def open(self, request_id: str, *, prompt_tokens: int, record_id: str | None = None,
-             detached: bool = False, ingress: bool = False) -> None:
+             detached: bool = False, ingress: bool = False, request: bytes = b"",
+             model: str = "") -> None:
         """Declare ``request_id`` owned by this server (before its first append).
         ``detached``: it runs on without a client (P4 ``continue``, background). ``ingress``:
         this server only routes it to a replica, which claims it (:meth:`take`); while it
-        still owns it, its death is its client's disconnect (:mod:`coda.durable.orphans`)."""
+        still owns it, its death is its client's disconnect, or for a detached request an
+        adoption by a surviving front end, which runs it from ``request`` (what was asked, as
+        the ingress sends it to a replica) if it serves ``model`` (:mod:`coda.durable.orphans`)."""
         pipe = self.r.pipeline(transaction=True)
-        fields: dict[str, str | int] = {"owner": self.server_id, "fence": self.fence,
-                                        "prompt": prompt_tokens}
+        fields: dict[str, str | int | bytes] = {"owner": self.server_id, "fence": self.fence,
+                                                "prompt": prompt_tokens}
         if ingress:
             fields["ingress"] = self.server_id
+        if request:
+            fields.update(req=request, model=model)
         if record_id:  # NOTE: else linked later by put_record (never overwritten with "")
             fields["rec"] = record_id
         if detached:
@@ -167,9 +179,10 @@ class RedisStreamLog:
         self.r.hset(self._k("meta", request_id), "cancel", cause)
 
     def meta(self, request_id: str) -> dict[str, str]:
-        """The request's meta hash, decoded (empty once expired or if never opened)."""
+        """The request's meta hash, decoded (empty once expired or if never opened), but for
+        the stored request (``req``: binary, an adopter's, :meth:`open`)."""
         return {k.decode(): v.decode() for k, v in self.r.hgetall(
-            self._k("meta", request_id)).items()}
+            self._k("meta", request_id)).items() if k != b"req"}
 
     def append_many(self, events: list[StreamEvent], record_id: str | None = None
                     ) -> list[bool]:
@@ -284,52 +297,6 @@ class RedisStreamLog:
         """Remove a record's descriptor (``DELETE /v1/responses/{id}``); False if it was not
         there (deleted already, or expired)."""
         return bool(self.r.delete(self._k("rec", record_id)))
-
-    # -- orphans -------------------------------------------------------------------------
-    def reap_orphans(self, on_reaped: Callable[[str], None] | None = None) -> int:
-        """End (once) every open request whose owner's lease expired, with the terminal
-        :func:`~coda.durable.orphans.orphan_terminal` chooses (``model_error``, or a cancel
-        for the client an ingress held), committed tokens billed; a live peer's requests are
-        never touched (P4, L2, L5, L6)."""
-        n = 0
-        for raw in self.r.smembers(self._open):
-            rid = raw.decode()
-            owner = self.r.hget(self._k("meta", rid), "owner")
-            if owner is None:
-                self.r.srem(self._open, rid)  # NOTE: expired or never opened
-                continue
-            if owner.decode() == self.server_id or self.r.exists(self._lease(owner.decode())):
-                continue
-            if self.reap(rid, owner.decode()):
-                n += 1
-                if on_reaped is not None:
-                    on_reaped(rid)
-        self.reaped_total += n
-        return n
-
-    def reap(self, request_id: str, owner: str) -> bool:
-        """Write the one terminal of an orphan of ``owner``; False if it was not one (any
-        more). The script writes it only if what it was chosen from still holds: the owner's
-        lease gone, no terminal, the log, the fencing token and ``detach`` as read here (a
-        replica claiming the request meanwhile keeps it, :data:`coda.durable.lua.REAP`)."""
-        meta = self.r.hgetall(self._k("meta", request_id))
-        if meta.get(b"owner", b"").decode() != owner:
-            return False  # NOTE: claimed or taken back since the caller looked
-        evs = self.read(request_id)
-        terminal = orphan_terminal(meta, evs)
-        run = [] if evs else [StreamEvent(request_id, 0, EventType.START, model="")]
-        # NOTE: a stream starts with its start event (P1): when the owner died before even
-        # that was durable, the reaper writes it first, in the same run as the terminal
-        run.append(StreamEvent(request_id, len(evs) + len(run), EventType.TERMINAL,
-                               terminal=terminal))
-        rec = meta.get(b"rec", b"").decode()
-        keys = [self._k("log", request_id), self._k("meta", request_id), self._open,
-                self._lease(owner), self._k("rec", rec) if rec else ""]
-        res = self._reap(keys=keys, args=[run[-1].seq, b"".join(pack_event(e) for e in run),
-                                          run[0].seq, self.retention_ms, self.fence,
-                                          request_id, meta.get(b"fence", b""),
-                                          meta.get(b"detach", b"")])
-        return bool(res == 1)
 
 
 def _decode(request_id: str, rows: list[tuple[bytes, dict[bytes, bytes]]],

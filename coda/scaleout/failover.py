@@ -68,7 +68,12 @@ def settle_from_log(h: RemoteHandle, dlog: RedisStreamLog, model_name: str,
     from coda.durable.orphans import failed_terminal
 
     rid = h.request_id
-    code, last = dlog.take(rid, dlog.meta(rid).get("fence", ""))
+    meta = dlog.meta(rid)
+    code, last = -1, -1
+    # NOTE: a front end that adopted it (this one's lease lapsed, coda.scaleout.adopt) is its
+    # ingress now: follow the log, never take it back
+    if meta.get("ingress", dlog.server_id) == dlog.server_id:
+        code, last = dlog.take(rid, meta.get("fence", ""))
     if code == 1 and last <= 0 and can_retry:
         return True
     if code == 1:

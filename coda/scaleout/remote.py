@@ -38,6 +38,7 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
 from coda.models.source import model_key
 from coda.reader import StreamReading
+from coda.scaleout.adopt import Adopter, stored
 from coda.scaleout.failover import fail, settle
 from coda.scaleout.feed import FeedClient
 from coda.scaleout.routing_trace import RoutedTraceSink
@@ -110,6 +111,8 @@ class RemoteEngine:
         self._embed_turn = itertools.count()
         self.owns_replicas = True  # NOTE: False when it joined replicas another ingress made
         self.log = log  # NOTE: None without --redis-url (coda.durable's redis is optional)
+        if log is not None:  # NOTE: runs a dead front end's detached requests (adopt.py)
+            log.adopter = Adopter(self)
         self.trace = RoutedTraceSink(self, config.recent_traces or 64)
 
     # -- Engine protocol -----------------------------------------------------------------
@@ -205,18 +208,26 @@ class RemoteEngine:
         return True
 
     def submit(self, req: GenerationRequest) -> RemoteHandle:
+        return self._submit(req, adopted=False)
+
+    def submit_adopted(self, req: GenerationRequest) -> RemoteHandle:
+        """Run a detached request this front end adopted (:mod:`coda.scaleout.adopt`): it
+        is already open in the log, owned by this front end."""
+        return self._submit(req, adopted=True)
+
+    def _submit(self, req: GenerationRequest, *, adopted: bool) -> RemoteHandle:
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         req = replace(req, request_id=rid)
         # NOTE: the same backpressure bound as a local stream (P6)
         handle = RemoteHandle(rid, RequestStream(rid, req.backpressure),
-                              len(req.prompt_token_ids), self)
+                              len(req.prompt_token_ids), self, detach=adopted)
         self.num_requests_total += 1
         self._live[rid] = handle
         # NOTE: routed at submit, so the decision is known (and logged) before any event
         handle.replica, handle.route = self.choose(req, set())
         self.trace.routed(rid, handle.route)
         log.info("routed", extra={"request_id": rid, **handle.route})
-        task = asyncio.get_running_loop().create_task(self._pump(req, handle))
+        task = asyncio.get_running_loop().create_task(self._pump(req, handle, adopted))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda _: self._live.pop(rid, None))
@@ -256,14 +267,15 @@ class RemoteEngine:
         with self._lock:
             self.outstanding[idx] -= claimed_tokens(req, self.config.default_max_tokens)
 
-    async def _pump(self, req: GenerationRequest, h: RemoteHandle) -> None:
+    async def _pump(self, req: GenerationRequest, h: RemoteHandle, adopted: bool) -> None:
         tried: set[int] = set()
         idx = h.replica
-        if self.log is not None:
+        if self.log is not None and not adopted:
             try:
                 await asyncio.to_thread(self.log.open, h.request_id,
                                         prompt_tokens=h.prompt_tokens, detached=h.detach,
-                                        ingress=True)
+                                        ingress=True, request=stored(req),
+                                        model=self.model_name)
             except Exception as exc:  # NOTE: redis.RedisError: nothing was sent, nothing seen
                 log.exception("stream log unreachable; request not started",
                               extra={"request_id": h.request_id})

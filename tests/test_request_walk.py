@@ -82,7 +82,9 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
 # files + 1: coda.output_delta, the processor's base (what a delta carries: K2 entries, L6
 # counts), split from coda/output.py by size; the processor's off-path parts (id stops, the
 # reasoning split, the tool-call tag) moved to modules a plain request never runs
-BOUNDS = {"files": 46, "body_path_call_reentries": 2, "classes_made_once": 22,
+# body_path_call_reentries 2 -> 0 (branch objects22): the lifecycle's birth rows are written
+# ahead of its first row on the driver's thread, not at construction (no lifecycle -> trace)
+BOUNDS = {"files": 46, "body_path_call_reentries": 0, "classes_made_once": 22,
           "max_tokens_sites": 21}
 # NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas); the chat
 # route's stream and the Responses object and stream are modules of their own (split by size,
@@ -140,6 +142,8 @@ def test_issue22_a_plain_streaming_request_stays_within_the_measured_walk(
     # NOTE: the metrics listen once per app (WakeChannel.on_end): admission subscribes nothing
     # per request, so it never calls back into the stream it built
     assert "reader -> stream" not in calls and "server.metrics -> reader" not in calls
+    # NOTE: building the request writes no trace row: the lifecycle never calls back into trace
+    assert "lifecycle -> trace" not in calls
 
 
 def test_issue22_background_work_is_counted_apart() -> None:

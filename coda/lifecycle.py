@@ -140,11 +140,8 @@ class Lifecycle:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self, holding: Mapping[ResourceKind, Release] | None) -> None:
-        for kind, release in (holding or {}).items():
-            if kind in self._held:
-                raise DoubleRelease(f"{self.request_id}: {kind.value} acquired twice")
-            self._held[kind] = release
-            self._born.append(kind)
+        self._held.update(holding or {})
+        self._born.extend(holding or {})
 
     def transition(self, to: State) -> None:
         """Move to a non-terminal state; raises IllegalTransition off the graph (L1)."""
@@ -246,8 +243,6 @@ class Lifecycle:
 
     def _write_born(self) -> None:
         """The acquisition rows of the resources held from birth, once, ahead of any other."""
-        if not self._born:
-            return
         # NOTE: its own lock: a row may be written inside the critical section (_move)
         with self._born_lock:
             born, self._born = self._born, []

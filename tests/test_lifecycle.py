@@ -410,6 +410,15 @@ def test_l7_o1_birth_rows_are_written_ahead_of_the_first_row_not_at_construction
         (tr.LIFECYCLE, "QUEUED"), (tr.RESOURCE_RELEASED, "stream_buffer"),
         (tr.RESOURCE_RELEASED, "trace_handle")]
     assert handle.late_rows == 0
+    # NOTE: released before any other row: the birth rows still come first, and the trace
+    # handle's release counts them (its close runs after they are written)
+    sink2 = ListTraceSink()
+    handle2 = TraceHandle(sink2, "s")
+    lc2 = Lifecycle("s", handle2, {ResourceKind.TRACE_HANDLE: handle2.close})
+    lc2.release(ResourceKind.TRACE_HANDLE)
+    assert [(e.kind, dict(e.data)) for e in sink2.events] == [
+        (tr.RESOURCE_ACQUIRED, {"resource": "trace_handle"}),
+        (tr.RESOURCE_RELEASED, {"resource": "trace_handle", "ok": True, "rows": 1})]
     with pytest.raises(DoubleRelease):
         Lifecycle("x", None, {ResourceKind.KV_CACHE: lambda: None}).acquire(
             ResourceKind.KV_CACHE, lambda: None)

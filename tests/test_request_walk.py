@@ -83,8 +83,11 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
 # counts), split from coda/output.py by size; the processor's off-path parts (id stops, the
 # reasoning split, the tool-call tag) moved to modules a plain request never runs
 # body_path_call_reentries 2 -> 0 (branch objects22): the lifecycle's birth rows are written
-# ahead of its first row on the driver's thread, not at construction (no lifecycle -> trace)
-BOUNDS = {"files": 46, "body_path_call_reentries": 0, "classes_made_once": 22,
+# ahead of its first row on the driver's thread, not at construction (no lifecycle -> trace);
+# classes_made_once 22 -> 19: the parse's frozen Parsed is the call's Record (one holder from
+# parse to replay), the streamed response is its own Connection, a wake-up subscription is a
+# pair in the channel's list, not an object
+BOUNDS = {"files": 46, "body_path_call_reentries": 0, "classes_made_once": 19,
           "max_tokens_sites": 21}
 # NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas); the chat
 # route's stream and the Responses object and stream are modules of their own (split by size,
@@ -93,8 +96,12 @@ BOUNDS = {"files": 46, "body_path_call_reentries": 0, "classes_made_once": 22,
 # + 1 for coda.output_delta; Messages + 1 for its stream (anthropic_stream, split off
 # anthropic_routes by size); Ollama + 2 for its options and its body checks (ollama_options,
 # ollama_checks, split off ollama_schemas and ollama_routes by size)
-ROUTE_FILES = {"openai": 48, "anthropic": 47, "responses": 48, "ollama-chat": 51,
-               "ollama-generate": 52}
+# (branch objects22) every route but Responses - 1: the Record and its stores split off
+# server/state.py (+ coda.server.records), the create handler merged into server/common.py
+# and the FAILED shapes (server/failures.py) into server/http_errors.py, the one home of
+# error shapes (a plain Responses call never ran failures.py: it stays at 48)
+ROUTE_FILES = {"openai": 47, "anthropic": 46, "responses": 48, "ollama-chat": 50,
+               "ollama-generate": 51}
 # NOTE: work no request asked for that may overlap the measured one (the engine's idle
 # integrity check, the server's timed release of the grammar tokenizer build: a file more run
 # to run under load) is counted apart by the script (BACKGROUND_CALLS, ``background_files``),

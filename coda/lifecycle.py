@@ -106,7 +106,11 @@ class Lifecycle:
     row per state change (inside the critical section, so it precedes any racing terminal),
     and a row per acquisition and per release; the trace handle's own release row is its
     last (it seals the handle). ``holding``: the resources the request holds from its first
-    moment (the run's stream buffer and trace handle), acquired at construction.
+    moment (the run's stream buffer and trace handle), acquired at construction; their rows
+    are written ahead of the lifecycle's first other row (its first state change or release,
+    on the driver's thread), so building a request writes nothing to the trace and the data
+    goes one way: the builder hands the handle over, only the driver's calls write through it
+    (issue 22: admission never calls back into ``coda.trace``). The rows keep their order.
 
     The five resource kinds and who releases what (nothing here is a placeholder):
 
@@ -131,11 +135,13 @@ class Lifecycle:
     errors: list[tuple[ResourceKind, BaseException]] = field(default_factory=list)
     _held: dict[ResourceKind, Release] = field(default_factory=dict)
     _released: set[ResourceKind] = field(default_factory=set)
+    _born: list[ResourceKind] = field(default_factory=list)  # NOTE: rows not yet written
+    _born_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self, holding: Mapping[ResourceKind, Release] | None) -> None:
-        for kind, release in (holding or {}).items():
-            self.acquire(kind, release)
+        self._held.update(holding or {})
+        self._born.extend(holding or {})
 
     def transition(self, to: State) -> None:
         """Move to a non-terminal state; raises IllegalTransition off the graph (L1)."""
@@ -202,6 +208,7 @@ class Lifecycle:
         return kind in self._held
 
     def release(self, kind: ResourceKind) -> None:
+        self._write_born()  # NOTE: before the release function (the trace handle's counts rows)
         with self._lock:
             if kind not in self._held:
                 raise DoubleRelease(f"{self.request_id}: {kind.value} is not held")
@@ -234,6 +241,20 @@ class Lifecycle:
     def released(self) -> frozenset[ResourceKind]:
         return frozenset(self._released)
 
+    def _write_born(self) -> None:
+        """The acquisition rows of the resources held from birth, once, ahead of any other."""
+        # NOTE: its own lock: a row may be written inside the critical section (_move)
+        with self._born_lock:
+            born, self._born = self._born, []
+            for kind in born:
+                if self.trace is not None:
+                    self.trace.emit(tr.RESOURCE_ACQUIRED, {"resource": kind.value})
+
+    def record(self, kind: str, data: Mapping[str, object]) -> None:
+        """A row about the request (a cancel's moments, its terminal), after the birth rows."""
+        self._row(kind, data)
+
     def _row(self, kind: str, data: Mapping[str, object], *, last: bool = False) -> None:
+        self._write_born()
         if self.trace is not None:
             self.trace.emit(kind, data, last=last)

@@ -285,4 +285,4 @@ class RequestRun:
         )
 
     def _record(self, kind: str, **data: object) -> None:
-        self.trace.emit(kind, data)
+        self.lifecycle.record(kind, data)  # NOTE: after the lifecycle's birth rows

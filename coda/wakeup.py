@@ -30,20 +30,12 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 
 log = logging.getLogger("coda.stream")
 
 Observer = Callable[[int], None]
 EndObserver = Callable[[Hashable], None]
-
-
-@dataclass(eq=False)
-class _Subscription:
-    source: Hashable
-    callback: Observer
-    loop: asyncio.AbstractEventLoop
-    active: bool = True
+_Sub = tuple[Observer, asyncio.AbstractEventLoop]  # NOTE: one subscription: compared by identity
 
 
 class WakeChannel:
@@ -52,7 +44,9 @@ class WakeChannel:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._subs: dict[Hashable, list[_Subscription]] = {}
+        # NOTE: per stream: its subscriptions, each a (callback, loop) pair in subscription
+        # order (no object of its own: issue 22's per-request count); removed = absent
+        self._subs: dict[Hashable, list[_Sub]] = {}
         # NOTE: per loop with a dispatch scheduled: stream -> (latest seq, final posted)
         self._pending: dict[asyncio.AbstractEventLoop, dict[Hashable, tuple[int, bool]]] = {}
         # NOTE: per loop: the observers of every stream's end (on_end)
@@ -65,7 +59,7 @@ class WakeChannel:
         if source not in self._subs and not (final and self._enders):
             return
         with self._lock:
-            loops = {s.loop for s in self._subs.get(source, ())}
+            loops = {at for _, at in self._subs.get(source, ())}
             if final:
                 loops.update(self._enders)
             schedule: list[asyncio.AbstractEventLoop] = []
@@ -100,13 +94,13 @@ class WakeChannel:
         """On ``loop``: call its observers of every stream posted since the last dispatch."""
         with self._lock:
             pending = self._pending.pop(loop, {})
-            calls = [(s, seq) for src, (seq, _) in pending.items()
-                     for s in self._subs.get(src, ()) if s.loop is loop]
-        for sub, seq in calls:
-            if not sub.active:
-                continue
+            calls = [(src, sub, seq) for src, (seq, _) in pending.items()
+                     for sub in self._subs.get(src, ()) if sub[1] is loop]
+        for src, sub, seq in calls:
+            if not any(s is sub for s in self._subs.get(src, ())):
+                continue  # NOTE: removed by an earlier callback of this dispatch
             try:
-                sub.callback(seq)
+                sub[0](seq)
             except Exception:  # NOTE: one observer's bug must not starve the others
                 log.exception("stream observer failed")
         finals = [src for src, (_, final) in pending.items() if final]
@@ -123,9 +117,7 @@ class WakeChannel:
                         log.exception("stream end observer failed")
 
     def _drop(self, source: Hashable, loop: asyncio.AbstractEventLoop) -> None:
-        subs = [s for s in self._subs.get(source, ()) if s.loop is not loop]
-        for s in self._subs.get(source, ()):
-            s.active = s.active and s.loop is not loop
+        subs = [s for s in self._subs.get(source, ()) if s[1] is not loop]
         if subs:
             self._subs[source] = subs
         else:
@@ -143,18 +135,19 @@ class WakeChannel:
                 raise RuntimeError(
                     "stream observers subscribe on an event loop; a blocking reader waits "
                     "with RequestStream.wait_after") from None
-        sub = _Subscription(source, callback, loop)
+        sub: _Sub = (callback, loop)
         with self._lock:
             self._subs.setdefault(source, []).append(sub)
 
         def remove() -> None:
-            sub.active = False
             with self._lock:
-                subs = self._subs.get(source)
-                if subs is not None and sub in subs:
-                    subs.remove(sub)
-                    if not subs:
-                        del self._subs[source]
+                subs = self._subs.get(source, [])
+                for i, s in enumerate(subs):
+                    if s is sub:  # NOTE: this subscription, not an equal pair
+                        del subs[i]
+                        break
+                if not subs:
+                    self._subs.pop(source, None)
 
         return remove
 

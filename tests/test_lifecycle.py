@@ -391,3 +391,34 @@ def test_l7_a_release_runs_outside_the_lifecycle_lock() -> None:
     lc.acquire(ResourceKind.KV_CACHE, release)
     lc.release(ResourceKind.KV_CACHE)
     assert seen == [(False, True)]
+
+
+def test_l7_o1_birth_rows_are_written_ahead_of_the_first_row_not_at_construction() -> None:
+    """L7, O1 (issue 22: building a request never calls back into the trace): the resources
+    held from birth are recorded at construction and their acquisition rows written ahead of
+    the lifecycle's first other row, in order; a lifecycle that never writes leaves no row."""
+    sink = ListTraceSink()
+    handle = TraceHandle(sink, "r")
+    lc = Lifecycle("r", handle, {ResourceKind.STREAM_BUFFER: lambda: None,
+                                 ResourceKind.TRACE_HANDLE: handle.close})
+    assert sink.events == [] and lc.held == {ResourceKind.STREAM_BUFFER,
+                                             ResourceKind.TRACE_HANDLE}
+    lc.transition(State.QUEUED)
+    lc.release_all()
+    assert [(e.kind, e.data.get("resource", e.data.get("to"))) for e in sink.events] == [
+        (tr.RESOURCE_ACQUIRED, "stream_buffer"), (tr.RESOURCE_ACQUIRED, "trace_handle"),
+        (tr.LIFECYCLE, "QUEUED"), (tr.RESOURCE_RELEASED, "stream_buffer"),
+        (tr.RESOURCE_RELEASED, "trace_handle")]
+    assert handle.late_rows == 0
+    # NOTE: released before any other row: the birth rows still come first, and the trace
+    # handle's release counts them (its close runs after they are written)
+    sink2 = ListTraceSink()
+    handle2 = TraceHandle(sink2, "s")
+    lc2 = Lifecycle("s", handle2, {ResourceKind.TRACE_HANDLE: handle2.close})
+    lc2.release(ResourceKind.TRACE_HANDLE)
+    assert [(e.kind, dict(e.data)) for e in sink2.events] == [
+        (tr.RESOURCE_ACQUIRED, {"resource": "trace_handle"}),
+        (tr.RESOURCE_RELEASED, {"resource": "trace_handle", "ok": True, "rows": 1})]
+    with pytest.raises(DoubleRelease):
+        Lifecycle("x", None, {ResourceKind.KV_CACHE: lambda: None}).acquire(
+            ResourceKind.KV_CACHE, lambda: None)

@@ -21,8 +21,8 @@ from coda.lifecycle import State
 from coda.reader import replay
 from coda.server.ollama_routes import CHAT, GENERATE
 from coda.server.ollama_wire import done_reason
+from coda.server.records import Record
 from coda.server.render_spec import OllamaRender
-from coda.server.state import Record
 from coda.stream import RequestStream, Terminal, Usage
 from tests.conftest import examples
 from tests.tools_support import OLLAMA_WEATHER as WEATHER

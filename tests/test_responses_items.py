@@ -179,7 +179,7 @@ def test_delete_forgets_a_response_everywhere_p1(oa: openai.OpenAI, server_live:
 def test_store_delete_answers_true_once() -> None:
     """The in-memory store: of two deletes of one record exactly one answers True (the
     route's 404 for the loser of a race), and the record is gone."""
-    from coda.server.state import Record, RecordStore
+    from coda.server.records import Record, RecordStore
 
     store = RecordStore(4)
     store.put(cast(Record, SimpleNamespace(id="resp_1", done=True)))

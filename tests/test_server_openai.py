@@ -312,3 +312,26 @@ def test_p5_streamed_timings_include_a_measured_network_send(server_live: Any) -
     assert 0.0 <= tm["network_send_s"] < wall
     assert tm["decode_s"] > 0.0 and tm["prefill_s"] > 0.0 and tm["total_s"] < wall
     assert abs(tm["queue_s"] + tm["prefill_s"] + tm["decode_s"] - tm["total_s"]) < 1e-6
+
+
+def test_p3_the_call_record_is_born_at_parse_and_keeps_no_prompt_once_submitted(
+        server_engine: Any) -> None:
+    """P3 (issue 22: one holder of the call): the record the store keeps for replay is the one
+    the adapter's parse made (its kind, model and spec), with its handles filled by the create
+    handler and its engine requests (the prompt ids) let go once submitted."""
+    from coda.server.app import create_app
+    from tests.conftest import LiveServer
+
+    app = create_app(server_engine, manage_engine=False)
+    live = LiveServer(app).start()
+    try:
+        client = openai.OpenAI(api_key="x", base_url=live.url + "/v1")
+        done = client.chat.completions.create(
+            model=server_engine.model_name, max_tokens=4,
+            messages=[{"role": "user", "content": "hi"}])
+        record = app.state.coda.store.get(done.id)
+        assert record is not None and record.kind == "chat"
+        assert record.model == server_engine.model_name and len(record.handles) == 1
+        assert record.requests == () and record.stream is False
+    finally:
+        live.stop()

@@ -38,14 +38,14 @@ from coda.server.anthropic_stream import (
     usage_tier,
 )
 from coda.server.chat import render_chat
-from coda.server.common import collect, new_id, state_of
-from coda.server.create import create
-from coda.server.failures import anthropic_error, failed_json, is_failed
+from coda.server.common import collect, create, new_id, state_of
+from coda.server.http_errors import anthropic_error, failed_json, is_failed
 from coda.server.mapping import coda_extension
-from coda.server.params import Parsed, plan_call
+from coda.server.params import plan_call
 from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicMessage, AnthropicRequest
+from coda.server.records import Record, register_renderer
 from coda.server.render_spec import AnthropicRender
-from coda.server.state import Record, ServerState, register_renderer
+from coda.server.state import ServerState
 from coda.server.tool_messages import BLOCK_SEPARATOR, anthropic_history
 from coda.stream import Terminal
 
@@ -168,13 +168,13 @@ def _prompt_ids(st: ServerState, body: AnthropicRequest | AnthropicCountRequest,
 
 
 class AnthropicAdapter:
-    """Messages as a :class:`~coda.server.create.Adapter`."""
+    """Messages as a :class:`~coda.server.common.Adapter`."""
 
     kind: Literal["anthropic"] = "anthropic"
     id_prefix = "msg_"
     id_header = "request-id"
 
-    async def parse(self, st: ServerState, body: AnthropicRequest) -> Parsed:
+    async def parse(self, st: ServerState, body: AnthropicRequest) -> Record:
         st.check_model(body.model)
         if body.container or body.context_management or body.mcp_servers:  # NOTE: issue 22
             check_unserved(body)  # NOTE: a plain request never enters anthropic_request
@@ -205,6 +205,7 @@ class AnthropicAdapter:
                                speed="standard" if body.speed else None,
                                warm=_prewarm(body.max_tokens))
         return plan_call(body, [ids], spec, call_id=new_id(self.id_prefix),
+                         kind=self.kind, model=st.engine.model_name,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
                          max_tokens=body.max_tokens, max_tokens_field="max_tokens",

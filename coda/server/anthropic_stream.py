@@ -19,11 +19,11 @@ from typing import Any
 
 from coda.reader import replay
 from coda.server import tools as tl
-from coda.server.failures import anthropic_error, is_failed
+from coda.server.http_errors import anthropic_error, is_failed
 from coda.server.mapping import anthropic_stop_reason, coda_extension
+from coda.server.records import Record
 from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
-from coda.server.state import Record
 from coda.stream import EventType, StreamEvent, Terminal
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from coda.server.cursor_page import one
 from coda.server.http_errors import ApiError
+from coda.server.records import Record
 from coda.server.schemas import ChatCompletionRequest
-from coda.server.state import Record
 
 
 def stored_fields(body: ChatCompletionRequest) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from coda.server.common import state_of
 from coda.server.cursor_page import page, page_query
 from coda.server.fields import check_metadata
 from coda.server.openai_final import final_object
+from coda.server.records import Record
 from coda.server.render_spec import OpenAIRender
-from coda.server.state import Record
 
 router = APIRouter()
 

@@ -1,5 +1,18 @@
-"""Helpers shared by the route modules: ids, the per-app state, waiting for a non-streaming
-request while watching its connection (SPEC P4), and reading a finished stream's log."""
+"""What the route modules share: ids, the per-app state, the one create handler every
+generation route runs (issue 22 step 2; SPEC P3, P4, L5), waiting for a non-streaming request
+while watching its connection (P4), and reading a finished stream's log.
+
+A protocol is an :class:`Adapter`: its ``parse`` turns its body into the call's
+:class:`~coda.server.records.Record`, not yet submitted (the engine requests, the error renames
+and the typed render spec; it ends with :func:`~coda.server.params.plan_call`), its renderer is rebuilt from
+a record, and ``final`` writes the answer of a call that did not stream. A route parses and
+hands the result on: :func:`create` never calls back into the adapter's parse, and does the
+rest the same way for all protocols: submit (all or none), the record in the store, the P4
+policy, streaming or waiting. Adapters: chat and completions
+(:mod:`~coda.server.openai_routes`), Messages (:mod:`~coda.server.anthropic_routes`),
+Responses (:mod:`~coda.server.responses_routes`), Ollama (:mod:`~coda.server.ollama_routes`).
+(Merged from ``create.py``: the handler and the delivery it runs were one path in two files.)
+"""
 
 from __future__ import annotations
 
@@ -7,15 +20,18 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from starlette.responses import Response
 
 from coda.reader import replay, terminal_of
 from coda.server.logprobs import reported_trailing
+from coda.server.records import DisconnectPolicy, Record
+from coda.server.render_spec import RecordKind
+from coda.server.schemas import CodaExtensions
 from coda.server.sse import SSEResponse
-from coda.server.state import DisconnectPolicy, Record, ServerState
+from coda.server.state import ServerState
 from coda.stream import EventType, RequestStream, Terminal, TokenInfo
 
 
@@ -114,3 +130,54 @@ def text_before(stream: RequestStream, seq: int) -> int:
     """Characters returned by deltas up to and including ``seq`` (for resumed offsets)."""
     return sum(len(e.text) for e in replay(stream)
                if e.type is EventType.DELTA and e.seq <= seq and not e.reasoning)
+
+
+B = TypeVar("B", bound=CodaExtensions, contravariant=True)
+
+
+class Adapter(Protocol[B]):
+    """One protocol's create route. ``id_header``: the response header carrying the id.
+    ``parse`` checks the model first (``ServerState.check_model``: with several models it
+    routes the rest of the call), then everything else, and returns the call's record."""
+
+    # NOTE: read-only, so an adapter's narrower class attribute (``kind = "chat"``,
+    # ``id_header = "x-request-id"``) satisfies it: a mutable protocol member is invariant
+    @property
+    def kind(self) -> RecordKind: ...
+
+    @property
+    def id_prefix(self) -> str: ...
+
+    @property
+    def id_header(self) -> str | None: ...
+
+    async def parse(self, st: ServerState, body: B) -> Record: ...
+
+    def final(self, record: Record, terminals: list[Terminal] | None) -> Response:
+        """The answer of a call that did not stream (``terminals`` None: a background call
+        answered at once, still running)."""
+        ...
+
+
+async def create(request: Request, record: Record, adapter: Adapter[B]) -> Response:
+    """Submit → store → stream or wait → final, for any protocol (``record``: the adapter's
+    parse, not yet submitted)."""
+    st = state_of(request)
+    handles = st.submit_all(record.requests, record.rename)
+    record.handles.extend(handles)
+    record.requests = ()  # NOTE: submitted: the engine holds them; the store keeps no prompts
+    st.store.put(record)
+    if not record.keep:
+        st.forget_when_done(record)  # NOTE: not kept for resume once it ended (privacy)
+    if record.background:
+        for h in handles:
+            st.keep_draining(h)  # NOTE: acks the log so nobody-reading never overflows
+        if not record.stream:
+            return adapter.final(record, None)
+    headers = {adapter.id_header: record.id} if adapter.id_header else None
+    done = await stream_or_wait(request, st, record, stream=record.stream,
+                                policy=record.on_disconnect or st.settings.on_disconnect,
+                                headers=headers)
+    if isinstance(done, Response):
+        return done
+    return adapter.final(record, done)

@@ -22,8 +22,8 @@ from coda.durable.engine import DurableEngine
 from coda.durable.listing import ListedRecords
 from coda.durable.redis_log import RedisStreamLog
 from coda.engine.protocol import Engine, EngineHandle
+from coda.server.records import Record, RecordStore
 from coda.server.render_spec import OpenAIRender, spec_data, spec_from_data
-from coda.server.state import Record, RecordStore
 
 log = logging.getLogger("coda.server")
 

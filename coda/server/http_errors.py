@@ -25,7 +25,9 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, ModelNotFoundError
+from coda.lifecycle import State
 from coda.server.validation_words import describe_validation, out_of_range
+from coda.stream import Terminal
 
 log = logging.getLogger("coda.server")
 
@@ -183,7 +185,7 @@ class RequestIdMiddleware:
     """Every OpenAI- and Anthropic-shaped answer carries its protocol's request id header
     (SPEC P1: the SDKs' ``_request_id`` and ``APIStatusError.request_id``), as the real APIs
     send one on every answer, errors included. A create names its own record there
-    (``coda.server.create``: the id a resume or a trace looks up); any other answer off
+    (``coda.server.common``: the id a resume or a trace looks up); any other answer off
     ``/api/`` (a Responses retrieve, cancel, delete or ``input_items``, a model card, every 4xx
     of a route, the key check or the body limit) gets a fresh ``req_`` + 32 hex id. Outermost,
     so the 401 and 413 of the middlewares below carry it too."""
@@ -207,3 +209,59 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, stamped)
+
+
+# -- A FAILED request in each protocol's own idiom (SPEC L4, L5, K3; issue 8 defect 4) --------
+# The exact reason stays the loop's (``max_output_tokens`` for a length limit that cut a UTF-8
+# character, K3) and is always in the ``coda`` object; what tells a client the request failed
+# is the protocol's failure shape, chosen by the terminal *state*, never by the reason. Chat
+# and legacy stream ``data: {"error": {…}, "coda": {…}}`` then ``[DONE]``; Anthropic one
+# ``event: error``; Responses ``response.failed`` (status ``failed``, ``error`` set). Not
+# streamed: HTTP 500 with ``x-should-retry: false`` (both official SDKs retry a 5xx twice; a
+# failure that is a pure function of the request, retried, is billed three times) and the
+# protocol's body with the partial output and ``coda``. A request the engine refuses only
+# after it was accepted (``invalid_request``, ``context_length_exceeded``: with several models,
+# one checked by its model's engine after the load) is the client's error: HTTP 400 with the
+# protocol's ``invalid_request_error`` type, never a 5xx. (Merged from ``failures.py``: one
+# home for every error shape, issue 22's walk.)
+FAILED_STATUS = 500
+NO_RETRY = {"x-should-retry": "false"}
+# NOTE: codes that name a defect of the request itself, whenever it is found
+REQUEST_ERRORS = frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.CONTEXT_LENGTH_EXCEEDED})
+
+
+def is_request_error(terminal: Terminal) -> bool:
+    return terminal.error_code in REQUEST_ERRORS
+
+
+def is_failed(terminal: Terminal) -> bool:
+    """The request ended FAILED (L1); its reason may still be a normal one (K3)."""
+    return terminal.state is State.FAILED
+
+
+def error_code(terminal: Terminal) -> str:
+    return terminal.error_code.value if terminal.error_code is not None else "model_error"
+
+
+def error_message(terminal: Terminal) -> str:
+    return terminal.error_message or f"the request failed ({error_code(terminal)})"
+
+
+def openai_error(terminal: Terminal) -> dict[str, Any]:
+    """OpenAI's error object for a failed request (type ``server_error``, exact code)."""
+    kind = "invalid_request_error" if is_request_error(terminal) else "server_error"
+    return {"message": error_message(terminal), "type": kind, "param": None,
+            "code": error_code(terminal)}
+
+
+def anthropic_error(terminal: Terminal) -> dict[str, Any]:
+    kind = "invalid_request_error" if is_request_error(terminal) else "api_error"
+    return {"type": kind, "message": error_message(terminal)}
+
+
+def failed_json(body: dict[str, Any], terminal: Terminal,
+                headers: dict[str, str] | None = None) -> JSONResponse:
+    """A non-streaming failure: HTTP 500 that the SDKs do not retry, or 400 where the request
+    itself was at fault."""
+    status = 400 if is_request_error(terminal) else FAILED_STATUS
+    return JSONResponse(body, status_code=status, headers={**(headers or {}), **NO_RETRY})

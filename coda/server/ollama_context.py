@@ -20,8 +20,8 @@ import tokenizers
 
 from coda.errors import InvalidRequestError
 from coda.reader import replay
+from coda.server.records import Record
 from coda.server.render_spec import OllamaRender
-from coda.server.state import Record
 from coda.stream import EventType, RequestStream
 
 

@@ -1,7 +1,7 @@
 """``POST /api/chat`` and ``POST /api/generate``: the Ollama API (issue 23 item 2; SPEC P1,
 P2, P4, L4–L6, S1).
 
-Both run the one create handler (:mod:`coda.server.create`). A stream is NDJSON
+Both run the one create handler (:mod:`coda.server.common`). A stream is NDJSON
 (:mod:`coda.server.ndjson`): one object per delta (``message.content`` / ``response``, a
 complete tool call as ``message.tool_calls``), then exactly one ``done: true`` object, last,
 with ``done_reason``, the counts, the durations and the exact outcome in ``coda``
@@ -36,9 +36,8 @@ from coda.reasoning import ReasoningSpec
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.chat import render_chat
-from coda.server.common import collect, new_id, state_of
-from coda.server.create import create
-from coda.server.failures import error_message, failed_json, is_failed
+from coda.server.common import collect, create, new_id, state_of
+from coda.server.http_errors import error_message, failed_json, is_failed
 from coda.server.ndjson import JSONLine, NDJSONRenderer
 from coda.server.ollama_checks import check_body
 from coda.server.ollama_context import check_context, done_context, joined
@@ -52,10 +51,11 @@ from coda.server.ollama_wire import (
     keep_alive_zero,
     tool_call,
 )
-from coda.server.params import Parsed, plan_call, sampled_top_p
+from coda.server.params import plan_call, sampled_top_p
+from coda.server.records import Record, register_renderer
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
-from coda.server.state import Record, ServerState, register_renderer
+from coda.server.state import ServerState
 from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
 
 router = APIRouter()
@@ -193,7 +193,7 @@ def tool_plan(body: OllamaBody) -> tl.ToolPlan | None:
 
 
 class OllamaAdapter:
-    """``/api/chat`` or ``/api/generate`` as a :class:`~coda.server.create.Adapter`."""
+    """``/api/chat`` or ``/api/generate`` as a :class:`~coda.server.common.Adapter`."""
 
     kind: RecordKind = "ollama"
     id_header: str | None = "x-request-id"
@@ -202,7 +202,7 @@ class OllamaAdapter:
         self.chat = chat
         self.id_prefix = "ollama-chat-" if chat else "ollama-gen-"
 
-    async def parse(self, st: ServerState, body: OllamaBody) -> Parsed:
+    async def parse(self, st: ServerState, body: OllamaBody) -> Record:
         st.check_model(body.model)
         check_body(body)
         if isinstance(body, OllamaGenerateRequest):
@@ -224,6 +224,7 @@ class OllamaAdapter:
         budget = max_tokens(o)
         return plan_call(
             body, [ids], spec, call_id=new_id(self.id_prefix),
+            kind=self.kind, model=st.engine.model_name,
             backpressure=st.settings.backpressure, stream=body.stream,
             on_disconnect=body.on_disconnect,
             max_tokens=budget, max_tokens_field="options.num_predict",

@@ -13,8 +13,8 @@ from coda.server import tools as tl
 from coda.server.common import collect
 from coda.server.mapping import coda_extension, openai_finish_reason, system_fingerprint
 from coda.server.openai_stream import reported_usage
+from coda.server.records import Record
 from coda.server.render_spec import OpenAIRender
-from coda.server.state import Record
 from coda.stream import Terminal
 
 

@@ -22,11 +22,9 @@ from coda.server import echo as ec
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.chat_store import stored_fields
-from coda.server.common import new_id, state_of
-from coda.server.create import create
-from coda.server.failures import failed_json, is_failed, openai_error
+from coda.server.common import create, new_id, state_of
 from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
-from coda.server.http_errors import ApiError
+from coda.server.http_errors import ApiError, failed_json, is_failed, openai_error
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import (
     coda_extension,
@@ -34,11 +32,12 @@ from coda.server.mapping import (
 from coda.server.openai_checks import check_json_word_chat
 from coda.server.openai_final import final_object
 from coda.server.openai_stream import OpenAIRenderer
-from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
+from coda.server.params import check_json_schema_format, plan_call, sampled_top_p
 from coda.server.prediction import check_prediction, prediction_ids
+from coda.server.records import Record, register_renderer
 from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
-from coda.server.state import Record, ServerState, register_renderer
+from coda.server.state import ServerState
 from coda.server.tool_results import check_openai_results
 from coda.stream import Terminal
 
@@ -149,7 +148,7 @@ def _completion_budget(st: ServerState, max_tokens: int | None,
 
 
 class OpenAIAdapter:
-    """Chat completions or legacy completions as a :class:`~coda.server.create.Adapter`."""
+    """Chat completions or legacy completions as a :class:`~coda.server.common.Adapter`."""
 
     id_header = "x-request-id"
 
@@ -158,7 +157,7 @@ class OpenAIAdapter:
         self.id_prefix = id_prefix
 
     async def parse(self, st: ServerState,
-                    body: ChatCompletionRequest | CompletionRequest) -> Parsed:
+                    body: ChatCompletionRequest | CompletionRequest) -> Record:
         st.check_model(body.model)
         _reject_unsupported(body)
         chat = isinstance(body, ChatCompletionRequest)
@@ -223,6 +222,7 @@ class OpenAIAdapter:
                else {}))
         # NOTE: the parse's one call into params, with the protocol's resolved values
         return plan_call(body, prompts, spec, call_id=call_id,
+                         kind=self.kind, model=st.engine.model_name,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect,
                          keep=not (isinstance(body, ChatCompletionRequest)

@@ -14,7 +14,7 @@ from coda.reader import replay
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.common import text_before
-from coda.server.failures import is_failed, openai_error
+from coda.server.http_errors import is_failed, openai_error
 from coda.server.mapping import (
     coda_extension,
     openai_finish_reason,
@@ -22,9 +22,9 @@ from coda.server.mapping import (
     prediction_usage,
     system_fingerprint,
 )
+from coda.server.records import Record
 from coda.server.render_spec import OpenAIRender
 from coda.server.sse import Frame, Renderer, position_id
-from coda.server.state import Record
 from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
 
 

@@ -1,20 +1,23 @@
-"""Protocol parameters → one call's frozen plan, :class:`Parsed` (issue 4 item 3, issue 22).
+"""Protocol parameters → one call's record, :class:`~coda.server.records.Record` (issue 4 item 3,
+issue 22).
 
 One place turns every endpoint's knobs (and the Coda extensions) into engine requests, so a
 parameter means the same thing everywhere. An adapter's parse calls here once, at its end:
 :func:`plan_call` takes the protocol's resolved values as keywords (no intermediate object)
-and hands on a frozen :class:`Parsed` (the engine requests, the error
-renames, the render spec); the create handler (:mod:`coda.server.create`) only submits it and
+and hands on the call's one :class:`~coda.server.records.Record`, not yet submitted (the
+engine requests, the error renames, the render spec: no second holder of the call); the
+create handler (:mod:`coda.server.common`) only submits it and
 never calls back. Errors are raised as :class:`~coda.errors.InvalidRequestError` naming the
-protocol's field; ``Parsed.rename`` tells the create handler how to rename the engine's own
+protocol's field; ``Record.rename`` tells the create handler how to rename the engine's own
 field names in errors raised later by ``submit``.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from coda.early_stop import EarlyStopPolicy
@@ -22,9 +25,9 @@ from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams, normalise_logit_bias
-from coda.server.render_spec import RenderSpec
+from coda.server.records import DisconnectPolicy, Record
+from coda.server.render_spec import RecordKind, RenderSpec
 from coda.server.schemas import CodaExtensions, ResponseFormat
-from coda.server.state import DisconnectPolicy
 from coda.server.strict_schema import check_strict_format
 from coda.stops import stop_bytes
 from coda.stream import BackpressureConfig, BackpressurePolicy
@@ -141,23 +144,8 @@ def _early_stop(raw: dict[str, Any] | None) -> EarlyStopPolicy | None:
         raise InvalidRequestError(exc.message, field=name) from None
 
 
-@dataclass(frozen=True)
-class Parsed:
-    """One API call, planned: everything :func:`coda.server.create.create` needs, frozen.
-    ``keep``: the record stays readable after it ended (False: forgotten at its end)."""
-
-    id: str
-    requests: tuple[GenerationRequest, ...]
-    rename: Mapping[str, str]
-    spec: RenderSpec
-    stream: bool
-    on_disconnect: DisconnectPolicy | None = None
-    background: bool = False
-    keep: bool = True
-
-
 def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: RenderSpec, *,
-              call_id: str, backpressure: BackpressureConfig | None, stream: bool,
+              call_id: str, kind: RecordKind, model: str, backpressure: BackpressureConfig | None, stream: bool,
               max_tokens: int | None | Sequence[int | None], max_tokens_field: str,
               prompt_field: str,
               stop: str | Sequence[str] | None = None, stop_field: str = "stop", n: int = 1,
@@ -169,10 +157,10 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
               stops_end_at: str | None = None, reasoning: ReasoningSpec | None = None,
               on_disconnect: DisconnectPolicy | None = None, background: bool = False,
               keep: bool = True, grammar_field: str = "response_format",
-              prediction: tuple[int, ...] | None = None) -> Parsed:
+              prediction: tuple[int, ...] | None = None) -> Record:
     """The last step of every adapter's parse, its one call here: n engine requests per prompt
     (ids ``call_id``, ``call_id-p<k>`` for several prompts, then ``-<i>`` per choice) and the
-    renames, as one frozen :class:`Parsed`. Raises InvalidRequestError naming the protocol's
+    renames, in the call's record (its handles empty until submitted). Raises InvalidRequestError naming the protocol's
     field; nothing is submitted.
 
     The keywords are the protocol's values once its own spelling is resolved (what no
@@ -228,5 +216,6 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
     rename = {"prompt": prompt_field, "max_tokens": max_tokens_field, "deadline_s": "deadline",
               "stop": stop_field, "logprobs": logprobs_field,
               "response_format": grammar_field}
-    return Parsed(call_id, tuple(requests), rename, spec, stream, on_disconnect, background,
-                  keep)
+    return Record(call_id, kind, [], int(time.time()), model, spec, background,
+                  requests=tuple(requests), rename=rename, stream=stream,
+                  on_disconnect=on_disconnect, keep=keep)

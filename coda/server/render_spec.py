@@ -1,7 +1,7 @@
 """What a protocol's renderer needs beyond the engine's streams, as typed frozen values
 (issue 22 step 2; SPEC P3).
 
-Each create route's adapter (:mod:`coda.server.create`) turns the body into one of these; the
+Each create route's adapter (:mod:`coda.server.common`) turns the body into one of these; the
 record keeps it and every renderer of the record — the first delivery, a resume, a replay on
 another ingress from the durable log — is rebuilt from it alone, so a replay renders the same
 frames (P3). :func:`spec_data` / :func:`spec_from_data` are its plain-data form in the stream

@@ -28,12 +28,12 @@ from coda.server.common import state_of
 from coda.server.cursor_page import page
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
+from coda.server.records import Record
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_items import listed, parse_query
 from coda.server.responses_object import response_object
 from coda.server.responses_stream import ResponsesRenderer
 from coda.server.sse import SSEResponse
-from coda.server.state import Record
 
 router = APIRouter()
 

@@ -14,10 +14,10 @@ from coda.reader import replay
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.common import partial_text
-from coda.server.failures import error_message
+from coda.server.http_errors import error_message
 from coda.server.mapping import coda_extension, responses_incomplete_reason, responses_status
+from coda.server.records import Record
 from coda.server.render_spec import ResponsesRender
-from coda.server.state import Record
 from coda.stream import EventType, RequestStream
 
 

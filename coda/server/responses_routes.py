@@ -18,9 +18,7 @@ from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.server import tools as tl
 from coda.server.chat import render_chat
-from coda.server.common import new_id, state_of
-from coda.server.create import create
-from coda.server.failures import failed_json, is_failed
+from coda.server.common import create, new_id, state_of
 from coda.server.fields import (
     check_metadata,
     effort_budget,
@@ -28,8 +26,9 @@ from coda.server.fields import (
     responses_effort,
     served_tier,
 )
+from coda.server.http_errors import failed_json, is_failed
 from coda.server.openai_checks import check_json_word_responses
-from coda.server.params import Parsed, check_json_schema_format, plan_call, sampled_top_p
+from coda.server.params import check_json_schema_format, plan_call, sampled_top_p
 from coda.server.protocol_schemas import (
     InputMessage,
     InputToolItem,
@@ -37,11 +36,12 @@ from coda.server.protocol_schemas import (
     ResponsesRequest,
     TextFormat,
 )
+from coda.server.records import Record, register_renderer
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_history import previous_history
 from coda.server.responses_object import response_object
 from coda.server.responses_stream import ResponsesRenderer
-from coda.server.state import Record, ServerState, register_renderer
+from coda.server.state import ServerState
 from coda.server.tool_messages import tool_history_item
 from coda.server.tool_results import check_responses_results
 from coda.stream import Terminal
@@ -166,14 +166,14 @@ def reasoning_budget(st: ServerState, body: ResponsesRequest, grammar: bool) -> 
 
 
 class ResponsesAdapter:
-    """Responses as a :class:`~coda.server.create.Adapter`; ``background`` keeps running
+    """Responses as a :class:`~coda.server.common.Adapter`; ``background`` keeps running
     without a client (P4)."""
 
     kind: Literal["response"] = "response"
     id_prefix = "resp_"
     id_header = "x-request-id"  # NOTE: as OpenAI's: the SDK's ``_request_id`` (the response id)
 
-    async def parse(self, st: ServerState, body: ResponsesRequest) -> Parsed:
+    async def parse(self, st: ServerState, body: ResponsesRequest) -> Record:
         st.check_model(body.model)
         plan = tool_plan(body)
         check_unhonoured(body)
@@ -232,6 +232,7 @@ class ResponsesAdapter:
             echoed=_echoed(body), truncation=body.truncation or "disabled",
             dropped_items=dropped)
         return plan_call(body, [ids], spec, call_id=call_id,
+                         kind=self.kind, model=st.engine.model_name,
                          backpressure=st.settings.backpressure, stream=body.stream,
                          on_disconnect=body.on_disconnect, background=body.background,
                          keep=body.store,

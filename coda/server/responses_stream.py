@@ -18,6 +18,7 @@ from typing import Any
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.mapping import responses_status
+from coda.server.records import Record
 from coda.server.responses_object import (
     call_item,
     item_id,
@@ -27,7 +28,6 @@ from coda.server.responses_object import (
     spec_of,
 )
 from coda.server.sse import Frame, Renderer
-from coda.server.state import Record
 from coda.stream import EventType, StreamEvent
 
 

@@ -3,9 +3,10 @@
 :class:`~coda.reader.StreamReader` (the one stream reader) reads one or more
 :class:`~coda.stream.RequestStream` logs from any position (replay + live, P3); the pump
 acknowledges only what reached the socket (backpressure credit, P6). :class:`SSEResponse` is a raw ASGI response that pumps a :class:`Renderer`'s frames,
-writes a keepalive comment whenever the request is quiet (queued, prefilling), and writes
-through a :class:`~coda.server.connection.Connection`, which watches the client while every
-write is pending and bounds how long one write may block: a disconnect or a stall is reported
+writes a keepalive comment whenever the request is quiet (queued, prefilling), and is itself
+the :class:`~coda.server.connection.Connection` it writes through (one object per streamed
+response, issue 22: the connection is the response's, opened when the ASGI server calls it),
+which watches the client while every write is pending and bounds how long one write may block: a disconnect or a stall is reported
 to ``on_disconnect`` at once as a transport event (P4) — it never ends the stream as if the
 model had finished, and no credit is acknowledged after it (P6).
 """
@@ -149,8 +150,10 @@ def parse_position_id(value: str | None, n: int) -> tuple[list[int], int] | None
     return (parts, held) if ok else None
 
 
-class SSEResponse(Response):
-    """Streams ``renderer`` frames for ``streams``; see the module docstring."""
+class SSEResponse(Connection, Response):
+    """Streams ``renderer`` frames for ``streams``; see the module docstring. It is its own
+    :class:`~coda.server.connection.Connection`: the connection's part is opened with the
+    ASGI channel when the response is called (a response is called once)."""
 
     media_type = "text/event-stream"
 
@@ -168,11 +171,11 @@ class SSEResponse(Response):
                            "content-type": renderer.media_type, **(headers or {})})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        conn = Connection(receive, send, write_timeout_s=self._write_timeout_s)
-        watch = asyncio.ensure_future(conn.watch())
+        Connection.__init__(self, receive, send, write_timeout_s=self._write_timeout_s)
+        watch = asyncio.ensure_future(self.watch())
         lost: ClientGone | None = None
         try:
-            await self._pump(conn)
+            await self._pump(self)
         except ClientGone as exc:
             lost = exc
         finally:

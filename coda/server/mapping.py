@@ -7,7 +7,7 @@ deadline, cancel, transport) is ``length`` / ``max_tokens``; a policy interrupti
 ``content_filter`` / ``refusal``. A client disconnect is never reported as a natural end (L5):
 its closest value is a truncation and the exact reason ``transport_error`` is in ``coda``.
 A FAILED request is shown failed by its state, in each protocol's idiom
-(:mod:`coda.server.failures`), whatever its reason.
+(:mod:`coda.server.http_errors`), whatever its reason.
 """
 
 from __future__ import annotations

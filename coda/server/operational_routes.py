@@ -15,8 +15,8 @@ from coda.server import anthropic_models
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
 from coda.server.integrity import resolve_resume
+from coda.server.records import Record
 from coda.server.sse import SSEResponse, parse_position_id
-from coda.server.state import Record
 
 
 def model_card(engine: Engine) -> dict[str, Any]:

@@ -244,7 +244,7 @@ def test_p1_an_assistant_refusal_part_is_what_it_said(oa: openai.OpenAI) -> None
     assert c.usage is not None and d.usage is not None
     assert c.usage.input_tokens == d.usage.input_tokens
     user: Any = [{"role": "user", "content": [refused]}]
-    bad(lambda: oa.chat.completions.create(model=m, messages=user), "messages.0.content")
+    bad(lambda: oa.chat.completions.create(model=m, messages=user), "messages.0.content.0")
 
 
 def test_p1_a_tool_in_the_other_apis_shape_says_so(oa: openai.OpenAI) -> None:

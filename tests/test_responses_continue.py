@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
@@ -75,7 +75,7 @@ def test_unknown_or_unstored_previous_response_is_a_400(
         with pytest.raises(openai.BadRequestError) as err:
             _turn(b, "more", prev)
         assert err.value.status_code == 400
-        assert "previous_response_id" in str(err.value)
+        assert cast(dict[str, Any], err.value.body)["param"] == "previous_response_id"
 
 
 def test_delete_is_durable_on_every_front_end_p1(

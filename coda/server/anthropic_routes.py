@@ -233,7 +233,9 @@ class AnthropicAdapter:
         if spec.tools:
             text, calls, removed = tl.split(c.text)
             ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
-            content = ([{"type": "text", "text": text}] if text or not calls else []) + [
+            # NOTE: an empty answer is no block: content [], as Anthropic answers and as
+            # the stream sends (an empty text block is one Coda refuses as input)
+            content = ([{"type": "text", "text": text}] if text else []) + [
                 tool_use_block(k, rid) for k in calls]
         reason, stop = stop_fields(c.terminal, len(calls))
         if spec.warm:  # NOTE: max_tokens 0 (cache pre-warming): no block at all

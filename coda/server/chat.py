@@ -79,7 +79,7 @@ def content_text(content: Any, field: str, *, refusal: bool = False) -> str:
         else:
             raise InvalidRequestError(
                 f"{field}.content.{i}: only text content parts are supported (got {kind!r})",
-                field=f"{field}.content")
+                field=f"{field}.content.{i}")  # NOTE: the part, as the message names it
     return "".join(parts)
 
 

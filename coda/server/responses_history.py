@@ -7,7 +7,8 @@ The previous response is found through the server's record store: in memory, or 
 ``--redis-url`` in the stream log (:class:`~coda.server.durable.RedisResponseStore` rebuilds a
 record another front end stored), so any front end continues any conversation. A response
 still running is waited for (its output is the history); an unknown, unstored or expired one
-is a 400 naming ``previous_response_id`` (so is a deleted one: ``DELETE /v1/responses/{id}``).
+is OpenAI's 400 ``previous_response_not_found`` naming ``previous_response_id`` (so is a
+deleted one: ``DELETE /v1/responses/{id}``).
 
 Beside the messages, the continuation carries the previous response's listed input items and
 its output items (:func:`coda.server.responses_items.carried_items`), which its own
@@ -18,8 +19,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from coda.errors import InvalidRequestError
 from coda.reader import terminal_of
+from coda.server.http_errors import ApiError
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_items import Item, carried_items, listed
 from coda.server.state import ServerState
@@ -36,8 +37,9 @@ async def previous_history(st: ServerState, response_id: str
 
     record = st.store.get(response_id)  # NOTE: as GET /v1/responses/{id} reads it
     if record is None or not isinstance(record.spec, ResponsesRender) or not record.spec.store:
-        raise InvalidRequestError(f"previous_response_id: no stored response "
-                                  f"'{response_id}'", field="previous_response_id")
+        # NOTE: OpenAI's 400, words and code: clients recover on the code (resend the history)
+        raise ApiError(400, f"Previous response with id '{response_id}' not found.",
+                       param="previous_response_id", code="previous_response_not_found")
     await asyncio.gather(*(terminal_of(h.stream) for h in record.handles))
     out: list[dict[str, Any]] = [dict(m) for m in record.spec.history]
     output = response_object(record)["output"]

@@ -65,3 +65,15 @@ def test_p1_null_reads_as_the_field_left_out(smollm_live: LiveServer, smollm_nam
                           json={"model": smollm_name, "stream": False, **body})
         assert load.status_code == 200, load.text
         assert load.json()["done_reason"] == "load"
+
+
+def test_p1_null_in_embed_reads_as_left_out(smollm_live: LiveServer, smollm_name: str) -> None:
+    """P1: ``/api/embed`` with ``truncate: null`` truncates (the default); ``input: null`` is
+    no input (an empty list back), as Ollama reads them; never a 400."""
+    url = f"{smollm_live.url}/api/embed"
+    one = httpx.post(url, timeout=120, json={"model": smollm_name, "input": "x", "truncate": None})
+    assert one.status_code == 200, one.text
+    assert len(one.json()["embeddings"]) == 1
+    none = httpx.post(url, timeout=120, json={"model": smollm_name, "input": None})
+    assert none.status_code == 200, none.text
+    assert none.json()["embeddings"] == []

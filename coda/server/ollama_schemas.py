@@ -201,6 +201,7 @@ class OllamaEmbedRequest(BaseModel):
     input: str | list[str] = ""
     prompt: str | None = None
     truncate: bool = True
+    _nulls = field_validator("input", "truncate", mode="before")(classmethod(null_as_unset))
     dimensions: int | None = Field(None, ge=1)
     options: OllamaOptions | None = None
     keep_alive: float | str | None = None

@@ -6,12 +6,19 @@ server over loopback.
   too, as a raw prompt has no template); P1: a parameter is never silently ignored.
 - A validator's message (``keep_alive: "abc"``) carried pydantic's ``Value error, `` before
   Go's words, where the docs promise Ollama's ``time: invalid duration "abc"``.
+- A JSON ``null`` (what a client that writes its unset fields sends) was a 400 for
+  ``stream``, ``raw``, ``logprobs``, ``prompt``, ``messages`` and a message's ``content``,
+  while ``format``, ``system``, ``keep_alive``... took it as unset; Ollama (Go) reads every
+  null as the field left out.
 """
 
 from __future__ import annotations
 
+import httpx
 import ollama
 import pytest
+
+from tests.conftest import LiveServer
 
 
 def test_p1_raw_with_system_is_a_400_naming_system(smollm_ollama: ollama.Client,
@@ -36,3 +43,37 @@ def test_p1_keep_alive_error_is_gos_words(smollm_ollama: ollama.Client, smollm_n
                            keep_alive="abc", options={"num_predict": 2})
     assert exc.value.status_code == 400
     assert exc.value.error == 'keep_alive: time: invalid duration "abc"'
+
+
+def test_p1_null_reads_as_the_field_left_out(smollm_live: LiveServer, smollm_name: str) -> None:
+    """P1: ``null`` in an optional field is the field unset, as Ollama reads it: ``stream:
+    null`` streams (Ollama's default), ``prompt: null`` / ``messages: null`` are the load
+    call, a null ``content`` is empty text; never a 400."""
+    opts = {"num_predict": 2, "temperature": 0}
+    chat = httpx.post(f"{smollm_live.url}/api/chat", timeout=120, json={
+        "model": smollm_name, "stream": False, "logprobs": None, "options": opts,
+        "messages": [{"role": "system", "content": None}, {"role": "user", "content": "Hi"}]})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["done_reason"] == "length" and chat.json()["eval_count"] == 2
+    gen = httpx.post(f"{smollm_live.url}/api/generate", timeout=120, json={
+        "model": smollm_name, "prompt": "Hi", "stream": None, "raw": None, "options": opts})
+    assert gen.status_code == 200, gen.text
+    assert gen.headers["content-type"].startswith("application/x-ndjson")
+    assert gen.text.strip().splitlines()[-1].startswith('{') and '"done":true' in gen.text
+    for path, body in (("generate", {"prompt": None}), ("chat", {"messages": None})):
+        load = httpx.post(f"{smollm_live.url}/api/{path}", timeout=120,
+                          json={"model": smollm_name, "stream": False, **body})
+        assert load.status_code == 200, load.text
+        assert load.json()["done_reason"] == "load"
+
+
+def test_p1_null_in_embed_reads_as_left_out(smollm_live: LiveServer, smollm_name: str) -> None:
+    """P1: ``/api/embed`` with ``truncate: null`` truncates (the default); ``input: null`` is
+    no input (an empty list back), as Ollama reads them; never a 400."""
+    url = f"{smollm_live.url}/api/embed"
+    one = httpx.post(url, timeout=120, json={"model": smollm_name, "input": "x", "truncate": None})
+    assert one.status_code == 200, one.text
+    assert len(one.json()["embeddings"]) == 1
+    none = httpx.post(url, timeout=120, json={"model": smollm_name, "input": None})
+    assert none.status_code == 200, none.text
+    assert none.json()["embeddings"] == []

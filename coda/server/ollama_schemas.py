@@ -9,12 +9,21 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.server.ollama_options import OllamaOptions
 from coda.server.schemas import OPEN, STRICT, CodaExtensions
+
+
+def null_as_unset(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """A JSON ``null`` reads as the field left out, as Go's decoder reads it into Ollama's
+    request (the zero value; ``stream``, a pointer there, unset: streamed). Without this a
+    ``"stream": null`` or ``"content": null`` was a 400 while ``"format": null`` passed."""
+    if value is None and info.field_name is not None:
+        return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+    return value
 
 
 class OllamaToolFunction(BaseModel):
@@ -54,6 +63,7 @@ class OllamaMessage(BaseModel):
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
     thinking: str | None = None
+    _nulls = field_validator("content", mode="before")(classmethod(null_as_unset))
 
     @model_validator(mode="after")
     def _tool_fields_where_they_mean_something(self) -> OllamaMessage:
@@ -124,6 +134,7 @@ class _OllamaCreate(CodaExtensions):
     # NOTE: as Ollama (and OpenAI chat): each output token's logprob, and the k best beside
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    _nulls = field_validator("stream", "logprobs", mode="before")(classmethod(null_as_unset))
 
     @model_validator(mode="after")
     def _options_into_extensions(self) -> _OllamaCreate:
@@ -156,6 +167,7 @@ class _OllamaCreate(CodaExtensions):
 
 class OllamaChatRequest(_OllamaCreate):
     messages: list[OllamaMessage] = Field(default_factory=list)
+    _messages_null = field_validator("messages", mode="before")(classmethod(null_as_unset))
     tools: list[dict[str, Any]] | None = None
     # NOTE: Coda extension (Ollama has none): Chat Completions' values, default "auto"
     tool_choice: str | dict[str, Any] | None = None
@@ -169,6 +181,7 @@ class OllamaGenerateRequest(_OllamaCreate):
     context: list[int] | None = None
     raw: bool = False
     images: list[str] | None = None
+    _generate_nulls = field_validator("prompt", "raw", mode="before")(classmethod(null_as_unset))
 
 
 class OllamaShowRequest(BaseModel):
@@ -188,6 +201,7 @@ class OllamaEmbedRequest(BaseModel):
     input: str | list[str] = ""
     prompt: str | None = None
     truncate: bool = True
+    _nulls = field_validator("input", "truncate", mode="before")(classmethod(null_as_unset))
     dimensions: int | None = Field(None, ge=1)
     options: OllamaOptions | None = None
     keep_alive: float | str | None = None

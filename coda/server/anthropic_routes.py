@@ -192,9 +192,7 @@ class AnthropicAdapter:
                                "response_format") if plan is not None else {})
         if grammar is not None and not tool:
             tool = {"grammar": grammar, "grammar_field": grammar_field}
-        reasoning = st.reasoning(
-            ids, budget=budget, budget_field="thinking.budget_tokens",
-            grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
+        reasoning = st.reasoning(ids, budget=budget, budget_field="thinking.budget_tokens")
         if _prewarm(body.max_tokens):  # NOTE: nothing is generated: no grammar (checked) to close
             tool.pop("grammar", None)
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),

@@ -168,6 +168,18 @@ class OutputProcessor(DeltaAssembly):
         sp = self.splitter
         return () if sp is None else output_reasoning.forced_tokens(self, sp)
 
+    def opener_ids(self) -> tuple[int, ...]:
+        """The opener's ids while the output's first token may still open a reasoning block,
+        else () (a grammar's mask allows them there: the engine's ``EngineCore._row``)."""
+        sp = self.splitter
+        return sp.spec.open_ids if sp is not None and sp.phase is Phase.OPENING else ()
+
+    @property
+    def answering(self) -> bool:
+        """The output is in its answer: no split, or the block closed or never opened (the
+        grammar constrains from here: issue 23)."""
+        return self.splitter is None or self.splitter.phase is Phase.ANSWER
+
     def reasoning_split(self) -> ReasoningSplit | None:
         """The terminal's record of the split (K2), None without a reasoning block."""
         if self.splitter is None:

@@ -189,19 +189,17 @@ def marker_ids(tokenizer: tokenizers.Tokenizer) -> tuple[int, int] | None:
 
 
 def reasoning_spec(tokenizer: tokenizers.Tokenizer, prompt_ids: Sequence[int], *,
-                   budget: int | None, budget_field: str, grammar: bool = False
-                   ) -> ReasoningSpec | None:
+                   budget: int | None, budget_field: str) -> ReasoningSpec | None:
     """The request's :class:`ReasoningSpec`, or None when the model has no markers. A budget
-    for a model without markers is a 400 naming ``budget_field``. With a grammar (structured
-    output, tools) there is no split: the grammar constrains the output from its first token."""
+    for a model without markers is a 400 naming ``budget_field``. A grammar (structured
+    output, tools) changes nothing here: it constrains the answer only, from the closer on
+    (the engine holds it back while the block may open or is open: ``EngineCore``)."""
     ids = marker_ids(tokenizer)
-    if ids is None or grammar:
+    if ids is None:
         if budget is not None:
             raise InvalidRequestError(
                 f"{budget_field}: this model has no reasoning markers ({OPEN_MARKER}, "
-                f"{CLOSE_MARKER})" if ids is None else
-                f"{budget_field}: a reasoning budget cannot be combined with structured output",
-                field=budget_field)
+                f"{CLOSE_MARKER})", field=budget_field)
         return None
     open_id, close_id = ids
     last_open = _last(prompt_ids, open_id)

@@ -57,18 +57,18 @@ BUDGETS = st.none() | st.integers(0, 3)
 
 # -- the reasoning split (every protocol: ServerState.reasoning) ------------------------------
 @settings(max_examples=examples(200), deadline=None)
-@given(st.sampled_from(TOKENIZERS), st.lists(st.integers(0, 4), max_size=6), BUDGETS,
-       st.booleans())
+@given(st.sampled_from(TOKENIZERS), st.lists(st.integers(0, 4), max_size=6), BUDGETS)
 def test_issue22_the_reasoning_split_is_skipped_only_where_it_is_known(
-        tok: tokenizers.Tokenizer, ids: list[int], budget: int | None, grammar: bool) -> None:
-    """For all prompts, budgets and grammars on a model with or without markers:
-    ``split_reasoning`` answers what ``reasoning_spec`` answers (the split, None, or the 400
-    naming the budget's field): it skips it only with no budget and no markers or a grammar."""
+        tok: tokenizers.Tokenizer, ids: list[int], budget: int | None) -> None:
+    """For all prompts and budgets on a model with or without markers: ``split_reasoning``
+    answers what ``reasoning_spec`` answers (the split, None, or the 400 naming the budget's
+    field): it skips it only with no budget and no markers (a grammar changes nothing: it
+    constrains the answer only, issue 23)."""
     markers = marker_ids(tok) is not None
     guarded = outcome(lambda: split_reasoning(tok, markers, ids, budget=budget,
-                                              budget_field="f", grammar=grammar))
+                                              budget_field="f"))
     assert guarded == outcome(lambda: reasoning_spec(tok, ids, budget=budget,
-                                                     budget_field="f", grammar=grammar))
+                                                     budget_field="f"))
 
 
 # -- Messages ---------------------------------------------------------------------------------
@@ -161,11 +161,10 @@ def responses_bodies(draw: st.DrawFn) -> ResponsesRequest:
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(responses_bodies(), st.sampled_from(HISTORIES), st.sampled_from(TOKENIZERS),
-       st.booleans())
+@given(responses_bodies(), st.sampled_from(HISTORIES), st.sampled_from(TOKENIZERS))
 def test_issue22_responses_skip_the_tool_and_field_modules_only_with_nothing_to_do(
-        body: ResponsesRequest, history: list[dict[str, Any]], tok: tokenizers.Tokenizer,
-        grammar: bool) -> None:
+        body: ResponsesRequest, history: list[dict[str, Any]], tok: tokenizers.Tokenizer
+        ) -> None:
     """For all Responses bodies and continued histories: the tool plan, the refusal of
     ``truncation: auto`` / ``background`` without ``store``, the tool-pairing check and the
     reasoning budget are what the unguarded calls give, the same 400 included."""
@@ -177,9 +176,8 @@ def test_issue22_responses_skip_the_tool_and_field_modules_only_with_nothing_to_
     assert outcome(lambda: rs.check_results(body, history)) == outcome(
         lambda: check_responses_results(items, history=history))
     server: Any = SimpleNamespace(engine=SimpleNamespace(tokenizer=tok))
-    assert outcome(lambda: rs.reasoning_budget(server, body, grammar)) == outcome(
-        lambda: effort_budget(tok, responses_effort(body.reasoning), body.max_reasoning_tokens,
-                              grammar=grammar))
+    assert outcome(lambda: rs.reasoning_budget(server, body)) == outcome(
+        lambda: effort_budget(tok, responses_effort(body.reasoning), body.max_reasoning_tokens))
 
 
 # -- Ollama -----------------------------------------------------------------------------------

@@ -71,12 +71,3 @@ def test_l6_no_markers_no_budget_is_no_split_and_a_budget_is_a_400_naming_the_fi
         reasoning_spec(tok, [1], budget=5, budget_field="thinking.budget_tokens")
     assert err.value.field == "thinking.budget_tokens"
     assert "no reasoning markers" in str(err.value) and OPEN_MARKER in str(err.value)
-
-
-def test_s1_a_grammar_has_no_split_and_refuses_a_budget() -> None:
-    tok = _tokenizer()
-    assert reasoning_spec(tok, [OPEN], budget=None, budget_field="x", grammar=True) is None
-    with pytest.raises(InvalidRequestError) as err:
-        reasoning_spec(tok, [OPEN], budget=3, budget_field="reasoning.budget", grammar=True)
-    assert err.value.field == "reasoning.budget"
-    assert "structured output" in str(err.value)

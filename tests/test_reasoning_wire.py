@@ -140,6 +140,22 @@ def test_k2_anthropic_thinking_block_then_text(r1: ScriptedServer) -> None:
     assert msg.content[1].text == ANSWER and msg.stop_reason == "end_turn"
 
 
+def test_k2_anthropic_thinking_block_kept_with_tools(r1: ScriptedServer) -> None:
+    """K2: with tools on, the whole answer keeps its ``thinking`` block before the text, as
+    the stream sends it (the tool split rebuilt the content and dropped the thinking)."""
+    client, model = claude(r1)
+    tools: Any = [{"name": "get_weather", "description": "weather of a city",
+                   "input_schema": {"type": "object",
+                                    "properties": {"city": {"type": "string"}}}}]
+    msg = client.messages.create(model=model, max_tokens=50, messages=MSG, tools=tools)
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    assert msg.content[0].thinking == REASONING and msg.content[1].text == ANSWER
+    with client.messages.stream(model=model, max_tokens=50, messages=MSG,
+                                tools=tools) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
+
+
 def test_anthropic_stream_thinking_deltas_and_budget(r1: ScriptedServer) -> None:
     """Streamed: content_block_start(thinking), thinking_delta, signature_delta, stop, then
     the text block; the budget (Coda's ``max_reasoning_tokens``: a ``budget_tokens`` is

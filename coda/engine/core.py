@@ -96,6 +96,12 @@ class EngineRequest(RequestRun, Sequence):
         self.grammar = grammar
         self.early_stop = early_stop
         self.closer = closer                 # issue 13: close within the budget
+        # NOTE: issue 23: a grammar constrains the answer only: while the reasoning block may
+        # open or is open it is held here (``grammar``, ``closer`` None: the step is free and
+        # advances nothing), then restored at the answer's first token (release_grammar)
+        self.held: tuple[GrammarMatcher, BudgetCloser | None] | None = None
+        if grammar is not None and plan.reasoning is not None and plan.reasoning.inside:
+            self.hold_grammar()
         # NOTE: issue 21: drafting state (None: off on the server or for this request)
         # NOTE: issue 22: speculation off on the server: the drafting module is never entered
         # NOTE: a chat prediction drafts under ``predicted`` (None: the mode cannot verify)
@@ -132,6 +138,21 @@ class EngineRequest(RequestRun, Sequence):
         if self.plan.prediction is None:
             return None
         return count_prediction(self.plan.prediction, self.output_token_ids)
+
+    def hold_grammar(self) -> None:
+        """Issue 23: the reasoning block opens (or the prompt opened it): the grammar and its
+        closer wait for the answer, untouched by the reasoning tokens."""
+        assert self.grammar is not None
+        self.held, self.grammar, self.closer = (self.grammar, self.closer), None, None
+
+    def release_grammar(self) -> None:
+        """Issue 23: the block closed (the model's closer, or the budget's forced one): the
+        grammar constrains from the next token, and its closer keeps the answer within the
+        tokens the budget has left (G1: the budget's one end, unchanged)."""
+        assert self.held is not None
+        (self.grammar, self.closer), self.held = self.held, None
+        if self.closer is not None:
+            self.closer.budget = self.grammar.num_consumed + self.processor.tokens_left
 
     def release_rng(self) -> dict[str, int]:
         """The ``rng_state`` resource's release: no draw may follow; reports the last step."""
@@ -399,6 +420,8 @@ class EngineCore:
 
     def _row(self, req: EngineRequest) -> SamplingRow:
         mask = req.grammar.allowed_mask() if req.grammar is not None else None
+        if mask is not None and (opener := req.processor.opener_ids()):
+            mask[list(opener)] = True  # NOTE: issue 23: the first token may open the block
         if req.closer is not None and req.closer.forcing:
             mask = req.closer.mask(self.runner.config.vocab_size)
         forced = req.processor.forced_token()
@@ -417,6 +440,8 @@ class EngineCore:
         req.rng_step = req.num_output_tokens
         if req.first_token_at is None:
             req.first_token_at = self.clock()
+        if req.grammar is not None and dec.token_id in req.processor.opener_ids():
+            req.hold_grammar()  # NOTE: issue 23: the block opens: the opener is not the answer's
         if req.grammar is not None and not req.grammar.consume(dec.token_id):
             self._end_failed(req, ModelError(f"grammar rejected token {dec.token_id}"))
             return
@@ -429,6 +454,8 @@ class EngineCore:
             return
         if reason is FinishReason.EOS and req.closer is not None and req.closer.forcing:
             reason = FinishReason.GRAMMAR_FORCED_CLOSE  # NOTE: the closer chose EOS (end_now)
+        if req.held is not None and req.processor.answering:
+            req.release_grammar()  # NOTE: issue 23: this token closed the block
         if reason is not None:
             req.conclude(reason)  # NOTE: an early stop takes the cancel path (D6)
 

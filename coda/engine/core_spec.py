@@ -83,7 +83,9 @@ def verifiable(req: EngineRequest, drafts: tuple[int, ...]) -> tuple[int, ...]:
     horizon = plain_horizon(req.processor, req.closer)
     drafts = drafts[:horizon]
     if drafts and req.grammar is not None:
-        drafts = drafts[:req.grammar.valid_prefix(drafts)]
+        # NOTE: issue 23: a first token that opens the reasoning block holds the grammar: the
+        # rows after it are free, not the grammar's (so no drafts at that one position)
+        drafts = () if req.processor.opener_ids() else drafts[:req.grammar.valid_prefix(drafts)]
     assert req.spec is not None  # NOTE: then a reasoning closer forced at the horizon
     return closer_after(req.spec, drafts, horizon, req.processor,
                         req.processor.tokens_left - 1)
@@ -98,6 +100,7 @@ def emit_verified(core: EngineCore, req: EngineRequest, decs: list[TokenDecision
     row ``j``'s."""
     assert req.spec is not None
     forced = req.spec.forced  # NOTE: the forced path's rows (their one-token masks)
+    held = req.held is not None  # NOTE: issue 23: rows sampled with the grammar held
     try:
         if req.grammar is not None:
             closer = req.closer
@@ -119,8 +122,10 @@ def emit_verified(core: EngineCore, req: EngineRequest, decs: list[TokenDecision
         if j and not commit_draft(core, req):
             break
         # NOTE: a row sampled ahead assumed the loop forces forced[j] there (or nothing)
-        stale = j > 0 and live_forced(req.processor, req.closer) != (
-            forced[j] if j < len(forced) else None)
+        # NOTE: or without the grammar's mask that the loop now applies (the row after the
+        # reasoning closer: the answer's first token, issue 23)
+        stale = j > 0 and (live_forced(req.processor, req.closer) != (
+            forced[j] if j < len(forced) else None) or (held and req.held is None))
         last = j == accepted or stale
         if last:  # NOTE: the pick: what the per-token loop would make of it
             try:

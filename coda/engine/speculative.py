@@ -85,6 +85,10 @@ after the accepted prefix, the grammar included.
   closing path. Accepted rows before it need neither: the horizon and the closer's check at
   each position stopped the run where they would change the choice (the engine checks the
   forced token at each emitted row all the same, and ends the run at a row that disagrees).
+* *A grammar waits for the answer* (issue 23): inside a reasoning block the request holds its
+  grammar aside (``EngineRequest.held``) and its rows are verified unconstrained; the emitted
+  token that closes the block restores it, and the row after it (sampled without its mask) is
+  the pick, drawn again from the loop's own row (``core_spec.emit_verified``'s ``stale``).
 
 Unconstrained requests are unchanged: all ``1 + k`` rows in the step's one batched sample.
 

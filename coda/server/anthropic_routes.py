@@ -192,9 +192,7 @@ class AnthropicAdapter:
                                "response_format") if plan is not None else {})
         if grammar is not None and not tool:
             tool = {"grammar": grammar, "grammar_field": grammar_field}
-        reasoning = st.reasoning(
-            ids, budget=budget, budget_field="thinking.budget_tokens",
-            grammar="grammar" in tool or (fmt is not None and fmt.type != "text"))
+        reasoning = st.reasoning(ids, budget=budget, budget_field="thinking.budget_tokens")
         if _prewarm(body.max_tokens):  # NOTE: nothing is generated: no grammar (checked) to close
             tool.pop("grammar", None)
         spec = AnthropicRender(input_tokens=len(ids), tools=bool(plan and plan.active),
@@ -225,18 +223,21 @@ class AnthropicAdapter:
                                 "content": [{"type": "text", "text": c.text}],
                                 "coda": coda_extension(c.terminal)}, c.terminal, headers=headers)
         ext = coda_extension(c.terminal)
-        content: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
+        thinking: list[dict[str, Any]] = []
         if c.terminal.reasoning is not None and spec.reasoning:  # NOTE: issue 23
-            content.insert(0, {"type": "thinking", "signature": "",
-                               "thinking": "" if spec.omit_thinking else c.reasoning})
+            thinking = [{"type": "thinking", "signature": "",
+                         "thinking": "" if spec.omit_thinking else c.reasoning}]
+        answer: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
         calls: list[tl.ToolCall] = []
         if spec.tools:
             text, calls, removed = tl.split(c.text)
             ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
             # NOTE: an empty answer is no block: content [], as Anthropic answers and as
             # the stream sends (an empty text block is one Coda refuses as input)
-            content = ([{"type": "text", "text": text}] if text else []) + [
+            answer = ([{"type": "text", "text": text}] if text else []) + [
                 tool_use_block(k, rid) for k in calls]
+        # NOTE: the thinking block leads whatever the answer's blocks are (tools included)
+        content = thinking + answer
         reason, stop = stop_fields(c.terminal, len(calls))
         if spec.warm:  # NOTE: max_tokens 0 (cache pre-warming): no block at all
             content = []

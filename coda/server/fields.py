@@ -103,14 +103,13 @@ def served_tier(asked: str | None) -> str | None:
     return SERVED_TIER if asked is not None else None
 
 
-def effort_budget(tokenizer: Any, effort: str | None, explicit: int | None, *,
-                  grammar: bool) -> int | None:
+def effort_budget(tokenizer: Any, effort: str | None, explicit: int | None) -> int | None:
     """The reasoning budget of a request: ``explicit`` (``max_reasoning_tokens``) when given,
-    else ``effort`` mapped by :data:`EFFORT_BUDGET` on a model with reasoning markers and no
-    grammar (a constrained output has no reasoning split), else None (effort ignored)."""
+    else ``effort`` mapped by :data:`EFFORT_BUDGET` on a model with reasoning markers (a
+    grammar too: it constrains the answer only), else None (effort ignored)."""
     if explicit is not None or effort is None:
         return explicit
-    if grammar or marker_ids(tokenizer) is None:
+    if marker_ids(tokenizer) is None:
         return None  # NOTE: accepted and ignored: nothing to bound (docs/api.md)
     return EFFORT_BUDGET[effort]
 

@@ -140,15 +140,15 @@ class OllamaRenderer(NDJSONRenderer):
         return [*frames, JSONLine({**_piece(self.r, self.chat, ""), **end, **context})]
 
 
-def _thinking(st: ServerState, body: OllamaBody, ids: list[int], grammar: bool
-              ) -> ReasoningSpec | None:
+def _thinking(st: ServerState, body: OllamaBody, ids: list[int]) -> ReasoningSpec | None:
     """The reasoning split of a model with ``<think>`` markers (issue 23 item 3): always made
-    (stops apply to the answer only), shown as ``thinking`` unless ``think`` is false; asking
-    for ``think`` on a model without markers (or with a grammar) is a 400."""
-    spec = st.reasoning(ids, budget=None, budget_field="think", grammar=grammar)
+    (stops apply to the answer only; ``format`` or tools constrain the answer only), shown as
+    ``thinking`` unless ``think`` is false; asking for ``think`` on a model without markers
+    is a 400."""
+    spec = st.reasoning(ids, budget=None, budget_field="think")
     if spec is None and body.think not in (None, False, "none"):
-        raise InvalidRequestError(f"think: {body.model!r} does not support thinking"
-                                  + (" with format or tools" if grammar else ""), field="think")
+        raise InvalidRequestError(f"think: {body.model!r} does not support thinking",
+                                  field="think")
     return spec
 
 
@@ -213,7 +213,7 @@ class OllamaAdapter:
         tool_knobs = ((tl.knob_fields(plan, grammar, "format") if plan is not None else {})
                       or {"grammar": grammar})
         ids = await asyncio.to_thread(_prompt, st, body, plan)  # NOTE: CPU-bound
-        reasoning = _thinking(st, body, ids, grammar is not None or bool(plan and plan.active))
+        reasoning = _thinking(st, body, ids)
         if body.logprobs and plan is not None and plan.active:
             # NOTE: a call's text is cut out of the token stream: no token maps onto a line
             raise InvalidRequestError("logprobs: not supported with tools", field="logprobs")

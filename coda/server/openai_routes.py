@@ -183,15 +183,14 @@ class OpenAIAdapter:
         asked = max_tokens if chat else _completion_budget(st, max_tokens, prompts)
         reasoning = None
         if isinstance(body, ChatCompletionRequest):
-            fmt = body.response_format
-            grammar = "grammar" in tool or (fmt is not None and fmt.type != "text")
             # NOTE: issue 22: fields only with an effort to map; coda.reasoning only with a
-            # budget to check or a model with markers and no grammar (ServerState.reasoning)
+            # budget to check or a model with markers (ServerState.reasoning); a grammar
+            # (tools, response_format) constrains the answer only, after the reasoning
             budget = (body.max_reasoning_tokens if body.reasoning_effort is None
                       else effort_budget(st.engine.tokenizer, body.reasoning_effort,
-                                         body.max_reasoning_tokens, grammar=grammar))
+                                         body.max_reasoning_tokens))
             reasoning = st.reasoning(prompts[0], budget=budget,
-                                     budget_field="max_reasoning_tokens", grammar=grammar)
+                                     budget_field="max_reasoning_tokens")
         elif body.max_reasoning_tokens is not None:
             raise InvalidRequestError("max_reasoning_tokens: only for chat completions",
                                       field="max_reasoning_tokens")

@@ -156,13 +156,13 @@ def check_results(body: ResponsesRequest, history: list[dict[str, Any]]) -> None
         check_responses_results([i.model_dump() for i in items], history=history)
 
 
-def reasoning_budget(st: ServerState, body: ResponsesRequest, grammar: bool) -> int | None:
+def reasoning_budget(st: ServerState, body: ResponsesRequest) -> int | None:
     """``max_reasoning_tokens``, or ``reasoning.effort`` mapped (:mod:`coda.server.fields`,
     entered only where the request has a ``reasoning`` object: issue 22)."""
     if body.reasoning is None:
         return body.max_reasoning_tokens
     return effort_budget(st.engine.tokenizer, responses_effort(body.reasoning),
-                         body.max_reasoning_tokens, grammar=grammar)
+                         body.max_reasoning_tokens)
 
 
 class ResponsesAdapter:
@@ -203,9 +203,8 @@ class ResponsesAdapter:
         grammar = _grammar(fmt)
         tool = ((tl.knob_fields(plan, grammar, "text.format") if plan is not None else {})
                 or {"grammar": grammar})
-        reasoning = st.reasoning(ids, budget=reasoning_budget(st, body, tool["grammar"] is not None),
-                                 budget_field="max_reasoning_tokens",
-                                 grammar=tool["grammar"] is not None)
+        reasoning = st.reasoning(ids, budget=reasoning_budget(st, body),
+                                 budget_field="max_reasoning_tokens")
         spec = ResponsesRender(
             format=(fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                     else {"type": "text"}),

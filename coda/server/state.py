@@ -66,14 +66,14 @@ class ServerSettings:
 
 
 def split_reasoning(tokenizer: tokenizers.Tokenizer, markers: bool, ids: Sequence[int], *, budget: int | None,
-                    budget_field: str, grammar: bool) -> ReasoningSpec | None:
+                    budget_field: str) -> ReasoningSpec | None:
     """:func:`coda.reasoning.reasoning_spec`, entered only where it has something to do: a
-    budget to check, or a model with markers (``markers``: it has them) and no grammar.
-    Otherwise its answer is known without it: no split, and nothing to refuse (issue 22)."""
-    if budget is None and (grammar or not markers):
-        return None  # NOTE: reasoning_spec's own answer here: no markers, or a grammar
-    return reasoning_spec(tokenizer, ids, budget=budget, budget_field=budget_field,
-                          grammar=grammar)
+    budget to check, or a model with markers (``markers``: it has them), with or without a
+    grammar (it constrains the answer only). Otherwise its answer is known without it: no
+    split, and nothing to refuse (issue 22)."""
+    if budget is None and not markers:
+        return None  # NOTE: reasoning_spec's own answer here: no markers
+    return reasoning_spec(tokenizer, ids, budget=budget, budget_field=budget_field)
 
 
 class ServerState:
@@ -106,12 +106,12 @@ class ServerState:
             known = self._markers[id(tokenizer)] = marker_ids(tokenizer) is not None
         return known
 
-    def reasoning(self, ids: Sequence[int], *, budget: int | None, budget_field: str,
-                  grammar: bool) -> ReasoningSpec | None:
+    def reasoning(self, ids: Sequence[int], *, budget: int | None, budget_field: str
+                  ) -> ReasoningSpec | None:
         """The request's reasoning split (:func:`split_reasoning` with the routed model's
         markers): every protocol's one way into :mod:`coda.reasoning` (issue 22, issue 23)."""
         return split_reasoning(self.engine.tokenizer, self.reasoning_markers(), ids,
-                               budget=budget, budget_field=budget_field, grammar=grammar)
+                               budget=budget, budget_field=budget_field)
 
     def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt",
                truncate: bool = False) -> list[int]:

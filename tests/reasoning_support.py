@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from coda.engine.async_engine import DEFAULT_MODEL_DIR
+from tests.wire_support import ScriptedServer, scripted_server
 
 OPEN_ID, CLOSE_ID = 4094, 4095
 EOS = 2                                  # <|im_end|>
@@ -51,3 +55,12 @@ def reasoning_model_dir(root: Path, inside: bool) -> Path:
     cfg["chat_template"] = _TEMPLATE.replace("GEN", gen)
     (out / "tokenizer_config.json").write_text(json.dumps(cfg))
     return out
+
+
+def reasoning_server(factory: pytest.TempPathFactory, chain: dict[int, int],
+                     inside: bool) -> Iterator[ScriptedServer]:
+    """A scripted server over the reasoning model (a module fixture's body): ``inside``, the
+    template opens the block and the output starts in it; else the model opens it first."""
+    root: Path = factory.mktemp("reasoning")
+    yield from scripted_server(chain, model_dir=reasoning_model_dir(root, inside=inside),
+                               first=chain[OPEN_ID] if inside else OPEN_ID)

@@ -12,7 +12,6 @@ on one that leaves it to the model the model could not think at all.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import ollama
@@ -23,8 +22,8 @@ from coda.engine.grammar import GrammarMatcher
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
-from tests.reasoning_support import CHAIN, CLOSE_ID, EOS, OPEN_ID, reasoning_model_dir
-from tests.wire_support import ScriptedServer, scripted_server
+from tests.reasoning_support import CHAIN, CLOSE_ID, EOS, OPEN_ID, reasoning_server
+from tests.wire_support import ScriptedServer
 
 ONE, LBRACKET = 19, 61  # "1", "["
 JSON_CHAIN = {**CHAIN, CLOSE_ID: ONE, ONE: EOS}
@@ -39,30 +38,22 @@ INTEGER: Any = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"
 
 @pytest.fixture(scope="module")
 def r1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    root: Path = tmp_path_factory.mktemp("reasoning")
-    yield from scripted_server(CHAIN, model_dir=reasoning_model_dir(root, inside=True),
-                               first=CHAIN[OPEN_ID])
+    yield from reasoning_server(tmp_path_factory, CHAIN, inside=True)
 
 
 @pytest.fixture(scope="module")
 def r1json(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    root: Path = tmp_path_factory.mktemp("reasoning")
-    yield from scripted_server(JSON_CHAIN, model_dir=reasoning_model_dir(root, inside=True),
-                               first=CHAIN[OPEN_ID])
+    yield from reasoning_server(tmp_path_factory, JSON_CHAIN, inside=True)
 
 
 @pytest.fixture(scope="module")
 def r1array(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    root: Path = tmp_path_factory.mktemp("reasoning")
-    yield from scripted_server(ARRAY_CHAIN, model_dir=reasoning_model_dir(root, inside=True),
-                               first=CHAIN[OPEN_ID])
+    yield from reasoning_server(tmp_path_factory, ARRAY_CHAIN, inside=True)
 
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    root: Path = tmp_path_factory.mktemp("reasoning")
-    yield from scripted_server(CHAIN, model_dir=reasoning_model_dir(root, inside=False),
-                               first=OPEN_ID)
+    yield from reasoning_server(tmp_path_factory, CHAIN, inside=False)
 
 
 def _chat(server: ScriptedServer, **kw: Any) -> tuple[str, str | None, str, Any]:

@@ -17,8 +17,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.reasoning_support import CHAIN, OPEN_ID, reasoning_model_dir
-from tests.wire_support import ScriptedServer, scripted_server
+from tests.reasoning_support import CHAIN, reasoning_model_dir, reasoning_server
+from tests.wire_support import ScriptedServer
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 REASONING, ANSWER = " me think", " there."
@@ -27,16 +27,12 @@ FULL = REASONING + "</think>" + ANSWER
 
 @pytest.fixture(scope="module")
 def r1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    root: Path = tmp_path_factory.mktemp("reasoning")
-    yield from scripted_server(CHAIN, model_dir=reasoning_model_dir(root, inside=True),
-                               first=CHAIN[OPEN_ID])
+    yield from reasoning_server(tmp_path_factory, CHAIN, inside=True)
 
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    root: Path = tmp_path_factory.mktemp("reasoning")
-    yield from scripted_server(CHAIN, model_dir=reasoning_model_dir(root, inside=False),
-                               first=OPEN_ID)
+    yield from reasoning_server(tmp_path_factory, CHAIN, inside=False)
 
 
 def oai(server: ScriptedServer) -> tuple[openai.OpenAI, str]:

@@ -337,3 +337,26 @@ def test_p3_stream_reading_events_and_result_read_the_handles_stream() -> None:
     async def main() -> tuple[list[int], Terminal]:
         return [ev.seq async for ev in h.events(0)], await h.result()
     assert run(main()) == ([1, 2], DONE)
+
+
+def test_p3_logged_until_waits_for_the_position_rechecking_after_every_append() -> None:
+    """P3: a resume ahead of a live log waits in ``logged_until`` until ``ready()`` holds,
+    re-checked after each append to any of its streams (another thread's too; no busy wait), returns at
+    once when it already holds, and leaves no listener behind either way."""
+    a, b = stream(), stream()
+    checks: list[int] = []
+
+    def ready() -> bool:
+        if not checks:  # NOTE: the producer starts after the first check, however loaded
+            for delay, s, data in ((0.05, a, b"x"), (0.15, b, b"y"), (0.25, a, b"z")):
+                threading.Timer(delay, s.delta, (data,)).start()
+        checks.append(a.last_seq + b.last_seq)
+        return a.last_seq >= 2 and b.last_seq >= 1
+
+    async def main() -> list[int]:
+        await rd.logged_until([a, b], ready)
+        return [CHANNEL.num_subscribed(s) for s in (a, b)]  # NOTE: while the loop lives
+    assert run(main()) == [0, 0]
+    assert checks[0] == 0 and checks[-1] == 3 and 2 <= len(checks) <= 4, checks  # no spin
+    assert run(rd.logged_until([a], lambda: True)) is None
+    assert listeners_left(a) == 0 and listeners_left(b) == 0

@@ -97,7 +97,9 @@ class WakeChannel:
             calls = [(src, sub, seq) for src, (seq, _) in pending.items()
                      for sub in self._subs.get(src, ()) if sub[1] is loop]
         for src, sub, seq in calls:
-            if not any(s is sub for s in self._subs.get(src, ())):
+            with self._lock:  # NOTE: lists change in place (remove() from any thread)
+                live = any(s is sub for s in self._subs.get(src, ()))
+            if not live:
                 continue  # NOTE: removed by an earlier callback of this dispatch
             try:
                 sub[0](seq)

@@ -144,3 +144,29 @@ def test_p5_the_metrics_count_a_request_that_ended_before_it_was_tracked() -> No
 
     asyncio.run(main())
     assert successes() == 1.0
+
+
+def test_p2_a_subscription_removed_during_a_dispatch_is_not_called_by_it() -> None:
+    """P2: an observer that removes another subscription of the same stream in the same
+    dispatch keeps it from being called, and only that one: the same callback subscribed
+    again on the same loop is a subscription of its own (identity, not an equal pair)."""
+    from coda.wakeup import WakeChannel
+
+    channel, source, calls = WakeChannel(), object(), list[int]()
+
+    async def main() -> None:
+        done = asyncio.Event()
+        rec = calls.append
+
+        def first(_seq: int) -> None:
+            remove_second()
+
+        channel.subscribe(source, first)
+        remove_second = channel.subscribe(source, rec)
+        channel.subscribe(source, rec)
+        channel.subscribe(source, lambda _seq: done.set())
+        threading.Thread(target=channel.post, args=(source, 1)).start()
+        await asyncio.wait_for(done.wait(), 3)
+
+    asyncio.run(main())
+    assert calls == [1]

@@ -2,11 +2,11 @@
 
 Each protocol spells the output budget its own way on the wire (OpenAI ``max_tokens`` /
 ``max_completion_tokens``, Responses ``max_output_tokens``, Anthropic ``max_tokens``, Ollama
-``options.num_predict``). The wire spellings live only in the protocol schemas and in the
-adapters' ``parse``, which map them once onto ``max_tokens``; below the adapters no other name
-for the budget exists, the request carries no second budget field, and only the plan
-(coda.engine.plan) checks and derives it. An error about the budget still names the field the
-client sent.
+``options.num_predict``). The wire spellings live only in the protocol schemas and in each
+adapter's one mapping, which maps them once onto ``max_tokens`` at parse; below the adapters no
+other name for the budget exists, the request carries no second budget field, and only the
+plan (coda.engine.plan) checks and derives it, the engine's per-token stop alone comparing the
+count with it. An error about the budget still names the field the client sent.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ WIRE_NAMES = frozenset({"max_completion_tokens", "max_output_tokens", "num_predi
                         "max_new_tokens"})
 SCHEMAS = frozenset({"server/schemas.py", "server/protocol_schemas.py",
                      "server/ollama_schemas.py", "server/ollama_options.py"})
-ADAPTERS = frozenset({"server/openai_routes.py", "server/responses_routes.py"})
+# NOTE: each adapter's one mapping of its wire field onto ``max_tokens`` (Ollama's is
+# ``ollama_options.max_tokens``, a schema module; Anthropic's wire already says ``max_tokens``)
+MAPPINGS = frozenset({("server/openai_routes.py", "_budget_field"),
+                      ("server/responses_routes.py", "parse")})
 # NOTE: comparisons with a budget: the plan's check; the per-token stop (G1: the processor's
 # ``budget_spent``, which the core also asks before choosing, and ``tokens_left``, its draft
 # horizon); the early-stop policy's own hard budget (D1, a field of the client's policy); the
@@ -79,12 +82,13 @@ def _wire_uses(rel: str, tree: ast.Module) -> list[tuple[int, str, str]]:
 
 
 def test_l4_wire_budget_names_stop_at_the_adapters() -> None:
-    """L4: a wire spelling of the budget appears only in a protocol schema or an adapter's
-    ``parse`` (which maps it onto ``max_tokens``), never below."""
+    """L4: a wire spelling of the budget appears only in a protocol schema or in the one
+    function of an adapter that maps it onto ``max_tokens`` (:data:`MAPPINGS`), never below
+    nor elsewhere in the adapter."""
     bad = []
     for rel, tree in _modules():
         for line, name, func in _wire_uses(rel, tree):
-            if rel in SCHEMAS or (rel in ADAPTERS and func == "parse"):
+            if rel in SCHEMAS or (rel, func) in MAPPINGS:
                 continue
             bad.append(f"coda/{rel}:{line} {name} (in {func})")
     assert bad == []

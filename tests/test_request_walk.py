@@ -87,8 +87,11 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
 # classes_made_once 22 -> 19: the parse's frozen Parsed is the call's Record (one holder from
 # parse to replay), the streamed response is its own Connection, a wake-up subscription is a
 # pair in the channel's list, not an object
+# max_tokens_sites 21 -> 20 (branch budget-one): the OpenAI adapter maps its wire field
+# (chat's two spellings, completions' one) in one function, _budget_field, which also holds the
+# wire's rules on which field carries it (both sent, max_completion_tokens with a prediction)
 BOUNDS = {"files": 46, "body_path_call_reentries": 0, "classes_made_once": 19,
-          "max_tokens_sites": 21}
+          "max_tokens_sites": 20}
 # NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas); the chat
 # route's stream and the Responses object and stream are modules of their own (split by size,
 # the same code), the engine's handle lives in engine/protocol.py (docs/architecture.md, "The

@@ -134,6 +134,27 @@ def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
     return out
 
 
+def _budget_field(body: ChatCompletionRequest | CompletionRequest) -> tuple[int | None, str]:
+    """L4: the OpenAI wire's output budget under its one name, with the field it came in
+    (errors about the budget name it): this adapter's one mapping, for both routes. Legacy
+    completions have ``max_tokens`` alone; chat either ``max_completion_tokens`` or its older
+    name ``max_tokens``, and the wire's own rules on which field carries it are checked here
+    (as OpenAI: both sent is a 400 naming ``max_tokens``, neither silently winning;
+    ``max_completion_tokens`` is refused beside a prediction). The budget's range and room
+    are the plan's one check (:func:`coda.engine.plan.plan_request`)."""
+    if isinstance(body, CompletionRequest) or not body.max_completion_tokens:
+        return body.max_tokens, "max_tokens"
+    if body.prediction is not None:
+        raise InvalidRequestError("max_completion_tokens: not supported with prediction "
+                                  "(OpenAI's predicted outputs); use max_tokens",
+                                  field="max_completion_tokens")
+    if body.max_tokens:  # NOTE: both sent (each >= 1)
+        raise ApiError(400, "max_tokens and max_completion_tokens: send one of them, not both "
+                       "(max_tokens is the older name of max_completion_tokens)",
+                       param="max_tokens", code="invalid_parameter_combination")
+    return body.max_completion_tokens, "max_completion_tokens"
+
+
 def _completion_budget(st: ServerState, max_tokens: int | None,
                        prompts: Sequence[Sequence[int]]) -> int | None | tuple[int | None, ...]:
     """A legacy completion's budget: as asked; omitted, each prompt's own: the wire's default
@@ -163,21 +184,11 @@ class OpenAIAdapter:
         chat = isinstance(body, ChatCompletionRequest)
         plan, messages, legacy = _chat_tools(body) if isinstance(
             body, ChatCompletionRequest) else (None, [], False)
+        max_tokens, mt_field = _budget_field(body)
         if isinstance(body, ChatCompletionRequest):
-            max_tokens = body.max_completion_tokens or body.max_tokens
-            mt_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-            if body.prediction is not None and body.max_completion_tokens:  # NOTE: as OpenAI
-                raise InvalidRequestError(f"{mt_field}: not supported with prediction (OpenAI's "
-                                          f"predicted outputs); use max_tokens", field=mt_field)
-            if body.max_tokens and body.max_completion_tokens:  # NOTE: both sent (each >= 1)
-                # NOTE: as OpenAI: the pair is refused, neither name silently winning
-                raise ApiError(400, "max_tokens and max_completion_tokens: send one of them, "
-                               "not both (max_tokens is the older name of "
-                               "max_completion_tokens)", param="max_tokens",
-                               code="invalid_parameter_combination")
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
-            max_tokens, mt_field, logprobs = body.max_tokens, "max_tokens", body.logprobs
+            logprobs = body.logprobs
         tool = tl.knob_fields(plan, body.response_format) if plan is not None else {}
         prompts = await asyncio.to_thread(_prompts, st, body, plan, messages)  # NOTE: CPU-bound
         asked = max_tokens if chat else _completion_budget(st, max_tokens, prompts)

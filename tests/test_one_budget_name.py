@@ -30,12 +30,15 @@ SCHEMAS = frozenset({"server/schemas.py", "server/protocol_schemas.py",
 # ``ollama_options.max_tokens``, a schema module; Anthropic's wire already says ``max_tokens``)
 MAPPINGS = frozenset({("server/openai_routes.py", "_budget_field"),
                       ("server/responses_routes.py", "parse")})
-# NOTE: comparisons with a budget: the plan's check; the per-token stop (G1: the processor's
-# ``budget_spent``, which the core also asks before choosing, and ``tokens_left``, its draft
-# horizon); the early-stop policy's own hard budget (D1, a field of the client's policy); the
-# draft length, which never passes the budget (issue 21)
-COMPARES_BUDGET = frozenset({"engine/plan.py", "output.py", "early_stop.py",
-                             "engine/speculative.py"})
+# NOTE: the functions that compare with the budget: the plan's check of what is known only
+# after planning (``require_budget``: a compiled grammar's shortest completion; the request's
+# own range and room are ``_budget``'s, on the asked value); the engine's one per-token stop
+# (G1: the processor's ``budget_spent``, which the core also asks before choosing; the draft
+# horizon reads its ``tokens_left`` and compares no budget); the early-stop policy's own hard
+# budget (D1, a field of the client's policy: its construction and its controller)
+COMPARES_BUDGET = frozenset({("engine/plan.py", "require_budget"),
+                             ("output.py", "budget_spent"),
+                             ("early_stop.py", "__post_init__"), ("early_stop.py", "_advance")})
 # NOTE: not the budget's range: what ``max_tokens: 0`` means on the completions wire (score the
 # echoed prompt only), so it is refused there without ``echo`` and accepted by the plan with it
 # The same for Anthropic's own rule relating two wire fields (thinking.budget_tokens <
@@ -159,15 +162,17 @@ def test_l4_no_second_budget_is_named_max_tokens() -> None:
 
 
 def test_l4_only_the_plan_checks_the_budget() -> None:
-    """L4: a comparison involving ``max_tokens`` sits only in the plan (the admission check)
-    and where the budget is spent (per-token stop, D1 policy, draft length)."""
+    """L4: a comparison involving ``max_tokens`` sits only in the plan (the admission check),
+    in the engine's one per-token stop (``OutputProcessor.budget_spent``), in D1's policy and
+    in a wire's own meaning of its field (:data:`WIRE_MEANING`): function by function, so a
+    second comparison in the processor or the plan fails too."""
+    allowed = COMPARES_BUDGET | WIRE_MEANING
     bad = []
     for rel, tree in _modules():
         exempt = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
-                  and (rel, f.name) in WIRE_MEANING for n in ast.walk(f)}
+                  and (rel, f.name) in allowed for n in ast.walk(f)}
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Compare) and rel not in COMPARES_BUDGET
-                    and id(node) not in exempt and any(
+            if (isinstance(node, ast.Compare) and id(node) not in exempt and any(
                     (_name(n) or "").endswith("max_tokens") for n in ast.walk(node))):
                 bad.append(f"coda/{rel}:{node.lineno}")
     assert bad == []

@@ -92,6 +92,14 @@ def test_l4_d1_budget_sites_are_split_by_layer() -> None:
 # wire's rules on which field carries it (both sent, max_completion_tokens with a prediction)
 BOUNDS = {"files": 46, "body_path_call_reentries": 0, "classes_made_once": 19,
           "max_tokens_sites": 20}
+# NOTE: the budget sites per layer (scripts/request_walk.py ``by_layer``), measured: the
+# protocols' five field declarations; the adapters' mappings and wire rules (chat/completions
+# and Responses one mapping each; completions' 0-only-with-echo and omitted-is-16; Anthropic's
+# 0-is-pre-warming and thinking budget < max_tokens); D1's own policy budget (its check and
+# its controller); below the adapters the request's field and the engine's default (declared
+# on EngineConfig and on the ModelLimits the plan reads), the Responses echo, the plan's
+# derivation and its post-compile check, and the engine's one per-token stop
+BUDGET_LAYERS = {"wire": 5, "adapter": 6, "d1_policy": 2, "internal": 7}
 # NOTE: each route's own files (its adapter, and Ollama's NDJSON wire and schemas); the chat
 # route's stream and the Responses object and stream are modules of their own (split by size,
 # the same code), the engine's handle lives in engine/protocol.py (docs/architecture.md, "The
@@ -181,3 +189,17 @@ def test_issue22_background_work_is_counted_apart() -> None:
     finally:
         sys.setprofile(None)
     assert "coda.token_ends" in w.files
+
+
+def test_l4_budget_sites_stay_within_their_measured_layers() -> None:
+    """L4 (issue 22, one name and one check): no layer of the budget's sites grows past its
+    measured figure, and below the adapters only the plan and the output processor (the
+    engine's per-token stop) compare with the budget, under the one name (and the engine's
+    default for it)."""
+    walk = _walk()
+    sites, _ = walk.budget_sites(SCRIPT.parent.parent)
+    split = walk.by_layer(sites)
+    layers = {k: split["layers"].get(k, 0) for k in BUDGET_LAYERS}
+    assert layers == {k: min(layers[k], v) for k, v in BUDGET_LAYERS.items()}
+    assert split["internal_check_modules"] == ["coda/engine/plan.py", "coda/output.py"]
+    assert set(split["internal_names"]) <= {"max_tokens", "default_max_tokens"}

@@ -21,7 +21,8 @@ owner's lease is gone, choosing the terminal from the request's meta hash:
   that cannot adopt (a replica's, a server without replicas) leaves it to one that can for
   :data:`ADOPT_GRACE_LEASES` leases from when a reaper first saw it orphaned (meta
   ``orphan_ms``, Redis's clock), then ends it: ``FAILED``, ``transport_error`` naming the lost
-  ingress (no model failed, L5) — as it ends at once one that cannot be adopted (no ``req``);
+  ingress (no model failed, L5) — as it ends at once one that cannot be adopted (no ``req``;
+  a ``req`` no front end reads, :mod:`coda.durable.request_codec`, waits out the grace);
 - otherwise the process running the model died (a server without replicas, a replica):
   ``FAILED``, ``model_error``.
 

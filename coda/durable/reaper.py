@@ -5,12 +5,17 @@ are adopted instead, is :mod:`coda.durable.orphans`'s rule; this is how, fenced 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from coda.durable.codec import pack_event
 from coda.durable.orphans import adoptable, orphan_terminal
 from coda.stream import EventType, StreamEvent
+
+log = logging.getLogger("coda.durable")
 
 
 class Reaping:
@@ -50,19 +55,31 @@ class Reaping:
         never touched (P4, L2, L5, L6)."""
         n = 0
         for raw in self.r.smembers(self._open):
-            rid = raw.decode()
-            owner = self.r.hget(self._k("meta", rid), "owner")
-            if owner is None:
-                self.r.srem(self._open, rid)  # NOTE: expired or never opened
+            try:
+                reaped = self._reap_one(raw)
+            except RedisError:
+                raise  # NOTE: the heartbeat's to log and retry, not one request's
+            except Exception:  # NOTE: a meta no server wrote (the log is a shared store):
+                # logged and skipped, never the end of the heartbeat thread (then of the lease)
+                log.exception("orphan not reaped: its meta is not readable",
+                              extra={"request_id": raw.decode(errors="replace")})
                 continue
-            if owner.decode() == self.server_id or self.r.exists(self._lease(owner.decode())):
-                continue
-            if self.reap(rid, owner.decode()):
+            if reaped:
                 n += 1
                 if on_reaped is not None:
-                    on_reaped(rid)
+                    on_reaped(raw.decode())
         self.reaped_total += n
         return n
+
+    def _reap_one(self, raw: bytes) -> bool:
+        rid = raw.decode()
+        owner = self.r.hget(self._k("meta", rid), "owner")
+        if owner is None:
+            self.r.srem(self._open, rid)  # NOTE: expired or never opened
+            return False
+        if owner.decode() == self.server_id or self.r.exists(self._lease(owner.decode())):
+            return False
+        return self.reap(rid, owner.decode())
 
     def reap(self, request_id: str, owner: str) -> bool:
         """Write the one terminal of an orphan of ``owner``; False if it was not one (any

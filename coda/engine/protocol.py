@@ -12,8 +12,10 @@ P6, C1).
 Every message that crosses the seam is plain data: ``GenerationRequest``, ``StreamEvent`` (with
 its ``Terminal``, ``TokenInfo``, ``Usage``), ``EngineStats`` and :class:`ModelInfo`
 are frozen dataclasses of ``str``/``int``/``float``/``bytes``, string enums and tuples of those.
-They pickle as they are (what Ray sends) and :mod:`coda.durable.codec` writes events as JSON
-(what the Redis stream log stores); nothing on the seam holds a lock, a thread or a tensor.
+They pickle as they are (what Ray sends, inside the Ray cluster's trust boundary); what the
+shared Redis log stores is never a pickle: :mod:`coda.durable.codec` writes events as
+MessagePack and :mod:`coda.durable.request_codec` an adopter's request as typed JSON. Nothing
+on the seam holds a lock, a thread or a tensor.
 
 :class:`StreamLog` is the event log behind resume, as an interface: the in-memory one of a
 single process (:class:`InMemoryStreamLog`, the default) and the durable Redis Streams one

@@ -38,7 +38,7 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
 from coda.models.source import model_key
 from coda.reader import StreamReading
-from coda.scaleout.adopt import Adopter, stored
+from coda.scaleout.adopt import Adopter, open_routed
 from coda.scaleout.failover import fail, settle
 from coda.scaleout.feed import FeedClient
 from coda.scaleout.routing_trace import RoutedTraceSink
@@ -272,10 +272,7 @@ class RemoteEngine:
         idx = h.replica
         if self.log is not None and not adopted:
             try:
-                await asyncio.to_thread(self.log.open, h.request_id,
-                                        prompt_tokens=h.prompt_tokens, detached=h.detach,
-                                        ingress=True, request=stored(req),
-                                        model=self.model_name)
+                await asyncio.to_thread(open_routed, self.log, req, h.detach, self.model_name)
             except Exception as exc:  # NOTE: redis.RedisError: nothing was sent, nothing seen
                 log.exception("stream log unreachable; request not started",
                               extra={"request_id": h.request_id})

@@ -26,7 +26,8 @@ def test_p1_responses_routes_on_a_stored_response_carry_x_request_id(
         oa: openai.OpenAI) -> None:
     """P1: retrieve, cancel, ``input_items`` and delete each answer with ``x-request-id``
     (the SDK's ``_request_id``), a fresh one per answer; the create keeps its response id."""
-    made = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16)
+    # NOTE: background: only such a response can be cancelled (C1, as OpenAI)
+    made = oa.responses.create(model=MODEL, input="hi", max_output_tokens=16, background=True)
     assert made._request_id == made.id
     got = oa.responses.with_raw_response.retrieve(made.id)
     cancelled = oa.responses.with_raw_response.cancel(made.id)

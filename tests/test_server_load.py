@@ -103,7 +103,7 @@ async def _one(client: httpx.AsyncClient, i: int, rng: random.Random,
             if fate == "disconnect" and len(events) >= 2 + i % 3:
                 break  # NOTE: leaving the context closes the connection mid-stream
             if fate == "cancel" and len(events) == 4:
-                await client.post(f"/v1/responses/{rid}/cancel")
+                await client.post(f"/v1/requests/{rid}/cancel")  # NOTE: foreground: C1
     complete = fate != "disconnect" or any(_is_final(kind, e) for e in events)
     reason = _check(kind, [{k: v for k, v in e.items() if k != "_ttft"} for e in events],
                     complete)

@@ -91,6 +91,34 @@ def test_responses_cancel_running_background_c1_l2(oa: openai.OpenAI) -> None:
         oa.responses.retrieve("resp_missing")
 
 
+def test_responses_cancel_foreground_is_openai_400_c1(oa: openai.OpenAI,
+                                                      server_live: Any) -> None:
+    """C1, as OpenAI: only a ``background: true`` response is cancelled by
+    ``/v1/responses/{id}/cancel``; a foreground one (finished, or a stream still running) is a
+    400 ``invalid_request_error`` that changes nothing, and Coda's
+    ``/v1/requests/{id}/cancel`` ends the running one, once, ``cancelled``."""
+    done = oa.responses.create(model=MODEL, input="Hello", max_output_tokens=16)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.responses.cancel(done.id)
+    assert err.value.status_code == 400
+    body = err.value.body
+    assert isinstance(body, dict) and body["type"] == "invalid_request_error"
+    assert "background=true" in body["message"]
+    assert oa.responses.retrieve(done.id).status == done.status
+    with oa.responses.create(model=MODEL, input="Hello", max_output_tokens=400, stream=True,
+                             extra_body={"ignore_eos": True}) as stream:
+        events = iter(stream)
+        rid = next(events).response.id
+        next(e for e in events if e.type == "response.output_text.delta")
+        with pytest.raises(openai.BadRequestError):
+            oa.responses.cancel(rid)
+        got = httpx.post(f"{server_live.url}/v1/requests/{rid}/cancel").json()
+        assert got == {"id": rid, "object": "request.cancel", "cancelled": True}
+        finals = [e for e in events if e.type in FINALS]
+    assert len(finals) == 1 and finals[0].response.status == "cancelled"
+    assert oa.responses.retrieve(rid).status == "cancelled"
+
+
 def test_responses_bad_input_400(server_live: Any) -> None:
     for body, param in [({"model": MODEL}, "input"),
                         ({"model": MODEL, "input": [{"role": "bot", "content": "x"}]},

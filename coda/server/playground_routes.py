@@ -7,7 +7,7 @@
   in-memory :class:`~coda.trace.RecentTraceSink` (``coda serve --recent-traces N``, on by
   default), with times relative to the first row. Requires the API key when one is set.
 - ``POST /v1/requests/{request_id}/cancel``: an explicit client cancel (C1, cause ``client``)
-  of a chat / completion / message request; idempotent.
+  of a chat / completion / message / response request; idempotent.
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ async def request_trace(request_id: str, request: Request) -> Response:
 
 @router.post("/v1/requests/{request_id}/cancel")
 async def cancel_request(request_id: str, request: Request) -> Response:
-    """Cancel a running chat / completion / message request (C1, cause client)."""
+    """Cancel a running chat / completion / message / response request (C1, cause client):
+    a foreground response too, which OpenAI's ``/v1/responses/{id}/cancel`` refuses."""
     record = state_of(request).store.get(request_id)
-    if record is None or record.kind == "response":
+    if record is None:
         raise ApiError(404, f"No request found with id '{request_id}'", param="request_id",
                        code="not_found")
     record.cancel(CancelCause.CLIENT)

@@ -107,8 +107,16 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, request: Request) -> Response:
-    """Cancel (C1); idempotent — a finished response is returned unchanged."""
+    """Cancel a background response (C1); idempotent — a finished one is returned unchanged.
+    As OpenAI's, only a response created with ``background: true`` can be cancelled here: a
+    foreground one is a 400 (running or not, nothing changes); its client ends it by leaving
+    (P4) or through Coda's ``POST /v1/requests/{id}/cancel``."""
     record = stored_record(request, response_id)
+    if not record.background:
+        raise ApiError(400, f"Cannot cancel a synchronous response: only responses created "
+                            f"with background=true can be cancelled, and '{response_id}' was "
+                            f"not (its client ends it by disconnecting, or with POST "
+                            f"/v1/requests/{response_id}/cancel)")
     record.cancel(CancelCause.CLIENT)
     await asyncio.gather(*(terminal_of(h.stream) for h in record.handles))
     return JSONResponse(response_object(record))

@@ -215,3 +215,24 @@ def test_echo_bad_combinations_are_400(smollm_live: Any, extra: dict[str, Any],
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
+
+
+def test_echo_scoring_may_fill_the_context_l4(client: openai.OpenAI) -> None:
+    """L4: ``max_tokens: 0`` with ``echo`` scores the prompt without generating, so a prompt of
+    exactly the context's length is admitted (lm-eval's loglikelihood requests fill it; vLLM
+    admits a prompt of ``max_model_len`` tokens); one token more, or any token to generate,
+    is the 400 naming the prompt."""
+    model = _model(client)
+    context = 1024  # NOTE: conftest's smollm_engine: max_model_len=1024
+    ids = [28] * context
+    scored = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True,
+                                       logprobs=1)
+    choice = scored.choices[0]
+    assert scored.usage is not None
+    assert (scored.usage.prompt_tokens, scored.usage.completion_tokens) == (context, 0)
+    assert choice.finish_reason == "length" and choice.logprobs is not None
+    assert len(choice.logprobs.tokens or []) == context
+    for prompt, budget in ((ids, 1), (ids + [28], 0)):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=model, prompt=prompt, max_tokens=budget, echo=True)
+        assert err.value.code == "context_length_exceeded"

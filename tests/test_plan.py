@@ -29,7 +29,7 @@ def oracle(prompt_len: int, asked: int | None, default: int | None,
     context_limit, L4); ``NO_LIMIT`` (-1, Ollama's unset ``num_predict``) up to the context
     whatever the default, context_limit too."""
     room = context - prompt_len
-    if room <= 0:
+    if room < 0 or (room == 0 and asked != 0):  # NOTE: scoring only may fill the context
         return "prompt"
     if asked == NO_LIMIT:  # NOTE: a protocol's no limit: the room, whatever the default
         return (room, True)

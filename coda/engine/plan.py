@@ -228,11 +228,11 @@ def _check_reasoning(req: GenerationRequest, limits: ModelLimits) -> None:
 def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tuple[int, bool]:
     """The one check and derivation of the token budget: ``(max_tokens, context_bound)``."""
     room = limits.context_length - prompt_len
-    if room <= 0:
+    asked = req.max_tokens
+    if room < 0 or (room == 0 and not _scores_only(asked)):
         raise ContextLengthExceededError(
             f"the prompt has {prompt_len} tokens; this model's context is "
             f"{limits.context_length} tokens", field="prompt")
-    asked = req.max_tokens
     if _is_int(asked) and asked == NO_LIMIT:
         return room, True  # NOTE: no limit but the context: it ends context_limit (L4)
     if asked is None:
@@ -254,12 +254,21 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
     return asked, False
 
 
+def _scores_only(asked: object) -> bool:
+    """``max_tokens: 0``: the request prefills and scores its prompt, no token is generated, so
+    a prompt may fill the whole context (as vLLM admits one of ``max_model_len`` tokens)."""
+    # NOTE: lm-eval's loglikelihood requests fill the context exactly with echo + max_tokens 0
+    return _is_int(asked) and asked == 0
+
+
 def fits_context(prompt_len: int, asked: int | None, context_length: int) -> bool:
     """Whether :func:`_budget` admits a prompt of ``prompt_len`` tokens with the ``asked``
     budget (None: omitted) against ``context_length``: room left after the prompt, and an asked
     budget within it. :func:`_budget` refuses by it, and Responses ``truncation: "auto"`` cuts
     the input by it (coda.server.responses_fit), so a cut prompt is one the plan admits."""
     room = context_length - prompt_len
+    if _scores_only(asked):
+        return room >= 0
     # NOTE: a budget that is no integer is refused by _budget for itself; it needs no cut
     return room > 0 and (asked is None or not _is_int(asked) or asked <= room)
 

@@ -37,7 +37,12 @@ from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.speculative import PREDICTION_PRIOR, SpeculativeConfig, refusal
 from coda.engine.types import EngineConfig, EngineConfigError, EngineStats, GenerationRequest
 from coda.engine.verify_costs import VerifyCosts
-from coda.errors import EngineNotStartedError, EngineShutdownError, InvalidRequestError
+from coda.errors import (
+    DuplicateRequestIdError,
+    EngineNotStartedError,
+    EngineShutdownError,
+    InvalidRequestError,
+)
 from coda.finish import CancelCause
 from coda.models.kernels import check_isa
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
@@ -50,6 +55,10 @@ from coda.wakeup import CHANNEL
 
 log = logging.getLogger("coda.engine")
 
+
+# NOTE: a request checked by ``submit``: its plan, compiled grammar, closer and early stop
+_Checked = tuple[RequestPlan, GrammarMatcher | None, BudgetCloser | None,
+                 EarlyStopController | None]
 
 # NOTE: the logits of one step's prompt-scoring rows (echo, prompt logprobs), at most
 SCORING_LOGITS_BYTES = 64 << 20
@@ -290,46 +299,51 @@ class AsyncEngine:
         self.shutdown()
 
     # -- requests ----------------------------------------------------------------------------
-    def _prepare(self, req: GenerationRequest) -> tuple[EngineRequest, RequestHandle]:
-        """Plan ``req`` (the one check, coda.engine.plan) and build its engine request and handle (not
-        yet queued)."""
+    def _validate(self, req: GenerationRequest) -> _Checked:
+        """Plan ``req`` (the one check, coda.engine.plan) and compile what it needs: every
+        check that can reject it, before anything is acquired."""
         if self._stopping:
             raise EngineShutdownError("the engine is shutting down")
         # NOTE: issue 19 item 3: the plan's context check is also the cache's (the context is
         # lowered to the cache above): one the cache could never hold is refused here, a 4xx
         plan = plan_request(req, self.limits)
-        # NOTE: everything that can reject the request runs before any resource is acquired
         grammar = self._grammar(plan)
         closer = self._closer(plan, grammar)
         controller = EarlyStopController(plan.early_stop) if plan.early_stop is not None else None
-        if self._thread is None:  # NOTE: after validation, before anything is acquired
-            raise EngineNotStartedError("the engine is not started: call engine.start() (or use "
-                                        "`with engine:`) before submit")
-        ereq = EngineRequest(plan, next(self._ids), self.tokenizer, self.trace,
+        return plan, grammar, closer, controller
+
+    def _build(self, checked: _Checked) -> EngineRequest:
+        plan, grammar, closer, controller = checked
+        return EngineRequest(plan, next(self._ids), self.tokenizer, self.trace,
                              arrival=time.monotonic(), grammar=grammar, early_stop=controller,
                              closer=closer, speculative=self.speculative,
                              predicted=self.predicted,
                              model=self.model_name, model_snapshot=self.model_snapshot)
-        handle = self.log.open_handle(ereq, self._wake)
-        self._track(handle)
-        return ereq, handle
 
     def submit(self, req: GenerationRequest) -> RequestHandle:
         """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input,
+        DuplicateRequestIdError for the ``request_id`` of a request still running,
         EngineNotStartedError before :meth:`start`, EngineShutdownError once it shuts down."""
         return self.submit_all([req])[0]
 
     def submit_all(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
         """Validate every request, then queue them at once: the engine admits them in the same
         step (a crowd, as a batch of simultaneous arrivals). Raises as :meth:`submit` does,
-        before anything is queued if the first request is bad."""
-        built = [self._prepare(r) for r in reqs]
+        before anything is queued or opened if any request is refused."""
+        checked = [self._validate(r) for r in reqs]
+        if self._thread is None:  # NOTE: after validation, before anything is acquired
+            raise EngineNotStartedError("the engine is not started: call engine.start() (or use "
+                                        "`with engine:`) before submit")
+        with self._live_lock:  # NOTE: the id check and the registration are one step
+            self._refuse_live([c[0].request_id for c in checked])
+            built = [self._build(c) for c in checked]
+            handles = [self.log.open_handle(ereq, self._wake) for ereq in built]
+            self._track(handles)
         with self._cond:
-            for ereq, _ in built:
-                self._inbox.append(ereq)
+            self._inbox.extend(built)
             self.num_requests_total += len(built)
             self._cond.notify_all()
-        return [h for _, h in built]
+        return handles
 
     def embed_future(self, token_ids: list[int]) -> Future[list[float]]:
         """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state,
@@ -366,17 +380,29 @@ class AsyncEngine:
             except Exception as exc:  # NOTE: the caller's error, never the engine loop's
                 fut.set_exception(exc)
 
-    def _track(self, handle: RequestHandle) -> None:
-        """Keep ``handle`` (its stream registered in the log as it was opened) reachable by id
-        for ``cancel``. Ended ones are dropped here, when the map has doubled since the last
-        sweep (amortised O(1) per submit), and by ``cancel``: nothing observes the stream from
-        the engine thread (issue 22 step 4)."""
-        with self._live_lock:
+    def _refuse_live(self, ids: list[str]) -> None:
+        """DuplicateRequestIdError for an id of a request still running here (or twice in
+        ``ids``): ``cancel`` and ``attach`` by id would reach only one of them. An ended
+        request's id may be used again. Called with ``_live_lock`` held."""
+        seen: set[str] = set()
+        for rid in ids:
+            running = self._live.get(rid)
+            if rid in seen or (running is not None and not running.stream.closed):
+                raise DuplicateRequestIdError(f"request id {rid!r} is already running",
+                                              field="request_id")
+            seen.add(rid)
+
+    def _track(self, handles: list[RequestHandle]) -> None:
+        """Keep ``handles`` (their streams registered in the log as they were opened)
+        reachable by id for ``cancel``. Ended ones are dropped here, when the map has doubled
+        since the last sweep (amortised O(1) per submit), and by ``cancel``: nothing observes
+        the stream from the engine thread (issue 22 step 4). Called with ``_live_lock`` held."""
+        for handle in handles:
             self._live[handle.request_id] = handle
-            if len(self._live) >= self._sweep_at:
-                for rid in [r for r, h in self._live.items() if h.stream.closed]:
-                    del self._live[rid]
-                self._sweep_at = max(64, 2 * len(self._live))
+        if len(self._live) >= self._sweep_at:
+            for rid in [r for r, h in self._live.items() if h.stream.closed]:
+                del self._live[rid]
+            self._sweep_at = max(64, 2 * len(self._live))
 
     def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
         """Replay ``request_id``'s log after ``after_seq``, then follow it (P3); KeyError

@@ -47,6 +47,13 @@ class ContextLengthExceededError(InvalidRequestError):
     code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
 
 
+class DuplicateRequestIdError(InvalidRequestError):
+    """``submit`` with the ``request_id`` of a request that is still running (queued or
+    generating): refused before anything is acquired, since ``cancel`` and ``attach`` by id
+    could reach only one of the two (vLLM refuses it too). An id whose request has ended may
+    be used again."""
+
+
 class ModelNotFoundError(CodaError):
     code = ErrorCode.MODEL_NOT_FOUND
 

@@ -118,7 +118,7 @@ class Lifecycle:
       cache (reference loop);
     - ``batch_slot``: the request's entry in the engine's running set;
     - ``rng_state``: the request's counter-RNG cursor (seed, step) that every sampling row
-      reads; released, it refuses further reads (coda.engine.core.EngineRequest.rng_seed);
+      reads; released, it refuses further reads (coda.engine.engine_request.EngineRequest.rng_seed);
     - ``stream_buffer``: the stream's live delivery: its backpressure credit and its listeners
       (the replay log itself stays, for resume, P3; :meth:`coda.stream.RequestStream.release_live`);
     - ``trace_handle``: the request's binding to the trace sink, sealed last

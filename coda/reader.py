@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 
 from coda.stream import EventType, RequestStream, StreamEvent, Terminal
 
@@ -121,7 +121,7 @@ def replay(stream: RequestStream, after: int = -1) -> list[StreamEvent]:
     return stream.events_after(after)
 
 
-async def follow(stream: RequestStream, after: int = -1) -> AsyncIterator[StreamEvent]:
+async def follow(stream: RequestStream, after: int = -1) -> AsyncGenerator[StreamEvent, None]:
     """Replay ``stream`` after ``after``, then follow it live until its terminal (P3);
     acknowledges each event once it was yielded (P6). From at or past the terminal's sequence
     number it yields nothing and returns at once."""

@@ -5,7 +5,7 @@ Both drivers — the reference loop (``tests/reference_loop.py``, the engine's t
 the batched engine — hold one :class:`RequestRun` per request, which builds its own parts
 (stream, trace handle, output processor and its grammar/early-stop hooks, in its one
 constructor; nothing is attached later): the loop a plain run, the engine its own
-subclass (:class:`coda.engine.core.EngineRequest`, the engine's one live object per request),
+subclass (:class:`coda.engine.engine_request.EngineRequest`, the engine's one live object per request),
 and end it through exactly one of :meth:`finish`,
 :meth:`fail` or :meth:`cancel`. Each releases the model resources and then fixes the terminal
 state and queues the terminal event inside the lifecycle's critical section (L2); the stream

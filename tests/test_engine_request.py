@@ -1,11 +1,11 @@
 """Issue 22 item 1: the engine keeps one live object per request. The
-:class:`~coda.engine.core.EngineRequest` *is* the :class:`~coda.engine.sequence.Sequence` the
+:class:`~coda.engine.engine_request.EngineRequest` *is* the :class:`~coda.engine.sequence.Sequence` the
 scheduler and the block manager move (no second object looked up by id), and its two bases
 share no name, so neither can silently overwrite the other's state (L2, L7, T1, T4)."""
 
 from __future__ import annotations
 
-from coda.engine.core import EngineRequest
+from coda.engine.engine_request import EngineRequest
 from coda.engine.plan import ModelLimits, plan_request
 from coda.engine.sequence import Sequence
 from coda.engine.types import GenerationRequest

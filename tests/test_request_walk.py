@@ -111,8 +111,11 @@ BUDGET_LAYERS = {"wire": 5, "adapter": 6, "d1_policy": 2, "internal": 7}
 # server/state.py (+ coda.server.records), the create handler merged into server/common.py
 # and the FAILED shapes (server/failures.py) into server/http_errors.py, the one home of
 # error shapes (a plain Responses call never ran failures.py: it stays at 48)
-ROUTE_FILES = {"openai": 47, "anthropic": 46, "responses": 48, "ollama-chat": 50,
-               "ollama-generate": 51}
+# (branch api-life) every route + 2: the engine's live request (engine/engine_request.py) and
+# the step's token choice (engine/core_choose.py), split off engine/core.py by size (the same
+# code; no call re-entry: the choice runs on the engine thread, the request is built once)
+ROUTE_FILES = {"openai": 49, "anthropic": 48, "responses": 50, "ollama-chat": 52,
+               "ollama-generate": 53}
 # NOTE: work no request asked for that may overlap the measured one (the engine's idle
 # integrity check, the server's timed release of the grammar tokenizer build: a file more run
 # to run under load) is counted apart by the script (BACKGROUND_CALLS, ``background_files``),
@@ -151,6 +154,7 @@ def test_issue22_a_plain_streaming_request_stays_within_the_measured_walk(
     assert not set(NOTHING_TO_DO) & set(got["files_list"])
     calls = walk.call_reentries(got["body_path"], got["body_calls"])
     assert "engine.core -> request" not in calls and "engine.core -> engine.plan" not in calls
+    assert not {c for c in calls if c.startswith("engine.engine_request -> ")}
     # NOTE: the stream opens with its start event as it is built: no call back into it
     assert "engine.async_engine -> stream" not in calls
     # NOTE: the plan is its per-token rules (RequestPlan extends OutputSpec): the plan never

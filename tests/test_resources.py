@@ -12,7 +12,7 @@ import pytest
 
 from coda import trace as tr
 from coda.engine.async_engine import AsyncEngine
-from coda.engine.core import EngineRequest
+from coda.engine.engine_request import EngineRequest
 from coda.engine.kv_cache import KVCacheError
 from coda.engine.plan import ModelLimits, plan_request
 from coda.engine.types import EngineConfig, GenerationRequest

@@ -18,17 +18,17 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import replace
 from pathlib import Path
 
 from coda.early_stop import EarlyStopController
 from coda.engine.closure import BudgetCloser
-from coda.engine.core import EngineCore, EngineRequest
+from coda.engine.core import EngineCore
 from coda.engine.draft import DRAFT_CONFIG, Drafter
-from coda.engine.draft_load import describe as describe_draft
-from coda.engine.draft_load import load_drafter, speculative_mode
+from coda.engine.engine_load import describe as describe_load
+from coda.engine.engine_load import load_parts
+from coda.engine.engine_load import summary as summarize_load
+from coda.engine.engine_request import EngineRequest
 from coda.engine.grammar import GrammarMatcher, GrammarWarmup
-from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, kv_capacity, rss_bytes
 from coda.engine.kv_cache import BlockManager
 from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo, RequestHandle
@@ -37,11 +37,15 @@ from coda.engine.scheduler import Scheduler, SchedulerConfig
 from coda.engine.speculative import PREDICTION_PRIOR, SpeculativeConfig, refusal
 from coda.engine.types import EngineConfig, EngineConfigError, EngineStats, GenerationRequest
 from coda.engine.verify_costs import VerifyCosts
-from coda.errors import EngineNotStartedError, EngineShutdownError, InvalidRequestError
+from coda.errors import (
+    DuplicateRequestIdError,
+    EngineNotStartedError,
+    EngineShutdownError,
+    InvalidRequestError,
+)
 from coda.finish import CancelCause
-from coda.models.kernels import check_isa
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
-from coda.models.source import LoadedModel, model_key, open_model, resolve_model
+from coda.models.source import LoadedModel, model_key
 from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.reader import follow
 from coda.stream import StreamEvent
@@ -50,6 +54,10 @@ from coda.wakeup import CHANNEL
 
 log = logging.getLogger("coda.engine")
 
+
+# NOTE: a request checked by ``submit``: its plan, compiled grammar, closer and early stop
+_Checked = tuple[RequestPlan, GrammarMatcher | None, BudgetCloser | None,
+                 EarlyStopController | None]
 
 # NOTE: the logits of one step's prompt-scoring rows (echo, prompt logprobs), at most
 SCORING_LOGITS_BYTES = 64 << 20
@@ -163,92 +171,19 @@ class AsyncEngine:
                        trace: TraceSink | None = None) -> AsyncEngine:
         """Load ``model`` (see :func:`coda.models.source.resolve_model`; None = the embedded
         model). Raises :class:`~coda.models.config.ModelLoadError` naming what is missing, and
-        :class:`~coda.models.kernels.KernelIsaError` for a refused ``CODA_KERNEL_ISA``."""
-        config = config or EngineConfig()
-        # NOTE: the config's own checks (EngineConfigError) ran when it was built; the pair
-        # --speculative / --draft-model is checked here, before the load
-        config = replace(config, speculative=speculative_mode(config.speculative,
-                                                              config.draft_model))
-        check_isa()  # NOTE: a refused CODA_KERNEL_ISA (KernelIsaError) too: never a fallback
-        started = time.perf_counter()
-        # NOTE: parsed (a typo fails at once) and measured before the weights take memory
-        memory = (MemoryBudget.parse(config.memory_budget) if config.memory_budget is not None
-                  else MemoryBudget.default())
-        loaded = open_model(resolve_model(model), quant=config.quant, dtype=config.dtype,
-                            device=config.device, max_model_len=config.max_model_len)
-        mc = loaded.config
-        context = min(mc.max_context, config.max_model_len or mc.max_context)
-        budget = None
-        if config.num_blocks is None:
-            # NOTE: a --kv-cache-fraction is of the memory left after the weights
-            budget = kv_cache_budget(
-                bytes_per_token=mc.kv_bytes_per_token(loaded.dtype), block_size=config.block_size,
-                context=context, max_num_seqs=config.max_num_seqs,
-                kv_cache_bytes=config.kv_cache_bytes,
-                memory_fraction=config.kv_cache_memory_fraction, memory_budget=memory,
-                weights_bytes=loaded.weights_bytes)
-        runner = ModelRunner(loaded.model, dtype=loaded.dtype,
-                             device=config.device, block_size=config.block_size,
-                             num_blocks=config.num_blocks,
-                             kv_cache_bytes=budget.num_bytes if budget else None,
-                             num_threads=config.num_threads)
-        drafter = None
-        if config.draft_model is not None:
-            why = refusal(config.speculative, loaded.mode.batch_invariant
-                          and runner.invariant_attention, loaded.mode.name)
-            if why is not None:  # NOTE: said before the draft's weights are read
-                raise EngineConfigError(why, field="speculative")
-            drafter = load_drafter(config.draft_model, loaded, runner, quant=config.quant,
-                                   device=config.device, num_threads=config.num_threads)
-        return cls(loaded, runner, config, trace=trace,
-                   kv_reason=budget.reason if budget else "num_blocks",
-                   load_s=time.perf_counter() - started, rss_at_load=rss_bytes(),
-                   drafter=drafter)
+        :class:`~coda.models.kernels.KernelIsaError` for a refused ``CODA_KERNEL_ISA``
+        (:func:`coda.engine.engine_load.load_parts`)."""
+        p = load_parts(model, config or EngineConfig())
+        return cls(p.loaded, p.runner, p.config, trace=trace, kv_reason=p.kv_reason,
+                   load_s=p.load_s, rss_at_load=p.rss_at_load, drafter=p.drafter)
 
     def describe(self) -> list[str]:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
-        src, mc, b, mode = self.source, self.runner.config, self.chat, self.loaded.mode
-        origin = f" (package {src.package})" if src.package else ""
-        mib = self.runner.kv.nbytes / 2**20
-        took = ([f"loaded in {self.load_s:.1f} s, RSS {self.rss_at_load / 2**20:.0f} MiB at load"]
-                if self.load_s is not None and self.rss_at_load is not None else [])
-        return [f"model: {src.path}{origin} [{src.kind}]", *took] + [
-            f"architecture {mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
-            f"stored {self.loaded.quantization}, context {self.context_length}",
-            f"serving mode (--quant): {mode.name}, "
-            f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
-            f"{mode.numerics}",
-            f"attention: {self.runner.attention_note}",
-            *self.loaded.backend.describe(self.loaded.model.kernels),
-            f"speculative decoding: {self.config.speculative}"
-            + "".join(f", {v}" for v in describe_draft(self.drafter).values()),
-            f"chat template: {b.chat_template_origin}",
-            f"end of generation: {b.describe_eos()}",
-            f"KV cache: {mib:.0f} MiB reserved ({self.kv_reason}), committed as written = "
-            f"{kv_capacity(self.runner.num_blocks, self.runner.block_size, self.context_length)}"
-            f"; max_num_seqs {self.config.max_num_seqs}",
-        ] + ([f"context lowered from {self.context_lowered_from} to {self.context_length} "
-              f"tokens: the KV cache holds no more (raise --memory-budget or "
-              f"--kv-cache-bytes for more)"] if self.context_lowered_from else [])
+        return describe_load(self)
 
     def load_summary(self) -> dict[str, str | int | float | bool]:
         """What was loaded as one flat record (``coda serve`` logs it as one JSON line, O1)."""
-        return {"model": str(self.source.path), "source_kind": self.source.kind,
-                "model_snapshot": self.model_snapshot, "stored": self.loaded.quantization,
-                **self.loaded.backend.summary(self.loaded.model.kernels),
-                "context": self.context_length,
-                "kv_cache_bytes": int(self.runner.kv.nbytes),  # NOTE: reserved (as before)
-                "kv_cache_reserved_bytes": int(self.runner.kv.nbytes),
-                "kv_cache_committed_bytes": self._kv_committed(), "kv_cache_reason": self.kv_reason,
-                **({"load_s": round(self.load_s, 3)} if self.load_s is not None else {}),
-                **({"rss_bytes_at_load": self.rss_at_load} if self.rss_at_load is not None
-                   else {}),
-                # NOTE: the native row kernel, or torch with the reason it was refused
-                "attention": self.runner.attention_note,
-                "speculative": self.config.speculative,  # issue 21 (coda.engine.speculative)
-                **describe_draft(self.drafter),
-                **({"context_lowered_from": self.context_lowered_from}
-                   if self.context_lowered_from else {})}
+        return summarize_load(self)
 
     # -- lifecycle of the engine itself ----------------------------------------------------
     def start(self) -> None:
@@ -290,46 +225,51 @@ class AsyncEngine:
         self.shutdown()
 
     # -- requests ----------------------------------------------------------------------------
-    def _prepare(self, req: GenerationRequest) -> tuple[EngineRequest, RequestHandle]:
-        """Plan ``req`` (the one check, coda.engine.plan) and build its engine request and handle (not
-        yet queued)."""
+    def _validate(self, req: GenerationRequest) -> _Checked:
+        """Plan ``req`` (the one check, coda.engine.plan) and compile what it needs: every
+        check that can reject it, before anything is acquired."""
         if self._stopping:
             raise EngineShutdownError("the engine is shutting down")
         # NOTE: issue 19 item 3: the plan's context check is also the cache's (the context is
         # lowered to the cache above): one the cache could never hold is refused here, a 4xx
         plan = plan_request(req, self.limits)
-        # NOTE: everything that can reject the request runs before any resource is acquired
         grammar = self._grammar(plan)
         closer = self._closer(plan, grammar)
         controller = EarlyStopController(plan.early_stop) if plan.early_stop is not None else None
-        if self._thread is None:  # NOTE: after validation, before anything is acquired
-            raise EngineNotStartedError("the engine is not started: call engine.start() (or use "
-                                        "`with engine:`) before submit")
-        ereq = EngineRequest(plan, next(self._ids), self.tokenizer, self.trace,
+        return plan, grammar, closer, controller
+
+    def _build(self, checked: _Checked) -> EngineRequest:
+        plan, grammar, closer, controller = checked
+        return EngineRequest(plan, next(self._ids), self.tokenizer, self.trace,
                              arrival=time.monotonic(), grammar=grammar, early_stop=controller,
                              closer=closer, speculative=self.speculative,
                              predicted=self.predicted,
                              model=self.model_name, model_snapshot=self.model_snapshot)
-        handle = self.log.open_handle(ereq, self._wake)
-        self._track(handle)
-        return ereq, handle
 
     def submit(self, req: GenerationRequest) -> RequestHandle:
         """Validate and queue ``req``; raises InvalidRequestError (nothing queued) on bad input,
+        DuplicateRequestIdError for the ``request_id`` of a request still running,
         EngineNotStartedError before :meth:`start`, EngineShutdownError once it shuts down."""
         return self.submit_all([req])[0]
 
     def submit_all(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
         """Validate every request, then queue them at once: the engine admits them in the same
         step (a crowd, as a batch of simultaneous arrivals). Raises as :meth:`submit` does,
-        before anything is queued if the first request is bad."""
-        built = [self._prepare(r) for r in reqs]
+        before anything is queued or opened if any request is refused."""
+        checked = [self._validate(r) for r in reqs]
+        if self._thread is None:  # NOTE: after validation, before anything is acquired
+            raise EngineNotStartedError("the engine is not started: call engine.start() (or use "
+                                        "`with engine:`) before submit")
+        with self._live_lock:  # NOTE: the id check and the registration are one step
+            self._refuse_live([c[0].request_id for c in checked])
+            built = [self._build(c) for c in checked]
+            handles = [self.log.open_handle(ereq, self._wake) for ereq in built]
+            self._track(handles)
         with self._cond:
-            for ereq, _ in built:
-                self._inbox.append(ereq)
+            self._inbox.extend(built)
             self.num_requests_total += len(built)
             self._cond.notify_all()
-        return [h for _, h in built]
+        return handles
 
     def embed_future(self, token_ids: list[int]) -> Future[list[float]]:
         """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state,
@@ -366,17 +306,29 @@ class AsyncEngine:
             except Exception as exc:  # NOTE: the caller's error, never the engine loop's
                 fut.set_exception(exc)
 
-    def _track(self, handle: RequestHandle) -> None:
-        """Keep ``handle`` (its stream registered in the log as it was opened) reachable by id
-        for ``cancel``. Ended ones are dropped here, when the map has doubled since the last
-        sweep (amortised O(1) per submit), and by ``cancel``: nothing observes the stream from
-        the engine thread (issue 22 step 4)."""
-        with self._live_lock:
+    def _refuse_live(self, ids: list[str]) -> None:
+        """DuplicateRequestIdError for an id of a request still running here (or twice in
+        ``ids``): ``cancel`` and ``attach`` by id would reach only one of them. An ended
+        request's id may be used again. Called with ``_live_lock`` held."""
+        seen: set[str] = set()
+        for rid in ids:
+            running = self._live.get(rid)
+            if rid in seen or (running is not None and not running.stream.closed):
+                raise DuplicateRequestIdError(f"request id {rid!r} is already running",
+                                              field="request_id")
+            seen.add(rid)
+
+    def _track(self, handles: list[RequestHandle]) -> None:
+        """Keep ``handles`` (their streams registered in the log as they were opened)
+        reachable by id for ``cancel``. Ended ones are dropped here, when the map has doubled
+        since the last sweep (amortised O(1) per submit), and by ``cancel``: nothing observes
+        the stream from the engine thread (issue 22 step 4). Called with ``_live_lock`` held."""
+        for handle in handles:
             self._live[handle.request_id] = handle
-            if len(self._live) >= self._sweep_at:
-                for rid in [r for r, h in self._live.items() if h.stream.closed]:
-                    del self._live[rid]
-                self._sweep_at = max(64, 2 * len(self._live))
+        if len(self._live) >= self._sweep_at:
+            for rid in [r for r, h in self._live.items() if h.stream.closed]:
+                del self._live[rid]
+            self._sweep_at = max(64, 2 * len(self._live))
 
     def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
         """Replay ``request_id``'s log after ``after_seq``, then follow it (P3); KeyError

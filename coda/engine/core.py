@@ -5,159 +5,39 @@ Runs on ONE thread (the engine thread). Other threads only enqueue submissions a
 ``EngineRequest.request_cancel`` — both are observed here, at the safe point before ``choose``.
 Each request keeps the core's semantics exactly: the per-token checks are the shared
 :class:`~coda.output.OutputProcessor`, and the endings are the shared :class:`~coda.request.RequestRun` that each
-:class:`EngineRequest` is.
+:class:`~coda.engine.engine_request.EngineRequest` is. The step's token choice (which logits
+rows are whose, and the draw) is :mod:`coda.engine.core_choose`; a token's consequences
+(:meth:`EngineCore._on_decision`) and the endings are here.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import tokenizers
 import torch
 
 from coda import trace as tr
 from coda.detokenizer import profile_of
-from coda.early_stop import EarlyStopController
-from coda.engine.closure import BudgetCloser
+from coda.engine.core_choose import choose, logit_rows
 from coda.engine.core_failures import isolate, triage
 from coda.engine.core_scoring import score_prompt
-from coda.engine.core_spec import emit_verified, step_drafts
+from coda.engine.core_spec import step_drafts
 from coda.engine.draft import Drafter
-from coda.engine.early_stop_hook import make_hook
-from coda.engine.grammar import GrammarMatcher
-from coda.engine.plan import RequestPlan
-from coda.engine.prediction import prediction_counts as count_prediction
+from coda.engine.engine_request import EngineRequest
 from coda.engine.runner import ModelRunner, SeqChunk
-from coda.engine.sampler import Sampler, SamplingRow, TokenDecision
+from coda.engine.sampler import Sampler, TokenDecision
 from coda.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from coda.engine.sequence import Sequence
-from coda.engine.speculative import SpeculativeConfig, state_for
-from coda.engine.speculative_verify import verify_rows
 from coda.engine.verify_costs import VerifyCosts
 from coda.errors import BackpressureOverflowError, CodaError, ModelError
 from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import ResourceKind, State
-from coda.output import OutputProcessor
-from coda.request import RequestRun
 from coda.stream import TokenInfo
 from coda.trace import TraceEvent, TraceSink
 
 log = logging.getLogger("coda.engine")
-
-
-class EngineRequest(RequestRun, Sequence):
-    """The engine's one live object per request (issue 22): the request's run (lifecycle with
-    its resources, stream, output processor, trace handle and the three endings, inherited
-    from :class:`RequestRun`), its token state (ids, tokens, blocks, status: it *is* the
-    :class:`Sequence` the scheduler, the block manager and the drafter move), and what only the
-    engine keeps: the frozen plan, the RNG state (seed, step), the grammar's state, the closer
-    and the drafting state; everything is released through ``lifecycle`` (L7).
-
-    It is built from the plan and its parts in one place, here: its token state, its output
-    processor and its drafting state follow from the plan, and the processor's hooks from the
-    grammar, the closer and the early-stop controller it holds (so a hook never disagrees with
-    what the request keeps).
-
-    Why it has two bases rather than one class: :class:`RequestRun` is also the reference
-    loop's request (tests/reference_loop.py, the engine's oracle, ends its requests through the
-    very same code) and :class:`Sequence` is tested alone with the scheduler and the block
-    manager (no engine); the two share no attribute. The
-    :class:`~coda.engine.protocol.RequestHandle` is the caller's view (any thread: cancel is C1's
-    moment 1 plus a wake-up), never handed the engine thread's endings (``cancel`` here is
-    C1's moment 3, ``finish``, ``fail``)."""
-
-    def __init__(self, plan: RequestPlan, seq_id: int, tokenizer: tokenizers.Tokenizer,
-                 trace: TraceSink, *, arrival: float, grammar: GrammarMatcher | None = None,
-                 early_stop: EarlyStopController | None = None,
-                 closer: BudgetCloser | None = None,
-                 speculative: SpeculativeConfig | None = None, model: str | None = None,
-                 model_snapshot: str | None = None,
-                 predicted: SpeculativeConfig | None = None) -> None:
-        # NOTE: the one constructor of the parts (RequestRun's): stream (opened with its
-        # start event for ``model``), trace handle, processor and its hooks, in one call
-        RequestRun.__init__(
-            self, plan.request_id, None, trace, model=model, model_snapshot=model_snapshot,
-            prompt_tokens=len(plan.prompt_token_ids),
-            arrival=arrival, output=plan, tokenizer=tokenizer,
-            prompt_token_ids=plan.prompt_token_ids, backpressure=plan.backpressure,
-            grammar_done=(closer.done if closer is not None else
-                          grammar.is_terminated if grammar is not None else None),
-            early_stop=(make_hook(early_stop, arrival, grammar) if early_stop is not None
-                        else None),
-            grammar_budget_end=closer.budget_end if closer is not None else None)
-        # NOTE: issue 22: the request *is* its sequence (the scheduler's and block manager's
-        # view: ids, tokens, blocks), so no second object a request carries or looks up
-        Sequence.__init__(self, seq_id, list(plan.prompt_token_ids), plan.max_total_tokens)
-        self.plan = plan
-        # NOTE: absolute (monotonic), from plan.deadline_s
-        self.deadline = arrival + plan.deadline_s if plan.deadline_s is not None else None
-        self.grammar = grammar
-        self.early_stop = early_stop
-        self.closer = closer                 # issue 13: close within the budget
-        # NOTE: issue 23: a grammar constrains the answer only: while the reasoning block may
-        # open or is open it is held here (``grammar``, ``closer`` None: the step is free and
-        # advances nothing), then restored at the answer's first token (release_grammar)
-        self.held: tuple[GrammarMatcher, BudgetCloser | None] | None = None
-        if grammar is not None and plan.reasoning is not None and plan.reasoning.inside:
-            self.hold_grammar()
-        # NOTE: issue 21: drafting state (None: off on the server or for this request)
-        # NOTE: issue 22: speculation off on the server: the drafting module is never entered
-        # NOTE: a chat prediction drafts under ``predicted`` (None: the mode cannot verify)
-        self.spec = spec = (state_for(speculative, plan, predicted) if speculative is not None
-                            or (predicted is not None and plan.prediction) else None)
-        if spec is not None:
-            self.speculative = spec.counts   # NOTE: the terminal reports them (coda.speculative)
-        # T4, L7: the request's whole RNG state is the counter RNG's (seed, step), which every
-        # sampling row reads (EngineCore._row); the RNG itself keeps no state (coda.engine.rng),
-        # so these two are what the rng_state resource holds (released: see release_rng)
-        self._rng_seed: int | None = plan.seed
-        self.rng_step = 0
-        self.computed_high = 0               # highest num_computed_tokens reached (L6)
-        self.retries = 0                     # forward retries used (seed 004 D5)
-        self.scheduled_once = False
-
-    @property
-    def processor(self) -> OutputProcessor:
-        proc = self._processor
-        assert proc is not None  # NOTE: built with one: an engine request selects tokens
-        return proc
-
-    @property
-    def rng_seed(self) -> int:
-        """The seed every sampling row of the request draws with; after the ``rng_state``
-        release any later draw is a loud error instead of a silently reused stream (L7)."""
-        if self._rng_seed is None:
-            raise RuntimeError("the request's RNG state was released; no draw may follow")
-        return self._rng_seed
-
-    def prediction_counts(self) -> Mapping[str, int] | None:
-        """The prediction's accepted / rejected tokens against the output token ids
-        (coda.engine.prediction): the same whether or not it drafted."""
-        if self.plan.prediction is None:
-            return None
-        return count_prediction(self.plan.prediction, self.output_token_ids)
-
-    def hold_grammar(self) -> None:
-        """Issue 23: the reasoning block opens (or the prompt opened it): the grammar and its
-        closer wait for the answer, untouched by the reasoning tokens."""
-        assert self.grammar is not None
-        self.held, self.grammar, self.closer = (self.grammar, self.closer), None, None
-
-    def release_grammar(self) -> None:
-        """Issue 23: the block closed (the model's closer, or the budget's forced one): the
-        grammar constrains from the next token, and its closer keeps the answer within the
-        tokens the budget has left (G1: the budget's one end, unchanged)."""
-        assert self.held is not None
-        (self.grammar, self.closer), self.held = self.held, None
-        if self.closer is not None:
-            self.closer.budget = self.grammar.num_consumed + self.processor.tokens_left
-
-    def release_rng(self) -> dict[str, int]:
-        """The ``rng_state`` resource's release: no draw may follow; reports the last step."""
-        self._rng_seed = None
-        return {"step": self.rng_step}
 
 
 _NONE: frozenset[int] = frozenset()  # NOTE: most steps score nothing: no set built
@@ -246,7 +126,7 @@ class EngineCore:
         self.scheduler.on_step_done(out, skip=frozenset(failed))
         for chunk in out.chunks:
             self._account(chunk)
-        spans = _logit_rows(out, seq_chunks)
+        spans = logit_rows(out, seq_chunks)
         self._score(spans, logits, failed)
         rows: list[tuple[EngineRequest, int, ScheduledChunk]] = []
         for at, chunk, scored in spans:
@@ -259,7 +139,7 @@ class EngineCore:
             if chunk.seq.seq_id in failed:
                 continue  # retried next step (or already ended by the triage)
             rows.append((live, i, chunk))
-        self._choose(rows, logits)
+        choose(self, rows, logits)
         return out.num_batched_tokens
 
     def _drafts(self, paused: frozenset[int]) -> dict[int, tuple[int, ...]]:
@@ -335,67 +215,6 @@ class EngineCore:
             self._record(req, tr.DECODE_COMPLETED, t=chunk.seq.num_output_tokens,
                          cache_len=chunk.seq.num_computed_tokens)
 
-    def _choose(self, rows: list[tuple[EngineRequest, int, ScheduledChunk]],
-                logits: torch.Tensor) -> None:
-        live: list[tuple[EngineRequest, int, tuple[int, ...]]] = []
-        for req, i, chunk in rows:
-            if req.lifecycle.state is State.PREFILLING:
-                req.lifecycle.transition(State.DECODING)
-                req.decode_started = self.clock()
-                self._record(req, tr.PREFILL_COMPLETED, cache_len=req.num_computed_tokens)
-            # G1: cancel -> deadline -> choose (C2: a step that finished after the cancel is discarded)
-            if req.cancel_pending:
-                req.cancel()
-            elif req.deadline is not None and self.clock() >= req.deadline:
-                self._finish(req, FinishReason.DEADLINE_EXCEEDED)
-            elif req.processor.budget_spent:  # NOTE: a budget of 0: prefill only, no token
-                self._finish(req, req.plan.budget_end)
-            else:
-                live.append((req, i, chunk.token_ids[chunk.num_tokens - chunk.num_draft:]))
-        if not live:
-            return
-        sampling_rows: list[SamplingRow] = []
-        ok: list[tuple[EngineRequest, int, tuple[int, ...], SamplingRow]] = []
-        index: list[int] = []
-        for req, i, drafts in live:
-            try:  # NOTE: a verification samples 1 + k rows (coda.engine.speculative); under a
-                # grammar only row 0 here, the others once the drafts before them are accepted
-                base = self._row(req)
-                # NOTE: no drafts (issue 22): row 0 is base itself, no call into the drafting
-                sampled = [base] if req.grammar is not None or not drafts else verify_rows(
-                    base, drafts, req.spec.forced if req.spec else (), self._vocab)
-                sampling_rows.extend(sampled)
-                ok.append((req, i, drafts, base))
-                index.extend(range(i, i + len(sampled)))
-            except Exception as exc:  # one broken grammar fails only its own request
-                self._end_failed(req, exc)
-        if not ok:
-            return
-        try:
-            # NOTE: every row in order (a plain decode step): the logits themselves, not an
-            # identical copy (the sampler never writes into its input)
-            picked = logits if index == list(range(logits.shape[0])) else logits.index_select(
-                0, torch.tensor(index, dtype=torch.long))
-            decisions = self.sampler.sample(picked, sampling_rows)
-        except Exception as exc:
-            for req, _, _, _ in ok:
-                self._end_failed(req, exc)
-            return
-        at = 0
-        for req, i, drafts, base in ok:
-            n = 1 if req.grammar is not None else 1 + len(drafts)
-            dec, at = decisions[at], at + n
-            if drafts:
-                emit_verified(self, req, decisions[at - n:at], drafts, base, logits, i)
-                continue
-            if req.closer is not None:
-                try:
-                    dec = self._keep_closable(req, dec, logits[i:i + 1])
-                except Exception as exc:  # NOTE: a closure fault fails only its own request
-                    self._end_failed(req, exc)
-                    continue
-            self._on_decision(req, dec)
-
     def _keep_closable(self, req: EngineRequest, dec: TokenDecision,
                        logits: torch.Tensor) -> TokenDecision:
         """Issue 13: a token after which the output could no longer close within the budget is
@@ -412,28 +231,11 @@ class EngineCore:
                      path_text=path.text.decode("utf-8", "replace") if path is not None else None)
         if path is None or not path.tokens:
             return dec
-        return self.sampler.sample(logits.clone(), [self._row(req)])[0]
+        return self.sampler.sample(logits.clone(), [req.sampling_row(self._vocab)])[0]
 
     @property
     def _vocab(self) -> int:
         return self.runner.config.vocab_size
-
-    def _row(self, req: EngineRequest) -> SamplingRow:
-        mask = req.grammar.allowed_mask() if req.grammar is not None else None
-        if mask is not None and (opener := req.processor.opener_ids()):
-            mask[list(opener)] = True  # NOTE: issue 23: the first token may open the block
-        if req.closer is not None and req.closer.forcing:
-            mask = req.closer.mask(self.runner.config.vocab_size)
-        forced = req.processor.forced_token()
-        if forced is not None:  # NOTE: issue 23: the reasoning budget closes the block exactly
-            mask = torch.zeros(self.runner.config.vocab_size, dtype=torch.bool)
-            mask[forced] = True
-        # NOTE: the cursor's step is the number of output tokens (advanced in _on_decision;
-        # kept across preemption and retries, so a recomputed step draws the same uniform)
-        return SamplingRow(params=req.plan.sampling, seed=req.rng_seed, step=req.rng_step,
-                           prompt_token_ids=req.prompt_token_ids,
-                           output_token_ids=req.output_token_ids,
-                           eos_token_ids=req.plan.eos_token_ids, allowed_token_ids_mask=mask)
 
     def _on_decision(self, req: EngineRequest, dec: TokenDecision) -> None:
         req.append_token(dec.token_id)
@@ -491,17 +293,3 @@ class EngineCore:
     def _record(self, req: EngineRequest, kind: str, **data: object) -> None:
         if self._tracing:  # NOTE: through the request's trace handle (L7), never after its seal
             req.trace.record(TraceEvent(req.request_id, kind, data))
-
-
-def _logit_rows(out: SchedulerOutput, chunks: list[SeqChunk]
-                ) -> list[tuple[int, ScheduledChunk, int]]:
-    """Each chunk that has logits rows: the index of its first one and how many of them score
-    prompt tokens (they come first; then a verification's ``1 + num_draft`` rows,
-    coda.engine.speculative, or the one row of the next token)."""
-    rows, at = [], 0
-    for chunk, sc in zip(out.chunks, chunks, strict=True):
-        if sc.need_logits:
-            own = 1 + chunk.num_draft if chunk.need_logits else 0
-            rows.append((at, chunk, sc.num_logits - own))
-            at += sc.num_logits
-    return rows

@@ -31,7 +31,8 @@ from coda.finish import FinishReason
 from coda.lifecycle import State
 
 if TYPE_CHECKING:
-    from coda.engine.core import EngineCore, EngineRequest
+    from coda.engine.core import EngineCore
+    from coda.engine.engine_request import EngineRequest
 
 log = logging.getLogger("coda.engine")  # NOTE: the core's logger, as before the split
 
@@ -58,7 +59,7 @@ def step_drafts(core: EngineCore, paused: frozenset[int]) -> dict[int, tuple[int
     guess = [(r, spec) for r, spec in guess if core.drafter is not None and not spec.predicted]
     if core.drafter is None or not guess:
         return out
-    jobs = [DraftJob(r, k, core._row(r), r.grammar) for r, spec in guess
+    jobs = [DraftJob(r, k, r.sampling_row(core._vocab), r.grammar) for r, spec in guess
             if r.seq_id not in paused
             and r.num_uncomputed_tokens == 1 and r.status is SequenceStatus.RUNNING
             and (k := min(r.processor.tokens_left - 1,
@@ -171,7 +172,7 @@ def live_pick(core: EngineCore, req: EngineRequest, dec: TokenDecision, logits: 
     pick. Accepted rows before it need neither: the horizon and
     :func:`verify_constrained` stopped the run where they would."""
     if stale:
-        dec = core.sampler.sample(logits.clone(), [core._row(req)])[0]
+        dec = core.sampler.sample(logits.clone(), [req.sampling_row(core._vocab)])[0]
     if req.closer is not None:
         dec = core._keep_closable(req, dec, logits)
     return dec

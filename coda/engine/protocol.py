@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -36,7 +36,7 @@ from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
 from coda.models.identity import ModelIdentity
 from coda.models.tokenizer_bundle import TokenizerBundle
-from coda.reader import StreamReading, wait_terminal
+from coda.reader import StreamReading, follow, wait_terminal
 from coda.stream import RequestStream, StreamEvent, Terminal
 
 if TYPE_CHECKING:
@@ -197,9 +197,34 @@ class RequestHandle(StreamReading):
         self._wake()
         return ok
 
+    def events(self, after: int = -1) -> AsyncGenerator[StreamEvent, None]:
+        """The request's events after ``after``, replayed then followed live (P3), by the
+        caller that owns the request: left before its terminal (``break``, ``aclose()``, the
+        reading task cancelled, the iterator garbage-collected) the request is cancelled
+        (cause ``client``: CANCELLED, ``cancelled``; C1, L7 its resources released once), as
+        a client that goes away (P4, the Python API's declared policy). A reader that must
+        not end it reads through :meth:`AsyncEngine.attach`, :meth:`wait` or :meth:`result`."""
+        return _owned_events(self, after)
+
     def wait(self, timeout: float | None = None) -> Terminal:
         """Blocking wait for the terminal (for synchronous callers; no event loop needed)."""
         terminal = wait_terminal(self.stream, timeout)
         if terminal is None:
             raise TimeoutError(f"{self.request_id} not finished after {timeout}s")
         return terminal
+
+
+async def _owned_events(handle: RequestHandle, after: int
+                        ) -> AsyncGenerator[StreamEvent, None]:
+    """:func:`coda.reader.follow` of ``handle``'s stream that cancels the request when the
+    reader leaves before the terminal (:meth:`RequestHandle.events`). An abandoned async
+    generator is closed by its event loop (asyncio's finalizer hook, or the loop's
+    ``shutdown_asyncgens``), which runs this ``finally``."""
+    events = follow(handle.stream, after)
+    try:
+        async for ev in events:
+            yield ev
+    finally:
+        if handle.stream.terminal is None:  # NOTE: left before the end: the reader is gone
+            handle.cancel(CancelCause.CLIENT)
+        await events.aclose()

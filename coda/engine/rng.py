@@ -13,7 +13,7 @@ inverse CDF, the first token (in id order) whose cumulative probability under
 with a shift and a mask). No generator state exists, so a request's draw is independent of its
 batch neighbours, row index, arrival order and preemption: resuming at the same ``step`` with
 the same logits yields the same token. A request's whole RNG state is its cursor ``(seed,
-step)`` (``EngineRequest.rng_seed`` / ``rng_step`` in coda.engine.core), the ``rng_state``
+step)`` (``EngineRequest.rng_seed`` / ``rng_step`` in coda.engine.engine_request), the ``rng_state``
 resource its lifecycle holds (L7).
 """
 

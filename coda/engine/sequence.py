@@ -31,7 +31,7 @@ class SequenceStatus(Enum):
 class Sequence:
     """One request's token state. Identity is the object (no ``__eq__``); ids are unique.
 
-    The engine's live request (:class:`~coda.engine.core.EngineRequest`) *is* its sequence
+    The engine's live request (:class:`~coda.engine.engine_request.EngineRequest`) *is* its sequence
     (issue 22: one live object per request): it calls this ``__init__`` beside the run's, so
     the scheduler, the block manager and the drafter read the same object the engine ends;
     tested alone here, with no engine. A draft model's cache keeps plain sequences

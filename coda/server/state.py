@@ -17,6 +17,7 @@ from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import model_key
+from coda.reader import follow
 from coda.reasoning import ReasoningSpec, marker_ids, reasoning_spec
 from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
@@ -217,7 +218,9 @@ class ServerState:
         bounded buffer (P6) never overflows for lack of a reader; ends at the terminal."""
 
         async def drain() -> None:
-            async for _ in handle.events():
+            # NOTE: an observer, never the owner: an in-process handle's ``events`` cancels
+            # the request when left early (a drain cancelled at shutdown must not)
+            async for _ in follow(handle.stream):
                 pass
 
         task = asyncio.get_running_loop().create_task(drain())
@@ -230,7 +233,7 @@ class ServerState:
 
         async def forget() -> None:
             for h in record.handles:
-                async for _ in h.events():
+                async for _ in follow(h.stream):  # NOTE: an observer (see keep_draining)
                     pass
             self.store.remove(record.id)
 

@@ -11,6 +11,8 @@
 #include "kquants.h"
 #include "kquants_avx2.h"
 #include "table.h"
+// NOTE: AVX2: Q5_K / Q3_K codes unpacked once per block (q5_codes, q3_codes)
+#include "kquant_codes_avx2.h"
 
 #ifndef CODA_AI
 #error "included by kquant_fused.h (which defines CODA_AI)"
@@ -66,10 +68,11 @@ struct Scales {
   // store; b unused)
   alignas(64) float a[16];
   alignas(64) float b[16];
-  // NOTE: Q6_K only: the block's 256 codes (AVX-512: q - 32, signed; AVX2: q + 32, unsigned)
-  // in weight order, unpacked once per block with full-width integer ops (a 16-weight chunk
-  // then costs one widening load instead of nine integer ops on 16 bytes); the codes are the
-  // same integers, so the bits are unchanged. In memory, not registers: a chunk's codes are
+  // NOTE: Q6_K (and, AVX2, Q5_K / Q3_K: kquant_codes_avx2.h): the block's 256 codes (Q6_K
+  // AVX-512: q - 32, signed; Q6_K AVX2: q + 32, unsigned; Q5_K 0..31; Q3_K -4..3) in weight
+  // order, unpacked once per block with full-width integer ops (a 16-weight chunk then costs
+  // one widening load instead of nine integer ops on 16 bytes); the codes are the same
+  // integers, so the bits are unchanged. In memory, not registers: a chunk's codes are
   // then one widening load (vpmovzx/sx from memory) where a register copy needed an extract
   // first (a shuffle per 16 weights)
   alignas(64) int8_t q[256];
@@ -181,6 +184,7 @@ CODA_AI void scales(const uint8_t* blk, Scales& s) {
     _mm256_store_ps(s.a + 8, _mm256_mul_ps(
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(q, q))),
         _mm256_broadcastss_ps(_mm_movehdup_ps(dm))));
+    if (T == Q5_K) q5_codes(blk, s.q);
 #endif
   } else if (T == Q6_K) {
     times16<true>(ld16(blk + 192), f16c(blk + 208), s.a);
@@ -203,6 +207,9 @@ CODA_AI void scales(const uint8_t* blk, Scales& s) {
                       static_cast<int>((a0 & m4) | ((t & m2) << 4))),
         _mm_set1_epi8(32));
     times16<true>(u, f16c(blk + 108), s.a);
+#if CODA_ISA == CODA_AVX2
+    q3_codes(blk, s.q);
+#endif
   } else {  // Q2_K
     // NOTE: a = d * (sc & 15), b = (-dmin) * (sc >> 4): exact products, so negating dmin
     // first is kquants.h's -(dmin * mn)

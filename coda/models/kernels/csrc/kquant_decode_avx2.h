@@ -19,8 +19,9 @@ namespace fused {
 //   "magic number" conversion, one integer add); then fma(f, a, c) with c = -M * a (exact, see
 //   Scales::c) is round(M a + q a - M a) = round(q * a): one rounding of the same real number
 //   as kquants.h's (d * sc) * q, so the same bits. Needs a finite a (run() checks d).
-// * Q4_K, Q5_K, Q2_K: the code from its dword (and, shifts), converted, then fma(q, a, b) as
-//   before; Q3_K: (lo | mask bit << 2) - 4, converted, times a, as before.
+// * Q4_K, Q2_K: the code from its dword (and, shifts), converted, then fma(q, a, b) as before;
+//   Q5_K: the code from q5_codes' unpacked bytes, the same; Q3_K: q3_codes' (lo | mask bit
+//   << 2) - 4, converted, times a, as before.
 // (Measured at one row, 1B shapes, 1 thread, against the chunk() path on this build: Q6_K about
 // 1.25x, Q4_K 1.5-1.7x, Q5_K 1.2x, Q3_K / Q2_K 1.15x; docs/quantization.md.)
 CODA_AI __m256i ld8u(const void* p) {
@@ -50,34 +51,17 @@ CODA_AI W16 chunk_avx2(const uint8_t* blk, const Scales& s) {
     const __m256 a = _mm256_broadcast_ss(s.a + I / 2), b = _mm256_broadcast_ss(s.a + 8 + I / 2);
     return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), a, b),
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), a, b)};
-  } else if constexpr (T == Q5_K) {  // NOTE: bit j of qh[l] is the code's bit 4
-    constexpr int c = I / 4, h = (I / 2) % 2, half = I % 2, j = 2 * c + h;
-    const uint8_t* p = blk + 48 + c * 32 + half * 16;
-    const uint8_t* ph = blk + 16 + half * 16;
-    __m256i q[2];
-    for (int e = 0; e < 2; ++e) {
-      const __m256i v = ld8u(p + 8 * e), hv = ld8u(ph + 8 * e);
-      const __m256i lo = h ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15));
-      const __m256i hb = j <= 4 ? _mm256_slli_epi32(hv, 4 - j) : _mm256_srli_epi32(hv, j - 4);
-      q[e] = _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi32(16)));
-    }
+  } else if constexpr (T == Q5_K) {  // NOTE: the codes unpacked by scales<Q5_K> (q5_codes)
     const __m256 a = _mm256_broadcast_ss(s.a + I / 2), b = _mm256_broadcast_ss(s.a + 8 + I / 2);
-    return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q[0]), a, b),
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[1]), a, b)};
-  } else if constexpr (T == Q3_K) {  // NOTE: q = (lo | mask bit << 2) - 4
-    constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2, hb = h * 4 + sh;
-    const uint8_t* p = blk + 32 + h * 32 + half * 16;
-    const uint8_t* pm = blk + half * 16;
-    __m256i q[2];
-    for (int e = 0; e < 2; ++e) {
-      const __m256i v = ld8u(p + 8 * e), mv = ld8u(pm + 8 * e);
-      const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 2 * sh), _mm256_set1_epi32(3));
-      const __m256i bt = hb <= 2 ? _mm256_slli_epi32(mv, 2 - hb) : _mm256_srli_epi32(mv, hb - 2);
-      q[e] = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_and_si256(bt, _mm256_set1_epi32(4))),
-                              _mm256_set1_epi32(4));
-    }
+    return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(ld8u(s.q + 16 * I)), a, b),
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(ld8u(s.q + 16 * I + 8)), a, b)};
+  } else if constexpr (T == Q3_K) {  // NOTE: the codes unpacked by scales<Q3_K> (q3_codes)
     const __m256 a = _mm256_broadcast_ss(s.a + I);
-    return {_mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), a), _mm256_mul_ps(_mm256_cvtepi32_ps(q[1]), a)};
+    const auto ld8s = [](const int8_t* p) {
+      return _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    };
+    return {_mm256_mul_ps(ld8s(s.q + 16 * I), a), _mm256_mul_ps(ld8s(s.q + 16 * I + 8), a)};
   } else {  // Q2_K
     constexpr int h = I / 8, sh = (I / 2) % 4, half = I % 2;
     const uint8_t* p = blk + 16 + h * 32 + half * 16;

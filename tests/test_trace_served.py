@@ -7,11 +7,15 @@ Found by the tools/trace sweep: a request whose output has no byte (every token 
 checker took that for a trace older than the byte counts: its ``usage.returned_tokens`` went
 unchecked (a terminal claiming 1 returned token of an empty text passed). And the model's
 three resources, acquired together at admission, passed with one of them moved past
-``prefill.started``.
+``prefill.started``. And ``coda trace check`` could not read what ``GET /v1/traces/{id}``
+answers: it said "ok: the trace is empty" (exit 0).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,3 +101,42 @@ def test_l7_the_models_resources_are_acquired_together_at_admission(
     assert any("rng_state not acquired right after batch_slot" in p and p.endswith("(L7)")
                for p in problems), problems
 
+
+def _check_cli(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "coda", "trace", "check", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          cwd=Path(__file__).parent.parent)
+
+
+def test_o1_coda_trace_check_reads_a_saved_v1_traces_answer(
+        traced: tuple[LiveServer, Any], tmp_path: Path) -> None:
+    """``curl …/v1/traces/ID > t.json; coda trace check t.json``: was "ok: the trace is empty
+    (0 requests)", exit 0, with a warning that the line was cut by a killed writer. Now the
+    answer's rows are checked, saved as served or indented; a release row dropped from it
+    is L7, exit 1; a whole JSON object that is no trace row is unreadable (exit 2), not cut."""
+    live, _ = traced
+    rid, _ = _chat(live, max_tokens=4, stop=["zzz"])
+    raw = httpx.get(f"{live.url}/v1/traces/{rid}", timeout=30).text
+    saved, indented = tmp_path / "t.json", tmp_path / "t_indented.json"
+    saved.write_text(raw, encoding="utf-8")
+    indented.write_text(json.dumps(json.loads(raw), indent=2), encoding="utf-8")
+    n = len(json.loads(raw)["rows"])
+    for path in (saved, indented):
+        done = _check_cli(path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"ok: 1 request(s), {n} events" in done.stdout and not done.stderr
+
+    doc = json.loads(raw)
+    doc["rows"] = [r for r in doc["rows"] if not (r["kind"] == tr.RESOURCE_RELEASED
+                                                  and r["resource"] == "batch_slot")]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(doc), encoding="utf-8")
+    done = _check_cli(broken)
+    assert done.returncode == 1 and "batch_slot still held at FINISHED (L7)" in done.stdout, \
+        done.stdout + done.stderr
+
+    other = tmp_path / "other.json"
+    other.write_text('{"object": "list", "data": []}', encoding="utf-8")
+    done = _check_cli(other)
+    assert done.returncode == 2 and "cannot read trace" in done.stderr, done.stdout + done.stderr
+    assert "cut" not in done.stderr

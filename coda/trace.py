@@ -233,23 +233,57 @@ class TraceReadError(ValueError):
 def read_jsonl(path: str | Path, cut: list[TraceReadError] | None = None) -> list[TraceEvent]:
     """The rows of a JSONL trace file; a row that is no trace row raises TraceReadError naming its
     line (a server killed mid-write leaves a cut last line: the message says which). With
-    ``cut``, a cut last line (no newline, no row: a writer killed mid-row, whose rows are each
-    one write ending in one) is left out and its error appended there instead."""
-    rows = []
+    ``cut``, a cut last line (no newline, no whole JSON value: a writer killed mid-row, whose
+    rows are each one write ending in one) is left out and its error appended there instead.
+    A file holding one ``GET /v1/traces/{id}`` answer (as saved, in one line or indented) is
+    read as that request's rows: :func:`served_rows`."""
     with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(TraceEvent.from_dict(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as exc:
-                # NOTE: json's own position is within the row ("line 1 column 103"), not the file
-                err = TraceReadError(f"line {number}: {type(exc).__name__}: {exc}")
-                if cut is not None and not line.endswith("\n"):  # NOTE: only the last line can
-                    cut.append(err)
-                    return rows
-                raise err from exc
+        text = fh.read()
+    served = served_rows(text)
+    if served is not None:
+        return served
+    rows = []
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(TraceEvent.from_dict(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as exc:
+            # NOTE: json's own position is within the row ("line 1 column 103"), not the file
+            err = TraceReadError(f"line {number}: {type(exc).__name__}: {exc}")
+            # NOTE: only the last line can be cut, and a cut one is no whole JSON value (a
+            # whole object that is no row, e.g. another document, is unreadable, not cut)
+            if cut is not None and not line.endswith("\n") and \
+                    isinstance(exc, json.JSONDecodeError):
+                cut.append(err)
+                return rows
+            raise err from exc
     return rows
+
+
+def served_rows(text: str) -> list[TraceEvent] | None:
+    """The rows of a ``GET /v1/traces/{id}`` answer (``{"request_id", "dropped_rows",
+    "rows": [{"kind", "t_ms", ...}]}``) as the sink wrote them (``ts_ns`` from ``t_ms``, which
+    keeps their order); None when ``text`` is not one such answer. Rows the bounded sink
+    dropped (``dropped_rows``) are missing, so the checker's row count (O1) tells."""
+    head = text.lstrip()[:1]
+    if head != "{":
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None  # NOTE: JSONL (several values) or a cut file: read line by line
+    if not (isinstance(doc, dict) and "kind" not in doc and isinstance(doc.get("rows"), list)
+            and isinstance(doc.get("request_id"), str)):
+        return None
+    rid = doc["request_id"]
+    try:
+        return [TraceEvent(rid, str(row["kind"]),
+                           {k: v for k, v in row.items() if k not in ("kind", "t_ms")},
+                           round(float(row["t_ms"]) * 1e6)) for row in doc["rows"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TraceReadError(f"a /v1/traces answer with a row that is no trace row: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
 
 def check_trace(events: Iterable[TraceEvent]) -> list[str]:

@@ -76,15 +76,18 @@ class Request:
     # False for a run that never held the model (a lifecycle test's hand-driven run, or the
     # reference loop cancelled before its prefill): the step rules do not apply
     model_run: bool = field(init=False)
-    # stop.state rows record their byte count (traces written since issue 20)
+    # stop.state rows record their byte count (traces written since issue 20); a model run
+    # with no stop.state row pushed no byte in either format, so its count (0) is known too
+    # (a hand-driven run has no output processor to write them)
     pushed_known: bool = field(init=False)
 
     def __post_init__(self) -> None:
         # NOTE: computed once: per-row scans would make the walk quadratic on long requests
         self.model_run = any(e.kind == tr.RESOURCE_ACQUIRED and e.data.get("resource") in _MODEL
                              for e in self.rows)
-        self.pushed_known = any(e.kind == tr.STOP_STATE and "nbytes" in e.data
-                                for e in self.rows)
+        states = [e for e in self.rows if e.kind == tr.STOP_STATE]
+        self.pushed_known = (self.model_run and not states) or any(
+            "nbytes" in e.data for e in states)
 
     def reach_safe_point(self) -> None:
         """A prefill.completed or decode.completed row: the driver checks for a cancel next
@@ -149,6 +152,13 @@ class Request:
                 self.state == "PREFILLING" and self.prefill is not None
                 and self.prefill_done is None)):
             self.bad("L7", f"{kind} acquired while {self.state}, not at admission")
+        # NOTE: admission acquires the model's resources in one go (core, reference loop)
+        before = order[order.index(kind) - 1] if kind in _MODEL and kind in order else None
+        prev = self.prev_row()
+        if before in _MODEL and not (prev is not None and prev.kind == tr.RESOURCE_ACQUIRED
+                                     and prev.data.get("resource") == before):
+            self.bad("L7", f"{kind} not acquired right after {before} (admission takes the "
+                           f"model's resources together)")
         self.acquired_order.append(kind)
 
     def on_released(self, ev: tr.TraceEvent, order: tuple[str, ...]) -> None:

@@ -205,7 +205,8 @@ def test_scoring_request_ends_once_and_frees_kv_l7_c1_g3_t2(inv_engine: Any) -> 
     """L7, C1, G3, T2: a scoring request (max_tokens 0, prompt_logprobs) cancelled or past its
     deadline mid-prefill ends exactly once with that reason and gives its KV back; one that
     completes ends max_output_tokens right after its prefill with every prompt token scored
-    and no token; a prompt filling the context is a 4xx before anything runs; the trace of
+    and no token; a prompt past the context is a 4xx before anything runs (one that fills it
+    is scored: no token is generated, coda.engine.plan); the trace of
     every request of this module is one the engine could write (coda.trace_check)."""
     from coda.errors import ContextLengthExceededError
 
@@ -237,7 +238,7 @@ def test_scoring_request_ends_once_and_frees_kv_l7_c1_g3_t2(inv_engine: Any) -> 
     assert smollm_engine.stats().num_free_blocks == free
     assert check_trace(SINK.events) == []
     with pytest.raises(ContextLengthExceededError):
-        smollm_engine.submit(GenerationRequest(ids[:1] * 1024, sampling, max_tokens=0,
+        smollm_engine.submit(GenerationRequest(ids[:1] * 1025, sampling, max_tokens=0,
                                                prompt_logprobs=1))
 
 

@@ -136,6 +136,7 @@ class Lifecycle:
     _held: dict[ResourceKind, Release] = field(default_factory=dict)
     _released: set[ResourceKind] = field(default_factory=set)
     _born: list[ResourceKind] = field(default_factory=list)  # NOTE: rows not yet written
+    _preempted: bool = False  # NOTE: K/V dropped by a preemption, not yet reacquired (T4)
     _born_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -206,6 +207,33 @@ class Lifecycle:
 
     def holds(self, kind: ResourceKind) -> bool:
         return kind in self._held
+
+    def preempt(self, data: Mapping[str, object]) -> bool:
+        """The scheduler dropped the request's K/V blocks (T4, preemption by recompute): a
+        ``kv.preempted`` row. The ``kv_cache`` resource stays held (the request keeps its
+        claim on the cache and is released once, at its ending, L7); :meth:`reacquire` says
+        when it has blocks again. False, writing nothing, if the request is terminal."""
+        return self._kv_row(tr.KV_PREEMPTED, data, preempted=True)
+
+    def reacquire(self, data: Mapping[str, object]) -> bool:
+        """The preempted request got blocks again and recomputes (``recompute`` tokens): a
+        ``kv.reacquired`` row, before any other row of its model (T4, O1)."""
+        return self._kv_row(tr.KV_REACQUIRED, data, preempted=False)
+
+    @property
+    def preempted(self) -> bool:
+        return self._preempted
+
+    def _kv_row(self, kind: str, data: Mapping[str, object], *, preempted: bool) -> bool:
+        with self._lock:
+            if self.state.is_terminal:
+                return False
+            if ResourceKind.KV_CACHE not in self._held or self._preempted is preempted:
+                raise IllegalTransition(f"{self.request_id}: {kind} while the K/V is "
+                                        f"{'dropped' if self._preempted else 'held'}")
+            self._preempted = preempted
+            self._row(kind, data)  # NOTE: in the critical section, as a transition's row
+            return True
 
     def release(self, kind: ResourceKind) -> None:
         self._write_born()  # NOTE: before the release function (the trace handle's counts rows)

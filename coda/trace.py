@@ -2,7 +2,8 @@
 
 One trace row per fact: lifecycle transitions, every token selection with its decision record,
 decode start/completion with the cache's logical length, stop-matcher state, every emitted byte
-sequence number, the three cancel moments, resource releases and the terminal.
+sequence number, the three cancel moments, resource releases, each preemption of the request's
+K/V and its recompute, and the terminal.
 :func:`check_trace` (rules in :mod:`coda.trace_check`) verifies a trace of one or many requests
 against the invariants; ``coda trace check FILE`` runs it over a JSONL file.
 """
@@ -45,6 +46,14 @@ ERROR = "error"
 # position it verified); transparent to the step order (coda.engine.speculative)
 SPECULATIVE = "speculative.verify"
 
+# T4, O1: the scheduler dropped the request's K/V blocks to free room (preemption by recompute;
+# ``t`` selected, ``cache_len`` tokens dropped), then gave it blocks again and recomputes
+# ``recompute`` tokens (``cached`` reused from the prefix cache). Not a release and acquisition of
+# the ``kv_cache`` resource (L7: that one is released once, at the ending): the request keeps
+# its claim on the cache while it waits (coda.lifecycle.Lifecycle.preempt)
+KV_PREEMPTED = "kv.preempted"
+KV_REACQUIRED = "kv.reacquired"
+
 # issue 12/24, O2: a replica router's decision (coda.scaleout), checked by coda.trace_route
 ROUTE_DECIDED = "route.decided"
 
@@ -58,7 +67,7 @@ KNOWN_KINDS = frozenset({
     LIFECYCLE, PREFILL_STARTED, PREFILL_COMPLETED, TOKEN_SELECTED, DECODE_STARTED,
     DECODE_COMPLETED, STOP_STATE, STOP_HIT, GRAMMAR_FORCED, STREAM_DELTA, UTF8_TAIL_DROPPED,
     REASONING_SPLIT, CANCEL_REQUESTED, CANCEL_OBSERVED, CANCEL_EFFECTIVE, RESOURCE_ACQUIRED, RESOURCE_RELEASED,
-    TERMINAL, ERROR, SPECULATIVE})
+    TERMINAL, ERROR, SPECULATIVE, KV_PREEMPTED, KV_REACQUIRED})
 
 
 @dataclass(frozen=True)

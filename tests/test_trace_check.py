@@ -61,9 +61,11 @@ def test_fixture_is_a_sound_fault_mix() -> None:
                                     "deadline_exceeded", "transport_error", "context_limit",
                                     "model_error"}
     kinds = {e.kind for e in events}
-    # NOTE: reasoning.split (issue 23) and speculative.verify (issue 21) postdate the fixture;
-    # tests/test_reasoning_split.py and tests/test_speculative.py check every trace they write
-    assert kinds == tr.KNOWN_KINDS - {tr.REASONING_SPLIT, tr.SPECULATIVE}
+    # NOTE: reasoning.split (issue 23), speculative.verify (issue 21) and the preemption rows
+    # (T4) postdate the fixture; tests/test_reasoning_split.py, tests/test_speculative.py and
+    # tests/test_trace_preempt.py check every trace they write
+    assert kinds == tr.KNOWN_KINDS - {tr.REASONING_SPLIT, tr.SPECULATIVE, tr.KV_PREEMPTED,
+                                      tr.KV_REACQUIRED}
 
 
 def test_issue20_d4_p2_l6_a_dropped_stream_delta_is_rejected() -> None:

@@ -103,14 +103,17 @@ class EngineCore:
         out = self.scheduler.schedule(paused=paused, drafts=self._drafts(paused),
                                       fresh=frozenset(self._scoring) if self._scoring else _NONE)
         self.num_preemptions_total += len(out.preempted)
-        if self.drafter is not None:
-            for seq in out.preempted:  # NOTE: rebuilt by the draft's prefill when it resumes
+        for seq in out.preempted:  # NOTE: T4, O1: each preemption is a row of the request's
+            self.requests[seq.seq_id].note_preempted()
+            if self.drafter is not None:  # NOTE: rebuilt by the draft's prefill when it resumes
                 self.drafter.drop(seq.seq_id)
         if out.is_empty:
             return 0
         now = self.clock()
         for chunk in out.chunks:
             req = self.requests[chunk.seq.seq_id]
+            if req.lifecycle.preempted:  # NOTE: blocks again: the re-prefill starts (T4)
+                req.note_reacquired(chunk.start_pos)
             if not req.scheduled_once:
                 req.scheduled_once = True
                 req.cached_prompt_tokens = req.processor.cached_prompt_tokens = chunk.start_pos

@@ -154,3 +154,17 @@ class EngineRequest(RequestRun, Sequence):
         """The ``rng_state`` resource's release: no draw may follow; reports the last step."""
         self._rng_seed = None
         return {"step": self.rng_step}
+
+    def note_preempted(self) -> None:
+        """T4, O1: the scheduler dropped this request's K/V to make room (recompute later):
+        its ``kv.preempted`` row, with the selected count and the tokens and blocks dropped."""
+        tokens, blocks = self.dropped
+        self.lifecycle.preempt({"t": self.num_output_tokens, "cache_len": tokens,
+                                "blocks": blocks, "preemption": self.num_preemptions})
+
+    def note_reacquired(self, start_pos: int) -> None:
+        """T4, O1: its first chunk after a preemption: the ``kv.reacquired`` row, with the
+        tokens the re-prefill recomputes (prompt and outputs past the prefix cache's
+        ``start_pos`` reused ones)."""
+        self.lifecycle.reacquire({"t": self.num_output_tokens,
+                                  "recompute": self.num_tokens - start_pos, "cached": start_pos})

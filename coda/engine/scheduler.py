@@ -250,6 +250,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-preemption (T4): drop K/V, keep selected tokens, requeue at the front."""
         self._running.remove(seq)
+        seq.dropped = (seq.num_computed_tokens, len(seq.block_table))  # NOTE: its trace row's
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1

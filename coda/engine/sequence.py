@@ -70,6 +70,7 @@ class Sequence:
         self.status = status
         self.admitted = -1  # NOTE: assigned by Scheduler.add (monotonic admission order)
         self.num_preemptions = 0
+        self.dropped = (0, 0)  # NOTE: (tokens, blocks) the last preemption dropped (O1, T4)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(seq_id={self.seq_id}, tokens={self.num_prompt_tokens}"

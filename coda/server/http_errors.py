@@ -83,7 +83,10 @@ def error_payload(protocol: Protocol, status: int, message: str, *, param: str |
         kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
                                     "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    # NOTE: a 429 (overloaded, docs/api.md "Overload") is no fault of the request: OpenAI's
+    # own overloaded 429 ("The server is currently overloaded with other requests") carries
+    # server_error, as its 5xx do
+    kind = "invalid_request_error" if status < 500 and status != 429 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 

@@ -375,8 +375,18 @@ class AsyncEngine:
         return closer
 
     def num_waiting(self) -> int:
-        # NOTE: an embedding queued for the engine thread waits as a request does (admission)
+        """Accepted requests a step has yet to admit, embeddings queued for the engine thread
+        included (``stats().num_waiting``)."""
         return self.core.scheduler.num_waiting + len(self._inbox) + len(self._calls)
+
+    def num_queued(self, incoming: int = 0) -> int:
+        """Admission's count (:meth:`coda.engine.protocol.Engine.num_queued`): the generation
+        requests not admitted yet, with ``incoming``, past the batch slots free; a queued
+        embedding holds no slot and waits whatever they are."""
+        sched = self.core.scheduler
+        free = max(0, self.config.max_num_seqs - sched.num_running)
+        pending = sched.num_waiting + len(self._inbox) + incoming
+        return len(self._calls) + max(0, pending - free)
 
     def stats(self) -> EngineStats:
         bm = self.core.scheduler.block_manager

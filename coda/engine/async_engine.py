@@ -88,7 +88,14 @@ class AsyncEngine:
         self.identity = loaded.identity
         self.model_snapshot = self.identity.snapshot
         mc = runner.config
-        context = min(mc.max_context, config.max_model_len or mc.max_context)
+        context = config.served_context(mc.max_context)
+        # NOTE: past the model's own context --max-model-len is capped, not refused (one flag
+        # serves every model of a several-model server), and said: a warning and the summary
+        asked = config.max_model_len
+        self.context_capped_from: int | None = asked if asked and asked > context else None
+        if self.context_capped_from is not None:
+            log.warning(f"--max-model-len {asked} is more than the model's context of "
+                        f"{context} tokens: serving {context} ({loaded.source.name})")
         capacity = runner.num_blocks * runner.block_size
         # NOTE: a cache smaller than one full context lowers the served context (said at load),
         # so every request the server accepts fits the cache alone and none waits forever

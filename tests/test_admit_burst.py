@@ -7,7 +7,8 @@ streams got 7-15 429s, because each counted as waiting until the engine's next s
 The engine thread is held here (an embedding running on it), so no step admits anything while
 the burst arrives: what is accepted depends on the admission rule alone, never on timing.
 The 429 is OpenAI's overloaded answer (``type: "server_error"``, not the request's fault),
-Anthropic's ``rate_limit_error``, Ollama's ``{"error"}``, through the official clients.
+Anthropic's ``rate_limit_error``, Ollama's own busy answer (503 ``{"error"}``), through the
+official clients.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def test_a_burst_of_slots_plus_bound_is_all_accepted_and_one_more_is_refused_l5(
     with pytest.raises(ollama.ResponseError) as oerr:
         ollama.Client(host=live.url).generate(model=MODEL, prompt="hi",
                                               options={"num_predict": 3})
-    assert oerr.value.status_code == 429 and "overloaded" in oerr.value.error
+    assert oerr.value.status_code == 503 and "overloaded" in oerr.value.error
 
     release.set()
     for t in burst:

@@ -55,7 +55,7 @@ def test_embeddings_are_refused_429_on_a_full_queue_l5(
         one_slot: tuple[Any, list[list[int]]]) -> None:
     """L5: one request running, one waiting, ``max_waiting=1``: ``/v1/embeddings`` is the 429
     ``overloaded`` with ``Retry-After`` a chat gets, nothing is embedded; Ollama's
-    ``/api/embed`` the same 429 in its shape. Once the queue drains the same call answers."""
+    ``/api/embed`` Ollama's own busy answer (503). Once the queue drains the same call answers."""
     engine, embedded = one_slot
     live = _serve(engine, max_waiting=1)
     try:
@@ -67,7 +67,7 @@ def test_embeddings_are_refused_429_on_a_full_queue_l5(
             assert err.value.code == "overloaded"
             with pytest.raises(ollama.ResponseError) as oerr:
                 ollama.Client(host=live.url).embed(model=MODEL, input="hello there")
-            assert oerr.value.status_code == 429 and "overloaded" in oerr.value.error
+            assert oerr.value.status_code == 503 and "overloaded" in oerr.value.error
             assert embedded == [], "a refused embedding must run nothing"
         got = _client(live).embeddings.create(model=MODEL, input="hello there")
         assert len(got.data) == 1 and len(embedded) == 1

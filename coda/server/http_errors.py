@@ -93,6 +93,10 @@ def error_payload(protocol: Protocol, status: int, message: str, *, param: str |
 def error_response(protocol: Protocol, status: int, message: str, *, param: str | None = None,
                    code: str | None = None, headers: dict[str, str] | None = None
                    ) -> JSONResponse:
+    if protocol == "ollama" and status == 429:
+        # NOTE: Ollama's own full queue (OLLAMA_MAX_QUEUE) answers 503 "server busy, please
+        # try again": what a client written against Ollama handles (it never sends a 429)
+        status = 503
     payload = error_payload(protocol, status, message, param=param, code=code)
     if protocol == "anthropic":  # NOTE: one id, in the body and the header (module doc)
         rid = (headers or {}).get("request-id") or fresh_request_id()

@@ -105,7 +105,7 @@ def _memory_budget(value: str | None) -> str | None:
 
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model)")]  # noqa: UP045
-MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", min=1, help="the context length (tokens): caps it; past a LongRoPE model's original length it serves the long factors")]  # noqa: UP045
+MaxLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", min=1, help="the context length (tokens): caps the model's own, never raises it (a larger one is capped, with a warning at start); past a LongRoPE model's original length it serves the long factors")]  # noqa: UP045
 KvBytesOpt = Annotated[Optional[int], typer.Option("--kv-cache-bytes", help="KV cache size in bytes, exactly (default: see --memory-budget)")]  # noqa: UP045
 KvFracOpt = Annotated[Optional[float], typer.Option("--kv-cache-fraction", help="KV cache as a fraction of the memory free after the weights (default: see --memory-budget)")]  # noqa: UP045
 MemBudgetOpt = Annotated[Optional[str], typer.Option("--memory-budget", callback=_memory_budget, help="memory the model may hold, weights + KV cache: 8GiB, 8G, 512MiB, bytes or 40% of available; the KV cache is max-num-seqs full contexts within it, committed as used (default: half the memory available at start)")]  # noqa: UP045

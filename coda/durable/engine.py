@@ -199,8 +199,8 @@ class DurableEngine:
     def stats(self) -> EngineStats:
         return self.inner.stats()
 
-    def num_waiting(self) -> int:
-        return self.inner.num_waiting()
+    def num_queued(self, incoming: int = 0) -> int:
+        return self.inner.num_queued(incoming)
 
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()

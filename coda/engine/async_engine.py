@@ -88,7 +88,14 @@ class AsyncEngine:
         self.identity = loaded.identity
         self.model_snapshot = self.identity.snapshot
         mc = runner.config
-        context = min(mc.max_context, config.max_model_len or mc.max_context)
+        context = config.served_context(mc.max_context)
+        # NOTE: past the model's own context --max-model-len is capped, not refused (one flag
+        # serves every model of a several-model server), and said: a warning and the summary
+        asked = config.max_model_len
+        self.context_capped_from: int | None = asked if asked and asked > context else None
+        if self.context_capped_from is not None:
+            log.warning(f"--max-model-len {asked} is more than the model's context of "
+                        f"{context} tokens: serving {context} ({loaded.source.name})")
         capacity = runner.num_blocks * runner.block_size
         # NOTE: a cache smaller than one full context lowers the served context (said at load),
         # so every request the server accepts fits the cache alone and none waits forever
@@ -375,8 +382,18 @@ class AsyncEngine:
         return closer
 
     def num_waiting(self) -> int:
-        # NOTE: an embedding queued for the engine thread waits as a request does (admission)
+        """Accepted requests a step has yet to admit, embeddings queued for the engine thread
+        included (``stats().num_waiting``)."""
         return self.core.scheduler.num_waiting + len(self._inbox) + len(self._calls)
+
+    def num_queued(self, incoming: int = 0) -> int:
+        """Admission's count (:meth:`coda.engine.protocol.Engine.num_queued`): the generation
+        requests not admitted yet, with ``incoming``, past the batch slots free; a queued
+        embedding holds no slot and waits whatever they are."""
+        sched = self.core.scheduler
+        free = max(0, self.config.max_num_seqs - sched.num_running)
+        pending = sched.num_waiting + len(self._inbox) + incoming
+        return len(self._calls) + max(0, pending - free)
 
     def stats(self) -> EngineStats:
         bm = self.core.scheduler.block_manager

@@ -56,7 +56,7 @@ def load_parts(model: str | Path | None, config: EngineConfig) -> LoadParts:
     loaded = open_model(resolve_model(model), quant=config.quant, dtype=config.dtype,
                         device=config.device, max_model_len=config.max_model_len)
     mc = loaded.config
-    context = min(mc.max_context, config.max_model_len or mc.max_context)
+    context = config.served_context(mc.max_context)
     budget = None
     if config.num_blocks is None:
         # NOTE: a --kv-cache-fraction is of the memory left after the weights
@@ -94,7 +94,9 @@ def describe(engine: AsyncEngine) -> list[str]:
             if engine.load_s is not None and engine.rss_at_load is not None else [])
     return [f"model: {src.path}{origin} [{src.kind}]", *took] + [
         f"architecture {mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
-        f"stored {engine.loaded.quantization}, context {engine.context_length}",
+        f"stored {engine.loaded.quantization}, context {engine.context_length}"
+        + (f" (--max-model-len {engine.context_capped_from} capped to the model's "
+           f"{mc.max_context})" if engine.context_capped_from else ""),
         f"serving mode (--quant): {mode.name}, "
         f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
         f"{mode.numerics}",
@@ -118,6 +120,8 @@ def summary(engine: AsyncEngine) -> dict[str, str | int | float | bool]:
             "model_snapshot": engine.model_snapshot, "stored": engine.loaded.quantization,
             **engine.loaded.backend.summary(engine.loaded.model.kernels),
             "context": engine.context_length,
+            **({"context_capped_from": engine.context_capped_from}
+               if engine.context_capped_from else {}),
             "kv_cache_bytes": int(engine.runner.kv.nbytes),  # NOTE: reserved (as before)
             "kv_cache_reserved_bytes": int(engine.runner.kv.nbytes),
             "kv_cache_committed_bytes": engine._kv_committed(), "kv_cache_reason": engine.kv_reason,

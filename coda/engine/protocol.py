@@ -101,9 +101,13 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
-    def num_waiting(self) -> int:
-        """Accepted requests not yet generating: cheap, non-blocking, callable on the server's
-        event loop (admission's bounded queue, 429). ``stats()`` may block (a remote engine)."""
+    def num_queued(self, incoming: int = 0) -> int:
+        """How many of the accepted requests, with ``incoming`` new generation requests, would
+        wait for a batch slot: those past the slots free (``max_num_seqs`` − running), not
+        every request a step has yet to admit, so a burst that fits the free slots queues
+        nothing. An embedding queued for the engine thread waits whatever the slots. Cheap,
+        non-blocking, callable on the server's event loop (admission's bounded queue, 429,
+        docs/api.md "Overload"); ``stats()`` may block (a remote engine)."""
         ...
 
     def model_info(self) -> ModelInfo: ...

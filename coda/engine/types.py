@@ -146,7 +146,8 @@ class EngineConfig:
     ``max_num_seqs`` full contexts capped by ``memory_budget`` (weights + KV; ``"8GiB"``,
     ``"40%"``…; default half the memory available at start) less the weights
     (``coda/engine/kv_budget.py``). The cache is reserved, and committed as it is written.
-    ``max_model_len`` caps the context below the model's own; ``num_threads`` None keeps the
+    ``max_model_len`` caps the context below the model's own (one above it is capped to it,
+    with a warning at load: :meth:`served_context`); ``num_threads`` None keeps the
     runner's thread policy (``coda/engine/runner.py``).
 
     ``quant``: the serving mode (``coda/models/modes.py``; docs/quantization.md): ``"auto"``
@@ -195,6 +196,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check_counts(self)  # NOTE: raises EngineConfigError (a ValueError) naming the field
         _check_choices(self)
+
+    def served_context(self, model_context: int) -> int:
+        """The context served for a model of ``model_context`` tokens: ``max_model_len`` caps
+        it, never raises it (a larger one is capped, with a warning at load)."""
+        return min(model_context, self.max_model_len or model_context)
 
 
 @dataclass(frozen=True)

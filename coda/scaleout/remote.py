@@ -149,10 +149,17 @@ class RemoteEngine:
         out: list[float] = await self.replicas[idx].embed.remote(token_ids)
         return out
 
-    def num_waiting(self) -> int:
-        # NOTE: seen from the ingress: accepted, not closed, no delta yet (only seq 0, start)
-        return sum(1 for h in list(self._live.values())
-                   if not h.stream.closed and h.stream.last_seq < 1)
+    def num_queued(self, incoming: int = 0) -> int:
+        """Seen from the ingress: per replica, its requests not ended past its
+        ``max_num_seqs`` batch slots; ``incoming`` wait for what is past the slots free on
+        all of them (routing spreads them)."""
+        per = [0] * len(self.replicas)
+        for h in list(self._live.values()):
+            if not h.stream.closed and 0 <= h.replica < len(per):
+                per[h.replica] += 1
+        cap = self.config.max_num_seqs
+        free = sum(max(0, cap - n) for n in per)
+        return sum(max(0, n - cap) for n in per) + max(0, incoming - free)
 
     def stats(self) -> EngineStats:
         parts: list[EngineStats] = [r.stats.remote().result(timeout_s=10) for r in self.replicas]

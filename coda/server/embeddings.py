@@ -108,9 +108,10 @@ def admit(st: ServerState) -> None:
     batch slot (it runs between two steps over a scratch cache sized for its input), so once
     admitted it is never preempted or starved of blocks. Its inputs then run one at a time,
     each queued once the one before has run (they interleave with decode steps); a queued
-    one counts as waiting (:meth:`coda.engine.async_engine.AsyncEngine.num_waiting`; with
-    several models or replicas, the front's count holds generation requests only)."""
-    st.admit(1, "embedding call")
+    one counts as waiting whatever the batch slots free
+    (:meth:`coda.engine.async_engine.AsyncEngine.num_queued`; with several models or replicas,
+    the front's count holds generation requests only)."""
+    st.admit(1, "embedding call", takes_slot=False)
 
 
 async def embed_all(st: ServerState, inputs: list[list[int]]) -> list[list[float]]:

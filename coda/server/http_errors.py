@@ -83,13 +83,20 @@ def error_payload(protocol: Protocol, status: int, message: str, *, param: str |
         kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
                                     "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    # NOTE: a 429 (overloaded, docs/api.md "Overload") is no fault of the request: OpenAI's
+    # own overloaded 429 ("The server is currently overloaded with other requests") carries
+    # server_error, as its 5xx do
+    kind = "invalid_request_error" if status < 500 and status != 429 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def error_response(protocol: Protocol, status: int, message: str, *, param: str | None = None,
                    code: str | None = None, headers: dict[str, str] | None = None
                    ) -> JSONResponse:
+    if protocol == "ollama" and status == 429:
+        # NOTE: Ollama's own full queue (OLLAMA_MAX_QUEUE) answers 503 "server busy, please
+        # try again": what a client written against Ollama handles (it never sends a 429)
+        status = 503
     payload = error_payload(protocol, status, message, param=param, code=code)
     if protocol == "anthropic":  # NOTE: one id, in the body and the header (module doc)
         rid = (headers or {}).get("request-id") or fresh_request_id()

@@ -239,10 +239,17 @@ class ModelRouter:
         handle = self._handles.get(request_id)
         return handle.cancel(cause) if handle is not None else False
 
-    def num_waiting(self) -> int:
-        # NOTE: cheap, from the server's side: accepted, not ended, no delta yet
-        return sum(1 for h in list(self._handles.values())
-                   if not h.stream.closed and h.stream.last_seq < 1)
+    def num_queued(self, incoming: int = 0) -> int:
+        """Cheap, from the server's side: per model, its requests not ended (``incoming``
+        more on the selected one) past its ``max_num_seqs`` batch slots: waiting minus the
+        slots free is open minus the slots, whatever has started (a model not loaded yet
+        starts that many at once when it is)."""
+        open_per: dict[str, int] = {s.name: 0 for s in self.slots}
+        for h in list(self._handles.values()):
+            if not h.stream.closed:
+                open_per[h.slot.name] = open_per.get(h.slot.name, 0) + 1
+        open_per[self._slot().name] += incoming
+        return sum(max(0, n - self.config.max_num_seqs) for n in open_per.values())
 
     def stats(self) -> EngineStats:
         """Summed over the loaded models (blocking: one call to each worker)."""

@@ -107,7 +107,7 @@ def describe(spec: ModelSpec, config: EngineConfig) -> ModelSlot:
         weights = sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
         stored = mc.torch_dtype
     name = spec.name or source.name
-    context = min(mc.max_context, config.max_model_len or mc.max_context)
+    context = config.served_context(mc.max_context)
     cfg = replace(config, served_model_name=name)
     info = ModelInfo(name, context, bundle.eos_token_ids, architecture=mc.arch,
                      parameters=mc.num_parameters, quantization=stored)

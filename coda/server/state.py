@@ -37,8 +37,8 @@ class ServerSettings:
     ``write_timeout_s``: the longest one SSE write may block on a client that stopped reading;
     past it the client is treated as disconnected (P4, issue 14).
     ``max_body_bytes``: larger request bodies get 413 before they are parsed.
-    ``max_waiting``: engine requests allowed to wait for a batch slot; past it a request gets
-    429 with ``Retry-After: retry_after_s`` (None: unbounded).
+    ``max_waiting``: engine requests allowed to wait for a batch slot (those past the slots
+    free); past it a request gets 429 with ``Retry-After: retry_after_s`` (None: unbounded).
     """
 
     keepalive_s: float = 5.0
@@ -56,7 +56,7 @@ class ServerSettings:
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
         if self.max_waiting is not None and self.max_waiting < 1:
-            # NOTE: a request counts as waiting until a step admits it, so 0 would refuse all
+            # NOTE: the bound is also the most generations one request may ask for: 0 refuses all
             raise ValueError("max_waiting must be >= 1 (or None)")
         if not self.keepalive_s > 0:
             raise ValueError("keepalive_s must be > 0")
@@ -182,12 +182,14 @@ class ServerState:
             log.info("request submitted", extra={"request_id": h.request_id})
         return handles
 
-    def admit(self, incoming: int, what: str = "generations (prompts x n)") -> None:
+    def admit(self, incoming: int, what: str = "generations (prompts x n)",
+              takes_slot: bool = True) -> None:
         """The admission rule for ``incoming`` new engine requests (docs/api.md, "Overload"):
         503 while shutting down; a bounded waiting queue: past ``max_waiting`` a request gets
         429 + Retry-After, a batch larger than the bound itself a 400 (naming ``what`` it asks
         for). Every engine request a route submits passes here first (a prompt-scoring one
-        too, coda.server.echo; each input of an embedding, coda.server.embeddings)."""
+        too, coda.server.echo; an embedding call, coda.server.embeddings, which holds no batch
+        slot: ``takes_slot`` False)."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
         bound = self.settings.max_waiting
@@ -200,10 +202,15 @@ class ServerState:
             raise ApiError(400, f"this request asks for {incoming} {what}, "
                                 f"more than the {bound} the server lets wait (--max-waiting); "
                                 "send fewer at a time", code="invalid_request")
-        waiting = self.engine.num_waiting()
-        if waiting + incoming > bound:
-            raise ApiError(429, f"server overloaded: {waiting} requests are waiting "
-                                f"(bound {bound}); retry later", code="overloaded",
+        # NOTE: only what no free batch slot takes waits: a burst on an idle server of
+        # max_num_seqs + max_waiting requests is all accepted, though no step admitted any yet
+        # (an embedding takes no slot: it waits whatever they are)
+        queued = (self.engine.num_queued(incoming) if takes_slot
+                  else self.engine.num_queued() + incoming)
+        if queued > bound:
+            raise ApiError(429, f"server overloaded: {self.engine.num_queued()} requests are "
+                                f"waiting for a batch slot (bound {bound}); "
+                                "retry later", code="overloaded",
                            headers={"retry-after": str(self.settings.retry_after_s)})
 
     def cancel_all(self, cause: CancelCause = CancelCause.SHUTDOWN) -> int:

@@ -422,3 +422,30 @@ def test_l7_o1_birth_rows_are_written_ahead_of_the_first_row_not_at_construction
     with pytest.raises(DoubleRelease):
         Lifecycle("x", None, {ResourceKind.KV_CACHE: lambda: None}).acquire(
             ResourceKind.KV_CACHE, lambda: None)
+
+
+def test_t4_l7_lifecycle_preempt_and_reacquire_alternate_on_a_held_kv_cache() -> None:
+    """``Lifecycle.preempt`` / ``reacquire`` write the two rows only in turn and only while the
+    ``kv_cache`` resource is held (a preemption of no cache, a resume without a preemption
+    or a second preemption raise); after the terminal they write nothing; the resource's own
+    rows stay one acquisition and one release (L7)."""
+    sink = ListTraceSink()
+    lc = Lifecycle("r", TraceHandle(sink, "r"))
+    with pytest.raises(IllegalTransition):
+        lc.preempt({"t": 0})
+    lc.acquire(ResourceKind.KV_CACHE, lambda: None)
+    with pytest.raises(IllegalTransition):
+        lc.reacquire({"t": 0})
+    assert lc.preempt({"t": 0}) and lc.preempted
+    with pytest.raises(IllegalTransition):
+        lc.preempt({"t": 0})
+    assert lc.reacquire({"t": 0, "recompute": 3, "cached": 0}) and not lc.preempted
+    lc.transition(State.QUEUED)
+    assert lc.terminate(State.FAILED, lambda: None)
+    assert lc.preempt({"t": 0}) is False
+    lc.release(ResourceKind.KV_CACHE)
+    assert [e.kind for e in sink.events] == [
+        tr.RESOURCE_ACQUIRED, tr.KV_PREEMPTED, tr.KV_REACQUIRED, tr.LIFECYCLE, tr.LIFECYCLE,
+        tr.RESOURCE_RELEASED]
+    assert sink.events[1].data == {"t": 0} and sink.events[2].data == {
+        "t": 0, "recompute": 3, "cached": 0}

@@ -159,31 +159,3 @@ def test_t4_o1_checker_rejects_a_broken_preemption_sequence(
     for name, broken, said in _broken(rows):
         problems = check_trace(broken)
         assert any(said in p for p in problems), (name, problems)
-
-
-def test_t4_l7_lifecycle_preempt_and_reacquire_alternate_on_a_held_kv_cache() -> None:
-    """``Lifecycle.preempt`` / ``reacquire`` write the two rows only in turn and only while the
-    ``kv_cache`` resource is held (a preemption of no cache, a resume without a preemption
-    or a second preemption raise); after the terminal they write nothing; the resource's own
-    rows stay one acquisition and one release (L7)."""
-    from coda.lifecycle import IllegalTransition, Lifecycle, ResourceKind, State
-    from coda.trace import ListTraceSink, TraceHandle
-
-    sink = ListTraceSink()
-    lc = Lifecycle("r", TraceHandle(sink, "r"))
-    with pytest.raises(IllegalTransition):
-        lc.preempt({"t": 0})
-    lc.acquire(ResourceKind.KV_CACHE, lambda: None)
-    with pytest.raises(IllegalTransition):
-        lc.reacquire({"t": 0})
-    assert lc.preempt({"t": 0}) and lc.preempted
-    with pytest.raises(IllegalTransition):
-        lc.preempt({"t": 0})
-    assert lc.reacquire({"t": 0, "recompute": 3, "cached": 0}) and not lc.preempted
-    lc.transition(State.QUEUED)
-    assert lc.terminate(State.FAILED, lambda: None)
-    assert lc.preempt({"t": 0}) is False
-    lc.release(ResourceKind.KV_CACHE)
-    assert [e.kind for e in sink.events] == [
-        tr.RESOURCE_ACQUIRED, tr.KV_PREEMPTED, tr.KV_REACQUIRED, tr.LIFECYCLE, tr.LIFECYCLE,
-        tr.RESOURCE_RELEASED]

@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from coda import trace as tr
-from coda.trace import TraceEvent, check_trace
+from coda.trace import TraceEvent, check_trace, served_rows
 from tests.conftest import LiveServer
 
 
@@ -45,12 +45,13 @@ def traced(smollm_gguf: Path) -> Iterator[tuple[LiveServer, Any]]:
 
 
 def _rows(live: LiveServer, request_id: str) -> list[TraceEvent]:
-    """The request's rows as the endpoint serves them, back in the checker's form."""
-    body = httpx.get(f"{live.url}/v1/traces/{request_id}", timeout=30).json()
-    assert body["dropped_rows"] == 0
-    return [TraceEvent(request_id, row["kind"],
-                       {k: v for k, v in row.items() if k not in ("kind", "t_ms")},
-                       round(row["t_ms"] * 1e6)) for row in body["rows"]]
+    """The request's rows as the endpoint serves them, read back by the product's reader
+    (coda.trace.served_rows, what ``coda trace check`` runs on a saved answer)."""
+    resp = httpx.get(f"{live.url}/v1/traces/{request_id}", timeout=30)
+    assert resp.json()["dropped_rows"] == 0
+    rows = served_rows(resp.text)
+    assert rows is not None
+    return rows
 
 
 def _chat(live: LiveServer, **extra: Any) -> tuple[str, Any]:

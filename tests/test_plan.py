@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from coda.engine.plan import NO_LIMIT, ModelLimits, claimed_tokens, plan_request
+from coda.engine.plan import NO_LIMIT, ModelLimits, claimed_tokens, fits_context, plan_request
 from coda.engine.types import GenerationRequest
 from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.finish import FinishReason
@@ -46,6 +46,10 @@ def oracle(prompt_len: int, asked: int | None, default: int | None,
 @settings(deadline=None, max_examples=examples(300))
 @given(prompt_len=st.integers(1, 70), asked=st.none() | st.integers(-2, 80),
        default=st.none() | st.integers(1, 80), min_tokens=st.integers(0, 80))
+@example(prompt_len=64, asked=0, default=None, min_tokens=0)  # NOTE: scoring fills the context
+@example(prompt_len=64, asked=1, default=None, min_tokens=0)
+@example(prompt_len=64, asked=None, default=None, min_tokens=0)
+@example(prompt_len=65, asked=0, default=None, min_tokens=0)
 def test_l4_budget_matches_oracle(prompt_len: int, asked: int | None,
                                   default: int | None, min_tokens: int) -> None:
     """L4: one derivation of max_tokens (the engine's default from its limits); a context-bound
@@ -67,6 +71,30 @@ def test_l4_budget_matches_oracle(prompt_len: int, asked: int | None,
     assert isinstance(plan, OutputSpec)  # NOTE: the plan is its per-token rules (one object)
     assert plan.budget_end is (FinishReason.CONTEXT_LIMIT if context_bound
                                else FinishReason.MAX_OUTPUT_TOKENS)
+
+
+@settings(deadline=None, max_examples=examples(200))
+@given(prompt_len=st.integers(1, 70), asked=st.none() | st.integers(-2, 80))
+@example(prompt_len=64, asked=0)
+@example(prompt_len=64, asked=1)
+@example(prompt_len=65, asked=0)
+@example(prompt_len=63, asked=1)
+@example(prompt_len=63, asked=2)
+def test_l4_fits_context_is_the_plans_context_rule(prompt_len: int, asked: int | None) -> None:
+    """L4: ``fits_context`` (what Responses ``truncation: "auto"`` cuts by) admits exactly the
+    prompts and budgets the plan does not refuse for the context: room after the prompt, an
+    asked budget within it, and a scoring request (``max_tokens: 0``) filling it whole."""
+    req = GenerationRequest(tuple([5] * prompt_len), max_tokens=asked)
+    try:
+        plan_request(req, LIMITS)
+        refused = False
+    except ContextLengthExceededError:
+        refused = True
+    except InvalidRequestError:
+        return  # NOTE: refused for another rule (a negative budget), which fits_context leaves
+    assert fits_context(prompt_len, asked, LIMITS.context_length) is not refused
+    # NOTE: a budget that is no integer is the plan's own 400, never a cut
+    assert fits_context(prompt_len, "16", LIMITS.context_length) is (prompt_len < 64)  # type: ignore[arg-type]
 
 
 def test_claimed_tokens_is_the_asked_budget_else_the_default() -> None:

@@ -21,8 +21,9 @@ import openai
 import pytest
 
 from coda import trace as tr
-from coda.trace import TraceEvent, check_trace, served_rows
+from coda.trace import TraceEvent, check_trace
 from tests.conftest import LiveServer
+from tests.trace_support import served_trace
 
 CROWD = 8
 _MODEL_ROWS = (tr.TOKEN_SELECTED, tr.DECODE_STARTED, tr.DECODE_COMPLETED, tr.PREFILL_COMPLETED)
@@ -61,21 +62,12 @@ def crowd(smollm_gguf: Path) -> Iterator[tuple[dict[str, list[TraceEvent]], floa
         metric = next(float(line.split()[-1]) for line in
                       httpx.get(f"{live.url}/metrics", timeout=30).text.splitlines()
                       if line.startswith("coda:num_preemptions"))
-        yield {rid: _rows(live, rid) for rid in ids}, metric, \
+        yield {rid: served_trace(live, rid) for rid in ids}, metric, \
             engine.stats().num_preemptions_total
     finally:
         live.stop()
         engine.shutdown()
 
-
-def _rows(live: LiveServer, request_id: str) -> list[TraceEvent]:
-    """The request's rows as the endpoint serves them, read back by the product's reader
-    (coda.trace.served_rows, what ``coda trace check`` runs on a saved answer)."""
-    resp = httpx.get(f"{live.url}/v1/traces/{request_id}", timeout=30)
-    assert resp.json()["dropped_rows"] == 0
-    rows = served_rows(resp.text)
-    assert rows is not None
-    return rows
 
 
 def _preempted(traces: dict[str, list[TraceEvent]]) -> list[list[TraceEvent]]:

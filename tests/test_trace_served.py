@@ -25,8 +25,9 @@ import openai
 import pytest
 
 from coda import trace as tr
-from coda.trace import TraceEvent, check_trace, served_rows
+from coda.trace import TraceEvent, check_trace
 from tests.conftest import LiveServer
+from tests.trace_support import served_trace
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +44,6 @@ def traced(smollm_gguf: Path) -> Iterator[tuple[LiveServer, Any]]:
     live.stop()
     engine.shutdown()
 
-
-def _rows(live: LiveServer, request_id: str) -> list[TraceEvent]:
-    """The request's rows as the endpoint serves them, read back by the product's reader
-    (coda.trace.served_rows, what ``coda trace check`` runs on a saved answer)."""
-    resp = httpx.get(f"{live.url}/v1/traces/{request_id}", timeout=30)
-    assert resp.json()["dropped_rows"] == 0
-    rows = served_rows(resp.text)
-    assert rows is not None
-    return rows
 
 
 def _chat(live: LiveServer, **extra: Any) -> tuple[str, Any]:
@@ -73,7 +65,7 @@ def test_l6_o1_an_output_without_bytes_still_has_its_returned_tokens_checked(
     eos = min(engine.eos_token_ids)
     rid, done = _chat(live, max_tokens=3, ignore_eos=True, logit_bias={str(eos): 100})
     assert done.choices[0].message.content == ""
-    rows = _rows(live, rid)
+    rows = served_trace(live, rid)
     usage = next(e for e in rows if e.kind == tr.TERMINAL).data["usage"]
     assert (usage["selected_tokens"], usage["returned_tokens"], usage["returned_bytes"]) == (3, 0, 0)
     assert not any(e.kind == tr.STOP_STATE for e in rows)
@@ -91,7 +83,7 @@ def test_l7_the_models_resources_are_acquired_together_at_admission(
     timestamps left in place) is L7: admission takes the three at once."""
     live, _ = traced
     rid, _ = _chat(live, max_tokens=2)
-    rows = _rows(live, rid)
+    rows = served_trace(live, rid)
     assert check_trace(rows) == []
     rng = next(i for i, e in enumerate(rows) if e.kind == tr.RESOURCE_ACQUIRED
                and e.data["resource"] == "rng_state")

@@ -98,3 +98,57 @@ def test_o1_a_row_without_ts_ns_reads_as_time_zero(tmp_path: Path) -> None:
     rows[1]["ts_ns"] = 0
     f.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     assert check_trace(read_jsonl(f)) == []
+
+
+def _served(rows: list[dict[str, object]], **extra: object) -> str:
+    return json.dumps({"request_id": "r", "dropped_rows": 0, "rows": rows, **extra})
+
+
+def test_o1_a_served_trace_reads_as_its_rows(tmp_path: Path) -> None:
+    """O1: a saved ``GET /v1/traces/{id}`` answer (one line or indented, leading blanks too)
+    reads as that request's rows: the kind, the row's fields but ``kind`` / ``t_ms``, and
+    ``ts_ns`` from ``t_ms`` (which keeps their order)."""
+    from coda.trace import served_rows
+
+    rows: list[dict[str, object]] = [{"kind": "request.arrived", "t_ms": 0.0},
+                                     {"kind": "token.selected", "t_ms": 1.5, "t": 0, "token": 7}]
+    want = [TraceEvent("r", "request.arrived", {}, 0),
+            TraceEvent("r", "token.selected", {"t": 0, "token": 7}, 1_500_000)]
+    assert served_rows(_served(rows)) == want
+    assert served_rows("\n  " + json.dumps(json.loads(_served(rows)), indent=2)) == want
+    f = tmp_path / "saved.json"
+    f.write_text(_served(rows), encoding="utf-8")
+    assert read_jsonl(f) == want
+
+
+@pytest.mark.parametrize("text", [
+    "", "[]", '"{"', "{", json.dumps({"request_id": "r", "kind": "x", "rows": []}),
+    json.dumps({"request_id": 3, "rows": []}), json.dumps({"request_id": "r", "rows": {}}),
+    json.dumps({"rows": []}), '{"request_id": "r", "rows": []}\n{"request_id": "r", "rows": []}',
+])
+def test_o1_what_is_no_served_trace_is_none(text: str) -> None:
+    """Anything but one served answer (a row, JSONL, a cut file, another document) is not
+    taken for one: None, and the line reader decides."""
+    from coda.trace import served_rows
+
+    assert served_rows(text) is None
+
+
+def test_o1_a_served_trace_with_a_bad_row_is_unreadable() -> None:
+    from coda.trace import served_rows
+
+    for row in ({"kind": "x"}, {"t_ms": 1.0}, {"kind": "x", "t_ms": "soon"}):
+        with pytest.raises(TraceReadError, match="no trace row"):
+            served_rows(_served([row]))
+
+
+def test_o1_only_the_last_line_can_be_cut(tmp_path: Path) -> None:
+    """A row that is no JSON before the last line is unreadable (it ends in a newline: no
+    writer was killed writing it), even when cut rows are tolerated."""
+    f = tmp_path / "t.jsonl"
+    rows = _rows(3)
+    f.write_text(rows[0] + "\n" + rows[1][:-7] + "\n" + rows[2] + "\n", encoding="utf-8")
+    cut: list[TraceReadError] = []
+    with pytest.raises(TraceReadError, match=r"^line 2: JSONDecodeError"):
+        read_jsonl(f, cut)
+    assert cut == []

@@ -13,6 +13,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from coda.errors import ErrorCode
+from coda.finish import FinishReason
+from coda.lifecycle import State
 from coda.stream import EventType, StreamEvent
 
 
@@ -145,3 +148,16 @@ def kill_session(sid: int) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return len(pids)
+
+
+def assert_ended_for_lost_ingress(log: Any, rid: str) -> None:
+    """L5: the request an ingress (``ingress-b``, 3 prompt tokens) left unclaimed when it died,
+    ended by a reaper once: no output, ``FAILED`` / ``transport_error`` naming the lost front
+    end, its prompt billed (``log``: a :class:`coda.durable.redis_log.RedisStreamLog`)."""
+    evs = log.read(rid)
+    assert [e.type for e in evs] == [EventType.START, EventType.TERMINAL]
+    term = evs[-1].terminal
+    assert term is not None
+    assert (term.state, term.finish_reason, term.error_code) == (
+        State.FAILED, FinishReason.TRANSPORT_ERROR, ErrorCode.TRANSPORT_ERROR)
+    assert "ingress-b" in (term.error_message or "") and term.usage.prompt_tokens == 3

@@ -26,13 +26,13 @@ import pytest
 from coda.durable.redis_log import RedisStreamLog
 from coda.durable.request_codec import encode_stored
 from coda.engine.types import GenerationRequest
-from coda.errors import ErrorCode
 from coda.finish import FinishReason, Usage
 from coda.lifecycle import State
 from coda.sampling import SamplingParams
 from coda.scaleout.adopt import Adopter, open_routed
-from coda.stream import EventType, RequestStream, Terminal
+from coda.stream import RequestStream, Terminal
 from tests.redis_support import RedisServer, running_redis
+from tests.scaleout_support import assert_ended_for_lost_ingress
 
 pytestmark = pytest.mark.timeout(120)
 LEASE_S = 0.6  # NOTE: the heartbeat (and its reaper) runs every 0.2 s
@@ -94,15 +94,6 @@ def _orphan(b: RedisStreamLog, request: bytes, model: str = "m") -> str:
     return rid
 
 
-def _transport_error(log: RedisStreamLog, rid: str) -> None:
-    evs = log.read(rid)
-    assert [e.type for e in evs] == [EventType.START, EventType.TERMINAL]
-    term = evs[-1].terminal
-    assert term is not None
-    assert (term.state, term.finish_reason, term.error_code) == (
-        State.FAILED, FinishReason.TRANSPORT_ERROR, ErrorCode.TRANSPORT_ERROR)
-    assert "ingress-b" in (term.error_message or "") and term.usage.prompt_tokens == 3
-
 
 def _planted(marker: Path) -> dict[str, bytes]:
     body = encode_stored(GenerationRequest((1, 2, 3)), time.time())
@@ -130,7 +121,7 @@ def test_a_stored_request_an_adopter_cannot_read_is_refused_and_ends_transport_e
     assert "term" not in a.meta(rid)  # NOTE: within the grace
     time.sleep(0.4)
     assert a.reap_orphans() == 1
-    _transport_error(a, rid)
+    assert_ended_for_lost_ingress(a, rid)
     assert not marker.exists() and engine.adopted == []
 
 
@@ -186,7 +177,7 @@ def test_a_meta_no_server_wrote_does_not_stop_the_heartbeat_l2(
         assert a.r.get(a._lease(a.server_id)) == a.fence.encode()
         assert a.read(plain)[-1].terminal is not None
         assert a.read(plain)[-1].terminal.state is State.CANCELLED  # type: ignore[union-attr]
-        _transport_error(a, bad_model)
+        assert_ended_for_lost_ingress(a, bad_model)
         assert "term" not in a.meta(bad_prompt)  # NOTE: logged and left, never guessed
     finally:
         a.stop(release=True)

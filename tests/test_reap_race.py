@@ -42,6 +42,7 @@ from coda.finish import CancelCause, FinishReason, Usage
 from coda.lifecycle import State
 from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
 from tests.redis_support import RedisServer, running_redis
+from tests.scaleout_support import assert_ended_for_lost_ingress
 
 pytestmark = pytest.mark.timeout(300)
 LEASE_S = 120.0  # NOTE: the live leases outlast the test; B's is deleted (SIGKILL)
@@ -304,10 +305,4 @@ def test_an_unadopted_detached_orphan_ends_transport_error_after_the_grace_l5(
     assert "orphan_ms" in idle.meta(rid)
     time.sleep(0.5)
     assert idle.reap_orphans() == 1 and idle.reap_orphans() == 0
-    evs = idle.read(rid)
-    assert [e.type for e in evs] == [EventType.START, EventType.TERMINAL]
-    term = evs[-1].terminal
-    assert term is not None
-    assert (term.state, term.finish_reason, term.error_code) == (
-        State.FAILED, FinishReason.TRANSPORT_ERROR, ErrorCode.TRANSPORT_ERROR)
-    assert "ingress-b" in (term.error_message or "") and term.usage.prompt_tokens == 3
+    assert_ended_for_lost_ingress(idle, rid)

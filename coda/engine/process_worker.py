@@ -301,8 +301,6 @@ def _embed(engine: Any, call_id: int, token_ids: list[int], send: Any) -> None:
 def _call(engine: Any, method: str, args: tuple[Any, ...]) -> Any:
     if method == "stats":
         return engine.stats()
-    if method == "num_waiting":
-        return engine.num_waiting()
     if method == "trace_rows":
         rows = getattr(engine.trace, "rows", None)
         found = rows(args[0]) if rows is not None else None

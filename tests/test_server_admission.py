@@ -145,41 +145,81 @@ def stream_gaps(url: str, out: dict[str, Any]) -> None:
     out["times"] = times
 
 
-def max_gap(times: list[float]) -> float:
-    return max(b - a for a, b in zip(times[1:], times[2:], strict=False))
-
-
-def test_hostile_bodies_do_not_stall_another_stream(guarded: LiveServer,
-                                                    server_settle: Any) -> None:
-    """While a stream runs, a 60 MB chunked body (413) and a 3 MB over-long prompt (400)
-    arrive; the stream's largest inter-token gap stays within 10x of its largest gap alone
-    (relative bound; before this change the prompt was tokenized on the event loop)."""
-    alone: dict[str, Any] = {}
-    base = 0.0
-    for _ in range(2):  # NOTE: the jitter of a shared CI machine, measured twice
-        stream_gaps(guarded.url, alone)
-        base = max(base, max_gap(alone["times"]))
-    server_settle()
-    # NOTE: built before the stream starts: the client shares the server's process and GIL
+def test_hostile_bodies_are_answered_while_a_stream_runs(guarded: LiveServer) -> None:
+    """E1: while a stream runs, a 60 MB chunked body (413) and a 3 MB over-long prompt (400)
+    get their answers, /health answers, and the stream still ends with every token
+    (the event loop's responsiveness itself is checked without a clock below)."""
     huge, long_prompt = big_body(60 << 20), big_body(3 << 20)
-    hostile: dict[str, Any] = {}
-    t = threading.Thread(target=stream_gaps, args=(guarded.url, hostile))
+    streamed: dict[str, Any] = {}
+    t = threading.Thread(target=stream_gaps, args=(guarded.url, streamed))
     t.start()
-    time.sleep(0.2)
-    statuses = []
-    statuses.append(httpx.post(guarded.url + "/v1/completions", content=chunks(huge, 1 << 20),
+    try:
+        statuses = [httpx.post(guarded.url + "/v1/completions", content=body,
                                headers={"content-type": "application/json"},
-                               timeout=120).status_code)
-    statuses.append(httpx.post(guarded.url + "/v1/completions", content=long_prompt,
-                               headers={"content-type": "application/json"},
-                               timeout=120).status_code)
-    health = httpx.get(guarded.url + "/health", timeout=5).status_code
-    hostile_done = time.perf_counter()
-    t.join(120)
+                               timeout=120).status_code
+                    for body in (chunks(huge, 1 << 20), long_prompt)]
+        health = httpx.get(guarded.url + "/health", timeout=30).status_code
+    finally:
+        t.join(120)
     assert statuses == [413, 400] and health == 200
-    times = hostile["times"]
-    assert times[-1] > hostile_done, "the stream must overlap the hostile requests"
-    assert max_gap(times) <= 10 * base, (max_gap(times), base)
+    assert len(streamed["times"]) == 400
+
+
+GATE = "tokenizer-gate"
+
+
+def _gated_bodies() -> list[tuple[str, dict[str, Any]]]:
+    say = [{"role": "user", "content": GATE}]
+    return [("/v1/completions", {"model": MODEL, "prompt": GATE, "max_tokens": 1}),
+            ("/v1/chat/completions", {"model": MODEL, "messages": say, "max_tokens": 1}),
+            ("/v1/messages", {"model": MODEL, "messages": say, "max_tokens": 1}),
+            ("/v1/responses", {"model": MODEL, "input": GATE, "max_output_tokens": 16}),
+            ("/api/chat", {"model": MODEL, "messages": say, "stream": False,
+                           "options": {"num_predict": 1}})]
+
+
+@pytest.mark.parametrize(("route", "body"), _gated_bodies(), ids=lambda v: str(v)[:20])
+def test_tokenizing_never_holds_the_event_loop(guarded: LiveServer, monkeypatch: Any,
+                                               route: str, body: dict[str, Any]) -> None:
+    """E1, L1: each protocol tokenizes a prompt off the event loop. The tokenizer is held
+    shut on this request's prompt; while it is held, another request's stream keeps
+    delivering tokens and /health answers (a tokenizer run on the loop would freeze both
+    until released: no clock decides, only whether they advance while it is held)."""
+    from coda.server.state import ServerState
+
+    entered, release = threading.Event(), threading.Event()
+    encode = ServerState.encode
+
+    def held_encode(self: ServerState, text: str, **kw: Any) -> list[int]:
+        if GATE in text:
+            entered.set()
+            release.wait(120)
+        return encode(self, text, **kw)
+
+    monkeypatch.setattr(ServerState, "encode", held_encode)
+    answer: dict[str, int] = {}
+
+    def send() -> None:
+        answer["status"] = httpx.post(guarded.url + route, json=body, timeout=180).status_code
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    reader: threading.Thread | None = None
+    try:
+        assert entered.wait(60), "the gated request never reached the tokenizer"
+        streamed: dict[str, Any] = {}
+        reader = threading.Thread(target=stream_gaps, args=(guarded.url, streamed))
+        reader.start()
+        reader.join(90)  # NOTE: only a liveness bound; a frozen loop never ends the stream
+        ended = not reader.is_alive()
+        health = httpx.get(guarded.url + "/health", timeout=30).status_code if ended else None
+    finally:
+        release.set()
+        sender.join(120)
+        if reader is not None:
+            reader.join(120)
+    assert ended and len(streamed["times"]) == 400 and health == 200
+    assert answer["status"] == 200
 
 
 def test_429_with_retry_after_past_the_waiting_bound(server_checkpoint: Path) -> None:

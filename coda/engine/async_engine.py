@@ -5,15 +5,14 @@ The batch loop (:class:`~coda.engine.core.EngineCore`) runs on one daemon thread
 validates synchronously (typed errors, nothing queued on failure) and returns a
 :class:`RequestHandle` at once; its stream is the sequence-numbered log every reader replays.
 What the engine is built with is derived in :mod:`coda.engine.engine_load`, what it says about
-itself is :mod:`coda.engine.engine_report`, and its thread's start, shutdown and queued calls
-(embeddings) are :mod:`coda.engine.engine_thread`.
+itself is :mod:`coda.engine.engine_report`, and its thread (start, loop, queued calls such as
+embeddings, shutdown) is :mod:`coda.engine.engine_thread`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import threading
 import time
 from collections import deque
@@ -39,12 +38,7 @@ from coda.engine.plan import ModelLimits, RequestPlan, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo, RequestHandle
 from coda.engine.runner import ModelRunner
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.errors import (
-    DuplicateRequestIdError,
-    EngineNotStartedError,
-    EngineShutdownError,
-    InvalidRequestError,
-)
+from coda.errors import DuplicateRequestIdError, EngineNotStartedError, EngineShutdownError
 from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key
@@ -52,9 +46,6 @@ from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.reader import follow
 from coda.stream import StreamEvent
 from coda.trace import TraceSink
-from coda.wakeup import CHANNEL
-
-log = logging.getLogger("coda.engine")
 
 # NOTE: a request checked by ``submit``: its plan, compiled grammar, closer and early stop
 _Checked = tuple[RequestPlan, GrammarMatcher | None, BudgetCloser | None,
@@ -309,60 +300,7 @@ class AsyncEngine:
         """The engine's gauges now (coda.engine.engine_report)."""
         return engine_report.stats(self)
 
-    # -- the engine thread -----------------------------------------------------------------
+    # -- the engine thread (coda.engine.engine_thread) ---------------------------------------
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
-
-    def _loop(self) -> None:
-        checked = True  # NOTE: nothing has run yet
-        while True:
-            if not checked and not self.core.has_work:
-                self._check_when_idle()  # NOTE: once per busy -> idle transition
-                checked = True
-            with self._cond:
-                while (not self._stopping and not self._inbox and not self._calls
-                       and not self.core.has_work):
-                    self._cond.wait(0.5)
-                if self._stopping:
-                    return
-                incoming = list(self._inbox)
-                self._inbox.clear()
-            checked = False
-            if self._calls:  # NOTE: a request never enters coda.engine.engine_thread
-                engine_thread.run_calls(self)
-            for ereq in incoming:
-                self._admit(ereq)
-            try:
-                self.stepping = True
-                try:
-                    ran = self.core.step()
-                finally:
-                    self.stepping = False
-                    self.steps += 1
-                    CHANNEL.post(self, self.steps)  # NOTE: one dict lookup if nobody listens
-                if ran == 0:
-                    with self._cond:  # nothing runnable (paused / out of blocks): don't spin
-                        self._cond.wait(0.005)
-            except Exception as exc:  # a bug in the engine itself: fail everyone, keep serving
-                log.exception("engine step failed")
-                self.step_error = exc
-                self.core.abort_all(CancelCause.SHUTDOWN)
-
-    def _check_when_idle(self) -> None:
-        """The block manager's bookkeeping invariants, checked each time the engine goes idle
-        (every block free or cached, no owner left): O(blocks), only when nothing runs.
-        A failure is logged and counted, never raised into the loop (issue 11 item 5)."""
-        self.idle_checks += 1
-        try:
-            self.core.scheduler.block_manager.check_integrity()
-        except Exception as exc:
-            # NOTE: logged before it is counted: whoever waits on the count finds the log
-            log.error("KV cache integrity check failed while idle: %s", exc)
-            self.idle_check_failures += 1
-
-    def _admit(self, ereq: EngineRequest) -> None:
-        try:
-            self.core.add(ereq)
-        except InvalidRequestError as exc:
-            ereq.fail(exc)

@@ -3,7 +3,8 @@
 
 ``check_trace(events)`` returns one message per violation, each naming its rule; an empty list
 means the engine (or the reference loop) could have written the trace (the rules are split
-over :mod:`coda.trace_rules`, :mod:`coda.trace_output` and :mod:`coda.trace_terminal`). It is
+over :mod:`coda.trace_rules`, :mod:`coda.trace_steps`, :mod:`coda.trace_output`,
+:mod:`coda.trace_preempt` and :mod:`coda.trace_terminal`). It is
 the oracle of the trace corpus (``tests/test_trace_corpus.py``): every generated corruption
 of a real trace that no run could have produced must be rejected. The rules, per request:
 
@@ -17,7 +18,7 @@ of a real trace that no run could have produced must be rejected. The rules, per
 - T1/T2/G1 steps: ``token.selected`` t = 1, 2, ... only while DECODING and when every earlier
   token was decoded; ``decode.started``/``decode.completed`` of the last selected token, cache
   length = prompt + t; an ending decided by a token (eos, stop, length, grammar) drains in that
-  token's step, with no decode after it.
+  token's step, with no decode after it (:mod:`coda.trace_steps`).
 - S2/S3/K2 output: ``stop.state``, ``stream.delta`` and ``stop.hit`` only in a token's step or
   the drain; the string matcher's held bytes are exactly the unsent ones; nothing after a hit;
   a normal end sends everything (minus a dropped incomplete tail, K3).
@@ -53,11 +54,20 @@ from coda.trace_preempt import check_step_row, on_preempted, on_reacquired
 from coda.trace_route import check_routes
 from coda.trace_rules import (
     CANCEL_CAUSES,
-    FAILURE_DECISIONS,
     NEXT_STATES,
     REASON_NAMES,
     STATE_NAMES,
     Request,
+)
+from coda.trace_steps import (
+    on_decode_completed,
+    on_decode_started,
+    on_error,
+    on_grammar_forced_close,
+    on_prefill_completed,
+    on_prefill_started,
+    on_speculative_verify,
+    on_token_selected,
 )
 from coda.trace_terminal import check_terminal
 
@@ -153,120 +163,30 @@ class _Walk:
             r.drain_after_token = r.step_was_open
         r.state = to
 
-    # -- prefill, steps ----------------------------------------------------------------------
+    # -- prefill, steps (coda.trace_steps) --------------------------------------------------
     def _prefill_started(self, ev: tr.TraceEvent) -> None:
-        r = self.r
-        if r.prefill is not None:
-            r.bad("T1", "a second prefill.started")
-        r.prefill = ev
-        if r.prev_transition_to() != "PREFILLING":
-            r.bad("L1", "prefill.started not at the PREFILLING transition")
+        on_prefill_started(self.r, ev)
 
     def _prefill_completed(self, ev: tr.TraceEvent) -> None:
-        r = self.r
-        r.reach_safe_point()
-        if r.prefill_done is not None:
-            r.bad("T1", "a second prefill.completed")
-        r.prefill_done = ev
-        if r.prev_transition_to() != "DECODING":
-            r.bad("T1", "prefill.completed not at the DECODING transition")
-        if r.prefill is not None and ev.data.get("cache_len") != r.prefill.data.get("tokens"):
-            r.bad("T1", f"prefill cache length {ev.data.get('cache_len')} is not the prompt's "
-                        f"{r.prefill.data.get('tokens')}")
+        on_prefill_completed(self.r, ev)
 
     def _grammar_forced_close(self, ev: tr.TraceEvent) -> None:
-        r = self.r
-        nxt = r.next_row()
-        if r.state != "DECODING" or nxt is None or nxt.kind != tr.TOKEN_SELECTED:
-            r.bad("G1", "grammar.forced_close not directly before the token it replaced")
-        elif ev.data.get("path_tokens") and nxt.data.get("token_id") == ev.data.get("rejected"):
-            r.bad("G1", "the forced token is the one the closing path rejected")
+        on_grammar_forced_close(self.r, ev)
 
     def _token_selected(self, ev: tr.TraceEvent) -> None:
-        r = self.r
-        t = ev.data.get("t")
-        if r.cancel_seen_at_safe_point:
-            r.bad("C1", "a cancel requested before this step's safe point, yet a token was "
-                        "selected (G1: cancel is checked before choose)")
-        if r.cancel_observed:
-            r.bad("C3", "token selected after cancel was observed")
-        if r.hit is not None:
-            r.bad("S3", "token selected after the stop hit")
-        if r.state != "DECODING":
-            r.bad("G1", f"token selected while {r.state}")
-        if r.selected != r.decoded:
-            r.bad("T1", f"token {t} selected before token {r.selected} was decoded")
-        prev = r.prev_kind()
-        if prev not in (tr.PREFILL_COMPLETED, tr.DECODE_COMPLETED, tr.GRAMMAR_FORCED):
-            r.bad("G1", f"token selected after {prev} (not at a step's choose)")
-        r.selected += 1
-        if t != r.selected:
-            r.bad("T1", f"token.selected t={t}, expected {r.selected}")
-        decision = ev.data.get("decision")
-        if isinstance(decision, dict) and "token_id" in decision and \
-                decision["token_id"] != ev.data.get("token_id"):
-            r.bad("O1", "token_id differs from its decision record's")
-        r.last_token_at = r.i
-        r.step_open = True
-        r.last_state = None
+        on_token_selected(self.r, ev)
 
     def _decode_started(self, ev: tr.TraceEvent) -> None:
-        r = self.r
-        if r.state != "DECODING" or r.cancel_observed:
-            r.bad("T2", f"decode.started while {r.state}")
-        if r.selected != r.decoded + 1 or ev.data.get("t") != r.selected:
-            r.bad("T1", f"decode.started t={ev.data.get('t')} with {r.selected} selected, "
-                        f"{r.decoded} decoded")
-        # NOTE: a forward that raised in the reference loop fails the run at once
-        if r.next_kind() not in (tr.DECODE_COMPLETED, tr.ERROR, tr.RESOURCE_RELEASED):
-            r.bad("T1", "decode.started without its decode.completed")
-        r.decode_open = ev
+        on_decode_started(self.r, ev)
 
     def _decode_completed(self, ev: tr.TraceEvent) -> None:
-        r = self.r
-        r.reach_safe_point()
-        started, r.decode_open = r.decode_open, None
-        if started is None or started.data.get("t") != ev.data.get("t"):
-            r.bad("T1", f"decode.completed t={ev.data.get('t')} without its decode.started")
-        r.decoded += 1
-        if r.decoded > r.selected:
-            r.bad("T1", f"decoded {r.decoded} exceeds selected {r.selected}")
-        prompt = r.prefill.data.get("tokens") if r.prefill is not None else None
-        if isinstance(prompt, int) and ev.data.get("cache_len") != prompt + r.decoded:
-            r.bad("T1", f"cache length {ev.data.get('cache_len')} after decoding token "
-                        f"{r.decoded} of a {prompt}-token prompt")
+        on_decode_completed(self.r, ev)
 
     def _speculative_verify(self, ev: tr.TraceEvent) -> None:
-        """Issue 21 (O1): a verification happens while DECODING, at the next token's choose,
-        and its counts add up."""
-        r, d = self.r, ev.data
-        if r.state != "DECODING" or d.get("t") != r.selected + 1:
-            r.bad("O1", f"speculative.verify t={d.get('t')} while {r.state} with "
-                        f"{r.selected} selected")
-        if d.get("drafted") != (d.get("accepted") or 0) + (d.get("rejected") or 0):
-            r.bad("O1", "speculative.verify: drafted != accepted + rejected")
+        on_speculative_verify(self.r, ev)
 
     def _error(self, ev: tr.TraceEvent) -> None:
-        r = self.r
-        if r.state not in ("PREFILLING", "DECODING", "CANCEL_REQUESTED") and \
-                not (r.state == "QUEUED" and r.prefill is None):
-            r.bad("G1", f"model error row while {r.state}")
-        if ev.data.get("committed_tokens") != r.selected:
-            r.bad("L6", f"error row commits {ev.data.get('committed_tokens')} tokens, "
-                        f"{r.selected} were selected")
-        retryable, decision = ev.data.get("retryable"), ev.data.get("decision")
-        if decision not in FAILURE_DECISIONS or retryable is not (decision == "retry-allowed"):
-            r.bad("D5", f"error row decides {decision!r} with retryable={retryable!r}")
-        prev = r.prev_kind()
-        # NOTE: a re-prefill after a preemption may fail too (T4)
-        if prev not in ((tr.DECODE_STARTED, tr.KV_REACQUIRED) if r.state == "DECODING"
-                        else (tr.PREFILL_STARTED, tr.ERROR, tr.KV_REACQUIRED)):
-            r.bad("G1", f"model error row after {prev}, not after its step's start")
-        # NOTE: a final error fails the request at once (its releases follow); a retried one
-        # leaves it running
-        if (r.next_kind() == tr.RESOURCE_RELEASED) is bool(retryable):
-            r.bad("D5", f"a {'retried' if retryable else 'final'} model error "
-                        f"{'ends' if retryable else 'does not end'} the request")
+        on_error(self.r, ev)
 
     # -- output ------------------------------------------------------------------------------
     def _stop_state(self, ev: tr.TraceEvent) -> None:

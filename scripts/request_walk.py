@@ -73,14 +73,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # while (a timer that may fire inside the measured window under load) and that build's thread.
 # Their calls are counted apart (``background_files``), so the request's own figures do not
 # move with the timing.
-BACKGROUND_CALLS = frozenset({"AsyncEngine._check_when_idle", "GrammarWarmupMiddleware._release"})
+# (``check_when_idle``: a function of coda.engine.engine_thread, matched by its name)
+BACKGROUND_CALLS = frozenset({"check_when_idle", "GrammarWarmupMiddleware._release"})
 BACKGROUND_THREADS = frozenset({"coda-grammar-tokenizer", "coda-torch-libs"})
 BUDGET_NAMES = ("max_tokens", "max_output_tokens", "max_completion_tokens", "max_new_tokens",
                 "max_tokens_field")
 
 
 def _method(frame: FrameType) -> str:
-    """``Class.method`` of a frame's code (its qualified name's last two parts)."""
+    """``Class.method`` of a frame's code (its qualified name's last two parts; a module
+    function's name alone)."""
     return ".".join(frame.f_code.co_qualname.split(".")[-2:])
 
 

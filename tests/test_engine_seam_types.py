@@ -18,7 +18,8 @@ import pytest
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.protocol import Engine, EngineHandle, ModelSelecting
 from coda.server.chat import render_chat
-from coda.server.model_router import ModelRouter, RoutedHandle
+from coda.server.model_dispatch import RoutedHandle
+from coda.server.model_router import ModelRouter
 from coda.server.state import ServerState, split_reasoning
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -114,8 +114,11 @@ BUDGET_LAYERS = {"wire": 5, "adapter": 6, "d1_policy": 2, "internal": 7}
 # (branch api-life) every route + 2: the engine's live request (engine/engine_request.py) and
 # the step's token choice (engine/core_choose.py), split off engine/core.py by size (the same
 # code; no call re-entry: the choice runs on the engine thread, the request is built once)
-ROUTE_FILES = {"openai": 49, "anthropic": 48, "responses": 50, "ollama-chat": 52,
-               "ollama-generate": 53}
+# (branch split1) every route + 1: the engine thread's loop (engine/engine_thread.py, with
+# its start, shutdown and queued calls) split off engine/async_engine.py by size (the same
+# code; the loop runs on the engine thread, so no body-path call re-entry)
+ROUTE_FILES = {"openai": 50, "anthropic": 49, "responses": 51, "ollama-chat": 53,
+               "ollama-generate": 54}
 # NOTE: work no request asked for that may overlap the measured one (the engine's idle
 # integrity check, the server's timed release of the grammar tokenizer build: a file more run
 # to run under load) is counted apart by the script (BACKGROUND_CALLS, ``background_files``),

@@ -4,63 +4,52 @@
 The batch loop (:class:`~coda.engine.core.EngineCore`) runs on one daemon thread. ``submit``
 validates synchronously (typed errors, nothing queued on failure) and returns a
 :class:`RequestHandle` at once; its stream is the sequence-numbered log every reader replays.
+What the engine is built with is derived in :mod:`coda.engine.engine_load`, what it says about
+itself is :mod:`coda.engine.engine_report`, and its thread (start, loop, queued calls such as
+embeddings, shutdown) is :mod:`coda.engine.engine_thread`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import itertools
-import logging
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 from coda.early_stop import EarlyStopController
+from coda.engine import engine_report, engine_thread
 from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore
-from coda.engine.draft import DRAFT_CONFIG, Drafter
-from coda.engine.engine_load import describe as describe_load
-from coda.engine.engine_load import load_parts
-from coda.engine.engine_load import summary as summarize_load
+from coda.engine.draft import Drafter
+from coda.engine.engine_load import (
+    build_scheduler,
+    load_parts,
+    served_context,
+    speculative_configs,
+    trace_sink,
+)
 from coda.engine.engine_request import EngineRequest
 from coda.engine.grammar import GrammarMatcher, GrammarWarmup
-from coda.engine.kv_cache import BlockManager
-from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, plan_request
+from coda.engine.plan import ModelLimits, RequestPlan, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo, RequestHandle
 from coda.engine.runner import ModelRunner
-from coda.engine.scheduler import Scheduler, SchedulerConfig
-from coda.engine.speculative import PREDICTION_PRIOR, SpeculativeConfig, refusal
-from coda.engine.types import EngineConfig, EngineConfigError, EngineStats, GenerationRequest
-from coda.engine.verify_costs import VerifyCosts
-from coda.errors import (
-    DuplicateRequestIdError,
-    EngineNotStartedError,
-    EngineShutdownError,
-    InvalidRequestError,
-)
+from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
+from coda.errors import DuplicateRequestIdError, EngineNotStartedError, EngineShutdownError
 from coda.finish import CancelCause
 from coda.models.source import DEFAULT_MODEL_DIR as DEFAULT_MODEL_DIR
 from coda.models.source import LoadedModel, model_key
 from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.reader import follow
 from coda.stream import StreamEvent
-from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
-from coda.wakeup import CHANNEL
-
-log = logging.getLogger("coda.engine")
-
+from coda.trace import TraceSink
 
 # NOTE: a request checked by ``submit``: its plan, compiled grammar, closer and early stop
 _Checked = tuple[RequestPlan, GrammarMatcher | None, BudgetCloser | None,
                  EarlyStopController | None]
-
-# NOTE: the logits of one step's prompt-scoring rows (echo, prompt logprobs), at most
-SCORING_LOGITS_BYTES = 64 << 20
 
 
 class AsyncEngine:
@@ -87,64 +76,24 @@ class AsyncEngine:
         # P1: the content identity of what produces the output (computed once, at load)
         self.identity = loaded.identity
         self.model_snapshot = self.identity.snapshot
-        mc = runner.config
-        context = config.served_context(mc.max_context)
-        # NOTE: past the model's own context --max-model-len is capped, not refused (one flag
-        # serves every model of a several-model server), and said: a warning and the summary
-        asked = config.max_model_len
-        self.context_capped_from: int | None = asked if asked and asked > context else None
-        if self.context_capped_from is not None:
-            log.warning(f"--max-model-len {asked} is more than the model's context of "
-                        f"{context} tokens: serving {context} ({loaded.source.name})")
-        capacity = runner.num_blocks * runner.block_size
-        # NOTE: a cache smaller than one full context lowers the served context (said at load),
-        # so every request the server accepts fits the cache alone and none waits forever
-        self.context_lowered_from: int | None = context if capacity < context else None
-        self.context_length: int = min(context, capacity)
+        # NOTE: --max-model-len capped to the model's context and the context lowered to the
+        # cache (issue 19 item 3), each None if not: said at load (coda.engine.engine_load)
+        self.context_length: int
+        self.context_capped_from: int | None
+        self.context_lowered_from: int | None
+        self.context_length, self.context_capped_from, self.context_lowered_from = \
+            served_context(loaded, runner, config)
         self.eos_token_ids: frozenset[int] = bundle.eos_token_ids
-        self.limits = ModelLimits(self.context_length, mc.vocab_size, self.eos_token_ids,
-                                  config.max_stop_strings, config.max_stop_string_bytes,
-                                  config.default_max_tokens)
-        invariant = loaded.mode.batch_invariant and runner.invariant_attention
-        why = refusal(config.speculative, invariant, loaded.mode.name)
-        if why is not None:  # NOTE: issue 21: said at start, nothing served inexactly
-            raise EngineConfigError(why, field="speculative")
-        if (config.speculative == "draft") != (drafter is not None):
-            raise EngineConfigError("--speculative draft runs with a loaded --draft-model, and "
-                                    "only then", field="draft_model")
+        self.limits = ModelLimits(self.context_length, runner.config.vocab_size,
+                                  self.eos_token_ids, config.max_stop_strings,
+                                  config.max_stop_string_bytes, config.default_max_tokens)
+        # NOTE: issue 21: a mode that cannot run exactly is refused here, before anything opens
+        self.speculative, self.predicted = speculative_configs(loaded, runner, config, drafter)
         self.drafter = drafter  # NOTE: issue 21 item 2 (coda.engine.draft)
-        # NOTE: prompt lookup prices k by this engine's measured batch-1 verifications, on the
-        # engine thread's CPU time on the CPU (coda.engine.verify_costs)
-        costs = VerifyCosts(SpeculativeConfig.k_max, SpeculativeConfig.step_rows,
-                            clock=time.thread_time if runner.device.type == "cpu"
-                            else time.monotonic)
-        self.speculative = (None if config.speculative == "off" else
-                            DRAFT_CONFIG if drafter is not None else SpeculativeConfig(costs=costs))
-        # NOTE: a chat prediction drafts wherever the mode verifies exactly, the flag or not
-        # (its own tokens too under prompt lookup); elsewhere it is only counted. Its k is
-        # priced by the measured forwards where the engine times them (the flag on), else by
-        # the row rule: a plain request never enters the timing (issue 22)
-        lookup = config.speculative == "prompt-lookup"
-        self.predicted = (SpeculativeConfig(costs=costs if lookup else None,
-                                            prior_accept=PREDICTION_PRIOR, lookup=lookup)
-                          if invariant else None)
         self.kv_reason = kv_reason
         self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
-        if trace is None:
-            trace = JsonlTraceSink(config.trace_path) if config.trace_path else NullTraceSink()
-            if config.recent_traces > 0:
-                trace = RecentTraceSink(config.recent_traces, inner=None if isinstance(
-                    trace, NullTraceSink) else trace)
-        self.trace = trace
-        blocks = BlockManager(runner.num_blocks, runner.block_size,
-                              enable_prefix_caching=config.enable_prefix_caching)
-        # NOTE: a step's prompt-scoring rows each hold a float32 vocabulary of logits: at most
-        # SCORING_LOGITS_BYTES of them (512 rows of a 262k vocabulary were 0.5 GB)
-        rows = max(16, SCORING_LOGITS_BYTES // (4 * runner.config.vocab_size))
-        sched = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                          config.long_prefill_chunk, config.enable_prefix_caching,
-                                          scoring_rows=min(rows, config.long_prefill_chunk)),
-                          blocks)
+        self.trace = trace = trace if trace is not None else trace_sink(config)
+        sched = build_scheduler(runner, config)
         self.core = EngineCore(runner, sched, self.tokenizer, trace,
                                max_forward_retries=config.max_forward_retries, drafter=drafter,
                                verify_costs=None if self.speculative is None
@@ -186,43 +135,21 @@ class AsyncEngine:
 
     def describe(self) -> list[str]:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
-        return describe_load(self)
+        return engine_report.describe(self)
 
     def load_summary(self) -> dict[str, str | int | float | bool]:
         """What was loaded as one flat record (``coda serve`` logs it as one JSON line, O1)."""
-        return summarize_load(self)
+        return engine_report.summary(self)
 
     # -- lifecycle of the engine itself ----------------------------------------------------
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="coda-engine", daemon=True)
-        self._thread.start()
-        # NOTE: an engine still started at interpreter exit (no shutdown, no `with`) is shut
-        # down then, while its thread still runs: left to finalization, the daemon thread was
-        # stopped mid-step inside torch's C++ and the process aborted (SIGABRT, exit 134,
-        # "terminate called without an active exception"); now its requests end CANCELLED
-        self._at_exit = _shutdown_at_exit(weakref.ref(self))
-        atexit.register(self._at_exit)
-        # NOTE: llguidance is imported by the build, on its thread, not here
-        from coda.engine.grammar import warm_ll_tokenizer
-
-        # NOTE: the grammar tokenizer, built off the request path (coda.engine.grammar)
-        self.grammar_warmup = warm_ll_tokenizer(self.tokenizer, self.eos_token_ids,
-                                                self.model_name)
+        """Start the engine thread (once), with an at-exit shutdown and the grammar
+        tokenizer's build (coda.engine.engine_thread)."""
+        engine_thread.start(self)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """End every in-flight request with a terminal event (cancelled, cause shutdown)."""
-        if self._at_exit is not None:
-            atexit.unregister(self._at_exit)
-            self._at_exit = None
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-        self._abort_everything()
+        engine_thread.shutdown(self, timeout)
 
     def __enter__(self) -> AsyncEngine:
         self.start()
@@ -282,36 +209,12 @@ class AsyncEngine:
         """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state,
         :meth:`ModelRunner.embed`) to run on the engine thread between two steps; raises
         InvalidRequestError (field ``input``) on an empty, too long or out-of-vocabulary
-        input, EngineNotStartedError before :meth:`start`."""
-        ids = list(token_ids)
-        check_embedding_input(ids, self.context_length, self.limits.vocab_size)
-        fut: Future[list[float]] = Future()
-        with self._cond:
-            if self._stopping:
-                raise EngineShutdownError("the engine is shutting down")
-            if self._thread is None:
-                raise EngineNotStartedError("the engine is not started: call engine.start() "
-                                            "(or use `with engine:`) before embed")
-            self._calls.append((lambda: self.runner.embed(ids), fut))
-            self._cond.notify_all()
-        return fut
+        input, EngineNotStartedError before :meth:`start` (coda.engine.engine_thread)."""
+        return engine_thread.embed_future(self, token_ids)
 
     async def embed(self, token_ids: list[int]) -> list[float]:
         """:meth:`embed_future`, awaited (the :class:`~coda.engine.protocol.Engine` seam)."""
         return await asyncio.wrap_future(self.embed_future(token_ids))
-
-    def _run_calls(self) -> None:
-        while True:
-            with self._cond:
-                if not self._calls:
-                    return
-                fn, fut = self._calls.popleft()
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except Exception as exc:  # NOTE: the caller's error, never the engine loop's
-                fut.set_exception(exc)
 
     def _refuse_live(self, ids: list[str]) -> None:
         """DuplicateRequestIdError for an id of a request still running here (or twice in
@@ -355,10 +258,8 @@ class AsyncEngine:
         return handle.cancel(cause) if handle is not None else False
 
     def model_info(self) -> ModelInfo:
-        mc = self.runner.config
-        return ModelInfo(self.model_name, self.context_length, self.eos_token_ids,
-                         architecture=mc.arch, parameters=mc.num_parameters,
-                         quantization=self.loaded.quantization)
+        """The served model's card (coda.engine.engine_report)."""
+        return engine_report.model_info(self)
 
     def _grammar(self, plan: RequestPlan) -> GrammarMatcher | None:
         if plan.grammar is None:
@@ -396,102 +297,10 @@ class AsyncEngine:
         return len(self._calls) + max(0, pending - free)
 
     def stats(self) -> EngineStats:
-        bm = self.core.scheduler.block_manager
-        return EngineStats(
-            num_running=self.core.scheduler.num_running,
-            num_waiting=self.num_waiting(),
-            kv_cache_usage=bm.usage, num_blocks=bm.num_blocks,
-            num_free_blocks=bm.num_free_blocks, num_requests_total=self.num_requests_total,
-            num_preemptions_total=self.core.num_preemptions_total,
-            kv_cache_reserved_bytes=int(self.runner.kv.nbytes),
-            kv_cache_committed_bytes=self._kv_committed())
+        """The engine's gauges now (coda.engine.engine_report)."""
+        return engine_report.stats(self)
 
-    def _kv_committed(self) -> int:
-        """KV bytes ever written: the touched blocks' share of the reservation (the blocks
-        are taken lowest id first, so they are a prefix of every K/V plane)."""
-        bm = self.core.scheduler.block_manager
-        return int(self.runner.kv.nbytes) * bm.num_touched_blocks // bm.num_blocks
-
-    # -- the engine thread -----------------------------------------------------------------
+    # -- the engine thread (coda.engine.engine_thread) ---------------------------------------
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
-
-    def _loop(self) -> None:
-        checked = True  # NOTE: nothing has run yet
-        while True:
-            if not checked and not self.core.has_work:
-                self._check_when_idle()  # NOTE: once per busy -> idle transition
-                checked = True
-            with self._cond:
-                while (not self._stopping and not self._inbox and not self._calls
-                       and not self.core.has_work):
-                    self._cond.wait(0.5)
-                if self._stopping:
-                    return
-                incoming = list(self._inbox)
-                self._inbox.clear()
-            checked = False
-            self._run_calls()
-            for ereq in incoming:
-                self._admit(ereq)
-            try:
-                self.stepping = True
-                try:
-                    ran = self.core.step()
-                finally:
-                    self.stepping = False
-                    self.steps += 1
-                    CHANNEL.post(self, self.steps)  # NOTE: one dict lookup if nobody listens
-                if ran == 0:
-                    with self._cond:  # nothing runnable (paused / out of blocks): don't spin
-                        self._cond.wait(0.005)
-            except Exception as exc:  # a bug in the engine itself: fail everyone, keep serving
-                log.exception("engine step failed")
-                self.step_error = exc
-                self.core.abort_all(CancelCause.SHUTDOWN)
-
-    def _check_when_idle(self) -> None:
-        """The block manager's bookkeeping invariants, checked each time the engine goes idle
-        (every block free or cached, no owner left): O(blocks), only when nothing runs.
-        A failure is logged and counted, never raised into the loop (issue 11 item 5)."""
-        self.idle_checks += 1
-        try:
-            self.core.scheduler.block_manager.check_integrity()
-        except Exception as exc:
-            # NOTE: logged before it is counted: whoever waits on the count finds the log
-            log.error("KV cache integrity check failed while idle: %s", exc)
-            self.idle_check_failures += 1
-
-    def _admit(self, ereq: EngineRequest) -> None:
-        try:
-            self.core.add(ereq)
-        except InvalidRequestError as exc:
-            ereq.fail(exc)
-
-    def _abort_everything(self) -> None:
-        with self._cond:
-            incoming = list(self._inbox)
-            self._inbox.clear()
-        for ereq in incoming:
-            self._admit(ereq)
-        self.core.abort_all(CancelCause.SHUTDOWN)
-        with self._cond:
-            calls = list(self._calls)
-            self._calls.clear()
-        for _, fut in calls:
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(EngineShutdownError("the engine is shutting down"))
-
-
-def _shutdown_at_exit(ref: weakref.ref[AsyncEngine]) -> Callable[[], None]:
-    """The ``atexit`` hook of one started engine (held weakly: registering it keeps no engine
-    alive): :meth:`AsyncEngine.shutdown`, unregistered by that shutdown when it comes first."""
-
-    def at_exit() -> None:
-        engine = ref()
-        if engine is not None:
-            engine._at_exit = None  # NOTE: nothing to unregister from inside atexit's own run
-            engine.shutdown()
-
-    return at_exit

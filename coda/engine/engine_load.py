@@ -1,27 +1,36 @@
-"""Loading a model into an engine's parts, and saying what was loaded (issue 9 items 1 and 4,
-O1): :meth:`AsyncEngine.from_model_dir <coda.engine.async_engine.AsyncEngine.from_model_dir>`
-builds its engine from :func:`load_parts`; ``describe`` and ``load_summary`` are
-:func:`describe` and :func:`summary`. Nothing here runs for a request."""
+"""Loading a model into an engine's parts, and deriving what the engine runs with from them
+(issue 9 item 1, issue 19 item 3, issue 21; SPEC O1, T4):
+:meth:`AsyncEngine.from_model_dir <coda.engine.async_engine.AsyncEngine.from_model_dir>`
+builds its engine from :func:`load_parts`; its constructor takes the served context
+(:func:`served_context`), the speculative configurations (:func:`speculative_configs`), the
+trace sink (:func:`trace_sink`) and the scheduler (:func:`build_scheduler`) from here. What
+the engine says about what was loaded is :mod:`coda.engine.engine_report`. Nothing here runs
+for a request."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from coda.engine.draft import Drafter
-from coda.engine.draft_load import describe as describe_draft
+from coda.engine.draft import DRAFT_CONFIG, Drafter
 from coda.engine.draft_load import load_drafter, speculative_mode
-from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, kv_capacity, rss_bytes
+from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
+from coda.engine.kv_cache import BlockManager
 from coda.engine.runner import ModelRunner
-from coda.engine.speculative import refusal
+from coda.engine.scheduler import Scheduler, SchedulerConfig
+from coda.engine.speculative import PREDICTION_PRIOR, SpeculativeConfig, refusal
 from coda.engine.types import EngineConfig, EngineConfigError
+from coda.engine.verify_costs import VerifyCosts
 from coda.models.kernels import check_isa
 from coda.models.source import LoadedModel, open_model, resolve_model
+from coda.trace import JsonlTraceSink, NullTraceSink, RecentTraceSink, TraceSink
 
-if TYPE_CHECKING:
-    from coda.engine.async_engine import AsyncEngine
+log = logging.getLogger("coda.engine")
+
+# NOTE: the logits of one step's prompt-scoring rows (echo, prompt logprobs), at most
+SCORING_LOGITS_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -85,52 +94,75 @@ def load_parts(model: str | Path | None, config: EngineConfig) -> LoadParts:
                      drafter=drafter)
 
 
-def describe(engine: AsyncEngine) -> list[str]:
-    """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""
-    src, mc, b, mode = engine.source, engine.runner.config, engine.chat, engine.loaded.mode
-    origin = f" (package {src.package})" if src.package else ""
-    mib = engine.runner.kv.nbytes / 2**20
-    took = ([f"loaded in {engine.load_s:.1f} s, RSS {engine.rss_at_load / 2**20:.0f} MiB at load"]
-            if engine.load_s is not None and engine.rss_at_load is not None else [])
-    return [f"model: {src.path}{origin} [{src.kind}]", *took] + [
-        f"architecture {mc.arch}, {mc.num_parameters / 1e6:.1f}M parameters, "
-        f"stored {engine.loaded.quantization}, context {engine.context_length}"
-        + (f" (--max-model-len {engine.context_capped_from} capped to the model's "
-           f"{mc.max_context})" if engine.context_capped_from else ""),
-        f"serving mode (--quant): {mode.name}, "
-        f"{'batch-invariant' if mode.batch_invariant else 'NOT batch-invariant (T4)'}; "
-        f"{mode.numerics}",
-        f"attention: {engine.runner.attention_note}",
-        *engine.loaded.backend.describe(engine.loaded.model.kernels),
-        f"speculative decoding: {engine.config.speculative}"
-        + "".join(f", {v}" for v in describe_draft(engine.drafter).values()),
-        f"chat template: {b.chat_template_origin}",
-        f"end of generation: {b.describe_eos()}",
-        f"KV cache: {mib:.0f} MiB reserved ({engine.kv_reason}), committed as written = "
-        f"{kv_capacity(engine.runner.num_blocks, engine.runner.block_size, engine.context_length)}"
-        f"; max_num_seqs {engine.config.max_num_seqs}",
-    ] + ([f"context lowered from {engine.context_lowered_from} to {engine.context_length} "
-          f"tokens: the KV cache holds no more (raise --memory-budget or "
-          f"--kv-cache-bytes for more)"] if engine.context_lowered_from else [])
+def served_context(loaded: LoadedModel, runner: ModelRunner, config: EngineConfig
+                   ) -> tuple[int, int | None, int | None]:
+    """The context an engine serves, the ``--max-model-len`` capped to the model's own context
+    (or None) and the context lowered to the cache (or None)."""
+    context = config.served_context(runner.config.max_context)
+    # NOTE: past the model's own context --max-model-len is capped, not refused (one flag
+    # serves every model of a several-model server), and said: a warning and the summary
+    asked = config.max_model_len
+    capped_from = asked if asked and asked > context else None
+    if capped_from is not None:
+        log.warning(f"--max-model-len {asked} is more than the model's context of "
+                    f"{context} tokens: serving {context} ({loaded.source.name})")
+    capacity = runner.num_blocks * runner.block_size
+    # NOTE: a cache smaller than one full context lowers the served context (said at load),
+    # so every request the server accepts fits the cache alone and none waits forever
+    lowered_from = context if capacity < context else None
+    return min(context, capacity), capped_from, lowered_from
 
 
-def summary(engine: AsyncEngine) -> dict[str, str | int | float | bool]:
-    """What was loaded as one flat record (``coda serve`` logs it as one JSON line, O1)."""
-    return {"model": str(engine.source.path), "source_kind": engine.source.kind,
-            "model_snapshot": engine.model_snapshot, "stored": engine.loaded.quantization,
-            **engine.loaded.backend.summary(engine.loaded.model.kernels),
-            "context": engine.context_length,
-            **({"context_capped_from": engine.context_capped_from}
-               if engine.context_capped_from else {}),
-            "kv_cache_bytes": int(engine.runner.kv.nbytes),  # NOTE: reserved (as before)
-            "kv_cache_reserved_bytes": int(engine.runner.kv.nbytes),
-            "kv_cache_committed_bytes": engine._kv_committed(), "kv_cache_reason": engine.kv_reason,
-            **({"load_s": round(engine.load_s, 3)} if engine.load_s is not None else {}),
-            **({"rss_bytes_at_load": engine.rss_at_load} if engine.rss_at_load is not None
-               else {}),
-            # NOTE: the native row kernel, or torch with the reason it was refused
-            "attention": engine.runner.attention_note,
-            "speculative": engine.config.speculative,  # issue 21 (coda.engine.speculative)
-            **describe_draft(engine.drafter),
-            **({"context_lowered_from": engine.context_lowered_from}
-               if engine.context_lowered_from else {})}
+def speculative_configs(loaded: LoadedModel, runner: ModelRunner, config: EngineConfig,
+                        drafter: Drafter | None
+                        ) -> tuple[SpeculativeConfig | None, SpeculativeConfig | None]:
+    """The engine's speculative configuration (None: ``--speculative off``) and a chat
+    prediction's (None where the mode does not verify exactly). Raises EngineConfigError for
+    a mode the load cannot run exactly, or a draft model without ``--speculative draft``."""
+    invariant = loaded.mode.batch_invariant and runner.invariant_attention
+    why = refusal(config.speculative, invariant, loaded.mode.name)
+    if why is not None:  # NOTE: issue 21: said at start, nothing served inexactly
+        raise EngineConfigError(why, field="speculative")
+    if (config.speculative == "draft") != (drafter is not None):
+        raise EngineConfigError("--speculative draft runs with a loaded --draft-model, and "
+                                "only then", field="draft_model")
+    # NOTE: prompt lookup prices k by this engine's measured batch-1 verifications, on the
+    # engine thread's CPU time on the CPU (coda.engine.verify_costs)
+    costs = VerifyCosts(SpeculativeConfig.k_max, SpeculativeConfig.step_rows,
+                        clock=time.thread_time if runner.device.type == "cpu"
+                        else time.monotonic)
+    speculative = (None if config.speculative == "off" else
+                   DRAFT_CONFIG if drafter is not None else SpeculativeConfig(costs=costs))
+    # NOTE: a chat prediction drafts wherever the mode verifies exactly, the flag or not
+    # (its own tokens too under prompt lookup); elsewhere it is only counted. Its k is
+    # priced by the measured forwards where the engine times them (the flag on), else by
+    # the row rule: a plain request never enters the timing (issue 22)
+    lookup = config.speculative == "prompt-lookup"
+    predicted = (SpeculativeConfig(costs=costs if lookup else None,
+                                   prior_accept=PREDICTION_PRIOR, lookup=lookup)
+                 if invariant else None)
+    return speculative, predicted
+
+
+def trace_sink(config: EngineConfig) -> TraceSink:
+    """The sink ``config`` asks for: a JSONL file (``trace_path``), the recent requests kept
+    in memory (``recent_traces``) in front of it, or both, or nothing."""
+    trace: TraceSink = (JsonlTraceSink(config.trace_path) if config.trace_path
+                        else NullTraceSink())
+    if config.recent_traces > 0:
+        trace = RecentTraceSink(config.recent_traces, inner=None if isinstance(
+            trace, NullTraceSink) else trace)
+    return trace
+
+
+def build_scheduler(runner: ModelRunner, config: EngineConfig) -> Scheduler:
+    """The scheduler over a block manager of ``runner``'s KV cache."""
+    blocks = BlockManager(runner.num_blocks, runner.block_size,
+                          enable_prefix_caching=config.enable_prefix_caching)
+    # NOTE: a step's prompt-scoring rows each hold a float32 vocabulary of logits: at most
+    # SCORING_LOGITS_BYTES of them (512 rows of a 262k vocabulary were 0.5 GB)
+    rows = max(16, SCORING_LOGITS_BYTES // (4 * runner.config.vocab_size))
+    return Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                     config.long_prefill_chunk, config.enable_prefix_caching,
+                                     scoring_rows=min(rows, config.long_prefill_chunk)),
+                     blocks)

@@ -22,7 +22,9 @@ busy models go idle waits (with its deadline). Loads and unloads are counted in 
 (``coda:model_loads``, ``coda:model_unloads``, ``coda:model_loaded``,
 ``coda:model_memory_bytes``) and written to the trace (``model.load`` / ``model.loaded`` /
 ``model.unload`` rows under the id ``model:<name>``; a request that waited has a
-``model.wait`` row).
+``model.wait`` row). A routed request's handle and its wait for the load are
+:mod:`coda.server.model_dispatch`, the loads :mod:`coda.server.model_loads`, the merged trace
+:mod:`coda.server.model_trace`.
 """
 
 from __future__ import annotations
@@ -31,63 +33,37 @@ import asyncio
 import contextvars
 import functools
 import logging
-import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import tokenizers
 
-from coda.engine.local_end import end_cancelled, end_failed
-from coda.engine.process_engine import WorkerCopy, WorkerProcess
+from coda.engine.process_engine import WorkerCopy
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.finish import CancelCause, FinishReason
+from coda.finish import CancelCause
 from coda.models.identity import ModelIdentity
 from coda.models.source import model_key
 from coda.models.tokenizer_bundle import TokenizerBundle
-from coda.reader import StreamReading, follow, when_closed
+from coda.reader import follow, when_closed
+from coda.server import model_dispatch
 from coda.server.logs import configure_logging
+from coda.server.model_dispatch import RoutedHandle
 from coda.server.model_loads import ModelLoads
 from coda.server.model_metrics import ModelMetrics
 from coda.server.model_slot import ModelSlot
+from coda.server.model_trace import RouterTrace
 from coda.stream import StreamEvent, Terminal
-from coda.trace import JsonlTraceSink, RecentTraceSink, TraceEvent, TraceSink
+from coda.trace import JsonlTraceSink, TraceSink
 
 log = logging.getLogger("coda.server")
 
 _selected: contextvars.ContextVar[ModelSlot | None] = contextvars.ContextVar(
     "coda_selected_model", default=None)
-_POLL_S = 0.02  # NOTE: how often a waiting request looks at its model's load
-
-
-@dataclass
-class RoutedHandle(StreamReading):
-    """An :class:`~coda.engine.protocol.EngineHandle` of a request routed to a model."""
-
-    request_id: str
-    stream: WorkerCopy
-    prompt_tokens: int
-    slot: ModelSlot
-    arrival: float
-    worker: WorkerProcess | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
-        """C1: before the request reached a worker it ends here (once: ``close`` refuses a
-        second terminal); after, the worker's engine ends it."""
-        with self.lock:
-            if self.stream.closed:
-                return False
-            if self.worker is None:
-                return end_cancelled(self.stream, self.slot.name, self.prompt_tokens,
-                                     cause.finish_reason, time.monotonic() - self.arrival)
-            worker = self.worker
-        worker.cancel(self.request_id, cause)
-        return True
 
 
 class ModelRouter:
@@ -224,7 +200,7 @@ class ModelRouter:
         self._register(handle)
         self.num_requests_total += 1
         task = asyncio.get_running_loop().create_task(
-            self._dispatch(slot, handle, replace(req, request_id=rid)))
+            model_dispatch.dispatch(self, slot, handle, replace(req, request_id=rid)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return handle
@@ -300,110 +276,10 @@ class ModelRouter:
         if h is not None and h.worker is not None:
             h.worker.ack(request_id, seq)
 
-    async def _dispatch(self, slot: ModelSlot, h: RoutedHandle, req: GenerationRequest
-                        ) -> None:
-        deadline = h.arrival + req.deadline_s if req.deadline_s is not None else None
-        waited_on: WorkerProcess | None = None
-        while True:
-            if h.stream.closed:
-                return
-            w = slot.worker
-            if w is not None and w.state == "ready":
-                break
-            if waited_on is not None and waited_on.state in ("failed", "exited"):
-                self.loads.exited(slot, waited_on)  # NOTE: counted before the request ends
-                self._fail(h, f"model '{slot.name}' could not be loaded: {waited_on.error}")
-                return
-            if w is None:
-                with self.loads.lock:
-                    problem = self.loads.try_load(slot) if slot.worker is None else None
-                if problem is not None:
-                    self._fail(h, problem)
-                    return
-            if waited_on is None and slot.worker is not None:
-                waited_on = slot.worker
-                self.metrics.waits.labels(model=slot.name).inc()
-                self.trace.record(TraceEvent(h.request_id, "model.wait",
-                                             {"model": slot.name, "status": slot.status}))
-            if deadline is not None and time.monotonic() >= deadline:
-                end_cancelled(h.stream, slot.name, h.prompt_tokens,
-                              FinishReason.DEADLINE_EXCEEDED, time.monotonic() - h.arrival)
-                return
-            await asyncio.sleep(_POLL_S)
-        if waited_on is not None:
-            self.trace.record(TraceEvent(h.request_id, "model.ready", {
-                "model": slot.name, "waited_ms": (time.monotonic() - h.arrival) * 1e3}))
-        if deadline is not None:
-            # NOTE: the worker's engine counts the deadline from its own arrival: what is left
-            req = replace(req, deadline_s=max(deadline - time.monotonic(), 1e-6))
-        with h.lock:  # NOTE: a cancel either ended it already or goes to this worker after
-            if h.stream.closed:
-                return
-            h.worker = w
-            w.submit(req, h.stream)
-
     async def embed(self, token_ids: list[int]) -> list[float]:
         """On the selected model's worker, loaded first as a request's would be (a model that
         cannot load: EngineNotStartedError, the server's 503)."""
-        from coda.engine.plan import check_embedding_input
-        from coda.errors import EngineNotStartedError
-
-        slot = self._slot()
-        check_embedding_input(token_ids, slot.context_length)
-        waited_on: WorkerProcess | None = None
-        while (w := slot.worker) is None or w.state != "ready":
-            if waited_on is not None and waited_on.state in ("failed", "exited"):
-                self.loads.exited(slot, waited_on)
-                raise EngineNotStartedError(
-                    f"model '{slot.name}' could not be loaded: {waited_on.error}")
-            if w is None:
-                with self.loads.lock:
-                    problem = self.loads.try_load(slot) if slot.worker is None else None
-                if problem is not None:
-                    raise EngineNotStartedError(problem)
-            waited_on = waited_on or slot.worker
-            await asyncio.sleep(_POLL_S)
-        key = f"embed-{uuid.uuid4().hex[:16]}"
-        slot.live.add(key)  # NOTE: in flight: not unloaded under it
-        try:
-            return await asyncio.to_thread(w.embed, token_ids)
-        finally:
-            slot.live.discard(key)
-            slot.last_used = time.monotonic()
-
-    def _fail(self, h: RoutedHandle, message: str) -> None:
-        with h.lock:
-            if h.worker is None:
-                end_failed(h.stream, h.slot.name, h.prompt_tokens, message,
-                           waited_s=time.monotonic() - h.arrival)
-
-
-class RouterTrace(RecentTraceSink):
-    """The server's trace: its own rows (model loads, waits) merged, when read, with the
-    rows of the worker that ran the request (``GET /v1/traces/{id}``)."""
-
-    def __init__(self, router: ModelRouter, max_requests: int,
-                 inner: TraceSink | None) -> None:
-        super().__init__(max_requests, inner=inner)
-        self.router = router
-
-    def rows(self, request_id: str) -> tuple[list[TraceEvent], int] | None:
-        """Blocking (a call to the worker): read it off the event loop."""
-        own = super().rows(request_id)
-        mine, dropped = own if own is not None else ([], 0)
-        theirs: list[TraceEvent] = []
-        h = self.router._handles.get(request_id)
-        w = h.worker if h is not None else None
-        if w is not None and w.state == "ready":
-            try:
-                got = w.call("trace_rows", request_id)
-            except TimeoutError:
-                got = None
-            theirs = [TraceEvent.from_dict(r) for r in got or []]
-        if own is None and not theirs:
-            return None
-        return sorted(mine + theirs, key=lambda e: e.ts_ns), dropped
-
+        return await model_dispatch.embed(self, self._slot(), token_ids)
 
 
 def build_router(specs: Sequence[Any], config: EngineConfig, *,

@@ -1,0 +1,182 @@
+"""The engine thread (SPEC L2, L7, C1, T4; issue 3 item 5, issue 11 item 5, issue 24 item 2):
+its start (with an at-exit shutdown and the grammar tokenizer's build), its loop (queued
+requests admitted and queued calls run between steps, the batch stepped while there is work,
+each step's end posted to the wake-up channel, the block manager checked when it goes idle),
+the calls queued to run on it (embeddings), and its shutdown: every request still queued or
+running ends with its one terminal event (CANCELLED, cause shutdown) and every queued call is
+refused. The requests come in through :class:`~coda.engine.async_engine.AsyncEngine`, whose
+methods these are.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from coda.engine.plan import check_embedding_input
+from coda.errors import EngineNotStartedError, EngineShutdownError, InvalidRequestError
+from coda.finish import CancelCause
+from coda.wakeup import CHANNEL
+
+if TYPE_CHECKING:
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.engine_request import EngineRequest
+
+log = logging.getLogger("coda.engine")
+
+
+def start(engine: AsyncEngine) -> None:
+    """:meth:`AsyncEngine.start <coda.engine.async_engine.AsyncEngine.start>`."""
+    if engine._thread is not None:
+        return
+    engine._thread = threading.Thread(target=run_loop, args=(engine,), name="coda-engine",
+                                      daemon=True)
+    engine._thread.start()
+    # NOTE: an engine still started at interpreter exit (no shutdown, no `with`) is shut
+    # down then, while its thread still runs: left to finalization, the daemon thread was
+    # stopped mid-step inside torch's C++ and the process aborted (SIGABRT, exit 134,
+    # "terminate called without an active exception"); now its requests end CANCELLED
+    engine._at_exit = _shutdown_at_exit(weakref.ref(engine))
+    atexit.register(engine._at_exit)
+    # NOTE: llguidance is imported by the build, on its thread, not here
+    from coda.engine.grammar import warm_ll_tokenizer
+
+    # NOTE: the grammar tokenizer, built off the request path (coda.engine.grammar)
+    engine.grammar_warmup = warm_ll_tokenizer(engine.tokenizer, engine.eos_token_ids,
+                                              engine.model_name)
+
+
+def run_loop(engine: AsyncEngine) -> None:
+    """The engine thread: queued requests admitted and queued calls run between steps, the
+    batch stepped while there is work, the block manager checked when it goes idle."""
+    checked = True  # NOTE: nothing has run yet
+    while True:
+        if not checked and not engine.core.has_work:
+            check_when_idle(engine)  # NOTE: once per busy -> idle transition
+            checked = True
+        with engine._cond:
+            while (not engine._stopping and not engine._inbox and not engine._calls
+                   and not engine.core.has_work):
+                engine._cond.wait(0.5)
+            if engine._stopping:
+                return
+            incoming = list(engine._inbox)
+            engine._inbox.clear()
+        checked = False
+        run_calls(engine)
+        for ereq in incoming:
+            admit(engine, ereq)
+        try:
+            engine.stepping = True
+            try:
+                ran = engine.core.step()
+            finally:
+                engine.stepping = False
+                engine.steps += 1
+                CHANNEL.post(engine, engine.steps)  # NOTE: one dict lookup if nobody listens
+            if ran == 0:
+                with engine._cond:  # nothing runnable (paused / out of blocks): don't spin
+                    engine._cond.wait(0.005)
+        except Exception as exc:  # a bug in the engine itself: fail everyone, keep serving
+            log.exception("engine step failed")
+            engine.step_error = exc
+            engine.core.abort_all(CancelCause.SHUTDOWN)
+
+
+def check_when_idle(engine: AsyncEngine) -> None:
+    """The block manager's bookkeeping invariants, checked each time the engine goes idle
+    (every block free or cached, no owner left): O(blocks), only when nothing runs.
+    A failure is logged and counted, never raised into the loop (issue 11 item 5)."""
+    engine.idle_checks += 1
+    try:
+        engine.core.scheduler.block_manager.check_integrity()
+    except Exception as exc:
+        # NOTE: logged before it is counted: whoever waits on the count finds the log
+        log.error("KV cache integrity check failed while idle: %s", exc)
+        engine.idle_check_failures += 1
+
+
+def admit(engine: AsyncEngine, ereq: EngineRequest) -> None:
+    """Hand a queued request to the core; one its checks refuse ends FAILED (its terminal)."""
+    try:
+        engine.core.add(ereq)
+    except InvalidRequestError as exc:
+        ereq.fail(exc)
+
+
+def shutdown(engine: AsyncEngine, timeout: float) -> None:
+    """:meth:`AsyncEngine.shutdown <coda.engine.async_engine.AsyncEngine.shutdown>`."""
+    if engine._at_exit is not None:
+        atexit.unregister(engine._at_exit)
+        engine._at_exit = None
+    with engine._cond:
+        engine._stopping = True
+        engine._cond.notify_all()
+    if engine._thread is not None:
+        engine._thread.join(timeout)
+        engine._thread = None
+    _abort_everything(engine)
+
+
+def embed_future(engine: AsyncEngine, token_ids: list[int]) -> Future[list[float]]:
+    """:meth:`AsyncEngine.embed_future <coda.engine.async_engine.AsyncEngine.embed_future>`."""
+    ids = list(token_ids)
+    check_embedding_input(ids, engine.context_length, engine.limits.vocab_size)
+    fut: Future[list[float]] = Future()
+    with engine._cond:
+        if engine._stopping:
+            raise EngineShutdownError("the engine is shutting down")
+        if engine._thread is None:
+            raise EngineNotStartedError("the engine is not started: call engine.start() "
+                                        "(or use `with engine:`) before embed")
+        engine._calls.append((lambda: engine.runner.embed(ids), fut))
+        engine._cond.notify_all()
+    return fut
+
+
+def run_calls(engine: AsyncEngine) -> None:
+    """Run the queued calls on the engine thread, between two steps."""
+    while True:
+        with engine._cond:
+            if not engine._calls:
+                return
+            fn, fut = engine._calls.popleft()
+        if not fut.set_running_or_notify_cancel():
+            continue
+        try:
+            fut.set_result(fn())
+        except Exception as exc:  # NOTE: the caller's error, never the engine loop's
+            fut.set_exception(exc)
+
+
+def _abort_everything(engine: AsyncEngine) -> None:
+    with engine._cond:
+        incoming = list(engine._inbox)
+        engine._inbox.clear()
+    for ereq in incoming:
+        admit(engine, ereq)
+    engine.core.abort_all(CancelCause.SHUTDOWN)
+    with engine._cond:
+        calls = list(engine._calls)
+        engine._calls.clear()
+    for _, fut in calls:
+        if fut.set_running_or_notify_cancel():
+            fut.set_exception(EngineShutdownError("the engine is shutting down"))
+
+
+def _shutdown_at_exit(ref: weakref.ref[AsyncEngine]) -> Callable[[], None]:
+    """The ``atexit`` hook of one started engine (held weakly: registering it keeps no engine
+    alive): :meth:`AsyncEngine.shutdown`, unregistered by that shutdown when it comes first."""
+
+    def at_exit() -> None:
+        engine = ref()
+        if engine is not None:
+            engine._at_exit = None  # NOTE: nothing to unregister from inside atexit's own run
+            engine.shutdown()
+
+    return at_exit

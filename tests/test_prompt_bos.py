@@ -104,3 +104,24 @@ def test_k2_gemma_completion_prompt_opening_with_bos_has_one() -> None:
     for url in _serve(GEMMA):
         assert _echo_tokens(url, "<bos>Hello") == (["<bos>", "Hello"], 2)
         assert _echo_tokens(url, "Hello") == (["<bos>", "Hello"], 2)
+
+
+def test_o1_echo_text_offset_moves_for_special_tokens_the_prompt_writes(url: str) -> None:
+    """O1 (echo): ``text_offset`` indexes the echoed text, the prompt as sent: a special token
+    the text writes (``<|endoftext|>``, a ``<BOS>`` it opens with) is text there and moves
+    the offset; the BOS the tokenizer added is not (found on SmolLM2: ``"<|endoftext|>Hello"``
+    gave offsets ``[0, 0, 18, …]``, ``Hello`` at 0 in a text where it starts at 13), with
+    ``skip_special_tokens`` either way."""
+    oa = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    model = oa.models.list().data[0].id
+    for skip in (True, False):
+        for prompt, offsets in (("<|endoftext|>the", [0, 0, 13, 14]),
+                                (BOS + "the", [0, 12, 13]),
+                                ("t<|im_end|>he", [0, 0, 1, 11])):
+            r = oa.completions.create(model=model, prompt=prompt, max_tokens=0, echo=True,
+                                      logprobs=0, extra_body={"skip_special_tokens": skip})
+            lp: Any = r.choices[0].logprobs
+            assert r.choices[0].text == prompt
+            assert lp.text_offset == offsets, (prompt, skip, lp.tokens)
+            for token, start in zip(lp.tokens, offsets, strict=True):
+                assert token == BOS and start == 0 or prompt.startswith(token, start)

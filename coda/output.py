@@ -238,6 +238,7 @@ class OutputProcessor(DeltaAssembly):
                 text, cut = b"", pending
             if cut:
                 self._drop_tail(cut)
+                self._report_dropped(len(cut))
             return text
         return self.detok.finish()
 

@@ -36,7 +36,7 @@ import tokenizers
 from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
 from coda.output_spec import OutputSpec
-from coda.stream import RequestStream, TokenInfo, cut_to_text, shown_bytes
+from coda.stream import RequestStream, TokenInfo, cut_tail, cut_to_text, shown_bytes
 from coda.token_ends import TokenEnds
 from coda.trace import TraceHandle, TraceSink
 
@@ -186,6 +186,13 @@ class DeltaAssembly:
         kept = cut_to_text(eligible, budget, self.spec.skip_special_tokens)
         self._pending_tokens[:len(kept)] = kept
         self.trailing_shown = len(kept)
+
+    def _report_dropped(self, n: int) -> None:
+        """K2, K3 at a budget end: the last ``n`` bytes of the pending tokens were removed (a
+        partial character): their entries show only the bytes the text has
+        (:func:`coda.stream.cut_tail`), so they still reassemble it."""
+        self._pending_tokens[:] = cut_tail(self._pending_tokens, n,
+                                           self.spec.skip_special_tokens)
 
     def _advance_returned(self) -> None:
         """L6: tokens whose first visible byte the stream reached; removed reasoning markers

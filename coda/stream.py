@@ -100,6 +100,19 @@ def cut_to_text(tokens: Sequence[TokenInfo], budget: int,
     return tuple(out)
 
 
+def cut_tail(tokens: Sequence[TokenInfo], n: int, skip_special: bool) -> tuple[TokenInfo, ...]:
+    """``tokens`` without the last ``n`` bytes their pieces add to the text (K2, K3: a partial
+    character the budget cut, removed from the text): every token stays (each was selected and
+    is billed), the ones wholly in the removed bytes with none."""
+    out = list(tokens)
+    for i in range(len(out) - 1, -1, -1):
+        k = min(n, shown_bytes(out[i], skip_special))
+        if k:
+            out[i] = replace(out[i], piece=out[i].piece[:len(out[i].piece) - k])
+            n -= k
+    return tuple(out)
+
+
 class PhaseTimes(TypedDict):
     """A terminal's P5 phase times as one group (:meth:`Terminal.timings`): the wire's
     ``coda.timings`` object and the durable log's record; a type only, the values live on the

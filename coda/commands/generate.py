@@ -172,9 +172,10 @@ def run_generate(args: GenerateArgs) -> int:
             from coda.server.chat import render_chat
 
             text = render_chat(engine, [{"role": "user", "content": args.prompt}])
-        # NOTE: a raw prompt gets the model's special tokens (its BOS), as /v1/completions does;
-        # a rendered chat template already holds them
-        ids = engine.tokenizer.encode(text, add_special_tokens=not args.chat).ids
+        # NOTE: a raw prompt gets the model's special tokens (its BOS, once), as
+        # /v1/completions does; a rendered chat template already holds them
+        ids = (engine.tokenizer.encode(text, add_special_tokens=False).ids if args.chat
+               else engine.chat.encode_prompt(text))
         req = GenerationRequest(tuple(ids), params, max_tokens=args.max_tokens, stop=args.stop,
                                 deadline_s=args.deadline)
 

@@ -83,9 +83,32 @@ class TokenizerBundle:
     eos_token: str
     eos_token_ids: frozenset[int]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A raw prompt's ids (completions, Ollama ``raw``, embeddings, ``coda generate``): the
+        text with the tokenizer's special tokens (its BOS), the BOS once — a text that already
+        opens with the BOS keeps its own and gets no second one (a doubled BOS is a sequence
+        start mid-sequence, which Gemma answers far worse; a rendered chat template writing
+        ``{{ bos_token }}`` is encoded without special tokens, so it too has one)."""
+        tok = self.tokenizer
+        ids = list(tok.encode(text, add_special_tokens=True).ids)
+        bos = tok.token_to_id(self.bos_token) if self.bos_token else None
+        if bos is None or ids[:2] != [bos, bos] or not text.startswith(self.bos_token):
+            return ids
+        plain = tok.encode(text, add_special_tokens=False).ids
+        # NOTE: more leading BOS than the text has: the tokenizer added one; drop it
+        return ids[1:] if _leading(ids, bos) > _leading(plain, bos) else ids
+
     def describe_eos(self) -> str:
         tok = self.tokenizer
         return ", ".join(f"{i} {tok.id_to_token(i)!r}" for i in sorted(self.eos_token_ids))
+
+
+def _leading(ids: list[int], token: int) -> int:
+    """How many times ``ids`` opens with ``token``."""
+    n = 0
+    while n < len(ids) and ids[n] == token:
+        n += 1
+    return n
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from coda.engine.protocol import Engine
@@ -69,14 +70,40 @@ async def prompt_tokens(engine: Engine, ids: Sequence[int], k: int,
     return [_first(engine, ids[0]), *scored]
 
 
+def _as_written(tokens: Sequence[TokenInfo], text: str) -> list[TokenInfo]:
+    """A text prompt's tokens, each special one marked as text where ``text`` (the prompt as
+    sent) writes it at that point (``"<|endoftext|>Hello"``), else as special (a BOS the
+    tokenizer added): with the skip rule, exactly the tokens written move ``text_offset``."""
+    out, at = [], 0
+    for t in tokens:
+        piece = t.piece.decode("utf-8", errors="replace")
+        if t.special:
+            t = replace(t, special=not text.startswith(piece, at))
+        if not t.special:
+            at += len(piece)
+        out.append(t)
+    return out
+
+
 def echo_legacy(tokens: Sequence[TokenInfo], text: str, *,
-                skip_special: bool) -> dict[str, Any]:
+                skip_special: bool, written: bool = False) -> dict[str, Any]:
     """The legacy ``logprobs`` of an echoed prompt whose text is ``text``; the first token's
-    ``top_logprobs`` is ``null``, as its logprob."""
+    ``top_logprobs`` is ``null``, as its logprob. ``written``: ``text`` is the prompt as sent
+    (a text prompt), whose special tokens are text where it writes them (:func:`_as_written`);
+    else it is the ids' decode, which shows them unless ``skip_special``."""
+    if written:
+        tokens, skip_special = _as_written(tokens, text), True
     out = lp.legacy_logprobs(tokens, 0, len(text), skip_special=skip_special)
     if out["top_logprobs"]:
         out["top_logprobs"][0] = None
     return out
+
+
+def _items(body: CompletionRequest) -> list[object]:
+    """Each prompt as sent: a text, or a list of ids."""
+    p = body.prompt
+    # NOTE: one token-id prompt is a flat list of ints (cf. _prompts)
+    return [p] if isinstance(p, str) or all(isinstance(x, int) for x in p) else list(p)
 
 
 def _texts(st: ServerState, body: CompletionRequest,
@@ -84,10 +111,7 @@ def _texts(st: ServerState, body: CompletionRequest,
     """Each prompt's echoed text (module docstring)."""
     if not body.echo:
         return ()
-    p = body.prompt
-    # NOTE: one token-id prompt is a flat list of ints (cf. _prompts)
-    items: list[object] = ([p] if isinstance(p, str) or all(isinstance(x, int) for x in p)
-                           else list(p))
+    items = _items(body)
     tok = st.engine.tokenizer
     vocab = tok.get_vocab_size(with_added_tokens=True)
     for x, ids in zip(items, prompts, strict=True):
@@ -114,8 +138,9 @@ async def _logprobs(st: ServerState, body: CompletionRequest, prompts: list[list
     scored = await asyncio.gather(*(
         prompt_tokens(st.engine, ids, k, f"{call_id}-echo{j}")
         for j, ids in enumerate(prompts)))
-    return tuple(echo_legacy(toks, text, skip_special=body.skip_special_tokens)
-                 for toks, text in zip(scored, texts, strict=True))
+    return tuple(echo_legacy(toks, text, skip_special=body.skip_special_tokens,
+                             written=isinstance(item, str))
+                 for toks, text, item in zip(scored, texts, _items(body), strict=True))
 
 
 async def echo_parts(st: ServerState, body: CompletionRequest, prompts: list[list[int]],

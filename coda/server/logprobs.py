@@ -13,7 +13,8 @@ held as a possible stop start waits). Tokens no delta carried (``Terminal.traili
 last token without visible text, bytes held at the end) are reported with the final chunk,
 except when the request ended on EOS or a stop sequence: then they are the stop itself, which
 never reaches the client (S3) — all but the first ``Terminal.trailing_shown``: text a stop
-string starting inside a token cut, reported cut to the text.
+string starting inside a token cut, reported cut to the text. At a budget end the trailing
+tokens come without the partial character the end removed (K3; ``coda.stream.cut_tail``).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, ErrorCode, InvalidRequestError
 from coda.finish import CancelCause
 from coda.models.source import model_key
+from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.reader import follow
 from coda.reasoning import ReasoningSpec, marker_ids, reasoning_spec
 from coda.server.admission import PromptBound
@@ -124,20 +125,28 @@ class ServerState:
         except UnicodeEncodeError:
             raise InvalidRequestError(f"{field}: must be valid Unicode text (no lone surrogates)",
                                       field=field) from None
-        tokenizer = self.engine.tokenizer  # NOTE: several models: the routed model's
+        chat = self.engine.chat  # NOTE: several models: the routed model's
+        tokenizer = chat.tokenizer
         bound = self._bounds.get(id(tokenizer))
         if bound is None:
             bound = self._bounds[id(tokenizer)] = PromptBound.of(tokenizer)
         limit = self.engine.context_length
         if not truncate:
             bound.check(text, limit, field)
-            return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+            return self._ids(chat, text, add_special_tokens)
         if bound.certain:
             # NOTE: `limit` tokens span at most limit × the longest token's bytes; twice that
             # keeps the cut far from the tokens kept, so they are the whole text's
             cut = text.encode("utf-8", "surrogatepass")[:2 * limit * bound.max_token_bytes]
             text = cut.decode("utf-8", "ignore")
-        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)[:limit]
+        return self._ids(chat, text, add_special_tokens)[:limit]
+
+    @staticmethod
+    def _ids(chat: TokenizerBundle, text: str, add_special_tokens: bool) -> list[int]:
+        """With special tokens: a raw prompt's, its BOS once (:meth:`TokenizerBundle.encode_prompt`)."""
+        if add_special_tokens:
+            return chat.encode_prompt(text)
+        return list(chat.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def check_model(self, name: str) -> None:
         engine = self.engine

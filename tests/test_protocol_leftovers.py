@@ -101,3 +101,35 @@ def test_l5_count_tokens_over_the_context_is_the_creates_400(
         oa.responses.input_tokens.count(model=MODEL, input=LONG)
     assert oerr.value.code == "context_length_exceeded" and oerr.value.param == "input"
     assert oa.responses.input_tokens.count(model=MODEL, input="hi").input_tokens > 0
+
+
+def test_l5_batch_completion_names_the_over_long_prompt(
+        served: tuple[Any, LiveServer]) -> None:
+    """L5: a legacy completion's batch of prompts where one is too long for the context is a
+    400 naming that prompt by its index (``prompt[1]: ...``, as OpenAI and vLLM name a batch's
+    item), OpenAI's error shape with ``param`` the field: the prompt refused by the plan
+    (over the context by its tokens), one that leaves no room for ``max_tokens`` (``param``
+    ``max_tokens``), and one refused before tokenizing (a lone surrogate)."""
+    _, live = served
+    oa = _openai(live)
+    bodies: list[Any] = []
+    for bad_one in (LONG, "hello " * 200):
+        with pytest.raises(openai.BadRequestError) as err:
+            oa.completions.create(model=MODEL, prompt=["hi", bad_one], max_tokens=100)
+        bodies.append(err.value.body)
+    # NOTE: JSON's "\ud800" is a lone surrogate no client encodes: sent as raw JSON
+    raw = httpx.post(live.url + "/v1/completions", headers={"content-type": "application/json"},
+                     content=f'{{"model": "{MODEL}", "prompt": ["hi", "\\ud800"]}}')
+    assert raw.status_code == 400
+    bodies.append(raw.json()["error"])
+    for body, param, code in zip(bodies, ("prompt", "max_tokens", "prompt"),
+                                 ("context_length_exceeded", "context_length_exceeded",
+                                  "invalid_request"), strict=True):
+        assert body["message"].startswith("prompt[1]: "), body
+        assert not body["message"].startswith("prompt[1]: prompt:"), body
+        assert body["type"] == "invalid_request_error" and body["param"] == param, body
+        assert body["code"] == code, body
+    # NOTE: a single prompt is named as before (no index)
+    with pytest.raises(openai.BadRequestError) as one:
+        oa.completions.create(model=MODEL, prompt=LONG, max_tokens=2)
+    assert not str(one.value.body["message"]).startswith("prompt[")  # type: ignore[index]

@@ -113,9 +113,13 @@ def error_response(protocol: Protocol, status: int, message: str, *, param: str 
     return JSONResponse(payload, status_code=status, headers=headers)
 
 
-def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> ApiError:
+def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None,
+                   prompt: int | None = None) -> ApiError:
     """A typed engine/validation error as an :class:`ApiError`; ``rename`` maps engine field
-    names (``deadline_s``, ``prompt``) to the protocol's own (``deadline``, ``messages``)."""
+    names (``deadline_s``, ``prompt``) to the protocol's own (``deadline``, ``messages``).
+    ``prompt``: the error is one prompt's of a batch (legacy completions' list of prompts),
+    named by its index in the message (``prompt[2]: ...``, as OpenAI and vLLM name it); the
+    ``param`` stays the field (``prompt``, ``max_tokens``)."""
     param = exc.field
     if param is not None and rename:
         param = rename.get(param, param)
@@ -127,6 +131,9 @@ def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> A
         message = message.replace(exc.field, param or exc.field)
     if param and param not in message:
         message = f"{param}: {message}"
+    if prompt is not None:
+        name = (rename or {}).get("prompt", "prompt")
+        message = f"{name}[{prompt}]: {message.removeprefix(f'{name}: ')}"
     if isinstance(exc, ModelNotFoundError):
         return ApiError(404, message, param="model", code="model_not_found")
     if isinstance(exc, ContextLengthExceededError):

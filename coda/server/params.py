@@ -218,4 +218,6 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
               "response_format": grammar_field}
     return Record(call_id, kind, [], int(time.time()), model, spec, background,
                   requests=tuple(requests), rename=rename, stream=stream,
+                  prompt_of=tuple(k for k in range(len(prompts)) for _ in range(n))
+                  if len(prompts) > 1 else (),
                   on_disconnect=on_disconnect, keep=keep)

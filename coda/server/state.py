@@ -153,8 +153,10 @@ class ServerState:
                            code="model_not_found")
 
     def submit_all(self, requests: Sequence[GenerationRequest],
-                   rename: Mapping[str, str]) -> list[EngineHandle]:
-        """Submit every request or none (a failure cancels those already queued)."""
+                   rename: Mapping[str, str], prompt_of: Sequence[int] = ()
+                   ) -> list[EngineHandle]:
+        """Submit every request or none (a failure cancels those already queued); an error
+        names the failing request's prompt by ``prompt_of`` (a batch's prompt index)."""
         self.admit(len(requests))
         self.metrics.listen()  # NOTE: before submitting: a request may end before it is tracked
         handles: list[EngineHandle] = []
@@ -164,7 +166,8 @@ class ServerState:
         except CodaError as exc:
             for h in handles:
                 h.cancel(CancelCause.CLIENT)
-            raise api_error_from(exc, rename) from None
+            raise api_error_from(exc, rename, prompt_of[len(handles)] if prompt_of
+                                 else None) from None
         except (ImportError, ValueError, TypeError) as exc:
             # NOTE: a grammar (or early-stop policy) the engine cannot compile is bad input,
             # not a server fault; anything else is re-raised.

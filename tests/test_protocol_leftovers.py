@@ -133,3 +133,37 @@ def test_l5_batch_completion_names_the_over_long_prompt(
     with pytest.raises(openai.BadRequestError) as one:
         oa.completions.create(model=MODEL, prompt=LONG, max_tokens=2)
     assert not str(one.value.body["message"]).startswith("prompt[")  # type: ignore[index]
+
+
+def test_d1_l4_min_tokens_over_the_budget_names_the_budget_as_sent(
+        served: tuple[Any, LiveServer]) -> None:
+    """D1, L4: ``min_tokens`` above the asked budget is a 400 naming ``min_tokens`` (param)
+    and the budget by the wire field the client sent, never the engine's ``max_tokens``:
+    Responses ``max_output_tokens``, chat ``max_completion_tokens`` (or its older
+    ``max_tokens``), Anthropic ``max_tokens``, Ollama ``options.num_predict``."""
+    _, live = served
+    oa, extra = _openai(live), {"min_tokens": 5}
+    with pytest.raises(openai.BadRequestError) as rs:
+        oa.responses.create(model=MODEL, input="hi", max_output_tokens=16,
+                            extra_body={"min_tokens": 20})
+    assert rs.value.param == "min_tokens"
+    assert rs.value.body["message"] == (  # type: ignore[index]
+        "min_tokens (20) must not exceed max_output_tokens (16)")
+    for field in ("max_completion_tokens", "max_tokens"):
+        with pytest.raises(openai.BadRequestError) as chat:
+            oa.chat.completions.create(model=MODEL, messages=U, extra_body=extra,
+                                       **{field: 3})  # type: ignore[call-overload]
+        assert chat.value.param == "min_tokens"
+        assert chat.value.body["message"] == (  # type: ignore[index]
+            f"min_tokens (5) must not exceed {field} (3)")
+    with pytest.raises(anthropic.BadRequestError) as an:
+        _anthropic(live).messages.create(model=MODEL, max_tokens=3, messages=U,
+                                         extra_body=extra)
+    assert an.value.body["error"]["message"] == (  # type: ignore[index]
+        "min_tokens (5) must not exceed max_tokens (3)")
+    # NOTE: the ollama client sends no Coda extension (min_tokens): its HTTP API, as it posts
+    for path, body in (("/api/generate", {"prompt": "hi"}), ("/api/chat", {"messages": U})):
+        ol = httpx.post(live.url + path, json={"model": MODEL, "stream": False, **body,
+                                               "options": {"num_predict": 3}, **extra})
+        assert ol.status_code == 400
+        assert ol.json() == {"error": "min_tokens (5) must not exceed options.num_predict (3)"}

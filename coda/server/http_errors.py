@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -113,6 +114,22 @@ def error_response(protocol: Protocol, status: int, message: str, *, param: str 
     return JSONResponse(payload, status_code=status, headers=headers)
 
 
+def _wire_words(message: str, rename: Mapping[str, str]) -> str:
+    """The engine's message in the wire's words: every engine field it names, as a whole
+    identifier, is the protocol's own (``min_tokens (5) must not exceed max_output_tokens
+    (3)`` on Responses, the error's own field or another). "prompt" in the engine's words is
+    the prompt itself ("the prompt has 9000 tokens"), what every protocol builds from its
+    messages / input: renamed, it read "the messages has 9000 tokens"; it stays (the field is
+    named before it instead)."""
+    names = {k: v for k, v in rename.items() if k != "prompt" and v != k}
+    if not names:
+        return message
+    # NOTE: one pass (a wire name is never renamed again); ``stop`` is not ``stop_token_ids``'s
+    # nor ``early_stop.stop``'s
+    pattern = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.])(?:{pattern})(?!\w)", lambda m: names[m[0]], message)
+
+
 def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None,
                    prompt: int | None = None) -> ApiError:
     """A typed engine/validation error as an :class:`ApiError`; ``rename`` maps engine field
@@ -123,12 +140,7 @@ def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None,
     param = exc.field
     if param is not None and rename:
         param = rename.get(param, param)
-    message = exc.message
-    # NOTE: "prompt" in the engine's words is the prompt itself ("the prompt has 9000 tokens"),
-    # what every protocol builds from its messages / input: renamed, it read "the messages
-    # has 9000 tokens"; the field is named before it instead
-    if exc.field and param != exc.field and exc.field != "prompt":
-        message = message.replace(exc.field, param or exc.field)
+    message = _wire_words(exc.message, rename or {})
     if param and param not in message:
         message = f"{param}: {message}"
     if prompt is not None:

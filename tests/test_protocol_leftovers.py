@@ -6,6 +6,7 @@ naming the field the client sent).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -167,3 +168,71 @@ def test_d1_l4_min_tokens_over_the_budget_names_the_budget_as_sent(
                                                "options": {"num_predict": 3}, **extra})
         assert ol.status_code == 400
         assert ol.json() == {"error": "min_tokens (5) must not exceed options.num_predict (3)"}
+
+
+@pytest.fixture
+def held(served: tuple[Any, LiveServer]) -> Iterator[tuple[Any, LiveServer]]:
+    """The served engine's thread held by an embedding (no step admits anything) while the
+    test runs, so what admission sees depends on the requests alone, never on timing."""
+    engine, live = served
+    release, running = threading.Event(), threading.Event()
+    forward = engine.runner.embed
+
+    def hold(token_ids: Any) -> Any:
+        running.set()
+        release.wait(60)
+        return forward(token_ids)
+
+    engine.runner.embed = hold
+    try:
+        engine.embed_future([5, 6, 7])
+        assert running.wait(30), "the engine thread never ran the holding embedding"
+        yield engine, live
+    finally:
+        release.set()
+        engine.runner.embed = forward
+
+
+def test_l5_rows_over_the_waiting_bound_fit_an_idle_server(
+        served: tuple[Any, LiveServer]) -> None:
+    """L5: a request asking for more generations (``n``, prompts x ``n``) than
+    ``--max-waiting`` is served on an idle server whose free batch slots take the rest
+    (``SLOTS`` + ``BOUND`` rows); only one larger than the server could ever hold (batch
+    slots + waiting bound) is the 400 no retry could pass, saying so."""
+    _, live = served
+    oa = _openai(live)
+    chat = oa.chat.completions.create(model=MODEL, messages=U, n=BOUND + 1, max_tokens=2)
+    assert len(chat.choices) == BOUND + 1
+    batch = oa.completions.create(model=MODEL, prompt=["a", "b"], n=2, max_tokens=2)
+    assert len(batch.choices) == SLOTS + BOUND == 4
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model=MODEL, messages=U, n=SLOTS + BOUND + 1, max_tokens=2)
+    assert err.value.code == "invalid_request" and "retry-after" not in err.value.response.headers
+    assert (f"asks for {SLOTS + BOUND + 1} generations (prompts x n), more than the "
+            f"{SLOTS + BOUND} this server can ever hold") in err.value.message
+
+
+def test_l5_rows_past_the_free_slots_on_a_busy_server_are_a_429(
+        held: tuple[Any, LiveServer]) -> None:
+    """L5: the same request that an idle server takes is, on a busy one, the 429 with
+    ``Retry-After`` a client retries (OpenAI ``RateLimitError``; Anthropic's 529
+    ``overloaded_error`` once the queue itself is full): what is free now, not what the
+    server could ever hold."""
+    from coda.engine.types import GenerationRequest
+
+    engine, live = held
+    busy = [engine.submit(GenerationRequest((1, 2, 3), max_tokens=1)) for _ in range(SLOTS)]
+    try:
+        with pytest.raises(openai.RateLimitError) as err:
+            _openai(live).chat.completions.create(model=MODEL, messages=U, n=BOUND + 1,
+                                                  max_tokens=2)
+        assert err.value.code == "overloaded"
+        assert err.value.response.headers["retry-after"] == "1"
+        busy += [engine.submit(GenerationRequest((1, 2, 3), max_tokens=1))
+                 for _ in range(BOUND)]
+        with pytest.raises(anthropic.OverloadedError) as full:
+            _anthropic(live).messages.create(model=MODEL, max_tokens=2, messages=U)
+        assert full.value.response.headers["retry-after"] == "1"
+    finally:
+        for h in busy:
+            h.cancel()

@@ -236,3 +236,20 @@ def test_l5_rows_past_the_free_slots_on_a_busy_server_are_a_429(
     finally:
         for h in busy:
             h.cancel()
+
+
+def test_d1_early_stop_min_over_max_names_the_policy_keys_as_sent(
+        served: tuple[Any, LiveServer]) -> None:
+    """D1: an early-stop policy whose ``minTokens`` exceeds its ``maxTokens`` is a 400 naming
+    both keys as the client spelled them (the reference's camelCase, or snake_case) under
+    ``early_stop``, never the engine's snake_case names alone, nor its ``min_tokens`` twice."""
+    _, live = served
+    policy = {"deadlineMs": 100, "confidenceThreshold": 0.5, "noRetryAfterFirstFrame": False}
+    for lo, hi in (("minTokens", "maxTokens"), ("min_tokens", "max_tokens")):
+        with pytest.raises(openai.BadRequestError) as err:
+            _openai(live).completions.create(
+                model=MODEL, prompt="hi", max_tokens=3,
+                extra_body={"early_stop": {lo: 5, hi: 3, **policy}})
+        assert err.value.param == f"early_stop.{lo}"
+        assert err.value.body["message"] == (  # type: ignore[index]
+            f"early_stop.{lo} must not exceed early_stop.{hi}")

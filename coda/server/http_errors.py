@@ -114,7 +114,7 @@ def error_response(protocol: Protocol, status: int, message: str, *, param: str 
     return JSONResponse(payload, status_code=status, headers=headers)
 
 
-def _wire_words(message: str, rename: Mapping[str, str]) -> str:
+def wire_words(message: str, rename: Mapping[str, str]) -> str:
     """The engine's message in the wire's words: every engine field it names, as a whole
     identifier, is the protocol's own (``min_tokens (5) must not exceed max_output_tokens
     (3)`` on Responses, the error's own field or another). "prompt" in the engine's words is
@@ -140,7 +140,7 @@ def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None,
     param = exc.field
     if param is not None and rename:
         param = rename.get(param, param)
-    message = _wire_words(exc.message, rename or {})
+    message = wire_words(exc.message, rename or {})
     if param and param not in message:
         message = f"{param}: {message}"
     if prompt is not None:

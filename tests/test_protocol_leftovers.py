@@ -253,3 +253,36 @@ def test_d1_early_stop_min_over_max_names_the_policy_keys_as_sent(
         assert err.value.param == f"early_stop.{lo}"
         assert err.value.body["message"] == (  # type: ignore[index]
             f"early_stop.{lo} must not exceed early_stop.{hi}")
+
+
+def test_l5_gemma3_batch_and_count_refusals_name_the_prompt() -> None:
+    """L5 on Gemma 3 270M (a GGUF SentencePiece tokenizer, whose byte-length bound refuses a
+    huge prompt before tokenizing): a batch's huge prompt is named by its index, and
+    ``count_tokens`` of a prompt over the context is the create's 400. Skipped without the
+    GGUF (CI has none)."""
+    from coda.engine.async_engine import AsyncEngine
+    from coda.engine.types import EngineConfig
+    from coda.server.app import create_app
+    from tests.openai_sweep_support import GEMMA
+
+    if not GEMMA.exists():
+        pytest.skip(f"{GEMMA} is not here")
+    engine = AsyncEngine.from_model_dir(str(GEMMA), EngineConfig(
+        max_num_seqs=2, kv_cache_bytes=64 * 2**20, max_model_len=CONTEXT, default_max_tokens=4))
+    engine.start()
+    live = LiveServer(create_app(engine, manage_engine=False)).start()
+    try:
+        model = _openai(live).models.list().data[0].id
+        with pytest.raises(openai.BadRequestError) as err:
+            _openai(live).completions.create(model=model, prompt=["hi", "word " * 5000],
+                                             max_tokens=2)
+        body: Any = err.value.body
+        assert body["message"].startswith("prompt[1]: the prompt has at least"), body
+        assert body["param"] == "prompt" and body["code"] == "context_length_exceeded"
+        with pytest.raises(anthropic.BadRequestError) as counted:
+            _anthropic(live).messages.count_tokens(
+                model=model, messages=[{"role": "user", "content": "word " * 300}])
+        assert f"context is {CONTEXT} tokens" in str(counted.value)
+    finally:
+        live.stop()
+        engine.shutdown()

@@ -136,6 +136,17 @@ _POLICY_KEYS: dict[str, str] = {
 _REQUIRED_KEYS: tuple[str, ...] = tuple(k for k in _SNAKE_TO_CAMEL if k != "require_closure")
 
 
+def sent_keys(data: object) -> dict[str, str]:
+    """Each policy field (its snake_case name, an error's ``field``) → the key ``data`` spelled
+    it with (snake_case or camelCase), for errors in the client's own words; a field not sent
+    keeps its name."""
+    out = dict(zip(_SNAKE_TO_CAMEL, _SNAKE_TO_CAMEL, strict=True))
+    for key in data if isinstance(data, Mapping) else ():
+        if isinstance(key, str) and key in _POLICY_KEYS:
+            out[_POLICY_KEYS[key]] = key
+    return out
+
+
 # --------------------------------------------------------------------------- D2
 class EarlyStopReason(StrEnum):
     """D2: why a delta did (or did not) stop the stream."""

@@ -7,7 +7,7 @@ streams got 7-15 429s, because each counted as waiting until the engine's next s
 The engine thread is held here (an embedding running on it), so no step admits anything while
 the burst arrives: what is accepted depends on the admission rule alone, never on timing.
 The 429 is OpenAI's overloaded answer (``type: "server_error"``, not the request's fault),
-Anthropic's ``rate_limit_error``, Ollama's own busy answer (503 ``{"error"}``), through the
+Anthropic's 529 ``overloaded_error``, Ollama's own busy answer (503 ``{"error"}``), through the
 official clients.
 """
 
@@ -100,10 +100,10 @@ def test_a_burst_of_slots_plus_bound_is_all_accepted_and_one_more_is_refused_l5(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert err.value.code == "overloaded" and err.value.type == "server_error"
     assert err.value.response.headers["retry-after"] == "1"
-    with pytest.raises(anthropic.RateLimitError) as aerr:
+    with pytest.raises(anthropic.OverloadedError) as aerr:
         anthropic.Anthropic(base_url=live.url, api_key="k", max_retries=0).messages.create(
             model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "hi"}])
-    assert aerr.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert aerr.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
     with pytest.raises(ollama.ResponseError) as oerr:
         ollama.Client(host=live.url).generate(model=MODEL, prompt="hi",
                                               options={"num_predict": 3})

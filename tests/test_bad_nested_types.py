@@ -6,8 +6,8 @@ rather than an empty turn (SPEC P1: the request is refused before it starts;
 "bad input is a 4xx, never a 5xx"). Found by the black-box acceptance run (accept37), where
 each of these bodies got a 500 and the connection was dropped.
 
-A batch of more generations (prompts x n) than ``max_waiting`` lets wait can never be
-admitted: it is a 400, not a 429 whose ``Retry-After`` sends the SDKs into retries that all
+A batch of more generations (prompts x n) than the server could ever hold (its batch slots
+and ``max_waiting`` waiting) can never be admitted: it is a 400, not a 429 whose ``Retry-After`` sends the SDKs into retries that all
 fail the same way (SPEC L5: the refusal names its real cause, not an overload)."""
 
 from __future__ import annotations
@@ -113,16 +113,16 @@ def test_good_tool_history_still_renders(server_live: Any) -> None:
 
 
 def test_batch_larger_than_the_waiting_bound_is_a_400_not_a_429(server_spawn: Any) -> None:
-    """SPEC L5: 3 prompts x n=2 = 6 generations against ``max_waiting=4`` can never be
-    admitted, whatever the queue holds: 400 (no ``Retry-After``), while a batch within the
-    bound is served as before."""
+    """SPEC L5: 5 prompts x n=14 = 70 generations against 64 batch slots and
+    ``max_waiting=4`` can never be admitted, whatever the queue holds: 400 (no
+    ``Retry-After``), while a batch within what the server holds is served as before."""
     live = server_spawn(settings=ServerSettings(max_waiting=4))
-    body = {"model": MODEL, "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 2}
+    body = {"model": MODEL, "prompt": ["a", "b", "c", "d", "e"], "n": 14, "max_tokens": 2}
     r = httpx.post(live.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 400, r.text
     assert "retry-after" not in r.headers
     err = r.json()["error"]
-    assert err["type"] == "invalid_request_error" and "6 generations" in err["message"]
+    assert err["type"] == "invalid_request_error" and "70 generations" in err["message"]
     ok = httpx.post(live.url + "/v1/completions", json={**body, "n": 1}, timeout=60)
     assert ok.status_code == 200, ok.text
 

@@ -1,8 +1,8 @@
 """Prompt scoring (legacy completions ``echo`` + ``logprobs``, lm-eval's ``max_tokens: 0``)
 passes the server's admission rule like any request (docs/api.md, "Overload"; SPEC L5, O1):
 its scoring engine requests are engine requests, so a full waiting queue answers 429 +
-``Retry-After`` *before* the prompt is scored, and a batch of more prompts than
-``--max-waiting`` lets wait is a 400 before any is scored. Before, the scoring requests were
+``Retry-After`` *before* the prompt is scored, and a batch of more prompts than the server
+could ever hold (its batch slots and ``--max-waiting`` waiting) is a 400 before any is scored. Before, the scoring requests were
 submitted past the bound (the 429/400 came only after the scoring had run), through the
 official ``openai`` client over loopback."""
 
@@ -74,16 +74,17 @@ def test_scoring_is_refused_429_on_a_full_queue_before_it_is_scored_l5(
 
 def test_scoring_batch_over_the_bound_is_a_400_before_it_is_scored_l5(
         one_slot: tuple[Any, list[str]]) -> None:
-    """L5: three prompts against ``max_waiting=2`` can never be admitted: the 400 any such
-    batch gets, before any of them is scored (no engine request submitted)."""
+    """L5: four prompts against one batch slot and ``max_waiting=2`` can never be admitted:
+    the 400 any such batch gets, before any of them is scored (no engine request
+    submitted)."""
     from coda.server.app import create_app
 
     engine, submitted = one_slot
     live = LiveServer(create_app(engine, settings=ServerSettings(max_waiting=2))).start()
     try:
         with pytest.raises(openai.BadRequestError) as err:
-            _client(live).completions.create(**SCORE, prompt=["a b", "c d", "e f"])
-        assert "more than the 2" in err.value.message
+            _client(live).completions.create(**SCORE, prompt=["a b", "c d", "e f", "g h"])
+        assert "more than the 3 this server can ever hold" in err.value.message
         assert submitted == []
     finally:
         live.stop()

@@ -225,7 +225,7 @@ def test_tokenizing_never_holds_the_event_loop(guarded: LiveServer, monkeypatch:
 def test_429_with_retry_after_past_the_waiting_bound(server_checkpoint: Path) -> None:
     """A bounded waiting queue: with one batch slot and max_waiting=1, a third concurrent
     request gets 429 + Retry-After in the protocol's shape (OpenAI's ``server_error`` type,
-    Anthropic's ``rate_limit_error``), while the second waits."""
+    Anthropic's 529 ``overloaded_error``), while the second waits."""
     from coda.engine.async_engine import AsyncEngine
     from coda.engine.types import EngineConfig
     from coda.server.app import create_app
@@ -243,6 +243,7 @@ def test_429_with_retry_after_past_the_waiting_bound(server_checkpoint: Path) ->
             assert r.json()["error"]["type"] == "server_error"
             a = httpx.post(live.url + "/v1/messages", json={
                 "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
-            assert a.status_code == 429 and a.json()["error"]["type"] == "rate_limit_error"
+            assert a.status_code == 529 and a.json()["error"]["type"] == "overloaded_error"
+            assert a.headers["retry-after"] == "1"
     finally:
         live.stop()

@@ -36,9 +36,9 @@ def check_flags(args: ServeArgs) -> None:
         if not 0 < value < float("inf"):
             fail(f"{flag} must be a number > 0, got {value}")
     refuse_exact_and_fraction(args.kv_cache_bytes, args.kv_cache_fraction)
-    if args.max_waiting == 0:  # NOTE: it also bounds one request's generations: 0 refuses all
-        fail("--max-waiting 0 would refuse every request (it is also the most generations, "
-             "prompts x n, one request may ask for); use 1 or more, or -1 for unbounded")
+    if args.max_waiting == 0:  # NOTE: nothing may wait: a busy server refuses every request
+        fail("--max-waiting 0 would let no request wait for a batch slot (each one past the "
+             "free slots refused); use 1 or more, or -1 for unbounded")
 
 
 def check_redis(url: str) -> None:

@@ -229,10 +229,7 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
     """The one check and derivation of the token budget: ``(max_tokens, context_bound)``."""
     room = limits.context_length - prompt_len
     asked = req.max_tokens
-    if room < 0 or (room == 0 and not _scores_only(asked)):
-        raise ContextLengthExceededError(
-            f"the prompt has {prompt_len} tokens; this model's context is "
-            f"{limits.context_length} tokens", field="prompt")
+    check_prompt_room(prompt_len, limits.context_length, asked)
     if _is_int(asked) and asked == NO_LIMIT:
         return room, True  # NOTE: no limit but the context: it ends context_limit (L4)
     if asked is None:
@@ -252,6 +249,16 @@ def _budget(req: GenerationRequest, limits: ModelLimits, prompt_len: int) -> tup
         raise InvalidRequestError(f"min_tokens ({req.sampling.min_tokens}) must not exceed "
                                   f"max_tokens ({asked})", field="min_tokens")
     return asked, False
+
+
+def check_prompt_room(prompt_len: int, context_length: int, asked: object = None) -> None:
+    """The prompt alone leaves room for an output token (all the context for a scoring request,
+    ``max_tokens: 0``), else ContextLengthExceededError naming ``prompt``: the plan's check,
+    and the token-count routes' (a count of a prompt no create would take is that 400)."""
+    if prompt_len > context_length or (prompt_len == context_length and not _scores_only(asked)):
+        raise ContextLengthExceededError(
+            f"the prompt has {prompt_len} tokens; this model's context is "
+            f"{context_length} tokens", field="prompt")
 
 
 def _scores_only(asked: object) -> bool:

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from coda.errors import InvalidRequestError
+from coda.engine.plan import check_prompt_room
+from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.server import tools as tl
 from coda.server.anthropic_checks import (
     THINKING_OFF,
@@ -39,7 +40,7 @@ from coda.server.anthropic_stream import (
 )
 from coda.server.chat import render_chat
 from coda.server.common import collect, create, new_id, state_of
-from coda.server.http_errors import anthropic_error, failed_json, is_failed
+from coda.server.http_errors import anthropic_error, api_error_from, failed_json, is_failed
 from coda.server.mapping import coda_extension
 from coda.server.params import plan_call
 from coda.server.protocol_schemas import AnthropicCountRequest, AnthropicMessage, AnthropicRequest
@@ -269,4 +270,10 @@ async def count_tokens(body: AnthropicCountRequest, request: Request) -> Respons
     if body.thinking is not None:
         thinking_budget(body.thinking, None)  # NOTE: counted or not, checked as on /v1/messages
     ids = await asyncio.to_thread(_prompt_ids, st, body, tool_plan(body))
+    # NOTE: as Anthropic: a prompt over the context is no count but the create's 400
+    # ("prompt is too long"), named as /v1/messages names it
+    try:
+        check_prompt_room(len(ids), st.engine.context_length)
+    except ContextLengthExceededError as exc:
+        raise api_error_from(exc, {"prompt": "messages"}) from None
     return JSONResponse({"input_tokens": len(ids)})

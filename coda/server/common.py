@@ -163,7 +163,7 @@ async def create(request: Request, record: Record, adapter: Adapter[B]) -> Respo
     """Submit → store → stream or wait → final, for any protocol (``record``: the adapter's
     parse, not yet submitted)."""
     st = state_of(request)
-    handles = st.submit_all(record.requests, record.rename)
+    handles = st.submit_all(record.requests, record.rename, record.prompt_of)
     record.handles.extend(handles)
     record.requests = ()  # NOTE: submitted: the engine holds them; the store keeps no prompts
     st.store.put(record)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -35,7 +36,13 @@ Protocol = Literal["openai", "anthropic", "ollama"]
 
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-                    429: "rate_limit_error", 503: "overloaded_error"}
+                    429: "rate_limit_error", 529: "overloaded_error"}
+# NOTE: Anthropic's overload is 529 overloaded_error ("temporarily overloaded", for every
+# client); its 429 rate_limit_error is one account's own rate limit, which Coda has none of.
+# A full waiting queue (admission's 429) and a server shutting down or a model that cannot
+# start (503) are the server's state, not the caller's: both are Anthropic's 529
+_ANTHROPIC_OVERLOAD = frozenset({429, 503})
+ANTHROPIC_OVERLOADED = 529
 
 
 class ApiError(Exception):
@@ -97,6 +104,8 @@ def error_response(protocol: Protocol, status: int, message: str, *, param: str 
         # NOTE: Ollama's own full queue (OLLAMA_MAX_QUEUE) answers 503 "server busy, please
         # try again": what a client written against Ollama handles (it never sends a 429)
         status = 503
+    if protocol == "anthropic" and status in _ANTHROPIC_OVERLOAD:
+        status = ANTHROPIC_OVERLOADED  # NOTE: anthropic.OverloadedError, retried by the SDK
     payload = error_payload(protocol, status, message, param=param, code=code)
     if protocol == "anthropic":  # NOTE: one id, in the body and the header (module doc)
         rid = (headers or {}).get("request-id") or fresh_request_id()
@@ -105,20 +114,38 @@ def error_response(protocol: Protocol, status: int, message: str, *, param: str 
     return JSONResponse(payload, status_code=status, headers=headers)
 
 
-def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None) -> ApiError:
+def wire_words(message: str, rename: Mapping[str, str]) -> str:
+    """The engine's message in the wire's words: every engine field it names, as a whole
+    identifier, is the protocol's own (``min_tokens (5) must not exceed max_output_tokens
+    (3)`` on Responses, the error's own field or another). "prompt" in the engine's words is
+    the prompt itself ("the prompt has 9000 tokens"), what every protocol builds from its
+    messages / input: renamed, it read "the messages has 9000 tokens"; it stays (the field is
+    named before it instead)."""
+    names = {k: v for k, v in rename.items() if k != "prompt" and v != k}
+    if not names:
+        return message
+    # NOTE: one pass (a wire name is never renamed again); ``stop`` is not ``stop_token_ids``'s
+    # nor ``early_stop.stop``'s
+    pattern = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.])(?:{pattern})(?!\w)", lambda m: names[m[0]], message)
+
+
+def api_error_from(exc: CodaError, rename: Mapping[str, str] | None = None,
+                   prompt: int | None = None) -> ApiError:
     """A typed engine/validation error as an :class:`ApiError`; ``rename`` maps engine field
-    names (``deadline_s``, ``prompt``) to the protocol's own (``deadline``, ``messages``)."""
+    names (``deadline_s``, ``prompt``) to the protocol's own (``deadline``, ``messages``).
+    ``prompt``: the error is one prompt's of a batch (legacy completions' list of prompts),
+    named by its index in the message (``prompt[2]: ...``, as OpenAI and vLLM name it); the
+    ``param`` stays the field (``prompt``, ``max_tokens``)."""
     param = exc.field
     if param is not None and rename:
         param = rename.get(param, param)
-    message = exc.message
-    # NOTE: "prompt" in the engine's words is the prompt itself ("the prompt has 9000 tokens"),
-    # what every protocol builds from its messages / input: renamed, it read "the messages
-    # has 9000 tokens"; the field is named before it instead
-    if exc.field and param != exc.field and exc.field != "prompt":
-        message = message.replace(exc.field, param or exc.field)
+    message = wire_words(exc.message, rename or {})
     if param and param not in message:
         message = f"{param}: {message}"
+    if prompt is not None:
+        name = (rename or {}).get("prompt", "prompt")
+        message = f"{name}[{prompt}]: {message.removeprefix(f'{name}: ')}"
     if isinstance(exc, ModelNotFoundError):
         return ApiError(404, message, param="model", code="model_not_found")
     if isinstance(exc, ContextLengthExceededError):

@@ -24,7 +24,7 @@ from coda.server.chat import render_chat
 from coda.server.chat_store import stored_fields
 from coda.server.common import create, new_id, state_of
 from coda.server.fields import check_metadata, check_modalities, effort_budget, served_tier
-from coda.server.http_errors import ApiError, failed_json, is_failed, openai_error
+from coda.server.http_errors import ApiError, api_error_from, failed_json, is_failed, openai_error
 from coda.server.legacy_functions import has_legacy_history, legacy_history, legacy_tools
 from coda.server.mapping import (
     coda_extension,
@@ -128,9 +128,13 @@ def _prompts(st: ServerState, body: ChatCompletionRequest | CompletionRequest,
     if all(isinstance(x, int) for x in p):
         return [list(p)]  # type: ignore[arg-type]
     out = []
-    for item in p:
-        out.append(st.encode(item, add_special_tokens=True) if isinstance(item, str)
-                   else list(item))  # type: ignore[arg-type]
+    items: list[str | list[int]] = list(p)  # type: ignore[arg-type]
+    for k, item in enumerate(items):
+        try:
+            out.append(st.encode(item, add_special_tokens=True) if isinstance(item, str)
+                       else list(item))
+        except InvalidRequestError as exc:  # NOTE: a batch's error names its prompt's index
+            raise api_error_from(exc, prompt=k if len(p) > 1 else None) from None
     return out
 
 

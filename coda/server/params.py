@@ -20,11 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from coda.early_stop import EarlyStopPolicy
+from coda.early_stop import EarlyStopPolicy, sent_keys
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams, normalise_logit_bias
+from coda.server.http_errors import wire_words
 from coda.server.records import DisconnectPolicy, Record
 from coda.server.render_spec import RecordKind, RenderSpec
 from coda.server.schemas import CodaExtensions, ResponseFormat
@@ -139,9 +140,14 @@ def _early_stop(raw: dict[str, Any] | None) -> EarlyStopPolicy | None:
     try:
         return EarlyStopPolicy.from_dict(raw)
     except InvalidRequestError as exc:
-        name = f"early_stop.{exc.field}" if exc.field and exc.field != "early_stop" else \
-            "early_stop"
-        raise InvalidRequestError(exc.message, field=name) from None
+        # NOTE: every policy key the message names as the client sent it, under early_stop
+        # (``early_stop.minTokens must not exceed early_stop.maxTokens``): the errors' one
+        # engine-to-wire renaming
+        rename = {k: f"early_stop.{sent}" for k, sent in sent_keys(raw).items()}
+        field = exc.field or "early_stop"
+        name = "early_stop" if field == "early_stop" else rename.get(field, f"early_stop.{field}")
+        raise InvalidRequestError(wire_words(exc.message.removeprefix("early_stop: "), rename),
+                                  field=name) from None
 
 
 def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: RenderSpec, *,
@@ -218,4 +224,6 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
               "response_format": grammar_field}
     return Record(call_id, kind, [], int(time.time()), model, spec, background,
                   requests=tuple(requests), rename=rename, stream=stream,
+                  prompt_of=tuple(k for k in range(len(prompts)) for _ in range(n))
+                  if len(prompts) > 1 else (),
                   on_disconnect=on_disconnect, keep=keep)

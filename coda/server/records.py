@@ -60,6 +60,8 @@ class Record:
     # once submitted, so a stored record does not keep its prompts
     requests: tuple[GenerationRequest, ...] = field(default=(), repr=False)
     rename: Mapping[str, str] = field(default_factory=dict)
+    # NOTE: each request's prompt index where the call has several prompts (errors name it)
+    prompt_of: tuple[int, ...] = field(default=(), repr=False)
     stream: bool = False
     on_disconnect: DisconnectPolicy | None = None
     keep: bool = True

@@ -14,8 +14,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from coda.engine.plan import check_prompt_room
 from coda.engine.types import GrammarSpec
-from coda.errors import InvalidRequestError
+from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import create, new_id, state_of
@@ -26,7 +27,7 @@ from coda.server.fields import (
     responses_effort,
     served_tier,
 )
-from coda.server.http_errors import failed_json, is_failed
+from coda.server.http_errors import api_error_from, failed_json, is_failed
 from coda.server.openai_checks import check_json_word_responses
 from coda.server.params import check_json_schema_format, plan_call, sampled_top_p
 from coda.server.protocol_schemas import (
@@ -273,5 +274,9 @@ async def count_input_tokens(body: ResponsesCountRequest, request: Request) -> R
     sent = body.model_dump(exclude_none=True, by_alias=True)
     parsed = await RESPONSES.parse(st, ResponsesRequest.model_validate(
         {"model": st.engine.model_name, "input": [], **sent, "store": False}))
-    return JSONResponse({"object": "response.input_tokens",
-                         "input_tokens": len(parsed.requests[0].prompt_token_ids)})
+    ids = parsed.requests[0].prompt_token_ids
+    try:  # NOTE: an input no create would take (over the context) is the create's 400
+        check_prompt_room(len(ids), st.engine.context_length)
+    except ContextLengthExceededError as exc:
+        raise api_error_from(exc, parsed.rename) from None
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(ids)})

@@ -57,7 +57,7 @@ class ServerSettings:
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
         if self.max_waiting is not None and self.max_waiting < 1:
-            # NOTE: the bound is also the most generations one request may ask for: 0 refuses all
+            # NOTE: 0 lets nothing wait: a busy server would refuse every request
             raise ValueError("max_waiting must be >= 1 (or None)")
         if not self.keepalive_s > 0:
             raise ValueError("keepalive_s must be > 0")
@@ -162,8 +162,10 @@ class ServerState:
                            code="model_not_found")
 
     def submit_all(self, requests: Sequence[GenerationRequest],
-                   rename: Mapping[str, str]) -> list[EngineHandle]:
-        """Submit every request or none (a failure cancels those already queued)."""
+                   rename: Mapping[str, str], prompt_of: Sequence[int] = ()
+                   ) -> list[EngineHandle]:
+        """Submit every request or none (a failure cancels those already queued); an error
+        names the failing request's prompt by ``prompt_of`` (a batch's prompt index)."""
         self.admit(len(requests))
         self.metrics.listen()  # NOTE: before submitting: a request may end before it is tracked
         handles: list[EngineHandle] = []
@@ -173,7 +175,8 @@ class ServerState:
         except CodaError as exc:
             for h in handles:
                 h.cancel(CancelCause.CLIENT)
-            raise api_error_from(exc, rename) from None
+            raise api_error_from(exc, rename, prompt_of[len(handles)] if prompt_of
+                                 else None) from None
         except (ImportError, ValueError, TypeError) as exc:
             # NOTE: a grammar (or early-stop policy) the engine cannot compile is bad input,
             # not a server fault; anything else is re-raised.
@@ -194,23 +197,28 @@ class ServerState:
     def admit(self, incoming: int, what: str = "generations (prompts x n)",
               takes_slot: bool = True) -> None:
         """The admission rule for ``incoming`` new engine requests (docs/api.md, "Overload"):
-        503 while shutting down; a bounded waiting queue: past ``max_waiting`` a request gets
-        429 + Retry-After, a batch larger than the bound itself a 400 (naming ``what`` it asks
-        for). Every engine request a route submits passes here first (a prompt-scoring one
-        too, coda.server.echo; an embedding call, coda.server.embeddings, which holds no batch
-        slot: ``takes_slot`` False)."""
+        503 while shutting down; a bounded waiting queue: a request that would leave more than
+        ``max_waiting`` waiting gets 429 + Retry-After, one larger than the server could ever
+        hold (its batch slots, ``max_num_seqs``, and ``max_waiting`` waiting) a 400 naming
+        ``what`` it asks for. Every engine request a route submits passes here first (a
+        prompt-scoring one too, coda.server.echo; an embedding call, coda.server.embeddings,
+        which holds no batch slot: ``takes_slot`` False, only the bound)."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code=ErrorCode.ENGINE_SHUTDOWN.value)
         bound = self.settings.max_waiting
         if bound is None:
             return
-        if incoming > bound:  # NOTE: bound >= 1, so only a batch (prompts x n) gets here
-            # NOTE: a batch (prompts x n) larger than the bound itself can never be admitted:
-            # a 429 would send the client into retries that all fail the same way (the SDKs
-            # retry 429), and its "N requests are waiting" would name a queue that is empty
-            raise ApiError(400, f"this request asks for {incoming} {what}, "
-                                f"more than the {bound} the server lets wait (--max-waiting); "
-                                "send fewer at a time", code="invalid_request")
+        # NOTE: scaled out, one replica's slots: never more than the server holds
+        slots = self.engine.config.max_num_seqs if takes_slot else 0
+        if incoming > slots + bound:  # NOTE: bound >= 1, so only a batch (prompts x n) gets here
+            # NOTE: a batch (prompts x n) larger than an idle server holds can never be
+            # admitted: a 429 would send the client into retries that all fail the same way
+            # (the SDKs retry 429), and its "N requests are waiting" would name a queue that
+            # is empty. Within it, it is the 429 below while the server is busy
+            held = f"{slots} running (--max-num-seqs) and {bound}" if slots else f"{bound}"
+            raise ApiError(400, f"this request asks for {incoming} {what}, more than the "
+                                f"{slots + bound} this server can ever hold ({held} waiting, "
+                                "--max-waiting); send fewer at a time", code="invalid_request")
         # NOTE: only what no free batch slot takes waits: a burst on an idle server of
         # max_num_seqs + max_waiting requests is all accepted, though no step admitted any yet
         # (an embedding takes no slot: it waits whatever they are)

@@ -1,10 +1,12 @@
 """The state the trace checker keeps per request, its neighbour lookups and the resource
-rules (SPEC L7, O1), and the versions check of terminal and stop.hit rows (L4, S4). Used by
+rules (SPEC L7, O1), the versions check of terminal and stop.hit rows (L4, S4), and the split
+of one id's rows into the lifetimes of the requests that used it in turn. Used by
 :mod:`coda.trace_check`, which walks the rows and documents the rules as a whole; the output
 rules are :mod:`coda.trace_output`, the terminal's :mod:`coda.trace_terminal`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,51 @@ _DRIVER_CAUSES = frozenset({"early_stop", "shutdown"})
 TOKEN_REASONS = frozenset({"eos", "stop_sequence", "max_output_tokens", "context_limit",
                            "grammar_complete", "grammar_forced_close"})
 FINISHED_REASONS = TOKEN_REASONS | {"deadline_exceeded"}
+_STREAM = ("stream_buffer", "trace_handle")  # held from birth, released after the terminal
+
+
+def requests_of(events: Iterable[tr.TraceEvent]) -> dict[str, list[list[tr.TraceEvent]]]:
+    """A trace's rows per request id, each id's split into its lifetimes (:func:`lifetimes`)."""
+    by_id: dict[str, list[tr.TraceEvent]] = {}
+    for ev in events:
+        by_id.setdefault(ev.request_id, []).append(ev)
+    return {rid: lifetimes(rows) for rid, rows in by_id.items()}
+
+
+def lifetimes(rows: Sequence[tr.TraceEvent]) -> list[list[tr.TraceEvent]]:
+    """One id's rows (in order) split into the requests that used it one after another (the
+    Python API lets an ended request's id be used again, DuplicateRequestIdError): a new
+    lifetime starts at the row that opens a request (its ``stream_buffer`` acquisition) once
+    the current one has its terminal (only the Python API lets a caller choose an id: the
+    server's own rows, ``route.decided``, ``input.truncated``, ``model.*``, name ids it made
+    up, never reused). The ended request's releases of its stream buffer and trace handle
+    still owed go to it while the next one has only the rows its caller's thread may write
+    (its birth rows, a client's ``cancel.requested``): the driver writes those releases
+    after the terminal, which let the caller use the id again. Any other mix of two requests
+    stays in one lifetime, where the walk rejects it (acquired twice, a row after the
+    terminal: L3, L7)."""
+    out: list[list[tr.TraceEvent]] = [[]]
+    ended: list[tr.TraceEvent] | None = None  # the previous lifetime, for its owed releases
+    owed: set[str] = set()
+    done = False  # the current lifetime has its terminal
+    for ev in rows:
+        res = ev.data.get("resource")
+        if owed and ended is not None and ev.kind == tr.RESOURCE_RELEASED and res in owed:
+            owed.discard(str(res))
+            ended.append(ev)
+            continue
+        if not (ev.kind == tr.CANCEL_REQUESTED or (
+                ev.kind == tr.RESOURCE_ACQUIRED and res in _STREAM)):
+            owed = set()  # NOTE: the driver took the next request: the ended one wrote all
+        if done and ev.kind == tr.RESOURCE_ACQUIRED and res == "stream_buffer":
+            ended = out[-1]
+            owed = {k for k in _STREAM if not any(
+                e.kind == tr.RESOURCE_RELEASED and e.data.get("resource") == k for e in ended)}
+            out.append([])
+            done = False
+        out[-1].append(ev)
+        done = done or ev.kind == tr.TERMINAL
+    return out
 
 
 @dataclass

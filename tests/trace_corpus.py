@@ -296,6 +296,20 @@ def _prompt_unseen(m: Mutation, rows: list[TraceEvent]) -> bool:
         and m.value > 0 and not any(e.kind == tr.PREFILL_STARTED for e in rows)
 
 
+def _cause_of_same_ending(m: Mutation, rows: list[TraceEvent]) -> bool:
+    """A cancel's cause swapped for another that ends the same way, written in the same place
+    (the Python API's ``handle.cancel(cause)`` names any): a shutdown's for a client's (both
+    ``cancelled``; a client's may land right before the observation), a backpressure cancel's
+    for a disconnect's, and a disconnect's for a backpressure one's once bytes were sent (both
+    ``transport_error``, both from another thread; P6 wants a byte sent first)."""
+    if not _tamper(tr.CANCEL_REQUESTED, "cause")(m, rows):
+        return False
+    if (m.old, m.value) in (("shutdown", "client"), ("backpressure", "disconnect")):
+        return True
+    sent = sum(e.data["nbytes"] for e in rows[:m.i] if e.kind == tr.STREAM_DELTA)
+    return (m.old, m.value) == ("disconnect", "backpressure") and sent > 0
+
+
 def _block_count(m: Mutation, rows: list[TraceEvent]) -> bool:
     """Another count of blocks dropped by a preemption, still at least one (T4)."""
     return _tamper(tr.KV_PREEMPTED, "blocks")(m, rows) and isinstance(m.value, int) \
@@ -349,6 +363,10 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("prompt-unseen", "a request that ended before its prefill (cancelled or past its "
             "deadline while queued) shows its prompt length only in usage; another prompt "
             "writes another", _prompt_unseen),
+    Allowed("cancel-cause", "a cancel's cause is recorded in its cancel.requested row only, "
+            "and causes with the same ending written in the same place are a trace the engine "
+            "writes for another caller (a shutdown's and a client's; a disconnect's and a "
+            "backpressure cancel's once bytes were sent)", _cause_of_same_ending),
     Allowed("kv-blocks", "the blocks a preemption drops hold its cache_len tokens in blocks "
             "of the engine's block size (and a prefill's whole prompt), which the trace does "
             "not record: another block size writes another count", _block_count),

@@ -31,6 +31,9 @@ TOKEN_REASONS = frozenset({"eos", "stop_sequence", "max_output_tokens", "context
                            "grammar_complete", "grammar_forced_close"})
 FINISHED_REASONS = TOKEN_REASONS | {"deadline_exceeded"}
 _STREAM = ("stream_buffer", "trace_handle")  # held from birth, released after the terminal
+_ENDED = frozenset({"FINISHED", "CANCELLED", "FAILED"})
+# the rows a request writes after its stream closed (Request._end): the caller may reuse the id
+_LAST_ROWS = ((tr.TERMINAL, None), *((tr.RESOURCE_RELEASED, k) for k in _STREAM))
 
 
 def requests_of(events: Iterable[tr.TraceEvent]) -> dict[str, list[list[tr.TraceEvent]]]:
@@ -45,35 +48,35 @@ def lifetimes(rows: Sequence[tr.TraceEvent]) -> list[list[tr.TraceEvent]]:
     """One id's rows (in order) split into the requests that used it one after another (the
     Python API lets an ended request's id be used again, DuplicateRequestIdError): a new
     lifetime starts at the row that opens a request (its ``stream_buffer`` acquisition) once
-    the current one has its terminal (only the Python API lets a caller choose an id: the
-    server's own rows, ``route.decided``, ``input.truncated``, ``model.*``, name ids it made
-    up, never reused). The ended request's releases of its stream buffer and trace handle
-    still owed go to it while the next one has only the rows its caller's thread may write
-    (its birth rows, a client's ``cancel.requested``): the driver writes those releases
-    after the terminal, which let the caller use the id again. Any other mix of two requests
-    stays in one lifetime, where the walk rejects it (acquired twice, a row after the
-    terminal: L3, L7)."""
+    the current one has ended (its transition into FINISHED, CANCELLED or FAILED; only the
+    Python API lets a caller choose an id: the server's own rows, ``route.decided``,
+    ``input.truncated``, ``model.*``, name ids it made up, never reused). The rows the ended
+    request still owes (its terminal, its stream buffer's and trace handle's releases) go to
+    it while the next one has only the rows its caller's thread may write (its birth rows, a
+    client's ``cancel.requested``): the driver writes them after closing the stream, which
+    lets the caller use the id again. Any other mix of two requests stays in one lifetime,
+    where the walk rejects it (acquired twice, a row after the terminal: L3, L7)."""
     out: list[list[tr.TraceEvent]] = [[]]
-    ended: list[tr.TraceEvent] | None = None  # the previous lifetime, for its owed releases
-    owed: set[str] = set()
-    done = False  # the current lifetime has its terminal
+    ended: list[tr.TraceEvent] = []  # the previous lifetime, for the rows it owes
+    owed: set[tuple[str, Any]] = set()
+    done = False  # the current lifetime has ended
     for ev in rows:
-        res = ev.data.get("resource")
-        if owed and ended is not None and ev.kind == tr.RESOURCE_RELEASED and res in owed:
-            owed.discard(str(res))
+        key = (ev.kind, ev.data.get("resource"))
+        if key in owed:
+            owed.discard(key)
             ended.append(ev)
             continue
         if not (ev.kind == tr.CANCEL_REQUESTED or (
-                ev.kind == tr.RESOURCE_ACQUIRED and res in _STREAM)):
+                ev.kind == tr.RESOURCE_ACQUIRED and key[1] in _STREAM)):
             owed = set()  # NOTE: the driver took the next request: the ended one wrote all
-        if done and ev.kind == tr.RESOURCE_ACQUIRED and res == "stream_buffer":
+        if done and key == (tr.RESOURCE_ACQUIRED, "stream_buffer"):
             ended = out[-1]
-            owed = {k for k in _STREAM if not any(
-                e.kind == tr.RESOURCE_RELEASED and e.data.get("resource") == k for e in ended)}
+            owed = set(_LAST_ROWS) - {(e.kind, e.data.get("resource")) for e in ended}
             out.append([])
             done = False
         out[-1].append(ev)
-        done = done or ev.kind == tr.TERMINAL
+        done = done or ev.kind == tr.TERMINAL or (
+            ev.kind == tr.LIFECYCLE and ev.data.get("to") in _ENDED)
     return out
 
 

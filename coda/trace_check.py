@@ -57,6 +57,7 @@ from coda.trace_rules import (
     REASON_NAMES,
     STATE_NAMES,
     Request,
+    check_verify_row,
     requests_of,
 )
 from coda.trace_terminal import check_terminal
@@ -240,6 +241,7 @@ class _Walk:
         """Issue 21 (O1): a verification happens while DECODING, at the next token's choose,
         and its counts add up."""
         r, d = self.r, ev.data
+        check_verify_row(r, ev)
         if r.state != "DECODING" or d.get("t") != r.selected + 1:
             r.bad("O1", f"speculative.verify t={d.get('t')} while {r.state} with "
                         f"{r.selected} selected")

@@ -264,6 +264,18 @@ class Request:
                 self.bad("L7", f"resource {kind}: acquired {a}x, released {r}x")
 
 
+def check_verify_row(r: Request, ev: tr.TraceEvent) -> None:
+    """Issue 21 (O1): a ``speculative.verify`` row, which the neighbour checks skip (it sits
+    inside its token's step), is still the driver's: written at that token's choose, right
+    after the forward that verified (its decode.completed, or the prefill's), and read on the
+    driver's clock like every row it writes."""
+    if ev.ts_ns < r.last_ts:
+        r.bad("O1", f"ts_ns {ev.ts_ns} before the previous row's {r.last_ts}")
+    r.last_ts = ev.ts_ns
+    if r.prev_kind() not in (tr.PREFILL_COMPLETED, tr.DECODE_COMPLETED):
+        r.bad("O1", f"speculative.verify after {r.prev_kind()}, not at its token's choose")
+
+
 def check_versions(ev: tr.TraceEvent) -> list[str]:
     """L4/S4: the terminal row says which enum and tie rule decided it, and its reason is a
     member of that enum version."""

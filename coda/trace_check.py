@@ -38,7 +38,6 @@ of a real trace that no run could have produced must be rejected. The rules, per
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 
 from coda import trace as tr
@@ -58,6 +57,7 @@ from coda.trace_rules import (
     REASON_NAMES,
     STATE_NAMES,
     Request,
+    requests_of,
 )
 from coda.trace_steps import (
     on_decode_completed,
@@ -80,15 +80,15 @@ _RELEASE_ORDER = (*_MODEL, "stream_buffer", "trace_handle")
 
 def check_trace(events: Iterable[tr.TraceEvent]) -> list[str]:
     """Every violation in a trace of one or many requests (empty: the trace is sound)."""
-    by_req: dict[str, list[tr.TraceEvent]] = defaultdict(list)
-    for ev in events:
-        by_req[ev.request_id].append(ev)
     problems: list[str] = []
-    for rid, evs in by_req.items():
-        problems.extend(f"{rid}: {p}" for p in check_routes(evs))
-        if not any(e.kind in tr.KNOWN_KINDS for e in evs):
-            continue  # NOTE: not a request's rows (model.* rows; an ingress's decisions alone)
-        problems.extend(f"{rid}: {p}" for p in _Walk(evs).run())
+    # NOTE: an ended request's id may be used again (Python API): each lifetime on its own
+    for rid, lives in requests_of(events).items():
+        for n, evs in enumerate(lives, start=1):
+            who = rid if n == 1 else f"{rid} (lifetime {n})"
+            problems.extend(f"{who}: {p}" for p in check_routes(evs))
+            if not any(e.kind in tr.KNOWN_KINDS for e in evs):
+                continue  # NOTE: not a request's rows (model.* rows; an ingress's decisions)
+            problems.extend(f"{who}: {p}" for p in _Walk(evs).run())
     return problems
 
 

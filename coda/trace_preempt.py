@@ -41,6 +41,8 @@ def on_preempted(r: Request, ev: tr.TraceEvent) -> None:
     if not isinstance(blocks, int) or blocks < 0 or not isinstance(cache_len, int) or \
             cache_len < 0:
         r.bad("T4", f"kv.preempted drops {cache_len!r} tokens in {blocks!r} blocks")
+    elif cache_len > 0 and blocks == 0:
+        r.bad("T4", f"kv.preempted drops {cache_len} tokens in no block")
     elif isinstance(prompt, int) and r.state == "DECODING" and \
             cache_len != prompt + r.decoded:
         r.bad("T4", f"kv.preempted drops {cache_len} tokens; the cache held "

@@ -1,10 +1,12 @@
 """The state the trace checker keeps per request, its neighbour lookups and the resource
-rules (SPEC L7, O1), and the versions check of terminal and stop.hit rows (L4, S4). Used by
+rules (SPEC L7, O1), the versions check of terminal and stop.hit rows (L4, S4), and the split
+of one id's rows into the lifetimes of the requests that used it in turn. Used by
 :mod:`coda.trace_check`, which walks the rows and documents the rules as a whole; the output
 rules are :mod:`coda.trace_output`, the terminal's :mod:`coda.trace_terminal`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,54 @@ _DRIVER_CAUSES = frozenset({"early_stop", "shutdown"})
 TOKEN_REASONS = frozenset({"eos", "stop_sequence", "max_output_tokens", "context_limit",
                            "grammar_complete", "grammar_forced_close"})
 FINISHED_REASONS = TOKEN_REASONS | {"deadline_exceeded"}
+_STREAM = ("stream_buffer", "trace_handle")  # held from birth, released after the terminal
+_ENDED = frozenset({"FINISHED", "CANCELLED", "FAILED"})
+# the rows a request writes after its stream closed (Request._end): the caller may reuse the id
+_LAST_ROWS = ((tr.TERMINAL, None), *((tr.RESOURCE_RELEASED, k) for k in _STREAM))
+
+
+def requests_of(events: Iterable[tr.TraceEvent]) -> dict[str, list[list[tr.TraceEvent]]]:
+    """A trace's rows per request id, each id's split into its lifetimes (:func:`lifetimes`)."""
+    by_id: dict[str, list[tr.TraceEvent]] = {}
+    for ev in events:
+        by_id.setdefault(ev.request_id, []).append(ev)
+    return {rid: lifetimes(rows) for rid, rows in by_id.items()}
+
+
+def lifetimes(rows: Sequence[tr.TraceEvent]) -> list[list[tr.TraceEvent]]:
+    """One id's rows (in order) split into the requests that used it one after another (the
+    Python API lets an ended request's id be used again, DuplicateRequestIdError): a new
+    lifetime starts at the row that opens a request (its ``stream_buffer`` acquisition) once
+    the current one has ended (its transition into FINISHED, CANCELLED or FAILED; only the
+    Python API lets a caller choose an id: the server's own rows, ``route.decided``,
+    ``input.truncated``, ``model.*``, name ids it made up, never reused). The rows the ended
+    request still owes (its terminal, its stream buffer's and trace handle's releases) go to
+    it while the next one has only the rows its caller's thread may write (its birth rows, a
+    client's ``cancel.requested``): the driver writes them after closing the stream, which
+    lets the caller use the id again. Any other mix of two requests stays in one lifetime,
+    where the walk rejects it (acquired twice, a row after the terminal: L3, L7)."""
+    out: list[list[tr.TraceEvent]] = [[]]
+    ended: list[tr.TraceEvent] = []  # the previous lifetime, for the rows it owes
+    owed: set[tuple[str, Any]] = set()
+    done = False  # the current lifetime has ended
+    for ev in rows:
+        key = (ev.kind, ev.data.get("resource"))
+        if key in owed:
+            owed.discard(key)
+            ended.append(ev)
+            continue
+        if not (ev.kind == tr.CANCEL_REQUESTED or (
+                ev.kind == tr.RESOURCE_ACQUIRED and key[1] in _STREAM)):
+            owed = set()  # NOTE: the driver took the next request: the ended one wrote all
+        if done and key == (tr.RESOURCE_ACQUIRED, "stream_buffer"):
+            ended = out[-1]
+            owed = set(_LAST_ROWS) - {(e.kind, e.data.get("resource")) for e in ended}
+            out.append([])
+            done = False
+        out[-1].append(ev)
+        done = done or ev.kind == tr.TERMINAL or (
+            ev.kind == tr.LIFECYCLE and ev.data.get("to") in _ENDED)
+    return out
 
 
 @dataclass
@@ -212,6 +262,18 @@ class Request:
             a, r = self.acquired_order.count(kind), self.released_order.count(kind)
             if a != 1 or r != 1:
                 self.bad("L7", f"resource {kind}: acquired {a}x, released {r}x")
+
+
+def check_verify_row(r: Request, ev: tr.TraceEvent) -> None:
+    """Issue 21 (O1): a ``speculative.verify`` row, which the neighbour checks skip (it sits
+    inside its token's step), is still the driver's: written at that token's choose, right
+    after the forward that verified (its decode.completed, or the prefill's), and read on the
+    driver's clock like every row it writes."""
+    if ev.ts_ns < r.last_ts:
+        r.bad("O1", f"ts_ns {ev.ts_ns} before the previous row's {r.last_ts}")
+    r.last_ts = ev.ts_ns
+    if r.prev_kind() not in (tr.PREFILL_COMPLETED, tr.DECODE_COMPLETED):
+        r.bad("O1", f"speculative.verify after {r.prev_kind()}, not at its token's choose")
 
 
 def check_versions(ev: tr.TraceEvent) -> list[str]:

@@ -10,7 +10,7 @@ by :mod:`coda.trace_check` (the walk, which documents the rules as a whole) on i
 from __future__ import annotations
 
 from coda import trace as tr
-from coda.trace_rules import FAILURE_DECISIONS, Request
+from coda.trace_rules import FAILURE_DECISIONS, Request, check_verify_row
 
 
 def on_prefill_started(r: Request, ev: tr.TraceEvent) -> None:
@@ -97,8 +97,9 @@ def on_decode_completed(r: Request, ev: tr.TraceEvent) -> None:
 
 def on_speculative_verify(r: Request, ev: tr.TraceEvent) -> None:
     """Issue 21 (O1): a verification happens while DECODING, at the next token's choose,
-    and its counts add up."""
+    and its counts add up; the row sits right after the forward that verified it."""
     d = ev.data
+    check_verify_row(r, ev)
     if r.state != "DECODING" or d.get("t") != r.selected + 1:
         r.bad("O1", f"speculative.verify t={d.get('t')} while {r.state} with "
                     f"{r.selected} selected")

@@ -8,9 +8,13 @@ writer and a KV cache of a few blocks, so concurrent requests preempt each other
 ``openai`` and ``anthropic`` clients send, several at a time: normal finishes (eos, length),
 stop strings and stop ids, streamed and non-streamed, client disconnects mid-stream and while
 queued, deadlines, an early-stop policy, a JSON-schema grammar cut by its budget, logprobs,
-``n`` > 1, an incomplete UTF-8 tail dropped, and injected forward faults (one retried before
-the first frame, one final after it). The script checks the file with the trace
-checker and prints what it holds (rows, requests, endings, preemptions).
+``n`` > 1, an incomplete UTF-8 tail dropped and one refused (K3, ``utf8_tail: "fail"``), the
+context limit, a crowd of distinct prompts that the scheduler preempts (``kv.preempted``,
+``kv.reacquired``), and injected forward faults (one retried before the first frame, one final
+after it). The script checks the file with the trace checker, prints what it holds (rows,
+requests, endings, preemptions) and exits 1 when the checker finds a problem or the run lost
+an ending of ``tests.trace_corpus.FAULTMIX_ENDINGS`` or has no preemption row (timing decides
+those: run it again), so such a file is never taken for the fixture.
 """
 
 from __future__ import annotations
@@ -49,9 +53,13 @@ def _jobs(oa: Any, an: Any, url: str) -> list[Callable[[], object]]:
             body = {"model": "m", "stream": True, **kw}
             with httpx.stream("POST", f"{url}/v1/chat/completions", json=body,
                               timeout=60) as resp:
-                for i, _ in enumerate(resp.iter_lines()):
-                    if i >= after:
+                # NOTE: ``after`` deltas with text (keep-alive comments and the role's
+                # chunk do not count: a queued request sends them too)
+                seen = 0
+                for line in resp.iter_lines():
+                    if seen >= after:
                         break  # NOTE: closing the connection mid-stream: a client disconnect
+                    seen += '"content":"' in line and '"content":""' not in line
             return after
         return go
 
@@ -72,7 +80,7 @@ def _jobs(oa: Any, an: Any, url: str) -> list[Callable[[], object]]:
         chat_stream(messages=CHAT, max_tokens=48, temperature=0, stop=[" the", "."]),
         chat_stream(messages=CHAT, max_tokens=32, temperature=0.8, seed=7,
                     extra_body={"include_stop_str_in_output": True}, stop=["cat"]),
-        disconnect(4, messages=CHAT, max_tokens=64, temperature=0),           # mid-stream
+        disconnect(3, messages=CHAT, max_tokens=64, temperature=0),           # mid-stream
         disconnect(0, messages=CHAT, max_tokens=64, temperature=0),           # at once
         chat(messages=CHAT, max_tokens=80, temperature=0, extra_body={"deadline": 0.8}),
         chat(messages=CHAT, max_tokens=80, temperature=0, extra_body={"deadline": 0.01}),
@@ -89,7 +97,8 @@ def _jobs(oa: Any, an: Any, url: str) -> list[Callable[[], object]]:
         chat(messages=HI, max_tokens=10, temperature=0.9, seed=3, n=2, logprobs=True,
              top_logprobs=2),
         chat(messages=EMOJI, max_tokens=7, temperature=0, extra_body={"utf8_tail": "drop"}),
-        chat(messages=EMOJI, max_tokens=7, temperature=0),                    # K3 failure
+        chat(messages=EMOJI, max_tokens=7, temperature=0,
+             extra_body={"utf8_tail": "fail"}),                                # K3 failure
         chat(messages=HI, max_tokens=20, temperature=0, extra_body={"min_tokens": 4}),
         messages(False, messages=HI, max_tokens=30, stop_sequences=["!"]),
         messages(True, messages=CHAT, max_tokens=30),
@@ -100,12 +109,21 @@ def _jobs(oa: Any, an: Any, url: str) -> list[Callable[[], object]]:
         lambda: "".join(c.choices[0].text for c in oa.completions.create(
             model="m", prompt=DECODE_FAULT, max_tokens=24, temperature=0,
             stream=True)),                                             # decode fault: FAILED
+        # NOTE: no max_tokens, and a prompt too long for the wire's default of 16: the budget
+        # is the context's (it ends context_limit)
         lambda: "".join(c.choices[0].text for c in oa.completions.create(
-            model="m", prompt="1, 2, 3,", temperature=0, stream=True)),  # context limit
+            model="m", prompt=COUNT, temperature=0, stream=True,
+            extra_body={"ignore_eos": True})),                         # context limit
+        # NOTE: distinct prompts (the prefix cache shares equal ones' blocks) that grow past
+        # the KV cache together: the scheduler preempts (kv.preempted, kv.reacquired)
+        *(chat(messages=[{"role": "user", "content": f"Count from {i} to {i + 60}, in words."}],
+               max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+          for i in (3, 17, 42, 71)),
     ]
 
 
 PREFILL_FAULT = "Fault drill alpha: list three colours."
+COUNT = ", ".join(str(i) for i in range(1, 33)) + ","  # 118 tokens: 16 more do not fit
 DECODE_FAULT = "Fault drill bravo: list three animals."
 
 
@@ -134,7 +152,7 @@ class _Faults:
         return self.execute(chunks)
 
 
-def run(out: Path, num_blocks: int) -> None:
+def run(out: Path, num_blocks: int) -> int:
     import anthropic
     import openai
 
@@ -173,11 +191,12 @@ def run(out: Path, num_blocks: int) -> None:
     finally:
         live.stop()
         engine.shutdown()
-    _summary(out, preemptions, errors)
+    return _summary(out, preemptions, errors)
 
 
-def _summary(path: Path, preemptions: int, errors: list[str]) -> None:
+def _summary(path: Path, preemptions: int, errors: list[str]) -> int:
     from coda.trace import check_trace, read_jsonl
+    from tests.trace_corpus import FAULTMIX_ENDINGS
 
     events = read_jsonl(path)
     ends = collections.Counter((e.data["state"], e.data["reason"]) for e in events
@@ -188,6 +207,12 @@ def _summary(path: Path, preemptions: int, errors: list[str]) -> None:
                       "endings": {f"{s}/{r}": n for (s, r), n in sorted(ends.items())},
                       "preemptions": preemptions, "client_errors": errors,
                       "checker_problems": problems}, indent=1))
+    lost = sorted(f"{s}/{r}" for s, r in FAULTMIX_ENDINGS - set(ends))
+    if lost or problems or not any(e.kind == "kv.preempted" for e in events):
+        print(f"NOT A FIXTURE: endings lost {lost}, {len(problems)} checker problem(s), "
+              f"{preemptions} preemption(s)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main() -> int:
@@ -196,8 +221,7 @@ def main() -> int:
                     default=Path(tempfile.gettempdir()) / "faultmix_trace.jsonl")
     ap.add_argument("--num-blocks", type=int, default=14, help="KV cache blocks (16 tokens)")
     args = ap.parse_args()
-    run(args.out, args.num_blocks)
-    return 0
+    return run(args.out, args.num_blocks)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from coda import trace as tr
 from coda.trace import check_trace
 from tests.conftest import examples
-from tests.trace_corpus import ALLOWED, Mutation, load, mutations, run_corpus
+from tests.trace_corpus import (
+    ALLOWED,
+    Mutation,
+    load,
+    mutations,
+    run_corpus,
+)
 
 TRACES = load()
 
@@ -35,16 +41,28 @@ def test_o1_corpus_covers_every_kind_and_adjacent_pair_of_the_fault_mix() -> Non
     adjacent pair of kinds is swapped (the classes the corpus samples from)."""
     classes = {m.cls for m in mutations(TRACES)}
     kinds = {e.kind for rows in TRACES.values() for e in rows}
-    # NOTE: reasoning.split (issue 23), speculative.verify (issue 21) and the preemption rows
-    # (T4) postdate the fixture: not yet in the corpus (test_speculative.py and
-    # test_trace_preempt.py corrupt them themselves)
-    assert kinds == tr.KNOWN_KINDS - {tr.REASONING_SPLIT, tr.SPECULATIVE, tr.KV_PREEMPTED,
-                                      tr.KV_REACQUIRED}
+    # NOTE: reasoning.split (issue 23) and speculative.verify (issue 21) postdate the fixture:
+    # not yet in the corpus (test_speculative.py corrupts them itself)
+    assert kinds == tr.KNOWN_KINDS - {tr.REASONING_SPLIT, tr.SPECULATIVE}
     for kind in kinds:
         assert ("drop", kind) in classes and ("dup", kind) in classes
     pairs = {(a.kind, b.kind) for rows in TRACES.values()
              for a, b in zip(rows, rows[1:], strict=False) if (a.kind, a.data) != (b.kind, b.data)}
     assert {("swap", *p) for p in pairs} <= classes and len(pairs) >= 37
+
+
+def test_o1_t4_the_fault_mix_holds_preemptions() -> None:
+    """The fixture holds preempted requests (T4), so the corpus corrupts their rows: each
+    ``kv.preempted`` followed by its ``kv.reacquired``, on a request that then runs its model
+    again (its endings: tests/test_trace_check.py, FAULTMIX_ENDINGS)."""
+    preempted = [rows for rows in TRACES.values() if any(e.kind == tr.KV_PREEMPTED
+                                                         for e in rows)]
+    assert preempted
+    for rows in preempted:
+        kinds = [e.kind for e in rows if e.kind in (tr.KV_PREEMPTED, tr.KV_REACQUIRED)]
+        assert kinds == [tr.KV_PREEMPTED, tr.KV_REACQUIRED] * (len(kinds) // 2)
+    assert any(e.kind == tr.TOKEN_SELECTED for rows in preempted
+               for e in rows[[e.kind for e in rows].index(tr.KV_REACQUIRED):])
 
 
 _ALL = list(mutations(TRACES))

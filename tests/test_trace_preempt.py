@@ -133,6 +133,8 @@ def _broken(rows: list[TraceEvent]) -> Iterator[tuple[str, list[TraceEvent], str
         "is not the"
     yield "preempted at another token", tamper(at, t=rows[at].data["t"] + 1), \
         "kv.preempted at t="
+    # NOTE: found by the corpus over a served trace: blocks 1 -> 0 passed
+    yield "tokens dropped in no block", tamper(at, blocks=0), "tokens in no block (T4)"
     yield "preempted with the cache released", keep_ts(
         [e for e in rows if not (e.kind == tr.RESOURCE_ACQUIRED
                                  and e.data["resource"] == "kv_cache")]), \
@@ -143,7 +145,8 @@ def test_t4_o1_checker_rejects_a_broken_preemption_sequence(
         crowd: tuple[dict[str, list[TraceEvent]], float, int]) -> None:
     """A preempted request whose K/V is never reacquired before its model runs (or only after),
     a resume without a preemption, a second preemption before the resume, a recompute count
-    or token position that is not the request's, a preemption of no held cache: each is
+    or token position that is not the request's, a preemption of no held cache, cached
+    tokens dropped in no block: each is
     rejected with the rule it breaks, while the real trace passes."""
     traces, _, _ = crowd
     rows = next(rows for rows in _preempted(traces)

@@ -29,6 +29,15 @@ from coda.trace import TraceEvent, check_trace, read_jsonl
 from coda.trace_rules import CANCEL_CAUSES, FINISHED_REASONS, TOKEN_REASONS
 
 FAULTMIX = Path(__file__).parent / "data" / "faultmix_trace.jsonl"
+# Every ending (terminal state, reason) the fault mix holds; scripts/trace_faultmix.py refuses
+# a run that lost one (a regeneration once lost context_limit and the K3 failure)
+FAULTMIX_ENDINGS = frozenset({
+    ("FINISHED", "eos"), ("FINISHED", "max_output_tokens"), ("FINISHED", "stop_sequence"),
+    ("FINISHED", "context_limit"), ("FINISHED", "deadline_exceeded"),
+    ("FINISHED", "grammar_forced_close"), ("CANCELLED", "transport_error"),
+    ("CANCELLED", "max_output_tokens"),  # an early stop (D6)
+    ("FAILED", "model_error"), ("FAILED", "max_output_tokens"),  # K3: decoding_error
+})
 STATES = ("CREATED", "QUEUED", "PREFILLING", "DECODING", "DRAINING", "FINISHED",
           "CANCEL_REQUESTED", "CANCELLED", "FAILED")
 REASONS = ("eos", "stop_sequence", "grammar_complete", "max_output_tokens", "context_limit",
@@ -287,6 +296,26 @@ def _prompt_unseen(m: Mutation, rows: list[TraceEvent]) -> bool:
         and m.value > 0 and not any(e.kind == tr.PREFILL_STARTED for e in rows)
 
 
+def _cause_of_same_ending(m: Mutation, rows: list[TraceEvent]) -> bool:
+    """A cancel's cause swapped for another that ends the same way, written in the same place
+    (the Python API's ``handle.cancel(cause)`` names any): a shutdown's for a client's (both
+    ``cancelled``; a client's may land right before the observation), a backpressure cancel's
+    for a disconnect's, and a disconnect's for a backpressure one's once bytes were sent (both
+    ``transport_error``, both from another thread; P6 wants a byte sent first)."""
+    if not _tamper(tr.CANCEL_REQUESTED, "cause")(m, rows):
+        return False
+    if (m.old, m.value) in (("shutdown", "client"), ("backpressure", "disconnect")):
+        return True
+    sent = sum(e.data["nbytes"] for e in rows[:m.i] if e.kind == tr.STREAM_DELTA)
+    return (m.old, m.value) == ("disconnect", "backpressure") and sent > 0
+
+
+def _block_count(m: Mutation, rows: list[TraceEvent]) -> bool:
+    """Another count of blocks dropped by a preemption, still at least one (T4)."""
+    return _tamper(tr.KV_PREEMPTED, "blocks")(m, rows) and isinstance(m.value, int) \
+        and m.value >= 1
+
+
 def _older_enum(m: Mutation, rows: list[TraceEvent]) -> bool:
     if not _tamper(tr.TERMINAL, "finish_reason_version")(m, rows):
         return False
@@ -334,6 +363,13 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("prompt-unseen", "a request that ended before its prefill (cancelled or past its "
             "deadline while queued) shows its prompt length only in usage; another prompt "
             "writes another", _prompt_unseen),
+    Allowed("cancel-cause", "a cancel's cause is recorded in its cancel.requested row only, "
+            "and causes with the same ending written in the same place are a trace the engine "
+            "writes for another caller (a shutdown's and a client's; a disconnect's and a "
+            "backpressure cancel's once bytes were sent)", _cause_of_same_ending),
+    Allowed("kv-blocks", "the blocks a preemption drops hold its cache_len tokens in blocks "
+            "of the engine's block size (and a prefill's whole prompt), which the trace does "
+            "not record: another block size writes another count", _block_count),
     Allowed("older-enum", "an earlier finish-reason enum version that has the reason: a trace "
             "an earlier release wrote, which the checker accepts by design (L4 versioning)",
             _older_enum),

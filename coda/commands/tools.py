@@ -92,6 +92,7 @@ def check_trace_file(path: Path, left: list[int] | None = None) -> None:
     only what a run could have written to its end. ``left[0]`` gets the verdict's status before
     anything is printed: a reader that leaves (``| head -1``) does not turn 1 into 0."""
     from coda.trace import TraceReadError, check_trace, read_jsonl
+    from coda.trace_rules import requests_of
 
     cut: list[TraceReadError] = []
     try:
@@ -106,7 +107,8 @@ def check_trace_file(path: Path, left: list[int] | None = None) -> None:
         typer.secho(f"warning: {path}: the last line is cut (its writer stopped mid-row, e.g. "
                     f"killed), the partial row is ignored: {cut[0]}", fg="yellow", err=True)
     problems = check_trace(events)
-    n = len({e.request_id for e in events})
+    # NOTE: a reused id (Python API) names several requests, one after another
+    n = sum(len(lives) for lives in requests_of(events).values())
     if problems:
         if left is not None:
             left[0] = 1

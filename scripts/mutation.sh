@@ -64,6 +64,9 @@ declare -A TESTS=(
 # reasoning split, the tool-call tag window), measured under one test selection
 declare -A MUTATE=(
   [output]="coda/output*.py"
+  # NOTE: the stops split by concept the same way (stops.py: the string matcher, the hit and
+  # the tie rule; _ids: the token-id sequences; _automaton: the compiled Aho–Corasick sets)
+  [stops]="coda/stops*.py"
   # NOTE: speculation split by size the same way (speculative.py: the config; _state: a
   # request's drafting; _verify: the rows and acceptance; _costs: the draft model's costs)
   [engine/speculative]="coda/engine/speculative*.py"

@@ -67,6 +67,9 @@ declare -A MUTATE=(
   # NOTE: the stops split by concept the same way (stops.py: the string matcher, the hit and
   # the tie rule; _ids: the token-id sequences; _automaton: the compiled Aho–Corasick sets)
   [stops]="coda/stops*.py"
+  # NOTE: and the detokenizer (detokenizer.py: the incremental state; _profile: a tokenizer's
+  # byte mode and byte views; _held: the held tail read from them, and what a cut leaves)
+  [detokenizer]="coda/detokenizer*.py"
   # NOTE: speculation split by size the same way (speculative.py: the config; _state: a
   # request's drafting; _verify: the rows and acceptance; _costs: the draft model's costs)
   [engine/speculative]="coda/engine/speculative*.py"

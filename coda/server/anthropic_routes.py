@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
+from coda.finish import Terminal
 from coda.server import tools as tl
 from coda.server.anthropic_checks import (
     THINKING_OFF,
@@ -47,7 +48,6 @@ from coda.server.records import Record, register_renderer
 from coda.server.render_spec import AnthropicRender
 from coda.server.state import ServerState
 from coda.server.tool_messages import BLOCK_SEPARATOR, anthropic_history
-from coda.stream import Terminal
 
 router = APIRouter()
 _ROLES = frozenset({"user", "assistant"})

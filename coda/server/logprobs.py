@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from coda.finish import FinishReason
-from coda.stream import Terminal, TokenInfo, shown_piece
+from coda.finish import FinishReason, Terminal
+from coda.stream import TokenInfo, shown_piece
 
 
 def _text(raw: bytes) -> str:

@@ -45,7 +45,7 @@ from coda.engine.local_end import end_cancelled, end_failed
 from coda.engine.process_engine import WorkerCopy, WorkerProcess
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.finish import CancelCause, FinishReason
+from coda.finish import CancelCause, FinishReason, Terminal
 from coda.models.identity import ModelIdentity
 from coda.models.source import model_key
 from coda.models.tokenizer_bundle import TokenizerBundle
@@ -54,7 +54,7 @@ from coda.server.logs import configure_logging
 from coda.server.model_loads import ModelLoads
 from coda.server.model_metrics import ModelMetrics
 from coda.server.model_slot import ModelSlot
-from coda.stream import StreamEvent, Terminal
+from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, RecentTraceSink, TraceEvent, TraceSink
 
 log = logging.getLogger("coda.server")

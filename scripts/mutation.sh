@@ -75,6 +75,9 @@ declare -A MUTATE=(
   # the terminal record its last event carries is coda/finish.py's Terminal, with the reasons
   # and usage it holds)
   [stream]="coda/stream*.py coda/finish.py"
+  # NOTE: and the early-stop policy (early_stop.py: the policy, the controller, the economics,
+  # D1-D4; _checks: the D1 validation; _failure: the D5 stream-failure decision)
+  [early_stop]="coda/early_stop*.py"
   # NOTE: speculation split by size the same way (speculative.py: the config; _state: a
   # request's drafting; _verify: the rows and acceptance; _costs: the draft model's costs)
   [engine/speculative]="coda/engine/speculative*.py"

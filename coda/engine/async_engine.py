@@ -28,7 +28,8 @@ from coda.engine.engine_load import describe as describe_load
 from coda.engine.engine_load import load_parts
 from coda.engine.engine_load import summary as summarize_load
 from coda.engine.engine_request import EngineRequest
-from coda.engine.grammar import GrammarMatcher, GrammarWarmup
+from coda.engine.grammar import GrammarMatcher
+from coda.engine.grammar_tokenizer import GrammarWarmup
 from coda.engine.kv_cache import BlockManager
 from coda.engine.plan import ModelLimits, RequestPlan, check_embedding_input, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo, RequestHandle
@@ -205,7 +206,7 @@ class AsyncEngine:
         self._at_exit = _shutdown_at_exit(weakref.ref(self))
         atexit.register(self._at_exit)
         # NOTE: llguidance is imported by the build, on its thread, not here
-        from coda.engine.grammar import warm_ll_tokenizer
+        from coda.engine.grammar_tokenizer import warm_ll_tokenizer
 
         # NOTE: the grammar tokenizer, built off the request path (coda.engine.grammar)
         self.grammar_warmup = warm_ll_tokenizer(self.tokenizer, self.eos_token_ids,

@@ -44,7 +44,8 @@ from coda.bench_workload import TEXTS  # noqa: E402
 from coda.detokenizer import IncrementalDetokenizer  # noqa: E402
 from coda.output import OutputProcessor, OutputSpec  # noqa: E402
 from coda.stops import StopStringMatcher  # noqa: E402
-from coda.stream import BackpressureConfig, RequestStream, TokenInfo  # noqa: E402
+from coda.stream import RequestStream, TokenInfo  # noqa: E402
+from coda.stream_backpressure import BackpressureConfig
 from coda.trace import NullTraceSink  # noqa: E402
 
 BIG = BackpressureConfig(pause_bytes=1 << 40, max_bytes=1 << 40)  # NOTE: no reader acks here

@@ -41,16 +41,10 @@ from typing import Any
 
 from coda.durable.mirror import LogMirror
 from coda.durable.redis_log import RedisStreamLog
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
-from coda.stream import (
-    BackpressureConfig,
-    EventType,
-    RequestStream,
-    StreamEvent,
-    Terminal,
-    TokenInfo,
-)
+from coda.stream import EventType, RequestStream, StreamEvent, TokenInfo
+from coda.stream_backpressure import BackpressureConfig
 from coda.wakeup import CHANNEL
 
 _BIG = BackpressureConfig(pause_bytes=1 << 40, max_bytes=1 << 40)

@@ -18,10 +18,11 @@ import sys
 import threading
 import time
 
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.reader import follow
-from coda.stream import BackpressureConfig, RequestStream, Terminal
+from coda.stream import RequestStream
+from coda.stream_backpressure import BackpressureConfig
 
 BIG = BackpressureConfig(pause_bytes=1 << 40, max_bytes=1 << 41)
 DONE = Terminal(State.FINISHED, FinishReason.EOS, Usage())

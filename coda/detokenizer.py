@@ -24,35 +24,27 @@ push (DecodeStream: 1-2.5 us, but wrong on genuine U+FFFD and it loses the tail 
 
 Byte-fallback runs (``<0xNN>`` tokens) are decoded as one group by decode(): a run that is
 still valid is held until a text token closes it (or finish()), because one more byte could
-turn the whole run into U+FFFD; a run that is already invalid is emitted at once. The profile
-of a tokenizer is cached: do not mutate a tokenizer after its first detokenizer.
+turn the whole run into U+FFFD; a run that is already invalid is emitted at once.
+
+Its parts: :mod:`coda.detokenizer_profile` (a tokenizer's byte mode and byte views, cached per
+tokenizer by :func:`profile_of`: do not mutate a tokenizer after its first detokenizer) and
+:mod:`coda.detokenizer_held` (the held tail read from the byte views, and what a cut leaves).
 """
 
 from __future__ import annotations
 
-import codecs
 import copy
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import tokenizers
-from tokenizers import pre_tokenizers
 
+from coda.detokenizer_held import byte_level_tail, byte_run_tail, cut_residue
+from coda.detokenizer_profile import ByteMode, TokenizerProfile
 from coda.errors import DecodingError
 
 _MAX_WINDOW = 6  # NOTE: window length that triggers a cut back to a clean boundary
 _MIN_CONTEXT = 1  # NOTE: rendered tokens kept before the unstable tail after a cut
-_BYTE_TOKEN = re.compile(r"<0x[+0-9A-Fa-f][0-9A-Fa-f]>")  # NOTE: what ByteFallback accepts
-
-
-class ByteMode(StrEnum):
-    """Where raw bytes (possibly partial characters) come from in this tokenizer's decode."""
-
-    BYTE_LEVEL = "byte_level"  # GPT-2 alphabet: every token is bytes, decode is lossy UTF-8
-    BYTE_FALLBACK = "byte_fallback"  # runs of <0xNN> tokens, an invalid run becomes n x U+FFFD
-    TEXT = "text"  # tokens are whole characters: nothing is ever partial
 
 
 @dataclass(frozen=True)
@@ -71,118 +63,8 @@ class RemovedSpan:
     data: bytes
 
 
-def _byte_level_table() -> dict[str, int]:
-    # NOTE: the GPT-2 byte alphabet: printable bytes map to themselves, others shift past 255.
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    keep += list(range(ord("®"), ord("ÿ") + 1))
-    table = {chr(b): b for b in keep}
-    shift = 0
-    for b in range(256):
-        if b not in keep:
-            table[chr(256 + shift)] = b
-            shift += 1
-    assert set(table) == set(pre_tokenizers.ByteLevel.alphabet())
-    return table
-
-
-_BYTE_LEVEL_TABLE = _byte_level_table()
-
-
-class TokenizerProfile:
-    """Per-tokenizer facts shared by all requests: byte mode, special ids, byte views (cached)."""
-
-    def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        decoder = tokenizer.decoder
-        spec = decoder.__getstate__().decode() if decoder is not None else ""
-        if '"type":"ByteLevel"' in spec:
-            self.mode = ByteMode.BYTE_LEVEL
-        elif '"type":"ByteFallback"' in spec:
-            self.mode = ByteMode.BYTE_FALLBACK
-        else:
-            self.mode = ByteMode.TEXT
-        self.strips_leading_space = '"type":"Strip"' in spec or '"type":"Metaspace"' in spec
-        added = tokenizer.get_added_tokens_decoder()
-        self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
-        # NOTE: one lazily filled table per skip flag, shared by every request.
-        self.views = {flag: _Views(self, flag) for flag in (False, True)}
-        self._pieces: dict[int, bytes] = {}
-        self._anchor_id: int | None | bool = False  # NOTE: False: not looked up yet
-
-    def piece(self, token_id: int) -> bytes:
-        """The exact bytes ``token_id`` adds to a text it continues (logprobs' ``bytes``).
-
-        BYTE_LEVEL tokens and ``<0xNN>`` tokens are their byte view. Any other token is decoded
-        after an anchor token and the anchor's own text removed: decoding a token alone would
-        apply the first-token rules (SentencePiece/Metaspace strip the leading space, so
-        ``▁x`` would read ``x``), which do not hold for a token in the middle of the output."""
-        found = self._pieces.get(token_id)
-        if found is None:
-            found = self._pieces[token_id] = self._piece(token_id)
-        return found
-
-    def _piece(self, token_id: int) -> bytes:
-        view = self.view(token_id)
-        if isinstance(view, bytes):
-            return view
-        if isinstance(view, int) and view >= 0:
-            return bytes([view])
-        alone = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
-        anchor = self._anchor()
-        if anchor is None:
-            return alone
-        head = self.tokenizer.decode([anchor], skip_special_tokens=False).encode()
-        both = self.tokenizer.decode([anchor, token_id], skip_special_tokens=False).encode()
-        # NOTE: a decoder that rewrites across the boundary: the lone decode is the best answer
-        return both[len(head):] if both.startswith(head) else alone
-
-    def _anchor(self) -> int | None:
-        """A plain letter token (decodes to the same ASCII letter alone and after itself)."""
-        if self._anchor_id is not False:
-            return self._anchor_id
-        self._anchor_id = None
-        for text in ("a", "e", "x", "A", "▁a", "Ġa"):
-            i = self.tokenizer.token_to_id(text)
-            if i is None or i in self.special_ids:
-                continue
-            one = self.tokenizer.decode([i], skip_special_tokens=False)
-            if one.strip().isascii() and one.strip().isalpha():
-                self._anchor_id = i
-                break
-        return self._anchor_id
-
-    def view(self, token_id: int) -> bytes | int | None:
-        """BYTE_LEVEL: the token's raw bytes. BYTE_FALLBACK: the byte of a <0xNN> token, else -1.
-        TEXT: -1. None: the id is unknown (decode() ignores it)."""
-        return self.views[False][token_id]
-
-
-class _Views(dict[int, bytes | int | None]):
-    """id -> byte view as in :meth:`TokenizerProfile.view`; None when decode() drops the id."""
-
-    def __init__(self, profile: TokenizerProfile, skip_special: bool) -> None:
-        super().__init__()
-        self._profile, self._skip = profile, skip_special
-
-    def __missing__(self, token_id: int) -> bytes | int | None:
-        profile = self._profile
-        token = profile.tokenizer.id_to_token(token_id)
-        result: bytes | int | None
-        if token is None or (self._skip and token_id in profile.special_ids):
-            result = None
-        elif profile.mode is ByteMode.BYTE_LEVEL:
-            # NOTE: like the ByteLevel decoder: alphabet bytes if every char maps, else UTF-8.
-            mapped = [_BYTE_LEVEL_TABLE.get(c) for c in token]
-            ok = all(m is not None for m in mapped)
-            result = bytes(m for m in mapped if m is not None) if ok else token.encode()
-        elif profile.mode is ByteMode.BYTE_FALLBACK and _BYTE_TOKEN.fullmatch(token):
-            result = int(token[3:5], 16)
-        else:
-            result = -1
-        self[token_id] = result
-        return result
-
-
+# NOTE: the profiles' cache lives with the detokenizer, which looks its profile up per request
+# (a plain request runs no function of coda.detokenizer_profile: its profile is built once)
 _PROFILES: dict[int, TokenizerProfile] = {}
 
 
@@ -192,30 +74,6 @@ def profile_of(tokenizer: tokenizers.Tokenizer) -> TokenizerProfile:
     if found is None or found.tokenizer is not tokenizer:
         found = _PROFILES[id(tokenizer)] = TokenizerProfile(tokenizer)
     return found
-
-
-def _held_utf8(data: bytes) -> int:
-    """How many trailing bytes of ``data`` are an incomplete (still valid) UTF-8 character."""
-    tail = data[-3:]
-    # NOTE: a lead byte restarts decoding, so the last 3 bytes decide; consumed < len = held.
-    held = len(tail) - codecs.utf_8_decode(tail, "replace", False)[1]
-    # NOTE: CPython also holds ED A0-BF (a surrogate's first two bytes), which no byte can
-    # complete: those are final U+FFFDs now. A partial character completes with 80-BF bytes.
-    if held >= 2 and not _completable(tail[-held:]):
-        return 0
-    return held
-
-
-def _completable(part: bytes) -> bool:
-    """Whether some continuation bytes make ``part`` (a lead byte and 1-2 continuation bytes)
-    one well-formed UTF-8 character."""
-    for n in range(1, 3):
-        try:
-            (part + b"\x80" * n).decode("utf-8")
-            return True
-        except UnicodeDecodeError:
-            continue
-    return False
 
 
 class IncrementalDetokenizer:
@@ -328,16 +186,7 @@ class IncrementalDetokenizer:
             return self.finish(), b""
         except DecodingError:
             pass
-        # NOTE: a byte-level residue is one partial character; a byte-fallback run is whole
-        # characters then at most one partial one (an earlier error would have emitted it)
-        held = _held_utf8(pending)
-        keep = pending[: len(pending) - held]
-        try:
-            keep.decode("utf-8")
-        except UnicodeDecodeError:
-            held = 0
-        if not held or (self._mode is ByteMode.BYTE_LEVEL and keep):
-            raise DecodingError(f"incomplete UTF-8 at end of output: {pending.hex()}")
+        keep = cut_residue(pending, self._mode is ByteMode.BYTE_LEVEL)
         self.removed_spans[-1] = RemovedSpan(-1, -1, "incomplete_tail", pending[len(keep):])
         return keep, pending[len(keep):]
 
@@ -432,49 +281,14 @@ class IncrementalDetokenizer:
         if mode is ByteMode.BYTE_LEVEL:
             if isinstance(last, bytes) and last and last[-1] < 0x80:
                 return 0  # NOTE: fast path: ends in ASCII, nothing can be incomplete
-            data, i = b"", len(window)
-            while i > 0 and len(data) < 3:
-                i -= 1
-                v = views[window[i]]
-                if isinstance(v, bytes):
-                    data = v + data
-            held = _held_utf8(data)
-            if held:
-                self._pending, self._tail_index = data[-held:], self._byte_owner(held)
-            return 1 if held else 0  # NOTE: lossy decode shows an incomplete tail as one U+FFFD
+            self._pending, self._tail_index = byte_level_tail(window, views)
+            # NOTE: lossy decode shows an incomplete tail as one U+FFFD
+            return 1 if self._pending else 0
         if last == -1:
             return 0  # NOTE: fast path: a text token closes any byte run
-        run: list[int] = []
-        i = len(window)
-        while i > 0:
-            v = views[window[i - 1]]
-            if isinstance(v, int):
-                if v < 0:
-                    break
-                run.append(v)
-            i -= 1
-        if not run:
-            return 0
-        raw = bytes(reversed(run))
-        try:
-            chars = len(raw.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            if err.reason != "unexpected end of data":
-                return 0  # NOTE: already invalid: every byte is a final U+FFFD, emit them
-            chars = len(raw)  # NOTE: an incomplete run renders as one U+FFFD per byte
-        self._pending, self._tail_index = raw, i
+        self._pending, self._tail_index, chars = byte_run_tail(window, views)
         # NOTE: min: with nothing rendered before the run, first-token cleanup may shrink it.
         return min(chars, len(self._text))
-
-    def _byte_owner(self, held: int) -> int:
-        """BYTE_LEVEL: window index of the token holding the first of the last ``held`` bytes."""
-        i = len(self._window)
-        while held > 0:
-            i -= 1
-            v = self._views[self._window[i]]
-            if isinstance(v, bytes):
-                held -= len(v)
-        return i
 
     def _clean_start(self, ids: list[int], upto: int) -> int:
         """Largest q <= upto where decoding ids[q:] cannot change the text after ids[q]."""

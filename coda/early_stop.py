@@ -1,4 +1,4 @@
-"""Early termination of streamed output: policy, per-delta decision, economics (SPEC D1–D6).
+"""Early termination of streamed output: policy, per-delta decision, economics (SPEC D1–D4, D6).
 
 Seed 004 §4.2 (``src/perf/output-stream.ts``) ported to Python with the same validation,
 precedence, rounding and finality.
@@ -9,7 +9,9 @@ connection — goes through the ordinary cancellation path of the lifecycle rule
 an early stop releases resources and emits its single terminal event exactly like a cancel.
 
 Pure Python: no torch, no I/O. Every invalid input raises
-:class:`coda.errors.InvalidRequestError` whose ``field`` names the culprit (D1).
+:class:`coda.errors.InvalidRequestError` whose ``field`` names the culprit (D1,
+:mod:`coda.early_stop_checks`). The stream-failure decision (D5), which the engine asks when a
+model error ends a request, is :mod:`coda.early_stop_failure`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from coda.errors import InvalidRequestError
+from coda.early_stop_checks import fail, require_bool, require_confidence, require_int
 
 __all__ = [
     "EarlyStopController",
@@ -29,37 +31,9 @@ __all__ = [
     "EarlyStopReason",
     "EarlyStopState",
     "StopEconomics",
-    "StreamFailureDecision",
-    "StreamFailureReason",
     "approximate_output_tokens",
-    "decide_stream_failure",
     "evaluate_stop_economics",
 ]
-
-
-# --------------------------------------------------------------------------- validation
-def _fail(message: str, field: str) -> InvalidRequestError:
-    return InvalidRequestError(f"early_stop: {message}", field=field)
-
-
-def _require_int(value: object, field: str, minimum: int) -> int:
-    # NOTE: bool is a subclass of int in Python; True is not a token count, so reject it.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(f"{field} must be an integer >= {minimum}", field)
-    return value
-
-
-def _require_confidence(value: object, field: str) -> float:
-    # NOTE: the range test is False for NaN and for +-inf, so it also enforces finiteness.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise _fail(f"{field} must be a finite number in [0, 1]", field)
-    return float(value)
-
-
-def _require_bool(value: object, field: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(f"{field} must be a boolean", field)
-    return value
 
 
 # --------------------------------------------------------------------------- D3
@@ -89,14 +63,14 @@ class EarlyStopPolicy:
     require_closure: bool = False
 
     def __post_init__(self) -> None:
-        _require_int(self.min_tokens, "min_tokens", 0)
-        _require_int(self.max_tokens, "max_tokens", 1)
-        _require_int(self.deadline_ms, "deadline_ms", 1)
-        _require_confidence(self.confidence_threshold, "confidence_threshold")
-        _require_bool(self.no_retry_after_first_frame, "no_retry_after_first_frame")
-        _require_bool(self.require_closure, "require_closure")
+        require_int(self.min_tokens, "min_tokens", 0)
+        require_int(self.max_tokens, "max_tokens", 1)
+        require_int(self.deadline_ms, "deadline_ms", 1)
+        require_confidence(self.confidence_threshold, "confidence_threshold")
+        require_bool(self.no_retry_after_first_frame, "no_retry_after_first_frame")
+        require_bool(self.require_closure, "require_closure")
         if self.min_tokens > self.max_tokens:
-            raise _fail("min_tokens must not exceed max_tokens", "min_tokens")
+            raise fail("min_tokens must not exceed max_tokens", "min_tokens")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EarlyStopPolicy:
@@ -106,18 +80,18 @@ class EarlyStopPolicy:
         ``field`` always uses the snake_case name.
         """
         if not isinstance(data, Mapping):
-            raise _fail("policy must be an object", "early_stop")
+            raise fail("policy must be an object", "early_stop")
         values: dict[str, Any] = {}
         for key, value in data.items():
             name = _POLICY_KEYS.get(key) if isinstance(key, str) else None
             if name is None:
-                raise _fail(f"unknown policy key {key!r}", str(key))
+                raise fail(f"unknown policy key {key!r}", str(key))
             if name in values:
-                raise _fail(f"{name} given twice (snake_case and camelCase)", name)
+                raise fail(f"{name} given twice (snake_case and camelCase)", name)
             values[name] = value
         for name in _REQUIRED_KEYS:
             if name not in values:
-                raise _fail(f"{name} is required", name)
+                raise fail(f"{name} is required", name)
         return cls(**values)
 
 
@@ -195,7 +169,7 @@ class EarlyStopController:
         self, policy: EarlyStopPolicy, count_tokens: Callable[[str], int] | None = None
     ) -> None:
         if not isinstance(policy, EarlyStopPolicy):
-            raise _fail("policy must be an EarlyStopPolicy", "policy")
+            raise fail("policy must be an EarlyStopPolicy", "policy")
         self._policy = policy
         self._count = count_tokens if count_tokens is not None else approximate_output_tokens
         self._tokens = 0
@@ -236,7 +210,7 @@ class EarlyStopController:
     def cancel(self, reason: str = "user") -> EarlyStopDecision:
         """Record a cancel; returns ``user-cancel`` unless a stop was already decided."""
         if not isinstance(reason, str):
-            raise _fail("reason must be a string", "reason")
+            raise fail("reason must be a string", "reason")
         self._cancelled = True
         self._cancel_reason = reason
         return self._finalize(EarlyStopReason.USER_CANCEL)
@@ -246,9 +220,9 @@ class EarlyStopController:
         if self._decision is not None:
             return self._decision
         if not isinstance(text, str):
-            raise _fail("text must be a string", "text")
-        conf = _require_confidence(confidence, "confidence")
-        elapsed = _require_int(elapsed_ms, "elapsed_ms", 0)
+            raise fail("text must be a string", "text")
+        conf = require_confidence(confidence, "confidence")
+        elapsed = require_int(elapsed_ms, "elapsed_ms", 0)
         n_tokens = self._count(text) if text != "" else 0
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
             raise ValueError(f"count_tokens returned {n_tokens!r}, not an integer >= 0")
@@ -265,10 +239,10 @@ class EarlyStopController:
         if self._decision is not None:
             return self._decision
         if not isinstance(text, str):
-            raise _fail("text must be a string", "text")
-        conf = _require_confidence(confidence, "confidence")
-        elapsed = _require_int(elapsed_ms, "elapsed_ms", 0)
-        count = _require_int(n_tokens, "n_tokens", 0)
+            raise fail("text must be a string", "text")
+        conf = require_confidence(confidence, "confidence")
+        elapsed = require_int(elapsed_ms, "elapsed_ms", 0)
+        count = require_int(n_tokens, "n_tokens", 0)
         return self._advance(count, count > 0 or text != "", conf, elapsed)
 
     def _advance(
@@ -342,11 +316,11 @@ def evaluate_stop_economics(
 ) -> StopEconomics:
     """D4: saved = max(0, full - emitted); loss = ceil((1 - confidence) * reask);
     break-even confidence = clamp(1 - saved_micros / reask) rounded to 6 places."""
-    emitted = _require_int(emitted_tokens, "emitted_tokens", 0)
-    full = _require_int(expected_full_tokens, "expected_full_tokens", 0)
-    micros = _require_int(micros_per_token, "micros_per_token", 0)
-    reask = _require_int(reask_cost_micros, "reask_cost_micros", 0)
-    conf = _require_confidence(confidence, "confidence")
+    emitted = require_int(emitted_tokens, "emitted_tokens", 0)
+    full = require_int(expected_full_tokens, "expected_full_tokens", 0)
+    micros = require_int(micros_per_token, "micros_per_token", 0)
+    reask = require_int(reask_cost_micros, "reask_cost_micros", 0)
+    conf = require_confidence(confidence, "confidence")
     saved_tokens = max(0, full - emitted)
     saved_micros = saved_tokens * micros
     wrong = 1.0 - conf
@@ -363,40 +337,3 @@ def evaluate_stop_economics(
         break_even_confidence=_js_round(raw * 1_000_000) / 1_000_000,
         worth_stopping=net > 0,
     )
-
-
-# --------------------------------------------------------------------------- D5
-class StreamFailureReason(StrEnum):
-    RETRY_ALLOWED = "retry-allowed"
-    NO_RETRY_AFTER_FIRST_FRAME = "no-retry-after-first-frame"
-    ERROR_NOT_RETRYABLE = "error-not-retryable"
-
-
-@dataclass(frozen=True, slots=True)
-class StreamFailureDecision:
-    """D5: ``committed_tokens`` are billed whatever the decision."""
-
-    retryable: bool
-    committed_tokens: int
-    reason: StreamFailureReason
-
-
-def decide_stream_failure(
-    first_frame_sent: bool,
-    error_retryable: bool,
-    no_retry_after_first_frame: bool,
-    committed_tokens: int,
-) -> StreamFailureDecision:
-    """D5: after the first frame (with the policy flag) never retry; a non-retryable error is
-    not retried; otherwise retry is allowed."""
-    committed = _require_int(committed_tokens, "committed_tokens", 0)
-    sent = _require_bool(first_frame_sent, "first_frame_sent")
-    retryable = _require_bool(error_retryable, "error_retryable")
-    no_retry = _require_bool(no_retry_after_first_frame, "no_retry_after_first_frame")
-    if sent and no_retry:
-        return StreamFailureDecision(
-            False, committed, StreamFailureReason.NO_RETRY_AFTER_FIRST_FRAME
-        )
-    if not retryable:
-        return StreamFailureDecision(False, committed, StreamFailureReason.ERROR_NOT_RETRYABLE)
-    return StreamFailureDecision(True, committed, StreamFailureReason.RETRY_ALLOWED)

@@ -1,4 +1,4 @@
-"""Finish reasons and usage (SPEC L4, L5, L6).
+"""How a request ended: finish reasons, usage and the terminal record (SPEC L4, L5, L6, P1, P5).
 
 The finish reason is an enum, never free text (L4). The enum is versioned: a member added
 later bumps :data:`FINISH_REASON_VERSION` and is documented here.
@@ -15,12 +15,26 @@ Version history
 The version is emitted with every ending — the terminal event, the API's ``coda`` object and
 the trace's terminal row — beside the stop tie-rule version (S4,
 :data:`coda.stops.STOP_RULE_VERSION`), and ``coda trace check`` verifies both.
+
+:class:`Terminal` is what the stream's single terminal event carries (P1): the request's state
+and reason, its :class:`Usage` (L6) and its phase times (P5, :class:`PhaseTimes`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING, TypedDict
+
+from coda.errors import ErrorCode
+from coda.lifecycle import State
+from coda.stops import STOP_RULE_VERSION
+
+if TYPE_CHECKING:
+    from coda.reasoning import ReasoningSplit
+    from coda.stops import StopHit
+    from coda.stream import TokenInfo
 
 FINISH_REASON_VERSION = 3
 
@@ -90,3 +104,70 @@ class Usage:
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+class PhaseTimes(TypedDict):
+    """A terminal's P5 phase times as one group (:meth:`Terminal.timings`): the wire's
+    ``coda.timings`` object and the durable log's record; a type only, the values live on the
+    terminal."""
+
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+    stop_buffer_s: float
+    first_token_s: float | None
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """What the single terminal event says (P1, L4, L6, P5): the one record of how a request
+    ended — its state and reason, what it counted (``usage``) and how long each phase took
+    (P5, the ``*_s`` fields; network send is measured by the transport)."""
+
+    state: State
+    finish_reason: FinishReason
+    usage: Usage
+    error_code: ErrorCode | None = None
+    error_message: str | None = None
+    stop: StopHit | None = None
+    # P5: seconds in each phase (issue 22: on the terminal itself, no object of their own)
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    stop_buffer_s: float = 0.0
+    first_token_s: float | None = None  # arrival -> first selected token
+    total_s: float = 0.0
+    # Tokens selected after the last delta whose bytes never reached a delta (held, EOS, stop).
+    trailing_tokens: tuple[TokenInfo, ...] = ()
+    # seed 004 (D2): the early-stop decision — committed tokens and the saved upper bound
+    early_stop: Mapping[str, object] | None = None
+    # K2: an incomplete UTF-8 tail removed under utf8_tail="drop" (empty: nothing removed)
+    dropped_tail: bytes = b""
+    # L4, S4: the versions of the finish-reason enum and of the stop tie rule in force
+    finish_reason_version: int = FINISH_REASON_VERSION
+    stop_rule_version: str = STOP_RULE_VERSION
+    # P1: the start event's content identity of the model that produced the output
+    model_snapshot: str | None = None
+    # Issue 23, K2: the reasoning split (removed markers, reasoning byte count, forced close);
+    # None when the output had no reasoning block (coda.reasoning)
+    reasoning: ReasoningSplit | None = None
+    # issue 21, O1: drafted / accepted / rejected tokens and verification steps of a request
+    # that speculated (None: it did not); usage counts accepted tokens only
+    speculative: Mapping[str, int] | None = None
+    # O1, echo: each prompt token after the first, scored in the prefill (a request with
+    # ``prompt_logprobs``; empty otherwise): its record as if decoded (coda.engine.core)
+    prompt_logprobs: tuple[TokenInfo, ...] = ()
+    # S3, K2: the first ``trailing_shown`` trailing tokens are text (cut to it, like the last
+    # delta's at a stop): a token whose first bytes a delta sent before a stop string that
+    # starts inside it. Reported even when the end is a stop or EOS (coda.server.logprobs).
+    trailing_shown: int = 0
+    # O1: a chat prediction's ``accepted`` / ``rejected`` tokens against the output's
+    # (coda.engine.prediction; None: no prediction), the same with or without drafting
+    prediction: Mapping[str, int] | None = None
+
+    def timings(self) -> PhaseTimes:
+        """The P5 phase times as one group (``coda.timings`` on the wire, the durable log)."""
+        return PhaseTimes(queue_s=self.queue_s, prefill_s=self.prefill_s,
+                          decode_s=self.decode_s, stop_buffer_s=self.stop_buffer_s,
+                          first_token_s=self.first_token_s, total_s=self.total_s)

@@ -44,7 +44,8 @@ from coda.output_spec import (
     OutputSpec,
 )
 from coda.reasoning import Phase, ReasoningSplit, ReasoningSplitter
-from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher, StopTokenMatcher
+from coda.stops import STOP_RULE_VERSION, StopHit, StopStringMatcher
+from coda.stops_ids import StopTokenMatcher
 from coda.stream import RequestStream, TokenInfo, shown_piece
 from coda.trace import TraceSink
 

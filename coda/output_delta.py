@@ -10,8 +10,8 @@ base): the processor decides *how far* the stream may go (stops, holds, ends), a
 - K2: a token goes with the delta that sends its LAST byte (:meth:`_complete`): where it ends
   in the detokenized text is recorded as the detokenizer lets go of its bytes
   (:meth:`_note_detok_end`, :mod:`coda.token_ends`); ids a stop may still own wait (S1).
-- S3: at a stop hit the tokens are cut to the text that was sent (:func:`coda.stream.
-  cut_to_text`); the rest are the terminal's trailing tokens (:meth:`_report_cut`), never a
+- S3: at a stop hit the tokens are cut to the text that was sent (:func:`cut_to_text`); the
+  rest are the terminal's trailing tokens (:meth:`_report_cut`), never a
   token-only delta (P1: a delta is non-empty text).
 - L6: a token counts as returned once the first of its visible bytes is sent
   (:meth:`_advance_returned`); ``sent_mark`` is the pair a reader on another thread sees.
@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import tokenizers
@@ -36,9 +38,53 @@ import tokenizers
 from coda import trace as tr
 from coda.detokenizer import IncrementalDetokenizer
 from coda.output_spec import OutputSpec
-from coda.stream import RequestStream, TokenInfo, cut_tail, cut_to_text, shown_bytes
+from coda.stream import RequestStream, TokenInfo, shown_bytes
 from coda.token_ends import TokenEnds
 from coda.trace import TraceHandle, TraceSink
+
+# -- the last delta's tokens at a stop (S3, K2) ---------------------------------------------
+# A stop string can end the text inside a token (stop "ragon" after " dragon": the text ends
+# " d"), so the tokens the final delta carries may hold bytes the text does not.
+# ``cut_to_text`` keeps their bytes up to the text's end: the token the stop cut keeps its part
+# before the stop; tokens wholly past it are the stop's own: the terminal's trailing tokens,
+# never reported (S3, like EOS). A token goes with the delta that sends its LAST byte
+# (coda.output), so where the stop starts inside a token whose first bytes a delta already
+# sent, no delta is left for it: it is cut the same way and reported from the terminal
+# (``Terminal.trailing_shown``). So the logprob entries reassemble the text, and every
+# selected token is still in a delta or the terminal.
+
+
+def cut_to_text(tokens: Sequence[TokenInfo], budget: int,
+                skip_special: bool) -> tuple[TokenInfo, ...]:
+    """``tokens`` with their bytes cut to the first ``budget`` bytes (the text left for them).
+
+    A token without bytes (no logprobs asked, or a skipped special token) is kept while no
+    token was cut or dropped; from the first token that does not fit, the rest are dropped."""
+    out: list[TokenInfo] = []
+    left = max(budget, 0)
+    for t in tokens:
+        n = shown_bytes(t, skip_special)
+        if n <= left:
+            out.append(t)
+            left -= n
+            continue
+        if left > 0:
+            out.append(replace(t, piece=t.piece[:left]))  # NOTE: the token the stop cut
+        break  # NOTE: what follows is the stop's own
+    return tuple(out)
+
+
+def cut_tail(tokens: Sequence[TokenInfo], n: int, skip_special: bool) -> tuple[TokenInfo, ...]:
+    """``tokens`` without the last ``n`` bytes their pieces add to the text (K2, K3: a partial
+    character the budget cut, removed from the text): every token stays (each was selected and
+    is billed), the ones wholly in the removed bytes with none."""
+    out = list(tokens)
+    for i in range(len(out) - 1, -1, -1):
+        k = min(n, shown_bytes(out[i], skip_special))
+        if k:
+            out[i] = replace(out[i], piece=out[i].piece[:len(out[i].piece) - k])
+            n -= k
+    return tuple(out)
 
 
 class DeltaAssembly:
@@ -138,7 +184,7 @@ class DeltaAssembly:
         skip = self.spec.skip_special_tokens
         text_end = self.emitted_bytes + len(data) + self._removed
         if self._cutting:
-            # NOTE: K2: the tokens' bytes end where the text ends (coda.stream.cut_to_text);
+            # NOTE: K2: the tokens' bytes end where the text ends (cut_to_text);
             # the stop's own tokens stay the terminal's trailing ones (never reported, S3)
             budget = self._token_ends.piece_at(text_end, text_end) - self._shown
             kept = cut_to_text(self._pending_tokens, budget, skip)
@@ -174,7 +220,7 @@ class DeltaAssembly:
 
     def _report_cut(self) -> None:
         """S3, K2 at a stop hit: the pending tokens before the stop's own (an id sequence's
-        ``_own``), cut to the text that was sent (:func:`coda.stream.cut_to_text`), stay
+        ``_own``), cut to the text that was sent (:func:`cut_to_text`), stay
         the first ``trailing_shown`` trailing tokens: a token whose first bytes went out before
         the stop string that starts inside it (``".\n"`` then ``"\n"``, stop ``"\n\n"``)."""
         # NOTE: not a token-only delta: a delta is non-empty text everywhere (P1, the renderers,
@@ -190,7 +236,7 @@ class DeltaAssembly:
     def _report_dropped(self, n: int) -> None:
         """K2, K3 at a budget end: the last ``n`` bytes of the pending tokens were removed (a
         partial character): their entries show only the bytes the text has
-        (:func:`coda.stream.cut_tail`), so they still reassemble it."""
+        (:func:`cut_tail`), so they still reassemble it."""
         self._pending_tokens[:] = cut_tail(self._pending_tokens, n,
                                            self.spec.skip_special_tokens)
 

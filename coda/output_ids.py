@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from coda import trace as tr
 from coda.errors import DecodingError
-from coda.stops import StopHit, StopTokenMatcher
+from coda.stops import StopHit
+from coda.stops_ids import StopTokenMatcher
 
 if TYPE_CHECKING:
     from coda.output import OutputProcessor

@@ -31,7 +31,8 @@ import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 
-from coda.stream import EventType, RequestStream, StreamEvent, Terminal
+from coda.finish import Terminal
+from coda.stream import EventType, RequestStream, StreamEvent
 
 
 class ReaderInterrupted(Exception):

@@ -22,10 +22,11 @@ import tokenizers
 
 from coda import trace as tr
 from coda.errors import BackpressureOverflowError, CodaError, DecodingError, ErrorCode
-from coda.finish import CancelCause, FinishReason, Usage
+from coda.finish import CancelCause, FinishReason, PhaseTimes, Terminal, Usage
 from coda.lifecycle import Lifecycle, Release, ResourceKind, State
 from coda.output import EarlyStopHook, GrammarBudgetEnd, GrammarDone, OutputProcessor, OutputSpec
-from coda.stream import BackpressureConfig, PhaseTimes, RequestStream, Terminal, TokenInfo
+from coda.stream import RequestStream, TokenInfo
+from coda.stream_backpressure import BackpressureConfig
 from coda.trace import TraceHandle, TraceSink
 
 MODEL_RESOURCES = (ResourceKind.KV_CACHE, ResourceKind.BATCH_SLOT, ResourceKind.RNG_STATE)

@@ -1,17 +1,16 @@
-"""Stop matching on the visible byte stream and on the token-id stream (SPEC S1–S4, G2).
+"""Stop strings on the visible byte stream, the hit and the tie rule (SPEC S1–S4, G2).
 
-Two matchers, both pure bookkeeping (no torch, no text decoding):
+Pure bookkeeping (no torch, no text decoding), in three modules, one concept each:
 
-* :class:`StopStringMatcher` — stop byte/string sequences on the incrementally detokenized
-  byte stream (S1). It holds back exactly the longest suffix of the output that is still a prefix
-  of some stop string (S2); the first hit is absorbing (S3); simultaneous matches are resolved by
-  the versioned tie rule (S4).
-* :class:`StopTokenMatcher` — stop token-id sequences on the id stream (S1), same tie rule.
-
-Both are Aho–Corasick automata. The byte automaton has a dense transition table (one
-256-entry row per state), so a byte costs one list lookup and one comparison whatever the number
-of stops or the output length. A state is the longest suffix of the output that is a prefix of
-some stop, so **the state depth is the held-back length**.
+* :class:`StopStringMatcher` (here) — stop byte/string sequences on the incrementally
+  detokenized byte stream (S1). It holds back exactly the longest suffix of the output that is
+  still a prefix of some stop string (S2); the first hit is absorbing (S3); simultaneous matches
+  are resolved by the versioned tie rule (S4). Here too: the hit record (:class:`StopHit`), the
+  tie rule's version and a stop string's one validation (:func:`stop_bytes`).
+* :class:`coda.stops_ids.StopTokenMatcher` — stop token-id sequences on the id stream (S1),
+  same tie rule.
+* :mod:`coda.stops_automaton` — the Aho–Corasick automata both run, compiled once per stop set
+  (the byte automaton's state depth is the held-back length).
 
 Tie rule (S4, ``STOP_RULE_VERSION`` "2"): earliest end wins, then the longest stop, then the
 lowest configuration index. Across the two kinds (:mod:`coda.output`) the end is counted in
@@ -31,13 +30,12 @@ Offsets (S3 bookkeeping, O1 trace)::
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Literal
 
 from coda.errors import InvalidRequestError
+from coda.stops_automaton import ByteAutomaton, compile_bytes
 
 STOP_RULE_VERSION: str = "2"
 """S4 tie rule: earliest end (selected tokens across kinds, then bytes) -> id sequence before
@@ -85,103 +83,6 @@ class StopHit:
                 "start": self.start, "end": self.end, "rule_version": STOP_RULE_VERSION}
 
 
-@dataclass(frozen=True)
-class _Trie:
-    """Aho–Corasick skeleton shared by both matchers (sequences of ints: bytes or token ids)."""
-
-    goto: list[dict[int, int]]  # trie edges
-    depth: list[int]
-    fail: list[int]  # longest proper suffix that is a trie node
-    out: list[int]  # config index of the longest stop that is a suffix of the node, else -1
-    order: list[int]  # non-root nodes in BFS order (a node's failure target comes earlier)
-    hold: list[int]  # length of the longest suffix of the node that is a proper stop prefix
-
-
-def _build_trie(seqs: Sequence[Sequence[int]]) -> _Trie:
-    goto: list[dict[int, int]] = [{}]
-    depth = [0]
-    term = [-1]  # lowest config index of a stop equal to this node's string
-    for idx, seq in enumerate(seqs):
-        node = 0
-        for sym in seq:
-            nxt = goto[node].get(sym)
-            if nxt is None:
-                nxt = len(goto)
-                goto[node][sym] = nxt
-                goto.append({})
-                depth.append(depth[node] + 1)
-                term.append(-1)
-            node = nxt
-        if term[node] < 0:
-            term[node] = idx  # NOTE: duplicates keep the first index (config-order tie, S4)
-    fail = [0] * len(goto)
-    out = [-1] * len(goto)
-    order: list[int] = []
-    queue = deque(goto[0].values())
-    while queue:  # BFS: fail[node] is shallower, so out[fail[node]] is already final
-        node = queue.popleft()
-        order.append(node)
-        # NOTE: the node's own stop is the longest suffix stop; else inherit along the fail link.
-        out[node] = term[node] if term[node] >= 0 else out[fail[node]]
-        for sym, child in goto[node].items():
-            f = fail[node]
-            while f and sym not in goto[f]:
-                f = fail[f]
-            fail[child] = goto[f].get(sym, 0) if node else 0
-            queue.append(child)
-    # NOTE: a node with children is a proper prefix of a stop; a leaf (a whole stop that no
-    # longer stop extends) holds only what its failure chain can still extend (min_tokens).
-    hold = [0] * len(goto)
-    for node in order:
-        hold[node] = depth[node] if goto[node] else hold[fail[node]]
-    return _Trie(goto, depth, fail, out, order, hold)
-
-
-class _ByteAutomaton:
-    """Immutable compiled stop set, shared by every matcher with the same stops.
-
-    States are renumbered so that live states (no stop ends there) are ``0 .. n_live-1`` and hit
-    states are ``n_live ..``; the hot loop then needs a single ``>=`` to detect a hit, and hit
-    states need no transition row at all.
-    """
-
-    __slots__ = ("delta", "depth", "hit_delta", "hit_hold", "hit_index", "hit_len", "n_live",
-                 "start_search")
-
-    def __init__(self, stops: tuple[bytes, ...]) -> None:
-        trie = _build_trie(stops)
-        goto, depth, fail, out, order = trie.goto, trie.depth, trie.fail, trie.out, trie.order
-        n = len(goto)
-        # Renumber: root, live nodes in BFS order, then hit nodes.
-        live = [0] + [x for x in order if out[x] < 0]
-        hits = [x for x in order if out[x] >= 0]
-        new_id = [0] * n
-        for i, x in enumerate(live + hits):
-            new_id[x] = i
-        self.n_live = len(live)
-        self.depth = [depth[x] for x in live]
-        self.hit_len = [len(stops[out[x]]) for x in hits]
-        self.hit_index = [out[x] for x in hits]
-        # NOTE: BFS order: a node's failure target (shallower) has its row already.
-        rows: list[list[int]] = [[]] * n
-        for x in [0, *order]:
-            row = list(rows[new_id[fail[x]]]) if x else [0] * 256
-            for b, child in goto[x].items():
-                row[b] = new_id[child]
-            rows[new_id[x]] = row
-        self.delta = rows[: self.n_live]
-        # Hit states go on only while a hit must be ignored (before min_tokens, issue 20 D6).
-        self.hit_delta = rows[self.n_live:]
-        self.hit_hold = [trie.hold[x] for x in hits]
-        # NOTE: only built for a non-empty stop set, so the regex character class is non-empty.
-        starts = b"".join(re.escape(bytes([b])) for b in sorted(goto[0]))
-        self.start_search = re.compile(b"[" + starts + b"]").search
-
-
-@lru_cache(maxsize=128)
-def _compile_bytes(stops: tuple[bytes, ...]) -> _ByteAutomaton:
-    return _ByteAutomaton(stops)
-
 
 class StopStringMatcher:
     """Streaming stop-string matcher over the visible byte stream (S1–S4, G2).
@@ -199,7 +100,7 @@ class StopStringMatcher:
         encoded = tuple(stop_bytes(s) for s in stops)
         self._stops = tuple(stops)
         self._include = include_stop_in_output
-        auto = _compile_bytes(encoded) if stops else None
+        auto = compile_bytes(encoded) if stops else None
         self._auto = auto
         # NOTE: the root fast path calls _search first; with no stops it is {}.get (always None,
         # C speed), and closing swaps in _raise_closed, so push() needs no separate flag test.
@@ -271,7 +172,7 @@ class StopStringMatcher:
                 return self._on_hit(auto, data, s0, pos)
         return self._settle(auto, data, s)
 
-    def _push_slow(self, auto: _ByteAutomaton, data: bytes, armed: bool
+    def _push_slow(self, auto: ByteAutomaton, data: bytes, armed: bool
                    ) -> tuple[bytes, StopHit | None]:
         """Byte by byte through live and hit states (before min_tokens hits are ignored: issue 20
         D6)."""
@@ -282,7 +183,7 @@ class StopStringMatcher:
                 return self._close_hit(auto, data, i, s)
         return self._settle(auto, data, s)
 
-    def _settle(self, auto: _ByteAutomaton, data: bytes, s: int) -> tuple[bytes, None]:
+    def _settle(self, auto: ByteAutomaton, data: bytes, s: int) -> tuple[bytes, None]:
         """No hit in ``data``: state ``s``; hold its longest stop-prefix suffix (S2)."""
         self._state = s
         total = self._held + data if self._held else data
@@ -295,7 +196,7 @@ class StopStringMatcher:
         self._emitted += len(safe)
         return safe, None
 
-    def _on_hit(self, auto: _ByteAutomaton, data: bytes, s0: int, pos: int
+    def _on_hit(self, auto: ByteAutomaton, data: bytes, s0: int, pos: int
                 ) -> tuple[bytes, StopHit]:
         """Cold path: re-run from the push's start state to locate the hit, then close (S3)."""
         s, i = s0, pos
@@ -306,7 +207,7 @@ class StopStringMatcher:
             i += 1
         return self._close_hit(auto, data, i, s)
 
-    def _close_hit(self, auto: _ByteAutomaton, data: bytes, i: int, s: int
+    def _close_hit(self, auto: ByteAutomaton, data: bytes, i: int, s: int
                    ) -> tuple[bytes, StopHit]:
         """The stop of hit state ``s`` ends at ``data[i]``: cut there and close (S3)."""
         k = s - auto.n_live
@@ -355,87 +256,3 @@ _NO_MATCH: dict[bytes, re.Match[bytes]] = {}
 
 def _raise_closed(data: bytes) -> re.Match[bytes] | None:
     raise StopMatcherClosed("push() after the stop matcher ended (S3)")
-
-
-class _TokenAutomaton:
-    """Aho–Corasick over token ids with sparse goto (vocabularies are large) and failure links."""
-
-    __slots__ = ("fail", "goto", "hold", "out_index", "out_len")
-
-    def __init__(self, seqs: tuple[tuple[int, ...], ...]) -> None:
-        trie = _build_trie(seqs)
-        self.goto = trie.goto
-        self.hold = trie.hold
-        self.fail = trie.fail
-        self.out_index = trie.out
-        self.out_len = [len(seqs[i]) if i >= 0 else 0 for i in trie.out]
-
-
-@lru_cache(maxsize=128)
-def _compile_tokens(seqs: tuple[tuple[int, ...], ...]) -> _TokenAutomaton:
-    return _TokenAutomaton(seqs)
-
-
-class StopTokenMatcher:
-    """Stop token-id sequences matched on the id stream (S1), S4 tie rule, absorbing hit (S3)."""
-
-    def __init__(self, sequences: Sequence[Sequence[int]]) -> None:
-        seqs: list[tuple[int, ...]] = []
-        for seq in sequences:
-            ids = tuple(seq)
-            if not ids or any(type(t) is not int or t < 0 for t in ids):
-                raise InvalidRequestError(
-                    "stop token sequences must be non-empty lists of non-negative ids",
-                    field="stop_token_ids")
-            seqs.append(ids)
-        self._seqs = tuple(seqs)
-        self._auto = _compile_tokens(self._seqs) if seqs else None
-        self._state = 0
-        self._count = 0
-        self._hit: StopHit | None = None
-
-    @property
-    def hit(self) -> StopHit | None:
-        return self._hit
-
-    @property
-    def depth(self) -> int:
-        """Length of the current partial match (longest id suffix that is a proper prefix of a
-        sequence, so it may still end one)."""
-        return self._auto.hold[self._state] if self._auto is not None else 0
-
-    def push(self, token_id: int, armed: bool = True) -> StopHit | None:
-        """Consume one selected id; return the hit if a sequence ends here (S4 tie rule).
-        ``armed=False`` (before ``min_tokens``, issue 20 D6): a sequence ending here is ignored and
-        matching goes on."""
-        if self._hit is not None:
-            raise StopMatcherClosed("push() after a stop token sequence hit (S3)")
-        self._count += 1
-        auto = self._auto
-        if auto is None:
-            return None
-        goto, fail = auto.goto, auto.fail
-        s = self._state
-        while True:  # amortised O(1): each failure step undoes an earlier goto step
-            nxt = goto[s].get(token_id)
-            if nxt is not None:
-                s = nxt
-                break
-            if s == 0:
-                break
-            s = fail[s]
-        self._state = s
-        index = auto.out_index[s]
-        if index < 0 or not armed:
-            return None
-        length = auto.out_len[s]
-        self._hit = StopHit("token_ids", index, self._seqs[index], self._count - length,
-                            self._count)
-        return self._hit
-
-    def snapshot(self) -> dict[str, object]:
-        """Matcher state for the request trace (O1)."""
-        return {"rule_version": STOP_RULE_VERSION, "state": self._state, "depth": self.depth,
-                "tokens": self._count,
-                "hit": self._hit.as_dict() if self._hit is not None else None}
-

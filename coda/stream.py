@@ -5,14 +5,8 @@ Every event carries a sequence number, strictly increasing from 0 within the req
 kept so a reconnecting reader can replay from any sequence number (P3); a client merging
 replays dedupes by ``(request_id, seq)``; readers read through :mod:`coda.reader`.
 
-Backpressure (P6) is declared per stream by :class:`BackpressureConfig`:
-1. ``PAUSE`` — past ``pause_bytes`` of unacknowledged output, ``should_pause`` tells the
-   scheduler to stop stepping this request until the reader catches up;
-2. ``BUFFER`` — keep generating into the buffer;
-3. in both, the buffer is bounded by ``max_bytes``: a delta that would pass it raises
-   :class:`~coda.errors.BackpressureOverflowError` (nothing is dropped silently) and the owner
-   ends the request with that error. Never an unbounded buffer, never a complete text claimed
-   after a dropped delta.
+Backpressure (P6) is declared per stream (:mod:`coda.stream_backpressure`): past its bound a
+delta raises :class:`~coda.errors.BackpressureOverflowError`, never a silent drop.
 """
 
 from __future__ import annotations
@@ -20,20 +14,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, TypedDict
 
-from coda.errors import BackpressureOverflowError, ErrorCode
-from coda.finish import FINISH_REASON_VERSION, FinishReason, Usage
-from coda.lifecycle import State
-from coda.stops import STOP_RULE_VERSION
+from coda.errors import BackpressureOverflowError
+from coda.finish import Terminal
+from coda.stream_backpressure import DEFAULT_BACKPRESSURE, BackpressureConfig, BackpressurePolicy
 from coda.wakeup import CHANNEL, Observer, WakeChannel
-
-if TYPE_CHECKING:
-    from coda.reasoning import ReasoningSplit
-    from coda.stops import StopHit
 
 
 class EventType(StrEnum):
@@ -57,18 +45,6 @@ class TokenInfo:
     special: bool = False
 
 
-# -- the last delta's tokens at a stop (S3, K2) ---------------------------------------------
-# A stop string can end the text inside a token (stop "ragon" after " dragon": the text ends
-# " d"), so the tokens the final delta carries may hold bytes the text does not.
-# ``cut_to_text`` keeps their bytes up to the text's end: the token the stop cut keeps its part
-# before the stop; tokens wholly past it are the stop's own: the terminal's trailing tokens,
-# never reported (S3, like EOS). A token goes with the delta that sends its LAST byte
-# (coda.output), so where the stop starts inside a token whose first bytes a delta already
-# sent, no delta is left for it: it is cut the same way and reported from the terminal
-# (``Terminal.trailing_shown``). So the logprob entries reassemble the text, and every
-# selected token is still in a delta or the terminal.
-
-
 def shown_piece(t: TokenInfo, skip_special: bool) -> bytes:
     """The bytes ``t`` adds to the text: none for a special token the request skips (its bytes
     are a removed span, K2); what its logprob entry shows."""
@@ -78,106 +54,6 @@ def shown_piece(t: TokenInfo, skip_special: bool) -> bytes:
 def shown_bytes(t: TokenInfo, skip_special: bool) -> int:
     """How many bytes ``t`` adds to the text (:func:`shown_piece`)."""
     return len(shown_piece(t, skip_special))
-
-
-def cut_to_text(tokens: Sequence[TokenInfo], budget: int,
-                skip_special: bool) -> tuple[TokenInfo, ...]:
-    """``tokens`` with their bytes cut to the first ``budget`` bytes (the text left for them).
-
-    A token without bytes (no logprobs asked, or a skipped special token) is kept while no
-    token was cut or dropped; from the first token that does not fit, the rest are dropped."""
-    out: list[TokenInfo] = []
-    left = max(budget, 0)
-    for t in tokens:
-        n = shown_bytes(t, skip_special)
-        if n <= left:
-            out.append(t)
-            left -= n
-            continue
-        if left > 0:
-            out.append(replace(t, piece=t.piece[:left]))  # NOTE: the token the stop cut
-        break  # NOTE: what follows is the stop's own
-    return tuple(out)
-
-
-def cut_tail(tokens: Sequence[TokenInfo], n: int, skip_special: bool) -> tuple[TokenInfo, ...]:
-    """``tokens`` without the last ``n`` bytes their pieces add to the text (K2, K3: a partial
-    character the budget cut, removed from the text): every token stays (each was selected and
-    is billed), the ones wholly in the removed bytes with none."""
-    out = list(tokens)
-    for i in range(len(out) - 1, -1, -1):
-        k = min(n, shown_bytes(out[i], skip_special))
-        if k:
-            out[i] = replace(out[i], piece=out[i].piece[:len(out[i].piece) - k])
-            n -= k
-    return tuple(out)
-
-
-class PhaseTimes(TypedDict):
-    """A terminal's P5 phase times as one group (:meth:`Terminal.timings`): the wire's
-    ``coda.timings`` object and the durable log's record; a type only, the values live on the
-    terminal."""
-
-    queue_s: float
-    prefill_s: float
-    decode_s: float
-    stop_buffer_s: float
-    first_token_s: float | None
-    total_s: float
-
-
-@dataclass(frozen=True)
-class Terminal:
-    """What the single terminal event says (P1, L4, L6, P5): the one record of how a request
-    ended — its state and reason, what it counted (``usage``) and how long each phase took
-    (P5, the ``*_s`` fields; network send is measured by the transport)."""
-
-    state: State
-    finish_reason: FinishReason
-    usage: Usage
-    error_code: ErrorCode | None = None
-    error_message: str | None = None
-    stop: StopHit | None = None
-    # P5: seconds in each phase (issue 22: on the terminal itself, no object of their own)
-    queue_s: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    stop_buffer_s: float = 0.0
-    first_token_s: float | None = None  # arrival -> first selected token
-    total_s: float = 0.0
-    # Tokens selected after the last delta whose bytes never reached a delta (held, EOS, stop).
-    trailing_tokens: tuple[TokenInfo, ...] = ()
-    # seed 004 (D2): the early-stop decision — committed tokens and the saved upper bound
-    early_stop: Mapping[str, object] | None = None
-    # K2: an incomplete UTF-8 tail removed under utf8_tail="drop" (empty: nothing removed)
-    dropped_tail: bytes = b""
-    # L4, S4: the versions of the finish-reason enum and of the stop tie rule in force
-    finish_reason_version: int = FINISH_REASON_VERSION
-    stop_rule_version: str = STOP_RULE_VERSION
-    # P1: the start event's content identity of the model that produced the output
-    model_snapshot: str | None = None
-    # Issue 23, K2: the reasoning split (removed markers, reasoning byte count, forced close);
-    # None when the output had no reasoning block (coda.reasoning)
-    reasoning: ReasoningSplit | None = None
-    # issue 21, O1: drafted / accepted / rejected tokens and verification steps of a request
-    # that speculated (None: it did not); usage counts accepted tokens only
-    speculative: Mapping[str, int] | None = None
-    # O1, echo: each prompt token after the first, scored in the prefill (a request with
-    # ``prompt_logprobs``; empty otherwise): its record as if decoded (coda.engine.core)
-    prompt_logprobs: tuple[TokenInfo, ...] = ()
-    # S3, K2: the first ``trailing_shown`` trailing tokens are text (cut to it, like the last
-    # delta's at a stop): a token whose first bytes a delta sent before a stop string that
-    # starts inside it. Reported even when the end is a stop or EOS (coda.server.logprobs).
-    trailing_shown: int = 0
-    # O1: a chat prediction's ``accepted`` / ``rejected`` tokens against the output's
-    # (coda.engine.prediction; None: no prediction), the same with or without drafting
-    prediction: Mapping[str, int] | None = None
-
-    def timings(self) -> PhaseTimes:
-        """The P5 phase times as one group (``coda.timings`` on the wire, the durable log)."""
-        return PhaseTimes(queue_s=self.queue_s, prefill_s=self.prefill_s,
-                          decode_s=self.decode_s, stop_buffer_s=self.stop_buffer_s,
-                          first_token_s=self.first_token_s, total_s=self.total_s)
 
 
 @dataclass(frozen=True)
@@ -209,24 +85,6 @@ class StreamClosed(RuntimeError):
     """An event offered after the terminal (L3); a programming error, never silently dropped."""
 
 
-class BackpressurePolicy(StrEnum):
-    PAUSE = "pause"
-    BUFFER = "buffer"
-
-
-@dataclass(frozen=True)
-class BackpressureConfig:
-    policy: BackpressurePolicy = BackpressurePolicy.BUFFER
-    pause_bytes: int = 64 * 1024
-    max_bytes: int = 4 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        if not 0 < self.pause_bytes <= self.max_bytes:
-            raise ValueError("need 0 < pause_bytes <= max_bytes")
-
-
-DEFAULT_BACKPRESSURE = BackpressureConfig()
-"""A stream's policy when its request declares none (frozen: one value shared by all)."""
 
 
 class RequestStream:

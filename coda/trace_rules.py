@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coda import trace as tr
-from coda.early_stop import StreamFailureReason
+from coda.early_stop_failure import StreamFailureReason
 from coda.errors import ErrorCode
 from coda.finish import REASONS_BY_VERSION, CancelCause, FinishReason
 from coda.lifecycle import TRANSITIONS, State

@@ -59,11 +59,25 @@ declare -A TESTS=(
   # NOTE: the verify rows' measured costs (which k a batch-1 request drafts): their own tests
   [engine/verify_costs]="tests/test_speculative_verify_costs.py"
 )
-# Files a stem mutates, where not coda/<stem>.py: the output processor is one concept split by
-# size (coda/output.py and its output_* modules: the rules, the delta assembly, id stops, the
-# reasoning split, the tool-call tag window), measured under one test selection
+# Files a stem mutates (glob patterns, space-separated), where not coda/<stem>.py: the output
+# processor is one concept split by size (coda/output.py and its output_* modules: the rules,
+# the delta assembly, id stops, the reasoning split, the tool-call tag window), measured under
+# one test selection
 declare -A MUTATE=(
   [output]="coda/output*.py"
+  # NOTE: the stops split by concept the same way (stops.py: the string matcher, the hit and
+  # the tie rule; _ids: the token-id sequences; _automaton: the compiled Aho–Corasick sets)
+  [stops]="coda/stops*.py"
+  # NOTE: and the detokenizer (detokenizer.py: the incremental state; _profile: a tokenizer's
+  # byte mode and byte views; _held: the held tail read from them, and what a cut leaves)
+  [detokenizer]="coda/detokenizer*.py"
+  # NOTE: and the stream (stream.py: the log and its events; _backpressure: the P6 declaration;
+  # the terminal record its last event carries is coda/finish.py's Terminal, with the reasons
+  # and usage it holds)
+  [stream]="coda/stream*.py coda/finish.py"
+  # NOTE: and the early-stop policy (early_stop.py: the policy, the controller, the economics,
+  # D1-D4; _checks: the D1 validation; _failure: the D5 stream-failure decision)
+  [early_stop]="coda/early_stop*.py"
   # NOTE: speculation split by size the same way (speculative.py: the config; _state: a
   # request's drafting; _verify: the rows and acceptance; _costs: the draft model's costs)
   [engine/speculative]="coda/engine/speculative*.py"
@@ -83,7 +97,11 @@ for stem in "${STEMS[@]}"; do
   {
     echo "[mutmut]"
     echo "source_paths=coda"
-    echo "only_mutate=${MUTATE[$stem]:-coda/$stem.py}"
+    # NOTE: one pattern a line (a stem whose code lives in more than one place); read, not
+    # expanded, so a glob reaches mutmut as written
+    echo "only_mutate="
+    read -r -a patterns <<< "${MUTATE[$stem]:-coda/$stem.py}"
+    printf '    %s\n' "${patterns[@]}"
     echo "use_git_change_detection=false"
     echo "timeout_multiplier=4"  # NOTE: a looping mutant is cut at 4x its tests' clean time
     echo 'do_not_mutate_patterns=\blog\.(debug|info|warning|error|exception)\('

@@ -26,11 +26,11 @@ import pytest
 from coda.durable.redis_log import RedisStreamLog
 from coda.durable.request_codec import encode_stored
 from coda.engine.types import GenerationRequest
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.sampling import SamplingParams
 from coda.scaleout.adopt import Adopter, open_routed
-from coda.stream import RequestStream, Terminal
+from coda.stream import RequestStream
 from tests.redis_support import RedisServer, running_redis
 from tests.scaleout_support import assert_ended_for_lost_ingress
 

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from coda.finish import FinishReason
 from coda.output import OutputProcessor
-from coda.stream import EventType, RequestStream, TokenInfo, cut_tail, shown_bytes
+from coda.output_delta import cut_tail
+from coda.stream import EventType, RequestStream, TokenInfo, shown_bytes
 from coda.trace import NullTraceSink
 from tests.openai_sweep_support import serve
 from tests.scripted import output_spec, scripted_tokenizer

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from coda import detokenizer
+from coda import detokenizer, detokenizer_profile
 from coda.detokenizer import IncrementalDetokenizer
 from coda.errors import DecodingError
 from tests.conftest import examples
@@ -311,7 +311,7 @@ def test_k2_byte_level_alphabet_is_gpt2s_byte_to_unicode_map() -> None:
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     others = [b for b in range(256) if b not in printable]
     want = {chr(b): b for b in printable} | {chr(0x100 + k): b for k, b in enumerate(others)}
-    assert detokenizer._byte_level_table() == want and len(want) == 256
+    assert detokenizer_profile._byte_level_table() == want and len(want) == 256
 
 
 @pytest.mark.parametrize("family", BYTE_FAMILIES)

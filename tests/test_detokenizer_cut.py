@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from coda import detokenizer
+from coda import detokenizer, detokenizer_profile
 from coda.detokenizer import IncrementalDetokenizer, RemovedSpan, profile_of
 from tests.tokenizer_fixtures import byte_level_bpe, sentencepiece_bpe
 
@@ -63,7 +63,7 @@ def test_k3_finish_cut_byte_level_partial_character() -> None:
     tok = byte_level_bpe()
     first = bytes([0xF0])
     # NOTE: GPT-2's byte alphabet maps 0xF0 to one printable character, a token of its own
-    char = {b: c for c, b in detokenizer._byte_level_table().items()}[0xF0]
+    char = {b: c for c, b in detokenizer_profile._byte_level_table().items()}[0xF0]
     lead = tok.token_to_id(char)
     assert lead is not None
     det, out = _fed(tok, tok.encode("ok", add_special_tokens=False).ids + [lead])

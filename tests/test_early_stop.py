@@ -17,11 +17,10 @@ from coda.early_stop import (
     EarlyStopDecision,
     EarlyStopPolicy,
     EarlyStopReason,
-    StreamFailureReason,
     approximate_output_tokens,
-    decide_stream_failure,
     evaluate_stop_economics,
 )
+from coda.early_stop_failure import StreamFailureReason, decide_stream_failure
 from coda.errors import ErrorCode, InvalidRequestError
 from tests.conftest import examples
 
@@ -330,17 +329,21 @@ def test_d2_d5_reason_values_are_exactly_the_reference_strings() -> None:
 
 # ------------------------------------------------------------------------------------ D6
 def test_d6_module_only_decides_it_imports_no_engine_server_or_io() -> None:
-    """D6 structure: the policy module decides only (no engine, server or I/O import). The
-    behaviour, a stop taking the cancel path, is test_early_stop_engine.py's D6 tests."""
-    tree = ast.parse(Path(early_stop.__file__).read_text(encoding="utf-8"))
-    imported = {
-        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in node.names
-    }
-    assert imported <= {"__future__", "math", "collections.abc", "dataclasses", "enum",
-                        "typing", "coda.errors"}  # fmt: skip
+    """D6 structure: the policy modules (coda/early_stop.py and its parts, early_stop_*.py)
+    decide only (no engine, server or I/O import). The behaviour, a stop taking the cancel
+    path, is test_early_stop_engine.py's D6 tests."""
+    paths = sorted(Path(early_stop.__file__).parent.glob("early_stop*.py"))
+    assert len(paths) == 3
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {
+            (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        assert imported <= {"__future__", "math", "collections.abc", "dataclasses", "enum",
+                            "typing", "coda.errors", "coda.early_stop_checks"}, path  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ properties

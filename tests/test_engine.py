@@ -183,7 +183,7 @@ def test_bad_requests_raise_typed_errors_before_any_work() -> None:
 
 
 def test_p6_pause_policy_keeps_memory_bounded_with_a_reader_that_never_reads() -> None:
-    from coda.stream import BackpressureConfig, BackpressurePolicy
+    from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 
     engine = AsyncEngine.from_model_dir(tiny_checkpoint(), EngineConfig(num_blocks=128))
     bp = BackpressureConfig(BackpressurePolicy.PAUSE, pause_bytes=16, max_bytes=1024)
@@ -243,7 +243,7 @@ def test_c2_cancel_while_the_forward_is_in_flight_discards_its_result() -> None:
 def test_p6_hundred_readers_that_never_read_stay_bounded(policy: str) -> None:
     """100 streams nobody reads: memory stays bounded by the per-stream bound; overflow ends
     with its own error (never a silently dropped delta), pause keeps the request waiting."""
-    from coda.stream import BackpressureConfig, BackpressurePolicy
+    from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 
     bound = 48
     bp = BackpressureConfig(BackpressurePolicy(policy), pause_bytes=16, max_bytes=bound)

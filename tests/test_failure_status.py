@@ -11,10 +11,9 @@ import json
 import pytest
 
 from coda.errors import ErrorCode
-from coda.finish import FinishReason
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.server.http_errors import anthropic_error, failed_json, openai_error
-from coda.stream import Terminal, Usage
 
 REQUEST_FAULTS = {ErrorCode.INVALID_REQUEST, ErrorCode.CONTEXT_LENGTH_EXCEEDED}
 

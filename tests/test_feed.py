@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.durable.codec import decode_batch
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.scaleout.feed import FeedClient, Outbox
-from coda.stream import EventType, RequestStream, StreamEvent, Terminal, TokenInfo
+from coda.stream import EventType, RequestStream, StreamEvent, TokenInfo
 from coda.wakeup import CHANNEL
 from tests.conftest import examples
 

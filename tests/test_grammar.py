@@ -19,7 +19,8 @@ import pytest
 import tokenizers
 
 from coda.engine.async_engine import AsyncEngine, RequestHandle
-from coda.engine.grammar import GrammarMatcher, compile_grammar, ll_tokenizer
+from coda.engine.grammar import GrammarMatcher, compile_grammar
+from coda.engine.grammar_tokenizer import ll_tokenizer
 from coda.engine.types import EngineConfig, GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.finish import FinishReason

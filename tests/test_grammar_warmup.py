@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from coda.engine import grammar
+from coda.engine import grammar_tokenizer as grammar
 
 
 class _Seen(list[str]):

@@ -10,11 +10,11 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.output import OutputProcessor
 from coda.server.logprobs import chat_entries, reported_trailing
-from coda.stream import EventType, RequestStream, Terminal, TokenInfo
+from coda.stream import EventType, RequestStream, TokenInfo
 from coda.trace import NullTraceSink
 from tests.scripted import output_spec, scripted_tokenizer
 

@@ -33,7 +33,7 @@ from coda.server.model_specs import (
     parse_model_arg,
     read_models_file,
 )
-from coda.stream import BackpressureConfig, BackpressurePolicy
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 from coda.trace import TraceEvent, check_trace, read_jsonl
 from tests.conftest import LiveServer
 

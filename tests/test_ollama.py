@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.finish import FinishReason
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.reader import replay
 from coda.server.ollama_routes import CHAT, GENERATE
 from coda.server.ollama_wire import done_reason
 from coda.server.records import Record
 from coda.server.render_spec import OllamaRender
-from coda.stream import RequestStream, Terminal, Usage
+from coda.stream import RequestStream
 from tests.conftest import examples
 from tests.tools_support import OLLAMA_WEATHER as WEATHER
 

@@ -21,7 +21,7 @@ from coda.errors import ContextLengthExceededError, InvalidRequestError
 from coda.finish import FinishReason
 from coda.reasoning import ReasoningSpec
 from coda.sampling import MAX_LOGPROBS, SamplingParams
-from coda.stream import BackpressureConfig
+from coda.stream_backpressure import BackpressureConfig
 from tests.conftest import examples
 
 LIMITS = ModelLimits(context_length=64, vocab_size=100, eos_token_ids=frozenset({2, 3}),

@@ -131,9 +131,9 @@ def test_o1_prediction_counts_survive_the_durable_log() -> None:
     """O1, P3: the terminal's prediction counts round-trip through the stream log's codecs
     (JSON and MessagePack), so a replay reports the usage the first delivery did."""
     from coda.durable.codec import decode_event, encode_event, pack_run, unpack_events
-    from coda.finish import FinishReason, Usage
+    from coda.finish import FinishReason, Terminal, Usage
     from coda.lifecycle import State
-    from coda.stream import EventType, StreamEvent, Terminal
+    from coda.stream import EventType, StreamEvent
 
     for counts in ({"accepted": 7, "rejected": 3}, None):
         term = Terminal(State.FINISHED, FinishReason.EOS, Usage(prompt_tokens=2),

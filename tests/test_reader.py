@@ -14,16 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda import reader as rd
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
-from coda.stream import (
-    BackpressureConfig,
-    BackpressurePolicy,
-    EventType,
-    RequestStream,
-    StreamEvent,
-    Terminal,
-)
+from coda.stream import EventType, RequestStream, StreamEvent
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 from coda.wakeup import CHANNEL
 from tests.conftest import examples
 

@@ -38,9 +38,9 @@ import pytest
 
 from coda.durable.redis_log import Fenced, RedisStreamLog
 from coda.errors import ErrorCode
-from coda.finish import CancelCause, FinishReason, Usage
+from coda.finish import CancelCause, FinishReason, Terminal, Usage
 from coda.lifecycle import State
-from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
+from coda.stream import EventType, StreamEvent, TokenInfo
 from tests.redis_support import RedisServer, running_redis
 from tests.scaleout_support import assert_ended_for_lost_ingress
 

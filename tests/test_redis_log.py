@@ -22,10 +22,10 @@ from coda.durable.codec import (
 )
 from coda.durable.redis_log import Fenced, RedisStreamLog
 from coda.errors import ErrorCode
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.stops import StopHit
-from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
+from coda.stream import EventType, StreamEvent, TokenInfo
 from tests.redis_support import RedisServer, running_redis
 
 pytestmark = pytest.mark.timeout(60)

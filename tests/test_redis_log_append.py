@@ -15,7 +15,8 @@ import pytest
 from coda.durable import append
 from coda.durable.mirror import LogMirror
 from coda.durable.redis_log import RedisStreamLog
-from coda.stream import BackpressureConfig, EventType, RequestStream, StreamEvent, TokenInfo
+from coda.stream import EventType, RequestStream, StreamEvent, TokenInfo
+from coda.stream_backpressure import BackpressureConfig
 from coda.wakeup import CHANNEL
 from tests.redis_support import RedisServer, running_redis
 

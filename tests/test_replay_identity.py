@@ -17,10 +17,10 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.server.sse import Frame, Renderer, SSEResponse, parse_position_id, position_id
-from coda.stream import RequestStream, StreamEvent, Terminal
+from coda.stream import RequestStream, StreamEvent
 from tests.conftest import SSEAccumulator
 
 

@@ -36,7 +36,7 @@ from coda.early_stop import EarlyStopPolicy
 from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
-from coda.stream import BackpressureConfig, BackpressurePolicy
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 
 TABLES: list[tuple[type[Any], dict[str, Any]]] = [
     (GenerationRequest, REQUEST_FIELDS), (SamplingParams, SAMPLING_FIELDS),

@@ -13,11 +13,12 @@ import pytest
 
 from coda import trace as tr
 from coda.errors import ErrorCode
-from coda.finish import CancelCause, FinishReason, Usage
+from coda.finish import CancelCause, FinishReason, PhaseTimes, Usage
 from coda.lifecycle import State
 from coda.output import EarlyStopHook, EarlyStopVerdict, OutputProcessor, OutputSpec
 from coda.request import MODEL_RESOURCES, RequestRun
-from coda.stream import BackpressureConfig, BackpressurePolicy, PhaseTimes, RequestStream, TokenInfo
+from coda.stream import RequestStream, TokenInfo
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 from coda.trace import ListTraceSink, check_trace
 from tests.reference_loop import generate
 from tests.scripted import (

@@ -32,7 +32,8 @@ from coda.errors import DuplicateRequestIdError, InvalidRequestError
 from coda.finish import FinishReason
 from coda.lifecycle import ResourceKind, State
 from coda.sampling import SamplingParams
-from coda.stream import BackpressureConfig, BackpressurePolicy, StreamEvent
+from coda.stream import StreamEvent
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 from coda.trace import ListTraceSink, check_trace
 
 from .engine_support import tiny_checkpoint

@@ -16,7 +16,8 @@ from coda.finish import CancelCause, FinishReason
 from coda.lifecycle import State
 from coda.output import OutputSpec
 from coda.request import RequestRun
-from coda.stream import BackpressureConfig, BackpressurePolicy, RequestStream
+from coda.stream import RequestStream
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 from coda.trace import ListTraceSink, TraceEvent, check_trace
 from tests.dedupe import Deduper
 from tests.reference_loop import generate

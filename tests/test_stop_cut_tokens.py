@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from coda.finish import FinishReason
 from coda.output import OutputProcessor
-from coda.stream import EventType, RequestStream, TokenInfo, cut_to_text, shown_bytes
+from coda.output_delta import cut_to_text
+from coda.stream import EventType, RequestStream, TokenInfo, shown_bytes
 from coda.trace import NullTraceSink
 from tests.scripted import output_spec, scripted_tokenizer
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda import stops as stops_module
+from coda import stops_automaton
 from coda.errors import InvalidRequestError
 from coda.output import OutputSpec
 from coda.stops import (
@@ -20,9 +20,9 @@ from coda.stops import (
     StopHit,
     StopMatcherClosed,
     StopStringMatcher,
-    StopTokenMatcher,
     stop_bytes,
 )
+from coda.stops_ids import StopTokenMatcher
 from tests.conftest import examples
 from tests.reference_loop import generate
 from tests.scripted import ScriptedChooser, ScriptedModel, scripted_tokenizer
@@ -396,8 +396,8 @@ def test_s2_a_failed_partial_match_returns_to_the_root_state() -> None:
 def _fresh_automata() -> None:
     """Each test compiles its stop automata itself: the compile cache must not carry an
     automaton built earlier in the session past a defect in building one (S1-S4)."""
-    stops_module._compile_bytes.cache_clear()
-    stops_module._compile_tokens.cache_clear()
+    stops_automaton.compile_bytes.cache_clear()
+    stops_automaton.compile_tokens.cache_clear()
 
 
 def test_s2_s4_failure_links_follow_a_shorter_stop_inside_a_longer_one() -> None:

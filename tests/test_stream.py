@@ -13,18 +13,11 @@ from hypothesis import strategies as st
 
 from coda.engine.protocol import RequestHandle
 from coda.errors import BackpressureOverflowError
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.request import RequestRun
-from coda.stream import (
-    BackpressureConfig,
-    BackpressurePolicy,
-    EventType,
-    RequestStream,
-    StreamClosed,
-    StreamEvent,
-    Terminal,
-)
+from coda.stream import EventType, RequestStream, StreamClosed, StreamEvent
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 from coda.trace import ListTraceSink
 from tests.conftest import examples
 from tests.dedupe import Deduper

@@ -86,7 +86,7 @@ def test_k1_the_grammar_engine_spells_text_as_the_model_does(
     """K1, G: llguidance (which spells the budget closer's canonical completions) tokenizes a
     GGUF SentencePiece vocabulary's text exactly as Coda's encode does, and knows each id's
     bytes: a serialized lookup table would spell pieces the merging never reaches whole."""
-    from coda.engine.grammar import ll_tokenizer
+    from coda.engine.grammar_tokenizer import ll_tokenizer
 
     with tempfile.TemporaryDirectory() as scratch:
         path = write_pieces_gguf(Path(scratch) / "v.gguf", sorted(pieces.items()), space_prefix)

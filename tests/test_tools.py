@@ -260,7 +260,7 @@ def test_s1_auto_grammar_constrains_only_after_the_tag() -> None:
     import tokenizers
 
     from coda.engine.async_engine import DEFAULT_MODEL_DIR
-    from coda.engine.grammar import ll_tokenizer
+    from coda.engine.grammar_tokenizer import ll_tokenizer
 
     tok = tokenizers.Tokenizer.from_file(str(DEFAULT_MODEL_DIR / "tokenizer.json"))
     plan = tl.ToolPlan((tl.Tool("get_time", "", TIME),), "auto")

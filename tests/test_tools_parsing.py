@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.engine.async_engine import DEFAULT_MODEL_DIR
-from coda.engine.grammar import ll_tokenizer
+from coda.engine.grammar_tokenizer import ll_tokenizer
 from coda.server import tools as tl
 from coda.server.tool_grammar import grammar_for
 from tests.conftest import LiveServer, examples, sse_events

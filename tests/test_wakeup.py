@@ -14,10 +14,11 @@ import pytest
 
 from coda.engine.async_engine import AsyncEngine
 from coda.engine.types import EngineConfig, GenerationRequest
+from coda.finish import Terminal
 from coda.lifecycle import State
 from coda.reader import when_closed
 from coda.sampling import SamplingParams
-from coda.stream import EventType, Terminal
+from coda.stream import EventType
 
 from .engine_support import tiny_checkpoint
 

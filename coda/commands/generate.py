@@ -21,7 +21,7 @@ from coda.commands.loading import (
 )
 
 if TYPE_CHECKING:
-    from coda.stream import Terminal
+    from coda.finish import Terminal
 
 
 @dataclass(frozen=True)

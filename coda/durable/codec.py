@@ -33,11 +33,11 @@ from typing import Any
 import msgpack
 
 from coda.errors import ErrorCode
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.reasoning import ReasoningSplit
 from coda.stops import StopHit
-from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
+from coda.stream import EventType, StreamEvent, TokenInfo
 
 
 def _tokens(tokens: tuple[TokenInfo, ...]) -> list[list[Any]]:

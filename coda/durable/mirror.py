@@ -23,7 +23,8 @@ from typing import Any
 import redis
 
 from coda.durable.redis_log import RedisStreamLog
-from coda.stream import BackpressureConfig, EventType, RequestStream, StreamEvent
+from coda.stream import EventType, RequestStream, StreamEvent
+from coda.stream_backpressure import BackpressureConfig
 from coda.wakeup import CHANNEL
 
 log = logging.getLogger("coda.durable")

@@ -32,9 +32,9 @@ Each bills the committed tokens: those of the durable deltas (L6).
 from __future__ import annotations
 
 from coda.errors import ErrorCode
-from coda.finish import CancelCause, FinishReason, Usage
+from coda.finish import CancelCause, FinishReason, Terminal, Usage
 from coda.lifecycle import State
-from coda.stream import EventType, StreamEvent, Terminal
+from coda.stream import EventType, StreamEvent
 
 # NOTE: how long (in leases) a reaper that cannot adopt leaves an adoptable orphan to one that
 # can: adopters try every lease / 3, so three leases are nine of their rounds

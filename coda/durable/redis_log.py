@@ -55,7 +55,8 @@ from coda.durable import append, lua
 from coda.durable.codec import decode_event, unpack_events
 from coda.durable.orphans import ADOPT_GRACE_LEASES
 from coda.durable.reaper import Reaping
-from coda.stream import StreamEvent, Terminal
+from coda.finish import Terminal
+from coda.stream import StreamEvent
 
 log = logging.getLogger("coda.durable")
 

@@ -10,7 +10,7 @@ every front end that adopts (``pickle.loads``). A stored request is data only:
 with one entry per field of :class:`~coda.engine.types.GenerationRequest` and of the
 dataclasses it holds (:class:`~coda.sampling.SamplingParams`,
 :class:`~coda.early_stop.EarlyStopPolicy`, :class:`~coda.engine.types.GrammarSpec`,
-:class:`~coda.stream.BackpressureConfig`, :class:`~coda.reasoning.ReasoningSpec`), each
+:class:`~coda.stream_backpressure.BackpressureConfig`, :class:`~coda.reasoning.ReasoningSpec`), each
 written by an explicit field codec (tuples as arrays, bytes as hex, an enum by its value).
 :func:`decode_stored` checks the envelope, the version, that each object has exactly its
 class's fields and that each value has its field's JSON type, then builds the dataclasses
@@ -34,7 +34,7 @@ from coda.engine.types import GenerationRequest, GrammarSpec
 from coda.errors import InvalidRequestError
 from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
-from coda.stream import BackpressureConfig, BackpressurePolicy
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 
 KIND = "coda.request"
 VERSION = 1

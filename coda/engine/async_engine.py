@@ -33,7 +33,8 @@ from coda.engine.engine_load import (
     trace_sink,
 )
 from coda.engine.engine_request import EngineRequest
-from coda.engine.grammar import GrammarMatcher, GrammarWarmup
+from coda.engine.grammar import GrammarMatcher
+from coda.engine.grammar_tokenizer import GrammarWarmup
 from coda.engine.plan import ModelLimits, RequestPlan, plan_request
 from coda.engine.protocol import InMemoryStreamLog, ModelInfo, RequestHandle
 from coda.engine.runner import ModelRunner

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from coda import trace as tr
-from coda.early_stop import decide_stream_failure
+from coda.early_stop_failure import decide_stream_failure
 from coda.engine.runner import SeqChunk
 from coda.engine.scheduler import SchedulerOutput
 

@@ -44,7 +44,7 @@ def start(engine: AsyncEngine) -> None:
     engine._at_exit = _shutdown_at_exit(weakref.ref(engine))
     atexit.register(engine._at_exit)
     # NOTE: llguidance is imported by the build, on its thread, not here
-    from coda.engine.grammar import warm_ll_tokenizer
+    from coda.engine.grammar_tokenizer import warm_ll_tokenizer
 
     # NOTE: the grammar tokenizer, built off the request path (coda.engine.grammar)
     engine.grammar_warmup = warm_ll_tokenizer(engine.tokenizer, engine.eos_token_ids,

@@ -25,9 +25,9 @@ before the death) is known to no surviving process and is not billed.
 from __future__ import annotations
 
 from coda.errors import ErrorCode
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
-from coda.stream import EventType, RequestStream, StreamClosed, StreamEvent, Terminal
+from coda.stream import EventType, RequestStream, StreamClosed, StreamEvent
 
 
 def local_usage(prompt_tokens: int, evs: list[StreamEvent], reported: Usage | None) -> Usage:

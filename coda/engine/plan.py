@@ -37,7 +37,7 @@ from coda.finish import FinishReason
 from coda.output import UTF8_TAIL_POLICIES, OutputSpec
 from coda.sampling import MAX_LOGPROBS, SamplingParams
 from coda.stops import stop_bytes
-from coda.stream import BackpressureConfig
+from coda.stream_backpressure import BackpressureConfig
 
 # NOTE: ``max_tokens`` for "no limit but the context" (a protocol's own no-limit, Ollama's unset
 # or negative num_predict): read here alone, as the room the prompt leaves (L4)

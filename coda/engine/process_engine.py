@@ -48,12 +48,8 @@ from coda.errors import (
     InvalidRequestError,
 )
 from coda.finish import CancelCause, Usage
-from coda.stream import (
-    BackpressureConfig,
-    RequestStream,
-    StreamClosed,
-    StreamEvent,
-)
+from coda.stream import RequestStream, StreamClosed, StreamEvent
+from coda.stream_backpressure import BackpressureConfig
 
 log = logging.getLogger("coda.engine")
 

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import tokenizers
 
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.finish import CancelCause
+from coda.finish import CancelCause, Terminal
 from coda.models.identity import ModelIdentity
 from coda.models.tokenizer_bundle import TokenizerBundle
 from coda.reader import StreamReading, follow, wait_terminal
-from coda.stream import RequestStream, StreamEvent, Terminal
+from coda.stream import RequestStream, StreamEvent
 
 if TYPE_CHECKING:
     from coda.request import RequestRun

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from coda.early_stop import EarlyStopPolicy
 from coda.reasoning import ReasoningSpec
 from coda.sampling import SamplingParams
-from coda.stream import BackpressureConfig
+from coda.stream_backpressure import BackpressureConfig
 
 
 @dataclass(frozen=True)

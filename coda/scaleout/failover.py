@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from coda.durable.mirror import feed
 from coda.errors import ErrorCode
-from coda.finish import FinishReason, Usage
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
-from coda.stream import EventType, StreamEvent, Terminal
+from coda.stream import EventType, StreamEvent
 
 if TYPE_CHECKING:
     from coda.durable.redis_log import RedisStreamLog

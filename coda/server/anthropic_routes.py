@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.engine.plan import check_prompt_room
 from coda.errors import ContextLengthExceededError, InvalidRequestError
+from coda.finish import Terminal
 from coda.server import tools as tl
 from coda.server.anthropic_checks import (
     THINKING_OFF,
@@ -48,7 +49,6 @@ from coda.server.records import Record, register_renderer
 from coda.server.render_spec import AnthropicRender
 from coda.server.state import ServerState
 from coda.server.tool_messages import BLOCK_SEPARATOR, anthropic_history
-from coda.stream import Terminal
 
 router = APIRouter()
 _ROLES = frozenset({"user", "assistant"})

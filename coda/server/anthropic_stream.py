@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from coda.finish import Terminal
 from coda.reader import replay
 from coda.server import tools as tl
 from coda.server.http_errors import anthropic_error, is_failed
@@ -24,7 +25,7 @@ from coda.server.mapping import anthropic_stop_reason, coda_extension
 from coda.server.records import Record
 from coda.server.render_spec import AnthropicRender
 from coda.server.sse import Frame, Renderer, position_id
-from coda.stream import EventType, StreamEvent, Terminal
+from coda.stream import EventType, StreamEvent
 
 
 def stop_fields(terminal: Terminal, calls: int = 0) -> tuple[str, str | None]:

@@ -118,7 +118,7 @@ class HeadMiddleware:
 
 class GrammarWarmupMiddleware:
     """Issue 19 item 2: the engine's grammar tokenizer build holds the GIL for a while
-    (:class:`coda.engine.grammar.GrammarWarmup`), so the server defers it at its start and
+    (:class:`coda.engine.grammar_tokenizer.GrammarWarmup`), so the server defers it at its start and
     releases it once it has been idle for ``idle_s`` (nothing in flight, nothing new): after
     the first answers, never under them — ``/health`` at the start does not wait for it. A
     grammar request that comes first starts it itself. An engine without one: nothing to do."""

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 from fastapi import Request
 from starlette.responses import Response
 
+from coda.finish import Terminal
 from coda.reader import replay, terminal_of
 from coda.server.logprobs import reported_trailing
 from coda.server.records import DisconnectPolicy, Record
@@ -32,7 +33,7 @@ from coda.server.render_spec import RecordKind
 from coda.server.schemas import CodaExtensions
 from coda.server.sse import SSEResponse
 from coda.server.state import ServerState
-from coda.stream import EventType, RequestStream, Terminal, TokenInfo
+from coda.stream import EventType, RequestStream, TokenInfo
 
 
 def new_id(prefix: str) -> str:

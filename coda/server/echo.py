@@ -16,7 +16,7 @@ prefills the prompt chunk by chunk, takes every row's logits and reduces each at
 token's record (:meth:`coda.engine.sampler.Sampler.score`, the same operations as a decode's
 record, so in a batch-invariant mode the same bits, T4); it computes every position (no
 prefix-cache reuse for it) and ends ``max_output_tokens`` with no token. Its terminal carries
-the records (:attr:`coda.stream.Terminal.prompt_logprobs`).
+the records (:attr:`coda.finish.Terminal.prompt_logprobs`).
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coda.errors import CodaError, ContextLengthExceededError, ErrorCode, ModelNotFoundError
+from coda.finish import Terminal
 from coda.lifecycle import State
 from coda.server.validation_words import describe_validation, out_of_range
-from coda.stream import Terminal
 
 log = logging.getLogger("coda.server")
 

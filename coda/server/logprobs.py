@@ -14,7 +14,7 @@ last token without visible text, bytes held at the end) are reported with the fi
 except when the request ended on EOS or a stop sequence: then they are the stop itself, which
 never reaches the client (S3) — all but the first ``Terminal.trailing_shown``: text a stop
 string starting inside a token cut, reported cut to the text. At a budget end the trailing
-tokens come without the partial character the end removed (K3; ``coda.stream.cut_tail``).
+tokens come without the partial character the end removed (K3; ``coda.output_delta.cut_tail``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from coda.finish import FinishReason
-from coda.stream import Terminal, TokenInfo, shown_piece
+from coda.finish import FinishReason, Terminal
+from coda.stream import TokenInfo, shown_piece
 
 
 def _text(raw: bytes) -> str:

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from coda.finish import FinishReason
+from coda.finish import FinishReason, Terminal
 from coda.lifecycle import State
-from coda.stream import Terminal
 
 F = FinishReason
 # NOTE: a confidence early stop (D6) ends CANCELLED but reads as a normal end on the wire: the

@@ -45,7 +45,7 @@ import tokenizers
 from coda.engine.process_engine import WorkerCopy
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
-from coda.finish import CancelCause
+from coda.finish import CancelCause, Terminal
 from coda.models.identity import ModelIdentity
 from coda.models.source import model_key
 from coda.models.tokenizer_bundle import TokenizerBundle
@@ -57,7 +57,7 @@ from coda.server.model_loads import ModelLoads
 from coda.server.model_metrics import ModelMetrics
 from coda.server.model_slot import ModelSlot
 from coda.server.model_trace import RouterTrace
-from coda.stream import StreamEvent, Terminal
+from coda.stream import StreamEvent
 from coda.trace import JsonlTraceSink, TraceSink
 
 log = logging.getLogger("coda.server")

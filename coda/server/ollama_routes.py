@@ -31,6 +31,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
+from coda.finish import Terminal
 from coda.reader import replay
 from coda.reasoning import ReasoningSpec
 from coda.server import logprobs as lp
@@ -56,7 +57,7 @@ from coda.server.records import Record, register_renderer
 from coda.server.render_spec import OllamaRender, RecordKind
 from coda.server.sse import Frame
 from coda.server.state import ServerState
-from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
+from coda.stream import EventType, StreamEvent, TokenInfo
 
 router = APIRouter()
 OllamaBody = OllamaChatRequest | OllamaGenerateRequest

@@ -19,11 +19,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coda.errors import InvalidRequestError
-from coda.finish import FinishReason
+from coda.finish import FinishReason, Terminal
 from coda.server import tools as tl
 from coda.server.mapping import coda_extension, openai_finish_reason
 from coda.server.ollama_schemas import OllamaMessage, duration_s
-from coda.stream import Terminal
 
 _LENGTH = frozenset({FinishReason.MAX_OUTPUT_TOKENS, FinishReason.CONTEXT_LIMIT})
 

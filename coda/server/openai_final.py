@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coda.finish import Terminal
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.common import collect
@@ -15,7 +16,6 @@ from coda.server.mapping import coda_extension, openai_finish_reason, system_fin
 from coda.server.openai_stream import reported_usage
 from coda.server.records import Record
 from coda.server.render_spec import OpenAIRender
-from coda.stream import Terminal
 
 
 def final_object(record: Record, terminals: list[Terminal],

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from coda.engine.plan import fits_context
 from coda.errors import InvalidRequestError
+from coda.finish import Terminal
 from coda.server import echo as ec
 from coda.server import tools as tl
 from coda.server.chat import render_chat
@@ -39,7 +40,6 @@ from coda.server.render_spec import OpenAIRender
 from coda.server.schemas import ChatCompletionRequest, CompletionRequest
 from coda.server.state import ServerState
 from coda.server.tool_results import check_openai_results
-from coda.stream import Terminal
 
 router = APIRouter()
 

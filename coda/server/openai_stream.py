@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from coda.finish import Terminal
 from coda.reader import replay
 from coda.server import logprobs as lp
 from coda.server import tools as tl
@@ -25,7 +26,7 @@ from coda.server.mapping import (
 from coda.server.records import Record
 from coda.server.render_spec import OpenAIRender
 from coda.server.sse import Frame, Renderer, position_id
-from coda.stream import EventType, StreamEvent, Terminal, TokenInfo
+from coda.stream import EventType, StreamEvent, TokenInfo
 
 
 class OpenAIRenderer(Renderer):

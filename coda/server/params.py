@@ -31,7 +31,7 @@ from coda.server.render_spec import RecordKind, RenderSpec
 from coda.server.schemas import CodaExtensions, ResponseFormat
 from coda.server.strict_schema import check_strict_format
 from coda.stops import stop_bytes
-from coda.stream import BackpressureConfig, BackpressurePolicy
+from coda.stream_backpressure import BackpressureConfig, BackpressurePolicy
 
 
 def grammar_from_format(fmt: ResponseFormat | None, field: str = "response_format"

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from coda.engine.plan import check_prompt_room
 from coda.engine.types import GrammarSpec
 from coda.errors import ContextLengthExceededError, InvalidRequestError
+from coda.finish import Terminal
 from coda.server import tools as tl
 from coda.server.chat import render_chat
 from coda.server.common import create, new_id, state_of
@@ -45,7 +46,6 @@ from coda.server.responses_stream import ResponsesRenderer
 from coda.server.state import ServerState
 from coda.server.tool_messages import tool_history_item
 from coda.server.tool_results import check_responses_results
-from coda.stream import Terminal
 
 router = APIRouter()
 _ROLES = frozenset({"system", "developer", "user", "assistant"})

@@ -24,7 +24,7 @@ from coda.server.admission import PromptBound
 from coda.server.http_errors import ApiError, api_error_from
 from coda.server.metrics import ServerMetrics
 from coda.server.records import DisconnectPolicy, Record, RecordStore, ResponseStore
-from coda.stream import BackpressureConfig
+from coda.stream_backpressure import BackpressureConfig
 
 log = logging.getLogger("coda.server")
 

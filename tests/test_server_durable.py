@@ -163,8 +163,8 @@ def test_issue22_routes_store_the_engines_own_handles_reading_the_durable_copy_p
     submitted: list[Any] = []
     real = ServerState.submit_all
 
-    def spy(self: ServerState, requests: Any, rename: Any) -> Any:
-        handles = real(self, requests, rename)
+    def spy(self: ServerState, requests: Any, *args: Any) -> Any:
+        handles = real(self, requests, *args)
         submitted.extend(handles)
         return handles
 

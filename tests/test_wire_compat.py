@@ -231,9 +231,9 @@ def test_k2_ollama_logprobs_of_a_cut_character_are_streamed_too(
         smollm_ollama: ollama.Client, smollm_name: str) -> None:
     """SPEC K2, K3: where the budget cuts a multi-byte character (its bytes are dropped, its
     tokens carry no text), the streamed lines still hold those tokens' logprobs, as the whole
-    answer does: one entry per output token either way."""
-    cut = 0
-    for n in range(1, 9):
+    answer does: one entry per output token either way, and the entries' bytes are the text's."""
+    entries: list[list[bytes]] = []
+    for n in range(1, 10):
         kw: Any = {"model": smollm_name, "prompt": "Emoji: show me some emoji",
                    "logprobs": True, "options": {"num_predict": n, "temperature": 0}}
         whole = smollm_ollama.generate(**kw)
@@ -244,8 +244,12 @@ def test_k2_ollama_logprobs_of_a_cut_character_are_streamed_too(
             (e.token, e.logprob) for e in whole.logprobs]
         raw = httpx.post(str(smollm_ollama._client.base_url) + "/api/generate", timeout=60,
                          json={**kw, "stream": False}).json()
-        held = b"".join(bytes(e["bytes"]) for e in raw["logprobs"])
-        cut += held != raw["response"].encode()  # NOTE: the budget dropped a partial char
+        entries.append([bytes(e["bytes"]) for e in raw["logprobs"]])
+        assert b"".join(entries[-1]) == raw["response"].encode()
+    # NOTE: greedy: budget n's tokens are budget n+1's first n; a token's bytes shorter at n
+    # than at n+1 are a partial character the budget n dropped
+    cut = sum(short != longer[:n] for n, (short, longer) in
+              enumerate(zip(entries, entries[1:], strict=False), start=1))
     assert cut, "no budget cut a character: the case is not exercised"
 
 

@@ -187,7 +187,9 @@ def _cancel_moved_within_its_window(m: Mutation, rows: list[TraceEvent]) -> bool
         return False
     moved = m.apply(rows)
     at = next(k for k, e in enumerate(moved) if _client_cancel(e))
-    if at < 2:
+    # NOTE: the request exists once its stream buffer and trace handle are acquired, its first
+    # two engine rows: a replica's route.decided before them does not count
+    if sum(e.kind in tr.KNOWN_KINDS for e in moved[:at]) < 2:
         return False
     for e in moved[at + 1:]:
         if e.kind in (tr.CANCEL_OBSERVED, tr.TERMINAL) or (
@@ -267,16 +269,29 @@ def _finish_reason_swap(m: Mutation, rows: list[TraceEvent]) -> bool:
 
 
 def _hit_token_tail(m: Mutation, rows: list[TraceEvent]) -> bool:
-    """More bytes for the token whose push completed a string stop: bytes after the stop are
-    discarded unseen, and how many a token has is the tokenizer's."""
-    if not _tamper(tr.STOP_STATE, "nbytes")(m, rows) or m.value <= m.old:
+    """Another byte count for the token whose push completed a string stop: bytes after the
+    stop are discarded unseen, and how many a token has is the tokenizer's."""
+    if not _tamper(tr.STOP_STATE, "nbytes")(m, rows) or not isinstance(m.value, int):
         return False
+    hit = None
     for e in rows[m.i + 1:]:
         if e.kind == tr.STOP_HIT:
-            return e.data.get("which") == "string"
+            hit = e
+            break
         if e.kind != tr.STREAM_DELTA:
             return False
-    return False
+    if hit is None or hit.data.get("which") != "string":
+        return False
+    if m.value > m.old:
+        return True
+    # NOTE: fewer bytes are another token only while its push still reaches the stop's end:
+    # the bytes it loses must be tail bytes after the stop, never the stop's own (a token of
+    # at least one byte; a push ending before the stop's end would not have hit it)
+    pushed = sum(e.data["nbytes"] - max(e.data.get("discarded") or 0, 0)
+                 for e in rows[:m.i + 1]
+                 if e.kind == tr.STOP_STATE and not e.data.get("stops_off"))
+    end = hit.data["byte_offset"] + len(str(hit.data["stop"]).encode("utf-8"))
+    return bool(m.value >= 1 and end <= pushed - (m.old - m.value))
 
 
 def _clock_vs_client_cancel(m: Mutation, rows: list[TraceEvent]) -> bool:
@@ -333,9 +348,9 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("clock-vs-cancel", "a row's clock reading earlier than a client cancel's row "
             "before it (but not than the driver's own previous row): another thread's clock",
             _clock_vs_client_cancel),
-    Allowed("hit-token-tail", "the token that completes a stop string may carry more bytes "
-            "after the stop; they are discarded unseen and their count is the tokenizer's",
-            _hit_token_tail),
+    Allowed("hit-token-tail", "the token that completes a stop string may carry more or "
+            "fewer bytes after the stop's end; they are discarded unseen and their count is "
+            "the tokenizer's", _hit_token_tail),
     Allowed("model-decision", "logprob, prob, top_logprobs and greedy are the model's and the "
             "sampler's numbers; another checkpoint or seed writes other values (the checker has "
             "no model)", _tamper(tr.TOKEN_SELECTED, "decision.logprob", "decision.prob",

@@ -18,6 +18,7 @@ from coda.trace import TraceEvent, check_trace
 from tests.conftest import examples
 from tests.trace_corpus import (
     ALLOWED,
+    REPLICA,
     Mutation,
     _client_cancel,
     load,
@@ -72,9 +73,12 @@ _ALL = list(mutations(TRACES))
 
 
 def test_o1_every_allow_list_entry_has_a_reason_and_matches_a_corruption() -> None:
+    """Of the fault mix or of the replica trace (tests/test_trace_corpus_routes.py)."""
     for entry in ALLOWED:
         assert len(entry.reason) > 40, entry.name
-    used = {a.name for m in _ALL for a in ALLOWED if a.match(m, TRACES[m.rid])}
+    replica = load(REPLICA)
+    used = {a.name for traces in (TRACES, replica) for m in mutations(traces)
+            for a in ALLOWED if a.match(m, traces[m.rid])}
     assert used == {a.name for a in ALLOWED}
 
 

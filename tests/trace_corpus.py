@@ -17,6 +17,7 @@ allow-list cannot hide a checker that rejects what the engine writes).
 from __future__ import annotations
 
 import random
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,9 +27,12 @@ from typing import Any
 from coda import trace as tr
 from coda.finish import REASONS_BY_VERSION
 from coda.trace import TraceEvent, check_trace, read_jsonl
+from coda.trace_route import AFFINITY, LEAST, RETRY, ROUTE_REASONS
 from coda.trace_rules import CANCEL_CAUSES, FINISHED_REASONS, TOKEN_REASONS
 
 FAULTMIX = Path(__file__).parent / "data" / "faultmix_trace.jsonl"
+# replica 0's --trace file of a real `coda serve --replicas 2` run (scripts/trace_replicas.py)
+REPLICA = Path(__file__).parent / "data" / "replica_trace.jsonl"
 # Every ending (terminal state, reason) the fault mix holds; scripts/trace_faultmix.py refuses
 # a run that lost one (a regeneration once lost context_limit and the K3 failure)
 FAULTMIX_ENDINGS = frozenset({
@@ -49,6 +53,9 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "cause": tuple(sorted(CANCEL_CAUSES)), "resource": RESOURCES,
     "which": ("string", "token_ids"),
 }
+# NOTE: a route.decided's reason and rule are the router's, not a finish reason
+ROUTE_ENUMS: dict[str, tuple[str, ...]] = {"reason": tuple(sorted(ROUTE_REASONS)),
+                                           "rule": (LEAST, AFFINITY)}
 
 
 @dataclass(frozen=True)
@@ -90,11 +97,11 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return data
 
 
-def _tampers(v: Any, name: str) -> list[Any]:
+def _tampers(v: Any, name: str, kind: str = "") -> list[Any]:
     """Values a field is tampered to: another member of its enum, or a nearby wrong value."""
-    if name in ENUMS:
-        members = ENUMS[name]
-        return [m for m in members if m != v]
+    enums = ROUTE_ENUMS if kind == tr.ROUTE_DECIDED else ENUMS
+    if name in enums:
+        return [m for m in enums[name] if m != v]
     if isinstance(v, bool):
         return [not v]
     if isinstance(v, int):
@@ -137,7 +144,7 @@ def mutations(traces: dict[str, list[TraceEvent]]) -> Iterator[Mutation]:
                                        rows[i - 1].ts_ns - 1)
                     continue
                 leaf = path.rsplit(".", 1)[-1]
-                for new in _tampers(old, leaf)[:3]:
+                for new in _tampers(old, leaf, ev.kind)[:3]:
                     yield Mutation("tamper", rid, i, ("tamper", ev.kind, path), path, old, new)
 
 
@@ -230,7 +237,7 @@ def _stop_not_shown(m: Mutation, rows: list[TraceEvent]) -> bool:
     states = [e for e in rows[:m.i] if e.kind == tr.STOP_STATE and not e.data.get("stops_off")]
     pushed = sum(e.data["nbytes"] for e in states)
     end = offset + len(str(m.value).encode("utf-8"))
-    return pushed - states[-1].data["nbytes"] < end <= pushed
+    return bool(pushed - states[-1].data["nbytes"] < end <= pushed)
 
 
 def _unacked_within_sent(m: Mutation, rows: list[TraceEvent]) -> bool:
@@ -337,6 +344,30 @@ def _older_enum(m: Mutation, rows: list[TraceEvent]) -> bool:
     return rows[m.i].data.get("reason") in REASONS_BY_VERSION.get(m.value, ())
 
 
+def _route_rule(m: Mutation, rows: list[TraceEvent]) -> bool:
+    """A decision's rule swapped between least outstanding and prefix affinity where both
+    could have chosen its replica: affinity may pick any candidate within the router's slack,
+    least outstanding only a least loaded one (O2 checks that)."""
+    if not _tamper(tr.ROUTE_DECIDED, "reason", "rule")(m, rows) \
+            or {m.old, m.value} != {LEAST, AFFINITY}:
+        return False
+    data = rows[m.i].data
+    if m.path == "reason" and data.get("reason") == RETRY:
+        return False
+    loads, tried = data["outstanding"], set(data.get("resubmitted_from") or [])
+    least = min(v for k, v in enumerate(loads) if k not in tried)
+    return bool(m.value == AFFINITY or loads[data["replica"]] == least)
+
+
+def _fewer_replicas(m: Mutation, rows: list[TraceEvent]) -> bool:
+    """A decision's loads for fewer replicas, still holding its replica and those it left."""
+    if not _tamper(tr.ROUTE_DECIDED, "outstanding")(m, rows) or not m.value:
+        return False
+    data = rows[m.i].data
+    named = [data["replica"], *(data.get("resubmitted_from") or [])]
+    return bool(max(named) < len(m.value))
+
+
 ALLOWED: tuple[Allowed, ...] = (
     Allowed("cancel-moves", "a client's cancel.requested is written by another thread at any "
             "moment of its window (C1 moment 1); moving it inside that window is a trace the "
@@ -385,6 +416,14 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("kv-blocks", "the blocks a preemption drops hold its cache_len tokens in blocks "
             "of the engine's block size (and a prefill's whole prompt), which the trace does "
             "not record: another block size writes another count", _block_count),
+    Allowed("route-rule", "whether a prompt's first block went to a replica before (prefix "
+            "affinity) and the router's affinity slack are the ingress's state, not the "
+            "trace's: a decision that least outstanding tokens could also have made may name "
+            "either rule", _route_rule),
+    Allowed("replica-count", "outstanding holds one load per replica of the ingress that "
+            "decided; an ingress that joins the cluster with fewer --replicas routes over the "
+            "first N replica applications and writes a shorter list into the same replica's "
+            "trace, so how many a decision names is not one file's", _fewer_replicas),
     Allowed("older-enum", "an earlier finish-reason enum version that has the reason: a trace "
             "an earlier release wrote, which the checker accepts by design (L4 versioning)",
             _older_enum),
@@ -420,16 +459,41 @@ def describe(m: Mutation, rows: list[TraceEvent]) -> str:
     return f"{m.op} {'/'.join(m.cls[1:])} at row {m.i} of {m.rid} {what}".rstrip()
 
 
+def witnesses(traces: dict[str, list[TraceEvent]]) -> dict[str, list[TraceEvent]]:
+    """Per request, the rows of another request of the same trace that its corruption is
+    checked with, so the rules over a whole trace see it in its file (O2: a replica's trace
+    routes every request onto one replica): for a routed trace, the shortest other routed
+    request (checking with the whole file would cost a pass over it per corruption); none
+    for a trace without decisions."""
+    routed = sorted((rows for rows in traces.values()
+                     if any(e.kind == tr.ROUTE_DECIDED for e in rows)), key=len)[:2]
+    return {rid: next((w for w in routed if w[0].request_id != rid), [])
+            for rid in traces} if routed else {}
+
+
+def verdict(m: Mutation, traces: dict[str, list[TraceEvent]],
+            context: dict[str, list[TraceEvent]]) -> list[str]:
+    """The checker's problems with corruption ``m``, its request among ``context``'s rows."""
+    return check_trace([*m.apply(traces[m.rid]), *context.get(m.rid, [])])
+
+
+def _rule(problem: str) -> str:
+    """The rule a checker message names (``... (T1)``, or ``rid: O2: ...``)."""
+    named = re.search(r": ([A-Z]\d+): ", problem)
+    return named.group(1) if named else problem.rsplit("(", 1)[-1].rstrip(")")
+
+
 def run_corpus(traces: dict[str, list[TraceEvent]], per_class: int = 6) -> Report:
     """Generate, check and classify the corpus (``per_class`` 0: every corruption)."""
     assert check_trace(ev for rows in traces.values() for ev in rows) == []
     every = list(mutations(traces))
     picked = sample(every, per_class) if per_class else every
     rep = Report(generated=len(picked), classes=len({m.cls for m in picked}))
+    context = witnesses(traces)
     for m in picked:
         rows = traces[m.rid]
         allow = next((a for a in ALLOWED if a.match(m, rows)), None)
-        problems = check_trace(m.apply(rows))
+        problems = verdict(m, traces, context)
         if allow is not None:
             rep.allowed += 1
             rep.by_allow[allow.name] += 1
@@ -437,7 +501,7 @@ def run_corpus(traces: dict[str, list[TraceEvent]], per_class: int = 6) -> Repor
                 rep.false_alarms.append(f"{describe(m, rows)} [{allow.name}]: {problems[0]}")
         elif problems:
             rep.killed += 1
-            rep.by_rule[problems[0].rsplit("(", 1)[-1].rstrip(")")] += 1
+            rep.by_rule[_rule(problems[0])] += 1
         else:
             rep.survivors.append(describe(m, rows))
     return rep

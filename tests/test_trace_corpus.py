@@ -20,11 +20,11 @@ from tests.trace_corpus import (
     ALLOWED,
     REPLICA,
     Mutation,
-    _client_cancel,
     load,
     mutations,
     run_corpus,
 )
+from tests.trace_corpus_allowed import _client_cancel
 
 TRACES = load()
 

@@ -32,8 +32,9 @@ of a real trace that no run could have produced must be rejected. The rules, per
   ``kv_cache`` resource is still acquired and released once.
 - L4–L6 terminal: reason allowed for the state, error code iff FAILED, usage equal to what the
   rows count (selected, processed, returned tokens and bytes, prompt and cache hits).
-- O2 routing: ``route.decided`` rows (a replica router's) before the engine's, each decision
-  consistent with the loads it saw (:mod:`coda.trace_route`).
+- O2 routing: ``route.decided`` rows (a replica router's) before the engine's and not after
+  its first row's clock, each decision consistent with the loads it saw; in a trace with any
+  routed request, every request routed, all onto one replica (:mod:`coda.trace_route`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from coda.trace_output import (
     on_tail_dropped,
 )
 from coda.trace_preempt import check_step_row, on_preempted, on_reacquired
-from coda.trace_route import check_routes
+from coda.trace_route import check_routed_trace, check_routes
 from coda.trace_rules import (
     CANCEL_CAUSES,
     NEXT_STATES,
@@ -81,6 +82,7 @@ _RELEASE_ORDER = (*_MODEL, "stream_buffer", "trace_handle")
 def check_trace(events: Iterable[tr.TraceEvent]) -> list[str]:
     """Every violation in a trace of one or many requests (empty: the trace is sound)."""
     problems: list[str] = []
+    requests: list[tuple[str, list[tr.TraceEvent]]] = []
     # NOTE: an ended request's id may be used again (Python API): each lifetime on its own
     for rid, lives in requests_of(events).items():
         for n, evs in enumerate(lives, start=1):
@@ -88,8 +90,9 @@ def check_trace(events: Iterable[tr.TraceEvent]) -> list[str]:
             problems.extend(f"{who}: {p}" for p in check_routes(evs))
             if not any(e.kind in tr.KNOWN_KINDS for e in evs):
                 continue  # NOTE: not a request's rows (model.* rows; an ingress's decisions)
+            requests.append((who, evs))
             problems.extend(f"{who}: {p}" for p in _Walk(evs).run())
-    return problems
+    return problems + check_routed_trace(requests)
 
 
 class _Walk:

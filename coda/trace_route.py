@@ -10,17 +10,25 @@ and ``resubmitted_from`` the replicas that failed it, never the chosen one). A
 least-outstanding choice is a replica with the fewest outstanding tokens among the candidates
 (every replica not in ``resubmitted_from``). Per request: the decisions come before every row
 of the engine's (a request is routed before any replica sees it), and each later decision is
-a retry away from every replica tried before it.
+a retry away from every replica tried before it, and no decision reads the clock after a later
+decision or the engine's first row (the replica writes its decision before it submits; the
+ingress's merged trace is sorted by time).
+
+Per trace (:func:`check_routed_trace`): a trace is one replica's file (``--replicas``' per-process
+``--trace``) or one request's merged trace, so when any request of it was routed, every request
+was (a replica's trace opens each with the decision that brought it there), and the last
+decision of each names one and the same replica (the one that ran them all).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from coda import trace as tr
 
-__all__ = ["ROUTE_REASONS", "check_routes"]
+__all__ = ["ROUTE_REASONS", "check_routed_trace", "check_routes"]
 
 LEAST = "least_outstanding_tokens"
 AFFINITY = "prefix_affinity"
@@ -48,6 +56,8 @@ def _one(data: Any) -> tuple[list[str], int | None]:
         return [f"O2: route.decided reason {reason!r} unknown"], replica
     out: list[str] = []
     rule, tried = reason, []
+    if reason != RETRY and ("rule" in data or "resubmitted_from" in data):
+        out.append(f"O2: a {reason} decision names the rule or replicas of a retry")
     if reason == RETRY:
         rule = data.get("rule")
         got = _ints(data.get("resubmitted_from"))
@@ -72,14 +82,22 @@ def check_routes(rows: Sequence[tr.TraceEvent]) -> list[str]:
     out: list[str] = []
     before: set[int] = set()
     engine_seen = False
+    decided_ns: int | None = None  # NOTE: the clock of the last decision
     for n, ev in enumerate(rows):
         if ev.kind in tr.KNOWN_KINDS:
+            if not engine_seen and decided_ns is not None and ev.ts_ns < decided_ns:
+                out.append(f"O2: the engine's first row (row {n}) reads the clock before the "
+                           f"decision that brought the request ({ev.ts_ns} < {decided_ns})")
             engine_seen = True
             continue
         if ev.kind != tr.ROUTE_DECIDED:
             continue
         if engine_seen:
             out.append(f"O2: route.decided (row {n}) after the engine's rows began")
+        if decided_ns is not None and ev.ts_ns < decided_ns:
+            out.append(f"O2: route.decided (row {n}) reads the clock before the decision "
+                       f"before it")
+        decided_ns = max(ev.ts_ns, decided_ns or 0)
         problems, replica = _one(ev.data)
         out += problems
         if before:
@@ -89,4 +107,31 @@ def check_routes(rows: Sequence[tr.TraceEvent]) -> list[str]:
                            f"replicas {sorted(before)}")
         if replica is not None:
             before.add(replica)
+    return out
+
+
+def _last_replica(rows: Sequence[tr.TraceEvent]) -> int | None:
+    """The replica the request's last decision names (None: not routed, or unreadable)."""
+    last = next((e for e in reversed(rows) if e.kind == tr.ROUTE_DECIDED), None)
+    replica = last.data.get("replica") if last is not None else None
+    return replica if isinstance(replica, int) and not isinstance(replica, bool) else None
+
+
+def check_routed_trace(requests: Sequence[tuple[str, Sequence[tr.TraceEvent]]]) -> list[str]:
+    """The problems of a whole trace's routing (``requests``: each request's name and rows,
+    those with engine rows): one replica's requests, each opened by its decision."""
+    routed = [(who, _last_replica(rows)) for who, rows in requests
+              if any(e.kind == tr.ROUTE_DECIDED for e in rows)]
+    if not routed:
+        return []
+    out = [f"{who}: O2: no route.decided, while {len(routed)} other request(s) of this trace "
+           f"were routed (a replica's trace opens each request with its decision)"
+           for who, rows in requests if not any(e.kind == tr.ROUTE_DECIDED for e in rows)]
+    counts = Counter(r for _, r in routed if r is not None)
+    if len(counts) > 1:
+        # NOTE: the file's replica is the one most of its requests name
+        mine = counts.most_common(1)[0][0]
+        out += [f"{who}: O2: decided onto replica {r}, while {counts[mine]} request(s) of this "
+                f"trace ran on replica {mine} (a trace file holds one replica's requests)"
+                for who, r in routed if r is not None and r != mine]
     return out

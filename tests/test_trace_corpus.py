@@ -8,19 +8,23 @@ corruption corpus".
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda import trace as tr
-from coda.trace import check_trace
+from coda.trace import TraceEvent, check_trace
 from tests.conftest import examples
 from tests.trace_corpus import (
     ALLOWED,
+    REPLICA,
     Mutation,
     load,
     mutations,
     run_corpus,
 )
+from tests.trace_corpus_allowed import _client_cancel
 
 TRACES = load()
 
@@ -69,9 +73,12 @@ _ALL = list(mutations(TRACES))
 
 
 def test_o1_every_allow_list_entry_has_a_reason_and_matches_a_corruption() -> None:
+    """Of the fault mix or of the replica trace (tests/test_trace_corpus_routes.py)."""
     for entry in ALLOWED:
         assert len(entry.reason) > 40, entry.name
-    used = {a.name for m in _ALL for a in ALLOWED if a.match(m, TRACES[m.rid])}
+    replica = load(REPLICA)
+    used = {a.name for traces in (TRACES, replica) for m in mutations(traces)
+            for a in ALLOWED if a.match(m, traces[m.rid])}
     assert used == {a.name for a in ALLOWED}
 
 
@@ -84,3 +91,46 @@ def test_o1_property_any_corruption_is_rejected_or_an_allowed_equivalent(k: int)
     rows = TRACES[m.rid]
     allowed = any(a.match(m, rows) for a in ALLOWED)
     assert bool(check_trace(m.apply(rows))) is not allowed, (m, allowed)
+
+
+def _agrees(m: Mutation, rows: list[TraceEvent]) -> bool:
+    """The corpus's verdict: rejected by the checker exactly when no entry allows it."""
+    allowed = any(a.match(m, rows) for a in ALLOWED)
+    return bool(check_trace(m.apply(rows))) is not allowed
+
+
+def test_o1_c1_a_route_row_is_not_one_of_the_rows_that_make_the_request_exist() -> None:
+    """A replica's trace opens each request with its ``route.decided`` (O2): a client cancel
+    swapped before the trace handle's acquisition is still "before the request existed" (C1,
+    rejected), not a move within its window that the allow-list calls equivalent (the route
+    row once counted as one of the two rows that make the request exist)."""
+    rid, rows = next((rid, rows) for rid, rows in TRACES.items()
+                     if _client_cancel(rows[2]) and rows[1].kind == tr.RESOURCE_ACQUIRED)
+    routed = [TraceEvent(rid, tr.ROUTE_DECIDED, {"replica": 0, "outstanding": [0, 0],
+                                                 "reason": "least_outstanding_tokens"},
+                         rows[0].ts_ns), *rows]
+    assert check_trace(routed) == []
+    swap = Mutation("swap", rid, 2, ("swap", tr.RESOURCE_ACQUIRED, tr.CANCEL_REQUESTED))
+    assert any("before the request existed (C1)" in p for p in check_trace(swap.apply(routed)))
+    assert _agrees(swap, routed)
+    assert _agrees(replace(swap, i=1), rows)  # NOTE: the same move without the route row
+
+
+def test_o1_s3_the_stop_hit_token_may_lose_tail_bytes_but_not_the_stop_s() -> None:
+    """The token whose push completes a stop string carries bytes after the stop's end that
+    are discarded unseen: one more is equivalent, and so is one fewer while the push still
+    reaches the stop's end (S3) — then accepted; one fewer of the stop's own bytes is
+    rejected (a push ending before the stop's end would not have hit it)."""
+    rid, rows, i = next(
+        (rid, rows, i) for rid, rows in TRACES.items() for i, e in enumerate(rows)
+        if e.kind == tr.STOP_STATE and rows[i + 1].kind == tr.STOP_HIT
+        and rows[i + 1].data.get("which") == "string")
+    n = rows[i].data["nbytes"]
+    cls = ("tamper", tr.STOP_STATE, "nbytes")
+    more = Mutation("tamper", rid, i, cls, "nbytes", n, n + 1)
+    assert _agrees(more, rows) and check_trace(more.apply(rows)) == []
+    tail = more.apply(rows)  # NOTE: a real hit token of this tokenizer may end past the stop
+    back = Mutation("tamper", rid, i, cls, "nbytes", n + 1, n)
+    assert check_trace(back.apply(tail)) == [] and _agrees(back, tail)
+    cut = Mutation("tamper", rid, i, cls, "nbytes", n, n - 1)
+    assert check_trace(cut.apply(rows)) and _agrees(cut, rows)

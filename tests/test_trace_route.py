@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -127,11 +128,13 @@ def test_trace_check_reports_routes_in_a_real_trace(server_checkpoint: Path,
     with engine:
         rid = asyncio.run(run())
     rows = read_jsonl(path)
-    route = _row({"replica": 0, "reason": "least_outstanding_tokens", "outstanding": [3, 9]},
-                 rid)
+    # NOTE: stamped as a replica writes it, before it submits (O2: not after the first row)
+    route = TraceEvent(rid, ROUTE_DECIDED, {"replica": 0, "reason": "least_outstanding_tokens",
+                                            "outstanding": [3, 9]}, rows[0].ts_ns)
     runner = CliRunner()
     for events, code in (([route, *rows], 0), ([*rows, route], 1),
-                         ([_row({**route.data, "replica": 1}, rid), *rows], 1)):
+                         ([replace(route, data={**route.data, "replica": 1}), *rows], 1),
+                         ([replace(route, ts_ns=rows[0].ts_ns + 1), *rows], 1)):
         out = tmp_path / "t.jsonl"
         out.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in events))
         res = runner.invoke(app, ["trace", "check", str(out)])

@@ -16,7 +16,7 @@ Exactly one terminal per request, whatever happens to the process:
   as in :func:`coda.engine.local_end.end_failed`.
 
 Billing a request the worker died under (L6, D5): :mod:`coda.engine.local_end`, from the
-counts the worker reports with each batch of events and every ``process_worker._REPORT_S``
+counts the worker reports with each batch of events and every ``process_sender._REPORT_S``
 while tokens move no event.
 
 ``close`` refuses a second terminal, so whichever comes first is the one; nothing is appended

@@ -137,7 +137,7 @@ def _serve(conn: Connection, engine: Any, sender: WorkerSender, send: Any) -> No
 
 def _embed(engine: Any, call_id: int, token_ids: list[int], send: Any) -> None:
     """Queue an embedding; it is answered (``("ok", vector)`` or the refusal as
-    :func:`~coda.engine.process_engine.rebuild_error` reads it) once the engine thread ran it,
+    :func:`~coda.engine.process_errors.rebuild_error` reads it) once the engine thread ran it,
     while this loop keeps serving the model's requests."""
     from concurrent.futures import Future
 

@@ -22,8 +22,8 @@ NOT_CORE = {
     "bench": "the benchmark harness behind `coda bench` (imports the engine and torch)",
     "bench_workload": "`coda bench`'s workload and its timed run (submits to the engine)",
 }
-PURE_ENGINE = {"engine/kv_cache", "engine/scheduler", "engine/sequence", "engine/types",
-               "engine/plan"}
+PURE_ENGINE = {"engine/kv_cache", "engine/kv_integrity", "engine/scheduler", "engine/sequence",
+               "engine/types", "engine/plan"}
 
 
 def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:

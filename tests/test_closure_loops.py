@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.engine.async_engine import DEFAULT_MODEL_DIR, AsyncEngine
-from coda.engine.closure import byte_table, closing_path
+from coda.engine.closure_walk import byte_table, closing_path
 from coda.engine.grammar import grammar_source
 from coda.engine.grammar_tokenizer import ll_tokenizer
 from coda.engine.types import EngineConfig, GenerationRequest, GrammarSpec

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from coda.engine.async_engine import AsyncEngine
-from coda.engine.process_engine import rebuild_error
+from coda.engine.process_errors import rebuild_error
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import CodaError, EngineShutdownError, ErrorCode, InvalidRequestError
 from coda.finish import FinishReason

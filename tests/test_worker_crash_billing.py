@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from coda.engine.process_engine import WorkerCopy, WorkerProcess
+from coda.engine.process_copy import WorkerCopy
+from coda.engine.process_engine import WorkerProcess
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.finish import FinishReason, Usage
 from coda.lifecycle import State

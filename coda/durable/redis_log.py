@@ -41,7 +41,6 @@ request's keys expire ``retention_s`` (default 600 s) after its terminal.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -53,6 +52,7 @@ from redis.exceptions import NoScriptError
 
 from coda.durable import append, lua
 from coda.durable.codec import decode_event, unpack_events
+from coda.durable.log_records import RecordStoring
 from coda.durable.orphans import ADOPT_GRACE_LEASES
 from coda.durable.reaper import Reaping
 from coda.finish import Terminal
@@ -64,7 +64,7 @@ class Fenced(RuntimeError):
     """This server no longer owns the request: a peer ended it after our lease expired."""
 
 
-class RedisStreamLog(Reaping):
+class RedisStreamLog(Reaping, RecordStoring):
     """A :class:`~coda.engine.protocol.StreamLog` on Redis Streams, plus this server's lease.
 
     ``server_id`` names the lease; :meth:`start` takes it (a fresh fencing token) and runs the
@@ -254,16 +254,6 @@ class RedisStreamLog(Reaping):
             raise res
         return res
 
-    def put_record(self, record_id: str, descriptor: dict[str, Any],
-                   request_ids: list[str] | tuple[str, ...] = ()) -> None:
-        """Store an API record's descriptor and link ``request_ids`` to it (one script): it
-        expires ``retention_s`` after the last of their terminals, whether those came before
-        or after this call."""
-        self._put_record(keys=[self._k("rec", record_id),
-                               *(self._k("meta", rid) for rid in request_ids)],
-                         args=[json.dumps(descriptor, separators=(",", ":")), record_id,
-                               self.retention_ms])
-
     # -- reader side ---------------------------------------------------------------------
     def read(self, request_id: str, after_seq: int = -1) -> list[StreamEvent]:
         """The events after ``after_seq`` (an entry holding seqs on both sides of it is cut)."""
@@ -286,18 +276,6 @@ class RedisStreamLog(Reaping):
 
     def exists(self, request_id: str) -> bool:
         return bool(self.r.exists(self._k("meta", request_id)))
-
-    def get_record(self, record_id: str) -> dict[str, Any] | None:
-        raw = self.r.get(self._k("rec", record_id))
-        return None if raw is None else dict(json.loads(raw))
-
-    def has_record(self, record_id: str) -> bool:
-        return bool(self.r.exists(self._k("rec", record_id)))
-
-    def delete_record(self, record_id: str) -> bool:
-        """Remove a record's descriptor (``DELETE /v1/responses/{id}``); False if it was not
-        there (deleted already, or expired)."""
-        return bool(self.r.delete(self._k("rec", record_id)))
 
 
 def _decode(request_id: str, rows: list[tuple[bytes, dict[bytes, bytes]]],

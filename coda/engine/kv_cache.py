@@ -269,63 +269,8 @@ class BlockManager:
 
     # ----- integrity -------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """Raise :class:`KVCacheError` unless every bookkeeping invariant holds."""
-        refs = [0] * self.num_blocks
-        for seq_id, seq in self._owners.items():
-            table = seq.block_table
-            _require(seq.seq_id == seq_id, "owner keyed by wrong seq id")
-            _require(len(set(table)) == len(table), f"seq {seq_id}: block twice in table")
-            _require(
-                len(table) * self.block_size >= seq.num_computed_tokens,
-                f"seq {seq_id}: computed tokens beyond its blocks",
-            )
-            for i, block_id in enumerate(table):
-                refs[block_id] += 1
-                block = self._blocks[block_id]
-                if block.hash is not None:
-                    lo = i * self.block_size
-                    _require(
-                        block.tokens == tuple(seq.all_token_ids[lo : lo + self.block_size]),
-                        f"seq {seq_id}: cached block {block_id} holds other tokens",
-                    )
-            # NOTE: T3/L7 — every block still to be written is private to this sequence.
-            for block_id in table[seq.num_computed_tokens // self.block_size :]:
-                _require(
-                    refs[block_id] == 1 and self._blocks[block_id].ref_count == 1,
-                    f"seq {seq_id}: writable block {block_id} is shared",
-                )
-        free_set, evict_set = set(self._free), set(self._evictable)
-        _require(len(free_set) == len(self._free), "block twice in free list")
-        _require(not free_set & evict_set, "block in both free lists")
-        used = 0
-        for block in self._blocks:
-            _require(
-                block.ref_count == refs[block.block_id],
-                f"block {block.block_id}: ref_count {block.ref_count} != {refs[block.block_id]}",
-            )
-            in_free = block.block_id in free_set or block.block_id in evict_set
-            _require(in_free == (block.ref_count == 0), f"block {block.block_id}: free-list state")
-            _require(
-                (block.block_id in evict_set) <= (block.hash is not None),
-                f"block {block.block_id}: evictable but not hashed",
-            )
-            _require(
-                (block.block_id in free_set) <= (block.hash is None),
-                f"block {block.block_id}: free but still hashed",
-            )
-            if block.hash is not None:
-                _require(
-                    self._cached.get(block.hash) == block.block_id,
-                    f"block {block.block_id}: hash does not map back",
-                )
-            used += block.ref_count > 0
-        _require(used + self.num_free_blocks == self.num_blocks, "free + used != total")
-        _require(all(b.ref_count == 0 and b.hash is None for b in self._blocks[self._touched:]),
-                 "a block past the touched high-water mark is in use or cached")
-        for h, block_id in self._cached.items():
-            _require(self._blocks[block_id].hash == h, f"cache entry for {block_id} is stale")
+        """Raise :class:`KVCacheError` unless every bookkeeping invariant holds (the checks:
+        :mod:`coda.engine.kv_integrity`)."""
+        from coda.engine.kv_integrity import check_integrity
 
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise KVCacheError(message)
+        check_integrity(self)

@@ -7,7 +7,7 @@ Billing a request the worker died under (L6, D5 "committed tokens are billed in 
 The worker's engine would have billed every token it selected, including those no delta
 carried yet (held back by a stop string or a partial stop-id sequence, bytes the detokenizer
 still held, a token selected after the last delta); the parent sees only deltas. So with each
-batch of events, and every ``process_worker._REPORT_S`` (20 ms) while tokens move no event,
+batch of events, and every ``process_sender._REPORT_S`` (20 ms) while tokens move no event,
 the worker sends the request's counts (:meth:`coda.request.RequestRun.live_usage`), and the
 local ending bills:
 

@@ -1,8 +1,9 @@
 """The parent side of a model worker process (issue 23 item 1; SPEC P1–P3, P6, C1, L2, L5).
 
 :class:`WorkerProcess` starts one model in its own process (:mod:`coda.engine.process_worker`,
-a fresh interpreter) and keeps, per submitted request, a local :class:`WorkerCopy` of its stream that
-the server's readers read as if the engine were in process. A reader thread receives the
+a fresh interpreter) and keeps, per submitted request, a local copy of its stream
+(:class:`~coda.engine.process_copy.WorkerCopy`) that the server's readers read as if the engine
+were in process. A reader thread receives the
 worker's messages and appends each request's events in seq order (``RequestStream.extend``:
 a duplicate is skipped, a gap refused), so the stream log's seq numbers are the worker's own.
 
@@ -10,13 +11,14 @@ Exactly one terminal per request, whatever happens to the process:
 
 - the worker's engine ends the request → its terminal arrives like any event;
 - the worker refuses it at submit (bad input the engine found) → ``rejected`` → a FAILED
-  terminal carrying the engine's error code and message;
+  terminal carrying the engine's error code and message
+  (:mod:`coda.engine.process_errors`);
 - the process dies (a crash, an OOM kill, SIGKILL) → the pipe closes → every request still
   open on it ends FAILED ``model_error`` naming the model and how the process ended, billed
   as in :func:`coda.engine.local_end.end_failed`.
 
 Billing a request the worker died under (L6, D5): :mod:`coda.engine.local_end`, from the
-counts the worker reports with each batch of events and every ``process_worker._REPORT_S``
+counts the worker reports with each batch of events and every ``process_sender._REPORT_S``
 while tokens move no event.
 
 ``close`` refuses a second terminal, so whichever comes first is the one; nothing is appended
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import signal
 import socket
 import subprocess
 import sys
@@ -38,24 +39,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from coda.engine.local_end import end_failed
+from coda.engine.process_errors import exit_reason, rebuild_error
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.errors import (
-    CodaError,
-    ContextLengthExceededError,
-    EngineNotStartedError,
-    EngineShutdownError,
-    ErrorCode,
-    InvalidRequestError,
-)
+from coda.errors import EngineNotStartedError, ErrorCode
 from coda.finish import CancelCause, Usage
 from coda.stream import RequestStream, StreamClosed, StreamEvent
-from coda.stream_backpressure import BackpressureConfig
 
 log = logging.getLogger("coda.engine")
-
-# NOTE: the worker's own stream enforces the request's bound (acks travel back); the copy
-# must never refuse what the worker produced
-_UNBOUNDED = BackpressureConfig(pause_bytes=1 << 62, max_bytes=1 << 62)
 
 
 class _Answer:
@@ -72,50 +62,6 @@ class _Answer:
         self.value, self.answered = value, True
         self.event.set()
 _VALIDATE_WAIT_S = 10.0
-
-
-class WorkerCopy(RequestStream):
-    """The parent's copy of a request's stream; acknowledging it acknowledges the worker's
-    stream (P6: the credit the request pauses or overflows on is the client's)."""
-
-    def __init__(self, request_id: str, on_ack: Callable[[str, int], None]) -> None:
-        super().__init__(request_id, _UNBOUNDED)
-        self.on_ack = on_ack
-        self.acked_to_worker = -1
-
-    def ack(self, seq: int) -> None:
-        super().ack(seq)
-        if seq > self.acked_to_worker:
-            self.acked_to_worker = seq
-            self.on_ack(self.request_id, seq)
-
-
-def rebuild_error(kind: str, code: str, message: str, field: str | None) -> Exception:
-    """The worker engine's refusal as the exception its ``submit`` raised (by kind)."""
-    if kind == "value":
-        return ValueError(message)
-    cls = {ErrorCode.INVALID_REQUEST.value: InvalidRequestError,
-           ErrorCode.CONTEXT_LENGTH_EXCEEDED.value: ContextLengthExceededError,
-           ErrorCode.ENGINE_SHUTDOWN.value: EngineShutdownError}.get(code)
-    if cls is not None:
-        return cls(message, field=field)
-    err = CodaError(message, field=field)
-    err.code = ErrorCode(code)
-    return err
-
-
-def exit_reason(code: int | None) -> str:
-    """How a process ended, in words (a negative code is the signal that killed it)."""
-    if code is None:
-        return "stopped responding"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
-    return f"exited with status {code}"
 
 
 class WorkerProcess:

@@ -24,7 +24,7 @@ from coda.stream import EventType, StreamEvent
 
 if TYPE_CHECKING:
     from coda.durable.redis_log import RedisStreamLog
-    from coda.scaleout.remote import RemoteHandle
+    from coda.scaleout.remote_handle import RemoteHandle
 
 log = logging.getLogger("coda.scaleout")
 

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import tokenizers
@@ -37,10 +37,10 @@ from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause
 from coda.models.source import model_key
-from coda.reader import StreamReading
 from coda.scaleout.adopt import Adopter, open_routed
 from coda.scaleout.failover import fail, settle
 from coda.scaleout.feed import FeedClient
+from coda.scaleout.remote_handle import RemoteHandle, resolve_calls
 from coda.scaleout.routing_trace import RoutedTraceSink
 from coda.stream import EventType, RequestStream, StreamEvent
 
@@ -49,29 +49,6 @@ if TYPE_CHECKING:
     from coda.scaleout.producer import DurableSpec
 
 log = logging.getLogger("coda.scaleout")
-
-
-@dataclass
-class RemoteHandle(StreamReading):
-    """An :class:`~coda.engine.protocol.EngineHandle` whose events come from a replica."""
-
-    request_id: str
-    stream: RequestStream
-    prompt_tokens: int
-    engine: RemoteEngine
-    route: dict[str, Any] = field(default_factory=dict)
-    replica: int = -1
-    detach: bool = False  # NOTE: runs on without a client (background): the log says so
-
-    def cancel(self, cause: CancelCause = CancelCause.CLIENT) -> bool:
-        if self.stream.closed or self.replica < 0:
-            return False
-        self.engine.mark_cancel(self.request_id, cause)
-        call = self.engine.replicas[self.replica].cancel.remote(self.request_id, cause)
-        # NOTE: resolved off the event loop, as cancel_anywhere's (a Serve call left
-        # unresolved may not be delivered)
-        threading.Thread(target=_resolve, args=([call],), daemon=True).start()
-        return True
 
 
 class RemoteEngine:
@@ -211,7 +188,7 @@ class RemoteEngine:
         self.mark_cancel(request_id, cause)
         calls = [r.cancel.remote(request_id, cause) for r in self.replicas]
         # NOTE: resolved off the event loop (a Serve call left unresolved may not be delivered)
-        threading.Thread(target=_resolve, args=(calls,), daemon=True).start()
+        threading.Thread(target=resolve_calls, args=(calls,), daemon=True).start()
         return True
 
     def submit(self, req: GenerationRequest) -> RemoteHandle:
@@ -325,11 +302,3 @@ class RemoteEngine:
 
         return DurableSpec(self.log.url, self.log.prefix, self.log.retention_ms / 1000,
                            self.log.lease_ttl_ms / 1000, self.log.fence)
-
-
-def _resolve(calls: list[Any]) -> None:
-    for call in calls:
-        try:
-            call.result(timeout_s=30)
-        except Exception:  # NOTE: a dead replica: nothing of the request is left there
-            log.warning("cancel not delivered to a replica", exc_info=True)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from coda.engine.local_end import end_cancelled, end_failed
-from coda.engine.process_engine import WorkerCopy, WorkerProcess
+from coda.engine.process_copy import WorkerCopy
+from coda.engine.process_engine import WorkerProcess
 from coda.engine.types import GenerationRequest
 from coda.finish import CancelCause, FinishReason
 from coda.reader import StreamReading

@@ -42,7 +42,7 @@ from typing import Any
 
 import tokenizers
 
-from coda.engine.process_engine import WorkerCopy
+from coda.engine.process_copy import WorkerCopy
 from coda.engine.protocol import ModelInfo
 from coda.engine.types import EngineConfig, EngineStats, GenerationRequest
 from coda.finish import CancelCause, Terminal

@@ -77,7 +77,13 @@ def test_a_killed_worker_bills_the_tokens_it_held_l6_d5(
     while seen < SHOWN + 5 and not stream.closed and time.monotonic() < deadline:
         time.sleep(0.02)
         seen = _selected(w, "held")
-    time.sleep(0.3)  # NOTE: fifteen report periods: the worker reported at least ``seen``
+    # NOTE: wait for the parent to hold a billing report of at least ``seen`` (the worker
+    # reports every period; a fixed sleep was short under load)
+    while time.monotonic() < deadline:
+        report = w._reported.get("held")
+        if report is not None and report.selected_tokens >= seen:
+            break
+        time.sleep(0.02)
     w.kill()
     assert w.settled.wait(30)
     while not stream.closed and time.monotonic() < deadline:

@@ -451,3 +451,19 @@ def test_d4_economics_properties(
     assert abs(e.expected_loss_micros - (1 - confidence) * reask) < 1
     assert 0.0 <= e.break_even_confidence <= 1.0
     assert abs(e.break_even_confidence * 1e6 - round(e.break_even_confidence * 1e6)) < 1e-6
+
+
+def test_d1_sent_keys_names_each_field_as_the_client_spelled_it() -> None:
+    """D1: an error names a policy field with the key the client sent (camelCase or
+    snake_case); a field not sent, a non-mapping, a non-string or unknown key keep the
+    snake_case name."""
+    snake = ["min_tokens", "max_tokens", "deadline_ms", "confidence_threshold",
+             "no_retry_after_first_frame", "require_closure"]
+    assert early_stop.sent_keys(None) == {k: k for k in snake}
+    assert early_stop.sent_keys(["minTokens"]) == {k: k for k in snake}
+    got = early_stop.sent_keys({"minTokens": 5, "max_tokens": 3, "deadlineMs": 1, 7: 0,
+                                "bogus": 1, "requireClosure": True})
+    assert got == {"min_tokens": "minTokens", "max_tokens": "max_tokens",
+                   "deadline_ms": "deadlineMs", "confidence_threshold": "confidence_threshold",
+                   "no_retry_after_first_frame": "no_retry_after_first_frame",
+                   "require_closure": "requireClosure"}

@@ -21,6 +21,7 @@ from coda.finish import FinishReason
 from coda.lifecycle import State
 from coda.sampling import SamplingParams
 from coda.trace import ListTraceSink, check_trace
+from tests.trace_support import sealed_rows
 from tests.wire_support import C3_ID, EOS_ID, X_ID, ScriptedServer, scripted_server
 
 A_ID = 35
@@ -72,12 +73,12 @@ def test_d6_g2_held_stop_bytes_are_discarded_not_flushed(server: ScriptedServer)
                                 request_id="early-held")
         h = engine.submit(req)
         term = h.wait(30)
+        rows = sealed_rows(sink, "early-held")
     finally:
         engine.trace = engine.core.trace = old
         engine.core._tracing = False
     assert h.stream.text() == "x" and term.state is State.CANCELLED
     assert term.finish_reason is FinishReason.CONFIDENCE_STOP
-    rows = sink.of("early-held")
     kinds = [r.kind for r in rows]
     assert "cancel.requested" in kinds and "cancel.effective" in kinds
     assert not any(r.kind == "lifecycle" and r.data["to"] == "DRAINING" for r in rows)

@@ -8,38 +8,23 @@ The scripted default model answers ``x``, a lone ``0xC3``, EOS.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from coda import trace as tr
 from coda.engine.types import GenerationRequest
 from coda.finish import FINISH_REASON_VERSION, FinishReason
 from coda.lifecycle import State
 from coda.sampling import SamplingParams
 from coda.stops import STOP_RULE_VERSION
-from coda.trace import ListTraceSink, TraceEvent, check_trace
+from coda.trace import ListTraceSink, check_trace
+from tests.trace_support import sealed_rows
 from tests.wire_support import ScriptedServer, scripted_server
 
 MODEL = "default_model"
 MSG = [{"role": "user", "content": "hi"}]
-
-
-def _sealed_rows(sink: ListTraceSink, request_id: str) -> list[TraceEvent]:
-    """The request's rows once its trace handle's release (its last row) is written: the
-    terminal row and the stream's releases follow the stream's close, which wakes ``wait``."""
-    deadline = time.monotonic() + 30
-    while True:
-        rows = sink.of(request_id)
-        last = rows[-1] if rows else None
-        if last is not None and last.kind == tr.RESOURCE_RELEASED and \
-                last.data.get("resource") == "trace_handle":
-            return rows
-        assert time.monotonic() < deadline, "the request's trace was never sealed"
-        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +45,7 @@ def test_k2_k3_drop_removes_and_records_the_tail(server: ScriptedServer) -> None
         h = engine.submit(GenerationRequest((1, 2, 3), SamplingParams(), max_tokens=8,
                                             utf8_tail="drop", request_id="drop-1"))
         term = h.wait(30)
-        rows = _sealed_rows(sink, "drop-1")
+        rows = sealed_rows(sink, "drop-1")
     finally:
         engine.trace = engine.core.trace = old
         engine.core._tracing = False

@@ -8,8 +8,11 @@ constructor; nothing is attached later): the loop a plain run, the engine its ow
 subclass (:class:`coda.engine.engine_request.EngineRequest`, the engine's one live object per request),
 and end it through exactly one of :meth:`finish`,
 :meth:`fail` or :meth:`cancel`. Each releases the model resources and then fixes the terminal
-state and queues the terminal event inside the lifecycle's critical section (L2); the stream
-buffer and the trace handle are released after the terminal event is queued.
+state and queues the terminal event inside the lifecycle's critical section (L2); the
+terminal row is written there too, and the stream buffer and the trace handle are released
+after it, all before the queued terminal event is published to the stream's readers: whoever
+sees a request's end (a client, ``RequestHandle.wait``, ``GET /v1/traces/{id}`` after it)
+finds its trace sealed (O1, L7).
 """
 
 from __future__ import annotations
@@ -239,17 +242,24 @@ class RequestRun:
             prompt_logprobs=tuple(self.prompt_logprobs),
             prediction=self.prediction_counts())
 
+        closed: list[int] = []  # NOTE: this call's terminal seq, once it closed the stream
+
         def emit() -> None:
-            ev = self.stream.close(terminal)
-            self._record(tr.TERMINAL, seq=ev.seq, state=state.value, reason=reason.value,
+            # NOTE: the event is fixed (its seq) and queued here, in the critical section
+            # (L2); readers see it at publish, after the row and the releases below (O1)
+            closed.append(self.stream.close(terminal, hold=True).seq)
+            self._record(tr.TERMINAL, seq=closed[0], state=state.value, reason=reason.value,
                          error=code.value if code else None, usage=terminal.usage.to_dict(),
                          dropped_tail_hex=terminal.dropped_tail.hex(),
                          finish_reason_version=terminal.finish_reason_version,
                          stop_rule_version=terminal.stop_rule_version)
 
-        if not self.lifecycle.terminate(state, emit):
-            return
-        self.lifecycle.release_all(STREAM_RESOURCES)
+        try:
+            if self.lifecycle.terminate(state, emit):
+                self.lifecycle.release_all(STREAM_RESOURCES)
+        finally:
+            if closed:  # NOTE: a failed row never leaves the readers waiting; a race's loser
+                self.stream.publish()  # never publishes the winner's terminal early
 
     def usage(self) -> Usage:
         proc = self.processor

@@ -112,7 +112,9 @@ class RequestStream:
         self._channel = channel if channel is not None else CHANNEL
         self._acked_seq = -1
         self._unacked_bytes = 0
-        self._closed = False
+        self._ended = False  # NOTE: the terminal is fixed: nothing more is appended (L2, L3)
+        self._held: StreamEvent | None = None  # NOTE: ... but not yet published (close, hold)
+        self._closed = False  # NOTE: the terminal is in the log: readers see the end
         self._live = True  # NOTE: until release_live (L7 stream_buffer)
         if model is not None:
             # NOTE: nobody can have subscribed to a stream being built: nothing to post
@@ -140,7 +142,7 @@ class RequestStream:
         if not data:
             raise ValueError("empty delta")
         with self._lock:
-            if self._closed:
+            if self._ended:
                 raise StreamClosed(f"{self.request_id}: delta after the terminal event")
             if self._unacked_bytes + len(data) > self.backpressure.max_bytes:
                 raise BackpressureOverflowError(
@@ -156,20 +158,34 @@ class RequestStream:
         self._channel.post(self, ev.seq)
         return ev
 
-    def close(self, terminal: Terminal) -> StreamEvent:
+    def close(self, terminal: Terminal, *, hold: bool = False) -> StreamEvent:
         """Append the single terminal event (P2). Call it from inside the lifecycle's
-        terminal critical section (L2)."""
+        terminal critical section (L2). ``hold``: fixed (its seq; nothing can follow it, L2,
+        L3) and queued, but seen by readers only from :meth:`publish` (RequestRun._end seals
+        the request's trace in between, O1, L7)."""
         with self._lock:
-            if self._closed:
+            if self._ended:
                 raise StreamClosed(f"{self.request_id}: second terminal event")
-            self._closed = True
+            self._ended = True
             ev = StreamEvent(self.request_id, len(self._events), EventType.TERMINAL,
                              terminal=terminal)
+            self._held = ev
+        if not hold:
+            self.publish()
+        return ev
+
+    def publish(self) -> None:
+        """Append the terminal event :meth:`close` queued and wake its readers (a no-op
+        without one, or once done). From the thread that closed the stream."""
+        with self._lock:
+            ev, self._held = self._held, None
+            if ev is None:
+                return
+            self._closed = True
             self._events.append(ev)
             if self._sync_waiters:
                 self._appended.notify_all()
         self._channel.post(self, ev.seq, final=True)
-        return ev
 
     def extend(self, events: list[StreamEvent]) -> int:
         """Append copies of another log's events of this request (a durable copy, a stream
@@ -187,7 +203,7 @@ class RequestStream:
                     continue
                 if ev.seq > len(self._events):
                     raise ValueError(f"{self.request_id}: seq {ev.seq} leaves a gap")
-                if self._closed:
+                if self._ended:
                     raise StreamClosed(f"{self.request_id}: event after the terminal event")
                 if (ev.type is EventType.START) is not (ev.seq == 0):
                     raise StreamClosed("start must be the first event, and only it")
@@ -200,7 +216,7 @@ class RequestStream:
                             f"(bound {self.backpressure.max_bytes})")
                     self._unacked_bytes += len(ev.data)
                 elif ev.type is EventType.TERMINAL:
-                    self._closed = True
+                    self._ended = self._closed = True
                 # NOTE: dataclasses.replace would run __init__ (~2 us an event); a frozen
                 # dataclass keeps its fields in __dict__, so a re-stamped copy is a dict copy
                 copy = object.__new__(StreamEvent)
@@ -231,15 +247,15 @@ class RequestStream:
                 self._unacked_bytes -= freed
 
     def release_live(self) -> dict[str, int]:
-        """The L7 ``stream_buffer`` release, after the terminal: live delivery ends. The
-        backpressure credit still owed by slow readers is returned (``unacked_bytes`` drops to
-        0, so nothing can pause or overflow on this stream again); the observers still
-        subscribed (``listeners``) are dropped by the channel once the terminal's wake-up
-        reached them (nothing is appended after it). The event log stays: a reader that
-        reconnects later still replays it (P3). Returns what it freed, for the trace row (a
-        second release frees nothing)."""
+        """The L7 ``stream_buffer`` release, after the terminal (held or published): live
+        delivery ends. The backpressure credit still owed by slow readers is returned
+        (``unacked_bytes`` drops to 0, so nothing can pause or overflow on this stream again);
+        the observers still subscribed (``listeners``) are dropped by the channel once the
+        terminal's wake-up reached them (nothing is appended after it). The event log stays: a
+        reader that reconnects later still replays it (P3). Returns what it freed, for the
+        trace row (a second release frees nothing)."""
         with self._lock:
-            if not self._closed:
+            if not self._ended:
                 raise StreamClosed(f"{self.request_id}: stream buffer released before the terminal")
             if not self._live:
                 return {"unacked_bytes": 0, "listeners": 0}
@@ -267,6 +283,7 @@ class RequestStream:
 
     @property
     def closed(self) -> bool:
+        """The terminal is in the log (published): a reader sees the end."""
         return self._closed
 
     @property
@@ -297,7 +314,7 @@ class RequestStream:
     def should_pause(self) -> bool:
         """P6 policy 1: the scheduler skips this request while True."""
         return (self.backpressure.policy is BackpressurePolicy.PAUSE
-                and not self._closed
+                and not self._ended
                 and self._unacked_bytes >= self.backpressure.pause_bytes)
 
     def text(self) -> str:

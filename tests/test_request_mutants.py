@@ -232,3 +232,65 @@ def test_l6_live_usage_is_usage_with_the_sent_pair() -> None:
                          processed_output_tokens=2, returned_tokens=1, returned_bytes=3)
     bare = RequestRun("b", RequestStream("b"), ListTraceSink(), prompt_tokens=3)
     assert bare.live_usage() == Usage(prompt_tokens=3)
+
+
+# ---------------------------------------------------------------------------------- O1, L7
+class _Watching(ListTraceSink):
+    """Notes, with each row, whether the run's stream shows its end to readers yet."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        super().__init__()
+        self.stream: RequestStream | None = None
+        self.seen: list[tuple[str, bool, int]] = []
+        self.fail_on = fail_on
+
+    def record(self, event: tr.TraceEvent) -> None:
+        assert self.stream is not None
+        self.seen.append((event.kind, self.stream.closed, self.stream.last_seq))
+        if event.kind == self.fail_on:
+            raise OSError("disk full")
+        super().record(event)
+
+
+@pytest.mark.parametrize("end", ["finish", "cancel", "fail"])
+def test_o1_l7_l2_the_trace_is_sealed_before_the_terminal_is_published(end: str) -> None:
+    """Every ending writes its terminal row (with the terminal event's seq) and its stream
+    buffer's and trace handle's releases while readers still see no end; the event is
+    published after the last row, so whoever sees the end finds the trace sealed (O1, L7).
+    Its seq is fixed in the critical section (L2): the one after the last delta."""
+    sink = _Watching()
+    stream = RequestStream("w", model="m")
+    sink.stream = stream
+    run = RequestRun("w", stream, sink, prompt_tokens=1)
+    run.lifecycle.transition(State.QUEUED)
+    stream.delta(b"ab")
+    if end == "finish":
+        run.finish(FinishReason.EOS)
+    elif end == "cancel":
+        run.request_cancel()
+        run.cancel()
+    else:
+        run.fail(RuntimeError("boom"))
+    assert stream.closed and stream.terminal is not None
+    terminal_seq = stream.last_seq
+    assert terminal_seq == 2
+    assert [(k, closed, last) for k, closed, last in sink.seen[-3:]] == [
+        (tr.TERMINAL, False, 1), (tr.RESOURCE_RELEASED, False, 1),
+        (tr.RESOURCE_RELEASED, False, 1)]
+    assert next(e for e in sink.events if e.kind == tr.TERMINAL).data["seq"] == terminal_seq
+    assert sink.events[-1].data["resource"] == "trace_handle"
+    assert not any(closed for _, closed, _ in sink.seen)
+
+
+def test_l2_l7_a_terminal_row_that_fails_to_write_still_publishes_the_end() -> None:
+    """The sink raising on the terminal row (a full disk) propagates, but the terminal event
+    fixed in the critical section is still published: no reader is left waiting."""
+    sink = _Watching(fail_on=tr.TERMINAL)
+    stream = RequestStream("f", model="m")
+    sink.stream = stream
+    run = RequestRun("f", stream, sink, prompt_tokens=1)
+    run.lifecycle.transition(State.QUEUED)
+    with pytest.raises(OSError):
+        run.finish(FinishReason.EOS)
+    assert stream.closed and stream.terminal is not None
+    assert stream.terminal.finish_reason is FinishReason.EOS

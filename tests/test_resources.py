@@ -16,7 +16,7 @@ from coda.engine.engine_request import EngineRequest
 from coda.engine.kv_cache import KVCacheError
 from coda.engine.plan import ModelLimits, plan_request
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.finish import FinishReason
+from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import ResourceKind, State
 from coda.request import RequestRun
 from coda.sampling import SamplingParams
@@ -185,3 +185,30 @@ def test_l7_block_manager_integrity_is_checked_whenever_the_engine_goes_idle(
         assert engine.idle_checks > before
         assert "integrity check failed" in caplog.text and "block 3" in caplog.text
         assert engine.submit(req).wait(30).state is State.FINISHED  # NOTE: still serving
+
+
+def test_l2_l3_p2_a_held_terminal_is_fixed_but_unseen_until_published() -> None:
+    """``close(hold=True)`` (RequestRun._end): the terminal's seq is fixed and nothing can
+    follow it (no delta, no second terminal: L2, L3), the stream buffer may be released,
+    but readers see no end until :meth:`RequestStream.publish` appends it and wakes them
+    (P2); a second publish, or one with nothing held, does nothing."""
+    stream = RequestStream("h", model="m")
+    stream.delta(b"ab")
+    ev = stream.close(_terminal(), hold=True)
+    assert ev.seq == 2
+    with pytest.raises(StreamClosed):
+        stream.delta(b"c")
+    with pytest.raises(StreamClosed):
+        stream.close(_terminal())
+    assert not stream.closed and stream.terminal is None and stream.last_seq == 1
+    assert not stream.wait_after(1, timeout=0)
+    assert stream.release_live() == {"unacked_bytes": 2, "listeners": 0}
+    stream.publish()
+    assert stream.closed and stream.last_seq == 2 and stream.terminal is ev.terminal
+    assert stream.wait_after(1, timeout=0)
+    stream.publish()
+    assert [e.seq for e in stream.events_after(-1)] == [0, 1, 2]
+
+
+def _terminal() -> Terminal:
+    return Terminal(State.FINISHED, FinishReason.EOS, Usage(prompt_tokens=1))

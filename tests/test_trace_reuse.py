@@ -87,9 +87,9 @@ def reused(smollm_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def test_o1_l7_a_reused_id_traces_each_lifetime_as_its_own_request(reused: Path) -> None:
     """Lifetimes of "x" in one JSONL file (three, then RACES pairs of an ending request and
-    the id again at once, cancelled by the caller: its birth rows and cancel.requested are
-    often written before the ended one's last releases): the Python check and ``coda trace
-    check`` both pass it (exit 0, one request per lifetime); each lifetime alone passes."""
+    the id again at once, cancelled by the caller, whose thread then writes the new one's
+    birth rows and cancel.requested): the Python check and ``coda trace check`` both pass it
+    (exit 0, one request per lifetime); each lifetime alone passes."""
     from coda.cli import app
 
     rows = read_jsonl(reused)
@@ -105,6 +105,21 @@ def test_o1_l7_a_reused_id_traces_each_lifetime_as_its_own_request(reused: Path)
     res = CliRunner().invoke(app, ["trace", "check", str(reused)])
     assert res.exit_code == 0, res.output
     assert f"ok: {3 + 2 * RACES} request(s)" in res.output
+
+
+def test_o1_l7_a_reused_ids_lifetimes_follow_each_other_whole(reused: Path) -> None:
+    """The engine seals a request's trace (its terminal row, then its stream buffer's and
+    trace handle's releases) before its stream's terminal is visible, so a caller that saw
+    the end and used the id again at once (the RACES, cancelled from this thread) finds
+    every row of the ended request written: the file is the lifetimes one after another,
+    each ending with its trace handle's release (O1, L7). Before, the caller's cancel often
+    wrote the new request's birth rows and cancel.requested between the ended one's
+    transition and its terminal row."""
+    rows = read_jsonl(reused)
+    lives = lifetimes(rows)
+    assert [e for life in lives for e in life] == rows
+    assert all(life[-1].kind == tr.RESOURCE_RELEASED
+               and life[-1].data["resource"] == "trace_handle" for life in lives)
 
 
 def test_o1_l2_two_live_lifetimes_of_one_id_interleaved_are_rejected(reused: Path,
@@ -123,12 +138,14 @@ def test_o1_l2_two_live_lifetimes_of_one_id_interleaved_are_rejected(reused: Pat
 
 
 def test_l7_the_ended_requests_last_rows_may_follow_the_next_ones_birth(reused: Path) -> None:
-    """The driver writes a request's terminal row and its stream-buffer and trace-handle
-    releases after closing its stream, which already lets the caller submit the id again,
-    and a caller's cancel writes the new request's birth rows and cancel.requested at once
-    (``Lifecycle.record``; the fixture's RACES show it): those rows of the ended request after
-    the next one's birth rows are a trace the engine writes; after a row of the next one's
-    driver (its admission's ``kv_cache``) they are not."""
+    """Traces written before the run sealed its trace ahead of publishing its end (up to
+    2026-12-05, still on disk): the driver wrote a request's terminal row and its
+    stream-buffer and trace-handle releases after closing its stream, which already let the
+    caller submit the id again, and a caller's cancel wrote the new request's birth rows and
+    cancel.requested at once (``Lifecycle.record``): those rows of the ended request after
+    the next one's birth rows are a trace the engine wrote and still pass; after a row of the
+    next one's driver (its admission's ``kv_cache``) they are not. Built here from the
+    fixture's lifetimes in the old order."""
     lives = lifetimes(read_jsonl(reused))
     first, second = lives[:2]
     n = next(i for i, e in enumerate(first) if e.kind == tr.TERMINAL)

@@ -32,8 +32,17 @@ TOKEN_REASONS = frozenset({"eos", "stop_sequence", "max_output_tokens", "context
 FINISHED_REASONS = TOKEN_REASONS | {"deadline_exceeded"}
 _STREAM = ("stream_buffer", "trace_handle")  # held from birth, released after the terminal
 _ENDED = frozenset({"FINISHED", "CANCELLED", "FAILED"})
-# the rows a request writes after its stream closed (Request._end): the caller may reuse the id
-_LAST_ROWS = ((tr.TERMINAL, None), *((tr.RESOURCE_RELEASED, k) for k in _STREAM))
+_OPENS = (tr.RESOURCE_ACQUIRED, "stream_buffer")  # a request's first row
+# a request's last rows: its terminal and its stream's releases (RequestRun._end)
+_LAST_ROWS = frozenset({(tr.TERMINAL, None), *((tr.RESOURCE_RELEASED, k) for k in _STREAM)})
+# the rows a request's caller's thread may write before its driver takes it: its birth rows
+# (Lifecycle's first row), a client's cancel.requested (RequestRun.request_cancel)
+_CALLER_ROWS = frozenset({*((tr.RESOURCE_ACQUIRED, k) for k in _STREAM),
+                          (tr.CANCEL_REQUESTED, None)})
+
+
+def _key(ev: tr.TraceEvent) -> tuple[str, Any]:
+    return ev.kind, ev.data.get("resource")
 
 
 def requests_of(events: Iterable[tr.TraceEvent]) -> dict[str, list[list[tr.TraceEvent]]]:
@@ -50,28 +59,30 @@ def lifetimes(rows: Sequence[tr.TraceEvent]) -> list[list[tr.TraceEvent]]:
     lifetime starts at the row that opens a request (its ``stream_buffer`` acquisition) once
     the current one has ended (its transition into FINISHED, CANCELLED or FAILED; only the
     Python API lets a caller choose an id: the server's own rows, ``route.decided``,
-    ``input.truncated``, ``model.*``, name ids it made up, never reused). The rows the ended
-    request still owes (its terminal, its stream buffer's and trace handle's releases) go to
-    it while the next one has only the rows its caller's thread may write (its birth rows, a
-    client's ``cancel.requested``): the driver writes them after closing the stream, which
-    lets the caller use the id again. Any other mix of two requests stays in one lifetime,
-    where the walk rejects it (acquired twice, a row after the terminal: L3, L7)."""
+    ``input.truncated``, ``model.*``, name ids it made up, never reused). Any mix of two
+    requests stays in one lifetime, where the walk rejects it (acquired twice, a row after
+    the terminal: L3, L7).
+
+    The engine writes a request's last rows (its terminal, its stream buffer's and trace
+    handle's releases) before its end is visible to anyone (``RequestRun._end``), so its
+    lifetimes follow each other whole. Traces written before (up to 2026-12-05, still on
+    disk) have those rows after the stream's close, which let the caller use the id again
+    at once: the next request's rows its caller's thread writes (``_CALLER_ROWS``) may come
+    before them, so the ones the ended request still owes go back to it until a row of the
+    next one's driver shows it wrote all it would."""
     out: list[list[tr.TraceEvent]] = [[]]
-    ended: list[tr.TraceEvent] = []  # the previous lifetime, for the rows it owes
-    owed: set[tuple[str, Any]] = set()
+    owed: set[tuple[str, Any]] = set()  # NOTE: an old trace's ended request's last rows
     done = False  # the current lifetime has ended
     for ev in rows:
-        key = (ev.kind, ev.data.get("resource"))
+        key = _key(ev)
         if key in owed:
             owed.discard(key)
-            ended.append(ev)
+            out[-2].append(ev)
             continue
-        if not (ev.kind == tr.CANCEL_REQUESTED or (
-                ev.kind == tr.RESOURCE_ACQUIRED and key[1] in _STREAM)):
-            owed = set()  # NOTE: the driver took the next request: the ended one wrote all
-        if done and key == (tr.RESOURCE_ACQUIRED, "stream_buffer"):
-            ended = out[-1]
-            owed = set(_LAST_ROWS) - {(e.kind, e.data.get("resource")) for e in ended}
+        if key not in _CALLER_ROWS:
+            owed = set()
+        if done and key == _OPENS:
+            owed = set(_LAST_ROWS - {_key(e) for e in out[-1]})
             out.append([])
             done = False
         out[-1].append(ev)

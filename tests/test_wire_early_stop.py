@@ -21,7 +21,6 @@ from coda.finish import FinishReason
 from coda.lifecycle import State
 from coda.sampling import SamplingParams
 from coda.trace import ListTraceSink, check_trace
-from tests.trace_support import sealed_rows
 from tests.wire_support import C3_ID, EOS_ID, X_ID, ScriptedServer, scripted_server
 
 A_ID = 35
@@ -73,7 +72,7 @@ def test_d6_g2_held_stop_bytes_are_discarded_not_flushed(server: ScriptedServer)
                                 request_id="early-held")
         h = engine.submit(req)
         term = h.wait(30)
-        rows = sealed_rows(sink, "early-held")
+        rows = sink.of("early-held")  # NOTE: sealed before wait() returns (O1)
     finally:
         engine.trace = engine.core.trace = old
         engine.core._tracing = False

@@ -20,7 +20,6 @@ from coda.lifecycle import State
 from coda.sampling import SamplingParams
 from coda.stops import STOP_RULE_VERSION
 from coda.trace import ListTraceSink, check_trace
-from tests.trace_support import sealed_rows
 from tests.wire_support import ScriptedServer, scripted_server
 
 MODEL = "default_model"
@@ -45,7 +44,7 @@ def test_k2_k3_drop_removes_and_records_the_tail(server: ScriptedServer) -> None
         h = engine.submit(GenerationRequest((1, 2, 3), SamplingParams(), max_tokens=8,
                                             utf8_tail="drop", request_id="drop-1"))
         term = h.wait(30)
-        rows = sealed_rows(sink, "drop-1")
+        rows = sink.of("drop-1")  # NOTE: sealed before wait() returns (O1)
     finally:
         engine.trace = engine.core.trace = old
         engine.core._tracing = False

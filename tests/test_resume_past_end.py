@@ -163,13 +163,14 @@ def test_p3_a_cursor_that_is_no_sequence_number_is_a_400(server_live: Any) -> No
     Responses one through the official client). Before, Python's ``int()`` read them: on
     ``/v1/responses/{id}?stream=true`` ``--5`` and ``²`` passed the digit check and crashed
     the route (the connection reset, no answer), and on ``/v1/streams/{id}`` ``1_0`` resumed
-    after event 10 and ``+3`` after 3, ids the stream never sent."""
+    after event 10 and ``+3`` after 3, ids the stream never sent; a header ``-5`` was a 400
+    naming ``starting_after``, a parameter the client never sent."""
     client = openai.OpenAI(base_url=server_live.url + "/v1", api_key="k", max_retries=0)
     rid = list(client.responses.create(model=MODEL, input="hi", max_output_tokens=16,
                                        stream=True))[-1].response.id
     chat, _ = _CHAT.get(server_live.url) or _CHAT.setdefault(
         server_live.url, _chat_stream(server_live.url, 1))
-    for cursor in (b"--5", b"+3", b"1_0", b"\xb2", b"-1_0"):
+    for cursor in (b"--5", b"+3", b"1_0", b"\xb2", b"-1_0", b"-5"):
         if cursor.isascii():  # NOTE: the SDK sends ASCII header values only
             try:
                 client.responses.retrieve(rid, stream=True,

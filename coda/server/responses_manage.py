@@ -89,8 +89,9 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
                            param="offset", code="resume_mismatch")
         after = held
     after = -1 if after is None else after
-    if after < -1:
-        raise ApiError(400, "starting_after must be >= -1", param="starting_after")
+    if after < -1:  # NOTE: named as the client sent it (query or header)
+        name = "starting_after" if starting_after is not None else "Last-Event-ID"
+        raise ApiError(400, f"{name} must be >= -1", param=name)
     log = record.streams[0]
     await logged_until(record.streams, lambda: log.closed
                        or after <= _last_event_through(record, log.last_seq))

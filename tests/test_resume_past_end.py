@@ -155,3 +155,31 @@ def test_p3_a_live_response_resumed_past_its_end_is_a_400(server_live: Any) -> N
         resumed = httpx.get(f"{server_live.url}/v1/responses/{rid}", timeout=60,
                             params={"stream": "true", "starting_after": "100000"})
     _assert_400(resumed, "starting_after")
+
+
+def test_p3_a_cursor_that_is_no_sequence_number_is_a_400(server_live: Any) -> None:
+    """P3: a ``Last-Event-ID`` written otherwise than a stream writes its ids (``--5``, ``+3``,
+    ``1_0``, a latin-1 ``²``) is a 400 naming ``Last-Event-ID`` on both resume routes (the
+    Responses one through the official client). Before, Python's ``int()`` read them: on
+    ``/v1/responses/{id}?stream=true`` ``--5`` and ``²`` passed the digit check and crashed
+    the route (the connection reset, no answer), and on ``/v1/streams/{id}`` ``1_0`` resumed
+    after event 10 and ``+3`` after 3, ids the stream never sent; a header ``-5`` was a 400
+    naming ``starting_after``, a parameter the client never sent."""
+    client = openai.OpenAI(base_url=server_live.url + "/v1", api_key="k", max_retries=0)
+    rid = list(client.responses.create(model=MODEL, input="hi", max_output_tokens=16,
+                                       stream=True))[-1].response.id
+    chat, _ = _CHAT.get(server_live.url) or _CHAT.setdefault(
+        server_live.url, _chat_stream(server_live.url, 1))
+    for cursor in (b"--5", b"+3", b"1_0", b"\xb2", b"-1_0", b"-5"):
+        if cursor.isascii():  # NOTE: the SDK sends ASCII header values only
+            try:
+                client.responses.retrieve(rid, stream=True,
+                                          extra_headers={"Last-Event-ID": cursor.decode()})
+                raise AssertionError(f"{cursor!r} resumed")
+            except openai.BadRequestError as e:
+                assert e.body["param"] == "Last-Event-ID", e.body  # type: ignore[index]
+        _assert_400(httpx.get(f"{server_live.url}/v1/responses/{rid}", timeout=30,
+                              params={"stream": "true"}, headers=[(b"Last-Event-ID", cursor)]),
+                    "Last-Event-ID")
+        _assert_400(httpx.get(f"{server_live.url}/v1/streams/{chat}", timeout=30,
+                              headers=[(b"Last-Event-ID", cursor)]), "Last-Event-ID")

@@ -124,3 +124,23 @@ def test_p3_responses_resume_by_offset(server_live: Any) -> None:
     assert bad.status_code == 409
     other = httpx.get(url, params={"stream": "true", "offset": end, "starting_after": 0})
     assert other.status_code == 409
+
+
+def test_p3_an_offset_that_is_no_byte_count_is_a_400(server_live: Any) -> None:
+    """P3: ``offset`` is a byte count as a client counts it: ``+N``, ``-1``, ``1_2`` are a
+    400 naming ``offset`` (malformed; Responses here, ``/v1/streams`` shares the parser). Before, ``int()``
+    read ``+N`` as the boundary N (a 200 resume) and ``-1`` was a 409 ``resume_mismatch``
+    saying the output had 0 bytes."""
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 16, "stream": True,
+            "ignore_eos": True, "stream_verify": True}
+    with httpx.stream("POST", server_live.url + "/v1/responses", json=body) as resp:
+        live = sse_events(resp.read())
+    rid = json.loads(live[0]["data"])["response"]["id"]
+    coda = [json.loads(e["data"])["coda"] for e in live
+            if e["event"] == "response.output_text.delta"][1]
+    end = coda["offset"] + coda["length"]
+    url = f"{server_live.url}/v1/responses/{rid}"
+    assert httpx.get(url, params={"stream": "true", "offset": str(end)}).status_code == 200
+    for bad in (f"+{end}", "-1", f"{end // 10}_{end % 10}" if end >= 10 else f"0_{end}"):
+        r = httpx.get(url, params={"stream": "true", "offset": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "offset", (bad, r.text)

@@ -23,6 +23,7 @@ class RecordStoring:
     r: Any
     retention_ms: int
     _put_record: Any
+    _keep_send_s: Any
 
     def _k(self, kind: str, rid: str) -> str:
         raise NotImplementedError
@@ -48,3 +49,11 @@ class RecordStoring:
         """Remove a record's descriptor (``DELETE /v1/responses/{id}``); False if it was not
         there (deleted already, or expired)."""
         return bool(self.r.delete(self._k("rec", record_id)))
+
+    def keep_send_s(self, request_id: str, measured: float) -> float:
+        """The network send time a record renders on ``request_id``'s terminal (P3, P5): the
+        first front end's ``measured`` value is kept in the request's meta hash (it expires
+        with the request's log), so a replay from any front end, or after a restart, shows
+        that value, not its own send. ``measured`` where the log no longer holds the request."""
+        kept = self._keep_send_s(keys=[self._k("meta", request_id)], args=[repr(measured)])
+        return measured if kept is None else float(kept)

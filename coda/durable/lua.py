@@ -153,6 +153,15 @@ if ended then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1
 """
 
+# The first delivery's network send time of one request (P3, P5): the first front end to render
+# its terminal writes it (HSETNX), every other (a replay after a restart, another ingress) reads
+# that one; an expired meta hash (the log is gone) is not recreated. KEYS: meta; ARGV: seconds.
+KEEP_SEND_S = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('HSETNX', KEYS[1], 'send_s', ARGV[1])
+return redis.call('HGET', KEYS[1], 'send_s')
+"""
+
 # A detached request whose ingress died before any replica claimed it is adopted by a surviving
 # front end (:mod:`coda.durable.orphans`), which becomes its ingress and submits it to a replica;
 # fenced as REAP is: written only if there is no terminal, the owner's lease is still gone, and

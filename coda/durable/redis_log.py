@@ -10,7 +10,8 @@ cluster slot and the log shards by request id):
   :mod:`coda.durable.lua`;
 - ``meta:{rid}`` — hash: ``last`` (last seq appended), ``term`` (seq of the terminal, once
   written), ``owner`` (server id), ``fence`` (the owner's fencing token), ``prompt`` (prompt
-  tokens, for billing an orphan), ``rec`` (its record id); with replicas ``ingress``, ``via``,
+  tokens, for billing an orphan), ``rec`` (its record id), ``send_s`` (the first delivery's
+  network send time, :meth:`keep_send_s`); with replicas ``ingress``, ``via``,
   ``detach``, ``cancel`` and, for adopting an orphan (:mod:`coda.durable.orphans`), ``req``,
   ``model``, ``adopted``, ``orphan_ms``;
 - ``rec:{id}`` — the JSON descriptor of an API record (what re-renders it on another ingress);
@@ -85,6 +86,7 @@ class RedisStreamLog(Reaping, RecordStoring):
         self._reap = self.r.register_script(lua.REAP)
         self._take = self.r.register_script(lua.TAKE)
         self._put_record = self.r.register_script(lua.PUT_RECORD)
+        self._keep_send_s = self.r.register_script(lua.KEEP_SEND_S)
         self._adopt = self.r.register_script(lua.ADOPT)
         self.adopter: Callable[[str, dict[bytes, bytes]], bool] | None = None
         self.adopt_grace_ms = ADOPT_GRACE_LEASES * self.lease_ttl_ms

@@ -62,6 +62,7 @@ class RedisResponseStore(RecordStore):
             "background": record.background, "extra": spec_data(record.spec),
             "handles": [h.request_id for h in record.handles]},
             [h.request_id for h in record.handles])
+        self._keep_send_s(record)
         if record.stored_chat:
             self.listed.add(record.id)
         if record.background:
@@ -113,5 +114,13 @@ class RedisResponseStore(RecordStore):
         record = Record(record_id, desc["kind"], handles, int(desc["created"]), desc["model"],
                         spec_from_data(desc["kind"], desc["extra"]),
                         background=bool(desc["background"]))
+        self._keep_send_s(record)
         log.info("record rebuilt from the stream log", extra={"request_id": record_id})
         return record
+
+    def _keep_send_s(self, record: Record) -> None:
+        """P3, P5: the record's terminals show the first delivery's send time on every front
+        end and after a restart (kept beside each request's log)."""
+        ids = [h.request_id for h in record.handles]
+        record.keep_send_s = lambda index, measured: self.engine.log.keep_send_s(
+            ids[index], measured)

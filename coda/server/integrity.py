@@ -97,10 +97,10 @@ def resolve_resume(streams: Sequence[RequestStream], positions: list[int] | None
             raise ApiError(400, "digest needs offset", param="digest")
         return positions
     n = len(streams)
-    try:
-        offsets = [int(p) for p in _split(offset, n, "offset")]
-    except ValueError:
-        raise ApiError(400, "offset must be integers", param="offset") from None
+    parts = _split(offset, n, "offset")
+    if not all(p.isascii() and p.isdigit() for p in parts):  # NOTE: never int()'s "1_0", "-1"
+        raise ApiError(400, "offset must be byte counts (integers >= 0)", param="offset")
+    offsets = [int(p) for p in parts]
     digests = _split(digest, n, "digest") if digest is not None else [None] * n
     resolved: list[int] = []
     for i, (stream, want) in enumerate(zip(streams, offsets, strict=True)):

@@ -56,6 +56,9 @@ class Record:
     background: bool = False
     # NOTE: P3, P5: the first delivery's network send time per choice (network_send_s)
     send_s: dict[int, float] = field(default_factory=dict)
+    # NOTE: where the store keeps it beyond this process (the durable log: another front end
+    # or a restart renders the first delivery's value): (choice, measured) -> the kept value
+    keep_send_s: Callable[[int, float], float] | None = field(default=None, repr=False)
     # NOTE: the plan, read once by the create handler; the requests (prompt ids) are let go
     # once submitted, so a stored record does not keep its prompts
     requests: tuple[GenerationRequest, ...] = field(default=(), repr=False)
@@ -72,8 +75,12 @@ class Record:
         terminal; every later rendering (a replay, a second reader) reads the recorded value,
         so a replayed terminal is byte-identical to the live one (P3). Kept on the record
         itself (issue 22: no per-request object of its own); ``dict.setdefault`` with an int
-        key is one atomic step, so two readers racing keep one value."""
-        return self.send_s.setdefault(index, round(measured, 6))
+        key is one atomic step, so two readers racing keep one value. With ``keep_send_s``
+        (the durable log) the first value any front end recorded wins, here too."""
+        value = round(measured, 6)
+        if index not in self.send_s and self.keep_send_s is not None:
+            value = self.keep_send_s(index, value)
+        return self.send_s.setdefault(index, value)
 
     def make_renderer(self, after: list[int] | None) -> Renderer:
         """The protocol's renderer over this record's streams, resuming after ``after``."""

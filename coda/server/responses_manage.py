@@ -33,7 +33,7 @@ from coda.server.render_spec import ResponsesRender
 from coda.server.responses_items import listed, parse_query
 from coda.server.responses_object import response_object
 from coda.server.responses_stream import ResponsesRenderer
-from coda.server.sse import SSEResponse
+from coda.server.sse import SSEResponse, parse_seq
 
 router = APIRouter()
 
@@ -76,10 +76,10 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     after = starting_after
     if after is None:
         header = request.headers.get("last-event-id", "").strip()
-        if header and not header.lstrip("-").isdigit():  # NOTE: P3: never a silent full replay
+        after = parse_seq(header) if header else None
+        if header and after is None:  # NOTE: P3: never a silent full replay, nor a crash
             raise ApiError(400, "Last-Event-ID must be a sequence_number this stream sent",
                            param="Last-Event-ID")
-        after = int(header) if header else None
     if offset is not None or digest is not None:
         resolved = resolve_resume(record.streams, None, offset, digest)
         assert resolved is not None
@@ -89,8 +89,9 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
                            param="offset", code="resume_mismatch")
         after = held
     after = -1 if after is None else after
-    if after < -1:
-        raise ApiError(400, "starting_after must be >= -1", param="starting_after")
+    if after < -1:  # NOTE: named as the client sent it (query or header)
+        name = "starting_after" if starting_after is not None else "Last-Event-ID"
+        raise ApiError(400, f"{name} must be >= -1", param=name)
     log = record.streams[0]
     await logged_until(record.streams, lambda: log.closed
                        or after <= _last_event_through(record, log.last_seq))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -134,6 +135,17 @@ def frame_id(before: Sequence[int], delivered: int) -> str:
     return f"{position_id(before)}.{delivered}"
 
 
+_SEQ = re.compile(r"-?[0-9]+")
+
+
+def parse_seq(text: str) -> int | None:
+    """A sequence number as a stream writes it in an id (ASCII digits, a minus sign at most);
+    None for anything else — never ``int()``'s wider reading (``+5``, ``1_0`` as 10, ``²``
+    or ``--5`` raising), so a cursor the stream never sent is a 400, not a resume elsewhere
+    or a crash (P3)."""
+    return int(text) if _SEQ.fullmatch(text) else None
+
+
 def parse_position_id(value: str | None, n: int) -> tuple[list[int], int] | None:
     """``(positions, frames of the next group already held)`` from an SSE id (see
     :func:`position_id` and :func:`frame_id`); None if it is not one of this stream's ids."""
@@ -142,12 +154,11 @@ def parse_position_id(value: str | None, n: int) -> tuple[list[int], int] | None
     head, dot, tail = value.strip().rpartition(".")
     if not dot:
         head, tail = tail, "0"
-    try:
-        parts, held = [int(p) for p in head.split(",")], int(tail)
-    except ValueError:
+    parts, held = [parse_seq(p) for p in head.split(",")], parse_seq(tail)
+    if held is None or held < 0 or len(parts) != n:
         return None
-    ok = len(parts) == n and all(p >= -1 for p in parts) and held >= 0
-    return (parts, held) if ok else None
+    ok = [p for p in parts if p is not None and p >= -1]
+    return (ok, held) if len(ok) == n else None
 
 
 class SSEResponse(Connection, Response):

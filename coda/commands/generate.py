@@ -69,8 +69,11 @@ def cancel_on_signals(handle: Any) -> list[int]:
     return got
 
 
-def write_out(text: str) -> OSError | None:
-    """Write ``text`` to stdout now; the error when it cannot be: :class:`BrokenPipeError` when
+def write_out(data: bytes) -> OSError | None:
+    """Write ``data`` to stdout now, as the bytes they are (K1: the stream's UTF-8 whatever the
+    locale; a stdout whose text encoding cannot take a character, ``PYTHONIOENCODING=ascii``
+    or a Latin-1 locale, was a UnicodeEncodeError traceback, exit 1, the request's end never
+    said); the error when it cannot be: :class:`BrokenPipeError` when
     its reader is gone (``coda generate | head``), another :class:`OSError` for a stdout that
     cannot take it (a full disk, a closed descriptor). stdout then goes to /dev/null, so
     nothing later (the interpreter's last flush included) raises on it. A reader gone was
@@ -83,8 +86,9 @@ def write_out(text: str) -> OSError | None:
         # file of this process (the event loop's), so it is left alone
         return OSError(errno.EBADF, "stdout is closed")
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        sys.stdout.flush()  # NOTE: nothing written as text may follow the bytes
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
     except OSError as exc:
         stdout_to_devnull()
         return exc
@@ -184,11 +188,11 @@ def run_generate(args: GenerateArgs) -> int:
             interrupted = cancel_on_signals(handle)
             failed: OSError | None = None  # NOTE: the first write that failed
             async for ev in handle.events():
-                if ev.data and failed is None and (failed := write_out(ev.text)) is not None:
+                if ev.data and failed is None and (failed := write_out(ev.data)) is not None:
                     handle.cancel()  # NOTE: nothing more can be shown; its end is awaited
                 if ev.terminal is not None:
                     if failed is None:
-                        failed = write_out("\n")
+                        failed = write_out(b"\n")
                     if isinstance(failed, BrokenPipeError):
                         # NOTE: as a Unix tool whose reader left (| head): nothing said, exit 0
                         return 0

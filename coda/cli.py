@@ -162,7 +162,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
 
 @app.command()
 @_unwrapped
-def generate(prompt: str,
+def generate(prompt: Annotated[str, typer.Argument(help="the prompt; - reads it from stdin (UTF-8)")],
              model: ModelOpt = None,
              # NOTE: None is the HTTP APIs' omitted limit, planned by the engine (coda/engine/plan.py)
              max_tokens: Annotated[Optional[int], typer.Option(min=1, help="output token limit; past the context it is refused (default: as the HTTP APIs with it omitted: the engine's default_max_tokens, 256, or up to the context where that comes first, finish_reason context_limit)")] = None,  # noqa: UP045

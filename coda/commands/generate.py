@@ -138,6 +138,28 @@ def flag_error(exc: Any, flag: str) -> str:
     return f"{exc.code.value}: {flag}: {message}"
 
 
+def read_prompt(arg: str) -> str:
+    """The prompt ``arg`` names: itself, or for ``-`` stdin's bytes, whole (a prompt past
+    argv's 128 KiB, a file's exact text: ``coda generate - < prompt.txt``; the bytes are
+    UTF-8 whatever the locale, as the output is); text that is no UTF-8 is exit 2, before the
+    model loads. Before, ``-`` was the prompt itself and ``echo hi | coda generate`` a missing
+    argument."""
+    if arg == "-":
+        if sys.stdin is None:  # NOTE: started with fd 0 closed (``<&-``)
+            fail("cannot read the prompt from stdin: stdin is closed")
+        try:
+            return sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError:
+            fail("the prompt read from stdin is not valid UTF-8 text")
+        except OSError as exc:
+            fail(f"cannot read the prompt from stdin: {exc.strerror or exc}")
+    try:  # NOTE: argv bytes that are no UTF-8 arrive as lone surrogates, which no tokenizer takes
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        fail("the prompt is not valid UTF-8 text")
+    return arg
+
+
 def run_generate(args: GenerateArgs) -> int:
     """Load, generate and print; the exit status: 0 finished, 1 otherwise, 128 + the signal
     when interrupted, 2 for a refused value (before the model loads where it can be)."""
@@ -158,10 +180,7 @@ def run_generate(args: GenerateArgs) -> int:
         check_stop_strings(args.stop)
     except CodaError as exc:
         fail(flag_error(exc, "--stop"))
-    try:  # NOTE: argv bytes that are no UTF-8 arrive as lone surrogates, which no tokenizer takes
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        fail("the prompt is not valid UTF-8 text")
+    prompt = read_prompt(args.prompt)
     if args.deadline is not None and not args.deadline > 0:  # NOTE: as plan_request's G3 check, before the load
         fail(f"--deadline must be > 0 seconds, got {args.deadline}")
     # NOTE: a Ctrl-C before the request runs (the load above all): one line, exit 130 at once;
@@ -171,11 +190,11 @@ def run_generate(args: GenerateArgs) -> int:
             quant=args.quant, dtype=args.dtype, max_num_seqs=4, max_model_len=args.max_model_len,
             kv_cache_bytes=args.kv_cache_bytes, kv_cache_memory_fraction=args.kv_cache_fraction,
             memory_budget=args.memory_budget, num_threads=args.threads))
-        text = args.prompt
+        text = prompt
         if args.chat:
             from coda.server.chat import render_chat
 
-            text = render_chat(engine, [{"role": "user", "content": args.prompt}])
+            text = render_chat(engine, [{"role": "user", "content": prompt}])
         # NOTE: a raw prompt gets the model's special tokens (its BOS, once), as
         # /v1/completions does; a rendered chat template already holds them
         ids = (engine.tokenizer.encode(text, add_special_tokens=False).ids if args.chat

@@ -12,6 +12,7 @@ This module declares the typer app and every command's options; each command's b
 from __future__ import annotations
 
 import inspect
+import io
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,6 +69,10 @@ def _reader_may_leave() -> Iterator[list[int]]:
     here is stdout's."""
     from coda.commands.generate import say_write_error, stdout_to_devnull
 
+    # NOTE: a stdout whose encoding lacks a character (the table's arrow, a path's) shows an
+    # escape instead of a UnicodeEncodeError traceback (PYTHONIOENCODING=ascii, Latin-1 locale)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
     left = [0]
     try:
         yield left

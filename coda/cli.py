@@ -69,10 +69,6 @@ def _reader_may_leave() -> Iterator[list[int]]:
     here is stdout's."""
     from coda.commands.generate import say_write_error, stdout_to_devnull
 
-    # NOTE: a stdout whose encoding lacks a character (the table's arrow, a path's) shows an
-    # escape instead of a UnicodeEncodeError traceback (PYTHONIOENCODING=ascii, Latin-1 locale)
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(errors="backslashreplace")
     left = [0]
     try:
         yield left
@@ -90,6 +86,11 @@ def _reader_may_leave() -> Iterator[list[int]]:
 @app.callback()
 def _main(show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="print the version and exit")] = False) -> None:
     """Coda: an LLM inference server with exact decoding, streaming and termination."""
+    # NOTE: a stdout whose encoding lacks a character (models' arrow, bench's dash, a path's)
+    # shows an escape, not a UnicodeEncodeError traceback (PYTHONIOENCODING=ascii, a Latin-1
+    # locale); generate writes the stream's bytes themselves (coda.commands.generate.write_out)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def _memory_budget(value: str | None) -> str | None:

@@ -157,14 +157,16 @@ def test_e1_generate_dash_with_stdin_that_is_no_utf8_is_exit_2_before_the_load()
     assert err == "error: the prompt read from stdin is not valid UTF-8 text\n", err
 
 
-@pytest.mark.parametrize("argv", [["models"],
-                                  ["trace", "check", "tests/data/faultmix_trace.jsonl"]])
-def test_o1_models_and_trace_check_on_an_ascii_stdout_exit_0(argv: list[str]) -> None:
-    """``coda models`` / ``coda trace check`` where stdout's encoding lacks a character they
-    print (``PYTHONIOENCODING=ascii``, a Latin-1 locale): the character escaped, exit 0. The
-    models table's header arrow was a UnicodeEncodeError traceback, exit 1."""
+@pytest.mark.parametrize("argv", [
+    ["models"], ["trace", "check", "tests/data/faultmix_trace.jsonl"],
+    ["bench", "-n", "1", "--concurrency", "1", "--max-tokens", "2"]])
+def test_o1_models_bench_and_trace_check_on_an_ascii_stdout_exit_0(argv: list[str]) -> None:
+    """``coda models`` / ``bench`` / ``trace check`` where stdout's encoding lacks a character
+    they print (``PYTHONIOENCODING=ascii``, a Latin-1 locale): the character escaped, exit 0.
+    The models table's header arrow and the bench title's dash were a UnicodeEncodeError
+    traceback, exit 1."""
     r = subprocess.run([sys.executable, "-m", "coda", *argv], cwd=ROOT, capture_output=True,
-                       timeout=120, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+                       timeout=300, env={**os.environ, "PYTHONIOENCODING": "ascii"})
     err = r.stderr.decode("utf-8", "replace")
     assert r.returncode == 0, (r.returncode, err[-2000:])
     assert "Traceback" not in err and r.stdout.isascii() and r.stdout, err[-2000:]

@@ -12,6 +12,7 @@ This module declares the typer app and every command's options; each command's b
 from __future__ import annotations
 
 import inspect
+import io
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -85,6 +86,11 @@ def _reader_may_leave() -> Iterator[list[int]]:
 @app.callback()
 def _main(show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="print the version and exit")] = False) -> None:
     """Coda: an LLM inference server with exact decoding, streaming and termination."""
+    # NOTE: a stdout whose encoding lacks a character (models' arrow, bench's dash, a path's)
+    # shows an escape, not a UnicodeEncodeError traceback (PYTHONIOENCODING=ascii, a Latin-1
+    # locale); generate writes the stream's bytes themselves (coda.commands.generate.write_out)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def _memory_budget(value: str | None) -> str | None:
@@ -162,7 +168,7 @@ def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", he
 
 @app.command()
 @_unwrapped
-def generate(prompt: str,
+def generate(prompt: Annotated[str, typer.Argument(help="the prompt; - reads it from stdin (UTF-8)")],
              model: ModelOpt = None,
              # NOTE: None is the HTTP APIs' omitted limit, planned by the engine (coda/engine/plan.py)
              max_tokens: Annotated[Optional[int], typer.Option(min=1, help="output token limit; past the context it is refused (default: as the HTTP APIs with it omitted: the engine's default_max_tokens, 256, or up to the context where that comes first, finish_reason context_limit)")] = None,  # noqa: UP045

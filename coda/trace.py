@@ -256,7 +256,10 @@ def read_jsonl(path: str | Path, cut: list[TraceReadError] | None = None) -> lis
         if not line.strip():
             continue
         try:
-            rows.append(TraceEvent.from_dict(json.loads(line)))
+            row = json.loads(line)
+            if not isinstance(row, dict):  # NOTE: ``[1, 2]`` was an AttributeError traceback
+                raise TypeError(f"a row is a JSON object, not {type(row).__name__}")
+            rows.append(TraceEvent.from_dict(row))
         except (ValueError, KeyError, TypeError) as exc:
             # NOTE: json's own position is within the row ("line 1 column 103"), not the file
             err = TraceReadError(f"line {number}: {type(exc).__name__}: {exc}")

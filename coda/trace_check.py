@@ -79,6 +79,17 @@ _ACQUIRE_ORDER = ("stream_buffer", "trace_handle", *_MODEL)
 _RELEASE_ORDER = (*_MODEL, "stream_buffer", "trace_handle")
 
 
+# NOTE: what a row's field of another type than the engine writes raises in the rules
+_ILL_TYPED = (TypeError, ValueError, KeyError, AttributeError, IndexError)
+
+
+def _ill_typed(exc: Exception) -> str:
+    """O1: a row whose field has another type than the engine writes (a list for a resource's
+    name, a string for a count): no run wrote it. It was the rule's own TypeError, a traceback
+    out of ``coda trace check`` (exit 1, no verdict)."""
+    return f"a row's field is not of the type the engine writes: {type(exc).__name__}: {exc} (O1)"
+
+
 def check_trace(events: Iterable[tr.TraceEvent]) -> list[str]:
     """Every violation in a trace of one or many requests (empty: the trace is sound)."""
     problems: list[str] = []
@@ -87,12 +98,18 @@ def check_trace(events: Iterable[tr.TraceEvent]) -> list[str]:
     for rid, lives in requests_of(events).items():
         for n, evs in enumerate(lives, start=1):
             who = rid if n == 1 else f"{rid} (lifetime {n})"
-            problems.extend(f"{who}: {p}" for p in check_routes(evs))
-            if not any(e.kind in tr.KNOWN_KINDS for e in evs):
-                continue  # NOTE: not a request's rows (model.* rows; an ingress's decisions)
-            requests.append((who, evs))
-            problems.extend(f"{who}: {p}" for p in _Walk(evs).run())
-    return problems + check_routed_trace(requests)
+            try:
+                problems.extend(f"{who}: {p}" for p in check_routes(evs))
+                if not any(e.kind in tr.KNOWN_KINDS for e in evs):
+                    continue  # NOTE: not a request's rows (model.* rows; an ingress's decisions)
+                requests.append((who, evs))
+                problems.extend(f"{who}: {p}" for p in _Walk(evs).run())
+            except _ILL_TYPED as exc:
+                problems.append(f"{who}: {_ill_typed(exc)}")
+    try:
+        return problems + check_routed_trace(requests)
+    except _ILL_TYPED as exc:
+        return [*problems, _ill_typed(exc)]
 
 
 class _Walk:

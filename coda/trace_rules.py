@@ -42,7 +42,8 @@ _CALLER_ROWS = frozenset({*((tr.RESOURCE_ACQUIRED, k) for k in _STREAM),
 
 
 def _key(ev: tr.TraceEvent) -> tuple[str, Any]:
-    return ev.kind, ev.data.get("resource")
+    # NOTE: a field of another type (a damaged trace) splits nothing; the walk names it (O1)
+    return ev.kind, _name(ev.data.get("resource"))
 
 
 def requests_of(events: Iterable[tr.TraceEvent]) -> dict[str, list[list[tr.TraceEvent]]]:
@@ -87,8 +88,14 @@ def lifetimes(rows: Sequence[tr.TraceEvent]) -> list[list[tr.TraceEvent]]:
             done = False
         out[-1].append(ev)
         done = done or ev.kind == tr.TERMINAL or (
-            ev.kind == tr.LIFECYCLE and ev.data.get("to") in _ENDED)
+            ev.kind == tr.LIFECYCLE and _name(ev.data.get("to")) in _ENDED)
     return out
+
+
+def _name(value: Any) -> str | None:
+    """A row's name field (a resource, a state) as :func:`lifetimes` compares it: None unless
+    a string (it raised TypeError on a list, out of ``coda trace check``)."""
+    return value if isinstance(value, str) else None
 
 
 @dataclass

@@ -130,3 +130,43 @@ def test_trace_check_with_problems_keeps_exit_1_when_its_reader_leaves(tmp_path:
     err = err_bytes.decode()
     assert proc.returncode == 1, (proc.returncode, err[-2000:])
     assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+
+
+def test_e1_generate_dash_reads_the_prompt_from_stdin() -> None:
+    """E1: ``coda generate - < prompt.txt`` takes stdin's text, byte for byte (a trailing
+    newline, CJK), as the prompt: the same prompt tokens and greedy output as the same text
+    given in argv. Before, ``-`` was the prompt itself (one token) and a pipe was ignored."""
+    prompt = "Once upon a time, 世界\n"
+    argv = [sys.executable, "-m", "coda", "generate", "--temperature", "0", "--max-tokens", "6"]
+    piped = subprocess.run([*argv, "-"], cwd=ROOT, input=prompt.encode("utf-8"),
+                           capture_output=True, timeout=300)
+    given = subprocess.run([*argv, prompt], cwd=ROOT, capture_output=True, timeout=300)
+    for r in (piped, given):
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+    usage = [ln for ln in piped.stderr.decode().splitlines() if ln.startswith("usage:")]
+    assert usage == [ln for ln in given.stderr.decode().splitlines() if ln.startswith("usage:")]
+    assert piped.stdout == given.stdout and len(piped.stdout) > 1, (piped.stdout, given.stdout)
+
+
+def test_e1_generate_dash_with_stdin_that_is_no_utf8_is_exit_2_before_the_load() -> None:
+    """E1: stdin bytes that are no UTF-8 text: one ``error:`` line, exit 2, no model loaded."""
+    r = subprocess.run([sys.executable, "-m", "coda", "generate", "-"], cwd=ROOT,
+                       input=b"caf\xe9\n", capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 2, (r.returncode, err[-2000:])
+    assert err == "error: the prompt read from stdin is not valid UTF-8 text\n", err
+
+
+@pytest.mark.parametrize("argv", [
+    ["models"], ["trace", "check", "tests/data/faultmix_trace.jsonl"],
+    ["bench", "-n", "1", "--concurrency", "1", "--max-tokens", "2"]])
+def test_o1_models_bench_and_trace_check_on_an_ascii_stdout_exit_0(argv: list[str]) -> None:
+    """``coda models`` / ``bench`` / ``trace check`` where stdout's encoding lacks a character
+    they print (``PYTHONIOENCODING=ascii``, a Latin-1 locale): the character escaped, exit 0.
+    The models table's header arrow and the bench title's dash were a UnicodeEncodeError
+    traceback, exit 1."""
+    r = subprocess.run([sys.executable, "-m", "coda", *argv], cwd=ROOT, capture_output=True,
+                       timeout=300, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 0, (r.returncode, err[-2000:])
+    assert "Traceback" not in err and r.stdout.isascii() and r.stdout, err[-2000:]

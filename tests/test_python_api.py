@@ -92,6 +92,31 @@ def test_l7_submit_after_shutdown_is_engine_shutdown_error() -> None:
 
 
 
+def test_p3_readme_prose_calls_name_real_parameters() -> None:
+    """P3: every ``engine.X(...)`` / ``handle.X(...)`` call the README's Python API prose shows
+    binds to the method's signature (``AsyncEngine``, ``RequestHandle``), placeholders for its
+    values. It showed ``engine.attach(handle.request_id, after=n)``, a TypeError as written:
+    ``attach`` names its cursor ``after_seq``."""
+    import inspect
+
+    from coda.engine.protocol import RequestHandle
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("### Python API")
+    section = text[start:text.index("\n## ", start)]
+    calls = re.findall(r"`(?:await )?(engine|handle)\.(\w+)\(([^()`]*)\)`", section)
+    assert ("engine", "attach") in {(o, m) for o, m, _ in calls}, calls
+    for owner, name, args in calls:
+        method = getattr(AsyncEngine if owner == "engine" else RequestHandle, name)
+        parts = [a.strip() for a in args.split(",") if a.strip()]
+        positional = [0 for a in parts if "=" not in a]
+        keywords = {a.split("=")[0].strip(): 0 for a in parts if "=" in a}
+        try:
+            inspect.signature(method).bind(None, *positional, **keywords)
+        except TypeError as exc:
+            raise AssertionError(f"README: `{owner}.{name}({args})`: {exc}") from None
+
+
 # NOTE: atexit runs its hooks last-registered first: "running at exit" before the engine's
 # shutdown (registered by start()), "after shutdown" after it
 _EXIT_RUNNING = """

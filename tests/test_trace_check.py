@@ -177,3 +177,40 @@ def test_o1_each_row_kind_of_the_fixture_is_load_bearing(kind: str) -> None:
         idx = [i for i, e in enumerate(rows) if e.kind == kind]
         for i in idx[:3]:
             assert check_trace(rows[:i] + rows[i + 1:]), (kind, i)
+
+
+@pytest.mark.parametrize(("kind", "key", "value"), [
+    (tr.RESOURCE_RELEASED, "resource", {"a": 1}), (tr.LIFECYCLE, "to", {"a": 1}),
+    (tr.LIFECYCLE, "from", ["x"]), (tr.PREFILL_STARTED, "cached", [1, "a"]),
+    (tr.TERMINAL, "reason", [1, "a"])])
+def test_o1_a_row_field_of_another_type_is_a_problem_not_a_crash(
+        tmp_path: Path, kind: str, key: str, value: object) -> None:
+    """O1: a row whose field has a type the engine never writes (a hand-edited or damaged
+    trace) is a problem naming its rule (O1 where the rule could not read the field):
+    ``check_trace`` returns it, ``coda trace check`` exits 1 with the verdict. It was the
+    rule's own TypeError: a traceback, no verdict."""
+    rows = _one("FINISHED", kinds=(kind,))
+    i = next(j for j, e in enumerate(rows) if e.kind == kind and key in e.data)
+    bad_row = TraceEvent(rows[i].request_id, kind, {**rows[i].data, key: value}, rows[i].ts_ns)
+    bad = rows[:i] + [bad_row] + rows[i + 1:]
+    problems = check_trace(bad)
+    assert problems and all(p.endswith(")") for p in problems), problems  # NOTE: each names a rule
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in bad))
+    proc = subprocess.run([sys.executable, "-m", "coda.cli", "trace", "check", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "problem(s)" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", '"row"', "3"])
+def test_o1_a_line_that_is_no_json_object_is_unreadable_exit_2(tmp_path: Path, line: str) -> None:
+    """A line that is JSON but no object is no trace row: one ``error:`` line naming the line,
+    exit 2, as other unreadable rows. It was an AttributeError traceback, exit 1."""
+    path = tmp_path / "odd.jsonl"
+    path.write_text(line + "\n")
+    proc = subprocess.run([sys.executable, "-m", "coda.cli", "trace", "check", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: cannot read trace") and "line 1: " in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr

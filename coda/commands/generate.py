@@ -69,8 +69,11 @@ def cancel_on_signals(handle: Any) -> list[int]:
     return got
 
 
-def write_out(text: str) -> OSError | None:
-    """Write ``text`` to stdout now; the error when it cannot be: :class:`BrokenPipeError` when
+def write_out(data: bytes) -> OSError | None:
+    """Write ``data`` to stdout now, as the bytes they are (K1: the stream's UTF-8 whatever the
+    locale; a stdout whose text encoding cannot take a character, ``PYTHONIOENCODING=ascii``
+    or a Latin-1 locale, was a UnicodeEncodeError traceback, exit 1, the request's end never
+    said); the error when it cannot be: :class:`BrokenPipeError` when
     its reader is gone (``coda generate | head``), another :class:`OSError` for a stdout that
     cannot take it (a full disk, a closed descriptor). stdout then goes to /dev/null, so
     nothing later (the interpreter's last flush included) raises on it. A reader gone was
@@ -83,8 +86,9 @@ def write_out(text: str) -> OSError | None:
         # file of this process (the event loop's), so it is left alone
         return OSError(errno.EBADF, "stdout is closed")
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        sys.stdout.flush()  # NOTE: nothing written as text may follow the bytes
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
     except OSError as exc:
         stdout_to_devnull()
         return exc
@@ -134,6 +138,28 @@ def flag_error(exc: Any, flag: str) -> str:
     return f"{exc.code.value}: {flag}: {message}"
 
 
+def read_prompt(arg: str) -> str:
+    """The prompt ``arg`` names: itself, or for ``-`` stdin's bytes, whole (a prompt past
+    argv's 128 KiB, a file's exact text: ``coda generate - < prompt.txt``; the bytes are
+    UTF-8 whatever the locale, as the output is); text that is no UTF-8 is exit 2, before the
+    model loads. Before, ``-`` was the prompt itself and ``echo hi | coda generate`` a missing
+    argument."""
+    if arg == "-":
+        if sys.stdin is None:  # NOTE: started with fd 0 closed (``<&-``)
+            fail("cannot read the prompt from stdin: stdin is closed")
+        try:
+            return sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError:
+            fail("the prompt read from stdin is not valid UTF-8 text")
+        except OSError as exc:
+            fail(f"cannot read the prompt from stdin: {exc.strerror or exc}")
+    try:  # NOTE: argv bytes that are no UTF-8 arrive as lone surrogates, which no tokenizer takes
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        fail("the prompt is not valid UTF-8 text")
+    return arg
+
+
 def run_generate(args: GenerateArgs) -> int:
     """Load, generate and print; the exit status: 0 finished, 1 otherwise, 128 + the signal
     when interrupted, 2 for a refused value (before the model loads where it can be)."""
@@ -154,10 +180,7 @@ def run_generate(args: GenerateArgs) -> int:
         check_stop_strings(args.stop)
     except CodaError as exc:
         fail(flag_error(exc, "--stop"))
-    try:  # NOTE: argv bytes that are no UTF-8 arrive as lone surrogates, which no tokenizer takes
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        fail("the prompt is not valid UTF-8 text")
+    prompt = read_prompt(args.prompt)
     if args.deadline is not None and not args.deadline > 0:  # NOTE: as plan_request's G3 check, before the load
         fail(f"--deadline must be > 0 seconds, got {args.deadline}")
     # NOTE: a Ctrl-C before the request runs (the load above all): one line, exit 130 at once;
@@ -167,11 +190,11 @@ def run_generate(args: GenerateArgs) -> int:
             quant=args.quant, dtype=args.dtype, max_num_seqs=4, max_model_len=args.max_model_len,
             kv_cache_bytes=args.kv_cache_bytes, kv_cache_memory_fraction=args.kv_cache_fraction,
             memory_budget=args.memory_budget, num_threads=args.threads))
-        text = args.prompt
+        text = prompt
         if args.chat:
             from coda.server.chat import render_chat
 
-            text = render_chat(engine, [{"role": "user", "content": args.prompt}])
+            text = render_chat(engine, [{"role": "user", "content": prompt}])
         # NOTE: a raw prompt gets the model's special tokens (its BOS, once), as
         # /v1/completions does; a rendered chat template already holds them
         ids = (engine.tokenizer.encode(text, add_special_tokens=False).ids if args.chat
@@ -184,11 +207,11 @@ def run_generate(args: GenerateArgs) -> int:
             interrupted = cancel_on_signals(handle)
             failed: OSError | None = None  # NOTE: the first write that failed
             async for ev in handle.events():
-                if ev.data and failed is None and (failed := write_out(ev.text)) is not None:
+                if ev.data and failed is None and (failed := write_out(ev.data)) is not None:
                     handle.cancel()  # NOTE: nothing more can be shown; its end is awaited
                 if ev.terminal is not None:
                     if failed is None:
-                        failed = write_out("\n")
+                        failed = write_out(b"\n")
                     if isinstance(failed, BrokenPipeError):
                         # NOTE: as a Unix tool whose reader left (| head): nothing said, exit 0
                         return 0

@@ -87,7 +87,7 @@ def grammar_source(spec: GrammarSpec) -> str:
         assert spec.lark is not None
         return llg.LLMatcher.grammar_from_lark(spec.lark)
     except (TypeError, ValueError) as exc:  # NOTE: not JSON-serialisable / not an object
-        raise InvalidRequestError(f"invalid {chosen[0]}: {exc}", field=FIELD) from exc
+        raise InvalidRequestError(f"{FIELD}: invalid {chosen[0]}: {exc}", field=FIELD) from exc
 
 
 def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_size: int,
@@ -99,7 +99,10 @@ def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_si
     tok = ll_tokenizer(tokenizer, eos_token_ids)
     matcher = llg.LLMatcher(tok, grammar_source(spec), log_level=0)
     if matcher.is_error():
-        raise InvalidRequestError(f"invalid grammar: {matcher.get_error().strip()}", field=FIELD)
+        # NOTE: the message names its field itself: the engine's words (an unknown "format")
+        # can hold the wire's name of it (Ollama's ``format``), which then went unnamed
+        raise InvalidRequestError(f"{FIELD}: invalid grammar: {matcher.get_error().strip()}",
+                                  field=FIELD)
     for warning in matcher.get_grammar_warnings():
         log.warning("grammar warning: %s", warning)
     trigger = spec.trigger.encode() if spec.trigger else None

@@ -1,0 +1,90 @@
+"""What a sweep of tool calling and structured output through the official clients found
+(docs/api.md "Tool calling", "Ollama API"; SPEC P1: bad input is a 400 naming its field, in
+the protocol's own shape), on the real SmolLM2 server over loopback.
+
+- Ollama ``format`` with a schema the grammar engine refuses (``"format": "bogus"`` on a
+  string) was a 400 that did not name ``format``: the engine's message ("Unknown format:
+  bogus") held the word, so the field's name was taken as said already.
+- A Responses ``function_call`` input item whose ``arguments`` are not JSON was a 400 naming
+  ``input.0.tool_calls.0``, the path of the chat message it is turned into, which no
+  Responses request has (and whose index counts merged messages, not input items).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ollama
+import openai
+import pytest
+
+from tests.conftest import LiveServer
+
+# NOTE: a schema llguidance compiles only to refuse it (an unknown string format)
+BOGUS: Any = {"type": "object", "properties": {"a": {"type": "string", "format": "bogus"}},
+              "required": ["a"]}
+HI: Any = [{"role": "user", "content": "Hi"}]
+
+
+def test_p1_ollama_format_the_grammar_refuses_is_a_400_naming_format(
+        smollm_ollama: ollama.Client, smollm_name: str) -> None:
+    """P1: chat and generate, streamed or not: the 400 names ``format`` first, as every
+    other ``format`` error does, even where the engine's words contain "format"."""
+    calls = [lambda: smollm_ollama.chat(model=smollm_name, messages=HI, format=BOGUS,
+                                        options={"num_predict": 4}),
+             lambda: list(smollm_ollama.chat(model=smollm_name, messages=HI, format=BOGUS,
+                                             stream=True, options={"num_predict": 4})),
+             lambda: smollm_ollama.generate(model=smollm_name, prompt="Hi", format=BOGUS,
+                                            options={"num_predict": 4})]
+    for call in calls:
+        with pytest.raises(ollama.ResponseError) as exc:
+            call()
+        assert exc.value.status_code == 400
+        assert exc.value.error.startswith("format: invalid grammar: "), exc.value.error
+        assert "Unknown format: bogus" in exc.value.error
+
+
+def test_p1_openai_grammar_errors_keep_their_field(smollm_live: LiveServer,
+                                                   smollm_name: str) -> None:
+    """P1: the same schema on chat and Responses is named once, by each API's own field."""
+    oa = openai.OpenAI(base_url=smollm_live.url + "/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as chat:
+        oa.chat.completions.create(model=smollm_name, messages=HI, max_tokens=4,
+                                   response_format={"type": "json_schema", "json_schema": {
+                                       "name": "x", "schema": BOGUS}})
+    assert chat.value.body["param"] == "response_format"  # type: ignore[index]
+    assert chat.value.body["message"].startswith(  # type: ignore[index]
+        "response_format: invalid grammar: Unknown format")
+    with pytest.raises(openai.BadRequestError) as resp:
+        oa.responses.create(model=smollm_name, input="Hi", max_output_tokens=16,
+                            text={"format": {"type": "json_schema", "name": "x",
+                                             "schema": BOGUS}})
+    assert resp.value.body["param"] == "text.format"  # type: ignore[index]
+    assert resp.value.body["message"].startswith(  # type: ignore[index]
+        "text.format: invalid grammar: Unknown format")
+
+
+@pytest.mark.parametrize("at", [0, 2])
+def test_p1_responses_function_call_with_bad_arguments_names_the_item(
+        smollm_live: LiveServer, smollm_name: str, at: int) -> None:
+    """P1: the 400 names the input item's own ``arguments`` (``input.N.arguments``), where
+    the item is; a valid call and its output in the same place pass."""
+    oa = openai.OpenAI(base_url=smollm_live.url + "/v1", api_key="k", max_retries=0)
+    tools: Any = [{"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}]
+    before: Any = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+
+    def items(arguments: str) -> Any:
+        return [*before[:at], {"type": "function_call", "call_id": "c1", "name": "f",
+                               "arguments": arguments},
+                {"type": "function_call_output", "call_id": "c1", "output": "22C"}]
+
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.responses.create(model=smollm_name, input=items("{bad"), tools=tools,
+                            max_output_tokens=16)
+    body: Any = exc.value.body
+    assert body["param"] == f"input.{at}.arguments", body
+    assert body["message"] == f"input.{at}.arguments: arguments must be JSON", body
+    ok = oa.responses.create(model=smollm_name, input=items('{"city": "Paris"}'), tools=tools,
+                             max_output_tokens=16, temperature=0)
+    assert ok.status in ("completed", "incomplete")

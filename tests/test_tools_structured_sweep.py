@@ -8,6 +8,9 @@ the protocol's own shape), on the real SmolLM2 server over loopback.
 - A Responses ``function_call`` input item whose ``arguments`` are not JSON was a 400 naming
   ``input.0.tool_calls.0``, the path of the chat message it is turned into, which no
   Responses request has (and whose index counts merged messages, not input items).
+- ``/v1/responses/input_tokens`` counted a request whose ``text.format`` schema the create
+  refuses (the grammar is compiled only at submit, which a count never reaches), where the
+  docs promise the create's 400s.
 """
 
 from __future__ import annotations
@@ -88,3 +91,24 @@ def test_p1_responses_function_call_with_bad_arguments_names_the_item(
     ok = oa.responses.create(model=smollm_name, input=items('{"city": "Paris"}'), tools=tools,
                              max_output_tokens=16, temperature=0)
     assert ok.status in ("completed", "incomplete")
+
+
+@pytest.mark.parametrize("schema", [BOGUS, {"type": "object", "properties": {
+    "a": {"$ref": "#/$defs/none"}}}])
+def test_p1_responses_input_tokens_takes_the_create_s_grammar_400(
+        smollm_live: LiveServer, smollm_name: str, schema: Any) -> None:
+    """P1: a ``text.format`` the create refuses is no count but the same 400 (its message
+    and field); a schema it takes is counted."""
+    oa = openai.OpenAI(base_url=smollm_live.url + "/v1", api_key="k", max_retries=0)
+    fmt: Any = {"format": {"type": "json_schema", "name": "x", "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as create:
+        oa.responses.create(model=smollm_name, input="Hi", max_output_tokens=16, text=fmt)
+    with pytest.raises(openai.BadRequestError) as count:
+        oa.responses.input_tokens.count(model=smollm_name, input="Hi", text=fmt)
+    body: Any = count.value.body
+    assert body["param"] == "text.format", body
+    assert body["message"] == create.value.body["message"], body  # type: ignore[index]
+    fine: Any = {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "string"}}}}}
+    assert oa.responses.input_tokens.count(model=smollm_name, input="Hi",
+                                           text=fine).input_tokens > 0

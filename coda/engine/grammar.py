@@ -52,7 +52,7 @@ from coda.errors import InvalidRequestError
 if TYPE_CHECKING:  # NOTE: imported by the first grammar, not by the server's start (issue 19)
     import llguidance as llg
 
-__all__ = ["GrammarMatcher", "Lookahead", "compile_grammar", "grammar_source"]
+__all__ = ["GrammarMatcher", "Lookahead", "check_grammar", "compile_grammar", "grammar_source"]
 
 log = logging.getLogger("coda.engine.grammar")
 
@@ -88,6 +88,17 @@ def grammar_source(spec: GrammarSpec) -> str:
         return llg.LLMatcher.grammar_from_lark(spec.lark)
     except (TypeError, ValueError) as exc:  # NOTE: not JSON-serialisable / not an object
         raise InvalidRequestError(f"{FIELD}: invalid {chosen[0]}: {exc}", field=FIELD) from exc
+
+
+def check_grammar(spec: GrammarSpec) -> None:
+    """Raise the InvalidRequestError :func:`compile_grammar` would for ``spec``, without a
+    tokenizer: for a request that is checked but never submitted (``/v1/responses/input_tokens``
+    takes the create's 400s)."""
+    import llguidance as llg
+
+    error = llg.LLMatcher.validate_grammar(grammar_source(spec))
+    if error:
+        raise InvalidRequestError(f"{FIELD}: invalid grammar: {error.strip()}", field=FIELD)
 
 
 def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_size: int,

@@ -11,6 +11,10 @@ the protocol's own shape), on the real SmolLM2 server over loopback.
 - ``/v1/responses/input_tokens`` counted a request whose ``text.format`` schema the create
   refuses (the grammar is compiled only at submit, which a count never reaches), where the
   docs promise the create's 400s.
+- A function tool without ``parameters`` (OpenAI: "omitting parameters defines a function with
+  an empty parameter list") was constrained to any object, so a forced call came back with
+  keys the model invented (``{"type":[],"description":{"type":[]}}`` on SmolLM2, duplicate
+  keys on Gemma 3), which a caller passing them as keyword arguments cannot take.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import openai
 import pytest
 
 from tests.conftest import LiveServer
+from tests.openai_sweep_support import GEMMA
 
 # NOTE: a schema llguidance compiles only to refuse it (an unknown string format)
 BOGUS: Any = {"type": "object", "properties": {"a": {"type": "string", "format": "bogus"}},
@@ -112,3 +117,42 @@ def test_p1_responses_input_tokens_takes_the_create_s_grammar_400(
         "type": "object", "properties": {"a": {"type": "string"}}}}}
     assert oa.responses.input_tokens.count(model=smollm_name, input="Hi",
                                            text=fine).input_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def gemma_oa() -> Any:
+    from tests.openai_sweep_support import serve
+
+    yield from serve("gemma3", default_max_tokens=40)
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_s1_a_tool_without_parameters_is_called_with_no_arguments(
+        request: pytest.FixtureRequest, which: str) -> None:
+    """S1: chat (streamed and not) and Responses, several seeds: every call of a function
+    tool sent without ``parameters`` has ``arguments`` ``{}``."""
+    if which == "gemma3" and not GEMMA.exists():
+        pytest.skip(f"{GEMMA} is not here")
+    if which == "smollm2":
+        live: LiveServer = request.getfixturevalue("smollm_live")
+        oa = openai.OpenAI(base_url=live.url + "/v1", api_key="k", max_retries=0)
+    else:
+        oa = request.getfixturevalue("gemma_oa")
+    model = oa.models.list().data[0].id
+    ask: Any = [{"role": "user", "content": "Ping the server, please."}]
+    chat_tools: Any = [{"type": "function", "function": {"name": "ping"}}]
+    seen: list[str] = []
+    for seed in range(3):
+        kw: Any = {"model": model, "messages": ask, "tools": chat_tools, "max_tokens": 40,
+                   "tool_choice": "required", "temperature": 1.0, "seed": seed}
+        whole = oa.chat.completions.create(**kw)
+        seen += [c.function.arguments for c in whole.choices[0].message.tool_calls or []]
+        for chunk in oa.chat.completions.create(stream=True, **kw):
+            for ch in chunk.choices:
+                seen += [d.function.arguments or "" for d in ch.delta.tool_calls or []
+                         if d.function is not None]
+    resp = oa.responses.create(model=model, input="Ping the server, please.", temperature=1.0,
+                               tools=[{"type": "function", "name": "ping"}],  # type: ignore[list-item]
+                               tool_choice="required", max_output_tokens=40)
+    seen += [o.arguments for o in resp.output if o.type == "function_call"]
+    assert len(seen) >= 7 and set(seen) == {"{}"}, seen

@@ -15,6 +15,9 @@ the protocol's own shape), on the real SmolLM2 server over loopback.
   an empty parameter list") was constrained to any object, so a forced call came back with
   keys the model invented (``{"type":[],"description":{"type":[]}}`` on SmolLM2, duplicate
   keys on Gemma 3), which a caller passing them as keyword arguments cannot take.
+- A schema request that sent no output limit, whose prompt left fewer tokens of the context
+  than the grammar's shortest completion, was a 400 naming ``max_tokens (3)``, a field the
+  client never sent; it is the prompt that is too long (``context_length_exceeded``).
 """
 
 from __future__ import annotations
@@ -156,3 +159,31 @@ def test_s1_a_tool_without_parameters_is_called_with_no_arguments(
                                tool_choice="required", max_output_tokens=40)
     seen += [o.arguments for o in resp.output if o.type == "function_call"]
     assert len(seen) >= 7 and set(seen) == {"{}"}, seen
+
+
+def test_g1_no_limit_sent_and_no_room_for_the_grammar_names_the_prompt(
+        smollm_live: LiveServer, smollm_name: str, smollm_engine: Any) -> None:
+    """G1/L4: the budget is the room the prompt leaves (legacy completions' omitted
+    ``max_tokens`` where 16 do not fit; Ollama's unset ``num_predict``): a grammar that cannot
+    close in it is the prompt's 400 (``context_length_exceeded``), never one naming a
+    ``max_tokens`` nobody sent; with ``max_tokens`` sent, that field is named as before."""
+    oa = openai.OpenAI(base_url=smollm_live.url + "/v1", api_key="k", max_retries=0)
+    schema: Any = {"type": "object", "properties": {"name": {"type": "string"}},
+                   "required": ["name"], "additionalProperties": False}
+    fmt: Any = {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "p", "schema": schema}}}
+    prompt = [1000] * (smollm_engine.context_length - 3)
+    with pytest.raises(openai.BadRequestError) as omitted:
+        oa.completions.create(model=smollm_name, prompt=prompt, extra_body=fmt)
+    body: Any = omitted.value.body
+    assert body["code"] == "context_length_exceeded" and body["param"] == "prompt", body
+    assert "max_tokens" not in body["message"] and "3 left" in body["message"], body
+    with pytest.raises(openai.BadRequestError) as sent:
+        oa.completions.create(model=smollm_name, prompt=prompt, max_tokens=3, extra_body=fmt)
+    body = sent.value.body
+    assert body["param"] == "max_tokens" and body["message"].startswith("max_tokens (3)"), body
+    with pytest.raises(ollama.ResponseError) as unset:
+        ollama.Client(host=smollm_live.url).generate(
+            model=smollm_name, prompt="x", raw=True, context=prompt[1:], format=schema)
+    assert unset.value.status_code == 400 and "num_predict" not in unset.value.error
+    assert unset.value.error.startswith("the prompt has"), unset.value.error

@@ -22,6 +22,7 @@ the protocol's own shape), on the real SmolLM2 server over loopback.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ollama
@@ -41,12 +42,13 @@ def test_p1_ollama_format_the_grammar_refuses_is_a_400_naming_format(
         smollm_ollama: ollama.Client, smollm_name: str) -> None:
     """P1: chat and generate, streamed or not: the 400 names ``format`` first, as every
     other ``format`` error does, even where the engine's words contain "format"."""
-    calls = [lambda: smollm_ollama.chat(model=smollm_name, messages=HI, format=BOGUS,
-                                        options={"num_predict": 4}),
-             lambda: list(smollm_ollama.chat(model=smollm_name, messages=HI, format=BOGUS,
-                                             stream=True, options={"num_predict": 4})),
-             lambda: smollm_ollama.generate(model=smollm_name, prompt="Hi", format=BOGUS,
-                                            options={"num_predict": 4})]
+    opts: Any = {"num_predict": 4}
+    calls: list[Callable[[], object]] = [
+        lambda: smollm_ollama.chat(model=smollm_name, messages=HI, format=BOGUS, options=opts),
+        lambda: list(smollm_ollama.chat(model=smollm_name, messages=HI, format=BOGUS,
+                                        stream=True, options=opts)),
+        lambda: smollm_ollama.generate(model=smollm_name, prompt="Hi", format=BOGUS,
+                                       options=opts)]
     for call in calls:
         with pytest.raises(ollama.ResponseError) as exc:
             call()
@@ -154,9 +156,9 @@ def test_s1_a_tool_without_parameters_is_called_with_no_arguments(
             for ch in chunk.choices:
                 seen += [d.function.arguments or "" for d in ch.delta.tool_calls or []
                          if d.function is not None]
+    flat: Any = [{"type": "function", "name": "ping"}]  # NOTE: no parameters, no strict
     resp = oa.responses.create(model=model, input="Ping the server, please.", temperature=1.0,
-                               tools=[{"type": "function", "name": "ping"}],  # type: ignore[list-item]
-                               tool_choice="required", max_output_tokens=40)
+                               tools=flat, tool_choice="required", max_output_tokens=40)
     seen += [o.arguments for o in resp.output if o.type == "function_call"]
     assert len(seen) >= 7 and set(seen) == {"{}"}, seen
 

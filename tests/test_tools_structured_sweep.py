@@ -18,10 +18,16 @@ the protocol's own shape), on the real SmolLM2 server over loopback.
 - A schema request that sent no output limit, whose prompt left fewer tokens of the context
   than the grammar's shortest completion, was a 400 naming ``max_tokens (3)``, a field the
   client never sent; it is the prompt that is too long (``context_length_exceeded``).
+- A schema with ``minProperties`` above its required properties and open keys
+  (``additionalProperties`` / ``patternProperties``) was answered with JSON that does not
+  validate: llguidance does not keep such keys distinct, so ``{"": 0, "": 0}`` met
+  ``minProperties: 2`` in the grammar and parsed to one property (every seed, closure or
+  not). It is now a 400 naming the field, as a keyword llguidance lacks is.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -189,3 +195,40 @@ def test_g1_no_limit_sent_and_no_room_for_the_grammar_names_the_prompt(
             model=smollm_name, prompt="x", raw=True, context=prompt[1:], format=schema)
     assert unset.value.status_code == 400 and "num_predict" not in unset.value.error
     assert unset.value.error.startswith("the prompt has"), unset.value.error
+
+
+OPEN_KEYS: Any = {"type": "object", "minProperties": 2, "additionalProperties": {"type": "integer"}}
+
+
+def test_g1_min_properties_the_grammar_cannot_keep_is_a_400(
+        smollm_live: LiveServer, smollm_name: str, smollm_ollama: ollama.Client) -> None:
+    """G1/P1: refused on every door that takes a schema (chat ``response_format``, a tool's
+    ``parameters``, Ollama ``format``), nested too; a ``minProperties`` the required
+    properties meet is served, and its answers validate."""
+    oa = openai.OpenAI(base_url=smollm_live.url + "/v1", api_key="k", max_retries=0)
+    nested: Any = {"type": "object", "properties": {"o": OPEN_KEYS}, "required": ["o"]}
+    for schema in (OPEN_KEYS, nested):
+        with pytest.raises(openai.BadRequestError) as rf:
+            oa.chat.completions.create(model=smollm_name, messages=HI, max_tokens=40,
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "x", "schema": schema}})
+        body: Any = rf.value.body
+        assert body["param"] == "response_format" and "minProperties (2)" in body["message"]
+    with pytest.raises(openai.BadRequestError) as tool:
+        oa.chat.completions.create(model=smollm_name, messages=HI, max_tokens=40,
+                                   tools=[{"type": "function", "function": {
+                                       "name": "f", "parameters": OPEN_KEYS}}])
+    body = tool.value.body
+    assert body["param"] == "tools.0" and "minProperties (2)" in body["message"], body
+    with pytest.raises(ollama.ResponseError) as fmt:
+        smollm_ollama.chat(model=smollm_name, messages=HI, format=OPEN_KEYS,
+                           options={"num_predict": 40})
+    assert fmt.value.error.startswith("format: invalid grammar: minProperties (2)")
+    met: Any = {"type": "object", "minProperties": 1, "required": ["a"],
+                "properties": {"a": {"type": "integer"}}, "additionalProperties": True}
+    for seed in range(3):
+        r = oa.chat.completions.create(model=smollm_name, messages=HI, max_tokens=40, seed=seed,
+                                       temperature=1.0, response_format={
+                                           "type": "json_schema", "json_schema": {
+                                               "name": "x", "schema": met}})
+        assert isinstance(json.loads(r.choices[0].message.content or "")["a"], int)

@@ -52,13 +52,40 @@ from coda.errors import InvalidRequestError
 if TYPE_CHECKING:  # NOTE: imported by the first grammar, not by the server's start (issue 19)
     import llguidance as llg
 
-__all__ = ["GrammarMatcher", "Lookahead", "compile_grammar", "grammar_source"]
+__all__ = ["GrammarMatcher", "Lookahead", "check_grammar", "compile_grammar", "grammar_source",
+           "open_keys_problem"]
 
 log = logging.getLogger("coda.engine.grammar")
 
 FIELD = "response_format"
 # NOTE: compact JSON; applied as llguidance *defaults*, so a schema's x-guidance may override it.
 _JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
+
+
+# NOTE: values that are data, not subschemas
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
+
+
+def open_keys_problem(schema: Any) -> str | None:
+    """Why llguidance cannot keep ``schema``'s outputs valid, or None. It keeps an object's
+    declared properties distinct but not the keys it admits beyond them (additionalProperties,
+    patternProperties): ``{"": 0, "": 0}`` meets ``minProperties: 2`` in the grammar and parses
+    to one property. So a minProperties above the required properties, where such keys are
+    admitted, is refused rather than answered with JSON that does not validate."""
+    if isinstance(schema, list):
+        return next((p for p in map(open_keys_problem, schema) if p), None)
+    if not isinstance(schema, dict):
+        return None
+    need, required = schema.get("minProperties"), schema.get("required")
+    count = len(required) if isinstance(required, list) else 0
+    if (isinstance(need, int) and need > count and (
+            schema.get("additionalProperties", True) is not False
+            or "patternProperties" in schema)):
+        return (f"minProperties ({need}) above the {count} required properties is not "
+                "supported where additionalProperties / patternProperties admit other keys: "
+                "the grammar cannot keep those keys distinct")
+    return next((p for k, v in schema.items() if k not in _DATA_KEYS
+                 for p in (open_keys_problem(v),) if p), None)
 
 
 def grammar_source(spec: GrammarSpec) -> str:
@@ -77,6 +104,9 @@ def grammar_source(spec: GrammarSpec) -> str:
         if spec.json_schema is not None:
             if not isinstance(spec.json_schema, dict):
                 raise InvalidRequestError("json_schema must be a JSON object", field=FIELD)
+            problem = open_keys_problem(spec.json_schema)
+            if problem:
+                raise InvalidRequestError(f"{FIELD}: invalid grammar: {problem}", field=FIELD)
             return llg.LLMatcher.grammar_from_json_schema(json.dumps(spec.json_schema),
                                                           defaults=_JSON_DEFAULTS)  # type: ignore[arg-type]
         if spec.json_object:
@@ -87,7 +117,18 @@ def grammar_source(spec: GrammarSpec) -> str:
         assert spec.lark is not None
         return llg.LLMatcher.grammar_from_lark(spec.lark)
     except (TypeError, ValueError) as exc:  # NOTE: not JSON-serialisable / not an object
-        raise InvalidRequestError(f"invalid {chosen[0]}: {exc}", field=FIELD) from exc
+        raise InvalidRequestError(f"{FIELD}: invalid {chosen[0]}: {exc}", field=FIELD) from exc
+
+
+def check_grammar(spec: GrammarSpec) -> None:
+    """Raise the InvalidRequestError :func:`compile_grammar` would for ``spec``, without a
+    tokenizer: for a request that is checked but never submitted (``/v1/responses/input_tokens``
+    takes the create's 400s)."""
+    import llguidance as llg
+
+    error = llg.LLMatcher.validate_grammar(grammar_source(spec))
+    if error:
+        raise InvalidRequestError(f"{FIELD}: invalid grammar: {error.strip()}", field=FIELD)
 
 
 def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_size: int,
@@ -99,7 +140,10 @@ def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_si
     tok = ll_tokenizer(tokenizer, eos_token_ids)
     matcher = llg.LLMatcher(tok, grammar_source(spec), log_level=0)
     if matcher.is_error():
-        raise InvalidRequestError(f"invalid grammar: {matcher.get_error().strip()}", field=FIELD)
+        # NOTE: the message names its field itself: the engine's words (an unknown "format")
+        # can hold the wire's name of it (Ollama's ``format``), which then went unnamed
+        raise InvalidRequestError(f"{FIELD}: invalid grammar: {matcher.get_error().strip()}",
+                                  field=FIELD)
     for warning in matcher.get_grammar_warnings():
         log.warning("grammar warning: %s", warning)
     trigger = spec.trigger.encode() if spec.trigger else None

@@ -104,11 +104,17 @@ class RequestPlan(OutputSpec):
     def require_budget(self, tokens: int, what: str) -> None:
         """The budget's one check for what is known only after planning (a compiled
         grammar's shortest completion, issue 13): InvalidRequestError naming max_tokens when
-        ``tokens`` exceed it."""
-        if tokens > self.max_tokens:
-            raise InvalidRequestError(
-                f"max_tokens ({self.max_tokens}) is too small for {what} {tokens} tokens",
-                field="max_tokens")
+        ``tokens`` exceed it, or the prompt where no limit came before the context."""
+        if tokens <= self.max_tokens:
+            return
+        if self.budget_end is FinishReason.CONTEXT_LIMIT:  # NOTE: no max_tokens was sent
+            raise ContextLengthExceededError(
+                f"the prompt has {len(self.prompt_token_ids)} tokens; this model's context is "
+                f"{self.limits.context_length} tokens: {self.max_tokens} left, too few for "
+                f"{what} {tokens} tokens", field="prompt")
+        raise InvalidRequestError(
+            f"max_tokens ({self.max_tokens}) is too small for {what} {tokens} tokens",
+            field="max_tokens")
 
 
 

@@ -275,8 +275,14 @@ async def count_input_tokens(body: ResponsesCountRequest, request: Request) -> R
     parsed = await RESPONSES.parse(st, ResponsesRequest.model_validate(
         {"model": st.engine.model_name, "input": [], **sent, "store": False}))
     ids = parsed.requests[0].prompt_token_ids
-    try:  # NOTE: an input no create would take (over the context) is the create's 400
+    grammar = parsed.requests[0].grammar
+    try:  # NOTE: an input no create would take (over the context, a text.format schema the
+        # grammar engine refuses: found at submit) is the create's 400
         check_prompt_room(len(ids), st.engine.context_length)
-    except ContextLengthExceededError as exc:
+        if grammar is not None:
+            from coda.engine.grammar import check_grammar  # NOTE: lazily, as the engine does
+
+            check_grammar(grammar)
+    except (ContextLengthExceededError, InvalidRequestError) as exc:
         raise api_error_from(exc, parsed.rename) from None
     return JSONResponse({"object": "response.input_tokens", "input_tokens": len(ids)})

@@ -225,9 +225,13 @@ def tool_history_item(item: Mapping[str, Any], field: str) -> list[dict[str, Any
     """A Responses ``function_call`` / ``function_call_output`` input item → an OpenAI-shaped
     message (an assistant call, or a tool result)."""
     if item.get("type") == "function_call":
+        arguments = item.get("arguments") or "{}"
+        # NOTE: checked here, on the item: the call's later check names the merged message's
+        # path (``input.0.tool_calls.0``), which no Responses request has
+        _args_obj(arguments, f"{field}.arguments")
         return [{"role": "assistant", "content": "", "tool_calls": [
             {"id": item.get("call_id"), "type": "function",
-             "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}]}]
+             "function": {"name": item.get("name"), "arguments": arguments}}]}]
     output = item.get("output")
     if isinstance(output, list):  # NOTE: OpenAI's content parts: the text ones, joined
         texts = []

@@ -109,8 +109,9 @@ def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise InvalidRequestError(
             f"{field_name}.name must match {_NAME_RE.pattern}, got {name!r}", field=field_name)
-    if params is None:
-        params = {"type": "object", "properties": {}}
+    if params is None:  # NOTE: OpenAI: "omitting parameters defines a function with an empty
+        # parameter list": its call's arguments are {} (any object let a model invent keys)
+        params = {"type": "object", "properties": {}, "additionalProperties": False}
     if not isinstance(params, Mapping):
         raise InvalidRequestError(f"{field_name}: the parameters schema must be an object",
                                   field=field_name)
@@ -122,9 +123,11 @@ def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
     params = {"type": "object", **params}
     import llguidance as llg
 
+    from coda.engine.grammar import open_keys_problem
+
     # NOTE: checked here so a bad schema is a 400 naming the tool, not `response_format`
-    error = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(
-        json.dumps(dict(params), default=str)))
+    error = open_keys_problem(params) or llg.LLMatcher.validate_grammar(
+        llg.LLMatcher.grammar_from_json_schema(json.dumps(dict(params), default=str)))
     if error:
         raise InvalidRequestError(f"{field_name}: invalid parameters schema: {error}",
                                   field=field_name)

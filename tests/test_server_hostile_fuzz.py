@@ -18,7 +18,9 @@ import os
 import time
 from typing import Any
 
+import anthropic
 import httpx
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -203,13 +205,15 @@ def test_non_finite_numbers_are_a_400_naming_their_path(server_live: Any) -> Non
     assert httpx.get(server_live.url + "/v1/chat/completions").status_code == 200
 
 
-def test_anthropic_thinking_type_of_another_kind_is_a_400(server_live: Any) -> None:
-    """SPEC P1: ``thinking.type`` an object or a list (not a string) was a TypeError (a 500:
-    unhashable in the type lookup); it is Anthropic's 400 naming ``thinking.type``."""
+def test_anthropic_thinking_type_of_another_kind_is_a_400(an: anthropic.Anthropic) -> None:
+    """SPEC P1: ``thinking.type`` an object or a list (not a string), as the official client
+    sends it, was a TypeError (a 500: unhashable in the type lookup); it is Anthropic's 400
+    naming ``thinking.type``."""
     for kind in ({"x": 1}, ["enabled"]):
-        r = httpx.post(server_live.url + "/v1/messages", json={
-            "model": MODEL, "messages": USER, "max_tokens": 2, "thinking": {"type": kind}})
-        assert r.status_code == 400, r.text
-        err = r.json()
-        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
-        assert "thinking.type" in err["error"]["message"], err
+        thinking: Any = {"type": kind}
+        with pytest.raises(anthropic.BadRequestError) as err:
+            an.messages.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                               max_tokens=2, thinking=thinking)
+        body: Any = err.value.body
+        assert body["error"]["type"] == "invalid_request_error", body
+        assert "thinking.type" in err.value.message, err.value.body

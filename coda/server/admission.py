@@ -32,6 +32,7 @@ and before an embedding's inputs are tokenized (:mod:`coda.server.embeddings`, o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -45,6 +46,7 @@ from coda.models.gguf_spm import is_exact_spm
 from coda.server.http_errors import error_response, protocol_of
 
 _CERTAIN_PRE_TOKENIZERS = frozenset({"ByteLevel", "Metaspace"})
+_PARSE_ON_LOOP_BYTES = 1 << 16
 
 
 class BodyLimitMiddleware:
@@ -77,7 +79,9 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         whole = b"".join(chunks)
-        bad = unencodable(whole)
+        # NOTE: a large body is parsed on a worker thread (guard 3: the loop is never blocked)
+        bad = (unencodable(whole) if len(whole) < _PARSE_ON_LOOP_BYTES
+               else await asyncio.to_thread(unencodable, whole))
         if bad is not None:
             where, fault = bad
             resp = error_response(protocol_of(scope["path"]), 400, f"{where}: {fault}",
@@ -104,30 +108,49 @@ async def replay_nothing() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
-# NOTE: what a body must hold for :func:`unencodable` to parse it: a JSON escape of a surrogate
-# code point (paired or not: a pair is one ordinary character, as a client that escapes all
-# non-ASCII sends it), a NaN / Infinity literal (Python's parser takes them, JSON has none), or
-# a number long enough to overflow a float (``1e400`` parses as inf). Any other body passes
-# unparsed here.
-_SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|NaN|Infinity|[0-9.][eE][+]?[0-9]{3}|[0-9]{300}")
+# NOTE: a JSON escape of a surrogate code point, paired or not (a pair is one ordinary
+# character, as a client that escapes all non-ASCII sends it): only a body holding one is walked
+# for a lone one. A literal prefix, so the search runs at memchr speed.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-class _NonFinite:
-    """A NaN / Infinity literal, as :func:`unencodable`'s parse reads one."""
+class _NonFinite(Exception):
+    """A NaN / Infinity literal, or a number past a float's range, in :func:`unencodable`'s
+    parse (raised out of it where no path is sought; the value where one is)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite
+    return value
+
+
+def _refuse_constant(text: str) -> float:
+    raise _NonFinite
 
 
 def unencodable(body: bytes) -> tuple[str, str] | None:
     """The path (``messages[0].content``) and the fault of the first value of a JSON body (a
     key or a string, a number) that no answer can carry: a string holding a lone surrogate
     (JSON ``"\\ud800"``, which no UTF-8 encodes) or a number that is not finite (``NaN``,
-    ``Infinity``, ``1e400``: not JSON). None for every other body (one that is no JSON too:
-    the route answers that). Either value, echoed (``metadata``, ``user``, ``text.format``) or
-    quoted by an error, was a 500 when the answer was encoded, after the request had run."""
-    if not _SUSPECT.search(body):
-        return None
+    ``Infinity``, ``1e400``: not JSON, though Python's parser reads them). None for every other
+    body (one that is no JSON too: the route answers that). Either value, echoed
+    (``metadata``, ``user``, ``text.format``) or quoted by an error, was a 500 when the answer
+    was encoded, after the request had run. One parse (a JSON parser's speed, a regex scan of
+    the bytes was slower); the tree is walked only when one of the two is in it."""
+    if not _SURROGATE_ESCAPE.search(body):
+        try:
+            json.loads(body, parse_float=_finite, parse_constant=_refuse_constant)
+        except _NonFinite:
+            pass
+        except (ValueError, RecursionError):  # NOTE: the route answers it (a 400)
+            return None
+        else:
+            return None
     try:
-        data = json.loads(body, parse_constant=lambda _: _NonFinite())
-    except (ValueError, RecursionError):  # NOTE: the route answers it (a 400)
+        data = json.loads(body, parse_constant=_NonFinite)
+    except (ValueError, RecursionError):
         return None
     stack: list[tuple[str, Any]] = [("", data)]
     while stack:

@@ -5,7 +5,12 @@ Three guards, cheapest first:
 1. **Body size** — :class:`BodyLimitMiddleware` refuses a request body over
    ``ServerSettings.max_body_bytes`` with 413 (protocol error shape) *before parsing it*: a
    ``Content-Length`` over the bound is refused without reading, and the bytes of every body
-   (a chunked one has no ``Content-Length``) are counted as they arrive.
+   (a chunked one has no ``Content-Length``) are counted as they arrive. The body in hand, a
+   value anywhere in it that no answer can carry (a string holding a lone surrogate, JSON's
+   ``"\\ud800"``; a number that is not finite, ``NaN`` / ``Infinity`` / ``1e400``) is a 400
+   naming its path (:func:`unencodable`): such a value, echoed (``metadata``, ``user``,
+   ``text.format``) or quoted by an error, was a 500 when the answer was encoded, after the
+   request had run, and a stored one broke every later listing.
 2. **Prompt bytes** — :class:`PromptBound` rejects, before tokenizing, a prompt whose byte
    length alone proves it cannot fit the context: each token's text is at most
    ``max_token_bytes`` long, so a prompt of ``b`` bytes has at least ``ceil(b / max_token_bytes)``
@@ -27,8 +32,10 @@ and before an embedding's inputs are tokenized (:mod:`coda.server.embeddings`, o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +46,7 @@ from coda.models.gguf_spm import is_exact_spm
 from coda.server.http_errors import error_response, protocol_of
 
 _CERTAIN_PRE_TOKENIZERS = frozenset({"ByteLevel", "Metaspace"})
+_PARSE_ON_LOOP_BYTES = 1 << 16
 
 
 class BodyLimitMiddleware:
@@ -70,8 +78,18 @@ class BodyLimitMiddleware:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        pending: list[Message] = [{"type": "http.request", "body": b"".join(chunks),
-                                   "more_body": False}]
+        whole = b"".join(chunks)
+        # NOTE: a large body is parsed on a worker thread (guard 3: the loop is never blocked)
+        bad = (unencodable(whole) if len(whole) < _PARSE_ON_LOOP_BYTES
+               else await asyncio.to_thread(unencodable, whole))
+        if bad is not None:
+            where, fault = bad
+            resp = error_response(protocol_of(scope["path"]), 400, f"{where}: {fault}",
+                                  param=re.split(r"[.\[]", where, maxsplit=1)[0] or None,
+                                  code="invalid_request")
+            await resp(scope, replay_nothing, send)
+            return
+        pending: list[Message] = [{"type": "http.request", "body": whole, "more_body": False}]
 
         async def replay() -> Message:
             # NOTE: the body once, then the real channel (routes watch it for disconnects)
@@ -84,6 +102,84 @@ class BodyLimitMiddleware:
                               f"request body exceeds {self.max_bytes} bytes",
                               code="request_too_large", headers={"connection": "close"})
         await resp(scope, receive, send)
+
+
+async def replay_nothing() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+# NOTE: a JSON escape of a surrogate code point, paired or not (a pair is one ordinary
+# character, as a client that escapes all non-ASCII sends it): only a body holding one is walked
+# for a lone one. A literal prefix, so the search runs at memchr speed.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class _NonFinite(Exception):
+    """A NaN / Infinity literal, or a number past a float's range, in :func:`unencodable`'s
+    parse (raised out of it where no path is sought; the value where one is)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite
+    return value
+
+
+def _refuse_constant(text: str) -> float:
+    raise _NonFinite
+
+
+def unencodable(body: bytes) -> tuple[str, str] | None:
+    """The path (``messages[0].content``) and the fault of the first value of a JSON body (a
+    key or a string, a number) that no answer can carry: a string holding a lone surrogate
+    (JSON ``"\\ud800"``, which no UTF-8 encodes) or a number that is not finite (``NaN``,
+    ``Infinity``, ``1e400``: not JSON, though Python's parser reads them). None for every other
+    body (one that is no JSON too: the route answers that). Either value, echoed
+    (``metadata``, ``user``, ``text.format``) or quoted by an error, was a 500 when the answer
+    was encoded, after the request had run. One parse (a JSON parser's speed, a regex scan of
+    the bytes was slower); the tree is walked only when one of the two is in it."""
+    if not _SURROGATE_ESCAPE.search(body):
+        try:
+            json.loads(body, parse_float=_finite, parse_constant=_refuse_constant)
+        except _NonFinite:
+            pass
+        except (ValueError, RecursionError):  # NOTE: the route answers it (a 400)
+            return None
+        else:
+            return None
+    try:
+        data = json.loads(body, parse_constant=_NonFinite)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str) and not _encodable(value):
+            return path or "body", _NOT_TEXT
+        if isinstance(value, _NonFinite) or (isinstance(value, float)
+                                             and not math.isfinite(value)):
+            return path or "body", "must be a finite number (NaN and Infinity are not JSON)"
+        if isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                name = f"{path}.{key}" if path else str(key)
+                if not _encodable(key):
+                    return name.encode("utf-8", "backslashreplace").decode(), _NOT_TEXT
+                stack.append((name, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+    return None
+
+
+_NOT_TEXT = "must be valid Unicode text (no lone surrogates)"
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _only_lengthens(normalizer: Any) -> bool:

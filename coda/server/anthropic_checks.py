@@ -49,7 +49,9 @@ def thinking_budget(thinking: dict[str, Any] | None, fallback: int | None,
     kind = t.get("type")
     # NOTE: "adaptive" (the SDK's ThinkingConfigAdaptiveParam: the model decides when and how
     # much to think) is what a reasoning model does here without a budget: shown, no budget
-    if kind is not None and kind not in _THINKING_KEYS:
+    # NOTE: a type that is no string (an object, a list) is refused too: hashing one for the
+    # lookup was a TypeError, a 500
+    if kind is not None and (not isinstance(kind, str) or kind not in _THINKING_KEYS):
         raise _bad("thinking.type", "must be 'enabled', 'adaptive', 'disabled' or "
                                     "'between_tools'")
     extra = sorted(set(t) - _THINKING_KEYS.get(str(kind), _THINKING_KEYS["enabled"]))

@@ -101,7 +101,7 @@ def test_p1_null_arguments_are_no_arguments(smollm_engine: Any) -> None:
     its arguments."""
     call: dict[str, Any] = {"function": {"name": "get_weather", "arguments": None}}
     m = OllamaMessage(role="assistant", tool_calls=[call])  # type: ignore[list-item]
-    assert m.template_calls() == [{"function": {"name": "get_weather"}}]
+    assert m.template_calls() == [{"function": {"name": "get_weather", "arguments": {}}}]
     text = render_chat(smollm_engine, chat_messages([OllamaMessage(**ASK), m]), tools=())
     assert '"arguments": {}' in text
     echo: Any = [{"id": "call_1", "function": {"index": 0, **CALL["function"]}}]

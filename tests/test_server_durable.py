@@ -109,7 +109,7 @@ def test_background_response_survives_a_sigkill_l2_l5_l6(
                 "max_output_tokens": 480, "ignore_eos": True, "seed": 5}).json()
             rid = created["id"]
             with client.stream("GET", f"{url}/v1/responses/{rid}?stream=true") as resp:
-                first = sse_events(resp, stop_after=6)  # through the second text delta
+                first = sse_events(resp, stop_after=6)  # through the first text delta (queued: 1)
             assert first[-1]["event"] == "response.output_text.delta"
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)

@@ -144,3 +144,29 @@ def test_p3_an_offset_that_is_no_byte_count_is_a_400(server_live: Any) -> None:
     for bad in (f"+{end}", "-1", f"{end // 10}_{end % 10}" if end >= 10 else f"0_{end}"):
         r = httpx.get(url, params={"stream": "true", "offset": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "offset", (bad, r.text)
+
+
+def test_p3_an_offset_off_a_boundary_names_the_boundaries_around_it(server_live: Any) -> None:
+    """P3: the 409 for an offset inside a delta names that offset and the delta boundaries
+    either side of it; one past the output names the output's length (it said the bytes
+    before the delta holding the offset, as if that were the output's length)."""
+    with httpx.stream("POST", server_live.url + "/v1/chat/completions",
+                      json={**CHAT, "stream_verify": True}) as resp:
+        rid = resp.headers["x-request-id"]
+        live = sse_events(resp.read())
+    stamps = [json.loads(e["data"])["coda"] for e in live[:-1]
+              if "offset" in json.loads(e["data"]).get("coda", {})]
+    total = stamps[-1]["offset"] + stamps[-1]["length"]
+    wide = next(c for c in stamps if c["length"] > 1 and c["offset"] > 0)
+    inside = wide["offset"] + 1
+    url = f"{server_live.url}/v1/streams/{rid}"
+    r = httpx.get(url, params={"offset": inside})
+    assert r.status_code == 409
+    assert r.json()["error"]["message"] == (
+        f"offset {inside} of choice 0 is inside a delta: the nearest delta boundaries are "
+        f"{wide['offset']} and {wide['offset'] + wide['length']} (the output has {total} "
+        f"bytes so far)")
+    past = httpx.get(url, params={"offset": total + 5})
+    assert past.status_code == 409
+    assert past.json()["error"]["message"] == (
+        f"offset {total + 5} of choice 0 is past the end of the output ({total} bytes so far)")

@@ -82,7 +82,8 @@ def test_l4_k3_openai_stream_error_frame_before_done(server: ScriptedServer, pat
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_l4_k3_openai_non_streaming_is_500_not_retried(server: ScriptedServer, kind: str) -> None:
     """Non-streaming: HTTP 500 with ``x-should-retry: false`` (sent once despite the SDK's
-    two retries), the error, the partial text and the ``coda`` object in the body."""
+    two retries), the error, the partial text (its choice's ``finish_reason`` null) and the
+    ``coda`` object in the body."""
     client = oai(server)
     before = server.engine.num_requests_total
     with pytest.raises(openai.InternalServerError) as err:
@@ -97,6 +98,9 @@ def test_l4_k3_openai_non_streaming_is_500_not_retried(server: ScriptedServer, k
     assert body["error"]["code"] == "decoding_error"
     choice = body["choices"][0]
     assert (choice["message"]["content"] if kind == "chat" else choice["text"]) == "x"
+    # NOTE: no OpenAI finish reason: the loop's eos read "stop", a natural end, on a choice
+    # that failed (its stream sends no finish either); coda keeps the reason
+    assert choice["finish_reason"] is None
     assert_failed_outcome(body["coda"])
     assert_failed_outcome(choice["coda"])
 

@@ -104,10 +104,9 @@ def resolve_resume(streams: Sequence[RequestStream], positions: list[int] | None
     digests = _split(digest, n, "digest") if digest is not None else [None] * n
     resolved: list[int] = []
     for i, (stream, want) in enumerate(zip(streams, offsets, strict=True)):
-        seq, held, h = _boundary(stream, want)
+        seq, h = _boundary(stream, want)
         if seq is None:
-            raise ApiError(409, f"offset {want} of choice {i} is not a delta boundary of this "
-                                f"stream (its output has {held} bytes so far)",
+            raise ApiError(409, f"offset {want} of choice {i} {_off_boundary(stream, want)}",
                            param="offset", code="resume_mismatch")
         if positions is not None and _hash_through(stream, positions[i])[0] != want:
             raise ApiError(409, f"offset {want} of choice {i} disagrees with Last-Event-ID",
@@ -120,9 +119,9 @@ def resolve_resume(streams: Sequence[RequestStream], positions: list[int] | None
     return resolved
 
 
-def _boundary(stream: RequestStream, offset: int) -> tuple[int | None, int, Any]:
+def _boundary(stream: RequestStream, offset: int) -> tuple[int | None, Any]:
     """The sequence number after which exactly ``offset`` output bytes were sent (the last
-    such event), the bytes seen, and the digest of those bytes; None if no boundary."""
+    such event; None if no boundary) and the digest of those bytes."""
     h = hashlib.sha256()
     n = 0
     found: int | None = None
@@ -134,4 +133,21 @@ def _boundary(stream: RequestStream, offset: int) -> tuple[int | None, int, Any]
             n += len(ev.data)
         if n == offset and ev.type is not EventType.TERMINAL:
             found = ev.seq  # NOTE: never after the terminal: its frames must be replayed
-    return found, n, h
+    return found, h
+
+
+def _off_boundary(stream: RequestStream, offset: int) -> str:
+    """Why ``offset`` (no boundary) cannot be resumed from: the delta boundaries either side
+    of it, or the output's length when it is past the end (the 409's words)."""
+    below, above, total = 0, None, 0
+    for ev in replay(stream):
+        if ev.type is EventType.DELTA:
+            total += len(ev.data)
+            if total <= offset:
+                below = total
+            elif above is None:
+                above = total
+    if above is None:
+        return f"is past the end of the output ({total} bytes so far)"
+    return (f"is inside a delta: the nearest delta boundaries are {below} and {above} (the "
+            f"output has {total} bytes so far)")

@@ -78,7 +78,10 @@ class OllamaMessage(BaseModel):
 
     def template_calls(self) -> list[dict[str, Any]] | None:
         """``tool_calls`` as plain data for the chat template (None when absent)."""
-        return [c.model_dump(exclude_none=True) for c in self.tool_calls or ()] or None
+        calls = [c.model_dump(exclude_none=True) for c in self.tool_calls or ()]
+        for c in calls:  # NOTE: null or left out: no arguments, as Ollama reads it
+            c["function"].setdefault("arguments", {})
+        return calls or None
 
 
 # NOTE: Go's time.ParseDuration, which Ollama's keep_alive string goes through: signed, one or

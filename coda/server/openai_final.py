@@ -12,6 +12,7 @@ from coda.finish import Terminal
 from coda.server import logprobs as lp
 from coda.server import tools as tl
 from coda.server.common import collect
+from coda.server.http_errors import is_failed
 from coda.server.mapping import coda_extension, openai_finish_reason, system_fingerprint
 from coda.server.openai_stream import reported_usage
 from coda.server.records import Record
@@ -27,7 +28,11 @@ def final_object(record: Record, terminals: list[Terminal],
     choices = []
     for i, h in enumerate(record.handles):
         c = collect(h.stream)
-        reason = openai_finish_reason(c.terminal.finish_reason)
+        # NOTE: L4, K3: a FAILED choice (the 500's body) did not end in any way OpenAI names:
+        # null, as its stream sends no finish; ``coda`` keeps the loop's reason (docs/api.md
+        # "A FAILED request": the finish-reason table is for FINISHED and CANCELLED ones)
+        reason = (None if is_failed(c.terminal)
+                  else openai_finish_reason(c.terminal.finish_reason))
         ext = coda_extension(c.terminal)
         if chat:
             logprobs = ({"content": lp.chat_entries([t for _, ts in c.deltas for t in ts],

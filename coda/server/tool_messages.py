@@ -41,13 +41,24 @@ def _as_dict(msg: Any) -> dict[str, Any]:
     return dict(msg) if isinstance(msg, Mapping) else msg.model_dump(exclude_none=True)
 
 
-def _args_obj(raw: Any, field: str) -> Any:
+def _args_obj(raw: Any, field: str) -> dict[str, Any]:
+    """A past call's ``arguments`` (``field`` names them) as the object a template renders:
+    required, as OpenAI's (a string of JSON; an object where the protocol sends one: Ollama,
+    Anthropic); "" is no arguments. JSON that is no object is a 400: a template renders the
+    arguments as an object (``tojson``, ``.items()``) and Coda's own calls are always one."""
+    if raw is None:
+        raise InvalidRequestError(f"{field}: required (the call's arguments, a JSON object "
+                                  "as a string)", field=field)
+    value = raw
     if isinstance(raw, str):
         try:
-            return json.loads(raw) if raw.strip() else {}
+            value = json.loads(raw) if raw.strip() else {}
         except ValueError:
             raise InvalidRequestError(f"{field}: arguments must be JSON", field=field) from None
-    return raw if raw is not None else {}
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{field}: arguments must be a JSON object, got "
+                                  f"{type(value).__name__}", field=field)
+    return value
 
 
 def _calls_of(msg: dict[str, Any], field: str) -> list[dict[str, Any]]:
@@ -59,7 +70,8 @@ def _calls_of(msg: dict[str, Any], field: str) -> list[dict[str, Any]]:
             raise InvalidRequestError(f"{f}.function.name: required", field=f)
         out.append({"type": "function", "id": call.get("id"),
                     "function": {"name": fn["name"],
-                                 "arguments": _args_obj(fn.get("arguments"), f)}})
+                                 "arguments": _args_obj(fn.get("arguments"),
+                                                        f"{f}.function.arguments")}})
     return out
 
 
@@ -225,7 +237,7 @@ def tool_history_item(item: Mapping[str, Any], field: str) -> list[dict[str, Any
     """A Responses ``function_call`` / ``function_call_output`` input item → an OpenAI-shaped
     message (an assistant call, or a tool result)."""
     if item.get("type") == "function_call":
-        arguments = item.get("arguments") or "{}"
+        arguments = item.get("arguments")
         # NOTE: checked here, on the item: the call's later check names the merged message's
         # path (``input.0.tool_calls.0``), which no Responses request has
         _args_obj(arguments, f"{field}.arguments")

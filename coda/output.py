@@ -280,7 +280,7 @@ class OutputProcessor(DeltaAssembly):
             # bytes waiting as a possible tag start are held too (S2)
             nbytes = len(new) + pre
             # NOTE: starts: the tokens whose first bytes these are (the checker's L6 count)
-            self._record(tr.STOP_STATE, **({"nbytes": nbytes, "starts": self._take_starts()}
+            self._record(tr.STOP_STATE, **({"nbytes": nbytes, "starts": self._starts}
                                            if nbytes else {}),
                          held=len(self.stops.held) + len(self._tag_tail),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)

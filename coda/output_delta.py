@@ -180,11 +180,6 @@ class DeltaAssembly:
         self._starts, self._waiting = tokens, 0
         self._visible += len(data)
 
-    def _take_starts(self) -> int:
-        """L6: the tokens the last output started (the trace row's ``starts``), once."""
-        starts, self._starts = self._starts, 0
-        return starts
-
     def _release(self, upto: int) -> None:
         """Send the unsent stream up to offset ``upto`` (nothing if already sent)."""
         n = upto - self._sent_off

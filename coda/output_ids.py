@@ -83,7 +83,6 @@ def end_before_ids(p: OutputProcessor, k: int) -> StopHit | None:
     det, waiting = p.detok, p._waiting
     if k > 1:
         det, p.stops, p._tag_tail, waiting = p._forks[-(k - 1)]
-    p._waiting = 0
     residue = det.pending
     try:
         text, cut = det.finish_cut()
@@ -109,7 +108,7 @@ def end_before_ids(p: OutputProcessor, k: int) -> StopHit | None:
             rewind = ({"discarded": discarded,
                        "held_before": len(p.stops.held) + len(p._tag_tail)}
                       if discarded else {})
-            p._record(tr.STOP_STATE, nbytes=len(text), starts=p._take_starts(), held=0,
+            p._record(tr.STOP_STATE, nbytes=len(text), starts=p._starts, held=0,
                       detok_pending=0, ids_held=0, **rewind)
     p._release(p.stops.emitted_bytes if hit is not None
                   else p._sent_off + len(p._stream))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from coda.stream import EventType
 from coda.trace import ListTraceSink, check_trace
 from tests.reference_loop import generate
 from tests.scripted import EOS_ID, ScriptedChooser, ScriptedModel, output_spec, scripted_tokenizer
+from tests.tokenizer_fixtures import sentencepiece_bpe
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTY = "🎉🎈é"
@@ -173,3 +175,20 @@ def test_l6_cli_generate_counts_every_token_of_the_emoji_list() -> None:
     usage = json.loads(line.removeprefix("usage: "))
     assert usage["selected_tokens"] == 30
     assert usage["returned_tokens"] >= 29
+
+
+def test_l6_g2_a_byte_run_the_drain_releases_counts_all_its_tokens() -> None:
+    """L6, G2, K4: SentencePiece byte-fallback tokens "é" (<0xC3> <0xA9>) and "h" (<0x68>)
+    end the output at max_tokens: the run is held until the drain's ``finish()`` releases it,
+    and its three tokens are returned then (the trace's drain row says so: ``starts``)."""
+    sp = sentencepiece_bpe()
+    v = sp.get_vocab()
+    run_ids = [v[f"<0x{b:02X}>"] for b in "éh".encode()]
+    sink = ListTraceSink()
+    prompt = [v[k] for k in sorted(k for k in v if re.fullmatch("▁[a-z]{2,3}", k))[:1]]
+    run = generate(prompt, output_spec(max_tokens=3), ScriptedModel(run_ids),
+                   ScriptedChooser(), sp, trace=sink)
+    t = run.stream.terminal
+    assert check_trace(sink.events) == [] and t is not None
+    assert run.stream.text().endswith("éh") and t.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
+    assert (t.usage.selected_tokens, t.usage.returned_tokens) == (3, 3)

@@ -90,7 +90,11 @@ class Usage:
     - ``processed_prompt_tokens`` / ``processed_output_tokens``: tokens whose K/V went into the
       cache (a prefix-cache hit counts in ``cached_prompt_tokens`` instead; recomputation after
       preemption is not counted twice).
-    - ``returned_tokens``: selected tokens some of whose bytes reached the stream.
+    - ``returned_tokens``: selected tokens at least one of whose bytes is in the returned
+      text: every token of a character split over several (the detokenizer releases it whole,
+      with the last); none of a token with no bytes, of the tokens wholly in a stop string or
+      past it, or of a partial character a budget end cut (K3). A removed reasoning marker's
+      bytes count as reached (issue 23).
     EOS and stop sequences make these differ: EOS is selected but never returned nor processed.
     """
 

@@ -87,7 +87,8 @@ class OutputProcessor(DeltaAssembly):
         # NOTE: per held id of a pending id-sequence match: the detokenizer and the string
         # matcher (with a waiting tag start) as they were before that id (S1, S4); on an id
         # hit, the one before the sequence's first id drains the text before it (output_ids)
-        self._forks: deque[tuple[IncrementalDetokenizer, StopStringMatcher, bytes]] = deque()
+        # and the L6 count of tokens waiting for their first byte (``_waiting``)
+        self._forks: deque[tuple[IncrementalDetokenizer, StopStringMatcher, bytes, int]] = deque()
         self._hit_cut = b""  # a partial character an id sequence cut off, dropped at the drain
         # issue 23: the reasoning split (coda.output_reasoning); stream offsets count answer
         # bytes only, and ``_answer_base`` is where the answer starts in the detokenized
@@ -211,6 +212,8 @@ class OutputProcessor(DeltaAssembly):
                 self._drop_tail(self._hit_cut)
             return reason
         tail = self._finish_detokenizer(reason)
+        if tail:
+            self._note_visible(tail, self._waiting)  # NOTE: L6: held tokens' bytes, released
         self._token_ends.output(tail)
         self._note_detok_end(0, fallback=not self.dropped_tail)
         if self.splitter is not None and self.splitter.phase is not Phase.ANSWER:
@@ -276,7 +279,9 @@ class OutputProcessor(DeltaAssembly):
             # NOTE: nbytes (what this push added) lets the checker recount S2 holds and L6;
             # bytes waiting as a possible tag start are held too (S2)
             nbytes = len(new) + pre
-            self._record(tr.STOP_STATE, **({"nbytes": nbytes} if nbytes else {}),
+            # NOTE: starts: the tokens whose first bytes these are (the checker's L6 count)
+            self._record(tr.STOP_STATE, **({"nbytes": nbytes, "starts": self._starts}
+                                           if nbytes else {}),
                          held=len(self.stops.held) + len(self._tag_tail),
                          detok_pending=len(self.detok.pending), ids_held=held_ids)
         if removed:

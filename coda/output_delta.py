@@ -13,8 +13,11 @@ base): the processor decides *how far* the stream may go (stops, holds, ends), a
 - S3: at a stop hit the tokens are cut to the text that was sent (:func:`cut_to_text`); the
   rest are the terminal's trailing tokens (:meth:`_report_cut`), never a
   token-only delta (P1: a delta is non-empty text).
-- L6: a token counts as returned once the first of its visible bytes is sent
-  (:meth:`_advance_returned`); ``sent_mark`` is the pair a reader on another thread sees.
+- L6: a token counts as returned once the first of its bytes is sent: the detokenized
+  output holds whole characters, so a token whose bytes all wait for a later one (a multi-byte
+  character split over tokens, an open byte-fallback run) is returned with the output that
+  releases them, from that output's start (:meth:`_note_visible`, :meth:`_advance_returned`);
+  ``sent_mark`` is the pair a reader on another thread sees.
 - P5: ``stop_buffer_s`` is the time some output was held back (:meth:`_track_hold`).
 - Issue 20 D9: the first delta states the prefix cache's hit (``cached_prompt_tokens``).
 
@@ -119,6 +122,11 @@ class DeltaAssembly:
         # L6 accounting: start offsets of visible tokens not yet reached by the stream
         self._visible = 0
         self._unreturned: deque[int] = deque()
+        # L6: tokens pushed whose bytes the detokenizer still holds, none out yet (their first
+        # byte comes with a later output), and the visible tokens of the last output (its
+        # trace row's ``starts``)
+        self._waiting = 0
+        self._starts = 0
         self.returned_tokens = 0
         self.emitted_bytes = 0
         # NOTE: (emitted_bytes, returned_tokens), set in one assignment after both moved: a
@@ -146,7 +154,9 @@ class DeltaAssembly:
     def _detok_push(self, token_id: int) -> bytes:
         data = self.detok.push(token_id)
         if data:
-            self._note_visible(data)
+            self._note_visible(data, self._waiting + 1)
+        elif self.detok.held_tokens:
+            self._waiting += 1  # NOTE: L6: all its bytes held; its first comes out later
         self._token_ends.output(data)
         self._note_detok_end(self.detok.held_tokens)
         return data
@@ -160,10 +170,14 @@ class DeltaAssembly:
             i = self._pending_ends.index(None)  # NOTE: the unset ones are the last ones
             self._pending_ends[i:i + len(ends)] = ends
 
-    def _note_visible(self, data: bytes) -> None:
-        """L6: ``data`` is one token's first visible bytes; the token counts as returned once
-        the first of them is sent (:meth:`_send`)."""
-        self._unreturned.append(self._visible)
+    def _note_visible(self, data: bytes, tokens: int) -> None:
+        """L6: the detokenizer produced ``data``, which holds the first bytes of ``tokens``
+        tokens (the pushed one and the waiting ones whose held bytes it releases): each counts
+        as returned once the first byte of ``data`` is sent (:meth:`_send`). Exact where the
+        tokens' bytes are the text's (byte-level); a byte-fallback run released as a group
+        counts its tokens from the group's start."""
+        self._unreturned.extend([self._visible] * tokens)
+        self._starts, self._waiting = tokens, 0
         self._visible += len(data)
 
     def _release(self, upto: int) -> None:
@@ -241,7 +255,7 @@ class DeltaAssembly:
                                            self.spec.skip_special_tokens)
 
     def _advance_returned(self) -> None:
-        """L6: tokens whose first visible byte the stream reached; removed reasoning markers
+        """L6: tokens whose first byte the stream reached; removed reasoning markers
         count as reached (issue 23): they precede what is sent next."""
         while self._unreturned and self._unreturned[0] < self.emitted_bytes + self._removed:
             self._unreturned.popleft()

@@ -50,7 +50,7 @@ def push(p: OutputProcessor, matcher: StopTokenMatcher, token_id: int) -> StopHi
         return hit
     depth = matcher.depth
     if depth:
-        p._forks.append((p.detok.fork(), copy.copy(p.stops), p._tag_tail))
+        p._forks.append((p.detok.fork(), copy.copy(p.stops), p._tag_tail, p._waiting))
         while len(p._forks) > depth:
             p._forks.popleft()
     else:
@@ -80,9 +80,9 @@ def end_before_ids(p: OutputProcessor, k: int) -> StopHit | None:
     # (a byte run closed by the sequence's first id was counted from there already)
     p._visible = upto + p._answer_base
     p._token_ends.rewind(p._visible, k)
-    det = p.detok
+    det, waiting = p.detok, p._waiting
     if k > 1:
-        det, p.stops, p._tag_tail = p._forks[-(k - 1)]
+        det, p.stops, p._tag_tail, waiting = p._forks[-(k - 1)]
     residue = det.pending
     try:
         text, cut = det.finish_cut()
@@ -96,8 +96,8 @@ def end_before_ids(p: OutputProcessor, k: int) -> StopHit | None:
     hit = None
     if text:
         # NOTE: L6, K2: bytes drained here are output of the tokens before the sequence,
-        # visible like a push's (the token they complete is returned)
-        p._note_visible(text)
+        # visible like a push's (the tokens whose bytes they are, L6)
+        p._note_visible(text, waiting)
         p._stream += text
         p._draining = True  # NOTE: no byte follows: a waiting tag start is text
         hit = p._match(text)
@@ -108,8 +108,8 @@ def end_before_ids(p: OutputProcessor, k: int) -> StopHit | None:
             rewind = ({"discarded": discarded,
                        "held_before": len(p.stops.held) + len(p._tag_tail)}
                       if discarded else {})
-            p._record(tr.STOP_STATE, nbytes=len(text), held=0, detok_pending=0,
-                         ids_held=0, **rewind)
+            p._record(tr.STOP_STATE, nbytes=len(text), starts=p._starts, held=0,
+                      detok_pending=0, ids_held=0, **rewind)
     p._release(p.stops.emitted_bytes if hit is not None
                   else p._sent_off + len(p._stream))
     return hit

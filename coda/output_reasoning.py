@@ -77,7 +77,7 @@ def push(p: OutputProcessor, data: bytes, final: bool = False) -> bool:
     p._advance_returned()
     if sp.phase is not Phase.ANSWER:
         if p._tracing and data:
-            p._record(tr.STOP_STATE, nbytes=len(data), held=sp.held,
+            p._record(tr.STOP_STATE, nbytes=len(data), starts=p._starts, held=sp.held,
                       detok_pending=len(p.detok.pending), ids_held=0)
         if removed:
             p._record(tr.REASONING_SPLIT, removed=removed, part="opener")

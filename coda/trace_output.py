@@ -49,8 +49,16 @@ def on_stop_state(r: Request, ev: tr.TraceEvent) -> None:
     if isinstance(nbytes, int):
         if nbytes <= 0:
             r.bad("K2", "stop.state for a token that added no bytes")
-        if r.state == "DECODING":
-            r.token_starts.append(r.pushed)
+        # NOTE: L6: ``starts`` tokens have their first byte in these bytes (a token whose
+        # bytes were all held starts with the output that releases them); a row without it
+        # is one token's in a step, none at the drain
+        starts = ev.data.get("starts", 1 if r.state == "DECODING" else 0)
+        if not isinstance(starts, int) or starts < 0:
+            r.bad("L6", f"stop.state starts {starts!r} is not a token count")
+        else:
+            r.token_starts.extend([r.pushed] * starts)
+            if len(r.token_starts) > r.selected:
+                r.bad("L6", f"{len(r.token_starts)} tokens started, {r.selected} selected")
         r.pushed += nbytes
         if ev.data.get("ids_held") == 0:
             r.held_check = (held, r.pushed)

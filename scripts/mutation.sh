@@ -27,7 +27,12 @@ declare -A TESTS=(
   [detokenizer]="tests/test_detokenizer.py tests/test_detokenizer_held.py tests/test_detokenizer_eager.py tests/test_detokenizer_cut.py tests/test_logprob_pieces.py tests/test_utf8_tail_auto.py tests/test_step_stops.py"
   [stream]="tests/test_stream.py tests/test_request_run.py tests/test_resources.py tests/test_reader.py tests/test_stop_cut_tokens.py"
   [reader]="tests/test_reader.py tests/test_stream.py"
-  [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py tests/test_step_stops_fallback.py tests/test_reasoning_split.py tests/test_utf8_tail_auto.py tests/test_stop_cut_tokens.py tests/test_output_mutants.py tests/test_k2_entry_timing.py tests/test_output_detok_end.py tests/test_k2_last_byte_oracle.py tests/test_reasoning_grammar.py tests/test_budget_cut_tokens.py"
+  [output]="tests/test_step_stops.py tests/test_loop.py tests/test_request_run.py tests/test_step_mutants.py tests/test_step_stops_fallback.py tests/test_reasoning_split.py tests/test_utf8_tail_auto.py tests/test_stop_cut_tokens.py tests/test_output_mutants.py tests/test_k2_entry_timing.py tests/test_output_detok_end.py tests/test_k2_last_byte_oracle.py tests/test_reasoning_grammar.py tests/test_budget_cut_tokens.py
+    tests/test_usage_returned_tokens.py::test_l6_returned_tokens_are_those_with_a_byte_in_the_returned_text
+    tests/test_usage_returned_tokens.py::test_l6_every_token_of_a_split_character_is_returned
+    tests/test_usage_returned_tokens.py::test_l6_s3_held_bytes_count_when_released_not_when_a_stop_drops_them
+    tests/test_usage_returned_tokens.py::test_l6_k3_a_character_the_budget_cuts_is_not_returned
+    tests/test_usage_returned_tokens.py::test_l6_g2_a_byte_run_the_drain_releases_counts_all_its_tokens"
   [token_ends]="tests/test_token_ends.py tests/test_k2_last_byte_oracle.py tests/test_output_detok_end.py tests/test_k2_entry_timing.py tests/test_stop_cut_tokens.py tests/test_output_mutants.py"
   [request]="tests/test_request_run.py tests/test_loop.py tests/test_lifecycle.py tests/test_request_mutants.py tests/test_step_mutants.py"
   [early_stop]="tests/test_early_stop.py tests/test_early_stop_bounds.py"

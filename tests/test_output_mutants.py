@@ -72,7 +72,7 @@ def test_s1_k2_id_hit_drains_the_byte_run_and_records_the_rewind() -> None:
     r = Run(SP, stop_token_ids=((AN, EP),))
     assert r.feed([B_H, B_I, AN, EP]) is FinishReason.STOP_SEQUENCE
     assert r.text() == b"hi"
-    assert r.rows(tr.STOP_STATE)[-1] == {"nbytes": 2, "held": 0, "detok_pending": 0,
+    assert r.rows(tr.STOP_STATE)[-1] == {"nbytes": 2, "starts": 2, "held": 0, "detok_pending": 0,
                                          "ids_held": 0, "discarded": len(b"hi" + AN_TEXT),
                                          "held_before": 0}
 
@@ -335,15 +335,16 @@ def test_issue23_k2_cancel_never_counts_a_held_closer_prefix_as_sent() -> None:
 def test_issue23_l6_s4_id_hit_in_the_answer_counts_drained_bytes_from_the_answer_start() -> None:
     """Issue 23, L6, S1, S4: "h</think>" is one byte run closed by EP (one push: reasoning "h",
     the closer removed, the answer starts); "hi" waits as a run when id AN hits; drained, it
-    completes stop "hi" at its first byte: nothing more is sent, and the drained token (its
-    offset counted from the answer start) is not returned -- only EP's push is."""
+    completes stop "hi" at its first byte: nothing more is sent, and the drained tokens (their
+    offset counted from the answer start) are not returned -- only the run's nine and EP are
+    (L6: the run is released with EP's push; its closer bytes are removed, counted as reached)."""
     run = [_V[f"<0x{b:02X}>"] for b in b"h</think>"]
     r = Run(SP, reasoning=ReasoningSpec(inside=True, close_ids=(run[1],)),
             stop_token_ids=((AN,),), stop_strings=("hi",))
     assert r.feed([*run, EP, B_H, B_I, AN]) is FinishReason.STOP_SEQUENCE
     assert r.proc.hit is not None and r.proc.hit.kind == "string"
     assert r.text(reasoning=True) == b"h" and b"hi" not in r.text()
-    assert r.proc.returned_tokens == 1
+    assert r.proc.returned_tokens == len(run) + 1
 
 
 def test_issue23_l6_s4_a_drained_run_a_stop_string_cuts_is_not_returned_after_reasoning() -> None:
@@ -353,7 +354,7 @@ def test_issue23_l6_s4_a_drained_run_a_stop_string_cuts_is_not_returned_after_re
     AN's hit, "hi" rules that stop out and completes stop "hi", so the held byte is sent and
     the returned count moves while nothing of "hi" is sent: the drained token starts at the
     answer's start (9: "h" and the removed closer) plus its stream offset, not before it, and
-    is not returned; only EP's token is."""
+    is not returned; only the run's tokens and EP's are (L6: released with EP's push)."""
     run = [_V[f"<0x{b:02X}>"] for b in b"h</think>"]
     last = SP.decode([EP])[-1]
     r = Run(SP, reasoning=ReasoningSpec(inside=True, close_ids=(run[1],)),
@@ -363,7 +364,8 @@ def test_issue23_l6_s4_a_drained_run_a_stop_string_cuts_is_not_returned_after_re
     assert r.text(reasoning=True) == b"h" and answer.endswith(last.encode())
     assert r.proc.hit is not None and (r.proc.hit.kind, r.proc.hit.start) == ("string",
                                                                               len(answer))
-    assert r.proc.returned_tokens == 1 and r.proc.sent_mark == (1 + len(answer), 1)
+    n = len(run) + 1
+    assert r.proc.returned_tokens == n and r.proc.sent_mark == (1 + len(answer), n)
 
 
 def test_l6_sent_mark_is_zero_until_a_delta_moves_it() -> None:

@@ -25,6 +25,7 @@ from coda.engine import engine_report, engine_thread
 from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore
 from coda.engine.draft import Drafter
+from coda.engine.embed_job import EmbedJob
 from coda.engine.engine_load import (
     build_scheduler,
     load_parts,
@@ -100,8 +101,12 @@ class AsyncEngine:
                                verify_costs=None if self.speculative is None
                                else self.speculative.costs)
         self._inbox: deque[EngineRequest] = deque()
-        # NOTE: work that must run on the engine thread between steps (embeddings)
-        self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()
+        # NOTE: embeddings queued for the engine thread, and the one it runs a chunk of between
+        # two steps (coda.engine.embed_job); chunks run and jobs dropped as cancelled, counted
+        self._calls: deque[EmbedJob] = deque()
+        self._embedding: EmbedJob | None = None
+        self.embed_chunks = 0
+        self.embeds_cancelled = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._at_exit: Callable[[], None] | None = None  # NOTE: set by start()
@@ -208,13 +213,15 @@ class AsyncEngine:
 
     def embed_future(self, token_ids: list[int]) -> Future[list[float]]:
         """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state,
-        :meth:`ModelRunner.embed`) to run on the engine thread between two steps; raises
+        coda.engine.embed_job) to run on the engine thread in chunks between steps; cancel
+        the future to stop it at its next chunk boundary. Raises
         InvalidRequestError (field ``input``) on an empty, too long or out-of-vocabulary
         input, EngineNotStartedError before :meth:`start` (coda.engine.engine_thread)."""
         return engine_thread.embed_future(self, token_ids)
 
     async def embed(self, token_ids: list[int]) -> list[float]:
-        """:meth:`embed_future`, awaited (the :class:`~coda.engine.protocol.Engine` seam)."""
+        """:meth:`embed_future`, awaited (the :class:`~coda.engine.protocol.Engine` seam); a
+        cancelled await cancels the embedding."""
         return await asyncio.wrap_future(self.embed_future(token_ids))
 
     def _refuse_live(self, ids: list[str]) -> None:

@@ -216,3 +216,32 @@ def test_openai_embeddings_through_the_server_and_a_client_that_leaves_c1(
             texts[1], add_special_tokens=True).ids)], "the left client's input ran on"
     finally:
         live.stop()
+
+
+def test_ollama_embed_whose_client_leaves_runs_no_further_chunk_c1(engine: Any,
+                                                                   rec: Recorder) -> None:
+    """C1, the fuzz sweep's case: an ``/api/embed`` whose ``ollama`` client timed out stops at
+    the chunk running (its next input never runs), and the next call is served at once."""
+    import httpx
+    import ollama
+
+    from coda.server.app import create_app
+
+    text = engine.tokenizer.decode(_ids(engine, LONG)[1:])
+    live = LiveServer(create_app(engine, manage_engine=False)).start()
+    try:
+        rec.gate = threading.Event()
+        with pytest.raises(httpx.TimeoutException):
+            ollama.Client(host=live.url, timeout=3).embed(model=engine.model_name,
+                                                          input=[text, text])
+        deadline = time.monotonic() + 30
+        while not _cancelled(engine) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        rec.gate.set()
+        got = ollama.Client(host=live.url, timeout=300).embed(model=engine.model_name,
+                                                              input="hello there")
+        assert len(got.embeddings) == 1
+        assert rec.embedded() == [CHUNK, len(engine.tokenizer.encode(
+            "hello there", add_special_tokens=True).ids)], "the left client's input ran on"
+    finally:
+        live.stop()

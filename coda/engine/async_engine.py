@@ -101,12 +101,10 @@ class AsyncEngine:
                                verify_costs=None if self.speculative is None
                                else self.speculative.costs)
         self._inbox: deque[EngineRequest] = deque()
-        # NOTE: embeddings queued for the engine thread, and the one it runs a chunk of between
-        # two steps (coda.engine.embed_job); chunks run and jobs dropped as cancelled, counted
+        # NOTE: embeddings queued, the one running a chunk per loop turn (coda.engine.embed_job)
         self._calls: deque[EmbedJob] = deque()
         self._embedding: EmbedJob | None = None
-        self.embed_chunks = 0
-        self.embeds_cancelled = 0
+        self.embed_chunks = self.embeds_cancelled = 0  # NOTE: chunks run, jobs dropped
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._at_exit: Callable[[], None] | None = None  # NOTE: set by start()
@@ -212,11 +210,10 @@ class AsyncEngine:
         return handles
 
     def embed_future(self, token_ids: list[int]) -> Future[list[float]]:
-        """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state,
-        coda.engine.embed_job) to run on the engine thread in chunks between steps; cancel
-        the future to stop it at its next chunk boundary. Raises
-        InvalidRequestError (field ``input``) on an empty, too long or out-of-vocabulary
-        input, EngineNotStartedError before :meth:`start` (coda.engine.engine_thread)."""
+        """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state) to run on
+        the engine thread in chunks between steps (coda.engine.embed_job; cancel the future to
+        stop it at its next chunk); raises InvalidRequestError (field ``input``) on an empty,
+        too long or out-of-vocabulary input, EngineNotStartedError before :meth:`start`."""
         return engine_thread.embed_future(self, token_ids)
 
     async def embed(self, token_ids: list[int]) -> list[float]:

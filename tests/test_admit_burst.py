@@ -44,14 +44,14 @@ def held(server_checkpoint: Path) -> Iterator[tuple[Any, LiveServer, threading.E
                                                                         num_blocks=128))
     live = LiveServer(create_app(engine, settings=ServerSettings(max_waiting=BOUND))).start()
     release, running = threading.Event(), threading.Event()
-    forward = engine.runner.embed
+    forward = engine.runner.embed_rows
 
-    def hold(token_ids: Any) -> list[float]:
+    def hold(*args: Any) -> Any:
         running.set()
         release.wait(60)
-        return list(forward(token_ids))
+        return forward(*args)
 
-    engine.runner.embed = hold
+    engine.runner.embed_rows = hold
     try:
         engine.embed_future([5, 6, 7])
         assert running.wait(30), "the engine thread never ran the holding embedding"

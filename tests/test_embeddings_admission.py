@@ -128,14 +128,14 @@ def test_a_queued_embedding_fills_the_waiting_queue_l5(
     live = _serve(engine, max_waiting=1)
     hold = threading.Event()
     running = threading.Event()
-    forward = engine.runner.embed
+    forward = engine.runner.embed_rows
 
-    def held(token_ids: Any) -> list[float]:
+    def held(*args: Any) -> Any:
         running.set()
         hold.wait(60)
-        return list(forward(token_ids))
+        return forward(*args)
 
-    engine.runner.embed = held
+    engine.runner.embed_rows = held
     answers: list[int] = []
 
     def embed_one() -> None:
@@ -159,5 +159,5 @@ def test_a_queued_embedding_fills_the_waiting_queue_l5(
         assert answers == [1, 1] and len(embedded) == 2
     finally:
         hold.set()
-        engine.runner.embed = forward
+        engine.runner.embed_rows = forward
         live.stop()

@@ -176,21 +176,21 @@ def held(served: tuple[Any, LiveServer]) -> Iterator[tuple[Any, LiveServer]]:
     test runs, so what admission sees depends on the requests alone, never on timing."""
     engine, live = served
     release, running = threading.Event(), threading.Event()
-    forward = engine.runner.embed
+    forward = engine.runner.embed_rows
 
-    def hold(token_ids: Any) -> Any:
+    def hold(*args: Any) -> Any:
         running.set()
         release.wait(60)
-        return forward(token_ids)
+        return forward(*args)
 
-    engine.runner.embed = hold
+    engine.runner.embed_rows = hold
     try:
         engine.embed_future([5, 6, 7])
         assert running.wait(30), "the engine thread never ran the holding embedding"
         yield engine, live
     finally:
         release.set()
-        engine.runner.embed = forward
+        engine.runner.embed_rows = forward
 
 
 def test_l5_rows_over_the_waiting_bound_fit_an_idle_server(

@@ -25,6 +25,7 @@ from coda.engine import engine_report, engine_thread
 from coda.engine.closure import BudgetCloser
 from coda.engine.core import EngineCore
 from coda.engine.draft import Drafter
+from coda.engine.embed_job import EmbedJob
 from coda.engine.engine_load import (
     build_scheduler,
     load_parts,
@@ -100,8 +101,10 @@ class AsyncEngine:
                                verify_costs=None if self.speculative is None
                                else self.speculative.costs)
         self._inbox: deque[EngineRequest] = deque()
-        # NOTE: work that must run on the engine thread between steps (embeddings)
-        self._calls: deque[tuple[Callable[[], list[float]], Future[list[float]]]] = deque()
+        # NOTE: embeddings queued, the one running a chunk per loop turn (coda.engine.embed_job)
+        self._calls: deque[EmbedJob] = deque()
+        self._embedding: EmbedJob | None = None
+        self.embed_chunks = self.embeds_cancelled = 0  # NOTE: chunks run, jobs dropped
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._at_exit: Callable[[], None] | None = None  # NOTE: set by start()
@@ -207,14 +210,15 @@ class AsyncEngine:
         return handles
 
     def embed_future(self, token_ids: list[int]) -> Future[list[float]]:
-        """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state,
-        :meth:`ModelRunner.embed`) to run on the engine thread between two steps; raises
-        InvalidRequestError (field ``input``) on an empty, too long or out-of-vocabulary
-        input, EngineNotStartedError before :meth:`start` (coda.engine.engine_thread)."""
+        """Queue an embedding of ``token_ids`` (the mean-pooled last hidden state) to run on
+        the engine thread in chunks between steps (coda.engine.embed_job; cancel the future to
+        stop it at its next chunk); raises InvalidRequestError (field ``input``) on an empty,
+        too long or out-of-vocabulary input, EngineNotStartedError before :meth:`start`."""
         return engine_thread.embed_future(self, token_ids)
 
     async def embed(self, token_ids: list[int]) -> list[float]:
-        """:meth:`embed_future`, awaited (the :class:`~coda.engine.protocol.Engine` seam)."""
+        """:meth:`embed_future`, awaited (the :class:`~coda.engine.protocol.Engine` seam); a
+        cancelled await cancels the embedding."""
         return await asyncio.wrap_future(self.embed_future(token_ids))
 
     def _refuse_live(self, ids: list[str]) -> None:

@@ -1,10 +1,11 @@
 """The engine thread (SPEC L2, L7, C1, T4; issue 3 item 5, issue 11 item 5, issue 24 item 2):
 its start (with an at-exit shutdown and the grammar tokenizer's build), its loop (queued
-requests admitted and queued calls run between steps, the batch stepped while there is work,
-each step's end posted to the wake-up channel, the block manager checked when it goes idle),
-the calls queued to run on it (embeddings), and its shutdown: every request still queued or
-running ends with its one terminal event (CANCELLED, cause shutdown) and every queued call is
-refused. The requests come in through :class:`~coda.engine.async_engine.AsyncEngine`, whose
+requests admitted and one chunk of an embedding run between steps, the batch stepped while
+there is work, each step's end posted to the wake-up channel, the block manager checked when it
+goes idle), the embeddings queued to run on it (coda.engine.embed_job: chunked, so they never
+hold the thread for a whole long input; dropped at a chunk boundary once their caller
+cancelled), and its shutdown: every request still queued or running ends with its one terminal
+event (CANCELLED, cause shutdown) and every embedding queued or running is refused. The requests come in through :class:`~coda.engine.async_engine.AsyncEngine`, whose
 methods these are.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from coda.engine.embed_job import EmbedJob
 from coda.engine.plan import check_embedding_input
 from coda.errors import EngineNotStartedError, EngineShutdownError, InvalidRequestError
 from coda.finish import CancelCause
@@ -52,8 +54,9 @@ def start(engine: AsyncEngine) -> None:
 
 
 def run_loop(engine: AsyncEngine) -> None:
-    """The engine thread: queued requests admitted and queued calls run between steps, the
-    batch stepped while there is work, the block manager checked when it goes idle."""
+    """The engine thread: queued requests admitted and an embedding's next chunk run between
+    steps, the batch stepped while there is work, the block manager checked when it goes
+    idle."""
     checked = True  # NOTE: nothing has run yet
     while True:
         if not checked and not engine.core.has_work:
@@ -61,7 +64,7 @@ def run_loop(engine: AsyncEngine) -> None:
             checked = True
         with engine._cond:
             while (not engine._stopping and not engine._inbox and not engine._calls
-                   and not engine.core.has_work):
+                   and engine._embedding is None and not engine.core.has_work):
                 engine._cond.wait(0.5)
             if engine._stopping:
                 return
@@ -79,7 +82,7 @@ def run_loop(engine: AsyncEngine) -> None:
                 engine.stepping = False
                 engine.steps += 1
                 CHANNEL.post(engine, engine.steps)  # NOTE: one dict lookup if nobody listens
-            if ran == 0:
+            if ran == 0 and engine._embedding is None and not engine._calls:
                 with engine._cond:  # nothing runnable (paused / out of blocks): don't spin
                     engine._cond.wait(0.005)
         except Exception as exc:  # a bug in the engine itself: fail everyone, keep serving
@@ -128,30 +131,43 @@ def embed_future(engine: AsyncEngine, token_ids: list[int]) -> Future[list[float
     ids = list(token_ids)
     check_embedding_input(ids, engine.context_length, engine.limits.vocab_size)
     fut: Future[list[float]] = Future()
+    sched = engine.core.scheduler.config
+    job = EmbedJob(ids, fut, min(sched.long_prefill_chunk, sched.max_num_batched_tokens))
     with engine._cond:
         if engine._stopping:
             raise EngineShutdownError("the engine is shutting down")
         if engine._thread is None:
             raise EngineNotStartedError("the engine is not started: call engine.start() "
                                         "(or use `with engine:`) before embed")
-        engine._calls.append((lambda: engine.runner.embed(ids), fut))
+        engine._calls.append(job)
         engine._cond.notify_all()
     return fut
 
 
 def run_calls(engine: AsyncEngine) -> None:
-    """Run the queued calls on the engine thread, between two steps."""
+    """One chunk of the running embedding (the oldest queued one its caller still waits for
+    starts when none runs), between two steps; one whose caller cancelled is dropped with its
+    scratch cache at this chunk boundary."""
     while True:
-        with engine._cond:
-            if not engine._calls:
-                return
-            fn, fut = engine._calls.popleft()
-        if not fut.set_running_or_notify_cancel():
-            continue
-        try:
-            fut.set_result(fn())
-        except Exception as exc:  # NOTE: the caller's error, never the engine loop's
-            fut.set_exception(exc)
+        job = engine._embedding
+        if job is None:
+            with engine._cond:
+                if not engine._calls:
+                    return
+                job = engine._embedding = engine._calls.popleft()
+        if not job.cancelled:
+            break
+        _drop_cancelled(engine, job)
+    engine.embed_chunks += 1
+    if job.advance(engine.runner):
+        engine._embedding = None
+
+
+def _drop_cancelled(engine: AsyncEngine, job: EmbedJob) -> None:
+    job.release()
+    job.future.set_running_or_notify_cancel()  # NOTE: False; wakes concurrent.futures.wait
+    engine.embeds_cancelled += 1
+    engine._embedding = None
 
 
 def _abort_everything(engine: AsyncEngine) -> None:
@@ -162,11 +178,13 @@ def _abort_everything(engine: AsyncEngine) -> None:
         admit(engine, ereq)
     engine.core.abort_all(CancelCause.SHUTDOWN)
     with engine._cond:
-        calls = list(engine._calls)
+        jobs = list(engine._calls)
         engine._calls.clear()
-    for _, fut in calls:
-        if fut.set_running_or_notify_cancel():
-            fut.set_exception(EngineShutdownError("the engine is shutting down"))
+        if engine._embedding is not None:
+            jobs.insert(0, engine._embedding)
+            engine._embedding = None
+    for job in jobs:
+        job.answer(EngineShutdownError("the engine is shutting down"))
 
 
 def _shutdown_at_exit(ref: weakref.ref[AsyncEngine]) -> Callable[[], None]:

@@ -199,29 +199,41 @@ class ModelRunner:
         self.forward_time_s = time.perf_counter() - start
         return logits.cpu()
 
-    def embed(self, token_ids: Sequence[int]) -> list[float]:
-        """The mean over ``token_ids`` of the model's last hidden state (after the final norm,
-        before the LM head), as float32 values: one forward over a scratch KV cache sized for
-        this prompt, so the engine's cache, its prefix entries and the sequences in it are
-        untouched. Run it where :meth:`execute` runs (the engine thread): the native kernels'
-        thread pool serves one caller at a time."""
-        n = len(token_ids)
+    def embed_scratch(self, n: int) -> PagedKVCache:
+        """The scratch KV cache of an embedding of ``n`` tokens (coda.engine.embed_job): sized
+        for it alone, so the engine's cache, its prefix entries and the sequences in it are
+        untouched. A bad ``n`` raises ValueError."""
         if n == 0:
             raise ValueError("an embedding needs at least one token")
         if n > self.config.max_context:
             raise ValueError(f"{n} tokens exceed max_context {self.config.max_context}")
-        blocks = -(-n // self.block_size)
-        scratch = PagedKVCache(
-            num_layers=self.config.num_layers, num_blocks=blocks, block_size=self.block_size,
-            num_kv_heads=self.config.num_kv_heads, head_dim=self.config.head_dim,
-            dtype=self.kv.k[0].dtype, device=self.device)
-        meta = AttentionMetadata.build([n], [n], [tuple(range(blocks))], self.block_size,
+        return PagedKVCache(
+            num_layers=self.config.num_layers, num_blocks=-(-n // self.block_size),
+            block_size=self.block_size, num_kv_heads=self.config.num_kv_heads,
+            head_dim=self.config.head_dim, dtype=self.kv.k[0].dtype, device=self.device)
+
+    def embed_rows(self, scratch: PagedKVCache, token_ids: Sequence[int], start: int,
+                   end: int) -> torch.Tensor:
+        """The model's last hidden state (after the final norm, before the LM head) of
+        ``token_ids[start:end]``, positions ``start ..`` of one embedding whose earlier K/V
+        are in ``scratch``: one chunk of a chunked prefill over the scratch cache. Run it
+        where :meth:`execute` runs (the engine thread): the native kernels' thread pool
+        serves one caller at a time."""
+        table = tuple(range(-(-end // self.block_size)))
+        meta = AttentionMetadata.build([end - start], [end], [table], self.block_size,
                                        self.device, invariant=self.invariant_attention,
                                        kernel=self.native_attention)
         with torch.inference_mode():
-            input_ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
-            hidden = self.model(input_ids, meta.positions, meta, scratch)
-            # NOTE: summed in float64, so the mean of a long prompt does not drift
-            pooled = hidden.double().mean(dim=0).float()
-        return [float(x) for x in pooled.cpu().tolist()]
+            input_ids = torch.tensor(list(token_ids[start:end]), dtype=torch.long,
+                                     device=self.device)
+            hidden: torch.Tensor = self.model(input_ids, meta.positions, meta, scratch)
+        return hidden
 
+    @staticmethod
+    def embed_pool(rows: Sequence[torch.Tensor]) -> list[float]:
+        """The mean of an embedding's hidden rows (:meth:`embed_rows`, in order), summed in
+        float64 over every row at once, so the mean of a long prompt does not drift and does
+        not depend on how its rows were chunked; float32 values."""
+        with torch.inference_mode():
+            pooled = torch.cat(list(rows)).double().mean(dim=0).float()
+        return [float(x) for x in pooled.cpu().tolist()]

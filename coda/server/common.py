@@ -57,7 +57,7 @@ async def wait_results(request: Request, st: ServerState, record: Record,
                        policy: DisconnectPolicy) -> list[Terminal]:
     """Wait for every handle's terminal; a disconnect first applies the P4 policy."""
     results = asyncio.ensure_future(asyncio.gather(*(terminal_of(h.stream) for h in record.handles)))
-    watch = asyncio.ensure_future(_disconnected(request))
+    watch = asyncio.ensure_future(disconnected(request))
     # NOTE: typed as one kind of future: the set of both was a set[object] to mypy
     either: set[asyncio.Future[Any]] = {results, watch}
     try:
@@ -91,7 +91,8 @@ async def stream_or_wait(request: Request, st: ServerState, record: Record, *, s
         return Response(status_code=499)
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
+    """Return once the client has disconnected (the ASGI channel's ``http.disconnect``)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":

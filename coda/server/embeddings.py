@@ -2,10 +2,11 @@
 (Ollama), ``POST /v1/embeddings`` (OpenAI).
 
 What an embedding is here: the mean over the input's tokens of the model's last hidden state
-(after the final norm, before the LM head; :meth:`coda.engine.runner.ModelRunner.embed`),
-one forward per input on the engine thread between two decode steps, over a scratch KV cache
-(the engine's cache and prefix entries are untouched). Every served model can embed, but a
-generative model's pooled state is a weak sentence embedding: use it for what it is.
+(after the final norm, before the LM head), run per input on the engine thread in chunks of
+the prefill chunk size between decode steps, over a scratch KV cache (the engine's cache and
+prefix entries are untouched; coda.engine.embed_job); a client that disconnects cancels it at
+its next chunk (the route answers 499). Every served model can embed, but a generative model's
+pooled state is a weak sentence embedding: use it for what it is.
 
 Per protocol: ``/api/embed`` and ``/v1/embeddings`` return vectors of unit L2 norm (as Ollama
 and OpenAI do), ``/api/embeddings`` the raw mean; ``dimensions`` keeps the first *d* values and
@@ -36,7 +37,7 @@ from pydantic import BaseModel, Field, field_validator
 from starlette.responses import JSONResponse, Response
 
 from coda.errors import InvalidRequestError
-from coda.server.common import state_of
+from coda.server.common import ClientGone, disconnected, state_of
 from coda.server.http_errors import ApiError
 from coda.server.ollama_info import unload_when_idle
 from coda.server.ollama_schemas import OllamaEmbedRequest
@@ -114,9 +115,27 @@ def admit(st: ServerState) -> None:
     st.admit(1, "embedding call", takes_slot=False)
 
 
-async def embed_all(st: ServerState, inputs: list[list[int]]) -> list[list[float]]:
+async def embed_all(st: ServerState, request: Request,
+                    inputs: list[list[int]]) -> list[list[float]]:
     """One raw embedding per input, in order (a refusal is a CodaError: the server's 4xx);
-    the route has admitted them (:func:`admit`)."""
+    the route has admitted them (:func:`admit`). A client that disconnects first cancels the
+    embedding running (it stops at its next chunk, coda.engine.embed_job) and the inputs
+    after it, and :class:`ClientGone` is raised (the route answers 499)."""
+    work = asyncio.ensure_future(_embed_each(st, inputs))
+    watch = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():  # NOTE: the client left, or this route itself was cancelled
+            work.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+    if work.cancelled():
+        raise ClientGone("embedding")
+    return work.result()
+
+
+async def _embed_each(st: ServerState, inputs: list[list[int]]) -> list[list[float]]:
     return [await st.engine.embed(ids) for ids in inputs]
 
 
@@ -148,7 +167,10 @@ async def ollama_embed(body: OllamaEmbedRequest, request: Request) -> Response:
         raise ApiError(400, f"input: at most {MAX_INPUTS} inputs", param="input")
     admit(st)
     inputs = await _encoded(st, texts, body.truncate)
-    vectors = [normalised(v, body.dimensions) for v in await embed_all(st, inputs)]
+    try:
+        vectors = [normalised(v, body.dimensions) for v in await embed_all(st, request, inputs)]
+    except ClientGone:
+        return Response(status_code=499)
     if keep_alive_zero(body.keep_alive):
         unload_when_idle(st.engine)
     return JSONResponse({
@@ -169,7 +191,10 @@ async def ollama_embeddings_legacy(body: OllamaEmbedRequest, request: Request) -
         return JSONResponse({"embedding": []})
     admit(st)
     inputs = await _encoded(st, [body.prompt], body.truncate)
-    (vector,) = await embed_all(st, inputs)
+    try:
+        (vector,) = await embed_all(st, request, inputs)
+    except ClientGone:
+        return Response(status_code=499)
     if body.dimensions is not None:
         vector = normalised(vector, body.dimensions)
     if keep_alive_zero(body.keep_alive):
@@ -206,7 +231,10 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> R
         inputs = [list(x) for x in raw if isinstance(x, list)]
     else:
         inputs = await _encoded(st, [str(x) for x in raw], truncate=False)
-    vectors = [normalised(v, body.dimensions) for v in await embed_all(st, inputs)]
+    try:
+        vectors = [normalised(v, body.dimensions) for v in await embed_all(st, request, inputs)]
+    except ClientGone:
+        return Response(status_code=499)
     data = [{"object": "embedding", "index": i,
              "embedding": (base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode()
                            if body.encoding_format == "base64" else v)}

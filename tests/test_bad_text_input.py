@@ -27,21 +27,26 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "shape"), CASES, ids=[c[0] for c in CASES])
-def test_lone_surrogate_in_prompt_text_is_a_400_in_protocol_shape(
-        server_live: Any, path: str, body: dict[str, Any], shape: str) -> None:
-    r = httpx.post(server_live.url + path, content=json.dumps({"model": MODEL, **body}),
+def _refusal(url: str, path: str, body: dict[str, Any], shape: str) -> tuple[dict[str, Any], str]:
+    """POST ``body``; assert a 400 in the protocol's error shape; its body and message."""
+    r = httpx.post(url + path, content=json.dumps({"model": MODEL, **body}),
                    headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400, r.text
     err = r.json()
     if shape == "openai":
         assert err["error"]["type"] == "invalid_request_error", err
-        assert "surrogate" in err["error"]["message"]
-    elif shape == "anthropic":
+        return err, str(err["error"]["message"])
+    if shape == "anthropic":
         assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
-        assert "surrogate" in err["error"]["message"]
-    else:
-        assert "surrogate" in err["error"], err
+        return err, str(err["error"]["message"])
+    return err, str(err["error"])
+
+
+@pytest.mark.parametrize(("path", "body", "shape"), CASES, ids=[c[0] for c in CASES])
+def test_lone_surrogate_in_prompt_text_is_a_400_in_protocol_shape(
+        server_live: Any, path: str, body: dict[str, Any], shape: str) -> None:
+    err, message = _refusal(server_live.url, path, body, shape)
+    assert "surrogate" in message, err
 
 
 # NOTE: fields no tokenizer reads: echoed in the answer, stored, or quoted by an error. Each was
@@ -75,19 +80,9 @@ def test_lone_surrogate_in_any_field_is_a_400_naming_its_path(
     (not only in prompt text) is a 400 naming its path in the protocol's shape, before the
     request runs; and nothing is stored, so the stored completions still list (a stored one
     made every later ``GET /v1/chat/completions`` a 500)."""
-    r = httpx.post(server_live.url + path, content=json.dumps({"model": MODEL, **body}),
-                   headers={"content-type": "application/json"}, timeout=60)
-    assert r.status_code == 400, r.text
-    err = r.json()
+    err, message = _refusal(server_live.url, path, body, shape)
     if shape == "openai":
-        assert err["error"]["type"] == "invalid_request_error", err
         assert err["error"]["param"] == where.split(".")[0], err
-        message = err["error"]["message"]
-    elif shape == "anthropic":
-        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
-        message = err["error"]["message"]
-    else:
-        message = err["error"]
     assert message.startswith(f"{where}: ") and "surrogate" in message, err
     listed = httpx.get(server_live.url + "/v1/chat/completions", timeout=30)
     assert listed.status_code == 200, listed.text

@@ -193,6 +193,8 @@ def test_l2_l3_p2_a_held_terminal_is_fixed_but_unseen_until_published() -> None:
     but readers see no end until :meth:`RequestStream.publish` appends it and wakes them
     (P2); a second publish, or one with nothing held, does nothing."""
     stream = RequestStream("h", model="m")
+    stream.publish()  # NOTE: nothing held yet: no end, and the stream still takes deltas
+    assert not stream.closed and stream.terminal is None
     stream.delta(b"ab")
     ev = stream.close(_terminal(), hold=True)
     assert ev.seq == 2

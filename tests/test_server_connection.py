@@ -43,9 +43,13 @@ def _stalling_client(port: int, body: dict[str, Any]) -> tuple[socket.socket, st
 
 
 def _body(policy: str, max_tokens: int = 480, **extra: Any) -> dict[str, Any]:
+    # NOTE: "pause" counts text bytes (one a token here), so its default 64 KiB would never
+    # pause these 480 tokens: a small bound makes the stalled stream really pause, instead of
+    # racing the client's close to its last token.
+    bound = {"pause_bytes": 64} if policy == "pause" else {}
     return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": max_tokens, "ignore_eos": True, "logprobs": True, "top_logprobs": 20,
-            "stream": True, "backpressure": {"policy": policy}, **extra}
+            "stream": True, "backpressure": {"policy": policy, **bound}, **extra}
 
 
 def _final_coda(url: str, rid: str, timeout: float = 30.0) -> dict[str, Any]:

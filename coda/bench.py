@@ -80,6 +80,12 @@ class BenchOptions:
     memory_budget: str | None = None
     num_threads: int | None = None
 
+    @property
+    def in_flight(self) -> int:
+        """The most requests in flight at once: ``concurrency``, capped by ``num_requests``
+        (``-n 2`` never has 32 running); what the report prints and the engine is sized for."""
+        return min(self.concurrency, self.num_requests)
+
     def __post_init__(self) -> None:
         if self.num_requests < 1 or self.concurrency < 1 or self.max_tokens < 1:
             raise ValueError("num_requests, concurrency and max_tokens must be >= 1")
@@ -135,7 +141,7 @@ def _load(opts: BenchOptions) -> AsyncEngine:
     :class:`ModelLoadError` with its message, as a model that cannot load is."""
     try:
         return AsyncEngine.from_model_dir(opts.model_dir, EngineConfig(
-            quant=opts.quant, dtype=opts.dtype, max_num_seqs=max(opts.concurrency, 1),
+            quant=opts.quant, dtype=opts.dtype, max_num_seqs=opts.in_flight,
             max_model_len=opts.max_model_len,
             kv_cache_bytes=opts.kv_cache_bytes,
             kv_cache_memory_fraction=opts.kv_cache_memory_fraction,
@@ -191,7 +197,7 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
     if opts.compare_hf and not full.interrupted:
         pad = min(engine.eos_token_ids) if engine.eos_token_ids else 0
         with diag.status("transformers.generate (static batches)…"):
-            report_hf = run_hf(engine.model_dir, prompts, opts.concurrency, opts.max_tokens,
+            report_hf = run_hf(engine.model_dir, prompts, opts.in_flight, opts.max_tokens,
                                engine.loaded.dtype, pad)
     reasons: dict[str, int] = {}
     for r in full.reasons:
@@ -200,7 +206,7 @@ def run_bench(opts: BenchOptions, console: Console | None = None) -> BenchReport
     hf_tok_s = report_hf[1] / report_hf[0] if report_hf is not None else None
     finished = len(full.reasons)
     report = BenchReport(
-        num_requests=finished, concurrency=opts.concurrency, max_tokens=opts.max_tokens,
+        num_requests=finished, concurrency=opts.in_flight, max_tokens=opts.max_tokens,
         prompt_tokens=sum(len(prompts[i]) for i in full.done), output_tokens=full.output_tokens,
         wall_s=full.wall_s, output_tok_s=tok_s, requests_s=finished / full.wall_s,
         ttft_ms=_ms(full.ttft_s), itl_ms=_ms(full.itl_s), e2e_ms=_ms(full.e2e_s),

@@ -101,7 +101,9 @@ def render(r: BenchReport, model_dir: Path, opts: BenchOptions) -> Table:
                                     ] if r.interrupted_of is not None else []
     rows += [
         ("requests × max tokens", f"{r.num_requests} × {r.max_tokens}"),
-        ("concurrency", str(r.concurrency)),
+        ("concurrency (most in flight)", str(r.concurrency) + (
+            f" (--concurrency {opts.concurrency} > {opts.num_requests} requests)"
+            if opts.concurrency > r.concurrency else "")),
         ("prompt tokens (total)", str(r.prompt_tokens)),
         ("output tokens (total)", str(r.output_tokens)),
         ("wall time", f"{r.wall_s:.2f} s"),

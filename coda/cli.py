@@ -202,9 +202,9 @@ def generate(prompt: Annotated[str, typer.Argument(help="the prompt; - reads it 
 @app.command()
 @_unwrapped
 def bench(model: ModelOpt = None,
-          num_requests: Annotated[int, typer.Option("--num-requests", "-n", min=1)] = 64,
-          concurrency: Annotated[int, typer.Option(min=1)] = 32,
-          max_tokens: Annotated[int, typer.Option(min=1)] = 64,
+          num_requests: Annotated[int, typer.Option("--num-requests", "-n", min=1, help="requests to run")] = 64,
+          concurrency: Annotated[int, typer.Option(min=1, help="most requests in flight at once (capped by --num-requests)")] = 32,
+          max_tokens: Annotated[int, typer.Option(min=1, help="output tokens of every request (EOS ignored)")] = 64,
           quant: QuantOpt = "auto",
           dtype: DtypeOpt = None,
           compare_hf: Annotated[bool, typer.Option("--compare-hf", help="also run transformers.generate")] = False,

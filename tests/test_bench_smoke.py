@@ -36,6 +36,18 @@ def test_p5_cli_bench_prints_every_field(tiny_dir: Path) -> None:
     assert "max_output_tokens=" in res.output
 
 
+def test_p5_cli_bench_prints_the_concurrency_that_ran(tiny_dir: Path) -> None:
+    """P5: ``coda bench -n 2`` (default ``--concurrency 32``) had at most 2 requests in
+    flight: the table says 2 and why, and the engine is sized for 2 (``max_num_seqs 2``).
+    Before, it printed concurrency 32 — a figure that did not describe the run."""
+    res = CliRunner().invoke(app, ["bench", "--model", str(tiny_dir), "-n", "2",
+                                   "--max-tokens", "2"])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if "most in flight" in line)
+    assert row.split("│")[2].strip() == "2 (--concurrency 32 > 2 requests)", row
+    assert "max_num_seqs 2" in res.output, res.output
+
+
 def test_p5_run_bench_report_counts_and_plot(tiny_dir: Path, tmp_path: Path) -> None:
     """Every request yields exactly max_tokens tokens (ignore_eos), one TTFT and one e2e each;
     the plot is a PNG."""

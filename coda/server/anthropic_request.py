@@ -198,3 +198,22 @@ def output_grammar(config: Any, legacy: Any) -> tuple[GrammarSpec | None, str]:
                                         "(output_format is its older spelling)")
         fmt, field = legacy, "output_format"
     return (None if fmt is None else _format(fmt, field)), field
+
+
+def check_output(config: Any, legacy: Any, tools_active: bool) -> None:
+    """``POST /v1/messages/count_tokens``: raise the 400 ``POST /v1/messages`` would for
+    ``output_config`` / ``output_format`` (P1) — their keys (:func:`output_grammar`), a
+    format beside active tools, a schema the grammar engine refuses (found at submit on
+    create) — named as create names it. A count never queues, so nothing else is done."""
+    grammar, field = output_grammar(config, legacy)
+    if grammar is None:
+        return
+    if tools_active:  # NOTE: the words of coda.server.tools.knob_fields, create's check
+        raise _bad(field, "cannot be combined with tools unless tool_choice is none")
+    from coda.engine.grammar import check_grammar  # NOTE: lazily, as the engine does
+
+    try:
+        check_grammar(grammar)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(exc.message.replace("response_format", field, 1),
+                                  field=field) from None

@@ -25,6 +25,7 @@ from coda.server.anthropic_checks import (
     thinking_omitted,
 )
 from coda.server.anthropic_request import (
+    check_output,
     check_pairs,
     check_server_tools,
     check_tool_choice,
@@ -269,7 +270,10 @@ async def count_tokens(body: AnthropicCountRequest, request: Request) -> Respons
     st.check_model(body.model)
     if body.thinking is not None:
         thinking_budget(body.thinking, None)  # NOTE: counted or not, checked as on /v1/messages
-    ids = await asyncio.to_thread(_prompt_ids, st, body, tool_plan(body))
+    plan = tool_plan(body)
+    if body.output_config is not None or body.output_format is not None:
+        check_output(body.output_config, body.output_format, bool(plan and plan.active))
+    ids = await asyncio.to_thread(_prompt_ids, st, body, plan)
     # NOTE: as Anthropic: a prompt over the context is no count but the create's 400
     # ("prompt is too long"), named as /v1/messages names it
     try:

@@ -18,12 +18,33 @@ Offsets count UTF-8 bytes of the returned text (deltas end on character boundari
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from coda.reader import replay
 from coda.server.http_errors import ApiError
 from coda.stream import EventType, RequestStream, StreamEvent
+
+C = TypeVar("C", int, tuple[list[int], int])  # NOTE: a Responses seq, a /v1/streams id
+
+
+def agree_cursor(query: C | None, header: C | None, query_name: str,
+                 ahead: Callable[[C, C], bool]) -> tuple[C | None, str]:
+    """The resume cursor of a request that names it twice — in the query (``starting_after``,
+    ``after``) and as ``Last-Event-ID`` — and the name its later errors cite (P3). One of them
+    alone, or both equal: that value. A header ahead of the query is a browser ``EventSource``
+    reconnecting to the URL it was opened with (it sends the last id it received): the header
+    wins, so nothing the client holds is sent twice. A header behind the query contradicts it:
+    a 400 naming both, never a silent pick of either."""
+    if query is None:
+        return header, "Last-Event-ID"
+    if header is None or header == query:
+        return query, query_name
+    if ahead(header, query):
+        return header, "Last-Event-ID"
+    raise ApiError(400, f"Last-Event-ID and {query_name} name different resume points (the "
+                        f"header is behind the query): send one, or both equal",
+                   param=query_name, code="resume_conflict")
 
 
 def _hash_through(stream: RequestStream, seq: int) -> tuple[int, Any]:

@@ -230,7 +230,15 @@ async def show(body: OllamaShowRequest, request: Request) -> Response:
         "template": engine.chat.chat_template or "",
         "details": _details(card, info), "modified_at": _EPOCH,
         "model_info": _model_info(engine, card, info),
-        # NOTE: tools through Coda's tool calling (coda.server.tools), embeddings through
-        # coda.server.embeddings (mean-pooled hidden state), on every model
-        "capabilities": ["completion", "tools", "embedding"]})
+        "capabilities": capabilities(st)})
+
+
+def capabilities(st: ServerState) -> list[str]:
+    """What Ollama's ``/api/show`` says of the routed model, as Ollama decides it (P1):
+    ``completion`` (a generative model: ``embedding`` is an embedding model's alone, one
+    with a pooling type, which Coda serves none of), ``tools`` (Coda's tool calling,
+    :mod:`coda.server.tools`, serves every model), ``thinking`` when the model has the
+    reasoning markers ``think`` needs. Clients pick their embedding models by
+    ``embedding``; ``/api/embed`` still serves every model, as Ollama's does."""
+    return ["completion", "tools"] + (["thinking"] if st.reasoning_markers() else [])
 

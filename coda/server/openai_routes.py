@@ -66,6 +66,13 @@ def _reject_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequestError("top_logprobs: requires logprobs=true",
                                       field="top_logprobs")
+        if (body.continue_final_message and body.add_generation_prompt
+                and "add_generation_prompt" in body.model_fields_set):
+            # NOTE: as vLLM: continuing the last assistant message and opening a new one
+            # contradict; left out, add_generation_prompt (default true) asks for nothing
+            raise InvalidRequestError(
+                "continue_final_message, add_generation_prompt: cannot both be true (continue "
+                "the last assistant message, or open a new one)", field="continue_final_message")
         return
     if body.suffix:
         raise InvalidRequestError("suffix: suffix is not supported", field="suffix")

@@ -14,9 +14,9 @@ from coda.reader import logged_until, merge_order, replay
 from coda.server import anthropic_models
 from coda.server.common import state_of
 from coda.server.http_errors import ApiError
-from coda.server.integrity import resolve_resume
+from coda.server.integrity import agree_cursor, resolve_resume
 from coda.server.records import Record
-from coda.server.sse import SSEResponse, parse_position_id
+from coda.server.sse import SSEResponse, id_ahead, parse_position_id
 
 
 def model_card(engine: Engine) -> dict[str, Any]:
@@ -27,6 +27,16 @@ def model_card(engine: Engine) -> dict[str, Any]:
             "max_model_len": engine.context_length}
     card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
     return card
+
+
+def _cursor(raw: str | None, n: int) -> tuple[list[int], int] | None:
+    """A resume id as given (``after=`` or ``Last-Event-ID``, P3): None when absent or blank;
+    one that is not an id of this stream is a 400 (``after=`` reads as ``Last-Event-ID``)."""
+    parsed = parse_position_id(raw, n)
+    if raw is not None and raw.strip() and parsed is None:
+        raise ApiError(400, f"Last-Event-ID must be {n} comma-separated sequence numbers (an "
+                            "id this stream sent)", param="Last-Event-ID")
+    return parsed
 
 
 def _group_size(record: Record, positions: list[int]) -> int | None:
@@ -98,12 +108,10 @@ def register(app: FastAPI) -> None:
         if record is None or record.kind == "response":
             raise ApiError(404, f"No stream found with id '{request_id}'", param="request_id",
                            code="not_found")
-        raw = after if after is not None else request.headers.get("last-event-id")
-        parsed = parse_position_id(raw, len(record.handles))
-        if raw is not None and raw.strip() and parsed is None:
-            raise ApiError(400, f"Last-Event-ID must be {len(record.handles)} comma-separated "
-                                "sequence numbers (an id this stream sent)",
-                           param="Last-Event-ID")
+        header = request.headers.get("last-event-id")
+        parsed, name = agree_cursor(_cursor(after, len(record.handles)),
+                                    _cursor(header, len(record.handles)), "after", id_ahead)
+        raw = after if name == "after" else header
         positions, held = parsed if parsed is not None else (None, 0)
         if positions is not None:
             ahead = positions  # NOTE: judged below once logged or ended (--redis-url: lag)

@@ -241,6 +241,10 @@ class AnthropicCountRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    # NOTE: checked as on create (coda.server.anthropic_request.check_output), counted as
+    # nothing: a format constrains the output, the prompt is the same
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
 
 
 class ResponsesCountRequest(BaseModel):

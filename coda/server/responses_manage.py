@@ -27,7 +27,7 @@ from coda.reader import logged_until, replay, terminal_of
 from coda.server.common import state_of
 from coda.server.cursor_page import page
 from coda.server.http_errors import ApiError
-from coda.server.integrity import resolve_resume
+from coda.server.integrity import agree_cursor, resolve_resume
 from coda.server.records import Record
 from coda.server.render_spec import ResponsesRender
 from coda.server.responses_items import listed, parse_query
@@ -74,31 +74,29 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
     if not stream:
         return JSONResponse(response_object(record))
     st = state_of(request)
-    after = starting_after
-    if after is None:
-        header = request.headers.get("last-event-id", "").strip()
-        after = parse_seq(header) if header else None
-        if header and after is None:  # NOTE: P3: never a silent full replay, nor a crash
-            raise ApiError(400, "Last-Event-ID must be a sequence_number this stream sent",
-                           param="Last-Event-ID")
+    header = request.headers.get("last-event-id", "").strip()
+    from_header = parse_seq(header) if header else None
+    if header and from_header is None:  # NOTE: P3: never a silent full replay, nor a crash
+        raise ApiError(400, "Last-Event-ID must be a sequence_number this stream sent",
+                       param="Last-Event-ID")
+    after, name = agree_cursor(starting_after, from_header, "starting_after",
+                               lambda h, q: h > q)
     if offset is not None or digest is not None:
         resolved = resolve_resume(record.streams, None, offset, digest)
         assert resolved is not None
         held = _last_event_through(record, resolved[0])
         if after is not None and after != held:
-            raise ApiError(409, f"offset {offset} is event {held}, not starting_after {after}",
+            raise ApiError(409, f"offset {offset} is event {held}, not {name} {after}",
                            param="offset", code="resume_mismatch")
         after = held
     after = -1 if after is None else after
     if after < -1:  # NOTE: named as the client sent it (query or header)
-        name = "starting_after" if starting_after is not None else "Last-Event-ID"
         raise ApiError(400, f"{name} must be >= -1", param=name)
     log = record.streams[0]
     await logged_until(record.streams, lambda: log.closed
                        or after <= _last_event_through(record, log.last_seq))
     if log.closed and after > (last := _last_event_through(record, log.last_seq)):
         # NOTE: P3: a number past a finished response's last event was never sent
-        name = "starting_after" if starting_after is not None else "Last-Event-ID"
         raise ApiError(400, f"{name} {after} is past the last sequence_number this stream "
                             f"sent ({last})", param=name)
     # NOTE: a replaying reader never cancels: the original request owns the P4 policy.

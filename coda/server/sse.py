@@ -161,6 +161,15 @@ def parse_position_id(value: str | None, n: int) -> tuple[list[int], int] | None
     return (ok, held) if len(ok) == n else None
 
 
+def id_ahead(later: tuple[list[int], int], earlier: tuple[list[int], int]) -> bool:
+    """Whether the parsed id ``later`` (:func:`parse_position_id`) is at or past ``earlier``
+    in the stream: every choice's number at or past it, and, at the same numbers, as many
+    frames of the next group held or more (ids only grow along a stream, P3)."""
+    (pos, held), (pos0, held0) = later, earlier
+    return (all(a >= b for a, b in zip(pos, pos0, strict=True))
+            and (pos != pos0 or held >= held0))
+
+
 class SSEResponse(Connection, Response):
     """Streams ``renderer`` frames for ``streams``; see the module docstring. It is its own
     :class:`~coda.server.connection.Connection`: the connection's part is opened with the

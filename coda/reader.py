@@ -22,6 +22,11 @@ stream index, then sequence number. It is a function of the logs alone, so the l
 a replay from any cut render the same interleaving (P3). A batch is a consistent cut: an event
 created before the cut's clock reading was already appended (creation and append share the
 stream's lock), so every such event is read now and later events wait for the next batch.
+With the durable log (``--redis-url``) "creation" is the event's ``merge_key``: the order of
+the run it was written in, kept in the log beside it; the mirror appends runs to the copies
+readers read in that order, each stamped then (so the cut above still holds), and a stream
+rebuilt from the log on any front end (or after a restart) carries the same keys, so it
+interleaves as the first delivery did (:mod:`coda.durable.mirror`).
 """
 
 from __future__ import annotations
@@ -39,9 +44,17 @@ class ReaderInterrupted(Exception):
     """The consumer went away (:meth:`StreamReader.interrupt`); the reader stops at once."""
 
 
+def _merge_position(pair: tuple[int, StreamEvent]) -> tuple[int, float, int, int]:
+    index, ev = pair
+    key = ev.merge_key
+    # NOTE: events of the durable log (merge_key set) by that key; others by their clock. A
+    # stream holds one kind (an old log, written without keys, has none)
+    return (0, key, index, ev.seq) if key is not None else (1, ev.ts, index, ev.seq)
+
+
 def merge_order(batch: Iterable[tuple[int, StreamEvent]]) -> list[tuple[int, StreamEvent]]:
-    """``(index, event)`` pairs in the replayable merge order (ts, index, seq)."""
-    return sorted(batch, key=lambda p: (p[1].ts, p[0], p[1].seq))
+    """``(index, event)`` pairs in the replayable merge order (merge key or ts, index, seq)."""
+    return sorted(batch, key=_merge_position)
 
 
 class StreamReader:

@@ -101,6 +101,10 @@ class RequestStream:
     woken there (:meth:`subscribe`), a blocking reader waits with :meth:`wait_after`.
     """
 
+    # NOTE: P3: a copy rebuilt from the durable log while it may still grow (another front
+    # end's follower): merged only up to what every choice's log is past (coda.reader)
+    log_ordered = False
+
     def __init__(self, request_id: str, backpressure: BackpressureConfig | None = None, *,
                  channel: WakeChannel | None = None, model: str | None = None,
                  model_snapshot: str | None = None) -> None:

@@ -153,3 +153,36 @@ def test_p3_a_log_written_without_merge_keys_still_replays_each_choice(
         b = server_spawn(durable=ServerDurable(redis_server.url, lease_ttl_s=2))
         replay = _replay(client, b.url, rid, None)
     assert _choices(replay) == _choices(first)
+
+
+def test_p3_n3_resume_of_a_running_stream_on_another_front_end_keeps_the_merge_order(
+        server_spawn: Any, redis_server: RedisServer, server_settle: Any) -> None:
+    """P3: a client reads a few frames of a running n = 3 stream from A and leaves
+    (``on_disconnect: continue``); its resume on B follows the log live, yet sends exactly
+    A's bytes after its cut (A's own full replay is the first delivery's order): B waits to
+    send an event until every running choice's log is past its merge key."""
+    a = server_spawn(durable=ServerDurable(redis_server.url, lease_ttl_s=2))
+    b = server_spawn(durable=ServerDurable(redis_server.url, lease_ttl_s=2))
+    body = {"model": "tiny-chat", "n": 3, "stream": True, "max_tokens": 200, "ignore_eos": True,
+            "seed": 9, "messages": [{"role": "user", "content": "hello"}],
+            "on_disconnect": "continue"}
+    with httpx.Client(timeout=60) as client:
+        head: list[bytes] = []
+        with client.stream("POST", a.url + "/v1/chat/completions", json=body) as resp:
+            block: list[str] = []
+            for line in resp.iter_lines():
+                if line:
+                    block.append(line)
+                elif block:
+                    head.append(("\n".join(block) + "\n\n").encode())
+                    block = []
+                    if len(head) >= 5:
+                        break
+        rid = json.loads(head[0].split(b"data: ", 1)[1])["id"]
+        cut = _id(head[-1])
+        assert cut is not None
+        tail = _replay(client, b.url, rid, cut)
+        server_settle()
+        full = _replay(client, a.url, rid, None)
+    assert _frames(full)[:5] == head
+    assert tail == _expected(_frames(full), cut)

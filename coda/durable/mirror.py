@@ -257,6 +257,7 @@ class LogFollower:
     def __init__(self, durable: RedisStreamLog, request_id: str) -> None:
         self.log = durable
         self.stream = RequestStream(request_id, _UNBOUNDED)
+        self.stream.log_ordered = True  # NOTE: its events come as the log gets them (P3)
         self._stop = threading.Event()
         self._feed(durable.read(request_id))
         if not self.stream.closed:

@@ -130,9 +130,10 @@ class StreamReader:
                         batch.append((i, ev))
                     else:
                         later = True
+            ordered = merge_order(batch)
             if self._ordered:
                 self._resumed_at()
-            ordered = settled(merge_order(batch), self._streams, self._seen)
+                ordered = settled(ordered, self._streams, self._seen)
             if ordered:
                 for i, ev in ordered:
                     self.positions[i] = ev.seq

@@ -22,6 +22,15 @@ stream index, then sequence number. It is a function of the logs alone, so the l
 a replay from any cut render the same interleaving (P3). A batch is a consistent cut: an event
 created before the cut's clock reading was already appended (creation and append share the
 stream's lock), so every such event is read now and later events wait for the next batch.
+With the durable log (``--redis-url``) "creation" is the event's ``merge_key``: the order of
+the run it was written in, kept in the log beside it; the mirror appends runs to the copies
+readers read in that order, each stamped then (so the cut above still holds), and a stream
+rebuilt from the log on any front end (or after a restart) carries the same keys, so it
+interleaves as the first delivery did (:mod:`coda.durable.mirror`). Such a rebuilt copy
+(``log_ordered``) gets each choice's runs when its own follower reads them, so the reader
+sends an event only once every running choice's copy holds a later key (:func:`settled`):
+a resume on another front end of a stream still running waits for a choice that is quiet
+(queued, holding a stop prefix) rather than send another order than the first delivery's.
 """
 
 from __future__ import annotations
@@ -39,9 +48,41 @@ class ReaderInterrupted(Exception):
     """The consumer went away (:meth:`StreamReader.interrupt`); the reader stops at once."""
 
 
+def _merge_position(pair: tuple[int, StreamEvent]) -> tuple[int, float, int, int]:
+    index, ev = pair
+    key = ev.merge_key
+    # NOTE: events of the durable log (merge_key set) by that key; others by their clock. A
+    # stream holds one kind (an old log, written without keys, has none)
+    return (0, key, index, ev.seq) if key is not None else (1, ev.ts, index, ev.seq)
+
+
 def merge_order(batch: Iterable[tuple[int, StreamEvent]]) -> list[tuple[int, StreamEvent]]:
-    """``(index, event)`` pairs in the replayable merge order (ts, index, seq)."""
-    return sorted(batch, key=lambda p: (p[1].ts, p[0], p[1].seq))
+    """``(index, event)`` pairs in the replayable merge order (merge key or ts, index, seq)."""
+    return sorted(batch, key=_merge_position)
+
+
+def settled(batch: list[tuple[int, StreamEvent]], streams: Sequence[RequestStream],
+            seen: Sequence[StreamEvent | None]) -> list[tuple[int, StreamEvent]]:
+    """The pairs of ``batch`` (merge order) that no later event of ``streams`` can precede:
+    with log-ordered streams (P3), those whose merge key is at or below every running
+    stream's last key read (``seen``: each stream's last event before ``batch``). A log's
+    keys grow with its seqs, so what a choice's log gets next sorts after what it has."""
+    if not any(s.log_ordered for s in streams):
+        return batch
+    last = list(seen)
+    for i, ev in batch:
+        prev = last[i]
+        if prev is None or ev.seq > prev.seq:
+            last[i] = ev
+    horizon: float = float("inf")
+    for end in last:
+        if end is None:
+            horizon = float("-inf")  # NOTE: not even its start event yet
+        elif end.merge_key is None:
+            return batch  # NOTE: a log written without keys: merged as read, as before
+        elif end.type is not EventType.TERMINAL:
+            horizon = min(horizon, end.merge_key)
+    return [(i, ev) for i, ev in batch if ev.merge_key is not None and ev.merge_key <= horizon]
 
 
 class StreamReader:
@@ -53,6 +94,9 @@ class StreamReader:
         self.positions = list(after)
         self._wake = asyncio.Event()
         self._interrupted = False
+        # NOTE: each stream's last event handed out (settled's horizon), None before any
+        self._seen: list[StreamEvent | None] = [None] * len(self._streams)
+        self._ordered = any(s.log_ordered for s in self._streams)
         # NOTE: called on this reader's loop (the channel dispatches there)
         self._removers = [s.subscribe(self._notify) for s in self._streams]
 
@@ -86,10 +130,14 @@ class StreamReader:
                         batch.append((i, ev))
                     else:
                         later = True
-            if batch:
-                ordered = merge_order(batch)
+            ordered = merge_order(batch)
+            if self._ordered:
+                self._resumed_at()
+                ordered = settled(ordered, self._streams, self._seen)
+            if ordered:
                 for i, ev in ordered:
                     self.positions[i] = ev.seq
+                    self._seen[i] = ev
                 return ordered
             if later:
                 continue
@@ -103,6 +151,14 @@ class StreamReader:
                 if self._interrupted:
                     raise ReaderInterrupted() from None
                 return []
+
+    def _resumed_at(self) -> None:
+        """Take, as the last event handed out, the one at each stream's start position (a
+        resume's cut: the log holds it, :func:`logged_until`)."""
+        for i, stream in enumerate(self._streams):
+            if self._seen[i] is None and self.positions[i] >= 0:
+                at = stream.events_after(self.positions[i] - 1)[:1]
+                self._seen[i] = at[0] if at else None
 
     def ack(self) -> None:
         """Acknowledge everything read so far (frees backpressure credit, P6)."""

@@ -73,6 +73,11 @@ class StreamEvent:
     # Issue 23: this delta is reasoning (before the closing marker), not answer. Every
     # reasoning delta comes before every answer delta; a renderer splits on this flag.
     reasoning: bool = False
+    # P3: the durable log's order of the run this event was written in (strictly increasing
+    # per run, kept in the log beside it); when set, the n > 1 merge orders by it instead of
+    # ``ts``, so a stream rebuilt from the log interleaves as the first delivery did
+    # (:func:`coda.reader.merge_order`). None: not from the durable log (or an older log).
+    merge_key: int | None = None
 
     @property
     def text(self) -> str:
@@ -95,6 +100,10 @@ class RequestStream:
     the producer's thread. Readers take :meth:`events_after`; observers on an event loop are
     woken there (:meth:`subscribe`), a blocking reader waits with :meth:`wait_after`.
     """
+
+    # NOTE: P3: a copy rebuilt from the durable log while it may still grow (another front
+    # end's follower): merged only up to what every choice's log is past (coda.reader)
+    log_ordered = False
 
     def __init__(self, request_id: str, backpressure: BackpressureConfig | None = None, *,
                  channel: WakeChannel | None = None, model: str | None = None,
@@ -187,12 +196,13 @@ class RequestStream:
                 self._appended.notify_all()
         self._channel.post(self, ev.seq, final=True)
 
-    def extend(self, events: list[StreamEvent]) -> int:
+    def extend(self, events: list[StreamEvent], merge_key: int | None = None) -> int:
         """Append copies of another log's events of this request (a durable copy, a stream
         rebuilt from the stream log), skipping those already here (seq at or below
         ``last_seq``); returns how many were appended. One lock acquisition and one wake-up
         for all of them. Each copy is stamped with this stream's clock at append time, like
-        every event (the consistent-cut rule of :mod:`coda.reader`). The checks of
+        every event (the consistent-cut rule of :mod:`coda.reader`); ``merge_key``, if given,
+        replaces the events' own (the durable log's order of their run). The checks of
         :meth:`start`, :meth:`delta` and :meth:`close` apply; a seq past the next one is
         refused (a gap)."""
         with self._lock:
@@ -221,6 +231,8 @@ class RequestStream:
                 # dataclass keeps its fields in __dict__, so a re-stamped copy is a dict copy
                 copy = object.__new__(StreamEvent)
                 copy.__dict__.update(ev.__dict__, request_id=self.request_id, ts=now)
+                if merge_key is not None:
+                    copy.__dict__["merge_key"] = merge_key
                 self._events.append(copy)
                 n += 1
             if n and self._sync_waiters:

@@ -63,6 +63,49 @@ def test_p3_merge_order_is_ts_then_stream_index_then_seq() -> None:
     assert seqs(rd.merge_order(batch)) == [(2, 7), (0, 2), (0, 5), (1, 0), (1, 1)]
 
 
+def test_p3_merge_order_takes_the_durable_logs_merge_key_before_the_clock() -> None:
+    """P3: events rebuilt from the durable log carry their run's merge key, which orders them
+    whatever clock their copy stamped (a front end that read choice 1's log first)."""
+    def ev(seq: int, ts: float, key: int) -> StreamEvent:
+        return StreamEvent("r", seq, EventType.DELTA, b"x", ts=ts, merge_key=key)
+    batch = [(1, ev(0, 1.0, 20)), (1, ev(1, 1.0, 40)), (0, ev(0, 2.0, 10)), (0, ev(1, 2.0, 30))]
+    assert seqs(rd.merge_order(batch)) == [(0, 0), (1, 0), (0, 1), (1, 1)]
+
+
+def test_p3_a_log_ordered_reader_sends_only_what_every_running_log_is_past() -> None:
+    """P3: copies a follower fills from the log (``log_ordered``) get each choice's runs when
+    their own follower reads them; the reader sends an event only once every running copy
+    holds a key at or past it (a closed one, and a log without keys, never hold it back)."""
+    def copy(*keys: int) -> RequestStream:
+        s = RequestStream("r")
+        s.log_ordered = True
+        evs = [StreamEvent("r", 0, EventType.START, model="m", merge_key=keys[0])]
+        evs += [StreamEvent("r", k + 1, EventType.DELTA, b"x", merge_key=key)
+                for k, key in enumerate(keys[1:])]
+        s.extend(evs)
+        return s
+
+    async def go() -> None:
+        a, b = copy(1, 3, 5), copy(2, 4)
+        reader = rd.StreamReader([a, b], [-1, -1])
+        assert seqs(await reader.next(0.05)) == [(0, 0), (1, 0), (0, 1), (1, 1)]
+        assert await reader.next(0.05) == []  # NOTE: a's key 5 waits for b's next run
+        b.extend([StreamEvent("r", 2, EventType.DELTA, b"x", merge_key=6)])
+        assert seqs(await reader.next(0.05)) == [(0, 2)]
+        b.extend([StreamEvent("r", 3, EventType.TERMINAL, terminal=DONE, merge_key=7)])
+        assert await reader.next(0.05) == []  # NOTE: a, still running, may get a key below 6
+        a.extend([StreamEvent("r", 3, EventType.TERMINAL, terminal=DONE, merge_key=8)])
+        assert seqs(await reader.next(0.05)) == [(1, 2), (1, 3), (0, 3)]
+        assert await reader.next(0.05) is None
+        reader.close()
+        old = [stream(b"x", b"y"), stream(b"z")]  # NOTE: no keys: merged as read
+        for s in old:
+            s.log_ordered = True
+        assert len(seqs(await rd.StreamReader(old, [-1, -1]).next(0.05))) == 5
+
+    run(go())
+
+
 @settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.one_of(st.integers(0, 2), st.just(-1)), max_size=30), st.data())
 def test_p1_p3_merged_read_is_the_append_order_after_each_position_exactly_once(

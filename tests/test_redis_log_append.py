@@ -11,10 +11,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from coda.durable import append
 from coda.durable.mirror import LogMirror
 from coda.durable.redis_log import RedisStreamLog
+from coda.reader import merge_order
 from coda.stream import EventType, RequestStream, StreamEvent, TokenInfo
 from coda.stream_backpressure import BackpressureConfig
 from coda.wakeup import CHANNEL
@@ -72,9 +74,10 @@ def _count_appends(log: RedisStreamLog) -> list[list[append.Run]]:
     calls: list[list[append.Run]] = []
     inner = log.append_runs
 
-    def counting(batch: list[append.Run]) -> list[tuple[int, int]]:
+    def counting(batch: list[append.Run], first_key: int | None = None
+                 ) -> list[tuple[int, int]]:
         calls.append(batch)
-        return inner(batch)
+        return inner(batch, first_key)
 
     log.append_runs = counting  # type: ignore[method-assign]
     return calls
@@ -205,3 +208,55 @@ def test_a_late_dispatch_still_flushes_the_step_that_ended_p1(
     engine.stepping = False
     mirror.flush(0)
     loop.call_soon_threadsafe(loop.stop)
+
+
+def test_p3_copies_carry_the_merge_keys_the_log_holds_also_after_a_lost_reply(
+        redis_server: RedisServer) -> None:
+    """P3 (n > 1 merge order): the mirror's first append of three streams is written but its
+    reply is lost (the call raises); the retry, which also carries a delta appended since,
+    finds the start and first delta written. Every copy a client reads holds the merge keys
+    the log holds (read back for the written part), so the live merge equals the merge of
+    the log any other front end rebuilds, event for event."""
+    log = _log(redis_server)
+    inner = log.append_runs
+    big = BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30)
+    streams = [RequestStream(uuid.uuid4().hex, big) for _ in range(3)]
+    lost = [0]
+
+    def losing(batch: list[append.Run], first_key: int | None = None
+               ) -> list[tuple[int, int]]:
+        out = inner(batch, first_key)
+        if not lost[0]:
+            lost[0] = 1
+            for s in streams:
+                s.delta(b"late", (TokenInfo(2),))
+            raise redis.ConnectionError("injected: the reply was lost")
+        return out
+
+    log.append_runs = losing  # type: ignore[method-assign]
+    loop = _running_loop()
+    mirror = LogMirror(log, hold_s=0.2)
+    copies = []
+    for s in streams:
+        s.start("m")
+        copies.append(mirror.watch(s, record_id="", prompt_tokens=1, on_fenced=lambda: None,
+                                   loop=loop))
+    for s in streams:
+        s.delta(b"x", (TokenInfo(1),))
+    for c in copies:
+        assert c.wait_after(1, timeout=30)
+    mirror.flush(0)
+    loop.call_soon_threadsafe(loop.stop)
+    assert lost[0]
+    stored = [log.read(s.request_id) for s in streams]
+    for c, evs in zip(copies, stored, strict=True):
+        assert [(e.seq, e.merge_key) for e in c.events_after(-1)] == [
+            (e.seq, e.merge_key) for e in evs]
+        assert [e.seq for e in evs] == [0, 1, 2] and evs[0].merge_key is not None
+    live = merge_order((i, e) for i, c in enumerate(copies) for e in c.events_after(-1))
+    rebuilt = merge_order((i, e) for i, evs in enumerate(stored) for e in evs)
+    assert [(i, e.seq) for i, e in live] == [(i, e.seq) for i, e in rebuilt]
+    # NOTE: the copies were appended in key order, so a live reader's clock cut (coda.reader)
+    # never takes a later key before an earlier one
+    stamps = [e.ts for _, e in live]
+    assert stamps == sorted(stamps)

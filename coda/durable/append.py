@@ -6,7 +6,7 @@ the ``EVALSHA`` calls of :data:`coda.durable.lua.APPEND` for those runs straight
 bytes; :func:`outcomes` maps the replies back to one outcome per run.
 
 Why RESP by hand: redis-py's generic command packer costs ~4 µs per argument (type checks and
-an encoder per argument), and an append has nine per run — more than everything else a token
+an encoder per argument), and an append has ten per run — more than everything else a token
 costs. Here each argument is one bytes formatting operation. ``EVALSHA``: ``EVAL`` with the
 ~2 KB body made Redis hash the body on every flush (SHA-1, a few µs of its one thread) and
 the client send it; a ``NOSCRIPT`` reply (a restarted or flushed Redis) is answered by
@@ -53,9 +53,11 @@ def _bulk(b: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(b), b)
 
 
-def frame(batch: list[Run], prefix: str, retention_ms: int, fence: str) -> list[bytes]:
+def frame(batch: list[Run], prefix: str, retention_ms: int, fence: str,
+          first_key: int) -> list[bytes]:
     """The RESP bytes of the ``EVALSHA`` calls appending ``batch`` (one per
-    :data:`RUNS_PER_CALL` runs); argument layout as :data:`coda.durable.lua.APPEND`."""
+    :data:`RUNS_PER_CALL` runs); argument layout as :data:`coda.durable.lua.APPEND`. Run
+    ``i``'s merge key is ``first_key + i`` (P3, :func:`coda.reader.merge_order`)."""
     pre = prefix.encode()
     opened = _bulk(pre + b"open")
     head = _bulk(b"%d" % retention_ms) + _bulk(fence.encode())
@@ -64,7 +66,7 @@ def frame(batch: list[Run], prefix: str, retention_ms: int, fence: str) -> list[
         chunk = batch[k:k + RUNS_PER_CALL]
         keys: list[bytes] = [opened]
         args: list[bytes] = [head]
-        for evs, record_id in chunk:
+        for j, (evs, record_id) in enumerate(chunk):
             ev = evs[0]
             rid = ev.request_id.encode()
             last = evs[-1]
@@ -77,12 +79,14 @@ def frame(batch: list[Run], prefix: str, retention_ms: int, fence: str) -> list[
                         % (n, pre, rid, n + 1, pre, rid, len(rec), rec))
             blob, offsets = pack_run(evs)
             first, count = b"%d" % ev.seq, b"%d" % len(evs)
+            key = b"%d" % (first_key + k + j)
             args.append(b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$1\r\n%s\r\n"
-                        b"$%d\r\n%s\r\n$%d\r\n%s\r\n"
+                        b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
                         % (len(rid), rid, len(first), first, len(count), count,
-                           b"1" if end else b"0", len(blob), blob, len(offsets), offsets))
+                           b"1" if end else b"0", len(blob), blob, len(offsets), offsets,
+                           len(key), key))
         n_keys = 1 + 3 * len(chunk)
-        calls.append(b"".join([b"*%d\r\n" % (3 + n_keys + 2 + 6 * len(chunk)), _EVALSHA,
+        calls.append(b"".join([b"*%d\r\n" % (3 + n_keys + 2 + 7 * len(chunk)), _EVALSHA,
                                _bulk(b"%d" % n_keys), *keys, *args]))
     return calls
 

@@ -4,8 +4,10 @@ An **entry** of ``log:{rid}`` holds a run of consecutive events ``a..b`` of one 
 id ``0-(b+1)`` (ids must be above ``0-0``; the id names the run's *last* seq, so ``XRANGE``
 from ``0-(s+2)`` and ``XREAD`` after ``0-(s+1)`` return exactly the entries holding a seq above
 ``s``), field ``a`` = its first seq, field ``v2`` = the events in codec v2, concatenated
-(:func:`coda.durable.codec.pack_event`). Entries written before v2 have one event each in
-field ``e`` (JSON); readers take both.
+(:func:`coda.durable.codec.pack_event`), field ``m`` = the run's merge key (a decimal integer,
+strictly increasing over the runs one writer appends: the order in which the n > 1 merge reads
+them, :func:`coda.reader.merge_order`; P3). Entries written before v2 have one event each in
+field ``e`` (JSON), entries written before merge keys have no ``m``; readers take all of them.
 
 ``APPEND`` takes every run of one flush (any number of requests) in one call. Per run, against
 the request's meta hash (``last`` = last seq written, ``term``, ``fence``), in order:
@@ -64,13 +66,14 @@ end
 """
 
 # KEYS: open, then per run: log, meta, record ('' if none)
-# ARGV: retention_ms, fence, then per run: request_id, first, n, is_terminal, blob, offsets
+# ARGV: retention_ms, fence, then per run: request_id, first, n, is_terminal, blob, offsets,
+# merge key (a string: never read as a Lua number, whose doubles would round it)
 APPEND = _END_REQUEST + """
 local ms, fence_arg = ARGV[1], ARGV[2]
 local out = {}
 for r = 0, (#KEYS - 1) / 3 - 1 do
   local stream, meta, record = KEYS[2 + 3 * r], KEYS[3 + 3 * r], KEYS[4 + 3 * r]
-  local p = 3 + 6 * r
+  local p = 3 + 7 * r
   local m = redis.call('HMGET', meta, 'fence', 'term', 'last')
   local last = tonumber(m[3] or '-1')
   local code = 1
@@ -90,7 +93,7 @@ for r = 0, (#KEYS - 1) / 3 - 1 do
         body = string.sub(body, struct.unpack('<I4', ARGV[p + 5], 4 * (skip - 1) + 1) + 1)
         a = last + 1
       end
-      redis.call('XADD', stream, '0-' .. (b + 1), 'a', a, 'v2', body)
+      redis.call('XADD', stream, '0-' .. (b + 1), 'a', a, 'v2', body, 'm', ARGV[p + 6])
       if ARGV[p + 3] == '1' then
         end_request(stream, meta, KEYS[1], record, b, ARGV[p], ms)
       else
@@ -107,8 +110,9 @@ return table.concat(out, ',')
 # ARGV: the terminal's seq, the run ending in it in v2 (the terminal; with the start event
 # first when the log had none), the run's first seq, retention_ms, new fence, request_id, and
 # what the terminal was chosen from: the owner's fencing token and ``detach`` ('1' or '') as
-# the reaper read them. Either changed since (a replica claimed the request, the route marked
-# it ``continue``) → -3, nothing written: the next round decides again on what is there now.
+# the reaper read them, then the run's merge key. Either changed since (a replica claimed the
+# request, the route marked it ``continue``) → -3, nothing written: the next round decides
+# again on what is there now.
 REAP = _END_REQUEST + """
 local meta = KEYS[2]
 if redis.call('HEXISTS', meta, 'term') == 1 then return 0 end
@@ -119,7 +123,7 @@ local last = tonumber(redis.call('HGET', meta, 'last') or '-1')
 local a, b = tonumber(ARGV[3]), tonumber(ARGV[1])
 if last ~= a - 1 then return -2 end
 redis.call('HSET', meta, 'fence', ARGV[5])
-redis.call('XADD', KEYS[1], '0-' .. (b + 1), 'a', a, 'v2', ARGV[2])
+redis.call('XADD', KEYS[1], '0-' .. (b + 1), 'a', a, 'v2', ARGV[2], 'm', ARGV[9])
 end_request(KEYS[1], meta, KEYS[3], KEYS[5], b, ARGV[6], ARGV[4])
 return 1
 """

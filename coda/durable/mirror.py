@@ -166,12 +166,19 @@ class LogMirror:
 
     def _flush(self, batch: list[_Watched]) -> None:
         """Everything new in ``batch`` in one pipelined round trip (issue 12 item 6): one run
-        per request (its events after what is written: consecutive, a terminal only last)."""
+        per request (its events after what is written: consecutive, a terminal only last).
+
+        The copies are extended in the order of the runs' merge keys (P3): run ``i`` of this
+        flush has key ``first + i``, above every earlier flush's, and is appended to its copy
+        stamped after the copies before it, so the live merge (by merge key, cut by clock,
+        :mod:`coda.reader`) delivers exactly the order a stream rebuilt from the log has."""
         todo = [(w, evs) for w in batch if (evs := w.stream.events_after(w.written))]
         if not todo:
             return
+        first = self.log.merge_keys(len(todo))
         try:
-            results = self.log.append_runs([(evs, w.record_id) for w, evs in todo])
+            results = self.log.append_runs([(evs, w.record_id) for w, evs in todo], first)
+            pieces = self._pieces(todo, results, first)
         except redis.RedisError:
             # NOTE: retried at the next append or flush (appends are idempotent)
             log.exception("stream log append failed")
@@ -182,24 +189,46 @@ class LogMirror:
             return
         self.stepping = True
         try:
-            for (w, evs), (code, _) in zip(todo, results, strict=True):
-                rid = w.stream.request_id
+            for (w, _), (code, _) in zip(todo, results, strict=True):
                 if code == -1:
+                    rid = w.stream.request_id
                     log.warning("request taken over by a peer; cancelling locally",
                                 extra={"request_id": rid})
                     self._forget(rid)
                     w.on_fenced()
-                    continue
+            for key, w, evs in sorted(pieces, key=lambda p: p[0]):
                 w.written = evs[-1].seq
-                w.copy.extend(evs)
+                w.copy.extend(evs, key)
                 if w.ack_on_write:
                     w.stream.ack(w.written)
                 if evs[-1].type is EventType.TERMINAL:
-                    self._forget(rid)
+                    self._forget(w.stream.request_id)
         finally:
             self.stepping = False
             self.flushes += 1
             CHANNEL.post(self, self.flushes)  # NOTE: the copies' burst ended (see the class)
+
+    def _pieces(self, todo: list[tuple[_Watched, list[StreamEvent]]],
+                results: list[tuple[int, int]], first: int
+                ) -> list[tuple[int, _Watched, list[StreamEvent]]]:
+        """``(merge key, watched, events)`` to append to the copies: each written run with
+        its key. A run the log already held in part (an append retried after its reply was
+        lost) is read back, so its copy gets the keys the log holds (P3). A fenced run has
+        none; a run after the terminal is a duplicate of what the copy got."""
+        out = []
+        for i, ((w, evs), (code, prev_last)) in enumerate(zip(todo, results, strict=True)):
+            if code == -1:
+                continue
+            if prev_last < evs[0].seq:
+                out.append((first + i, w, evs))
+                continue
+            runs: dict[int, list[StreamEvent]] = {}
+            for ev in self.log.read(w.stream.request_id, w.written):
+                # NOTE: an entry of an older writer has no key: it goes with the next one
+                runs.setdefault(ev.merge_key if ev.merge_key is not None else first + i,
+                                []).append(ev)
+            out += [(key, w, run) for key, run in runs.items()]
+        return out
 
     def _forget(self, rid: str) -> None:
         with self._cond:
@@ -228,6 +257,7 @@ class LogFollower:
     def __init__(self, durable: RedisStreamLog, request_id: str) -> None:
         self.log = durable
         self.stream = RequestStream(request_id, _UNBOUNDED)
+        self.stream.log_ordered = True  # NOTE: its events come as the log gets them (P3)
         self._stop = threading.Event()
         self._feed(durable.read(request_id))
         if not self.stream.closed:

@@ -48,6 +48,9 @@ class Reaping:
     def read(self, request_id: str, after_seq: int = -1) -> list[StreamEvent]:
         raise NotImplementedError
 
+    def merge_keys(self, n: int) -> int:
+        raise NotImplementedError
+
     def reap_orphans(self, on_reaped: Callable[[str], None] | None = None) -> int:
         """End (once) every open request whose owner's lease expired, with the terminal
         :func:`~coda.durable.orphans.orphan_terminal` chooses (``model_error``, or a cancel
@@ -99,12 +102,15 @@ class Reaping:
         run.append(StreamEvent(request_id, len(evs) + len(run), EventType.TERMINAL,
                                terminal=terminal))
         rec = meta.get(b"rec", b"").decode()
+        # NOTE: P3: after every run of this log, whatever this server's clock says
+        key = max([self.merge_keys(1)] + [e.merge_key + 1 for e in evs if e.merge_key is not None])
         keys = [self._k("log", request_id), self._k("meta", request_id), self._open,
                 self._lease(owner), self._k("rec", rec) if rec else ""]
         res = self._reap(keys=keys, args=[run[-1].seq, b"".join(pack_event(e) for e in run),
                                           run[0].seq, self.retention_ms, self.fence,
                                           request_id, meta.get(b"fence", b""),
-                                          meta.get(b"detach", b"")])
+                                          meta.get(b"detach", b""),
+                                          key])
         return bool(res == 1)
 
     def _may_end_unadopted(self, request_id: str, meta: dict[bytes, bytes]) -> bool:

@@ -6,7 +6,8 @@ cluster slot and the log shards by request id):
 
 - ``log:{rid}`` — a Redis stream, one entry per run of consecutive events ``a..b`` (a flush of
   the mirror), entry id ``0-(b+1)`` (ids must be above ``0-0``), fields ``a`` (first seq) and
-  ``v2`` (the events, :func:`coda.durable.codec.pack_event` concatenated) — see
+  ``v2`` (the events, :func:`coda.durable.codec.pack_event` concatenated) and ``m`` (the run's
+  merge key, :meth:`RedisStreamLog.merge_keys`; absent in logs written before it) — see
   :mod:`coda.durable.lua`;
 - ``meta:{rid}`` — hash: ``last`` (last seq appended), ``term`` (seq of the terminal, once
   written), ``owner`` (server id), ``fence`` (the owner's fencing token), ``prompt`` (prompt
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -94,6 +96,8 @@ class RedisStreamLog(Reaping, RecordStoring):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reaped_total = 0
+        self._keys_lock = threading.Lock()
+        self._last_key = 0
 
     # -- keys ----------------------------------------------------------------------------
     def _k(self, kind: str, rid: str) -> str:
@@ -207,13 +211,26 @@ class RedisStreamLog(Reaping, RecordStoring):
                            else code == 1 and ev.seq > prev_last)
         return out
 
-    def append_runs(self, batch: list[append.Run]) -> list[tuple[int, int]]:
+    def merge_keys(self, n: int) -> int:
+        """The first of ``n`` fresh merge keys (P3; :func:`coda.reader.merge_order`): strictly
+        increasing over every call of this process, and near the wall clock in nanoseconds,
+        so a request taken over by a peer keeps its runs' order."""
+        with self._keys_lock:
+            first = max(time.time_ns(), self._last_key + 1)
+            self._last_key = first + n - 1
+        return first
+
+    def append_runs(self, batch: list[append.Run], first_key: int | None = None
+                    ) -> list[tuple[int, int]]:
         """Append ``batch`` (runs: consecutive events of one request, a terminal only last,
         with the run's record id) in one round trip; per run ``(code, last seq before)``,
         codes as :data:`coda.durable.lua.APPEND`'s (1 written or a duplicate, 0 after the
         terminal, -1 fenced); a gap raises (a writer bug). What the mirror calls: it has its
-        runs already (one per request of a flush), so nothing is cut or expanded per event."""
-        calls = append.frame(batch, self.prefix, self.retention_ms, self.fence)
+        runs already (one per request of a flush), so nothing is cut or expanded per event.
+        Run ``i`` is written with merge key ``first_key + i`` (None: fresh ones)."""
+        if first_key is None:
+            first_key = self.merge_keys(len(batch))
+        calls = append.frame(batch, self.prefix, self.retention_ms, self.fence, first_key)
         replies = self._send(calls)
         out = list(append.outcomes(replies))
         for (evs, _), (code, _last) in zip(batch, out, strict=True):
@@ -283,11 +300,22 @@ class RedisStreamLog(Reaping, RecordStoring):
 def _decode(request_id: str, rows: list[tuple[bytes, dict[bytes, bytes]]],
             after_seq: int) -> list[StreamEvent]:
     """The events of stream entries (v2 runs, or v1 single JSON events), those after
-    ``after_seq`` only."""
+    ``after_seq`` only, each with its run's merge key (an entry written before merge keys has
+    none: such a log merges as it is read, P3)."""
     out: list[StreamEvent] = []
     for _, fields in rows:
         blob = fields.get(b"v2")
         evs = unpack_events(request_id, blob) if blob is not None else [
             decode_event(fields[b"e"])]
+        key = fields.get(b"m")
+        if key is not None:
+            evs = [keyed(ev, int(key)) for ev in evs]
         out += [ev for ev in evs if ev.seq > after_seq]
     return out
+
+
+def keyed(ev: StreamEvent, merge_key: int) -> StreamEvent:
+    """``ev`` with ``merge_key`` (a dict copy: a frozen dataclass keeps its fields there)."""
+    copy = object.__new__(StreamEvent)
+    copy.__dict__.update(ev.__dict__, merge_key=merge_key)
+    return copy

@@ -206,9 +206,9 @@ def _fail_deltas(plog: ReplicaLog) -> None:
 
     inner = plog.log.append_runs
 
-    def failing(batch: list[Any]) -> list[Any]:
+    def failing(batch: list[Any], first_key: int | None = None) -> list[Any]:
         if any(ev.seq >= 1 for evs, _ in batch for ev in evs):
             raise redis.ConnectionError("injected: append refused")
-        return inner(batch)
+        return inner(batch, first_key)
 
     plog.log.append_runs = failing  # type: ignore[method-assign]

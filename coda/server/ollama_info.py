@@ -3,7 +3,8 @@
 the model's load and unload: the answer to an empty ``/api/chat`` / ``/api/generate`` (Ollama's
 "load the model" call, :func:`load_answer`) and ``keep_alive: 0``.
 
-Every field comes from the served models' cards (``/v1/models``): ``digest`` is the weights'
+Every field comes from the served models' cards (``/v1/models``): ``modified_at`` is the
+checkpoint's last change (the card's ``created``: its file's time), ``digest`` is the weights'
 SHA-256 (P1 identity), ``size`` the model's memory (weights + KV) where the server knows it
 (several models), else 0; ``details`` (family, parameter size, stored type) come from each
 model's checkpoint header, read when the server starts, so a model of several that has not
@@ -36,6 +37,7 @@ from coda.server.ollama_schemas import (
     model_name,
 )
 from coda.server.ollama_wire import created_at, keep_alive_zero
+from coda.server.operational_routes import model_card
 from coda.server.state import ServerState
 
 router = APIRouter()
@@ -91,7 +93,6 @@ def unload_when_idle(engine: Engine) -> None:
     task = asyncio.get_running_loop().create_task(watch())
     _WATCHERS.add(task)
     task.add_done_callback(_WATCHERS.discard)
-_EPOCH = "1970-01-01T00:00:00Z"  # NOTE: Coda keeps no modification time of a model
 # NOTE: Ollama's "forever" (keep_alive < 0): now plus Go's longest duration, 2^63-1 ns (about
 # 292 years; its CLI shows any expiry past 20 years as "Forever")
 _FOREVER_S = (2**63 - 1) / 1e9
@@ -101,9 +102,7 @@ def _cards(engine: Engine) -> list[dict[str, Any]]:
     cards = getattr(engine, "model_cards", None)  # NOTE: several models (ModelRouter)
     if cards is not None:
         return list(cards())
-    identity = engine.identity
-    return [{"id": engine.model_name, "max_model_len": engine.context_length,
-             "coda": identity.to_dict() if identity is not None else {}}]
+    return [model_card(engine)]  # NOTE: one model: its /v1/models card
 
 
 def parameter_size(count: int) -> str:
@@ -173,10 +172,15 @@ def _infos(engine: Engine) -> dict[str, ModelInfo]:
     return {info.name: info}
 
 
+def _modified(card: dict[str, Any]) -> str:
+    """The checkpoint's last change (the card's ``created``), as Ollama's ``modified_at``."""
+    return created_at(int(card.get("created") or 0))
+
+
 def _entry(card: dict[str, Any], infos: dict[str, ModelInfo]) -> dict[str, Any]:
     weights = (card.get("coda") or {}).get("weights_sha256") or ""
     size = int((card.get("coda_model") or {}).get("memory_bytes") or 0)
-    return {"name": card["id"], "model": card["id"], "modified_at": _EPOCH, "size": size,
+    return {"name": card["id"], "model": card["id"], "modified_at": _modified(card), "size": size,
             "digest": weights, "details": _details(card, infos.get(card["id"]))}
 
 
@@ -228,7 +232,7 @@ async def show(body: OllamaShowRequest, request: Request) -> Response:
     return JSONResponse({
         "modelfile": "", "parameters": "", "license": "",
         "template": engine.chat.chat_template or "",
-        "details": _details(card, info), "modified_at": _EPOCH,
+        "details": _details(card, info), "modified_at": _modified(card),
         "model_info": _model_info(engine, card, info),
         "capabilities": capabilities(st)})
 

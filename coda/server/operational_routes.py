@@ -23,7 +23,8 @@ def model_card(engine: Engine) -> dict[str, Any]:
     routed = getattr(engine, "model_card", None)
     if routed is not None:  # NOTE: several models: the selected one's card
         return dict(routed())
-    card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "coda",
+    card = {"id": engine.model_name, "object": "model",
+            "created": engine.model_info().modified, "owned_by": "coda",
             "max_model_len": engine.context_length}
     card["coda"] = engine.identity.to_dict()  # P1: what produces the output, by content
     return card

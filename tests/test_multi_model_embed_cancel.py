@@ -13,8 +13,9 @@ its chunks in the worker and no embedding was ever counted cancelled.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
@@ -41,9 +42,9 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
-def wait_for(cond: object, what: str, timeout: float = 120.0) -> None:
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
+    while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
 
@@ -119,8 +120,6 @@ def test_a_worker_killed_under_an_embedding_is_a_503_not_a_hang_l2_l5(
     def call() -> None:
         out["r"] = httpx.post(server.url + "/v1/embeddings", timeout=300,
                               json={"model": "smol", "input": _long_input()})
-
-    import threading
 
     t = threading.Thread(target=call)
     t.start()

@@ -5,7 +5,7 @@ Each is a :class:`~concurrent.futures.Future`, like the in-process engine's
 (:meth:`~coda.engine.async_engine.AsyncEngine.embed_future`): the worker's reply settles it (the
 vector, or the refusal re-raised as the exception the worker's engine raised); cancelled by its
 caller (the awaiting task cancelled, its HTTP client gone), it is forgotten here and
-``("cancel_call", call_id)`` goes to the worker, whose engine drops the embedding at its next
+``cancel_call`` goes to the worker (the messages: :mod:`coda.engine.process_worker`), whose engine drops the embedding at its next
 chunk boundary (:mod:`coda.engine.embed_job`), so the model's engine loop is free at once, as
 with one model. A worker that dies fails every one still open (EngineNotStartedError: 503).
 """
@@ -22,11 +22,14 @@ from coda.engine.process_errors import rebuild_error
 
 
 class WorkerEmbeds:
-    """The open embedding calls of one worker, by call id. ``send`` puts a message on the
-    worker's pipe (False: the process is gone)."""
+    """The open embedding calls of one worker, by call id. ``send_embed(call_id, token_ids)``
+    and ``send_cancel(call_id)`` put the protocol's messages on the worker's pipe (built where
+    every message to the worker is, :class:`~coda.engine.process_engine.WorkerProcess`; False:
+    the process is gone)."""
 
-    def __init__(self, send: Callable[[tuple[object, ...]], bool]) -> None:
-        self._send = send
+    def __init__(self, send_embed: Callable[[int, list[int]], bool],
+                 send_cancel: Callable[[int], bool]) -> None:
+        self._send_embed, self._send_cancel = send_embed, send_cancel
         self._open: dict[int, Future[list[float]]] = {}
         self._lock = threading.Lock()  # NOTE: the event loop, the pipe reader and callbacks
 
@@ -38,7 +41,7 @@ class WorkerEmbeds:
         with self._lock:
             self._open[call_id] = fut
         fut.add_done_callback(lambda f: self._done(call_id, f))
-        if not self._send(("call", call_id, "embed", (token_ids,))):
+        if not self._send_embed(call_id, token_ids):
             self.answer(call_id, lost())
         return fut
 
@@ -74,4 +77,4 @@ class WorkerEmbeds:
         with self._lock:
             was_open = self._open.pop(call_id, None) is not None
         if was_open:
-            self._send(("cancel_call", call_id))  # NOTE: its caller left (C1)
+            self._send_cancel(call_id)  # NOTE: its caller left (C1)

@@ -95,7 +95,9 @@ class WorkerProcess:
         # NOTE: a separate lock for the pipe: the reader never waits behind a blocked send
         self._send_lock = threading.Lock()
         self._calls: dict[int, _Answer] = {}
-        self._embeds = WorkerEmbeds(self._send)  # NOTE: embeddings not answered yet
+        self._embeds = WorkerEmbeds(  # NOTE: embeddings not answered yet
+            lambda call_id, ids: self._send(("call", call_id, "embed", (ids,))),
+            lambda call_id: self._send(("cancel_call", call_id)))
         self._waits: dict[str, _Answer] = {}  # NOTE: submits waiting for accepted/rejected
         self._ids = itertools.count()
         self._proc: subprocess.Popen[bytes] | None = None

@@ -140,6 +140,25 @@ def test_decode_steps_run_between_an_embeddings_chunks_l7(engine: Any, rec: Reco
     assert len(between) >= 3 and between[1:3] == [1, 1], rec.events  # NOTE: decode tokens
 
 
+def test_a_request_arriving_during_a_chunk_steps_before_the_next_chunk_l7(
+        engine: Any, rec: Recorder) -> None:
+    """L7: a chat submitted while an embedding's chunk runs is admitted when that chunk ends:
+    its prefill is the very next forward, before the embedding's next chunk (the loop read
+    its inbox before the chunk, so such a request waited one more chunk)."""
+    rec.gate = threading.Event()
+    fut = engine.embed_future(_ids(engine, LONG))
+    assert rec.started.wait(60), "the engine thread never ran the embedding"
+    prompt = engine.tokenizer.encode("Hello", add_special_tokens=True).ids
+    chat = engine.submit(GenerationRequest(prompt_token_ids=tuple(prompt), max_tokens=2,
+                                           sampling=SamplingParams(ignore_eos=True)))
+    rec.gate.set()
+    fut.result(300)
+    chat.wait(300)
+    first = [kind for kind, _ in rec.events].index("embed")
+    assert rec.events[first:first + 3] == [("embed", CHUNK), ("step", len(prompt)),
+                                           ("embed", CHUNK)], rec.events
+
+
 def test_a_cancelled_embedding_stops_at_a_chunk_boundary_c1(engine: Any, rec: Recorder) -> None:
     """C1: cancelling the awaiting task stops the embedding after the chunk running (no
     further chunk, its scratch cache freed), and the next embedding runs."""

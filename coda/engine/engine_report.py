@@ -88,7 +88,8 @@ def stats(engine: AsyncEngine) -> EngineStats:
         num_free_blocks=bm.num_free_blocks, num_requests_total=engine.num_requests_total,
         num_preemptions_total=engine.core.num_preemptions_total,
         kv_cache_reserved_bytes=int(engine.runner.kv.nbytes),
-        kv_cache_committed_bytes=kv_committed(engine))
+        kv_cache_committed_bytes=kv_committed(engine),
+        embed_chunks_total=engine.embed_chunks, embeds_cancelled_total=engine.embeds_cancelled)
 
 
 def kv_committed(engine: AsyncEngine) -> int:

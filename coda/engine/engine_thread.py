@@ -54,9 +54,9 @@ def start(engine: AsyncEngine) -> None:
 
 
 def run_loop(engine: AsyncEngine) -> None:
-    """The engine thread: queued requests admitted and an embedding's next chunk run between
-    steps, the batch stepped while there is work, the block manager checked when it goes
-    idle."""
+    """The engine thread: per turn, an embedding's next chunk, then the requests queued so
+    far admitted (those that arrived during the chunk included), then one step of the batch;
+    the block manager checked when it goes idle."""
     checked = True  # NOTE: nothing has run yet
     while True:
         if not checked and not engine.core.has_work:
@@ -68,10 +68,13 @@ def run_loop(engine: AsyncEngine) -> None:
                 engine._cond.wait(0.5)
             if engine._stopping:
                 return
-            incoming = list(engine._inbox)
-            engine._inbox.clear()
         checked = False
         run_calls(engine)
+        # NOTE: the inbox is read after the chunk, so a request that arrived while it ran is
+        # admitted into this turn's step (read before it, it waited one more chunk)
+        with engine._cond:
+            incoming = list(engine._inbox)
+            engine._inbox.clear()
         for ereq in incoming:
             admit(engine, ereq)
         try:

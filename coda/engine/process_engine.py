@@ -22,7 +22,9 @@ counts the worker reports with each batch of events and every ``process_sender._
 while tokens move no event.
 
 ``close`` refuses a second terminal, so whichever comes first is the one; nothing is appended
-after it. Cancel goes to the worker by id; the worker's engine ends the request (C1).
+after it. Cancel goes to the worker by id; the worker's engine ends the request (C1). An
+embedding is a future: cancelled (its client gone), the worker's engine drops it at its next
+chunk boundary (:mod:`coda.engine.process_embeds`), as the in-process engine does.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
 from coda.engine.local_end import end_failed
+from coda.engine.process_embeds import WorkerEmbeds
 from coda.engine.process_errors import exit_reason, rebuild_error
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.errors import EngineNotStartedError, ErrorCode
@@ -91,6 +95,9 @@ class WorkerProcess:
         # NOTE: a separate lock for the pipe: the reader never waits behind a blocked send
         self._send_lock = threading.Lock()
         self._calls: dict[int, _Answer] = {}
+        self._embeds = WorkerEmbeds(  # NOTE: embeddings not answered yet
+            lambda call_id, ids: self._send(("call", call_id, "embed", (ids,))),
+            lambda call_id: self._send(("cancel_call", call_id)))
         self._waits: dict[str, _Answer] = {}  # NOTE: submits waiting for accepted/rejected
         self._ids = itertools.count()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -173,8 +180,8 @@ class WorkerProcess:
         self._send(("ack", request_id, seq))
 
     def call(self, method: str, *args: object, timeout: float = 10.0) -> Any:
-        """A blocking call answered by the worker (``stats``, ``num_waiting``,
-        ``trace_rows``); TimeoutError if no answer (e.g. the worker died)."""
+        """A blocking call answered by the worker (``stats``, ``trace_rows``); TimeoutError if
+        no answer (e.g. the worker died)."""
         slot = _Answer()
         call_id = next(self._ids)
         self._calls[call_id] = slot
@@ -186,18 +193,10 @@ class WorkerProcess:
         finally:
             self._calls.pop(call_id, None)
 
-    def embed(self, token_ids: list[int], timeout: float = 600.0) -> list[float]:
-        """The worker engine's :meth:`~coda.engine.async_engine.AsyncEngine.embed` (blocking;
-        its refusal re-raised as the exception the engine raised)."""
-        try:
-            answer = self.call("embed", token_ids, timeout=timeout)
-        except TimeoutError:
-            raise EngineNotStartedError(f"model worker '{self.name}' did not answer the "
-                                        f"embedding ({self.error or self.state})") from None
-        if answer[0] != "ok":
-            raise rebuild_error(*answer)
-        vector: list[float] = answer[1]
-        return vector
+    def embed(self, token_ids: list[int]) -> Future[list[float]]:
+        """The worker engine's :meth:`~coda.engine.async_engine.AsyncEngine.embed_future`
+        (:mod:`coda.engine.process_embeds`: cancel the future to stop it at its next chunk)."""
+        return self._embeds.start(next(self._ids), token_ids, self._embed_lost)
 
     @property
     def num_open(self) -> int:
@@ -213,6 +212,10 @@ class WorkerProcess:
             return True
         except (OSError, ValueError, BrokenPipeError):  # NOTE: the process is gone
             return False
+
+    def _embed_lost(self) -> EngineNotStartedError:
+        return EngineNotStartedError(f"model worker '{self.name}' did not answer the "
+                                     f"embedding ({self.error or self.state})")
 
     def _forget(self, rid: str) -> None:
         with self._lock:
@@ -254,6 +257,8 @@ class WorkerProcess:
                 waiter = self._waits.pop(msg[1], None)
             if waiter is not None:
                 waiter.event.set()
+        elif kind == "reply" and self._embeds.owns(msg[1]):
+            self._embeds.answer(msg[1], msg[2])
         elif kind == "reply":
             slot = self._calls.get(msg[1])
             if slot is not None:
@@ -306,3 +311,4 @@ class WorkerProcess:
                            f"model worker '{self.name}' {why}", reported=reported.get(rid))
         for slot in [*self._calls.values(), *self._waits.values()]:
             slot.event.set()  # NOTE: unanswered calls time out at once (no value given)
+        self._embeds.fail_all(self._embed_lost)

@@ -9,7 +9,9 @@ parent over one duplex pipe. Every message is a tuple of plain data (pickled by
 
 parent → worker: ``("init", model, EngineConfig, kv_available, log_setup)`` first, then
 ``("submit", GenerationRequest, reply)`` · ``("cancel", request_id, cause)`` ·
-``("ack", request_id, seq)`` · ``("call", call_id, method, args)`` · ``("shutdown",)``
+``("ack", request_id, seq)`` · ``("call", call_id, method, args)`` · ``("cancel_call",
+call_id)`` (an ``embed`` call whose caller left: its engine drops it at the next chunk
+boundary, no reply; :mod:`coda.engine.process_embeds`) · ``("shutdown",)``
 
 worker → parent: ``("loaded", info)`` or ``("load_failed", message)`` first, then
 ``("events", [(request_id, [StreamEvent, ...]), ...], [(request_id, Usage), ...])`` (the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -94,6 +97,7 @@ def _serve(conn: Connection, engine: Any, sender: WorkerSender, send: Any) -> No
     from coda.errors import CodaError
 
     streams: dict[str, RequestStream] = {}
+    embeds: dict[int, Future[list[float]]] = {}  # NOTE: embed calls not answered yet
     while True:
         try:
             msg = conn.recv()
@@ -128,19 +132,23 @@ def _serve(conn: Connection, engine: Any, sender: WorkerSender, send: Any) -> No
         elif kind == "call":
             _, call_id, method, args = msg
             if method == "embed":
-                _embed(engine, call_id, args[0], send)
+                _embed(engine, call_id, args[0], send, embeds)
             else:
                 send(("reply", call_id, _call(engine, method, args)))
+        elif kind == "cancel_call":
+            fut = embeds.pop(msg[1], None)
+            if fut is not None:
+                fut.cancel()  # NOTE: the engine thread drops it at its next chunk boundary
         elif kind == "shutdown":
             return
 
 
-def _embed(engine: Any, call_id: int, token_ids: list[int], send: Any) -> None:
-    """Queue an embedding; it is answered (``("ok", vector)`` or the refusal as
+def _embed(engine: Any, call_id: int, token_ids: list[int], send: Any,
+           embeds: dict[int, Future[list[float]]]) -> None:
+    """Queue an embedding (its future kept in ``embeds`` until it ends, for ``cancel_call``);
+    it is answered (``("ok", vector)`` or the refusal as
     :func:`~coda.engine.process_errors.rebuild_error` reads it) once the engine thread ran it,
-    while this loop keeps serving the model's requests."""
-    from concurrent.futures import Future
-
+    while this loop keeps serving the model's requests; a cancelled one is not answered."""
     from coda.errors import CodaError
 
     def refusal(exc: BaseException) -> tuple[Any, ...]:
@@ -149,13 +157,19 @@ def _embed(engine: Any, call_id: int, token_ids: list[int], send: Any) -> None:
         return ("value", "invalid_request", str(exc), None)
 
     def reply(fut: Future[list[float]]) -> None:
+        embeds.pop(call_id, None)
+        if fut.cancelled():
+            return  # NOTE: its caller left; the parent has forgotten the call
         exc = fut.exception()
         send(("reply", call_id, ("ok", fut.result()) if exc is None else refusal(exc)))
 
     try:
-        engine.embed_future(token_ids).add_done_callback(reply)
+        fut = engine.embed_future(token_ids)
     except Exception as exc:
         send(("reply", call_id, refusal(exc)))
+        return
+    embeds[call_id] = fut
+    fut.add_done_callback(reply)
 
 
 def _call(engine: Any, method: str, args: tuple[Any, ...]) -> Any:

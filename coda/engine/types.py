@@ -215,3 +215,6 @@ class EngineStats:
     # NOTE: issue 19 item 3: the cache's mapping, and the part of it ever written (committed)
     kv_cache_reserved_bytes: int = 0
     kv_cache_committed_bytes: int = 0
+    # NOTE: embeddings' chunks run so far, and those dropped at a chunk boundary (caller gone)
+    embed_chunks_total: int = 0
+    embeds_cancelled_total: int = 0

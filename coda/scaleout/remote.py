@@ -149,7 +149,9 @@ class RemoteEngine:
             num_requests_total=self.num_requests_total,
             num_preemptions_total=sum(p.num_preemptions_total for p in parts),
             kv_cache_reserved_bytes=sum(p.kv_cache_reserved_bytes for p in parts),
-            kv_cache_committed_bytes=sum(p.kv_cache_committed_bytes for p in parts))
+            kv_cache_committed_bytes=sum(p.kv_cache_committed_bytes for p in parts),
+            embed_chunks_total=sum(p.embed_chunks_total for p in parts),
+            embeds_cancelled_total=sum(p.embeds_cancelled_total for p in parts))
 
     def attach(self, request_id: str, after_seq: int = -1) -> AsyncIterator[StreamEvent]:
         raise KeyError(request_id)  # NOTE: resume is the durable log's (--redis-url)

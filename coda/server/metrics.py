@@ -57,6 +57,10 @@ class ServerMetrics:
         self.waiting = Gauge("coda:num_requests_waiting", "Requests queued.", registry=r)
         self.kv_usage = Gauge("coda:kv_cache_usage_perc", "KV cache usage (0-1).", registry=r)
         self.preemptions = Gauge("coda:num_preemptions", "Preemptions so far.", registry=r)
+        self.embed_chunks = Gauge("coda:embedding_chunks", "Embedding chunks run so far.",
+                                  registry=r)
+        self.embeds_cancelled = Gauge("coda:embeddings_cancelled", "Embeddings stopped at a "
+                                      "chunk boundary, their caller gone, so far.", registry=r)
         # NOTE: issue 19 item 3: the cache is reserved at load and committed as it is written
         self.kv_reserved = Gauge("coda:kv_cache_reserved_bytes", "KV cache mapping (bytes).",
                                  registry=r)
@@ -111,6 +115,8 @@ class ServerMetrics:
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
         self.preemptions.set(stats.num_preemptions_total)
+        self.embed_chunks.set(stats.embed_chunks_total)
+        self.embeds_cancelled.set(stats.embeds_cancelled_total)
         self.kv_reserved.set(stats.kv_cache_reserved_bytes)
         self.kv_committed.set(stats.kv_cache_committed_bytes)
         return generate_latest(self.registry)

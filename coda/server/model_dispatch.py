@@ -126,7 +126,8 @@ async def embed(router: ModelRouter, slot: ModelSlot, token_ids: list[int]) -> l
     key = f"embed-{uuid.uuid4().hex[:16]}"
     slot.live.add(key)  # NOTE: in flight: not unloaded under it
     try:
-        return await asyncio.to_thread(w.embed, token_ids)
+        # NOTE: a cancelled await (the client gone) cancels it in the worker too (C1)
+        return await asyncio.wrap_future(w.embed(token_ids))
     finally:
         slot.live.discard(key)
         slot.last_used = time.monotonic()

@@ -248,7 +248,9 @@ class ModelRouter:
             num_blocks=sum(p.num_blocks for p in parts),
             num_free_blocks=sum(p.num_free_blocks for p in parts),
             num_requests_total=self.num_requests_total,
-            num_preemptions_total=sum(p.num_preemptions_total for p in parts))
+            num_preemptions_total=sum(p.num_preemptions_total for p in parts),
+            embed_chunks_total=sum(p.embed_chunks_total for p in parts),
+            embeds_cancelled_total=sum(p.embeds_cancelled_total for p in parts))
 
     def register_metrics(self, registry: Any) -> None:
         """Add the load/unload metrics to the server's ``/metrics`` registry."""

@@ -19,6 +19,7 @@ tokens come without the partial character the end removed (K3; ``coda.output_del
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -67,6 +68,10 @@ def legacy_logprobs(tokens: Iterable[TokenInfo], start: int, end: int, *,
     sampled token, so there may be up to logprobs+1 elements", as vLLM does."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                            "text_offset": []}
+    # NOTE: offsets count the characters the text's bytes so far decode to (as the text was
+    # decoded): a token holding part of a character starts at that character, and the 1-char
+    # U+FFFD its ``tokens`` entry shows does not move the offset one character per byte
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset = start
     for t in tokens:
         text = _text(t.piece)
@@ -77,8 +82,7 @@ def legacy_logprobs(tokens: Iterable[TokenInfo], start: int, end: int, *,
             top.setdefault(text, t.logprob)
         out["top_logprobs"].append(top)
         out["text_offset"].append(min(offset, end))
-        if not (skip_special and t.special):
-            offset += len(text)
+        offset += len(decoder.decode(shown_piece(t, skip_special)))
     return out
 
 

@@ -211,6 +211,26 @@ def test_echo_text_offsets_after_split_characters_o1(client: openai.OpenAI) -> N
         if whole != token:
             assert text[at + len(whole)] in "\U0001f389\U0001f409", (token, at)
 
+
+def test_echo_top_logprobs_shared_key_keeps_the_best_o1(client: openai.OpenAI) -> None:
+    """O1: byte tokens of split characters all show as U+FFFD, so they share one
+    ``top_logprobs`` key: it holds the best of their logprobs, never below the token's own, so
+    a greedy token is its entry's top key (lm-eval's ``is_greedy``); the last (worst) one
+    used to overwrite it."""
+    r = client.completions.create(model=_model(client), prompt="Emoji: \U0001f389\U0001f389",
+                                  max_tokens=6, temperature=0, echo=True, logprobs=5)
+    got = r.choices[0].logprobs
+    assert got.tokens and got.token_logprobs and got.top_logprobs
+    shared = 0
+    for token, own, top in zip(got.tokens[1:], got.token_logprobs[1:], got.top_logprobs[1:],
+                               strict=True):
+        assert own is not None and top is not None
+        assert top[token] >= own - 1e-6, (token, own, top)
+        if own >= max(top.values()) - 1e-6:
+            assert max(top, key=lambda k: top[k]) == token, (token, own, top)
+        shared += "\ufffd" in top
+    assert shared  # NOTE: U+FFFD keys are in play
+
 BAD = [
     ({"max_tokens": 0}, "max_tokens"),  # NOTE: 0 is prompt scoring: only with echo
     ({"echo": True, "max_tokens": -1}, "max_tokens"),

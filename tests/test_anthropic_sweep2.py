@@ -4,7 +4,11 @@ on a live server over loopback (SmolLM2):
 - with tools, an answer with no text and no call is ``content: []`` (as Anthropic answers an
   empty turn, and as the stream already sent it: no block), not one empty text block (a block
   Coda itself refuses as input: "text content blocks must be non-empty"), so the whole answer
-  and the streamed one (``get_final_message``) agree.
+  and the streamed one (``get_final_message``) agree;
+- without tools too: an answer that ends before any text (a stop sequence matched by the first
+  token, S3) is ``content: []`` whole and streamed (no block), as Anthropic answers an empty
+  turn (anthropic-sdk-typescript#459), not a text block Coda would refuse as input (tiny
+  model, ``an``).
 """
 
 from __future__ import annotations
@@ -60,3 +64,23 @@ def test_p1_an_empty_tool_turn_is_no_block_whole_or_streamed(
     assert whole.content == []
     with client.messages.stream(**args) as s:
         assert s.get_final_message().content == []
+
+
+def test_p1_s3_an_empty_plain_answer_is_no_block_whole_or_streamed(
+        an: anthropic.Anthropic) -> None:
+    """P1, S3: no tools, the first token holds the stop sequence: ``content: []`` whole and
+    streamed (message_start, ping, message_delta, message_stop: no empty text block, which
+    Coda refuses as input)."""
+    model = an.models.list().data[0].id
+    base: Any = {"model": model, "max_tokens": 8, "extra_body": {"top_k": 1},
+                 "messages": [{"role": "user", "content": "Hello"}]}
+    first = an.messages.create(**base).content[0]
+    assert first.type == "text" and first.text
+    args: Any = {**base, "stop_sequences": [first.text[0]]}
+    whole = an.messages.create(**args)
+    assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", first.text[0])
+    assert whole.content == []
+    with an.messages.stream(**args) as s:
+        kinds = [e.type for e in s]
+        assert s.get_final_message().content == []
+    assert kinds == ["message_start", "message_delta", "message_stop"]  # NOTE: ping: no SDK event

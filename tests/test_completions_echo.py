@@ -191,6 +191,46 @@ def test_echo_logprobs_score_eos_and_split_utf8_prompt_tokens_o1(client: openai.
         assert (got.text_offset[at + 1] == got.text_offset[at]) is skip
 
 
+
+def test_echo_text_offsets_after_split_characters_o1(client: openai.OpenAI) -> None:
+    """O1: ``text_offset`` is each token's start in the choice's text also after characters
+    split over several byte tokens (an emoji is 3 byte-level BPE tokens, each shown as one
+    U+FFFD): every whole token sits at its offset, a split character's tokens all at that
+    character; the offsets used to move one per byte token, then stick at the text's end."""
+    prompt = "Party \U0001f389\U0001f409 time, caf\u00e9!"
+    r = client.completions.create(model=_model(client), prompt=prompt, max_tokens=0, echo=True,
+                                  logprobs=0)
+    got = r.choices[0].logprobs
+    text = r.choices[0].text
+    assert text == prompt
+    assert got.tokens is not None and got.text_offset is not None
+    assert "\ufffd" in got.tokens  # NOTE: the emoji are split into byte tokens
+    for token, at in zip(got.tokens, got.text_offset, strict=True):
+        whole = token.split("\ufffd")[0]  # NOTE: the token's characters before a split one
+        assert text[at:at + len(whole)] == whole, (token, at, got.text_offset)
+        if whole != token:
+            assert text[at + len(whole)] in "\U0001f389\U0001f409", (token, at)
+
+
+def test_echo_top_logprobs_shared_key_keeps_the_best_o1(client: openai.OpenAI) -> None:
+    """O1: byte tokens of split characters all show as U+FFFD, so they share one
+    ``top_logprobs`` key: it holds the best of their logprobs, never below the token's own, so
+    a greedy token is its entry's top key (lm-eval's ``is_greedy``); the last (worst) one
+    used to overwrite it."""
+    r = client.completions.create(model=_model(client), prompt="Emoji: \U0001f389\U0001f389",
+                                  max_tokens=6, temperature=0, echo=True, logprobs=5)
+    got = r.choices[0].logprobs
+    assert got.tokens and got.token_logprobs and got.top_logprobs
+    shared = 0
+    for token, own, top in zip(got.tokens[1:], got.token_logprobs[1:], got.top_logprobs[1:],
+                               strict=True):
+        assert own is not None and top is not None
+        assert top[token] >= own - 1e-6, (token, own, top)
+        if own >= max(top.values()) - 1e-6:
+            assert max(top, key=lambda k: top[k]) == token, (token, own, top)
+        shared += "\ufffd" in top
+    assert shared  # NOTE: U+FFFD keys are in play
+
 BAD = [
     ({"max_tokens": 0}, "max_tokens"),  # NOTE: 0 is prompt scoring: only with echo
     ({"echo": True, "max_tokens": -1}, "max_tokens"),

@@ -229,13 +229,14 @@ class AnthropicAdapter:
         if c.terminal.reasoning is not None and spec.reasoning:  # NOTE: issue 23
             thinking = [{"type": "thinking", "signature": "",
                          "thinking": "" if spec.omit_thinking else c.reasoning}]
-        answer: list[dict[str, Any]] = [{"type": "text", "text": c.text}]
+        # NOTE: an empty answer is no block: content [], as Anthropic answers an empty turn and
+        # the stream sends it (a split output keeps its text block, as its stream does)
+        answer: list[dict[str, Any]] = (
+            [{"type": "text", "text": c.text}] if c.text or spec.thinking else [])
         calls: list[tl.ToolCall] = []
         if spec.tools:
             text, calls, removed = tl.split(c.text)
             ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
-            # NOTE: an empty answer is no block: content [], as Anthropic answers and as
-            # the stream sends (an empty text block is one Coda refuses as input)
             answer = ([{"type": "text", "text": text}] if text else []) + [
                 tool_use_block(k, rid) for k in calls]
         # NOTE: the thinking block leads whatever the answer's blocks are (tools included)

@@ -9,7 +9,8 @@ exact outcome in ``coda``) and ``message_stop`` — or one in-band ``error`` eve
 failed. A reasoning model's split output (issue 23) opens its blocks lazily: a ``thinking``
 block (``thinking_delta``s, an empty ``signature_delta``), then the text block. ``max_tokens:
 0`` (cache pre-warming) opens no block: ``message_start``, ``ping``, ``message_delta``
-(``max_tokens``), ``message_stop``.
+(``max_tokens``), ``message_stop``; nor does an answer that ended before any text (its first
+event is the terminal), as Anthropic streams an empty turn (``content: []``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class AnthropicRenderer(Renderer):
         self.show_reasoning = spec.reasoning
         self.omit_thinking = spec.omit_thinking  # NOTE: the block is sent, its text is not
         self.thinking_open = False
+        self.empty = False  # NOTE: set at the first event: the answer holds no text at all
         if self.thinking:
             for e in replay(record.handles[0].stream):
                 if e.type is EventType.DELTA and e.seq <= self.after[0]:
@@ -118,7 +120,10 @@ class AnthropicRenderer(Renderer):
             "id": self.r.id, "type": "message", "role": "assistant", "model": self.r.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {**usage, **self.tier}}
-        if self.parser is not None or self.thinking or self.warm:
+        # NOTE: a terminal first (the answer ended before any text: EOS or a stop sequence
+        # at once) opens no block, as Anthropic streams an empty turn (content [])
+        self.empty = ev.terminal is not None
+        if self.parser is not None or self.thinking or self.warm or self.empty:
             return [self._frame("message_start", fid, message=message), self._frame("ping", fid)]
         return [self._frame("message_start", fid, message=message),
                 self._frame("content_block_start", fid, index=0,
@@ -206,7 +211,7 @@ class AnthropicRenderer(Renderer):
                 frames.append(self._frame("content_block_start", fid, index=self.block,
                                           content_block={"type": "text", "text": ""}))
             frames.append(self._frame("content_block_stop", fid, index=self.block))
-        elif self.parser is None and not self.warm:
+        elif self.parser is None and not self.warm and not self.empty:
             frames.append(self._frame("content_block_stop", fid, index=0))
         elif self.text_open:
             frames.append(self._frame("content_block_stop", fid, index=self.block))

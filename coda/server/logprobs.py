@@ -19,6 +19,7 @@ tokens come without the partial character the end removed (K3; ``coda.output_del
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -64,21 +65,29 @@ def legacy_logprobs(tokens: Iterable[TokenInfo], start: int, end: int, *,
 
     Each ``top_logprobs`` entry is the ``k`` best, then the token itself where it is not among
     them (a sampled or a prompt token): OpenAI's "The API will always return the logprob of the
-    sampled token, so there may be up to logprobs+1 elements", as vLLM does."""
+    sampled token, so there may be up to logprobs+1 elements", as vLLM does. Keys are token
+    texts, so tokens with the same text (byte tokens of split characters, each U+FFFD) share
+    one key, which holds the best of their logprobs: the greedy token's key is the top one
+    (lm-eval's ``is_greedy``)."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                            "text_offset": []}
+    # NOTE: offsets count the characters the text's bytes so far decode to (as the text was
+    # decoded): a token holding part of a character starts at that character, and the 1-char
+    # U+FFFD its ``tokens`` entry shows does not move the offset one character per byte
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset = start
     for t in tokens:
         text = _text(t.piece)
         out["tokens"].append(text)
         out["token_logprobs"].append(t.logprob)
-        top = {_text(raw): lp for raw, lp in _alternatives(t)}
+        top: dict[str, float] = {}
+        for raw, lp in _alternatives(t):  # NOTE: best first: a shared key keeps the best
+            top.setdefault(_text(raw), lp)
         if t.logprob is not None and all(i != t.token_id for i, _ in t.top_logprobs):
             top.setdefault(text, t.logprob)
         out["top_logprobs"].append(top)
         out["text_offset"].append(min(offset, end))
-        if not (skip_special and t.special):
-            offset += len(text)
+        offset += len(decoder.decode(shown_piece(t, skip_special)))
     return out
 
 

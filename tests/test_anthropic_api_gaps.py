@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import anthropic
@@ -166,13 +167,16 @@ def test_p1_models_in_anthropic_shape_for_an_anthropic_client(
     raw = httpx.get(url + "/v1/models", headers={"anthropic-version": "2023-06-01"}).json()
     first = raw["data"][0]
     assert raw["first_id"] == raw["last_id"] == first["id"]
-    assert first["created_at"] == "1970-01-01T00:00:00Z" and first["display_name"]
+    oa = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    created = oa.models.retrieve(first["id"]).created  # NOTE: the checkpoint's time, both shapes
+    assert created > 0 and first["display_name"]
+    assert first["created_at"] == datetime.fromtimestamp(created, UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
     info = client.models.retrieve(first["id"])
     assert info.id == first["id"] and info.type == "model"
     with pytest.raises(anthropic.NotFoundError) as exc:
         client.models.retrieve("no-such-model")
     assert exc.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
-    oa = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
     assert oa.models.list().data[0].object == "model"
     assert oa.models.retrieve(first["id"]).object == "model"
 

@@ -190,7 +190,13 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(scope_protocol(request.scope), exc.status_code, str(exc.detail),
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            # NOTE: Starlette's words for a path no route takes (an SDK's batches, files,
+            # ...): named, so a missing endpoint is not read as a wrong base URL
+            message = (f"{request.method} {request.url.path}: no such endpoint on this "
+                       "server (docs/api.md lists the endpoints Coda serves)")
+        return error_response(scope_protocol(request.scope), exc.status_code, message,
                               headers=getattr(exc, "headers", None))
 
     @app.exception_handler(json.JSONDecodeError)

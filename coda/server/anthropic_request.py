@@ -19,6 +19,11 @@
   servers do (a code-execution container, server-side context editing, the MCP connector):
   set (not null, not an empty list), each is a 400 naming it and saying what to do instead
   (:func:`check_unserved`).
+- ``thread`` (a message thread: Anthropic holds the conversation under a reply's id) is the
+  same 400, with ``error.details`` ``{"error_code": "thread_unsupported_request",
+  "unsupported": ["thread"]}``: what the SDK reads as "this server cannot thread", so its tool
+  runner (which opens a thread on its first turn) sends every turn unthreaded, with the full
+  history. Before, "thread: Extra inputs are not permitted" stopped the runner at once.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
+from coda.server.http_errors import ApiError
 from coda.server.params import grammar_from_format
 from coda.server.schemas import ResponseFormat
 from coda.server.tool_results import check_anthropic_results
@@ -150,12 +156,21 @@ _UNSERVED = {
 }
 
 
+# NOTE: the code the SDK's message threads recover from (anthropic.lib.threads: the turn is
+# sent again, and every later one, with the full history and no thread)
+_UNTHREADABLE = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
+
+
 def check_unserved(body: Any) -> None:
-    """A 400 naming the first of ``container``, ``context_management``, ``mcp_servers`` that
-    is set (module doc); null or an empty list asks for nothing and passes."""
+    """A 400 naming the first of ``container``, ``context_management``, ``mcp_servers``,
+    ``thread`` that is set (module doc); null or an empty list asks for nothing and passes."""
     for name, why in _UNSERVED.items():
         if getattr(body, name, None):
             raise _bad(name, why)
+    if getattr(body, "thread", None):
+        raise ApiError(400, "thread: this server holds no conversation state (Anthropic's "
+                            "message threads): send the whole conversation in messages",
+                       param="thread", details=dict(_UNTHREADABLE))
 
 
 def _format(fmt: Any, field: str) -> GrammarSpec:

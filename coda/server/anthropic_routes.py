@@ -178,7 +178,7 @@ class AnthropicAdapter:
 
     async def parse(self, st: ServerState, body: AnthropicRequest) -> Record:
         st.check_model(body.model)
-        if body.container or body.context_management or body.mcp_servers:  # NOTE: issue 22
+        if body.container or body.context_management or body.mcp_servers or body.thread:
             check_unserved(body)  # NOTE: a plain request never enters anthropic_request
         plan = tool_plan(body)
         show, budget = _thinking(body)

@@ -49,10 +49,11 @@ class ApiError(Exception):
     """Raised by route code; rendered by the app's handler in the caller's protocol."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers
+        self.headers, self.details = headers, details
 
 
 def protocol_of(path: str) -> Protocol:
@@ -83,13 +84,19 @@ def _routed(scope: Scope) -> bool:
 
 
 def error_payload(protocol: Protocol, status: int, message: str, *, param: str | None = None,
-                  code: str | None = None) -> dict[str, Any]:
+                  code: str | None = None, details: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """The protocol's error body; ``details``: Anthropic's ``error.details`` (what its SDK
+    reads to recover, as ``thread_unsupported_request``), left out elsewhere."""
     if protocol == "ollama":
         return {"error": message}  # NOTE: Ollama's one error shape, whatever the status
     if protocol == "anthropic":
         kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
                                     "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": message}}
+        error: dict[str, Any] = {"type": kind, "message": message}
+        if details is not None:
+            error["details"] = details
+        return {"type": "error", "error": error}
     # NOTE: a 429 (overloaded, docs/api.md "Overload") is no fault of the request: OpenAI's
     # own overloaded 429 ("The server is currently overloaded with other requests") carries
     # server_error, as its 5xx do
@@ -98,15 +105,15 @@ def error_payload(protocol: Protocol, status: int, message: str, *, param: str |
 
 
 def error_response(protocol: Protocol, status: int, message: str, *, param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None
-                   ) -> JSONResponse:
+                   code: str | None = None, headers: dict[str, str] | None = None,
+                   details: dict[str, Any] | None = None) -> JSONResponse:
     if protocol == "ollama" and status == 429:
         # NOTE: Ollama's own full queue (OLLAMA_MAX_QUEUE) answers 503 "server busy, please
         # try again": what a client written against Ollama handles (it never sends a 429)
         status = 503
     if protocol == "anthropic" and status in _ANTHROPIC_OVERLOAD:
         status = ANTHROPIC_OVERLOADED  # NOTE: anthropic.OverloadedError, retried by the SDK
-    payload = error_payload(protocol, status, message, param=param, code=code)
+    payload = error_payload(protocol, status, message, param=param, code=code, details=details)
     if protocol == "anthropic":  # NOTE: one id, in the body and the header (module doc)
         rid = (headers or {}).get("request-id") or fresh_request_id()
         payload["request_id"] = rid
@@ -161,7 +168,8 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(scope_protocol(request.scope), exc.status, exc.message,
-                              param=exc.param, code=exc.code, headers=exc.headers)
+                              param=exc.param, code=exc.code, headers=exc.headers,
+                              details=exc.details)
 
     @app.exception_handler(CodaError)
     async def _coda(request: Request, exc: CodaError) -> JSONResponse:
@@ -182,7 +190,13 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(scope_protocol(request.scope), exc.status_code, str(exc.detail),
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            # NOTE: Starlette's words for a path no route takes (an SDK's batches, files,
+            # ...): named, so a missing endpoint is not read as a wrong base URL
+            message = (f"{request.method} {request.url.path}: no such endpoint on this "
+                       "server (docs/api.md lists the endpoints Coda serves)")
+        return error_response(scope_protocol(request.scope), exc.status_code, message,
                               headers=getattr(exc, "headers", None))
 
     @app.exception_handler(json.JSONDecodeError)

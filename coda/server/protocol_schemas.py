@@ -226,6 +226,8 @@ class AnthropicRequest(CodaExtensions):
     container: str | dict[str, Any] | None = None
     context_management: dict[str, Any] | None = None
     mcp_servers: list[dict[str, Any]] | None = None
+    # NOTE: a message thread (server-held conversation state): the SDK's "cannot thread" 400
+    thread: dict[str, Any] | None = None
     # NOTE: top_k is Anthropic's own field (CodaExtensions declares it): here >= 0 as
     # Anthropic answers (P1); 0 is "off" as before, the -1 of other protocols is a 400
     top_k: int | None = Field(None, ge=0)

@@ -2,7 +2,8 @@
 (:mod:`coda.server.responses_routes`): ``GET /v1/responses/{id}`` (+ ``stream=true&
 starting_after=N`` replay, P3), ``POST /v1/responses/{id}/cancel`` (C1), ``DELETE
 /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``; ``POST
-/v1/responses/compact`` (OpenAI's compaction) is refused, saying what to do instead.
+/v1/responses/compact`` (OpenAI's compaction) and every ``/v1/conversations`` path (OpenAI's
+Conversations API) are refused, saying what to do instead.
 
 Delete answers ``{"id", "object": "response.deleted", "deleted": true}``; afterwards the id is
 unknown everywhere: ``GET``, ``cancel``, ``input_items`` and a second delete are 404s, and
@@ -26,6 +27,7 @@ from coda.finish import CancelCause
 from coda.reader import logged_until, replay, terminal_of
 from coda.server.common import state_of
 from coda.server.cursor_page import page
+from coda.server.fields import UNOFFERED
 from coda.server.http_errors import ApiError
 from coda.server.integrity import agree_cursor, resolve_resume
 from coda.server.records import Record
@@ -158,3 +160,11 @@ async def compact_response() -> Response:
                         "by this server; continue with previous_response_id and truncation: "
                         "\"auto\" (the oldest turns are dropped to fit), or send a shorter "
                         "input", code="not_found")
+
+
+@router.api_route("/v1/conversations{rest:path}", methods=["GET", "POST", "DELETE"])
+async def conversations(request: Request) -> Response:
+    """OpenAI's Conversations API (the SDK's ``conversations.*``): not offered. A 404 in the
+    words of the ``conversation`` field's 400 (it was "Not Found", as a mistyped path)."""
+    raise ApiError(404, f"{request.method} {request.url.path}: {UNOFFERED['conversation']}",
+                   code="not_found")

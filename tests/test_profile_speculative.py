@@ -27,4 +27,4 @@ def test_profile_speculative_times_each_part_and_restores_the_engine(
         assert "step" not in vars(engine.core) and "_drafts" not in vars(engine.core)
     assert 1 <= tokens <= 6
     assert split.n["choose"] >= 1 and split.n["prefill"] >= 1
-    assert split.step > 0 and split.s["rest"] >= -1e-3
+    assert split.step > 0 and split.s["choose"] > 0

@@ -48,17 +48,26 @@ class ReaderInterrupted(Exception):
     """The consumer went away (:meth:`StreamReader.interrupt`); the reader stops at once."""
 
 
-def _merge_position(pair: tuple[int, StreamEvent]) -> tuple[int, float, int, int]:
-    index, ev = pair
-    key = ev.merge_key
-    # NOTE: events of the durable log (merge_key set) by that key; others by their clock. A
-    # stream holds one kind (an old log, written without keys, has none)
-    return (0, key, index, ev.seq) if key is not None else (1, ev.ts, index, ev.seq)
-
-
 def merge_order(batch: Iterable[tuple[int, StreamEvent]]) -> list[tuple[int, StreamEvent]]:
-    """``(index, event)`` pairs in the replayable merge order (merge key or ts, index, seq)."""
-    return sorted(batch, key=_merge_position)
+    """``(index, event)`` pairs in the replayable merge order (merge key or ts, index, seq).
+
+    By merge key where every event of the batch has one (a stream rebuilt from the durable
+    log); otherwise by clock (a live copy stamps every event as it is appended, keyed or not:
+    an ingress's copy of a replica's stream holds the replica's unkeyed events and, when the
+    replica dies, its own keyed terminal). Each stream's events keep their seq order whatever
+    the keys say: an event sorts at the latest position of its stream's events before it."""
+    pairs = list(batch)
+    by_key = all(ev.merge_key is not None for _, ev in pairs)
+    last: dict[int, float] = {}
+    placed: list[tuple[float, int, int, tuple[int, StreamEvent]]] = []
+    for pair in sorted(pairs, key=lambda p: (p[0], p[1].seq)):
+        index, ev = pair
+        # NOTE: the key stays an int (nanoseconds past 2**53: a float would merge neighbours)
+        at: float = ev.merge_key if by_key and ev.merge_key is not None else ev.ts
+        at = max(at, last.get(index, at))
+        last[index] = at
+        placed.append((at, index, ev.seq, pair))
+    return [p for *_, p in sorted(placed, key=lambda q: q[:3])]
 
 
 def settled(batch: list[tuple[int, StreamEvent]], streams: Sequence[RequestStream],

@@ -72,6 +72,22 @@ def test_p3_merge_order_takes_the_durable_logs_merge_key_before_the_clock() -> N
     assert seqs(rd.merge_order(batch)) == [(0, 0), (1, 0), (0, 1), (1, 1)]
 
 
+def test_p3_merge_order_keeps_each_streams_seq_order_p3_l2() -> None:
+    """P3, L2: an ingress's copy of a replica's stream holds the replica's events (no key)
+    and, when the replica dies, the terminal the ingress wrote to the log (keyed): merged by
+    clock, the terminal stays last (by its key it sorted before every delta, so a resume sent
+    it first: seen in the fault-matrix test). Keys that disagree with a stream's seqs never
+    put a later event of it first either."""
+    def ev(seq: int, ts: float, key: int | None = None) -> StreamEvent:
+        return StreamEvent("r", seq, EventType.DELTA, b"x", ts=ts, merge_key=key)
+    mixed = [(0, ev(5, 1.0)), (0, ev(6, 2.0)), (0, ev(7, 3.0, key=10**18))]
+    assert seqs(rd.merge_order(mixed)) == [(0, 5), (0, 6), (0, 7)]
+    skewed = [(0, ev(0, 0.0, 50)), (0, ev(1, 0.0, 20)), (1, ev(0, 0.0, 30)), (1, ev(1, 0.0, 60))]
+    assert seqs(rd.merge_order(skewed)) == [(1, 0), (0, 0), (0, 1), (1, 1)]
+    near = [(1, ev(0, 0.0, 2**62 + 1)), (0, ev(0, 0.0, 2**62 + 2))]  # NOTE: ints, not floats
+    assert seqs(rd.merge_order(near)) == [(1, 0), (0, 0)]
+
+
 def test_p3_a_log_ordered_reader_sends_only_what_every_running_log_is_past() -> None:
     """P3: copies a follower fills from the log (``log_ordered``) get each choice's runs when
     their own follower reads them; the reader sends an event only once every running copy

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from coda.engine.runner import SeqChunk
 from coda.engine.speculative import SpeculativeConfig
 from coda.engine.speculative_state import SpecState
-from coda.engine.verify_costs import SURE, VerifyCosts
+from coda.engine.verify_costs import GAIN, SURE, VerifyCosts
 from tests.conftest import examples
 from tests.test_speculative import SPEC, _engine, _requests, _run
 
@@ -34,14 +34,30 @@ def _measured(seconds: Sequence[float]) -> VerifyCosts:
     return c
 
 
+def _rates(a: float, seconds: Sequence[float]) -> list[float]:
+    return [sum(a ** j for j in range(k + 1)) / s for k, s in enumerate(seconds)]
+
+
 def _oracle(a: float, seconds: Sequence[float]) -> int:
-    rates = [sum(a ** j for j in range(k + 1)) / s for k, s in enumerate(seconds)]
+    rates = _rates(a, seconds)
     return rates.index(max(rates))  # NOTE: the first best: ties go to fewer drafts
+
+
+def _is_best(k: int, a: float, seconds: Sequence[float]) -> bool:
+    """``k`` is the best row count up to :data:`GAIN` (no k beats it by more), and every
+    fewer-drafts count is worse by more than rounding: a tie in exact arithmetic (a row
+    costing exactly ``a`` plain steps) goes to fewer drafts, however it rounds."""
+    rates = _rates(a, seconds)
+    best = all(r <= rates[k] * (1 + 2 * GAIN) for r in rates)
+    return best and all(r * (1 + GAIN / 2) < rates[k] for r in rates[:k])
 
 
 @settings(max_examples=examples(200), deadline=None)
 @given(plain=st.floats(1e-3, 0.1), steps=st.lists(st.floats(0.0, 2.0), min_size=8, max_size=8),
        a=st.floats(0.0, 1.0))
+# NOTE: a fresh run's falsifying example: one row costs exactly a plain steps, a tie
+@example(plain=0.051939591790613325, steps=[0.65625, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+         a=0.65625)
 def test_t4_batch_1_k_is_the_best_measured_tokens_per_second(plain: float, steps: list[float],
                                                            a: float) -> None:
     """Every row count measured (a staircase: each extra row costs 0 to 2 plain steps): the
@@ -49,7 +65,10 @@ def test_t4_batch_1_k_is_the_best_measured_tokens_per_second(plain: float, steps
     seconds = [plain]
     for s in steps:
         seconds.append(seconds[-1] + s * plain)
-    assert _measured(seconds).choose(a, 8) == _oracle(a, seconds)
+    k = _measured(seconds).choose(a, 8)
+    assert k is not None and _is_best(k, a, seconds), (k, _oracle(a, seconds))
+    if max(_rates(a, seconds)) > sorted(_rates(a, seconds))[-2] * (1 + 4 * GAIN):
+        assert k == _oracle(a, seconds)  # NOTE: a clear best: exactly the brute force's
 
 
 def test_the_smollm2_avx512_staircase_picks_3_where_a_line_overdrafts() -> None:

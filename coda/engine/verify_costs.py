@@ -34,6 +34,9 @@ from coda.engine.runner import SeqChunk
 from coda.engine.speculative_costs import DraftCosts
 
 SURE = 3  # NOTE: forwards of one k before its own average prices it alone (module docstring)
+# NOTE: a k must beat the best fewer-drafts rate by more than float rounding: a tie in exact
+# arithmetic (rows costing exactly what they are expected to return) goes to fewer drafts
+GAIN = 1e-9
 
 
 class VerifyCosts:
@@ -82,7 +85,9 @@ class VerifyCosts:
 
     def choose(self, acceptance: float, k_cap: int) -> int | None:
         """The ``k <= k_cap`` with the most expected tokens per second at per-token
-        ``acceptance``; None until two forwards, a plain one among them, are measured."""
+        ``acceptance`` (a k only where it beats every fewer-drafts rate by more than
+        :data:`GAIN`, relatively); None until two forwards, a plain one among them, are
+        measured."""
         if self.forwards < 2 or self.seconds[0] is None:
             return None  # NOTE: one forward may be a first call's allocations: measure more
         best_k, best = 0, 1.0 / self.price(0)
@@ -91,6 +96,6 @@ class VerifyCosts:
             chance *= acceptance
             tokens += chance
             rate = tokens / self.price(k)
-            if rate > best:
+            if rate > best * (1 + GAIN):
                 best_k, best = k, rate
         return best_k

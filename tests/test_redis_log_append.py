@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -89,6 +90,18 @@ def _running_loop() -> asyncio.AbstractEventLoop:
     threading.Thread(target=loop.run_forever, daemon=True).start()
     return loop
 
+def _watch_started(mirror: LogMirror, streams: list[RequestStream],
+                   loop: asyncio.AbstractEventLoop) -> list[Any]:
+    """Each stream started and watched by ``mirror`` (no record, one prompt token): the
+    copies the mirror fills, in ``streams``' order."""
+    copies = []
+    for s in streams:
+        s.start("m")
+        copies.append(mirror.watch(s, record_id="", prompt_tokens=1, on_fenced=lambda: None,
+                                   loop=loop))
+    return copies
+
+
 def test_the_mirror_gathers_a_burst_within_its_hold_into_one_round_trip_p1(
         redis_server: RedisServer) -> None:
     """P1 (issue 24 item 1): a mirror with a flush hold writes every event appended within
@@ -100,11 +113,7 @@ def test_the_mirror_gathers_a_burst_within_its_hold_into_one_round_trip_p1(
     mirror = LogMirror(log, hold_s=2.0)
     big = BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30)
     streams = [RequestStream(uuid.uuid4().hex, big) for _ in range(8)]
-    copies = []
-    for s in streams:
-        s.start("m")
-        copies.append(mirror.watch(s, record_id="", prompt_tokens=1, on_fenced=lambda: None,
-                                   loop=loop))
+    copies = _watch_started(mirror, streams, loop)
     for s in streams:
         s.delta(b"x", (TokenInfo(1),))
     for c in copies:
@@ -140,11 +149,7 @@ def test_the_mirror_flushes_once_per_engine_step_given_the_engine_p1(
     CHANNEL.subscribe(mirror, ends.append, loop)
     big = BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30)
     streams = [RequestStream(uuid.uuid4().hex, big) for _ in range(6)]
-    copies = []
-    for s in streams:
-        s.start("m")
-        copies.append(mirror.watch(s, record_id="", prompt_tokens=1, on_fenced=lambda: None,
-                                   loop=loop))
+    copies = _watch_started(mirror, streams, loop)
     for c in copies:
         assert c.wait_after(-1, timeout=30)
     before = len(calls)
@@ -236,11 +241,7 @@ def test_p3_copies_carry_the_merge_keys_the_log_holds_also_after_a_lost_reply(
     log.append_runs = losing  # type: ignore[method-assign]
     loop = _running_loop()
     mirror = LogMirror(log, hold_s=0.2)
-    copies = []
-    for s in streams:
-        s.start("m")
-        copies.append(mirror.watch(s, record_id="", prompt_tokens=1, on_fenced=lambda: None,
-                                   loop=loop))
+    copies = _watch_started(mirror, streams, loop)
     for s in streams:
         s.delta(b"x", (TokenInfo(1),))
     for c in copies:

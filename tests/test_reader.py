@@ -86,6 +86,8 @@ def test_p3_merge_order_keeps_each_streams_seq_order_p3_l2() -> None:
     assert seqs(rd.merge_order(skewed)) == [(1, 0), (0, 0), (0, 1), (1, 1)]
     near = [(1, ev(0, 0.0, 2**62 + 1)), (0, ev(0, 0.0, 2**62 + 2))]  # NOTE: ints, not floats
     assert seqs(rd.merge_order(near)) == [(1, 0), (0, 0)]
+    cross = [(0, ev(0, 1.0)), (0, ev(1, 2.0)), (1, ev(0, 3.0, key=0))]  # NOTE: by clock
+    assert seqs(rd.merge_order(cross)) == [(0, 0), (0, 1), (1, 0)]
 
 
 def test_p3_a_log_ordered_reader_sends_only_what_every_running_log_is_past() -> None:
@@ -118,6 +120,19 @@ def test_p3_a_log_ordered_reader_sends_only_what_every_running_log_is_past() -> 
         for s in old:
             s.log_ordered = True
         assert len(seqs(await rd.StreamReader(old, [-1, -1]).next(0.05))) == 5
+        # NOTE: a running choice with nothing in its copy yet holds every other back
+        c, e = copy(1, 3), RequestStream("r")
+        e.log_ordered = True
+        waiting = rd.StreamReader([c, e], [-1, -1])
+        assert await waiting.next(0.05) == []
+        e.extend([StreamEvent("r", 0, EventType.START, model="m", merge_key=2)])
+        assert seqs(await waiting.next(0.05)) == [(0, 0), (1, 0)]
+        waiting.close()
+        # NOTE: a resume: each copy's event at its cut is the last handed out (its key counts)
+        f, g = copy(1, 3, 5), copy(2, 6)
+        resumed = rd.StreamReader([f, g], [1, 1])
+        assert seqs(await resumed.next(0.05)) == [(0, 2)]
+        resumed.close()
 
     run(go())
 

@@ -121,18 +121,26 @@ def one_forward(runner: Any, ids: list[int]) -> list[float]:
     return [float(x) for x in pooled.tolist()]
 
 
-def test_decode_steps_run_between_an_embeddings_chunks_l7(engine: Any, rec: Recorder) -> None:
-    """L7: a chat submitted while a 300-token embedding runs decodes between its chunks (the
-    embedding runs one 32-token chunk per engine-loop turn), not after its last one."""
+def _chat_during_an_embedding(engine: Any, rec: Recorder, max_tokens: int) -> list[int]:
+    """A ``LONG``-token embedding held at its first chunk while a ``max_tokens`` chat of
+    "Hello" is submitted, then both run to their ends; the chat's prompt ids."""
     rec.gate = threading.Event()
     fut = engine.embed_future(_ids(engine, LONG))
     assert rec.started.wait(60), "the engine thread never ran the embedding"
-    prompt = engine.tokenizer.encode("Hello", add_special_tokens=True).ids
-    chat = engine.submit(GenerationRequest(prompt_token_ids=tuple(prompt), max_tokens=4,
+    prompt = list(engine.tokenizer.encode("Hello", add_special_tokens=True).ids)
+    chat = engine.submit(GenerationRequest(prompt_token_ids=tuple(prompt),
+                                           max_tokens=max_tokens,
                                            sampling=SamplingParams(ignore_eos=True)))
     rec.gate.set()
     fut.result(300)
     chat.wait(300)
+    return prompt
+
+
+def test_decode_steps_run_between_an_embeddings_chunks_l7(engine: Any, rec: Recorder) -> None:
+    """L7: a chat submitted while a 300-token embedding runs decodes between its chunks (the
+    embedding runs one 32-token chunk per engine-loop turn), not after its last one."""
+    _chat_during_an_embedding(engine, rec, 4)
     kinds = [kind for kind, _ in rec.events]
     first, last = kinds.index("embed"), len(kinds) - 1 - kinds[::-1].index("embed")
     between = [n for kind, n in rec.events[first:last] if kind == "step"]
@@ -145,15 +153,7 @@ def test_a_request_arriving_during_a_chunk_steps_before_the_next_chunk_l7(
     """L7: a chat submitted while an embedding's chunk runs is admitted when that chunk ends:
     its prefill is the very next forward, before the embedding's next chunk (the loop read
     its inbox before the chunk, so such a request waited one more chunk)."""
-    rec.gate = threading.Event()
-    fut = engine.embed_future(_ids(engine, LONG))
-    assert rec.started.wait(60), "the engine thread never ran the embedding"
-    prompt = engine.tokenizer.encode("Hello", add_special_tokens=True).ids
-    chat = engine.submit(GenerationRequest(prompt_token_ids=tuple(prompt), max_tokens=2,
-                                           sampling=SamplingParams(ignore_eos=True)))
-    rec.gate.set()
-    fut.result(300)
-    chat.wait(300)
+    prompt = _chat_during_an_embedding(engine, rec, 2)
     first = [kind for kind, _ in rec.events].index("embed")
     assert rec.events[first:first + 3] == [("embed", CHUNK), ("step", len(prompt)),
                                            ("embed", CHUNK)], rec.events

@@ -333,8 +333,10 @@ def test_p1_p2_extend_skips_what_it_holds_appends_the_rest_and_posts_the_last_se
     posts = PostLog()
     copy = RequestStream("c", channel=posts)
     assert copy.extend(log[:2]) == 2
-    assert copy.extend(log) == 3  # NOTE: seq 0 and 1 resent first: skipped, not the end
+    assert copy.extend(log, merge_key=7) == 3  # NOTE: seq 0 and 1 resent first: skipped
     assert [e.seq for e in copy.events_after(-1)] == [0, 1, 2, 3, 4]
+    # NOTE: P3: a run's merge key goes on the events that run appended, and on no other
+    assert [e.merge_key for e in copy.events_after(-1)] == [None, None, 7, 7, 7]
     assert posts.posts == [(1, False), (4, True)]
     assert copy.closed
     with pytest.raises(StreamClosed):

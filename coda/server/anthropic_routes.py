@@ -230,9 +230,11 @@ class AnthropicAdapter:
             thinking = [{"type": "thinking", "signature": "",
                          "thinking": "" if spec.omit_thinking else c.reasoning}]
         # NOTE: an empty answer is no block: content [], as Anthropic answers an empty turn and
-        # the stream sends it (a split output keeps its text block, as its stream does)
+        # the stream sends it (a split output whose thinking block is sent keeps its text
+        # block, as its stream does; with thinking disabled the turn is empty)
         answer: list[dict[str, Any]] = (
-            [{"type": "text", "text": c.text}] if c.text or spec.thinking else [])
+            [{"type": "text", "text": c.text}] if c.text or (spec.thinking and spec.reasoning)
+            else [])
         calls: list[tl.ToolCall] = []
         if spec.tools:
             text, calls, removed = tl.split(c.text)

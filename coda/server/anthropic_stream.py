@@ -77,20 +77,18 @@ class AnthropicRenderer(Renderer):
         self.omit_thinking = spec.omit_thinking  # NOTE: the block is sent, its text is not
         self.thinking_open = False
         self.empty = False  # NOTE: set at the first event: the answer holds no text at all
-        if self.thinking:
-            for e in replay(record.handles[0].stream):
-                if e.type is EventType.DELTA and e.seq <= self.after[0]:
-                    self._split_blocks(e, "")  # NOTE: replays the block state (resume)
         unstamped = 0  # NOTE: bytes before the resume point that no stamped frame covered
         if spec.tools:
-            stream = record.handles[0].stream
             self.parser = tl.ToolCallParser()
-            for e in replay(stream):
+        if self.thinking or self.parser is not None:
+            for e in replay(record.handles[0].stream):
                 if e.type is EventType.DELTA and e.seq <= self.after[0]:
-                    # NOTE: replays the block state
-                    out = self._blocks(self.parser.feed(e.text), "")
-                    stamped = any(_is_block_delta(f.data) for f in out)
-                    unstamped = 0 if stamped else unstamped + len(e.data)
+                    # NOTE: replays the block state (resume)
+                    out = (self._split_blocks(0, e, "") if self.thinking
+                           else self._parsed(0, e, ""))  # NOTE: no verify yet: no stamp
+                    if self.parser is not None:  # NOTE: issue 20 D5: bytes a later stamp covers
+                        stamped = any(_is_block_delta(f.data) for f in out)
+                        unstamped = 0 if stamped else unstamped + len(e.data)
         if spec.verify:
             self.enable_verify(record.streams)
             if self.verify is not None and unstamped:
@@ -130,10 +128,11 @@ class AnthropicRenderer(Renderer):
                             content_block={"type": "text", "text": ""}),
                 self._frame("ping", fid)]
 
-    def _split_blocks(self, ev: StreamEvent, fid: str) -> list[Frame]:
+    def _split_blocks(self, index: int, ev: StreamEvent, fid: str) -> list[Frame]:
         """Issue 23: a delta of a split output: a reasoning delta goes to the thinking block
         (opened at the first), an answer delta to the text block (the thinking block, if open,
-        is closed first). The signature is empty: Coda signs nothing (docs/api.md)."""
+        is closed first), or with tools to the tool-call parser's blocks, as without a split.
+        The signature is empty: Coda signs nothing (docs/api.md)."""
         out: list[Frame] = []
         if ev.reasoning:
             if not self.show_reasoning:
@@ -151,7 +150,17 @@ class AnthropicRenderer(Renderer):
                                    **self.stamp(0, ev)))
             return out
         out += self._close_thinking(fid)
+        if self.parser is not None:
+            return out + self._parsed(index, ev, fid)
         return out + self._text(fid, ev.text, **self.stamp(0, ev))
+
+    def _parsed(self, index: int, ev: StreamEvent, fid: str) -> list[Frame]:
+        """An answer delta with tools: the tool-call parser's text and ``tool_use`` blocks."""
+        assert self.parser is not None
+        self.take(index, ev)  # NOTE: issue 20 D5: the next block delta's stamp covers it
+        out = self._blocks(self.parser.feed(ev.text), fid)
+        self.stamp_last(index, [f.data for f in out], _is_block_delta)
+        return out
 
     def _text(self, fid: str, text: str, **extra: Any) -> list[Frame]:
         """A text delta, opening the text block first where none is open."""
@@ -176,14 +185,11 @@ class AnthropicRenderer(Renderer):
     def _on_event(self, index: int, ev: StreamEvent, fid: str) -> list[Frame]:
         if ev.type is EventType.DELTA:
             if self.thinking:
-                return self._split_blocks(ev, fid)
+                return self._split_blocks(index, ev, fid)
             if ev.reasoning:
                 return []  # NOTE: issue 23: reasoning dropped (thinking disabled)
             if self.parser is not None:
-                self.take(index, ev)  # NOTE: issue 20 D5: the next block delta's stamp covers it
-                out = self._blocks(self.parser.feed(ev.text), fid)
-                self.stamp_last(index, [f.data for f in out], _is_block_delta)
-                return out
+                return self._parsed(index, ev, fid)
             return [self._frame("content_block_delta", fid, index=0,
                                 delta={"type": "text_delta", "text": ev.text},
                                 **self.stamp(index, ev))]
@@ -205,13 +211,16 @@ class AnthropicRenderer(Renderer):
         reason, stop = stop_fields(terminal, calls)
         # NOTE: max_tokens 0 (warm) opened no content block: none is closed
         if self.thinking and not self.warm:
-            frames += self._close_thinking(fid)
-            if not self.text_open:  # NOTE: the answer is empty: still one text block
+            frames = self._close_thinking(fid) + frames
+            # NOTE: an empty answer after a thinking block sent, without tools: still one
+            # text block, as the whole message's; else none (reasoning dropped: content [],
+            # the empty turn's; with tools the thinking and calls only)
+            if self.parser is None and self.show_reasoning and not self.text_open:
                 self.block += 1
+                self.text_open = True
                 frames.append(self._frame("content_block_start", fid, index=self.block,
                                           content_block={"type": "text", "text": ""}))
-            frames.append(self._frame("content_block_stop", fid, index=self.block))
-        elif self.parser is None and not self.warm and not self.empty:
+        if self.parser is None and not self.thinking and not self.warm and not self.empty:
             frames.append(self._frame("content_block_stop", fid, index=0))
         elif self.text_open:
             frames.append(self._frame("content_block_stop", fid, index=self.block))

@@ -102,7 +102,7 @@ def _requests() -> st.SearchStrategy[GenerationRequest]:
         "request_id": st.none() | TEXT, "utf8_tail": st.sampled_from(["auto", "fail", "drop"]),
         "stops_end_at": st.none() | TEXT, "reasoning": st.none() | reasoning,
         "speculative": st.booleans(), "prompt_logprobs": st.none() | st.integers(0, 20),
-        "prediction": st.none() | IDS})
+        "prediction": st.none() | IDS, "start_at_admission": st.booleans()})
 
 
 @given(st.data(), st.floats(0, 4e9))

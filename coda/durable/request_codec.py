@@ -223,6 +223,7 @@ REQUEST_FIELDS: dict[str, FieldCodec] = {
     "speculative": SCALAR_BOOL,
     "prompt_logprobs": optional(SCALAR_INT),
     "prediction": optional(TOKEN_IDS),
+    "start_at_admission": SCALAR_BOOL,
 }
 REQUEST = record(GenerationRequest, REQUEST_FIELDS)
 

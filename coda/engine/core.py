@@ -116,6 +116,7 @@ class EngineCore:
                 req.note_reacquired(chunk.start_pos)
             if not req.scheduled_once:
                 req.scheduled_once = True
+                req.open_stream()  # NOTE: P1: admitted: a deferred start event is written now
                 req.cached_prompt_tokens = req.processor.cached_prompt_tokens = chunk.start_pos
                 req.lifecycle.transition(State.PREFILLING)
                 req.prefill_started = now

@@ -18,6 +18,9 @@ from coda.engine.prediction import prediction_counts as count_prediction
 from coda.engine.sampler import SamplingRow
 from coda.engine.sequence import Sequence
 from coda.engine.speculative import SpeculativeConfig, state_for
+from coda.errors import ErrorCode
+from coda.finish import FinishReason
+from coda.lifecycle import State
 from coda.output import OutputProcessor
 from coda.request import RequestRun
 from coda.trace import TraceSink
@@ -52,7 +55,11 @@ class EngineRequest(RequestRun, Sequence):
                  model_snapshot: str | None = None,
                  predicted: SpeculativeConfig | None = None) -> None:
         # NOTE: the one constructor of the parts (RequestRun's): stream (opened with its
-        # start event for ``model``), trace handle, processor and its hooks, in one call
+        # start event for ``model``, unless that waits for admission), trace handle,
+        # processor and its hooks, in one call
+        self.unstarted: tuple[str, str | None] | None = None
+        if plan.start_at_admission and model is not None:
+            self.unstarted, model = (model, model_snapshot), None
         RequestRun.__init__(
             self, plan.request_id, None, trace, model=model, model_snapshot=model_snapshot,
             prompt_tokens=len(plan.prompt_token_ids),
@@ -93,6 +100,19 @@ class EngineRequest(RequestRun, Sequence):
         self.computed_high = 0               # highest num_computed_tokens reached (L6)
         self.retries = 0                     # forward retries used (seed 004 D5)
         self.scheduled_once = False
+
+    def open_stream(self) -> None:
+        """P1: the start event a ``start_at_admission`` request waits with, appended once: at
+        admission (its first prefill chunk scheduled, coda.engine.core), or before an ending
+        that comes first (cancelled or refused while queued), so start is still event 0."""
+        if self.unstarted is not None:
+            (model, snapshot), self.unstarted = self.unstarted, None
+            self.stream.start(model, snapshot)
+
+    def _end(self, state: State, reason: FinishReason, code: ErrorCode | None = None,
+             message: str | None = None) -> None:
+        self.open_stream()  # NOTE: the terminal reads the start's snapshot (P1, P2)
+        super()._end(state, reason, code, message)
 
     @property
     def processor(self) -> OutputProcessor:

@@ -84,6 +84,7 @@ class RequestPlan(OutputSpec):
     speculative: bool = True  # issue 21: may this request speculate (if the server does)
     prompt_logprobs: int | None = None  # score each prompt token, k alternatives (echo)
     prediction: tuple[int, ...] | None = None  # a chat prediction's ids (coda.engine.prediction)
+    start_at_admission: bool = False  # P1: the start event once admitted (GenerationRequest)
     # NOTE: prompt plus budget, the sequence's bound in the KV cache: derived once here (a
     # value, not a property the engine calls back into the plan for, issue 22)
     max_total_tokens: int = field(init=False)
@@ -185,7 +186,8 @@ def plan_request(req: GenerationRequest, limits: ModelLimits) -> RequestPlan:
         limits=limits, grammar=req.grammar, early_stop=req.early_stop,
         deadline_s=req.deadline_s, backpressure=req.backpressure,
         speculative=req.speculative, prompt_logprobs=req.prompt_logprobs,
-        prediction=None if req.prediction is None else tuple(req.prediction))
+        prediction=None if req.prediction is None else tuple(req.prediction),
+        start_at_admission=req.start_at_admission)
 
 
 def _is_int(x: object) -> bool:

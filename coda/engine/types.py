@@ -83,6 +83,10 @@ class GenerationRequest:
     # OpenAI's chat ``prediction`` as token ids (None: none sent): drafted from where the
     # engine can verify exactly, and counted against the output (coda.engine.prediction)
     prediction: tuple[int, ...] | None = None
+    # P1: the start event is written when the engine admits the request (its first prefill
+    # chunk scheduled), not at submit, so the log itself says whether it still waits for a
+    # slot (a background response's ``queued`` / ``in_progress``, coda.server.responses_object)
+    start_at_admission: bool = False
 
 
 class EngineConfigError(ValueError):

@@ -216,7 +216,9 @@ def plan_call(ext: CodaExtensions, prompts: Sequence[Sequence[int]], spec: Rende
             early_stop=early, grammar=grammar, backpressure=backpressure_cfg,
             utf8_tail=ext.utf8_tail, request_id=rid if n == 1 else f"{rid}-{i}",
             stops_end_at=stops_end_at, reasoning=reasoning, speculative=ext.speculative,
-            prediction=prediction)
+            prediction=prediction,
+            # NOTE: P1: a background response's log says when it leaves the queue
+            start_at_admission=background)
             for i, sampling in enumerate(samplings)]
     # NOTE: engine field names → this protocol's, for errors raised later by ``submit``
     rename = {"prompt": prompt_field, "max_tokens": max_tokens_field, "deadline_s": "deadline",

@@ -59,10 +59,10 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
     }
     if initial:
         return body
-    # NOTE: P1, as OpenAI: a background response is "queued" until it starts; read from the
-    # log (every handle kind's, a replay's too, P3): started = an event after ``start`` (the
-    # engine writes its first delta once admitted and prefilled) or the terminal
-    if record.background and stream.last_seq <= 0:
+    # NOTE: P1, as OpenAI: a background response is "queued" until the engine works on it;
+    # read from the log (every handle kind's, a replay's too, P3): its ``start`` event is
+    # written at admission (GenerationRequest.start_at_admission), before the prefill
+    if record.background and stream.last_seq < 0:
         return body  # NOTE: queued: nothing written yet, no output item (as created)
     body["status"] = "in_progress"
     text, calls, at = layout(partial_text(stream)) if spec.tools else (partial_text(stream), [], 0)

@@ -10,8 +10,9 @@ output (issue 23) opens with a ``reasoning`` item instead (output index 0:
 ``output_item.done``), and the message item follows at output index 1. With tools, calls and
 text open their items in the order the model wrote them (issue 20 D5 stamps included).
 A ``background`` response's stream opens as OpenAI's: ``response.created`` 0 and
-``response.queued`` 1 (status ``queued``), then ``response.in_progress`` once its log shows it
-started (its first event after ``start``, as :func:`response_object` reads it), then the rest.
+``response.queued`` 1 (status ``queued``), then ``response.in_progress`` with its ``start``
+event, which the engine writes when it admits the request (before the prefill; as
+:func:`response_object` reads it), then the rest.
 """
 
 from __future__ import annotations
@@ -59,8 +60,6 @@ class ResponsesRenderer(Renderer):
         self.message_open = False
         self.message_at = 0  # NOTE: the message item's output_index once it opened
         self.calls = 0  # function_call items opened so far
-        # NOTE: a background response's start event, held while it is queued (on_event)
-        self.pending_start: StreamEvent | None = None
 
     def _emit(self, obj: dict[str, Any]) -> list[Frame]:
         seq = self.seq
@@ -72,7 +71,7 @@ class ResponsesRenderer(Renderer):
 
     def header(self) -> list[Frame]:
         snap = response_object(self.r, initial=True)
-        if self.r.background:  # NOTE: queued until its log shows it started (on_event)
+        if self.r.background:  # NOTE: queued until its start event (on_event)
             return (self._emit({"type": "response.created", "response": snap})
                     + self._emit({"type": "response.queued", "response": snap}))
         return (self._emit({"type": "response.created", "response": snap})
@@ -80,21 +79,14 @@ class ResponsesRenderer(Renderer):
                               "response": {**snap, "status": "in_progress"}}))
 
     def on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
-        """A background response's ``start`` waits: its first event after it (the request
-        started: responses_object) sends ``response.in_progress``, then the start's frames."""
-        if not self.r.background:
+        """A background response's ``start`` (written at admission: the engine works on it,
+        responses_object) sends ``response.in_progress`` before the start's frames."""
+        if not (self.r.background and ev.type is EventType.START):
             return self._on_event(index, ev, positions)
-        if ev.type is EventType.START:
-            self.pending_start = ev
-            return []
-        head: list[Frame] = []
-        if self.pending_start is not None:
-            start, self.pending_start = self.pending_start, None
-            snap = response_object(self.r, initial=True)
-            head = (self._emit({"type": "response.in_progress",
-                                "response": {**snap, "status": "in_progress"}})
-                    + self._on_event(index, start, positions))
-        return head + self._on_event(index, ev, positions)
+        snap = response_object(self.r, initial=True)
+        return (self._emit({"type": "response.in_progress",
+                            "response": {**snap, "status": "in_progress"}})
+                + self._on_event(index, ev, positions))
 
     def _close_reasoning(self) -> list[dict[str, Any]]:
         """The reasoning item's end (once, before the first item after it)."""

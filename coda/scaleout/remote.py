@@ -205,8 +205,13 @@ class RemoteEngine:
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         req = replace(req, request_id=rid)
         # NOTE: the same backpressure bound as a local stream (P6)
-        handle = RemoteHandle(rid, RequestStream(rid, req.backpressure),
-                              len(req.prompt_token_ids), self, detach=adopted)
+        stream = RequestStream(rid, req.backpressure)
+        # NOTE: P3: with a log, the replica forwards its durable copy with each run's merge
+        # key, and choices of one n > 1 request may come through different feeds (replicas)
+        # at different times: merged by key, each event once every running choice is past it
+        # (coda.reader.settled), the order a replay from the log has
+        stream.log_ordered = self.log is not None
+        handle = RemoteHandle(rid, stream, len(req.prompt_token_ids), self, detach=adopted)
         self.num_requests_total += 1
         self._live[rid] = handle
         # NOTE: routed at submit, so the decision is known (and logged) before any event

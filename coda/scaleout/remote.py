@@ -120,10 +120,18 @@ class RemoteEngine:
 
     async def embed(self, token_ids: list[int]) -> list[float]:
         """On any replica (they serve the same weights), in turn; the replica checks the ids
-        against its vocabulary."""
+        against its vocabulary. A cancelled await (the client gone) cancels the call there
+        too: its engine drops the embedding at its next chunk, or before it starts (C1)."""
         check_embedding_input(token_ids, self.context_length)
         idx = next(self._embed_turn) % len(self.replicas)
-        out: list[float] = await self.replicas[idx].embed.remote(token_ids)
+        call = self.replicas[idx].embed.remote(token_ids)
+        try:
+            out: list[float] = await call
+        except asyncio.CancelledError:
+            # NOTE: awaiting a Serve response does not cancel it when the awaiting task is
+            # cancelled (the replica ran every embedding of a client that had left)
+            call.cancel()
+            raise
         return out
 
     def num_queued(self, incoming: int = 0) -> int:

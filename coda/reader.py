@@ -31,6 +31,8 @@ interleaves as the first delivery did (:mod:`coda.durable.mirror`). Such a rebui
 sends an event only once every running choice's copy holds a later key (:func:`settled`):
 a resume on another front end of a stream still running waits for a choice that is quiet
 (queued, holding a stop prefix) rather than send another order than the first delivery's.
+An ingress over replicas reads its choices the same way (their events come with their keys
+through the replicas' feeds, :mod:`coda.scaleout.remote`), so its first delivery is that order.
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ class RequestStream:
     """
 
     # NOTE: P3: a copy rebuilt from the durable log while it may still grow (another front
-    # end's follower): merged only up to what every choice's log is past (coda.reader)
+    # end's follower), or an ingress's copy of a replica's keyed events (with --redis-url):
+    # merged only up to what every choice's log is past (coda.reader)
     log_ordered = False
 
     def __init__(self, request_id: str, backpressure: BackpressureConfig | None = None, *,

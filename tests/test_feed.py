@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.durable.codec import decode_batch
+from coda.durable.codec import decode_batch, encode_batch
 from coda.finish import FinishReason, Terminal, Usage
 from coda.lifecycle import State
 from coda.scaleout.feed import FeedClient, Outbox
@@ -26,6 +26,20 @@ from tests.conftest import examples
 pytestmark = pytest.mark.timeout(60)
 
 _END = Terminal(State.FINISHED, FinishReason.EOS, Usage())
+
+
+def test_a_feed_message_carries_each_events_merge_key_p3() -> None:
+    """P3: a replica writing the log forwards its durable copies with each event's run key
+    (what the ingress merges n > 1 choices by, the log's order); a request whose events have
+    none (no log) is sent as before. Keys are nanoseconds past 2**53: kept exact."""
+    k = time.time_ns()
+    keyed = [StreamEvent("r", 0, EventType.START, model="m", merge_key=k),
+             StreamEvent("r", 1, EventType.DELTA, b"a", merge_key=k + 1),
+             StreamEvent("r", 2, EventType.DELTA, b"b", merge_key=k + 1)]
+    plain = [StreamEvent("s", 0, EventType.START, model="m")]
+    got = decode_batch(encode_batch([("r", keyed), ("s", plain)]))
+    assert [(rid, [(e.seq, e.data, e.merge_key) for e in evs]) for rid, evs in got] == [
+        ("r", [(0, b"", k), (1, b"a", k + 1), (2, b"b", k + 1)]), ("s", [(0, b"", None)])]
 
 
 def _produce(streams: list[RequestStream], schedule: list[int]) -> None:

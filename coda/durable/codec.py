@@ -171,7 +171,7 @@ def _row(ev: StreamEvent) -> list[Any]:
     return row
 
 
-def _event(rid: str, row: tuple[Any, ...]) -> StreamEvent:
+def _event(rid: str, row: tuple[Any, ...], merge_key: int | None = None) -> StreamEvent:
     n = len(row)
     toks: tuple[TokenInfo, ...] = ()
     if n > 3 and row[3]:
@@ -182,7 +182,7 @@ def _event(rid: str, row: tuple[Any, ...]) -> StreamEvent:
                        row[4] if n > 4 else None, row[5] if n > 5 else None,
                        _unterminal(json.loads(row[6])) if n > 6 and row[6] else None,
                        cached_prompt_tokens=row[7] if n > 7 else None,
-                       reasoning=bool(n > 8 and row[8]))
+                       reasoning=bool(n > 8 and row[8]), merge_key=merge_key)
 
 
 def pack_event(ev: StreamEvent) -> bytes:
@@ -221,11 +221,21 @@ def unpack_events(request_id: str, blob: bytes) -> list[StreamEvent]:
 
 
 def encode_batch(items: list[tuple[str, list[StreamEvent]]]) -> bytes:
-    """Events of several requests in one v2 blob (the replica feed's item)."""
-    out: bytes = msgpack.packb([(rid, [_row(ev) for ev in evs]) for rid, evs in items])
+    """Events of several requests in one v2 blob (the replica feed's item): per request
+    ``[rid, rows]``, or ``[rid, rows, keys]`` when its events carry merge keys (a replica
+    writing the log forwards its durable copies: each event's run key, one per row, so the
+    ingress merges n > 1 choices in the log's order, P3)."""
+    out: bytes = msgpack.packb([
+        (rid, [_row(ev) for ev in evs], [ev.merge_key for ev in evs])
+        if any(ev.merge_key is not None for ev in evs) else (rid, [_row(ev) for ev in evs])
+        for rid, evs in items])
     return out
 
 
 def decode_batch(blob: bytes) -> list[tuple[str, list[StreamEvent]]]:
-    return [(rid, [_event(rid, row) for row in rows])
-            for rid, rows in msgpack.unpackb(blob, use_list=False, raw=False)]
+    out = []
+    for item in msgpack.unpackb(blob, use_list=False, raw=False):
+        rid, rows = item[0], item[1]
+        keys = item[2] if len(item) > 2 else (None,) * len(rows)
+        out.append((rid, [_event(rid, row, key) for row, key in zip(rows, keys, strict=True)]))
+    return out

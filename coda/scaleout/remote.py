@@ -120,10 +120,18 @@ class RemoteEngine:
 
     async def embed(self, token_ids: list[int]) -> list[float]:
         """On any replica (they serve the same weights), in turn; the replica checks the ids
-        against its vocabulary."""
+        against its vocabulary. A cancelled await (the client gone) cancels the call there
+        too: its engine drops the embedding at its next chunk, or before it starts (C1)."""
         check_embedding_input(token_ids, self.context_length)
         idx = next(self._embed_turn) % len(self.replicas)
-        out: list[float] = await self.replicas[idx].embed.remote(token_ids)
+        call = self.replicas[idx].embed.remote(token_ids)
+        try:
+            out: list[float] = await call
+        except asyncio.CancelledError:
+            # NOTE: awaiting a Serve response does not cancel it when the awaiting task is
+            # cancelled (the replica ran every embedding of a client that had left)
+            call.cancel()
+            raise
         return out
 
     def num_queued(self, incoming: int = 0) -> int:
@@ -205,8 +213,13 @@ class RemoteEngine:
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         req = replace(req, request_id=rid)
         # NOTE: the same backpressure bound as a local stream (P6)
-        handle = RemoteHandle(rid, RequestStream(rid, req.backpressure),
-                              len(req.prompt_token_ids), self, detach=adopted)
+        stream = RequestStream(rid, req.backpressure)
+        # NOTE: P3: with a log, the replica forwards its durable copy with each run's merge
+        # key, and choices of one n > 1 request may come through different feeds (replicas)
+        # at different times: merged by key, each event once every running choice is past it
+        # (coda.reader.settled), the order a replay from the log has
+        stream.log_ordered = self.log is not None
+        handle = RemoteHandle(rid, stream, len(req.prompt_token_ids), self, detach=adopted)
         self.num_requests_total += 1
         self._live[rid] = handle
         # NOTE: routed at submit, so the decision is known (and logged) before any event

@@ -42,7 +42,7 @@ def pytest_sessionstart(session: object) -> None:
 # they all go to one worker, one after another (the `replicas` fixture: one Ray start)
 RAY_FILES = frozenset({"test_scaleout.py", "test_scaleout_durable.py", "test_scaleout_faults.py",
                        "test_scaleout_restart.py", "test_scaleout_merge_order.py",
-                       "test_scaleout_embed_cancel.py"})
+                       "test_scaleout_embed_cancel.py", "test_scaleout_orphan_claim.py"})
 
 
 @pytest.hookimpl(tryfirst=True)  # NOTE: before xdist's own hook reads the marks

@@ -1,9 +1,12 @@
 """The workloads of ``benchmarks/bench_speculative.py`` (issue 21), as chat turns a user would
 send: ``copy`` (edit a ~350-token Python file: the file in a code fence, one small specific
 change, "reply with the whole updated file"; and quote sentences of a ~300-token document word
-for word), ``free`` (free-text chat) and ``predict`` (the same edits, each file as the chat
-``prediction``). :func:`chat_ids` renders them with the model's own chat template and encodes
-them as the server does (no special tokens added: the template has them).
+for word), ``free`` (free-text chat), ``predict`` (the same edits, each file as the chat
+``prediction``) and ``recite`` (no chat: each code file followed by five of its lines again, its
+first and then from its middle, as a base model continues a document by copying it where an
+instruct model follows the copy instruction). :func:`chat_ids` renders the chats with the
+model's own chat template and encodes them as the server does (no special tokens added: the
+template has them); ``recite``'s raw texts are encoded as a completion is (BOS added).
 """
 
 from __future__ import annotations
@@ -69,6 +72,19 @@ def predictions(workload: str) -> list[str] | None:
     return _code_files() if workload == "predict" else None
 
 
+def recite_prompts(lines: int = 5) -> list[str]:
+    """``recite``'s texts: each code file, a blank line, then ``lines`` of its lines again from
+    its first line (the first four texts) and from its middle (the last four)."""
+    files = _code_files()
+    out = []
+    for middle in (False, True):
+        for code in files:
+            rows = code.splitlines(keepends=True)
+            start = len(rows) // 2 if middle else 0
+            out.append(code + "\n" + "".join(rows[start:start + lines]))
+    return out
+
+
 def messages(workload: str) -> list[str]:
     """The workload's user messages (each one chat turn)."""
     if workload == "free":
@@ -85,6 +101,8 @@ def chat_ids(engine: Any, workload: str) -> list[tuple[int, ...]]:
     rendered by its chat template, encoded without added special tokens."""
     from coda.server.chat import render_chat
 
+    if workload == "recite":
+        return [tuple(engine.tokenizer.encode(t).ids) for t in recite_prompts()]
     return [tuple(engine.tokenizer.encode(render_chat(engine, [{"role": "user", "content": m}]),
                                           add_special_tokens=False).ids)
             for m in messages(workload)]

@@ -12,6 +12,10 @@ its default batch-invariant mode):
   the copy workload's four edits, each request's file (as it was) as its prediction. Here the two columns are both the
   **plain** engine (no ``--speculative``: the default mode drafts a prediction anyway),
   without and with the prediction; acceptance and byte comparison as for the others.
+* ``recite`` and ``prose`` (for a base model such as Gemma 3 270M, whose answer to a chat turn
+  is mostly an echo of it): raw text, no chat template, BOS added as for a completion; each
+  code file followed by five of its lines again (a base model continues a document by copying
+  it), and eight prose openings to continue (its free text).
 
 Each workload runs at batch 1 (requests one after another) and batch 8 (all submitted at
 once), greedy and seeded T = 0.8, on two engines that share nothing but the model file: plain

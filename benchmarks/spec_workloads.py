@@ -1,9 +1,14 @@
 """The workloads of ``benchmarks/bench_speculative.py`` (issue 21), as chat turns a user would
 send: ``copy`` (edit a ~350-token Python file: the file in a code fence, one small specific
 change, "reply with the whole updated file"; and quote sentences of a ~300-token document word
-for word), ``free`` (free-text chat) and ``predict`` (the same edits, each file as the chat
-``prediction``). :func:`chat_ids` renders them with the model's own chat template and encodes
-them as the server does (no special tokens added: the template has them).
+for word), ``free`` (free-text chat), ``predict`` (the same edits, each file as the chat
+``prediction``), and for a base model (no chat, raw text as a completion is sent) ``recite``
+(each code file followed by five of its lines again, its first and then from its middle: a base
+model continues a document by copying it, where an instruct model follows the copy
+instruction) and ``prose`` (the openings of eight prose documents to continue: a base model
+answers a chat turn by echoing it, so ``free`` is mostly a copy there). :func:`chat_ids` renders the chats with the
+model's own chat template and encodes them as the server does (no special tokens added: the
+template has them); ``recite``'s raw texts are encoded as a completion is (BOS added).
 """
 
 from __future__ import annotations
@@ -48,6 +53,16 @@ _FREE = ("Write a short story about a fox who learns to sail.",
          "Write a letter to a friend who moved abroad.",
          "Describe a busy market in the morning.")
 
+# NOTE: prose for a base model to continue (the free workload's subjects, as documents)
+_PROSE = ("The fox had never seen a boat before the morning the fisherman left his dinghy",
+          "Sunlight looks white, but it is a mixture of every colour. When it reaches the air,",
+          "Our weekend in the mountains began before dawn, with a thermos of coffee and",
+          "At night the sea is a different animal. The waves that glitter by day",
+          "Learning a new language as an adult is hard, but three habits make it easier.",
+          "Bread is one of the oldest prepared foods. The earliest loaves, baked",
+          "Dear Anna, it has been three months since you moved to Lisbon, and the street",
+          "By six in the morning the market square is already crowded with stalls")
+
 
 def _code_files() -> list[str]:
     """The edit workload's files: small, ordinary Python programs (~350 tokens each)."""
@@ -69,6 +84,19 @@ def predictions(workload: str) -> list[str] | None:
     return _code_files() if workload == "predict" else None
 
 
+def recite_prompts(lines: int = 5) -> list[str]:
+    """``recite``'s texts: each code file, a blank line, then ``lines`` of its lines again from
+    its first line (the first four texts) and from its middle (the last four)."""
+    files = _code_files()
+    out = []
+    for middle in (False, True):
+        for code in files:
+            rows = code.splitlines(keepends=True)
+            start = len(rows) // 2 if middle else 0
+            out.append(code + "\n" + "".join(rows[start:start + lines]))
+    return out
+
+
 def messages(workload: str) -> list[str]:
     """The workload's user messages (each one chat turn)."""
     if workload == "free":
@@ -85,6 +113,9 @@ def chat_ids(engine: Any, workload: str) -> list[tuple[int, ...]]:
     rendered by its chat template, encoded without added special tokens."""
     from coda.server.chat import render_chat
 
+    if workload in ("recite", "prose"):
+        texts = recite_prompts() if workload == "recite" else list(_PROSE)
+        return [tuple(engine.tokenizer.encode(t).ids) for t in texts]
     return [tuple(engine.tokenizer.encode(render_chat(engine, [{"role": "user", "content": m}]),
                                           add_special_tokens=False).ids)
             for m in messages(workload)]

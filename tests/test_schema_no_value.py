@@ -53,6 +53,9 @@ FINITE: dict[str, Any] = {
               "$ref": "#/$defs/t"},
     "escaped": {"$defs": {"a/b": {"type": "string"}}, "$ref": "#/$defs/a~1b"},
     "unresolved": {"$ref": "#/$defs/missing"},  # NOTE: llguidance's own 400, not this check's
+    # NOTE: an anchor is no pointer: never read as the root (which requires it here)
+    "anchor": {"type": "object", "properties": {"k": {"$ref": "#leaf"}}, "required": ["k"],
+               "$defs": {"leaf": {"$anchor": "leaf", "type": "integer"}}},
 }
 
 

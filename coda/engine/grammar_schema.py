@@ -74,9 +74,13 @@ _UNRESOLVED = object()
 
 
 def _resolve(root: Any, ref: str) -> Any:
-    """The subschema a local JSON pointer ``#/a/b`` names in ``root``, or _UNRESOLVED."""
+    """The subschema a local JSON pointer ``#/a/b`` names in ``root``, or _UNRESOLVED (an
+    anchor, ``#name``, too: llguidance's to resolve or refuse)."""
+    pointer = unquote(ref[1:])
+    if pointer and not pointer.startswith("/"):
+        return _UNRESOLVED
     node = root
-    for raw in unquote(ref[1:]).split("/")[1:]:
+    for raw in pointer.split("/")[1:]:
         part = raw.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]

@@ -45,6 +45,7 @@ import numpy as np
 import tokenizers
 import torch
 
+from coda.engine.grammar_schema import schema_problem
 from coda.engine.grammar_tokenizer import ll_tokenizer
 from coda.engine.types import GrammarSpec
 from coda.errors import InvalidRequestError
@@ -52,40 +53,13 @@ from coda.errors import InvalidRequestError
 if TYPE_CHECKING:  # NOTE: imported by the first grammar, not by the server's start (issue 19)
     import llguidance as llg
 
-__all__ = ["GrammarMatcher", "Lookahead", "check_grammar", "compile_grammar", "grammar_source",
-           "open_keys_problem"]
+__all__ = ["GrammarMatcher", "Lookahead", "check_grammar", "compile_grammar", "grammar_source"]
 
 log = logging.getLogger("coda.engine.grammar")
 
 FIELD = "response_format"
 # NOTE: compact JSON; applied as llguidance *defaults*, so a schema's x-guidance may override it.
 _JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
-
-
-# NOTE: values that are data, not subschemas
-_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
-
-
-def open_keys_problem(schema: Any) -> str | None:
-    """Why llguidance cannot keep ``schema``'s outputs valid, or None. It keeps an object's
-    declared properties distinct but not the keys it admits beyond them (additionalProperties,
-    patternProperties): ``{"": 0, "": 0}`` meets ``minProperties: 2`` in the grammar and parses
-    to one property. So a minProperties above the required properties, where such keys are
-    admitted, is refused rather than answered with JSON that does not validate."""
-    if isinstance(schema, list):
-        return next((p for p in map(open_keys_problem, schema) if p), None)
-    if not isinstance(schema, dict):
-        return None
-    need, required = schema.get("minProperties"), schema.get("required")
-    count = len(required) if isinstance(required, list) else 0
-    if (isinstance(need, int) and need > count and (
-            schema.get("additionalProperties", True) is not False
-            or "patternProperties" in schema)):
-        return (f"minProperties ({need}) above the {count} required properties is not "
-                "supported where additionalProperties / patternProperties admit other keys: "
-                "the grammar cannot keep those keys distinct")
-    return next((p for k, v in schema.items() if k not in _DATA_KEYS
-                 for p in (open_keys_problem(v),) if p), None)
 
 
 def grammar_source(spec: GrammarSpec) -> str:
@@ -104,7 +78,7 @@ def grammar_source(spec: GrammarSpec) -> str:
         if spec.json_schema is not None:
             if not isinstance(spec.json_schema, dict):
                 raise InvalidRequestError("json_schema must be a JSON object", field=FIELD)
-            problem = open_keys_problem(spec.json_schema)
+            problem = schema_problem(spec.json_schema)
             if problem:
                 raise InvalidRequestError(f"{FIELD}: invalid grammar: {problem}", field=FIELD)
             return llg.LLMatcher.grammar_from_json_schema(json.dumps(spec.json_schema),

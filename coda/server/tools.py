@@ -123,10 +123,10 @@ def _tool(name: Any, description: Any, params: Any, field_name: str) -> Tool:
     params = {"type": "object", **params}
     import llguidance as llg
 
-    from coda.engine.grammar import open_keys_problem
+    from coda.engine.grammar_schema import schema_problem
 
     # NOTE: checked here so a bad schema is a 400 naming the tool, not `response_format`
-    error = open_keys_problem(params) or llg.LLMatcher.validate_grammar(
+    error = schema_problem(params) or llg.LLMatcher.validate_grammar(
         llg.LLMatcher.grammar_from_json_schema(json.dumps(dict(params), default=str)))
     if error:
         raise InvalidRequestError(f"{field_name}: invalid parameters schema: {error}",

@@ -8,6 +8,7 @@ after the reasoning streams as a ``tool_use`` block, as without reasoning."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,8 @@ import anthropic
 import pytest
 import torch
 
-from coda.engine.async_engine import AsyncEngine
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.types import EngineConfig
-from coda.server.app import create_app
-from coda.server.state import ServerSettings
-from tests.conftest import LiveServer
 from tests.reasoning_support import (
     CLOSE_ID,
     EOS,
@@ -30,7 +27,7 @@ from tests.reasoning_support import (
     reasoning_model_dir,
     reasoning_server,
 )
-from tests.wire_support import ScriptedServer
+from tests.wire_support import ScriptedServer, served_runner
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 TOOLS: list[Any] = [{"name": "get_weather", "description": "weather of a city",
@@ -101,15 +98,12 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[anthropic
     """The r1 reasoning model scripted to write " me" ``</think>`` then one ``get_weather``
     call (greedy: a token the call's grammar refuses is replaced the same way every time)."""
     root: Path = tmp_path_factory.mktemp("caller")
-    engine = AsyncEngine.from_model_dir(reasoning_model_dir(root, inside=True),
-                                        EngineConfig(num_blocks=64, max_num_seqs=2))
-    runner = PositionRunner(engine.runner)
-    engine.runner = engine.core.runner = runner
-    engine.start()
-    live = LiveServer(create_app(engine, settings=ServerSettings(keepalive_s=0.5),
-                                 manage_engine=False)).start()
-    try:
-        client = anthropic.Anthropic(base_url=live.url, api_key="k", max_retries=0)
+    with contextmanager(served_runner)(
+            PositionRunner, model_dir=reasoning_model_dir(root, inside=True),
+            config=EngineConfig(num_blocks=64, max_num_seqs=2)) as served:
+        engine, runner = served.engine, served.engine.runner
+        assert isinstance(runner, PositionRunner)
+        client = anthropic.Anthropic(base_url=served.url, api_key="k", max_retries=0)
         probe = client.messages.create(model=engine.model_name, max_tokens=8, messages=MSG,
                                        tools=TOOLS)
         prompt = probe.usage.input_tokens + (probe.usage.cache_read_input_tokens or 0)
@@ -118,9 +112,6 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[anthropic
                                        add_special_tokens=False).ids
         runner.script = {prompt + i: t for i, t in enumerate([ME, CLOSE_ID, *call])}
         yield client, engine.model_name
-    finally:
-        live.stop()
-        engine.shutdown()
 
 
 def test_k2_a_tool_call_after_thinking_streams_as_tool_use(

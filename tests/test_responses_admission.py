@@ -12,21 +12,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import openai
 import pytest
 import torch
 
-from coda.engine.async_engine import DEFAULT_MODEL_DIR, AsyncEngine
+from coda.engine.async_engine import AsyncEngine
 from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.types import EngineConfig, GenerationRequest
 from coda.lifecycle import State
-from coda.server.app import create_app
-from coda.server.state import ServerSettings
 from coda.stream import EventType
-from tests.conftest import LiveServer
-from tests.wire_support import EOS_ID, X_ID, ScriptedRunner
+from tests.wire_support import EOS_ID, X_ID, ScriptedRunner, served_runner
 
 # NOTE: ~600 prompt tokens, prefilled in 128-token chunks: the first ones compute no logits
 LONG = "the quick brown fox jumps over the lazy dog " * 60
@@ -50,21 +48,16 @@ class HeldRunner(ScriptedRunner):
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[openai.OpenAI, HeldRunner, AsyncEngine]]:
-    engine = AsyncEngine.from_model_dir(DEFAULT_MODEL_DIR, EngineConfig(
-        num_blocks=128, max_num_seqs=1, long_prefill_chunk=128, max_num_batched_tokens=128,
-        enable_prefix_caching=False))
-    runner = HeldRunner(engine.runner)
-    engine.runner = engine.core.runner = runner
-    engine.start()
-    live = LiveServer(create_app(engine, settings=ServerSettings(keepalive_s=0.5),
-                                 manage_engine=False)).start()
-    try:
-        yield (openai.OpenAI(base_url=live.url + "/v1", api_key="k", max_retries=0),
-               runner, engine)
-    finally:
-        runner.release.set()
-        live.stop()
-        engine.shutdown()
+    config = EngineConfig(num_blocks=128, max_num_seqs=1, long_prefill_chunk=128,
+                          max_num_batched_tokens=128, enable_prefix_caching=False)
+    with contextmanager(served_runner)(HeldRunner, config=config) as served:
+        runner = served.engine.runner
+        assert isinstance(runner, HeldRunner)
+        try:
+            yield (openai.OpenAI(base_url=served.url + "/v1", api_key="k", max_retries=0),
+                   runner, served.engine)
+        finally:
+            runner.release.set()  # NOTE: before the engine's shutdown joins its thread
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ routes, SSE) is the product.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,11 +57,21 @@ def scripted_server(chain: Mapping[int, int] = LEAD_BYTE_SCRIPT, *,
                     **settings: Any) -> Iterator[ScriptedServer]:
     """A live server over the scripted default model (use as a fixture body); ``model_dir``:
     the default model with another tokenizer or template (tests/reasoning_support.py)."""
+    yield from served_runner(lambda base: ScriptedRunner(base, chain, first),
+                             model_dir=model_dir, **settings)
+
+
+def served_runner(wrap: Callable[[ModelRunner], ModelRunner], *,
+                  model_dir: Path = DEFAULT_MODEL_DIR, config: EngineConfig | None = None,
+                  **settings: Any) -> Iterator[ScriptedServer]:
+    """A live server over ``model_dir`` whose engine steps through ``wrap(its runner)`` (a
+    scripted or held runner; use as a fixture body); ``engine.runner`` is the wrapped one."""
     from coda.server.app import create_app
     from coda.server.state import ServerSettings
 
-    engine = AsyncEngine.from_model_dir(model_dir, EngineConfig(num_blocks=64, max_num_seqs=8))
-    engine.runner = engine.core.runner = ScriptedRunner(engine.runner, chain, first)
+    engine = AsyncEngine.from_model_dir(
+        model_dir, config or EngineConfig(num_blocks=64, max_num_seqs=8))
+    engine.runner = engine.core.runner = wrap(engine.runner)
     engine.start()
     app = create_app(engine, settings=ServerSettings(keepalive_s=0.5, **settings),
                      manage_engine=False)

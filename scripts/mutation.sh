@@ -63,6 +63,11 @@ declare -A TESTS=(
     tests/test_speculative_cost.py::test_a_request_whose_drafts_stop_paying_probes_with_back_off_and_gets_them_back"
   # NOTE: the verify rows' measured costs (which k a batch-1 request drafts): their own tests
   [engine/verify_costs]="tests/test_speculative_verify_costs.py"
+  # NOTE: which schemas admit no value (the pure checks; the HTTP ones need SmolLM2 per mutant)
+  [engine/grammar_schema]="tests/test_grammar_schema.py
+    tests/test_schema_no_value.py::test_p1_a_ref_with_no_finite_value_is_named
+    tests/test_schema_no_value.py::test_p1_a_recursive_schema_with_a_way_out_is_served
+    tests/test_grammar.py tests/test_tool_schema_errors.py"
 )
 # Files a stem mutates (glob patterns, space-separated), where not coda/<stem>.py: the output
 # processor is one concept split by size (coda/output.py and its output_* modules: the rules,

@@ -102,6 +102,22 @@ def _watch_started(mirror: LogMirror, streams: list[RequestStream],
     return copies
 
 
+def _mirror_one_delta(log: Any, streams: list[RequestStream], hold_s: float,
+                      copied: int) -> list[Any]:
+    """``streams`` started under a new mirror of ``log`` holding ``hold_s``, one delta each,
+    every copy past seq ``copied``, the mirror flushed and its loop stopped: the copies."""
+    loop = _running_loop()
+    mirror = LogMirror(log, hold_s=hold_s)
+    copies = _watch_started(mirror, streams, loop)
+    for s in streams:
+        s.delta(b"x", (TokenInfo(1),))
+    for c in copies:
+        assert c.wait_after(copied, timeout=30)
+    mirror.flush(0)
+    loop.call_soon_threadsafe(loop.stop)
+    return copies
+
+
 def test_the_mirror_gathers_a_burst_within_its_hold_into_one_round_trip_p1(
         redis_server: RedisServer) -> None:
     """P1 (issue 24 item 1): a mirror with a flush hold writes every event appended within
@@ -109,17 +125,9 @@ def test_the_mirror_gathers_a_burst_within_its_hold_into_one_round_trip_p1(
     streams, an engine step — in one append call, one run per stream, in seq order."""
     log = _log(redis_server)
     calls = _count_appends(log)
-    loop = _running_loop()
-    mirror = LogMirror(log, hold_s=2.0)
     big = BackpressureConfig(pause_bytes=1 << 30, max_bytes=1 << 30)
     streams = [RequestStream(uuid.uuid4().hex, big) for _ in range(8)]
-    copies = _watch_started(mirror, streams, loop)
-    for s in streams:
-        s.delta(b"x", (TokenInfo(1),))
-    for c in copies:
-        assert c.wait_after(0, timeout=30)
-    mirror.flush(0)
-    loop.call_soon_threadsafe(loop.stop)
+    copies = _mirror_one_delta(log, streams, 2.0, 0)
     assert len(calls) == 1
     assert [[e.seq for e in evs] for evs, _ in calls[0]] == [[0, 1]] * 8
     for s, c in zip(streams, copies, strict=True):
@@ -239,15 +247,7 @@ def test_p3_copies_carry_the_merge_keys_the_log_holds_also_after_a_lost_reply(
         return out
 
     log.append_runs = losing  # type: ignore[method-assign]
-    loop = _running_loop()
-    mirror = LogMirror(log, hold_s=0.2)
-    copies = _watch_started(mirror, streams, loop)
-    for s in streams:
-        s.delta(b"x", (TokenInfo(1),))
-    for c in copies:
-        assert c.wait_after(1, timeout=30)
-    mirror.flush(0)
-    loop.call_soon_threadsafe(loop.stop)
+    copies = _mirror_one_delta(log, streams, 0.2, 1)
     assert lost[0]
     stored = [log.read(s.request_id) for s in streams]
     for c, evs in zip(copies, stored, strict=True):

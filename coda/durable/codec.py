@@ -225,11 +225,13 @@ def encode_batch(items: list[tuple[str, list[StreamEvent]]]) -> bytes:
     ``[rid, rows]``, or ``[rid, rows, keys]`` when its events carry merge keys (a replica
     writing the log forwards its durable copies: each event's run key, one per row, so the
     ingress merges n > 1 choices in the log's order, P3)."""
-    out: bytes = msgpack.packb([
-        (rid, [_row(ev) for ev in evs], [ev.merge_key for ev in evs])
-        if any(ev.merge_key is not None for ev in evs) else (rid, [_row(ev) for ev in evs])
-        for rid, evs in items])
+    out: bytes = msgpack.packb([_batch_item(rid, evs) for rid, evs in items])
     return out
+
+
+def _batch_item(rid: str, evs: list[StreamEvent]) -> tuple[Any, ...]:
+    rows, keys = [_row(ev) for ev in evs], [ev.merge_key for ev in evs]
+    return (rid, rows, keys) if any(k is not None for k in keys) else (rid, rows)
 
 
 def decode_batch(blob: bytes) -> list[tuple[str, list[StreamEvent]]]:

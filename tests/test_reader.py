@@ -90,6 +90,15 @@ def test_p3_merge_order_keeps_each_streams_seq_order_p3_l2() -> None:
     assert seqs(rd.merge_order(cross)) == [(0, 0), (0, 1), (1, 0)]
 
 
+def test_p3_live_copies_send_every_event_even_keyed_ones_while_a_choice_is_silent() -> None:
+    """P3: without a log-ordered copy (live streams, an ingress's copy of a replica's stream
+    whose dead replica's terminal the ingress keyed) nothing is held back, not even a keyed
+    event while another choice has written nothing yet: the horizon is the log's only."""
+    live = [RequestStream("r"), RequestStream("r")]
+    keyed = [(0, StreamEvent("r", 0, EventType.TERMINAL, terminal=DONE, merge_key=7))]
+    assert rd.settled(keyed, live, [None, None]) == keyed
+
+
 def test_p3_a_log_ordered_reader_sends_only_what_every_running_log_is_past() -> None:
     """P3: copies a follower fills from the log (``log_ordered``) get each choice's runs when
     their own follower reads them; the reader sends an event only once every running copy

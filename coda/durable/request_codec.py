@@ -18,6 +18,13 @@ class's fields and that each value has its field's JSON type, then builds the da
 JSON) raises :class:`StoredRequestError`, and nothing of it is executed. A field added to one
 of those dataclasses must be added to its table here (``tests/test_request_codec.py`` fails
 until it is).
+
+Rolling upgrades (P4): version 1 only grows. A field added after version 1 shipped is listed in
+:data:`ADDED_IN_V1` with the value that reproduces what a front end without it did, and a
+record lacking it (stored by such a front end) decodes with that value, so a new front end
+adopts an old one's orphans. A record with a field this front end does not know (stored by a
+newer one) is refused, never run with that field dropped: it is left to a front end that reads
+it. A change that cannot be read that way (a field removed or retyped) is a new ``VERSION``.
 """
 
 from __future__ import annotations
@@ -150,18 +157,22 @@ def enum(cls: type[Enum]) -> FieldCodec:
     return FieldCodec(lambda v: v.value, decode)
 
 
-def record(cls: type[Any], fields: Mapping[str, FieldCodec]) -> FieldCodec:
-    """A dataclass ``cls`` as a JSON object with exactly the keys of ``fields`` (its fields:
+def record(cls: type[Any], fields: Mapping[str, FieldCodec],
+           added: Mapping[str, Any] | None = None) -> FieldCodec:
+    """A dataclass ``cls`` as a JSON object with the keys of ``fields`` (its fields:
     ``tests/test_request_codec.py`` checks they are all there); built by ``cls`` itself, so its
-    own validation runs."""
+    own validation runs. A key of ``added`` may be absent (an older writer's record: the field's
+    value is ``added``'s); every other key must be there, and no unknown key may be."""
+    absent_means = dict(added or {})
 
     def decode(value: Any, where: str) -> Any:
         obj = _object(value, where)
-        if obj.keys() != fields.keys():
-            extra, missing = sorted(obj.keys() - fields.keys()), sorted(fields.keys() - obj.keys())
+        extra, missing = obj.keys() - fields.keys(), fields.keys() - obj.keys() - absent_means.keys()
+        if extra or missing:
             raise StoredRequestError(f"{where}: fields differ from {cls.__name__}'s "
-                                     f"(unknown {extra}, missing {missing})")
-        args = {name: c.decode(obj[name], f"{where}.{name}") for name, c in fields.items()}
+                                     f"(unknown {sorted(extra)}, missing {sorted(missing)})")
+        args = {name: c.decode(obj[name], f"{where}.{name}") if name in obj
+                else absent_means[name] for name, c in fields.items()}
         try:
             return cls(**args)
         except (InvalidRequestError, ValueError, TypeError) as exc:  # NOTE: its own checks
@@ -225,7 +236,12 @@ REQUEST_FIELDS: dict[str, FieldCodec] = {
     "prediction": optional(TOKEN_IDS),
     "start_at_admission": SCALAR_BOOL,
 }
-REQUEST = record(GenerationRequest, REQUEST_FIELDS)
+# Fields added to version 1 after it shipped, each with the value a record without it means: what
+# the front ends that stored such records did (the module's rolling-upgrade rule, P4).
+ADDED_IN_V1: dict[str, Any] = {
+    "start_at_admission": False,  # background Responses' in_progress at admission (P1)
+}
+REQUEST = record(GenerationRequest, REQUEST_FIELDS, ADDED_IN_V1)
 
 
 def _no_constant(name: str) -> float:

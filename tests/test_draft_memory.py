@@ -175,3 +175,20 @@ def test_t3_serve_with_a_draft_reports_its_share_of_the_budget(server_checkpoint
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--kv-cache-bytes", "1000000"], "--kv-cache-bytes and --memory-budget both size"),
+    (["--kv-cache-fraction", "0.5"], "--kv-cache-fraction and --memory-budget both size"),
+    (["--replicas", "2"], "not supported with --replicas")], ids=["bytes", "fraction", "replicas"])
+def test_e1_serve_draft_budget_contradictions_exit_2_before_the_load(
+        server_checkpoint: Path, port: int, extra: list[str], said: str) -> None:
+    """E1: with ``--draft-model`` the budget is the one engine's, so an exact KV size beside it
+    is the usage error ``coda generate`` gives (one of them would be ignored), and replicas
+    keep refusing ``--memory-budget``: one line, exit 2, no model loaded."""
+    ck = str(server_checkpoint)
+    proc = _serve("--port", str(port), "--model", ck, "--draft-model", ck,
+                  "--memory-budget", "1GiB", *extra)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and said in err, err[-2000:]
+    assert "loading model" not in err and "Traceback" not in err

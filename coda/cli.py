@@ -124,7 +124,7 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="tor
 @_unwrapped
 def serve(model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="HF folder, .gguf file or installed package shipping one (default: the embedded model); repeat it to serve several models, each as SPEC or NAME=SPEC")] = None,  # noqa: UP045
           models_file: Annotated[Optional[Path], typer.Option(help="a TOML file of [\\[model]] tables (name, model, pinned) to serve besides --model (docs/api.md)")] = None,  # noqa: UP045
-          memory_budget: Annotated[Optional[str], typer.Option(callback=_memory_budget, help="several models: weights + KV cache of the loaded models stay under this (8GiB, 8G, 512MiB, bytes or 40% of available); least recently used idle models are unloaded to make room")] = None,  # noqa: UP045
+          memory_budget: Annotated[Optional[str], typer.Option(callback=_memory_budget, help="several models: weights + KV cache of the loaded models stay under this (8GiB, 8G, 512MiB, bytes or 40% of available); least recently used idle models are unloaded to make room; with --draft-model (one model): that model's weights + KV cache and the draft's weights + KV cache stay under this")] = None,  # noqa: UP045
           pin: Annotated[Optional[list[str]], typer.Option(help="several models: load this model (NAME) at start and never unload it (repeatable)")] = None,  # noqa: UP045
           host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
           port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,

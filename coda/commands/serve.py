@@ -20,6 +20,7 @@ from coda.commands.serve_checks import (
     check_redis,
     load_router,
     one_model,
+    one_model_budget,
     serves_several,
     unwritable,
 )
@@ -100,13 +101,15 @@ def run_serve(args: ServeArgs) -> None:
                            num_threads=args.threads, recent_traces=args.recent_traces,
                            speculative=args.speculative, draft_model=args.draft_model)
         # NOTE: serve's --memory-budget is the several-models router's (one model included): it
-        # gives each model its share (weights + KV); without it one model takes the default budget
+        # gives each model its share (weights + KV); without it one model takes the default budget;
+        # with --draft-model (one model) it is that engine's, the draft's weights and KV inside
         # NOTE: the server's stderr is JSON lines only (O1): what was loaded is logged, not echoed
         configure_logging(args.log_level)
         several = serves_several(args)
         one = None
         if not several:
             one, cfg = one_model(args, cfg)
+            cfg = one_model_budget(args, cfg)
         durable = None
         if args.redis_url:
             from coda.server.durable import ServerDurable

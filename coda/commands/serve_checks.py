@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coda.commands.loading import fail, refuse_exact_and_fraction
+from coda.commands.loading import fail, refuse_exact_and_fraction, refuse_two_kv_sizes
 
 if TYPE_CHECKING:
     from coda.commands.serve import ServeArgs
@@ -78,9 +78,12 @@ def unwritable(path: Path) -> str | None:
 def serves_several(args: ServeArgs) -> bool:
     """Several models (issue 23): ``--model`` repeated, a models file, a memory budget or a
     pin; the flags that serve one model only are refused with them."""
-    several = (len(args.model) > 1 or args.models_file is not None
-               or bool(args.memory_budget) or bool(args.pin))
-    if several and (args.replicas > 0 or args.served_model_name or args.redis_url):
+    models = len(args.model) > 1 or args.models_file is not None or bool(args.pin)
+    # NOTE: with --draft-model and one model, --memory-budget is that engine's budget for
+    # target + draft (issue 21; one_model_budget), not the router's
+    several = models or (bool(args.memory_budget) and not args.draft_model)
+    if (several or args.memory_budget) and (args.replicas > 0 or args.served_model_name
+                                            or args.redis_url):
         # NOTE: a replica serves one model; names come from NAME=SPEC, not one flag; the
         # durable log's engine wrapper does not route by model (not built yet)
         fail("several models (--model repeated, --models-file, --memory-budget, --pin) are "
@@ -103,6 +106,17 @@ def one_model(args: ServeArgs, cfg: EngineConfig) -> tuple[ModelSpec | None, Eng
                  f"--served-model-name {args.served_model_name!r}: give one")
         cfg = replace(cfg, served_model_name=one.name)
     return one, cfg
+
+
+def one_model_budget(args: ServeArgs, cfg: EngineConfig) -> EngineConfig:
+    """One model with ``--draft-model``: ``--memory-budget`` bounds the engine's weights and
+    caches, the draft's included (``EngineConfig.memory_budget``, issue 21); with
+    ``--kv-cache-bytes`` or ``--kv-cache-fraction`` it is the usage error ``coda generate``
+    gives (each sizes the cache; one would be ignored). Exit 2 before the load."""
+    if args.memory_budget is None:
+        return cfg
+    refuse_two_kv_sizes(args.kv_cache_bytes, args.kv_cache_fraction, args.memory_budget)
+    return replace(cfg, memory_budget=args.memory_budget)
 
 
 def load_router(args: ServeArgs, cfg: EngineConfig) -> Any:

@@ -63,7 +63,7 @@ class AsyncEngine:
     def __init__(self, loaded: LoadedModel, runner: ModelRunner, config: EngineConfig, *,
                  trace: TraceSink | None = None, kv_reason: str = "",
                  load_s: float | None = None, rss_at_load: int | None = None,
-                 drafter: Drafter | None = None) -> None:
+                 drafter: Drafter | None = None, memory_budget: int | None = None) -> None:
         self.source = loaded.source
         self.model_dir = loaded.source.path
         self.loaded = loaded
@@ -93,6 +93,7 @@ class AsyncEngine:
         self.speculative, self.predicted = speculative_configs(loaded, runner, config, drafter)
         self.drafter = drafter  # NOTE: issue 21 item 2 (coda.engine.draft)
         self.kv_reason = kv_reason
+        self.memory_budget = memory_budget  # NOTE: the budget that sized the caches, or None
         self.load_s, self.rss_at_load = load_s, rss_at_load  # NOTE: measured by from_model_dir
         self.trace = trace = trace if trace is not None else trace_sink(config)
         sched = build_scheduler(runner, config)
@@ -135,7 +136,9 @@ class AsyncEngine:
         (:func:`coda.engine.engine_load.load_parts`)."""
         p = load_parts(model, config or EngineConfig())
         return cls(p.loaded, p.runner, p.config, trace=trace, kv_reason=p.kv_reason,
-                   load_s=p.load_s, rss_at_load=p.rss_at_load, drafter=p.drafter)
+                   load_s=p.load_s, rss_at_load=p.rss_at_load, drafter=p.drafter,
+                   memory_budget=p.kv_budget.budget.num_bytes
+                   if p.kv_budget is not None and p.kv_budget.budget is not None else None)
 
     def describe(self) -> list[str]:
         """What was loaded, for the CLI to print at start (issue 9 items 1 and 4)."""

@@ -100,9 +100,10 @@ class Drafter:
     def __init__(self, runner: ModelRunner, name: str,
                  eos_token_ids: frozenset[int] = frozenset(), *,
                  costs: DraftCosts | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, weights_bytes: int = 0) -> None:
         self.runner = runner
         self.name = name
+        self.weights_bytes = weights_bytes  # NOTE: in the memory budget (load summary, issue 21)
         self.eos_token_ids = eos_token_ids
         self.blocks = BlockManager(runner.num_blocks, runner.block_size,
                                    enable_prefix_caching=False)  # NOTE: never a shared block

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import tokenizers
 
 from coda.engine.draft import Drafter
+from coda.engine.kv_budget import DRAFT_SPARE_BLOCKS, DraftShare
 from coda.engine.runner import ModelRunner
 from coda.engine.speculative import SpeculativeConfig
 from coda.engine.speculative_costs import DraftCosts
@@ -54,17 +55,15 @@ def vocabulary_mismatch(target: tokenizers.Tokenizer, draft: tokenizers.Tokenize
     return None
 
 
-def load_drafter(spec: str, target: LoadedModel, target_runner: ModelRunner, *,
-                 quant: str = "auto", device: str = "cpu",
-                 num_threads: int | None = None) -> Drafter:
-    """Load ``spec`` (anything ``--model`` takes) as the draft of ``target``: through the
-    target's loader, refused (DraftModelLoadError, naming the draft and the flag, before
-    anything is served) where it cannot be loaded or does not share the target's vocabulary;
-    its KV cache holds as many tokens as the target's, plus room for the drafts of a full
-    batch."""
+def open_draft(spec: str, target: LoadedModel, *, quant: str = "auto",
+               device: str = "cpu") -> LoadedModel:
+    """Load ``spec`` (anything ``--model`` takes) as the draft of ``target``, weights only:
+    through the target's loader, refused (DraftModelLoadError, naming the draft and the flag,
+    before anything is served) where it cannot be loaded or does not share the target's
+    vocabulary. Its weights and bytes per token go into the memory budget before the target's
+    cache is sized (:class:`~coda.engine.kv_budget.DraftShare`); then :func:`build_drafter`."""
     try:
-        source = resolve_model(spec)
-        draft = open_model(source, quant=quant, device=device)
+        draft = open_model(resolve_model(spec), quant=quant, device=device)
     except ValueError as exc:  # NOTE: ModelLoadError, a --quant the draft refuses: the draft's
         raise DraftModelLoadError(f"cannot load the draft model {spec} (--draft-model): "
                                   f"{exc}") from exc
@@ -73,16 +72,30 @@ def load_drafter(spec: str, target: LoadedModel, target_runner: ModelRunner, *,
     if why is not None:
         raise DraftModelLoadError(f"the draft model {spec} (--draft-model) does not fit: {why}; "
                                   "a draft model must share the target's tokenizer")
+    return draft
+
+
+def draft_share(draft: LoadedModel) -> DraftShare:
+    """What ``draft`` takes of the memory budget (its weights, its cache's bytes per token)."""
+    return DraftShare(draft.weights_bytes, draft.config.kv_bytes_per_token(draft.dtype))
+
+
+def build_drafter(draft: LoadedModel, target: LoadedModel, target_runner: ModelRunner, *,
+                  device: str = "cpu", num_threads: int | None = None) -> Drafter:
+    """The :class:`Drafter` over ``draft`` (from :func:`open_draft`): its KV cache holds as
+    many tokens as the target's, plus :data:`~coda.engine.kv_budget.DRAFT_SPARE_BLOCKS` blocks
+    for the drafts of a full batch (what the budget counted for it)."""
     bs = target_runner.block_size
     runner = ModelRunner(draft.model, dtype=draft.dtype, device=device, block_size=bs,
-                         num_blocks=target_runner.num_blocks + 8, num_threads=num_threads)
+                         num_blocks=target_runner.num_blocks + DRAFT_SPARE_BLOCKS,
+                         num_threads=num_threads)
     # NOTE: on the CPU the engine thread's own CPU time: a shared machine's waits for a core
     # would price a forward by the load, not by its rows (the thread pool's other threads
     # share each forward alike, so the ratios hold)
     clock = time.thread_time if device == "cpu" else time.monotonic
-    drafter = Drafter(runner, str(source.path), target.bundle.eos_token_ids,
-                      costs=DraftCosts(SpeculativeConfig().step_rows), clock=clock)
-    return drafter
+    return Drafter(runner, str(draft.source.path), target.bundle.eos_token_ids,
+                   costs=DraftCosts(SpeculativeConfig().step_rows), clock=clock,
+                   weights_bytes=draft.weights_bytes)
 
 
 def describe(drafter: Drafter | None) -> Mapping[str, str]:

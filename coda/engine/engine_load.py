@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from coda.engine.draft import DRAFT_CONFIG, Drafter
-from coda.engine.draft_load import load_drafter, speculative_mode
-from coda.engine.kv_budget import MemoryBudget, kv_cache_budget, rss_bytes
+from coda.engine.draft_load import build_drafter, draft_share, open_draft, speculative_mode
+from coda.engine.kv_budget import KVBudget, MemoryBudget, kv_cache_budget, rss_bytes
 from coda.engine.kv_cache import BlockManager
 from coda.engine.runner import ModelRunner
 from coda.engine.scheduler import Scheduler, SchedulerConfig
@@ -43,6 +43,7 @@ class LoadParts:
     runner: ModelRunner
     config: EngineConfig
     kv_reason: str
+    kv_budget: KVBudget | None  # NOTE: None: sized by num_blocks
     load_s: float
     rss_at_load: int
     drafter: Drafter | None
@@ -64,6 +65,15 @@ def load_parts(model: str | Path | None, config: EngineConfig) -> LoadParts:
               else MemoryBudget.default())
     loaded = open_model(resolve_model(model), quant=config.quant, dtype=config.dtype,
                         device=config.device, max_model_len=config.max_model_len)
+    draft = None
+    if config.draft_model is not None:
+        # NOTE: the runner's attention is invariant (its default) where the mode is
+        why = refusal(config.speculative, loaded.mode.batch_invariant, loaded.mode.name)
+        if why is not None:  # NOTE: said before the draft's weights are read
+            raise EngineConfigError(why, field="speculative")
+        # NOTE: before the target's cache is sized: the draft's weights and cache are in the
+        # same budget (issue 21; kv_cache_budget's one split)
+        draft = open_draft(config.draft_model, loaded, quant=config.quant, device=config.device)
     mc = loaded.config
     context = config.served_context(mc.max_context)
     budget = None
@@ -74,22 +84,17 @@ def load_parts(model: str | Path | None, config: EngineConfig) -> LoadParts:
             context=context, max_num_seqs=config.max_num_seqs,
             kv_cache_bytes=config.kv_cache_bytes,
             memory_fraction=config.kv_cache_memory_fraction, memory_budget=memory,
-            weights_bytes=loaded.weights_bytes)
+            weights_bytes=loaded.weights_bytes,
+            draft=draft_share(draft) if draft is not None else None)
     runner = ModelRunner(loaded.model, dtype=loaded.dtype,
                          device=config.device, block_size=config.block_size,
                          num_blocks=config.num_blocks,
                          kv_cache_bytes=budget.num_bytes if budget else None,
                          num_threads=config.num_threads)
-    drafter = None
-    if config.draft_model is not None:
-        why = refusal(config.speculative, loaded.mode.batch_invariant
-                      and runner.invariant_attention, loaded.mode.name)
-        if why is not None:  # NOTE: said before the draft's weights are read
-            raise EngineConfigError(why, field="speculative")
-        drafter = load_drafter(config.draft_model, loaded, runner, quant=config.quant,
-                               device=config.device, num_threads=config.num_threads)
+    drafter = (build_drafter(draft, loaded, runner, device=config.device,
+                             num_threads=config.num_threads) if draft is not None else None)
     return LoadParts(loaded, runner, config,
-                     kv_reason=budget.reason if budget else "num_blocks",
+                     kv_reason=budget.reason if budget else "num_blocks", kv_budget=budget,
                      load_s=time.perf_counter() - started, rss_at_load=rss_bytes(),
                      drafter=drafter)
 

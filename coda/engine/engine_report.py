@@ -42,6 +42,7 @@ def describe(engine: AsyncEngine) -> list[str]:
         f"KV cache: {mib:.0f} MiB reserved ({engine.kv_reason}), committed as written = "
         f"{kv_capacity(engine.runner.num_blocks, engine.runner.block_size, engine.context_length)}"
         f"; max_num_seqs {engine.config.max_num_seqs}",
+        *memory_line(engine),
     ] + ([f"context lowered from {engine.context_lowered_from} to {engine.context_length} "
           f"tokens: the KV cache holds no more (raise --memory-budget or "
           f"--kv-cache-bytes for more)"] if engine.context_lowered_from else [])
@@ -64,9 +65,37 @@ def summary(engine: AsyncEngine) -> dict[str, str | int | float | bool]:
             # NOTE: the native row kernel, or torch with the reason it was refused
             "attention": engine.runner.attention_note,
             "speculative": engine.config.speculative,  # issue 21 (coda.engine.speculative)
-            **describe_draft(engine.drafter),
+            **describe_draft(engine.drafter), **memory_split(engine),
             **({"context_lowered_from": engine.context_lowered_from}
                if engine.context_lowered_from else {})}
+
+
+def memory_split(engine: AsyncEngine) -> dict[str, int]:
+    """What the memory budget holds (issue 19 item 3, issue 21): the budget when one sized the
+    caches, the weights, and a draft model's weights and reserved KV cache (the target's cache
+    is ``kv_cache_reserved_bytes``); with a budget they sum within it."""
+    split = {"weights_bytes": engine.loaded.weights_bytes}
+    if engine.memory_budget is not None:
+        split["memory_budget_bytes"] = engine.memory_budget
+    if engine.drafter is not None:
+        split["draft_weights_bytes"] = engine.drafter.weights_bytes
+        split["draft_kv_cache_bytes"] = int(engine.drafter.runner.kv.nbytes)
+    return split
+
+
+def memory_line(engine: AsyncEngine) -> list[str]:
+    """The start line saying how the budget is split (none without a budget or a draft)."""
+    s = memory_split(engine)
+    if "memory_budget_bytes" not in s and engine.drafter is None:
+        return []
+    parts = [f"weights {s['weights_bytes'] / 2**20:.1f} MiB",
+             f"KV cache {engine.runner.kv.nbytes / 2**20:.1f} MiB"]
+    if engine.drafter is not None:
+        parts += [f"draft weights {s['draft_weights_bytes'] / 2**20:.1f} MiB",
+                  f"draft KV cache {s['draft_kv_cache_bytes'] / 2**20:.1f} MiB"]
+    head = (f"memory budget {s['memory_budget_bytes'] / 2**20:.1f} MiB: "
+            if "memory_budget_bytes" in s else "memory (no budget): ")
+    return [head + " + ".join(parts)]
 
 
 def model_info(engine: AsyncEngine) -> ModelInfo:

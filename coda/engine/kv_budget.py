@@ -11,7 +11,11 @@ after the weights, capped at ``max_num_seqs`` full contexts; kept for compatibil
 memory budget (given, else :data:`DEFAULT_MEMORY_FRACTION` of the memory available when the
 load started). A budget whose room after the weights is below one block is refused at start
 (:class:`MemoryBudgetError`); one below one full context lowers the served context (the engine
-says so at load). Pure Python (no torch).
+says so at load). A draft model (``--draft-model``, issue 21) is inside the budget too: its
+weights and its own cache (:class:`DraftShare`; as many blocks as the target's, plus
+:data:`DRAFT_SPARE_BLOCKS`) come out of the budget before the target's cache is sized, and a
+budget that cannot hold one block of each is refused naming both models' shares. Pure Python
+(no torch).
 """
 
 from __future__ import annotations
@@ -60,6 +64,11 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _size(n: int) -> str:
+    """GiB, or MiB below one (a small draft's share reads 0.00 GiB)."""
+    return _gib(n) if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """Bytes one model may hold in memory: its weights plus its KV cache; ``origin`` says
@@ -100,48 +109,109 @@ class MemoryBudget:
                    f"default {DEFAULT_MEMORY_FRACTION:g} of {_gib(free)} available at start")
 
 
+# NOTE: a draft model's cache holds the target's blocks plus these: room for a full batch's
+# drafts past the target's tokens (coda/engine/draft_load.py builds it)
+DRAFT_SPARE_BLOCKS = 8
+
+
+@dataclass(frozen=True)
+class DraftShare:
+    """What a draft model (``--draft-model``, issue 21) adds to what a budget covers: its
+    weights, and a KV cache of the target's blocks plus :data:`DRAFT_SPARE_BLOCKS`, at the
+    draft's own bytes per token (blocks of the target's size)."""
+
+    weights_bytes: int
+    bytes_per_token: int
+
+
 @dataclass(frozen=True)
 class KVBudget:
-    """The chosen cache size (bytes reserved) and why."""
+    """The chosen cache size (bytes reserved) and why; with a draft model, the draft's cache
+    (``draft_bytes``, 0 without one); ``budget`` is the memory budget that sized them (None
+    where an exact size or a fraction did)."""
 
     num_bytes: int
     reason: str  # "--kv-cache-bytes" | "8 full contexts (under --memory-budget 2GiB …)" …
+    draft_bytes: int = 0
+    budget: MemoryBudget | None = None
 
 
 def kv_cache_budget(*, bytes_per_token: int, block_size: int, context: int, max_num_seqs: int,
                     kv_cache_bytes: int | None, memory_fraction: float | None,
                     available: int | None = None, memory_budget: MemoryBudget | None = None,
-                    weights_bytes: int = 0) -> KVBudget:
+                    weights_bytes: int = 0, draft: DraftShare | None = None) -> KVBudget:
     """Bytes for the KV cache (see the module docstring). ``available`` is read now when
-    None (used by ``memory_fraction`` and by the default budget)."""
+    None (used by ``memory_fraction`` and by the default budget). With a ``draft`` (issue 21)
+    the target's cache holds ``n`` blocks and the draft's ``n + DRAFT_SPARE_BLOCKS``:
+    ``kv_cache_bytes`` is the target's cache exactly (the draft's follows it, outside it); a
+    fraction covers both caches; a budget covers both models' weights and both caches, ``n``
+    the most that fit (at most ``max_num_seqs`` full contexts), and one that cannot hold one
+    block of each is refused naming both models' shares."""
     block = bytes_per_token * block_size
+    dblock = draft.bytes_per_token * block_size if draft is not None else 0
+    spare = DRAFT_SPARE_BLOCKS * dblock  # NOTE: 0 without a draft
+
+    def draft_kv(target_bytes: int) -> int:
+        return (target_bytes // block + DRAFT_SPARE_BLOCKS) * dblock if draft else 0
+
     if kv_cache_bytes is not None:
         if kv_cache_bytes < block:
             raise ValueError(f"kv_cache_bytes ({kv_cache_bytes}) is smaller than one block "
                              f"({block} bytes)")
-        return KVBudget(kv_cache_bytes, "--kv-cache-bytes")
+        why = "--kv-cache-bytes" + (" (the target's; the draft's cache holds as many tokens)"
+                                    if draft else "")
+        return KVBudget(kv_cache_bytes, why, draft_kv(kv_cache_bytes))
     need = max_num_seqs * -(-context // block_size) * block
     if memory_fraction is not None:
         if not 0 < memory_fraction <= 1:
             raise ValueError(f"kv cache memory fraction must be in (0, 1], got {memory_fraction}")
         free = available_memory_bytes() if available is None else available
-        budget = max(block, min(need, int(memory_fraction * free)))
-        why = f"{memory_fraction:g} of {free / 2**30:.1f} GiB available"
+        share = int(memory_fraction * free)
+        # NOTE: with a draft the fraction holds both caches: n target + n + spare draft blocks
+        budget = (max(block, min(need, share)) if draft is None else
+                  max(1, min(need // block, (share - spare) // (block + dblock))) * block)
+        why = f"{memory_fraction:g} of {free / 2**30:.1f} GiB available" + (
+            ", with the draft's cache" if draft else "")
         if budget == need:
             why = f"{max_num_seqs} full contexts (under {why})"
-        return KVBudget(budget, why)
+        return KVBudget(budget, why, draft_kv(budget))
     mb = memory_budget or MemoryBudget.default(available)
-    room = mb.num_bytes - weights_bytes
-    if room < block:
+    if draft is None:
+        room = mb.num_bytes - weights_bytes
+        if room < block:
+            raise MemoryBudgetError(
+                f"memory budget {_gib(mb.num_bytes)} ({mb.origin}) leaves {_gib(max(0, room))} "
+                f"after the weights ({_gib(weights_bytes)}): not one KV block ({block} bytes); "
+                "raise --memory-budget")
+        if need <= room:
+            return KVBudget(need, f"{max_num_seqs} full contexts, under a memory budget of "
+                                  f"{_gib(mb.num_bytes)} ({mb.origin})", budget=mb)
+        return KVBudget(room, f"memory budget {_gib(mb.num_bytes)} ({mb.origin}) less "
+                              f"{_gib(weights_bytes)} of weights", budget=mb)
+    return _with_draft(mb, need, block, dblock, weights_bytes, draft, max_num_seqs)
+
+
+def _with_draft(mb: MemoryBudget, need: int, block: int, dblock: int, weights: int,
+                draft: DraftShare, max_num_seqs: int) -> KVBudget:
+    """Under the budget ``mb``: both models' weights, then ``n`` target blocks (``block``
+    bytes each, at most ``need`` bytes) and ``n + DRAFT_SPARE_BLOCKS`` draft blocks."""
+    spare = DRAFT_SPARE_BLOCKS * dblock
+    least = weights + draft.weights_bytes + block + dblock + spare  # NOTE: n = 1
+    if mb.num_bytes < least:
         raise MemoryBudgetError(
-            f"memory budget {_gib(mb.num_bytes)} ({mb.origin}) leaves {_gib(max(0, room))} "
-            f"after the weights ({_gib(weights_bytes)}): not one KV block ({block} bytes); "
-            "raise --memory-budget")
-    if need <= room:
-        return KVBudget(need, f"{max_num_seqs} full contexts, under a memory budget of "
-                              f"{_gib(mb.num_bytes)} ({mb.origin})")
-    return KVBudget(room, f"memory budget {_gib(mb.num_bytes)} ({mb.origin}) less "
-                          f"{_gib(weights_bytes)} of weights")
+            f"memory budget {_size(mb.num_bytes)} ({mb.origin}) is too small for the model "
+            f"and its draft (--draft-model): the model needs {_size(weights + block)} (weights "
+            f"{_size(weights)} + one KV block), the draft {_size(draft.weights_bytes + dblock + spare)} "
+            f"(weights {_size(draft.weights_bytes)} + its KV cache of "
+            f"{1 + DRAFT_SPARE_BLOCKS} blocks): at least {least} bytes; raise --memory-budget")
+    room = mb.num_bytes - weights - draft.weights_bytes - spare
+    n = min(need // block, room // (block + dblock))
+    full = n == need // block
+    why = (f"{max_num_seqs} full contexts, under a memory budget of {_size(mb.num_bytes)} "
+           f"({mb.origin}) with the draft's weights and cache" if full else
+           f"memory budget {_size(mb.num_bytes)} ({mb.origin}) less {_size(weights)} of weights "
+           f"and the draft's {_size(draft.weights_bytes)} of weights and cache")
+    return KVBudget(n * block, why, (n + DRAFT_SPARE_BLOCKS) * dblock, budget=mb)
 
 
 def kv_capacity(num_blocks: int, block_size: int, context: int) -> str:

@@ -7,16 +7,14 @@ after the reasoning streams as a ``tool_use`` block, as without reasoning."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
-import torch
 
-from coda.engine.runner import ModelRunner, SeqChunk
 from coda.engine.types import EngineConfig
 from tests.reasoning_support import (
     CLOSE_ID,
@@ -27,7 +25,7 @@ from tests.reasoning_support import (
     reasoning_model_dir,
     reasoning_server,
 )
-from tests.wire_support import ScriptedServer, served_runner
+from tests.wire_support import PositionRunner, ScriptedServer, served_runner
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 TOOLS: list[Any] = [{"name": "get_weather", "description": "weather of a city",
@@ -75,22 +73,6 @@ def test_k2_thinking_shown_reasoning_only_stream_equals_whole(r1: ScriptedServer
     assert [b.type for b in whole.content] == types
     assert whole.content[0].thinking == " me think"
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
-
-
-class PositionRunner(ModelRunner):
-    """Forces ``script[position]`` (EOS past it) at every step: an output whose tokens repeat
-    (a tool call's JSON), which a chain keyed on the last token cannot script."""
-
-    def __init__(self, base: ModelRunner) -> None:
-        super().__init__(base.model, num_blocks=base.num_blocks, block_size=base.block_size)
-        self.script: dict[int, int] = {}
-
-    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
-        rows = [c for c in chunks if c.need_logits]
-        logits = torch.zeros((len(rows), self.config.vocab_size), dtype=torch.float32)
-        for i, c in enumerate(rows):
-            logits[i, self.script.get(c.start_pos + len(c.token_ids), EOS)] = 60.0
-        return logits
 
 
 @pytest.fixture(scope="module")

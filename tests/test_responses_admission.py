@@ -89,14 +89,15 @@ def _settled(oa: openai.OpenAI, rid: str) -> Any:
 
 def test_p1_in_progress_while_the_prompt_is_prefilled(held: Any) -> None:
     """P1: held inside its prefill (no token yet), a background response reads
-    ``in_progress`` (it read ``queued`` until its first token), with no text yet (its
-    message item open and empty, as the stream's ``output_item.added`` sends it)."""
+    ``in_progress`` (it read ``queued`` until its first token), with no output item yet
+    (``output: []``, as OpenAI's until its first ``output_item.added``; it showed an open,
+    empty message item)."""
     oa, runner, _ = held
     created = _create(oa)
     assert created.status == "queued"  # NOTE: the create's answer: before the engine saw it
     assert runner.held.wait(10), "the engine never reached the prefill"
     got = oa.responses.retrieve(created.id)
-    assert got.status == "in_progress" and got.output_text == "" and got.usage is None
+    assert got.status == "in_progress" and got.output == [] and got.usage is None
     runner.release.set()
     done = _settled(oa, created.id)
     assert done.status == "completed" and done.output_text == "x"
@@ -121,7 +122,9 @@ def test_p1_queued_while_the_one_slot_is_busy(held: Any) -> None:
 def test_p1_p3_stream_sends_in_progress_at_admission(held: Any) -> None:
     """P1, P2, P3: streamed, ``response.created``, ``response.queued``, then
     ``response.in_progress`` while the prompt is still being prefilled (it waited for the first
-    token); the replay from the log is the same events."""
+    token); the message item is announced with the first token (``output_item.added`` right
+    after the prefill), and retrieve shows no item before it; the replay from the log is the
+    same events."""
     oa, runner, _ = held
     timer = threading.Timer(10, runner.release.set)  # NOTE: a bound on a failing run only
     timer.start()
@@ -132,10 +135,14 @@ def test_p1_p3_stream_sends_in_progress_at_admission(held: Any) -> None:
             assert [e.type for e in head] == ["response.created", "response.queued",
                                               "response.in_progress"]
             assert not runner.release.is_set(), "in_progress came after the prefill"
+            assert oa.responses.retrieve(head[0].response.id).output == []
             runner.release.set()
             rest = list(events)
     finally:
         timer.cancel()
+    assert [e.type for e in rest[:3]] == ["response.output_item.added",
+                                          "response.content_part.added",
+                                          "response.output_text.delta"]
     assert rest[-1].type == "response.completed"
     whole = head + rest
     assert [e.sequence_number for e in whole] == list(range(len(whole)))

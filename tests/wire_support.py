@@ -42,6 +42,22 @@ class ScriptedRunner(ModelRunner):
         return logits
 
 
+class PositionRunner(ModelRunner):
+    """Forces ``script[position]`` (EOS past it) at every step: an output whose tokens repeat
+    (a tool call's JSON), which a chain keyed on the last token cannot script."""
+
+    def __init__(self, base: ModelRunner) -> None:
+        super().__init__(base.model, num_blocks=base.num_blocks, block_size=base.block_size)
+        self.script: dict[int, int] = {}
+
+    def execute(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
+        rows = [c for c in chunks if c.need_logits]
+        logits = torch.zeros((len(rows), self.config.vocab_size), dtype=torch.float32)
+        for i, c in enumerate(rows):
+            logits[i, self.script.get(c.start_pos + len(c.token_ids), EOS_ID)] = 60.0
+        return logits
+
+
 @dataclass
 class ScriptedServer:
     engine: AsyncEngine

@@ -35,8 +35,8 @@ from coda.server.anthropic_request import (
 )
 from coda.server.anthropic_stream import (
     AnthropicRenderer,
+    answer_blocks,
     stop_fields,
-    tool_use_block,
     usage_of,
     usage_tier,
 )
@@ -235,15 +235,13 @@ class AnthropicAdapter:
         answer: list[dict[str, Any]] = (
             [{"type": "text", "text": c.text}] if c.text or (spec.thinking and spec.reasoning)
             else [])
-        calls: list[tl.ToolCall] = []
-        if spec.tools:
-            text, calls, removed = tl.split(c.text)
-            ext["tool_calls"] = {"count": len(calls), "removed_bytes": removed}
-            answer = ([{"type": "text", "text": text}] if text else []) + [
-                tool_use_block(k, rid) for k in calls]
+        calls = 0
+        if spec.tools:  # NOTE: blocks in the order generated, as the stream sends them (K2)
+            answer, calls, removed = answer_blocks(c.text, rid)
+            ext["tool_calls"] = {"count": calls, "removed_bytes": removed}
         # NOTE: the thinking block leads whatever the answer's blocks are (tools included)
         content = thinking + answer
-        reason, stop = stop_fields(c.terminal, len(calls))
+        reason, stop = stop_fields(c.terminal, calls)
         if spec.warm:  # NOTE: max_tokens 0 (cache pre-warming): no block at all
             content = []
         return JSONResponse({"id": rid, "type": "message", "role": "assistant",

@@ -42,6 +42,23 @@ def tool_use_block(call: tl.ToolCall, rid: str) -> dict[str, Any]:
             "name": call.name, "input": json.loads(call.arguments)}
 
 
+def answer_blocks(text: str, rid: str) -> tuple[list[dict[str, Any]], int, int]:
+    """A whole answer with tools as content blocks, in the order the model wrote them (K2,
+    P1): each run of text between calls one ``text`` block, each call a ``tool_use`` block,
+    as the stream opens and closes them (:meth:`AnthropicRenderer._blocks`); with the
+    number of calls and the bytes of call syntax removed."""
+    p = tl.ToolCallParser()
+    blocks: list[dict[str, Any]] = []
+    for item in p.feed(text) + p.finish():
+        if isinstance(item, tl.ToolCall):
+            blocks.append(tool_use_block(item, rid))
+        elif item and blocks and blocks[-1]["type"] == "text":
+            blocks[-1]["text"] += item  # NOTE: the stream's open text block takes it too
+        elif item:
+            blocks.append({"type": "text", "text": item})
+    return blocks, p.calls, p.removed_bytes
+
+
 def usage_tier(spec: AnthropicRender) -> dict[str, str]:
     """``usage.service_tier`` / ``usage.speed``, each when the request named one: the one
     local tier and speed, "standard"."""

@@ -52,9 +52,9 @@ def stored_record(request: Request, rid: str) -> Record:
 def _last_event_through(record: Record, seq: int) -> int:
     """The number of the last Responses event rendered for the engine events up to ``seq``.
     NOTE: replayed, not counted: with tools a delta yields zero or several events (issue 20
-    D5); without, this is ``seq + 3`` (created, in_progress, output_item.added,
-    content_part.added, then one event per delta; a background response's ``queued`` adds
-    one once it started)."""
+    D5); without, a delta's is ``seq + 3`` (created, in_progress, then output_item.added and
+    content_part.added with the first delta, then one event per delta) and the start's 1; a
+    background response's ``queued`` adds one once it started)."""
     r = record.make_renderer([1 << 62])  # NOTE: skips every frame; only numbers them
     assert isinstance(r, ResponsesRenderer)
     r.header()

@@ -65,7 +65,15 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
     if record.background and stream.last_seq < 0:
         return body  # NOTE: queued: nothing written yet, no output item (as created)
     body["status"] = "in_progress"
-    text, calls, at = layout(partial_text(stream)) if spec.tools else (partial_text(stream), [], 0)
+    # NOTE: P1, P3: exactly the items the stream announced so far (responses_stream): the
+    # message item once an answer delta exists (or at the end), with tools what the parser
+    # released (an open call, a held tag prefix, is no item yet)
+    ended = terminal is not None
+    if spec.tools:
+        text, calls, at = layout(partial_text(stream), ended=ended)
+    else:
+        text, calls = partial_text(stream), []
+        at = 0 if ended or _answered(stream) else None
     item_status = "in_progress"
     if terminal is not None:
         _, status = responses_status(terminal)
@@ -107,17 +115,24 @@ def response_object(record: Record, *, initial: bool = False) -> dict[str, Any]:
     return body
 
 
-def layout(text: str) -> tuple[str, list[tl.ToolCall], int | None]:
+def _answered(stream: RequestStream) -> bool:
+    """Whether an answer delta (not reasoning) exists: the stream's message item opened."""
+    return any(e.type is EventType.DELTA and not e.reasoning for e in replay(stream))
+
+
+def layout(text: str, *, ended: bool = True) -> tuple[str, list[tl.ToolCall], int | None]:
     """An output with tools: its text outside calls, its calls, and the message item's place
     among the calls (how many calls the model wrote before its first text), or None when the
     output is calls alone: as OpenAI's, a function call is then ``output[0]``, with no empty
-    message beside it. The stream opens its items in the same order."""
+    message beside it. The stream opens its items in the same order. Not ``ended`` (in
+    progress): only what the parser released so far, as the stream sent it; None also when
+    nothing is out yet."""
     p = tl.ToolCallParser()
-    items = p.feed(text) + p.finish()
+    items = p.feed(text) + (p.finish() if ended else [])
     calls = [i for i in items if isinstance(i, tl.ToolCall)]
     first = next((n for n, i in enumerate(items) if isinstance(i, str) and i), None)
     if first is None:
-        return "", calls, None if calls else 0
+        return "", calls, None if calls or not ended else 0
     return tl.texts(items), calls, sum(isinstance(i, tl.ToolCall) for i in items[:first])
 
 

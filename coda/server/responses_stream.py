@@ -1,7 +1,8 @@
 """The Responses API's event stream (issue 4 item 2; SPEC P1–P3): a pure function of the
 engine's event log, so ``sequence_number`` (also the SSE ``id``) is the same on every replay.
 
-``response.created`` 0, ``response.in_progress`` 1, ``output_item.added`` 2,
+``response.created`` 0, ``response.in_progress`` 1, then, with the first delta (or the end:
+no item is announced before the model writes, as OpenAI's), ``output_item.added`` 2,
 ``content_part.added`` 3, one ``output_text.delta`` per engine delta, then
 ``output_text.done``, ``content_part.done``, ``output_item.done`` and exactly one of
 ``response.completed | response.incomplete | response.failed`` last. A reasoning model's split
@@ -136,9 +137,11 @@ class ResponsesRenderer(Renderer):
 
     def _on_event(self, index: int, ev: StreamEvent, positions: list[int]) -> list[Frame]:
         if ev.type is EventType.START:
-            # NOTE: a split output (issue 23) may start with a reasoning item instead
-            # and with tools the message item opens at the first text (_layout)
-            return [] if self.show_reasoning or self.parser is not None else self._open_message()
+            # NOTE: P1, as OpenAI: no item before the model writes (a prompt still prefilling
+            # has output []): the message item opens at the first answer delta (or the end), a
+            # split output's reasoning item at the first reasoning delta (issue 23), with tools
+            # the message item at the first text (layout)
+            return []
         if ev.type is EventType.DELTA and ev.reasoning:
             return self._reasoning_delta(index, ev)
         if ev.type is EventType.DELTA and self.parser is not None:

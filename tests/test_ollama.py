@@ -201,7 +201,7 @@ def test_empty_request_loads(smollm_ollama: ollama.Client, smollm_name: str) -> 
     """Ollama's load call: an empty prompt answers ``done_reason: "load"`` at once."""
     r = smollm_ollama.generate(model=smollm_name + ":latest", prompt="", stream=False)
     assert r.done and r.done_reason == "load" and r.response == ""
-    assert r.model == smollm_name
+    assert r.model == smollm_name + ":latest"  # NOTE: echoed as sent, as Ollama's req.Model
 
 
 # -- the renderer over scripted streams: every ending, FAILED included ----------------------

@@ -10,6 +10,9 @@ server over loopback.
   ``stream``, ``raw``, ``logprobs``, ``prompt``, ``messages`` and a message's ``content``,
   while ``format``, ``system``, ``keep_alive``... took it as unset; Ollama (Go) reads every
   null as the field left out.
+- The answer's ``model`` dropped the ``:latest`` tag the request named (``llama3:latest`` in,
+  ``llama3`` out) on generate, chat, their load call and ``/api/embed``, where Ollama's
+  handlers echo ``req.Model`` as sent (``OllamaRender.model``: "as the client asked for it").
 """
 
 from __future__ import annotations
@@ -77,3 +80,21 @@ def test_p1_null_in_embed_reads_as_left_out(smollm_live: LiveServer, smollm_name
     none = httpx.post(url, timeout=120, json={"model": smollm_name, "input": None})
     assert none.status_code == 200, none.text
     assert none.json()["embeddings"] == []
+
+
+@pytest.mark.parametrize("tag", ["", ":latest"])
+def test_p1_answer_echoes_the_model_name_as_sent(smollm_ollama: ollama.Client, smollm_name: str,
+                                                 tag: str) -> None:
+    """P1: every answer's ``model`` is the name the request sent, ``:latest`` kept (it routes
+    to the same model): generate and chat whole and streamed, the load call, ``/api/embed``."""
+    name = smollm_name + tag
+    opts = {"num_predict": 2, "seed": 1}
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert smollm_ollama.generate(model=name, prompt="Hi", options=opts).model == name
+    assert {p.model for p in smollm_ollama.generate(model=name, prompt="Hi", options=opts,
+                                                     stream=True)} == {name}
+    assert smollm_ollama.chat(model=name, messages=msgs, options=opts).model == name
+    assert {p.model for p in smollm_ollama.chat(model=name, messages=msgs, options=opts,
+                                                 stream=True)} == {name}
+    assert smollm_ollama.chat(model=name, messages=[]).model == name
+    assert smollm_ollama.embed(model=name, input="Hi").model == name

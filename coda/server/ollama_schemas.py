@@ -118,16 +118,22 @@ def keep_alive_value(value: float | str | None) -> float | str | None:
     return value
 
 
+IMPLICIT_TAG = ":latest"
+
+
 def model_name(name: str) -> str:
     """Ollama's implicit tag: ``name:latest`` is ``name`` (tools append it to every name)."""
-    return name.removesuffix(":latest")
+    return name.removesuffix(IMPLICIT_TAG)
 
 
 class _OllamaCreate(CodaExtensions):
-    """Fields shared by ``/api/chat`` and ``/api/generate`` (plus the Coda extensions)."""
+    """Fields shared by ``/api/chat`` and ``/api/generate`` (plus the Coda extensions).
+
+    ``model`` is kept as the request spelled it: the answer's ``model`` echoes it, as Ollama's
+    handlers echo ``req.Model`` (``llama3:latest`` in, ``llama3:latest`` out; P1); routing
+    reads it without the implicit tag (``check_model(model, IMPLICIT_TAG)``)."""
 
     model: str
-    _tag = field_validator("model")(model_name)
     format: str | dict[str, Any] | None = None
     options: OllamaOptions | None = None
     stream: bool = True  # NOTE: Ollama streams unless told not to
@@ -199,8 +205,7 @@ class OllamaEmbedRequest(BaseModel):
     cuts an input to the context, off it is a 400."""
 
     model_config = STRICT
-    model: str
-    _tag = field_validator("model")(model_name)
+    model: str  # NOTE: as sent, echoed; routed without IMPLICIT_TAG (see _OllamaCreate)
     input: str | list[str] = ""
     prompt: str | None = None
     truncate: bool = True

@@ -29,7 +29,7 @@ from coda.models.kernels.kquant_linear import KQuantLinear, Segment  # noqa: E40
 
 K_QUANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # NOTE: 69 outputs = blocks of 32, 32, 5 (tiles of 2, then 2, 2, 1); K = 1280: 5 super-blocks,
-# spans of 2, 2, 1
+# spans of 4, 1 (a 48 KiB L1d) or 2, 2, 1
 N, K, M = 69, 1280, 8
 
 

@@ -6,9 +6,12 @@ each output's ggml blocks from the file's bytes straight into registers (AVX-512
 csrc/legacy_tile8.h's 8-row tile, K-blocked, one decode for the 8 rows). Its bits must be the
 portable build's (the span kernel) and the re-laid-out tile's (``GgmlLinear``, csrc/blocks.h:
 the same canonical order, so a tensor may run either way) on every ISA, for every row count
-(1..4 rows per call, 5..8 as two calls or the 8-row tile, then the span kernel), partial groups
-of outputs (N = 69: groups of 4, then 1; the tile's pairs, then 1), a short K and a long one
-(1056: the tile's spans of 16 blocks, then one), 1 and 3 threads; each row's bits are its bits
+(1..4 rows per call, 5..8 as two calls or the 8-row tile, then the span kernel or, AVX-512,
+the 8-row tile and the rest: tests/test_tile8_groups.py), partial groups
+of outputs (N = 69: groups of 4, then 1; the tile's pairs, then 1), a short K and two long ones
+(1056: the tile's spans of 32 blocks, then one, or of 16, 16, 1 where L1d is under 48 KiB;
+1664: 32, then 20, the span's scales gathered 16 blocks at a time, the last gather partial),
+1 and 3 threads; each row's bits are its bits
 alone (T4); row maps, biases and fused segments of mixed legacy types keep them; any float16
 scale (zero, subnormal, infinite, NaN) gives the portable build's weights; the kernel writes
 only its M rows.
@@ -56,10 +59,11 @@ def _x(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("k", [32, 1056])
+@pytest.mark.parametrize("k", [32, 1056, 1664])
 @pytest.mark.parametrize("kind", KINDS)
 def test_t4_one_to_ten_rows_in_place_give_the_scalar_and_relaid_bits(kind: str, k: int) -> None:
-    """T4: 1..10 rows (one call of 1..4, two calls, past LEGACY_M the span kernel) of an in-place
+    """T4: 1..10 rows (one call of 1..4, two calls, past LEGACY_M the span kernel or the tile
+    and the rest) of an in-place
     Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrix give, on every ISA, the portable build's bits and the re-laid-out
     tile's (blocks.h; Q4_0, Q4_1, Q8_0) on the same file bytes; each row's bits are its bits alone and in another
     position of the batch."""

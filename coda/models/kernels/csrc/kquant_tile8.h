@@ -21,6 +21,8 @@
 #if CODA_ISA == CODA_AVX512
 #include <cstdlib>
 
+#include <unistd.h>
+
 namespace coda_native {
 namespace CODA_NS {
 namespace kq {
@@ -32,11 +34,20 @@ constexpr int R8 = 8;         // input rows of the tile
 // (measured 0.93x and 0.85x the time; at 5 rows even, 1.02x)
 constexpr int64_t TILE8_MIN = 6;
 constexpr int G8 = 2;         // outputs per tile: 16 accumulators, 2 weights, x, decode temporaries
-constexpr int64_t KS8 = 2;    // super-blocks per span: 8 x 512 floats of x = 16 KiB
+constexpr int64_t KS8 = 2;    // super-blocks per span: 8 x 512 floats of x = 16 KiB (span_x_kib)
 constexpr int NB8 = 32;       // outputs per block: their partial sums 32 x 8 x 64 B = 16 KiB
 // NOTE: measured on a Sapphire Rapids core (1B step, batch 8): G8 = 3 1.04-1.09x the time (24
 // accumulators leave too few registers), KS8 = 8 (x spans 64 KiB, out of L1) 1.14x, KS8 = 4 and
-// NB8 = 16 or 64 within the noise (KS8 = 4 would overflow a 32 KiB L1)
+// NB8 = 16 or 64 within the noise; on an Emerald Rapids class core (48 KiB L1d) KS8 = 4 0.93-0.96x
+// at Q4_K, 0.95-0.99x at Q6_K, so spans are 4 super-blocks where L1d holds them (span_x_kib)
+
+// KiB of packed x per span of the 8-row tiles: 32 where L1d holds 48 KiB or more (Ice Lake and
+// later Intel cores), else 16 (Skylake-X, Zen 4: 32 KiB). NOTE: the span's x and the weights
+// streamed beside it must stay in L1 (docs/quantization.md, "Batch 8 ... spans")
+inline int64_t span_x_kib() {
+  static const int64_t kib = sysconf(_SC_LEVEL1_DCACHE_SIZE) >= 48 * 1024 ? 32 : 16;
+  return kib;
+}
 
 // x [M, K] (row-major, M <= 8) -> xp [K / 16][8][16]: chunk i of row r at xp + (i * 8 + r) * 16,
 // rows M..7 zero.
@@ -125,8 +136,9 @@ void block8(const uint8_t* const* row, const uint8_t* const* nrow, int nb, const
   constexpr int64_t bb = T == Q2_K ? 84 : T == Q3_K ? 110 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
   alignas(64) __m512 ab[NB8 * R8];
   const int64_t nsb = K / QKK_;
-  for (int64_t b0 = 0; b0 < nsb; b0 += KS8) {
-    const int64_t b1 = min64(b0 + KS8, nsb);
+  const int64_t ks = KS8 * span_x_kib() / 16;  // NOTE: 8 KiB of packed x a super-block
+  for (int64_t b0 = 0; b0 < nsb; b0 += ks) {
+    const int64_t b1 = min64(b0 + ks, nsb);
     const bool first = b0 == 0, last = b1 == nsb;
     const float* xs = xp + b0 * QKK_ * R8;
     for (int j = 0; j < nb; j += G8) {

@@ -87,16 +87,16 @@ inline void scales(const uint8_t* const* blk, float* s) {
 }
 
 #if CODA_ISA == CODA_AVX512
-// One output's block as two 16-lane halves (w[0]: weights 0..15, w[1]: 16..31); s: its d (s[0])
-// and m (s[4]).
+// One output's block as two 16-lane halves (w[0]: weights 0..15, w[1]: 16..31); its d at *dp
+// and (Q4_1, Q5_1) its m at *mp.
 template <int T>
-inline void decode(const uint8_t* blk, const float* s, __m512 w[2]) {
+inline void decode(const uint8_t* blk, const float* dp, const float* mp, __m512 w[2]) {
   const uint8_t* q = blk + kQO<T>;
   if (T == Q8_0) {
     for (int h = 0; h < 2; ++h)
       w[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * h)))),
-                           _mm512_set1_ps(s[0]));
+                           _mm512_set1_ps(*dp));
     return;
   }
   // NOTE: the 16 possible weights once per block, then looked up by nibble (vpermps reads an
@@ -105,12 +105,12 @@ inline void decode(const uint8_t* blk, const float* s, __m512 w[2]) {
   __m512 table;
   if (T == Q4_0) {
     table = _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
-                          _mm512_set1_ps(s[0]));
+                          _mm512_set1_ps(*dp));
   } else {
     table = _mm512_add_ps(
         _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                      _mm512_set1_ps(s[0])),
-        _mm512_set1_ps(s[4]));
+                      _mm512_set1_ps(*dp)),
+        _mm512_set1_ps(*mp));
   }
   // NOTE: byte j's low nibble is weight j, its high nibble weight 16 + j (ggml order)
   const __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
@@ -118,14 +118,14 @@ inline void decode(const uint8_t* blk, const float* s, __m512 w[2]) {
     // NOTE: the 32 possible weights as two tables (q in 0..15, 16..31), looked up by the 5-bit
     // index nibble | high bit << 4 (vpermt2ps reads an index's low 5 bits): (q - 16) d and
     // q d + m round once as kquants.h's (q d is exact: 11 by 5 significant bits)
-    const __m512 d = _mm512_set1_ps(s[0]);
+    const __m512 d = _mm512_set1_ps(*dp);
     const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 lo, hi;
     if (T == Q5_0) {
       lo = _mm512_mul_ps(_mm512_sub_ps(k, _mm512_set1_ps(16)), d);
       hi = _mm512_mul_ps(k, d);
     } else {
-      const __m512 m = _mm512_set1_ps(s[4]);
+      const __m512 m = _mm512_set1_ps(*mp);
       lo = _mm512_fmadd_ps(k, d, m);
       hi = _mm512_fmadd_ps(_mm512_add_ps(k, _mm512_set1_ps(16)), d, m);
     }
@@ -156,7 +156,7 @@ struct Tile {
   // Block b of every output: decode, then one fma per half, row and output.
   inline void block(const uint8_t* const* blk, const float* s, const float* x, int64_t ldx) {
     __m512 w[G][2];
-    for (int g = 0; g < G; ++g) decode<T>(blk[g], s + g, w[g]);
+    for (int g = 0; g < G; ++g) decode<T>(blk[g], s + g, s + 4 + g, w[g]);
     for (int h = 0; h < 2; ++h)
       for (int r = 0; r < R; ++r) {
         __m512 xv = _mm512_loadu_ps(x + r * ldx + 16 * h);

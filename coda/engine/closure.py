@@ -83,6 +83,8 @@ class BudgetCloser:
 
     def initial(self) -> ClosingPath | None:
         """The closing path from the current state (admission: from the start)."""
+        if self.grammar.stuck:
+            return None
         return self._completion(self.grammar.matcher, range(1, len(self.trigger)))
 
     def _completion(self, m: llg.LLMatcher, ends: Iterable[int]) -> ClosingPath | None:
@@ -133,7 +135,8 @@ class BudgetCloser:
         """Whether choosing ``token_id`` keeps a completion within the budget left after it.
         ``ahead``: drafted tokens the matcher was advanced through past the consumed ones
         (issue 21's verification, :class:`~coda.engine.grammar.Lookahead`)."""
-        if self.path is not None or not self.closable or token_id in eos_token_ids:
+        if (self.path is not None or not self.closable or token_id in eos_token_ids
+                or self.grammar.stuck):  # NOTE: a stuck matcher is never touched again
             return True
         m = self.grammar.matcher
         if m.try_consume_tokens([token_id]) != 1:
@@ -156,6 +159,8 @@ class BudgetCloser:
         """The output accepts now but the sampled token would open what cannot close within
         the budget (a second parallel call): force the end itself — the grammar's EOS — as a
         one-token closing path. None when the grammar allows no EOS here."""
+        if self.grammar.stuck:
+            return None
         m = self.grammar.matcher
         for eos in sorted(eos_token_ids):
             if eos < self.grammar.vocab_size and m.validate_tokens([eos]) == 1:

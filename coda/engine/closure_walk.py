@@ -123,6 +123,9 @@ def closing_path(m: llg.LLMatcher, tok: llg.LLTokenizer, table: ByteTable,
             steps += 1  # NOTE: not len(text): a cut-back run must not walk for ever
             if steps > limit:
                 return None
+            # NOTE: holds the GIL: on a grammar whose forced bytes never end (see
+            # coda.engine.grammar_guard) it never returns, and no bound can stop it; only a
+            # request that opts a Lark grammar into closure reaches such a state here
             forced = m.compute_ff_bytes()
             in_text = False
             if forced:

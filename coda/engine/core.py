@@ -249,7 +249,8 @@ class EngineCore:
         if req.grammar is not None and dec.token_id in req.processor.opener_ids():
             req.hold_grammar()  # NOTE: issue 23: the block opens: the opener is not the answer's
         if req.grammar is not None and not req.grammar.consume(dec.token_id):
-            self._end_failed(req, ModelError(f"grammar rejected token {dec.token_id}"))
+            stuck = req.grammar.error if req.grammar.stuck else None  # NOTE: a mask that hung
+            self._end_failed(req, ModelError(stuck or f"grammar rejected token {dec.token_id}"))
             return
         info = self._logprob_info(dec) if req.plan.logprobs else TokenInfo(dec.token_id)
         try:

@@ -27,6 +27,12 @@ Contract (what the engine relies on):
   and ``lookahead()`` advances the matcher through drafted tokens to give the masks of the
   rows after them, rolling exactly those tokens back when closed (the cached mask, the
   consumed count and the error stay the request's own).
+- Bounded (:mod:`coda.engine.grammar_guard`): every mask is computed with a time bound, since
+  llguidance can loop forever on some grammars. The first mask is computed at submit time: a
+  grammar stuck there is an InvalidRequestError (400 naming the field). One stuck later (on the
+  engine thread) marks the matcher :attr:`GrammarMatcher.stuck` (it is never touched again), so
+  the request's next ``consume`` fails and the engine ends it ``model_error`` with the reason;
+  the other requests go on.
 - Ids at or above the tokenizer's size (a model vocabulary padded past the tokenizer) are never
   allowed.
 - JSON (``json_schema``, ``json_object``) is compact by default (``whitespace_flexible: false``):
@@ -45,6 +51,7 @@ import numpy as np
 import tokenizers
 import torch
 
+from coda.engine.grammar_guard import GrammarStuckError, bounded
 from coda.engine.grammar_schema import schema_problem
 from coda.engine.grammar_tokenizer import ll_tokenizer
 from coda.engine.types import GrammarSpec
@@ -121,7 +128,12 @@ def compile_grammar(spec: GrammarSpec, tokenizer: tokenizers.Tokenizer, vocab_si
     for warning in matcher.get_grammar_warnings():
         log.warning("grammar warning: %s", warning)
     trigger = spec.trigger.encode() if spec.trigger else None
-    return GrammarMatcher(matcher, tok.vocab_size, vocab_size, tok, trigger)
+    grammar = GrammarMatcher(matcher, tok.vocab_size, vocab_size, tok, trigger)
+    try:
+        grammar.prime()
+    except GrammarStuckError as exc:
+        raise InvalidRequestError(f"{FIELD}: {exc}", field=FIELD) from None
+    return grammar
 
 
 class GrammarMatcher:
@@ -141,6 +153,8 @@ class GrammarMatcher:
         self._mask: torch.Tensor | None = None  # cached until the next consume
         self.num_consumed = 0
         self.error: str | None = None
+        # NOTE: a mask call that did not return in time still holds ``_m``: never touch it again
+        self.stuck = False
 
     # -- per step --------------------------------------------------------------------------
     def allowed_mask(self) -> torch.Tensor | None:
@@ -150,11 +164,26 @@ class GrammarMatcher:
             self._mask = self._compute_mask()
         return self._mask.clone()
 
+    def prime(self) -> None:
+        """Compute (and cache) the first mask; raises GrammarStuckError if it is stuck."""
+        self._mask = self._mask_now()
+
     def _compute_mask(self) -> torch.Tensor:
-        """The mask of the matcher's state now (uncached)."""
+        """The mask of the matcher's state now (uncached). One that does not finish in time
+        marks the matcher stuck (with :attr:`error`) and allows every token: the request's
+        next ``consume`` fails."""
+        if not self.stuck:
+            try:
+                return self._mask_now()
+            except GrammarStuckError as exc:
+                self.stuck, self.error = True, str(exc)
+        return torch.ones(self.vocab_size, dtype=torch.bool)
+
+    def _mask_now(self) -> torch.Tensor:
         words = self._words
         # NOTE: fills one bit per tokenizer id, little-endian within each int32 word
-        self._m.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        ptr, size, m = words.ctypes.data, words.nbytes, self._m
+        bounded(lambda: m.unsafe_compute_mask_ptr(ptr, size), "a token mask")
         bits = np.unpackbits(words.view(np.uint8), count=self._n_real, bitorder="little")
         allowed = np.zeros(self.vocab_size, dtype=np.bool_)
         allowed[: self._n_real] = bits.view(np.bool_)
@@ -166,6 +195,8 @@ class GrammarMatcher:
         an error state, logged and kept in :attr:`error`; it then reports terminated."""
         self._mask = None
         self.num_consumed += 1
+        if self.stuck:
+            return False
         ok = (0 <= token_id < self._n_real) and self._m.consume_token(token_id)
         if not ok and self.error is None:
             self.error = self._m.get_error() or f"token {token_id} is outside the grammar"
@@ -177,6 +208,8 @@ class GrammarMatcher:
     def valid_prefix(self, token_ids: Seq[int]) -> int:
         """How many of ``token_ids``, in order, the grammar allows from its state now (the
         state is unchanged): a drafted token past them can never be a pick."""
+        if self.stuck:
+            return 0
         n = 0
         while n < len(token_ids) and 0 <= token_ids[n] < self._n_real:
             n += 1
@@ -215,7 +248,7 @@ class Lookahead:
     def push(self, token_id: int) -> bool:
         """Advance past ``token_id``; False (nothing consumed) where the grammar forbids it."""
         g = self._g
-        if not 0 <= token_id < g._n_real or g._m.try_consume_tokens([token_id]) != 1:
+        if g.stuck or not 0 <= token_id < g._n_real or g._m.try_consume_tokens([token_id]) != 1:
             return False
         self.pushed += 1
         return True
@@ -225,6 +258,8 @@ class Lookahead:
         return self._g._compute_mask()
 
     def close(self) -> None:
+        if self._g.stuck:  # NOTE: the abandoned call still holds the matcher
+            self.pushed = 0
         if self.pushed:
             # NOTE: exactly what was pushed: rolling back one more puts llguidance in error
             self._g._m.rollback(self.pushed)

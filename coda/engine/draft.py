@@ -42,7 +42,7 @@ cap). ``k = 0`` when no ``k`` beats plain decoding; such a request re-probes wit
 ``PROBE_K`` drafts after ``PROBE_EVERY`` plain steps, the wait doubling (up to
 ``PROBE_MAX``) while probes do not pay, so drafts that would pay come back (a draft too dear
 to pay even when always accepted waits ``PROBE_MAX``: only its cost could change). ``costs = None``
-drafts the cap every step (tests, ``--eager-k``). Choosing ``k`` never changes the output.
+drafts the cap every step (tests; no CLI flag sets it). Choosing ``k`` never changes the output.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from tests.reasoning_support import (
     reasoning_model_dir,
     reasoning_server,
 )
-from tests.wire_support import PositionRunner, ScriptedServer, served_runner
+from tests.wire_support import PositionRunner, ScriptedServer, scripted_anthropic, served_runner
 
 MSG: list[Any] = [{"role": "user", "content": "hi"}]
 TOOLS: list[Any] = [{"name": "get_weather", "description": "weather of a city",
@@ -83,16 +83,11 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[anthropic
     with contextmanager(served_runner)(
             PositionRunner, model_dir=reasoning_model_dir(root, inside=True),
             config=EngineConfig(num_blocks=64, max_num_seqs=2)) as served:
-        engine, runner = served.engine, served.engine.runner
-        assert isinstance(runner, PositionRunner)
-        client = anthropic.Anthropic(base_url=served.url, api_key="k", max_retries=0)
-        probe = client.messages.create(model=engine.model_name, max_tokens=8, messages=MSG,
-                                       tools=TOOLS)
-        prompt = probe.usage.input_tokens + (probe.usage.cache_read_input_tokens or 0)
+        engine = served.engine
         call = engine.tokenizer.encode('<tool_call>\n{"name": "get_weather", "arguments": '
                                        '{"city": "Paris"}}\n</tool_call>',
                                        add_special_tokens=False).ids
-        runner.script = {prompt + i: t for i, t in enumerate([ME, CLOSE_ID, *call])}
+        client = scripted_anthropic(served, MSG, TOOLS, [ME, CLOSE_ID, *call])
         yield client, engine.model_name
 
 

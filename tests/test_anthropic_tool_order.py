@@ -18,7 +18,7 @@ import anthropic
 import pytest
 
 from coda.engine.types import EngineConfig
-from tests.wire_support import PositionRunner, served_runner
+from tests.wire_support import PositionRunner, scripted_anthropic, served_runner
 
 MSG: list[Any] = [{"role": "user", "content": "weather?"}]
 TOOLS: list[Any] = [{"name": "get_weather", "description": "weather of a city",
@@ -36,14 +36,9 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[anthrop
     """The default model scripted to write :data:`SCRIPT`; the request that ends at its end."""
     with contextmanager(served_runner)(
             PositionRunner, config=EngineConfig(num_blocks=64, max_num_seqs=2)) as served:
-        engine, runner = served.engine, served.engine.runner
-        assert isinstance(runner, PositionRunner)
-        client = anthropic.Anthropic(base_url=served.url, api_key="k", max_retries=0)
-        probe = client.messages.create(model=engine.model_name, max_tokens=8, messages=MSG,
-                                       tools=TOOLS)
-        prompt = probe.usage.input_tokens + (probe.usage.cache_read_input_tokens or 0)
+        engine = served.engine
         ids = engine.tokenizer.encode(SCRIPT, add_special_tokens=False).ids
-        runner.script = {prompt + i: t for i, t in enumerate(ids)}
+        client = scripted_anthropic(served, MSG, TOOLS, ids)
         yield client, {"model": engine.model_name, "max_tokens": len(ids), "messages": MSG,
                        "tools": TOOLS, "extra_body": {"temperature": 0.0,
                                                       "close_within_budget": False}}

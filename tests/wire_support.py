@@ -77,6 +77,23 @@ def scripted_server(chain: Mapping[int, int] = LEAD_BYTE_SCRIPT, *,
                              model_dir=model_dir, **settings)
 
 
+def scripted_anthropic(served: ScriptedServer, messages: list[Any], tools: list[Any],
+                       script: Sequence[int]) -> Any:
+    """An ``anthropic`` client of ``served`` (a :class:`PositionRunner` engine) whose model
+    writes ``script`` right after the prompt of ``messages`` with ``tools`` (its length taken
+    from a probe request's usage, a prefix-cache hit included)."""
+    import anthropic
+
+    engine, runner = served.engine, served.engine.runner
+    assert isinstance(runner, PositionRunner)
+    client = anthropic.Anthropic(base_url=served.url, api_key="k", max_retries=0)
+    probe = client.messages.create(model=engine.model_name, max_tokens=8, messages=messages,
+                                   tools=tools)
+    prompt = probe.usage.input_tokens + (probe.usage.cache_read_input_tokens or 0)
+    runner.script = {prompt + i: t for i, t in enumerate(script)}
+    return client
+
+
 def served_runner(wrap: Callable[[ModelRunner], ModelRunner], *,
                   model_dir: Path = DEFAULT_MODEL_DIR, config: EngineConfig | None = None,
                   **settings: Any) -> Iterator[ScriptedServer]:

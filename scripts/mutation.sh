@@ -68,6 +68,14 @@ declare -A TESTS=(
     tests/test_schema_no_value.py::test_p1_a_ref_with_no_finite_value_is_named
     tests/test_schema_no_value.py::test_p1_a_recursive_schema_with_a_way_out_is_served
     tests/test_grammar.py tests/test_tool_schema_errors.py"
+  # NOTE: the stored request an adopter runs (P4): its own round-trip and refusal tests
+  [durable/request_codec]="tests/test_request_codec.py tests/test_adopt_untrusted.py"
+  # NOTE: the KV budget's arithmetic (T3), a draft's share included: the unit tests only
+  [engine/kv_budget]="tests/test_draft_memory.py::test_t3_a_draft_is_inside_the_budget_split
+    tests/test_draft_memory.py::test_t3_exact_size_and_fraction_with_a_draft
+    tests/test_kv_budget.py::test_t3_kv_reserve_is_full_contexts_capped_by_the_budget_less_the_weights
+    tests/test_kv_budget.py::test_memory_budget_parses_sizes_and_percentages
+    tests/test_kv_budget.py::test_memory_budget_refuses_what_is_not_a_size"
 )
 # Files a stem mutates (glob patterns, space-separated), where not coda/<stem>.py: the output
 # processor is one concept split by size (coda/output.py and its output_* modules: the rules,

@@ -185,6 +185,9 @@ REFUSED = {
     "marker not hex": _edited("req.reasoning.open", "<think>"),
     "stop token ids flat": _edited("req.stop_token_ids", [1, 2]),
     "NaN deadline": _edited("req.deadline_s", 0.125).replace(b"0.125", b"NaN"),
+    "deadline infinite by overflow": _edited("req.deadline_s", 0.125).replace(b"0.125", b"1e999"),
+    "a stop string as a number": _edited("req.stop", [7]),
+    "request id as a number": _edited("req.request_id", 7),
     "infinite accepted": _edited("accepted", 1.5).replace(b"1.5", b"Infinity"),
     "not JSON": b"\x80\x04not json",
     "not UTF-8": b'{"kind": "\xff"}',
@@ -199,6 +202,14 @@ def test_a_payload_that_is_not_this_codecs_is_refused_l5(blob: bytes) -> None:
     :class:`StoredRequestError`, nothing else raised."""
     with pytest.raises(StoredRequestError):
         decode_stored(blob)
+
+
+def test_an_acceptance_time_json_cannot_carry_exactly_is_refused_at_encode_p4() -> None:
+    """P4: what is stored is plain JSON: a NaN or infinite time is a ValueError at encode, not a
+    ``NaN`` token another front end's JSON reader refuses."""
+    for t in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            encode_stored(GenerationRequest((1, 2, 3)), t)
 
 
 def test_a_malicious_pickle_is_refused_without_running_p4(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from coda.errors import InvalidRequestError
 from coda.server.common import ClientGone, disconnected, state_of
 from coda.server.http_errors import ApiError
 from coda.server.ollama_info import unload_when_idle
-from coda.server.ollama_schemas import IMPLICIT_TAG, OllamaEmbedRequest
+from coda.server.ollama_schemas import OllamaEmbedRequest, model_name
 from coda.server.ollama_wire import keep_alive_zero
 from coda.server.schemas import STRICT
 from coda.server.state import ServerState
@@ -156,7 +156,7 @@ async def _encoded(st: ServerState, texts: list[str], truncate: bool) -> list[li
 async def ollama_embed(body: OllamaEmbedRequest, request: Request) -> Response:
     """Ollama's ``/api/embed``: unit-norm vectors, one per input."""
     st = state_of(request)
-    st.check_model(body.model, IMPLICIT_TAG)
+    st.check_model(model_name(body.model))
     if body.prompt is not None:
         raise ApiError(400, "prompt: /api/embed takes `input` (`prompt` is /api/embeddings')",
                        param="prompt")
@@ -183,7 +183,7 @@ async def ollama_embed(body: OllamaEmbedRequest, request: Request) -> Response:
 async def ollama_embeddings_legacy(body: OllamaEmbedRequest, request: Request) -> Response:
     """Ollama's older endpoint: one ``prompt``, the raw (not normalised) vector."""
     st = state_of(request)
-    st.check_model(body.model, IMPLICIT_TAG)
+    st.check_model(model_name(body.model))
     if body.input:
         raise ApiError(400, "input: /api/embeddings takes `prompt` (`input` is /api/embed's)",
                        param="input")

@@ -44,7 +44,7 @@ from coda.server.ollama_checks import check_body
 from coda.server.ollama_context import check_context, done_context, joined
 from coda.server.ollama_info import load_answer, unload_when_idle
 from coda.server.ollama_options import max_tokens
-from coda.server.ollama_schemas import IMPLICIT_TAG, OllamaChatRequest, OllamaGenerateRequest
+from coda.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, model_name
 from coda.server.ollama_wire import (
     chat_messages,
     created_at,
@@ -204,7 +204,7 @@ class OllamaAdapter:
         self.id_prefix = "ollama-chat-" if chat else "ollama-gen-"
 
     async def parse(self, st: ServerState, body: OllamaBody) -> Record:
-        st.check_model(body.model, IMPLICIT_TAG)
+        st.check_model(model_name(body.model))
         check_body(body)
         if isinstance(body, OllamaGenerateRequest):
             check_context(st.engine.tokenizer, body.context)
@@ -290,7 +290,7 @@ async def _run(request: Request, body: OllamaBody, adapter: OllamaAdapter, *,
                empty: bool) -> Response:
     if empty:
         st = state_of(request)
-        st.check_model(body.model, IMPLICIT_TAG)
+        st.check_model(model_name(body.model))
         return load_answer(st, body, chat=adapter.chat)
     response = await create(request, await adapter.parse(state_of(request), body), adapter)
     if keep_alive_zero(body.keep_alive):

@@ -118,12 +118,10 @@ def keep_alive_value(value: float | str | None) -> float | str | None:
     return value
 
 
-IMPLICIT_TAG = ":latest"
-
-
 def model_name(name: str) -> str:
-    """Ollama's implicit tag: ``name:latest`` is ``name`` (tools append it to every name)."""
-    return name.removesuffix(IMPLICIT_TAG)
+    """Ollama's implicit tag: ``name:latest`` is ``name`` (tools append it to every name); for
+    routing only: an answer echoes the name as sent."""
+    return name.removesuffix(":latest")
 
 
 class _OllamaCreate(CodaExtensions):
@@ -131,7 +129,7 @@ class _OllamaCreate(CodaExtensions):
 
     ``model`` is kept as the request spelled it: the answer's ``model`` echoes it, as Ollama's
     handlers echo ``req.Model`` (``llama3:latest`` in, ``llama3:latest`` out; P1); routing
-    reads it without the implicit tag (``check_model(model, IMPLICIT_TAG)``)."""
+    reads it without the implicit tag (:func:`model_name`)."""
 
     model: str
     format: str | dict[str, Any] | None = None
@@ -205,7 +203,7 @@ class OllamaEmbedRequest(BaseModel):
     cuts an input to the context, off it is a 400."""
 
     model_config = STRICT
-    model: str  # NOTE: as sent, echoed; routed without IMPLICIT_TAG (see _OllamaCreate)
+    model: str  # NOTE: as sent, echoed; routed by model_name (see _OllamaCreate)
     input: str | list[str] = ""
     prompt: str | None = None
     truncate: bool = True

@@ -145,10 +145,7 @@ class ServerState:
             return chat.encode_prompt(text)
         return list(chat.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def check_model(self, name: str, implicit_tag: str = "") -> None:
-        """A 404 unless ``name`` is a served model's; ``implicit_tag`` is a suffix the protocol
-        reads as the bare name (Ollama's ``:latest``), so the request keeps the name it sent."""
-        name = name.removesuffix(implicit_tag) if implicit_tag else name
+    def check_model(self, name: str) -> None:
         engine = self.engine
         if isinstance(engine, ModelSelecting):  # NOTE: several models: route by name
             if not engine.select_model(name):

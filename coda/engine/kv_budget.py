@@ -149,7 +149,6 @@ def kv_cache_budget(*, bytes_per_token: int, block_size: int, context: int, max_
     block of each is refused naming both models' shares."""
     block = bytes_per_token * block_size
     dblock = draft.bytes_per_token * block_size if draft is not None else 0
-    spare = DRAFT_SPARE_BLOCKS * dblock  # NOTE: 0 without a draft
 
     def draft_kv(target_bytes: int) -> int:
         return (target_bytes // block + DRAFT_SPARE_BLOCKS) * dblock if draft else 0
@@ -169,7 +168,7 @@ def kv_cache_budget(*, bytes_per_token: int, block_size: int, context: int, max_
         share = int(memory_fraction * free)
         # NOTE: with a draft the fraction holds both caches: n target + n + spare draft blocks
         budget = (max(block, min(need, share)) if draft is None else
-                  max(1, min(need // block, (share - spare) // (block + dblock))) * block)
+                  max(1, _target_blocks(share, need, block, dblock)) * block)
         why = f"{memory_fraction:g} of {free / 2**30:.1f} GiB available" + (
             ", with the draft's cache" if draft else "")
         if budget == need:
@@ -191,6 +190,12 @@ def kv_cache_budget(*, bytes_per_token: int, block_size: int, context: int, max_
     return _with_draft(mb, need, block, dblock, weights_bytes, draft, max_num_seqs)
 
 
+def _target_blocks(room: int, need: int, block: int, dblock: int) -> int:
+    """The most target blocks ``n`` (at most ``need`` bytes' worth) such that ``n`` target
+    blocks and ``n + DRAFT_SPARE_BLOCKS`` draft blocks fit ``room`` bytes."""
+    return min(need // block, (room - DRAFT_SPARE_BLOCKS * dblock) // (block + dblock))
+
+
 def _with_draft(mb: MemoryBudget, need: int, block: int, dblock: int, weights: int,
                 draft: DraftShare, max_num_seqs: int) -> KVBudget:
     """Under the budget ``mb``: both models' weights, then ``n`` target blocks (``block``
@@ -204,8 +209,7 @@ def _with_draft(mb: MemoryBudget, need: int, block: int, dblock: int, weights: i
             f"{_size(weights)} + one KV block), the draft {_size(draft.weights_bytes + dblock + spare)} "
             f"(weights {_size(draft.weights_bytes)} + its KV cache of "
             f"{1 + DRAFT_SPARE_BLOCKS} blocks): at least {least} bytes; raise --memory-budget")
-    room = mb.num_bytes - weights - draft.weights_bytes - spare
-    n = min(need // block, room // (block + dblock))
+    n = _target_blocks(mb.num_bytes - weights - draft.weights_bytes, need, block, dblock)
     full = n == need // block
     why = (f"{max_num_seqs} full contexts, under a memory budget of {_size(mb.num_bytes)} "
            f"({mb.origin}) with the draft's weights and cache" if full else
